@@ -1,0 +1,1 @@
+"""deepscaler package."""

@@ -1,0 +1,1 @@
+"""luffy_pool package."""

@@ -1,0 +1,150 @@
+"""Synthetic arithmetic task with step-by-step teacher traces (the embedded default data).
+
+Each problem is a multi-digit addition or multiplication. A deterministic solver writes the
+off-policy trace the way a stronger model would: a ``<think>`` block with column-by-column work,
+then a short solution with ``\\boxed{N}``. Rows are written in LUFFY's training-parquet format
+(LUFFY_SPEC §3.1): ``prompt`` (chat list), ``target`` (one assistant message), ``reward_model``,
+``data_source``, ``ability`` and ``extra_info.index``.
+
+Difficulty levels set the number of digits; a randomly initialised model never produces a correct
+boxed answer at level >= 2, which makes the task a small stand-in for the paper's hard subset.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from typing import Iterable
+
+SYSTEM_PROMPT = (
+    "You are a careful calculator. Think step by step inside <think> </think>, "
+    "then give the final answer in \\boxed{}."
+)
+DATA_SOURCE = "synthetic_arith"
+
+# (min_digits, max_digits) of each operand per difficulty level.
+LEVELS = {1: (1, 1), 2: (2, 2), 3: (2, 3), 4: (3, 4), 5: (4, 5)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithProblem:
+    a: int
+    b: int
+    op: str  # "+" or "*"
+    level: int
+
+    @property
+    def answer(self) -> int:
+        return self.a + self.b if self.op == "+" else self.a * self.b
+
+    @property
+    def question(self) -> str:
+        return f"What is {self.a} {self.op} {self.b}?"
+
+
+def _digits(n: int) -> list[int]:
+    return [int(c) for c in str(n)][::-1]  # least significant first
+
+
+def _addition_steps(a: int, b: int) -> list[str]:
+    da, db = _digits(a), _digits(b)
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        x = da[i] if i < len(da) else 0
+        y = db[i] if i < len(db) else 0
+        s = x + y + carry
+        carry_txt = f" + {carry}" if carry else ""
+        steps.append(f"{x} + {y}{carry_txt} = {s}, write {s % 10} carry {s // 10}.")
+        carry = s // 10
+    if carry:
+        steps.append(f"write the last carry {carry}.")
+    return steps
+
+
+def _multiplication_steps(a: int, b: int) -> list[str]:
+    steps, partial_sum = [], 0
+    for i, d in enumerate(_digits(b)):
+        part = a * d * (10**i)
+        steps.append(f"{a} * {d * 10**i} = {part}.")
+        if i:
+            steps.append(f"{partial_sum} + {part} = {partial_sum + part}.")
+        partial_sum += part
+    return steps
+
+
+def solve_with_trace(p: ArithProblem) -> str:
+    """Return the teacher trace ``<think>\\n...\\n</think>\\n... \\boxed{N}`` for a problem."""
+    steps = _addition_steps(p.a, p.b) if p.op == "+" else _multiplication_steps(p.a, p.b)
+    body = "\n".join(steps)
+    return f"<think>\n{p.question[:-1]}.\n{body}\nSo the result is {p.answer}.\n</think>\nThe answer is \\boxed{{{p.answer}}}."
+
+
+def make_problems(n: int, level: int = 2, ops: Iterable[str] = ("+",), seed: int = 0) -> list[ArithProblem]:
+    """Draw ``n`` distinct-seeded problems at a difficulty level (operand digits from ``LEVELS``)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {sorted(LEVELS)}, got {level}")
+    lo, hi = LEVELS[level]
+    rng = random.Random(seed)
+    ops = tuple(ops)
+    out = []
+    for _ in range(n):
+        da, db = rng.randint(lo, hi), rng.randint(lo, hi)
+        a = rng.randint(10 ** (da - 1) if da > 1 else 0, 10**da - 1)
+        b = rng.randint(10 ** (db - 1) if db > 1 else 0, 10**db - 1)
+        out.append(ArithProblem(a, b, rng.choice(ops), level))
+    return out
+
+
+def problem_to_row(p: ArithProblem, index: int, split: str, system_prompt: str | None = SYSTEM_PROMPT) -> dict:
+    prompt = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": p.question}
+    ]
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": prompt,
+        "target": [{"role": "assistant", "content": solve_with_trace(p)}],
+        "ability": "math",
+        "reward_model": {"ground_truth": str(p.answer), "style": "rule"},
+        "extra_info": {"index": index, "split": split, "level": p.level, "op": p.op},
+    }
+
+
+def write_task_parquets(
+    out_dir: str,
+    n_train: int = 512,
+    n_test: int = 64,
+    level: int = 2,
+    ops: Iterable[str] = ("+",),
+    seed: int = 0,
+    system_prompt: str | None = SYSTEM_PROMPT,
+) -> dict[str, str]:
+    """Write ``train.parquet`` and ``test.parquet`` (disjoint problems) and return their paths."""
+    import pandas as pd
+
+    os.makedirs(out_dir, exist_ok=True)
+    problems = make_problems(4 * (n_train + n_test), level=level, ops=ops, seed=seed)
+    seen, uniq = set(), []
+    for p in problems:
+        key = (p.a, p.b, p.op)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(p)
+    if len(uniq) < n_train + n_test:
+        raise ValueError(f"level {level} has only {len(uniq)} distinct problems, asked for {n_train + n_test}")
+    paths = {}
+    for split, chunk in (("train", uniq[:n_train]), ("test", uniq[n_train : n_train + n_test])):
+        rows = [problem_to_row(p, i, split, system_prompt) for i, p in enumerate(chunk)]
+        path = os.path.join(out_dir, f"{split}.parquet")
+        pd.DataFrame(rows).to_parquet(path, index=False)
+        paths[split] = path
+    return paths
+
+
+def tokenizer_corpus(n: int = 3000, seed: int = 1) -> list[str]:
+    """Text the tiny tokenizer is trained on: problems and traces of every level, plus prompts."""
+    lines = [SYSTEM_PROMPT]
+    for level in LEVELS:
+        for p in make_problems(n // len(LEVELS), level=level, ops=("+", "*"), seed=seed + level):
+            lines.append(p.question)
+            lines.append(solve_with_trace(p))
+    return lines

@@ -1,0 +1,96 @@
+"""Build the tiny Qwen2 model and its byte-level BPE tokenizer, fully offline and seeded.
+
+Head dimension is 32: vLLM's CPU attention rejects head_dim 16 (platform/INSTALL.md). Digits are
+split into single tokens so arithmetic stays learnable by a model this small. The chat template is
+Qwen's ChatML; with ``think=True`` the generation prompt also opens ``<think>\\n`` like LUFFY's base
+model, which exercises the trainer's ``<think>\\n`` de-duplication of targets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN]
+
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{THINK}{% endif %}"
+)
+
+
+@dataclasses.dataclass
+class TinyModelSpec:
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+    think: bool = True
+    seed: int = 0
+
+
+def build_tokenizer(out_dir: str | None = None, vocab_size: int = 512, think: bool = True):
+    """Train a byte-level BPE tokenizer on the synthetic task text; optionally save it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from luffy_pool.tiny.arith_task import tokenizer_corpus
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(tokenizer_corpus(), trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=["<|im_start|>"],
+        padding_side="left",
+    )
+    hf_tok.chat_template = _CHAT_TEMPLATE.replace("{THINK}", "<think>\n" if think else "")
+    if out_dir is not None:
+        hf_tok.save_pretrained(out_dir)
+    return hf_tok
+
+
+def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None) -> str:
+    """Write tokenizer + randomly initialised Qwen2ForCausalLM to ``out_dir`` and return it."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    spec = spec or TinyModelSpec()
+    os.makedirs(out_dir, exist_ok=True)
+    tok = build_tokenizer(out_dir, vocab_size=spec.vocab_size, think=spec.think)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "tiny_spec.json"), "w") as f:
+        json.dump(dataclasses.asdict(spec), f, indent=1)
+    return out_dir

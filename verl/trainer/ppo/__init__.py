@@ -1,0 +1,1 @@
+"""PPO-family algorithms: registered advantage estimators, policy losses and KL controllers."""

@@ -1,0 +1,1 @@
+"""Shared helpers for the trainer: tensor math, sequence balancing, datasets, checkpoints, logging."""

@@ -1,0 +1,1 @@
+"""Workers: FSDP actor/ref, rollout engines, sharding managers, reward managers."""

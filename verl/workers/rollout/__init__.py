@@ -1,0 +1,1 @@
+"""Rollout engines: vLLM (default, GPU and CPU build) and HF generate (fallback)."""

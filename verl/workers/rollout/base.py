@@ -1,0 +1,57 @@
+"""The rollout-engine interface every generation backend implements (HF ``generate``, vLLM).
+
+Engines work on token ids, not DataProto: the slot plan (``luffy_pool.mix_vllm_rollout``) decides
+what each engine call sees (prompt, or prompt ++ off-policy prefix) and assembles the padded response
+tensors afterwards, so the same plan runs on any backend. Weights arrive from the FSDP actor through a
+sharding manager calling ``update_weights``.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Iterable, Optional
+
+import torch
+
+
+@dataclasses.dataclass
+class SamplingSpec:
+    """Per-call sampling parameters (LUFFY's rollout keys)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off (vLLM convention)
+    seed: Optional[int] = None
+    return_logprobs: bool = False
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    """One engine call's result, aligned with its input list."""
+
+    token_ids: list[list[int]]  # generated ids only (no prompt), EOS included when emitted
+    logprobs: Optional[list[list[float]]] = None  # engine log-prob of each generated id (diagnostics only)
+
+
+class BaseRollout(abc.ABC):
+    """A generation engine that owns (a copy of) the policy weights."""
+
+    @abc.abstractmethod
+    def generate_token_ids(
+        self, prompt_token_ids: list[list[int]], max_tokens: list[int], sampling: SamplingSpec
+    ) -> GenerationOutput:
+        """Generate one continuation per prompt; ``max_tokens[i]`` caps row i (0 means: skip the row)."""
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full (unsharded) HF-named tensors into the engine; may be called with buckets."""
+
+    def sleep(self) -> None:
+        """Release engine memory (KV cache, weights) while training runs. No-op where unsupported."""
+
+    def wake_up(self) -> None:
+        """Re-acquire what ``sleep`` released, before generation."""
+
+    def after_weight_update(self) -> None:
+        """Called once after a full weight push (e.g. reset a prefix cache)."""
