@@ -63,17 +63,18 @@ def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bo
     else:
         for i in order:
             starts.append(_PartialSolution([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)]))
+    # Largest spread first; among equal spreads the one with the heaviest partition (as verl does).
     tiebreak = itertools.count()
-    heap = [(-s.spread, next(tiebreak), s) for s in starts]
+    heap = [(-s.spread, -s.partitions[0][0], next(tiebreak), s) for s in starts]
     heapq.heapify(heap)
     while len(heap) > 1:
-        first_sol = heapq.heappop(heap)[2]
-        second_sol = heapq.heappop(heap)[2]
+        first_sol = heapq.heappop(heap)[-1]
+        second_sol = heapq.heappop(heap)[-1]
         merged = first_sol.merge(second_sol)
-        heapq.heappush(heap, (-merged.spread, next(tiebreak), merged))
+        heapq.heappush(heap, (-merged.spread, -merged.partitions[0][0], next(tiebreak), merged))
     if not heap:
         return [[] for _ in range(k_partitions)]
-    return [sorted(indices) for _, indices in heap[0][2].partitions]
+    return [sorted(indices) for _, indices in heap[0][-1].partitions]
 
 
 def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:

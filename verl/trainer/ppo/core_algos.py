@@ -34,8 +34,10 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 # ----------------------------------------------------------------------------------------------------
 def _register(registry: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[Callable], Callable]:
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in registry and registry[name] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered to {registry[name].__qualname__}")
+        previous = registry.get(name)
+        # A module reload re-registers the same function; a different function under the name is a bug.
+        if previous is not None and (previous.__module__, previous.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"{kind} {name!r} is already registered to {previous.__module__}.{previous.__qualname__}")
         registry[name] = fn
         return fn
 

@@ -1,0 +1,89 @@
+"""Math-verify scorers: LUFFY's reward (version 3) and its no-think variant (version 4).
+
+Version 3 requires ``<think>`` and ``</think>`` in the string, grades the text between the first and
+the second ``</think>``, parses the gold as ``"$" + ground_truth + "$"`` and returns 1.0 iff
+``verify(gold, parse(solution))``. Math-verify is always called with its own timeouts disabled
+(``parsing_timeout=None, timeout_seconds=None``): its SIGALRM timer raises in threads and threaded Ray
+actors (CPU_STACK.md §6). The wall-clock limit is enforced by the caller's process pool instead.
+"""
+from __future__ import annotations
+
+import logging
+
+from deepscaler.rewards.math_reward import grade_solution_rule, ground_truth_list
+from deepscaler.rewards.math_utils import extract_choice_letter, is_choice_ground_truth, split_after_think
+from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
+from deepscaler.rewards.reward_types import ScoreResult
+
+GRADERS = ("math_verify", "rule", "any")
+# Math-verify's regexes run over the whole solution; a multi-megabyte "solution" is degenerate output,
+# and its final answer is at the end, so only the tail is handed over.
+MAX_MATH_VERIFY_CHARS = 100_000
+
+_quieted = False
+
+
+def _quiet_math_verify_logger() -> None:
+    # math-verify warns once per process that timeouts are disabled; that is intended here.
+    global _quieted
+    if not _quieted:
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+        _quieted = True
+
+
+def math_verify_match(solution: str, ground_truth: str) -> tuple[bool, bool, str | None]:
+    """(correct, parse_failed, answer) for one solution text and one ground truth via math-verify."""
+    from math_verify import parse, verify
+
+    _quiet_math_verify_logger()
+    gold = parse("$" + ground_truth + "$", parsing_timeout=None)
+    pred = parse(solution[-MAX_MATH_VERIFY_CHARS:], parsing_timeout=None)
+    if not pred:
+        return False, True, None
+    answer = str(pred[-1])[:2000]
+    return bool(verify(gold, pred, timeout_seconds=None)), False, answer
+
+
+def grade_solution(solution: str, ground_truth, grader: str = "math_verify") -> ScoreResult:
+    """Grade a solution section (no think handling) with the chosen grader; binary ScoreResult.
+
+    ``grader``: ``math_verify`` (LUFFY's choice), ``rule`` (``math_utils`` on the last boxed or stated
+    answer) or ``any`` (correct if either says so; close to LUFFY's OAT evaluation grader). Option-letter
+    ground truths are always graded by the extracted letter (boxed letter or ``ANSWER: X``).
+    """
+    if grader not in GRADERS:
+        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
+    ground_truths = ground_truth_list(ground_truth)
+    if not ground_truths:
+        return ScoreResult(0.0, False, parse_failed=True)
+    if all(is_choice_ground_truth(gt) for gt in ground_truths):
+        if extract_choice_letter(solution) is None:
+            return ScoreResult(0.0, False, parse_failed=True)
+        return grade_solution_rule(solution, ground_truths)
+    if grader == "rule":
+        return grade_solution_rule(solution, ground_truths)
+    parse_failed, answer = True, None
+    for gt in ground_truths:
+        correct, failed, answer_mv = math_verify_match(solution, gt)
+        parse_failed = parse_failed and failed
+        answer = answer or answer_mv
+        if correct:
+            return ScoreResult(1.0, True, answer=answer)
+    if grader == "any":
+        rule = grade_solution_rule(solution, ground_truths)
+        if rule.correct:
+            return rule
+        parse_failed = parse_failed and rule.parse_failed
+        answer = rule.answer or answer
+    return ScoreResult(0.0, False, parse_failed=parse_failed, answer=answer)
+
+
+def math_verify_score(text: str, ground_truth, require_think: bool = True, grader: str = "math_verify") -> ScoreResult:
+    """Version 3 (``require_think=True``) or version 4 (``False``) on a full response string."""
+    if require_think:
+        if THINK_OPEN not in text or THINK_CLOSE not in text:
+            return ScoreResult(0.0, False, parse_failed=True)
+        solution = split_after_think(text)
+    else:
+        solution = text
+    return grade_solution(solution, ground_truth, grader)

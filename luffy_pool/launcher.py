@@ -1,0 +1,124 @@
+"""Build everything a LUFFY run needs from the resolved config, then train.
+
+``run_ppo(config)`` is what ``main_mix_ppo`` calls after validating the Hydra config: it starts (or
+joins) Ray, builds the tokenizer, datasets and sampler, the FSDP worker group on a resource pool of
+``nnodes x n_gpus_per_node`` ranks (GPUs on a cluster, CPU processes with gloo here), the reward
+managers, the tracker and the checkpointer, and runs ``MIXRayPPOTrainer.fit``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+logger = logging.getLogger(__name__)
+
+# Env every worker process gets (CPU_STACK.md: thread collapse on 2 cores; Ray token auth).
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
+              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN"}
+
+
+def resolve_driver_device(config) -> str:
+    device = config.trainer.get("device", "auto")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def init_ray(config, world_size: int, device: str) -> None:
+    """Join ``ray_init.address`` / ``RAY_ADDRESS`` when given, else start a private local instance."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
+    address = config.get("ray_init", {}).get("address") or os.environ.get("RAY_ADDRESS")
+    kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
+    if address:
+        ray.init(address=address, **kwargs)
+        return
+    num_cpus = config.get("ray_init", {}).get("num_cpus")
+    if num_cpus is None and device == "cpu":
+        num_cpus = max(os.cpu_count() or 1, world_size)  # each CPU rank's bundle asks for one CPU
+    ray.init(address="local", num_cpus=num_cpus, **kwargs)
+
+
+def build_dataloader(config, tokenizer):
+    from torch.utils.data import DataLoader
+
+    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.dataset.sampler import build_sampler
+
+    d = config.data
+    train = RLHFDatasetWithTarget(
+        list(d.train_files) if not isinstance(d.train_files, str) else d.train_files, tokenizer,
+        prompt_key=d.get("prompt_key", "prompt"), target_key=d.get("target_key", "target"),
+        max_prompt_length=d.max_prompt_length, max_target_length=config.actor_rollout_ref.rollout.max_prefix_len,
+        sample_target_ratio=d.get("sample_target_ratio", 1.0), filter_overlong_prompts=d.get("filter_overlong_prompts", True),
+        seed=int(d.get("seed", 47)))
+    sampler = build_sampler(len(train), shuffle=d.get("shuffle", True), seed=int(d.get("seed", 47)))
+    loader = DataLoader(train, batch_size=d.train_batch_size, sampler=sampler, drop_last=True, collate_fn=collate_fn,
+                        num_workers=int(d.get("dataloader_num_workers", 0)))
+    if len(loader) == 0:
+        raise ValueError(f"data.train_files has {len(train)} usable rows, fewer than data.train_batch_size={d.train_batch_size}")
+    val = None
+    if d.get("val_files"):
+        val = RLHFDataset(list(d.val_files) if not isinstance(d.val_files, str) else d.val_files, tokenizer,
+                          prompt_key=d.get("prompt_key", "prompt"), max_prompt_length=d.max_prompt_length,
+                          filter_overlong_prompts=d.get("filter_overlong_prompts", True))
+        if d.get("val_max_rows"):
+            val = torch.utils.data.Subset(val, range(min(int(d.val_max_rows), len(val))))
+    return loader, sampler, val, collate_fn
+
+
+def build_worker_group(config, device: str):
+    from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    import ray
+
+    t = config.trainer
+    pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=device == "cuda",
+                           max_colocate_count=1, name_prefix="luffy_pool")
+    role = "actor_rollout_ref" if config.actor_rollout_ref.ref.get("use_ref", False) else "actor_rollout"
+    cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device)
+    wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
+    wg.init_model()
+    return wg
+
+
+def run_ppo(config: DictConfig) -> dict:
+    """Train LUFFY (or a baseline expressed in the same config) and return the last step's metrics."""
+    from transformers import AutoTokenizer
+
+    from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from verl.utils.tracking import Tracking
+    from verl.workers.reward_manager import RewardManager
+
+    device = resolve_driver_device(config)
+    world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)
+    loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
+    total = config.trainer.get("total_training_steps") or len(loader) * int(config.trainer.total_epochs)
+    with open_dict(config):
+        config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
+    init_ray(config, world_size, device)
+    reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
+    tracker = None
+    try:
+        wg = build_worker_group(config, device)
+        tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
+                           config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
+        checkpointer = None
+        trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
+                                   collate_fn=collate, tracker=tracker, checkpointer=checkpointer)
+        return trainer.fit()
+    finally:
+        reward_fn.close()
+        if tracker is not None:
+            tracker.finish()

@@ -1,0 +1,48 @@
+"""Driver-side advantage of the mixed batch: registered estimator, then LUFFY's post-processing.
+
+``compute_mixed_advantage`` looks the estimator up by ``algorithm.adv_estimator`` (``grpo`` keeps
+off-policy rows inside the group statistics, ``grpo_split`` excludes them; LUFFY_SPEC §1.7) and then
+applies, in order: prefix/non-prefix weights α/β, zero advantage for truncated rows
+(``data.disable_truncation_advantage``) and the constant SFT prefix reward
+(``actor.use_sft_prefix_reward``).
+"""
+from __future__ import annotations
+
+import torch
+
+import luffy_pool.mix_core_alg as mix_alg  # registers grpo_split
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+
+def compute_mixed_advantage(config, batch, uids, response_length: int, n_samples: int,
+                            pad_token_id: int | None = None, eos_token_id: int | None = None):
+    """Return ``(advantages, returns)`` ``[rows, L]`` for the merged batch (tensors in ``batch``)."""
+    algo = config.algorithm
+    name = algo.adv_estimator
+    rewards = batch["token_level_rewards"]
+    response_mask = batch["attention_mask"][:, -response_length:]
+    prefix_mask = batch["prefix_mask"]
+    fn = get_adv_estimator_fn(name)
+    if name == "grpo":
+        adv, returns = fn(rewards, response_mask, uids, use_std=algo.get("grpo_use_std", True))
+    elif name == "grpo_split":
+        adv, returns = fn(rewards, response_mask, uids, on_policy_mask=~prefix_mask.bool().any(-1),
+                          use_std=algo.get("grpo_use_std", True))
+    elif name == "reinforce":
+        adv, returns = fn(rewards, response_mask)
+    elif name == "reinforce_plus_plus":
+        adv, returns = fn(rewards, response_mask, gamma=algo.get("gamma", 1.0))
+    elif name == "gae":
+        raise ValueError("algorithm.adv_estimator=gae needs a critic (value model), which LUFFY-POOL does not ship; "
+                         "use grpo, grpo_split, reinforce or reinforce_plus_plus")
+    else:
+        adv, returns = fn(rewards, response_mask, uids)
+    rcfg = config.actor_rollout_ref.rollout
+    adv = mix_alg.apply_prefix_reward_weights(adv, prefix_mask, rcfg.get("prefix_reward_weight_alpha", 1.0),
+                                              rcfg.get("prefix_reward_weight_beta", 1.0))
+    if config.data.get("disable_truncation_advantage", False):
+        adv = mix_alg.zero_truncated_advantages(adv, batch["responses"], pad_token_id, eos_token_id, response_length)
+    actor = config.actor_rollout_ref.actor
+    if actor.get("use_sft_prefix_reward", False):
+        adv = mix_alg.apply_sft_prefix_reward(adv, prefix_mask, actor.get("sft_prefix_reward_weight", 1.0), n_samples)
+    return adv * response_mask.to(adv.dtype), returns

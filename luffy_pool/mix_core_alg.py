@@ -1,0 +1,379 @@
+"""LUFFY's mixed-policy algorithm: the group advantage over on- and off-policy rows, its
+post-processing, the token-level on/off-policy loss with policy shaping f(p) = p/(p+γ), the SFT
+multi-task loss, and the adaptive entropy coefficient (spec §1.7, §1.9).
+
+Names and keyword arguments follow LUFFY's ``mix_src/mix_core_alg.py`` so its users recognise them.
+Importing this module registers ``grpo_split`` (advantage) and ``luffy_token`` / ``sft_multitask``
+(policy losses) in the registries of :mod:`verl.trainer.ppo.core_algos`.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from verl.trainer.ppo.core_algos import (
+    aggregate_token_loss,
+    broadcast_sequence_advantage,
+    compute_policy_loss,
+    group_normalized_scores,
+    register_adv_est,
+    register_policy_loss,
+    sequence_scores,
+)
+from verl.utils import torch_functional as verl_F
+
+ON_POLICY_RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5")
+OFF_POLICY_RESHAPES = (
+    "no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5",
+)
+_SHAPING_GAMMA = {"p_div_p_0.1": 0.1, "p_div_p_0.3": 0.3, "p_div_p_0.5": 0.5}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Advantage (driver side)
+# ----------------------------------------------------------------------------------------------------
+@register_adv_est("grpo_split")
+@torch.no_grad()
+def compute_grpo_outcome_advantage_split(
+    token_level_rewards: torch.Tensor,
+    eos_mask: torch.Tensor,
+    index: Sequence[Any],
+    on_policy_mask: torch.Tensor,
+    epsilon: float = 1e-6,
+    use_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO with statistics from the on-policy rows of each group only (spec §1.7 ``grpo_split``).
+
+    μ_G, σ_G (unbiased) over rows with ``on_policy_mask`` True (= no prefix token); one such row →
+    μ=0, σ=1; σ=0 → 1. Every row, off-policy ones included, gets ``(s_i − μ_G)/(σ_G + ε)``, or
+    ``s_i − μ_G`` without ``use_std``. A group with no on-policy row raises ValueError.
+    """
+    seq_adv = group_normalized_scores(
+        sequence_scores(token_level_rewards), index, epsilon, use_std,
+        stats_mask=on_policy_mask.bool(), zero_std_as_one=True,
+    )
+    return broadcast_sequence_advantage(seq_adv, eos_mask)
+
+
+def apply_prefix_reward_weights(
+    advantages: torch.Tensor, prefix_mask: torch.Tensor, alpha: float = 1.0, beta: float = 1.0
+) -> torch.Tensor:
+    """Post-processing step 1: ``A ← A·(α·P + β·¬P)`` token-wise (``prefix_reward_weight_alpha/beta``)."""
+    prefix = prefix_mask.bool()
+    return advantages * (alpha * prefix.to(advantages.dtype) + beta * (~prefix).to(advantages.dtype))
+
+
+def zero_truncated_advantages(
+    advantages: torch.Tensor,
+    responses: torch.Tensor,
+    pad_token_id: int,
+    eos_token_id: int | Sequence[int],
+    max_response_length: int,
+) -> torch.Tensor:
+    """Post-processing step 2 (``data.disable_truncation_advantage``): A = 0 for truncated rows.
+
+    A row is truncated when it has ``>= max_response_length`` non-pad tokens and no EOS token.
+    """
+    eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
+                           device=responses.device)
+    response_length = (responses != pad_token_id).sum(dim=-1)
+    no_eos = ~torch.isin(responses, eos_ids).any(dim=-1)
+    truncated = (response_length >= max_response_length) & no_eos
+    return advantages.masked_fill(truncated.unsqueeze(-1), 0.0)
+
+
+def apply_sft_prefix_reward(
+    advantages: torch.Tensor, prefix_mask: torch.Tensor, sft_prefix_reward_weight: float, n_samples: int
+) -> torch.Tensor:
+    """Post-processing step 3 (``actor.use_sft_prefix_reward``, LUFFY requires ``n_prefix=-1``):
+    ``A := sft_prefix_reward_weight / n_samples`` at every prefix token."""
+    return advantages.masked_fill(prefix_mask.bool(), sft_prefix_reward_weight / n_samples)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ratios and shaping
+# ----------------------------------------------------------------------------------------------------
+def _shaped(prob: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Policy shaping ``f(p) = p/(p + γ)``."""
+    return prob / (prob + gamma)
+
+
+def on_policy_ratio(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, reshape: str = "no_reshape",
+    weight: float = 1.0, pow_exp: float = 0.5,
+) -> torch.Tensor:
+    """On-policy ratio ρ for ``on_policy_reshape`` (d = ℓ − ℓ_old, w = weight, e = pow_exp).
+
+    ``no_reshape``: e^d; ``logp``: d; ``p_logp``: e^d + w·d; ``square_root``: √(e^d);
+    ``pow``: (e^d)^e; ``p_div_p_γ``: f(p)/f(p_old) with f(x) = x/(x+γ), γ ∈ {0.1, 0.5}.
+    """
+    log_ratio = log_prob - old_log_prob
+    if reshape == "no_reshape":
+        return torch.exp(log_ratio)
+    if reshape == "logp":
+        return log_ratio
+    if reshape == "p_logp":
+        return torch.exp(log_ratio) + weight * log_ratio
+    if reshape == "square_root":
+        return torch.sqrt(torch.exp(log_ratio))
+    if reshape == "pow":
+        return torch.pow(torch.exp(log_ratio), pow_exp)
+    if reshape in ("p_div_p_0.1", "p_div_p_0.5"):
+        gamma = _SHAPING_GAMMA[reshape]
+        return _shaped(torch.exp(log_prob), gamma) / _shaped(torch.exp(old_log_prob), gamma)
+    raise ValueError(f"unknown on_policy_reshape {reshape!r}; valid: {list(ON_POLICY_RESHAPES)}")
+
+
+def off_policy_weight(
+    log_prob: torch.Tensor, reshape: str = "no_reshape", weight: float = 1.0, pow_exp: float = 0.5
+) -> torch.Tensor:
+    """Off-policy weight f(p) for ``off_policy_reshape`` (p = exp(ℓ), behaviour prob taken as 1).
+
+    ``no_reshape``: p; ``logp``: w·ℓ; ``p_logp``: p + w·ℓ; ``square_root``: √p; ``pow``: p^e;
+    ``p_div_p_γ``: p/(p+γ), γ ∈ {0.1, 0.3, 0.5} (LUFFY: ``p_div_p_0.1``).
+    """
+    prob = torch.exp(log_prob)
+    if reshape == "no_reshape":
+        return prob
+    if reshape == "logp":
+        return weight * log_prob
+    if reshape == "p_logp":
+        return prob + weight * log_prob
+    if reshape == "square_root":
+        return torch.sqrt(prob)
+    if reshape == "pow":
+        return torch.pow(prob, pow_exp)
+    if reshape in _SHAPING_GAMMA:
+        return _shaped(prob, _SHAPING_GAMMA[reshape])
+    raise ValueError(f"unknown off_policy_reshape {reshape!r}; valid: {list(OFF_POLICY_RESHAPES)}")
+
+
+def _clip_enabled(bound: float | None) -> bool:
+    """LUFFY's configs use -1 for "off"; the actor may pass either -1 or None."""
+    return bound is not None and bound != -1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Losses (actor side)
+# ----------------------------------------------------------------------------------------------------
+@register_policy_loss("luffy_token")
+def compute_token_on_off_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    eos_mask: torch.Tensor,
+    cliprange: float,
+    clip_upper_bound: float,
+    prefix_mask: torch.Tensor,
+    off_cliprange: float | None = None,
+    off_normalize: bool = False,
+    off_abs_cliprange: float | None = None,
+    off_max_clip: float | None = None,
+    off_min_clip: float | None = None,
+    all_max_clip: float | None = None,
+    off_policy_reshape: str = "no_reshape",
+    off_policy_reshape_weight: float = 1.0,
+    off_policy_reshape_pow_exp: float = 0.5,
+    on_policy_reshape: str = "no_reshape",
+    on_policy_reshape_weight: float = 1.0,
+    on_policy_reshape_pow_exp: float = 0.5,
+    target_probs: torch.Tensor | None = None,
+    loss_remove_token_mean: bool = False,
+    loss_remove_clip: bool = False,
+) -> dict[str, torch.Tensor]:
+    """LUFFY's mixed token loss ``L = P·L_off + (1−P)·L_on`` (spec §1.9), aggregated over ``m``.
+
+    On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio`), with the PPO clip
+    ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` unless ``loss_remove_clip``.
+    Off-policy: ``L_off = −A·f(p)`` (:func:`off_policy_weight`), or ``f = p/(target_prob + 1e-6)``
+    when ``target_probs`` is given; ``f`` is then clamped to ``[off_min_clip, off_max_clip]``
+    (None/-1 = off). No old log-prob, no trust region. ``all_max_clip`` drops tokens with
+    ``p > all_max_clip`` from the loss. Aggregation: ``Σ L·m / width`` if ``loss_remove_token_mean``,
+    else ``Σ L·m / Σ m``. Metrics over an empty token set are 0; ``on_pg_clipfrac`` is over all valid
+    tokens (as LUFFY). ``off_cliprange`` is accepted for LUFFY's call signature; the token loss never
+    clips off-policy tokens (``off_pg_clipfrac`` is always 0). ``off_normalize`` and
+    ``off_abs_cliprange`` belong to LUFFY's unwired sequence-level loss and are rejected here.
+    """
+    if off_normalize:
+        raise ValueError("off_policy_normalize=True is only meaningful for LUFFY's sequence-level loss, "
+                         "which is not implemented; the token loss (off_policy_loss_impl=token) needs False")
+    if _clip_enabled(off_abs_cliprange):
+        raise ValueError("off_abs_cliprange is not supported by the token-level on/off-policy loss")
+    prefix = prefix_mask.bool()
+    valid = eos_mask.to(log_prob.dtype)
+    off_tokens = prefix.to(log_prob.dtype) * valid
+    on_tokens = (~prefix).to(log_prob.dtype) * valid
+    prob = torch.exp(log_prob)
+
+    log_ratio = log_prob - old_log_prob
+    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, valid)
+    ratio = on_policy_ratio(log_prob, old_log_prob, on_policy_reshape, on_policy_reshape_weight, on_policy_reshape_pow_exp)
+    on_pg_losses = -advantages * ratio
+    if loss_remove_clip:
+        on_pg_clipfrac = torch.zeros((), device=log_prob.device)
+    else:
+        upper = max(clip_upper_bound, 1.0 + cliprange)
+        clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, upper)
+        on_pg_clipfrac = verl_F.masked_mean_or_zero(torch.gt(clipped, on_pg_losses).float(), valid)
+        on_pg_losses = torch.max(on_pg_losses, clipped)
+    on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
+
+    if target_probs is None:
+        off_ratio = off_policy_weight(log_prob, off_policy_reshape, off_policy_reshape_weight, off_policy_reshape_pow_exp)
+    else:
+        if target_probs.shape != log_prob.shape:
+            raise ValueError(f"target_probs shape {tuple(target_probs.shape)} != log_prob shape {tuple(log_prob.shape)}")
+        off_ratio = prob / (target_probs + 1e-6) * prefix.to(log_prob.dtype)
+    zero = torch.zeros((), device=log_prob.device)
+    off_ratio_max_clip_frac = off_ratio_min_clip_frac = zero
+    if _clip_enabled(off_max_clip):
+        off_ratio = torch.clamp(off_ratio, max=off_max_clip)
+        off_ratio_max_clip_frac = verl_F.masked_mean_or_zero((off_ratio == off_max_clip).float(), off_tokens)
+    if _clip_enabled(off_min_clip):
+        off_ratio = torch.clamp(off_ratio, min=off_min_clip)
+        off_ratio_min_clip_frac = verl_F.masked_mean_or_zero((off_ratio == off_min_clip).float(), off_tokens)
+    off_pg_losses = -advantages * off_ratio
+    off_pg_loss = verl_F.masked_mean_or_zero(off_pg_losses, off_tokens)
+
+    pg_losses = torch.where(prefix, off_pg_losses, on_pg_losses)
+    loss_mask = valid
+    if _clip_enabled(all_max_clip):
+        loss_mask = valid * (prob <= all_max_clip).to(log_prob.dtype)
+    pg_loss = aggregate_token_loss(pg_losses, loss_mask, loss_remove_token_mean)
+
+    return {
+        "pg_loss": pg_loss,
+        "off_pg_loss": off_pg_loss,
+        "on_pg_loss": on_pg_loss,
+        "off_pg_clipfrac": zero,
+        "on_pg_clipfrac": on_pg_clipfrac,
+        "pg_clipfrac": on_pg_clipfrac,
+        "ppo_kl": ppo_kl,
+        "off_policy_prob": verl_F.masked_mean_or_zero(prob, off_tokens),
+        "on_policy_prob": verl_F.masked_mean_or_zero(torch.exp(old_log_prob), on_tokens),
+        "off_ratio_mean": verl_F.masked_mean_or_zero(off_ratio, off_tokens),
+        "off_ratio_max_clip_frac": off_ratio_max_clip_frac,
+        "off_ratio_min_clip_frac": off_ratio_min_clip_frac,
+    }
+
+
+def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood token mean ``masked_mean(−ℓ, m)``; 0 when there is no valid token."""
+    return verl_F.masked_mean_or_zero(-log_prob, eos_mask)
+
+
+@register_policy_loss("sft_multitask")
+def compute_sft_multitask_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    eos_mask: torch.Tensor,
+    prefix_mask: torch.Tensor,
+    cliprange: float,
+    clip_upper_bound: float = 1.0,
+    sft_loss_coef: float = 1.0,
+    loss_remove_token_mean: bool = False,
+    loss_remove_clip: bool = False,
+) -> dict[str, torch.Tensor]:
+    """RL + SFT multi-task loss (``use_sft_multitask_loss``, spec §1.9 "Other actor-side paths").
+
+    Off-policy rows (any prefix token) contribute ``sft = masked_mean(−ℓ, m)`` over their valid
+    tokens (0 if none); on-policy rows the PPO loss of :func:`compute_policy_loss` (its clip / width
+    options apply); ``pg_loss = sft_loss_coef·sft + pg_on``. ``ppo_kl`` and ``pg_clipfrac`` are over
+    the on-policy rows.
+    """
+    off_rows = prefix_mask.bool().any(dim=-1)
+    on_rows = ~off_rows
+    sft_loss = compute_sft_pure_loss(log_prob[off_rows], eos_mask[off_rows])
+    on_pg_loss, pg_clipfrac, ppo_kl = compute_policy_loss(
+        old_log_prob=old_log_prob[on_rows], log_prob=log_prob[on_rows], advantages=advantages[on_rows],
+        eos_mask=eos_mask[on_rows], cliprange=cliprange, clip_upper_bound=clip_upper_bound,
+        loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip,
+    )
+    return {
+        "pg_loss": sft_loss_coef * sft_loss + on_pg_loss,
+        "sft_loss": sft_loss,
+        "on_pg_loss": on_pg_loss,
+        "pg_clipfrac": pg_clipfrac,
+        "ppo_kl": ppo_kl,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Adaptive entropy coefficient
+# ----------------------------------------------------------------------------------------------------
+class AdaptiveEntropyCoeff:
+    """Entropy coefficient α for ``policy_loss = pg_loss − α·H`` (``use_adaptive_temperature``).
+
+    Learnable variant (SAC-style): ``α = exp(log α)``, clamped to ``≤ adaptive_temperature_clip`` when
+    that is > 0, ``log α`` initialised to ``log(entropy_coeff)`` and trained by AdamW (lr ``alpha_lr``,
+    betas (0.9, 0.999), weight decay 0.01) on ``alpha_loss = α·stopgrad(H − H_target)``: α shrinks while
+    the entropy is above target and grows below it. ``fixed=True`` (``use_adaptive_temperature_fixed``):
+    ``α = entropy_coeff·H_target/H``, no state.
+    """
+
+    def __init__(self, entropy_coeff: float, target_entropy: float, alpha_lr: float = 1e-2,
+                 clip: float = -1.0, fixed: bool = False):
+        self.entropy_coeff = float(entropy_coeff)
+        self.target_entropy = float(target_entropy)
+        self.clip = float(clip)
+        self.fixed = fixed
+        self.log_alpha: torch.Tensor | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        if not fixed:
+            if entropy_coeff <= 0:
+                raise ValueError(f"use_adaptive_temperature needs entropy_coeff > 0 to initialise log alpha, got {entropy_coeff}")
+            self.log_alpha = torch.tensor(math.log(entropy_coeff), dtype=torch.float32, requires_grad=True)
+            self.optimizer = torch.optim.AdamW([self.log_alpha], lr=alpha_lr, betas=(0.9, 0.999), weight_decay=1e-2)
+
+    def _alpha(self) -> torch.Tensor:
+        alpha = self.log_alpha.exp()
+        return torch.clamp(alpha, max=self.clip) if self.clip > 0 else alpha
+
+    def coefficient(self, mean_entropy: torch.Tensor | float) -> float:
+        """The α to multiply the entropy term with for a micro-batch of mean entropy ``H``."""
+        if self.fixed:
+            if float(mean_entropy) == 0.0:
+                raise ValueError("use_adaptive_temperature_fixed: mean entropy is 0, entropy_coeff·target/H is undefined")
+            return self.entropy_coeff * self.target_entropy / float(mean_entropy)
+        return float(self._alpha().detach())
+
+    def accumulate(self, mean_entropy: torch.Tensor | float, grad_scale: float = 1.0) -> dict[str, float]:
+        """Backpropagate ``grad_scale·α·(H − H_target)`` into ``log α`` (no-op for ``fixed``)."""
+        if self.fixed:
+            return {"actor/entropy_coeff": self.coefficient(mean_entropy)}
+        alpha = self._alpha()
+        gap = float(mean_entropy) - self.target_entropy
+        alpha_loss = alpha * gap * grad_scale
+        alpha_loss.backward()
+        return {"actor/alpha_loss": float(alpha_loss.detach()), "actor/entropy_coeff": float(alpha.detach()),
+                "actor/log_alpha": float(self.log_alpha.detach())}
+
+    def step(self) -> None:
+        """Apply the accumulated ``log α`` gradient and clear it (call once per optimizer step)."""
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def update(self, mean_entropy: torch.Tensor | float) -> dict[str, float]:
+        """One full update from a single entropy measurement: :meth:`accumulate` then :meth:`step`."""
+        metrics = self.accumulate(mean_entropy)
+        self.step()
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointable state (empty for the fixed variant)."""
+        if self.fixed:
+            return {}
+        return {"log_alpha": self.log_alpha.detach().clone(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if self.fixed:
+            return
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.optimizer.load_state_dict(state["optimizer"])

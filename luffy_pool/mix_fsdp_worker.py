@@ -1,0 +1,63 @@
+"""LUFFY's hybrid-engine worker: the FSDP actor plus dual-pool generation.
+
+``generate_sequences`` receives this rank's prompts with their off-policy traces and the prefix
+ratios the driver drew, pushes the current actor weights into the rollout engine, and runs the slot
+plan (``mix_vllm_rollout``): full-trace slots are built without the engine, partial prefixes are
+continued by it, on-policy slots are plain generation. Validation batches (``meta_info.validate``)
+are plain samples at ``val_temperature``.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from luffy_pool.mix_actor import MIXDataParallelPPOActor
+from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
+from verl.protocol import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.rollout.base import SamplingSpec
+
+
+class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
+    actor_cls = MIXDataParallelPPOActor
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        super().init_model()
+        if self._is_rollout:
+            rcfg = self.config.rollout
+            self.planner = MixRolloutPlanner(
+                self.rollout, n=rcfg.n, response_length=rcfg.response_length,
+                pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+                sampling=SamplingSpec(temperature=rcfg.temperature, top_p=rcfg.top_p, top_k=rcfg.top_k,
+                                      ignore_eos=rcfg.get("ignore_eos", False)),
+                n_val=rcfg.get("n_val", 1), val_temperature=rcfg.get("val_temperature", 0.6))
+        return True
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Roll out this rank's prompts; returns B_rank·n rows (B_rank·n_val when validating)."""
+        b = prompts.batch
+        t0 = time.perf_counter()
+        # A per-step, per-rank seed (not a stream consumed across steps) so a resumed run samples
+        # exactly what an uninterrupted one would have.
+        step = int(prompts.meta_info.get("global_steps", 0))
+        self.planner.sampling.seed = int(self.config.rollout.get("seed", 0)) + 100_003 * step + self.rank
+        with self.sharding_manager:
+            t_sync = self.sharding_manager.last_sync_seconds
+            if prompts.meta_info.get("validate", False):
+                out = self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
+            else:
+                trace_logprobs = None
+                if "trace_logprobs" in b.keys():
+                    trace_logprobs = [row.tolist() for row in b["trace_logprobs"]]
+                out = self.planner.generate(
+                    b["input_ids"], b["attention_mask"], b["tgt_input_ids"] if "tgt_input_ids" in b.keys() else None,
+                    b["prefix_ratios"], prompt_position_ids=b["position_ids"], trace_logprobs=trace_logprobs)
+        meta = dict(out.meta_info)
+        meta.pop("prefix_ratios", None)  # the driver already holds the ratios it drew
+        meta["timing_s/weight_sync"] = t_sync
+        meta["timing_s/generate_worker"] = time.perf_counter() - t0
+        return DataProto.from_dict(tensors=out.tensors, meta_info={"rollout_stats": [meta]})

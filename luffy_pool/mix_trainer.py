@@ -1,0 +1,262 @@
+"""LUFFY's driver loop: sample prompts, roll out both pools, reward, advantage, update, validate.
+
+Runs on the Ray driver (the single controller). Each training step, as ``fit`` reads it:
+draw prefix ratios -> generate (on-policy + off-policy slots) -> reward every row -> recompute
+old log-probs -> (ref / KL) -> group advantage -> balance rows across ranks -> update the actor ->
+metrics; validation every ``trainer.test_freq`` steps and checkpoints every ``trainer.save_freq``.
+The driver owns every decision that must agree across ranks (ratios, uids, advantages, order).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from luffy_pool.mix_advantage import compute_mixed_advantage
+from luffy_pool.off_policy_pool import PrefixRatioSampler
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
+from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
+                                           compute_timing_metrics, reduce_metrics)
+from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
+
+logger = logging.getLogger(__name__)
+
+GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+LOG_PROB_KEYS = ["responses", "input_ids", "attention_mask", "position_ids"]
+
+
+@contextlib.contextmanager
+def _timer(name: str, timing: dict):
+    t0 = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+class MIXRayPPOTrainer:
+    """The LUFFY trainer. Collaborators are built by ``luffy_pool.launcher`` and injected here."""
+
+    def __init__(self, config, tokenizer, actor_rollout_wg, reward_fn, val_reward_fn, train_dataloader,
+                 val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.wg = actor_rollout_wg
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.train_dataloader = train_dataloader
+        self.val_dataset = val_dataset
+        self.collate_fn = collate_fn
+        self.tracker = tracker
+        self.checkpointer = checkpointer
+        self.off_policy_pool = off_policy_pool
+        rcfg = config.actor_rollout_ref.rollout
+        self.n = rcfg.n
+        self.response_length = config.data.max_response_length
+        self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(config.trainer.get("seed", 1)))
+        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
+        self.use_ref = config.actor_rollout_ref.ref.get("use_ref", False)
+        self.world_size = self.wg.world_size
+        self.global_steps = 0
+        self.total_training_steps = self._total_steps()
+        self._data_iter = None
+        self.last_val_metrics: dict = {}
+
+    # ------------------------------------------------------------------ schedule
+    def _total_steps(self) -> int:
+        t = self.config.trainer
+        if t.get("total_training_steps") is not None:
+            return int(t.total_training_steps)
+        return len(self.train_dataloader) * int(t.total_epochs)
+
+    def _next_batch(self) -> dict:
+        """Next training batch; a new epoch starts when the (resumable) sampler is exhausted."""
+        if self._data_iter is None:
+            self._data_iter = iter(self.train_dataloader)
+        try:
+            return next(self._data_iter)
+        except StopIteration:
+            self._data_iter = iter(self.train_dataloader)
+            try:
+                return next(self._data_iter)
+            except StopIteration:
+                raise RuntimeError(f"the training dataloader is empty: fewer rows than data.train_batch_size="
+                                   f"{self.config.data.train_batch_size}") from None
+
+    # ------------------------------------------------------------------ main loop
+    def fit(self) -> dict:
+        """Train until ``total_training_steps``; returns the last step's metrics."""
+        from tqdm import tqdm
+
+        if self.checkpointer is not None:
+            self.global_steps = self.checkpointer.maybe_resume(self)
+        if self.global_steps == 0 and self.config.trainer.get("val_before_train", True) and self.val_dataset is not None:
+            self._log(self.validate(), step=0)
+        last = {}
+        bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="training", unit="step",
+                   dynamic_ncols=True, disable=None)
+        while self.global_steps < self.total_training_steps:
+            self.global_steps += 1
+            timing: dict[str, float] = {}
+            with _timer("step", timing):
+                metrics = self.train_step(self._next_batch(), timing)
+                is_last = self.global_steps >= self.total_training_steps
+                if self._due(self.config.trainer.test_freq, is_last) and self.val_dataset is not None:
+                    with _timer("testing", timing):
+                        metrics.update(self.validate())
+                if self.checkpointer is not None and self._due(self.config.trainer.save_freq, is_last):
+                    with _timer("save_checkpoint", timing):
+                        self.checkpointer.save(self, metrics)
+            metrics.update(compute_timing_metrics(timing, self._last_prompt_tokens, self._last_response_tokens))
+            metrics.update(compute_throughput_metrics(self._last_prompt_tokens + self._last_response_tokens,
+                                                      timing["step"], self.world_size))
+            self._log(metrics, step=self.global_steps)
+            bar.update(1)
+            last = metrics
+        bar.close()
+        return last
+
+    def _due(self, freq, is_last: bool) -> bool:
+        freq = int(freq) if freq is not None else -1
+        return freq > 0 and (self.global_steps % freq == 0 or is_last)
+
+    def _log(self, metrics: dict, step: int) -> None:
+        if self.tracker is not None:
+            self.tracker.log(metrics, step=step)
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, batch_dict: dict, timing: dict) -> dict:
+        batch = DataProto.from_single_dict(batch_dict)
+        metrics: dict = {}
+        with _timer("gen", timing):
+            batch = self._rollout(batch, metrics)
+        with _timer("reward", timing):
+            scores, reward_metrics = self.reward_fn(batch)
+            batch.batch["token_level_scores"] = scores
+            metrics.update(reward_metrics)
+        with _timer("old_log_prob", timing):
+            batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
+        if self.use_ref:
+            with _timer("ref", timing):
+                batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
+        with _timer("adv", timing):
+            batch = self._compute_rewards_and_advantage(batch, metrics)
+        if self.config.trainer.get("balance_batch", True):
+            self._balance_batch(batch, metrics)
+        if self.config.trainer.get("critic_warmup", 0) <= self.global_steps - 1:
+            with _timer("update_actor", timing):
+                update = self.wg.update_actor(batch.select(batch_keys=self._update_keys(batch)))
+                metrics.update(reduce_metrics(update.meta_info["metrics"]))
+        metrics.update(compute_data_metrics(batch.batch, self.response_length))
+        on_policy = ~batch.batch["prefix_mask"].bool().any(-1)
+        fail = -0.5 if self.config.data.get("reward_impl_version", 0) == 1 else 0.0
+        metrics.update(compute_group_metrics(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
+                                             on_policy, fail_value=fail))
+        resp_mask = batch.batch["attention_mask"][:, -self.response_length:]
+        self._last_response_tokens = int(resp_mask.sum())
+        self._last_prompt_tokens = int(batch.batch["attention_mask"].sum()) - self._last_response_tokens
+        metrics["training/global_step"] = self.global_steps
+        return metrics
+
+    def _rollout(self, batch: DataProto, metrics: dict) -> DataProto:
+        """Generate the B·n slots of this step and merge them with the prompts' non-tensor data."""
+        bsz = len(batch)
+        ratios = self.ratio_sampler.draw(bsz, self.global_steps)
+        gen_keys = [k for k in (*GEN_KEYS, "tgt_input_ids") if k in batch.batch.keys()]
+        gen_batch = batch.pop(batch_keys=gen_keys)
+        if "target_probs" in batch.batch.keys():
+            probs = batch.pop(batch_keys=["target_probs"]).batch["target_probs"].double()
+            gen_batch.batch["trace_logprobs"] = torch.where(probs > 0, probs.log(), torch.full_like(probs, float("nan")))
+        if self.off_policy_pool is not None and self.off_policy_pool.has_extra_traces:
+            self._attach_pool_traces(gen_batch, batch, ratios)
+        gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float32)
+        gen_batch.meta_info["global_steps"] = self.global_steps
+        gen_out = self.wg.generate_sequences(gen_batch)
+        gen_out.meta_info.pop("rollout_stats", None)
+        if "tgt_input_ids" in gen_out.batch.keys():
+            gen_out.pop(batch_keys=["tgt_input_ids"])  # [B·n, max_prefix_len]: not needed past the rollout
+        # Deterministic uids: a resumed run must see exactly the same groups as an uninterrupted one.
+        batch.non_tensor_batch["uid"] = np.array([f"step{self.global_steps}-p{i}" for i in range(bsz)], dtype=object)
+        batch = batch.repeat(repeat_times=self.n, interleave=True)
+        batch = batch.union(gen_out)
+        engine_tokens = (batch.batch["response_mask"].bool() & ~batch.batch["prefix_mask"]).sum().item()
+        metrics["batch/avg_prefix_ratio"] = float(np.mean(ratios))
+        metrics["rollout/engine_tokens"] = engine_tokens
+        metrics["rollout/full_trace_slots"] = int((np.asarray(ratios) >= 1.0).sum())
+        return batch
+
+    def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> None:
+        """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files."""
+        slot = self.off_policy_pool.slot_traces(
+            prompt_ids=list(batch.non_tensor_batch["index"]), tgt_input_ids=gen_batch.batch.get("tgt_input_ids"),
+            ratios=ratios, global_step=self.global_steps)
+        gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
+        if slot.trace_logprobs is not None:
+            gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
+
+    def _update_keys(self, batch: DataProto) -> list[str]:
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages", "prefix_mask"]
+        if "ref_log_prob" in batch.batch.keys():
+            keys.append("ref_log_prob")
+        if "target_probs" in batch.batch.keys():
+            keys.append("target_probs")
+        return keys
+
+    def _compute_rewards_and_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
+        """KL-in-reward (β=0 without a ref model, spec §1.6), then the registered group advantage."""
+        response_mask = batch.batch["attention_mask"][:, -self.response_length:]
+        actor_cfg = self.config.actor_rollout_ref.actor
+        if not actor_cfg.get("use_kl_loss", False):
+            rewards, kl_metrics = apply_kl_penalty(
+                batch.batch["token_level_scores"], batch.batch["old_log_probs"], batch.batch.get("ref_log_prob"),
+                response_mask, self.kl_ctrl, self.config.algorithm.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            rewards = batch.batch["token_level_scores"]
+        batch.batch["token_level_rewards"] = rewards
+        adv, returns = compute_mixed_advantage(self.config, batch.batch, batch.non_tensor_batch["uid"],
+                                               self.response_length, self.n, pad_token_id=self.tokenizer.pad_token_id,
+                                               eos_token_id=self.tokenizer.eos_token_id)
+        batch.batch["advantages"] = adv
+        batch.batch["returns"] = returns
+        return batch
+
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+        """Reorder rows so each rank's contiguous chunk has a similar token count (Karmarkar-Karp)."""
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        parts = get_seqlen_balanced_partitions(seqlens, k_partitions=self.world_size, equal_size=True)
+        order = torch.tensor([i for p in parts for i in p])
+        batch.reorder(order)
+        metrics.update(log_seqlen_unbalance(seqlens, parts, prefix="global_seqlen"))
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict:
+        """Score ``data.val_files`` with ``n_val`` samples per prompt at ``val_temperature``.
+
+        Metrics ``val/test_score/<data_source>`` (mean over rows, so replicated rows give avg@k) and
+        ``val/avg_score`` (mean over sources).
+        """
+        n_val = int(self.config.actor_rollout_ref.rollout.get("n_val", 1))
+        chunk = int(self.config.data.get("val_batch_size") or len(self.val_dataset))
+        chunk = max(chunk, self.world_size)
+        scores_by_source: dict[str, list[float]] = {}
+        for start in range(0, len(self.val_dataset), chunk):
+            rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
+            batch = DataProto.from_single_dict(self.collate_fn(rows))
+            gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
+            gen_batch.meta_info["validate"] = True
+            gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.world_size)
+            gen_out = self.wg.generate_sequences(gen_batch)
+            gen_out.meta_info.pop("rollout_stats", None)
+            gen_out = unpad_dataproto(gen_out, pad * n_val)
+            batch = batch.repeat(repeat_times=n_val, interleave=True).union(gen_out)
+            scores, _ = self.val_reward_fn(batch)
+            for ds, s in zip(batch.non_tensor_batch["data_source"], scores.sum(-1).tolist()):
+                scores_by_source.setdefault(str(ds), []).append(s)
+        out = {f"val/test_score/{ds}": float(np.mean(v)) for ds, v in sorted(scores_by_source.items())}
+        out["val/avg_score"] = float(np.mean(list(out.values()))) if out else 0.0
+        self.last_val_metrics = out
+        return out

@@ -1,0 +1,341 @@
+"""The slot plan: which of the B·n rollout slots are on-policy, partial-prefix or full-trace.
+
+``build_slot_plan`` turns a batch of prompts, their off-policy traces and the driver's prefix ratios
+into per-slot engine requests (LUFFY_SPEC §1.2 items 1-5); ``assemble_responses`` merges what the
+engine generated back into LUFFY's padded tensors with ``prefix_mask`` (items 6-9). Full-trace slots
+(trace ++ EOS) are built without the engine, which is bit-identical to LUFFY after masking (§5.9).
+``MixRolloutPlanner`` runs a plan on any ``BaseRollout`` engine; nothing here depends on vLLM.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from luffy_pool.off_policy_pool import strip_right_padding
+from verl.utils.torch_functional import compute_position_id_with_mask, get_eos_mask
+from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
+
+SLOT_ON = "on"  # plain generation from the prompt
+SLOT_PARTIAL = "partial"  # engine continues prompt ++ prefix; the prefix is part of the response
+SLOT_FULL = "full"  # the whole trace ++ EOS is the response; no engine call
+
+
+@dataclasses.dataclass
+class SlotPlan:
+    """Everything decided before generation, for ``B·n`` slots in interleaved order (slot k = prompt k//n)."""
+
+    n: int
+    response_length: int
+    pad_token_id: int
+    eos_token_id: int
+    prompts: torch.Tensor  # [B·n, P] left-padded prompt ids, repeated
+    prompt_attention_mask: torch.Tensor  # [B·n, P]
+    prompt_position_ids: torch.Tensor  # [B·n, P]
+    prompt_token_ids: list[list[int]]  # per slot, padding stripped
+    traces: list[list[int]]  # per slot: trace ++ [EOS], or [] when the slot has no trace
+    prefixes: list[list[int]]  # per slot: traces[k][: int(len(traces[k]) · r_k)]
+    kinds: list[str]  # SLOT_ON / SLOT_PARTIAL / SLOT_FULL
+    prefix_ratios: list[float]
+    engine_slots: list[int]  # slots the engine must continue, in request order
+    engine_max_tokens: list[int]  # L − len(prefix) for each engine slot
+    tgt_input_ids: Optional[torch.Tensor]  # [B·n, T] trace of each slot (right-padded), None in validation
+    prefix_logprobs: Optional[list[list[float]]]  # behaviour log-prob per prefix token (NaN = unknown)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.kinds)
+
+    def engine_prompts(self) -> list[list[int]]:
+        """Engine inputs: prompt ++ prefix for every engine slot."""
+        return [self.prompt_token_ids[k] + self.prefixes[k] for k in self.engine_slots]
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """Assembled rollout: ``tensors`` are LUFFY's batch keys (§1.2 item 9), ``meta_info`` the rest."""
+
+    tensors: dict[str, torch.Tensor]
+    meta_info: dict[str, Any]
+
+
+def _as_float_list(ratios) -> np.ndarray:
+    if isinstance(ratios, torch.Tensor):
+        return ratios.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(ratios, dtype=np.float64)
+
+
+def _per_slot_traces(tgt_input_ids: Optional[torch.Tensor], batch_size: int, n: int, pad_token_id: int) -> list[list[int]]:
+    if tgt_input_ids is None:
+        return [[] for _ in range(batch_size * n)]
+    if tgt_input_ids.dim() == 2 and tgt_input_ids.shape[0] == batch_size:
+        per_prompt = [strip_right_padding(row.tolist(), pad_token_id) for row in tgt_input_ids]
+        return [list(per_prompt[k // n]) for k in range(batch_size * n)]
+    if tgt_input_ids.dim() == 3 and tuple(tgt_input_ids.shape[:2]) == (batch_size, n):
+        return [strip_right_padding(tgt_input_ids[k // n, k % n].tolist(), pad_token_id) for k in range(batch_size * n)]
+    raise ValueError(f"tgt_input_ids must be [B={batch_size}, T] or [B, n={n}, T], got {tuple(tgt_input_ids.shape)}")
+
+
+def _per_slot_logprobs(trace_logprobs, batch_size: int, n: int) -> list[Optional[Sequence[float]]]:
+    """Normalise per-prompt or per-slot behaviour log-probs (tensor, array or list) to one per slot."""
+    if isinstance(trace_logprobs, (torch.Tensor, np.ndarray)):
+        array = trace_logprobs.detach().cpu().double().numpy() if isinstance(trace_logprobs, torch.Tensor) else np.asarray(trace_logprobs, dtype=np.float64)
+        if array.ndim == 2 and array.shape[0] == batch_size:
+            return [array[k // n] for k in range(batch_size * n)]
+        if array.ndim == 3 and array.shape[:2] == (batch_size, n):
+            return [array[k // n, k % n] for k in range(batch_size * n)]
+        raise ValueError(f"trace_logprobs must be [B={batch_size}, W] or [B, n={n}, W], got {array.shape}")
+    rows = list(trace_logprobs)
+    if len(rows) == batch_size * n:
+        return rows
+    if len(rows) == batch_size:
+        return [rows[k // n] for k in range(batch_size * n)]
+    raise ValueError(f"trace_logprobs has {len(rows)} rows; expected B={batch_size} (per prompt) or B·n={batch_size * n} (per slot)")
+
+
+def build_slot_plan(
+    prompt_ids: torch.Tensor,
+    prompt_attention_mask: torch.Tensor,
+    tgt_input_ids: Optional[torch.Tensor],
+    ratios,
+    pad_token_id: int,
+    eos_token_id: int,
+    response_length: int,
+    trace_logprobs=None,
+    *,
+    n: Optional[int] = None,
+    prompt_position_ids: Optional[torch.Tensor] = None,
+) -> SlotPlan:
+    """Plan the ``B·n`` slots of one rollout (spec §1.2 items 1-4).
+
+    ``prompt_ids``/``prompt_attention_mask`` ``[B, P]`` are left-padded; ``tgt_input_ids`` is
+    ``[B, T]`` (one trace per prompt) or ``[B, n, T]`` (one per slot, from ``OffPolicyPool``),
+    right-padded with ``pad_token_id`` (trailing pads are stripped, see ``strip_right_padding``), or
+    None for no traces. ``ratios`` ``[B, n]`` come from ``PrefixRatioSampler`` (None: all 0, then
+    ``n`` is required). ``trace_logprobs`` optionally gives behaviour log-probs of trace ++ EOS per
+    prompt or per slot (NaN / missing entries = unknown).
+
+    Per slot: trace = target ++ [EOS] when the target is non-empty, prefix = trace[: floor(len·r)].
+    Kind ``full`` when the prefix is the whole trace, ``partial`` when it is a proper non-empty part,
+    ``on`` otherwise. Only on/partial slots whose prefix is shorter than L reach the engine, capped at
+    ``L − len(prefix)`` new tokens: anything beyond would be cut by the truncation to L.
+    """
+    if prompt_ids.dim() != 2 or prompt_attention_mask.shape != prompt_ids.shape:
+        raise ValueError(
+            f"prompt_ids and prompt_attention_mask must both be [B, P]; got {tuple(prompt_ids.shape)} and {tuple(prompt_attention_mask.shape)}"
+        )
+    if response_length <= 0:
+        raise ValueError(f"response_length must be > 0, got {response_length}")
+    batch_size = prompt_ids.shape[0]
+    if ratios is None:
+        if n is None:
+            raise ValueError("build_slot_plan: pass ratios [B, n] or n")
+        ratio_array = np.zeros((batch_size, n))
+    else:
+        ratio_array = _as_float_list(ratios)
+        if ratio_array.ndim != 2 or ratio_array.shape[0] != batch_size:
+            raise ValueError(f"ratios must be [B={batch_size}, n], got shape {ratio_array.shape}")
+        if n is not None and ratio_array.shape[1] != n:
+            raise ValueError(f"ratios has {ratio_array.shape[1]} slots per prompt but n={n}")
+        n = ratio_array.shape[1]
+        if ratio_array.size and (np.isnan(ratio_array).any() or ratio_array.min() < 0.0 or ratio_array.max() > 1.0):
+            raise ValueError("prefix ratios must lie in [0, 1]")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+
+    mask = prompt_attention_mask.bool()
+    prompt_lists = [prompt_ids[b][mask[b]].tolist() for b in range(batch_size)]
+    targets = _per_slot_traces(tgt_input_ids, batch_size, n, pad_token_id)
+    lp_rows = _per_slot_logprobs(trace_logprobs, batch_size, n) if trace_logprobs is not None else None
+
+    flat_ratios = [float(r) for r in ratio_array.reshape(-1)]
+    traces, prefixes, kinds, prefix_lps = [], [], [], []
+    engine_slots, engine_max_tokens = [], []
+    for k in range(batch_size * n):
+        trace = targets[k] + [eos_token_id] if targets[k] else []
+        prefix = trace[: int(len(trace) * flat_ratios[k])]
+        kind = SLOT_ON if not prefix else (SLOT_FULL if len(prefix) == len(trace) else SLOT_PARTIAL)
+        traces.append(trace)
+        prefixes.append(prefix)
+        kinds.append(kind)
+        if kind != SLOT_FULL and response_length - len(prefix) > 0:
+            engine_slots.append(k)
+            engine_max_tokens.append(response_length - len(prefix))
+        if lp_rows is not None:
+            row = lp_rows[k]
+            row = [] if row is None else list(row)
+            prefix_lps.append([float(row[t]) if t < len(row) else math.nan for t in range(len(prefix))])
+
+    if prompt_position_ids is None:
+        prompt_position_ids = compute_position_id_with_mask(prompt_attention_mask.long())
+    tgt_out = None
+    if tgt_input_ids is not None:
+        tgt_out = tgt_input_ids.repeat_interleave(n, dim=0) if tgt_input_ids.dim() == 2 else tgt_input_ids.reshape(batch_size * n, -1)
+    return SlotPlan(
+        n=n,
+        response_length=response_length,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        prompts=prompt_ids.repeat_interleave(n, dim=0),
+        prompt_attention_mask=prompt_attention_mask.repeat_interleave(n, dim=0),
+        prompt_position_ids=prompt_position_ids.repeat_interleave(n, dim=0),
+        prompt_token_ids=[list(prompt_lists[k // n]) for k in range(batch_size * n)],
+        traces=traces,
+        prefixes=prefixes,
+        kinds=kinds,
+        prefix_ratios=flat_ratios,
+        engine_slots=engine_slots,
+        engine_max_tokens=engine_max_tokens,
+        tgt_input_ids=tgt_out,
+        prefix_logprobs=prefix_lps if lp_rows is not None else None,
+    )
+
+
+def assemble_responses(
+    plan: SlotPlan,
+    generated_token_ids: Sequence[Sequence[int]],
+    engine_logprobs: Optional[Sequence[Sequence[float]]] = None,
+) -> RolloutBatch:
+    """Merge engine output into LUFFY's rollout tensors (spec §1.2 items 6-9).
+
+    ``generated_token_ids[i]`` continues ``plan.engine_slots[i]`` (generated ids only). Per slot the
+    response is ``prefix ++ generated`` right-padded with pad and truncated to L; ``prefix_mask`` is
+    True on the first ``min(len(prefix), L)`` positions; the response part of ``attention_mask`` is 1
+    up to and including the first EOS. ``target_probs`` (behaviour probability on prefix tokens, 1.0
+    elsewhere and where unknown) is added when the plan carries behaviour log-probs;
+    ``rollout_log_probs`` (engine log-probs of generated tokens, 0 elsewhere; diagnostics only) when
+    ``engine_logprobs`` is given.
+    """
+    if len(generated_token_ids) != len(plan.engine_slots):
+        raise ValueError(f"engine returned {len(generated_token_ids)} sequences for {len(plan.engine_slots)} requests")
+    if engine_logprobs is not None and len(engine_logprobs) != len(generated_token_ids):
+        raise ValueError(f"engine_logprobs has {len(engine_logprobs)} rows for {len(generated_token_ids)} sequences")
+    num_slots, length = plan.num_slots, plan.response_length
+    generated: list[list[int]] = [[] for _ in range(num_slots)]
+    gen_logprobs: list[list[float]] = [[] for _ in range(num_slots)]
+    for i, slot in enumerate(plan.engine_slots):
+        generated[slot] = list(generated_token_ids[i])
+        if engine_logprobs is not None:
+            gen_logprobs[slot] = [float(v) for v in engine_logprobs[i]]
+
+    responses = torch.full((num_slots, length), plan.pad_token_id, dtype=plan.prompts.dtype)
+    prefix_mask = torch.zeros((num_slots, length), dtype=torch.bool)
+    for k in range(num_slots):
+        tokens = (plan.prefixes[k] + generated[k])[:length]
+        if tokens:
+            responses[k, : len(tokens)] = torch.tensor(tokens, dtype=responses.dtype)
+        prefix_mask[k, : min(len(plan.prefixes[k]), length)] = True
+
+    response_mask = get_eos_mask(responses, plan.eos_token_id, dtype=plan.prompt_attention_mask.dtype)
+    delta = torch.arange(1, length + 1, dtype=plan.prompt_position_ids.dtype).unsqueeze(0)
+    response_position_ids = plan.prompt_position_ids[:, -1:] + delta
+    tensors = {
+        "prompts": plan.prompts,
+        "responses": responses,
+        "input_ids": torch.cat([plan.prompts, responses], dim=-1),
+        "attention_mask": torch.cat([plan.prompt_attention_mask, response_mask], dim=-1),
+        "position_ids": torch.cat([plan.prompt_position_ids, response_position_ids], dim=-1),
+        "response_mask": response_mask,
+        "prefix_mask": prefix_mask,
+    }
+    if plan.tgt_input_ids is not None:
+        tensors["tgt_input_ids"] = plan.tgt_input_ids
+    if plan.prefix_logprobs is not None:
+        target_probs = torch.ones((num_slots, length), dtype=torch.float32)
+        for k, lps in enumerate(plan.prefix_logprobs):
+            values = torch.tensor(lps[:length], dtype=torch.float64)
+            if len(values):
+                target_probs[k, : len(values)] = torch.where(torch.isnan(values), 1.0, values.exp()).float()
+        tensors["target_probs"] = target_probs
+    if engine_logprobs is not None:
+        rollout_log_probs = torch.zeros((num_slots, length), dtype=torch.float32)
+        for k in plan.engine_slots:
+            start = min(len(plan.prefixes[k]), length)
+            values = gen_logprobs[k][: length - start]
+            if values:
+                rollout_log_probs[k, start : start + len(values)] = torch.tensor(values, dtype=torch.float32)
+        tensors["rollout_log_probs"] = rollout_log_probs
+    meta_info = {
+        "prefix_ratios": list(plan.prefix_ratios),
+        "num_engine_requests": len(plan.engine_slots),
+        "num_engine_tokens": int(sum(len(generated_token_ids[i]) for i in range(len(plan.engine_slots)))),
+        "num_full_slots": plan.kinds.count(SLOT_FULL),
+        "num_partial_slots": plan.kinds.count(SLOT_PARTIAL),
+        "num_on_policy_slots": plan.kinds.count(SLOT_ON),
+    }
+    return RolloutBatch(tensors=tensors, meta_info=meta_info)
+
+
+class MixRolloutPlanner:
+    """Runs slot plans on a ``BaseRollout`` engine: one engine call per rollout, only for needed slots.
+
+    Training: ``n`` slots per prompt, ratios from the driver, ``sampling`` (LUFFY: temperature 1.0,
+    top_p 1, top_k −1). Validation: ``n_val`` on-policy slots per prompt sampled at
+    ``val_temperature`` (LUFFY's "greedy" validation really samples at 0.6, spec §1.2).
+    """
+
+    def __init__(
+        self,
+        engine: BaseRollout,
+        *,
+        n: int,
+        response_length: int,
+        pad_token_id: int,
+        eos_token_id: int,
+        sampling: Optional[SamplingSpec] = None,
+        n_val: int = 1,
+        val_temperature: float = 0.6,
+    ):
+        if n < 1 or n_val < 1:
+            raise ValueError(f"rollout.n and rollout.n_val must be >= 1, got n={n}, n_val={n_val}")
+        self.engine = engine
+        self.n = n
+        self.n_val = n_val
+        self.response_length = response_length
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.sampling = sampling or SamplingSpec()
+        self.val_temperature = val_temperature
+
+    def run(self, plan: SlotPlan, sampling: SamplingSpec) -> RolloutBatch:
+        """Send the plan's engine requests (if any) in one call and assemble all slots."""
+        if plan.engine_slots:
+            out: GenerationOutput = self.engine.generate_token_ids(plan.engine_prompts(), list(plan.engine_max_tokens), sampling)
+            generated, logprobs = out.token_ids, out.logprobs if sampling.return_logprobs else None
+        else:
+            generated, logprobs = [], None
+        return assemble_responses(plan, generated, logprobs)
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_attention_mask: torch.Tensor,
+        tgt_input_ids: Optional[torch.Tensor],
+        prefix_ratios,
+        *,
+        prompt_position_ids: Optional[torch.Tensor] = None,
+        trace_logprobs=None,
+    ) -> RolloutBatch:
+        """Training rollout of ``B·n`` slots; ``prefix_ratios [B, n]`` come from the driver."""
+        if prefix_ratios is None:
+            raise ValueError("training rollout needs prefix_ratios [B, n] drawn on the driver (PrefixRatioSampler)")
+        plan = build_slot_plan(
+            prompt_ids, prompt_attention_mask, tgt_input_ids, prefix_ratios, self.pad_token_id, self.eos_token_id,
+            self.response_length, trace_logprobs, n=self.n, prompt_position_ids=prompt_position_ids,
+        )
+        return self.run(plan, self.sampling)
+
+    def generate_validation(
+        self, prompt_ids: torch.Tensor, prompt_attention_mask: torch.Tensor, *, prompt_position_ids: Optional[torch.Tensor] = None
+    ) -> RolloutBatch:
+        """Validation rollout: ``n_val`` plain samples per prompt at ``val_temperature`` (top_p 1, top_k −1)."""
+        plan = build_slot_plan(
+            prompt_ids, prompt_attention_mask, None, None, self.pad_token_id, self.eos_token_id,
+            self.response_length, n=self.n_val, prompt_position_ids=prompt_position_ids,
+        )
+        sampling = dataclasses.replace(self.sampling, temperature=self.val_temperature, top_p=1.0, top_k=-1)
+        return self.run(plan, sampling)

@@ -1,0 +1,442 @@
+"""The off-policy side of the dual pool: how much of a trace each slot gets, and which trace.
+
+``PrefixRatioSampler`` draws, on the driver and from one seeded numpy generator, the prefix ratio of
+every slot of a step (LUFFY_SPEC §1.2 table), so all ranks and a resumed run see the same plan.
+``OffPolicyPool`` decides which trace fills each prefix slot: the dataset's ``target`` (LUFFY) and,
+optionally, extra trajectory parquets keyed by prompt id, with per-token behaviour log-probs when known.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import zlib
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+PREFIX_STRATEGIES = ("random", "fixed", "linear", "linear_max", "reverse_linear")
+NUM_PREFIX_WINDOWS = 10  # LUFFY splits prefix_steps into 10 equal windows
+
+
+# ----------------------------------------------------------------------------------------------------
+# Prefix ratios
+# ----------------------------------------------------------------------------------------------------
+class PrefixRatioSampler:
+    """Prefix ratio ``r ∈ [0, 1]`` of every slot, per LUFFY's rollout keys (spec §1.2).
+
+    ``draw(B, global_step)`` returns ``[B, n]``: row b holds the ratios of prompt b's n slots, in the
+    interleaved slot order of the rollout (slot ``b·n + j``). ``step = global_step − 1``.
+
+    Deviations from LUFFY, all where LUFFY crashes or is undefined: ``fixed`` with one prefix slot
+    gives ``[min_prefix_ratio]`` (LUFFY divides by zero); ``global_step < 1`` is rejected (LUFFY's
+    windows would silently pick the last one); ratio bounds must lie in [0, 1].
+    """
+
+    def __init__(
+        self,
+        n: int,
+        n_prefix: int = -1,
+        min_prefix_ratio: float = 0.0,
+        max_prefix_ratio: float = 1.0,
+        prefix_strategy: str = "random",
+        prefix_share_across_samples: bool = False,
+        prefix_steps: int = 1000,
+        prefix_linear_max_ratio: float = 0.8,
+        seed: int = 0,
+    ):
+        if n < 1:
+            raise ValueError(f"rollout.n must be >= 1, got {n}")
+        if prefix_strategy not in PREFIX_STRATEGIES:
+            raise ValueError(f"unknown rollout.prefix_strategy {prefix_strategy!r}; valid: {', '.join(PREFIX_STRATEGIES)}")
+        if n_prefix < -1:
+            raise ValueError(f"rollout.n_prefix must be -1 (all n slots) or >= 0, got {n_prefix}")
+        if n_prefix > n:
+            raise ValueError(f"rollout.n_prefix={n_prefix} must be <= rollout.n={n}")
+        if not 0.0 <= min_prefix_ratio <= max_prefix_ratio <= 1.0:
+            raise ValueError(
+                "need 0 <= rollout.min_prefix_ratio <= rollout.max_prefix_ratio <= 1, got "
+                f"min_prefix_ratio={min_prefix_ratio}, max_prefix_ratio={max_prefix_ratio}"
+            )
+        if not 0.0 <= prefix_linear_max_ratio <= 1.0:
+            raise ValueError(f"rollout.prefix_linear_max_ratio must be in [0, 1], got {prefix_linear_max_ratio}")
+        if prefix_steps <= 0:
+            raise ValueError(f"rollout.prefix_steps must be > 0, got {prefix_steps}")
+        if prefix_strategy == "linear" and not prefix_share_across_samples:
+            raise ValueError("rollout.prefix_strategy='linear' needs rollout.prefix_share_across_samples=True (as in LUFFY)")
+        if prefix_strategy == "fixed" and prefix_share_across_samples:
+            raise ValueError("rollout.prefix_strategy='fixed' cannot be combined with rollout.prefix_share_across_samples=True (as in LUFFY)")
+        self.n = n
+        self.n_prefix = n_prefix
+        self.min_prefix_ratio = float(min_prefix_ratio)
+        self.max_prefix_ratio = float(max_prefix_ratio)
+        self.prefix_strategy = prefix_strategy
+        self.prefix_share_across_samples = bool(prefix_share_across_samples)
+        self.prefix_steps = prefix_steps
+        self.prefix_linear_max_ratio = float(prefix_linear_max_ratio)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+
+    @classmethod
+    def from_rollout_config(cls, rollout_config: Mapping[str, Any], seed: int = 0) -> "PrefixRatioSampler":
+        """Build from ``actor_rollout_ref.rollout`` (LUFFY key names and YAML defaults)."""
+        cfg = rollout_config
+        return cls(
+            n=int(cfg.get("n", 1)),
+            n_prefix=int(cfg.get("n_prefix", -1)),
+            min_prefix_ratio=float(cfg.get("min_prefix_ratio", 0.0)),
+            max_prefix_ratio=float(cfg.get("max_prefix_ratio", 1.0)),
+            prefix_strategy=str(cfg.get("prefix_strategy", "random")),
+            prefix_share_across_samples=bool(cfg.get("prefix_share_across_samples", False)),
+            prefix_steps=int(cfg.get("prefix_steps", 1000)),
+            prefix_linear_max_ratio=float(cfg.get("prefix_linear_max_ratio", 0.8)),
+            seed=seed,
+        )
+
+    # -- schedule pieces -------------------------------------------------------------------------
+    def window_index(self, step: int) -> int:
+        """Window of ``step`` (= global_step − 1): the first i with ``i·S/10 <= step <= (i+1)·S/10``.
+
+        Boundaries belong to the earlier window (LUFFY's inclusive comparison); after ``prefix_steps``
+        the last window is reused.
+        """
+        for i in range(NUM_PREFIX_WINDOWS):
+            lo = i * self.prefix_steps / NUM_PREFIX_WINDOWS
+            hi = (i + 1) * self.prefix_steps / NUM_PREFIX_WINDOWS
+            if lo <= step <= hi:
+                return i
+        return NUM_PREFIX_WINDOWS - 1
+
+    def window_upper_bound(self, step: int) -> float:
+        """``hi_w`` of the current window: decreasing for linear_max, increasing for reverse_linear."""
+        w = self.window_index(step)
+        tenths = NUM_PREFIX_WINDOWS - w if self.prefix_strategy == "linear_max" else w + 1
+        return self.prefix_linear_max_ratio * tenths / NUM_PREFIX_WINDOWS
+
+    def linear_ratio(self, step: int) -> float:
+        """Shared ``linear`` schedule: ``prefix_linear_max_ratio · (1 − min(step/prefix_steps, 1))``."""
+        return self.prefix_linear_max_ratio * (1.0 - min(step / self.prefix_steps, 1.0))
+
+    def fixed_ratios(self) -> list[float]:
+        """``fixed``: ``min + j·(max − min)/(k − 1)`` for the k prefix slots (k = n when n_prefix = −1)."""
+        k = self.n if self.n_prefix == -1 else self.n_prefix
+        step = (self.max_prefix_ratio - self.min_prefix_ratio) / (k - 1) if k > 1 else 0.0
+        return [self.min_prefix_ratio + j * step for j in range(k)]
+
+    # -- drawing -------------------------------------------------------------------------------
+    def draw(self, batch_size: int, global_step: int) -> np.ndarray:
+        """Ratios ``[batch_size, n]`` (float64) for the prompts of training step ``global_step`` (>= 1)."""
+        if global_step < 1:
+            raise ValueError(f"global_step counts training steps from 1, got {global_step}")
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+        step = global_step - 1
+        ratios = np.zeros((batch_size, self.n), dtype=np.float64)
+        if self.prefix_share_across_samples:
+            if self.prefix_strategy == "linear":
+                shared = np.full(batch_size, self.linear_ratio(step))
+            else:
+                shared = self._rng.uniform(self.min_prefix_ratio, self.max_prefix_ratio, size=batch_size)
+            k = self.n if self.n_prefix <= 0 else self.n_prefix
+            ratios[:, :k] = shared[:, None]
+            return ratios
+        k = self.n if self.n_prefix == -1 else self.n_prefix
+        if k == 0:
+            return ratios
+        if self.prefix_strategy == "random":
+            ratios[:, :k] = self._rng.uniform(self.min_prefix_ratio, self.max_prefix_ratio, size=(batch_size, k))
+        elif self.prefix_strategy in ("linear_max", "reverse_linear"):
+            ratios[:, :k] = self._rng.uniform(0.0, self.window_upper_bound(step), size=(batch_size, k))
+        else:  # fixed
+            ratios[:, :k] = np.asarray(self.fixed_ratios())[None, :]
+        return ratios
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "bit_generator_state": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "bit_generator_state" not in state:
+            raise ValueError("PrefixRatioSampler state has no 'bit_generator_state' key")
+        self.seed = state.get("seed", self.seed)
+        self._rng.bit_generator.state = state["bit_generator_state"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Traces
+# ----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TraceRecord:
+    """One off-policy trace: token ids (no EOS) and, when known, behaviour log-probs.
+
+    ``logprobs`` has ``len(token_ids)`` entries, or one more for the EOS the rollout appends.
+    """
+
+    token_ids: list[int]
+    logprobs: Optional[list[float]]
+    source: str  # "<file>:<row>" for extra traces, "target" for the dataset column
+
+
+@dataclasses.dataclass
+class SlotTraces:
+    """Which trace each slot carries, in the tensor form the slot plan consumes.
+
+    ``tgt_input_ids`` is ``[B, T]`` (one trace per prompt, repeated over its slots) when the pool has
+    no extra traces, else ``[B, n, T]``; right-padded with pad. ``logprobs`` is ``[B(, n), T + 1]``
+    behaviour log-probs of trace ++ EOS (NaN = unknown) or None when nothing is known.
+    """
+
+    tgt_input_ids: torch.Tensor
+    logprobs: Optional[torch.Tensor]
+    sources: np.ndarray  # object [B, n]: trace source of every prefix slot, "" otherwise
+    num_extra_slots: int  # prefix slots filled from extra trace files
+
+
+def logprobs_from_target_probs(target_probs: torch.Tensor) -> torch.Tensor:
+    """Dataset ``target_probs`` (probabilities, −1 = unknown) → log-probs with NaN = unknown."""
+    probs = target_probs.to(torch.float64)
+    return torch.where(probs < 0, torch.full_like(probs, float("nan")), torch.log(probs.clamp_min(0.0)))
+
+
+def strip_right_padding(token_ids: Sequence[int], pad_token_id: int) -> list[int]:
+    """Drop trailing pad tokens only (pads inside the trace are kept).
+
+    With pad == EOS (Qwen-Math) this also drops a trace's own trailing EOS; the rollout appends one
+    anyway, so the result is the same. A trace whose last real token is the pad id cannot be told
+    apart from padding (LUFFY has the same limit).
+    """
+    ids = list(token_ids)
+    end = len(ids)
+    while end > 0 and ids[end - 1] == pad_token_id:
+        end -= 1
+    return ids[:end]
+
+
+def _prompt_key(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return str(value)
+
+
+class OffPolicyPool:
+    """Traces per prompt id: the dataset target first, then traces from extra parquet files.
+
+    Extra files need columns ``<prompt_id_key>`` (matched against the training rows'
+    ``extra_info.index``) and ``<trace_key>`` (text); optional ``<token_ids_key>`` (list[int], used
+    instead of tokenizing the text) and ``<logprobs_key>`` (behaviour log-prob per trace token, + an
+    optional last one for EOS). Traces whose prompt id is not a training prompt are counted in
+    ``unmatched_trace_count`` and logged.
+
+    Prefix slots (ratio > 0) of a prompt take its candidates round-robin. ``selection='target_first'``
+    orders them [dataset target, extras in a seeded shuffle]; ``'shuffle'`` shuffles all of them. The
+    shuffle is seeded by (seed, global_step, prompt id), so it needs no state to resume.
+    """
+
+    SELECTIONS = ("target_first", "shuffle")
+
+    def __init__(
+        self,
+        extra_trace_files: str | Sequence[str] | None = None,
+        *,
+        known_prompt_ids: Optional[Sequence[Any]] = None,
+        tokenizer=None,
+        prompt_id_key: str = "index",
+        trace_key: str = "trace",
+        token_ids_key: str = "token_ids",
+        logprobs_key: str = "logprobs",
+        max_trace_length: Optional[int] = None,
+        strip_think_prefix: bool = False,
+        use_dataset_target: bool = True,
+        selection: str = "target_first",
+        seed: int = 0,
+    ):
+        if selection not in self.SELECTIONS:
+            raise ValueError(f"unknown pool selection {selection!r}; valid: {', '.join(self.SELECTIONS)}")
+        files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
+        if files and known_prompt_ids is None:
+            raise ValueError("OffPolicyPool: extra_trace_files need known_prompt_ids (the training rows' extra_info.index)")
+        self.tokenizer = tokenizer
+        self.prompt_id_key = prompt_id_key
+        self.trace_key = trace_key
+        self.token_ids_key = token_ids_key
+        self.logprobs_key = logprobs_key
+        self.max_trace_length = max_trace_length
+        self.strip_think_prefix = strip_think_prefix
+        self.use_dataset_target = use_dataset_target
+        self.selection = selection
+        self.seed = seed
+        self._known = {_prompt_key(p) for p in known_prompt_ids} if known_prompt_ids is not None else set()
+        self._extra: dict[Any, list[TraceRecord]] = defaultdict(list)
+        self.unmatched_trace_count = 0
+        self.unmatched_prompt_ids: list[Any] = []
+        for path in files:
+            self._load_file(path)
+        if self.unmatched_trace_count:
+            logger.warning(
+                "OffPolicyPool: %d extra trace(s) match no training prompt (ids e.g. %s); they are not used",
+                self.unmatched_trace_count,
+                self.unmatched_prompt_ids[:5],
+            )
+
+    # -- loading -------------------------------------------------------------------------------
+    def _load_file(self, path: str) -> None:
+        import pandas as pd
+
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"extra trace file not found: {path}")
+        frame = pd.read_parquet(path)
+        for column in (self.prompt_id_key, self.trace_key):
+            if column not in frame.columns:
+                raise ValueError(f"{path}: missing column {column!r} (columns: {list(frame.columns)})")
+        has_ids = self.token_ids_key in frame.columns
+        has_lps = self.logprobs_key in frame.columns
+        if not has_ids and self.tokenizer is None:
+            raise ValueError(f"{path}: no {self.token_ids_key!r} column; pass tokenizer= to tokenize column {self.trace_key!r}")
+        name = os.path.basename(path)
+        for row in range(len(frame)):
+            record = frame.iloc[row]
+            key = _prompt_key(record[self.prompt_id_key])
+            token_ids = self._row_token_ids(path, row, record, has_ids)
+            logprobs = self._row_logprobs(path, row, record, len(token_ids)) if has_lps else None
+            if self.max_trace_length is not None and len(token_ids) > self.max_trace_length:
+                token_ids = token_ids[: self.max_trace_length]
+                # The EOS log-prob belongs after the full trace, not after the truncated one.
+                logprobs = logprobs[: self.max_trace_length] if logprobs is not None else None
+            if key not in self._known:
+                self.unmatched_trace_count += 1
+                self.unmatched_prompt_ids.append(key)
+                continue
+            self._extra[key].append(TraceRecord(token_ids, logprobs, f"{name}:{row}"))
+
+    def _row_token_ids(self, path: str, row: int, record, has_ids: bool) -> list[int]:
+        value = record[self.token_ids_key] if has_ids else None
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r} must be a list of ints, got {type(value).__name__}")
+            ids = [int(t) for t in value]
+        else:
+            text = record[self.trace_key]
+            if not isinstance(text, str):
+                raise ValueError(f"{path}: row {row}: column {self.trace_key!r} must be a string, got {type(text).__name__}")
+            if self.tokenizer is None:
+                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r} is null and no tokenizer was given")
+            if self.strip_think_prefix and text.startswith("<think>\n"):
+                text = text[len("<think>\n"):]
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise ValueError(f"{path}: row {row}: empty trace (columns {self.trace_key!r}/{self.token_ids_key!r})")
+        return ids
+
+    def _row_logprobs(self, path: str, row: int, record, num_tokens: int) -> Optional[list[float]]:
+        value = record[self.logprobs_key]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r} must be a list of floats, got {type(value).__name__}")
+        lps = [float(v) for v in value]
+        if len(lps) not in (num_tokens, num_tokens + 1):
+            raise ValueError(
+                f"{path}: row {row}: column {self.logprobs_key!r} has {len(lps)} values for {num_tokens} trace tokens "
+                f"(expected {num_tokens} or {num_tokens + 1} with the EOS)"
+            )
+        if any(v > 1e-6 for v in lps):
+            raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r} holds positive values; expected log-probabilities")
+        return lps
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def has_extra_traces(self) -> bool:
+        return bool(self._extra)
+
+    @property
+    def num_extra_traces(self) -> int:
+        return sum(len(v) for v in self._extra.values())
+
+    def extra_traces_for(self, prompt_id: Any) -> list[TraceRecord]:
+        return list(self._extra.get(_prompt_key(prompt_id), []))
+
+    def candidates(self, prompt_id: Any, target: Optional[TraceRecord], global_step: int) -> list[TraceRecord]:
+        """Ordered traces that the prefix slots of one prompt take round-robin."""
+        extras = self.extra_traces_for(prompt_id)
+        target_list = [target] if (target is not None and target.token_ids and self.use_dataset_target) else []
+        key = _prompt_key(prompt_id)
+        rng = np.random.default_rng([self.seed, max(global_step, 0), zlib.crc32(repr(key).encode())])
+        if self.selection == "target_first":
+            order = rng.permutation(len(extras))
+            return target_list + [extras[i] for i in order]
+        pool = target_list + extras
+        return [pool[i] for i in rng.permutation(len(pool))]
+
+    def slot_traces(
+        self,
+        prompt_ids: Sequence[Any],
+        tgt_input_ids: torch.Tensor,
+        ratios: np.ndarray | torch.Tensor,
+        pad_token_id: int,
+        global_step: int,
+        target_logprobs: Optional[torch.Tensor] = None,
+    ) -> SlotTraces:
+        """Fill the prefix slots (ratio > 0) of every prompt of a batch with traces.
+
+        ``tgt_input_ids [B, T]`` are the dataset targets (right-padded), ``target_logprobs
+        [B, T + 1]`` their behaviour log-probs (NaN = unknown; see ``logprobs_from_target_probs``).
+        Non-prefix slots keep the dataset target, as LUFFY repeats it over the whole group.
+        """
+        ratios_np = ratios.detach().cpu().numpy() if isinstance(ratios, torch.Tensor) else np.asarray(ratios)
+        batch_size, width = tgt_input_ids.shape
+        if ratios_np.ndim != 2 or ratios_np.shape[0] != batch_size:
+            raise ValueError(f"ratios must be [B={batch_size}, n], got shape {ratios_np.shape}")
+        if len(prompt_ids) != batch_size:
+            raise ValueError(f"prompt_ids has {len(prompt_ids)} entries for a batch of {batch_size}")
+        if target_logprobs is not None and tuple(target_logprobs.shape) != (batch_size, width + 1):
+            raise ValueError(f"target_logprobs must be [B, T+1] = [{batch_size}, {width + 1}], got {tuple(target_logprobs.shape)}")
+        n = ratios_np.shape[1]
+        sources = np.full((batch_size, n), "", dtype=object)
+        if not self.has_extra_traces:
+            for b in range(batch_size):
+                non_empty = bool(strip_right_padding(tgt_input_ids[b].tolist(), pad_token_id))
+                if self.use_dataset_target and non_empty:
+                    sources[b, ratios_np[b] > 0] = "target"
+            if not self.use_dataset_target:
+                tgt_input_ids = torch.full_like(tgt_input_ids, pad_token_id)
+                target_logprobs = None
+            return SlotTraces(tgt_input_ids, target_logprobs, sources, 0)
+
+        slot_ids = torch.full((batch_size, n, width), pad_token_id, dtype=tgt_input_ids.dtype)
+        slot_lps = torch.full((batch_size, n, width + 1), float("nan"), dtype=torch.float64)
+        any_logprobs = target_logprobs is not None
+        num_extra = 0
+        for b in range(batch_size):
+            target_ids = strip_right_padding(tgt_input_ids[b].tolist(), pad_token_id)
+            target_lp = target_logprobs[b].tolist() if target_logprobs is not None else None
+            target = TraceRecord(target_ids, target_lp, "target")
+            cands = self.candidates(prompt_ids[b], target, global_step)
+            prefix_slot = 0
+            for j in range(n):
+                chosen = target if self.use_dataset_target else None
+                if ratios_np[b, j] > 0 and cands:
+                    chosen = cands[prefix_slot % len(cands)]
+                    prefix_slot += 1
+                    sources[b, j] = chosen.source
+                    num_extra += chosen.source != "target"
+                if chosen is None:
+                    continue
+                ids = chosen.token_ids[:width]
+                slot_ids[b, j, : len(ids)] = torch.tensor(ids, dtype=slot_ids.dtype)
+                if chosen.logprobs is not None:
+                    any_logprobs = True
+                    lps = chosen.logprobs[: width + 1]
+                    if len(chosen.token_ids) > width:
+                        lps = lps[:width]  # truncated trace: the EOS entry no longer applies
+                    slot_lps[b, j, : len(lps)] = torch.tensor(lps, dtype=torch.float64)
+        return SlotTraces(slot_ids, slot_lps if any_logprobs else None, sources, num_extra)

@@ -1,0 +1,129 @@
+"""LUFFY's training dataset: prompts plus the off-policy trace of each row (spec §1.1).
+
+On top of ``verl.utils.dataset.RLHFDataset`` (left-padded prompts, over-long prompts dropped) it
+tokenizes ``target[0]['content']`` without special tokens — minus a leading ``<think>\\n`` when the
+templated prompt already opens one — truncates it to ``max_target_length`` (``rollout.max_prefix_len``)
+and right-pads it with pad into ``tgt_input_ids``. The slot plan appends the EOS later.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.utils.dataset.collate import collate_fn
+from verl.utils.dataset.rl_dataset import RLHFDataset, _is_list
+
+__all__ = ["RLHFDatasetWithTarget", "collate_fn"]
+
+THINK_OPEN = "<think>\n"
+
+
+class RLHFDatasetWithTarget(RLHFDataset):
+    """Rows with ``tgt_input_ids [max_target_length]`` (and ``target_probs`` when the column exists).
+
+    With probability ``1 − sample_target_ratio`` a row's target is replaced by an empty one (all pad),
+    decided by a generator seeded with ``(seed, item)`` so every epoch and every run agree. A null
+    target is also empty. ``target_probs`` (from ``target_ds_qwen_7b_probs``: teacher probability of
+    each target token plus one for the EOS) has width ``max_target_length + 1`` so the EOS entry fits;
+    −1 marks unknown (padding, a dropped target, the EOS after a truncated target). LUFFY's
+    ``target_lst`` column is dropped (it never reaches the loss).
+    """
+
+    def __init__(
+        self,
+        parquet_files: str | Sequence[str],
+        tokenizer,
+        prompt_key: str = "prompt",
+        target_key: str = "target",
+        max_prompt_length: int = 1024,
+        max_target_length: int = 8192,
+        sample_target_ratio: float = 1.0,
+        truncation: str = "error",
+        filter_overlong_prompts: bool = True,
+        target_probs_key: str = "target_ds_qwen_7b_probs",
+        target_list_key: str = "target_lst",
+        seed: int = 0,
+    ):
+        if max_target_length <= 0:
+            raise ValueError(f"rollout.max_prefix_len (max_target_length) must be > 0, got {max_target_length}")
+        if not 0.0 <= sample_target_ratio <= 1.0:
+            raise ValueError(f"data.sample_target_ratio must be in [0, 1], got {sample_target_ratio}")
+        self.target_key = target_key
+        self.max_target_length = max_target_length
+        self.sample_target_ratio = sample_target_ratio
+        self.target_probs_key = target_probs_key
+        self.target_list_key = target_list_key
+        self.seed = seed
+        self.consumed_columns = (target_key, target_probs_key, target_list_key)
+        super().__init__(
+            parquet_files, tokenizer, prompt_key=prompt_key, max_prompt_length=max_prompt_length,
+            truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
+        )
+        self.has_target_probs = target_probs_key in self.dataframe.columns
+
+    # -- load-time checks ----------------------------------------------------------------------
+    def checked_columns(self) -> list[str]:
+        return super().checked_columns() + [self.target_key]
+
+    def _check_columns(self, path: str, frame) -> None:
+        super()._check_columns(path, frame)
+        if self.target_key not in frame.columns:
+            raise ValueError(f"{path}: missing column {self.target_key!r} (columns: {list(frame.columns)})")
+
+    def _check_row(self, path: str, row: int, record: Mapping[str, Any]) -> None:
+        super()._check_row(path, row, record)
+        target = record[self.target_key]
+        if target is None:
+            return  # a null target is allowed: that prompt gets no off-policy sample
+        if not _is_list(target) or len(target) == 0:
+            raise ValueError(f"{path}: row {row}: column {self.target_key!r}: expected a non-empty list of messages or null, got {target!r:.80}")
+        first = target[0]
+        if not isinstance(first, Mapping) or not isinstance(first.get("content"), str):
+            raise ValueError(f"{path}: row {row}: column {self.target_key!r}: target[0] must be a dict with a 'content' string, got {first!r:.80}")
+
+    # -- items ---------------------------------------------------------------------------------
+    def keeps_target(self, item: int) -> bool:
+        """The reproducible ``sample_target_ratio`` draw of one item."""
+        if self.sample_target_ratio >= 1.0:
+            return True
+        return bool(np.random.default_rng([self.seed, item]).random() < self.sample_target_ratio)
+
+    def target_token_ids(self, item: int, target: Any) -> list[int]:
+        """Untruncated token ids of an item's target (``[]`` for a null or dropped target)."""
+        if target is None or not self.keeps_target(item):
+            return []
+        content = target[0]["content"]
+        if self._templated[item].endswith(THINK_OPEN) and content.startswith(THINK_OPEN):
+            content = content[len(THINK_OPEN):]
+        return list(self.tokenizer(content, add_special_tokens=False)["input_ids"])
+
+    def _target_probs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
+        out = torch.full((self.max_target_length + 1,), -1.0, dtype=torch.float32)
+        if probs is None or num_tokens == 0:
+            return out
+        values = [float(p) for p in probs]
+        if len(values) not in (num_tokens, num_tokens + 1):
+            raise ValueError(
+                f"{self.source_of(item)}: column {self.target_probs_key!r} has {len(values)} values for a target of "
+                f"{num_tokens} tokens (expected {num_tokens + 1}: one per token plus the EOS)"
+            )
+        out[:num_kept] = torch.tensor(values[:num_kept], dtype=torch.float32)
+        if num_kept == num_tokens and len(values) == num_tokens + 1:
+            out[num_kept] = values[num_tokens]  # EOS follows the full target only
+        return out
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        row = super().__getitem__(item)
+        record = self.dataframe.iloc[item]
+        ids = self.target_token_ids(item, record[self.target_key])
+        kept = ids[: self.max_target_length]
+        tgt = torch.full((self.max_target_length,), self.tokenizer.pad_token_id, dtype=torch.long)
+        if kept:
+            tgt[: len(kept)] = torch.tensor(kept, dtype=torch.long)
+        row["tgt_input_ids"] = tgt
+        if self.has_target_probs:
+            row["target_probs"] = self._target_probs(item, record[self.target_probs_key], len(ids), len(kept))
+        return row

@@ -1,0 +1,306 @@
+"""Prefix-ratio schedules (spec §1.2 table, §8 item 2) and the off-policy trace pool."""
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from luffy_pool.off_policy_pool import (
+    OffPolicyPool,
+    PrefixRatioSampler,
+    logprobs_from_target_probs,
+    strip_right_padding,
+)
+
+PAD = 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# PrefixRatioSampler
+# ----------------------------------------------------------------------------------------------------
+def test_luffy_default_gives_one_full_trace_slot_per_prompt():
+    sampler = PrefixRatioSampler(n=8, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0)
+    ratios = sampler.draw(batch_size=3, global_step=1)
+    assert ratios.shape == (3, 8)
+    assert ratios.tolist() == [[1.0] + [0.0] * 7] * 3
+    assert ratios.mean() == 0.125  # batch/avg_prefix_ratio of the LUFFY run
+
+
+def test_random_all_slots_are_iid_uniform_from_the_seeded_generator():
+    sampler = PrefixRatioSampler(n=4, n_prefix=-1, min_prefix_ratio=0.2, max_prefix_ratio=0.6, seed=5)
+    ratios = sampler.draw(batch_size=2, global_step=7)
+    expected = np.random.default_rng(5).uniform(0.2, 0.6, size=(2, 4))
+    np.testing.assert_array_equal(ratios, expected)
+    assert len(set(ratios.reshape(-1).tolist())) == 8
+
+
+def test_random_first_k_slots_then_zeros():
+    sampler = PrefixRatioSampler(n=5, n_prefix=2, min_prefix_ratio=0.1, max_prefix_ratio=0.9, seed=3)
+    ratios = sampler.draw(batch_size=4, global_step=1)
+    np.testing.assert_array_equal(ratios[:, :2], np.random.default_rng(3).uniform(0.1, 0.9, size=(4, 2)))
+    assert (ratios[:, 2:] == 0.0).all()
+
+
+def test_n_prefix_zero_without_sharing_gives_no_prefix():
+    sampler = PrefixRatioSampler(n=4, n_prefix=0)
+    assert (sampler.draw(3, 1) == 0.0).all()
+
+
+def test_fixed_is_evenly_spaced_with_n_prefix_minus_one_denominator():
+    all_slots = PrefixRatioSampler(n=5, n_prefix=-1, min_prefix_ratio=0.0, max_prefix_ratio=1.0, prefix_strategy="fixed")
+    assert all_slots.draw(2, 1).tolist() == [[0.0, 0.25, 0.5, 0.75, 1.0]] * 2
+    three = PrefixRatioSampler(n=6, n_prefix=3, min_prefix_ratio=0.2, max_prefix_ratio=0.8, prefix_strategy="fixed")
+    np.testing.assert_allclose(three.draw(1, 1), [[0.2, 0.5, 0.8, 0.0, 0.0, 0.0]])
+    one = PrefixRatioSampler(n=3, n_prefix=1, min_prefix_ratio=0.4, max_prefix_ratio=0.9, prefix_strategy="fixed")
+    assert one.draw(1, 1).tolist() == [[0.4, 0.0, 0.0]]  # LUFFY divides by zero here
+
+
+@pytest.mark.parametrize(
+    "global_step, expected",
+    [(1, 0.8), (26, 0.8 * 0.75), (51, 0.4), (101, 0.0), (500, 0.0)],
+)
+def test_linear_shared_schedule_decays_to_zero_at_prefix_steps(global_step, expected):
+    sampler = PrefixRatioSampler(
+        n=4, n_prefix=2, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=100, prefix_linear_max_ratio=0.8
+    )
+    ratios = sampler.draw(batch_size=2, global_step=global_step)
+    np.testing.assert_allclose(ratios, [[expected, expected, 0.0, 0.0]] * 2)
+
+
+@pytest.mark.parametrize("n_prefix", [0, -1])
+def test_shared_ratio_goes_to_all_slots_when_n_prefix_not_positive(n_prefix):
+    sampler = PrefixRatioSampler(n=3, n_prefix=n_prefix, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=10)
+    np.testing.assert_allclose(sampler.draw(1, 6), [[0.4, 0.4, 0.4]])  # 0.8 * (1 - 5/10)
+
+
+def test_shared_random_draws_one_ratio_per_prompt():
+    sampler = PrefixRatioSampler(n=4, n_prefix=3, min_prefix_ratio=0.3, max_prefix_ratio=0.7, prefix_share_across_samples=True, seed=9)
+    ratios = sampler.draw(batch_size=3, global_step=1)
+    per_prompt = np.random.default_rng(9).uniform(0.3, 0.7, size=3)
+    np.testing.assert_array_equal(ratios[:, :3], np.repeat(per_prompt[:, None], 3, axis=1))
+    assert (ratios[:, 3] == 0.0).all()
+
+
+@pytest.mark.parametrize(
+    "step, window",
+    [(0, 0), (10, 0), (10.5, 1), (11, 1), (20, 1), (55, 5), (91, 9), (100, 9), (101, 9), (5000, 9)],
+)
+def test_window_index_boundaries_belong_to_the_earlier_window(step, window):
+    sampler = PrefixRatioSampler(n=2, prefix_strategy="linear_max", prefix_steps=100)
+    assert sampler.window_index(step) == window
+
+
+@pytest.mark.parametrize(
+    "strategy, global_step, hi",
+    [
+        ("linear_max", 1, 0.8),  # step 0: window 0
+        ("linear_max", 12, 0.72),  # step 11: window 1
+        ("linear_max", 96, 0.08),  # step 95: window 9
+        ("linear_max", 1001, 0.08),  # after prefix_steps: last window reused
+        ("reverse_linear", 1, 0.08),
+        ("reverse_linear", 12, 0.16),
+        ("reverse_linear", 1001, 0.8),
+    ],
+)
+def test_window_strategies_draw_uniform_below_the_window_bound(strategy, global_step, hi):
+    sampler = PrefixRatioSampler(n=4, n_prefix=-1, prefix_strategy=strategy, prefix_steps=100, prefix_linear_max_ratio=0.8, seed=2)
+    assert sampler.window_upper_bound(global_step - 1) == pytest.approx(hi)
+    ratios = sampler.draw(batch_size=5, global_step=global_step)
+    np.testing.assert_allclose(ratios, np.random.default_rng(2).uniform(0.0, hi, size=(5, 4)))
+
+
+def test_window_strategy_with_n_prefix_fills_first_slots_only():
+    sampler = PrefixRatioSampler(n=4, n_prefix=1, prefix_strategy="reverse_linear", prefix_steps=10, seed=1)
+    ratios = sampler.draw(batch_size=3, global_step=2)  # step 1 -> window 0 -> U(0, 0.08)
+    assert ((ratios[:, 0] >= 0) & (ratios[:, 0] <= 0.08)).all() and (ratios[:, 1:] == 0).all()
+
+
+def test_state_dict_resume_reproduces_the_next_draws():
+    sampler = PrefixRatioSampler(n=3, seed=11)
+    sampler.draw(2, 1)
+    state = sampler.state_dict()
+    expected = [sampler.draw(2, 2), sampler.draw(2, 3)]
+    resumed = PrefixRatioSampler(n=3, seed=999)
+    resumed.load_state_dict(state)
+    for step, want in zip((2, 3), expected):
+        np.testing.assert_array_equal(resumed.draw(2, step), want)
+
+
+def test_from_rollout_config_reads_luffy_keys():
+    cfg = {"n": 8, "n_prefix": 1, "min_prefix_ratio": 1.0, "max_prefix_ratio": 1.0, "prefix_strategy": "random"}
+    sampler = PrefixRatioSampler.from_rollout_config(cfg, seed=4)
+    assert (sampler.n, sampler.n_prefix, sampler.prefix_steps, sampler.prefix_linear_max_ratio) == (8, 1, 1000, 0.8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_prefix_ratio": 0.8, "max_prefix_ratio": 0.2}, "min_prefix_ratio"),
+        ({"prefix_strategy": "cosine"}, "valid: random, fixed, linear, linear_max, reverse_linear"),
+        ({"n_prefix": 9}, "n_prefix=9 must be <= rollout.n=8"),
+        ({"n_prefix": -2}, "n_prefix must be -1"),
+        ({"prefix_strategy": "linear"}, "prefix_share_across_samples=True"),
+        ({"prefix_strategy": "fixed", "prefix_share_across_samples": True}, "cannot be combined"),
+        ({"prefix_steps": 0}, "prefix_steps"),
+        ({"max_prefix_ratio": 1.5}, "max_prefix_ratio=1.5"),
+    ],
+)
+def test_invalid_prefix_config_is_rejected_with_the_key_named(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PrefixRatioSampler(n=8, **kwargs)
+
+
+def test_draw_rejects_step_zero():
+    with pytest.raises(ValueError, match="from 1"):
+        PrefixRatioSampler(n=2).draw(1, 0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Trace helpers
+# ----------------------------------------------------------------------------------------------------
+def test_strip_right_padding_keeps_inner_pads():
+    assert strip_right_padding([5, 0, 6, 0, 0], PAD) == [5, 0, 6]
+    assert strip_right_padding([0, 0], PAD) == []
+
+
+def test_logprobs_from_target_probs_marks_unknown_as_nan():
+    out = logprobs_from_target_probs(torch.tensor([[0.5, 1.0, -1.0]]))
+    assert out[0, 0].item() == pytest.approx(math.log(0.5))
+    assert out[0, 1].item() == 0.0 and math.isnan(out[0, 2].item())
+
+
+# ----------------------------------------------------------------------------------------------------
+# OffPolicyPool
+# ----------------------------------------------------------------------------------------------------
+def _write(tmp_path, name, rows):
+    path = str(tmp_path / name)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+@pytest.fixture
+def extra_file(tmp_path):
+    return _write(
+        tmp_path,
+        "extra.parquet",
+        [
+            {"index": 0, "trace": "a", "token_ids": [31, 32, 33], "logprobs": [-0.1, -0.2, -0.3, -0.4]},
+            {"index": 0, "trace": "b", "token_ids": [41, 42], "logprobs": None},
+            {"index": 7, "trace": "c", "token_ids": [51], "logprobs": [-1.0]},
+            {"index": 99, "trace": "d", "token_ids": [61], "logprobs": None},
+        ],
+    )
+
+
+def test_pool_loads_traces_and_counts_unmatched_prompt_ids(extra_file, caplog):
+    with caplog.at_level(logging.WARNING, logger="luffy_pool.off_policy_pool"):
+        pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 1, 7])
+    assert pool.num_extra_traces == 3
+    assert pool.unmatched_trace_count == 1 and pool.unmatched_prompt_ids == [99]
+    assert "1 extra trace(s) match no training prompt" in caplog.text
+    assert [t.token_ids for t in pool.extra_traces_for(0)] == [[31, 32, 33], [41, 42]]
+    assert pool.extra_traces_for(0)[0].logprobs == [-0.1, -0.2, -0.3, -0.4]
+    assert pool.extra_traces_for(0)[1].source == "extra.parquet:1"
+
+
+def test_pool_missing_column_names_file_and_column(tmp_path):
+    path = _write(tmp_path, "bad.parquet", [{"index": 0, "text": "x"}])
+    with pytest.raises(ValueError, match=r"bad\.parquet: missing column 'trace'"):
+        OffPolicyPool(path, known_prompt_ids=[0])
+
+
+def test_pool_logprob_length_mismatch_names_row_and_column(tmp_path):
+    path = _write(tmp_path, "lp.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2], "logprobs": [-0.1, -0.2]},
+                                            {"index": 0, "trace": "y", "token_ids": [1, 2], "logprobs": [-0.1, -0.1, -0.1, -0.1]}])
+    with pytest.raises(ValueError, match=r"lp\.parquet: row 1: column 'logprobs' has 4 values for 2 trace tokens"):
+        OffPolicyPool(path, known_prompt_ids=[0])
+
+
+def test_pool_rejects_probabilities_in_the_logprobs_column(tmp_path):
+    path = _write(tmp_path, "p.parquet", [{"index": 0, "trace": "x", "token_ids": [1], "logprobs": [0.7]}])
+    with pytest.raises(ValueError, match="positive values"):
+        OffPolicyPool(path, known_prompt_ids=[0])
+
+
+def test_pool_without_token_ids_needs_a_tokenizer(tmp_path):
+    path = _write(tmp_path, "t.parquet", [{"index": 0, "trace": "x"}])
+    with pytest.raises(ValueError, match="pass tokenizer="):
+        OffPolicyPool(path, known_prompt_ids=[0])
+
+
+def test_pool_tokenizes_trace_text_and_strips_think(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    path = _write(tmp_path, "t.parquet", [{"index": 3, "trace": "<think>\n1 + 2 = 3.\n</think>\n\\boxed{3}"}])
+    pool = OffPolicyPool(path, known_prompt_ids=[3], tokenizer=tok, strip_think_prefix=True)
+    assert pool.extra_traces_for(3)[0].token_ids == tok("1 + 2 = 3.\n</think>\n\\boxed{3}", add_special_tokens=False)["input_ids"]
+
+
+def test_extra_files_require_known_prompt_ids(extra_file):
+    with pytest.raises(ValueError, match="known_prompt_ids"):
+        OffPolicyPool(extra_file)
+
+
+def test_slot_traces_without_extras_passes_the_dataset_target_through():
+    pool = OffPolicyPool()
+    tgt = torch.tensor([[5, 6, PAD], [PAD, PAD, PAD]])
+    out = pool.slot_traces([0, 1], tgt, np.array([[1.0, 0.0], [1.0, 0.0]]), PAD, global_step=1)
+    assert out.tgt_input_ids is tgt and out.logprobs is None and out.num_extra_slots == 0
+    assert out.sources.tolist() == [["target", ""], ["", ""]]  # prompt 1 has an empty target
+
+
+def test_slot_traces_target_first_then_extras_round_robin(extra_file):
+    pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 7], seed=1)
+    tgt = torch.tensor([[11, 12, PAD, PAD], [13, PAD, PAD, PAD]])
+    target_lp = torch.full((2, 5), float("nan"))
+    target_lp[0, :3] = torch.tensor([-0.5, -0.6, -0.7])
+    ratios = np.array([[1.0, 1.0, 1.0, 1.0, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0]])
+    out = pool.slot_traces([0, 1], tgt, ratios, PAD, global_step=4, target_logprobs=target_lp)
+    assert out.tgt_input_ids.shape == (2, 5, 4)
+    # Prompt 0: four prefix slots take [target, extra, extra] round-robin; slot 4 (ratio 0) keeps the target.
+    order = np.random.default_rng([1, 4, zlib.crc32(repr(0).encode())]).permutation(2)
+    extras = [[31, 32, 33, PAD], [41, 42, PAD, PAD]]
+    names = ["extra.parquet:0", "extra.parquet:1"]
+    assert out.tgt_input_ids[0, 0].tolist() == [11, 12, PAD, PAD]
+    assert out.tgt_input_ids[0, 1].tolist() == extras[order[0]]
+    assert out.tgt_input_ids[0, 2].tolist() == extras[order[1]]
+    assert out.tgt_input_ids[0, 3].tolist() == [11, 12, PAD, PAD]
+    assert out.tgt_input_ids[0, 4].tolist() == [11, 12, PAD, PAD]
+    assert out.sources[0].tolist() == ["target", names[order[0]], names[order[1]], "target", ""]
+    assert out.num_extra_slots == 2
+    # Prompt 1 has no extras: its dataset target everywhere, "target" on the prefix slot only.
+    assert all(out.tgt_input_ids[1, j].tolist() == [13, PAD, PAD, PAD] for j in range(5))
+    assert out.sources[1].tolist() == ["target", "", "", "", ""]
+    # Behaviour log-probs travel with the trace; extra 'b' has none (NaN), the target keeps its own.
+    lp = out.logprobs
+    torch.testing.assert_close(lp[0, 0, :3], torch.tensor([-0.5, -0.6, -0.7], dtype=torch.float64))
+    slot_of_a = 1 + list(order).index(0)
+    torch.testing.assert_close(lp[0, slot_of_a, :4], torch.tensor([-0.1, -0.2, -0.3, -0.4], dtype=torch.float64))
+    slot_of_b = 1 + list(order).index(1)
+    assert torch.isnan(lp[0, slot_of_b]).all()
+
+
+def test_slot_traces_are_reproducible_per_step(extra_file):
+    pool = OffPolicyPool(extra_file, known_prompt_ids=[0], selection="shuffle", seed=3)
+    tgt = torch.tensor([[11, PAD, PAD]])
+    ratios = np.ones((1, 3))
+    first = pool.slot_traces([0], tgt, ratios, PAD, global_step=2)
+    again = pool.slot_traces([0], tgt, ratios, PAD, global_step=2)
+    assert torch.equal(first.tgt_input_ids, again.tgt_input_ids)
+    assert sorted(first.sources[0].tolist()) == ["extra.parquet:0", "extra.parquet:1", "target"]
+    orders = {tuple(pool.slot_traces([0], tgt, ratios, PAD, global_step=s).sources[0].tolist()) for s in range(1, 30)}
+    assert len(orders) > 1  # 'shuffle' rotates which trace comes first across steps
+
+
+def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tmp_path):
+    path = _write(tmp_path, "long.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0, -5.0]}])
+    pool = OffPolicyPool(path, known_prompt_ids=[0], use_dataset_target=False)
+    out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), PAD, global_step=1)
+    assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
+    assert out.logprobs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.logprobs[0, 0, 3].item())

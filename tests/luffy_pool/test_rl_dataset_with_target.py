@@ -1,0 +1,199 @@
+"""RLHFDatasetWithTarget (spec §1.1): targets, <think> de-duplication, sampling, malformed rows."""
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+
+TRACE = "<think>\n1 + 2 = 3.\n</think>\nThe answer is \\boxed{3}."
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _row(i, question="What is 1 + 2?", target=TRACE, **extra):
+    row = {
+        "data_source": "synthetic_arith",
+        "prompt": [{"role": "user", "content": question}],
+        "target": None if target is None else [{"role": "assistant", "content": target}],
+        "ability": "math",
+        "reward_model": {"ground_truth": "3", "style": "rule"},
+        "extra_info": {"index": 100 + i, "split": "train"},
+    }
+    row.update(extra)
+    return row
+
+
+def _write(tmp_path, rows, name="train.parquet"):
+    path = os.path.join(tmp_path, name)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_tiny_task_rows_have_luffy_tensors(tokenizer, tiny_task_dir):
+    ds = RLHFDatasetWithTarget(os.path.join(tiny_task_dir, "train.parquet"), tokenizer, max_prompt_length=256, max_target_length=128)
+    assert len(ds) == 64 and ds.num_dropped_prompts == 0
+    row = ds[0]
+    assert row["input_ids"].shape == (256,) and row["tgt_input_ids"].shape == (128,)
+    assert row["index"] == row["extra_info"]["index"] == 0
+    assert set(row) >= {"attention_mask", "position_ids", "data_source", "ability", "reward_model", "extra_info"}
+    assert "prompt" not in row and "target" not in row and "target_probs" not in row
+
+
+def test_prompt_is_left_padded_with_positions_from_the_mask(tokenizer, tmp_path):
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0)]), tokenizer, max_prompt_length=40, max_target_length=64)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], add_generation_prompt=True, tokenize=False)
+    ids = _ids(tokenizer, text)
+    row = ds[0]
+    pad = 40 - len(ids)
+    assert row["input_ids"].tolist() == [tokenizer.pad_token_id] * pad + ids
+    assert row["attention_mask"].tolist() == [0] * pad + [1] * len(ids)
+    assert row["position_ids"].tolist() == [0] * pad + list(range(len(ids)))
+
+
+def test_think_prefix_is_removed_when_the_template_opens_it(tokenizer, tmp_path):
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0)]), tokenizer, max_prompt_length=64, max_target_length=64)
+    assert ds.generation_prompt_opens_think
+    want = _ids(tokenizer, TRACE[len("<think>\n"):])
+    pad = tokenizer.pad_token_id
+    assert ds[0]["tgt_input_ids"].tolist() == want + [pad] * (64 - len(want))
+
+
+def test_think_prefix_is_kept_when_the_template_does_not_open_it(tokenizer, tmp_path):
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = tokenizer.chat_template.replace("<think>\n", "")
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0)]), plain, max_prompt_length=64, max_target_length=64)
+    assert not ds.generation_prompt_opens_think
+    want = _ids(plain, TRACE)
+    assert ds[0]["tgt_input_ids"][: len(want)].tolist() == want
+
+
+def test_target_is_truncated_to_max_target_length(tokenizer, tmp_path):
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0)]), tokenizer, max_prompt_length=64, max_target_length=5)
+    assert ds[0]["tgt_input_ids"].tolist() == _ids(tokenizer, TRACE[len("<think>\n"):])[:5]
+
+
+def test_overlong_prompts_are_dropped_and_counted(tokenizer, tmp_path, caplog):
+    rows = [_row(0), _row(1, question="What is " + "9 + " * 40 + "1?"), _row(2)]
+    with caplog.at_level("WARNING"):
+        ds = RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=40, max_target_length=16)
+    assert len(ds) == 2 and ds.num_dropped_prompts == 1 and ds.num_rows_loaded == 3
+    assert [ds[i]["index"] for i in range(2)] == [100, 102]
+    assert ds.prompt_ids == [100, 102]
+    assert "dropped 1 of 3 prompts longer than max_prompt_length=40" in caplog.text
+
+
+def test_unfiltered_overlong_prompt_errors_or_truncates(tokenizer, tmp_path):
+    path = _write(tmp_path, [_row(0, question="What is " + "9 + " * 40 + "1?")])
+    strict = RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False)
+    with pytest.raises(ValueError, match=r"train\.parquet: row 0: column 'prompt': prompt has \d+ tokens > data.max_prompt_length=40"):
+        strict[0]
+    left = RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False, truncation="left")
+    assert left[0]["attention_mask"].all()
+    assert left[0]["input_ids"].tolist() == _ids(tokenizer, left._templated[0])[-40:]
+
+
+def test_null_target_and_zero_sample_ratio_give_empty_targets(tokenizer, tmp_path):
+    pad = tokenizer.pad_token_id
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0, target=None), _row(1)]), tokenizer, max_prompt_length=64, max_target_length=8)
+    assert ds[0]["tgt_input_ids"].tolist() == [pad] * 8
+    assert ds[1]["tgt_input_ids"][0].item() != pad
+    never = RLHFDatasetWithTarget(_write(tmp_path, [_row(1)]), tokenizer, max_prompt_length=64, max_target_length=8, sample_target_ratio=0.0)
+    assert never[0]["tgt_input_ids"].tolist() == [pad] * 8
+
+
+def test_sample_target_ratio_is_seeded_per_item(tokenizer, tmp_path):
+    path = _write(tmp_path, [_row(i) for i in range(40)])
+    make = lambda seed: RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8, sample_target_ratio=0.5, seed=seed)
+    ds, same, other = make(7), make(7), make(8)
+    kept = [ds[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(40)]
+    assert kept == [bool(np.random.default_rng([7, i]).random() < 0.5) for i in range(40)]
+    assert kept == [same[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(40)]
+    assert kept == [ds[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(40)]  # every epoch
+    assert kept != [other.keeps_target(i) for i in range(40)]
+    assert 5 < sum(kept) < 35
+
+
+def test_target_probs_column_aligns_with_target_plus_eos(tokenizer, tmp_path):
+    n = len(_ids(tokenizer, TRACE[len("<think>\n"):]))
+    probs = [0.5] * n + [0.9]
+    rows = [_row(0, target_ds_qwen_7b_probs=probs), _row(1, target_ds_qwen_7b_probs=None)]
+    ds = RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=64, max_target_length=n + 2)
+    out = ds[0]["target_probs"]
+    assert out.shape == (n + 3,)
+    assert out.tolist() == [0.5] * n + [pytest.approx(0.9), -1.0, -1.0]
+    assert (ds[1]["target_probs"] == -1).all()
+    short = RLHFDatasetWithTarget(_write(tmp_path, rows[:1]), tokenizer, max_prompt_length=64, max_target_length=n - 1)
+    assert short[0]["target_probs"].tolist() == [0.5] * (n - 1) + [-1.0]  # no EOS after a cut target
+
+
+def test_target_probs_of_wrong_length_name_the_row(tokenizer, tmp_path):
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0, target_ds_qwen_7b_probs=[0.5, 0.5])]), tokenizer, max_prompt_length=64, max_target_length=8)
+    with pytest.raises(ValueError, match=r"train\.parquet: row 0: column 'target_ds_qwen_7b_probs' has 2 values"):
+        ds[0]
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        # Same column types as a good row, so the bad row can sit at row 1 of a valid parquet.
+        (_row(1, prompt=[{"role": "user", "content": None}]), r"row 1: column 'prompt': message 0 must be"),
+        (dict(_row(1), prompt=[]), r"row 1: column 'prompt': expected a non-empty list"),
+        (dict(_row(1), target=[]), r"row 1: column 'target': expected a non-empty list"),
+        (dict(_row(1), reward_model={"style": "rule", "ground_truth": None}), r"row 1: column 'reward_model': missing 'ground_truth'"),
+    ],
+)
+def test_malformed_rows_name_file_row_and_column(tokenizer, tmp_path, bad_row, message):
+    path = _write(tmp_path, [_row(0), bad_row], name="bad.parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet: " + message):
+        RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8)
+
+
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("prompt", "What is 1 + 2?", r"column 'prompt': expected a non-empty list of \{role, content\} messages, got str"),
+        ("target", "just text", r"column 'target': expected a non-empty list of messages or null"),
+        ("target", [{"role": "assistant"}], r"column 'target': target\[0\] must be a dict with a 'content' string"),
+    ],
+)
+def test_wrongly_typed_columns_name_file_row_and_column(tokenizer, tmp_path, column, value, message):
+    path = _write(tmp_path, [dict(_row(0), **{column: value})], name="bad.parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet: row 0: " + message):
+        RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8)
+
+
+def test_missing_target_column_names_file_and_column(tokenizer, tmp_path):
+    path = _write(tmp_path, [{k: v for k, v in _row(0).items() if k != "target"}], name="val.parquet")
+    with pytest.raises(ValueError, match=r"val\.parquet: missing column 'target'"):
+        RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8)
+
+
+def test_several_files_are_concatenated_and_errors_name_the_right_file(tokenizer, tmp_path):
+    a = _write(tmp_path, [_row(0), _row(1)], name="a.parquet")
+    b = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0])], name="b.parquet")
+    ds = RLHFDatasetWithTarget([a, b], tokenizer, max_prompt_length=64, max_target_length=8)
+    assert len(ds) == 3 and ds.source_of(2).endswith("b.parquet: row 0")
+
+
+def test_collate_stacks_tensors_and_packs_the_rest(tokenizer, tiny_task_dir):
+    ds = RLHFDatasetWithTarget(os.path.join(tiny_task_dir, "train.parquet"), tokenizer, max_prompt_length=256, max_target_length=64)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_fn)
+    batch = next(iter(loader))
+    assert batch["input_ids"].shape == (4, 256) and batch["tgt_input_ids"].shape == (4, 64)
+    assert batch["reward_model"].dtype == object and batch["reward_model"].shape == (4,)
+    assert batch["index"].tolist() == [0, 1, 2, 3]

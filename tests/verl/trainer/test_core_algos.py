@@ -1,0 +1,257 @@
+"""Hand-computed checks of the registered advantage estimators, the PPO loss, aggregation and KL."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from verl.trainer.ppo import core_algos as ca
+
+
+def _outcome_rewards(scores: list[float], lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rewards with each score at its row's last valid token, and the matching response mask."""
+    rewards = torch.zeros(len(scores), width)
+    mask = torch.zeros(len(scores), width)
+    for row, (score, length) in enumerate(zip(scores, lengths)):
+        rewards[row, length - 1] = score
+        mask[row, :length] = 1
+    return rewards, mask
+
+
+# ---------------------------------------------------------------- registries
+def test_registries_resolve_names_and_list_valid_ones_on_error():
+    assert ca.get_adv_estimator_fn("grpo") is ca.compute_grpo_outcome_advantage
+    assert ca.get_adv_estimator_fn("gae") is ca.compute_gae_advantage_return
+    assert ca.get_policy_loss_fn("vanilla") is ca.compute_policy_loss
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*'grpo'.*'reinforce'"):
+        ca.get_adv_estimator_fn("ppo")
+    with pytest.raises(ValueError, match=r"unknown policy loss 'clip'.*'vanilla'"):
+        ca.get_policy_loss_fn("clip")
+
+
+def test_registering_a_different_function_under_a_taken_name_fails():
+    with pytest.raises(ValueError, match="already registered"):
+        ca.register_adv_est("grpo")(lambda token_level_rewards: None)
+
+
+def test_call_with_supported_kwargs_drops_extras_and_names_missing_inputs():
+    rewards, mask = _outcome_rewards([2.0], [2], width=3)
+    adv, _ = ca.call_with_supported_kwargs(
+        ca.get_adv_estimator_fn("reinforce"), token_level_rewards=rewards, eos_mask=mask, index=["a"], gamma=1.0)
+    assert torch.equal(adv, torch.tensor([[2.0, 2.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"needs \['values'\]"):
+        ca.call_with_supported_kwargs(ca.compute_gae_advantage_return, token_level_rewards=rewards,
+                                      eos_mask=mask, values=None)
+
+
+# ---------------------------------------------------------------- GRPO
+@pytest.mark.parametrize("k", range(8))
+def test_grpo_worked_example_without_std(k):
+    # Spec §1.7: 8-row group, slot 0 = correct off-policy trace, slots 1..k correct, k+1..7 wrong.
+    # mu = (k+1)/8, so A(correct) = 1 - (k+1)/8 = (7-k)/8 and A(wrong) = -(k+1)/8.
+    # e.g. k=0: +7/8 for the trace, -1/8 for each failure; k=7: all zero.
+    scores = [1.0] * (k + 1) + [0.0] * (7 - k)
+    rewards, mask = _outcome_rewards(scores, lengths=[3, 2, 4, 1, 4, 2, 3, 4], width=4)
+    adv, returns = ca.compute_grpo_outcome_advantage(rewards, mask, np.array(["u"] * 8, dtype=object), use_std=False)
+    expected_rows = torch.tensor([(7 - k) / 8] * (k + 1) + [-(k + 1) / 8] * (7 - k))
+    assert torch.allclose(adv, expected_rows.unsqueeze(-1) * mask, atol=1e-7)
+    assert torch.equal(adv, returns)
+
+
+def test_grpo_groups_by_uid_even_when_interleaved():
+    # uid a: scores 1, 0 -> mean 1/2 -> +-1/2; uid b: 1, 1, 0 -> mean 2/3 -> 1/3, 1/3, -2/3
+    rewards, mask = _outcome_rewards([1, 1, 0, 1, 0], [1] * 5, width=1)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["a", "b", "a", "b", "b"], use_std=False)
+    assert torch.allclose(adv.squeeze(-1), torch.tensor([0.5, 1 / 3, -0.5, 1 / 3, -2 / 3]))
+
+
+def test_grpo_with_std_uses_unbiased_std_plus_epsilon():
+    # scores 1,0,0: mean 1/3, deviations 2/3,-1/3,-1/3, unbiased var (4/9+1/9+1/9)/2 = 1/3, std 0.577350
+    rewards, mask = _outcome_rewards([1, 0, 0], [2, 2, 2], width=2)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["g"] * 3)
+    std = math.sqrt(1 / 3) + 1e-6
+    assert torch.allclose(adv[:, 0], torch.tensor([2 / 3 / std, -1 / 3 / std, -1 / 3 / std]), rtol=1e-6)
+    # 1.154699, -0.577350, -0.577350 to the printed precision
+    assert adv[0, 0].item() == pytest.approx(1.154699, abs=1e-5)
+
+
+def test_grpo_single_row_group_uses_mean_zero_std_one():
+    rewards, mask = _outcome_rewards([0.7], [2], width=3)
+    with_std, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["solo"])
+    without_std, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["solo"], use_std=False)
+    assert torch.allclose(with_std, torch.tensor([[0.7 / (1 + 1e-6)] * 2 + [0.0]]))
+    assert torch.allclose(without_std, torch.tensor([[0.7, 0.7, 0.0]]))
+
+
+def test_grpo_zero_std_group_gives_zero_advantage():
+    rewards, mask = _outcome_rewards([1, 1], [1, 1], width=1)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["g", "g"])
+    assert torch.equal(adv, torch.zeros(2, 1))
+
+
+def test_grpo_rejects_index_of_wrong_length():
+    rewards, mask = _outcome_rewards([1, 0], [1, 1], width=1)
+    with pytest.raises(ValueError, match="index has 1 entries but the batch has 2 rows"):
+        ca.compute_grpo_outcome_advantage(rewards, mask, ["g"])
+
+
+# ---------------------------------------------------------------- REINFORCE, REINFORCE++, GAE
+def test_reinforce_broadcasts_raw_score():
+    rewards = torch.tensor([[0.0, 0.0, 2.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, returns = ca.compute_reinforce_outcome_advantage(rewards, mask)
+    assert torch.equal(adv, torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 0.0]]))
+    assert torch.equal(returns, adv)
+
+
+def test_reinforce_plus_plus_discounts_then_whitens():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, returns = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    # returns: row0 [0.25, 0.5, 1], row1 [0.5, 1, 0]
+    assert torch.allclose(returns, torch.tensor([[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]]))
+    # valid values 0.25,0.5,1,0.5,1: mean 0.65, squared deviations sum 0.45, unbiased var 0.1125,
+    # std 0.335410 -> (x-0.65)/std
+    expected = torch.tensor([[-1.192570, -0.447214, 1.043498], [-0.447214, 1.043498, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_gae_three_tokens_by_hand():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    mask = torch.ones(1, 3)
+    # gamma=lam=1: delta = [0.1, 0.1, 0.3] -> A = [0.5, 0.4, 0.3], returns = A + V = [1, 1, 1];
+    # whitened: mean 0.4, unbiased std 0.1 -> [1, 0, -1]
+    adv, returns = ca.compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert torch.allclose(returns, torch.ones(1, 3))
+    assert torch.allclose(adv, torch.tensor([[1.0, 0.0, -1.0]]), atol=1e-5)
+    # gamma=0.9, lam=0.5: delta2 = 0.3, delta1 = 0.9*0.7-0.6 = 0.03, delta0 = 0.9*0.6-0.5 = 0.04;
+    # A2 = 0.3, A1 = 0.03 + 0.45*0.3 = 0.165, A0 = 0.04 + 0.45*0.165 = 0.11425
+    _, returns = ca.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.5)
+    assert torch.allclose(returns, torch.tensor([[0.61425, 0.765, 1.0]]))
+
+
+def test_gae_without_critic_values_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs critic values"):
+        ca.compute_gae_advantage_return(torch.zeros(1, 2), None, torch.ones(1, 2))
+
+
+# ---------------------------------------------------------------- PPO loss and aggregation
+def _ppo_case():
+    old = torch.full((2, 3), math.log(0.5))
+    ratios = torch.tensor([[1.5, 0.5, 1.1], [1.5, 0.5, 0.9]])
+    log_prob = (old + ratios.log()).requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    return old, log_prob, adv, mask
+
+
+def test_policy_loss_clipped_token_mean_by_hand():
+    old, log_prob, adv, mask = _ppo_case()
+    # -A*r:         [-1.5, -0.5, -1.1], [1.5, 0.5, .]
+    # -A*clip(r, 0.8, max(1.0, 1.2)): [-1.2, -0.8, -1.1], [1.2, 0.8, .]
+    # max:          [-1.2, -0.5, -1.1], [1.5, 0.8, .] -> sum -0.5 over 5 tokens = -0.1
+    # clipped larger at (0,0) and (1,1) -> 2/5
+    pg_loss, clipfrac, ppo_kl = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2)
+    assert pg_loss.item() == pytest.approx(-0.1, abs=1e-6)
+    assert clipfrac.item() == pytest.approx(0.4)
+    # ppo_kl = mean(-ln r) = -(ln1.5 + ln0.5 + ln1.1 + ln1.5 + ln0.5)/5 = 0.0960108
+    assert ppo_kl.item() == pytest.approx(0.0960108, abs=1e-6)
+    # gradient d/dl of the token mean: -A*r/5 where unclipped is active, 0 where clipped
+    pg_loss.backward()
+    expected_grad = torch.tensor([[0.0, -0.5 / 5, -1.1 / 5], [1.5 / 5, 0.0, 0.0]])
+    assert torch.allclose(log_prob.grad, expected_grad, atol=1e-6)
+
+
+def test_policy_loss_remove_token_mean_divides_by_width():
+    old, log_prob, adv, mask = _ppo_case()
+    pg_loss, _, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_token_mean=True)
+    assert pg_loss.item() == pytest.approx(-0.5 / 3, abs=1e-6)
+
+
+def test_policy_loss_remove_clip_and_clip_upper_bound():
+    old, log_prob, adv, mask = _ppo_case()
+    # no clip: -1.5-0.5-1.1+1.5+0.5 = -1.1 over 5 -> -0.22, clipfrac 0
+    pg_loss, clipfrac, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_clip=True)
+    assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0
+    # upper = max(1.4, 1.2) = 1.4: token (0,0) -> -1.4; sum -1.4-0.5-1.1+1.5+0.8 = -0.7 -> -0.14
+    pg_loss, _, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.4)
+    assert pg_loss.item() == pytest.approx(-0.14, abs=1e-6)
+
+
+def test_agg_loss_modes_by_hand():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    # valid: row0 1,2 (sum 3, mean 1.5); row1 4 (sum 4, mean 4); row2 empty (skipped by seq-means)
+    assert ca.agg_loss(loss, mask, "token-mean").item() == pytest.approx(7 / 3)
+    assert ca.agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(3.5)
+    assert ca.agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(2.75)
+    assert ca.agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 3)
+    assert ca.agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=7).item() == pytest.approx(1.0)
+    for mode in ca.LOSS_AGG_MODES:
+        assert ca.agg_loss(loss, torch.zeros_like(mask), mode).item() == 0.0
+    with pytest.raises(ValueError, match="unknown loss_agg_mode 'mean'"):
+        ca.agg_loss(loss, mask, "mean")
+
+
+def test_entropy_loss_is_masked_mean_of_entropy():
+    logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)]]])
+    # only the first token is valid: entropy of a fair coin = ln 2
+    assert ca.compute_entropy_loss(logits, torch.tensor([[1.0, 0.0]])).item() == pytest.approx(math.log(2.0))
+
+
+# ---------------------------------------------------------------- KL
+def test_kl_penalty_estimators_by_hand():
+    logprob, ref = torch.tensor([-1.0]), torch.tensor([-1.5])
+    # d = 0.5: kl 0.5, abs 0.5, mse 0.125, k3 = exp(-0.5) + 0.5 - 1 = 0.106531
+    assert ca.kl_penalty(logprob, ref, "kl").item() == pytest.approx(0.5)
+    assert ca.kl_penalty(ref, logprob, "abs").item() == pytest.approx(0.5)
+    assert ca.kl_penalty(logprob, ref, "mse").item() == pytest.approx(0.125)
+    assert ca.kl_penalty(logprob, ref, "low_var_kl").item() == pytest.approx(0.1065307, abs=1e-6)
+    # d = -20: exp(20) - 21 is clamped to 10
+    assert ca.kl_penalty(torch.tensor([-20.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
+
+
+def test_kl_penalty_rejects_full_and_unknown():
+    with pytest.raises(ValueError, match="full"):
+        ca.kl_penalty(torch.zeros(1), torch.zeros(1), "full")
+    with pytest.raises(ValueError, match=r"unknown kl_penalty 'k9'.*low_var_kl"):
+        ca.kl_penalty(torch.zeros(1), torch.zeros(1), "k9")
+
+
+def test_kl_controllers():
+    fixed = ca.get_kl_controller({"type": "fixed", "kl_coef": 0.01})
+    fixed.update(current_kl=5.0, n_steps=100)
+    assert fixed.value == 0.01
+    adaptive = ca.get_kl_controller({"type": "adaptive", "kl_coef": 0.1, "target_kl": 0.05, "horizon": 100})
+    # error = clip(0.1/0.05 - 1, -0.2, 0.2) = 0.2 -> beta *= 1 + 0.2*10/100 = 1.02
+    adaptive.update(current_kl=0.1, n_steps=10)
+    assert adaptive.value == pytest.approx(0.102)
+    # error = clip(0 - 1) = -0.2 -> beta *= 0.98
+    adaptive.update(current_kl=0.0, n_steps=10)
+    assert adaptive.value == pytest.approx(0.09996)
+    with pytest.raises(ValueError, match="target_kl and kl_ctrl.horizon"):
+        ca.get_kl_controller({"type": "adaptive", "kl_coef": 0.1})
+    with pytest.raises(ValueError, match="unknown algorithm.kl_ctrl.type 'pid'"):
+        ca.get_kl_controller({"type": "pid"})
+
+
+def test_apply_kl_penalty_without_ref_keeps_scores_and_logs_zero():
+    scores = torch.tensor([[0.0, 1.0]])
+    rewards, metrics = ca.apply_kl_penalty(scores, torch.zeros(1, 2), None, torch.ones(1, 2),
+                                           ca.FixedKLController(0.1), "kl")
+    assert torch.equal(rewards, scores)
+    assert metrics == {"critic/kl": 0.0, "critic/kl_coeff": 0.0}
+
+
+def test_apply_kl_penalty_with_ref_subtracts_beta_kl():
+    scores = torch.tensor([[0.0, 0.0, 1.0]])
+    old = torch.tensor([[-1.0, -1.0, -1.0]])
+    ref = torch.tensor([[-1.5, -1.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # kl*mask = [0.5, 0, 0]; beta 0.1 -> rewards [-0.05, 0, 1]; critic/kl = token mean 0.5/2 = 0.25
+    rewards, metrics = ca.apply_kl_penalty(scores, old, ref, mask, ca.FixedKLController(0.1), "kl")
+    assert torch.allclose(rewards, torch.tensor([[-0.05, 0.0, 1.0]]))
+    assert metrics["critic/kl"] == pytest.approx(0.25) and metrics["critic/kl_coeff"] == 0.1

@@ -1,0 +1,57 @@
+"""Driver metrics: hand-computed values for data, group, timing and throughput metrics."""
+import numpy as np
+import pytest
+import torch
+
+from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
+                                           compute_timing_metrics, reduce_metrics)
+
+
+def _batch():
+    # 3 rows, prompt width 2, response width 4; row 0 is off-policy (prefix on its first 3 tokens).
+    attn = torch.tensor([[1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    scores = torch.zeros(3, 4)
+    scores[0, 2], scores[1, 3], scores[2, 0] = 1.0, 0.0, 1.0
+    prefix = torch.zeros(3, 4, dtype=torch.bool)
+    prefix[0, :3] = True
+    adv = torch.tensor([[0.5, 0.5, 0.5, 0.0], [-1.0, -1.0, -1.0, -1.0], [0.25, 0.0, 0.0, 0.0]])
+    return {"attention_mask": attn, "token_level_scores": scores, "token_level_rewards": scores.clone(),
+            "advantages": adv, "returns": adv.clone(), "prefix_mask": prefix, "responses": torch.zeros(3, 4, dtype=torch.long)}
+
+
+def test_data_metrics_split_on_and_off_policy_rows():
+    m = compute_data_metrics(_batch(), response_length=4)
+    # response lengths: row0 3, row1 4 (clipped at L), row2 1
+    assert m["response_length/mean"] == pytest.approx(8 / 3)
+    assert m["response_length/max"] == 4 and m["response_length/min"] == 1
+    assert m["response_length/clip_ratio"] == pytest.approx(1 / 3)
+    assert m["prompt_length/mean"] == pytest.approx((2 + 1 + 2) / 3)
+    assert m["critic/score/mean"] == pytest.approx(2 / 3)
+    assert m["on_off_metrics/off_score"] == 1.0 and m["on_off_metrics/on_score"] == pytest.approx(0.5)
+    assert m["on_off_metrics/off_response_length_mean"] == 3 and m["on_off_metrics/on_response_length_mean"] == 2.5
+    assert m["on_off_metrics/off_on_example_ratio"] == pytest.approx(0.5)
+    # advantages over valid response tokens only: 0.5*3, -1*4, 0.25 -> mean (1.5-4+0.25)/8
+    assert m["critic/advantages/mean"] == pytest.approx(-2.25 / 8)
+    assert m["critic/advantages/min"] == -1.0 and m["critic/advantages/max"] == 0.5
+
+
+def test_group_metrics_count_groups_and_rows():
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    uids = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
+    on = torch.tensor([False, True, True, True, True, True])
+    m = compute_group_metrics(scores, uids, on)
+    assert m["batch/solve_none"] == pytest.approx(1 / 3) and m["batch/solve_all"] == pytest.approx(1 / 3)
+    assert m["batch/solved"] == pytest.approx(0.5) and m["batch/failed"] == pytest.approx(0.5)
+    assert m["batch/off_solved"] == 1.0 and m["batch/on_solved"] == pytest.approx(2 / 5)
+
+
+def test_timing_and_throughput():
+    t = compute_timing_metrics({"gen": 2.0, "update_actor": 1.0, "step": 4.0}, num_prompt_tokens=100, num_response_tokens=400)
+    assert t["timing_s/gen"] == 2.0 and t["timing_per_token_ms/gen"] == pytest.approx(5.0)
+    assert t["timing_per_token_ms/update_actor"] == pytest.approx(2.0) and "timing_per_token_ms/step" not in t
+    p = compute_throughput_metrics(total_tokens=1000, step_seconds=2.0, n_devices=2)
+    assert p["perf/throughput"] == 250.0 and p["perf/time_per_step"] == 2.0
+
+
+def test_reduce_metrics_means_lists():
+    assert reduce_metrics({"a": [1, 2, 3], "b": [], "c": [0.5]}) == {"a": 2.0, "b": 0.0, "c": 0.5}

@@ -1,0 +1,209 @@
+"""Data-parallel PPO actor: log-probs, entropy and the policy update on one rank's FSDP module.
+
+The worker hands this class its chunk of the batch (a DataProto). ``compute_log_prob`` runs a no-grad
+forward in micro-batches (fixed size, or by token budget with ``use_dynamic_bsz``); ``update_policy``
+splits the chunk into mini-batches (one optimizer step each, ``ppo_epochs`` passes), accumulates
+micro-batch gradients and clips the global grad norm. The loss itself is a hook
+(``compute_policy_loss``) so the LUFFY actor can swap in the mixed on/off-policy loss.
+
+Gradient accumulation follows verl/LUFFY (LUFFY_SPEC §1.9): each micro-batch loss is divided by
+``gradient_accumulation = mini / micro`` rows after normalisation, even when dynamic batching makes
+a different number of micro-batches; FSDP then averages over data-parallel ranks.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
+from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when a loss or grad norm is NaN/inf and the policy is ``on_nonfinite=stop``."""
+
+
+class DataParallelPPOActor:
+    """Policy forward/backward on a (possibly FSDP-sharded) HF causal LM.
+
+    Args:
+        config: the ``actor_rollout_ref.actor`` config group (already batch-normalised by the worker:
+            ``ppo_mini_batch_size`` / ``ppo_micro_batch_size`` are rows per rank).
+        actor_module: the HF model (FSDP2-wrapped or plain).
+        actor_optimizer: optimizer, None for a reference (log-prob only) actor.
+        use_remove_padding: pack valid tokens into one row (position ids restart per sequence).
+        dp_group: process group used to agree on the number of dynamic micro-batches.
+    """
+
+    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
+                 use_remove_padding: bool = False, dp_group=None, device: str = "cpu"):
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self.use_remove_padding = use_remove_padding
+        self.dp_group = dp_group
+        self.device = device
+        self.nonfinite_skips = 0
+
+    # ------------------------------------------------------------------ forward
+    def _forward_micro_batch(self, micro: dict, temperature: float, calculate_entropy: bool):
+        """Return (entropy [b, L] or None, log_probs [b, L]) of the response tokens."""
+        input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
+        position_ids, responses = micro["position_ids"], micro["responses"]
+        response_length = responses.size(-1)
+        if self.use_remove_padding:
+            logits = self._packed_logits(input_ids, attention_mask, position_ids)
+        else:
+            out = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    use_cache=False)
+            logits = out.logits
+        # logits at t predict token t+1: the response's predictions sit one step to the left.
+        logits = logits[:, -response_length - 1 : -1, :].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs = logprobs_from_logits(logits, responses)
+        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return entropy, log_probs
+
+    def _packed_logits(self, input_ids, attention_mask, position_ids):
+        """Forward with padding removed: one packed row, position ids restarting per sequence.
+
+        transformers detects the restarts (``find_packed_sequence_indices``) and builds a block-diagonal
+        causal mask for sdpa/eager, or uses varlen kernels for flash-attention, so no compute is spent
+        on pad tokens. Logits are scattered back to the padded [b, s, V] layout.
+        """
+        valid = attention_mask.bool()
+        flat_ids = input_ids[valid].unsqueeze(0)
+        flat_pos = position_ids[valid].unsqueeze(0)
+        out = self.actor_module(input_ids=flat_ids, position_ids=flat_pos, attention_mask=None, use_cache=False)
+        packed = out.logits[0]
+        logits = packed.new_zeros(input_ids.shape + (packed.size(-1),))
+        logits[valid] = packed
+        return logits
+
+    def _micro_batches(self, data: DataProto, keys: list[str], micro_size: int, use_dynamic_bsz: bool,
+                       max_token_len: int):
+        """Split ``data`` into micro-batches; returns (list of dict-of-tensors, reverse index or None)."""
+        batch = data.batch.select(*keys)
+        if use_dynamic_bsz:
+            seq_lens = batch["attention_mask"].sum(-1).tolist()
+            groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
+            flat = [i for g in groups for i in g]
+            micro = [{k: batch[k][g] for k in keys} for g in groups]
+            return micro, get_reverse_idx(flat)
+        n = batch.batch_size[0]
+        return [{k: batch[k][s : s + micro_size] for k in keys} for s in range(0, n, micro_size)], None
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+        """Log-probs (and optionally entropy) of ``responses`` under the current weights, no grad."""
+        self.actor_module.eval()
+        temperature = data.meta_info["temperature"]
+        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        micro_batches, rev = self._micro_batches(
+            data, keys, data.meta_info["micro_batch_size"], data.meta_info["use_dynamic_bsz"],
+            data.meta_info.get("max_token_len", 0))
+        log_probs, entropies = [], []
+        for mb in micro_batches:
+            mb = {k: v.to(self.device) for k, v in mb.items()}
+            ent, lp = self._forward_micro_batch(mb, temperature, calculate_entropy)
+            log_probs.append(lp.cpu())
+            if ent is not None:
+                entropies.append(ent.cpu())
+        log_probs = torch.cat(log_probs)
+        entropy = torch.cat(entropies) if entropies else None
+        if rev is not None:
+            rev = torch.tensor(rev, dtype=torch.long)
+            log_probs = log_probs[rev]
+            entropy = entropy[rev] if entropy is not None else None
+        return log_probs, entropy
+
+    # ------------------------------------------------------------------ loss hook
+    def loss_input_keys(self) -> list[str]:
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
+        if self.config.get("use_kl_loss", False):
+            keys.append("ref_log_prob")
+        return keys
+
+    def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask):
+        """verl's PPO loss on all rows; returns (loss before accumulation scaling, metrics)."""
+        cfg = self.config
+        pg_loss, pg_clipfrac, ppo_kl = core_algos.compute_policy_loss(
+            old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
+            eos_mask=response_mask, cliprange=cfg.clip_ratio, clip_upper_bound=cfg.get("clip_upper_bound", 1.0),
+            loss_remove_token_mean=cfg.get("loss_remove_token_mean", False),
+            loss_remove_clip=cfg.get("loss_remove_clip", False))
+        metrics = {"actor/pg_loss": pg_loss.item(), "actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item()}
+        return pg_loss, metrics
+
+    def entropy_coeff(self, entropy_value: torch.Tensor) -> float:
+        return self.config.entropy_coeff
+
+    def _regularisers(self, micro: dict, log_prob, entropy, response_mask, metrics: dict):
+        """Entropy bonus and optional KL-to-reference term, added to the policy loss."""
+        cfg = self.config
+        ent = masked_mean(entropy, response_mask)
+        coeff = self.entropy_coeff(ent.detach())
+        loss = -coeff * ent
+        metrics["actor/entropy_loss"] = ent.item()
+        if cfg.get("use_kl_loss", False):
+            kld = core_algos.kl_penalty(log_prob, micro["ref_log_prob"], kl_penalty=cfg.kl_loss_type)
+            kl_loss = masked_mean(kld, response_mask)
+            loss = loss + kl_loss * cfg.kl_loss_coef
+            metrics["actor/kl_loss"] = kl_loss.item()
+            metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        return loss
+
+    # ------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto) -> dict:
+        """One training step's worth of optimizer updates on this rank's chunk; returns metric lists."""
+        cfg = self.config
+        self.actor_module.train()
+        temperature = data.meta_info["temperature"]
+        keys = [k for k in self.loss_input_keys() if k in data.batch.keys()]
+        mini_size = cfg.ppo_mini_batch_size
+        grad_accum = max(1, cfg.ppo_mini_batch_size // cfg.ppo_micro_batch_size)
+        metrics: dict[str, list] = {}
+        for _epoch in range(cfg.ppo_epochs):
+            for mini in data.select(batch_keys=keys).split(mini_size):
+                micro_batches, _ = self._micro_batches(mini, keys, cfg.ppo_micro_batch_size, cfg.use_dynamic_bsz,
+                                                       cfg.ppo_max_token_len_per_gpu)
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                for mb in micro_batches:
+                    mb = {k: v.to(self.device) for k, v in mb.items()}
+                    response_mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
+                    entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
+                    pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
+                    loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
+                    (loss / grad_accum).backward()
+                    for k, v in mb_metrics.items():
+                        metrics.setdefault(k, []).append(v)
+                grad_norm = self._optimizer_step()
+                metrics.setdefault("actor/grad_norm", []).append(grad_norm)
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        metrics["actor/nonfinite_skips"] = [self.nonfinite_skips]
+        return metrics
+
+    def _optimizer_step(self) -> float:
+        """Clip the global grad norm and step, or skip the step when the norm is not finite."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(), max_norm=self.config.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        if not math.isfinite(grad_norm):
+            if self.config.get("on_nonfinite", "skip") == "stop":
+                raise NonFiniteLossError(f"grad norm is {grad_norm}; stopping (actor.on_nonfinite=stop)")
+            self.nonfinite_skips += 1
+            logger.warning("grad norm is %s: skipping this optimizer step (%d skipped so far)", grad_norm,
+                           self.nonfinite_skips)
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            return grad_norm
+        self.actor_optimizer.step()
+        return grad_norm

