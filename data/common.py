@@ -9,6 +9,7 @@ jsonl errors also give the 1-based line number.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import sys
@@ -263,6 +264,16 @@ def has_think_structure(trace: str) -> bool:
 def strip_think_open(trace: str) -> str:
     """Drop the leading ``<think>\\n`` (the chat template's generation prompt already opens it)."""
     return trace[len(THINK_OPEN):] if trace.startswith(THINK_OPEN) else trace
+
+
+def prompt_hash_fraction(text: str, seed: int = 0) -> float:
+    """A stable pseudo-random number in [0, 1) per problem text (sha256 of the seed and the text).
+
+    Splits made with it are reproducible across runs and machines, and duplicates of one problem always
+    land on the same side.
+    """
+    digest = hashlib.sha256(f"{seed}\x00{text.strip()}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
 # ------------------------------------------------------------------------------- progress and summaries

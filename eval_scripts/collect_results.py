@@ -16,8 +16,9 @@ import os
 import sys
 from typing import Optional, Sequence
 
-if __package__ in (None, ""):  # run as a file: make the repo root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
+    sys.path.insert(0, _REPO_ROOT)
 
 from data.common import DataFormatError, iter_jsonl, run_cli
 from eval_scripts.metrics import summarize

@@ -61,7 +61,9 @@ def build_dataloader(config, tokenizer):
         max_prompt_length=d.max_prompt_length, max_target_length=config.actor_rollout_ref.rollout.max_prefix_len,
         sample_target_ratio=d.get("sample_target_ratio", 1.0), filter_overlong_prompts=d.get("filter_overlong_prompts", True),
         seed=int(d.get("seed", 47)))
-    sampler = build_sampler(len(train), shuffle=d.get("shuffle", True), seed=int(d.get("seed", 47)))
+    # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
+    sampler = build_sampler(len(train), shuffle=d.get("shuffle", True), seed=int(d.get("seed", 47)),
+                            batch_size=d.train_batch_size, drop_last=True)
     loader = DataLoader(train, batch_size=d.train_batch_size, sampler=sampler, drop_last=True, collate_fn=collate_fn,
                         num_workers=int(d.get("dataloader_num_workers", 0)))
     if len(loader) == 0:
@@ -74,6 +76,20 @@ def build_dataloader(config, tokenizer):
         if d.get("val_max_rows"):
             val = torch.utils.data.Subset(val, range(min(int(d.val_max_rows), len(val))))
     return loader, sampler, val, collate_fn
+
+
+def build_off_policy_pool(config, tokenizer, train_dataset):
+    """The pool of extra off-policy traces (``data.off_policy_files``); None when only targets are used."""
+    from luffy_pool.off_policy_pool import OffPolicyPool
+
+    files = list(config.data.get("off_policy_files") or [])
+    if not files:
+        return None
+    return OffPolicyPool(files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
+                         prompt_id_key=config.data.get("off_policy_id_key", "index"),
+                         max_trace_length=config.actor_rollout_ref.rollout.max_prefix_len,
+                         strip_think_prefix=train_dataset.generation_prompt_opens_think,
+                         seed=int(config.trainer.get("seed", 1)))
 
 
 def build_worker_group(config, device: str):
@@ -92,8 +108,8 @@ def build_worker_group(config, device: str):
     return wg
 
 
-def run_ppo(config: DictConfig) -> dict:
-    """Train LUFFY (or a baseline expressed in the same config) and return the last step's metrics."""
+def build_trainer(config: DictConfig):
+    """Everything ``fit`` needs; returns ``(trainer, close)`` where ``close()`` releases pools/trackers."""
     from transformers import AutoTokenizer
 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
@@ -110,15 +126,31 @@ def run_ppo(config: DictConfig) -> dict:
     init_ray(config, world_size, device)
     reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
     tracker = None
+
+    def close():
+        reward_fn.close()
+        if tracker is not None:
+            tracker.finish()
+
     try:
         wg = build_worker_group(config, device)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                            config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
         checkpointer = None
+        pool = build_off_policy_pool(config, tokenizer, loader.dataset)
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
-                                   collate_fn=collate, tracker=tracker, checkpointer=checkpointer)
+                                   collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
+                                   off_policy_pool=pool)
+    except BaseException:
+        close()
+        raise
+    return trainer, close
+
+
+def run_ppo(config: DictConfig) -> dict:
+    """Train LUFFY (or a baseline expressed in the same config) and return the last step's metrics."""
+    trainer, close = build_trainer(config)
+    try:
         return trainer.fit()
     finally:
-        reward_fn.close()
-        if tracker is not None:
-            tracker.finish()
+        close()

@@ -210,7 +210,9 @@ def compute_token_on_off_policy_loss(
 
     log_ratio = log_prob - old_log_prob
     ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, valid)
-    ratio = on_policy_ratio(log_prob, old_log_prob, on_policy_reshape, on_policy_reshape_weight, on_policy_reshape_pow_exp)
+    ratio = on_policy_ratio(
+        log_prob, old_log_prob, on_policy_reshape, on_policy_reshape_weight, on_policy_reshape_pow_exp
+    )
     on_pg_losses = -advantages * ratio
     if loss_remove_clip:
         on_pg_clipfrac = torch.zeros((), device=log_prob.device)
@@ -222,10 +224,14 @@ def compute_token_on_off_policy_loss(
     on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
 
     if target_probs is None:
-        off_ratio = off_policy_weight(log_prob, off_policy_reshape, off_policy_reshape_weight, off_policy_reshape_pow_exp)
+        off_ratio = off_policy_weight(
+            log_prob, off_policy_reshape, off_policy_reshape_weight, off_policy_reshape_pow_exp
+        )
     else:
         if target_probs.shape != log_prob.shape:
-            raise ValueError(f"target_probs shape {tuple(target_probs.shape)} != log_prob shape {tuple(log_prob.shape)}")
+            raise ValueError(
+                f"target_probs shape {tuple(target_probs.shape)} != log_prob shape {tuple(log_prob.shape)}"
+            )
         off_ratio = prob / (target_probs + 1e-6) * prefix.to(log_prob.dtype)
     zero = torch.zeros((), device=log_prob.device)
     off_ratio_max_clip_frac = off_ratio_min_clip_frac = zero
@@ -325,7 +331,9 @@ class AdaptiveEntropyCoeff:
         self.optimizer: torch.optim.Optimizer | None = None
         if not fixed:
             if entropy_coeff <= 0:
-                raise ValueError(f"use_adaptive_temperature needs entropy_coeff > 0 to initialise log alpha, got {entropy_coeff}")
+                raise ValueError(
+                    f"use_adaptive_temperature needs entropy_coeff > 0 to initialise log alpha, got {entropy_coeff}"
+                )
             self.log_alpha = torch.tensor(math.log(entropy_coeff), dtype=torch.float32, requires_grad=True)
             self.optimizer = torch.optim.AdamW([self.log_alpha], lr=alpha_lr, betas=(0.9, 0.999), weight_decay=1e-2)
 
@@ -337,7 +345,9 @@ class AdaptiveEntropyCoeff:
         """The α to multiply the entropy term with for a micro-batch of mean entropy ``H``."""
         if self.fixed:
             if float(mean_entropy) == 0.0:
-                raise ValueError("use_adaptive_temperature_fixed: mean entropy is 0, entropy_coeff·target/H is undefined")
+                raise ValueError(
+                    "use_adaptive_temperature_fixed: mean entropy is 0, entropy_coeff·target/H is undefined"
+                )
             return self.entropy_coeff * self.target_entropy / float(mean_entropy)
         return float(self._alpha().detach())
 

@@ -46,13 +46,11 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         step = int(prompts.meta_info.get("global_steps", 0))
         self.planner.sampling.seed = int(self.config.rollout.get("seed", 0)) + 100_003 * step + self.rank
         with self.sharding_manager:
-            t_sync = self.sharding_manager.last_sync_seconds
+            t_sync = self.sharding_manager.last_sync_s
             if prompts.meta_info.get("validate", False):
                 out = self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
             else:
-                trace_logprobs = None
-                if "trace_logprobs" in b.keys():
-                    trace_logprobs = [row.tolist() for row in b["trace_logprobs"]]
+                trace_logprobs = b["trace_logprobs"] if "trace_logprobs" in b.keys() else None
                 out = self.planner.generate(
                     b["input_ids"], b["attention_mask"], b["tgt_input_ids"] if "tgt_input_ids" in b.keys() else None,
                     b["prefix_ratios"], prompt_position_ids=b["position_ids"], trace_logprobs=trace_logprobs)

@@ -172,7 +172,7 @@ class MIXRayPPOTrainer:
             gen_batch.batch["trace_logprobs"] = torch.where(probs > 0, probs.log(), torch.full_like(probs, float("nan")))
         if self.off_policy_pool is not None and self.off_policy_pool.has_extra_traces:
             self._attach_pool_traces(gen_batch, batch, ratios)
-        gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float32)
+        gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
         gen_out.meta_info.pop("rollout_stats", None)
@@ -190,9 +190,11 @@ class MIXRayPPOTrainer:
 
     def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> None:
         """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files."""
+        target_logprobs = gen_batch.pop(batch_keys=["trace_logprobs"]).batch["trace_logprobs"] \
+            if "trace_logprobs" in gen_batch.batch.keys() else None
         slot = self.off_policy_pool.slot_traces(
-            prompt_ids=list(batch.non_tensor_batch["index"]), tgt_input_ids=gen_batch.batch.get("tgt_input_ids"),
-            ratios=ratios, global_step=self.global_steps)
+            list(batch.non_tensor_batch["index"]), gen_batch.batch["tgt_input_ids"], ratios, self.global_steps,
+            pad_token_id=self.tokenizer.pad_token_id, target_logprobs=target_logprobs)
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
         if slot.trace_logprobs is not None:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs

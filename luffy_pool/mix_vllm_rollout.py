@@ -63,7 +63,7 @@ class RolloutBatch:
     meta_info: dict[str, Any]
 
 
-def _as_float_list(ratios) -> np.ndarray:
+def _as_float_array(ratios) -> np.ndarray:
     if isinstance(ratios, torch.Tensor):
         return ratios.detach().cpu().to(torch.float64).numpy()
     return np.asarray(ratios, dtype=np.float64)
@@ -89,7 +89,13 @@ def _per_slot_logprobs(trace_logprobs, batch_size: int, n: int) -> list[Optional
         if array.ndim == 3 and array.shape[:2] == (batch_size, n):
             return [array[k // n, k % n] for k in range(batch_size * n)]
         raise ValueError(f"trace_logprobs must be [B={batch_size}, W] or [B, n={n}, W], got {array.shape}")
-    rows = list(trace_logprobs)
+    rows = [None if r is None else np.asarray(r, dtype=np.float64) for r in trace_logprobs]
+    if len(rows) == batch_size and any(r is not None and r.ndim == 2 for r in rows):
+        # One [n, W] block per prompt (e.g. a [B, n, W] tensor turned into a list of rows).
+        for b, r in enumerate(rows):
+            if r is not None and (r.ndim != 2 or r.shape[0] != n):
+                raise ValueError(f"trace_logprobs row {b} has shape {r.shape}; expected [n={n}, W]")
+        return [None if rows[k // n] is None else rows[k // n][k % n] for k in range(batch_size * n)]
     if len(rows) == batch_size * n:
         return rows
     if len(rows) == batch_size:
@@ -112,7 +118,8 @@ def build_slot_plan(
 ) -> SlotPlan:
     """Plan the ``B·n`` slots of one rollout (spec §1.2 items 1-4).
 
-    ``prompt_ids``/``prompt_attention_mask`` ``[B, P]`` are left-padded; ``tgt_input_ids`` is
+    ``prompt_ids``/``prompt_attention_mask`` ``[B, P]`` are left-padded (padding is located by the
+    mask, so a prompt may contain the pad id); ``tgt_input_ids`` is
     ``[B, T]`` (one trace per prompt) or ``[B, n, T]`` (one per slot, from ``OffPolicyPool``),
     right-padded with ``pad_token_id`` (trailing pads are stripped, see ``strip_right_padding``), or
     None for no traces. ``ratios`` ``[B, n]`` come from ``PrefixRatioSampler`` (None: all 0, then
@@ -136,7 +143,7 @@ def build_slot_plan(
             raise ValueError("build_slot_plan: pass ratios [B, n] or n")
         ratio_array = np.zeros((batch_size, n))
     else:
-        ratio_array = _as_float_list(ratios)
+        ratio_array = _as_float_array(ratios)
         if ratio_array.ndim != 2 or ratio_array.shape[0] != batch_size:
             raise ValueError(f"ratios must be [B={batch_size}, n], got shape {ratio_array.shape}")
         if n is not None and ratio_array.shape[1] != n:

@@ -188,12 +188,12 @@ class SlotTraces:
     """Which trace each slot carries, in the tensor form the slot plan consumes.
 
     ``tgt_input_ids`` is ``[B, T]`` (one trace per prompt, repeated over its slots) when the pool has
-    no extra traces, else ``[B, n, T]``; right-padded with pad. ``logprobs`` is ``[B(, n), T + 1]``
+    no extra traces, else ``[B, n, T]``; right-padded with pad. ``trace_logprobs`` is ``[B(, n), T + 1]``
     behaviour log-probs of trace ++ EOS (NaN = unknown) or None when nothing is known.
     """
 
     tgt_input_ids: torch.Tensor
-    logprobs: Optional[torch.Tensor]
+    trace_logprobs: Optional[torch.Tensor]
     sources: np.ndarray  # object [B, n]: trace source of every prefix slot, "" otherwise
     num_extra_slots: int  # prefix slots filled from extra trace files
 
@@ -255,6 +255,7 @@ class OffPolicyPool:
         token_ids_key: str = "token_ids",
         logprobs_key: str = "logprobs",
         max_trace_length: Optional[int] = None,
+        pad_token_id: Optional[int] = None,
         strip_think_prefix: bool = False,
         use_dataset_target: bool = True,
         selection: str = "target_first",
@@ -266,6 +267,7 @@ class OffPolicyPool:
         if files and known_prompt_ids is None:
             raise ValueError("OffPolicyPool: extra_trace_files need known_prompt_ids (the training rows' extra_info.index)")
         self.tokenizer = tokenizer
+        self.pad_token_id = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
         self.prompt_id_key = prompt_id_key
         self.trace_key = trace_key
         self.token_ids_key = token_ids_key
@@ -303,8 +305,7 @@ class OffPolicyPool:
         if not has_ids and self.tokenizer is None:
             raise ValueError(f"{path}: no {self.token_ids_key!r} column; pass tokenizer= to tokenize column {self.trace_key!r}")
         name = os.path.basename(path)
-        for row in range(len(frame)):
-            record = frame.iloc[row]
+        for row, record in enumerate(frame.to_dict("records")):
             key = _prompt_key(record[self.prompt_id_key])
             token_ids = self._row_token_ids(path, row, record, has_ids)
             logprobs = self._row_logprobs(path, row, record, len(token_ids)) if has_lps else None
@@ -382,8 +383,9 @@ class OffPolicyPool:
         prompt_ids: Sequence[Any],
         tgt_input_ids: torch.Tensor,
         ratios: np.ndarray | torch.Tensor,
-        pad_token_id: int,
         global_step: int,
+        *,
+        pad_token_id: Optional[int] = None,
         target_logprobs: Optional[torch.Tensor] = None,
     ) -> SlotTraces:
         """Fill the prefix slots (ratio > 0) of every prompt of a batch with traces.
@@ -391,7 +393,12 @@ class OffPolicyPool:
         ``tgt_input_ids [B, T]`` are the dataset targets (right-padded), ``target_logprobs
         [B, T + 1]`` their behaviour log-probs (NaN = unknown; see ``logprobs_from_target_probs``).
         Non-prefix slots keep the dataset target, as LUFFY repeats it over the whole group.
+        ``pad_token_id`` defaults to the pool's (constructor argument or tokenizer).
         """
+        if pad_token_id is None:
+            pad_token_id = self.pad_token_id
+        if pad_token_id is None:
+            raise ValueError("OffPolicyPool.slot_traces needs pad_token_id (pass it here, or pad_token_id=/tokenizer= to the pool)")
         ratios_np = ratios.detach().cpu().numpy() if isinstance(ratios, torch.Tensor) else np.asarray(ratios)
         batch_size, width = tgt_input_ids.shape
         if ratios_np.ndim != 2 or ratios_np.shape[0] != batch_size:

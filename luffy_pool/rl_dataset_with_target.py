@@ -102,8 +102,8 @@ class RLHFDatasetWithTarget(RLHFDataset):
 
     def _target_probs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
         out = torch.full((self.max_target_length + 1,), -1.0, dtype=torch.float32)
-        if probs is None or num_tokens == 0:
-            return out
+        if probs is None or isinstance(probs, float) or num_tokens == 0:
+            return out  # null, or NaN where another file of the dataset lacks the column
         values = [float(p) for p in probs]
         if len(values) not in (num_tokens, num_tokens + 1):
             raise ValueError(

@@ -47,36 +47,38 @@ def _digits(n: int) -> list[int]:
 
 
 def _addition_steps(a: int, b: int) -> list[str]:
+    """One line per column, least significant first: ``x+y+carry=sum``."""
     da, db = _digits(a), _digits(b)
     steps, carry = [], 0
     for i in range(max(len(da), len(db))):
         x = da[i] if i < len(da) else 0
         y = db[i] if i < len(db) else 0
         s = x + y + carry
-        carry_txt = f" + {carry}" if carry else ""
-        steps.append(f"{x} + {y}{carry_txt} = {s}, write {s % 10} carry {s // 10}.")
+        steps.append(f"{x}+{y}+{carry}={s}")
         carry = s // 10
-    if carry:
-        steps.append(f"write the last carry {carry}.")
     return steps
 
 
 def _multiplication_steps(a: int, b: int) -> list[str]:
+    """One partial product per digit of ``b``, then the running sum."""
     steps, partial_sum = [], 0
     for i, d in enumerate(_digits(b)):
         part = a * d * (10**i)
-        steps.append(f"{a} * {d * 10**i} = {part}.")
+        steps.append(f"{a}*{d * 10**i}={part}")
         if i:
-            steps.append(f"{partial_sum} + {part} = {partial_sum + part}.")
+            steps.append(f"{partial_sum}+{part}={partial_sum + part}")
         partial_sum += part
     return steps
 
 
 def solve_with_trace(p: ArithProblem) -> str:
-    """Return the teacher trace ``<think>\\n...\\n</think>\\n... \\boxed{N}`` for a problem."""
+    """Return the teacher trace (think block with one line per column, then the boxed answer).
+
+    Compact on purpose (about 40 tokens for two-digit addition) so that CPU runs stay fast.
+    """
     steps = _addition_steps(p.a, p.b) if p.op == "+" else _multiplication_steps(p.a, p.b)
     body = "\n".join(steps)
-    return f"<think>\n{p.question[:-1]}.\n{body}\nSo the result is {p.answer}.\n</think>\nThe answer is \\boxed{{{p.answer}}}."
+    return f"<think>\n{p.a}{p.op}{p.b}\n{body}\n</think>\n\\boxed{{{p.answer}}}"
 
 
 def make_problems(n: int, level: int = 2, ops: Iterable[str] = ("+",), seed: int = 0) -> list[ArithProblem]:

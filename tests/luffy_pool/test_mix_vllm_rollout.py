@@ -178,6 +178,7 @@ def test_per_slot_traces_from_the_pool_are_used_slot_by_slot():
     tgt = torch.tensor([[[11, 12, PAD], [31, 32, 33]]])  # [B=1, n=2, T=3]
     plan = build_slot_plan(prompts, mask, tgt, np.array([[1.0, 1.0]]), PAD, EOS, response_length=5)
     assert plan.traces == [[11, 12, EOS], [31, 32, 33, EOS]]
+    assert plan.kinds == [SLOT_FULL, SLOT_FULL] and plan.engine_slots == []
     assert plan.tgt_input_ids.tolist() == [[11, 12, PAD], [31, 32, 33]]
 
 
@@ -189,6 +190,17 @@ def test_target_probs_hold_behaviour_probs_on_prefix_tokens_only():
     torch.testing.assert_close(out["target_probs"][0], torch.tensor([0.5, 1.0, 0.25, 0.1, 0.9, 1.0]))
     torch.testing.assert_close(out["target_probs"][1], torch.tensor([0.5, 1.0, 1.0, 1.0, 1.0, 1.0]))
     assert (out["target_probs"][2] == 1.0).all()
+
+
+def test_per_slot_logprobs_accepted_as_tensor_or_nested_rows():
+    prompts, mask = _prompt_batch()
+    tgt = torch.tensor([[[11, PAD], [31, 32]]])
+    lp = torch.tensor([[[math.log(0.5), math.log(0.2), float("nan")], [math.log(0.25), math.log(0.1), math.log(0.9)]]])
+    ratios = np.array([[1.0, 1.0]])
+    for given in (lp, [row.tolist() for row in lp]):
+        plan = build_slot_plan(prompts, mask, tgt, ratios, PAD, EOS, response_length=4, trace_logprobs=given)
+        probs = assemble_responses(plan, []).tensors["target_probs"]
+        torch.testing.assert_close(probs, torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
 
 
 def test_target_probs_absent_without_behaviour_logprobs_and_rollout_logprobs_placed_after_prefix():
@@ -304,3 +316,32 @@ def test_plan_matches_luffy_after_masking(pad, eos):
     assert any(not torch.equal(ours["responses"][k], ref_responses[k]) for k in full)
     sent = len(engine.calls[0][0])
     assert sent == batch_size * n - len(full)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data path end to end: dataset -> driver ratios -> pool -> plan, with the tiny tokenizer
+# ----------------------------------------------------------------------------------------------------
+def test_dataset_batch_through_sampler_pool_and_planner(tiny_model_dir, tiny_task_dir):
+    import os
+
+    from transformers import AutoTokenizer
+
+    from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler
+    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ds = RLHFDatasetWithTarget(os.path.join(tiny_task_dir, "train.parquet"), tok, max_prompt_length=256, max_target_length=160)
+    batch = collate_fn([ds[i] for i in range(2)])
+    sampler = PrefixRatioSampler(n=4, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0, seed=0)
+    ratios = sampler.draw(2, global_step=1)
+    traces = OffPolicyPool(tokenizer=tok).slot_traces(batch["index"], batch["tgt_input_ids"], ratios, global_step=1)
+    engine = CountingEngine(reply=[tok.eos_token_id], eos=tok.eos_token_id)
+    planner = MixRolloutPlanner(engine, n=4, response_length=200, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    out = planner.generate(batch["input_ids"], batch["attention_mask"], traces.tgt_input_ids, ratios,
+                           prompt_position_ids=batch["position_ids"]).tensors
+
+    content = ds.dataframe.iloc[0]["target"][0]["content"]
+    valid = out["responses"][0][out["response_mask"][0].bool()]
+    assert tok.decode(valid) == content[len("<think>\n"):] + "<|im_end|>"
+    assert out["prefix_mask"][0].sum() == len(valid) and not out["prefix_mask"][1:4].any()
+    assert len(engine.calls[0][0]) == 6  # 3 on-policy slots per prompt

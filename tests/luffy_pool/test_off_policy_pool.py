@@ -250,8 +250,8 @@ def test_extra_files_require_known_prompt_ids(extra_file):
 def test_slot_traces_without_extras_passes_the_dataset_target_through():
     pool = OffPolicyPool()
     tgt = torch.tensor([[5, 6, PAD], [PAD, PAD, PAD]])
-    out = pool.slot_traces([0, 1], tgt, np.array([[1.0, 0.0], [1.0, 0.0]]), PAD, global_step=1)
-    assert out.tgt_input_ids is tgt and out.logprobs is None and out.num_extra_slots == 0
+    out = pool.slot_traces([0, 1], tgt, np.array([[1.0, 0.0], [1.0, 0.0]]), global_step=1, pad_token_id=PAD)
+    assert out.tgt_input_ids is tgt and out.trace_logprobs is None and out.num_extra_slots == 0
     assert out.sources.tolist() == [["target", ""], ["", ""]]  # prompt 1 has an empty target
 
 
@@ -261,7 +261,7 @@ def test_slot_traces_target_first_then_extras_round_robin(extra_file):
     target_lp = torch.full((2, 5), float("nan"))
     target_lp[0, :3] = torch.tensor([-0.5, -0.6, -0.7])
     ratios = np.array([[1.0, 1.0, 1.0, 1.0, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0]])
-    out = pool.slot_traces([0, 1], tgt, ratios, PAD, global_step=4, target_logprobs=target_lp)
+    out = pool.slot_traces([0, 1], tgt, ratios, global_step=4, pad_token_id=PAD, target_logprobs=target_lp)
     assert out.tgt_input_ids.shape == (2, 5, 4)
     # Prompt 0: four prefix slots take [target, extra, extra] round-robin; slot 4 (ratio 0) keeps the target.
     order = np.random.default_rng([1, 4, zlib.crc32(repr(0).encode())]).permutation(2)
@@ -278,7 +278,7 @@ def test_slot_traces_target_first_then_extras_round_robin(extra_file):
     assert all(out.tgt_input_ids[1, j].tolist() == [13, PAD, PAD, PAD] for j in range(5))
     assert out.sources[1].tolist() == ["target", "", "", "", ""]
     # Behaviour log-probs travel with the trace; extra 'b' has none (NaN), the target keeps its own.
-    lp = out.logprobs
+    lp = out.trace_logprobs
     torch.testing.assert_close(lp[0, 0, :3], torch.tensor([-0.5, -0.6, -0.7], dtype=torch.float64))
     slot_of_a = 1 + list(order).index(0)
     torch.testing.assert_close(lp[0, slot_of_a, :4], torch.tensor([-0.1, -0.2, -0.3, -0.4], dtype=torch.float64))
@@ -290,17 +290,17 @@ def test_slot_traces_are_reproducible_per_step(extra_file):
     pool = OffPolicyPool(extra_file, known_prompt_ids=[0], selection="shuffle", seed=3)
     tgt = torch.tensor([[11, PAD, PAD]])
     ratios = np.ones((1, 3))
-    first = pool.slot_traces([0], tgt, ratios, PAD, global_step=2)
-    again = pool.slot_traces([0], tgt, ratios, PAD, global_step=2)
+    first = pool.slot_traces([0], tgt, ratios, global_step=2, pad_token_id=PAD)
+    again = pool.slot_traces([0], tgt, ratios, global_step=2, pad_token_id=PAD)
     assert torch.equal(first.tgt_input_ids, again.tgt_input_ids)
     assert sorted(first.sources[0].tolist()) == ["extra.parquet:0", "extra.parquet:1", "target"]
-    orders = {tuple(pool.slot_traces([0], tgt, ratios, PAD, global_step=s).sources[0].tolist()) for s in range(1, 30)}
+    orders = {tuple(pool.slot_traces([0], tgt, ratios, global_step=s, pad_token_id=PAD).sources[0].tolist()) for s in range(1, 30)}
     assert len(orders) > 1  # 'shuffle' rotates which trace comes first across steps
 
 
 def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tmp_path):
     path = _write(tmp_path, "long.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0, -5.0]}])
     pool = OffPolicyPool(path, known_prompt_ids=[0], use_dataset_target=False)
-    out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), PAD, global_step=1)
+    out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), global_step=1, pad_token_id=PAD)
     assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
-    assert out.logprobs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.logprobs[0, 0, 3].item())
+    assert out.trace_logprobs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.trace_logprobs[0, 0, 3].item())

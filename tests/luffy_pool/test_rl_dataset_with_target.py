@@ -188,6 +188,9 @@ def test_several_files_are_concatenated_and_errors_name_the_right_file(tokenizer
     b = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0])], name="b.parquet")
     ds = RLHFDatasetWithTarget([a, b], tokenizer, max_prompt_length=64, max_target_length=8)
     assert len(ds) == 3 and ds.source_of(2).endswith("b.parquet: row 0")
+    assert (ds[0]["target_probs"] == -1).all()  # a.parquet has no probs column
+    with pytest.raises(ValueError, match=r"b\.parquet: row 0: column 'target_ds_qwen_7b_probs'"):
+        ds[2]
 
 
 def test_collate_stacks_tensors_and_packs_the_rest(tokenizer, tiny_task_dir):

@@ -14,16 +14,12 @@ from luffy_pool.tiny.arith_task import ArithProblem
 
 def test_addition_trace_is_step_by_step_and_boxed():
     trace = solve_with_trace(ArithProblem(47, 38, "+", 2))
-    assert trace.startswith("<think>\n") and "</think>\n" in trace
-    assert "7 + 8 = 15, write 5 carry 1." in trace
-    assert "4 + 3 + 1 = 8, write 8 carry 0." in trace
-    assert trace.endswith("\\boxed{85}.")
+    assert trace == "<think>\n47+38\n7+8+0=15\n4+3+1=8\n</think>\n\\boxed{85}"
 
 
 def test_multiplication_trace_sums_partial_products():
     trace = solve_with_trace(ArithProblem(12, 34, "*", 2))
-    assert "12 * 4 = 48." in trace and "12 * 30 = 360." in trace and "48 + 360 = 408." in trace
-    assert trace.endswith("\\boxed{408}.")
+    assert trace == "<think>\n12*34\n12*4=48\n12*30=360\n48+360=408\n</think>\n\\boxed{408}"
 
 
 def test_problems_are_seeded_and_respect_level_digits():
@@ -41,7 +37,7 @@ def test_task_parquet_round_trip_has_luffy_schema(tmp_path):
     row = train.iloc[3]
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert len(row["target"]) == 1 and row["target"][0]["role"] == "assistant"
-    assert row["target"][0]["content"].endswith("\\boxed{%s}." % row["reward_model"]["ground_truth"])
+    assert row["target"][0]["content"].endswith("\\boxed{%s}" % row["reward_model"]["ground_truth"])
     assert row["reward_model"]["style"] == "rule" and row["extra_info"]["index"] == 3
     train_q = {r[1]["content"] for r in train["prompt"]}
     assert not train_q & {r[1]["content"] for r in test["prompt"]}, "train and test must be disjoint"

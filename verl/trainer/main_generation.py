@@ -15,8 +15,11 @@ import sys
 import time
 from typing import Optional, Sequence
 
-if __package__ in (None, ""):  # run as a file: make the repo root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# The table helpers live in the repo's top-level `data` package, which the editable install does not map;
+# a source checkout has it two levels above this package.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if os.path.isfile(os.path.join(_REPO_ROOT, "data", "common.py")) and _REPO_ROOT not in sys.path:
+    sys.path.append(_REPO_ROOT)
 
 from data.common import (DataFormatError, add_bool_arg, check_chat, read_records, run_cli, user_text,
                          write_records)
@@ -85,8 +88,12 @@ class SamplingArgs:
 @dataclasses.dataclass
 class Completion:
     text: str  # decoded without special tokens (vLLM's default), so EOS text is not included
-    num_tokens: int  # generated ids, EOS included when emitted
+    token_ids: list[int]  # generated ids, EOS included when emitted
     finish_reason: str  # "stop" (EOS), "length" (max_tokens) or "prompt_too_long" (not generated)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 def on_gpu() -> bool:
@@ -132,7 +139,8 @@ class VLLMGenerator:
         params = SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k, max_tokens=sampling.max_tokens)
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
-        return [[Completion(o.text, len(o.token_ids), o.finish_reason or "length") for o in out.outputs] for out in outs]
+        return [[Completion(o.text, list(o.token_ids), o.finish_reason or "length") for o in out.outputs]
+                for out in outs]
 
 
 class HFGenerator:
@@ -182,7 +190,7 @@ class HFGenerator:
             reason = "stop"
         else:
             reason = "length"
-        return Completion(self.tokenizer.decode(ids, skip_special_tokens=True), len(ids), reason)
+        return Completion(self.tokenizer.decode(ids, skip_special_tokens=True), ids, reason)
 
 
 BACKENDS = ("vllm", "hf")
@@ -217,7 +225,7 @@ def generate_completions(generator, prompts: Sequence[str], sampling: SamplingAr
                          "pass --overlong_prompts skip")
     keep = [i for i, ok in enumerate(fits) if ok]
     generated = generator.generate([prompt_ids[i] for i in keep], sampling) if keep else []
-    out: list[list[Completion]] = [[Completion("", 0, "prompt_too_long")] * sampling.n for _ in prompts]
+    out: list[list[Completion]] = [[Completion("", [], "prompt_too_long")] * sampling.n for _ in prompts]
     for i, comps in zip(keep, generated):
         out[i] = comps
     return out

@@ -21,8 +21,8 @@ _MAX_DETAIL_CHARS = 600
 class WorkerGroupError(RuntimeError):
     """A worker-group call failed, died or timed out on some ranks.
 
-    Attributes: ``group_name``, ``method_name``, ``failures`` ({rank: exception}), ``pending_ranks``
-    (ranks that had not answered when the driver gave up) and ``timed_out``.
+    Attributes: ``group_name``, ``method_name``, ``failures`` ({rank: exception or its description}),
+    ``pending_ranks`` (ranks that had not answered when the driver gave up) and ``timed_out``.
     """
 
     def __init__(self, group_name: str, method_name: str, failures: dict, pending_ranks: Sequence[int] = (),
@@ -32,17 +32,27 @@ class WorkerGroupError(RuntimeError):
         self.failures = dict(failures)
         self.pending_ranks = list(pending_ranks)
         self.timed_out = timed_out
+        self.timeout_s = timeout_s
         parts = []
-        if self.failures:
-            ranks = sorted(self.failures)
-            label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-            details = "; ".join(f"rank {r}: {describe_remote_error(self.failures[r])}" for r in ranks)
-            parts.append(f"failed on {label}: {details}")
+        details = {rank: describe_remote_error(err) if isinstance(err, BaseException) else str(err)
+                   for rank, err in self.failures.items()}
+        ranks = sorted(details)
+        if len(ranks) == 1:
+            parts.append(f"failed on rank {ranks[0]}: {details[ranks[0]]}")
+        elif ranks:
+            parts.append(f"failed on ranks {ranks}: " + "; ".join(f"rank {r}: {details[r]}" for r in ranks))
         if timed_out:
             parts.append(f"timed out after {timeout_s} s waiting for ranks {self.pending_ranks}")
         elif self.pending_ranks:
             parts.append(f"ranks {self.pending_ranks} had not answered and were not waited for")
+        self._details = details
         super().__init__(f"worker group '{group_name}' method '{method_name}' " + "; ".join(parts))
+
+    def __reduce__(self):
+        # Travels inside RayTaskError when a worker's DataProtoFuture.get() fails; the remote
+        # exceptions themselves may not pickle, their one-line descriptions always do.
+        return (WorkerGroupError, (self.group_name, self.method_name, self._details, self.pending_ranks,
+                                   self.timed_out, self.timeout_s))
 
 
 def describe_remote_error(error: BaseException) -> str:
@@ -57,6 +67,10 @@ def describe_remote_error(error: BaseException) -> str:
         return _shorten(lines[-1] if lines else type(error).__name__)
     if isinstance(error, rex.RayActorError):
         message = getattr(error, "error_msg", None) or str(error)
+        if getattr(error, "actor_init_failed", False):
+            # Ray appends the constructor's traceback; its last line is the exception itself.
+            lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+            return _shorten(f"the worker's constructor raised: {lines[-1] if lines else message}")
         return _shorten(f"worker process died ({type(error).__name__}): {' '.join(message.split())}")
     return _shorten(f"{type(error).__name__}: {error}")
 

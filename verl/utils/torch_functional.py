@@ -92,7 +92,8 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     much precision) and the result is fp32.
     """
     if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal logits shape without vocab {tuple(logits.shape[:-1])}")
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab axis "
+                         f"{tuple(logits.shape[:-1])}")
     if logits.dtype in (torch.float32, torch.float64):
         picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(logits, dim=-1)

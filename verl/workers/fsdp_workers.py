@@ -25,6 +25,16 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 logger = logging.getLogger(__name__)
 
 
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
 def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
     if device == "auto":
@@ -49,7 +59,8 @@ class ActorRolloutRefWorker(Worker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self._init_distributed()
         sizes = normalize_actor_batch_sizes(config.actor, config.rollout.n, self.world_size,
-                                            config.actor.get("ulysses_sequence_parallel_size", 1))
+                                            config.actor.get("ulysses_sequence_parallel_size", 1),
+                                            log_prob_micro_batch_size=config.rollout.get("log_prob_micro_batch_size", 128))
         # Rows per rank from here on (LUFFY_SPEC §1.9): the actor never sees prompt counts.
         with open_dict(self.config):
             self.config.actor.ppo_mini_batch_size = sizes["ppo_mini_batch_size_per_rank"]
@@ -74,13 +85,13 @@ class ActorRolloutRefWorker(Worker):
         name = fsdp_cfg.get("param_dtype", "auto")
         if name == "auto":
             return torch.bfloat16 if self.device == "cuda" else torch.float32
-        return getattr(torch, name)
+        return torch_dtype(name)
 
     def _build_module(self, fsdp_cfg, trainable: bool):
         """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from verl.utils.fsdp_utils import apply_fsdp2
+        from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy
 
         mcfg = self.config.model
         attn = mcfg.get("attn_implementation", "auto")
@@ -96,11 +107,12 @@ class ActorRolloutRefWorker(Worker):
         if trainable and mcfg.get("enable_gradient_checkpointing", False):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         module.to(self.device)
+        offload = bool(fsdp_cfg.get("param_offload", False))
         module = apply_fsdp2(
-            module, self.device_mesh, param_dtype=self._param_dtype(fsdp_cfg),
-            reduce_dtype=getattr(torch, fsdp_cfg.get("reduce_dtype", "float32")),
+            module, self.device_mesh,
+            mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.get("reduce_dtype", "fp32"))),
             reshard_after_forward=fsdp_cfg.get("reshard_after_forward", True),
-            cpu_offload=fsdp_cfg.get("param_offload", False) and self.device == "cuda")
+            offload_policy=cpu_offload_policy(offload, self.device))
         return module
 
     def _build_optimizer(self, module):
@@ -140,8 +152,10 @@ class ActorRolloutRefWorker(Worker):
             rollout = VLLMRollout(self.config.model.path, rcfg, device=self.device)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
+        tp = int(rcfg.get("tensor_model_parallel_size", 1)) if self.device == "cuda" else 1
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
-                                      dp_rank=self.rank, seed=int(rcfg.get("seed", 0)), device=self.device)
+                                      rank=self.rank, world_size=self.world_size, tp_size=tp,
+                                      base_seed=1000 + int(rcfg.get("seed", 0)), device=self.device)
         return rollout, manager
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -198,3 +212,13 @@ class ActorRolloutRefWorker(Worker):
         metrics["actor/lr"] = [lr]
         metrics["timing_s/update_actor_worker"] = [time.perf_counter() - t0]
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def actor_weight_fingerprint(self) -> float:
+        """Sum of squares of this rank's actor shard: a cheap check that weights changed or match."""
+        total = 0.0
+        with torch.no_grad():
+            for p in self.actor_module.parameters():
+                local = p.to_local() if hasattr(p, "to_local") else p
+                total += float(local.double().pow(2).sum())
+        return total

@@ -4,7 +4,7 @@
 (matrices, ``\\cup`` unions, intervals and tuples with matching brackets, ``\\{...\\}`` sets and bare
 comma lists compared as multisets, ``\\pm`` expanded into two answers); each scalar is compared by its
 normalised string, then numerically (relative tolerance 1e-6) or symbolically (random-point evaluation,
-then ``simplify``) through the guarded parser in ``safe_parse``. Base-n numerals (``52_8``), word
+then ``simplify``) through the guarded parser in ``safe_parse``; exact rationals compare exactly. Base-n numerals (``52_8``), word
 answers and option letters are compared as strings only.
 """
 from __future__ import annotations
@@ -152,6 +152,11 @@ def expr_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
     for s in symbols:
         by_name.setdefault(str(s), s)
     if not symbols:
+        # Exact values (no floats anywhere) compare exactly: 343943886 is not 2021*505*337.
+        if not a.has(sympy.Float) and not b.has(sympy.Float):
+            ea, eb = a.doit(), b.doit()
+            if isinstance(ea, sympy.Rational) and isinstance(eb, sympy.Rational):
+                return ea == eb
         va, vb = _to_complex(sympy.N(a, 30)), _to_complex(sympy.N(b, 30))
         return va is not None and vb is not None and _close(va, vb)
     undecided = False

@@ -133,9 +133,10 @@ def test_micro_batch_count_uses_all_reduced_max(monkeypatch):
         rearrange_micro_batches_indices([4, 3], max_token_len=10, dp_group="dp")
 
 
-@pytest.mark.slow
 def test_micro_batch_count_is_all_reduced_to_max_over_two_gloo_ranks(tmp_path):
-    mp.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    # fork: the children need no re-import of torch (spawn costs seconds per rank on a busy CPU)
+    mp.start_processes(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
     parts0 = json.loads((tmp_path / "rank0.json").read_text())
     parts1 = json.loads((tmp_path / "rank1.json").read_text())
     assert len(parts0) == len(parts1) == 3

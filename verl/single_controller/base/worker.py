@@ -1,9 +1,9 @@
 """Worker: the base class of every process a worker group launches (actor, rollout, ref, critic).
 
 A worker learns its place from the environment the group sets (RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 of a group picks the rendezvous address and a
-free port itself and reports them through ``get_master_addr_port``, so the group can hand them to
-the other ranks before they start; ``init_torch_distributed`` then joins the process group.
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). The Ray group chooses the rendezvous on rank 0's node
+before launching; when a launcher leaves it unset, rank 0 picks its own address and a free port and
+reports them through ``get_master_addr_port``. ``init_torch_distributed`` joins the process group.
 """
 from __future__ import annotations
 
@@ -107,8 +107,7 @@ class Worker:
         return self._dist_env.local_world_size
 
     def _ensure_master_addr_port(self) -> tuple[str, int]:
-        # An empty value counts as unset: the group passes "" to rank 0 so that a MASTER_PORT
-        # inherited from the driver's environment is never reused by two groups.
+        # An empty value counts as unset, so a launcher can blank out values inherited from its own env.
         addr = os.environ.get("MASTER_ADDR") or ""
         port = os.environ.get("MASTER_PORT") or ""
         if not addr or not port:

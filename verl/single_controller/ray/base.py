@@ -16,10 +16,10 @@ from typing import Any, Callable, Optional
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from verl.single_controller.base.decorator import Execute, RegisteredMethod
-from verl.single_controller.base.worker import Worker
+from verl.single_controller.base.worker import Worker, find_free_port
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 from verl.utils.ray_utils import WorkerGroupError, get_ranked
 
@@ -41,6 +41,11 @@ def _with_context(err: Exception, context: str) -> Exception:
 def unwrap_ray_actor_class(cls: Any) -> type:
     """The plain Python class behind ``ray.remote(cls)`` (or ``cls`` itself)."""
     return getattr(cls, "__ray_actor_class__", cls) if isinstance(cls, ray.actor.ActorClass) else cls
+
+
+def _node_ip_and_free_port() -> tuple[str, int]:
+    addr = ray.util.get_node_ip_address()
+    return addr, find_free_port(addr)
 
 
 class RayResourcePool(ResourcePool):
@@ -217,33 +222,39 @@ class RayWorkerGroup(WorkerGroup):
     # ------------------------------------------------------------------ launch
     def _launch(self, pool: RayResourcePool, ray_cls: RayClassWithInitArgs, bin_pack: bool) -> None:
         pgs = pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK")
+        self.master_addr, self.master_port = self._pick_rendezvous(pgs[0])
         num_gpus = 1.0 / pool.max_colocate_count if pool.use_gpu else 0.0
         slots = [(node, local) for node, count in enumerate(pool.store) for local in range(count)]
-        master: dict = {"MASTER_ADDR": "", "MASTER_PORT": ""}
         for rank, (node, local_rank) in enumerate(slots):
             env = {"WORLD_SIZE": str(self.world_size), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
                    "LOCAL_WORLD_SIZE": str(pool.store[node]), "RAY_LOCAL_RANK": str(local_rank),
                    "RAY_LOCAL_WORLD_SIZE": str(pool.store[node]), "WG_PREFIX": self.name_prefix,
-                   "WG_BACKEND": "ray", **master}
-            actor = ray_cls.create_actor(pgs[node], local_rank, env, num_cpus=1.0, num_gpus=num_gpus,
-                                         name=f"{self.name_prefix}_{self.worker_cls.__name__}_{rank}")
-            self._workers.append(actor)
-            self._ranks_on_nodes.append((node, local_rank))
-            if rank == 0:
-                try:
-                    addr, port = get_ranked([actor.get_master_addr_port.remote()], [0], group_name=self.name_prefix,
-                                            method_name="__init__", timeout_s=self.startup_timeout_s)[0]
-                except WorkerGroupError:
-                    self.shutdown()
-                    raise
-                master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+                   "WG_BACKEND": "ray", "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+            self._workers.append(ray_cls.create_actor(
+                pgs[node], local_rank, env, num_cpus=1.0, num_gpus=num_gpus,
+                name=f"{self.name_prefix}_{self.worker_cls.__name__}_{rank}"))
         try:
             get_ranked([w.__ray_ready__.remote() for w in self._workers], list(range(self.world_size)),
                        group_name=self.name_prefix, method_name="__init__", timeout_s=self.startup_timeout_s)
         except WorkerGroupError:
             self.shutdown()
             raise
-        self.master_addr, self.master_port = master["MASTER_ADDR"], int(master["MASTER_PORT"])
+
+    def _pick_rendezvous(self, rank_zero_pg: PlacementGroup) -> tuple[str, int]:
+        """(address, free port) on the node of rank 0, chosen before any actor starts.
+
+        Every rank gets MASTER_ADDR/PORT in its environment from the start, so workers may join
+        torch.distributed inside ``__init__`` and all actors can start in parallel.
+        """
+        node_id = placement_group_table(rank_zero_pg)["bundles_to_node_id"][0]
+        probe = ray.remote(num_cpus=0)(_node_ip_and_free_port).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+        try:
+            addr, port = ray.get(probe.remote(), timeout=self.startup_timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            raise RuntimeError(f"worker group '{self.name_prefix}': could not reach rank 0's node {node_id} within "
+                               f"{self.startup_timeout_s} s to choose MASTER_PORT") from err
+        return addr, int(port)
 
     def shutdown(self) -> None:
         """Kill the actors (the resource pool keeps its placement groups; see ``RayResourcePool.release``)."""

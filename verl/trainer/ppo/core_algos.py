@@ -132,7 +132,9 @@ def group_normalized_scores(
     return advantages
 
 
-def broadcast_sequence_advantage(seq_advantage: torch.Tensor, eos_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def broadcast_sequence_advantage(
+    seq_advantage: torch.Tensor, eos_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Broadcast one value per row to its response tokens: ``A[i, t] = a_i·m[i, t]``; returns = A."""
     advantages = seq_advantage.unsqueeze(-1) * eos_mask
     return advantages, advantages

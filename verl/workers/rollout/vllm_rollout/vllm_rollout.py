@@ -160,10 +160,7 @@ class VLLMRollout(BaseRollout):
             return
         with _keep_default_process_group():
             self.llm.llm_engine.engine_core.shutdown()
-        self.llm = None
-        import gc
-
-        gc.collect()
+        self.llm = None  # vLLM's own teardown already ran gc
         if self.device == "cuda" and torch.cuda.is_available():
             torch.cuda.empty_cache()
 

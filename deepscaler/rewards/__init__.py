@@ -1,0 +1,74 @@
+"""Rewards for math RL: rule-based grader, math-verify, format reward, LLM judge; all model-output safe.
+
+Public API (stable; the trainer, the reward manager and eval_scripts call these):
+
+Training (verl style)::
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None,
+                  reward_impl_version=3, grader="math_verify") -> float
+    score_response(...same...) -> ScoreResult(score, correct, parse_failed, answer)
+    select_score_fn(data_source, reward_impl_version=3, grader="math_verify")
+        -> fn(raw_response, ground_truth) -> ScoreResult
+    fail_success_values(reward_impl_version) -> (fail, success)   # (-0.5, 1) for v1, else (0, 1)
+
+``solution_str`` is the raw decoded response (special tokens kept). Routing (LUFFY_SPEC §4.1):
+``openai/gsm8k`` -> verl's strict ``####`` scorer; ``lighteval/MATH`` -> last boxed + MATH string
+normalisation; any other source (e.g. ``synthetic_arith``, ``aime``, ``arc_c``) by version:
+0 deepscaler rule grader on ``"<think>\\n"+response`` (1/0); 1 same with 1 / -0.5 / -1 (format error,
+no boxed, no ground truth); 2 rule grader on ``"<think>\\n</think>\\n<think>\\n"+response``; 3 (LUFFY)
+math-verify on the text after the first ``</think>`` of ``"<think>\\n"+response``, 0 when the tag is
+missing; 4 math-verify on the raw response. ``grader`` (``math_verify`` | ``rule`` | ``any``) swaps
+the equivalence check of versions 3 and 4 only. Option-letter ground truths (ARC-c, GPQA, MATH's
+``\\text{(C)}``) are graded by the extracted letter: last ``\\boxed{C}`` or ``ANSWER: C``.
+
+Evaluation::
+
+    grade(solution_str, ground_truth, grader="math_verify", split_think=False) -> bool
+
+``grader="any"`` (rule OR math-verify) is the closest match to LUFFY's OAT evaluation grader.
+These functions run in the calling process with no time limit: math-verify's own timeouts are off
+because they break in threads. For untrusted model output in bulk, grade through
+``verl.workers.reward_manager.ScoringPool`` (or ``RewardManager.score_texts``), which enforces a
+per-item wall-clock timeout in worker processes.
+
+Safety: model text reaches SymPy only through latex2sympy2_extended's grammar and math-verify's parser
+(whose plain-expression path accepts digits and operators only); nothing is passed to ``eval``,
+``exec``, ``sympify`` or ``parse_expr``; parsed trees are size-checked before evaluation.
+"""
+from deepscaler.rewards.format_reward import FormatRewardConfig, think_format_ok
+from deepscaler.rewards.math_reward import deepscaler_score, grade_solution_rule, ground_truth_list
+from deepscaler.rewards.math_utils import answers_match
+from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score
+from deepscaler.rewards.reward_types import RewardValues, ScoreResult
+from deepscaler.rewards.selection import (
+    REWARD_IMPL_VERSIONS,
+    ScorerSpec,
+    compute_score,
+    fail_success_values,
+    grade,
+    graded_text,
+    score_response,
+    select_score_fn,
+)
+
+__all__ = [
+    "GRADERS",
+    "REWARD_IMPL_VERSIONS",
+    "FormatRewardConfig",
+    "RewardValues",
+    "ScoreResult",
+    "ScorerSpec",
+    "answers_match",
+    "compute_score",
+    "deepscaler_score",
+    "fail_success_values",
+    "grade",
+    "grade_solution",
+    "grade_solution_rule",
+    "graded_text",
+    "ground_truth_list",
+    "math_verify_score",
+    "score_response",
+    "select_score_fn",
+    "think_format_ok",
+]

@@ -1,0 +1,121 @@
+"""Reward selection by ``data_source`` and ``data.reward_impl_version`` (LUFFY_SPEC §4.1).
+
+``select_score_fn`` mirrors LUFFY's ``_select_rm_score_fn``: ``openai/gsm8k`` and ``lighteval/MATH``
+get verl's scorers, every other source (``synthetic_arith``, ``aime``, ``arc_c`` ...) the function of
+the configured version. The returned callable takes the *raw decoded response* and applies the
+version's input rule itself (``"<think>\\n"`` prepended for every version except 4).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from deepscaler.rewards.math_reward import IMPL1_VALUES, BINARY_VALUES, deepscaler_score, deepscaler_score_nothink
+from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score
+from deepscaler.rewards.math_utils import split_after_think
+from deepscaler.rewards.reward_types import ScoreResult
+from deepscaler.rewards.verl_scorers import gsm8k_score, math_dataset_score
+
+REWARD_IMPL_VERSIONS = (0, 1, 2, 3, 4)
+THINK_PREFIX = "<think>\n"
+GSM8K_SOURCE = "openai/gsm8k"
+MATH_SOURCE = "lighteval/MATH"
+
+ScoreFn = Callable[[str, object], ScoreResult]
+
+
+def check_version(reward_impl_version: int) -> int:
+    if reward_impl_version not in REWARD_IMPL_VERSIONS:
+        raise ValueError(f"data.reward_impl_version must be one of {REWARD_IMPL_VERSIONS}, got {reward_impl_version!r}")
+    return int(reward_impl_version)
+
+
+def fail_success_values(reward_impl_version: int) -> tuple[float, float]:
+    """(fail, success) scores used by the trainer's group statistics (LUFFY_SPEC §1.5)."""
+    check_version(reward_impl_version)
+    return (IMPL1_VALUES.incorrect, IMPL1_VALUES.correct) if reward_impl_version == 1 else (0.0, 1.0)
+
+
+def select_score_fn(data_source: str, reward_impl_version: int = 3, grader: str = "math_verify") -> ScoreFn:
+    """Score function ``fn(raw_response, ground_truth) -> ScoreResult`` for one row.
+
+    ``grader`` only changes versions 3 and 4 (LUFFY's math-verify scorers): ``rule`` or ``any`` swap the
+    equivalence check while keeping the version's think handling. Versions 0-2 are the deepscaler rule
+    grader by definition; the two named data sources use verl's scorers.
+    """
+    check_version(reward_impl_version)
+    if grader not in GRADERS:
+        raise ValueError(f"reward.grader must be one of {GRADERS}, got {grader!r}")
+    if data_source == GSM8K_SOURCE:
+        return lambda response, gt: gsm8k_score(_with_think_prefix(response, reward_impl_version), gt)
+    if data_source == MATH_SOURCE:
+        return lambda response, gt: math_dataset_score(_with_think_prefix(response, reward_impl_version), gt)
+    if reward_impl_version == 0:
+        return lambda response, gt: deepscaler_score(THINK_PREFIX + response, gt, BINARY_VALUES)
+    if reward_impl_version == 1:
+        return lambda response, gt: deepscaler_score(THINK_PREFIX + response, gt, IMPL1_VALUES)
+    if reward_impl_version == 2:
+        return lambda response, gt: deepscaler_score_nothink(THINK_PREFIX + response, gt)
+    if reward_impl_version == 3:
+        return lambda response, gt: math_verify_score(THINK_PREFIX + response, gt, True, grader)
+    return lambda response, gt: math_verify_score(response, gt, False, grader)
+
+
+def _with_think_prefix(response: str, reward_impl_version: int) -> str:
+    return response if reward_impl_version == 4 else THINK_PREFIX + response
+
+
+def graded_text(solution_str: str, reward_impl_version: int) -> str:
+    """The string the version's scorer sees (used by the format reward so both judge the same text)."""
+    return _with_think_prefix(solution_str, check_version(reward_impl_version))
+
+
+def score_response(data_source: str, solution_str: str, ground_truth, extra_info=None,
+                   reward_impl_version: int = 3, grader: str = "math_verify") -> ScoreResult:
+    """Detailed form of ``compute_score``: the full ScoreResult for one raw response."""
+    del extra_info  # part of verl's signature; no scorer needs it
+    return select_score_fn(data_source, reward_impl_version, grader)(solution_str, ground_truth)
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None,
+                  reward_impl_version: int = 3, grader: str = "math_verify") -> float:
+    """verl-style entry point: the reward of one raw decoded response (LUFFY default: version 3)."""
+    return score_response(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader).score
+
+
+def grade(solution_str: str, ground_truth, grader: str = "math_verify", split_think: bool = False) -> bool:
+    """Evaluation grading: is ``solution_str`` correct?
+
+    ``split_think=True`` keeps only the text after the first ``</think>`` and returns False when the tag
+    is missing (LUFFY's eval flow for prompts ending in ``<think>\\n``); otherwise the whole string is
+    graded. ``grader``: ``math_verify`` | ``rule`` | ``any``.
+    """
+    if split_think:
+        solution = split_after_think(solution_str)
+        if solution is None:
+            return False
+        solution_str = solution
+    return grade_solution(solution_str, ground_truth, grader).correct
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerSpec:
+    """Picklable description of the scorer a pool worker builds (callables cannot cross ``spawn``)."""
+
+    reward_impl_version: int = 3
+    grader: str = "math_verify"
+
+    def __post_init__(self):
+        check_version(self.reward_impl_version)
+        if self.grader not in GRADERS:
+            raise ValueError(f"reward.grader must be one of {GRADERS}, got {self.grader!r}")
+
+    def warm_up(self) -> None:
+        """Run both graders once so regexes and the LaTeX parser exist before real items arrive."""
+        sample = "<think>\nwarm up\n</think>\nThe answer is $\\boxed{\\frac{1}{2}}$."
+        score_response("warmup", sample, "0.5", None, 3, "any")
+        score_response("warmup", sample, "0.5", None, self.reward_impl_version, self.grader)
+
+    def score(self, data_source: str, solution_str: str, ground_truth, extra_info=None) -> ScoreResult:
+        return score_response(data_source, solution_str, ground_truth, extra_info,
+                              self.reward_impl_version, self.grader)

@@ -1,0 +1,194 @@
+"""Offline evaluation: sample responses over a benchmark parquet, grade them, report per-source metrics.
+
+LUFFY's command keeps working (``--model_path --input_file --output_file --remove_system True
+--template own [--add_oat_evaluate True]``, LUFFY_SPEC §4.4); ``--flag value``, ``--flag=value`` and
+fire-style ``--flag True/False`` all parse. Flow: read and validate the parquet, render prompts (system
+turn dropped by default), generate ``n`` samples per row with vLLM (CPU build or GPU, or ``--backend
+hf``), write ``<output>.decoded.jsonl``, grade each sample (the text after ``</think>`` when the prompt
+opened a think block; math-verify, the rule-based grader, or either), then write ``<output>`` (one
+line per sample), ``<output stem>.summary.json``, and print LUFFY's ``<data_source>: <acc>`` lines plus
+pass@1, avg@k and unbiased pass@k per source. Generation settings are honoured as given (LUFFY's
+sampler hard-coded 8192 new tokens).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
+    sys.path.insert(0, _REPO_ROOT)
+
+from data.common import DataFormatError, add_bool_arg, iter_jsonl, progress, read_eval_table, run_cli
+from eval_scripts.grading import GRADERS, grade_samples
+from eval_scripts.metrics import report_lines, summarize, summary_to_json
+from verl.trainer.main_generation import (BACKENDS, TEMPLATES, SamplingArgs, generate_completions, load_generator,
+                                          prepare_messages, render_prompt)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python eval_scripts/generate_vllm.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model_path", required=True, help="model folder (HF save_pretrained / exported checkpoint)")
+    ap.add_argument("--input_file", "--data_path", dest="input_file", required=True, help="benchmark .parquet/.jsonl")
+    ap.add_argument("--output_file", required=True, help="graded samples, .jsonl")
+    ap.add_argument("--n", type=int, default=1, help="samples per row")
+    ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--top_p", type=float, default=1.0)
+    ap.add_argument("--top_k", type=int, default=-1, help="-1 = off")
+    ap.add_argument("--max_tokens", type=int, default=8192, help="new tokens per sample")
+    add_bool_arg(ap, "--remove_system", default=True, help="drop the parquet's system turn (LUFFY's eval)")
+    ap.add_argument("--system_prompt", default=None, help="system message to put in place of the parquet's")
+    ap.add_argument("--template", choices=list(TEMPLATES), default="own",
+                    help="own = the model's chat template; qwen/simplerl/prime = LUFFY's fixed templates; no = raw question")
+    add_bool_arg(ap, "--add_think_before_answer", default=False,
+                 help="grade as if the response started with <think>\\n even when the prompt does not open it")
+    add_bool_arg(ap, "--no_split_think", default=False, help="grade the whole response, not the part after </think>")
+    ap.add_argument("--grader", choices=GRADERS, default="math_verify",
+                    help="math_verify (LUFFY's default), rule (the deepscaler-style rule-based grader) or both "
+                         "(correct if either says so)")
+    add_bool_arg(ap, "--add_oat_evaluate", default=False,
+                 help="LUFFY compatibility: grade with the rule-based boxed grader OR math-verify (= --grader both)")
+    add_bool_arg(ap, "--any_true", default=False, help="LUFFY compatibility: same as --grader both")
+    ap.add_argument("--grade_timeout", type=float, default=10.0, help="seconds per graded sample (LUFFY: 10)")
+    ap.add_argument("--grader_workers", type=int, default=1, help="processes for grading (1 = in this process)")
+    ap.add_argument("--max_rows", type=int, default=None, help="only the first K rows (see --max_rows_per_source)")
+    add_bool_arg(ap, "--max_rows_per_source", default=False, help="apply --max_rows to each data_source")
+    add_bool_arg(ap, "--force_generate", default=True,
+                 help="regenerate even when <output>.decoded.jsonl exists (False = reuse it and only grade)")
+    add_bool_arg(ap, "--skip_scoring", default=False, help="stop after writing the decoded samples")
+    ap.add_argument("--backend", choices=BACKENDS, default="vllm")
+    ap.add_argument("--tensor_parallel_size", type=int, default=None, help="GPUs per engine (default: all visible)")
+    ap.add_argument("--gpu_memory_utilization", type=float, default=0.85)
+    ap.add_argument("--dtype", default="auto", help="auto = bf16 on GPU, fp32 on CPU")
+    ap.add_argument("--max_model_len", type=int, default=None, help="engine context (default: the model's)")
+    ap.add_argument("--kv_cache_gb", type=float, default=None, help="KV cache GiB (CPU default 0.25)")
+    ap.add_argument("--hf_batch_size", type=int, default=16, help="prompts per HF generate call")
+    ap.add_argument("--overlong_prompts", choices=("error", "skip"), default="error",
+                    help="a prompt longer than the context: stop with an error, or grade it wrong and count it")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def select_rows(rows: list[dict], max_rows: Optional[int], per_source: bool) -> list[dict]:
+    """The first ``max_rows`` rows overall, or of every data source (table order kept)."""
+    if max_rows is None:
+        return rows
+    if not per_source:
+        return rows[:max_rows]
+    taken: collections.Counter = collections.Counter()
+    out = []
+    for row in rows:
+        if taken[row["data_source"]] < max_rows:
+            taken[row["data_source"]] += 1
+            out.append(row)
+    return out
+
+
+def decoded_path(output_file: str) -> str:
+    return (output_file[: -len(".jsonl")] if output_file.endswith(".jsonl") else output_file) + ".decoded.jsonl"
+
+
+def summary_path(output_file: str) -> str:
+    return (output_file[: -len(".jsonl")] if output_file.endswith(".jsonl") else output_file) + ".summary.json"
+
+
+def _write_jsonl(records: Sequence[dict], path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+def generate_samples(args, rows: list[dict]) -> list[dict]:
+    """One record per (row, sample): the rendered prompt, the generated text and generation stats."""
+    generator = load_generator(args.backend, args.model_path, dtype=args.dtype, seed=args.seed,
+                               tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_model_len,
+                               kv_cache_gb=args.kv_cache_gb, gpu_memory_utilization=args.gpu_memory_utilization,
+                               batch_size=args.hf_batch_size)
+    prompts = [render_prompt(prepare_messages(r["prompt"], args.remove_system, args.system_prompt), args.template,
+                             generator.tokenizer) for r in rows]
+    print("example prompt:", repr(prompts[0][:2000]))
+    sampling = SamplingArgs(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens)
+    completions = generate_completions(generator, prompts, sampling, args.overlong_prompts)
+    samples = []
+    for row, prompt, comps in zip(rows, prompts, completions):
+        for j, comp in enumerate(comps):
+            samples.append({"data_source": row["data_source"], "index": row["index"], "row": row["row"], "sample": j,
+                            "prompt": prompt, "generated_text": comp.text, "ground_truth": row["ground_truth"],
+                            "finish_reason": comp.finish_reason, "num_tokens": comp.num_tokens})
+    return samples
+
+
+def load_decoded(path: str, expected: int) -> list[dict]:
+    samples = list(iter_jsonl(path))
+    if len(samples) != expected:
+        raise DataFormatError(path, f"has {len(samples)} samples, expected {expected} (rows x n); "
+                              "rerun with --force_generate True")
+    return samples
+
+
+def run(args) -> Optional[dict]:
+    """Generate (or reuse), grade, write outputs; returns the JSON summary (None with --skip_scoring)."""
+    if args.add_oat_evaluate or args.any_true:
+        args.grader = "both"
+    rows = select_rows(read_eval_table(args.input_file), args.max_rows, args.max_rows_per_source)
+    if not rows:
+        raise DataFormatError(args.input_file, "no rows to evaluate")
+    print(f"{len(rows)} rows x n={args.n}: temperature {args.temperature}, top_p {args.top_p}, "
+          f"max_tokens {args.max_tokens}, template {args.template}, remove_system {args.remove_system}")
+    dec_path = decoded_path(args.output_file)
+    t0 = time.time()
+    if args.force_generate or not os.path.exists(dec_path):
+        samples = generate_samples(args, rows)
+        _write_jsonl(samples, dec_path)
+    else:
+        print(f"reusing {dec_path} (--force_generate False)")
+        samples = load_decoded(dec_path, len(rows) * args.n)
+    gen_seconds = time.time() - t0
+    if args.skip_scoring:
+        print(f"decoded samples written to {dec_path}; scoring skipped")
+        return None
+    t1 = time.time()
+    grades = grade_samples(samples, args.grader, add_think_before_answer=args.add_think_before_answer,
+                           no_split_think=args.no_split_think, workers=args.grader_workers,
+                           timeout_s=args.grade_timeout,
+                           progress_bar=lambda it, total: progress(it, "grading", total, unit="sample"))
+    for sample, grade in zip(samples, grades):
+        sample.update(correct=grade.correct, grader=args.grader, answer=grade.answer, grade_status=grade.status)
+    _write_jsonl(samples, args.output_file)
+    summary = summarize(samples)
+    for line in report_lines(summary):
+        print(line)
+    finish = collections.Counter(s["finish_reason"] for s in samples)
+    statuses = collections.Counter(s["grade_status"] for s in samples)
+    print("grading outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    result = {
+        "input_file": args.input_file, "model_path": args.model_path, "output_file": args.output_file,
+        "rows": len(rows), "samples": len(samples), "grader": args.grader,
+        "sampling": {"n": args.n, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                     "max_tokens": args.max_tokens, "seed": args.seed},
+        "template": args.template, "remove_system": args.remove_system, "backend": args.backend,
+        "finish_reasons": dict(finish), "grade_status": dict(statuses), "overlong_prompts_skipped": finish.get("prompt_too_long", 0),
+        "mean_response_tokens": sum(s["num_tokens"] for s in samples) / len(samples),
+        "generation_seconds": round(gen_seconds, 2), "grading_seconds": round(time.time() - t1, 2),
+        **summary_to_json(summary),
+    }
+    with open(summary_path(args.output_file), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"samples: {args.output_file}; summary: {summary_path(args.output_file)}")
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

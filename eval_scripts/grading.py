@@ -1,0 +1,120 @@
+"""Grading of evaluation samples and off-policy traces with the project's graders (deepscaler.rewards).
+
+LUFFY's eval rule (LUFFY_SPEC §4.4): when the prompt opened ``<think>\\n`` (or
+``--add_think_before_answer``), the graded text is the part after the first ``</think>`` and a response
+without one is wrong; ``--no_split_think`` grades the whole response. The answer is then judged by
+math-verify, the rule-based grader, or either (``both``/``any``). Every call runs under a wall-clock
+limit (SIGALRM in the grading process's main thread; the scorers run math-verify with its own timers
+off) and timeouts / grader errors are counted, never silently folded into "wrong".
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+from typing import Callable, Iterable, Optional, Sequence
+
+from deepscaler.rewards.math_verify_reward import grade_solution
+
+THINK_OPEN = "<think>\n"
+THINK_CLOSE = "</think>"
+# ``both`` is this project's CLI name, ``any`` the scorer's; they mean the same.
+GRADERS = ("math_verify", "rule", "both", "any")
+DEFAULT_TIMEOUT_S = 10.0  # LUFFY's math-verify SIGALRM limit
+
+
+@dataclasses.dataclass(frozen=True)
+class GradeResult:
+    correct: bool
+    status: str  # ok | no_answer | no_think_close | timeout | error
+    answer: Optional[str] = None
+
+
+def scorer_grader_name(grader: str) -> str:
+    if grader not in GRADERS:
+        raise ValueError(f"unknown grader {grader!r}; valid: {', '.join(GRADERS)}")
+    return "any" if grader == "both" else grader
+
+
+def should_split_think(prompt: str, add_think_before_answer: bool = False, no_split_think: bool = False) -> bool:
+    """LUFFY's ``think_format``: the prompt opened a think block (or we are told to assume it)."""
+    return (prompt.endswith(THINK_OPEN) or add_think_before_answer) and not no_split_think
+
+
+def answer_region(text: str, split_think: bool) -> Optional[str]:
+    """The text to grade: between the first and second ``</think>`` when splitting, None if none."""
+    if not split_think:
+        return text
+    parts = text.split(THINK_CLOSE)
+    return parts[1] if len(parts) > 1 else None
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _with_timeout(fn: Callable, timeout_s: Optional[float]):
+    """Run ``fn()`` with a SIGALRM limit when we are a POSIX main thread (no limit otherwise)."""
+    usable = timeout_s and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        return fn()
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def grade_text(text: str, ground_truth, grader: str, split_think: bool,
+               timeout_s: Optional[float] = DEFAULT_TIMEOUT_S) -> GradeResult:
+    """Grade one response (or trace) against its ground truth."""
+    region = answer_region(text, split_think)
+    if region is None:
+        return GradeResult(False, "no_think_close")
+    name = scorer_grader_name(grader)
+    try:
+        result = _with_timeout(lambda: grade_solution(region, ground_truth, name), timeout_s)
+    except _Timeout:
+        return GradeResult(False, "timeout")
+    except Exception as err:  # a grader bug must not end a long eval; it is counted and reported
+        return GradeResult(False, f"error: {type(err).__name__}")
+    status = "no_answer" if result.parse_failed and not result.correct else "ok"
+    return GradeResult(bool(result.correct), status, result.answer)
+
+
+def _grade_task(task: tuple) -> GradeResult:
+    text, ground_truth, grader, split_think, timeout_s = task
+    return grade_text(text, ground_truth, grader, split_think, timeout_s)
+
+
+def grade_many(tasks: Sequence[tuple], workers: int = 1,
+               progress_bar: Optional[Callable[[Iterable, int], Iterable]] = None) -> list[GradeResult]:
+    """Grade ``(text, ground_truth, grader, split_think, timeout_s)`` tasks, in ``workers`` processes if > 1.
+
+    Worker processes are spawned (not forked): the caller may hold an inference engine's threads.
+    """
+    wrap = progress_bar or (lambda it, total: it)
+    if workers <= 1 or len(tasks) < 2 * workers:
+        return [_grade_task(t) for t in wrap(tasks, len(tasks))]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    chunk = max(1, min(64, len(tasks) // (8 * workers)))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(wrap(pool.map(_grade_task, tasks, chunksize=chunk), len(tasks)))
+
+
+def grade_samples(samples: Sequence[dict], grader: str, add_think_before_answer: bool = False,
+                  no_split_think: bool = False, workers: int = 1, timeout_s: Optional[float] = DEFAULT_TIMEOUT_S,
+                  progress_bar: Optional[Callable[[Iterable, int], Iterable]] = None) -> list[GradeResult]:
+    """Grade generate_vllm samples (``prompt``, ``generated_text``, ``ground_truth``) by LUFFY's eval rule."""
+    scorer_grader_name(grader)  # fail before any work on a bad name
+    tasks = [(s["generated_text"], s["ground_truth"], grader,
+              should_split_think(s["prompt"], add_think_before_answer, no_split_think), timeout_s) for s in samples]
+    return grade_many(tasks, workers, progress_bar)

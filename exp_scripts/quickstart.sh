@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Tiny LUFFY training on CPU in a few minutes: a tiny random Qwen2 learns the synthetic arithmetic task
+# from 1 teacher trace + 7 own samples per group, on 2 FSDP ranks (Ray actors), with LUFFY's loss
+# settings. Config: luffy_pool/config/tiny_cpu_luffy.yaml (on top of mix_ppo_trainer.yaml).
+#
+# Usage: bash exp_scripts/quickstart.sh [key=value ...]    e.g. trainer.total_training_steps=3
+# Steps: (1) exp_scripts/setup_venv.sh creates .venv when missing (skip with SKIP_SETUP=1);
+# (2) the tiny model and task are built into $QUICKSTART_DIR/{model,data} when missing
+# (default outputs/quickstart); (3) the trainer runs; extra arguments are Hydra overrides, appended last.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+VENV=${LUFFY_VENV:-.venv}
+OUT=$(mkdir -p "${QUICKSTART_DIR:-outputs/quickstart}" && cd "${QUICKSTART_DIR:-outputs/quickstart}" && pwd)
+
+if [ "${SKIP_SETUP:-0}" != "1" ]; then
+  bash exp_scripts/setup_venv.sh
+fi
+
+# One OpenMP thread per process (CPU_STACK.md: oversubscribed threads collapse throughput), Ray without
+# token auth or usage stats, vLLM's engine in-process.
+export OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
+export TOKENIZERS_PARALLELISM=false
+
+if [ ! -f "$OUT/model/config.json" ] || [ ! -f "$OUT/data/train.parquet" ] || [ ! -f "$OUT/data/test.parquet" ]; then
+  "$VENV/bin/python" -m luffy_pool.tiny --out "$OUT/model" --data "$OUT/data"
+fi
+
+exec "$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
+    actor_rollout_ref.model.path="$OUT/model" \
+    data.train_files="$OUT/data/train.parquet" \
+    data.val_files="$OUT/data/test.parquet" \
+    trainer.default_local_dir="$OUT/checkpoints" \
+    "$@"

@@ -1,0 +1,481 @@
+"""Validation of the trainer config: keys, value types, enum values, combinations and batch divisibility.
+
+It runs twice: on the command-line overrides before Hydra composes them (an unknown key is reported with
+the closest valid key instead of Hydra's struct error) and on the composed config before any worker
+starts. Every problem is one line that names the key. The schema is luffy_pool/config/mix_ppo_trainer.yaml.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from typing import Any, Iterator, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.utils.batch_sizes import (
+    BatchSizeError,
+    normalize_actor_batch_sizes,
+    optimizer_steps_per_training_step,
+    rows_per_rank,
+)
+from verl.utils.tracking import SUPPORTED_BACKENDS
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+BASE_CONFIG_NAME = "mix_ppo_trainer"
+
+_A = "actor_rollout_ref.actor"
+_R = "actor_rollout_ref.rollout"
+_REF = "actor_rollout_ref.ref"
+_NONE = type(None)
+
+# Keys absent from the YAML that may be added with `+` (LUFFY reads them with a default).
+OPTIONAL_KEYS = {"trainer.val_before_train": (bool,)}
+# Dict keys whose sub-keys are free-form (added with `+`).
+OPEN_DICT_KEYS = ("actor_rollout_ref.model.override_config",)
+# LUFFY YAML sections that are deliberately absent; their keys get this explanation instead of a guess.
+NOT_SHIPPED_SECTIONS = {
+    "critic": "the critic (value model) is not shipped; adv_estimator=gae is unsupported, use grpo",
+    "reward_model": "model-based reward workers are not shipped; use reward.* (rule grader or reward.orm judge)",
+}
+# Keys LUFFY parses but never acts on (spec §2.2 "Inert keys") or whose feature is not shipped: accepted at
+# the YAML default only, so LUFFY configs parse while a key never silently does nothing.
+_INERT = "the key is inert in LUFFY (read by no code path)"
+_ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
+_RM_ONLY = "it is only used by model-based reward workers, which are not shipped"
+_WRAP = "FSDP2 wraps each decoder layer; LUFFY's FSDP1 size-based wrap policy does not apply"
+INERT_KEYS = {
+    "data.return_raw_input_ids": _RM_ONLY,
+    "data.return_raw_chat": _RM_ONLY,
+    "data.filter_targets": _INERT,
+    "data.filter_accuracy": _ACC_REBATCH,
+    "data.accuracy_lower_bound": _ACC_REBATCH,
+    "data.accuracy_upper_bound": _ACC_REBATCH,
+    "data.add_tgt_with_acc": "it only changes use_sft_prefix_reward's group size in LUFFY and is not shipped",
+    "data.add_tgt_acc_upper_bound": _INERT,
+    f"{_A}.fsdp_config.wrap_policy.min_num_params": _WRAP,
+    f"{_REF}.fsdp_config.wrap_policy.min_num_params": _WRAP,
+    f"{_A}.use_sft_reward": _INERT,
+    f"{_A}.off_policy_cliprange": "LUFFY's token loss receives it but never uses it",
+    f"{_A}.use_off_policy_clip": _INERT,
+    f"{_A}.debug": _INERT,
+    f"{_A}.use_target_lst": _INERT,
+    f"{_R}.prefix_linear_max_var": _INERT,
+    f"{_R}.prefix_reward_strategy": _INERT,
+    "algorithm.surprisal_base": _INERT,
+    "trainer.rejection_sample": _INERT,
+    "trainer.rejection_sample_multiplier": _INERT,
+    "trainer.debug": "LUFFY's breakpoint() switch is not shipped",
+    "trainer.add_full_target_when_none": "it is a no-op branch in LUFFY",
+    "trainer.skip_valid_mask": "it only affects LUFFY's unused valid_mask",
+    "trainer.acc_rebatch": "LUFFY's accuracy-rebatching trainer (mix_trainer_acc_rebatch) is not shipped",
+    "trainer.skip_by_step": _INERT,
+}
+# Types of keys whose YAML default (null, ??? or an alternative form) does not say their type.
+EXPLICIT_TYPES = {
+    "data.tokenizer": (str, _NONE),
+    "data.train_files": (str, list),
+    "data.val_files": (str, list, _NONE),
+    "data.off_policy_files": (list, str),
+    "data.val_max_rows": (int, _NONE),
+    "actor_rollout_ref.model.path": (str,),
+    "actor_rollout_ref.model.external_lib": (str, _NONE),
+    f"{_A}.ppo_micro_batch_size": (int, _NONE),
+    f"{_A}.ppo_micro_batch_size_per_gpu": (int, _NONE),
+    f"{_A}.optim.min_lr_ratio": (float, _NONE),
+    f"{_R}.log_prob_micro_batch_size": (int, _NONE),
+    f"{_REF}.log_prob_micro_batch_size": (int, _NONE),
+    "reward.orm.base_url": (str, _NONE),
+    "reward.orm.model": (str, _NONE),
+    "reward.orm.cache_path": (str, _NONE),
+    "trainer.total_training_steps": (int, _NONE),
+    "trainer.logger": (list, str),
+    "trainer.default_hdfs_dir": (str, _NONE),
+    "trainer.resume_from_path": (str, _NONE),
+    "trainer.rollout_data_dir": (str, _NONE),
+    "ray_init.address": (str, _NONE),
+    "ray_init.num_cpus": (int, _NONE),
+}
+
+KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
+DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+# Valid values per key; list-valued keys are checked element by element.
+ENUMS = {
+    "algorithm.adv_estimator": ("grpo", "grpo_split", "reinforce", "reinforce_plus_plus"),
+    "algorithm.kl_penalty": KL_ESTIMATORS,
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "actor_rollout_ref.model.attn_implementation": ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3"),
+    f"{_A}.strategy": ("fsdp", "fsdp2"),
+    f"{_A}.kl_loss_type": KL_ESTIMATORS,
+    f"{_A}.off_policy_loss_impl": ("token",),
+    f"{_A}.off_policy_reshape": (
+        "no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5"),
+    f"{_A}.on_policy_reshape": ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5"),
+    f"{_A}.optim.warmup_style": ("constant", "cosine"),
+    f"{_A}.on_nonfinite": ("skip", "stop"),
+    f"{_A}.checkpoint.contents": ("model", "optimizer", "extra"),
+    f"{_A}.fsdp_config.param_dtype": ("auto",) + DTYPES,
+    f"{_A}.fsdp_config.reduce_dtype": DTYPES,
+    f"{_R}.name": ("vllm", "hf"),
+    f"{_R}.dtype": ("auto",) + DTYPES,
+    f"{_R}.load_format": ("dummy_dtensor", "dummy", "dtensor", "auto", "hf", "safetensors"),
+    f"{_R}.prefix_strategy": ("random", "fixed", "linear", "linear_max", "reverse_linear"),
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.logger": SUPPORTED_BACKENDS,
+}
+# Values that exist in LUFFY but are not shipped: a specific explanation instead of the enum list.
+UNSUPPORTED_VALUES = {
+    ("algorithm.adv_estimator", "gae"): "needs a critic (value model), which is not shipped; use grpo",
+    (f"{_A}.off_policy_loss_impl", "seq"): "is not implemented in LUFFY either; use token",
+}
+# Switches that must stay False (True names a feature that is not shipped), with the reason.
+REJECTED_WHEN_TRUE = {
+    "reward_model.enable": "model-based reward workers are not shipped; use reward.orm for a judge",
+    f"{_A}.fsdp_config.grad_offload": "FSDP2 keeps gradients with their parameters; use param_offload",
+    f"{_A}.off_policy_normalize": "it only feeds LUFFY's unimplemented seq loss",
+}
+POSITIVE_INTS = (
+    "data.train_batch_size", "data.val_batch_size", "data.max_prompt_length", "data.max_response_length",
+    "data.val_max_rows", f"{_A}.ppo_mini_batch_size", f"{_A}.ppo_epochs", f"{_A}.ppo_max_token_len_per_gpu",
+    f"{_R}.n", f"{_R}.n_val", f"{_R}.max_prefix_len", f"{_R}.tensor_model_parallel_size", f"{_R}.max_num_batched_tokens",
+    f"{_R}.max_num_seqs", f"{_R}.hf_micro_batch_size", f"{_R}.log_prob_max_token_len_per_gpu", f"{_R}.prefix_steps",
+    f"{_R}.cpu_kv_cache_bytes", f"{_R}.weight_sync_bucket_mb", f"{_REF}.log_prob_max_token_len_per_gpu",
+    "reward.num_workers", "trainer.total_epochs", "trainer.total_training_steps", "trainer.nnodes",
+    "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus",
+)
+UNIT_INTERVAL = (
+    "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",
+    f"{_A}.optim.lr_warmup_steps_ratio", f"{_A}.optim.min_lr_ratio",
+)
+OPEN_UNIT_INTERVAL = (f"{_R}.gpu_memory_utilization", f"{_R}.top_p")
+POSITIVE_NUMBERS = (
+    f"{_R}.temperature", f"{_A}.clip_ratio", f"{_A}.grad_clip", "reward.timeout_s", "reward.orm.timeout_s",
+    "reward.orm.requests_per_second",
+)
+NON_NEGATIVE_NUMBERS = (
+    f"{_A}.optim.lr", f"{_A}.optim.weight_decay", f"{_A}.entropy_coeff", f"{_A}.kl_loss_coef", f"{_A}.sft_loss_coef",
+    f"{_A}.ppo_kl_loss_coef", f"{_A}.alpha_lr", "algorithm.kl_ctrl.kl_coef", f"{_R}.val_temperature",
+    "trainer.critic_warmup", "data.dataloader_num_workers", "reward.orm.max_retries", "trainer.val_generations_to_log",
+)
+# -1 switches these off; otherwise they must be positive.
+MINUS_ONE_OR_POSITIVE = (
+    f"{_A}.off_policy_max_clip", f"{_A}.off_policy_min_clip", f"{_A}.all_max_clip", f"{_A}.adaptive_temperature_clip",
+    f"{_A}.fsdp_config.fsdp_size", "trainer.save_freq", "trainer.test_freq",
+)
+
+
+class ConfigError(ValueError):
+    """One or more config problems; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+@functools.lru_cache(maxsize=1)
+def _schema() -> dict:
+    cfg = OmegaConf.load(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"))
+    cfg.pop("hydra", None)
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every (dotted path, value) of a nested dict, dict nodes included, depth first."""
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        yield path, value
+        if isinstance(value, dict) and path not in OPEN_DICT_KEYS:
+            yield from _walk(value, path + ".")
+
+
+@functools.lru_cache(maxsize=1)
+def schema_defaults() -> dict[str, Any]:
+    """Dotted key -> YAML default for every key of mix_ppo_trainer.yaml (dict nodes included)."""
+    return dict(_walk(_schema()))
+
+
+def schema_leaf_keys() -> list[str]:
+    """Dotted keys of the YAML's values (not sections); open dicts count as values."""
+    return [k for k, v in schema_defaults().items() if not isinstance(v, dict) or k in OPEN_DICT_KEYS]
+
+
+def expected_types(key: str) -> tuple[type, ...]:
+    """Accepted Python types of a key's value (bool, int, float, str, list, dict, NoneType)."""
+    if key in EXPLICIT_TYPES:
+        return EXPLICIT_TYPES[key]
+    if key in OPTIONAL_KEYS:
+        return OPTIONAL_KEYS[key]
+    default = schema_defaults()[key]
+    if default is None:
+        raise KeyError(f"{key} has a null default and no entry in EXPLICIT_TYPES")
+    return (type(default),)
+
+
+def _under_open_dict(key: str) -> bool:
+    return any(key.startswith(k + ".") for k in OPEN_DICT_KEYS)
+
+
+def suggest_key(key: str) -> Optional[str]:
+    """The closest valid key: same last segment in another section first, then the whole dotted path,
+    then the last segment alone."""
+    candidates = schema_leaf_keys() + list(OPTIONAL_KEYS)
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return max(same_leaf, key=lambda c: difflib.SequenceMatcher(None, key, c).ratio())
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    by_leaf = {}
+    for cand in candidates:
+        by_leaf.setdefault(cand.rsplit(".", 1)[-1], cand)
+    close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
+    return by_leaf[close[0]] if close else None
+
+
+def unknown_key_message(key: str, plus: bool = False) -> str:
+    """One line for a key the schema does not have, naming the closest valid key."""
+    section = key.split(".", 1)[0]
+    if section in NOT_SHIPPED_SECTIONS and key not in schema_defaults():
+        return f"Unknown config key '{key}': {NOT_SHIPPED_SECTIONS[section]}"
+    msg = f"Unknown config key '{key}'"
+    guess = suggest_key(key)
+    if guess:
+        msg += f"; did you mean '{guess}'?"
+    if plus:
+        msg += f" ('+' only adds {', '.join(OPTIONAL_KEYS)} and {OPEN_DICT_KEYS[0]}.<field>)"
+    return msg
+
+
+def classify_key(key: str) -> Optional[str]:
+    """'schema', 'optional' (+-addable), 'open' (inside an open dict) or None (unknown)."""
+    if key in schema_defaults():
+        return "schema"
+    if key in OPTIONAL_KEYS:
+        return "optional"
+    if _under_open_dict(key):
+        return "open"
+    return None
+
+
+def prepare_overrides(overrides: list[str]) -> list[str]:
+    """Check command-line overrides against the schema and return them normalised for Hydra.
+
+    Unknown keys raise ConfigError (all of them, one line each, with the closest key). Accepted forms are
+    rewritten so Hydra never refuses them: `+key` / `++key` of a YAML key become `key` (LUFFY scripts
+    `+`-add keys that our YAML now declares), optional and open-dict keys become `++key`. Hydra's own
+    keys (`hydra.*`, `hydra/...`) pass through untouched.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise ConfigError([f"Cannot parse override: {exc}".splitlines()[0]]) from exc
+    errors, prepared = [], []
+    for ov in parsed:
+        key, line = ov.key_or_group, ov.input_line
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            prepared.append(line)
+            continue
+        if ov.package is not None:
+            errors.append(f"Package overrides are not supported: '{line}'")
+            continue
+        if ov.type == OverrideType.DEL:
+            errors.append(f"Deleting config keys is not supported: '{line}'")
+            continue
+        kind = classify_key(key)
+        if kind is None:
+            errors.append(unknown_key_message(key, plus=ov.type != OverrideType.CHANGE))
+            continue
+        body = line.lstrip("+")
+        prepared.append(body if kind == "schema" else "++" + body)
+    if errors:
+        raise ConfigError(errors)
+    return prepared
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    for t in types:
+        if t is _NONE and value is None:
+            return True
+        if t is bool and isinstance(value, bool):
+            return True
+        if t in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if t is float or isinstance(value, int):
+                return True
+        if t in (str, list, dict) and isinstance(value, t):
+            return True
+    return False
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is _NONE else t.__name__ for t in types)
+
+
+class _Checker:
+    """Collects one-line errors while the rules read the resolved config by dotted key."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.values = values
+        self.errors: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def fail(self, msg: str) -> None:
+        self.errors.append(msg)
+
+    def structure(self) -> None:
+        """Unknown keys, missing keys, required values and types."""
+        schema = schema_defaults()
+        for key, value in self.values.items():
+            kind = classify_key(key)
+            if kind is None:
+                self.fail(unknown_key_message(key))
+            elif kind == "open" or (kind == "schema" and isinstance(schema[key], dict)):
+                continue
+            elif value == "???":
+                self.fail(f"'{key}' is required (no default); pass {key}=...")
+            elif not _type_ok(value, expected_types(key)):
+                self.fail(f"'{key}' must be {_type_names(expected_types(key))}, got {value!r}")
+        for key in schema_leaf_keys():
+            if key not in self.values and not any(key.startswith(p + ".") for p in OPEN_DICT_KEYS):
+                self.fail(f"Missing config key '{key}' (it is in {BASE_CONFIG_NAME}.yaml)")
+
+    def values_and_ranges(self) -> None:
+        schema = schema_defaults()
+        for key, why in INERT_KEYS.items():
+            if self.get(key) != schema[key]:
+                self.fail(f"'{key}'={self.get(key)!r} is not supported ({why}); only {schema[key]!r} is accepted")
+        for key, why in REJECTED_WHEN_TRUE.items():
+            if self.get(key) is True:
+                self.fail(f"'{key}'=True is not supported: {why}")
+        for key, choices in ENUMS.items():
+            for value in self.get(key) if isinstance(self.get(key), list) else [self.get(key)]:
+                if (key, value) in UNSUPPORTED_VALUES:
+                    self.fail(f"'{key}'={value!r} is not supported: {UNSUPPORTED_VALUES[(key, value)]}")
+                elif value not in choices:
+                    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    self.fail(f"'{key}'={value!r} is not one of: {', '.join(choices)}{hint}")
+        self._range(POSITIVE_INTS, lambda v: v >= 1, "must be >= 1")
+        self._range(UNIT_INTERVAL, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
+        self._range(OPEN_UNIT_INTERVAL, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
+        self._range(POSITIVE_NUMBERS, lambda v: v > 0, "must be > 0")
+        self._range(NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "must be >= 0")
+        self._range(MINUS_ONE_OR_POSITIVE, lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")
+        self._range((f"{_R}.top_k",), lambda v: v >= -1, "must be -1 (off), 0 (off, hf) or > 0")
+        betas = self.get(f"{_A}.optim.betas")
+        if not (isinstance(betas, list) and len(betas) == 2 and all(_type_ok(b, (float,)) and 0 <= b < 1 for b in betas)):
+            self.fail(f"'{_A}.optim.betas' must be two numbers in [0, 1), got {betas!r}")
+
+    def _range(self, keys: tuple[str, ...], ok, what: str) -> None:
+        for key in keys:
+            value = self.get(key)
+            if value is not None and not ok(value):
+                self.fail(f"'{key}'={value!r} {what}")
+
+    def combinations(self) -> None:
+        get = self.get
+        if get("actor_rollout_ref.hybrid_engine") is False:
+            self.fail("'actor_rollout_ref.hybrid_engine'=False is not supported: actor, rollout and ref share "
+                      "one worker per rank (the only mode LUFFY runs)")
+        sp_keys = (f"{_A}.ulysses_sequence_parallel_size", f"{_REF}.ulysses_sequence_parallel_size")
+        for key in sp_keys[:1] if get(sp_keys[0]) == get(sp_keys[1]) else sp_keys:  # ref follows the actor
+            if get(key, 1) > 1:
+                self.fail(f"'{key}'={get(key)} is not supported: Ulysses sequence parallelism is not shipped; use 1")
+        if get(f"{_A}.use_sft_multitask_loss"):
+            if get(f"{_A}.use_off_policy_loss"):
+                self.fail(f"'{_A}.use_sft_multitask_loss'=True cannot be combined with '{_A}.use_off_policy_loss'=True")
+            if get("algorithm.adv_estimator") != "grpo_split":
+                self.fail(f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
+                          f"(on-policy advantages without the off-policy rows), got {get('algorithm.adv_estimator')!r}")
+        if get(f"{_A}.use_sft_prefix_reward") and get(f"{_R}.n_prefix") != -1:
+            self.fail(f"'{_A}.use_sft_prefix_reward'=True needs '{_R}.n_prefix'=-1, got {get(f'{_R}.n_prefix')}")
+        if get(f"{_A}.use_off_policy_probs") and not (get(f"{_A}.use_off_policy_loss") and get("data.off_policy_files")):
+            self.fail(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True and behaviour "
+                      "log-probs from 'data.off_policy_files'")
+        if get(f"{_A}.use_adaptive_temperature_fixed") and not get(f"{_A}.use_adaptive_temperature"):
+            self.fail(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
+        use_ref = get(f"{_REF}.use_ref")
+        if get(f"{_A}.use_kl_loss") and not use_ref:
+            self.fail(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy)")
+        if not get(f"{_A}.use_kl_loss") and get("algorithm.kl_ctrl.kl_coef", 0) > 0 and not use_ref:
+            self.fail(f"'algorithm.kl_ctrl.kl_coef'={get('algorithm.kl_ctrl.kl_coef')} (KL-in-reward) needs "
+                      f"'{_REF}.use_ref'=True; set it to 0.0 without a reference model")
+        if get("algorithm.kl_ctrl.type") == "adaptive" and not get("algorithm.kl_ctrl.horizon", 0) > 0:
+            self.fail("'algorithm.kl_ctrl.horizon' must be > 0 with algorithm.kl_ctrl.type=adaptive")
+        n, n_prefix = get(f"{_R}.n"), get(f"{_R}.n_prefix")
+        if n_prefix != -1 and not 0 <= n_prefix <= n:
+            self.fail(f"'{_R}.n_prefix'={n_prefix} must be -1 (all slots) or in [0, rollout.n={n}]")
+        if get(f"{_R}.min_prefix_ratio") > get(f"{_R}.max_prefix_ratio"):
+            self.fail(f"'{_R}.min_prefix_ratio'={get(f'{_R}.min_prefix_ratio')} exceeds "
+                      f"'{_R}.max_prefix_ratio'={get(f'{_R}.max_prefix_ratio')}")
+        for rollout_key, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
+            if get(f"{_R}.{rollout_key}") != get(f"data.{data_key}"):
+                self.fail(f"'{_R}.{rollout_key}'={get(f'{_R}.{rollout_key}')} must equal 'data.{data_key}'="
+                          f"{get(f'data.{data_key}')} (leave it as the ${{data.{data_key}}} interpolation)")
+        mode = get("trainer.resume_mode")
+        if mode not in ("auto", "disable", "resume_path") and "global_step_" not in mode:
+            self.fail(f"'trainer.resume_mode'={mode!r} must be auto, disable, resume_path or a .../global_step_N path")
+        if mode == "resume_path" and not get("trainer.resume_from_path"):
+            self.fail("'trainer.resume_mode'=resume_path needs 'trainer.resume_from_path'")
+
+    def batch_sizes(self) -> None:
+        get = self.get
+        world = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
+        n, sp = get(f"{_R}.n"), get(f"{_A}.ulysses_sequence_parallel_size", 1)
+        actor = {k[len(_A) + 1:]: v for k, v in self.values.items() if k.startswith(_A + ".")}
+        try:
+            rows_per_rank(get("data.train_batch_size"), n, world)
+            sizes = normalize_actor_batch_sizes(actor, n, world, sp)
+            optimizer_steps_per_training_step(get("data.train_batch_size"), n, world,
+                                              sizes["ppo_mini_batch_size_per_rank"], get(f"{_A}.ppo_epochs"), sp)
+        except BatchSizeError as exc:
+            self.fail(str(exc))
+        for section, enabled in ((_R, True), (_REF, get(f"{_REF}.use_ref"))):
+            micro = get(f"{section}.log_prob_micro_batch_size")
+            if enabled and not get(f"{section}.log_prob_use_dynamic_bsz"):
+                if micro is None or micro < world // sp:
+                    self.fail(f"'{section}.log_prob_micro_batch_size'={micro} must be >= the {world // sp} "
+                              "data-parallel ranks (or enable log_prob_use_dynamic_bsz)")
+        tp = get(f"{_R}.tensor_model_parallel_size")
+        if get(f"{_R}.name") == "vllm" and world % tp:
+            self.fail(f"'{_R}.tensor_model_parallel_size'={tp} must divide the world size {world} "
+                      "(trainer.nnodes * trainer.n_gpus_per_node)")
+
+
+def _flatten(cfg: DictConfig) -> dict[str, Any]:
+    """Dotted key -> resolved value; interpolation failures become ConfigError lines naming the key."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    container = OmegaConf.to_container(cfg, resolve=False)
+    container.pop("hydra", None)  # Hydra's own node (only present with return_hydra_config)
+    try:
+        container = OmegaConf.to_container(OmegaConf.create(container), resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError([f"Cannot resolve config key '{key}': {str(exc).splitlines()[0]}"]) from exc
+    return dict(_walk(container))
+
+
+def validate_config(cfg: DictConfig) -> list[str]:
+    """All problems of a composed config, one line each naming the key (empty list = valid)."""
+    checker = _Checker(_flatten(cfg))
+    checker.structure()
+    if checker.errors:  # the value rules below assume every key is present with its type
+        return checker.errors
+    checker.values_and_ranges()
+    checker.combinations()
+    checker.batch_sizes()
+    return checker.errors
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError listing every problem of the composed config."""
+    errors = validate_config(cfg)
+    if errors:
+        raise ConfigError(errors)

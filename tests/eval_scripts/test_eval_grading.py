@@ -1,0 +1,57 @@
+"""eval_scripts/grading.py: LUFFY's think split, grader selection, counted timeouts and errors."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import eval_scripts.grading as grading
+from eval_scripts.grading import answer_region, grade_many, grade_samples, grade_text, should_split_think
+
+
+def test_think_split_follows_luffy():
+    assert should_split_think("<|im_start|>assistant\n<think>\n")
+    assert not should_split_think("<|im_start|>assistant\n")
+    assert should_split_think("assistant\n", add_think_before_answer=True)
+    assert not should_split_think("<think>\n", no_split_think=True)
+    assert answer_region("a</think>b</think>c", True) == "b"  # between the first and second </think>
+    assert answer_region("no close tag \\boxed{1}", True) is None
+    assert answer_region("whole", False) == "whole"
+
+
+@pytest.mark.parametrize("grader", ["math_verify", "rule", "both"])
+def test_graders_agree_on_clear_cases(grader):
+    assert grade_text("x</think>\nThe answer is \\boxed{\\frac{1}{2}}.", "0.5", grader, True).correct
+    assert not grade_text("x</think>\n\\boxed{3}", "4", grader, True).correct
+    missing = grade_text("\\boxed{4} but the think block never closes", "4", grader, True)
+    assert (missing.correct, missing.status) == (False, "no_think_close")
+
+
+def test_unknown_grader_is_rejected():
+    with pytest.raises(ValueError, match="unknown grader"):
+        grade_samples([], "oat")
+
+
+def test_slow_grader_times_out_and_is_counted(monkeypatch):
+    def slow(*args, **kwargs):
+        time.sleep(5)
+
+    monkeypatch.setattr(grading, "grade_solution", slow)
+    t0 = time.time()
+    result = grade_text("</think>\\boxed{1}", "1", "rule", True, timeout_s=0.2)
+    assert (result.correct, result.status) == (False, "timeout") and time.time() - t0 < 3
+
+
+def test_grader_exception_is_counted_not_hidden(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(grading, "grade_solution", broken)
+    assert grade_text("</think>\\boxed{1}", "1", "rule", True).status == "error: RuntimeError"
+
+
+def test_process_pool_gives_the_same_grades_as_in_process():
+    tasks = [(f"</think>\\boxed{{{i % 3}}}", "1", "rule", True, 10.0) for i in range(12)]
+    serial = grade_many(tasks, workers=1)
+    assert [g.correct for g in serial] == [i % 3 == 1 for i in range(12)]
+    assert grade_many(tasks, workers=2) == serial

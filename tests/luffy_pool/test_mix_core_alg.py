@@ -1,0 +1,421 @@
+"""LUFFY's mixed advantage, post-processing, token on/off-policy loss, SFT losses and adaptive entropy
+coefficient, pinned with hand-computed values and autograd of direct formulas (spec §1.7, §1.9, §8.3-4)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from luffy_pool import mix_core_alg as mca
+from verl.trainer.ppo import core_algos as ca
+
+LN = math.log
+
+
+def _scalar_case(log_prob: float, old_log_prob: float, adv: float, prefix: bool):
+    """One valid token: returns (old, log_prob leaf, adv, mask, prefix_mask) of shape [1, 1]."""
+    lp = torch.tensor([[log_prob]], requires_grad=True)
+    return torch.tensor([[old_log_prob]]), lp, torch.tensor([[adv]]), torch.ones(1, 1), torch.tensor([[prefix]])
+
+
+def _token_loss(old, lp, adv, mask, prefix, **kwargs):
+    kwargs.setdefault("cliprange", 0.2)
+    kwargs.setdefault("clip_upper_bound", 1.0)
+    kwargs.setdefault("off_cliprange", 0.2)
+    return mca.compute_token_on_off_policy_loss(old, lp, adv, mask, prefix_mask=prefix, **kwargs)
+
+
+# ---------------------------------------------------------------- registration
+def test_importing_mix_core_alg_registers_estimator_and_losses():
+    assert ca.get_adv_estimator_fn("grpo_split") is mca.compute_grpo_outcome_advantage_split
+    assert ca.get_policy_loss_fn("luffy_token") is mca.compute_token_on_off_policy_loss
+    assert ca.get_policy_loss_fn("sft_multitask") is mca.compute_sft_multitask_loss
+
+
+# ---------------------------------------------------------------- grpo_split
+def _group(scores, width=2):
+    rewards = torch.zeros(len(scores), width)
+    rewards[:, -1] = torch.tensor(scores, dtype=torch.float32)
+    return rewards, torch.ones(len(scores), width)
+
+
+def test_grpo_split_statistics_exclude_off_policy_rows():
+    # row 0 off-policy (score 1); on-policy rows score 1, 0, 0: mu_on = 1/3
+    rewards, mask = _group([1, 1, 0, 0])
+    on = torch.tensor([False, True, True, True])
+    adv, returns = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u"] * 4, on, use_std=False)
+    assert torch.allclose(adv[:, 0], torch.tensor([2 / 3, 2 / 3, -1 / 3, -1 / 3]))
+    assert torch.equal(adv, returns)
+    # with std: unbiased sigma_on = sqrt((4/9 + 1/9 + 1/9)/2) = sqrt(1/3) = 0.577350
+    adv, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u"] * 4, on, use_std=True)
+    assert torch.allclose(adv[:, 0], torch.tensor([1.154700, 1.154700, -0.577350, -0.577350]), atol=1e-5)
+
+
+def test_grpo_split_zero_std_becomes_one_and_off_rows_get_score_minus_mean():
+    # on-policy rows all 0 -> mu 0, sigma 0 -> 1; off row: (1 - 0)/(1 + 1e-6)
+    rewards, mask = _group([1, 0, 0, 0])
+    on = torch.tensor([False, True, True, True])
+    adv, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u"] * 4, on)
+    assert torch.allclose(adv[:, 0], torch.tensor([1 / (1 + 1e-6), 0.0, 0.0, 0.0]))
+
+
+def test_grpo_split_single_on_policy_row_uses_mean_zero_std_one():
+    rewards, mask = _group([1.0, 0.5])
+    adv, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u", "u"], torch.tensor([False, True]),
+                                                      use_std=False)
+    assert torch.allclose(adv[:, 0], torch.tensor([1.0, 0.5]))
+
+
+def test_grpo_split_equals_grpo_when_every_row_is_on_policy():
+    rewards, mask = _group([1, 0, 1, 1, 0, 0])
+    index = ["a", "a", "a", "b", "b", "b"]
+    split, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, index, torch.ones(6, dtype=torch.bool))
+    plain, _ = ca.compute_grpo_outcome_advantage(rewards, mask, index)
+    assert torch.allclose(split, plain)
+
+
+def test_grpo_split_group_without_on_policy_row_is_an_error():
+    rewards, mask = _group([1, 0])
+    with pytest.raises(ValueError, match="group 'lonely' has no row"):
+        mca.compute_grpo_outcome_advantage_split(rewards, mask, ["lonely"] * 2, torch.tensor([False, False]))
+
+
+# ---------------------------------------------------------------- advantage post-processing
+def test_prefix_reward_weights_scale_prefix_and_non_prefix_tokens():
+    adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    prefix = torch.tensor([[True, False], [False, False]])
+    # alpha 0.5 on prefix tokens, beta 2 elsewhere
+    out = mca.apply_prefix_reward_weights(adv, prefix, alpha=0.5, beta=2.0)
+    assert torch.equal(out, torch.tensor([[0.5, 2.0], [4.0, 4.0]]))
+
+
+def test_truncated_rows_without_eos_get_zero_advantage():
+    adv = torch.ones(3, 3)
+    responses = torch.tensor([[5, 6, 7], [5, 2, 0], [5, 6, 0]])
+    # row 0: 3 non-pad tokens (= max length) and no EOS -> zeroed; row 1 has EOS; row 2 is short
+    out = mca.zero_truncated_advantages(adv, responses, pad_token_id=0, eos_token_id=2, max_response_length=3)
+    assert torch.equal(out, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
+    # with 7 also an EOS id, row 0 ended properly
+    out = mca.zero_truncated_advantages(adv, responses, pad_token_id=0, eos_token_id=[2, 7], max_response_length=3)
+    assert torch.equal(out, torch.ones(3, 3))
+
+
+def test_sft_prefix_reward_sets_prefix_tokens_to_weight_over_n():
+    adv = torch.tensor([[-0.5, -0.5, -0.5]])
+    out = mca.apply_sft_prefix_reward(adv, torch.tensor([[True, True, False]]), sft_prefix_reward_weight=1.0,
+                                      n_samples=8)
+    assert torch.equal(out, torch.tensor([[0.125, 0.125, -0.5]]))
+
+
+# ---------------------------------------------------------------- token loss: one token by hand
+# l = ln 0.6, l_old = ln 0.5 (d = ln 1.2), A = 1, no clip, token mean over one token:
+# loss = -rho, d loss / d l = -d rho / d l
+ON_HAND = {
+    "no_reshape": (1.2, 1.2),
+    "logp": (LN(1.2), 1.0),
+    "p_logp": (1.2 + 0.1 * LN(1.2), 1.2 + 0.1),                  # w = 0.1
+    "square_root": (math.sqrt(1.2), 0.5 * math.sqrt(1.2)),
+    "pow": (1.44, 2 * 1.44),                                      # e = 2
+    "p_div_p_0.1": ((0.6 / 0.7) / (0.5 / 0.6), (0.6 / 0.7) / (0.5 / 0.6) * 0.1 / 0.7),  # 1.028571, 0.146939
+    "p_div_p_0.5": ((0.6 / 1.1) / 0.5, (0.6 / 1.1) / 0.5 * 0.5 / 1.1),                  # 1.090909, 0.495868
+}
+
+
+@pytest.mark.parametrize("reshape", list(ON_HAND))
+def test_on_policy_reshape_single_token_by_hand(reshape):
+    old, lp, adv, mask, prefix = _scalar_case(LN(0.6), LN(0.5), 1.0, prefix=False)
+    out = _token_loss(old, lp, adv, mask, prefix, on_policy_reshape=reshape, on_policy_reshape_weight=0.1,
+                      on_policy_reshape_pow_exp=2.0, loss_remove_clip=True)
+    rho, drho = ON_HAND[reshape]
+    out["pg_loss"].backward()
+    assert out["pg_loss"].item() == pytest.approx(-rho, abs=1e-6)
+    assert out["on_pg_loss"].item() == pytest.approx(-rho, abs=1e-6)
+    assert lp.grad.item() == pytest.approx(-drho, abs=1e-6)
+
+
+# l = ln 0.5 (p = 0.5), A = 1, w = 0.1, e = 2: loss = -f(p), d loss / d l = -p f'(p)
+OFF_HAND = {
+    "no_reshape": (0.5, 0.5),
+    "logp": (0.1 * LN(0.5), 0.1),                                 # -0.0693147
+    "p_logp": (0.5 + 0.1 * LN(0.5), 0.5 + 0.1),                   # 0.4306853
+    "square_root": (math.sqrt(0.5), 0.5 * math.sqrt(0.5)),       # 0.707107, 0.353553
+    "pow": (0.25, 0.5),
+    "p_div_p_0.1": (0.5 / 0.6, 0.1 * 0.5 / 0.6 ** 2),            # 0.833333, gamma p/(p+gamma)^2 = 0.138889
+    "p_div_p_0.3": (0.5 / 0.8, 0.3 * 0.5 / 0.8 ** 2),            # 0.625, 0.234375
+    "p_div_p_0.5": (0.5, 0.5 * 0.5 / 1.0),                        # 0.5, 0.25
+}
+
+
+@pytest.mark.parametrize("reshape", list(OFF_HAND))
+def test_off_policy_reshape_single_token_by_hand(reshape):
+    # old log-prob is irrelevant for off-policy tokens: set it far away to prove it
+    old, lp, adv, mask, prefix = _scalar_case(LN(0.5), -9.0, 1.0, prefix=True)
+    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape=reshape, off_policy_reshape_weight=0.1,
+                      off_policy_reshape_pow_exp=2.0)
+    f, df = OFF_HAND[reshape]
+    out["pg_loss"].backward()
+    assert out["pg_loss"].item() == pytest.approx(-f, abs=1e-6)
+    assert out["off_pg_loss"].item() == pytest.approx(-f, abs=1e-6)
+    assert out["off_ratio_mean"].item() == pytest.approx(f, abs=1e-6)
+    assert lp.grad.item() == pytest.approx(-df, abs=1e-6)
+
+
+# ---------------------------------------------------------------- token loss vs a direct formula
+def _direct_loss(old, lp, adv, mask, prefix, on_reshape, off_reshape, clip, remove_token_mean,
+                 eps=0.2, clip_upper_bound=1.0, w=0.1, e=0.5):
+    """The §1.9 loss written out with probabilities instead of log-ratios."""
+    p, p_old = lp.exp(), old.exp()
+    shaped = lambda x, g: x / (x + g)  # noqa: E731
+    rho = {
+        "no_reshape": p / p_old, "logp": lp - old, "p_logp": p / p_old + w * (lp - old),
+        "square_root": (p / p_old) ** 0.5, "pow": (p / p_old) ** e,
+        "p_div_p_0.1": shaped(p, 0.1) / shaped(p_old, 0.1), "p_div_p_0.5": shaped(p, 0.5) / shaped(p_old, 0.5),
+    }[on_reshape]
+    f = {
+        "no_reshape": p, "logp": w * lp, "p_logp": p + w * lp, "square_root": p ** 0.5, "pow": p ** e,
+        "p_div_p_0.1": shaped(p, 0.1), "p_div_p_0.3": shaped(p, 0.3), "p_div_p_0.5": shaped(p, 0.5),
+    }[off_reshape]
+    loss_on = -adv * rho
+    if clip:
+        loss_on = torch.maximum(loss_on, -adv * rho.clamp(1 - eps, max(clip_upper_bound, 1 + eps)))
+    per_token = prefix.float() * (-adv * f) + (1 - prefix.float()) * loss_on
+    denominator = mask.shape[-1] if remove_token_mean else mask.sum()
+    return (per_token * mask).sum() / denominator
+
+
+def _mixed_batch():
+    """Row 0: full off-policy trace; row 1: on-policy; row 2: 2-token prefix then on-policy. Width 4."""
+    lp = torch.log(torch.tensor([[0.5, 0.3, 0.8, 0.2], [0.6, 0.35, 0.9, 0.15], [0.4, 0.7, 0.25, 0.5]]))
+    old = torch.log(torch.tensor([[0.4, 0.3, 0.7, 0.5], [0.4, 0.45, 0.85, 0.3], [0.5, 0.6, 0.3, 0.5]]))
+    adv = torch.tensor([[0.875] * 4, [-0.125] * 4, [0.5] * 4])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    prefix = torch.tensor([[True, True, True, False], [False] * 4, [True, True, False, False]])
+    return old, lp.requires_grad_(True), adv, mask, prefix
+
+
+@pytest.mark.parametrize("remove_token_mean", [False, True])
+@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("on_reshape", mca.ON_POLICY_RESHAPES)
+def test_on_policy_reshapes_match_direct_formula_values_and_grads(on_reshape, clip, remove_token_mean):
+    old, lp, adv, mask, prefix = _mixed_batch()
+    ours = _token_loss(old, lp, adv, mask, prefix, on_policy_reshape=on_reshape, on_policy_reshape_weight=0.1,
+                       off_policy_reshape="p_div_p_0.1", loss_remove_clip=not clip,
+                       loss_remove_token_mean=remove_token_mean)["pg_loss"]
+    (grad_ours,) = torch.autograd.grad(ours, lp)
+    direct = _direct_loss(old, lp, adv, mask, prefix, on_reshape, "p_div_p_0.1", clip, remove_token_mean)
+    (grad_direct,) = torch.autograd.grad(direct, lp)
+    assert ours.item() == pytest.approx(direct.item(), abs=1e-6)
+    assert torch.allclose(grad_ours, grad_direct, atol=1e-6)
+
+
+@pytest.mark.parametrize("remove_token_mean", [False, True])
+@pytest.mark.parametrize("off_reshape", mca.OFF_POLICY_RESHAPES)
+def test_off_policy_reshapes_match_direct_formula_values_and_grads(off_reshape, remove_token_mean):
+    old, lp, adv, mask, prefix = _mixed_batch()
+    ours = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape=off_reshape, off_policy_reshape_weight=0.1,
+                       loss_remove_clip=False, loss_remove_token_mean=remove_token_mean)["pg_loss"]
+    (grad_ours,) = torch.autograd.grad(ours, lp)
+    direct = _direct_loss(old, lp, adv, mask, prefix, "no_reshape", off_reshape, True, remove_token_mean)
+    (grad_direct,) = torch.autograd.grad(direct, lp)
+    assert ours.item() == pytest.approx(direct.item(), abs=1e-6)
+    assert torch.allclose(grad_ours, grad_direct, atol=1e-6)
+
+
+# ---------------------------------------------------------------- clip, aggregation, metrics
+def test_on_policy_clip_upper_is_max_of_bound_and_one_plus_eps():
+    # on token: rho = 0.75/0.5 = 1.5, A = 1; off token p = 0.5 (no_reshape), A = 1
+    lp = torch.log(torch.tensor([[0.75, 0.5]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    adv, mask, prefix = torch.ones(1, 2), torch.ones(1, 2), torch.tensor([[False, True]])
+    out = _token_loss(old, lp, adv, mask, prefix)  # upper = max(1.0, 1.2) = 1.2
+    # L_on = max(-1.5, -1.2) = -1.2 (clipped, zero grad); L_off = -0.5; token mean -0.85
+    assert out["on_pg_loss"].item() == pytest.approx(-1.2)
+    assert out["pg_loss"].item() == pytest.approx(-0.85)
+    # LUFFY's clipfrac is over all valid tokens: 1 clipped of 2
+    assert out["on_pg_clipfrac"].item() == pytest.approx(0.5)
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    assert torch.allclose(grad, torch.tensor([[0.0, -0.25]]))   # off: -p/2
+    wider = _token_loss(old, lp, adv, mask, prefix, clip_upper_bound=1.3)
+    assert wider["on_pg_loss"].item() == pytest.approx(-1.3)
+    unclipped = _token_loss(old, lp, adv, mask, prefix, loss_remove_clip=True)
+    assert unclipped["on_pg_loss"].item() == pytest.approx(-1.5) and unclipped["on_pg_clipfrac"].item() == 0.0
+
+
+def test_on_policy_lower_clip_for_negative_advantage():
+    # rho = 0.5, A = -1: -A*rho = 0.5, clipped -A*0.8 = 0.8 -> 0.8
+    old, lp, adv, mask, prefix = _scalar_case(LN(0.25), LN(0.5), -1.0, prefix=False)
+    assert _token_loss(old, lp, adv, mask, prefix)["pg_loss"].item() == pytest.approx(0.8)
+
+
+def test_metrics_and_both_aggregations_by_hand():
+    # row 0 off-policy: p = 0.5, 0.25, A = 1; row 1 on-policy: p = p_old = 0.4, 0.8, A = -1
+    lp = torch.log(torch.tensor([[0.5, 0.25], [0.4, 0.8]]))
+    old = torch.log(torch.tensor([[0.9, 0.9], [0.4, 0.8]]))
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    prefix = torch.tensor([[True, True], [False, False]])
+    out = _token_loss(old, lp, adv, torch.ones(2, 2), prefix, off_policy_reshape="p_div_p_0.1")
+    f = torch.tensor([0.5 / 0.6, 0.25 / 0.35])                    # 0.833333, 0.714286
+    assert out["off_policy_prob"].item() == pytest.approx(0.375)  # mean p over off tokens
+    assert out["on_policy_prob"].item() == pytest.approx(0.6)     # mean p_old over on tokens
+    assert out["off_ratio_mean"].item() == pytest.approx(f.mean().item())
+    assert out["off_pg_loss"].item() == pytest.approx(-f.mean().item())
+    assert out["on_pg_loss"].item() == pytest.approx(1.0)
+    assert out["off_pg_clipfrac"].item() == 0.0
+    # ppo_kl = mean(l_old - l): row0 ln(0.9/0.5) + ln(0.9/0.25), row1 0 -> /4
+    assert out["ppo_kl"].item() == pytest.approx((LN(1.8) + LN(3.6)) / 4, abs=1e-6)
+    # token mean: (-0.833333 - 0.714286 + 1 + 1)/4 = 0.113095; sum / width 2 = 0.226190
+    total = (-f.sum() + 2).item()
+    assert out["pg_loss"].item() == pytest.approx(total / 4, abs=1e-6)
+    no_mean = _token_loss(old, lp, adv, torch.ones(2, 2), prefix, off_policy_reshape="p_div_p_0.1",
+                          loss_remove_token_mean=True)
+    assert no_mean["pg_loss"].item() == pytest.approx(total / 2, abs=1e-6)
+
+
+@pytest.mark.parametrize("has_prefix", [False, True])
+def test_batches_without_off_or_without_on_tokens_are_finite(has_prefix):
+    old, lp, adv, mask, _ = _mixed_batch()
+    prefix = torch.full_like(mask, has_prefix, dtype=torch.bool)
+    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_max_clip=0.9,
+                      off_min_clip=0.05)
+    for key, value in out.items():
+        assert torch.isfinite(value).all(), key
+    empty_side = ["on_pg_loss", "on_policy_prob"] if has_prefix else [
+        "off_pg_loss", "off_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac"]
+    for key in empty_side:
+        assert out[key].item() == 0.0, key
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_all_padding_micro_batch_gives_zero_loss_and_zero_grad():
+    old, lp, adv, _, prefix = _mixed_batch()
+    out = _token_loss(old, lp, adv, torch.zeros(3, 4), prefix)
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    assert out["pg_loss"].item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_target_probs_replace_reshape_with_probability_ratio():
+    # p = 0.5, target 0.25 -> f = 0.5/(0.25 + 1e-6) = 1.999992; loss -f, d/dl = -f
+    old, lp, adv, mask, prefix = _scalar_case(LN(0.5), 0.0, 1.0, prefix=True)
+    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", target_probs=torch.tensor([[0.25]]))
+    f = 0.5 / (0.25 + 1e-6)
+    assert out["pg_loss"].item() == pytest.approx(-f, abs=1e-5)
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    assert grad.item() == pytest.approx(-f, abs=1e-5)
+    with pytest.raises(ValueError, match="target_probs shape"):
+        _token_loss(old, lp, adv, mask, prefix, target_probs=torch.ones(2, 1))
+
+
+def test_off_policy_max_and_min_clip():
+    # p_div_p_0.1 at p = 0.5 gives 0.833333
+    old, lp, adv, mask, prefix = _scalar_case(LN(0.5), 0.0, 1.0, prefix=True)
+    capped = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_max_clip=0.5)
+    assert capped["pg_loss"].item() == pytest.approx(-0.5) and capped["off_ratio_max_clip_frac"].item() == 1.0
+    (grad,) = torch.autograd.grad(capped["pg_loss"], lp)
+    assert grad.item() == 0.0
+    floored = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_min_clip=0.9)
+    assert floored["pg_loss"].item() == pytest.approx(-0.9) and floored["off_ratio_min_clip_frac"].item() == 1.0
+    off = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_max_clip=-1, off_min_clip=-1)
+    assert off["pg_loss"].item() == pytest.approx(-0.5 / 0.6)
+    assert off["off_ratio_max_clip_frac"].item() == 0.0 and off["off_ratio_min_clip_frac"].item() == 0.0
+
+
+def test_all_max_clip_drops_tokens_with_high_probability():
+    # two on-policy tokens with rho = 1: p = 0.6 (A = 1) and p = 0.8 (A = 3)
+    lp = torch.log(torch.tensor([[0.6, 0.8]]))
+    adv, mask, prefix = torch.tensor([[1.0, 3.0]]), torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.bool)
+    assert _token_loss(lp, lp, adv, mask, prefix)["pg_loss"].item() == pytest.approx(-2.0)
+    # p = 0.8 > 0.7 is dropped: token mean -1 over one token; sum/width: -1/2
+    assert _token_loss(lp, lp, adv, mask, prefix, all_max_clip=0.7)["pg_loss"].item() == pytest.approx(-1.0)
+    dropped = _token_loss(lp, lp, adv, mask, prefix, all_max_clip=0.7, loss_remove_token_mean=True)
+    assert dropped["pg_loss"].item() == pytest.approx(-0.5)
+
+
+def test_bad_options_are_rejected_with_valid_names():
+    old, lp, adv, mask, prefix = _scalar_case(LN(0.5), LN(0.5), 1.0, prefix=True)
+    with pytest.raises(ValueError, match=r"unknown off_policy_reshape 'p_div_p_0.2'.*'p_div_p_0.3'"):
+        _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.2")
+    with pytest.raises(ValueError, match=r"unknown on_policy_reshape 'p_div_p_0.3'.*'p_div_p_0.5'"):
+        _token_loss(old, lp, adv, mask, prefix, on_policy_reshape="p_div_p_0.3")
+    with pytest.raises(ValueError, match="off_policy_normalize"):
+        _token_loss(old, lp, adv, mask, prefix, off_normalize=True)
+    with pytest.raises(ValueError, match="off_abs_cliprange"):
+        _token_loss(old, lp, adv, mask, prefix, off_abs_cliprange=0.5)
+
+
+# ---------------------------------------------------------------- SFT losses
+def _sft_batch():
+    # row 0 off-policy (prefix on its first token): l = ln .5, ln .25, pad
+    # row 1 on-policy: l = ln .6 vs old ln .5 -> rho = 1.2, A = 1
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.6, 0.6, 0.9]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.1, 0.1, 0.1], [0.5, 0.5, 0.5]]))
+    adv = torch.tensor([[7.0, 7.0, 7.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    prefix = torch.tensor([[True, False, False], [False, False, False]])
+    return old, lp, adv, mask, prefix
+
+
+def test_sft_pure_loss_is_token_mean_nll():
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
+    # (ln 2 + ln 4)/2 = 1.039721
+    assert mca.compute_sft_pure_loss(lp, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(1.0397208)
+    assert mca.compute_sft_pure_loss(lp[:0], torch.ones(0, 3)).item() == 0.0
+
+
+def test_sft_multitask_combines_sft_on_off_rows_with_ppo_on_on_rows():
+    old, lp, adv, mask, prefix = _sft_batch()
+    out = mca.compute_sft_multitask_loss(old, lp, adv, mask, prefix, cliprange=0.2, sft_loss_coef=2.0,
+                                         loss_remove_clip=True)
+    # sft = 1.039721 on row 0 (whole row, not just the prefix token); pg_on = -1.2 (token mean of 2)
+    assert out["sft_loss"].item() == pytest.approx(1.0397208)
+    assert out["on_pg_loss"].item() == pytest.approx(-1.2)
+    assert out["pg_loss"].item() == pytest.approx(2 * 1.0397208 - 1.2, abs=1e-6)
+    assert out["ppo_kl"].item() == pytest.approx(-LN(1.2), abs=1e-6)
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    # row 0: 2 * (-1/2) per valid token; row 1: -1.2/2 per valid token
+    assert torch.allclose(grad, torch.tensor([[-1.0, -1.0, 0.0], [-0.6, -0.6, 0.0]]), atol=1e-6)
+    clipped = mca.compute_sft_multitask_loss(old, lp, adv, mask, prefix, cliprange=0.1, loss_remove_token_mean=True)
+    # clip at 1.1: on rows -1.1 per token, sum -2.2 over width 3
+    assert clipped["on_pg_loss"].item() == pytest.approx(-2.2 / 3) and clipped["pg_clipfrac"].item() == 1.0
+
+
+@pytest.mark.parametrize("all_off", [True, False])
+def test_sft_multitask_with_only_one_kind_of_row_is_finite(all_off):
+    old, lp, adv, mask, _ = _sft_batch()
+    prefix = torch.zeros_like(mask, dtype=torch.bool)
+    prefix[:, 0] = all_off
+    out = mca.compute_sft_multitask_loss(old, lp, adv, mask, prefix, cliprange=0.2)
+    assert (out["on_pg_loss"] if all_off else out["sft_loss"]).item() == 0.0
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    assert torch.isfinite(grad).all() and torch.isfinite(out["pg_loss"])
+
+
+# ---------------------------------------------------------------- adaptive entropy coefficient
+def test_adaptive_entropy_coeff_moves_log_alpha_against_entropy_gap():
+    # log alpha = ln 0.01 = -4.605170; AdamW decay first: *(1 - 0.1*0.01) -> -4.600565;
+    # Adam's first step is lr * sign(grad) = 0.1; grad = alpha*(H - target) > 0 when H > target
+    above = mca.AdaptiveEntropyCoeff(entropy_coeff=0.01, target_entropy=0.5, alpha_lr=0.1)
+    metrics = above.update(torch.tensor(1.0))
+    assert metrics["actor/alpha_loss"] == pytest.approx(0.01 * 0.5)
+    assert metrics["actor/entropy_coeff"] == pytest.approx(0.01)
+    assert above.log_alpha.item() == pytest.approx(-4.600565 - 0.1, abs=1e-5)
+    below = mca.AdaptiveEntropyCoeff(entropy_coeff=0.01, target_entropy=0.5, alpha_lr=0.1)
+    below.update(0.2)
+    assert below.log_alpha.item() == pytest.approx(-4.600565 + 0.1, abs=1e-5)
+    assert below.coefficient(0.2) == pytest.approx(math.exp(-4.500565), rel=1e-5)
+
+
+def test_adaptive_entropy_coeff_clip_state_and_fixed_variant():
+    clipped = mca.AdaptiveEntropyCoeff(entropy_coeff=0.01, target_entropy=0.5, clip=0.005)
+    assert clipped.coefficient(1.0) == pytest.approx(0.005)
+    state = clipped.state_dict()
+    clipped.update(2.0)
+    clipped.load_state_dict(state)
+    assert clipped.log_alpha.item() == pytest.approx(LN(0.01))
+    # fixed: entropy_coeff * target / H = 0.001 * 0.2 / 0.4
+    fixed = mca.AdaptiveEntropyCoeff(entropy_coeff=0.001, target_entropy=0.2, fixed=True)
+    assert fixed.coefficient(torch.tensor(0.4)) == pytest.approx(0.0005)
+    assert fixed.update(0.4) == {"actor/entropy_coeff": pytest.approx(0.0005)}
+    with pytest.raises(ValueError, match="entropy_coeff > 0"):
+        mca.AdaptiveEntropyCoeff(entropy_coeff=0.0, target_entropy=0.2)

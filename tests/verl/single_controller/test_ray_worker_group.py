@@ -1,0 +1,208 @@
+"""A 2-rank RayWorkerGroup end to end: the environment each rank sees, every dispatch mode through
+real actors, DataProtoFuture chaining, a gloo all-reduce, and how failures and timeouts surface."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+import ray
+import torch
+from ray import cloudpickle
+
+from verl.protocol import DataProto, DataProtoFuture
+from verl.single_controller.base import Dispatch, Execute, Worker, register
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, WorkerGroupError
+
+# Test modules are not importable inside Ray workers; ship their classes by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ENV_KEYS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX",
+            "WG_BACKEND", "OMP_NUM_THREADS", "PROBE_FLAG"]
+
+
+class ProbeWorker(Worker):
+    """Multiplies rows by ``scale`` and reports where it runs."""
+
+    def __init__(self, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def whoami(self, tag):
+        return {"rank": self.rank, "world_size": self.world_size, "tag": tag, "pid": os.getpid(),
+                "env": {k: os.environ.get(k) for k in ENV_KEYS}}
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def echo(self, value):
+        return (self.rank, value)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def square(self, value):
+        return value * value
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def scale_rows(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"x": data.batch["x"] * self.scale},
+                                   non_tensors={"rank": [self.rank] * len(data)}, meta_info={"scale": self.scale})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def scale_rows_async(self, data: DataProto) -> DataProto:
+        return self.scale_rows(data)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def fail_rows_async(self, data: DataProto) -> DataProto:
+        if self.rank == 1:
+            raise RuntimeError("rank 1 cannot produce rows")
+        return data
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def row_sum(self, data: DataProto):
+        return {"rank": self.rank, "sum": int(data.batch["x"].sum())}
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def rank_zero_echo(self, value):
+        return (self.rank, value)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def only_rank_zero(self):
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce_rank_plus_one(self):
+        import torch.distributed as dist
+
+        backend = self.init_torch_distributed()
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return backend, value.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail_on_rank(self, bad_rank):
+        if self.rank == bad_rank:
+            raise ValueError(f"rank {self.rank} refuses")
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self.rank
+
+
+def rows(*values: int) -> DataProto:
+    return DataProto.from_dict(tensors={"x": torch.tensor(values)}, meta_info={"source": "driver"})
+
+
+@pytest.fixture(scope="module")
+def group(ray_session):
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="probe_pool")
+    worker_cls = RayClassWithInitArgs(ProbeWorker, scale=3)
+    worker_cls.update_options({"runtime_env": {"env_vars": {"PROBE_FLAG": "on"}}})
+    wg = RayWorkerGroup(pool, worker_cls, name_prefix="probe")
+    yield wg
+    wg.shutdown()
+    pool.release()
+
+
+def test_ranks_see_group_environment(group):
+    info = group.whoami("hello")
+    assert [i["rank"] for i in info] == [0, 1] and {i["world_size"] for i in info} == {2}
+    env0, env1 = info[0]["env"], info[1]["env"]
+    assert (env0["RANK"], env1["RANK"]) == ("0", "1")
+    assert (env0["LOCAL_RANK"], env1["LOCAL_RANK"]) == ("0", "1")
+    assert env0["WORLD_SIZE"] == env1["WORLD_SIZE"] == env0["LOCAL_WORLD_SIZE"] == "2"
+    assert env0["MASTER_ADDR"] == env1["MASTER_ADDR"] == group.master_addr
+    assert env0["MASTER_PORT"] == env1["MASTER_PORT"] == str(group.master_port)
+    assert env0["WG_PREFIX"] == "probe" and env0["WG_BACKEND"] == "ray"
+    assert env0["OMP_NUM_THREADS"] == "1" and env1["PROBE_FLAG"] == "on"
+    assert info[0]["pid"] != info[1]["pid"] and {i["tag"] for i in info} == {"hello"}
+
+
+def test_all_to_all_splits_per_rank_lists_else_broadcasts(group):
+    assert group.echo(["a", "b"]) == [(0, "a"), (1, "b")]
+    assert group.echo("same") == [(0, "same"), (1, "same")]
+
+
+def test_dp_compute_takes_one_value_per_rank(group):
+    assert group.square([3, 4]) == [9, 16]
+    with pytest.raises(ValueError, match="method 'square': DP_COMPUTE needs argument 0"):
+        group.square([1, 2, 3])
+
+
+def test_dp_compute_proto_chunks_rows_and_concatenates(group):
+    out = group.scale_rows(rows(1, 2, 3, 4))
+    assert out.batch["x"].tolist() == [3, 6, 9, 12]
+    assert out.non_tensor_batch["rank"].tolist() == [0, 0, 1, 1]
+    assert out.meta_info == {"scale": 3}
+    with pytest.raises(ValueError, match="3 rows cannot be split into 2 equal chunks"):
+        group.scale_rows(rows(1, 2, 3))
+
+
+def test_non_blocking_call_returns_future_that_chains_into_next_call(group):
+    future = group.scale_rows_async(rows(1, 2, 3, 4))
+    assert isinstance(future, DataProtoFuture) and len(future.futures) == 2
+    chained = group.scale_rows(future)  # each worker resolves its own chunk of the future
+    assert chained.batch["x"].tolist() == [9, 18, 27, 36]
+    assert future.get().batch["x"].tolist() == [3, 6, 9, 12]
+
+
+def test_failed_future_names_producer_in_driver_and_in_chained_call(group):
+    future = group.fail_rows_async(rows(1, 2, 3, 4))
+    with pytest.raises(WorkerGroupError, match="method 'fail_rows_async' failed on rank 1: RuntimeError: rank 1 "
+                                               "cannot produce rows"):
+        future.get()
+    with pytest.raises(WorkerGroupError) as info:
+        group.scale_rows(future)
+    message = str(info.value)
+    assert "method 'scale_rows' failed on ranks [0, 1]" in message
+    assert "WorkerGroupError: worker group 'probe' method 'fail_rows_async' failed on rank 1" in message
+
+
+def test_dp_compute_proto_with_func_runs_function_on_each_chunk(group):
+    def add_rank_hundreds(worker, data):
+        return DataProto.from_dict(tensors={"x": data.batch["x"] + 100 * worker.rank})
+
+    out = group.execute_with_func_generator(add_rank_hundreds, rows(1, 2, 3, 4))
+    assert out.batch["x"].tolist() == [1, 2, 103, 104]
+
+
+def test_dp_compute_metric_returns_per_rank_list(group):
+    assert group.row_sum(rows(1, 2, 3, 4)) == [{"rank": 0, "sum": 3}, {"rank": 1, "sum": 7}]
+
+
+def test_rank_zero_modes_run_only_rank_zero(group):
+    assert group.rank_zero_echo("v") == (0, "v")
+    assert group.only_rank_zero() == 0
+    assert group.execute_func_rank_zero(lambda worker, k: worker.rank + k, 5) == 5
+
+
+def test_execute_helpers(group):
+    assert group.execute_all("echo", ["p", "q"]) == [(0, "p"), (1, "q")]
+    assert group.execute_rank_zero("echo", "z") == (0, "z")
+    assert ray.get(group.execute_all_async("square", 5)) == [25, 25]
+
+
+def test_gloo_all_reduce_across_two_ranks(group):
+    assert group.all_reduce_rank_plus_one() == [("gloo", 3.0), ("gloo", 3.0)]
+
+
+def test_raising_worker_names_group_rank_and_method(group):
+    with pytest.raises(WorkerGroupError) as info:
+        group.fail_on_rank(1)
+    message = str(info.value)
+    assert "worker group 'probe'" in message and "method 'fail_on_rank'" in message
+    assert "failed on rank 1: ValueError: rank 1 refuses" in message
+    assert sorted(info.value.failures) == [1]
+    assert group.fail_on_rank(-1) == [0, 1]  # the group is still usable
+    group.check_alive()
+
+
+def test_call_timeout_raises_instead_of_waiting(group):
+    group.call_timeout_s = 0.5
+    try:
+        with pytest.raises(WorkerGroupError, match=r"timed out after 0.5 s waiting for ranks \[0, 1\]"):
+            group.sleep(2.0)
+    finally:
+        group.call_timeout_s = None
+    assert group.sleep(0) == [0, 1]

@@ -1,0 +1,243 @@
+"""DCP checkpoints of an FSDP2 tiny model on 2 gloo ranks: exact round trip, 2 -> 1 rank resharding,
+HF export at save time, and the per-rank extra state (scheduler, RNG, actor extras)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+
+from verl.utils.checkpoint import layout
+
+STEPS_BEFORE_SAVE = 2
+LR = 1e-2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn, world_size: int, *args, timeout_s: float = 600.0) -> None:
+    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` spawned processes; fail on any error."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=(world_size, _free_port(), *args), nprocs=world_size, join=False,
+                             start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{fn.__name__} did not finish in {timeout_s} s")
+
+
+def _init_group(rank: int, world_size: int, port: int):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    return init_device_mesh("cpu", (world_size,))
+
+
+def build_sharded_actor(model_dir: str, mesh, seed: int):
+    """Tiny Qwen2 (re-initialised from ``seed``) sharded per layer + root, AdamW and a decaying LR."""
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32,
+                                             attn_implementation="sdpa")
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0 / (1 + s))
+    return model, optim, sched
+
+
+def train_step(model, optim, sched, rank: int, world_size: int, step: int) -> None:
+    """One AdamW step on a fixed global batch of 4 rows; each rank takes its contiguous share."""
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(3, model.config.vocab_size, (4, 12), generator=g)
+    rows = ids.chunk(world_size)[rank]
+    loss = model(input_ids=rows, labels=rows).loss
+    loss.backward()
+    optim.step()
+    sched.step()
+    optim.zero_grad(set_to_none=True)
+
+
+def full_states(model, optim):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_state_dict(model, optim, options=opts)
+
+
+class Counter:
+    def __init__(self):
+        self.value = 0
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def _save_then_reload(rank, world_size, port, model_dir, ckpt, out):
+    """2 ranks: train, save (with HF weights), keep training as reference; a fresh model loads and matches."""
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    from verl.utils.checkpoint import FSDPCheckpointManager
+
+    mesh = _init_group(rank, world_size, port)
+    model, optim, sched = build_sharded_actor(model_dir, mesh, seed=0)
+    for step in range(STEPS_BEFORE_SAVE):
+        train_step(model, optim, sched, rank, world_size, step)
+    counter = Counter()
+    counter.value = 7 + rank
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    mgr = FSDPCheckpointManager(model, optim, sched, tokenizer=tok, extra_states={"counter": counter})
+    stats = mgr.save_checkpoint(ckpt, global_step=STEPS_BEFORE_SAVE, save_hf=True)
+    saved_model, saved_optim = full_states(model, optim)
+    draw_after_save = torch.rand(3)
+    train_step(model, optim, sched, rank, world_size, STEPS_BEFORE_SAVE)
+    next_model, _ = full_states(model, optim)
+
+    fresh, fresh_optim, fresh_sched = build_sharded_actor(model_dir, mesh, seed=123)
+    fresh_counter = Counter()
+    torch.rand(5)  # move the RNG so restoring it is observable
+    FSDPCheckpointManager(fresh, fresh_optim, fresh_sched, extra_states={"counter": fresh_counter}).load_checkpoint(ckpt)
+    draw_after_load = torch.rand(3)
+    loaded_model, loaded_optim = full_states(fresh, fresh_optim)
+    lr_loaded = fresh_sched.get_last_lr()[0]
+    train_step(fresh, fresh_optim, fresh_sched, rank, world_size, STEPS_BEFORE_SAVE)
+    fresh_next, _ = full_states(fresh, fresh_optim)
+    result = {"draw_equal": torch.equal(draw_after_save, draw_after_load), "counter": fresh_counter.value,
+              "lr_loaded": lr_loaded, "lr_expected": sched.get_last_lr()[0] * (1 + STEPS_BEFORE_SAVE + 1) / (1 + STEPS_BEFORE_SAVE),
+              "stats": stats}
+    if rank == 0:
+        result.update(saved_model=saved_model, saved_optim=saved_optim, loaded_model=loaded_model,
+                      loaded_optim=loaded_optim, next_model=next_model, fresh_next=fresh_next)
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _reload_on_one_rank(rank, world_size, port, model_dir, ckpt, out):
+    import torch.distributed as dist
+
+    from verl.utils.checkpoint import FSDPCheckpointManager
+
+    mesh = _init_group(rank, world_size, port)
+    model, optim, sched = build_sharded_actor(model_dir, mesh, seed=99)
+    counter = Counter()
+    FSDPCheckpointManager(model, optim, sched, extra_states={"counter": counter}).load_checkpoint(ckpt)
+    loaded_model, loaded_optim = full_states(model, optim)
+    train_step(model, optim, sched, rank, world_size, STEPS_BEFORE_SAVE)
+    next_model, _ = full_states(model, optim)
+    torch.save({"loaded_model": loaded_model, "loaded_optim": loaded_optim, "next_model": next_model,
+                "counter": counter.value}, os.path.join(out, "one_rank.pt"))
+    dist.destroy_process_group()
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _optim_tensors(osd: dict) -> dict:
+    return {f"{p}/{k}": v.float() for p, st in osd["state"].items() for k, v in st.items() if torch.is_tensor(v)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp_ckpt")
+    ckpt, out = str(root / "actor"), str(root / "out")
+    os.makedirs(out)
+    run_ranks(_save_then_reload, 2, tiny_model_dir, ckpt, out)
+    return ckpt, out, torch.load(os.path.join(out, "rank0.pt"), weights_only=False), \
+        torch.load(os.path.join(out, "rank1.pt"), weights_only=False)
+
+
+def test_two_rank_round_trip_restores_weights_and_adam_state_exactly(two_rank_run):
+    _ckpt, _out, r0, _r1 = two_rank_run
+    assert _max_diff(r0["saved_model"], r0["loaded_model"]) <= 1e-7
+    saved, loaded = _optim_tensors(r0["saved_optim"]), _optim_tensors(r0["loaded_optim"])
+    assert len(saved) == 3 * len(r0["saved_model"])  # step, exp_avg, exp_avg_sq per parameter
+    assert _max_diff(saved, loaded) <= 1e-7
+
+
+def test_training_after_load_continues_like_uninterrupted(two_rank_run):
+    _ckpt, _out, r0, _r1 = two_rank_run
+    assert _max_diff(r0["next_model"], r0["fresh_next"]) <= 1e-7
+
+
+def test_scheduler_rng_and_extras_are_restored_per_rank(two_rank_run):
+    _ckpt, _out, r0, r1 = two_rank_run
+    for rank, r in enumerate((r0, r1)):
+        assert r["draw_equal"], f"rank {rank} RNG stream not restored"
+        assert r["counter"] == 7 + rank
+    # LambdaLR 1/(1+s) after 2 steps: lr = LR/3
+    assert r0["lr_loaded"] == pytest.approx(LR / 3, rel=1e-12)
+
+
+def test_layout_has_dcp_shards_extra_files_meta_and_hf_folder(two_rank_run):
+    ckpt, _out, r0, _r1 = two_rank_run
+    for sub in (layout.MODEL_DIR, layout.OPTIM_DIR):
+        files = sorted(os.listdir(os.path.join(ckpt, sub)))
+        assert ".metadata" in files and sum(f.endswith(".distcp") for f in files) == 2
+    assert {layout.extra_state_file(2, 0), layout.extra_state_file(2, 1)} <= set(os.listdir(ckpt))
+    meta = json.load(open(os.path.join(ckpt, layout.META_FILE)))
+    assert meta["world_size"] == 2 and meta["global_step"] == STEPS_BEFORE_SAVE and meta["hf_weights"] is True
+    hf = os.listdir(os.path.join(ckpt, layout.HF_DIR))
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(hf)
+    assert r0["stats"]["bytes"] > 0 and r0["stats"]["seconds"] > 0
+
+
+def test_hf_weights_written_at_save_time_equal_the_sharded_model(two_rank_run):
+    from safetensors.torch import load_file
+
+    ckpt, _out, r0, _r1 = two_rank_run
+    hf = load_file(os.path.join(ckpt, layout.HF_DIR, "model.safetensors"))
+    assert _max_diff({k: hf[k] for k in r0["saved_model"]}, r0["saved_model"]) == 0.0
+
+
+def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tiny_model_dir):
+    ckpt, out, r0, _r1 = two_rank_run
+    run_ranks(_reload_on_one_rank, 1, tiny_model_dir, ckpt, out)
+    one = torch.load(os.path.join(out, "one_rank.pt"), weights_only=False)
+    assert _max_diff(one["loaded_model"], r0["saved_model"]) <= 1e-7
+    assert _max_diff(_optim_tensors(one["loaded_optim"]), _optim_tensors(r0["saved_optim"])) <= 1e-7
+    assert one["counter"] == 7  # rank 0's extras when the old rank does not exist
+    # one rank sees the whole batch; only the gradient reduction order differs from 2 ranks
+    assert _max_diff(one["next_model"], r0["next_model"]) <= 1e-5
+
+
+def test_load_names_a_pruned_checkpoint(tmp_path):
+    from verl.utils.checkpoint import FSDPCheckpointManager
+
+    actor = tmp_path / "actor"
+    actor.mkdir()
+    (actor / layout.META_FILE).write_text(json.dumps({"world_size": 1, "contents": ["model", "optimizer", "extra"]}))
+    model = torch.nn.Linear(2, 2)
+    mgr = FSDPCheckpointManager(model, torch.optim.AdamW(model.parameters()))
+    with pytest.raises(FileNotFoundError, match="max_optim_to_keep"):
+        mgr.load_checkpoint(str(actor))
+
+
+def test_unknown_checkpoint_content_is_named():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="weights"):
+        from verl.utils.checkpoint import FSDPCheckpointManager
+
+        FSDPCheckpointManager(model, None, contents=["model", "weights"])

@@ -1,0 +1,177 @@
+"""FSDP2 helpers: full-weight streaming, buckets, full state dicts, on 2 gloo ranks and in one process."""
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from verl.utils import fsdp_utils
+
+JOB_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn, world: int, *args) -> None:
+    """Run fn(rank, world, port, *args) on ``world`` spawned gloo ranks; fail on error or timeout."""
+    ctx = mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=False)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not ctx.join(timeout=2):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            raise TimeoutError(f"{fn.__name__} did not finish in {JOB_TIMEOUT_S} s")
+
+
+def _tiny_config(tied: bool):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied,
+                       eos_token_id=1, pad_token_id=0)
+
+
+def _two_rank_job(rank, world, port, model_dir, out_dir):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
+
+    from verl.workers.rollout.base import SamplingSpec
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    fsdp_utils.init_distributed("cpu")
+    mesh = fsdp_utils.create_device_mesh("cpu")
+    results = {}
+    for tied in (False, True):
+        torch.manual_seed(0)
+        reference = Qwen2ForCausalLM(_tiny_config(tied))
+        model = Qwen2ForCausalLM(_tiny_config(tied))
+        model.load_state_dict(reference.state_dict())
+        fsdp_utils.apply_fsdp2(model, mesh, fsdp_utils.mixed_precision_policy(device="cpu"))
+        local_rows = model.model.embed_tokens.weight.to_local().shape[0]
+        full = list(fsdp_utils.iter_full_params(model))
+        expected = reference.state_dict()
+        results[f"tied={tied}"] = {
+            "version": fsdp_utils.fsdp_version(model),
+            "local_rows": local_rows,
+            "names": [n for n, _ in full],
+            "max_diff": max((t - expected[n]).abs().max().item() for n, t in full),
+            "bucket_sizes": [len(b) for b in fsdp_utils.iter_buckets(fsdp_utils.iter_full_params(model), 100_000)],
+        }
+        fresh = Qwen2ForCausalLM(_tiny_config(tied))
+        fsdp_utils.apply_fsdp2(fresh, mesh)
+        fsdp_utils.load_full_state_dict_into_fsdp2(fresh, expected if rank == 0 else {})
+        results[f"tied={tied}"]["loaded_max_diff"] = max(
+            (t - expected[n]).abs().max().item() for n, t in fsdp_utils.iter_full_params(fresh))
+        results[f"tied={tied}"]["full_sd_keys"] = sorted(fsdp_utils.get_fsdp_full_state_dict(fresh))
+
+    # An FSDP2 actor trained one step, streamed into an HF rollout, generates like the unsharded model.
+    actor = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    fsdp_utils.apply_fsdp2(actor, mesh)
+    opt = torch.optim.SGD(actor.parameters(), lr=0.5)
+    batch = torch.randint(3, 300, (2, 24), generator=torch.Generator().manual_seed(rank))
+    actor(input_ids=batch, labels=batch).loss.backward()
+    opt.step()
+    rollout = HFRollout(model_dir)
+    for bucket in fsdp_utils.iter_buckets(fsdp_utils.iter_full_params(actor), 50_000):
+        rollout.update_weights(bucket)
+    rollout.after_weight_update()
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    got = rollout.generate_token_ids(prompts, [10, 10], SamplingSpec(temperature=0.0, ignore_eos=True)).token_ids
+    full_sd = fsdp_utils.get_fsdp_full_state_dict(actor, rank0_only=False)
+    unsharded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    unsharded.load_state_dict(full_sd)
+    with torch.no_grad():
+        want = [unsharded.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False,
+                                   eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+    results["rollout_greedy_equal"] = got == want
+    results["weights_moved"] = any(
+        not torch.equal(v, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()[k])
+        for k, v in full_sd.items())
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tiny_model_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("fsdp_utils_job"))
+    run_ranks(_two_rank_job, 2, tiny_model_dir, out)
+    return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_iter_full_params_on_fsdp2_equals_the_unsharded_state_dict(two_rank_results, tied):
+    for res in two_rank_results:
+        r = res[f"tied={tied}"]
+        assert r["version"] == 2 and r["local_rows"] == 32  # 64-row embedding split over 2 ranks
+        assert r["max_diff"] == 0.0
+        assert ("lm_head.weight" in r["names"]) is (not tied)  # a tied head is the embedding, sent once
+        assert len(r["names"]) == (26 if tied else 27)
+
+
+def test_buckets_and_full_state_dict_round_trip_on_fsdp2(two_rank_results):
+    rank0, rank1 = (res["tied=False"] for res in two_rank_results)
+    assert rank0["bucket_sizes"] == rank1["bucket_sizes"] and sum(rank0["bucket_sizes"]) == 27
+    assert len(rank0["bucket_sizes"]) > 1
+    assert rank0["loaded_max_diff"] == rank1["loaded_max_diff"] == 0.0
+    assert len(rank0["full_sd_keys"]) == 27 and rank1["full_sd_keys"] == []  # rank 0 only
+
+
+def test_hf_rollout_fed_from_a_trained_fsdp2_actor_generates_like_the_unsharded_model(two_rank_results):
+    for res in two_rank_results:
+        assert res["weights_moved"] and res["rollout_greedy_equal"]
+
+
+# ------------------------------------------------------------------------------ one process
+def test_clean_param_name_strips_wrapper_prefixes():
+    assert fsdp_utils.clean_param_name(
+        "_orig_mod.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight"
+    ) == "model.layers.0.mlp.up_proj.weight"
+
+
+def test_buckets_respect_the_byte_bound_and_let_a_large_tensor_travel_alone():
+    # fp32 Linear(10, 10): weight 400 B, bias 40 B
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))
+    named = list(fsdp_utils.iter_full_params(model))
+    assert [[n for n, _ in b] for b in fsdp_utils.iter_buckets(named, 450)] == [["0.weight", "0.bias"],
+                                                                               ["1.weight", "1.bias"]]
+    assert [len(b) for b in fsdp_utils.iter_buckets(named, 100)] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        list(fsdp_utils.iter_buckets(named, 0))
+
+
+def test_plain_modules_stream_detached_tensors_in_the_requested_dtype():
+    model = nn.Linear(3, 2)
+    (name, weight), (_, bias) = fsdp_utils.iter_full_params(model, dtype="bf16")
+    assert name == "weight" and weight.dtype == torch.bfloat16 and not weight.requires_grad
+    assert fsdp_utils.fsdp_version(model) == 0
+
+
+def test_cpu_policies_and_offload_helpers_are_noops_on_cpu():
+    assert fsdp_utils.cpu_offload_policy(True, "cpu") is None
+    assert fsdp_utils.mixed_precision_policy(device="cpu").param_dtype == torch.float32
+    assert fsdp_utils.mixed_precision_policy(device="cuda").param_dtype == torch.bfloat16
+    model = nn.Linear(2, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    fsdp_utils.offload_fsdp2_model(model)
+    fsdp_utils.load_fsdp2_model(model, "cpu")
+    fsdp_utils.offload_optimizer(opt)
+    assert all(v.device.type == "cpu" for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+def test_unknown_dtype_and_missing_layer_classes_are_named():
+    with pytest.raises(ValueError, match="int3"):
+        fsdp_utils.to_torch_dtype("int3")
+    with pytest.raises(ValueError, match="NoSuchLayer"):
+        fsdp_utils.decoder_layer_classes(nn.Sequential(nn.Linear(2, 2)), ["NoSuchLayer"])

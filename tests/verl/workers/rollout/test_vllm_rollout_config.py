@@ -1,0 +1,89 @@
+"""LUFFY rollout keys -> vllm.LLM arguments, on CPU and GPU, without starting an engine."""
+import pytest
+from omegaconf import OmegaConf
+
+from verl.workers.rollout.vllm_rollout.config import build_engine_kwargs, parse_rollout_config
+
+EXT = "pkg.mod.Ext"
+
+
+def test_defaults_are_luffys_rollout_defaults():
+    cfg = parse_rollout_config(None)
+    assert (cfg.temperature, cfg.top_p, cfg.top_k, cfg.n) == (1.0, 1.0, -1, 1)
+    assert (cfg.gpu_memory_utilization, cfg.max_num_batched_tokens, cfg.max_num_seqs) == (0.5, 8192, 1024)
+    assert cfg.enforce_eager and cfg.free_cache_engine
+    assert cfg.engine_max_model_len == 512 + 512
+
+
+def test_omegaconf_node_with_foreign_keys_is_accepted():
+    node = OmegaConf.create({"name": "vllm", "temperature": 0.6, "prefix_strategy": "random",
+                             "prompt_length": 100, "response_length": 28, "load_format": "dummy_dtensor",
+                             "dtype": "bf16"})
+    cfg = parse_rollout_config(node)
+    assert cfg.temperature == 0.6
+    assert cfg.engine_max_model_len == 128
+    assert cfg.load_format == "dummy"  # LUFFY's weight-source spelling maps to vLLM's random init
+    assert cfg.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("top_p", 0.0, "rollout.top_p"),
+        ("top_k", -2, "rollout.top_k"),
+        ("temperature", -0.1, "rollout.temperature"),
+        ("dtype", "int8", "rollout.dtype"),
+        ("load_format", "pickle", "rollout.load_format"),
+        ("response_length", 0, "rollout.response_length"),
+        ("enforce_eager", "yes", "rollout.enforce_eager"),
+        ("max_num_seqs", 2.5, "rollout.max_num_seqs"),
+        ("sleep_level", 3, "rollout.sleep_level"),
+        ("logprobs_mode", "raw_logits", "rollout.logprobs_mode"),
+    ],
+)
+def test_bad_values_name_the_key(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        parse_rollout_config({key: value})
+
+
+def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
+    cfg = parse_rollout_config({"prompt_length": 64, "response_length": 64, "cpu_kv_cache_bytes": 1 << 20})
+    kw = build_engine_kwargs(cfg, "/m", "cpu", world_size=1, extension_cls=EXT)
+    assert kw["dtype"] == "float32"
+    assert kw["kv_cache_memory_bytes"] == 1 << 20
+    assert kw["enforce_eager"] is True
+    assert kw["max_model_len"] == 128
+    assert kw["worker_extension_cls"] == EXT
+    assert "enable_sleep_mode" not in kw and "gpu_memory_utilization" not in kw
+    assert "distributed_executor_backend" not in kw
+
+
+def test_cpu_honours_an_explicit_dtype_and_rejects_tensor_parallel():
+    kw = build_engine_kwargs(parse_rollout_config({"dtype": "bfloat16"}), "/m", "cpu", 1, EXT)
+    assert kw["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="tensor_model_parallel_size must be 1 on CPU"):
+        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 2, EXT)
+
+
+def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_group():
+    cfg = parse_rollout_config({"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.8,
+                                "free_cache_engine": True, "dtype": "bfloat16"})
+    kw = build_engine_kwargs(cfg, "/m", "cuda", world_size=8, extension_cls=EXT)
+    assert kw["tensor_parallel_size"] == 2
+    assert kw["gpu_memory_utilization"] == 0.8
+    assert kw["enable_sleep_mode"] is True
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    assert "kv_cache_memory_bytes" not in kw
+    single = build_engine_kwargs(parse_rollout_config({"free_cache_engine": False}), "/m", "cuda", 1, EXT)
+    assert single["enable_sleep_mode"] is False and "distributed_executor_backend" not in single
+
+
+def test_tp_must_divide_the_worker_group():
+    with pytest.raises(ValueError, match="must divide the worker group size 6"):
+        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 4}), "/m", "cuda", 6, EXT)
+
+
+def test_disabled_chunked_prefill_gets_a_batch_that_fits_a_whole_prompt():
+    cfg = parse_rollout_config({"enable_chunked_prefill": False, "max_num_batched_tokens": 1024,
+                                "prompt_length": 2048, "response_length": 2048})
+    assert build_engine_kwargs(cfg, "/m", "cuda", 1, EXT)["max_num_batched_tokens"] == 4096

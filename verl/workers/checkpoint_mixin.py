@@ -1,0 +1,72 @@
+"""Checkpoint methods of the actor worker, callable from the driver on every rank.
+
+Mixed into ``ActorRolloutRefWorker``; it reads the worker's ``actor_module`` (FSDP2 HF model),
+``actor_optimizer``, ``lr_scheduler``, ``tokenizer`` and, when present, the actor's adaptive entropy
+coefficient and non-finite-step counter, and delegates the I/O to ``FSDPCheckpointManager``. All
+three methods are collectives: the group calls them on every rank (``Dispatch.ONE_TO_ALL``).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+
+class AttributeState:
+    """``state_dict``/``load_state_dict`` for one plain attribute (e.g. a counter) of an object."""
+
+    def __init__(self, owner: Any, name: str):
+        self.owner = owner
+        self.name = name
+
+    def state_dict(self) -> dict:
+        return {"value": getattr(self.owner, self.name)}
+
+    def load_state_dict(self, state: dict) -> None:
+        setattr(self.owner, self.name, state["value"])
+
+
+class CheckpointMixin:
+    """Adds ``save_checkpoint`` / ``load_checkpoint`` / ``save_hf_model`` to an actor worker."""
+
+    def _actor_checkpoint_manager(self) -> FSDPCheckpointManager:
+        manager = getattr(self, "_checkpoint_manager", None)
+        if manager is not None:
+            return manager
+        if getattr(self, "actor_module", None) is None or getattr(self, "actor_optimizer", None) is None:
+            raise RuntimeError(f"checkpointing needs an actor (role {getattr(self, 'role', '?')!r} has no trained "
+                               f"model here); call init_model first")
+        extras: dict[str, Any] = {}
+        actor = getattr(self, "actor", None)
+        adaptive = getattr(actor, "adaptive_entropy", None)
+        if adaptive is not None and hasattr(adaptive, "state_dict"):
+            extras["adaptive_entropy"] = adaptive
+        if actor is not None and hasattr(actor, "nonfinite_skips"):
+            extras["nonfinite_skips"] = AttributeState(actor, "nonfinite_skips")
+        contents = ("model", "optimizer", "extra")
+        config = getattr(self, "config", None)
+        if config is not None and "actor" in config and config.actor.get("checkpoint") is not None:
+            contents = tuple(config.actor.checkpoint.get("contents", contents))
+        manager = FSDPCheckpointManager(self.actor_module, self.actor_optimizer, getattr(self, "lr_scheduler", None),
+                                        tokenizer=getattr(self, "tokenizer", None), extra_states=extras,
+                                        contents=contents)
+        self._checkpoint_manager = manager
+        return manager
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: Optional[int] = None,
+                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False) -> dict:
+        """Write this rank's share of the actor checkpoint into ``local_path``; returns seconds and bytes."""
+        return self._actor_checkpoint_manager().save_checkpoint(local_path, global_step=global_step,
+                                                                max_ckpt_to_keep=max_ckpt_to_keep, save_hf=save_hf)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, load_optimizer: bool = True) -> dict:
+        """Restore the actor from ``local_path`` (DCP reshards when the world size differs)."""
+        return self._actor_checkpoint_manager().load_checkpoint(local_path, load_optimizer=load_optimizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_hf_model(self, path: str) -> str:
+        """Gather the full weights and write an HF folder (weights, config, tokenizer) at ``path``."""
+        return self._actor_checkpoint_manager().save_hf_model(path)

@@ -1,0 +1,321 @@
+"""Persistent process pool that grades responses with a per-item wall-clock timeout enforced by us.
+
+Math-verify and SymPy can run for hours on adversarial answers, and math-verify's own SIGALRM timeout
+fails off the main thread (threaded Ray actors, async code). So each worker process owns one pipe; the
+parent hands one item at a time to each idle worker and waits on all pipes with a deadline. A worker
+that misses its deadline is killed (SIGKILL) and replaced; its item scores 0 and counts as a timeout.
+
+Start method: ``forkserver`` by default. ``fork`` copies a parent that may hold other threads' locks
+(Ray's gRPC threads, tokenizer pools, vLLM), which can deadlock the child; ``spawn`` is safe but
+re-imports everything per worker (~1.5 s). The fork server is a clean single-threaded process started
+once, with the grading modules preloaded, and forks warm workers in milliseconds, including the
+replacements after a timeout.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import multiprocessing as mp
+import signal
+import threading
+import time
+from multiprocessing.connection import wait as wait_for_ready
+from typing import Any, Callable, Sequence
+
+from deepscaler.rewards.reward_types import ScoreResult
+from deepscaler.rewards.selection import ScorerSpec
+
+START_METHODS = ("forkserver", "spawn", "fork")
+PRELOAD_MODULES = ["deepscaler.rewards", "math_verify", "latex2sympy2_extended", "sympy"]
+
+# One item = (data_source, solution_str, ground_truth, extra_info).
+ScoreItem = tuple
+
+
+@dataclasses.dataclass
+class PoolStats:
+    """Counters for one ``score`` call (the reward manager turns them into ``reward/*`` metrics)."""
+
+    timeout_count: int = 0
+    error_count: int = 0
+    parse_fail_count: int = 0
+    worker_restarts: int = 0
+    score_time_s: float = 0.0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+class CallableScorer:
+    """Adapts a verl-style ``compute_score(ds, text, gt, extra) -> float`` to the worker protocol.
+
+    The function must be importable by name (a module-level function) when the start method is
+    ``spawn`` or ``forkserver``: it is pickled by reference.
+    """
+
+    def __init__(self, fn: Callable[..., float]):
+        self.fn = fn
+
+    def warm_up(self) -> None:
+        """Nothing to warm: a custom function's cost is its own."""
+
+    def score(self, data_source, solution_str, ground_truth, extra_info=None) -> ScoreResult:
+        value = self.fn(data_source, solution_str, ground_truth, extra_info)
+        if isinstance(value, ScoreResult):
+            return value
+        value = float(value)
+        return ScoreResult(value, value > 0.0)
+
+
+READY = -1
+
+
+def _worker_main(conn, scorer) -> None:
+    """Worker loop: warm up, announce ``(READY, ok, info)``, then answer ``(task_id, item)`` messages
+    with ``(task_id, ok, payload)``; ``None`` stops it."""
+    # Ctrl-C goes to the whole process group; the parent decides what happens to workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        # First calls compile math-verify's regexes and build the LaTeX parser (~0.5 s); doing it here
+        # keeps that cost out of the first item's deadline.
+        warm_up = getattr(scorer, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+        conn.send((READY, True, None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        try:
+            conn.send((READY, False, f"{type(exc).__name__}: {str(exc)[:300]}"))
+        finally:
+            return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # parent is gone
+        if message is None:
+            return
+        task_id, item = message
+        try:
+            result = scorer.score(*item)
+            reply = (task_id, True, (float(result.score), bool(result.correct), bool(result.parse_failed),
+                                     result.answer))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent and counted as an error
+            reply = (task_id, False, f"{type(exc).__name__}: {str(exc)[:300]}")
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class _Worker:
+    def __init__(self, ctx, scorer):
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child_conn, scorer), daemon=True,
+                                   name="reward-scorer")
+        self.process.start()
+        child_conn.close()
+        self.task: int | None = None
+        self.deadline = 0.0
+        self.ready = False
+        self.started_at = time.monotonic()
+
+    def kill(self) -> None:
+        try:
+            self.process.kill()
+        except (OSError, AttributeError):
+            pass
+        self.process.join(timeout=5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(timeout=2)
+        if self.process.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+class ScoringPool:
+    """Grades items in ``num_workers`` persistent processes with a per-item timeout.
+
+    Args:
+        scorer: a ``ScorerSpec`` (built-in scorers) or a module-level ``compute_score`` function.
+        num_workers: worker processes; 0 grades inline in the calling process (no timeout; for
+            debugging and for the single-process baseline of the benchmark).
+        timeout_s: wall-clock limit per item, counted from the moment a worker receives it.
+        start_method: ``forkserver`` (default), ``spawn`` or ``fork`` (see the module docstring).
+
+    ``score`` may be called from any thread, one call at a time (a lock serialises calls). Workers warm
+    up (imports, first parse) before they take items, so start-up time never counts against an item.
+    """
+
+    def __init__(self, scorer: ScorerSpec | Callable[..., float] | None = None, num_workers: int = 2,
+                 timeout_s: float = 10.0, start_method: str = "forkserver"):
+        if num_workers < 0:
+            raise ValueError(f"reward.num_workers must be >= 0, got {num_workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"reward.timeout_s must be > 0, got {timeout_s}")
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        scorer = ScorerSpec() if scorer is None else scorer
+        self.scorer = scorer if isinstance(scorer, ScorerSpec) else CallableScorer(scorer)
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._closed = False
+        self._start_failures = 0
+        # Start-up includes imports and warm-up; under a loaded CPU that is seconds, never minutes.
+        self.startup_timeout_s = max(120.0, 10 * self.timeout_s)
+        self._ctx = None
+        if num_workers > 0:
+            self._ctx = mp.get_context(start_method)
+            if start_method == "forkserver":
+                # Only takes effect if this process has not started its fork server yet.
+                self._ctx.set_forkserver_preload(PRELOAD_MODULES)
+            self._workers = [_Worker(self._ctx, self.scorer) for _ in range(num_workers)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def score(self, items: Sequence[ScoreItem]) -> tuple[list[ScoreResult], PoolStats]:
+        """Grade every item; a timed-out or failed item gets ``ScoreResult(0.0, False)``."""
+        if self._closed:
+            raise RuntimeError("ScoringPool is closed")
+        with self._lock:
+            start = time.perf_counter()
+            stats = PoolStats()
+            if self.num_workers == 0:
+                results = [self._score_inline(item, stats) for item in items]
+            else:
+                results = self._score_in_workers(list(items), stats)
+            stats.parse_fail_count = sum(1 for r in results if r.parse_failed)
+            stats.score_time_s = time.perf_counter() - start
+            return results, stats
+
+    def _score_inline(self, item, stats: PoolStats) -> ScoreResult:
+        try:
+            return self.scorer.score(*item)
+        except Exception as exc:  # noqa: BLE001 - counted, never silent
+            stats.error_count += 1
+            stats.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+            return ScoreResult(0.0, False)
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        worker.kill()
+        fresh = _Worker(self._ctx, self.scorer)
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def _handle_ready(self, worker: _Worker, stats: PoolStats) -> None:
+        """Consume a starting worker's READY message (or its death) and mark it usable."""
+        try:
+            task_id, ok, info = worker.conn.recv()
+        except (EOFError, OSError):
+            ok, info, task_id = False, "worker exited during start-up", READY
+        if task_id != READY or not ok:
+            self._start_failures += 1
+            if self._start_failures >= 3:
+                raise RuntimeError(f"reward scoring workers fail to start: {info}")
+            stats.worker_restarts += 1
+            self._replace(worker)
+            return
+        self._start_failures = 0
+        worker.ready = True
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until every worker has warmed up (optional; ``score`` waits for them by itself)."""
+        deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
+        stats = PoolStats()
+        while True:
+            starting = [w for w in self._workers if not w.ready]
+            if not starting:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RuntimeError(f"{len(starting)} reward scoring worker(s) not ready after start-up timeout")
+            for conn in wait_for_ready([w.conn for w in starting], timeout=remaining):
+                self._handle_ready(next(w for w in starting if w.conn is conn), stats)
+
+    def _score_in_workers(self, items: list, stats: PoolStats) -> list[ScoreResult]:
+        results: list[ScoreResult | None] = [None] * len(items)
+        pending = collections.deque(range(len(items)))
+        busy: dict[Any, _Worker] = {}
+        while pending or busy:
+            starting = [w for w in self._workers if not w.ready]
+            for worker in starting:
+                if time.monotonic() - worker.started_at > self.startup_timeout_s:
+                    raise RuntimeError(f"reward scoring worker not ready after {self.startup_timeout_s:.0f} s")
+            for worker in list(self._workers):
+                if worker.ready and worker.task is None and pending:
+                    task = pending.popleft()
+                    try:
+                        worker.conn.send((task, items[task]))
+                    except (BrokenPipeError, OSError):
+                        pending.appendleft(task)
+                        stats.worker_restarts += 1
+                        self._replace(worker)
+                        continue
+                    worker.task = task
+                    worker.deadline = time.monotonic() + self.timeout_s
+                    busy[worker.conn] = worker
+            starting = {w.conn: w for w in self._workers if not w.ready}
+            if not busy and not starting:
+                continue
+            deadlines = [w.deadline for w in busy.values()] + [time.monotonic() + 1.0]
+            wait_s = max(0.0, min(deadlines) - time.monotonic())
+            for conn in wait_for_ready(list(busy) + list(starting), timeout=wait_s):
+                if conn in starting:
+                    self._handle_ready(starting[conn], stats)
+                    continue
+                worker = busy.pop(conn)
+                task, worker.task = worker.task, None
+                try:
+                    task_id, ok, payload = conn.recv()
+                except (EOFError, OSError):
+                    # The worker died mid-item (segfault, OOM kill): count it and start a new one.
+                    stats.error_count += 1
+                    stats.errors.append(f"worker exited while scoring item {task}")
+                    results[task] = ScoreResult(0.0, False)
+                    stats.worker_restarts += 1
+                    self._replace(worker)
+                    continue
+                if task_id != task:
+                    raise RuntimeError(f"scoring worker answered item {task_id} while item {task} was pending")
+                if ok:
+                    score, correct, parse_failed, answer = payload
+                    results[task] = ScoreResult(score, correct, parse_failed, answer)
+                else:
+                    stats.error_count += 1
+                    stats.errors.append(payload)
+                    results[task] = ScoreResult(0.0, False)
+            now = time.monotonic()
+            for conn, worker in list(busy.items()):
+                if worker.deadline <= now:
+                    busy.pop(conn)
+                    results[worker.task] = ScoreResult(0.0, False)
+                    worker.task = None
+                    stats.timeout_count += 1
+                    stats.worker_restarts += 1
+                    self._replace(worker)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
+            pass
