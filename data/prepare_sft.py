@@ -18,7 +18,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from data.common import (DataFormatError, progress, read_records, run_cli, strip_think_open, user_text,
+from verl.utils.data_format import (DataFormatError, progress, read_records, run_cli, strip_think_open, user_text,
                          validate_training_row, write_records)
 
 PROMPT_FORMATS = ("messages", "question")

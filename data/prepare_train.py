@@ -30,7 +30,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from data.common import (R1_SYSTEM_PROMPT, DataFormatError, DropSummary, add_bool_arg, build_prompt,
+from verl.utils.data_format import (R1_SYSTEM_PROMPT, DataFormatError, DropSummary, add_bool_arg, build_prompt,
                          check_chat, check_ground_truth, check_text, has_think_structure, progress,
                          prompt_hash_fraction, read_records, require_columns, run_cli, sibling_path, user_text,
                          validate_training_row, write_records)
@@ -50,6 +50,7 @@ class Candidate:
     ground_truth: str
     data_source: str
     prompt: Optional[list[dict]] = None  # kept from a formatted input (luffy source)
+    drop_reason: Optional[str] = None  # set when the row is unusable as data (not malformed): counted, skipped
 
 
 # ------------------------------------------------------------------------------------------------ GSM8K
@@ -103,7 +104,12 @@ def openr1_candidates(path: str, max_rows: Optional[int], data_source: str, ques
         if not isinstance(traces, list) or not all(isinstance(t, str) for t in traces):
             raise DataFormatError(path, f"expected a string or a list of strings, got {type(traces).__name__}",
                                   i, trace_col)
-        gt = check_ground_truth({"ground_truth": rec[answer_col]}, path, i, answer_col)
+        answer = rec[answer_col]
+        if answer is None or (isinstance(answer, str) and not answer.strip()):
+            # Source datasets have problems without a final answer (proofs); nothing can verify a trace.
+            yield Candidate(i, question.strip(), [], "", data_source, drop_reason="no answer to verify against")
+            continue
+        gt = check_ground_truth({"ground_truth": answer}, path, i, answer_col)
         if isinstance(gt, list):
             raise DataFormatError(path, "expected one answer string, got a list", i, answer_col)
         yield Candidate(i, question.strip(), traces, gt.strip(), data_source)
@@ -179,29 +185,38 @@ class TraceFilter:
                     self.summary.drop_trace(f"over {self.max_trace_tokens} tokens")
                 else:
                     fitting.append(i)
-            for i, ok in zip(fitting, self._verify([candidates[i] for i in fitting], r)):
-                if ok:
+            for i, failure in zip(fitting, self._verify([candidates[i] for i in fitting], r)):
+                if failure is None:
                     chosen[i] = candidates[i].traces[r]
                 else:
-                    self.summary.drop_trace(f"answer fails {self.grader} grading")
+                    self.summary.drop_trace(failure)
         return chosen
 
-    def _verify(self, cands: list[Candidate], r: int) -> list[bool]:
+    def _verify(self, cands: list[Candidate], r: int) -> list[Optional[str]]:
+        """Per candidate: None when its r-th trace grades correct, else the reason it was dropped."""
         if not self.grader or not cands:
-            return [True] * len(cands)
+            return [None] * len(cands)
         from eval_scripts.grading import grade_many
 
         tasks = [(c.traces[r], c.ground_truth, self.grader, True, 10.0) for c in cands]
         bar = lambda it, total: progress(it, f"verifying traces (round {r + 1})", total, unit="trace")  # noqa: E731
-        return [g.correct for g in grade_many(tasks, self.workers, bar)]
+        out = []
+        for g in grade_many(tasks, self.workers, bar):
+            if g.correct:
+                out.append(None)
+            elif g.status in ("timeout",) or g.status.startswith("error"):
+                out.append(f"grader {g.status}")  # not evidence of a wrong answer: reported apart
+            else:
+                out.append(f"answer fails {self.grader} grading")
+        return out
 
 
 def build_rows(candidates: list[Candidate], chosen: list[Optional[str]], system_prompt: Optional[str],
                keep_prompt: bool, summary: DropSummary) -> list[dict]:
     rows = []
     for cand, trace in zip(candidates, chosen):
-        if trace is None:
-            summary.drop_row("no usable trace")
+        if cand.drop_reason or trace is None:
+            summary.drop_row(cand.drop_reason or "no usable trace")
             continue
         prompt = cand.prompt if keep_prompt and cand.prompt else build_prompt(cand.question, system_prompt)
         rows.append({

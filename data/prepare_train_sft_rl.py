@@ -19,7 +19,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from data.common import (DataFormatError, DropSummary, prompt_hash_fraction, read_records, run_cli, user_text,
+from verl.utils.data_format import (DataFormatError, DropSummary, prompt_hash_fraction, read_records, run_cli, user_text,
                          validate_training_row, write_records)
 from data.prepare_sft import to_sft_record
 

@@ -20,7 +20,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from data.common import DataFormatError, iter_jsonl, run_cli
+from verl.utils.data_format import DataFormatError, iter_jsonl, run_cli
 from eval_scripts.metrics import summarize
 
 # (column, data_source names that map to it); the first name is the one in LUFFY's parquets.

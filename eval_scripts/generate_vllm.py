@@ -24,7 +24,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from data.common import DataFormatError, add_bool_arg, iter_jsonl, progress, read_eval_table, run_cli
+from verl.utils.data_format import DataFormatError, add_bool_arg, iter_jsonl, progress, read_eval_table, run_cli
 from eval_scripts.grading import GRADERS, grade_samples
 from eval_scripts.metrics import report_lines, summarize, summary_to_json
 from verl.trainer.main_generation import (BACKENDS, TEMPLATES, SamplingArgs, generate_completions, load_generator,
@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bool_arg(ap, "--remove_system", default=True, help="drop the parquet's system turn (LUFFY's eval)")
     ap.add_argument("--system_prompt", default=None, help="system message to put in place of the parquet's")
     ap.add_argument("--template", choices=list(TEMPLATES), default="own",
-                    help="own = the model's chat template; qwen/simplerl/prime = LUFFY's fixed templates; no = raw question")
+                    help="own = the model's chat template; qwen/simplerl/prime = LUFFY's fixed templates; "
+                         "no = raw question")
     add_bool_arg(ap, "--add_think_before_answer", default=False,
                  help="grade as if the response started with <think>\\n even when the prompt does not open it")
     add_bool_arg(ap, "--no_split_think", default=False, help="grade the whole response, not the part after </think>")
@@ -175,7 +176,8 @@ def run(args) -> Optional[dict]:
         "sampling": {"n": args.n, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                      "max_tokens": args.max_tokens, "seed": args.seed},
         "template": args.template, "remove_system": args.remove_system, "backend": args.backend,
-        "finish_reasons": dict(finish), "grade_status": dict(statuses), "overlong_prompts_skipped": finish.get("prompt_too_long", 0),
+        "finish_reasons": dict(finish), "grade_status": dict(statuses),
+        "overlong_prompts_skipped": finish.get("prompt_too_long", 0),
         "mean_response_tokens": sum(s["num_tokens"] for s in samples) / len(samples),
         "generation_seconds": round(gen_seconds, 2), "grading_seconds": round(time.time() - t1, 2),
         **summary_to_json(summary),

@@ -3,9 +3,11 @@
 LUFFY's eval rule (LUFFY_SPEC §4.4): when the prompt opened ``<think>\\n`` (or
 ``--add_think_before_answer``), the graded text is the part after the first ``</think>`` and a response
 without one is wrong; ``--no_split_think`` grades the whole response. The answer is then judged by
-math-verify, the rule-based grader, or either (``both``/``any``). Every call runs under a wall-clock
-limit (SIGALRM in the grading process's main thread; the scorers run math-verify with its own timers
-off) and timeouts / grader errors are counted, never silently folded into "wrong".
+math-verify, the rule-based grader, or either (``both``/``any``), through ``deepscaler.rewards``.
+Every call runs under a wall-clock limit (SIGALRM in the grading process's main thread; the scorers
+run math-verify with its own timers off) and timeouts / grader errors are counted, never silently
+folded into "wrong". The trainer's ``ScoringPool`` is not used here: a script is single-threaded, so
+the alarm works, and that pool's workers re-import the calling script (~8 s each on a busy 2-core box).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import signal
 import threading
 from typing import Callable, Iterable, Optional, Sequence
 
-from deepscaler.rewards.math_verify_reward import grade_solution
+from deepscaler.rewards import grade_solution
 
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "</think>"

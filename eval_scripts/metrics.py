@@ -92,11 +92,11 @@ def report_lines(summary: Mapping[str, Mapping]) -> list[str]:
     lines += [f"{source}: {stats['avg']}" for source, stats in summary.items()]
     lines.append(f"avg acc: {macro_average(summary)}")
     lines.append("")
-    lines.append(f"{'data_source':<16} {'problems':>8} {'samples':>8} {'avg':>12} {'pass@1':>8}  pass@k")
+    lines.append(f"{'data_source':<16} {'problems':>8} {'samples':>8} {'avg':>18} {'pass@1':>8}  pass@k")
     for source, stats in summary.items():
         passes = ", ".join(f"@{k}={v:.4f}" for k, v in stats["pass"].items())
         avg = f"{stats['avg']:.4f} ({avg_label(stats)})"
-        lines.append(f"{source:<16} {stats['num_problems']:>8} {stats['num_samples']:>8} {avg:>12} "
+        lines.append(f"{source:<16} {stats['num_problems']:>8} {stats['num_samples']:>8} {avg:>18} "
                      f"{stats['pass'][1]:>8.4f}  {passes}")
     return lines
 

@@ -190,7 +190,8 @@ class DataProto:
             if not isinstance(self.batch, TensorDict):
                 raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
             if len(self.batch.batch_size) != 1:
-                raise ValueError(f"DataProto.batch must have exactly one batch dimension, got {tuple(self.batch.batch_size)}")
+                raise ValueError(f"DataProto.batch must have exactly one batch dimension, got "
+                                 f"{tuple(self.batch.batch_size)}")
         if not isinstance(self.non_tensor_batch, dict):
             raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
         if not isinstance(self.meta_info, dict):

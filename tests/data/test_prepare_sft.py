@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from data.common import prompt_hash_fraction, read_records, run_cli, write_records
+from verl.utils.data_format import prompt_hash_fraction, read_records, run_cli, write_records
 from data.prepare_sft import main as sft_main
 from data.prepare_train_sft_rl import main as split_main
 from data.prepare_train_sft_rl import split_sft_rl

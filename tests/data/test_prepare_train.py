@@ -7,7 +7,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from data.common import R1_SYSTEM_PROMPT, read_records, run_cli
+from verl.utils.data_format import R1_SYSTEM_PROMPT, read_records, run_cli
 from data.prepare_train import gsm8k_trace, main
 
 TRAINING_SCHEMA = {
@@ -94,19 +94,21 @@ def test_openr1_keeps_first_correct_trace_and_drops_rows_without_one(tmp_path, c
          "answer": "2"},
         {"problem": "P2", "generations": ["<think>\nz\n</think>\n\\boxed{7}"], "answer": "8"},
         {"problem": "P3", "generations": "<think>\nw\n</think>\n\\boxed{4}", "answer": "4"},  # a single string
+        {"problem": "P4", "generations": [good], "answer": ""},  # a proof problem: nothing to verify against
     ]
     out = str(tmp_path / "o.parquet")
     result = main(["--source", "openr1", "--input", _jsonl(tmp_path / "in.jsonl", rows), "--output", out])
     s = result["summary"]
-    assert s["read"] == 4 and s["written"] == 3
-    assert s["rows_dropped"] == {"no usable trace": 1}
+    assert s["read"] == 5 and s["written"] == 3
+    assert s["rows_dropped"] == {"no usable trace": 1, "no answer to verify against": 1}
     assert s["traces_dropped"] == {"answer fails math_verify grading": 2, "no <think>...</think> block": 1}
     written = read_records(out)
     assert [r["prompt"][1]["content"] for r in written] == ["P0", "P1", "P3"]
     assert written[0]["target"][0]["content"] == good
     assert written[0]["data_source"] == "openr1"
     printed = capsys.readouterr().out
-    assert "row dropped (no usable trace): 1" in printed and "trace dropped (answer fails math_verify grading): 2" in printed
+    assert "row dropped (no usable trace): 1" in printed
+    assert "trace dropped (answer fails math_verify grading): 2" in printed
 
 
 def test_val_fraction_writes_a_problem_disjoint_val_file(tmp_path, shared_data_dir):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from data.common import DataFormatError
+from verl.utils.data_format import DataFormatError
 from eval_scripts import collect_results
 
 

@@ -7,7 +7,7 @@ import os
 import pandas as pd
 import pytest
 
-from data.common import R1_SYSTEM_PROMPT, write_records
+from verl.utils.data_format import R1_SYSTEM_PROMPT, write_records
 from eval_scripts import collect_results, generate_vllm
 from eval_scripts.generate_vllm import build_parser, decoded_path, select_rows, summary_path
 
@@ -94,7 +94,7 @@ def test_hand_graded_outputs_give_hand_computed_metrics(tmp_path, grader, capsys
 
 
 def test_reusing_a_decoded_file_of_the_wrong_size_is_an_error(tmp_path, capsys):
-    from data.common import run_cli
+    from verl.utils.data_format import run_cli
 
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
     out = str(tmp_path / "o.jsonl")

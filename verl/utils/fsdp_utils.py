@@ -201,7 +201,8 @@ def load_full_state_dict_into_fsdp2(module: nn.Module, full_state_dict: dict, st
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
-    set_model_state_dict(module, full_state_dict, options=options)
+    # set_model_state_dict swaps the dict's entries for DTensors; keep the caller's dict intact.
+    set_model_state_dict(module, dict(full_state_dict), options=options)
 
 
 # ------------------------------------------------------------------------------ manual offload

@@ -1,5 +1,6 @@
 """A 2-rank RayWorkerGroup end to end: the environment each rank sees, every dispatch mode through
-real actors, DataProtoFuture chaining, a gloo all-reduce, and how failures and timeouts surface."""
+real actors, DataProtoFuture chaining, a gloo all-reduce (process group joined in the workers'
+constructors), and how failures and timeouts surface."""
 from __future__ import annotations
 
 import os
@@ -23,11 +24,13 @@ ENV_KEYS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 
 
 class ProbeWorker(Worker):
-    """Multiplies rows by ``scale`` and reports where it runs."""
+    """Multiplies rows by ``scale`` and reports where it runs. Joins torch.distributed in ``__init__``,
+    as the FSDP workers do: every rank must know MASTER_ADDR/PORT before any constructor finishes."""
 
     def __init__(self, scale: int) -> None:
         super().__init__()
         self.scale = scale
+        self.backend = self.init_torch_distributed()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def whoami(self, tag):
@@ -73,10 +76,9 @@ class ProbeWorker(Worker):
     def all_reduce_rank_plus_one(self):
         import torch.distributed as dist
 
-        backend = self.init_torch_distributed()
         value = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(value)
-        return backend, value.item()
+        return self.backend, dist.get_backend(), value.item()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail_on_rank(self, bad_rank):
@@ -184,7 +186,7 @@ def test_execute_helpers(group):
 
 
 def test_gloo_all_reduce_across_two_ranks(group):
-    assert group.all_reduce_rank_plus_one() == [("gloo", 3.0), ("gloo", 3.0)]
+    assert group.all_reduce_rank_plus_one() == [("gloo", "gloo", 3.0), ("gloo", "gloo", 3.0)]
 
 
 def test_raising_worker_names_group_rank_and_method(group):

@@ -1,5 +1,6 @@
 """Failures surface in the driver as WorkerGroupError naming the group, rank(s) and method, never as a
-hang: a worker process that dies mid-call, a constructor that raises, pools the cluster cannot hold.
+hang: a worker process that dies mid-call while its peer is stuck, a constructor that raises, pools
+the cluster cannot hold.
 Workers here import no torch so their processes start fast."""
 from __future__ import annotations
 
@@ -18,16 +19,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 class FragileWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def exit_on_rank(self, rank):
-        if self.rank == rank:
-            os._exit(1)
-        return self.rank
-
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def fail_on_one_block_on_zero(self, block_s):
+    def exit_on_one_block_on_zero(self, block_s):
         if self.rank == 1:
-            raise ValueError("rank 1 gave up")
+            os._exit(1)
         time.sleep(block_s)  # like a rank stuck in a collective whose peer is gone
         return self.rank
 
@@ -50,29 +44,20 @@ def pool(ray_session):
     pool.release()
 
 
-def test_killed_worker_raises_naming_rank_and_method_then_check_alive_fails(pool):
+def test_killed_worker_raises_without_waiting_for_stuck_rank_then_check_alive_fails(pool):
     group = RayWorkerGroup(pool, RayClassWithInitArgs(FragileWorker), name_prefix="fragile")
     try:
         with pytest.raises(WorkerGroupError) as info:
-            group.exit_on_rank(1)
+            group.exit_on_one_block_on_zero(120)
         message = str(info.value)
-        assert "worker group 'fragile' method 'exit_on_rank' failed on rank 1" in message
+        assert "worker group 'fragile' method 'exit_on_one_block_on_zero' failed on rank 1" in message
         assert "worker process died" in message
-        assert sorted(info.value.failures) == [1]
+        # Rank 0 is still sleeping: the driver gave up on it instead of hanging.
+        assert sorted(info.value.failures) == [1] and info.value.pending_ranks == [0]
+        assert "ranks [0] had not answered and were not waited for" in message
         with pytest.raises(WorkerGroupError, match="method 'check_alive' failed on rank 1") as alive:
             group.check_alive(timeout_s=30)
         assert sorted(alive.value.failures) == [1]
-    finally:
-        group.shutdown()
-
-
-def test_failure_on_one_rank_does_not_wait_for_a_stuck_rank(pool):
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(FragileWorker), name_prefix="stuck")
-    try:
-        with pytest.raises(WorkerGroupError) as info:
-            group.fail_on_one_block_on_zero(120)
-        assert sorted(info.value.failures) == [1] and info.value.pending_ranks == [0]
-        assert "ranks [0] had not answered and were not waited for" in str(info.value)
     finally:
         group.shutdown()
 
@@ -105,6 +90,16 @@ def test_two_node_pool_on_a_single_node_cluster_is_rejected(ray_session):
     with pytest.raises(RuntimeError, match="needs its own node"):
         pool.get_placement_groups()
     assert pool.pgs is None  # released again
+
+
+def test_pools_may_share_a_name_prefix(ray_session):
+    first, second = RayResourcePool([1], use_gpu=False, name_prefix="same"), RayResourcePool([1], use_gpu=False,
+                                                                                              name_prefix="same")
+    try:
+        assert len(first.get_placement_groups()) == len(second.get_placement_groups()) == 1
+    finally:
+        first.release()
+        second.release()
 
 
 def test_pool_shape_is_validated():

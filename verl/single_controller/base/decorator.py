@@ -152,7 +152,8 @@ def get_dispatch_fns(dispatch_mode: Union[Dispatch, dict]) -> tuple[Callable, Ca
     if isinstance(dispatch_mode, dict):
         missing = {"dispatch_fn", "collect_fn"} - dispatch_mode.keys()
         if missing:
-            raise ValueError(f"a custom dispatch_mode dict needs keys dispatch_fn and collect_fn; missing {sorted(missing)}")
+            raise ValueError(f"a custom dispatch_mode dict needs keys dispatch_fn and collect_fn; "
+                             f"missing {sorted(missing)}")
         return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
     raise TypeError(f"dispatch_mode must be a Dispatch or a dict, got {type(dispatch_mode).__name__}")
 

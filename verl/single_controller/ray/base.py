@@ -103,11 +103,13 @@ class RayResourcePool(ResourcePool):
         """The pool's placement groups (created and awaited on first call, then reused)."""
         if self.pgs is not None:
             if strategy != self.strategy:
-                raise ValueError(f"resource pool '{self.name_prefix}' already placed with {self.strategy}, not {strategy}")
+                raise ValueError(f"resource pool '{self.name_prefix}' is already placed with {self.strategy}, "
+                                 f"not {strategy}")
             return self.pgs
         self._check_cluster_capacity()
         targets = self._target_nodes() if strategy == "STRICT_PACK" and len(self) > 1 else [None] * len(self)
-        name = name or self.name_prefix
+        # Ray requires unique placement-group names; the token keeps pools with one prefix apart.
+        name = f"{name or self.name_prefix}_{_random_prefix(4)}"
         pgs = [
             placement_group(bundles=[self.bundle()] * count, strategy=strategy, name=f"{name}_node{i}",
                             lifetime="detached" if self.detached else None, _soft_target_node_id=target)
@@ -208,7 +210,6 @@ class RayWorkerGroup(WorkerGroup):
         self.call_timeout_s = call_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.resource_pool = resource_pool
-        self._ranks_on_nodes: list[tuple[int, int]] = []
         self._launch(resource_pool, ray_cls_with_init, bin_pack)
         self._bind_worker_methods(self.worker_cls, self._make_group_method)
 
@@ -217,7 +218,8 @@ class RayWorkerGroup(WorkerGroup):
         return self.name_prefix
 
     def __repr__(self) -> str:
-        return f"RayWorkerGroup(name={self.name_prefix!r}, worker={self.worker_cls.__name__}, world_size={self.world_size})"
+        return (f"RayWorkerGroup(name={self.name_prefix!r}, worker={self.worker_cls.__name__}, "
+                f"world_size={self.world_size})")
 
     # ------------------------------------------------------------------ launch
     def _launch(self, pool: RayResourcePool, ray_cls: RayClassWithInitArgs, bin_pack: bool) -> None:
@@ -225,6 +227,8 @@ class RayWorkerGroup(WorkerGroup):
         self.master_addr, self.master_port = self._pick_rendezvous(pgs[0])
         num_gpus = 1.0 / pool.max_colocate_count if pool.use_gpu else 0.0
         slots = [(node, local) for node, count in enumerate(pool.store) for local in range(count)]
+        # Actor names must be unique while alive; the token lets a group reuse a fixed name_prefix.
+        actor_prefix = f"{self.name_prefix}_{_random_prefix(4)}_{self.worker_cls.__name__}"
         for rank, (node, local_rank) in enumerate(slots):
             env = {"WORLD_SIZE": str(self.world_size), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
                    "LOCAL_WORLD_SIZE": str(pool.store[node]), "RAY_LOCAL_RANK": str(local_rank),
@@ -232,7 +236,7 @@ class RayWorkerGroup(WorkerGroup):
                    "WG_BACKEND": "ray", "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
             self._workers.append(ray_cls.create_actor(
                 pgs[node], local_rank, env, num_cpus=1.0, num_gpus=num_gpus,
-                name=f"{self.name_prefix}_{self.worker_cls.__name__}_{rank}"))
+                name=f"{actor_prefix}_{rank}"))
         try:
             get_ranked([w.__ray_ready__.remote() for w in self._workers], list(range(self.world_size)),
                        group_name=self.name_prefix, method_name="__init__", timeout_s=self.startup_timeout_s)

@@ -8,6 +8,7 @@ the HF model on the meta device, assigns the tensors and calls ``save_pretrained
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -42,7 +43,10 @@ def load_dcp_model_state(model_dir: str) -> dict[str, torch.Tensor]:
         if not isinstance(meta, TensorStorageMetadata):
             raise ValueError(f"{model_dir}: entry {key!r} is not a tensor; is this an optimizer directory?")
         state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():
+        # DCP warns that it "assumes" single-process loading even when no_dist=True says so.
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return state
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import multiprocessing as mp
+import pickle
 import signal
 import threading
 import time
@@ -161,6 +162,12 @@ class ScoringPool:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
         scorer = ScorerSpec() if scorer is None else scorer
         self.scorer = scorer if isinstance(scorer, ScorerSpec) else CallableScorer(scorer)
+        if num_workers > 0 and start_method != "fork":
+            try:
+                pickle.dumps(self.scorer)
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                raise ValueError("a custom compute_score must be a module-level function (it is sent to "
+                                 f"worker processes by name) when num_workers > 0: {exc}") from exc
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()

@@ -79,7 +79,12 @@ def full_states(model, optim):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_state_dict(model, optim, options=opts)
+    model_sd, optim_sd = get_state_dict(model, optim, options=opts)
+    # On one rank the "full" tensors are the live parameters themselves: snapshot them.
+    clone = lambda v: v.detach().clone() if torch.is_tensor(v) else v  # noqa: E731
+    if "state" in optim_sd:  # ranks other than 0 get empty dicts
+        optim_sd["state"] = {p: {k: clone(v) for k, v in st.items()} for p, st in optim_sd["state"].items()}
+    return {k: clone(v) for k, v in model_sd.items()}, optim_sd
 
 
 class Counter:

@@ -19,8 +19,10 @@ def engine(tiny_model_dir):
     set_num_threads = torch.set_num_threads
     torch.manual_seed(1234)
     rng_before = torch.get_rng_state()
+    # LUFFY's load_format: the engine starts with random weights; every test pushes what it needs.
     rollout = VLLMRollout(tiny_model_dir, {"prompt_length": 256, "response_length": 256, "dtype": "float32",
-                                           "seed": 0, "cpu_kv_cache_bytes": 64 * 2**20})
+                                           "seed": 0, "cpu_kv_cache_bytes": 64 * 2**20,
+                                           "load_format": "dummy_dtensor"})
     side_effects = {"set_num_threads_restored": torch.set_num_threads is set_num_threads,
                     "rng_restored": torch.equal(torch.get_rng_state(), rng_before)}
     yield rollout, side_effects

@@ -1,4 +1,4 @@
-"""Validation, reading and CLI helpers shared by the prepare and eval scripts (data/common.py)."""
+"""Validation, reading and CLI helpers shared by the prepare and eval scripts (verl/utils/data_format.py)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from data.common import (R1_SYSTEM_PROMPT, DataFormatError, add_bool_arg, check_chat, has_think_structure,
+from verl.utils.data_format import (R1_SYSTEM_PROMPT, DataFormatError, add_bool_arg, check_chat, has_think_structure,
                          prompt_hash_fraction, read_eval_table, read_records, sibling_path, strip_think_open,
                          validate_training_row, write_records)
 

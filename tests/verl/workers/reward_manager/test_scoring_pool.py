@@ -1,0 +1,79 @@
+"""Process pool with per-item timeouts: hung graders score 0 and are replaced; errors are counted."""
+import time
+
+import pytest
+
+from deepscaler.rewards import ScorerSpec
+from verl.workers.reward_manager import ScoringPool
+
+HANGS_MATH_VERIFY = ("math", "x\n</think>\n\\boxed{9^{9^{9}}}", "1", None)  # verify() never returns
+RIGHT = ("math", "x\n</think>\n\\boxed{\\frac{1}{2}}", "0.5", None)
+WRONG = ("math", "x\n</think>\n\\boxed{3}", "0.5", None)
+NO_CLOSE = ("math", "\\boxed{3}", "0.5", None)
+
+
+def raises_value_error(data_source, solution_str, ground_truth, extra_info=None):
+    raise ValueError("bad row")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ScoringPool(ScorerSpec(3), num_workers=2, timeout_s=3.0) as p:
+        p.wait_ready()
+        yield p
+
+
+def test_scores_and_parse_failures_come_back_in_order(pool):
+    results, stats = pool.score([RIGHT, WRONG, NO_CLOSE, RIGHT])
+    assert [r.score for r in results] == [1.0, 0.0, 0.0, 1.0]
+    assert stats.parse_fail_count == 1 and stats.timeout_count == 0 and stats.error_count == 0
+
+
+def test_hung_item_scores_zero_within_the_timeout_and_the_worker_is_replaced(pool):
+    pids_before = {w.process.pid for w in pool._workers}
+    start = time.monotonic()
+    results, stats = pool.score([HANGS_MATH_VERIFY, RIGHT, RIGHT, RIGHT])
+    elapsed = time.monotonic() - start
+    assert [r.score for r in results] == [0.0, 1.0, 1.0, 1.0]
+    assert stats.timeout_count == 1 and stats.worker_restarts == 1
+    assert elapsed < 3.0 + 60.0  # the timeout plus a generous allowance for a loaded CI machine
+    assert len({w.process.pid for w in pool._workers} - pids_before) == 1
+    # The replacement worker grades normally.
+    results, _ = pool.score([RIGHT, WRONG])
+    assert [r.score for r in results] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "{" * 20000 + "1" + "}" * 20000, "1" * 1_000_000])
+def test_pathological_inputs_finish_within_the_timeout(pool, answer):
+    item = ("math", "x\n</think>\n\\boxed{" + answer + "} " + "y" * 1_000_000, "1", None)
+    start = time.monotonic()
+    results, _ = pool.score([item])
+    assert results[0].score == 0.0
+    assert time.monotonic() - start < 3.0 + 60.0
+
+
+def test_exceptions_are_counted_not_silent():
+    with ScoringPool(raises_value_error, num_workers=1, timeout_s=5.0) as p:
+        results, stats = p.score([("math", "x", "1", None)] * 2)
+    assert [r.score for r in results] == [0.0, 0.0]
+    assert stats.error_count == 2 and "ValueError: bad row" in stats.errors[0]
+
+
+def test_inline_mode_grades_in_the_calling_process():
+    with ScoringPool(ScorerSpec(3), num_workers=0) as p:
+        results, stats = p.score([RIGHT, WRONG])
+    assert [r.score for r in results] == [1.0, 0.0] and stats.worker_restarts == 0
+
+
+def test_bad_pool_arguments_name_the_key():
+    with pytest.raises(ValueError, match="timeout_s"):
+        ScoringPool(num_workers=0, timeout_s=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        ScoringPool(num_workers=-1)
+    with pytest.raises(ValueError, match="start_method"):
+        ScoringPool(num_workers=0, start_method="thread")
+
+
+def test_unpicklable_custom_scorer_is_rejected_with_a_clear_error():
+    with pytest.raises(ValueError, match="module-level function"):
+        ScoringPool(lambda *a: 1.0, num_workers=1)
