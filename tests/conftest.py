@@ -58,3 +58,51 @@ def ray_session():
                  object_store_memory=512 * 1024 * 1024)
     yield ray
     ray.shutdown()
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "luffy_pool", "config")
+
+
+def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
+    """A small LUFFY run: n=4 with one full-trace slot per prompt, LUFFY's loss settings."""
+    return [
+        f"data.train_files={task_dir}/train.parquet", f"data.val_files={task_dir}/test.parquet",
+        "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=48", "data.val_max_rows=8",
+        "data.reward_impl_version=3",
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=2", "actor_rollout_ref.actor.use_off_policy_loss=True",
+        "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1", "actor_rollout_ref.actor.loss_remove_token_mean=True",
+        "actor_rollout_ref.actor.loss_remove_clip=True",
+        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.max_prefix_len=48", "actor_rollout_ref.rollout.n_prefix=1",
+        "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.ref.use_ref=False",
+        "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False", "algorithm.kl_ctrl.kl_coef=0.0",
+        "reward.num_workers=1", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
+        f"trainer.total_training_steps={steps}", "trainer.test_freq=2", "trainer.save_freq=-1",
+        "trainer.logger=['console','jsonl']", f"trainer.default_local_dir={out_dir}",
+        "+trainer.val_before_train=False", "trainer.project_name=e2e", "trainer.experiment_name=tiny",
+    ]
+
+
+
+def _compose_config(overrides, config_name: str = "mix_ppo_trainer"):
+    """The trainer config as ``main_mix_ppo`` composes it, without running Hydra's app."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+@pytest.fixture(scope="session")
+def luffy_overrides():
+    """``luffy_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3)``: a tiny LUFFY run's overrides."""
+    return tiny_overrides
+
+
+@pytest.fixture(scope="session")
+def compose_config():
+    """``compose_config(overrides, config_name="mix_ppo_trainer")`` -> the composed trainer config."""
+    return _compose_config

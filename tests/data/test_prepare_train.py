@@ -161,3 +161,28 @@ def test_malformed_input_gives_one_line_error_naming_file_row_and_column(case, t
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: " + expected) and "\n" not in err
+
+
+@pytest.mark.e2e
+def test_gsm8k_parquet_trains_two_luffy_steps(shared_data_dir, tiny_model_dir, tmp_path, ray_session, compose_config,
+                                              luffy_overrides):
+    """prepare_train.py turns GSM8K into a training parquet that main_mix_ppo trains on for 2 steps."""
+    import json
+
+    from data.prepare_train import main as prepare_main
+    from luffy_pool.launcher import build_trainer
+
+    out = tmp_path / "gsm8k.parquet"
+    prepare_main(["--source", "gsm8k", "--input", f"{shared_data_dir}/gsm8k/train.jsonl", "--output", str(out),
+                  "--max_rows", "24", "--no_system_prompt"])
+    overrides = luffy_overrides(tiny_model_dir, str(tmp_path), str(tmp_path / "run"), steps=2) + [
+        f"data.train_files={out}", "data.val_files=null", "data.max_prompt_length=384", "trainer.test_freq=-1"]
+    trainer, close = build_trainer(compose_config(overrides))
+    try:
+        last = trainer.fit()
+    finally:
+        close()
+    assert last["training/global_step"] == 2
+    rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["batch/avg_prefix_ratio"] == 0.25 for r in rows)

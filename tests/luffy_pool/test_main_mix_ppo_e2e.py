@@ -14,44 +14,11 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "luffy_pool", "config")
-
-
-def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
-    """A small LUFFY run: n=4 with one full-trace slot per prompt, LUFFY's loss settings."""
-    return [
-        f"data.train_files={task_dir}/train.parquet", f"data.val_files={task_dir}/test.parquet",
-        "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=48", "data.val_max_rows=8",
-        "data.reward_impl_version=3",
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=True",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size=2", "actor_rollout_ref.actor.use_off_policy_loss=True",
-        "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1", "actor_rollout_ref.actor.loss_remove_token_mean=True",
-        "actor_rollout_ref.actor.loss_remove_clip=True",
-        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.max_prefix_len=48", "actor_rollout_ref.rollout.n_prefix=1",
-        "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.ref.use_ref=False",
-        "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False", "algorithm.kl_ctrl.kl_coef=0.0",
-        "reward.num_workers=1", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=2", "trainer.save_freq=-1",
-        "trainer.logger=['console','jsonl']", f"trainer.default_local_dir={out_dir}",
-        "+trainer.val_before_train=False", "trainer.project_name=e2e", "trainer.experiment_name=tiny",
-    ]
-
-
-def _compose(overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
-        return compose(config_name="mix_ppo_trainer", overrides=overrides)
-
-
-def test_luffy_three_steps_two_fsdp_ranks(tiny_model_dir, tiny_task_dir, tmp_path, ray_session):
+def test_luffy_three_steps_two_fsdp_ranks(tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
+                                         luffy_overrides):
     from luffy_pool.launcher import build_trainer
 
-    config = _compose(tiny_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)))
+    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)))
     trainer, close = build_trainer(config)
     try:
         before = trainer.wg.actor_weight_fingerprint()
@@ -81,10 +48,10 @@ def test_luffy_three_steps_two_fsdp_ranks(tiny_model_dir, tiny_task_dir, tmp_pat
         assert 0.0 < r["actor/off_policy_prob"] < 1.0
 
 
-def test_cli_runs_luffy_overrides_end_to_end(tiny_model_dir, tiny_task_dir, tmp_path):
+def test_cli_runs_luffy_overrides_end_to_end(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides):
     """``python -m luffy_pool.main_mix_ppo`` (as a user runs it) for 1 step, in its own Ray instance."""
     env = dict(os.environ, RAY_ADDRESS="")
-    overrides = tiny_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=1)
+    overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=1)
     proc = subprocess.run([sys.executable, "-m", "luffy_pool.main_mix_ppo", *overrides], capture_output=True, text=True,
                           env=env, timeout=600, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

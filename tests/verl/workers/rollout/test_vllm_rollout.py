@@ -99,6 +99,19 @@ def test_sampled_logprobs_equal_hf_and_seeded_sampling_repeats(engine, reference
         assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
 
 
+def test_repeated_prompts_are_sampled_independently(engine, reference, prompts):
+    rollout, _ = engine
+    push(rollout, reference)
+    rows = [prompts[0]] * 4 + [prompts[1]] * 2 + [prompts[0]]  # the last one has its own cap
+    caps = [12] * 6 + [5]
+    out = rollout.generate_token_ids(rows, caps, SamplingSpec(temperature=1.0, return_logprobs=True,
+                                                              ignore_eos=True))
+    assert [len(ids) for ids in out.token_ids] == caps
+    assert len({tuple(ids) for ids in out.token_ids[:4]}) == 4
+    for prompt, ids, lps in zip(rows, out.token_ids, out.logprobs):
+        assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids), atol=1e-5)
+
+
 def test_rows_beyond_max_model_len_are_rejected_by_row(engine):
     rollout, _ = engine
     with pytest.raises(ValueError, match="row 1: prompt length 500"):

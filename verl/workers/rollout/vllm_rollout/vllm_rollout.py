@@ -188,17 +188,17 @@ class VLLMRollout(BaseRollout):
             self.after_weight_update()
 
     # ------------------------------------------------------------------------------- generation
-    def _sampling_params(self, max_tokens: int, sampling: SamplingSpec, row: int):
+    def _sampling_params(self, max_tokens: int, sampling: SamplingSpec, row: int, n: int):
         from vllm import SamplingParams
 
         return SamplingParams(
-            n=1,
+            n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
             max_tokens=max_tokens,
             logprobs=0 if sampling.return_logprobs else None,
-            # Rows of one call (e.g. the n samples of a prompt) must not share a stream.
+            # Distinct requests of one call must not share a stream.
             seed=None if sampling.seed is None else sampling.seed + row,
             ignore_eos=sampling.ignore_eos,
             detokenize=False,
@@ -230,14 +230,20 @@ class VLLMRollout(BaseRollout):
             return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=list(prompt_token_ids[i])) for i in rows]
-        params = [self._sampling_params(max_tokens[i], sampling, i) for i in rows]
+        # Rows that repeat a prompt with the same cap (the n samples of a GRPO group) become one
+        # request with n samples: vLLM then prefills the prompt once instead of n times.
+        groups: dict[tuple, list[int]] = {}
+        for i in rows:
+            groups.setdefault((tuple(prompt_token_ids[i]), max_tokens[i]), []).append(i)
+        members = list(groups.values())
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_token_ids[g[0]])) for g in members]
+        params = [self._sampling_params(max_tokens[g[0]], sampling, g[0], len(g)) for g in members]
         outputs = self._generate_with_restart(prompts, params)
-        for i, out in zip(rows, outputs):
-            completion = out.outputs[0]
-            token_ids[i] = list(completion.token_ids)
-            if logprobs is not None:
-                logprobs[i] = [step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)]
+        for group, out in zip(members, outputs):
+            for i, completion in zip(group, out.outputs):
+                token_ids[i] = list(completion.token_ids)
+                if logprobs is not None:
+                    logprobs[i] = [step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)]
         return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
 
     def _generate_with_restart(self, prompts, params):
