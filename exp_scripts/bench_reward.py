@@ -64,6 +64,16 @@ def build_responses(parquet: str, n: int, seed: int = 0) -> list[tuple[str, str,
     return items
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU time of a live process from /proc (Linux); NaN elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=DEFAULT_DATA)
@@ -85,16 +95,20 @@ def main() -> None:
 
     with ScoringPool(spec, num_workers=0) as single:
         spec.warm_up()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         single_results, single_stats = single.score(items)
-        single_s = time.perf_counter() - t0
+        single_s, single_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     with ScoringPool(spec, num_workers=args.workers, timeout_s=args.timeout_s,
                      start_method=args.start_method) as pool:
         pool.wait_ready()
-        t0 = time.perf_counter()
+        pids = pool.worker_pids()
+        worker_cpu0 = sum(cpu_seconds(p) for p in pids)
+        t0, c0 = time.perf_counter(), time.process_time()
         pool_results, pool_stats = pool.score(items)
         pool_s = time.perf_counter() - t0
+        parent_cpu = time.process_time() - c0
+        pool_cpu = sum(cpu_seconds(p) for p in pids) - worker_cpu0 + parent_cpu
 
     agree = sum(a.score == b.score for a, b in zip(single_results, pool_results))
     mean = sum(r.score for r in single_results) / len(items)
@@ -102,6 +116,11 @@ def main() -> None:
     print(f"pool ({args.workers} workers): {len(items) / pool_s:8.1f} responses/s ({pool_s:.2f} s), "
           f"timeouts={pool_stats.timeout_count}, errors={pool_stats.error_count}")
     print(f"speed-up       : {single_s / pool_s:8.2f}x")
+    # CPU time per response is immune to other tenants' load: it shows the pool's overhead, and
+    # workers x (single CPU / pool CPU) is the speed-up an otherwise idle machine would give.
+    print(f"CPU ms/response: single {1000 * single_cpu / len(items):.2f}, pool {1000 * pool_cpu / len(items):.2f} "
+          f"(parent {1000 * parent_cpu / len(items):.2f}); idle-machine bound "
+          f"{args.workers * single_cpu / pool_cpu:.2f}x")
     print(f"mean score {mean:.3f}; single/pool agree on {agree}/{len(items)}; "
           f"parse failures {single_stats.parse_fail_count}")
 

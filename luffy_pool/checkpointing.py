@@ -112,7 +112,8 @@ class TrainerCheckpointer:
         path = os.path.join(self.root, layout.BEST_DIR, layout.BEST_METRICS_FILE)
         if not os.path.exists(path):
             return None
-        return float(json.load(open(path))["best_avg_score"])
+        with open(path) as f:
+            return float(json.load(f)["best_avg_score"])
 
     def maybe_save_best(self, trainer, metrics: dict) -> bool:
         """Write ``best/actor`` (full HF model + metrics.json) when ``val/avg_score`` beats the stored best."""
@@ -136,13 +137,17 @@ class TrainerCheckpointer:
 
     # ------------------------------------------------------------------ resume
     def resolve_resume_dir(self) -> Optional[str]:
-        """The ``global_step_<N>`` directory to resume from, or None to start fresh."""
+        """The ``global_step_<N>`` directory to resume from, or None to start fresh.
+
+        ``auto``: the tracker's step under ``default_local_dir`` (none -> fresh); ``disable``: fresh;
+        ``resume_path``: ``resume_from_path``; anything else is itself a path (a ``global_step_<N>`` dir,
+        its ``actor/`` dir, or a run directory with a tracker). An explicit path that holds no
+        checkpoint is an error, never a silent fresh start.
+        """
         mode = self.resume_mode
         if mode == "disable":
             return None
         if mode == "auto":
-            if self.resume_from_path:
-                return self._step_dir_of(str(self.resume_from_path), "trainer.resume_from_path")
             step = layout.read_tracker(self.root)
             if step is None:
                 return None
@@ -226,7 +231,8 @@ def read_data_order(root: str) -> dict[int, list[Any]]:
     order: dict[int, list[Any]] = {}
     if not os.path.exists(path):
         return order
-    lines = [ln for ln in open(path).read().splitlines() if ln.strip()]
+    with open(path) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
     for i, line in enumerate(lines):
         try:
             rec = json.loads(line)

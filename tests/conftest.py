@@ -75,7 +75,7 @@ def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
         "actor_rollout_ref.actor.ppo_micro_batch_size=2", "actor_rollout_ref.actor.use_off_policy_loss=True",
         "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1", "actor_rollout_ref.actor.loss_remove_token_mean=True",
         "actor_rollout_ref.actor.loss_remove_clip=True",
-        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.n=4",
+        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.max_prefix_len=48", "actor_rollout_ref.rollout.n_prefix=1",
         "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.ref.use_ref=False",

@@ -248,6 +248,17 @@ def test_save_reports_size_and_time_in_the_step_metrics(base_config, tiny_model_
     assert trainer.checkpointer.last_good_checkpoint() == str(tmp_path / "global_step_1")
 
 
+def test_save_hf_on_save_writes_a_loadable_hf_folder_in_the_checkpoint(base_config, tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    trainer, worker = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2, save_hf_on_save=True)
+    trainer.fit()
+    hf_dir = tmp_path / "global_step_2" / "actor" / layout.HF_DIR
+    loaded = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    assert _max_diff(worker.weights(), loaded.state_dict()) == 0.0
+    assert (hf_dir / "tokenizer.json").exists()
+
+
 def test_prefetching_dataloader_workers_are_rejected_when_saving(base_config):
     from omegaconf import OmegaConf
 

@@ -14,11 +14,12 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-def test_luffy_three_steps_two_fsdp_ranks(tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
+@pytest.mark.parametrize("rollout", ["vllm", "hf"])
+def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
                                          luffy_overrides):
     from luffy_pool.launcher import build_trainer
 
-    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)))
+    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout=rollout))
     trainer, close = build_trainer(config)
     try:
         before = trainer.wg.actor_weight_fingerprint()

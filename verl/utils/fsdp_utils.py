@@ -113,7 +113,8 @@ def apply_fsdp2(model: nn.Module, mesh, mp_policy=None, reshard_after_forward: b
     """``fully_shard`` every decoder layer, then the root (embeddings, final norm, head and tied weights)."""
     from torch.distributed.fsdp import OffloadPolicy, fully_shard
 
-    kwargs = dict(mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload_policy or OffloadPolicy())
+    kwargs = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
+                  offload_policy=offload_policy or OffloadPolicy())
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     classes = decoder_layer_classes(model, layer_cls_names)

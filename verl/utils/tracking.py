@@ -1,20 +1,25 @@
 """Experiment tracking: one ``log(metrics, step)`` call fans out to every configured backend.
 
 Backends (``trainer.logger``): ``console`` (one compact line per step), ``jsonl`` (a local metrics file,
-``<default_local_dir>/metrics.jsonl``, append-only so a resumed run continues it), ``wandb`` (offline
-mode works without network) and ``tensorboard``. Secrets (API keys) are never part of the logged
-config: keys whose name contains ``api_key``/``token``/``secret`` are masked.
+``<default_local_dir>/metrics.jsonl``, append-only so a resumed run continues it; readers keep the last
+record of a step that was logged twice around a crash, see ``read_metrics_jsonl``), ``wandb`` (runs
+under ``<log_dir>/wandb``; ``WANDB_MODE=offline`` works without network) and ``tensorboard`` (event
+files under ``<log_dir>/tensorboard`` or ``$TENSORBOARD_DIR``). Secrets (API keys) are never part of
+the logged config: keys whose name contains ``api_key``/``token``/``secret`` are masked.
 """
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import sys
 import time
+from typing import Any, Optional
 
 _SECRET_WORDS = ("api_key", "apikey", "token", "secret", "password")
 SUPPORTED_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
+METRICS_FILE = "metrics.jsonl"
 
 
 def mask_secrets(obj):
@@ -34,12 +39,34 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _as_scalar(v) -> Optional[float]:
+    """A Python float for numbers and one-element tensors/arrays; None for anything else."""
+    if isinstance(v, numbers.Real):
+        return float(v)
+    numel = v.numel() if hasattr(v, "numel") else getattr(v, "size", None)
+    if hasattr(v, "item") and numel == 1:
+        return float(v.item())
+    return None
+
+
+def _jsonable(v):
+    """Scalars as floats (non-finite as strings, JSON has no NaN), sequences as lists, the rest as str."""
+    scalar = _as_scalar(v)
+    if scalar is not None:
+        return scalar if math.isfinite(scalar) else str(scalar)
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    if isinstance(v, (list, tuple, str, dict)) or v is None:
+        return v
+    return str(v)
+
+
 class Tracking:
     """Fan-out logger. ``config`` is a plain dict (already resolved) stored with wandb / jsonl."""
 
     CONSOLE_KEYS = ("critic/score/mean", "on_off_metrics/on_score", "on_off_metrics/off_score", "actor/pg_loss",
-                    "actor/entropy_loss", "actor/off_policy_prob", "actor/grad_norm", "response_length/mean",
-                    "val/avg_score", "timing_s/step", "perf/throughput")
+                    "actor/entropy_loss", "actor/off_policy_prob", "actor/grad_norm", "actor/nonfinite_skips",
+                    "response_length/mean", "val/avg_score", "timing_s/step", "perf/throughput")
 
     def __init__(self, project_name: str, experiment_name: str, backends, config: dict | None = None,
                  log_dir: str | None = None, console_all: bool = False):
@@ -50,40 +77,70 @@ class Tracking:
         self.backends = backends
         self.console_all = console_all
         config = mask_secrets(config or {})
+        log_dir = log_dir or "."
         self._jsonl = self._wandb = self._tb = None
         if "jsonl" in backends:
-            log_dir = log_dir or "."
             os.makedirs(log_dir, exist_ok=True)
-            self._jsonl = open(os.path.join(log_dir, "metrics.jsonl"), "a", buffering=1)
+            self._jsonl = open(os.path.join(log_dir, METRICS_FILE), "a", buffering=1)
         if "wandb" in backends:
             import wandb
 
-            self._wandb = wandb.init(project=project_name, name=experiment_name, config=config)
+            wandb_dir = os.path.join(log_dir, "wandb")
+            os.makedirs(wandb_dir, exist_ok=True)
+            self._wandb = wandb.init(project=project_name, name=experiment_name, config=config, dir=wandb_dir)
         if "tensorboard" in backends:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ImportError("trainer.logger includes 'tensorboard' but the tensorboard package is not installed "
+                                  "(pip install tensorboard)") from err
 
-            tb_dir = os.environ.get("TENSORBOARD_DIR", os.path.join(log_dir or ".", "tensorboard"))
-            self._tb = SummaryWriter(tb_dir)
+            self._tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(log_dir, "tensorboard")))
 
     def log(self, data: dict, step: int) -> None:
-        data = {k: (float(v) if hasattr(v, "item") or isinstance(v, (int, float)) else v) for k, v in data.items()}
+        scalars = {k: s for k, s in ((k, _as_scalar(v)) for k, v in data.items()) if s is not None}
         if "console" in self.backends:
-            keys = sorted(data) if self.console_all else [k for k in self.CONSOLE_KEYS if k in data]
-            print(f"step:{step} - " + " - ".join(f"{k}:{_fmt(data[k])}" for k in keys), file=sys.stdout, flush=True)
+            keys = sorted(scalars) if self.console_all else [k for k in self.CONSOLE_KEYS if k in scalars]
+            print(f"step:{step} - " + " - ".join(f"{k}:{_fmt(scalars[k])}" for k in keys), file=sys.stdout, flush=True)
         if self._jsonl is not None:
-            clean = {k: (v if not (isinstance(v, float) and not math.isfinite(v)) else str(v)) for k, v in data.items()}
-            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+            record = {"step": step, "time": time.time(), **{k: _jsonable(v) for k, v in data.items()}}
+            self._jsonl.write(json.dumps(record) + "\n")
         if self._wandb is not None:
-            self._wandb.log(data, step=step)
+            self._wandb.log(scalars, step=step)
         if self._tb is not None:
-            for k, v in data.items():
-                if isinstance(v, float):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
 
     def finish(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
+            self._jsonl = None
         if self._wandb is not None:
             self._wandb.finish()
+            self._wandb = None
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
+
+
+def read_metrics_jsonl(path: str) -> dict[int, dict[str, Any]]:
+    """``{step: record}`` from a metrics file, steps ascending.
+
+    A step logged twice (the run crashed after logging it and resumed from an earlier checkpoint)
+    keeps its last record; a torn final line (killed mid-write) is ignored. ``"nan"``/``"inf"``
+    strings come back as floats.
+    """
+    with open(path) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    records: dict[int, dict[str, Any]] = {}
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+        if "step" not in rec:
+            raise ValueError(f"{path}: line {i + 1} has no 'step' field")
+        records[int(rec["step"])] = {k: (float(v) if v in ("nan", "inf", "-inf") else v) for k, v in rec.items()}
+    return dict(sorted(records.items()))

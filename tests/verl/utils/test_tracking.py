@@ -24,3 +24,55 @@ def test_unknown_backend_is_named():
 def test_secrets_are_masked():
     cfg = {"reward": {"orm": {"api_key": "sk-123", "model": "m"}}, "token_budget": None}
     assert mask_secrets(cfg) == {"reward": {"orm": {"api_key": "***", "model": "m"}}, "token_budget": None}
+
+
+def test_jsonl_keeps_tensors_as_scalars_and_lists_and_reader_keeps_last_record(tmp_path):
+    import numpy as np
+    import torch
+
+    from verl.utils.tracking import read_metrics_jsonl
+
+    t = Tracking("p", "e", ["jsonl"], log_dir=str(tmp_path))
+    t.log({"a": torch.tensor(2.5), "b": np.float32(1.5), "idx": np.array([3, 1]), "c": float("inf")}, step=1)
+    t.log({"a": 9.0}, step=2)
+    t.finish()
+    # a resumed run appends to the same file and re-logs step 2
+    t = Tracking("p", "e", ["jsonl"], log_dir=str(tmp_path))
+    t.log({"a": 4.0}, step=2)
+    t.finish()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "a"')  # torn by a kill
+    recs = read_metrics_jsonl(str(tmp_path / "metrics.jsonl"))
+    assert list(recs) == [1, 2]
+    assert recs[1]["a"] == 2.5 and recs[1]["b"] == 1.5 and recs[1]["idx"] == [3, 1] and recs[1]["c"] == float("inf")
+    assert recs[2]["a"] == 4.0
+
+
+def test_console_skips_non_scalar_values(capsys):
+    t = Tracking("p", "e", ["console"], console_all=True)
+    t.log({"x": 1.0, "idx": [1, 2]}, step=1)
+    assert capsys.readouterr().out.strip() == "step:1 - x:1.0000"
+
+
+def test_wandb_offline_writes_run_under_log_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    t = Tracking("proj", "exp", ["wandb"], config={"trainer": {"seed": 1}}, log_dir=str(tmp_path))
+    t.log({"critic/score/mean": 0.25, "idx": [1, 2]}, step=1)
+    t.finish()
+    runs = list((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_tensorboard_backend_writes_events_or_names_the_missing_package(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install tensorboard"):
+            Tracking("p", "e", ["tensorboard"], log_dir=str(tmp_path))
+        return
+    t = Tracking("p", "e", ["tensorboard"], log_dir=str(tmp_path))
+    t.log({"critic/score/mean": 0.25}, step=1)
+    t.finish()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))

@@ -9,6 +9,7 @@ the same rows per optimizer step at any world size.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
@@ -16,6 +17,8 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+logger = logging.getLogger(__name__)
 
 THINK_OPEN = "<think>\n"
 TRUNCATIONS = ("error", "left", "right")
@@ -93,6 +96,7 @@ class SFTDataset(Dataset):
         self.max_length = max_length
         self.truncation = truncation
         self.strip_think_prefix = strip_think_prefix
+        self._warned_empty = False
         self.prompts: list[list[dict]] = []
         self.responses: list[str] = []
         self.sources: list[tuple[str, int]] = []
@@ -134,6 +138,10 @@ class SFTDataset(Dataset):
                                  f"{len(response_ids)}) > data.max_length={self.max_length}; raise data.max_length or "
                                  "set data.truncation=left|right")
             prompt_ids, response_ids = truncate(prompt_ids, response_ids, self.max_length, self.truncation)
+            if not response_ids and not self._warned_empty:
+                self._warned_empty = True
+                logger.warning("%s: the prompt alone fills data.max_length=%d, the row keeps no response token "
+                               "(warned once); raise data.max_length", self.source_of(item), self.max_length)
         ids = torch.tensor(prompt_ids + response_ids, dtype=torch.long)
         mask = torch.zeros_like(ids)
         mask[len(prompt_ids):] = 1

@@ -8,11 +8,13 @@ collectives); only rank 0 writes ``huggingface/`` and ``checkpoint_meta.json``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
@@ -31,6 +33,14 @@ FORMAT_VERSION = 1
 
 def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _quiet_single_process_dcp():
+    """DCP warns on every call without a process group; a single-process checkpoint is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process.*")
+        yield
 
 
 def _barrier() -> None:
@@ -105,11 +115,12 @@ class FSDPCheckpointManager:
         local_path = os.path.abspath(local_path)
         os.makedirs(local_path, exist_ok=True)
         _barrier()  # every rank sees the directory before DCP's writers start
-        if "model" in self.contents:
-            dcp.save(get_model_state_dict(self.model), storage_writer=self._writer(layout.MODEL_DIR, local_path))
-        if "optimizer" in self.contents:
-            dcp.save(get_optimizer_state_dict(self.model, self.optimizer),
-                     storage_writer=self._writer(layout.OPTIM_DIR, local_path))
+        with _quiet_single_process_dcp():
+            if "model" in self.contents:
+                dcp.save(get_model_state_dict(self.model), storage_writer=self._writer(layout.MODEL_DIR, local_path))
+            if "optimizer" in self.contents:
+                dcp.save(get_optimizer_state_dict(self.model, self.optimizer),
+                         storage_writer=self._writer(layout.OPTIM_DIR, local_path))
         if "extra" in self.contents:
             path = os.path.join(local_path, layout.extra_state_file(self.world_size, self.rank))
             torch.save(self._extra_state(), path)
@@ -189,14 +200,16 @@ class FSDPCheckpointManager:
                     f"{local_path} has no sharded model ({layout.MODEL_DIR}/); it may have been pruned by "
                     f"trainer.max_optim_to_keep (only config/tokenizer/extra state remain)")
             model_state = get_model_state_dict(self.model)
-            dcp.load(model_state, checkpoint_id=os.path.join(local_path, layout.MODEL_DIR))
+            with _quiet_single_process_dcp():
+                dcp.load(model_state, checkpoint_id=os.path.join(local_path, layout.MODEL_DIR))
             set_model_state_dict(self.model, model_state)
         if load_optimizer and "optimizer" in self.contents:
             if "optimizer" not in saved_contents or not os.path.isdir(os.path.join(local_path, layout.OPTIM_DIR)):
                 raise FileNotFoundError(f"{local_path} has no optimizer state ({layout.OPTIM_DIR}/); saved contents "
                                         f"were {saved_contents}")
             optim_state = get_optimizer_state_dict(self.model, self.optimizer)
-            dcp.load(optim_state, checkpoint_id=os.path.join(local_path, layout.OPTIM_DIR))
+            with _quiet_single_process_dcp():
+                dcp.load(optim_state, checkpoint_id=os.path.join(local_path, layout.OPTIM_DIR))
             set_optimizer_state_dict(self.model, self.optimizer, optim_state)
         if "extra" in self.contents and "extra" in saved_contents:
             self._load_extra(local_path, int(meta["world_size"]))
@@ -208,7 +221,8 @@ class FSDPCheckpointManager:
         path = os.path.join(local_path, layout.META_FILE)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} not found: {local_path} is not an actor checkpoint written by this code")
-        return json.load(open(path))
+        with open(path) as f:
+            return json.load(f)
 
     def _load_extra(self, local_path: str, saved_world_size: int) -> None:
         # Same world size: each rank gets its own RNG streams back. Otherwise the scheduler state is the

@@ -2,8 +2,10 @@
 
 Math-verify and SymPy can run for hours on adversarial answers, and math-verify's own SIGALRM timeout
 fails off the main thread (threaded Ray actors, async code). So each worker process owns one pipe; the
-parent hands one item at a time to each idle worker and waits on all pipes with a deadline. A worker
-that misses its deadline is killed (SIGKILL) and replaced; its item scores 0 and counts as a timeout.
+parent hands a short chunk of items to each idle worker, the worker answers item by item, and every
+answer restarts that worker's deadline for its next item. A worker that misses its deadline is killed
+(SIGKILL) and replaced; the item it was on scores 0 and counts as a timeout, the rest of its chunk is
+re-queued.
 
 Start method: ``forkserver`` by default. ``fork`` copies a parent that may hold other threads' locks
 (Ray's gRPC threads, tokenizer pools, vLLM), which can deadlock the child; ``spawn`` is safe but
@@ -27,6 +29,8 @@ from deepscaler.rewards.reward_types import ScoreResult
 from deepscaler.rewards.selection import ScorerSpec
 
 START_METHODS = ("forkserver", "spawn", "fork")
+# Most items sent to a worker in one message (each still has its own deadline).
+MAX_CHUNK = 8
 PRELOAD_MODULES = ["deepscaler.rewards", "math_verify", "latex2sympy2_extended", "sympy"]
 
 # One item = (data_source, solution_str, ground_truth, extra_info).
@@ -70,8 +74,8 @@ READY = -1
 
 
 def _worker_main(conn, scorer) -> None:
-    """Worker loop: warm up, announce ``(READY, ok, info)``, then answer ``(task_id, item)`` messages
-    with ``(task_id, ok, payload)``; ``None`` stops it."""
+    """Worker loop: warm up, announce ``(READY, ok, info)``, then for each message (a list of
+    ``(task_id, item)``) reply ``(task_id, ok, payload)`` per item, in order; ``None`` stops it."""
     # Ctrl-C goes to the whole process group; the parent decides what happens to workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -93,17 +97,17 @@ def _worker_main(conn, scorer) -> None:
             return  # parent is gone
         if message is None:
             return
-        task_id, item = message
-        try:
-            result = scorer.score(*item)
-            reply = (task_id, True, (float(result.score), bool(result.correct), bool(result.parse_failed),
-                                     result.answer))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent and counted as an error
-            reply = (task_id, False, f"{type(exc).__name__}: {str(exc)[:300]}")
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
+        for task_id, item in message:
+            try:
+                result = scorer.score(*item)
+                reply = (task_id, True, (float(result.score), bool(result.correct), bool(result.parse_failed),
+                                         result.answer))
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent and counted as an error
+                reply = (task_id, False, f"{type(exc).__name__}: {str(exc)[:300]}")
+            try:
+                conn.send(reply)
+            except (BrokenPipeError, OSError):
+                return
 
 
 class _Worker:
@@ -113,7 +117,7 @@ class _Worker:
                                    name="reward-scorer")
         self.process.start()
         child_conn.close()
-        self.task: int | None = None
+        self.tasks: collections.deque[int] = collections.deque()  # sent, not yet answered, in order
         self.deadline = 0.0
         self.ready = False
         self.started_at = time.monotonic()
@@ -145,7 +149,8 @@ class ScoringPool:
         scorer: a ``ScorerSpec`` (built-in scorers) or a module-level ``compute_score`` function.
         num_workers: worker processes; 0 grades inline in the calling process (no timeout; for
             debugging and for the single-process baseline of the benchmark).
-        timeout_s: wall-clock limit per item, counted from the moment a worker receives it.
+        timeout_s: wall-clock limit per item, counted from the moment the worker can start it (its
+            chunk was sent, or the worker answered the previous item).
         start_method: ``forkserver`` (default), ``spawn`` or ``fork`` (see the module docstring).
 
     ``score`` may be called from any thread, one call at a time (a lock serialises calls). Workers warm
@@ -249,28 +254,36 @@ class ScoringPool:
             for conn in wait_for_ready([w.conn for w in starting], timeout=remaining):
                 self._handle_ready(next(w for w in starting if w.conn is conn), stats)
 
+    def _chunk_size(self, pending: int) -> int:
+        # Several items per message keep a worker busy while the parent waits for CPU on a loaded
+        # machine; small chunks keep the end of a batch balanced across workers.
+        return max(1, min(MAX_CHUNK, pending // (2 * self.num_workers)))
+
     def _score_in_workers(self, items: list, stats: PoolStats) -> list[ScoreResult]:
+        """Dispatch chunks to ready workers; each reply restarts the worker's deadline for its next item.
+
+        The deadline therefore always belongs to the oldest unanswered item of a worker: when it passes,
+        that item scores 0, the worker is replaced, and the rest of its chunk goes back to the queue.
+        """
         results: list[ScoreResult | None] = [None] * len(items)
         pending = collections.deque(range(len(items)))
-        busy: dict[Any, _Worker] = {}
-        while pending or busy:
-            starting = [w for w in self._workers if not w.ready]
-            for worker in starting:
-                if time.monotonic() - worker.started_at > self.startup_timeout_s:
+        while pending or any(w.tasks for w in self._workers):
+            for worker in self._workers:
+                if not worker.ready and time.monotonic() - worker.started_at > self.startup_timeout_s:
                     raise RuntimeError(f"reward scoring worker not ready after {self.startup_timeout_s:.0f} s")
             for worker in list(self._workers):
-                if worker.ready and worker.task is None and pending:
-                    task = pending.popleft()
+                if worker.ready and not worker.tasks and pending:
+                    chunk = [pending.popleft() for _ in range(min(len(pending), self._chunk_size(len(pending))))]
                     try:
-                        worker.conn.send((task, items[task]))
+                        worker.conn.send([(task, items[task]) for task in chunk])
                     except (BrokenPipeError, OSError):
-                        pending.appendleft(task)
+                        pending.extendleft(reversed(chunk))
                         stats.worker_restarts += 1
                         self._replace(worker)
                         continue
-                    worker.task = task
+                    worker.tasks.extend(chunk)
                     worker.deadline = time.monotonic() + self.timeout_s
-                    busy[worker.conn] = worker
+            busy = {w.conn: w for w in self._workers if w.tasks}
             starting = {w.conn: w for w in self._workers if not w.ready}
             if not busy and not starting:
                 continue
@@ -280,37 +293,48 @@ class ScoringPool:
                 if conn in starting:
                     self._handle_ready(starting[conn], stats)
                     continue
-                worker = busy.pop(conn)
-                task, worker.task = worker.task, None
+                worker = busy[conn]
                 try:
-                    task_id, ok, payload = conn.recv()
+                    # Drain every reply already in the pipe before looking at deadlines.
+                    while worker.tasks:
+                        task_id, ok, payload = conn.recv()
+                        task = worker.tasks.popleft()
+                        if task_id != task:
+                            raise RuntimeError(f"scoring worker answered item {task_id} while {task} was next")
+                        worker.deadline = time.monotonic() + self.timeout_s
+                        if ok:
+                            score, correct, parse_failed, answer = payload
+                            results[task] = ScoreResult(score, correct, parse_failed, answer)
+                        else:
+                            stats.error_count += 1
+                            stats.errors.append(payload)
+                            results[task] = ScoreResult(0.0, False)
+                        if not conn.poll():
+                            break
                 except (EOFError, OSError):
                     # The worker died mid-item (segfault, OOM kill): count it and start a new one.
+                    task = worker.tasks.popleft()
                     stats.error_count += 1
                     stats.errors.append(f"worker exited while scoring item {task}")
                     results[task] = ScoreResult(0.0, False)
+                    pending.extendleft(reversed(worker.tasks))
+                    worker.tasks.clear()
                     stats.worker_restarts += 1
                     self._replace(worker)
-                    continue
-                if task_id != task:
-                    raise RuntimeError(f"scoring worker answered item {task_id} while item {task} was pending")
-                if ok:
-                    score, correct, parse_failed, answer = payload
-                    results[task] = ScoreResult(score, correct, parse_failed, answer)
-                else:
-                    stats.error_count += 1
-                    stats.errors.append(payload)
-                    results[task] = ScoreResult(0.0, False)
             now = time.monotonic()
-            for conn, worker in list(busy.items()):
-                if worker.deadline <= now:
-                    busy.pop(conn)
-                    results[worker.task] = ScoreResult(0.0, False)
-                    worker.task = None
+            for worker in list(self._workers):
+                if worker.tasks and worker.deadline <= now:
+                    results[worker.tasks.popleft()] = ScoreResult(0.0, False)
+                    pending.extendleft(reversed(worker.tasks))
+                    worker.tasks.clear()
                     stats.timeout_count += 1
                     stats.worker_restarts += 1
                     self._replace(worker)
         return results  # type: ignore[return-value]
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (for monitoring and benchmarks)."""
+        return [w.process.pid for w in self._workers]
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

@@ -8,15 +8,12 @@ sorted by (cap, prompt length) so little padding is carried.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
 from verl.workers.rollout.vllm_rollout.config import RolloutEngineConfig, parse_rollout_config
-
-logger = logging.getLogger(__name__)
 
 _GREEDY_EPS = 1e-5
 

@@ -1,4 +1,5 @@
 """Process pool with per-item timeouts: hung graders score 0 and are replaced; errors are counted."""
+import os
 import time
 
 import pytest
@@ -16,6 +17,12 @@ def raises_value_error(data_source, solution_str, ground_truth, extra_info=None)
     raise ValueError("bad row")
 
 
+def dies_on_crash_rows(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "crash":
+        os._exit(3)  # a segfault or OOM kill looks the same to the parent: the pipe closes
+    return 1.0
+
+
 @pytest.fixture(scope="module")
 def pool():
     with ScoringPool(ScorerSpec(3), num_workers=2, timeout_s=3.0) as p:
@@ -30,14 +37,16 @@ def test_scores_and_parse_failures_come_back_in_order(pool):
 
 
 def test_hung_item_scores_zero_within_the_timeout_and_the_worker_is_replaced(pool):
-    pids_before = {w.process.pid for w in pool._workers}
+    pids_before = set(pool.worker_pids())
+    # 25 items go out in chunks of 6, so the hung item sits in the middle of a worker's chunk.
+    items = [RIGHT] * 12 + [HANGS_MATH_VERIFY] + [RIGHT] * 12
     start = time.monotonic()
-    results, stats = pool.score([HANGS_MATH_VERIFY, RIGHT, RIGHT, RIGHT])
+    results, stats = pool.score(items)
     elapsed = time.monotonic() - start
-    assert [r.score for r in results] == [0.0, 1.0, 1.0, 1.0]
+    assert [r.score for r in results] == [1.0] * 12 + [0.0] + [1.0] * 12
     assert stats.timeout_count == 1 and stats.worker_restarts == 1
     assert elapsed < 3.0 + 60.0  # the timeout plus a generous allowance for a loaded CI machine
-    assert len({w.process.pid for w in pool._workers} - pids_before) == 1
+    assert len(set(pool.worker_pids()) - pids_before) == 1
     # The replacement worker grades normally.
     results, _ = pool.score([RIGHT, WRONG])
     assert [r.score for r in results] == [1.0, 0.0]
@@ -77,3 +86,10 @@ def test_bad_pool_arguments_name_the_key():
 def test_unpicklable_custom_scorer_is_rejected_with_a_clear_error():
     with pytest.raises(ValueError, match="module-level function"):
         ScoringPool(lambda *a: 1.0, num_workers=1)
+
+
+def test_a_worker_that_dies_mid_item_is_counted_and_replaced():
+    with ScoringPool(dies_on_crash_rows, num_workers=1, timeout_s=30.0) as p:
+        results, stats = p.score([("math", "ok", "1", None), ("math", "crash", "1", None), ("math", "ok", "1", None)])
+    assert [r.score for r in results] == [1.0, 0.0, 1.0]
+    assert stats.error_count == 1 and stats.worker_restarts == 1 and stats.timeout_count == 0

@@ -153,6 +153,18 @@ def test_bucketed_push_equals_whole_push(engine, reference, long_sequence):
     assert torch.allclose(bucketed, whole, atol=1e-6)
 
 
+def test_safetensors_bytes_transport_for_out_of_process_workers_gives_the_same_weights(
+        engine, reference, long_sequence, monkeypatch):
+    rollout, _ = engine
+    monkeypatch.setattr(rollout.config, "weight_transport", "bytes")
+    assert rollout.weight_transport == "bytes"
+    trained = _one_sgd_step(reference, long_sequence)
+    push(rollout, reference)
+    push(rollout, trained, bucket_bytes=300_000)
+    expected = hf_logprobs(trained, long_sequence[:1], long_sequence[1:])
+    assert torch.allclose(engine_sequence_logprobs(rollout, long_sequence), expected, atol=1e-5)
+
+
 def test_an_incomplete_push_is_an_error(engine, reference):
     rollout, _ = engine
     rollout.update_weights([(k, v) for k, v in reference.state_dict().items() if k != "model.norm.weight"])
@@ -161,22 +173,26 @@ def test_an_incomplete_push_is_an_error(engine, reference):
 
 
 @pytest.mark.slow  # builds a second engine (~5-15 s)
-def test_a_failed_generate_rebuilds_the_engine_once_and_restores_pushed_weights(engine, reference,
-                                                                                 long_sequence, monkeypatch):
+def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed_weights(
+        engine, reference, long_sequence, monkeypatch):
+    from vllm import LLM
+
     rollout, _ = engine
     trained = _one_sgd_step(reference, long_sequence)
     push(rollout, trained)  # also registers the module as the weight source
-    old_llm = rollout.llm
+    old_llm, real_generate, failures = rollout.llm, LLM.generate, []
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("engine died")
+    def fails_twice(self, *args, **kwargs):
+        if len(failures) < 2:
+            failures.append(self)
+            raise RuntimeError("engine died")
+        return real_generate(self, *args, **kwargs)
 
-    monkeypatch.setattr(old_llm, "generate", broken)
+    monkeypatch.setattr(LLM, "generate", fails_twice)
+    with pytest.raises(RuntimeError, match="engine died"):  # old engine fails, the rebuilt one too
+        rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec())
+    assert rollout.engine_restarts == 1 and failures == [old_llm, rollout.llm]
     out = rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec(temperature=0.0,
                                                                              return_logprobs=True))
-    assert rollout.engine_restarts == 1 and rollout.llm is not old_llm
     expected = hf_logprobs(trained, long_sequence[:50], out.token_ids[0])
     assert torch.allclose(torch.tensor(out.logprobs[0]), expected, atol=1e-5)
-    monkeypatch.setattr(rollout.llm, "generate", broken)
-    with pytest.raises(RuntimeError, match="engine died"):
-        rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec())

@@ -87,3 +87,44 @@ def test_disabled_chunked_prefill_gets_a_batch_that_fits_a_whole_prompt():
     cfg = parse_rollout_config({"enable_chunked_prefill": False, "max_num_batched_tokens": 1024,
                                 "prompt_length": 2048, "response_length": 2048})
     assert build_engine_kwargs(cfg, "/m", "cuda", 1, EXT)["max_num_batched_tokens"] == 4096
+
+
+class EngineRecorder:
+    """Stands in for vllm.LLM where only the sleep/wake calls matter."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+
+def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(tiny_model_dir):
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    engine = EngineRecorder()
+    rollout = VLLMRollout(tiny_model_dir, {"sleep_level": 2}, device="cuda", engine=engine)
+    rollout.wake_up()  # awake already: nothing to do
+    rollout.sleep()
+    rollout.sleep()
+    rollout.wake_up_weights()
+    rollout.wake_up()
+    rollout.sleep()
+    rollout.wake_up()  # no staged weight wake-up: everything at once
+    assert engine.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"]),
+                            ("sleep", 2), ("wake_up", None)]
+
+
+def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(tiny_model_dir):
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    for device, cfg in (("cpu", {}), ("cuda", {"free_cache_engine": False})):
+        engine = EngineRecorder()
+        rollout = VLLMRollout(tiny_model_dir, cfg, device=device, engine=engine)
+        rollout.sleep()
+        rollout.wake_up_weights()
+        rollout.wake_up()
+        assert engine.calls == []

@@ -60,7 +60,7 @@ class RolloutEngineConfig:
     # pushes all weights anyway, so 2 saves host memory).
     sleep_level: int = 1
     weight_transport: str = "auto"
-    # Rebuild the engine once if a generate call raises (LUFFY retries after engine failures).
+    # Engine rebuilds allowed per generate call when it raises (LUFFY retries after engine failures).
     max_engine_restarts: int = 1
     # HF backend: rows per decoding micro-batch.
     micro_batch_size: int = 256

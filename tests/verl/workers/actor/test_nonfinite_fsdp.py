@@ -1,0 +1,73 @@
+"""Non-finite handling on 2 FSDP2 ranks: a NaN loss on ONE rank makes BOTH ranks skip the step.
+
+The grad norm is reduced over all ranks, so every rank sees the same non-finite value and takes the
+same decision; a rank that stepped while the other skipped would silently desynchronise the shards.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nan_on_rank_one(rank, world_size, port, model_dir, out):
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    from verl.protocol import DataProto
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    cfg = OmegaConf.create(dict(ppo_mini_batch_size=2, ppo_micro_batch_size=2, use_dynamic_bsz=False,
+                                ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
+                                grad_clip=1.0, use_kl_loss=False, on_nonfinite="skip"))
+    actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(3, model.config.vocab_size, (2, 10), generator=g)
+    attn = torch.ones_like(ids)
+    adv = torch.ones(2, 4) if rank == 0 else torch.full((2, 4), float("nan"))
+    data = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": attn, "position_ids": attn.cumsum(-1) - 1,
+                                        "responses": ids[:, 6:], "old_log_probs": torch.zeros(2, 4), "advantages": adv},
+                               meta_info={"temperature": 1.0})
+    before = [p.to_local().clone() for p in model.parameters()]
+    metrics = actor.update_policy(data)
+    unchanged = all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
+    adv_ok = torch.ones(2, 4)
+    data.batch["advantages"] = adv_ok
+    metrics_ok = actor.update_policy(data)
+    moved = not all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
+    torch.save({"unchanged": unchanged, "skips": metrics["actor/nonfinite_skips"], "moved_after": moved,
+                "skips_after": metrics_ok["actor/nonfinite_skips"]}, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_nan_on_one_rank_skips_the_step_on_every_rank(tiny_model_dir, tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_nan_on_rank_one, args=(2, _free_port(), tiny_model_dir, str(tmp_path)), nprocs=2,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 600
+    while not ctx.join(timeout=5):
+        assert time.monotonic() < deadline, "ranks did not finish (a rank stepping alone would hang or desync)"
+    for rank in range(2):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        assert r["unchanged"] and r["skips"] == [1], rank
+        assert r["moved_after"] and r["skips_after"] == [1], rank  # the next finite step trains normally
