@@ -113,6 +113,7 @@ ENUMS = {
     f"{_A}.on_policy_reshape": ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5"),
     f"{_A}.optim.warmup_style": ("constant", "cosine"),
     f"{_A}.on_nonfinite": ("skip", "stop"),
+    f"{_A}.recompute_old_log_prob": ("always", "auto"),
     f"{_A}.checkpoint.contents": ("model", "optimizer", "extra"),
     f"{_A}.fsdp_config.param_dtype": ("auto",) + DTYPES,
     f"{_A}.fsdp_config.reduce_dtype": DTYPES,

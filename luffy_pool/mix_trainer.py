@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from deepscaler.rewards import fail_success_values
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import PrefixRatioSampler
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
@@ -137,8 +138,9 @@ class MIXRayPPOTrainer:
             scores, reward_metrics = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
             metrics.update(reward_metrics)
-        with _timer("old_log_prob", timing):
-            batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
+        if self._recompute_old_log_prob(len(batch)):
+            with _timer("old_log_prob", timing):
+                batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         if self.use_ref:
             with _timer("ref", timing):
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
@@ -152,14 +154,23 @@ class MIXRayPPOTrainer:
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
         metrics.update(compute_data_metrics(batch.batch, self.response_length))
         on_policy = ~batch.batch["prefix_mask"].bool().any(-1)
-        fail = -0.5 if self.config.data.get("reward_impl_version", 0) == 1 else 0.0
+        fail, success = fail_success_values(int(self.config.data.get("reward_impl_version", 0)))
         metrics.update(compute_group_metrics(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
-                                             on_policy, fail_value=fail))
+                                             on_policy, fail_value=fail, success_value=success))
         resp_mask = batch.batch["attention_mask"][:, -self.response_length:]
         self._last_response_tokens = int(resp_mask.sum())
         self._last_prompt_tokens = int(batch.batch["attention_mask"].sum()) - self._last_response_tokens
         metrics["training/global_step"] = self.global_steps
         return metrics
+
+    def _recompute_old_log_prob(self, rows: int) -> bool:
+        """False only when ``actor.recompute_old_log_prob=auto`` and the update is a single on-policy
+        mini-batch per rank without a reference model: then the actor's first forward equals the pass."""
+        actor = self.config.actor_rollout_ref.actor
+        if actor.get("recompute_old_log_prob", "always") != "auto" or self.use_ref:
+            return True
+        mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
+        return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
 
     def _rollout(self, batch: DataProto, metrics: dict) -> DataProto:
         """Generate the B·n slots of this step and merge them with the prompts' non-tensor data."""
@@ -200,7 +211,9 @@ class MIXRayPPOTrainer:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
 
     def _update_keys(self, batch: DataProto) -> list[str]:
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages", "prefix_mask"]
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages", "prefix_mask"]
+        if "old_log_probs" in batch.batch.keys():
+            keys.append("old_log_probs")
         if "ref_log_prob" in batch.batch.keys():
             keys.append("ref_log_prob")
         if "target_probs" in batch.batch.keys():
@@ -213,7 +226,7 @@ class MIXRayPPOTrainer:
         actor_cfg = self.config.actor_rollout_ref.actor
         if not actor_cfg.get("use_kl_loss", False):
             rewards, kl_metrics = apply_kl_penalty(
-                batch.batch["token_level_scores"], batch.batch["old_log_probs"], batch.batch.get("ref_log_prob"),
+                batch.batch["token_level_scores"], batch.batch.get("old_log_probs"), batch.batch.get("ref_log_prob"),
                 response_mask, self.kl_ctrl, self.config.algorithm.kl_penalty)
             metrics.update(kl_metrics)
         else:

@@ -29,7 +29,9 @@ Evaluation::
 These functions run in the calling process with no time limit: math-verify's own timeouts are off
 because they break in threads. For untrusted model output in bulk, grade through
 ``verl.workers.reward_manager.ScoringPool`` (or ``RewardManager.score_texts``), which enforces a
-per-item wall-clock timeout in worker processes.
+per-item wall-clock timeout in worker processes: ``ScoringPool(ScorerSpec(v, grader), num_workers,
+timeout_s).score([(data_source, raw_response, gt, None), ...])`` with ``v=3`` when the prompt ended in
+``"<think>\n"`` (split after ``</think>``, missing tag = wrong) and ``v=4`` to grade the raw text.
 
 Safety: model text reaches SymPy only through latex2sympy2_extended's grammar and math-verify's parser
 (whose plain-expression path accepts digits and operators only); nothing is passed to ``eval``,

@@ -39,6 +39,7 @@ class BenchSpec:
     threads: int = 1  # torch threads of TRL / the floor (ours: 1 per Ray worker, set by Ray)
     ranks: int = 2  # FSDP ranks of ours
     rollout: str = "vllm"  # rollout engine of ours
+    rollout_dtype: str = "float32"  # weights dtype of our rollout engine
     reward_workers: int = 1  # grader processes of ours
 
     def __post_init__(self):

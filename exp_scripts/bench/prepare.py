@@ -1,13 +1,16 @@
-"""Build the benchmark's shared inputs once: the tiny model, the task parquets, the prompt width.
+"""Build the benchmark's shared inputs once: two tiny model folders, the task parquets, the prompt width.
 
-A random tiny model almost never emits EOS, which makes every completion run to the cap: the
-fixed-length case for free, but no natural-stop case. So the model is first SFT-warmed for a few
-hundred steps on the task's own teacher traces (about 40 tokens + EOS); it then stops by itself
-well before 64 tokens, and every contender and both cases use this one model folder.
+Fixed-length case: the random tiny model (CPU_STACK.md's ``rnd``). It almost never samples EOS, so
+with ``ignore_eos`` / ``min_new_tokens`` every contender generates AND trains on the full 64 tokens
+per row (a model that does sample EOS would still be cut at its first EOS by our response mask, and
+our update would then do less work than TRL's). Natural-stop case: the same model SFT-warmed for a
+few hundred steps on the task's teacher traces (about 35 tokens + EOS), so it stops by itself well
+before the cap. Within a case every contender loads the same folder.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 
 THINK_OPEN = "<think>\n"
@@ -103,21 +106,26 @@ def prompt_width(model_dir: str, rows: list[dict]) -> int:
                for r in rows)
 
 
-def prepare(model_dir: str, task_dir: str, sft_steps: int, prompts: int, samples: int, max_new_tokens: int,
-            result_path: str) -> dict:
+def prepare(work_dir: str, sft_steps: int, prompts: int, samples: int, max_new_tokens: int, result_path: str) -> dict:
+    """Write ``model_fixed`` (random), ``model_natural`` (SFT-warmed) and ``task`` under ``work_dir``."""
+    import shutil
+
     import pandas as pd
 
     from luffy_pool.tiny import build_tiny_model, write_task_parquets
 
     start = time.perf_counter()
-    build_tiny_model(model_dir)
+    fixed_dir, natural_dir, task_dir = (os.path.join(work_dir, d) for d in ("model_fixed", "model_natural", "task"))
+    build_tiny_model(fixed_dir)
+    shutil.copytree(fixed_dir, natural_dir)
     write_task_parquets(task_dir, n_train=256, n_test=16, level=2, seed=0)
     frame = pd.read_parquet(f"{task_dir}/train.parquet")
     rows = [{"prompt": list(r["prompt"]), "target": r["target"][0]["content"]} for r in frame.to_dict("records")]
-    info = {"model_dir": model_dir, "task_dir": task_dir}
-    info.update(sft_warm(model_dir, rows, sft_steps))
-    info.update(natural_lengths(model_dir, rows, prompts, samples, max_new_tokens))
-    info["max_prompt_tokens"] = prompt_width(model_dir, rows)
+    info = {"model_dirs": {"fixed": fixed_dir, "natural": natural_dir}, "task_dir": task_dir}
+    info.update(sft_warm(natural_dir, rows, sft_steps))
+    info["natural_lengths"] = {case: natural_lengths(path, rows, prompts, samples, max_new_tokens)
+                               for case, path in info["model_dirs"].items()}
+    info["max_prompt_tokens"] = prompt_width(fixed_dir, rows)
     info["seconds"] = time.perf_counter() - start
     with open(result_path, "w") as f:
         json.dump(info, f, indent=1)

@@ -88,6 +88,7 @@ def merged_dir(sharded_run, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_merged_folder_loads_in_transformers_with_the_actors_log_probs(sharded_run, merged_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,6 +103,7 @@ def test_merged_folder_loads_in_transformers_with_the_actors_log_probs(sharded_r
     assert {"model.safetensors", "config.json", "generation_config.json"} <= set(os.listdir(merged_dir))
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_merger_follows_the_tracker_of_a_run_root_and_casts_dtype(sharded_run, tmp_path):
     from safetensors.torch import load_file
 

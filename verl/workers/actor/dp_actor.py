@@ -168,6 +168,9 @@ class DataParallelPPOActor:
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
         keys = [k for k in self.loss_input_keys() if k in data.batch.keys()]
+        if "old_log_probs" not in keys and (cfg.ppo_epochs > 1 or len(data) > cfg.ppo_mini_batch_size):
+            raise ValueError("old_log_probs missing from the update batch; it may only be skipped for a single "
+                             "on-policy mini-batch (ppo_epochs=1, one mini-batch per rank)")
         mini_size = cfg.ppo_mini_batch_size
         grad_accum = max(1, cfg.ppo_mini_batch_size // cfg.ppo_micro_batch_size)
         metrics: dict[str, list] = {}
@@ -180,6 +183,10 @@ class DataParallelPPOActor:
                     mb = {k: v.to(self.device) for k, v in mb.items()}
                     response_mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
                     entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
+                    if "old_log_probs" not in mb:
+                        # The driver skipped the recompute pass (recompute_old_log_prob=auto, single on-policy
+                        # mini-batch): these weights are the ones that pass would have used.
+                        mb["old_log_probs"] = log_prob.detach()
                     pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
                     loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
                     (loss / grad_accum).backward()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -27,8 +28,6 @@ def run_ranks(fn, world_size: int, *args, timeout_s: float = 600.0) -> None:
 
     ctx = mp.start_processes(fn, args=(world_size, _free_port(), *args), nprocs=world_size, join=False,
                              start_method="spawn")
-    import time
-
     deadline = time.monotonic() + timeout_s
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
@@ -129,8 +128,7 @@ def _save_then_reload(rank, world_size, port, model_dir, ckpt, out):
     train_step(fresh, fresh_optim, fresh_sched, rank, world_size, STEPS_BEFORE_SAVE)
     fresh_next, _ = full_states(fresh, fresh_optim)
     result = {"draw_equal": torch.equal(draw_after_save, draw_after_load), "counter": fresh_counter.value,
-              "lr_loaded": lr_loaded, "lr_expected": sched.get_last_lr()[0] * (1 + STEPS_BEFORE_SAVE + 1) / (1 + STEPS_BEFORE_SAVE),
-              "stats": stats}
+              "lr_loaded": lr_loaded, "stats": stats}
     if rank == 0:
         result.update(saved_model=saved_model, saved_optim=saved_optim, loaded_model=loaded_model,
                       loaded_optim=loaded_optim, next_model=next_model, fresh_next=fresh_next)
@@ -174,6 +172,7 @@ def two_rank_run(tiny_model_dir, tmp_path_factory):
         torch.load(os.path.join(out, "rank1.pt"), weights_only=False)
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_two_rank_round_trip_restores_weights_and_adam_state_exactly(two_rank_run):
     _ckpt, _out, r0, _r1 = two_rank_run
     assert _max_diff(r0["saved_model"], r0["loaded_model"]) <= 1e-7
@@ -182,11 +181,13 @@ def test_two_rank_round_trip_restores_weights_and_adam_state_exactly(two_rank_ru
     assert _max_diff(saved, loaded) <= 1e-7
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_training_after_load_continues_like_uninterrupted(two_rank_run):
     _ckpt, _out, r0, _r1 = two_rank_run
     assert _max_diff(r0["next_model"], r0["fresh_next"]) <= 1e-7
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_scheduler_rng_and_extras_are_restored_per_rank(two_rank_run):
     _ckpt, _out, r0, r1 = two_rank_run
     for rank, r in enumerate((r0, r1)):
@@ -196,6 +197,7 @@ def test_scheduler_rng_and_extras_are_restored_per_rank(two_rank_run):
     assert r0["lr_loaded"] == pytest.approx(LR / 3, rel=1e-12)
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_layout_has_dcp_shards_extra_files_meta_and_hf_folder(two_rank_run):
     ckpt, _out, r0, _r1 = two_rank_run
     for sub in (layout.MODEL_DIR, layout.OPTIM_DIR):
@@ -209,6 +211,7 @@ def test_layout_has_dcp_shards_extra_files_meta_and_hf_folder(two_rank_run):
     assert r0["stats"]["bytes"] > 0 and r0["stats"]["seconds"] > 0
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_hf_weights_written_at_save_time_equal_the_sharded_model(two_rank_run):
     from safetensors.torch import load_file
 
@@ -217,6 +220,7 @@ def test_hf_weights_written_at_save_time_equal_the_sharded_model(two_rank_run):
     assert _max_diff({k: hf[k] for k in r0["saved_model"]}, r0["saved_model"]) == 0.0
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tiny_model_dir):
     ckpt, out, r0, _r1 = two_rank_run
     run_ranks(_reload_on_one_rank, 1, tiny_model_dir, ckpt, out)
@@ -242,7 +246,7 @@ def test_load_names_a_pruned_checkpoint(tmp_path):
 
 def test_unknown_checkpoint_content_is_named():
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="weights"):
-        from verl.utils.checkpoint import FSDPCheckpointManager
+    from verl.utils.checkpoint import FSDPCheckpointManager
 
+    with pytest.raises(ValueError, match="weights"):
         FSDPCheckpointManager(model, None, contents=["model", "weights"])

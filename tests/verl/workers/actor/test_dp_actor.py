@@ -96,3 +96,29 @@ def test_nonfinite_grad_skips_step_and_counts(tiny_model_dir):
     stop = DataParallelPPOActor(_cfg(on_nonfinite="stop"), model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(NonFiniteLossError, match="on_nonfinite=stop"):
         stop.update_policy(data)
+
+
+def test_skipping_old_log_prob_pass_matches_recomputed_single_mini_batch(tiny_model_dir):
+    """recompute_old_log_prob=auto: with one on-policy mini-batch, old = log_prob.detach() gives the same step."""
+    b = _batch(_model(tiny_model_dir).config.vocab_size)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5]).unsqueeze(-1).expand(-1, 6).contiguous()
+    results = []
+    for precompute in (True, False):
+        model = _model(tiny_model_dir)
+        tensors = {**b, "advantages": adv}
+        if precompute:
+            with torch.no_grad():
+                tensors["old_log_probs"] = _direct_log_probs(model, b)
+        actor = DataParallelPPOActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
+        actor.update_policy(DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0}))
+        results.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*results))
+
+
+def test_missing_old_log_probs_rejected_for_several_mini_batches(tiny_model_dir):
+    model = _model(tiny_model_dir)
+    b = _batch(model.config.vocab_size)
+    actor = DataParallelPPOActor(_cfg(ppo_mini_batch_size=2), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    data = DataProto.from_dict(tensors={**b, "advantages": torch.zeros(4, 6)}, meta_info={"temperature": 1.0})
+    with pytest.raises(ValueError, match="old_log_probs missing"):
+        actor.update_policy(data)

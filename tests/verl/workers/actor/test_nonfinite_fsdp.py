@@ -9,6 +9,7 @@ import os
 import socket
 import time
 
+import pytest
 import torch
 
 
@@ -59,6 +60,7 @@ def _nan_on_rank_one(rank, world_size, port, model_dir, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
 def test_nan_on_one_rank_skips_the_step_on_every_rank(tiny_model_dir, tmp_path):
     import torch.multiprocessing as mp
 
