@@ -136,7 +136,9 @@ def build_trainer(config: DictConfig):
         wg = build_worker_group(config, device)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                            config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
-        checkpointer = None
+        from luffy_pool.checkpointing import TrainerCheckpointer
+
+        checkpointer = TrainerCheckpointer(config, sampler)
         pool = build_off_policy_pool(config, tokenizer, loader.dataset)
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,

@@ -131,6 +131,8 @@ class MIXRayPPOTrainer:
     # ------------------------------------------------------------------ one step
     def train_step(self, batch_dict: dict, timing: dict) -> dict:
         batch = DataProto.from_single_dict(batch_dict)
+        if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
+            self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
         metrics: dict = {}
         with _timer("gen", timing):
             batch = self._rollout(batch, metrics)

@@ -21,6 +21,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.batch_sizes import normalize_actor_batch_sizes
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.checkpoint_mixin import CheckpointMixin
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointMixin, Worker):
     """One rank of the hybrid engine. ``role`` is actor / rollout / ref / actor_rollout / actor_rollout_ref."""
 
     actor_cls = DataParallelPPOActor
