@@ -154,5 +154,11 @@ def run_ppo(config: DictConfig) -> dict:
     trainer, close = build_trainer(config)
     try:
         return trainer.fit()
+    except BaseException:
+        # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
+        last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
+        logger.error("training failed in step %d; last good checkpoint: %s%s", trainer.global_steps, last or "none",
+                     " (trainer.resume_mode=auto continues from it)" if last else "")
+        raise
     finally:
         close()

@@ -8,6 +8,8 @@ baseline); with neither flag the plain verl PPO loss applies. The adaptive entro
 """
 from __future__ import annotations
 
+import math
+
 from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff, compute_sft_multitask_loss, compute_token_on_off_policy_loss
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
@@ -89,5 +91,9 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
     def _optimizer_step(self) -> float:
         grad_norm = super()._optimizer_step()
         if self.adaptive_entropy is not None:
-            self.adaptive_entropy.step()
+            if math.isfinite(grad_norm):
+                self.adaptive_entropy.step()
+            elif self.adaptive_entropy.optimizer is not None:
+                # a skipped step must not move log-alpha either: its gradient came from the same NaN batch
+                self.adaptive_entropy.optimizer.zero_grad()
         return grad_norm

@@ -108,6 +108,8 @@ class MIXRayPPOTrainer:
                 if self._due(self.config.trainer.test_freq, is_last) and self.val_dataset is not None:
                     with _timer("testing", timing):
                         metrics.update(self.validate())
+                    if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
+                        self.checkpointer.maybe_save_best(self, metrics)
                 if self.checkpointer is not None and self._due(self.config.trainer.save_freq, is_last):
                     with _timer("save_checkpoint", timing):
                         self.checkpointer.save(self, metrics)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -302,18 +303,20 @@ def test_sigkill_while_writing_a_checkpoint_leaves_previous_one_for_resume(base_
             f"t.killable_run({str(config_path)!r}, {tiny_model_dir!r}, {str(out_dir)!r})")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=HERE)
+    watchdog = threading.Timer(300, proc.kill)  # a silent hang must not block the suite
+    watchdog.start()
     try:
-        deadline = time.monotonic() + 300
         for line in proc.stdout:
             if "SAVING_STEP_4" in line:
                 break
-            assert time.monotonic() < deadline, "child never reached the step-4 save"
         else:
-            pytest.fail(f"child exited early with {proc.wait()}")
+            pytest.fail(f"child never reached the step-4 save (exit {proc.wait()})")
+        watchdog.cancel()
         assert os.path.isdir(out_dir / (layout.TMP_PREFIX + "global_step_4") / "actor" / layout.MODEL_DIR)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
     assert layout.read_tracker(str(out_dir)) == 2 and not (out_dir / "global_step_4").exists()

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -44,9 +45,8 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
     assert ckpt is not None, "the launcher must build a TrainerCheckpointer"
     real_step, real_save, real_resume = trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume
 
-    def step(batch_dict, timing):
+    def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
         print(f"STEP_START {trainer.global_steps}", flush=True)
-        ckpt.record_data_order(trainer.global_steps, batch_dict["index"])
         return real_step(batch_dict, timing)
 
     def save(local_path, global_step=None, **kw):
@@ -73,7 +73,17 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
 
 
 # ---------------------------------------------------------------------- parent side
-def _descendants(pid: int) -> list[int]:
+def _proc_start_time(pid: int):
+    """Field 22 of /proc/<pid>/stat (start time): tells a process from a later one that reuses its pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process below ``pid``."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -86,7 +96,7 @@ def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            out.append(child)
+            out.append((child, _proc_start_time(child)))
             todo.append(child)
     return out
 
@@ -104,27 +114,30 @@ class Driver:
                                      text=True, env=env, cwd=result_dir)
 
     def wait_for(self, marker: str, timeout_s: float = 900) -> None:
-        deadline = time.monotonic() + timeout_s
-        for line in self.proc.stdout:
-            self.log.write(line)
-            if marker in line:
-                self.log.flush()
-                return
-            if time.monotonic() > deadline:
-                break
+        watchdog = threading.Timer(timeout_s, self.proc.kill)  # a silent hang must not block the suite
+        watchdog.start()
+        try:
+            for line in self.proc.stdout:
+                self.log.write(line)
+                if marker in line:
+                    self.log.flush()
+                    return
+        finally:
+            watchdog.cancel()
         self.kill()
-        raise AssertionError(f"driver never printed {marker!r}; see {self.log.name}")
+        raise AssertionError(f"driver never printed {marker!r} (exit {self.proc.returncode}); see {self.log.name}")
 
     def kill(self) -> None:
         doomed = _descendants(self.proc.pid)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=60)
         time.sleep(2)
-        for pid in doomed:  # Ray's gcs/raylet/workers started by this driver
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for pid, started in doomed:  # Ray's gcs/raylet/workers started by this driver
+            if started is not None and _proc_start_time(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.log.close()
 
     def finish(self, timeout_s: float = 1200) -> None:

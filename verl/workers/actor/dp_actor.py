@@ -12,6 +12,7 @@ a different number of micro-batches; FSDP then averages over data-parallel ranks
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Optional
@@ -28,6 +29,20 @@ logger = logging.getLogger(__name__)
 
 class NonFiniteLossError(RuntimeError):
     """Raised when a loss or grad norm is NaN/inf and the policy is ``on_nonfinite=stop``."""
+
+
+@contextlib.contextmanager
+def report_oom(micro: dict, where: str):
+    """Re-raise an accelerator OOM with the size of the micro-batch that hit it (rows, positions, tokens)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        rows, positions = micro["input_ids"].shape
+        tokens = int(micro["attention_mask"].sum())
+        raise torch.OutOfMemoryError(
+            f"{where}: out of memory on a micro-batch of {rows} rows x {positions} positions = {tokens} valid tokens; "
+            f"lower actor.ppo_micro_batch_size / rollout.log_prob_micro_batch_size, or with use_dynamic_bsz the "
+            f"*_max_token_len_per_gpu budget ({err})") from err
 
 
 class DataParallelPPOActor:
@@ -113,7 +128,8 @@ class DataParallelPPOActor:
         log_probs, entropies = [], []
         for mb in micro_batches:
             mb = {k: v.to(self.device) for k, v in mb.items()}
-            ent, lp = self._forward_micro_batch(mb, temperature, calculate_entropy)
+            with report_oom(mb, "compute_log_prob"):
+                ent, lp = self._forward_micro_batch(mb, temperature, calculate_entropy)
             log_probs.append(lp.cpu())
             if ent is not None:
                 entropies.append(ent.cpu())
@@ -182,14 +198,15 @@ class DataParallelPPOActor:
                 for mb in micro_batches:
                     mb = {k: v.to(self.device) for k, v in mb.items()}
                     response_mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
-                    entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
-                    if "old_log_probs" not in mb:
-                        # The driver skipped the recompute pass (recompute_old_log_prob=auto, single on-policy
-                        # mini-batch): these weights are the ones that pass would have used.
-                        mb["old_log_probs"] = log_prob.detach()
-                    pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
-                    loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
-                    (loss / grad_accum).backward()
+                    with report_oom(mb, "update_policy"):
+                        entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
+                        if "old_log_probs" not in mb:
+                            # The driver skipped the recompute pass (recompute_old_log_prob=auto, single on-policy
+                            # mini-batch): these weights are the ones that pass would have used.
+                            mb["old_log_probs"] = log_prob.detach()
+                        pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
+                        loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
+                        (loss / grad_accum).backward()
                     for k, v in mb_metrics.items():
                         metrics.setdefault(k, []).append(v)
                 grad_norm = self._optimizer_step()

@@ -250,3 +250,14 @@ def test_unknown_checkpoint_content_is_named():
 
     with pytest.raises(ValueError, match="weights"):
         FSDPCheckpointManager(model, None, contents=["model", "weights"])
+
+
+def test_manager_retention_drops_shards_of_its_older_saves(tmp_path):
+    from verl.utils.checkpoint import FSDPCheckpointManager
+
+    model = torch.nn.Linear(3, 2)
+    mgr = FSDPCheckpointManager(model, torch.optim.AdamW(model.parameters()))
+    for step in (1, 2, 3):
+        mgr.save_checkpoint(str(tmp_path / f"s{step}"), global_step=step, max_ckpt_to_keep=2)
+    assert [layout.has_sharded_model(str(tmp_path / f"s{s}")) for s in (1, 2, 3)] == [False, True, True]
+    assert (tmp_path / "s1" / layout.extra_state_file(1, 0)).exists()

@@ -122,3 +122,20 @@ def test_missing_old_log_probs_rejected_for_several_mini_batches(tiny_model_dir)
     data = DataProto.from_dict(tensors={**b, "advantages": torch.zeros(4, 6)}, meta_info={"temperature": 1.0})
     with pytest.raises(ValueError, match="old_log_probs missing"):
         actor.update_policy(data)
+# For tests/verl/workers/actor/test_dp_actor.py (uses its _model/_batch/_cfg helpers) once report_oom is in dp_actor.
+def test_oom_names_the_micro_batch_token_count(tiny_model_dir, monkeypatch):
+    model = _model(tiny_model_dir)
+    b = _batch(model.config.vocab_size)
+    actor = DataParallelPPOActor(_cfg(), model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def oom(*_a, **_k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(actor, "_forward_micro_batch", oom)
+    data = DataProto.from_dict(tensors={**b, "old_log_probs": torch.zeros(4, 6), "advantages": torch.zeros(4, 6)},
+                               meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False})
+    # first micro-batch = rows 0-1 of _batch: 9 + 9 valid tokens of 11 positions
+    with pytest.raises(torch.OutOfMemoryError, match=r"update_policy: .* 2 rows x 11 positions = 18 valid tokens"):
+        actor.update_policy(data)
+    with pytest.raises(torch.OutOfMemoryError, match=r"compute_log_prob: .* 18 valid tokens"):
+        actor.compute_log_prob(data)
