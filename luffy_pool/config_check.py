@@ -6,19 +6,20 @@ starts. Every problem is one line that names the key. The schema is luffy_pool/c
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 from typing import Any, Iterator, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from verl.utils import config_schema
 from verl.utils.batch_sizes import (
     BatchSizeError,
     normalize_actor_batch_sizes,
     optimizer_steps_per_training_step,
     rows_per_rank,
 )
+from verl.utils.config_schema import NONE_TYPE as _NONE
 from verl.utils.tracking import SUPPORTED_BACKENDS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
@@ -27,7 +28,6 @@ BASE_CONFIG_NAME = "mix_ppo_trainer"
 _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.rollout"
 _REF = "actor_rollout_ref.ref"
-_NONE = type(None)
 
 # Keys absent from the YAML that may be added with `+` (LUFFY reads them with a default).
 OPTIONAL_KEYS = {"trainer.val_before_train": (bool,)}
@@ -165,34 +165,19 @@ MINUS_ONE_OR_POSITIVE = (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(config_schema.SchemaConfigError):
     """One or more config problems; ``errors`` holds one line per problem."""
-
-    def __init__(self, errors: list[str]):
-        self.errors = list(errors)
-        super().__init__("\n".join(self.errors))
-
-
-@functools.lru_cache(maxsize=1)
-def _schema() -> dict:
-    cfg = OmegaConf.load(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"))
-    cfg.pop("hydra", None)
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
 
 
 def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every (dotted path, value) of a nested dict, dict nodes included, depth first."""
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        yield path, value
-        if isinstance(value, dict) and path not in OPEN_DICT_KEYS:
-            yield from _walk(value, path + ".")
+    return config_schema.walk(node, prefix, sections=True, open_keys=OPEN_DICT_KEYS)
 
 
 @functools.lru_cache(maxsize=1)
 def schema_defaults() -> dict[str, Any]:
     """Dotted key -> YAML default for every key of mix_ppo_trainer.yaml (dict nodes included)."""
-    return dict(_walk(_schema()))
+    return dict(_walk(config_schema.load_yaml_tree(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"), resolve=True)))
 
 
 def schema_leaf_keys() -> list[str]:
@@ -202,14 +187,9 @@ def schema_leaf_keys() -> list[str]:
 
 def expected_types(key: str) -> tuple[type, ...]:
     """Accepted Python types of a key's value (bool, int, float, str, list, dict, NoneType)."""
-    if key in EXPLICIT_TYPES:
-        return EXPLICIT_TYPES[key]
     if key in OPTIONAL_KEYS:
         return OPTIONAL_KEYS[key]
-    default = schema_defaults()[key]
-    if default is None:
-        raise KeyError(f"{key} has a null default and no entry in EXPLICIT_TYPES")
-    return (type(default),)
+    return config_schema.expected_types(key, schema_defaults(), EXPLICIT_TYPES)
 
 
 def _under_open_dict(key: str) -> bool:
@@ -219,19 +199,7 @@ def _under_open_dict(key: str) -> bool:
 def suggest_key(key: str) -> Optional[str]:
     """The closest valid key: same last segment in another section first, then the whole dotted path,
     then the last segment alone."""
-    candidates = schema_leaf_keys() + list(OPTIONAL_KEYS)
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:
-        return max(same_leaf, key=lambda c: difflib.SequenceMatcher(None, key, c).ratio())
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    if close:
-        return close[0]
-    by_leaf = {}
-    for cand in candidates:
-        by_leaf.setdefault(cand.rsplit(".", 1)[-1], cand)
-    close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
-    return by_leaf[close[0]] if close else None
+    return config_schema.suggest_key(key, schema_leaf_keys() + list(OPTIONAL_KEYS), leaf_cutoff=0.75)
 
 
 def unknown_key_message(key: str, plus: bool = False) -> str:
@@ -239,10 +207,7 @@ def unknown_key_message(key: str, plus: bool = False) -> str:
     section = key.split(".", 1)[0]
     if section in NOT_SHIPPED_SECTIONS and key not in schema_defaults():
         return f"Unknown config key '{key}': {NOT_SHIPPED_SECTIONS[section]}"
-    msg = f"Unknown config key '{key}'"
-    guess = suggest_key(key)
-    if guess:
-        msg += f"; did you mean '{guess}'?"
+    msg = config_schema.unknown_key_message(key, suggest_key(key))
     if plus:
         msg += f" ('+' only adds {', '.join(OPTIONAL_KEYS)} and {OPEN_DICT_KEYS[0]}.<field>)"
     return msg
@@ -267,53 +232,11 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     `+`-add keys that our YAML now declares), optional and open-dict keys become `++key`. Hydra's own
     keys (`hydra.*`, `hydra/...`) pass through untouched.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as exc:
-        raise ConfigError([f"Cannot parse override: {exc}".splitlines()[0]]) from exc
-    errors, prepared = [], []
-    for ov in parsed:
-        key, line = ov.key_or_group, ov.input_line
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            prepared.append(line)
-            continue
-        if ov.package is not None:
-            errors.append(f"Package overrides are not supported: '{line}'")
-            continue
-        if ov.type == OverrideType.DEL:
-            errors.append(f"Deleting config keys is not supported: '{line}'")
-            continue
-        kind = classify_key(key)
-        if kind is None:
-            errors.append(unknown_key_message(key, plus=ov.type != OverrideType.CHANGE))
-            continue
-        body = line.lstrip("+")
-        prepared.append(body if kind == "schema" else "++" + body)
-    if errors:
-        raise ConfigError(errors)
-    return prepared
+    return config_schema.prepare_overrides(overrides, classify=classify_key, unknown_message=unknown_key_message,
+                                           error_cls=ConfigError)
 
 
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    for t in types:
-        if t is _NONE and value is None:
-            return True
-        if t is bool and isinstance(value, bool):
-            return True
-        if t in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if t is float or isinstance(value, int):
-                return True
-        if t in (str, list, dict) and isinstance(value, t):
-            return True
-    return False
-
-
-def _type_names(types: tuple[type, ...]) -> str:
-    return " or ".join("null" if t is _NONE else t.__name__ for t in types)
+_type_ok = config_schema.type_ok
 
 
 class _Checker:
@@ -336,12 +259,10 @@ class _Checker:
             kind = classify_key(key)
             if kind is None:
                 self.fail(unknown_key_message(key))
-            elif kind == "open" or (kind == "schema" and isinstance(schema[key], dict)):
-                continue
-            elif value == "???":
-                self.fail(f"'{key}' is required (no default); pass {key}=...")
-            elif not _type_ok(value, expected_types(key)):
-                self.fail(f"'{key}' must be {_type_names(expected_types(key))}, got {value!r}")
+            elif kind == "optional" or (kind == "schema" and not isinstance(schema[key], dict)):
+                problem = config_schema.value_error(key, value, expected_types(key))
+                if problem:
+                    self.fail(problem)
         for key in schema_leaf_keys():
             if key not in self.values and not any(key.startswith(p + ".") for p in OPEN_DICT_KEYS):
                 self.fail(f"Missing config key '{key}' (it is in {BASE_CONFIG_NAME}.yaml)")
@@ -359,9 +280,7 @@ class _Checker:
                 if (key, value) in UNSUPPORTED_VALUES:
                     self.fail(f"'{key}'={value!r} is not supported: {UNSUPPORTED_VALUES[(key, value)]}")
                 elif value not in choices:
-                    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
-                    hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    self.fail(f"'{key}'={value!r} is not one of: {', '.join(choices)}{hint}")
+                    self.fail(config_schema.enum_error(key, value, choices))
         self._range(POSITIVE_INTS, lambda v: v >= 1, "must be >= 1")
         self._range(UNIT_INTERVAL, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
         self._range(OPEN_UNIT_INTERVAL, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
@@ -451,16 +370,7 @@ class _Checker:
 
 def _flatten(cfg: DictConfig) -> dict[str, Any]:
     """Dotted key -> resolved value; interpolation failures become ConfigError lines naming the key."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    container = OmegaConf.to_container(cfg, resolve=False)
-    container.pop("hydra", None)  # Hydra's own node (only present with return_hydra_config)
-    try:
-        container = OmegaConf.to_container(OmegaConf.create(container), resolve=True, throw_on_missing=False)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError([f"Cannot resolve config key '{key}': {str(exc).splitlines()[0]}"]) from exc
-    return dict(_walk(container))
+    return dict(_walk(config_schema.resolved_tree(cfg, ConfigError)))
 
 
 def validate_config(cfg: DictConfig) -> list[str]:

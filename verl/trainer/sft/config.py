@@ -7,17 +7,18 @@ line naming its key.
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from verl.utils import config_schema
+from verl.utils.config_schema import NONE_TYPE as _NONE
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
 CONFIG_NAME = "sft_trainer"
 
-_NONE = type(None)
 ENUMS = {
     "data.truncation": ("error", "left", "right"),
     "model.attn_implementation": ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3"),
@@ -41,50 +42,28 @@ POSITIVE_INTS = ("data.max_length", "data.train_batch_size", "data.micro_batch_s
 MINUS_ONE_OR_POSITIVE = ("trainer.save_freq", "trainer.test_freq")
 
 
-class ConfigError(ValueError):
+class ConfigError(config_schema.SchemaConfigError):
     """Invalid SFT config; ``errors`` holds one line per problem."""
 
-    def __init__(self, errors: Sequence[str]):
-        self.errors = list(errors)
-        super().__init__("\n".join(self.errors))
 
-
-def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf; lists are leaves."""
-    if isinstance(node, dict) and node:
-        for key, value in node.items():
-            yield from _walk(value, f"{prefix}{key}.")
-    else:
-        yield prefix[:-1], node
+def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf; lists and empty dicts are leaves."""
+    return config_schema.walk(node, prefix)
 
 
 @functools.lru_cache(maxsize=1)
 def schema_defaults() -> dict[str, Any]:
     """Dotted key -> YAML default (unresolved) of every config leaf (Hydra's own nodes excluded)."""
-    raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, f"{CONFIG_NAME}.yaml")), resolve=False)
-    raw.pop("hydra", None)
-    raw.pop("defaults", None)
-    return dict(_walk(raw))
+    return dict(_walk(config_schema.load_yaml_tree(os.path.join(CONFIG_DIR, f"{CONFIG_NAME}.yaml"), resolve=False)))
 
 
 def suggest_key(key: str) -> Optional[str]:
     """The valid key closest to ``key``: same last component first, then the whole dotted name."""
-    candidates = list(schema_defaults())
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:
-        return max(same_leaf, key=lambda c: difflib.SequenceMatcher(None, key, c).ratio())
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    if close:
-        return close[0]
-    by_leaf = {c.rsplit(".", 1)[-1]: c for c in candidates}
-    close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
-    return by_leaf[close[0]] if close else None
+    return config_schema.suggest_key(key, list(schema_defaults()), leaf_cutoff=0.6)
 
 
 def unknown_key_message(key: str) -> str:
-    guess = suggest_key(key)
-    return f"Unknown config key '{key}'" + (f"; did you mean '{guess}'?" if guess else "")
+    return config_schema.unknown_key_message(key, suggest_key(key))
 
 
 def check_override_keys(overrides: Iterable[str]) -> list[str]:
@@ -92,27 +71,12 @@ def check_override_keys(overrides: Iterable[str]) -> list[str]:
 
     Hydra's own keys (``hydra.*``) pass through. Raises ConfigError listing every unknown key.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    overrides = list(overrides)
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as exc:
-        raise ConfigError([f"Cannot parse override: {str(exc).splitlines()[0]}"]) from exc
     schema = schema_defaults()
-    errors, prepared = [], []
-    for ov in parsed:
-        key = ov.key_or_group
-        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
-            prepared.append(ov.input_line)
-        elif key not in schema:
-            errors.append(unknown_key_message(key))
-        else:
-            prepared.append(ov.input_line.lstrip("+"))
-    if errors:
-        raise ConfigError(errors)
-    return prepared
+    # Deletions and package overrides go to Hydra as written; validate_sft_config then reports what they did.
+    return config_schema.prepare_overrides(
+        overrides, classify=lambda key: "schema" if key in schema else None,
+        unknown_message=lambda key, plus: unknown_key_message(key), error_cls=ConfigError,
+        allow_delete_and_package=True)
 
 
 def compose_sft_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -134,43 +98,16 @@ def compose_sft_config(overrides: Sequence[str] = ()) -> DictConfig:
             restore_gh_from_backup(backup)
 
 
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    for t in types:
-        if t is _NONE and value is None:
-            return True
-        if t is bool and isinstance(value, bool):
-            return True
-        if t in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if t is float or isinstance(value, int):
-                return True
-        if t in (str, list) and isinstance(value, t):
-            return True
-    return False
+_type_ok = config_schema.type_ok
 
 
 def expected_types(key: str) -> tuple[type, ...]:
-    if key in EXPLICIT_TYPES:
-        return EXPLICIT_TYPES[key]
-    default = schema_defaults()[key]
-    if isinstance(default, bool):
-        return (bool,)
-    if isinstance(default, float):
-        return (float,)
-    return (type(default),)
+    return config_schema.expected_types(key, schema_defaults(), EXPLICIT_TYPES)
 
 
 def to_plain_dict(config: Union[DictConfig, dict]) -> dict:
     """Resolved plain container of a config (Hydra's own node dropped); errors name the bad key."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg = config if isinstance(config, DictConfig) else OmegaConf.create(config)
-    container = OmegaConf.to_container(cfg, resolve=False)
-    container.pop("hydra", None)
-    try:
-        return OmegaConf.to_container(OmegaConf.create(container), resolve=True, throw_on_missing=False)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError([f"Cannot resolve config key '{key}': {str(exc).splitlines()[0]}"]) from exc
+    return config_schema.resolved_tree(config, ConfigError)
 
 
 def validate_sft_config(config: Union[DictConfig, dict]) -> list[str]:
@@ -182,19 +119,16 @@ def validate_sft_config(config: Union[DictConfig, dict]) -> list[str]:
     for key, value in values.items():
         if key not in schema:
             continue
-        if value == "???":
-            errors.append(f"'{key}' is required (no default); pass {key}=...")
-        elif not _type_ok(value, expected_types(key)):
-            names = " or ".join("null" if t is _NONE else t.__name__ for t in expected_types(key))
-            errors.append(f"'{key}' must be {names}, got {value!r}")
+        problem = config_schema.value_error(key, value, expected_types(key))
+        if problem:
+            errors.append(problem)
     if errors:
         return errors
     for key, choices in ENUMS.items():
         for value in values[key] if isinstance(values[key], list) else [values[key]]:
-            if value not in choices:
-                close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                errors.append(f"'{key}'={value!r} is not one of: {', '.join(choices)}{hint}")
+            problem = config_schema.enum_error(key, value, choices)
+            if problem:
+                errors.append(problem)
     for key in POSITIVE_INTS:
         if values[key] is not None and values[key] < 1:
             errors.append(f"'{key}'={values[key]!r} must be >= 1")

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
-from verl.workers.rollout.vllm_rollout.config import RolloutEngineConfig, parse_rollout_config
+from verl.workers.rollout.config import RolloutEngineConfig, parse_rollout_config
 
 _GREEDY_EPS = 1e-5
 
