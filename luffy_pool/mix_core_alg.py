@@ -17,6 +17,7 @@ import torch
 from verl.trainer.ppo.core_algos import (
     aggregate_token_loss,
     broadcast_sequence_advantage,
+    clipped_pg_losses,
     compute_policy_loss,
     group_normalized_scores,
     register_adv_est,
@@ -213,14 +214,8 @@ def compute_token_on_off_policy_loss(
     ratio = on_policy_ratio(
         log_prob, old_log_prob, on_policy_reshape, on_policy_reshape_weight, on_policy_reshape_pow_exp
     )
-    on_pg_losses = -advantages * ratio
-    if loss_remove_clip:
-        on_pg_clipfrac = torch.zeros((), device=log_prob.device)
-    else:
-        upper = max(clip_upper_bound, 1.0 + cliprange)
-        clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, upper)
-        on_pg_clipfrac = verl_F.masked_mean_or_zero(torch.gt(clipped, on_pg_losses).float(), valid)
-        on_pg_losses = torch.max(on_pg_losses, clipped)
+    on_pg_losses, on_pg_clipfrac = clipped_pg_losses(advantages, ratio, valid, cliprange, clip_upper_bound,
+                                                     loss_remove_clip)
     on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
 
     if target_probs is None:

@@ -244,18 +244,31 @@ def compute_policy_loss(
     ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
     """
     log_ratio = log_prob - old_log_prob
-    ratio = torch.exp(log_ratio)
     ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, eos_mask)
-    pg_losses = -advantages * ratio
-    if loss_remove_clip:
-        pg_clipfrac = torch.zeros((), device=log_prob.device)
-    else:
-        upper = max(clip_upper_bound, 1.0 + cliprange)
-        clipped_losses = -advantages * torch.clamp(ratio, 1.0 - cliprange, upper)
-        pg_clipfrac = verl_F.masked_mean_or_zero(torch.gt(clipped_losses, pg_losses).float(), eos_mask)
-        pg_losses = torch.max(pg_losses, clipped_losses)
+    pg_losses, pg_clipfrac = clipped_pg_losses(advantages, torch.exp(log_ratio), eos_mask, cliprange,
+                                               clip_upper_bound, loss_remove_clip)
     pg_loss = aggregate_token_loss(pg_losses, eos_mask, loss_remove_token_mean)
     return pg_loss, pg_clipfrac, ppo_kl
+
+
+def clipped_pg_losses(
+    advantages: torch.Tensor,
+    ratio: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange: float,
+    clip_upper_bound: float = 1.0,
+    remove_clip: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO surrogate ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` and the clip
+    fraction over ``mask`` (share of tokens where the clipped term is larger); ``−A·ρ`` and 0 with
+    ``remove_clip``."""
+    losses = -advantages * ratio
+    if remove_clip:
+        return losses, torch.zeros((), device=ratio.device)
+    upper = max(clip_upper_bound, 1.0 + cliprange)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, upper)
+    clipfrac = verl_F.masked_mean_or_zero(torch.gt(clipped, losses).float(), mask)
+    return torch.max(losses, clipped), clipfrac
 
 
 def agg_loss(
