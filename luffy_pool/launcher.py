@@ -104,8 +104,20 @@ def build_worker_group(config, device: str):
     role = "actor_rollout_ref" if config.actor_rollout_ref.ref.get("use_ref", False) else "actor_rollout"
     cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device)
     wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
-    wg.init_model()
-    return wg
+    try:
+        wg.init_model()
+    except BaseException:
+        release_worker_group(wg, pool)
+        raise
+    return wg, pool
+
+
+def release_worker_group(wg, pool) -> None:
+    """Kill the workers and free their placement groups, so a later run in the same Ray session fits."""
+    if wg is not None:
+        wg.shutdown()
+    if pool is not None:
+        pool.release()
 
 
 def build_trainer(config: DictConfig):
@@ -127,13 +139,16 @@ def build_trainer(config: DictConfig):
     reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
     tracker = None
 
+    wg = pool = None
+
     def close():
         reward_fn.close()
         if tracker is not None:
             tracker.finish()
+        release_worker_group(wg, pool)
 
     try:
-        wg = build_worker_group(config, device)
+        wg, pool = build_worker_group(config, device)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                            config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
         from luffy_pool.checkpointing import TrainerCheckpointer

@@ -190,7 +190,10 @@ class MIXRayPPOTrainer:
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
-        gen_out.meta_info.pop("rollout_stats", None)
+        stats = (gen_out.meta_info.pop("rollout_stats", None) or [{}])[0]  # rank 0's engine
+        for key in ("timing_s/weight_sync", "timing_s/generate_worker"):
+            if stats.get(key) is not None:
+                metrics[key] = float(stats[key])
         if "tgt_input_ids" in gen_out.batch.keys():
             gen_out.pop(batch_keys=["tgt_input_ids"])  # [B·n, max_prefix_len]: not needed past the rollout
         # Deterministic uids: a resumed run must see exactly the same groups as an uninterrupted one.

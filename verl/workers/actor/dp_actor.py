@@ -62,10 +62,21 @@ class DataParallelPPOActor:
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
-        self.use_remove_padding = use_remove_padding
+        self.use_remove_padding = use_remove_padding and self._has_varlen_attention(actor_module)
+        if use_remove_padding and not self.use_remove_padding:
+            logger.info("model.use_remove_padding ignored: attention %r has no varlen kernel, and packing into one "
+                        "row would make sdpa/eager build a dense mask over all tokens (quadratic); using padded rows",
+                        getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
+
+    @staticmethod
+    def _has_varlen_attention(module) -> bool:
+        """Packing pays off only with flash-attention's varlen kernels (GPU); sdpa/eager on CPU would
+        attend over the whole packed row through a dense block-diagonal mask."""
+        impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        return impl is not None and "flash" in str(impl)
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: dict, temperature: float, calculate_entropy: bool):

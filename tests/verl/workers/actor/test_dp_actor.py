@@ -44,6 +44,8 @@ def test_log_probs_match_direct_forward(tiny_model_dir, remove_padding, dynamic)
     model = _model(tiny_model_dir)
     b = _batch(model.config.vocab_size)
     actor = DataParallelPPOActor(_cfg(), model, use_remove_padding=remove_padding)
+    assert not actor.use_remove_padding, "sdpa has no varlen kernel: packing is turned off"
+    actor.use_remove_padding = remove_padding  # force the packed path to pin its numerics anyway
     data = DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 3,
                                                      "use_dynamic_bsz": dynamic, "max_token_len": 20})
     lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
