@@ -72,7 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-6, help="small, so the policy (and lengths) barely move")
-    p.add_argument("--sft-steps", type=int, default=200, help="SFT warm-up of the tiny model (natural stops)")
+    p.add_argument("--sft-steps", type=int, default=20,
+                   help="SFT steps of the natural case's model (20: completions of ~20-30 tokens, a few run to the cap)")
+    p.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Hydra override for our trainer (repeatable; e.g. to try an optimisation)")
     p.add_argument("--reward-workers", type=int, default=1, help="grader processes of ours")
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="before each contender, wait up to this many seconds for the machine to go quiet")
@@ -170,7 +173,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     print(f"bench_step: work dir {work_dir}, results {args.out}; rollout of ours: {args.rollout}; "
           f"{args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, "
-          f"{args.warmup} warm-up + {args.steps} timed steps per contender", flush=True)
+          f"{args.warmup} warm-up + {args.steps} timed steps per contender"
+          + (f"; extra overrides of ours: {' '.join(args.ours_override)}" if args.ours_override else ""), flush=True)
     prep_spec = {"work_dir": work_dir, "sft_steps": args.sft_steps, "prompts": args.prompts, "samples": args.samples,
                  "max_new_tokens": args.max_new_tokens}
     prep, _ = run_child("prepare", json.dumps(prep_spec), "prepare", args.out, work_dir, 1, args.child_timeout)
@@ -191,7 +195,7 @@ def main(argv=None) -> int:
                              max_new_tokens=args.max_new_tokens, max_prompt_length=prep["max_prompt_tokens"],
                              warmup=args.warmup, steps=args.steps, lr=args.lr, threads=threads, ranks=ranks,
                              rollout=args.rollout, rollout_dtype=args.rollout_dtype,
-                             reward_workers=args.reward_workers)
+                             reward_workers=args.reward_workers, ours_overrides=args.ours_override)
             waited, busy = wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 \
                 else wait_for_quiet(0.0)
             tag = f"{case}_{spec.label}".replace("[", "_").replace("]", "").replace(",", "_")

@@ -41,6 +41,7 @@ class BenchSpec:
     rollout: str = "vllm"  # rollout engine of ours
     rollout_dtype: str = "float32"  # weights dtype of our rollout engine
     reward_workers: int = 1  # grader processes of ours
+    ours_overrides: list = dataclasses.field(default_factory=list)  # extra trainer overrides (experiments)
 
     def __post_init__(self):
         if self.contender not in CONTENDERS:
@@ -132,10 +133,12 @@ def summarize(result: dict) -> dict:
         "tokens_per_s": sum(tokens) / total_wall if total_wall > 0 else math.nan,
         "foreign_cores": median(s.get("foreign_cores") for s in steps),
         "own_cores": median(s.get("own_cores") for s in steps),
+        # CPU seconds our process tree burned per step: comparable even when contention changes CPU shares.
+        "cpu_s": median(s.get("own_cores", math.nan) * s["wall_s"] for s in steps),
         "timed_steps": len(steps),
     }
-    gen = [s["gen_s"] for s in steps if s.get("gen_s") is not None]
-    out["median_gen_s"] = median(gen) if gen else math.nan
+    for key in ("gen_s", "reward_s"):
+        out[f"median_{key}"] = median(s.get(key) for s in steps)
     return out
 
 

@@ -48,7 +48,7 @@ def trainer_overrides(spec: BenchSpec) -> list[str]:
         f"trainer.total_training_steps={spec.warmup + spec.steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.resume_mode=disable", "trainer.logger=['jsonl']", f"trainer.default_local_dir={out}",
         "+trainer.val_before_train=False", "trainer.project_name=bench_step", f"trainer.experiment_name={spec.case}_{spec.rollout}_{spec.ranks}rank",
-    ]
+    ] + list(spec.ours_overrides)
 
 
 def compose(overrides: list[str]):
@@ -71,7 +71,8 @@ class _RecordingTracker:
     def log(self, data: dict, step: int) -> None:
         metrics = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
         workers = self.rollout_stats[-1] if self.rollout_stats else []
-        self.recorder.mark(gen_tokens=int(metrics.get("rollout/engine_tokens", 0)), metrics=metrics,
+        self.recorder.mark(gen_s=metrics.get("timing_s/gen"), reward_s=metrics.get("timing_s/reward"),
+                           gen_tokens=int(metrics.get("rollout/engine_tokens", 0)), metrics=metrics,
                            rollout_workers=workers)
         if self.inner is not None:
             self.inner.log(data, step)

@@ -50,8 +50,8 @@ def phase_breakdown(result: dict) -> dict[str, float]:
 
 def _print_case_table(runs: list[dict], case: str) -> None:
     print(f"\n== {case} case: seconds per training step (median of timed steps) ==")
-    print(f"{'contender':<22}{'s/step':>8}{'min':>8}{'max':>8}{'gen s':>8}{'gen tok/step':>13}{'tok/s':>8}"
-          f"{'foreign cores':>14}{'own cores':>10}{'startup s':>10}  threads")
+    print(f"{'contender':<22}{'s/step':>8}{'min':>8}{'max':>8}{'gen s':>8}{'reward s':>9}{'gen tok/step':>13}{'tok/s':>8}"
+          f"{'foreign cores':>14}{'own cores':>10}{'cpu s/step':>11}{'startup s':>10}  threads")
     for r in runs:
         if r["case"] != case:
             continue
@@ -62,8 +62,8 @@ def _print_case_table(runs: list[dict], case: str) -> None:
         threads = ("1 per Ray worker + driver (OMP_NUM_THREADS=1)" if r["contender"] == "ours"
                    else f"torch {res.get('torch_threads')} (OMP_NUM_THREADS={r['threads_env']})")
         print(f"{r['label']:<22}{_fmt(s['median_s']):>8}{_fmt(s['min_s']):>8}{_fmt(s['max_s']):>8}"
-              f"{_fmt(s['median_gen_s']):>8}{_fmt(s['gen_tokens_per_step'], 0):>13}{_fmt(s['tokens_per_s'], 0):>8}"
-              f"{_fmt(s['foreign_cores'], 2):>14}{_fmt(s['own_cores'], 2):>10}{_fmt(res.get('startup_s'), 1):>10}  {threads}")
+              f"{_fmt(s['median_gen_s']):>8}{_fmt(s['median_reward_s']):>9}{_fmt(s['gen_tokens_per_step'], 0):>13}{_fmt(s['tokens_per_s'], 0):>8}"
+              f"{_fmt(s['foreign_cores'], 2):>14}{_fmt(s['own_cores'], 2):>10}{_fmt(s['cpu_s']):>11}{_fmt(res.get('startup_s'), 1):>10}  {threads}")
 
 
 def _print_ours_breakdown(runs: list[dict], case: str) -> None:
@@ -102,7 +102,7 @@ def print_report(runs: list[dict], args) -> bool:
     if "fixed" not in cases:
         print("(the fixed-length case was not run: the headline below is n/a)")
     print("foreign cores = other processes' CPU use during the timed steps (machine busy time minus our process "
-          "tree); anchors (CPU_STACK.md §5, quiet machine, fixed length): TRL 0.93 s/step at 2 threads, "
+          "tree); own cores / cpu s/step = CPU our process tree used (per second / per step); anchors (CPU_STACK.md §5, quiet machine, fixed length): TRL 0.93 s/step at 2 threads, "
           "1.24-1.31 at 1 thread; minimal loop 0.75 / 0.98-1.03 s.")
     print(headline_line(*headline), flush=True)
     return all(r["result"] is not None for r in runs)
