@@ -1,0 +1,123 @@
+"""The methods of LUFFY's comparison (LUFFY_SPEC.md §6) as tiny CPU runs, and the overrides every run shares.
+
+A method is a name, a label for the table, how it trains (``rl``: one trainer run; ``sft``: the SFT
+trainer; ``sft_rl``: the SFT model, then an RL run) and its config in ``luffy_pool/config``. The shared
+settings (model, data, steps, batch, lengths, learning rate, seeds) are applied to every method the same
+way, so the methods differ only in what their config files say.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str  # CLI and folder name
+    label: str  # table and legend name
+    kind: str  # rl | sft | sft_rl
+    config_name: str  # luffy_pool/config/<config_name>.yaml (for sft_rl: its RL part)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("on_policy", "On-policy GRPO", "rl", "tiny_cpu_on_policy"),
+    Method("rl_sft_loss", "RL w/ SFT loss", "rl", "tiny_cpu_rl_sft_loss"),
+    Method("sft", "SFT", "sft", "tiny_cpu_sft"),
+    Method("sft_rl", "SFT then RL", "sft_rl", "tiny_cpu_sft_rl"),
+    Method("luffy_no_shaping", "LUFFY w/o shaping", "rl", "tiny_cpu_luffy_no_shaping"),
+    Method("luffy", "LUFFY", "rl", "tiny_cpu_luffy"),
+)}
+
+
+def parse_methods(text: str) -> list[str]:
+    """``"all"`` or a comma list of method names -> names in the order given, each once."""
+    names = list(METHODS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"--methods: unknown method(s) {unknown}; valid: all or a comma list of {list(METHODS)}")
+    if not names:
+        raise ValueError("--methods: no method given")
+    return list(dict.fromkeys(names))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """What every method shares; one value per flag of reproduce_tiny.py."""
+
+    model_dir: str
+    train_file: str
+    test_file: str
+    steps: int
+    batch_size: int  # prompts per step (RL) = traces per step (SFT)
+    n: int  # group size: samples per prompt
+    response_length: int
+    max_prompt_length: int
+    lr: float
+    rollout: str  # vllm | hf
+    ranks: int  # FSDP ranks of the RL runs
+
+    def __post_init__(self):
+        for key in ("steps", "batch_size", "n", "response_length", "max_prompt_length", "ranks"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.rollout not in ("vllm", "hf"):
+            raise ValueError(f"rollout must be vllm or hf, got {self.rollout!r}")
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Prompts per optimizer step: half the batch, i.e. two updates per step as LUFFY (128 / 64)."""
+        return max(1, self.batch_size // 2)
+
+    @property
+    def sft_micro_batch_size(self) -> int:
+        """Rows per SFT forward pass: the largest divisor of the batch up to 4 (one SFT rank)."""
+        return max(d for d in range(1, min(4, self.batch_size) + 1) if self.batch_size % d == 0)
+
+
+def rl_overrides(s: RunSettings, out_dir: str, model_dir: str | None = None) -> list[str]:
+    """Hydra overrides that put an RL method's tiny config on the shared settings and into ``out_dir``."""
+    return [
+        f"actor_rollout_ref.model.path={model_dir or s.model_dir}",
+        f"data.train_files={s.train_file}",
+        f"data.val_files={s.test_file}",
+        f"data.train_batch_size={s.batch_size}",
+        f"data.max_prompt_length={s.max_prompt_length}",
+        f"data.max_response_length={s.response_length}",
+        f"actor_rollout_ref.rollout.max_prefix_len={s.response_length}",
+        f"actor_rollout_ref.rollout.n={s.n}",
+        f"actor_rollout_ref.rollout.name={s.rollout}",
+        f"actor_rollout_ref.actor.optim.lr={s.lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={s.mini_batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size={s.mini_batch_size}",
+        f"trainer.n_gpus_per_node={s.ranks}",
+        f"trainer.total_training_steps={s.steps}",
+        # Held-out accuracy comes from the eval pipeline after training, so no in-training validation.
+        "trainer.test_freq=-1",
+        "+trainer.val_before_train=False",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.logger=['console','jsonl']",
+        f"trainer.default_local_dir={out_dir}",
+    ]
+
+
+def sft_overrides(s: RunSettings, out_dir: str) -> list[str]:
+    """Overrides of ``tiny_cpu_sft.yaml``: the same traces per step, steps and lr as the RL methods."""
+    return [
+        f"model.path={s.model_dir}",
+        f"data.train_files={s.train_file}",
+        f"data.train_batch_size={s.batch_size}",
+        f"data.micro_batch_size_per_gpu={s.sft_micro_batch_size}",
+        f"data.max_length={s.max_prompt_length + s.response_length}",
+        f"optim.lr={s.lr}",
+        f"trainer.total_training_steps={s.steps}",
+        "trainer.logger=['console','jsonl']",
+        f"trainer.default_local_dir={out_dir}",
+    ]
+
+
+def needs_sft(names: Iterable[str]) -> bool:
+    """The SFT stage runs when SFT itself or SFT-then-RL is asked for (its model starts SFT then RL)."""
+    return any(METHODS[n].kind in ("sft", "sft_rl") for n in names)

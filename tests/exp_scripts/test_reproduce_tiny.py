@@ -1,0 +1,169 @@
+"""exp_scripts/reproduce_tiny.py: the method table, the shared overrides (valid for every config), the
+results table and plots, and (slow) a 1-step smoke run of two methods that checks every output exists."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+EXP = os.path.join(REPO, "exp_scripts")
+if EXP not in sys.path:
+    sys.path.insert(0, EXP)
+
+from reproduce.methods import METHODS, RunSettings, needs_sft, parse_methods, rl_overrides, sft_overrides  # noqa: E402
+from reproduce.report import final_value, has_off_policy_rows, markdown_table, plot_dynamics, table_row  # noqa: E402
+
+
+def _settings(**kw) -> RunSettings:
+    base = dict(model_dir="/m", train_file="/d/train.parquet", test_file="/d/test.parquet", steps=3, batch_size=8, n=8,
+                response_length=48, max_prompt_length=128, lr=1e-3, rollout="vllm", ranks=2)
+    base.update(kw)
+    return RunSettings(**base)
+
+
+# ------------------------------------------------------------------------------ methods
+def test_parse_methods_all_is_every_method_in_table_order():
+    assert parse_methods("all") == ["on_policy", "rl_sft_loss", "sft", "sft_rl", "luffy_no_shaping", "luffy"]
+
+
+def test_parse_methods_keeps_the_given_order_once_each():
+    assert parse_methods(" luffy,on_policy,luffy ") == ["luffy", "on_policy"]
+
+
+def test_parse_methods_names_the_unknown_method():
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['grpo'\]"):
+        parse_methods("luffy,grpo")
+
+
+def test_sft_stage_runs_for_sft_or_sft_then_rl_only():
+    assert needs_sft(["sft_rl"]) and needs_sft(["sft", "luffy"])
+    assert not needs_sft(["luffy", "on_policy", "rl_sft_loss", "luffy_no_shaping"])
+
+
+def test_run_settings_reject_a_zero_step_count():
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        _settings(steps=0)
+
+
+def test_mini_batch_is_half_the_batch_for_two_updates_per_step():
+    assert _settings(batch_size=8).mini_batch_size == 4
+    assert _settings(batch_size=1).mini_batch_size == 1
+
+
+def test_sft_micro_batch_is_the_largest_divisor_up_to_four():
+    assert [_settings(batch_size=b).sft_micro_batch_size for b in (8, 6, 3, 5, 1)] == [4, 3, 3, 1, 1]
+
+
+@pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.kind != "sft"])
+def test_shared_overrides_compose_a_valid_config_for_every_rl_method(name, compose_config):
+    from luffy_pool.config_check import check_config, prepare_overrides
+
+    s = _settings(steps=7, batch_size=6, n=4, lr=3e-4, rollout="hf")
+    cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final")), METHODS[name].config_name)
+    check_config(cfg)
+    assert cfg.trainer.total_training_steps == 7 and cfg.data.train_batch_size == 6
+    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.actor_rollout_ref.actor.optim.lr == 3e-4
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 3
+    assert cfg.actor_rollout_ref.model.path == "/sft/final"
+    assert cfg.trainer.default_local_dir == "/out/x" and "jsonl" in cfg.trainer.logger
+    assert cfg.trainer.test_freq == -1 and cfg.trainer.val_before_train is False
+
+
+def test_sft_overrides_put_the_sft_config_on_the_same_steps_batch_and_lr():
+    from verl.trainer.sft.config import CONFIG_DIR as SFT_CONFIG_DIR
+    from verl.trainer.sft.config import check_sft_config
+
+    s = _settings(steps=7, batch_size=6, lr=3e-4)
+    cfg = _compose_sft([f"hydra.searchpath=[file://{SFT_CONFIG_DIR}]", *sft_overrides(s, "/out/sft")])
+    check_sft_config(cfg)
+    assert cfg.trainer.total_training_steps == 7 and cfg.data.train_batch_size == 6 and cfg.optim.lr == 3e-4
+    assert cfg.data.micro_batch_size_per_gpu == 3 and cfg.data.max_length == 128 + 48
+    assert cfg.trainer.default_local_dir == "/out/sft" and cfg.model.path == "/m"
+
+
+def _compose_sft(overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(REPO, "luffy_pool", "config"), version_base=None):
+        return compose(config_name=METHODS["sft"].config_name, overrides=overrides)
+
+
+# ------------------------------------------------------------------------------ report
+RECORDS = {1: {"on_off_metrics/on_score": 0.0, "actor/entropy_loss": 6.0},
+           2: {"on_off_metrics/on_score": 0.5, "actor/entropy_loss": 5.0},
+           3: {"on_off_metrics/on_score": 1.0, "actor/entropy_loss": "nan"},
+           4: {"on_off_metrics/on_score": 0.25}}
+
+
+def test_final_value_is_the_mean_of_the_last_logged_finite_steps():
+    assert final_value(RECORDS, "on_off_metrics/on_score", last=2) == pytest.approx((1.0 + 0.25) / 2)
+    assert final_value(RECORDS, "actor/entropy_loss", last=5) == pytest.approx(5.5)  # "nan" is skipped
+    assert final_value(RECORDS, "actor/off_policy_prob") is None
+
+
+def test_off_policy_rows_are_detected_from_the_example_ratio():
+    assert not has_off_policy_rows({1: {"on_off_metrics/off_on_example_ratio": 0.0}})
+    assert has_off_policy_rows({1: {"on_off_metrics/off_on_example_ratio": 0.0}, 2: {"on_off_metrics/off_on_example_ratio": 1 / 7}})
+
+
+def test_table_row_formats_numbers_and_marks_missing_ones():
+    row = {"label": "LUFFY", "wall_s": 312.4, "train_reward": 0.125, "entropy": None, "on_policy_response_length": 40.26,
+           "eval": {"greedy": {"accuracy": 0.25, "mean_response_tokens": 37.5}, "sampled": {"accuracy": 0.1875, "k": 4}}}
+    assert table_row(row) == ["LUFFY", "0.250", "0.188 (avg@4)", "0.125", "—", "40.3", "37.5", "312"]
+
+
+def test_a_failed_method_shows_its_error_in_the_table():
+    table = markdown_table([{"label": "SFT", "error": "exit 1; see /o/sft/train.log"}])
+    assert table.splitlines()[2].startswith("| SFT | failed: exit 1; see /o/sft/train.log |")
+
+
+def test_plot_dynamics_writes_a_png_per_panel_and_skips_off_policy_prob_for_on_policy_runs(tmp_path):
+    luffy = {s: {"on_off_metrics/on_score": 0.1 * s, "actor/entropy_loss": 6 - s, "actor/off_policy_prob": 0.01 * s,
+                 "on_off_metrics/off_on_example_ratio": 1 / 7, "on_off_metrics/on_response_length_mean": 40.0} for s in (1, 2, 3)}
+    on_policy = {s: {"on_off_metrics/on_score": 0.0, "actor/entropy_loss": 6.0, "actor/off_policy_prob": 0.0,
+                     "on_off_metrics/off_on_example_ratio": 0.0} for s in (1, 2, 3)}
+    paths = plot_dynamics({"LUFFY": luffy, "On-policy GRPO": on_policy}, str(tmp_path), smooth=2)
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["entropy.png", "off_policy_prob.png", "on_policy_response_length.png", "on_policy_reward.png",
+                     "overview.png"]
+    assert all(os.path.getsize(p) > 1000 for p in paths)
+    only_on_policy = plot_dynamics({"On-policy GRPO": on_policy}, str(tmp_path / "on"), smooth=2)
+    assert "off_policy_prob.png" not in {os.path.basename(p) for p in only_on_policy}
+
+
+def test_unknown_method_on_the_command_line_exits_with_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "ppo", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "unknown method(s) ['ppo']" in proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------ smoke run (slow)
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_one_step_smoke_run_of_two_methods_writes_table_plots_metrics_and_models(tmp_path):
+    out = tmp_path / "reproduce"
+    env = dict(os.environ, RAY_ADDRESS="")
+    proc = subprocess.run([sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "on_policy,luffy",
+                           "--steps", "1", "--batch-size", "2", "--n", "4", "--n-train", "16", "--n-test", "4",
+                           "--eval-samples", "2", "--probe-rows", "2", "--ranks", "1", "--rollout", "hf", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [m["name"] for m in results["methods"]] == ["untrained", "on_policy", "luffy"]
+    assert results["probe"]["samples"] == 2 * 4
+    for method in ("on_policy", "luffy"):
+        rows = [json.loads(line) for line in open(out / method / "metrics.jsonl")]
+        assert [r["step"] for r in rows] == [1]
+        assert (out / method / "final" / "config.json").exists()
+        assert (out / method / "eval" / "greedy.summary.json").exists()
+        assert (out / method / "eval" / "t0.6_n2.summary.json").exists()
+    md = (out / "results.md").read_text()
+    assert "| LUFFY |" in md and "| On-policy GRPO |" in md and "| Untrained model |" in md
+    for name in ("on_policy_reward", "entropy", "off_policy_prob", "overview"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 1000
+    assert f"results: {out}/results.md" in proc.stdout
