@@ -33,7 +33,7 @@ def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir
     for key in ("actor/pg_loss", "actor/off_pg_loss", "actor/on_pg_loss", "actor/off_policy_prob", "actor/entropy_loss",
                 "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean", "response_length/mean",
                 "on_off_metrics/off_score", "on_off_metrics/on_score", "batch/avg_prefix_ratio", "timing_s/gen",
-                "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/step", "perf/throughput",
+                "timing_s/update_actor", "timing_s/step", "perf/throughput",
                 "global_seqlen/mean", "val/avg_score"):
         assert key in last, key
     for r in rows:
