@@ -54,7 +54,7 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True,
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=True,
                  object_store_memory=512 * 1024 * 1024)
     yield ray
     ray.shutdown()
