@@ -23,7 +23,7 @@ from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
                                            compute_timing_metrics, reduce_metrics)
-from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
+from verl.utils.seqlen_balancing import get_group_balanced_partitions, get_seqlen_balanced_partitions, log_seqlen_unbalance
 
 logger = logging.getLogger(__name__)
 
@@ -247,9 +247,17 @@ class MIXRayPPOTrainer:
         return batch
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
-        """Reorder rows so each rank's contiguous chunk has a similar token count (Karmarkar-Karp)."""
+        """Reorder rows so each rank's contiguous chunk has a similar token count (Karmarkar-Karp).
+
+        With ``model.shared_prompt_forward`` whole groups are balanced (a group's rows stay together on one
+        rank, so its prompt is computed once there); rows otherwise, or when groups cannot split evenly.
+        """
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-        parts = get_seqlen_balanced_partitions(seqlens, k_partitions=self.world_size, equal_size=True)
+        parts = None
+        if self.config.actor_rollout_ref.model.get("shared_prompt_forward", False):
+            parts = get_group_balanced_partitions(seqlens, list(batch.non_tensor_batch["uid"]), self.world_size)
+        if parts is None:
+            parts = get_seqlen_balanced_partitions(seqlens, k_partitions=self.world_size, equal_size=True)
         order = torch.tensor([i for p in parts for i in p])
         batch.reorder(order)
         metrics.update(log_seqlen_unbalance(seqlens, parts, prefix="global_seqlen"))

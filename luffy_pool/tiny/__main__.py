@@ -17,6 +17,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ops", default="+", help="operators of the synthetic task, e.g. '+*'")
     ap.add_argument("--n-train", type=int, default=512)
     ap.add_argument("--n-test", type=int, default=64)
+    ap.add_argument("--n-warm", type=int, default=0,
+                    help="also write warm.parquet: this many problems disjoint from train/test (SFT warm-start)")
     for f in dataclasses.fields(spec):
         if f.type in ("int", int):
             ap.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=getattr(spec, f.name))
@@ -27,7 +29,7 @@ def main(argv=None) -> None:
     build_tiny_model(args.out, spec)
     print(f"tiny model written to {args.out}")
     if args.data:
-        paths = write_task_parquets(args.data, args.n_train, args.n_test, level=args.level, ops=tuple(args.ops), seed=spec.seed)
+        paths = write_task_parquets(args.data, args.n_train, args.n_test, level=args.level, ops=tuple(args.ops), seed=spec.seed, n_warm=args.n_warm)
         print(f"synthetic task written: {paths}")
 
 

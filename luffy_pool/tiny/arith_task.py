@@ -119,22 +119,31 @@ def write_task_parquets(
     ops: Iterable[str] = ("+",),
     seed: int = 0,
     system_prompt: str | None = SYSTEM_PROMPT,
+    n_warm: int = 0,
 ) -> dict[str, str]:
-    """Write ``train.parquet`` and ``test.parquet`` (disjoint problems) and return their paths."""
+    """Write ``train.parquet`` and ``test.parquet`` (disjoint problems) and return their paths.
+
+    With ``n_warm > 0`` also ``warm.parquet``: problems disjoint from both, for warming a base model
+    with SFT (a stand-in for pretraining) before RL on ``train``.
+    """
     import pandas as pd
 
     os.makedirs(out_dir, exist_ok=True)
-    problems = make_problems(4 * (n_train + n_test), level=level, ops=ops, seed=seed)
+    need = n_train + n_test + n_warm
+    problems = make_problems(4 * need, level=level, ops=ops, seed=seed)
     seen, uniq = set(), []
     for p in problems:
         key = (p.a, p.b, p.op)
         if key not in seen:
             seen.add(key)
             uniq.append(p)
-    if len(uniq) < n_train + n_test:
-        raise ValueError(f"level {level} has only {len(uniq)} distinct problems, asked for {n_train + n_test}")
+    if len(uniq) < need:
+        raise ValueError(f"level {level} has only {len(uniq)} distinct problems, asked for {need}")
     paths = {}
-    for split, chunk in (("train", uniq[:n_train]), ("test", uniq[n_train : n_train + n_test])):
+    splits = [("train", uniq[:n_train]), ("test", uniq[n_train : n_train + n_test])]
+    if n_warm > 0:
+        splits.append(("warm", uniq[n_train + n_test : need]))
+    for split, chunk in splits:
         rows = [problem_to_row(p, i, split, system_prompt) for i, p in enumerate(chunk)]
         path = os.path.join(out_dir, f"{split}.parquet")
         pd.DataFrame(rows).to_parquet(path, index=False)

@@ -10,7 +10,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -95,6 +95,25 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int
     if empty:
         raise RuntimeError(f"balanced partitions {empty} are empty for seqlens {list(seqlen_list)}")
     return partitions
+
+
+def get_group_balanced_partitions(seqlen_list: Sequence[int], group_ids: Sequence[Any],
+                                  k_partitions: int) -> Optional[list[list[int]]]:
+    """Karmarkar-Karp over whole groups (rows sharing a group id stay on one partition, in row order).
+
+    Balances the groups' token sums with an equal number of groups per partition. Returns None when
+    that cannot give every partition the same number of rows (group sizes differ, or the group count
+    is not a multiple of ``k_partitions``): the caller then balances rows.
+    """
+    members: dict[Any, list[int]] = {}
+    for row, gid in enumerate(group_ids):
+        members.setdefault(gid, []).append(row)
+    groups = list(members.values())
+    if len(groups) % k_partitions or len({len(g) for g in groups}) != 1:
+        return None
+    parts = get_seqlen_balanced_partitions([sum(seqlen_list[i] for i in g) for g in groups], k_partitions,
+                                           equal_size=True)
+    return [[row for gi in part for row in groups[gi]] for part in parts]
 
 
 def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]], prefix: str) -> dict[str, float]:

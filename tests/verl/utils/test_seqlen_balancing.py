@@ -141,3 +141,25 @@ def test_micro_batch_count_is_all_reduced_to_max_over_two_gloo_ranks(tmp_path):
     parts1 = json.loads((tmp_path / "rank1.json").read_text())
     assert len(parts0) == len(parts1) == 3
     assert all(parts0) and sorted(i for p in parts0 for i in p) == [0, 1, 2, 3]
+
+
+def test_group_balanced_partitions_keep_groups_whole_and_balance_tokens():
+    from verl.utils.seqlen_balancing import get_group_balanced_partitions
+
+    # 4 groups of 2 rows (uids a..d, rows interleaved); group sums a=10, b=30, c=20, d=20.
+    seqlens = [5, 10, 5, 20, 10, 10, 10, 10]
+    uids = ["a", "b", "a", "b", "c", "c", "d", "d"]
+    parts = get_group_balanced_partitions(seqlens, uids, k_partitions=2)
+    assert sorted(len(p) for p in parts) == [4, 4]
+    for part in parts:
+        assert len({uids[i] for i in part}) == 2  # two whole groups per partition
+        for uid in {uids[i] for i in part}:
+            assert [i for i in part if uids[i] == uid] == [i for i, u in enumerate(uids) if u == uid]
+    assert sorted(sum(seqlens[i] for i in p) for p in parts) == [40, 40]  # {a,b} vs {c,d}
+
+
+def test_group_balanced_partitions_decline_uneven_splits():
+    from verl.utils.seqlen_balancing import get_group_balanced_partitions
+
+    assert get_group_balanced_partitions([1, 2, 3], ["a", "b", "c"], 2) is None  # 3 groups over 2 ranks
+    assert get_group_balanced_partitions([1, 2, 3, 4], ["a", "a", "a", "b"], 2) is None  # sizes differ

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
@@ -55,10 +56,13 @@ class DataParallelPPOActor:
         actor_optimizer: optimizer, None for a reference (log-prob only) actor.
         use_remove_padding: pack valid tokens into one row (position ids restart per sequence).
         dp_group: process group used to agree on the number of dynamic micro-batches.
+        shared_prompt_forward: run each distinct prompt of a micro-batch once and the responses over its
+            cache (``shared_prompt.py``); padded path only (packing already skips pad tokens).
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
-                 use_remove_padding: bool = False, dp_group=None, device: str = "cpu"):
+                 use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
+                 shared_prompt_forward: bool = False):
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -67,6 +71,7 @@ class DataParallelPPOActor:
             logger.info("model.use_remove_padding ignored: attention %r has no varlen kernel, and packing into one "
                         "row would make sdpa/eager build a dense mask over all tokens (quadratic); using padded rows",
                         getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
+        self.shared_prompt_forward = shared_prompt_forward and not self.use_remove_padding
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
@@ -84,14 +89,18 @@ class DataParallelPPOActor:
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
         response_length = responses.size(-1)
-        if self.use_remove_padding:
-            logits = self._packed_logits(input_ids, attention_mask, position_ids)
-        else:
-            out = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    use_cache=False)
-            logits = out.logits
-        # logits at t predict token t+1: the response's predictions sit one step to the left.
-        logits = logits[:, -response_length - 1 : -1, :].float()
+        logits = None
+        if self.shared_prompt_forward:  # already aligned with the response tokens
+            logits = shared_prompt_logits(self.actor_module, input_ids, attention_mask, position_ids, response_length)
+        if logits is None:
+            if self.use_remove_padding:
+                logits = self._packed_logits(input_ids, attention_mask, position_ids)
+            else:
+                logits = self.actor_module(input_ids=input_ids, attention_mask=attention_mask,
+                                           position_ids=position_ids, use_cache=False).logits
+            # logits at t predict token t+1: the response's predictions sit one step to the left.
+            logits = logits[:, -response_length - 1 : -1, :]
+        logits = logits.float()
         if temperature != 1.0:
             logits = logits / temperature
         log_probs = logprobs_from_logits(logits, responses)

@@ -61,8 +61,11 @@ class RolloutEngineConfig:
     weight_transport: str = "auto"
     # Engine rebuilds allowed per generate call when it raises (LUFFY retries after engine failures).
     max_engine_restarts: int = 1
-    # HF backend: rows per decoding micro-batch.
+    # HF backend: rows per decoding micro-batch (YAML key hf_micro_batch_size).
     micro_batch_size: int = 256
+    # HF backend decode loop: "kv" = the lean static-KV loop over the model's weights (kv_decoder.py;
+    # Llama-family layouts), "generic" = model(...) per token, "auto" = kv when the model fits.
+    hf_decoder: str = "auto"
     max_model_len: Optional[int] = None
 
     @property
@@ -103,6 +106,8 @@ def parse_rollout_config(config: Optional[Mapping[str, Any]]) -> RolloutEngineCo
             config = OmegaConf.to_container(config, resolve=True)
         except Exception as exc:  # not an OmegaConf node either
             raise TypeError(f"rollout config must be a mapping or OmegaConf node, got {type(config)}") from exc
+    if "hf_micro_batch_size" in config and config.get("micro_batch_size") is None:
+        config = dict(config, micro_batch_size=config["hf_micro_batch_size"])
     kinds = {f.name: f.type for f in dataclasses.fields(RolloutEngineConfig)}
     types = {"float": float, "int": int, "bool": bool, "str": str, "Optional[int]": int}
     values = {}
@@ -136,6 +141,8 @@ def _validate(cfg: RolloutEngineConfig) -> None:
         raise ValueError(f"rollout.load_format must be one of {sorted(_LOAD_FORMATS)}, got {cfg.load_format!r}")
     if cfg.logprobs_mode not in _LOGPROBS_MODES:
         raise ValueError(f"rollout.logprobs_mode must be one of {sorted(_LOGPROBS_MODES)}, got {cfg.logprobs_mode!r}")
+    if cfg.hf_decoder not in ("auto", "kv", "generic"):
+        raise ValueError(f"rollout.hf_decoder must be auto, kv or generic, got {cfg.hf_decoder!r}")
     if cfg.sleep_level not in (1, 2):
         raise ValueError(f"rollout.sleep_level must be 1 or 2, got {cfg.sleep_level}")
     if cfg.weight_transport not in _TRANSPORTS:

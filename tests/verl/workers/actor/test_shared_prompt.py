@@ -1,0 +1,138 @@
+"""Shared-prompt forward: one prompt pass per group gives the padded forward's logits and gradients."""
+import os
+import socket
+
+import pytest
+import torch
+
+from verl.workers.actor.shared_prompt import group_rows_by_prompt, shared_prompt_logits
+
+
+def _model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def grouped_batch(vocab, groups=3, n=4, prompt=10, resp=7, seed=0):
+    """``groups`` x ``n`` rows; each group repeats one left-padded prompt, responses end at different points."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (groups * n, prompt + resp), generator=g)
+    mask = torch.ones_like(ids)
+    for gi in range(groups):
+        for j in range(n):
+            r = gi * n + j
+            ids[r, :prompt] = ids[gi * n, :prompt]
+            mask[r, :2 * gi] = 0  # group gi's prompt has 2*gi pad tokens
+            mask[r, prompt + 2 + j:] = 0  # response j has 2 + j tokens
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _response_logp(logits, ids, resp):
+    return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -resp:, None]).squeeze(-1)
+
+
+def test_group_rows_by_prompt_hand_case():
+    ids = torch.tensor([[0, 5, 6, 9], [7, 5, 6, 1], [0, 5, 6, 2], [7, 5, 6, 3]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
+    first, inverse = group_rows_by_prompt(ids, mask, prompt_width=3)
+    assert inverse[0] == inverse[2] != inverse[1] == inverse[3]
+    assert sorted(first.tolist()) == [0, 1]
+    # Same ids, different padding: different prompts.
+    mask2 = mask.clone()
+    mask2[2, 0] = 1
+    assert int(group_rows_by_prompt(ids, mask2, 3)[1].max()) + 1 == 3
+
+
+def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir):
+    model = _model(tiny_model_dir)
+    ids, mask, pos = grouped_batch(model.config.vocab_size)
+    resp = 7
+    valid = mask[:, -resp:].bool()
+    padded = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -resp - 1:-1]
+    (_response_logp(padded, ids, resp) * valid).sum().backward()
+    ref_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    shared = shared_prompt_logits(model, ids, mask, pos, resp)
+    assert shared.shape == padded.shape
+    assert torch.allclose(shared[valid], padded[valid], atol=1e-5)
+    (_response_logp(shared, ids, resp) * valid).sum().backward()
+    for k, p in model.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[k], atol=1e-5, rtol=1e-4), k
+
+
+def test_no_repeated_prompt_means_no_shared_pass(tiny_model_dir):
+    model = _model(tiny_model_dir)
+    ids, mask, pos = grouped_batch(model.config.vocab_size, groups=3, n=1)
+    assert shared_prompt_logits(model, ids, mask, pos, 7) is None
+
+
+def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_dir):
+    from omegaconf import OmegaConf
+
+    from verl.protocol import DataProto
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+    model = _model(tiny_model_dir)
+    ids, mask, pos = grouped_batch(model.config.vocab_size)
+    b = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -7:]}
+    cfg = OmegaConf.create(dict(ppo_mini_batch_size=12, ppo_micro_batch_size=12, use_dynamic_bsz=False))
+    actor = DataParallelPPOActor(cfg, model, shared_prompt_forward=True)
+    data = DataProto.from_dict(tensors=b, meta_info={"temperature": 0.7, "micro_batch_size": 8,
+                                                     "use_dynamic_bsz": False, "max_token_len": 64})
+    lp, _ = actor.compute_log_prob(data)
+    with torch.no_grad():
+        direct = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -8:-1] / 0.7
+    valid = mask[:, -7:].bool()
+    assert torch.allclose(lp[valid], _response_logp(direct, ids, 7)[valid], atol=1e-5)
+
+
+def _fsdp_rank(rank, port, model_dir, queue):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        model = _model(model_dir)
+        ids, mask, pos = grouped_batch(model.config.vocab_size, groups=2, n=4)
+        rows = slice(rank * 4, rank * 4 + 4)  # one whole group per rank
+        apply_fsdp2(model, init_device_mesh("cpu", (2,)))
+        grads = []
+        for shared in (False, True):
+            for _ in range(2):  # a second step must not see state left behind by the two-call forward
+                model.zero_grad()
+                if shared:
+                    logits = shared_prompt_logits(model, ids[rows], mask[rows], pos[rows], 7)
+                else:
+                    logits = model(input_ids=ids[rows], attention_mask=mask[rows], position_ids=pos[rows],
+                                   use_cache=False).logits[:, -8:-1]
+                valid = mask[rows, -7:].bool()
+                (_response_logp(logits, ids[rows], 7) * valid).sum().backward()
+            grads.append({k: p.grad.full_tensor().clone() for k, p in model.named_parameters()})
+        queue.put((rank, max(float((grads[0][k] - grads[1][k]).abs().max()) for k in grads[0])))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_call_forward_under_fsdp2_gives_the_padded_gradients(tiny_model_dir):
+    """FSDP2 sees two forwards of the root before one backward; the reduced gradients must not change."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_fsdp_rank, args=(r, port, tiny_model_dir, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    diffs = dict(queue.get(timeout=5) for _ in procs)
+    assert max(diffs.values()) < 1e-5, diffs

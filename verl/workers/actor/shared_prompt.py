@@ -1,0 +1,58 @@
+"""Shared-prompt forward: the n responses of a GRPO group run over one forward of their common prompt.
+
+In a micro-batch of ``[prompt | response]`` rows, the n samples of a group (and LUFFY's off-policy
+slots) repeat the same left-padded prompt. A causal LM's prompt positions never see the response, so
+their hidden states and keys/values are identical across the group: computing them once per distinct
+prompt and letting every response attend to that one cache gives the same logits as the padded
+forward, with the prompt's share of the compute divided by n (half of all tokens in a short-answer
+task). Gradients flow back through the index that expands the cache, so the prompt's parameters see
+the sum over the group, exactly as in the padded forward.
+
+Two calls of the (FSDP-wrapped) model per micro-batch: the prompts with ``use_cache=True``, then the
+responses with the expanded cache as ``past_key_values``. Works with any HF causal LM whose cache is a
+``DynamicCache`` of full-attention layers; returns None (use the plain forward) when no prompt repeats.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def group_rows_by_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int):
+    """(first row of each distinct prompt [u], index of each row's prompt among them [b])."""
+    key = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width].to(input_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    u = int(inverse.max()) + 1 if inverse.numel() else 0
+    first = torch.full((u,), input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+    first.scatter_reduce_(0, inverse, torch.arange(input_ids.shape[0], device=input_ids.device), reduce="amin")
+    return first, inverse
+
+
+def shared_prompt_logits(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         position_ids: torch.Tensor, response_length: int) -> Optional[torch.Tensor]:
+    """Logits ``[b, response_length, V]`` predicting each response token, or None when no prompt repeats.
+
+    Row i's logits at response position t equal those of the padded forward at column
+    ``prompt_width + t - 1`` (the position whose next token is response token t).
+    """
+    from transformers import DynamicCache
+
+    prompt_width = input_ids.shape[1] - response_length
+    if prompt_width < 1 or response_length < 1:
+        return None
+    first, inverse = group_rows_by_prompt(input_ids, attention_mask, prompt_width)
+    if first.numel() == input_ids.shape[0]:
+        return None
+    prompt_cache = DynamicCache(config=module.config)
+    out = module(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
+                 position_ids=position_ids[first, :prompt_width], past_key_values=prompt_cache, use_cache=True,
+                 logits_to_keep=1)
+    last_prompt_logits = out.logits[:, -1].index_select(0, inverse)
+    shared = out.past_key_values
+    expanded = DynamicCache(config=module.config)
+    for layer_idx, layer in enumerate(shared.layers):
+        expanded.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), layer_idx)
+    out = module(input_ids=input_ids[:, prompt_width:], attention_mask=attention_mask,
+                 position_ids=position_ids[:, prompt_width:], past_key_values=expanded, use_cache=True)
+    return torch.cat([last_prompt_logits[:, None], out.logits[:, :-1]], dim=1)

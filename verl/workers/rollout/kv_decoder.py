@@ -1,0 +1,237 @@
+"""Lean decode loop for Llama-family causal LMs: a pre-allocated KV cache driven by the HF module's weights.
+
+``HFRollout`` decodes through ``model(...)`` one token at a time. For the small models of CPU runs,
+each such call costs far more in Python (mask building, cache bookkeeping, module dispatch) than in
+arithmetic, so decoding is overhead bound. This module runs the same network as a handful of tensor
+ops per layer over the HF model's own parameters:
+
+* one fused q/k/v matmul and one fused gate/up matmul per layer (fused copies, rebuilt whenever the
+  rollout's weights version changes; every other weight is used in place),
+* a static KV cache ``[rows, kv_heads, prompt_width + cap, head_dim]`` written in place (left-padded
+  prompts, so every row writes the same column at each step),
+* shared-prompt prefill: identical prompts (the n samples of a GRPO group) are prefilled once and
+  their cache rows copied, so a group of n costs one prompt forward, not n,
+* finished rows leave the batch (their cache rows are dropped), as in the HF loop.
+
+Supported: decoder layers of the ``LlamaDecoderLayer`` shape (``self_attn.{q,k,v,o}_proj``, optional
+``q_norm``/``k_norm`` as in Qwen3, ``mlp.{gate,up,down}_proj`` with SiLU, RMSNorms), full attention,
+rotary embeddings from the model's own ``rotary_emb``. ``supports(model)`` says whether a model fits;
+``HFRollout`` falls back to its generic loop otherwise.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def supports(model: torch.nn.Module) -> tuple[bool, str]:
+    """(True, "") when ``model`` has the layout this decoder drives, else (False, why)."""
+    cfg = getattr(model, "config", None)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return False, f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return False, f"hidden_act {cfg.hidden_act!r} (only silu)"
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        return False, "sliding-window attention"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return False, f"layer types {sorted(set(layer_types))} (only full_attention)"
+    body = getattr(model, "model", None)
+    if body is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
+        return False, "no model.layers / model.rotary_emb"
+    attn = body.layers[0].self_attn
+    if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")):
+        return False, "attention is not q/k/v/o projections"
+    return True, ""
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return norm.weight * x32.to(dtype)
+
+
+def _cat_bias(*linears: torch.nn.Linear) -> Optional[torch.Tensor]:
+    if all(lin.bias is None for lin in linears):
+        return None
+    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears])
+
+
+class _LayerWeights:
+    """Fused projections of one decoder layer (views of nothing: concatenated copies, rebuilt per weights version)."""
+
+    def __init__(self, layer: torch.nn.Module):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.layer = layer
+        self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        self.qkv_b = _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.q_out, self.kv_out = attn.q_proj.out_features, attn.k_proj.out_features
+        self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.inter = mlp.gate_proj.out_features
+
+
+class KVDecoder:
+    """Sampling loop over a Llama-family HF model with a static KV cache (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        ok, why = supports(model)
+        if not ok:
+            raise ValueError(f"KVDecoder cannot drive this model: {why}")
+        self.model = model
+        self.body = model.model
+        cfg = model.config
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.scaling = float(self.body.layers[0].self_attn.scaling)
+        self._layers: list[_LayerWeights] = []
+        self._version = None
+
+    def refresh(self, version) -> None:
+        """Rebuild the fused weights when the parameters changed (``version`` differs from the last call)."""
+        if version != self._version:
+            with torch.no_grad():
+                self._layers = [_LayerWeights(layer) for layer in self.body.layers]
+            self._version = version
+
+    # ------------------------------------------------------------------------------- network
+    def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list, start: int,
+                 key_mask: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """Logits for ``ids [B, T]`` written at cache columns ``start..start+T``; keys ``< start+T`` visible
+        where ``key_mask [B, start+T]`` is True, causally within the new block."""
+        bsz, width = ids.shape
+        end = start + width
+        h = self.body.embed_tokens(ids)
+        mask = key_mask[:, None, None, :end]
+        if width > 1:
+            causal = torch.ones(width, end, dtype=torch.bool, device=ids.device).tril(start)
+            # Every query also sees its own column: a left-pad query would otherwise attend to nothing and
+            # turn into NaN, which masked attention weights of 0 cannot cancel later (0 * NaN = NaN).
+            own = torch.zeros_like(causal)
+            own[torch.arange(width), start + torch.arange(width)] = True
+            mask = (mask & causal[None, None]) | own[None, None]
+        groups = self.num_heads // self.num_kv_heads
+        for lw, (k_cache, v_cache) in zip(self._layers, cache):
+            layer, attn = lw.layer, lw.layer.self_attn
+            x = _rms_norm(h, layer.input_layernorm)
+            qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
+            q, k, v = qkv.split([lw.q_out, lw.kv_out, lw.kv_out], dim=-1)
+            q = q.view(bsz, width, self.num_heads, self.head_dim)
+            k = k.view(bsz, width, self.num_kv_heads, self.head_dim)
+            if getattr(attn, "q_norm", None) is not None:
+                q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = v.view(bsz, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
+            if width == 1:
+                # One new token: the query heads sharing a KV head act as that head's query rows, so
+                # grouped-query attention needs no copy of the cache (heads h = j * groups + g use KV j).
+                q = q.reshape(bsz, self.num_kv_heads, groups, self.head_dim)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+                out = out.reshape(bsz, 1, -1)
+            else:
+                if groups > 1:
+                    keys = keys.repeat_interleave(groups, dim=1)
+                    values = values.repeat_interleave(groups, dim=1)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+                out = out.transpose(1, 2).reshape(bsz, width, -1)
+            h = h + attn.o_proj(out)
+            x = _rms_norm(h, layer.post_attention_layernorm)
+            gate, up = F.linear(x, lw.gate_up_w).split([lw.inter, lw.inter], dim=-1)
+            h = h + layer.mlp.down_proj(F.silu(gate) * up)
+        if last_only:
+            h = h[:, -1:]
+        return self.model.lm_head(_rms_norm(h, self.body.norm)).float()
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[B, 1, T, head_dim]`` from the model's rotary module (its scaling variants included)."""
+        probe = torch.empty(0, dtype=dtype, device=positions.device)
+        cos, sin = self.body.rotary_emb(probe, positions)
+        return cos[:, None].to(dtype), sin[:, None].to(dtype)
+
+    # ------------------------------------------------------------------------------- decode
+    @torch.no_grad()
+    def decode(
+        self,
+        prompts: list[list[int]],
+        caps: list[int],
+        pad_id: int,
+        eos_ids: torch.Tensor,
+        ignore_eos: bool,
+        sample: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Sample up to ``caps[i]`` tokens after each prompt; ``sample(logits) -> (ids, logprobs)``."""
+        device = self.body.embed_tokens.weight.device
+        dtype = self.body.embed_tokens.weight.dtype
+        rows, width, max_cap = len(prompts), max(len(p) for p in prompts), max(caps)
+        # Shared-prompt prefill: one forward per distinct prompt.
+        unique: dict[tuple, int] = {}
+        row_src = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        uniq_prompts = list(unique)
+        u = len(uniq_prompts)
+        ids = torch.full((u, width), pad_id, dtype=torch.long)
+        valid = torch.zeros((u, width), dtype=torch.bool)
+        for r, p in enumerate(uniq_prompts):  # left padding: every row's last prompt token in the last column
+            ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            valid[r, width - len(p):] = True
+        ids, valid = ids.to(device), valid.to(device)
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        total = width + max_cap
+        cache_u = [(torch.zeros(u, self.num_kv_heads, total, self.head_dim, dtype=dtype, device=device),
+                    torch.zeros(u, self.num_kv_heads, total, self.head_dim, dtype=dtype, device=device))
+                   for _ in self._layers]
+        key_mask_u = torch.ones((u, total), dtype=torch.bool, device=device)
+        key_mask_u[:, :width] = valid
+        cos, sin = self._rope(positions, dtype)
+        logits_u = self._forward(ids, cos, sin, cache_u, 0, key_mask_u, last_only=True)[:, -1]
+        src = torch.tensor(row_src, dtype=torch.long, device=device)
+        cache = [(k.index_select(0, src), v.index_select(0, src)) for k, v in cache_u]
+        key_mask = key_mask_u.index_select(0, src)
+        logits = logits_u.index_select(0, src)
+        next_pos = positions[:, -1].index_select(0, src) + 1
+        active = torch.arange(rows, device=device)
+        caps_left = torch.tensor(caps, device=device)
+        out_ids = torch.zeros((rows, max_cap), dtype=torch.long, device=device)
+        out_lps = torch.zeros((rows, max_cap), dtype=torch.float32, device=device)
+        lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        step = 0
+        while True:
+            tok, lp = sample(logits)
+            out_ids[active, step] = tok
+            out_lps[active, step] = lp.float()
+            lengths[active] = step + 1
+            caps_left = caps_left - 1
+            done = caps_left <= 0
+            if not ignore_eos and eos_ids.numel():
+                done |= torch.isin(tok, eos_ids)
+            if bool(done.all()):
+                break
+            if bool(done.any()):
+                keep = (~done).nonzero().squeeze(-1)
+                cache = [(k.index_select(0, keep), v.index_select(0, keep)) for k, v in cache]
+                active, caps_left, tok = active[keep], caps_left[keep], tok[keep]
+                key_mask, next_pos = key_mask[keep], next_pos[keep]
+            cos, sin = self._rope(next_pos[:, None], dtype)
+            logits = self._forward(tok[:, None], cos, sin, cache, width + step, key_mask, last_only=True)[:, -1]
+            next_pos = next_pos + 1
+            step += 1
+        lengths_list = lengths.tolist()
+        ids_list, lps_list = out_ids.tolist(), out_lps.tolist()
+        return ([row[:n] for row, n in zip(ids_list, lengths_list)],
+                [row[:n] for row, n in zip(lps_list, lengths_list)])
