@@ -11,7 +11,7 @@ case, using our best rank count against TRL's and the floor's best thread count.
 to ``--out`` (default outputs/bench_step/).
 
     .venv/bin/pip install -r requirements-bench.txt      # TRL, for this benchmark only
-    .venv/bin/python exp_scripts/bench_step.py [--rollout vllm|hf] [--warmup 2 --steps 8] [--wait-quiet 120]
+    .venv/bin/python exp_scripts/bench_step.py [--rollout hf,vllm] [--warmup 2 --steps 8] [--wait-quiet 120]
 """
 from __future__ import annotations
 
@@ -58,7 +58,9 @@ def _choice_list(choices):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rollout", choices=("vllm", "hf"), default="vllm", help="our rollout engine (default vllm)")
+    p.add_argument("--rollout", type=_choice_list(("vllm", "hf")), default=["hf", "vllm"],
+                   help="our rollout engine(s), comma-separated (default hf,vllm: the HF engine with the lean "
+                        "static-KV loop, and vLLM's CPU build)")
     p.add_argument("--rollout-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weights dtype of our rollout engine (default float32, as TRL and the floor run)")
     p.add_argument("--ranks", type=_int_list, default=[2, 1], help="FSDP rank counts of ours (default 2,1)")
@@ -151,13 +153,13 @@ def run_child(role: str, spec_text: str, tag: str, out_dir: str, work_dir: str, 
 
 
 def contender_plan(args) -> list[tuple[str, int, int]]:
-    """``(contender, ranks, threads)`` of every run per case, in run order."""
+    """``(contender, ranks, threads, rollout engine or None)`` of every run per case, in run order."""
     plan = []
     if "ours" in args.contenders:
-        plan += [("ours", r, 1) for r in args.ranks]
+        plan += [("ours", r, 1, engine) for engine in args.rollout for r in args.ranks]
     for name in ("trl", "floor"):
         if name in args.contenders:
-            plan += [(name, 1, t) for t in args.baseline_threads]
+            plan += [(name, 1, t, None) for t in args.baseline_threads]
     return plan
 
 
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     work_dir = tempfile.mkdtemp(prefix="bench_step_")
     t_start = time.perf_counter()
-    print(f"bench_step: work dir {work_dir}, results {args.out}; rollout of ours: {args.rollout}; "
+    print(f"bench_step: work dir {work_dir}, results {args.out}; rollout of ours: {','.join(args.rollout)}; "
           f"{args.prompts} prompts x {args.samples} samples, <= {args.max_new_tokens} new tokens, "
           f"{args.warmup} warm-up + {args.steps} timed steps per contender"
           + (f"; extra overrides of ours: {' '.join(args.ours_override)}" if args.ours_override else ""), flush=True)
@@ -189,12 +191,12 @@ def main(argv=None) -> int:
           flush=True)
     runs = []
     for case in args.cases:
-        for contender, ranks, threads in contender_plan(args):
+        for contender, ranks, threads, engine in contender_plan(args):
             spec = BenchSpec(contender=contender, case=case, model_dir=prep["model_dirs"][case], task_dir=prep["task_dir"],
                              work_dir=work_dir, prompts=args.prompts, samples=args.samples,
                              max_new_tokens=args.max_new_tokens, max_prompt_length=prep["max_prompt_tokens"],
                              warmup=args.warmup, steps=args.steps, lr=args.lr, threads=threads, ranks=ranks,
-                             rollout=args.rollout, rollout_dtype=args.rollout_dtype,
+                             rollout=engine or args.rollout[0], rollout_dtype=args.rollout_dtype,
                              reward_workers=args.reward_workers, ours_overrides=args.ours_override)
             waited, busy = wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 \
                 else wait_for_quiet(0.0)

@@ -6,7 +6,11 @@
 # Usage: bash exp_scripts/quickstart.sh [key=value ...]    e.g. trainer.total_training_steps=3
 # Steps: (1) exp_scripts/setup_venv.sh creates .venv when missing (skip with SKIP_SETUP=1);
 # (2) the tiny model and task are built into $QUICKSTART_DIR/{model,data} when missing
-# (default outputs/quickstart); (3) the trainer runs; extra arguments are Hydra overrides, appended last.
+# (default outputs/quickstart); (3) warm start: LUFFY starts from a pretrained base (Qwen2.5-Math-7B) that
+# already writes the answer format and solves some problems; the random tiny model gets that from a short
+# SFT (verl/trainer/fsdp_sft_trainer.py) on data/warm.parquet, problems disjoint from train and test
+# ($QUICKSTART_WARM_STEPS steps, default 200; 0 starts LUFFY from the random model); (4) the trainer
+# runs from the warm model; extra arguments are Hydra overrides, appended last.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -22,12 +26,27 @@ fi
 export OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
 export TOKENIZERS_PARALLELISM=false
 
-if [ ! -f "$OUT/model/config.json" ] || [ ! -f "$OUT/data/train.parquet" ] || [ ! -f "$OUT/data/test.parquet" ]; then
-  "$VENV/bin/python" -m luffy_pool.tiny --out "$OUT/model" --data "$OUT/data"
+if [ ! -f "$OUT/model/config.json" ] || [ ! -f "$OUT/data/train.parquet" ] || [ ! -f "$OUT/data/test.parquet" ] \
+    || [ ! -f "$OUT/data/warm.parquet" ]; then
+  "$VENV/bin/python" -m luffy_pool.tiny --out "$OUT/model" --data "$OUT/data" --n-warm 2048
+fi
+
+WARM_STEPS=${QUICKSTART_WARM_STEPS:-200}
+BASE="$OUT/model"
+if [ "$WARM_STEPS" -gt 0 ]; then
+  BASE="$OUT/warm_sft_$WARM_STEPS/final"
+  if [ ! -f "$BASE/config.json" ]; then
+    echo "quickstart: warm-starting the tiny model with $WARM_STEPS SFT steps on $OUT/data/warm.parquet -> $BASE"
+    OMP_NUM_THREADS=2 "$VENV/bin/python" -m verl.trainer.fsdp_sft_trainer \
+        data.train_files="$OUT/data/warm.parquet" model.path="$OUT/model" data.max_length=160 \
+        data.train_batch_size=32 data.micro_batch_size_per_gpu=32 optim.lr=3e-3 \
+        trainer.total_training_steps="$WARM_STEPS" trainer.device=cpu trainer.progress_bar=False \
+        trainer.default_local_dir="$OUT/warm_sft_$WARM_STEPS" trainer.experiment_name=quickstart_warm_sft
+  fi
 fi
 
 exec "$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
-    actor_rollout_ref.model.path="$OUT/model" \
+    actor_rollout_ref.model.path="$BASE" \
     data.train_files="$OUT/data/train.parquet" \
     data.val_files="$OUT/data/test.parquet" \
     trainer.default_local_dir="$OUT/checkpoints" \

@@ -34,6 +34,8 @@ def trainer_overrides(spec: BenchSpec) -> list[str]:
         "actor_rollout_ref.actor.use_off_policy_loss=True", "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1",
         "actor_rollout_ref.actor.loss_remove_token_mean=True", "actor_rollout_ref.actor.loss_remove_clip=True",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.ref.use_ref=False",
+        # As the tiny CPU configs: a small model keeps gathered parameters from forward to backward.
+        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False",
         f"actor_rollout_ref.rollout.name={spec.rollout}", f"actor_rollout_ref.rollout.dtype={spec.rollout_dtype}",
         f"actor_rollout_ref.rollout.n={spec.samples}",
         f"actor_rollout_ref.rollout.ignore_eos={spec.fixed}",

@@ -97,6 +97,16 @@ def print_report(runs: list[dict], args) -> bool:
               f"TRL {trl['label'] if trl else 'n/a'} {_fmt(med['trl'])} s, "
               f"floor {floor['label'] if floor else 'n/a'} {_fmt(med['floor'])} s -> "
               f"ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}")
+        engines = sorted({r["result"]["spec"]["rollout"] for r in runs
+                          if r["case"] == case and r["contender"] == "ours" and r["result"] is not None})
+        if len(engines) > 1:  # each engine's best rank count, against the same baselines
+            for engine in engines:
+                of_engine = [r for r in runs if r["contender"] == "ours" and r["result"] is not None
+                             and r["result"]["spec"]["rollout"] == engine]
+                mine = best_run(of_engine, case, "ours")
+                m = summarize(mine["result"])["median_s"]
+                print(f"  {case} with rollout {engine}: {mine['label']} {_fmt(m)} s -> "
+                      f"ours/TRL={_fmt(ratio(m, med['trl']), 2)} ours/floor={_fmt(ratio(m, med['floor']), 2)}")
         if case == "fixed":
             headline = (over_trl, over_floor)
     if "fixed" not in cases:

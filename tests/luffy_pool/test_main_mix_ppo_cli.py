@@ -117,18 +117,23 @@ def test_multirun_with_cfg_job_previews_every_job_of_the_sweep():
     assert "++trainer.val_before_train=False" in docs[0].splitlines()[0]
 
 
-def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path):
+@pytest.mark.parametrize("warm_steps", ["0", "200"])
+def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path, warm_steps):
     # Placeholders: the script only builds what is missing, and --cfg job never opens them.
-    for name in ("model/config.json", "data/train.parquet", "data/test.parquet"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
+    for name in ("model/config.json", "data/train.parquet", "data/test.parquet", "data/warm.parquet",
+                 "warm_sft_200/final/config.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     venv = os.path.dirname(os.path.dirname(sys.executable))
     proc = run(["bash", "exp_scripts/quickstart.sh", "trainer.total_training_steps=3", "--cfg", "job"],
-               env={"SKIP_SETUP": "1", "QUICKSTART_DIR": str(tmp_path), "LUFFY_VENV": venv})
+               env={"SKIP_SETUP": "1", "QUICKSTART_DIR": str(tmp_path), "LUFFY_VENV": venv,
+                    "QUICKSTART_WARM_STEPS": warm_steps})
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["trainer"]["total_training_steps"] == 3
-    assert cfg["actor_rollout_ref"]["model"]["path"] == f"{tmp_path}/model"
+    # LUFFY starts from the SFT-warmed base unless the warm start is turned off.
+    base = f"{tmp_path}/model" if warm_steps == "0" else f"{tmp_path}/warm_sft_200/final"
+    assert cfg["actor_rollout_ref"]["model"]["path"] == base
     assert cfg["data"]["train_files"] == f"{tmp_path}/data/train.parquet"
     assert (cfg["trainer"]["device"], cfg["trainer"]["n_gpus_per_node"]) == ("cpu", 2)
     rollout = cfg["actor_rollout_ref"]["rollout"]

@@ -180,3 +180,47 @@ def test_unknown_dtype_and_missing_layer_classes_are_named():
         fsdp_utils.to_torch_dtype("int3")
     with pytest.raises(ValueError, match="NoSuchLayer"):
         fsdp_utils.decoder_layer_classes(nn.Sequential(nn.Linear(2, 2)), ["NoSuchLayer"])
+
+
+def _packed_gather_job(rank, world, port, out_dir):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from transformers import Qwen2Config
+
+    from verl.utils.fsdp_gather import iter_full_param_buckets
+
+    fsdp_utils.init_distributed("cpu")
+    mesh = fsdp_utils.create_device_mesh("cpu")
+    # Odd sizes over 3 ranks: uneven chunks (41 rows -> 14/14/13; 8 rows -> 3/3/2) exercise the padding.
+    cfg = Qwen2Config(vocab_size=41, hidden_size=24, intermediate_size=37, num_hidden_layers=2,
+                      num_attention_heads=3, num_key_value_heads=1, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    reference = Qwen2ForCausalLM(cfg)
+    model = Qwen2ForCausalLM(cfg)
+    model.load_state_dict(reference.state_dict())
+    fsdp_utils.apply_fsdp2(model, mesh)
+    expected = list(fsdp_utils.iter_full_params(model))
+    results = {}
+    for bucket_bytes, dtype in ((1 << 30, None), (3000, None), (1 << 30, "bfloat16")):
+        buckets = list(iter_full_param_buckets(model, dtype, bucket_bytes))
+        got = [item for b in buckets for item in b]
+        want = expected if dtype is None else [(n, t.to(torch.bfloat16)) for n, t in expected]
+        results[(bucket_bytes, dtype)] = {
+            "names_equal": [n for n, _ in got] == [n for n, _ in want],
+            "all_equal": all(torch.equal(a, b) and a.dtype == b.dtype for (_, a), (_, b) in zip(got, want)),
+            "buckets": len(buckets),
+        }
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_packed_bucket_gather_equals_per_tensor_full_tensor(tmp_path):
+    run_ranks(_packed_gather_job, 3, str(tmp_path))
+    for rank in range(3):
+        results = torch.load(os.path.join(tmp_path, f"rank{rank}.pt"))
+        for key, r in results.items():
+            assert r["names_equal"] and r["all_equal"], (rank, key)
+        assert results[(1 << 30, None)]["buckets"] == 1  # the whole model in one collective
+        assert results[(3000, None)]["buckets"] > 3

@@ -58,6 +58,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
     dtype = x.dtype
+    if dtype == torch.float32 and norm.weight.dtype == torch.float32:  # one op instead of seven
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return norm.weight * x32.to(dtype)
@@ -127,15 +129,15 @@ class KVDecoder:
             layer, attn = lw.layer, lw.layer.self_attn
             x = _rms_norm(h, layer.input_layernorm)
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
-            q, k, v = qkv.split([lw.q_out, lw.kv_out, lw.kv_out], dim=-1)
-            q = q.view(bsz, width, self.num_heads, self.head_dim)
-            k = k.view(bsz, width, self.num_kv_heads, self.head_dim)
+            heads = self.num_heads + self.num_kv_heads
+            qk = qkv[..., :lw.q_out + lw.kv_out].view(bsz, width, heads, self.head_dim)
             if getattr(attn, "q_norm", None) is not None:
-                q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = v.view(bsz, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+                qk = torch.cat([_rms_norm(qk[:, :, :self.num_heads], attn.q_norm),
+                                _rms_norm(qk[:, :, self.num_heads:], attn.k_norm)], dim=2)
+            qk = qk * cos + _rotate_half(qk) * sin  # q and k heads rotated together ([B, T, 1, D] tables)
+            q = qk[:, :, :self.num_heads].transpose(1, 2)
+            k = qk[:, :, self.num_heads:].transpose(1, 2)
+            v = qkv[..., lw.q_out + lw.kv_out:].view(bsz, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
             k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
@@ -159,11 +161,17 @@ class KVDecoder:
             h = h[:, -1:]
         return self.model.lm_head(_rms_norm(h, self.body.norm)).float()
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[B, 1, T, head_dim]`` from the model's rotary module (its scaling variants included)."""
-        probe = torch.empty(0, dtype=dtype, device=positions.device)
-        cos, sin = self.body.rotary_emb(probe, positions)
-        return cos[:, None].to(dtype), sin[:, None].to(dtype)
+    def _rope_table(self, length: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[length, head_dim]`` for positions ``0..length-1`` from the model's rotary module (its
+        scaling variants included), computed once per decode call and indexed per step."""
+        probe = torch.empty(0, dtype=dtype, device=device)
+        cos, sin = self.body.rotary_emb(probe, torch.arange(length, device=device)[None])
+        return cos[0].to(dtype), sin[0].to(dtype)
+
+    @staticmethod
+    def _rope(table: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor):
+        """cos/sin ``[B, T, 1, head_dim]`` of ``positions [B, T]``."""
+        return table[0][positions][:, :, None], table[1][positions][:, :, None]
 
     # ------------------------------------------------------------------------------- decode
     @torch.no_grad()
@@ -198,7 +206,8 @@ class KVDecoder:
                    for _ in self._layers]
         key_mask_u = torch.ones((u, total), dtype=torch.bool, device=device)
         key_mask_u[:, :width] = valid
-        cos, sin = self._rope(positions, dtype)
+        table = self._rope_table(total, dtype, device)
+        cos, sin = self._rope(table, positions)
         logits_u = self._forward(ids, cos, sin, cache_u, 0, key_mask_u, last_only=True)[:, -1]
         src = torch.tensor(row_src, dtype=torch.long, device=device)
         cache = [(k.index_select(0, src), v.index_select(0, src)) for k, v in cache_u]
@@ -227,7 +236,7 @@ class KVDecoder:
                 cache = [(k.index_select(0, keep), v.index_select(0, keep)) for k, v in cache]
                 active, caps_left, tok = active[keep], caps_left[keep], tok[keep]
                 key_mask, next_pos = key_mask[keep], next_pos[keep]
-            cos, sin = self._rope(next_pos[:, None], dtype)
+            cos, sin = self._rope(table, next_pos[:, None])
             logits = self._forward(tok[:, None], cos, sin, cache, width + step, key_mask, last_only=True)[:, -1]
             next_pos = next_pos + 1
             step += 1

@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from verl.utils.fsdp_utils import DTypeLike, iter_buckets, iter_full_params, to_torch_dtype
+from verl.utils.fsdp_gather import iter_full_param_buckets
+from verl.utils.fsdp_utils import DTypeLike, to_torch_dtype
 from verl.workers.rollout.base import BaseRollout
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class FSDPShardingManager:
         if self.rollout is not None:
             getattr(self.rollout, "wake_up_weights", self.rollout.wake_up)()
         buckets = 0
-        for bucket in iter_buckets(iter_full_params(self.module, self.sync_dtype), self.bucket_bytes):
+        for bucket in iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes):
             if self.rollout is not None:
                 self.rollout.update_weights(bucket)
             buckets += 1
