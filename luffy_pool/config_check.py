@@ -43,7 +43,6 @@ NOT_SHIPPED_SECTIONS = {
 _INERT = "the key is inert in LUFFY (read by no code path)"
 _ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
 _RM_ONLY = "it is only used by model-based reward workers, which are not shipped"
-_WRAP = "FSDP2 wraps each decoder layer; LUFFY's FSDP1 size-based wrap policy does not apply"
 INERT_KEYS = {
     "data.return_raw_input_ids": _RM_ONLY,
     "data.return_raw_chat": _RM_ONLY,
@@ -53,8 +52,6 @@ INERT_KEYS = {
     "data.accuracy_upper_bound": _ACC_REBATCH,
     "data.add_tgt_with_acc": "it only changes use_sft_prefix_reward's group size in LUFFY and is not shipped",
     "data.add_tgt_acc_upper_bound": _INERT,
-    f"{_A}.fsdp_config.wrap_policy.min_num_params": _WRAP,
-    f"{_REF}.fsdp_config.wrap_policy.min_num_params": _WRAP,
     f"{_A}.use_sft_reward": _INERT,
     f"{_A}.off_policy_cliprange": "LUFFY's token loss receives it but never uses it",
     f"{_A}.use_off_policy_clip": _INERT,

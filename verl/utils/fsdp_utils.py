@@ -109,8 +109,15 @@ def decoder_layer_classes(model: nn.Module, names: Optional[Iterable[str]] = Non
 
 
 def apply_fsdp2(model: nn.Module, mesh, mp_policy=None, reshard_after_forward: bool = True,
-                offload_policy=None, layer_cls_names: Optional[Iterable[str]] = None) -> nn.Module:
-    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, head and tied weights)."""
+                offload_policy=None, layer_cls_names: Optional[Iterable[str]] = None,
+                min_num_params: int = 0) -> nn.Module:
+    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, head and tied weights).
+
+    ``min_num_params`` is FSDP1's size-based wrap rule carried over: a decoder layer with fewer parameters
+    is not a unit of its own and travels with the root. Fewer units mean fewer collectives per forward
+    and backward, which is what a small model on gloo pays for (one unit: 1 all-gather + 1
+    reduce-scatter per micro-batch instead of one per layer); large models keep per-layer units (0).
+    """
     from torch.distributed.fsdp import OffloadPolicy, fully_shard
 
     kwargs = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
@@ -119,7 +126,7 @@ def apply_fsdp2(model: nn.Module, mesh, mp_policy=None, reshard_after_forward: b
         kwargs["mp_policy"] = mp_policy
     classes = decoder_layer_classes(model, layer_cls_names)
     for module in model.modules():
-        if isinstance(module, classes):
+        if isinstance(module, classes) and sum(p.numel() for p in module.parameters()) >= min_num_params:
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model

@@ -113,7 +113,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             module, self.device_mesh,
             mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.get("reduce_dtype", "fp32"))),
             reshard_after_forward=fsdp_cfg.get("reshard_after_forward", True),
-            offload_policy=cpu_offload_policy(offload, self.device))
+            offload_policy=cpu_offload_policy(offload, self.device),
+            min_num_params=int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0)))
         return module
 
     def _build_optimizer(self, module):
