@@ -117,11 +117,11 @@ def test_multirun_with_cfg_job_previews_every_job_of_the_sweep():
     assert "++trainer.val_before_train=False" in docs[0].splitlines()[0]
 
 
-@pytest.mark.parametrize("warm_steps", ["0", "200"])
+@pytest.mark.parametrize("warm_steps", ["0", "250"])
 def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path, warm_steps):
     # Placeholders: the script only builds what is missing, and --cfg job never opens them.
     for name in ("model/config.json", "data/train.parquet", "data/test.parquet", "data/warm.parquet",
-                 "warm_sft_200/final/config.json"):
+                 "warm_sft_250/final/config.json"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     venv = os.path.dirname(os.path.dirname(sys.executable))
@@ -132,7 +132,7 @@ def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path, warm_s
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["trainer"]["total_training_steps"] == 3
     # LUFFY starts from the SFT-warmed base unless the warm start is turned off.
-    base = f"{tmp_path}/model" if warm_steps == "0" else f"{tmp_path}/warm_sft_200/final"
+    base = f"{tmp_path}/model" if warm_steps == "0" else f"{tmp_path}/warm_sft_250/final"
     assert cfg["actor_rollout_ref"]["model"]["path"] == base
     assert cfg["data"]["train_files"] == f"{tmp_path}/data/train.parquet"
     assert (cfg["trainer"]["device"], cfg["trainer"]["n_gpus_per_node"]) == ("cpu", 2)
