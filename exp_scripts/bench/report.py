@@ -19,6 +19,11 @@ def _fmt(value, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
+def _engine(run: dict):
+    """Our rollout engine of a run (None when the result does not record it)."""
+    return (run["result"].get("spec") or {}).get("rollout")
+
+
 def best_run(runs: list[dict], case: str, contender: str):
     """The successful run of ``contender`` on ``case`` with the lowest median step time, or None."""
     done = [r for r in runs if r["case"] == case and r["contender"] == contender and r["result"] is not None]
@@ -97,12 +102,12 @@ def print_report(runs: list[dict], args) -> bool:
               f"TRL {trl['label'] if trl else 'n/a'} {_fmt(med['trl'])} s, "
               f"floor {floor['label'] if floor else 'n/a'} {_fmt(med['floor'])} s -> "
               f"ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}")
-        engines = sorted({r["result"]["spec"]["rollout"] for r in runs
+        engines = sorted({_engine(r) for r in runs
                           if r["case"] == case and r["contender"] == "ours" and r["result"] is not None})
         if len(engines) > 1:  # each engine's best rank count, against the same baselines
             for engine in engines:
                 of_engine = [r for r in runs if r["contender"] == "ours" and r["result"] is not None
-                             and r["result"]["spec"]["rollout"] == engine]
+                             and _engine(r) == engine]
                 mine = best_run(of_engine, case, "ours")
                 m = summarize(mine["result"])["median_s"]
                 print(f"  {case} with rollout {engine}: {mine['label']} {_fmt(m)} s -> "

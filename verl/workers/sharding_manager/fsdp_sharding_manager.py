@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from verl.utils.fsdp_gather import iter_full_param_buckets
-from verl.utils.fsdp_utils import DTypeLike, to_torch_dtype
+from verl.utils.fsdp_utils import DTypeLike, iter_full_params, to_torch_dtype
 from verl.workers.rollout.base import BaseRollout
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,6 @@
 import os
 import socket
 
-import pytest
 import torch
 
 from verl.workers.actor.shared_prompt import group_rows_by_prompt, shared_prompt_logits
