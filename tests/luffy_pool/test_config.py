@@ -209,7 +209,7 @@ def test_tiny_cpu_config_validates_with_two_ranks():
     assert validate_config(cfg) == []
     assert (cfg.trainer.device, cfg.trainer.n_gpus_per_node, cfg.actor_rollout_ref.rollout.n) == ("cpu", 2, 8)
     sizes = normalize_actor_batch_sizes(cfg.actor_rollout_ref.actor, 8, 2)
-    assert (sizes["ppo_mini_batch_size_per_rank"], sizes["gradient_accumulation"]) == (16, 1)
+    assert (sizes["ppo_mini_batch_size_per_rank"], sizes["gradient_accumulation"]) == (64, 1)  # 16 prompts x 8 / 2 ranks
     assert optimizer_steps_per_training_step(8, 8, 2, 16) == 2
 
 

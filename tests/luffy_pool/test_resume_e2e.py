@@ -34,7 +34,8 @@ STEPS = 6
 
 
 # ---------------------------------------------------------------------- the driver (child process)
-def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_after_resume: bool = False) -> None:
+def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_after_resume: bool = False,
+          hang_in_step: int = -1) -> None:
     """Run ``fit`` like ``main_mix_ppo`` does, with step markers the parent can kill on."""
     from omegaconf import OmegaConf
 
@@ -47,6 +48,8 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
 
     def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
         print(f"STEP_START {trainer.global_steps}", flush=True)
+        if trainer.global_steps == hang_in_step:  # the step has begun (its data drawn); the parent kills us here
+            time.sleep(3600)
         return real_step(batch_dict, timing)
 
     def save(local_path, global_step=None, **kw):
@@ -192,10 +195,11 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
                               "published": [s for s, _ in layout.list_step_dirs(str(root / "run"))],
                               "tmp_exists": (root / "run" / ".tmp_global_step_4").is_dir()}
 
-    second = Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"))
+    # Killed inside step 5 (fast tiny steps could otherwise finish step 5 and 6 before a timed kill).
+    second = Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"), hang_in_step=5)
     second.wait_for("RESUMED_AT")
     second.wait_for("STEP_START 5")
-    time.sleep(1.0)  # inside step 5: generation is running on the workers
+    time.sleep(0.5)
     second.kill()
     out["order_after_second"] = read_data_order(str(root / "run"))
 

@@ -16,7 +16,6 @@ import math
 from typing import Iterator, Optional
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from verl.utils.fsdp_utils import DTypeLike, _full_tensor, clean_param_name, tensor_nbytes, to_torch_dtype
@@ -54,9 +53,13 @@ def _gather_packed(items: list[tuple[str, torch.Tensor]], mesh, dtype: Optional[
         padded[: local.shape[0]] = local
         pieces.append(padded.reshape(-1))
         layouts.append((name, tuple(tensor.shape), chunk, per_row))
+    from torch.distributed._functional_collectives import all_gather_tensor
+
     send = torch.cat(pieces)
-    recv = send.new_empty(world * send.numel())
-    dist.all_gather_into_tensor(recv, send, group=group)
+    # The functional collective DTensor.full_tensor uses too (same group registry, same wait semantics).
+    recv = all_gather_tensor(send, gather_dim=0, group=group)
+    if hasattr(recv, "wait"):
+        recv = recv.wait()
     per_rank = recv.view(world, -1)
     out, offset = [], 0
     for name, shape, chunk, per_row in layouts:

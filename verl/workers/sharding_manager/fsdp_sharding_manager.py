@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from verl.utils.fsdp_gather import iter_full_param_buckets
-from verl.utils.fsdp_utils import DTypeLike, iter_full_params, to_torch_dtype
+from verl.utils.fsdp_utils import DTypeLike, iter_buckets, iter_full_params, to_torch_dtype
 from verl.workers.rollout.base import BaseRollout
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class FSDPShardingManager:
         tp_size: int = 1,
         base_seed: int = 1000,
         device: str = "cpu",
+        packed_gather: bool = False,
     ) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
@@ -75,6 +76,7 @@ class FSDPShardingManager:
         self.module = module
         self.rollout = rollout
         self.bucket_bytes = bucket_bytes
+        self.packed_gather = packed_gather
         self.sync_dtype = to_torch_dtype(sync_dtype)
         self.rank, self.world_size, self.tp_size = rank, world_size, tp_size
         self.dp_rank = rank // tp_size
@@ -109,7 +111,11 @@ class FSDPShardingManager:
         if self.rollout is not None:
             getattr(self.rollout, "wake_up_weights", self.rollout.wake_up)()
         buckets = 0
-        for bucket in iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes):
+        if self.packed_gather:  # one collective per bucket (fsdp_gather.py)
+            buckets_iter = iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes)
+        else:
+            buckets_iter = iter_buckets(iter_full_params(self.module, self.sync_dtype), self.bucket_bytes)
+        for bucket in buckets_iter:
             if self.rollout is not None:
                 self.rollout.update_weights(bucket)
             buckets += 1
