@@ -158,7 +158,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
                                       base_seed=1000 + int(rcfg.get("seed", 0)), device=self.device,
-                                      packed_gather=bool(rcfg.get("weight_sync_packed", False)))
+                                      packed_gather=bool(rcfg.get("weight_sync_packed", True)))
         return rollout, manager
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

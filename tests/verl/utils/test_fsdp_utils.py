@@ -26,6 +26,10 @@ def run_ranks(fn, world: int, *args) -> None:
     Fork, not spawn: the children inherit the already imported torch/transformers (~15 s per child
     on a busy 2-core box) and this process has not started any torch worker threads.
     """
+    if torch.distributed.is_initialized():
+        # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
+        # (init_distributed then skips joining their own group) and run as world 1 on a shared gloo context.
+        torch.distributed.destroy_process_group()
     ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="fork")
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not ctx.join(timeout=2):

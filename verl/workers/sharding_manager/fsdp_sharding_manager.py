@@ -67,7 +67,7 @@ class FSDPShardingManager:
         tp_size: int = 1,
         base_seed: int = 1000,
         device: str = "cpu",
-        packed_gather: bool = False,
+        packed_gather: bool = True,
     ) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")

@@ -121,6 +121,10 @@ def _free_port() -> int:
 
 def run_ranks(fn, world: int, *args) -> None:
     """Run fn(rank, world, port, *args) on forked gloo ranks (they inherit this process's imports)."""
+    if torch.distributed.is_initialized():
+        # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
+        # (init_distributed then skips joining their own group) and run as world 1 on a shared gloo context.
+        torch.distributed.destroy_process_group()
     ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="fork")
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not ctx.join(timeout=2):
