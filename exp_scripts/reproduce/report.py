@@ -12,7 +12,7 @@ import math
 import os
 from typing import Mapping, Optional, Sequence
 
-from verl.utils.plot_metrics import moving_average, series
+from verl.utils.plot_metrics import moving_average, save_png, series
 
 ON_REWARD = "on_off_metrics/on_score"
 ENTROPY = "actor/entropy_loss"
@@ -77,19 +77,13 @@ def plot_dynamics(runs: Mapping[str, Mapping[int, Mapping]], out_dir: str, smoot
     for file_name, title, ylabel, key in PANELS:
         fig, ax = plt.subplots(figsize=(6, 4))
         if draw(ax, title, ylabel, key):
-            path = os.path.join(out_dir, f"{file_name}.png")
-            fig.tight_layout()
-            fig.savefig(path, dpi=100)
-            written.append(path)
-        plt.close(fig)
+            written.append(save_png(fig, os.path.join(out_dir, f"{file_name}.png")))
+        else:
+            plt.close(fig)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, (_, title, ylabel, key) in zip(axes.flat, PANELS):
         draw(ax, title, ylabel, key)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "overview.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    written.append(save_png(fig, os.path.join(out_dir, "overview.png")))
     return written
 
 

@@ -126,11 +126,7 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
     for panel, keys in panels:
         fig, ax = plt.subplots(figsize=(6, 4))
         draw(ax, panel, keys)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"{panel.name}.png")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_png(fig, os.path.join(out_dir, f"{panel.name}.png")))
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
@@ -138,12 +134,18 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
         draw(ax, panel, keys)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
+    written.append(save_png(fig, os.path.join(out_dir, "overview.png")))
+    return written
+
+
+def save_png(fig, path: str) -> str:
+    """Lay out, write ``path`` (100 dpi), close the figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    path = os.path.join(out_dir, "overview.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
 
 
 def _run_names(paths: list[str], labels: Optional[list[str]]) -> list[str]:
