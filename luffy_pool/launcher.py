@@ -13,6 +13,9 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
+from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
+
 logger = logging.getLogger(__name__)
 
 # Env every worker process gets (CPU_STACK.md: thread collapse on 2 cores; Ray token auth).
@@ -27,6 +30,16 @@ def resolve_driver_device(config) -> str:
     return device
 
 
+def resolve_cpu_bind(config, device: str) -> str:
+    """``trainer.cpu_bind`` for the workers: ``auto`` binds CPU ranks to their own cores, except with
+    vLLM rollout, whose CPU backend binds its threads itself (VLLM_CPU_OMP_THREADS_BIND)."""
+    mode = config.trainer.get("cpu_bind", "auto")
+    if mode not in CPU_BIND_MODES:
+        raise ValueError(f"trainer.cpu_bind must be one of {CPU_BIND_MODES}, got {mode!r}")
+    rollout = config.actor_rollout_ref.rollout.get("name", "vllm")
+    return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" else "none"
+
+
 def init_ray(config, world_size: int, device: str) -> None:
     """Join ``ray_init.address`` / ``RAY_ADDRESS`` when given, else start a private local instance."""
     import ray
@@ -36,6 +49,7 @@ def init_ray(config, world_size: int, device: str) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
+    env[CPU_BIND_ENV] = resolve_cpu_bind(config, device)
     address = config.get("ray_init", {}).get("address") or os.environ.get("RAY_ADDRESS")
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
     if address:

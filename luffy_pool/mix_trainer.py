@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Optional
 
 import numpy as np
 import torch
@@ -190,10 +189,11 @@ class MIXRayPPOTrainer:
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
-        stats = (gen_out.meta_info.pop("rollout_stats", None) or [{}])[0]  # rank 0's engine
+        per_rank = gen_out.meta_info.pop("rollout_stats", None) or []
         for key in ("timing_s/weight_sync", "timing_s/generate_worker"):
-            if stats.get(key) is not None:
-                metrics[key] = float(stats[key])
+            values = [float(st[key]) for st in per_rank if st.get(key) is not None]
+            if values:  # the slowest rank bounds the phase
+                metrics[key] = max(values)
         if "tgt_input_ids" in gen_out.batch.keys():
             gen_out.pop(batch_keys=["tgt_input_ids"])  # [B·n, max_prefix_len]: not needed past the rollout
         # Deterministic uids: a resumed run must see exactly the same groups as an uninterrupted one.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -146,6 +146,10 @@ class DataProto:
     batch: Optional[TensorDict] = None
     non_tensor_batch: dict = dataclasses.field(default_factory=dict)
     meta_info: dict = dataclasses.field(default_factory=dict)
+
+    # meta_info keys holding one entry per part (e.g. per-rank worker timings): concat joins their lists
+    # instead of keeping the first part's.
+    PER_PART_META_KEYS: ClassVar[tuple] = ("rollout_stats",)
 
     def __post_init__(self) -> None:
         self.check_consistency()
@@ -374,7 +378,8 @@ class DataProto:
 
     @staticmethod
     def concat(data: Sequence["DataProto"]) -> "DataProto":
-        """Stack DataProtos row-wise; all must have the same keys. meta_info comes from the first."""
+        """Stack DataProtos row-wise; all must have the same keys. meta_info comes from the first, except
+        ``PER_PART_META_KEYS``, whose lists are joined over the parts."""
         data = list(data)
         if not data:
             raise ValueError("concat needs at least one DataProto")
@@ -394,7 +399,11 @@ class DataProto:
         batch = torch.cat([d.batch for d in data], dim=0) if first.batch is not None else None
         non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0)
                        for k in first.non_tensor_batch}
-        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=dict(first.meta_info))
+        meta = dict(first.meta_info)
+        for key in DataProto.PER_PART_META_KEYS:  # per-rank lists: keep every part's entries, in order
+            if key in meta:
+                meta[key] = [entry for d in data for entry in d.meta_info.get(key, [])]
+        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":
         """Repeat every row: interleaved ``a a b b`` (GRPO groups) or tiled ``a b a b``."""

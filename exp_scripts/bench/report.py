@@ -40,14 +40,19 @@ def phase_breakdown(result: dict) -> dict[str, float]:
         for s in steps) if steps else math.nan
     out["outside timing_s/step (driver logging, metrics)"] = median(
         s["wall_s"] - s["metrics"].get("timing_s/step", math.nan) for s in steps)
-    # The worker group keeps rank 0's meta_info only (DataProto.concat), so these are rank 0's timings.
+    # rollout_workers holds every rank's timings (DataProto.PER_PART_META_KEYS); the slowest rank bounds gen.
     for key in ("timing_s/generate_worker", "timing_s/weight_sync"):
-        values = [s["rollout_workers"][0].get(key, math.nan) for s in steps if s.get("rollout_workers")]
+        values = [max(w.get(key, math.nan) for w in s["rollout_workers"]) for s in steps if s.get("rollout_workers")]
         if values:
-            out[f"rank 0 {key} (sync + engine)" if key.endswith("worker") else f"rank 0 {key}"] = median(values)
-    worker_gen = out.get("rank 0 timing_s/generate_worker (sync + engine)")
+            out[f"slowest rank {key} (sync + engine)" if key.endswith("worker") else f"slowest rank {key}"] = median(values)
+    spreads = [max(w["timing_s/generate_worker"] for w in s["rollout_workers"])
+               - min(w["timing_s/generate_worker"] for w in s["rollout_workers"])
+               for s in steps if len(s.get("rollout_workers") or []) > 1]
+    if spreads:
+        out["gen: slowest minus fastest rank"] = median(spreads)
+    worker_gen = out.get("slowest rank timing_s/generate_worker (sync + engine)")
     if worker_gen is not None and "timing_s/gen" in out:
-        out["gen outside rank 0's worker call (driver, Ray, other rank)"] = out["timing_s/gen"] - worker_gen
+        out["gen outside the slowest rank's worker call (driver, Ray)"] = out["timing_s/gen"] - worker_gen
     if "timing_s/update_actor_worker" in out and "timing_s/update_actor" in out:
         out["update outside the worker call (driver, Ray)"] = out["timing_s/update_actor"] - out["timing_s/update_actor_worker"]
     return out

@@ -186,6 +186,17 @@ def test_split_last_piece_may_be_short():
     assert pieces[2].batch["score"].tolist() == [2.0]
 
 
+def test_concat_joins_per_part_meta_lists():
+    # Each rank reports its own worker timings; the concatenated batch keeps every rank's entry, in order.
+    parts = [make_batch(2) for _ in range(3)]
+    for rank, part in enumerate(parts):
+        part.meta_info["rollout_stats"] = [{"rank": rank}]
+    merged = DataProto.concat(parts)
+    assert merged.meta_info["rollout_stats"] == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
+    assert merged.meta_info["temperature"] == 0.7
+    assert parts[0].meta_info["rollout_stats"] == [{"rank": 0}]  # inputs untouched
+
+
 def test_concat_takes_meta_from_first_and_checks_keys():
     a, b = make_batch(2), make_batch(2)
     b.meta_info["temperature"] = 1.0

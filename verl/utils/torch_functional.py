@@ -21,6 +21,7 @@ __all__ = [
     "masked_whiten",
     "logprobs_from_logits",
     "entropy_from_logits",
+    "logprobs_and_entropy_from_logits",
     "get_eos_mask",
     "compute_position_id_with_mask",
     "pad_2d_list_to_length",
@@ -104,6 +105,23 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     ]
     out = torch.stack(rows) if rows else flat_logits.new_zeros(0, dtype=torch.float32)
     return out.reshape(labels.shape)
+
+
+def logprobs_and_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprobs_from_logits, entropy_from_logits)`` of the same logits in one pass.
+
+    fp32/fp64 logits go through one ``log_softmax`` shared by both (``entropy = −Σ p·log p``), where the
+    separate functions each normalise the logits again: half the vocabulary-sized work in forward and
+    backward of the actor's loss. Half-precision logits use the two functions.
+    """
+    if logits.dtype not in (torch.float32, torch.float64):
+        return logprobs_from_logits(logits, labels), entropy_from_logits(logits)
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab axis "
+                         f"{tuple(logits.shape[:-1])}")
+    log_p = F.log_softmax(logits, dim=-1)
+    picked = torch.gather(log_p, -1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked, -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,11 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
+        if self.device == "cpu":
+            from verl.utils.cpu_bind import ENV_VAR, bind_cpu_rank
+
+            bind_cpu_rank(os.environ.get(ENV_VAR, "none"), int(os.environ.get("LOCAL_RANK", 0)),
+                          int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         self._init_distributed()
         sizes = normalize_actor_batch_sizes(config.actor, config.rollout.n, self.world_size,
                                             config.actor.get("ulysses_sequence_parallel_size", 1),
@@ -120,9 +125,11 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _build_optimizer(self, module):
         from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
+        from verl.utils.optim import build_adamw
+
         ocfg = self.config.actor.optim
-        optimizer = torch.optim.AdamW(module.parameters(), lr=ocfg.lr, betas=tuple(ocfg.get("betas", (0.9, 0.999))),
-                                      weight_decay=ocfg.get("weight_decay", 0.01))
+        optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=ocfg.get("betas", (0.9, 0.999)),
+                                weight_decay=ocfg.get("weight_decay", 0.01), step_impl=ocfg.get("step_impl", "auto"))
         total = int(ocfg.get("total_training_steps", -1))
         warmup = int(ocfg.get("lr_warmup_steps_ratio", 0.0) * max(total, 0))
         zero_first = bool(ocfg.get("zero_lr_first_step", False))

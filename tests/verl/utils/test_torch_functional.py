@@ -103,6 +103,34 @@ def test_entropy_from_logits_hand_values_and_direct_formula():
     assert torch.allclose(F.entropy_from_logits(random_logits), -(probs * probs.log()).sum(-1), atol=1e-5)
 
 
+def test_logprobs_and_entropy_in_one_pass_hand_values_and_gradients():
+    # Row 0 uniform over 2: log p = ln 1/2, entropy ln 2. Row 1 [1/4, 3/4], label 1: log 3/4, entropy 0.562335.
+    logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]])
+    logp, ent = F.logprobs_and_entropy_from_logits(logits, torch.tensor([0, 1]))
+    assert torch.allclose(logp, torch.tensor([math.log(0.5), math.log(0.75)]), atol=1e-6)
+    assert torch.allclose(ent, torch.tensor([math.log(2.0), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]), atol=1e-6)
+    # Same values and gradients as the two separate helpers (fp32 and fp64), on a [b, L, V] batch.
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(3)
+        base = torch.randn(2, 5, 11, dtype=dtype)
+        labels = torch.randint(0, 11, (2, 5))
+        weights = torch.randn(2, 5, dtype=dtype)
+        a = base.clone().requires_grad_(True)
+        lp, en = F.logprobs_and_entropy_from_logits(a, labels)
+        ((lp - 0.3 * en) * weights).sum().backward()
+        b = base.clone().requires_grad_(True)
+        lp2, en2 = F.logprobs_from_logits(b, labels), F.entropy_from_logits(b)
+        ((lp2 - 0.3 * en2) * weights).sum().backward()
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+        assert torch.allclose(lp, lp2, atol=tol) and torch.allclose(en, en2, atol=tol)
+        assert torch.allclose(a.grad, b.grad, atol=tol)
+    half = torch.randn(3, 7).to(torch.bfloat16)  # half precision goes through the two helpers (fp32 results)
+    lp, en = F.logprobs_and_entropy_from_logits(half, torch.tensor([1, 2, 3]))
+    assert lp.dtype == torch.float32 and torch.allclose(lp, F.logprobs_from_logits(half, torch.tensor([1, 2, 3])))
+    with pytest.raises(ValueError, match="labels shape"):
+        F.logprobs_and_entropy_from_logits(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
+
+
 # ---------------------------------------------------------------- masks, positions, padding
 def test_get_eos_mask_keeps_first_eos_and_zeroes_after():
     responses = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8]])

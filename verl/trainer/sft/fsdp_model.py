@@ -77,8 +77,10 @@ def build_optimizer(module: torch.nn.Module, optim_cfg, total_steps: int):
     cosine down to ``min_lr_ratio`` or constant (schedules of verl/utils/torch_functional.py)."""
     from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-    optimizer = torch.optim.AdamW(module.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                                  weight_decay=optim_cfg.weight_decay)
+    from verl.utils.optim import build_adamw
+
+    optimizer = build_adamw(module.parameters(), lr=optim_cfg.lr, betas=optim_cfg.betas,
+                            weight_decay=optim_cfg.weight_decay, step_impl=optim_cfg.get("step_impl", "auto"))
     warmup = int(optim_cfg.warmup_steps_ratio * total_steps)
     if optim_cfg.warmup_style == "cosine":
         scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)

@@ -23,7 +23,7 @@ from verl.protocol import DataProto
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
+from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits, masked_mean
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +103,10 @@ class DataParallelPPOActor:
         logits = logits.float()
         if temperature != 1.0:
             logits = logits / temperature
-        log_probs = logprobs_from_logits(logits, responses)
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
-        return entropy, log_probs
+        if calculate_entropy:
+            log_probs, entropy = logprobs_and_entropy_from_logits(logits, responses)
+            return entropy, log_probs
+        return None, logprobs_from_logits(logits, responses)
 
     def _packed_logits(self, input_ids, attention_mask, position_ids):
         """Forward with padding removed: one packed row, position ids restarting per sequence.

@@ -11,7 +11,11 @@ ops per layer over the HF model's own parameters:
   prompts, so every row writes the same column at each step),
 * shared-prompt prefill: identical prompts (the n samples of a GRPO group) are prefilled once and
   their cache rows copied, so a group of n costs one prompt forward, not n,
-* finished rows leave the batch (their cache rows are dropped), as in the HF loop.
+* finished rows leave the batch (their cache rows are dropped), as in the HF loop,
+* one-token steps on 2-D activations: attention as two batched matmuls over the cache (no SDPA call,
+  whose per-call set-up dominated at this size), the residual adds fused into the output matmuls
+  (``addmm``), RMSNorm as HF computes it, ``rotate_half`` as one matmul by a signed permutation, and
+  only the bookkeeping a step needs (caps checked in Python, EOS only when it can stop a row).
 
 Supported: decoder layers of the ``LlamaDecoderLayer`` shape (``self_attn.{q,k,v,o}_proj``, optional
 ``q_norm``/``k_norm`` as in Qwen3, ``mlp.{gate,up,down}_proj`` with SiLU, RMSNorms), full attention,
@@ -55,14 +59,32 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _norm_eps(norm: torch.nn.Module) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+
+
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
-    dtype = x.dtype
-    if dtype == torch.float32 and norm.weight.dtype == torch.float32:  # one op instead of seven
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    return _rms(x, norm.weight, _norm_eps(norm))
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm arithmetic (float32 statistics). Spelled out: ``F.rms_norm`` on CPU runs the same ops
+    through a composite and cost ~2x more per call at decode sizes."""
+    if x.dtype == torch.float32:
+        return weight * (x * (x * x).mean(-1, keepdim=True).add_(eps).rsqrt_())
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return norm.weight * x32.to(dtype)
+    x32 = x32 * (x32 * x32).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return weight * x32.to(x.dtype)
+
+
+def _rotation(head_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``R`` with ``x @ R == rotate_half(x)`` (a signed permutation: the product is exact)."""
+    half = head_dim // 2
+    rot = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
+    idx = torch.arange(half, device=device)
+    rot[idx + half, idx] = -1.0  # out[:half] = -x[half:]
+    rot[idx, idx + half] = 1.0  # out[half:] = x[:half]
+    return rot
 
 
 def _cat_bias(*linears: torch.nn.Linear) -> Optional[torch.Tensor]:
@@ -81,7 +103,15 @@ class _LayerWeights:
         self.qkv_b = _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj)
         self.q_out, self.kv_out = attn.q_proj.out_features, attn.k_proj.out_features
         self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.gate_up_b = _cat_bias(mlp.gate_proj, mlp.up_proj)
         self.inter = mlp.gate_proj.out_features
+        # Transposed views for addmm (residual + x @ W^T in one op); biases kept apart.
+        self.o_wt, self.o_b = attn.o_proj.weight.t(), attn.o_proj.bias
+        self.down_wt, self.down_b = mlp.down_proj.weight.t(), mlp.down_proj.bias
+        self.ln1 = (layer.input_layernorm.weight, _norm_eps(layer.input_layernorm))
+        self.ln2 = (layer.post_attention_layernorm.weight, _norm_eps(layer.post_attention_layernorm))
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.qk_norms = None if q_norm is None else ((q_norm.weight, _norm_eps(q_norm)), (k_norm.weight, _norm_eps(k_norm)))
 
 
 class KVDecoder:
@@ -107,6 +137,10 @@ class KVDecoder:
             with torch.no_grad():
                 self._layers = [_LayerWeights(layer) for layer in self.body.layers]
             self._version = version
+        head, weight = self.model.lm_head, self.body.embed_tokens.weight
+        self._rot = _rotation(self.head_dim, weight.dtype, weight.device)
+        self._final = (self.body.norm.weight, _norm_eps(self.body.norm))
+        self._head = (head.weight, head.bias)
 
     # ------------------------------------------------------------------------------- network
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list, start: int,
@@ -155,11 +189,53 @@ class KVDecoder:
                 out = out.transpose(1, 2).reshape(bsz, width, -1)
             h = h + attn.o_proj(out)
             x = _rms_norm(h, layer.post_attention_layernorm)
-            gate, up = F.linear(x, lw.gate_up_w).split([lw.inter, lw.inter], dim=-1)
+            gate, up = F.linear(x, lw.gate_up_w, lw.gate_up_b).split([lw.inter, lw.inter], dim=-1)
             h = h + layer.mlp.down_proj(F.silu(gate) * up)
         if last_only:
             h = h[:, -1:]
         return self.model.lm_head(_rms_norm(h, self.body.norm)).float()
+
+    def _step(self, tok: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list, col: int,
+              mask: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, V]`` of one new token per row, written at cache column ``col``.
+
+        ``cos``/``sin`` ``[B, 1, D]``; ``caches`` per layer ``(k4, v4, k_t, v3)``: the cache as
+        ``[B, KV, total, D]`` and as ``[B*KV, D, total]`` / ``[B*KV, total, D]`` views; ``mask`` the additive key
+        mask ``[B*KV, 1, total]``. Query heads sharing a KV head are that head's query rows (heads
+        ``h = j * groups + g`` use KV head ``j``), so grouped-query attention needs no copy of the cache.
+        """
+        bsz = tok.shape[0]
+        heads, kv, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        end = col + 1
+        mask = mask[:, :, :end]
+        h = F.embedding(tok, self.body.embed_tokens.weight)
+        for lw, (k4, v4, k_t, v3) in zip(self._layers, caches):
+            x = _rms(h, *lw.ln1)
+            qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
+            qk = qkv[:, :lw.q_out + lw.kv_out].view(bsz, heads + kv, dim)
+            if lw.qk_norms is not None:
+                (qw, qe), (kw, ke) = lw.qk_norms
+                qk = torch.cat([_rms(qk[:, :heads], qw, qe), _rms(qk[:, heads:], kw, ke)], dim=1)
+            qk = qk * cos + torch.matmul(qk, self._rot) * sin
+            k4[:, :, col] = qk[:, heads:]
+            v4[:, :, col] = qkv[:, lw.q_out + lw.kv_out:].view(bsz, kv, dim)
+            q = qk[:, :heads].reshape(bsz * kv, heads // kv, dim)
+            probs = torch.baddbmm(mask, q, k_t[:, :, :end], alpha=self.scaling).softmax(-1)
+            out = torch.bmm(probs, v3[:, :end]).view(bsz, heads * dim)
+            h = torch.addmm(h, out, lw.o_wt) if lw.o_b is None else torch.addmm(h + lw.o_b, out, lw.o_wt)
+            x = _rms(h, *lw.ln2)
+            gate_up = F.linear(x, lw.gate_up_w, lw.gate_up_b)
+            act = F.silu(gate_up[:, :lw.inter]) * gate_up[:, lw.inter:]
+            h = torch.addmm(h, act, lw.down_wt) if lw.down_b is None else torch.addmm(h + lw.down_b, act, lw.down_wt)
+        return F.linear(_rms(h, *self._final), *self._head).float()
+
+    def _step_caches(self, cache: list, key_mask: torch.Tensor) -> tuple[list, torch.Tensor]:
+        """The ``_step`` views of ``cache`` (contiguous ``[B, KV, total, D]`` pairs) and its additive mask."""
+        bsz, kv, total, dim = cache[0][0].shape
+        views = [(k, v, k.view(bsz * kv, total, dim).transpose(1, 2), v.view(bsz * kv, total, dim)) for k, v in cache]
+        dtype = cache[0][0].dtype
+        additive = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(~key_mask, float("-inf"))
+        return views, additive[:, None, None, :].expand(bsz, kv, 1, total).reshape(bsz * kv, 1, total)
 
     def _rope_table(self, length: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[length, head_dim]`` for positions ``0..length-1`` from the model's rotary module (its
@@ -184,7 +260,9 @@ class KVDecoder:
         ignore_eos: bool,
         sample: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[list[list[int]], list[list[float]]]:
-        """Sample up to ``caps[i]`` tokens after each prompt; ``sample(logits) -> (ids, logprobs)``."""
+        """Sample up to ``caps[i] >= 1`` tokens after each prompt; ``sample(logits) -> (ids, logprobs)``."""
+        if min(caps) < 1:
+            raise ValueError(f"every cap must be >= 1 (rows with nothing to generate stay out of decode), got {min(caps)}")
         device = self.body.embed_tokens.weight.device
         dtype = self.body.embed_tokens.weight.dtype
         rows, width, max_cap = len(prompts), max(len(p) for p in prompts), max(caps)
@@ -213,34 +291,51 @@ class KVDecoder:
         cache = [(k.index_select(0, src), v.index_select(0, src)) for k, v in cache_u]
         key_mask = key_mask_u.index_select(0, src)
         logits = logits_u.index_select(0, src)
-        next_pos = positions[:, -1].index_select(0, src) + 1
-        active = torch.arange(rows, device=device)
-        caps_left = torch.tensor(caps, device=device)
+        # Rope rows for every step at once: row r's s-th new token sits at position last_prompt_pos + 1 + s.
+        steps = torch.arange(max_cap, device=device)
+        cos_all, sin_all = self._rope(table, positions[:, -1].index_select(0, src)[:, None] + 1 + steps)
+        cos_all, sin_all = cos_all[:, :, 0], sin_all[:, :, 0]  # [rows, max_cap, D]
+        views, mask = self._step_caches(cache, key_mask)
+        check_eos = not ignore_eos and eos_ids.numel() > 0
+        active = list(range(rows))
+        active_t = None  # None while every row is still active, in order
+        caps_t = torch.tensor(caps, device=device)
+        min_cap = min(caps)
         out_ids = torch.zeros((rows, max_cap), dtype=torch.long, device=device)
         out_lps = torch.zeros((rows, max_cap), dtype=torch.float32, device=device)
-        lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        lengths = [0] * rows
         step = 0
         while True:
             tok, lp = sample(logits)
-            out_ids[active, step] = tok
-            out_lps[active, step] = lp.float()
-            lengths[active] = step + 1
-            caps_left = caps_left - 1
-            done = caps_left <= 0
-            if not ignore_eos and eos_ids.numel():
-                done |= torch.isin(tok, eos_ids)
-            if bool(done.all()):
-                break
-            if bool(done.any()):
-                keep = (~done).nonzero().squeeze(-1)
+            if active_t is None:
+                out_ids[:, step] = tok
+                out_lps[:, step] = lp
+            else:
+                out_ids[active_t, step] = tok
+                out_lps[active_t, step] = lp.float()
+            emitted = step + 1
+            done = caps_t <= emitted if emitted >= min_cap else None
+            if check_eos:
+                hit = tok == eos_ids if eos_ids.numel() == 1 else torch.isin(tok, eos_ids)
+                done = hit if done is None else done | hit
+            if done is not None and bool(done.any()):
+                flags = done.tolist()
+                for i, finished in enumerate(flags):
+                    if finished:
+                        lengths[active[i]] = emitted
+                keep_idx = [i for i, finished in enumerate(flags) if not finished]
+                if not keep_idx:
+                    break
+                keep = torch.tensor(keep_idx, dtype=torch.long, device=device)
+                active = [active[i] for i in keep_idx]
+                active_t = torch.tensor(active, dtype=torch.long, device=device)
                 cache = [(k.index_select(0, keep), v.index_select(0, keep)) for k, v in cache]
-                active, caps_left, tok = active[keep], caps_left[keep], tok[keep]
-                key_mask, next_pos = key_mask[keep], next_pos[keep]
-            cos, sin = self._rope(table, next_pos[:, None])
-            logits = self._forward(tok[:, None], cos, sin, cache, width + step, key_mask, last_only=True)[:, -1]
-            next_pos = next_pos + 1
+                key_mask, caps_t, tok = key_mask[keep], caps_t[keep], tok[keep]
+                cos_all, sin_all = cos_all[keep], sin_all[keep]
+                min_cap = min(caps[i] for i in active)
+                views, mask = self._step_caches(cache, key_mask)
+            logits = self._step(tok, cos_all[:, step:step + 1], sin_all[:, step:step + 1], views, width + step, mask)
             step += 1
-        lengths_list = lengths.tolist()
         ids_list, lps_list = out_ids.tolist(), out_lps.tolist()
-        return ([row[:n] for row, n in zip(ids_list, lengths_list)],
-                [row[:n] for row, n in zip(lps_list, lengths_list)])
+        return ([row[:n] for row, n in zip(ids_list, lengths)],
+                [row[:n] for row, n in zip(lps_list, lengths)])

@@ -19,6 +19,8 @@ def _models():
         "llama_mqa": LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=1)),
         "llama_mha_bias": LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=2, num_key_value_heads=2,
                                                        attention_bias=True)),
+        "llama_mlp_bias": LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2,
+                                                       mlp_bias=True)),
         "qwen3_qk_norm": Qwen3ForCausalLM(Qwen3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2,
                                                       head_dim=8)),
     }
@@ -41,7 +43,7 @@ def _pair(model):
     return HFRollout("unused", {"hf_decoder": "generic"}, model=model), HFRollout("unused", {"hf_decoder": "kv"}, model=model)
 
 
-@pytest.mark.parametrize("name", ["qwen2_gqa", "llama_mqa", "llama_mha_bias", "qwen3_qk_norm"])
+@pytest.mark.parametrize("name", ["qwen2_gqa", "llama_mqa", "llama_mha_bias", "llama_mlp_bias", "qwen3_qk_norm"])
 def test_greedy_tokens_and_logprobs_equal_the_generic_loop(models, prompts, name):
     generic, kv = _pair(models[name])
     assert kv.kv_decoder is not None and generic.kv_decoder is None
@@ -55,17 +57,25 @@ def test_greedy_tokens_and_logprobs_equal_the_generic_loop(models, prompts, name
         assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
 
 
-def test_rows_stop_at_eos_and_leave_the_batch(models, prompts):
+@pytest.mark.parametrize("extra_eos", [False, True])  # one EOS id (compared directly) or several (isin)
+def test_rows_stop_at_eos_and_leave_the_batch(models, prompts, extra_eos):
     generic, kv = _pair(models["qwen2_gqa"])
     full = generic.generate_token_ids(prompts, [10] * len(prompts), SamplingSpec(temperature=0.0, ignore_eos=True))
     stop = full.token_ids[1][3]
     for engine in (generic, kv):
-        engine.eos_ids = {stop}
+        engine.eos_ids = {stop, 63} if extra_eos else {stop}
     a = generic.generate_token_ids(prompts, [10] * len(prompts), GREEDY)
     b = kv.generate_token_ids(prompts, [10] * len(prompts), GREEDY)
     assert a.token_ids == b.token_ids
     assert b.token_ids[1] == full.token_ids[1][:4]  # stops on and includes EOS
     assert any(len(t) == 10 for t in b.token_ids)  # other rows run on to the cap
+
+
+def test_decode_needs_a_positive_cap_per_row(models, prompts):
+    kv = HFRollout("unused", {"hf_decoder": "kv"}, model=models["qwen2_gqa"])
+    kv.kv_decoder.refresh(0)
+    with pytest.raises(ValueError, match="every cap must be >= 1"):
+        kv.kv_decoder.decode(prompts[:2], [3, 0], 0, torch.tensor([1]), False, lambda logits: (logits.argmax(-1), logits[:, 0]))
 
 
 def test_weight_push_rebuilds_the_fused_projections(models, prompts):
