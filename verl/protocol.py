@@ -114,6 +114,34 @@ def _compact_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _tensor_state(tensor: torch.Tensor):
+    """Picklable form of a batch tensor: CPU tensors travel as numpy arrays (bf16 as its int16 bits).
+
+    torch pickles every tensor's storage through ``torch.save`` into a bytes blob, ~0.1-0.2 ms per
+    tensor each way; numpy arrays are plain buffers (and out-of-band buffers under Ray's pickle 5):
+    measured 1.2 + 1.9 ms vs 0.14 + 0.09 ms to dump + load a 64-row batch of ten tensors. Other devices
+    keep torch's own pickling.
+    """
+    if tensor.device.type != "cpu" or tensor.requires_grad:
+        return ("torch", _compact_tensor(tensor))
+    if tensor.dtype == torch.bfloat16:
+        return ("bf16", tensor.contiguous().view(torch.int16).numpy())
+    try:
+        return ("numpy", tensor.contiguous().numpy())
+    except TypeError:  # a dtype numpy lacks
+        return ("torch", _compact_tensor(tensor))
+
+
+def _tensor_from_state(state) -> torch.Tensor:
+    kind, value = state
+    if kind == "torch":
+        return value
+    if not value.flags.writeable:  # e.g. a buffer in Ray's object store: own the bytes
+        value = value.copy()
+    tensor = torch.from_numpy(value)
+    return tensor.view(torch.bfloat16) if kind == "bf16" else tensor
+
+
 def _as_index_tensor(idxs: IndexLike, length: int) -> torch.Tensor:
     """Integer row indices from an int sequence, integer array/tensor or boolean mask."""
     index = idxs if isinstance(idxs, torch.Tensor) else torch.as_tensor(np.asarray(idxs))
@@ -230,15 +258,16 @@ class DataProto:
     def __getstate__(self) -> dict:
         batch_state = None
         if self.batch is not None:
-            compact = self.batch.apply(_compact_tensor)
-            batch_state = {"tensors": compact.to_dict(), "batch_size": list(self.batch.batch_size),
+            batch_state = {"tensors": {k: _tensor_state(v) for k, v in self.batch.items()},
+                           "batch_size": list(self.batch.batch_size),
                            "device": None if self.batch.device is None else str(self.batch.device)}
         return {"batch": batch_state, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
 
     def __setstate__(self, state: dict) -> None:
         batch_state = state["batch"]
         self.batch = None if batch_state is None else TensorDict(
-            batch_state["tensors"], batch_size=batch_state["batch_size"], device=batch_state["device"])
+            {k: _tensor_from_state(v) for k, v in batch_state["tensors"].items()},
+            batch_size=batch_state["batch_size"], device=batch_state["device"])
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 

@@ -292,6 +292,33 @@ def test_pickle_round_trip_keeps_everything():
     assert pickle.loads(pickle.dumps(DataProto.from_dict(non_tensors={"a": [1]}))).batch is None
 
 
+def test_pickle_keeps_dtypes_and_owns_read_only_buffers():
+    import warnings
+
+    data = DataProto.from_dict(tensors={
+        "bf16": torch.tensor([[1.5, -2.25]], dtype=torch.bfloat16),  # numpy has no bf16: travels as its int16 bits
+        "half": torch.tensor([[0.5, 3.0]], dtype=torch.float16),
+        "flag": torch.tensor([[True, False]]),
+    })
+    buffers = []  # out-of-band and read-only, as in Ray's object store
+    blob = pickle.dumps(data, protocol=5, buffer_callback=buffers.append)
+    assert buffers, "numpy-backed tensors travel out of band"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.from_numpy warns on a non-writable array
+        back = pickle.loads(blob, buffers=[memoryview(b.raw()).toreadonly() for b in buffers])
+    for key in ("bf16", "half", "flag"):
+        assert back.batch[key].dtype == data.batch[key].dtype, key
+        assert torch.equal(back.batch[key], data.batch[key]), key
+    back.batch["half"] += 1  # owns its memory: writable
+    assert back.batch["half"].tolist() == [[1.5, 4.0]] and data.batch["half"].tolist() == [[0.5, 3.0]]
+    # a dtype numpy lacks, and a tensor that needs grad, keep torch's own pickling
+    from verl.protocol import _tensor_state
+
+    assert _tensor_state(torch.zeros(2, dtype=torch.float8_e4m3fn))[0] == "torch"
+    again = pickle.loads(pickle.dumps(DataProto.from_dict(tensors={"grad": torch.ones(1, 2, requires_grad=True)})))
+    assert again.batch["grad"].requires_grad
+
+
 def test_pickled_chunk_carries_only_its_rows():
     data = DataProto.from_dict(tensors={"x": torch.zeros(64, 1024)})
     whole = len(pickle.dumps(data))
