@@ -117,7 +117,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         row = super().__getitem__(item)
-        record = self.dataframe.iloc[item]
+        record = self._records[item]
         ids = self.target_token_ids(item, record[self.target_key])
         kept = ids[: self.max_target_length]
         tgt = torch.full((self.max_target_length,), self.tokenizer.pad_token_id, dtype=torch.long)

@@ -129,20 +129,27 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.5, window_s: fl
 
 
 class StepRecorder:
-    """Marks step boundaries; each ``mark()`` closes one step with its wall time and CPU shares."""
+    """Marks step boundaries; each ``mark()`` closes one step with its wall time and CPU shares.
+
+    A step's wall time runs from the end of the previous ``mark()`` to the start of this one, so the
+    recorder's own ``/proc`` scan (a few ms per mark with Ray's dozen processes) is charged to no step.
+    """
 
     def __init__(self, root_pid: Optional[int] = None):
         self.root_pid = root_pid
-        self._last = sample(root_pid)
         self.steps: list[dict] = []
+        self.restart()
 
     def restart(self) -> None:
         """Start the next step's clock now (drops whatever ran since the last mark)."""
         self._last = sample(self.root_pid)
+        self._start = time.perf_counter()
 
     def mark(self, **extra) -> dict:
+        end = time.perf_counter()
         now = sample(self.root_pid)
-        step = {"wall_s": now.wall_s - self._last.wall_s, **cores_between(self._last, now), **extra}
+        step = {"wall_s": end - self._start, **cores_between(self._last, now), **extra}
         self._last = now
         self.steps.append(step)
+        self._start = time.perf_counter()
         return step

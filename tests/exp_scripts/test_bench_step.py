@@ -223,3 +223,21 @@ def test_benchmark_runs_every_contender_and_ends_with_the_headline(tmp_path):
     assert {(r["case"], r["contender"]) for r in results["runs"]} >= {("fixed", "ours"), ("natural", "floor")}
     for run in results["runs"]:
         assert [s["warmup"] for s in run["result"]["steps"]] == [True, False]
+
+
+def test_step_recorder_charges_its_own_scan_to_no_step(monkeypatch):
+    import time
+
+    real_sample = cpu_load.sample
+
+    def slow_sample(root_pid=None):  # a /proc scan that takes 50 ms
+        time.sleep(0.05)
+        return real_sample(root_pid)
+
+    monkeypatch.setattr(cpu_load, "sample", slow_sample)
+    recorder = cpu_load.StepRecorder()
+    for _ in range(2):
+        time.sleep(0.02)  # the "step"
+        step = recorder.mark(tag="x")
+        assert 0.015 < step["wall_s"] < 0.045 and step["tag"] == "x"
+    assert len(recorder.steps) == 2
