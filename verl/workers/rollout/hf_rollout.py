@@ -38,7 +38,7 @@ def _as_id_set(value: Any) -> set[int]:
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) masking, as vLLM's sampler orders them."""
-    scores = logits / temperature
+    scores = logits if temperature == 1.0 else logits / temperature
     if 0 < top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))

@@ -199,7 +199,7 @@ class KVDecoder:
               mask: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` of one new token per row, written at cache column ``col``.
 
-        ``cos``/``sin`` ``[B, 1, D]``; ``caches`` per layer ``(k4, v4, k_t, v3)``: the cache as
+        ``cos``/``sin`` ``[B, H+KV, D]`` with the query heads' rows already times the attention scale; ``caches`` per layer ``(k4, v4, k_t, v3)``: the cache as
         ``[B, KV, total, D]`` and as ``[B*KV, D, total]`` / ``[B*KV, total, D]`` views; ``mask`` the additive key
         mask ``[B*KV, 1, total]``. Query heads sharing a KV head are that head's query rows (heads
         ``h = j * groups + g`` use KV head ``j``), so grouped-query attention needs no copy of the cache.
@@ -220,7 +220,7 @@ class KVDecoder:
             k4[:, :, col] = qk[:, heads:]
             v4[:, :, col] = qkv[:, lw.q_out + lw.kv_out:].view(bsz, kv, dim)
             q = qk[:, :heads].reshape(bsz * kv, heads // kv, dim)
-            probs = torch.baddbmm(mask, q, k_t[:, :, :end], alpha=self.scaling).softmax(-1)
+            probs = torch.bmm(q, k_t[:, :, :end]).add_(mask).softmax(-1)  # q arrives pre-scaled (see decode)
             out = torch.bmm(probs, v3[:, :end]).view(bsz, heads * dim)
             h = torch.addmm(h, out, lw.o_wt) if lw.o_b is None else torch.addmm(h + lw.o_b, out, lw.o_wt)
             x = _rms(h, *lw.ln2)
@@ -294,7 +294,11 @@ class KVDecoder:
         # Rope rows for every step at once: row r's s-th new token sits at position last_prompt_pos + 1 + s.
         steps = torch.arange(max_cap, device=device)
         cos_all, sin_all = self._rope(table, positions[:, -1].index_select(0, src)[:, None] + 1 + steps)
-        cos_all, sin_all = cos_all[:, :, 0], sin_all[:, :, 0]  # [rows, max_cap, D]
+        # Per head [rows, max_cap, H+KV, D], the query heads' rows times the attention scale: the rope step then
+        # yields pre-scaled queries (a broadcast baddbmm with alpha cost 1.6x a bmm plus an in-place add).
+        head_scale = torch.ones(self.num_heads + self.num_kv_heads, 1, dtype=dtype, device=device)
+        head_scale[:self.num_heads] = self.scaling
+        cos_all, sin_all = cos_all * head_scale, sin_all * head_scale
         views, mask = self._step_caches(cache, key_mask)
         check_eos = not ignore_eos and eos_ids.numel() > 0
         active = list(range(rows))
@@ -334,7 +338,7 @@ class KVDecoder:
                 cos_all, sin_all = cos_all[keep], sin_all[keep]
                 min_cap = min(caps[i] for i in active)
                 views, mask = self._step_caches(cache, key_mask)
-            logits = self._step(tok, cos_all[:, step:step + 1], sin_all[:, step:step + 1], views, width + step, mask)
+            logits = self._step(tok, cos_all[:, step], sin_all[:, step], views, width + step, mask)
             step += 1
         ids_list, lps_list = out_ids.tolist(), out_lps.tolist()
         return ([row[:n] for row, n in zip(ids_list, lengths)],
