@@ -92,6 +92,7 @@ EXPLICIT_TYPES = {
     "trainer.rollout_data_dir": (str, _NONE),
     "ray_init.address": (str, _NONE),
     "ray_init.num_cpus": (int, _NONE),
+    "ray_init.max_direct_call_object_size": (int, _NONE),
 }
 
 KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
@@ -109,6 +110,7 @@ ENUMS = {
         "no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5"),
     f"{_A}.on_policy_reshape": ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5"),
     f"{_A}.optim.warmup_style": ("constant", "cosine"),
+    f"{_A}.optim.step_impl": ("auto", "fused", "foreach", "for_loop"),
     f"{_A}.on_nonfinite": ("skip", "stop"),
     f"{_A}.recompute_old_log_prob": ("always", "auto"),
     f"{_A}.checkpoint.contents": ("model", "optimizer", "extra"),
@@ -119,6 +121,7 @@ ENUMS = {
     f"{_R}.load_format": ("dummy_dtensor", "dummy", "dtensor", "auto", "hf", "safetensors"),
     f"{_R}.prefix_strategy": ("random", "fixed", "linear", "linear_max", "reverse_linear"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.cpu_bind": ("auto", "none"),
     "trainer.logger": SUPPORTED_BACKENDS,
 }
 # Values that exist in LUFFY but are not shipped: a specific explanation instead of the enum list.
@@ -139,7 +142,7 @@ POSITIVE_INTS = (
     f"{_R}.max_num_seqs", f"{_R}.hf_micro_batch_size", f"{_R}.log_prob_max_token_len_per_gpu", f"{_R}.prefix_steps",
     f"{_R}.cpu_kv_cache_bytes", f"{_R}.weight_sync_bucket_mb", f"{_REF}.log_prob_max_token_len_per_gpu",
     "reward.num_workers", "trainer.total_epochs", "trainer.total_training_steps", "trainer.nnodes",
-    "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus",
+    "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus", "ray_init.max_direct_call_object_size",
 )
 UNIT_INTERVAL = (
     "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",

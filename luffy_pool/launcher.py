@@ -50,14 +50,23 @@ def init_ray(config, world_size: int, device: str) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     env[CPU_BIND_ENV] = resolve_cpu_bind(config, device)
-    address = config.get("ray_init", {}).get("address") or os.environ.get("RAY_ADDRESS")
+    ray_cfg = config.get("ray_init", {}) or {}
+    address = ray_cfg.get("address") or os.environ.get("RAY_ADDRESS")
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
+    inline_bytes = ray_cfg.get("max_direct_call_object_size")
     if address:
+        if inline_bytes is not None:
+            logger.warning("ray_init.max_direct_call_object_size applies to a Ray instance this run starts; joining "
+                           "%s keeps that cluster's setting", address)
         ray.init(address=address, **kwargs)
         return
-    num_cpus = config.get("ray_init", {}).get("num_cpus")
+    num_cpus = ray_cfg.get("num_cpus")
     if num_cpus is None and device == "cpu":
         num_cpus = max(os.cpu_count() or 1, world_size)  # each CPU rank's bundle asks for one CPU
+    if inline_bytes is not None:
+        if int(inline_bytes) <= 0:
+            raise ValueError(f"ray_init.max_direct_call_object_size must be a positive byte count, got {inline_bytes}")
+        kwargs["_system_config"] = {"max_direct_call_object_size": int(inline_bytes)}
     ray.init(address="local", num_cpus=num_cpus, **kwargs)
 
 

@@ -37,7 +37,7 @@ def trainer_overrides(spec: BenchSpec) -> list[str]:
         # As the tiny CPU configs: a small model keeps gathered parameters from forward to backward.
         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False",
         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000",
-        "actor_rollout_ref.rollout.weight_sync_packed=True",
+        "actor_rollout_ref.rollout.weight_sync_packed=True", "ray_init.max_direct_call_object_size=2000000",
         f"actor_rollout_ref.rollout.name={spec.rollout}", f"actor_rollout_ref.rollout.dtype={spec.rollout_dtype}",
         f"actor_rollout_ref.rollout.n={spec.samples}",
         f"actor_rollout_ref.rollout.ignore_eos={spec.fixed}",

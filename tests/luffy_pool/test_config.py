@@ -368,3 +368,18 @@ def test_log_prob_micro_batch_is_floored_per_rank_then_times_n():
 def test_missing_micro_batch_size_names_both_keys():
     with pytest.raises(BatchSizeError, match="ppo_micro_batch_size \\(prompts\\) or .*ppo_micro_batch_size_per_gpu"):
         normalize_actor_batch_sizes({"ppo_mini_batch_size": 8, "ppo_micro_batch_size": None}, 8, 8)
+
+
+def test_cpu_speed_keys_are_checked_by_name(luffy_config):
+    cfg = luffy_config.copy()
+    OmegaConf.update(cfg, "trainer.cpu_bind", "maybe", merge=False)
+    OmegaConf.update(cfg, "actor_rollout_ref.actor.optim.step_impl", "fast", merge=False)
+    OmegaConf.update(cfg, "ray_init.max_direct_call_object_size", 0, merge=False)
+    errors = validate_config(cfg)
+    assert len(errors) == 3, errors
+    for key in ("trainer.cpu_bind", "actor_rollout_ref.actor.optim.step_impl", "ray_init.max_direct_call_object_size"):
+        assert any(key in e for e in errors), (key, errors)
+    ok = luffy_config.copy()
+    OmegaConf.update(ok, "ray_init.max_direct_call_object_size", 2000000, merge=False)
+    OmegaConf.update(ok, "actor_rollout_ref.actor.optim.step_impl", "foreach", merge=False)
+    assert validate_config(ok) == []
