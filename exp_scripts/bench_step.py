@@ -70,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", type=_choice_list(CASES), default=list(CASES))
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender (>= 1)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per contender")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every contender this many times, one round after another; the headline is the median "
+                        "of the rounds' ratios (the machine's speed drifts between runs minutes apart)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -189,8 +192,10 @@ def main(argv=None) -> int:
           f"mean {lengths['natural']['natural_mean_len']:.1f} tokens, max {lengths['natural']['natural_max_len']}, "
           f"stop rate {lengths['natural']['natural_stop_rate']:.0%}); prompts <= {prep['max_prompt_tokens']} tokens",
           flush=True)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     runs = []
-    for case in args.cases:
+    for round_index, case in ((k, c) for k in range(args.rounds) for c in args.cases):
         for contender, ranks, threads, engine in contender_plan(args):
             spec = BenchSpec(contender=contender, case=case, model_dir=prep["model_dirs"][case], task_dir=prep["task_dir"],
                              work_dir=work_dir, prompts=args.prompts, samples=args.samples,
@@ -201,10 +206,14 @@ def main(argv=None) -> int:
             waited, busy = wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 \
                 else wait_for_quiet(0.0)
             tag = f"{case}_{spec.label}".replace("[", "_").replace("]", "").replace(",", "_")
-            print(f"-> {case} {spec.label}: machine busy {busy:.2f} cores before start (waited {waited:.0f} s)", flush=True)
+            if args.rounds > 1:
+                tag += f"_round{round_index + 1}"
+            print(f"-> {case} {spec.label}" + (f" round {round_index + 1}/{args.rounds}" if args.rounds > 1 else "")
+                  + f": machine busy {busy:.2f} cores before start (waited {waited:.0f} s)", flush=True)
             t0 = time.perf_counter()
             result, log_path = run_child(contender, spec.to_json(), tag, args.out, work_dir, threads, args.child_timeout)
-            runs.append({"case": case, "contender": contender, "label": spec.label, "busy_before": busy,
+            runs.append({"case": case, "contender": contender, "label": spec.label, "round": round_index,
+                         "busy_before": busy,
                          "threads_env": child_env(contender, threads)["OMP_NUM_THREADS"], "log": log_path,
                          "result": result, "child_wall_s": time.perf_counter() - t0})
     with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -1,7 +1,10 @@
 """Print the step benchmark's tables, ratios and our phase breakdown; the last line is the headline.
 
 The headline compares, on the fixed-length case, our fastest rank count with TRL's and the floor's
-fastest thread count, so the ratio never flatters us by picking a baseline's bad setting.
+fastest thread count, so the ratio never flatters us by picking a baseline's bad setting. With
+``--rounds N`` every contender runs once per round, rounds back to back: each round's ratio compares
+runs minutes apart (the machine's speed drifts by up to 2x over tens of minutes), and the headline is
+the median of the rounds' ratios.
 """
 from __future__ import annotations
 
@@ -28,6 +31,22 @@ def best_run(runs: list[dict], case: str, contender: str):
     """The successful run of ``contender`` on ``case`` with the lowest median step time, or None."""
     done = [r for r in runs if r["case"] == case and r["contender"] == contender and r["result"] is not None]
     return min(done, key=lambda r: summarize(r["result"])["median_s"], default=None)
+
+
+def rounds_of(runs: list[dict]) -> list[int]:
+    return sorted({r.get("round", 0) for r in runs})
+
+
+def case_ratios(runs: list[dict], case: str) -> tuple[float, float]:
+    """(ours/TRL, ours/floor) of one case: each contender's best setting among ``runs``."""
+    med = {c: (summarize(run["result"])["median_s"] if run else math.nan)
+           for c, run in ((c, best_run(runs, case, c)) for c in ("ours", "trl", "floor"))}
+    return ratio(med["ours"], med["trl"]), ratio(med["ours"], med["floor"])
+
+
+def _median_finite(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return median(finite) if finite else math.nan
 
 
 def phase_breakdown(result: dict) -> dict[str, float]:
@@ -58,6 +77,10 @@ def phase_breakdown(result: dict) -> dict[str, float]:
     return out
 
 
+def _label(run: dict, runs: list[dict]) -> str:
+    return run["label"] + (f" r{run.get('round', 0) + 1}" if len(rounds_of(runs)) > 1 else "")
+
+
 def _print_case_table(runs: list[dict], case: str) -> None:
     print(f"\n== {case} case: seconds per training step (median of timed steps) ==")
     print(f"{'contender':<22}{'s/step':>8}{'min':>8}{'max':>8}{'gen s':>8}{'reward s':>9}{'gen tok/step':>13}{'tok/s':>8}"
@@ -66,12 +89,12 @@ def _print_case_table(runs: list[dict], case: str) -> None:
         if r["case"] != case:
             continue
         if r["result"] is None:
-            print(f"{r['label']:<22}  FAILED (see {r['log']})")
+            print(f"{_label(r, runs):<22}  FAILED (see {r['log']})")
             continue
         s, res = summarize(r["result"]), r["result"]
         threads = ("1 per Ray worker + driver (OMP_NUM_THREADS=1)" if r["contender"] == "ours"
                    else f"torch {res.get('torch_threads')} (OMP_NUM_THREADS={r['threads_env']})")
-        print(f"{r['label']:<22}{_fmt(s['median_s']):>8}{_fmt(s['min_s']):>8}{_fmt(s['max_s']):>8}"
+        print(f"{_label(r, runs):<22}{_fmt(s['median_s']):>8}{_fmt(s['min_s']):>8}{_fmt(s['max_s']):>8}"
               f"{_fmt(s['median_gen_s']):>8}{_fmt(s['median_reward_s']):>9}{_fmt(s['gen_tokens_per_step'], 0):>13}{_fmt(s['tokens_per_s'], 0):>8}"
               f"{_fmt(s['foreign_cores'], 2):>14}{_fmt(s['own_cores'], 2):>10}{_fmt(s['cpu_s']):>11}{_fmt(res.get('startup_s'), 1):>10}  {threads}")
 
@@ -81,7 +104,7 @@ def _print_ours_breakdown(runs: list[dict], case: str) -> None:
         if r["case"] != case or r["contender"] != "ours" or r["result"] is None:
             continue
         steps = timed_steps(r["result"])
-        print(f"\n-- {case} {r['label']}: phase breakdown (median s over timed steps) --")
+        print(f"\n-- {case} {_label(r, runs)}: phase breakdown (median s over timed steps) --")
         for key, value in phase_breakdown(r["result"]).items():
             print(f"  {key:<62}{_fmt(value)}")
         throughput = median(s["metrics"].get("perf/throughput") for s in steps)
@@ -117,6 +140,14 @@ def print_report(runs: list[dict], args) -> bool:
                 m = summarize(mine["result"])["median_s"]
                 print(f"  {case} with rollout {engine}: {mine['label']} {_fmt(m)} s -> "
                       f"ours/TRL={_fmt(ratio(m, med['trl']), 2)} ours/floor={_fmt(ratio(m, med['floor']), 2)}")
+        rounds = rounds_of([r for r in runs if r["case"] == case])
+        if len(rounds) > 1:  # each round against itself, then the median over rounds
+            per_round = [case_ratios([r for r in runs if r.get("round", 0) == k], case) for k in rounds]
+            for k, (t, f) in zip(rounds, per_round):
+                print(f"  {case} round {k + 1}: ours/TRL={_fmt(t, 2)} ours/floor={_fmt(f, 2)}")
+            over_trl = _median_finite([t for t, _ in per_round])
+            over_floor = _median_finite([f for _, f in per_round])
+            print(f"  {case} median over {len(rounds)} rounds: ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}")
         if case == "fixed":
             headline = (over_trl, over_floor)
     if "fixed" not in cases:

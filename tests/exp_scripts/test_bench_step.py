@@ -241,3 +241,20 @@ def test_step_recorder_charges_its_own_scan_to_no_step(monkeypatch):
         step = recorder.mark(tag="x")
         assert 0.015 < step["wall_s"] < 0.045 and step["tag"] == "x"
     assert len(recorder.steps) == 2
+
+
+def test_rounds_compare_within_each_round_and_the_headline_is_their_median(capsys):
+    # Round 1 ran on a fast machine, round 2 on one twice as slow, round 3 in between: pooling all runs would
+    # pair round 1's ours (0.4) with round 3's TRL (0.7); per-round ratios are 0.5, 0.5 and 0.6 -> median 0.5.
+    runs = []
+    for k, (ours, trl, floor) in enumerate([(0.4, 0.8, 0.5), (0.8, 1.6, 1.0), (0.42, 0.7, 0.6)]):
+        for contender, label, wall in (("ours", "ours[hf,2rank]", ours), ("trl", "trl[2thr]", trl),
+                                       ("floor", "floor[2thr]", floor)):
+            run = _run("fixed", contender, label, [9, wall, wall])
+            run["round"] = k
+            runs.append(run)
+    assert print_report(runs, None) is True
+    out = capsys.readouterr().out
+    assert "fixed round 1: ours/TRL=0.50 ours/floor=0.80" in out and "fixed round 3: ours/TRL=0.60" in out
+    assert "ours[hf,2rank] r2" in out  # table rows say which round they are
+    assert out.strip().splitlines()[-1] == "ours/TRL=0.50 ours/floor=0.80"
