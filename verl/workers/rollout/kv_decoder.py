@@ -24,6 +24,7 @@ rotary embeddings from the model's own ``rotary_emb``. ``supports(model)`` says 
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -77,6 +78,28 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+class _Norm:
+    """One RMSNorm, ready to apply. Folded (float32 models): its weight times ``sqrt(d)`` is multiplied into
+    the next projection's input columns (``fold_into``) and only ``x * rsqrt(sum(x^2) + eps*d)`` is left,
+    which is ``x * rsqrt(mean(x^2) + eps) / sqrt(d)``: 3 small ops fewer per norm than HF's spelling, same
+    math. Otherwise HF's arithmetic with float32 statistics."""
+
+    def __init__(self, norm: torch.nn.Module, fold: bool):
+        self.weight, self.eps, self.fold = norm.weight, _norm_eps(norm), fold
+        dim = norm.weight.shape[-1]
+        self.scale = norm.weight * math.sqrt(dim)
+        self.eps_d = torch.tensor(self.eps * dim, dtype=norm.weight.dtype, device=norm.weight.device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fold:
+            return x * (x * x).sum(-1, keepdim=True).add_(self.eps_d).rsqrt_()
+        return _rms(x, self.weight, self.eps)
+
+    def fold_into(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight [out, in]`` of the projection that reads this norm's output."""
+        return weight * self.scale if self.fold else weight
+
+
 def _rotation(head_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     """``R`` with ``x @ R == rotate_half(x)`` (a signed permutation: the product is exact)."""
     half = head_dim // 2
@@ -99,17 +122,18 @@ class _LayerWeights:
     def __init__(self, layer: torch.nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         self.layer = layer
-        self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        fold = layer.input_layernorm.weight.dtype == torch.float32
+        self.norm1 = _Norm(layer.input_layernorm, fold)
+        self.norm2 = _Norm(layer.post_attention_layernorm, fold)
+        self.qkv_w = self.norm1.fold_into(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
         self.qkv_b = _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj)
         self.q_out, self.kv_out = attn.q_proj.out_features, attn.k_proj.out_features
-        self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.gate_up_w = self.norm2.fold_into(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         self.gate_up_b = _cat_bias(mlp.gate_proj, mlp.up_proj)
         self.inter = mlp.gate_proj.out_features
         # Transposed views for addmm (residual + x @ W^T in one op); biases kept apart.
         self.o_wt, self.o_b = attn.o_proj.weight.t(), attn.o_proj.bias
         self.down_wt, self.down_b = mlp.down_proj.weight.t(), mlp.down_proj.bias
-        self.ln1 = (layer.input_layernorm.weight, _norm_eps(layer.input_layernorm))
-        self.ln2 = (layer.post_attention_layernorm.weight, _norm_eps(layer.post_attention_layernorm))
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.qk_norms = None if q_norm is None else ((q_norm.weight, _norm_eps(q_norm)), (k_norm.weight, _norm_eps(k_norm)))
 
@@ -136,11 +160,11 @@ class KVDecoder:
         if version != self._version:
             with torch.no_grad():
                 self._layers = [_LayerWeights(layer) for layer in self.body.layers]
+                head, weight = self.model.lm_head, self.body.embed_tokens.weight
+                self._final_norm = _Norm(self.body.norm, self.body.norm.weight.dtype == torch.float32)
+                self._head = (self._final_norm.fold_into(head.weight), head.bias)
+                self._rot = _rotation(self.head_dim, weight.dtype, weight.device)
             self._version = version
-        head, weight = self.model.lm_head, self.body.embed_tokens.weight
-        self._rot = _rotation(self.head_dim, weight.dtype, weight.device)
-        self._final = (self.body.norm.weight, _norm_eps(self.body.norm))
-        self._head = (head.weight, head.bias)
 
     # ------------------------------------------------------------------------------- network
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list, start: int,
@@ -161,7 +185,7 @@ class KVDecoder:
         groups = self.num_heads // self.num_kv_heads
         for lw, (k_cache, v_cache) in zip(self._layers, cache):
             layer, attn = lw.layer, lw.layer.self_attn
-            x = _rms_norm(h, layer.input_layernorm)
+            x = lw.norm1(h)
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
             heads = self.num_heads + self.num_kv_heads
             qk = qkv[..., :lw.q_out + lw.kv_out].view(bsz, width, heads, self.head_dim)
@@ -188,12 +212,12 @@ class KVDecoder:
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
                 out = out.transpose(1, 2).reshape(bsz, width, -1)
             h = h + attn.o_proj(out)
-            x = _rms_norm(h, layer.post_attention_layernorm)
+            x = lw.norm2(h)
             gate, up = F.linear(x, lw.gate_up_w, lw.gate_up_b).split([lw.inter, lw.inter], dim=-1)
             h = h + layer.mlp.down_proj(F.silu(gate) * up)
         if last_only:
             h = h[:, -1:]
-        return self.model.lm_head(_rms_norm(h, self.body.norm)).float()
+        return F.linear(self._final_norm(h), *self._head).float()
 
     def _step(self, tok: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list, col: int,
               mask: torch.Tensor) -> torch.Tensor:
@@ -210,7 +234,7 @@ class KVDecoder:
         mask = mask[:, :, :end]
         h = F.embedding(tok, self.body.embed_tokens.weight)
         for lw, (k4, v4, k_t, v3) in zip(self._layers, caches):
-            x = _rms(h, *lw.ln1)
+            x = lw.norm1(h)
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
             qk = qkv[:, :lw.q_out + lw.kv_out].view(bsz, heads + kv, dim)
             if lw.qk_norms is not None:
@@ -223,11 +247,11 @@ class KVDecoder:
             probs = torch.bmm(q, k_t[:, :, :end]).add_(mask).softmax(-1)  # q arrives pre-scaled (see decode)
             out = torch.bmm(probs, v3[:, :end]).view(bsz, heads * dim)
             h = torch.addmm(h, out, lw.o_wt) if lw.o_b is None else torch.addmm(h + lw.o_b, out, lw.o_wt)
-            x = _rms(h, *lw.ln2)
+            x = lw.norm2(h)
             gate_up = F.linear(x, lw.gate_up_w, lw.gate_up_b)
             act = F.silu(gate_up[:, :lw.inter]) * gate_up[:, lw.inter:]
             h = torch.addmm(h, act, lw.down_wt) if lw.down_b is None else torch.addmm(h + lw.down_b, act, lw.down_wt)
-        return F.linear(_rms(h, *self._final), *self._head).float()
+        return F.linear(self._final_norm(h), *self._head).float()
 
     def _step_caches(self, cache: list, key_mask: torch.Tensor) -> tuple[list, torch.Tensor]:
         """The ``_step`` views of ``cache`` (contiguous ``[B, KV, total, D]`` pairs) and its additive mask."""
