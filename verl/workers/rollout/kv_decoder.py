@@ -223,9 +223,9 @@ class KVDecoder:
               mask: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` of one new token per row, written at cache column ``col``.
 
-        ``cos``/``sin`` ``[B, H+KV, D]`` with the query heads' rows already times the attention scale; ``caches`` per layer ``(k4, v4, k_t, v3)``: the cache as
-        ``[B, KV, total, D]`` and as ``[B*KV, D, total]`` / ``[B*KV, total, D]`` views; ``mask`` the additive key
-        mask ``[B*KV, 1, total]``. Query heads sharing a KV head are that head's query rows (heads
+        ``cos``/``sin`` ``[B, H+KV, D]``, the query heads' rows already times the attention scale;
+        ``caches`` per layer ``(k4, v4, k_t, v3)``: the cache as ``[B, KV, total, D]`` and as
+        ``[B*KV, D, total]`` / ``[B*KV, total, D]`` views; ``mask`` the additive key mask ``[B*KV, 1, total]``. Query heads sharing a KV head are that head's query rows (heads
         ``h = j * groups + g`` use KV head ``j``), so grouped-query attention needs no copy of the cache.
         """
         bsz = tok.shape[0]
