@@ -95,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--warmup must be >= 1: a step's time runs from the previous step's end")
     if args.steps < 1:
         p.error("--steps must be >= 1")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
     if "trl" in args.contenders and args.child is None:
         try:
             import trl  # noqa: F401
@@ -192,8 +194,6 @@ def main(argv=None) -> int:
           f"mean {lengths['natural']['natural_mean_len']:.1f} tokens, max {lengths['natural']['natural_max_len']}, "
           f"stop rate {lengths['natural']['natural_stop_rate']:.0%}); prompts <= {prep['max_prompt_tokens']} tokens",
           flush=True)
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     runs = []
     for round_index, case in ((k, c) for k in range(args.rounds) for c in args.cases):
         for contender, ranks, threads, engine in contender_plan(args):

@@ -63,9 +63,7 @@ def init_ray(config, world_size: int, device: str) -> None:
     num_cpus = ray_cfg.get("num_cpus")
     if num_cpus is None and device == "cpu":
         num_cpus = max(os.cpu_count() or 1, world_size)  # each CPU rank's bundle asks for one CPU
-    if inline_bytes is not None:
-        if int(inline_bytes) <= 0:
-            raise ValueError(f"ray_init.max_direct_call_object_size must be a positive byte count, got {inline_bytes}")
+    if inline_bytes is not None:  # a positive int (config_check)
         kwargs["_system_config"] = {"max_direct_call_object_size": int(inline_bytes)}
     ray.init(address="local", num_cpus=num_cpus, **kwargs)
 

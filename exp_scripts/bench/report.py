@@ -37,10 +37,15 @@ def rounds_of(runs: list[dict]) -> list[int]:
     return sorted({r.get("round", 0) for r in runs})
 
 
+def best_medians(runs: list[dict], case: str) -> tuple[dict, dict]:
+    """Each contender's best run on ``case`` (or None) and its median step time (NaN without a run)."""
+    best = {c: best_run(runs, case, c) for c in ("ours", "trl", "floor")}
+    return best, {c: summarize(run["result"])["median_s"] if run else math.nan for c, run in best.items()}
+
+
 def case_ratios(runs: list[dict], case: str) -> tuple[float, float]:
     """(ours/TRL, ours/floor) of one case: each contender's best setting among ``runs``."""
-    med = {c: (summarize(run["result"])["median_s"] if run else math.nan)
-           for c, run in ((c, best_run(runs, case, c)) for c in ("ours", "trl", "floor"))}
+    _, med = best_medians(runs, case)
     return ratio(med["ours"], med["trl"]), ratio(med["ours"], med["floor"])
 
 
@@ -122,10 +127,9 @@ def print_report(runs: list[dict], args) -> bool:
     print("\n== ratios (best setting of each contender; < 1 means ours is faster) ==")
     headline = (None, None)
     for case in cases:
-        ours, trl, floor = (best_run(runs, case, c) for c in ("ours", "trl", "floor"))
-        med = {name: summarize(run["result"])["median_s"] if run else math.nan
-               for name, run in (("ours", ours), ("trl", trl), ("floor", floor))}
-        over_trl, over_floor = ratio(med["ours"], med["trl"]), ratio(med["ours"], med["floor"])
+        best, med = best_medians(runs, case)
+        ours, trl, floor = best["ours"], best["trl"], best["floor"]
+        over_trl, over_floor = case_ratios(runs, case)
         print(f"{case}: ours {ours['label'] if ours else 'n/a'} {_fmt(med['ours'])} s, "
               f"TRL {trl['label'] if trl else 'n/a'} {_fmt(med['trl'])} s, "
               f"floor {floor['label'] if floor else 'n/a'} {_fmt(med['floor'])} s -> "

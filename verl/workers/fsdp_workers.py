@@ -123,9 +123,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         return module
 
     def _build_optimizer(self, module):
-        from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
         from verl.utils.optim import build_adamw
+        from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
         ocfg = self.config.actor.optim
         optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=ocfg.get("betas", (0.9, 0.999)),

@@ -75,9 +75,8 @@ def build_fsdp_model(model_cfg, device: str, mesh) -> torch.nn.Module:
 def build_optimizer(module: torch.nn.Module, optim_cfg, total_steps: int):
     """AdamW and its LR schedule: linear warm-up over ``int(warmup_steps_ratio x total_steps)`` steps, then
     cosine down to ``min_lr_ratio`` or constant (schedules of verl/utils/torch_functional.py)."""
-    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
     from verl.utils.optim import build_adamw
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     optimizer = build_adamw(module.parameters(), lr=optim_cfg.lr, betas=optim_cfg.betas,
                             weight_decay=optim_cfg.weight_decay, step_impl=optim_cfg.get("step_impl", "auto"))

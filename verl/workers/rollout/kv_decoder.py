@@ -14,7 +14,8 @@ ops per layer over the HF model's own parameters:
 * finished rows leave the batch (their cache rows are dropped), as in the HF loop,
 * one-token steps on 2-D activations: attention as two batched matmuls over the cache (no SDPA call,
   whose per-call set-up dominated at this size), the residual adds fused into the output matmuls
-  (``addmm``), RMSNorm as HF computes it, ``rotate_half`` as one matmul by a signed permutation, and
+  (``addmm``), RMSNorm weights folded into the next projection (float32), ``rotate_half`` as one matmul
+  by a signed permutation, queries pre-scaled through the rope tables, and
   only the bookkeeping a step needs (caps checked in Python, EOS only when it can stop a row).
 
 Supported: decoder layers of the ``LlamaDecoderLayer`` shape (``self_attn.{q,k,v,o}_proj``, optional
@@ -62,10 +63,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _norm_eps(norm: torch.nn.Module) -> float:
     return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
-
-
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    return _rms(x, norm.weight, _norm_eps(norm))
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -135,7 +132,8 @@ class _LayerWeights:
         self.o_wt, self.o_b = attn.o_proj.weight.t(), attn.o_proj.bias
         self.down_wt, self.down_b = mlp.down_proj.weight.t(), mlp.down_proj.bias
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        self.qk_norms = None if q_norm is None else ((q_norm.weight, _norm_eps(q_norm)), (k_norm.weight, _norm_eps(k_norm)))
+        # Per-head norms (Qwen3) sit between projection and rope: nothing to fold them into.
+        self.qk_norms = None if q_norm is None else (_Norm(q_norm, fold=False), _Norm(k_norm, fold=False))
 
 
 class KVDecoder:
@@ -189,9 +187,9 @@ class KVDecoder:
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
             heads = self.num_heads + self.num_kv_heads
             qk = qkv[..., :lw.q_out + lw.kv_out].view(bsz, width, heads, self.head_dim)
-            if getattr(attn, "q_norm", None) is not None:
-                qk = torch.cat([_rms_norm(qk[:, :, :self.num_heads], attn.q_norm),
-                                _rms_norm(qk[:, :, self.num_heads:], attn.k_norm)], dim=2)
+            if lw.qk_norms is not None:
+                q_norm, k_norm = lw.qk_norms
+                qk = torch.cat([q_norm(qk[:, :, :self.num_heads]), k_norm(qk[:, :, self.num_heads:])], dim=2)
             qk = qk * cos + _rotate_half(qk) * sin  # q and k heads rotated together ([B, T, 1, D] tables)
             q = qk[:, :, :self.num_heads].transpose(1, 2)
             k = qk[:, :, self.num_heads:].transpose(1, 2)
@@ -225,8 +223,9 @@ class KVDecoder:
 
         ``cos``/``sin`` ``[B, H+KV, D]``, the query heads' rows already times the attention scale;
         ``caches`` per layer ``(k4, v4, k_t, v3)``: the cache as ``[B, KV, total, D]`` and as
-        ``[B*KV, D, total]`` / ``[B*KV, total, D]`` views; ``mask`` the additive key mask ``[B*KV, 1, total]``. Query heads sharing a KV head are that head's query rows (heads
-        ``h = j * groups + g`` use KV head ``j``), so grouped-query attention needs no copy of the cache.
+        ``[B*KV, D, total]`` / ``[B*KV, total, D]`` views; ``mask`` the additive key mask ``[B*KV, 1, total]``.
+        Query heads sharing a KV head are that head's query rows (heads ``h = j * groups + g`` use KV head
+        ``j``), so grouped-query attention needs no copy of the cache.
         """
         bsz = tok.shape[0]
         heads, kv, dim = self.num_heads, self.num_kv_heads, self.head_dim
@@ -238,8 +237,8 @@ class KVDecoder:
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
             qk = qkv[:, :lw.q_out + lw.kv_out].view(bsz, heads + kv, dim)
             if lw.qk_norms is not None:
-                (qw, qe), (kw, ke) = lw.qk_norms
-                qk = torch.cat([_rms(qk[:, :heads], qw, qe), _rms(qk[:, heads:], kw, ke)], dim=1)
+                q_norm, k_norm = lw.qk_norms
+                qk = torch.cat([q_norm(qk[:, :heads]), k_norm(qk[:, heads:])], dim=1)
             qk = qk * cos + torch.matmul(qk, self._rot) * sin
             k4[:, :, col] = qk[:, heads:]
             v4[:, :, col] = qkv[:, lw.q_out + lw.kv_out:].view(bsz, kv, dim)
