@@ -8,6 +8,13 @@ then does ``latest_checkpointed_iteration.txt`` move to N. A crash at any point 
 checkpoint as the one ``resume_mode=auto`` picks. Resume restores everything so step N+1 sees the
 same prompts, prefix ratios and rollout seeds as an uninterrupted run (also right after an epoch's
 last batch, and on a different number of ranks, where DCP reshards).
+
+Integrity and safety: ``data.pt`` holds only tensors and plain data and is read with ``weights_only``
+(``safe_io``); every step directory carries a ``manifest.json`` (sizes and sha256 of all its files),
+verified before resume. ``resume_mode=auto`` walks back from the tracker's step to the newest intact
+checkpoint, logging which file of which checkpoint was bad. ``max_actor_ckpt_to_keep`` keeps the N
+newest step directories. Objects registered with ``register_state`` (state_dict/load_state_dict of plain
+data) are saved in ``data.pt`` under ``extras``.
 """
 from __future__ import annotations
 
@@ -19,16 +26,26 @@ import shutil
 import time
 from typing import Any, Optional
 
-import torch
-
-from verl.utils.checkpoint import layout
+from verl.utils.checkpoint import layout, manifest
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
+from verl.utils.checkpoint.safe_io import load_state, save_state
 
 logger = logging.getLogger(__name__)
 
 BEST_METRIC = "val/avg_score"
 DATA_ORDER_FILE = "data_order.jsonl"
-DATA_STATE_VERSION = 1
+DATA_STATE_VERSION = 2  # 2: plain data (weights_only), optional "extras"
+
+
+class CheckpointUnusableError(RuntimeError):
+    """No checkpoint that resume may use: each tried one is named with its bad file."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """The gist of an error for a log line (a worker error carries its remote traceback; keep the last line)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[-1] if lines else ""
+    return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}"
 
 
 class TrainerCheckpointer:
@@ -48,6 +65,13 @@ class TrainerCheckpointer:
         self.resume_from_path = t.get("resume_from_path")
         keep = t.get("max_optim_to_keep")
         self.max_optim_to_keep = int(keep) if keep is not None else None
+        keep_ckpt = t.get("max_actor_ckpt_to_keep")
+        self.max_actor_ckpt_to_keep = int(keep_ckpt) if keep_ckpt is not None else None
+        self.checksums = bool(t.get("checkpoint_checksums", True))
+        contents = (config.get("actor_rollout_ref", {}).get("actor", {}).get("checkpoint", {}) or {}).get(
+            "contents", ("model", "optimizer", "extra"))
+        self.need_optim = "optimizer" in list(contents)
+        self.extra_states: dict[str, Any] = {}
         self.save_hf_on_save = bool(t.get("save_hf_on_save", False))
         self.sampler = sampler
         workers = int(config.get("data", {}).get("dataloader_num_workers", 0) or 0)
@@ -59,6 +83,12 @@ class TrainerCheckpointer:
                              f"sampler position would be ahead of training; use dataloader_num_workers=0 to checkpoint")
         if sampler is None or not hasattr(sampler, "state_dict"):
             raise TypeError(f"TrainerCheckpointer needs the resumable training sampler, got {type(sampler).__name__}")
+
+    def register_state(self, name: str, obj) -> None:
+        """Save ``obj.state_dict()`` (tensors and plain data) with every checkpoint and restore it on resume."""
+        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            raise TypeError(f"checkpoint state {name!r} needs state_dict/load_state_dict, got {type(obj).__name__}")
+        self.extra_states[name] = obj
 
     # ------------------------------------------------------------------ save
     def save(self, trainer, metrics: Optional[dict] = None) -> str:
@@ -77,11 +107,10 @@ class TrainerCheckpointer:
         trainer.wg.save_checkpoint(os.path.join(tmp, layout.ACTOR_DIR), global_step=step, max_ckpt_to_keep=None,
                                    save_hf=self.save_hf_on_save)
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
+        manifest.write_manifest(tmp)
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
-        pruned = layout.prune_sharded_states(self.root, self.max_optim_to_keep, current_step=step)
-        if pruned:
-            logger.info("max_optim_to_keep=%s: removed %d shard dirs", self.max_optim_to_keep, len(pruned))
+        self._prune(step)
         if metrics is not None:
             metrics["checkpoint/save_s"] = time.perf_counter() - t0
             metrics["checkpoint/size_mb"] = layout.dir_size_bytes(final) / 2**20
@@ -101,11 +130,21 @@ class TrainerCheckpointer:
             "kl_coef": float(kl_ctrl.value) if kl_ctrl is not None and hasattr(kl_ctrl, "value") else None,
             "last_val_metrics": dict(getattr(trainer, "last_val_metrics", {}) or {}),
             "driver_rng": capture_rng_state(),
+            "extras": {name: obj.state_dict() for name, obj in self.extra_states.items()},
         }
-        with open(path, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        save_state(path, state)
+
+    def _prune(self, step: int) -> None:
+        pruned = layout.prune_sharded_states(self.root, self.max_optim_to_keep, current_step=step)
+        if pruned:
+            logger.info("max_optim_to_keep=%s: removed %d shard dirs", self.max_optim_to_keep, len(pruned))
+            for shard_dir in pruned:  # <step>/actor/<model|optim>
+                manifest.drop_from_manifest(os.path.dirname(os.path.dirname(shard_dir)), [shard_dir])
+        if self.max_actor_ckpt_to_keep is not None and self.max_actor_ckpt_to_keep > 0:
+            steps = [(s, p) for s, p in layout.list_step_dirs(self.root) if s <= step]
+            for _s, path in steps[: max(0, len(steps) - self.max_actor_ckpt_to_keep)]:
+                shutil.rmtree(path)
+                logger.info("max_actor_ckpt_to_keep=%d: removed %s", self.max_actor_ckpt_to_keep, path)
 
     # ------------------------------------------------------------------ best model
     def best_score(self) -> Optional[float]:
@@ -137,30 +176,45 @@ class TrainerCheckpointer:
 
     # ------------------------------------------------------------------ resume
     def resolve_resume_dir(self) -> Optional[str]:
-        """The ``global_step_<N>`` directory to resume from, or None to start fresh.
+        """The ``global_step_<N>`` directory resume would try first, or None to start fresh."""
+        candidates = self.resume_candidates()
+        return candidates[0] if candidates else None
 
-        ``auto``: the tracker's step under ``default_local_dir`` (none -> fresh); ``disable``: fresh;
+    def resume_candidates(self) -> list[str]:
+        """Step directories to try, in order; empty to start fresh.
+
+        ``auto``: the tracker's step, then older published steps (newest first; steps after the tracker's
+        belong to an abandoned timeline and are never used); no tracker -> fresh. ``disable``: fresh.
         ``resume_path``: ``resume_from_path``; anything else is itself a path (a ``global_step_<N>`` dir,
         its ``actor/`` dir, or a run directory with a tracker). An explicit path that holds no
         checkpoint is an error, never a silent fresh start.
         """
         mode = self.resume_mode
         if mode == "disable":
-            return None
+            return []
         if mode == "auto":
-            step = layout.read_tracker(self.root)
+            tracker = os.path.join(self.root, layout.TRACKER_FILE)
+            try:
+                step = layout.read_tracker(self.root)
+            except ValueError as exc:
+                published = layout.list_step_dirs(self.root)
+                logger.warning("%s; trying the published checkpoints from the newest", exc)
+                step = published[-1][0] if published else None
             if step is None:
-                return None
+                return []
             path = os.path.join(self.root, layout.step_dir_name(step))
             if not os.path.isdir(path):
-                raise FileNotFoundError(f"{os.path.join(self.root, layout.TRACKER_FILE)} says step {step} but {path} "
-                                        f"does not exist")
-            return path
+                logger.warning("%s says step %d but %s does not exist; trying older checkpoints", tracker, step, path)
+            older = [p for s, p in reversed(layout.list_step_dirs(self.root)) if s <= step]
+            if not older:
+                raise CheckpointUnusableError(f"{tracker} says step {step} but {path} does not exist and no older "
+                                              f"checkpoint is left (trainer.resume_mode=disable starts fresh)")
+            return older
         if mode == "resume_path":
             if not self.resume_from_path:
                 raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
-            return self._step_dir_of(str(self.resume_from_path), "trainer.resume_from_path")
-        return self._step_dir_of(mode, "trainer.resume_mode")
+            return [self._step_dir_of(str(self.resume_from_path), "trainer.resume_from_path")]
+        return [self._step_dir_of(mode, "trainer.resume_mode")]
 
     def _step_dir_of(self, path: str, key: str) -> str:
         path = os.path.abspath(path)
@@ -176,24 +230,63 @@ class TrainerCheckpointer:
             raise FileNotFoundError(f"{key}: checkpoint directory {path} does not exist")
         return path
 
-    def maybe_resume(self, trainer) -> int:
-        """Restore the workers and the driver state; returns the step to continue after (0 = fresh)."""
-        removed = layout.remove_stale_temp_dirs(self.root)
-        if removed:
-            logger.warning("removed leftovers of an interrupted save: %s", removed)
-        step_dir = self.resolve_resume_dir()
-        if step_dir is None:
-            logger.info("no checkpoint to resume (resume_mode=%s, %s); training from step 1", self.resume_mode, self.root)
-            return 0
+    def verify(self, step_dir: str, checksums: Optional[bool] = None) -> Optional[str]:
+        """None when ``step_dir`` is intact and resumable, else one line naming its bad file."""
+        return manifest.verify_step_dir(step_dir, checksums=self.checksums if checksums is None else checksums,
+                                        need_optim=self.need_optim)
+
+    def _read_data_state(self, step_dir: str) -> dict:
         step = layout.parse_step_dir(step_dir)
         data_path = os.path.join(step_dir, layout.DATA_FILE)
         if not os.path.exists(data_path):
             raise FileNotFoundError(f"{data_path} not found: {step_dir} is incomplete")
-        # Our own file: samplers' generator states and Python RNG tuples need full unpickling.
-        data = torch.load(data_path, map_location="cpu", weights_only=False)
+        data = load_state(data_path)  # weights_only: a planted pickle is refused, naming the file
+        if not isinstance(data, dict) or "global_step" not in data:
+            raise ValueError(f"{data_path} is not a driver state file (no global_step)")
         if int(data["global_step"]) != step:
             raise ValueError(f"{data_path} is for step {data['global_step']}, but its directory says {step}")
-        trainer.wg.load_checkpoint(os.path.join(step_dir, layout.ACTOR_DIR))
+        return data
+
+    def maybe_resume(self, trainer) -> int:
+        """Restore the workers and the driver state; returns the step to continue after (0 = fresh).
+
+        With ``resume_mode=auto`` a checkpoint that fails verification or loading is skipped (logged with
+        its bad file) for the next older one; an explicitly named checkpoint must be intact.
+        """
+        removed = layout.remove_stale_temp_dirs(self.root)
+        if removed:
+            logger.warning("removed leftovers of an interrupted save: %s", removed)
+        candidates = self.resume_candidates()
+        if not candidates:
+            logger.info("no checkpoint to resume (resume_mode=%s, %s); training from step 1", self.resume_mode, self.root)
+            return 0
+        fallback = self.resume_mode == "auto"
+        problems = []
+        for step_dir in candidates:
+            try:
+                problem = self.verify(step_dir)
+                if problem is not None:
+                    raise CheckpointUnusableError(problem)
+                data = self._read_data_state(step_dir)
+                trainer.wg.load_checkpoint(os.path.join(step_dir, layout.ACTOR_DIR))
+            except Exception as exc:  # noqa: BLE001 - every failure is named and either skipped or re-raised
+                line = _one_line(exc)
+                if not fallback:
+                    raise CheckpointUnusableError(f"cannot resume from {step_dir}: {line}") from None
+                problems.append(f"{os.path.basename(step_dir)}: {line}")
+                logger.error("checkpoint %s is not usable: %s; trying the previous one", step_dir, line)
+                continue
+            self._apply_data_state(trainer, data)
+            step = layout.parse_step_dir(step_dir)
+            total = int(getattr(trainer, "total_training_steps", step))
+            saved_ws, ws = data.get("world_size"), getattr(trainer, "world_size", None)
+            logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws,
+                           ws, step + 1, total, "; nothing left to train" if step >= total else "")
+            return step
+        raise CheckpointUnusableError(f"no intact checkpoint under {self.root} ({'; '.join(problems)}); move the bad "
+                                      f"ones aside, or start fresh with trainer.resume_mode=disable")
+
+    def _apply_data_state(self, trainer, data: dict) -> None:
         self.sampler.load_state_dict(data["sampler"])
         trainer.ratio_sampler.load_state_dict(data["ratio_sampler"])
         kl_ctrl = getattr(trainer, "kl_ctrl", None)
@@ -201,21 +294,27 @@ class TrainerCheckpointer:
             kl_ctrl.value = float(data["kl_coef"])
         trainer.last_val_metrics = dict(data.get("last_val_metrics", {}))
         restore_rng_state(data["driver_rng"])
+        saved_extras = data.get("extras", {}) or {}
+        for name, obj in self.extra_states.items():
+            if name in saved_extras:
+                obj.load_state_dict(saved_extras[name])
+            else:
+                logger.warning("checkpoint has no saved state %r (written before it existed); it starts empty", name)
         trainer._data_iter = None  # the next batch comes from the restored sampler position
-        total = int(getattr(trainer, "total_training_steps", step))
-        saved_ws, ws = data.get("world_size"), getattr(trainer, "world_size", None)
-        logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws, ws,
-                       step + 1, total, "; nothing left to train" if step >= total else "")
-        return step
 
     # ------------------------------------------------------------------ reporting
     def last_good_checkpoint(self) -> Optional[str]:
-        """The published checkpoint resume would use now (for the failure message), or None."""
+        """The newest checkpoint resume would use now (sizes checked; for the failure message), or None."""
         try:
             step = layout.read_tracker(self.root)
         except ValueError:
             return None
-        return os.path.join(self.root, layout.step_dir_name(step)) if step is not None else None
+        if step is None:
+            return None
+        for s, path in reversed(layout.list_step_dirs(self.root)):
+            if s <= step and self.verify(path, checksums=False) is None:
+                return path
+        return None
 
     def record_data_order(self, global_step: int, prompt_indexes) -> None:
         """Append the step's prompt indexes to ``data_order.jsonl`` (an audit trail; last line per step wins)."""

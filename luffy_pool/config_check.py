@@ -89,6 +89,7 @@ EXPLICIT_TYPES = {
     "trainer.logger": (list, str),
     "trainer.default_hdfs_dir": (str, _NONE),
     "trainer.resume_from_path": (str, _NONE),
+    "trainer.max_actor_ckpt_to_keep": (int, _NONE),
     "trainer.rollout_data_dir": (str, _NONE),
     "ray_init.address": (str, _NONE),
     "ray_init.num_cpus": (int, _NONE),
@@ -144,6 +145,7 @@ POSITIVE_INTS = (
     "reward.num_workers", "trainer.total_epochs", "trainer.total_training_steps", "trainer.nnodes",
     "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus", "ray_init.max_direct_call_object_size",
 )
+POSITIVE_INTS += ("trainer.max_actor_ckpt_to_keep",)  # issue 18: checkpoint retention
 UNIT_INTERVAL = (
     "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",
     f"{_A}.optim.lr_warmup_steps_ratio", f"{_A}.optim.min_lr_ratio",

@@ -188,8 +188,13 @@ def build_trainer(config: DictConfig):
 def run_ppo(config: DictConfig) -> dict:
     """Train LUFFY (or a baseline expressed in the same config) and return the last step's metrics."""
     trainer, close = build_trainer(config)
+    return fit_and_close(trainer, close)
+
+
+def fit_and_close(trainer, close) -> dict:
+    """``trainer.fit()``, then release Ray/trackers; stopped by SIGTERM/SIGINT -> SystemExit(128 + signal)."""
     try:
-        return trainer.fit()
+        metrics = trainer.fit()
     except BaseException:
         # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
         last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
@@ -198,3 +203,11 @@ def run_ppo(config: DictConfig) -> dict:
         raise
     finally:
         close()
+    signum = getattr(getattr(trainer, "stop", None), "signum", None)
+    if signum is not None:
+        from verl.utils.signals import exit_code
+
+        logger.warning("stopped by signal %d after step %d (resources released); exit code %d", signum,
+                       trainer.global_steps, exit_code(signum))
+        raise SystemExit(exit_code(signum))
+    return metrics

@@ -23,6 +23,7 @@ from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
                                            compute_timing_metrics, reduce_metrics)
 from verl.utils.seqlen_balancing import get_group_balanced_partitions, get_seqlen_balanced_partitions, log_seqlen_unbalance
+from verl.utils.signals import GracefulStop, stop_on_signal
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class MIXRayPPOTrainer:
         self.total_training_steps = self._total_steps()
         self._data_iter = None
         self.last_val_metrics: dict = {}
+        self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
 
     # ------------------------------------------------------------------ schedule
     def _total_steps(self) -> int:
@@ -87,8 +89,9 @@ class MIXRayPPOTrainer:
                                    f"{self.config.data.train_batch_size}") from None
 
     # ------------------------------------------------------------------ main loop
+    @stop_on_signal(what="the current training step")  # SIGTERM/SIGINT: finish and save the step, return
     def fit(self) -> dict:
-        """Train until ``total_training_steps``; returns the last step's metrics."""
+        """Train until ``total_training_steps`` (or a stop signal); returns the last step's metrics."""
         from tqdm import tqdm
 
         if self.checkpointer is not None:
@@ -98,7 +101,7 @@ class MIXRayPPOTrainer:
         last = {}
         bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="training", unit="step",
                    dynamic_ncols=True, disable=None)
-        while self.global_steps < self.total_training_steps:
+        while self.global_steps < self.total_training_steps and not self.stop.requested:
             self.global_steps += 1
             timing: dict[str, float] = {}
             with _timer("step", timing):
@@ -109,7 +112,8 @@ class MIXRayPPOTrainer:
                         metrics.update(self.validate())
                     if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
                         self.checkpointer.maybe_save_best(self, metrics)
-                if self.checkpointer is not None and self._due(self.config.trainer.save_freq, is_last):
+                if self.checkpointer is not None and (self._due(self.config.trainer.save_freq, is_last)
+                                                      or self.stop.save_requested(self.config.trainer)):
                     with _timer("save_checkpoint", timing):
                         self.checkpointer.save(self, metrics)
             metrics.update(compute_timing_metrics(timing, self._last_prompt_tokens, self._last_response_tokens))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.checkpointing import TrainerCheckpointer, read_data_order
+from luffy_pool.checkpointing import CheckpointUnusableError, TrainerCheckpointer, read_data_order
 from luffy_pool.mix_trainer import MIXRayPPOTrainer
 from verl.utils.checkpoint import layout
 from verl.utils.dataset.sampler import ResumableRandomSampler
@@ -207,7 +207,7 @@ def test_retention_drops_old_shards_but_keeps_driver_and_extra_state(base_config
     for step in (4, 6):
         assert layout.has_sharded_model(str(tmp_path / f"global_step_{step}" / "actor"))
     pruned, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6, resume_mode=str(step2))
-    with pytest.raises(FileNotFoundError, match="max_optim_to_keep"):
+    with pytest.raises(CheckpointUnusableError, match="global_step_2/actor/model was pruned by trainer.max_optim_to_keep"):
         pruned.checkpointer.maybe_resume(pruned)
 
 

@@ -3,8 +3,9 @@
 Weights and AdamW moments go through ``torch.distributed.checkpoint`` with FQN keys, so a checkpoint
 written by W ranks loads on any other number of ranks (DCP reshards DTensors on load). The lr
 scheduler, the RNG states and stateful actor extras (the adaptive entropy coefficient, counters) go in
-a small per-rank ``extra_state_world_size_<W>_rank_<r>.pt``. Every rank calls every method (they are
-collectives); only rank 0 writes ``huggingface/`` and ``checkpoint_meta.json``.
+a small per-rank ``extra_state_world_size_<W>_rank_<r>.pt`` of plain data. Loading never unpickles
+arbitrary objects (``safe_io``: weights_only files, a restricted DCP metadata reader). Every rank calls
+every method (they are collectives); only rank 0 writes ``huggingface/`` and ``checkpoint_meta.json``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from verl.utils.checkpoint import layout
 from verl.utils.checkpoint.hf_export import gather_full_state_dict, write_hf_folder
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
+from verl.utils.checkpoint.safe_io import dcp_load, load_state, save_state
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ class FSDPCheckpointManager:
                          storage_writer=self._writer(layout.OPTIM_DIR, local_path))
         if "extra" in self.contents:
             path = os.path.join(local_path, layout.extra_state_file(self.world_size, self.rank))
-            torch.save(self._extra_state(), path)
+            save_state(path, self._extra_state())  # plain data only: resume loads it with weights_only
         if save_hf:
             self._write_hf(os.path.join(local_path, layout.HF_DIR), with_weights=True)
         elif self.rank == 0:
@@ -187,7 +189,6 @@ class FSDPCheckpointManager:
     # ------------------------------------------------------------------ load
     def load_checkpoint(self, local_path: str, load_optimizer: bool = True) -> dict:
         """Restore what ``save_checkpoint`` wrote, resharding when the world size changed."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                              set_model_state_dict, set_optimizer_state_dict)
 
@@ -201,7 +202,7 @@ class FSDPCheckpointManager:
                     f"trainer.max_optim_to_keep (only config/tokenizer/extra state remain)")
             model_state = get_model_state_dict(self.model)
             with _quiet_single_process_dcp():
-                dcp.load(model_state, checkpoint_id=os.path.join(local_path, layout.MODEL_DIR))
+                dcp_load(model_state, os.path.join(local_path, layout.MODEL_DIR))
             set_model_state_dict(self.model, model_state)
         if load_optimizer and "optimizer" in self.contents:
             if "optimizer" not in saved_contents or not os.path.isdir(os.path.join(local_path, layout.OPTIM_DIR)):
@@ -209,7 +210,7 @@ class FSDPCheckpointManager:
                                         f"were {saved_contents}")
             optim_state = get_optimizer_state_dict(self.model, self.optimizer)
             with _quiet_single_process_dcp():
-                dcp.load(optim_state, checkpoint_id=os.path.join(local_path, layout.OPTIM_DIR))
+                dcp_load(optim_state, os.path.join(local_path, layout.OPTIM_DIR))
             set_optimizer_state_dict(self.model, self.optimizer, optim_state)
         if "extra" in self.contents and "extra" in saved_contents:
             self._load_extra(local_path, int(meta["world_size"]))
@@ -234,8 +235,7 @@ class FSDPCheckpointManager:
         path = os.path.join(local_path, layout.extra_state_file(saved_world_size, source_rank))
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} not found (checkpoint written by {saved_world_size} ranks)")
-        # Our own file, holding numpy/python RNG tuples that weights_only loading rejects.
-        extra = torch.load(path, map_location="cpu", weights_only=False)
+        extra = load_state(path)  # tensors and plain data only; a planted pickle is refused naming the file
         if self.lr_scheduler is not None:
             if "lr_scheduler" not in extra:
                 raise KeyError(f"{path} has no lr_scheduler state")

@@ -31,12 +31,13 @@ def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_dcp_model_state(model_dir: str) -> dict[str, torch.Tensor]:
     """Read a whole DCP model directory into plain CPU tensors in this one process (any save world size)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from verl.utils.checkpoint.safe_io import dcp_load, safe_reader
 
     if not os.path.exists(os.path.join(model_dir, ".metadata")):
         raise FileNotFoundError(f"{model_dir} is not a DCP checkpoint directory (no .metadata file)")
-    reader = dcp.FileSystemReader(model_dir)
+    reader = safe_reader(model_dir)  # DCP metadata is a pickle: read it with the restricted unpickler
     metadata = reader.read_metadata()
     state: dict[str, Any] = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -46,7 +47,7 @@ def load_dcp_model_state(model_dir: str) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():
         # DCP warns that it "assumes" single-process loading even when no_dist=True says so.
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        dcp_load(state, model_dir, no_dist=True)
     return state
 
 
