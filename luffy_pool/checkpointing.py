@@ -43,6 +43,8 @@ class CheckpointUnusableError(RuntimeError):
 
 def _one_line(exc: BaseException) -> str:
     """The gist of an error for a log line (a worker error carries its remote traceback; keep the last line)."""
+    if isinstance(exc, CheckpointUnusableError):
+        return str(exc)
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = lines[-1] if lines else ""
     return text if type(exc).__name__ in text else f"{type(exc).__name__}: {text}"
@@ -269,7 +271,9 @@ class TrainerCheckpointer:
                     raise CheckpointUnusableError(problem)
                 data = self._read_data_state(step_dir)
                 trainer.wg.load_checkpoint(os.path.join(step_dir, layout.ACTOR_DIR))
-            except Exception as exc:  # noqa: BLE001 - every failure is named and either skipped or re-raised
+            except BaseException as exc:  # noqa: BLE001 - every failure is named and either skipped or re-raised
+                if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                    raise
                 line = _one_line(exc)
                 if not fallback:
                     raise CheckpointUnusableError(f"cannot resume from {step_dir}: {line}") from None

@@ -185,5 +185,15 @@ def safe_planner():
 def dcp_load(state_dict: dict, checkpoint_dir: str, **kwargs) -> None:
     """``dcp.load`` through the safe reader and planner."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.load(state_dict, storage_reader=safe_reader(checkpoint_dir), planner=safe_planner(), **kwargs)
+    meta_path = os.path.join(checkpoint_dir, ".metadata")
+    if not os.path.isfile(meta_path):
+        raise FileNotFoundError(f"{meta_path} is missing")
+    load_dcp_metadata(meta_path)  # refuses a planted pickle with a clean one-line error before DCP starts
+    try:
+        dcp.load(state_dict, storage_reader=safe_reader(checkpoint_dir), planner=safe_planner(), **kwargs)
+    except CheckpointException as exc:  # a BaseException carrying each rank's traceback: keep the last line
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise RuntimeError(f"{checkpoint_dir}: DCP load failed ({lines[-1] if lines else type(exc).__name__}); "
+                           f"a shard is truncated or does not match .metadata") from None

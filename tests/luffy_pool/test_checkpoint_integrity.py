@@ -1,0 +1,285 @@
+"""Resume refuses planted pickles, verifies manifests, falls back past corrupt checkpoints, honours retention
+and saves on SIGTERM/SIGINT; driven by the real ``fit`` loop with the in-process worker of test_checkpointing."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import random
+import signal
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from luffy_pool.checkpointing import CheckpointUnusableError
+from verl.utils.checkpoint import layout, manifest
+from verl.utils.checkpoint.safe_io import UnsafeCheckpointError, load_state, save_state
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_checkpointing import _max_diff, base_config, make_trainer  # noqa: E402,F401 - base_config is a fixture
+
+ACTOR = layout.ACTOR_DIR
+
+
+class Exploit:
+    """Pickles to a call of os.system: loading it with plain pickle would create ``marker``."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture
+def four_steps(base_config, tiny_model_dir, tmp_path):
+    """A run with checkpoints at steps 2 and 4 (tracker 4)."""
+    trainer, worker = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
+    trainer.fit()
+    return tmp_path
+
+
+def _resume(base_config, model_dir, out_dir, **kw):
+    trainer, worker = make_trainer(base_config, model_dir, out_dir, steps=4, **kw)
+    return trainer, worker, trainer.checkpointer.maybe_resume(trainer)
+
+
+# ---------------------------------------------------------------------- safe loading
+def test_state_files_round_trip_numpy_and_python_rng_as_plain_data(tmp_path):
+    state = {"np": np.random.get_state(), "py": random.getstate(), "t": torch.arange(3), "gen": torch.Generator().get_state(),
+             "nested": {"x": [1, 2.5, None, "s", (True, np.int64(7))]}}
+    save_state(str(tmp_path / "s.pt"), state)
+    # plain torch.load with weights_only=True accepts the file: no pickled globals besides tensors
+    torch.load(tmp_path / "s.pt", weights_only=True)
+    back = load_state(str(tmp_path / "s.pt"))
+    assert back["np"][0] == "MT19937" and np.array_equal(back["np"][1], state["np"][1]) and back["np"][1].dtype == np.uint32
+    assert back["py"] == state["py"] and back["nested"]["x"] == [1, 2.5, None, "s", (True, 7)]
+    assert torch.equal(back["gen"], state["gen"])
+
+
+def test_saving_a_non_plain_object_fails_at_save_time_naming_the_entry(tmp_path):
+    with pytest.raises(TypeError, match=r"s.pt\['extras'\]\['buf'\] is a .*Exploit"):
+        save_state(str(tmp_path / "s.pt"), {"extras": {"buf": Exploit("x")}})
+
+
+@pytest.mark.parametrize("target", ["data", "extra", "dcp_metadata"])
+def test_planted_pickle_is_refused_with_one_line_naming_the_file(base_config, tiny_model_dir, four_steps, tmp_path,
+                                                                  target):
+    marker = tmp_path / "pwned"
+    step4 = four_steps / "global_step_4"
+    path = {"data": step4 / layout.DATA_FILE, "extra": step4 / ACTOR / layout.extra_state_file(1, 0),
+            "dcp_metadata": step4 / ACTOR / layout.MODEL_DIR / ".metadata"}[target]
+    if target == "dcp_metadata":
+        path.write_bytes(pickle.dumps(Exploit(str(marker))))
+    else:
+        torch.save({"global_step": 4, "x": Exploit(str(marker))}, path)
+    manifest.write_manifest(str(step4))  # the attacker also rewrote the manifest: the loader itself must refuse
+    explicit, _ = make_trainer(base_config, tiny_model_dir, four_steps, steps=4, resume_mode=str(step4))
+    with pytest.raises(CheckpointUnusableError) as err:
+        explicit.checkpointer.maybe_resume(explicit)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and "system" in msg, msg
+    assert not marker.exists(), "the planted pickle ran"
+    # auto mode: logged and skipped; the previous checkpoint resumes
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 2 and not marker.exists()
+
+
+def test_checkpoint_written_before_safe_format_still_resumes(base_config, tiny_model_dir, four_steps, tmp_path):
+    """Old data.pt/extra_state files pickled numpy RNG arrays with torch.save: numpy arrays only are admitted."""
+    step4 = four_steps / "global_step_4"
+    for path in (step4 / layout.DATA_FILE, step4 / ACTOR / layout.extra_state_file(1, 0)):
+        state = load_state(str(path))
+        torch.save(state, path)  # the old writer: numpy arrays pickled as such
+        assert "numpy" in " ".join(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    os.remove(step4 / manifest.MANIFEST_FILE)  # old checkpoints had no manifest: structural checks instead
+    ref, ref_worker = make_trainer(base_config, tiny_model_dir, tmp_path / "ref", steps=4)
+    ref.fit()
+    trainer, worker, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 4 and _max_diff(worker.weights(), ref_worker.weights()) <= 1e-6
+
+
+# ---------------------------------------------------------------------- integrity and fallback
+def _truncate(p):
+    p.write_bytes(p.read_bytes()[: max(1, p.stat().st_size // 2)])
+
+
+def _flip(p):
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def _shard(step_dir, sub):
+    return next(p for p in (step_dir / ACTOR / sub).iterdir() if p.suffix == ".distcp")
+
+
+CORRUPTIONS = {
+    "truncated_model_shard": (lambda d: _truncate(_shard(d, layout.MODEL_DIR)), "model/__0_0.distcp has"),
+    "flipped_byte_in_optim_shard": (lambda d: _flip(_shard(d, layout.OPTIM_DIR)), "sha256 differs"),
+    "missing_data_pt": (lambda d: os.remove(d / layout.DATA_FILE), "data.pt is missing"),
+    "missing_optimizer_metadata": (lambda d: os.remove(d / ACTOR / layout.OPTIM_DIR / ".metadata"),
+                                   "optim/.metadata is missing"),
+    "missing_extra_state": (lambda d: os.remove(d / ACTOR / layout.extra_state_file(1, 0)), "extra_state_world_size_1"),
+    "empty_actor_meta": (lambda d: (d / ACTOR / layout.META_FILE).write_text(""), "checkpoint_meta.json has 0 bytes"),
+    "torn_manifest": (lambda d: (d / manifest.MANIFEST_FILE).write_text('{"files": {'), "manifest.json: not JSON"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_auto_resume_falls_back_to_newest_intact_checkpoint_naming_the_bad_file(base_config, tiny_model_dir,
+                                                                              four_steps, kind, caplog):
+    corrupt, expected = CORRUPTIONS[kind]
+    corrupt(four_steps / "global_step_4")
+    with caplog.at_level(logging.ERROR, logger="luffy_pool.checkpointing"):
+        trainer, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 2
+    bad = [r.getMessage() for r in caplog.records if "not usable" in r.getMessage()]
+    assert len(bad) == 1 and "global_step_4" in bad[0] and expected in bad[0], bad
+    trainer.fit()  # trains steps 3 and 4 again and publishes a fresh, intact step 4
+    assert layout.read_tracker(str(four_steps)) == 4
+    assert manifest.verify_step_dir(str(four_steps / "global_step_4")) is None
+
+
+def test_corrupt_checkpoint_without_manifest_fails_at_load_and_auto_falls_back(base_config, tiny_model_dir, four_steps):
+    """A pre-manifest checkpoint whose shard is truncated is caught by the loader itself."""
+    step4 = four_steps / "global_step_4"
+    os.remove(step4 / manifest.MANIFEST_FILE)
+    _truncate(_shard(step4, layout.MODEL_DIR))
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 2
+
+
+def test_every_checkpoint_bad_is_an_error_listing_each(base_config, tiny_model_dir, four_steps):
+    for step in (2, 4):
+        os.remove(four_steps / f"global_step_{step}" / layout.DATA_FILE)
+    trainer, _ = make_trainer(base_config, tiny_model_dir, four_steps, steps=4)
+    with pytest.raises(CheckpointUnusableError, match="global_step_4: .*data.pt is missing.*; global_step_2: .*data.pt"):
+        trainer.checkpointer.maybe_resume(trainer)
+
+
+def test_tracker_pointing_at_a_missing_dir_or_garbage_falls_back(base_config, tiny_model_dir, four_steps):
+    layout.write_tracker(str(four_steps), 6)
+    assert _resume(base_config, tiny_model_dir, four_steps)[2] == 4
+    (four_steps / layout.TRACKER_FILE).write_text("garbage")
+    assert _resume(base_config, tiny_model_dir, four_steps)[2] == 4
+
+
+def test_explicit_corrupt_checkpoint_is_an_error_not_a_fallback(base_config, tiny_model_dir, four_steps):
+    _truncate(_shard(four_steps / "global_step_2", layout.MODEL_DIR))
+    trainer, _ = make_trainer(base_config, tiny_model_dir, four_steps, steps=4,
+                              resume_mode=str(four_steps / "global_step_2"))
+    with pytest.raises(CheckpointUnusableError, match=r"cannot resume from .*global_step_2: .*__0_0.distcp has \d+ bytes"):
+        trainer.checkpointer.maybe_resume(trainer)
+
+
+def test_manifest_lists_every_file_with_size_and_checksum(four_steps):
+    step2 = four_steps / "global_step_2"
+    files = json.loads((step2 / manifest.MANIFEST_FILE).read_text())["files"]
+    on_disk = sorted(str(p.relative_to(step2)) for p in step2.rglob("*") if p.is_file() and p.name != manifest.MANIFEST_FILE)
+    assert sorted(files) == on_disk and layout.DATA_FILE in files
+    assert all(files[f]["size"] == (step2 / f).stat().st_size and len(files[f]["sha256"]) == 64 for f in files)
+
+
+def test_max_actor_ckpt_to_keep_keeps_the_newest_n(base_config, tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6, max_actor_ckpt_to_keep=2)
+    trainer.fit()
+    assert [s for s, _ in layout.list_step_dirs(str(tmp_path))] == [4, 6]
+
+
+def test_registered_driver_state_is_saved_and_restored(base_config, tiny_model_dir, tmp_path):
+    class Buffer:
+        def __init__(self):
+            self.items = []
+
+        def state_dict(self):
+            return {"items": list(self.items), "t": torch.tensor(self.items, dtype=torch.float32)}
+
+        def load_state_dict(self, state):
+            self.items = list(state["items"])
+
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
+    buf = Buffer()
+    buf.items = [1, 2, 3]
+    trainer.checkpointer.register_state("replay", buf)
+    trainer.fit()
+    again, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
+    restored = Buffer()
+    again.checkpointer.register_state("replay", restored)
+    assert again.checkpointer.maybe_resume(again) == 2 and restored.items == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------- SIGTERM / SIGINT
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_mid_step_saves_that_step_and_resume_continues(base_config, tiny_model_dir, tmp_path, signum):
+    ref, ref_worker = make_trainer(base_config, tiny_model_dir, tmp_path / "ref", steps=6)
+    ref.fit()
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path / "run", steps=6)
+    real_step = trainer.train_step
+
+    def step_with_signal(batch, timing):
+        if trainer.global_steps == 3:
+            signal.raise_signal(signum)  # arrives in the middle of step 3
+        return real_step(batch, timing)
+
+    previous = signal.getsignal(signum)
+    trainer.train_step = step_with_signal
+    trainer.fit()
+    assert trainer.stop.signum == signum and trainer.global_steps == 3
+    assert signal.getsignal(signum) is previous, "fit restores the previous handler"
+    assert layout.read_tracker(str(tmp_path / "run")) == 3, "step 3 is saved although save_freq=2"
+    resumed, worker = make_trainer(base_config, tiny_model_dir, tmp_path / "run", steps=6)
+    resumed.fit()
+    assert sorted(resumed.ratio_log) == [4, 5, 6] and resumed.stop.signum is None
+    assert _max_diff(worker.weights(), ref_worker.weights()) <= 1e-6
+
+
+def test_save_on_signal_false_stops_without_saving(base_config, tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6, save_on_signal=False)
+    real_step = trainer.train_step
+
+    def step_with_signal(batch, timing):
+        if trainer.global_steps == 3:
+            signal.raise_signal(signal.SIGTERM)
+        return real_step(batch, timing)
+
+    trainer.train_step = step_with_signal
+    trainer.fit()
+    assert trainer.global_steps == 3 and layout.read_tracker(str(tmp_path)) == 2
+
+
+def test_second_signal_aborts_at_once(base_config, tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
+    real_step = trainer.train_step
+
+    def step_with_two_signals(batch, timing):
+        if trainer.global_steps == 3:
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+        return real_step(batch, timing)
+
+    trainer.train_step = step_with_two_signals
+    with pytest.raises(KeyboardInterrupt, match="second stop signal"):
+        trainer.fit()
+    assert layout.read_tracker(str(tmp_path)) == 2
+
+
+def test_fit_and_close_releases_then_exits_143(base_config, tiny_model_dir, tmp_path):
+    from luffy_pool.launcher import fit_and_close
+
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
+    real_step = trainer.train_step
+    closed = []
+
+    def step_with_signal(batch, timing):
+        if trainer.global_steps == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return real_step(batch, timing)
+
+    trainer.train_step = step_with_signal
+    with pytest.raises(SystemExit) as exit_info:
+        fit_and_close(trainer, lambda: closed.append(True))
+    assert exit_info.value.code == 143 and closed == [True] and layout.read_tracker(str(tmp_path)) == 1
