@@ -125,6 +125,7 @@ ENUMS = {
     "trainer.cpu_bind": ("auto", "none"),
     "trainer.logger": SUPPORTED_BACKENDS,
 }
+ENUMS["data.truncate_off_policy"] = ("cut", "drop")  # issue 18: over-long off-policy traces
 # Values that exist in LUFFY but are not shipped: a specific explanation instead of the enum list.
 UNSUPPORTED_VALUES = {
     ("algorithm.adv_estimator", "gae"): "needs a critic (value model), which is not shipped; use grpo",

@@ -81,7 +81,7 @@ def build_dataloader(config, tokenizer):
         prompt_key=d.get("prompt_key", "prompt"), target_key=d.get("target_key", "target"),
         max_prompt_length=d.max_prompt_length, max_target_length=config.actor_rollout_ref.rollout.max_prefix_len,
         sample_target_ratio=d.get("sample_target_ratio", 1.0), filter_overlong_prompts=d.get("filter_overlong_prompts", True),
-        seed=int(d.get("seed", 47)))
+        seed=int(d.get("seed", 47)), truncate_off_policy=d.get("truncate_off_policy", "cut"))
     # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
     sampler = build_sampler(len(train), shuffle=d.get("shuffle", True), seed=int(d.get("seed", 47)),
                             batch_size=d.train_batch_size, drop_last=True)
@@ -110,7 +110,8 @@ def build_off_policy_pool(config, tokenizer, train_dataset):
                          prompt_id_key=config.data.get("off_policy_id_key", "index"),
                          max_trace_length=config.actor_rollout_ref.rollout.max_prefix_len,
                          strip_think_prefix=train_dataset.generation_prompt_opens_think,
-                         seed=int(config.trainer.get("seed", 1)))
+                         seed=int(config.trainer.get("seed", 1)),
+                         truncate=config.data.get("truncate_off_policy", "cut"))
 
 
 def build_worker_group(config, device: str):
@@ -146,9 +147,11 @@ def build_trainer(config: DictConfig):
     from transformers import AutoTokenizer
 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from luffy_pool.preflight import preflight
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import RewardManager
 
+    preflight(config)  # folders, model and data files: one line per problem before anything loads
     device = resolve_driver_device(config)
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)

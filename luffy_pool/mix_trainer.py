@@ -139,6 +139,8 @@ class MIXRayPPOTrainer:
         if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
             self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
         metrics: dict = {}
+        if "tgt_truncated" in batch.batch.keys():  # traces cut to rollout.max_prefix_len (data.truncate_off_policy)
+            metrics["batch/off_policy_truncated"] = int(batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum())
         with _timer("gen", timing):
             batch = self._rollout(batch, metrics)
         with _timer("reward", timing):

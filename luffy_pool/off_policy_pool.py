@@ -260,7 +260,12 @@ class OffPolicyPool:
         use_dataset_target: bool = True,
         selection: str = "target_first",
         seed: int = 0,
+        truncate: str = "cut",
     ):
+        if truncate not in ("cut", "drop"):
+            raise ValueError(f"data.truncate_off_policy must be cut or drop, got {truncate!r}")
+        self.truncate = truncate
+        self.long_trace_count = 0
         if selection not in self.SELECTIONS:
             raise ValueError(f"unknown pool selection {selection!r}; valid: {', '.join(self.SELECTIONS)}")
         files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
@@ -283,6 +288,10 @@ class OffPolicyPool:
         self.unmatched_prompt_ids: list[Any] = []
         for path in files:
             self._load_file(path)
+        if self.long_trace_count:
+            logger.warning("OffPolicyPool: %d extra trace(s) are longer than rollout.max_prefix_len=%s tokens; "
+                           "data.truncate_off_policy=%s %s", self.long_trace_count, self.max_trace_length, truncate,
+                           "keeps their first tokens" if truncate == "cut" else "leaves them out")
         if self.unmatched_trace_count:
             logger.warning(
                 "OffPolicyPool: %d extra trace(s) match no training prompt (ids e.g. %s); they are not used",
@@ -310,6 +319,9 @@ class OffPolicyPool:
             token_ids = self._row_token_ids(path, row, record, has_ids)
             logprobs = self._row_logprobs(path, row, record, len(token_ids)) if has_lps else None
             if self.max_trace_length is not None and len(token_ids) > self.max_trace_length:
+                self.long_trace_count += 1
+                if self.truncate == "drop":
+                    continue
                 token_ids = token_ids[: self.max_trace_length]
                 # The EOS log-prob belongs after the full trace, not after the truncated one.
                 logprobs = logprobs[: self.max_trace_length] if logprobs is not None else None

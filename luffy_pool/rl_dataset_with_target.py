@@ -4,11 +4,16 @@ On top of ``verl.utils.dataset.RLHFDataset`` (left-padded prompts, over-long pro
 tokenizes ``target[0]['content']`` without special tokens — minus a leading ``<think>\\n`` when the
 templated prompt already opens one — truncates it to ``max_target_length`` (``rollout.max_prefix_len``)
 and right-pads it with pad into ``tgt_input_ids``. The slot plan appends the EOS later.
+Traces longer than ``max_target_length`` are counted at load (one warning): ``truncate_off_policy=cut``
+keeps their first tokens (LUFFY; the answer at the end may be lost), ``drop`` gives that prompt no
+trace; each item says whether its trace was cut (``tgt_truncated``, summed into a per-step metric).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import logging
 
 import numpy as np
 import torch
@@ -18,7 +23,10 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, _is_list
 
 __all__ = ["RLHFDatasetWithTarget", "collate_fn"]
 
+logger = logging.getLogger(__name__)
+
 THINK_OPEN = "<think>\n"
+TRUNCATE_OFF_POLICY = ("cut", "drop")
 
 
 class RLHFDatasetWithTarget(RLHFDataset):
@@ -46,7 +54,11 @@ class RLHFDatasetWithTarget(RLHFDataset):
         target_probs_key: str = "target_ds_qwen_7b_probs",
         target_list_key: str = "target_lst",
         seed: int = 0,
+        truncate_off_policy: str = "cut",
     ):
+        if truncate_off_policy not in TRUNCATE_OFF_POLICY:
+            raise ValueError(f"data.truncate_off_policy must be one of {TRUNCATE_OFF_POLICY}, got {truncate_off_policy!r}")
+        self.truncate_off_policy = truncate_off_policy
         if max_target_length <= 0:
             raise ValueError(f"rollout.max_prefix_len (max_target_length) must be > 0, got {max_target_length}")
         if not 0.0 <= sample_target_ratio <= 1.0:
@@ -63,6 +75,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
             truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
         )
         self.has_target_probs = target_probs_key in self.dataframe.columns
+        self.long_target_items = self._find_long_targets()
 
     # -- load-time checks ----------------------------------------------------------------------
     def checked_columns(self) -> list[str]:
@@ -91,13 +104,44 @@ class RLHFDatasetWithTarget(RLHFDataset):
             return True
         return bool(np.random.default_rng([self.seed, item]).random() < self.sample_target_ratio)
 
-    def target_token_ids(self, item: int, target: Any) -> list[int]:
-        """Untruncated token ids of an item's target (``[]`` for a null or dropped target)."""
+    def _target_text(self, item: int, target: Any) -> str | None:
         if target is None or not self.keeps_target(item):
-            return []
+            return None
         content = target[0]["content"]
         if self._templated[item].endswith(THINK_OPEN) and content.startswith(THINK_OPEN):
             content = content[len(THINK_OPEN):]
+        return content
+
+    def _find_long_targets(self) -> frozenset:
+        """Items whose trace exceeds ``max_target_length`` tokens; logs one warning with the count.
+
+        Only texts of at least ``max_target_length`` UTF-8 bytes are tokenized (a token spans >= 1 byte).
+        """
+        limit = self.max_target_length
+        texts = [(i, self._target_text(i, r[self.target_key])) for i, r in enumerate(self._records)]
+        candidates = [(i, t) for i, t in texts if t is not None and len(t.encode("utf-8")) >= limit]
+        long_items, longest = [], 0
+        for start in range(0, len(candidates), 256):
+            chunk = candidates[start:start + 256]
+            ids = self.tokenizer([t for _, t in chunk], add_special_tokens=False)["input_ids"]
+            for (item, _), toks in zip(chunk, ids):
+                if len(toks) > limit:
+                    long_items.append(item)
+                    longest = max(longest, len(toks))
+        if long_items:
+            with_trace = sum(t is not None for _, t in texts)
+            action = ("keeps their first tokens (their final answer may be cut off)" if self.truncate_off_policy == "cut"
+                      else "drops them (those prompts train on-policy only)")
+            logger.warning("%d of %d off-policy traces (column %r) are longer than rollout.max_prefix_len=%d tokens "
+                           "(longest %d); data.truncate_off_policy=%s %s", len(long_items), with_trace,
+                           self.target_key, limit, longest, self.truncate_off_policy, action)
+        return frozenset(long_items)
+
+    def target_token_ids(self, item: int, target: Any) -> list[int]:
+        """Untruncated token ids of an item's target (``[]`` for a null, dropped or (``drop``) over-long target)."""
+        content = self._target_text(item, target)
+        if content is None or (self.truncate_off_policy == "drop" and item in self.long_target_items):
+            return []
         return list(self.tokenizer(content, add_special_tokens=False)["input_ids"])
 
     def _target_probs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
@@ -124,6 +168,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
         if kept:
             tgt[: len(kept)] = torch.tensor(kept, dtype=torch.long)
         row["tgt_input_ids"] = tgt
+        row["tgt_truncated"] = torch.tensor(len(ids) > len(kept))
         if self.has_target_probs:
             row["target_probs"] = self._target_probs(item, record[self.target_probs_key], len(ids), len(kept))
         return row

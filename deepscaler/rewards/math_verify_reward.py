@@ -14,6 +14,7 @@ from deepscaler.rewards.math_reward import grade_solution_rule, ground_truth_lis
 from deepscaler.rewards.math_utils import extract_choice_letter, is_choice_ground_truth, split_after_think
 from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
 from deepscaler.rewards.reward_types import ScoreResult
+from verl.utils.dataset.value_checks import is_non_finite
 
 GRADERS = ("math_verify", "rule", "any")
 # Math-verify's regexes run over the whole solution; a multi-megabyte "solution" is degenerate output,
@@ -54,7 +55,7 @@ def grade_solution(solution: str, ground_truth, grader: str = "math_verify") -> 
     if grader not in GRADERS:
         raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
     ground_truths = ground_truth_list(ground_truth)
-    if not ground_truths:
+    if not ground_truths or is_non_finite(ground_truths):  # NaN/inf reference: broken data, never a match
         return ScoreResult(0.0, False, parse_failed=True)
     if all(is_choice_ground_truth(gt) for gt in ground_truths):
         if extract_choice_letter(solution) is None:

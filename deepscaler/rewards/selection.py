@@ -15,6 +15,7 @@ from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_
 from deepscaler.rewards.math_utils import split_after_think
 from deepscaler.rewards.reward_types import ScoreResult
 from deepscaler.rewards.verl_scorers import gsm8k_score, math_dataset_score
+from verl.utils.dataset.value_checks import is_non_finite
 
 REWARD_IMPL_VERSIONS = (0, 1, 2, 3, 4)
 THINK_PREFIX = "<think>\n"
@@ -74,6 +75,8 @@ def score_response(data_source: str, solution_str: str, ground_truth, extra_info
                    reward_impl_version: int = 3, grader: str = "math_verify") -> ScoreResult:
     """Detailed form of ``compute_score``: the full ScoreResult for one raw response."""
     del extra_info  # part of verl's signature; no scorer needs it
+    if is_non_finite(ground_truth):  # a NaN/inf reference is broken data: \boxed{nan} must not match it
+        return ScoreResult(fail_success_values(reward_impl_version)[0], False, parse_failed=True)
     return select_score_fn(data_source, reward_impl_version, grader)(solution_str, ground_truth)
 
 
@@ -90,6 +93,8 @@ def grade(solution_str: str, ground_truth, grader: str = "math_verify", split_th
     is missing (LUFFY's eval flow for prompts ending in ``<think>\\n``); otherwise the whole string is
     graded. ``grader``: ``math_verify`` | ``rule`` | ``any``.
     """
+    if is_non_finite(ground_truth):
+        return False
     if split_think:
         solution = split_after_think(solution_str)
         if solution is None:

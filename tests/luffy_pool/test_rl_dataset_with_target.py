@@ -200,3 +200,69 @@ def test_collate_stacks_tensors_and_packs_the_rest(tokenizer, tiny_task_dir):
     assert batch["input_ids"].shape == (4, 256) and batch["tgt_input_ids"].shape == (4, 64)
     assert batch["reward_model"].dtype == object and batch["reward_model"].shape == (4,)
     assert batch["index"].tolist() == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------- issue 18: bad data fails loudly
+def _long_rows():
+    long_trace = "<think>\n" + "1 + 2 = 3. " * 30 + "\n</think>\nThe answer is \\boxed{3}."
+    return [_row(0), _row(1, target=long_trace), _row(2, target=long_trace), _row(3, target=None)]
+
+
+def test_long_traces_are_counted_at_load_with_one_warning_and_cut(tokenizer, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="luffy_pool.rl_dataset_with_target"):
+        ds = RLHFDatasetWithTarget(_write(tmp_path, _long_rows()), tokenizer, max_prompt_length=64, max_target_length=24)
+    warnings = [r.getMessage() for r in caplog.records if "longer than rollout.max_prefix_len" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("2 of 3 off-policy traces") and "truncate_off_policy=cut" in warnings[0]
+    assert ds.long_target_items == {1, 2}
+    assert [bool(ds[i]["tgt_truncated"]) for i in range(4)] == [False, True, True, False]
+    assert (ds[1]["tgt_input_ids"] != tokenizer.pad_token_id).sum() == 24
+    batch = collate_fn([ds[i] for i in range(4)])
+    assert int(batch["tgt_truncated"].sum()) == 2  # what the trainer logs as batch/off_policy_truncated
+
+
+def test_long_traces_dropped_leave_the_prompt_without_a_trace(tokenizer, tmp_path):
+    ds = RLHFDatasetWithTarget(_write(tmp_path, _long_rows()), tokenizer, max_prompt_length=64, max_target_length=24,
+                               truncate_off_policy="drop")
+    assert len(ds) == 4
+    assert (ds[1]["tgt_input_ids"] == tokenizer.pad_token_id).all() and not bool(ds[1]["tgt_truncated"])
+    assert (ds[0]["tgt_input_ids"] != tokenizer.pad_token_id).any()
+    with pytest.raises(ValueError, match="truncate_off_policy must be one of"):
+        RLHFDatasetWithTarget(_write(tmp_path, _long_rows()), tokenizer, max_target_length=24, truncate_off_policy="x")
+
+
+NAN_MSG = "ground_truth .* is NaN/infinite"
+
+
+# A float NaN inside the reward_model struct reads back from parquet as null: refused as missing.
+@pytest.mark.parametrize("gt,message", [(float("nan"), "missing 'ground_truth'"), (float("inf"), NAN_MSG), ("nan", NAN_MSG),
+                                        (" NaN ", NAN_MSG), ("inf", NAN_MSG), ("-Infinity", NAN_MSG),
+                                        (["3", "nan"], NAN_MSG)])
+def test_nan_or_inf_ground_truth_is_refused_at_load_naming_the_row(tokenizer, tmp_path, gt, message):
+    good = 3.0 if isinstance(gt, float) else (["3"] if isinstance(gt, list) else "3")  # one parquet type per column
+    rows = [_row(0, reward_model={"ground_truth": good, "style": "rule"}),
+            _row(1, reward_model={"ground_truth": gt, "style": "rule"})]
+    with pytest.raises(ValueError, match=r"train\.parquet: row 1: column 'reward_model': " + message):
+        RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=64, max_target_length=16)
+
+
+def test_latex_infinity_is_a_valid_ground_truth(tokenizer, tmp_path):
+    rows = [_row(0, reward_model={"ground_truth": "\\infty", "style": "rule"})]
+    assert len(RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=64, max_target_length=16)) == 1
+
+
+@pytest.mark.parametrize("question", ["", "   \n"])
+def test_empty_prompt_is_refused_with_its_own_message(tokenizer, tmp_path, question):
+    rows = [_row(0), _row(1, question=question)]
+    with pytest.raises(ValueError, match=r"train\.parquet: row 1: column 'prompt': the prompt is empty"):
+        RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=64, max_target_length=16)
+
+
+def test_zero_row_file_and_non_parquet_file_have_their_own_messages(tokenizer, tmp_path):
+    empty = _write(tmp_path, [_row(0)], name="empty.parquet")
+    pd.read_parquet(empty).iloc[:0].to_parquet(empty)
+    with pytest.raises(ValueError, match=r"empty\.parquet: the file has 0 rows"):
+        RLHFDatasetWithTarget(empty, tokenizer, max_target_length=16)
+    text = tmp_path / "notes.parquet"
+    text.write_text("not parquet at all\n")
+    with pytest.raises(ValueError, match=r"notes\.parquet: cannot read as parquet"):
+        RLHFDatasetWithTarget(str(text), tokenizer, max_target_length=16)

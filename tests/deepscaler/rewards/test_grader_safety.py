@@ -71,3 +71,16 @@ def test_guard_rejects_huge_results_but_keeps_moderate_ones():
     assert parse_answer("2^{1009}") is not None
     assert parse_answer("\\frac{100!}{2^{50}}") is not None
     assert parse_answer("(" * 40 + "1" + ")" * 40) is None
+
+
+# ---------------------------------------------------------------------- issue 18: NaN/inf references
+@pytest.mark.parametrize("gt", [float("nan"), "nan", "inf", "-inf", ["nan"]])
+@pytest.mark.parametrize("version", [0, 1, 3, 4])
+def test_nan_or_inf_ground_truth_is_never_graded_correct(gt, version):
+    from deepscaler.rewards.selection import fail_success_values, grade, score_response
+
+    text = "<think>\nx\n</think>\nThe answer is \\boxed{nan}." if version == 4 else "x\n</think>\nThe answer is \\boxed{nan}."
+    for answer in ("nan", "inf", "-inf"):
+        result = score_response("aime", text.replace("nan", answer), gt, reward_impl_version=version, grader="any")
+        assert not result.correct and result.score == fail_success_values(version)[0]
+        assert grade(f"\\boxed{{{answer}}}", gt, grader="any") is False

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from verl.utils.dataset.value_checks import is_non_finite, prompt_is_blank
 from verl.utils.torch_functional import compute_position_id_with_mask
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,17 @@ TRUNCATIONS = ("error", "left", "right")
 
 def _is_list(value: Any) -> bool:
     return isinstance(value, (list, tuple, np.ndarray))
+
+
+def read_parquet_named(path: str):
+    """``pandas.read_parquet`` whose errors (not parquet, invalid UTF-8, unreadable) name the file."""
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types; one line with the file is what helps
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: cannot read as parquet ({type(exc).__name__}: {first})") from None
 
 
 class RLHFDataset(Dataset):
@@ -70,7 +82,9 @@ class RLHFDataset(Dataset):
             path = os.fspath(path)
             if not os.path.exists(path):
                 raise FileNotFoundError(f"parquet file not found: {path}")
-            frame = pd.read_parquet(path)
+            frame = read_parquet_named(path)
+            if len(frame) == 0:
+                raise ValueError(f"{path}: the file has 0 rows (columns: {list(frame.columns)})")
             self._check_columns(path, frame)
             columns = [c for c in self.checked_columns() if c in frame.columns]
             for row, values in enumerate(zip(*(frame[c] for c in columns))):
@@ -123,9 +137,14 @@ class RLHFDataset(Dataset):
         for i, message in enumerate(prompt):
             if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
                 raise ValueError(f"{path}: row {row}: column {self.prompt_key!r}: message {i} must be a {{role: str, content: str}} dict, got {message!r:.80}")
+        if prompt_is_blank(prompt):
+            raise ValueError(f"{path}: row {row}: column {self.prompt_key!r}: the prompt is empty (every message's content is blank)")
         reward_model = record["reward_model"]
         if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
             raise ValueError(f"{path}: row {row}: column 'reward_model': missing 'ground_truth' (got {reward_model!r:.80})")
+        if is_non_finite(reward_model["ground_truth"]):
+            raise ValueError(f"{path}: row {row}: column 'reward_model': ground_truth {reward_model['ground_truth']!r} is "
+                             f"NaN/infinite (such a row would reward a response answering nan)")
         if not isinstance(record["data_source"], str):
             raise ValueError(f"{path}: row {row}: column 'data_source' must be a string, got {type(record['data_source']).__name__}")
 

@@ -1,0 +1,180 @@
+"""Pre-flight checks of a run's files, before any tokenizer, model or Ray worker is loaded.
+
+A run that cannot write its checkpoints, load its model or read its data should fail in its first
+second, not after initialisation, validation and a training step. ``preflight(config)`` checks the
+output folders (created and written to), the model and tokenizer folders (``config.json`` and
+tokenizer files; a bare hub name must be in the local cache or the hub reachable, so an offline
+machine fails at once instead of waiting on retries), and every data file (readable as parquet, the
+expected columns present, at least one row, no blank prompt, valid UTF-8). All problems are reported
+together, one line each naming the key, path, row and column; ``PreflightError`` is a ``ConfigError``
+so ``main_mix_ppo`` prints them like config errors (exit code 2).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Optional
+from urllib.parse import urlparse
+
+from luffy_pool.config_check import ConfigError
+from verl.utils.dataset.value_checks import prompt_is_blank
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+class PreflightError(ConfigError):
+    """One line per problem found before start-up."""
+
+
+def _files(value) -> list[str]:
+    if value is None:
+        return []
+    return [str(value)] if isinstance(value, (str, os.PathLike)) else [str(v) for v in value]
+
+
+# ---------------------------------------------------------------------- output folders
+def check_writable_dir(path: str, key: str) -> Optional[str]:
+    """Create ``path`` if needed and write/remove a probe file in it."""
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write_probe_{uuid.uuid4().hex[:8]}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        return f"{key}={path}: not writable ({exc.strerror or type(exc).__name__})"
+    return None
+
+
+# ---------------------------------------------------------------------- model folders
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep in name.replace("/", "")
+
+
+def _hub_reachable() -> bool:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "huggingface.co", port), timeout=HUB_PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an invalid repo id is simply not cached
+        return False
+
+
+def check_model_source(name: str, key: str, need_config: bool = True) -> Optional[str]:
+    """A local folder with config + tokenizer, or a hub name that is cached or can be downloaded now."""
+    path = os.path.expanduser(name)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"{key}={name}: is a file; expected a model folder (config.json and tokenizer files)"
+        present = set(os.listdir(path))
+        if need_config and "config.json" not in present:
+            return f"{key}={name}: the folder has no config.json (not a HuggingFace model folder)"
+        if not present.intersection(TOKENIZER_FILES):
+            return f"{key}={name}: the folder has no tokenizer ({' / '.join(TOKENIZER_FILES)})"
+        return None
+    if _looks_like_path(name):
+        return f"{key}={name}: the folder does not exist"
+    if _in_hub_cache(name):
+        return None
+    offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v, "").lower() in ("1", "true", "yes")]
+    if offline:
+        return f"{key}={name}: not a local folder and not in the HuggingFace cache, and {offline[0]} is set"
+    if not _hub_reachable():
+        return (f"{key}={name}: not a local folder, not in the HuggingFace cache, and "
+                f"{os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} is unreachable (offline?); download it "
+                f"first and pass the local folder")
+    return None
+
+
+# ---------------------------------------------------------------------- data files
+def check_parquet(path: str, key: str, columns: tuple[str, ...], prompt_key: Optional[str] = None) -> list[str]:
+    """Readable parquet with ``columns``, at least one row, and (with ``prompt_key``) no blank prompt."""
+    import pyarrow.parquet as pq
+
+    where = f"{key}: {path}"
+    if not os.path.exists(path):
+        return [f"{where}: file not found"]
+    if not os.path.isfile(path):
+        return [f"{where}: not a file"]
+    try:
+        meta = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors vary; the file and the gist are what help
+        return [f"{where}: not a readable parquet file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"]
+    names = meta.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        return [f"{where}: missing column {c!r} (columns: {names})" for c in missing]
+    if meta.metadata.num_rows == 0:
+        return [f"{where}: the file has 0 rows"]
+    if prompt_key is None:
+        return []
+    try:
+        column = meta.read(columns=[prompt_key]).column(prompt_key)
+    except Exception as exc:  # noqa: BLE001
+        return [f"{where}: column {prompt_key!r} cannot be read ({str(exc).strip().splitlines()[0]})"]
+    try:
+        prompts = column.to_pylist()
+    except Exception:  # noqa: BLE001 - find the row that fails (invalid UTF-8 and the like)
+        for row in range(len(column)):
+            try:
+                column[row].as_py()
+            except Exception as exc:  # noqa: BLE001
+                return [f"{where}: row {row}: column {prompt_key!r}: unreadable value ({type(exc).__name__}: {exc})"]
+        raise
+    problems = []
+    for row, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            blank = not prompt.strip()
+        elif isinstance(prompt, (list, tuple)):
+            blank = len(prompt) == 0 or prompt_is_blank(prompt)
+        else:
+            blank = prompt is None
+        if blank:
+            problems.append(f"{where}: row {row}: column {prompt_key!r}: the prompt is empty")
+            if len(problems) >= 5:
+                problems.append(f"{where}: (more empty prompts not listed)")
+                break
+    return problems
+
+
+# ---------------------------------------------------------------------- all of it
+def preflight(config) -> None:
+    """Raise ``PreflightError`` listing every problem with the run's folders and files."""
+    errors: list[str] = []
+    t, d = config.trainer, config.data
+    for key, value in (("trainer.default_local_dir", t.get("default_local_dir")),
+                       ("trainer.rollout_data_dir", t.get("rollout_data_dir"))):
+        if value:
+            errors.append(check_writable_dir(str(value), key))
+    cache = (config.get("reward", {}) or {}).get("orm", {}) or {}
+    if cache.get("enable") and cache.get("cache_path"):
+        errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(cache.cache_path))), "reward.orm.cache_path"))
+    model = str(config.actor_rollout_ref.model.path)
+    errors.append(check_model_source(model, "actor_rollout_ref.model.path"))
+    if d.get("tokenizer"):
+        errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))
+    prompt_key = d.get("prompt_key", "prompt")
+    base = (prompt_key, "data_source", "reward_model")
+    for path in _files(d.get("train_files")):
+        errors += check_parquet(path, "data.train_files", base + (d.get("target_key", "target"),), prompt_key)
+    for path in _files(d.get("val_files")):
+        errors += check_parquet(path, "data.val_files", base, prompt_key)
+    for path in _files(d.get("off_policy_files")):
+        errors += check_parquet(path, "data.off_policy_files", (d.get("off_policy_id_key", "index"), "trace"))
+    errors = [e for e in errors if e]
+    if errors:
+        raise PreflightError(errors)
