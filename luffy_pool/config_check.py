@@ -126,6 +126,7 @@ ENUMS = {
     "trainer.logger": SUPPORTED_BACKENDS,
 }
 ENUMS["data.truncate_off_policy"] = ("cut", "drop")  # issue 18: over-long off-policy traces
+ENUMS["reward.orm.on_failure"] = ("raise", "warn")  # issue 18: a dead judge
 # Values that exist in LUFFY but are not shipped: a specific explanation instead of the enum list.
 UNSUPPORTED_VALUES = {
     ("algorithm.adv_estimator", "gae"): "needs a critic (value model), which is not shipped; use grpo",
@@ -148,6 +149,7 @@ POSITIVE_INTS = (
 )
 POSITIVE_INTS += ("trainer.max_actor_ckpt_to_keep",)  # issue 18: checkpoint retention
 UNIT_INTERVAL = (
+    "reward.orm.max_failure_rate",  # issue 18
     "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",
     f"{_A}.optim.lr_warmup_steps_ratio", f"{_A}.optim.min_lr_ratio",
 )

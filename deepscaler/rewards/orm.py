@@ -6,7 +6,10 @@ off by default). The API key is read from the environment variable named in the 
 Requests are rate-limited (``requests_per_second``), time-limited (``timeout_s`` per call) and retried
 (``max_retries``, exponential backoff capped at 64 s on connection errors, timeouts, 429 and 5xx).
 Verdicts are cached in memory and, if ``cache_path`` is set, in a JSON-lines file keyed by a hash of
-(prompt version, model, problem, reference, response).
+(prompt version, model, problem, reference, response). A judge that fails (no verdict) for more than
+``max_failure_rate`` of a step's calls stops the step (``on_failure=raise``, the default; the remaining
+calls are skipped) or logs a warning every such step (``warn``), naming the endpoint and the last error:
+a dead judge must not silently turn every answer it was asked about into a 0.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import re
 import threading
@@ -29,6 +33,14 @@ MAX_RESPONSE_CHARS = 4000
 MAX_PROBLEM_CHARS = 4000
 DEFAULT_MAX_TOKENS = 512
 _VERDICT = re.compile(r"\[\[\s*(YES|NO)\s*\]\]", re.IGNORECASE)
+ON_FAILURE = ("raise", "warn")
+SKIPPED = "skipped: too many judge failures in this step"
+
+logger = logging.getLogger(__name__)
+
+
+class JudgeUnavailableError(RuntimeError):
+    """More judge calls failed in one step than ``reward.orm.max_failure_rate`` allows."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +57,10 @@ class OrmConfig:
     max_retries (3): retries after the first attempt on transient errors.
     requests_per_second (5): client-side rate limit across all threads.
     cache_path (None): JSON-lines verdict cache; None keeps the cache in memory only.
+    max_failure_rate (0.5): largest fraction of a step's judge calls that may fail (no verdict) before
+        ``on_failure`` acts.
+    on_failure ("raise"): ``raise`` stops training with the endpoint and the last error; ``warn`` logs
+        them every such step and scores those answers as the grader did.
     """
 
     enable: bool = False
@@ -55,6 +71,8 @@ class OrmConfig:
     max_retries: int = 3
     requests_per_second: float = 5.0
     cache_path: str | None = None
+    max_failure_rate: float = 0.5
+    on_failure: str = "raise"
 
     def __post_init__(self):
         if self.enable and (not self.base_url or not self.model):
@@ -65,6 +83,10 @@ class OrmConfig:
             raise ValueError(f"reward.orm.max_retries must be >= 0, got {self.max_retries}")
         if self.requests_per_second <= 0:
             raise ValueError(f"reward.orm.requests_per_second must be > 0, got {self.requests_per_second}")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise ValueError(f"reward.orm.max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"reward.orm.on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +224,7 @@ class OrmJudge:
                 completion = self._client.chat.completions.create(
                     model=self.config.model, messages=messages, temperature=0.0, max_tokens=self.max_tokens)
             except transient as exc:
-                last_error = f"{type(exc).__name__}"
+                last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                 if attempt < self.config.max_retries:
                     time.sleep(min(2.0**attempt, 64.0))
                 continue
@@ -215,10 +237,42 @@ class OrmJudge:
             return JudgeResult(verdict, reply=reply, error=None if verdict is not None else "no verdict in reply")
         return JudgeResult(None, error=last_error)
 
-    def judge_many(self, triples: Sequence[tuple[str, str, str]]) -> list[JudgeResult]:
-        """Judge (problem, reference, response) triples concurrently within the rate limit."""
+    def judge_many(self, triples: Sequence[tuple[str, str, str]], abort_after: int | None = None) -> list[JudgeResult]:
+        """Judge (problem, reference, response) triples concurrently within the rate limit.
+
+        ``abort_after``: once more calls than this have failed, the calls not yet started are skipped
+        (their result carries ``error=SKIPPED``), so a dead endpoint costs seconds, not minutes.
+        """
         if not triples:
             return []
+        failures = [0]
+        lock = threading.Lock()
+
+        def one(triple):
+            if abort_after is not None and failures[0] > abort_after:
+                return JudgeResult(None, error=SKIPPED)
+            result = self.judge(*triple)
+            if result.verdict is None:
+                with lock:
+                    failures[0] += 1
+            return result
+
         threads = max(1, min(16, int(self.config.requests_per_second)))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="orm") as ex:
-            return list(ex.map(lambda t: self.judge(*t), triples))
+            return list(ex.map(one, triples))
+
+    def check_failures(self, judgments: Sequence[JudgeResult]) -> float:
+        """The step's failure rate; past ``max_failure_rate`` raise or warn (``on_failure``)."""
+        if not judgments:
+            return 0.0
+        failed = [j for j in judgments if j.verdict is None]
+        rate = len(failed) / len(judgments)
+        if rate > self.config.max_failure_rate:
+            errors = [j.error for j in failed if j.error and j.error != SKIPPED]
+            msg = (f"reward.orm: {len(failed)} of {len(judgments)} judge calls failed this step (more than "
+                   f"max_failure_rate={self.config.max_failure_rate}); endpoint {self.config.base_url}, model "
+                   f"{self.config.model}; last error: {errors[-1] if errors else 'none recorded'}")
+            if self.config.on_failure == "raise":
+                raise JudgeUnavailableError(msg + " (reward.orm.on_failure=warn continues with the grader's scores)")
+            logger.warning(msg)
+        return rate

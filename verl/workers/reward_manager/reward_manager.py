@@ -103,8 +103,8 @@ class RewardManager:
         format_reward.enable (False), format_reward.weight (0.0), format_reward.mode (multiply):
             see ``FormatRewardConfig``.
         orm.enable (False), orm.base_url (null), orm.model (null), orm.api_key_env (OPENAI_API_KEY),
-        orm.timeout_s (30), orm.max_retries (3), orm.requests_per_second (5), orm.cache_path (null):
-            see ``OrmConfig``.
+        orm.timeout_s (30), orm.max_retries (3), orm.requests_per_second (5), orm.cache_path (null),
+        orm.max_failure_rate (0.5), orm.on_failure (raise): see ``OrmConfig``.
         """
         cfg = _plain(reward_cfg)
         _check_keys(cfg, REWARD_CONFIG_KEYS, "reward")
@@ -154,7 +154,10 @@ class RewardManager:
             solution = split_after_think(graded_text(text, self.reward_impl_version)) or text
             triples.append((str(problem or ""), str(ground_truth), solution))
         start = time.perf_counter()
-        judgments = self.judge.judge_many(triples)
+        cfg = self.judge.config
+        abort_after = int(cfg.max_failure_rate * len(triples)) if cfg.on_failure == "raise" else None
+        judgments = self.judge.judge_many(triples, abort_after=abort_after)
+        metrics["reward/orm_fail_rate"] = self.judge.check_failures(judgments)  # raises or warns past the limit
         results = list(results)
         yes = 0
         for i, judgment in zip(todo, judgments):

@@ -125,3 +125,67 @@ def test_custom_compute_score_cannot_be_combined_with_the_judge(tokenizer):
     orm = {"enable": True, "base_url": "http://127.0.0.1:9/v1", "model": "judge"}
     with pytest.raises(ValueError, match="compute_score"):
         RewardManager(tokenizer, num_workers=0, orm=orm, compute_score=lambda *a: 0.0)
+
+
+# ---------------------------------------------------------------------- issue 18: a dead judge is loud
+class _DeadCompletions:
+    """An endpoint that refuses every connection."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def create(self, **kwargs):
+        import httpx
+        import openai
+
+        self.calls += 1
+        raise openai.APIConnectionError(request=httpx.Request("POST", "http://10.9.9.9:8000/v1/chat/completions"))
+
+
+def _dead_judge_manager(tokenizer, **orm):
+    manager = RewardManager(tokenizer, reward_impl_version=1, num_workers=0)
+    config = OrmConfig(enable=True, base_url="http://10.9.9.9:8000/v1", model="judge", requests_per_second=1000,
+                       max_retries=0, **orm)
+    completions = _DeadCompletions()
+    manager.judge = OrmJudge(config, client=types.SimpleNamespace(chat=types.SimpleNamespace(completions=completions)))
+    return manager, completions
+
+
+def test_dead_judge_raises_naming_endpoint_and_last_error(tokenizer):
+    from deepscaler.rewards.orm import JudgeUnavailableError
+
+    data = make_batch(tokenizer, ["What is 12 + 30?"] * 40, [WRONG] * 40, ["42"] * 40)
+    manager, completions = _dead_judge_manager(tokenizer)
+    with manager, pytest.raises(JudgeUnavailableError) as err:
+        manager(data)
+    msg = str(err.value)
+    assert "judge calls failed this step (more than max_failure_rate=0.5)" in msg and "\n" not in msg
+    assert "endpoint http://10.9.9.9:8000/v1" in msg and "last error: APIConnectionError: Connection error." in msg
+    assert completions.calls < 40, "calls after the limit was passed are skipped"
+
+
+def test_dead_judge_in_warn_mode_logs_every_step_and_keeps_grader_scores(tokenizer, caplog):
+    data = make_batch(tokenizer, ["What is 12 + 30?"] * 4, [RIGHT, WRONG, WRONG, WRONG], ["42"] * 4)
+    manager, _ = _dead_judge_manager(tokenizer, on_failure="warn")
+    with manager, caplog.at_level("WARNING", logger="deepscaler.rewards.orm"):
+        for _ in range(2):
+            scores, metrics = manager(data)
+    warnings = [r.getMessage() for r in caplog.records if "judge calls failed" in r.getMessage()]
+    assert len(warnings) == 2 and "3 of 3" in warnings[0] and "endpoint http://10.9.9.9:8000/v1" in warnings[0]
+    assert metrics["reward/orm_fail_rate"] == 1.0 and metrics["reward/orm_fail_count"] == 3.0
+    assert scores.sum(-1).tolist() == [1.0, -0.5, -0.5, -0.5]  # v1 values: the grader's verdicts stand
+
+
+def test_judge_failures_within_the_rate_pass_quietly(tokenizer, caplog):
+    manager, _ = _dead_judge_manager(tokenizer, max_failure_rate=1.0)
+    data = make_batch(tokenizer, ["What is 12 + 30?"] * 2, [WRONG, WRONG], ["42"] * 2)
+    with manager, caplog.at_level("WARNING"):
+        _, metrics = manager(data)
+    assert metrics["reward/orm_fail_rate"] == 1.0 and "judge calls failed" not in caplog.text
+
+
+def test_failure_policy_keys_are_validated():
+    with pytest.raises(ValueError, match="reward.orm.on_failure must be one of"):
+        OrmConfig(on_failure="ignore")
+    with pytest.raises(ValueError, match=r"reward.orm.max_failure_rate must be in \[0, 1\]"):
+        OrmConfig(max_failure_rate=2.0)
