@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
+import json
 import os
 import sys
 from typing import Optional, Sequence
@@ -20,7 +21,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from verl.utils.data_format import DataFormatError, iter_jsonl, run_cli
+from verl.utils.data_format import DataFormatError, run_cli
 from eval_scripts.metrics import summarize
 
 # (column, data_source names that map to it); the first name is the one in LUFFY's parquets.
@@ -60,14 +61,58 @@ def find_outputs(paths: Sequence[str]) -> list[str]:
     return files
 
 
+_TRUE, _FALSE = ("true", "True"), ("false", "False")
+MAX_REPORTED_ROWS = 10
+
+
+def parse_correct(value) -> bool:
+    """A graded sample's ``correct``: JSON true/false, 0/1, or the strings "true"/"false"; nothing else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip() in _TRUE + _FALSE:
+        return value.strip() in _TRUE
+    raise ValueError(f"expected true/false, got {value!r:.40}")
+
+
+def read_graded(path: str) -> list[dict]:
+    """The graded samples of one jsonl output; every malformed line is reported (by line), then raised."""
+    records, problems = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                problems.append(f"line {line_no}: invalid JSON ({err.msg})")
+                continue
+            if not isinstance(rec, dict):
+                problems.append(f"line {line_no}: expected a JSON object, got {type(rec).__name__}")
+                continue
+            missing = [c for c in ("data_source", "correct") if c not in rec]
+            if missing:
+                problems.append(f"line {line_no}: missing column {missing[0]!r} (is this a graded generate_vllm.py output?)")
+                continue
+            if not isinstance(rec["data_source"], str) or not rec["data_source"]:
+                problems.append(f"line {line_no}: column 'data_source': expected a name, got {rec['data_source']!r:.40}")
+                continue
+            try:
+                rec["correct"] = parse_correct(rec["correct"])
+            except ValueError as exc:
+                problems.append(f"line {line_no}: column 'correct': {exc}")
+                continue
+            records.append(rec)
+    if problems:
+        more = f"; ... ({len(problems) - MAX_REPORTED_ROWS} more)" if len(problems) > MAX_REPORTED_ROWS else ""
+        raise DataFormatError(path, f"{len(problems)} malformed row(s): " + "; ".join(problems[:MAX_REPORTED_ROWS]) + more)
+    return records
+
+
 def load_scores(path: str, metric: str) -> dict[str, Optional[float]]:
     """Per table column: the metric of one output file (``avg`` or ``pass@k``), as a fraction."""
-    records = []
-    for row, rec in enumerate(iter_jsonl(path)):
-        for col in ("data_source", "correct"):
-            if col not in rec:
-                raise DataFormatError(path, "missing column (is this a graded generate_vllm.py output?)", row, col)
-        records.append(rec)
+    records = read_graded(path)
     if not records:
         raise DataFormatError(path, "no graded samples")
     scores: dict[str, Optional[float]] = {}

@@ -53,7 +53,7 @@ def test_pass_at_k_metric_and_all_six_benchmarks(tmp_path):
 def test_a_file_that_is_not_a_graded_output_names_the_missing_column(tmp_path):
     path = tmp_path / "luffy_style.jsonl"
     path.write_text(json.dumps({"prompt": "p", "generated_text": "g", "correctness": True}) + "\n")
-    with pytest.raises(DataFormatError, match=r"row 0, column 'data_source': missing column"):
+    with pytest.raises(DataFormatError, match=r"1 malformed row\(s\): line 1: missing column 'data_source'"):
         collect_results.load_scores(str(path), "avg")
 
 
@@ -63,3 +63,27 @@ def test_same_file_names_in_different_folders_get_distinct_labels(tmp_path):
         _write(tmp_path / d / "eval.jsonl", {"aime": [1]})
     files = collect_results.find_outputs([str(tmp_path / "run_a"), str(tmp_path / "run_b" / "eval.jsonl")])
     assert collect_results._labels(files) == ["run_a/eval", "run_b/eval"]
+
+
+# ---------------------------------------------------------------------- issue 18: strict rows
+def test_correct_is_parsed_strictly_so_false_strings_are_not_counted(tmp_path):
+    path = tmp_path / "strings.jsonl"
+    flags = ["false", "False", False, 0, "true", True, 1, "True"]
+    path.write_text("".join(json.dumps({"data_source": "aime", "index": i, "correct": v}) + "\n"
+                            for i, v in enumerate(flags)))
+    assert collect_results.load_scores(str(path), "avg") == {"AIME24": 0.5}
+
+
+def test_malformed_rows_are_all_reported_by_line(tmp_path):
+    rows = [{"data_source": "aime", "index": 0, "correct": True}, {"data_source": None, "index": 1, "correct": True},
+            {"data_source": "aime", "index": 2, "correct": "maybe"}, {"data_source": "aime", "index": 3, "correct": None},
+            {"data_source": "aime", "index": 4, "correct": 0.5}]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{torn\n")
+    with pytest.raises(DataFormatError) as err:
+        collect_results.load_scores(str(path), "avg")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: 5 malformed row(s): line 2: column 'data_source': expected a name")
+    for fragment in ("line 3: column 'correct': expected true/false, got 'maybe'", "line 4: column 'correct'",
+                     "line 5: column 'correct': expected true/false, got 0.5", "line 6: invalid JSON"):
+        assert fragment in msg
