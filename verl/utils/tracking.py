@@ -5,7 +5,8 @@ Backends (``trainer.logger``): ``console`` (one compact line per step), ``jsonl`
 record of a step that was logged twice around a crash, see ``read_metrics_jsonl``), ``wandb`` (runs
 under ``<log_dir>/wandb``; ``WANDB_MODE=offline`` works without network) and ``tensorboard`` (event
 files under ``<log_dir>/tensorboard`` or ``$TENSORBOARD_DIR``). Secrets (API keys) are never part of
-the logged config: keys whose name contains ``api_key``/``token``/``secret`` are masked.
+the logged config: string fields named like a secret (``api_key``, ``hf_token``, ``password``) and values
+equal to a key/token environment variable are masked; ordinary keys (``ppo_max_token_len_per_gpu``) are not.
 """
 from __future__ import annotations
 
@@ -13,21 +14,50 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 from typing import Any, Optional
 
-_SECRET_WORDS = ("api_key", "apikey", "token", "secret", "password")
+# A field is secret when its name ends with one of these word sequences (``hf_token``, ``openai_api_key``,
+# ``client_secret``), never because a word appears inside it (``ppo_max_token_len_per_gpu`` is a count).
+_SECRET_ENDINGS = (("api", "key"), ("apikey",), ("secret", "key"), ("access", "key"), ("private", "key"), ("token",),
+                   ("secret",), ("password",), ("passwd",))
+_SECRET_ENV_WORDS = {"key", "token", "secret", "password", "passwd", "apikey"}
+_MIN_SECRET_LEN = 8
 SUPPORTED_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 METRICS_FILE = "metrics.jsonl"
 
 
-def mask_secrets(obj):
-    """Copy of a nested dict/list with secret-looking values replaced by '***'."""
+def _words(name: str) -> tuple[str, ...]:
+    """``openaiApiKey`` / ``OPENAI_API_KEY`` / ``openai-api.key`` -> ('openai', 'api', 'key')."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))
+    return tuple(w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w)
+
+
+def is_secret_name(name: str) -> bool:
+    words = _words(name)
+    return any(words[-len(end):] == end for end in _SECRET_ENDINGS if len(words) >= len(end))
+
+
+def _env_secret_values() -> set[str]:
+    """Values of environment variables named like keys/tokens (OPENAI_API_KEY, HF_TOKEN, WANDB_API_KEY ...)."""
+    return {v for k, v in os.environ.items()
+            if len(v) >= _MIN_SECRET_LEN and _SECRET_ENV_WORDS.intersection(_words(k))}
+
+
+def mask_secrets(obj, _env_values: Optional[set] = None):
+    """Copy of a nested dict/list with secrets replaced by '***': string values of fields named like a
+    secret (``api_key``, ``hf_token``, ``password`` ...) and any value equal to a key/token environment
+    variable's value. Numbers and ordinary keys (``ppo_max_token_len_per_gpu``) are left alone."""
+    env_values = _env_secret_values() if _env_values is None else _env_values
     if isinstance(obj, dict):
-        return {k: ("***" if any(w in str(k).lower() for w in _SECRET_WORDS) and v else mask_secrets(v)) for k, v in obj.items()}
+        return {k: ("***" if isinstance(v, str) and v and is_secret_name(k) else mask_secrets(v, env_values))
+                for k, v in obj.items()}
     if isinstance(obj, list):
-        return [mask_secrets(v) for v in obj]
+        return [mask_secrets(v, env_values) for v in obj]
+    if isinstance(obj, str) and obj in env_values:
+        return "***"
     return obj
 
 

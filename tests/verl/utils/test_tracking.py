@@ -26,6 +26,22 @@ def test_secrets_are_masked():
     assert mask_secrets(cfg) == {"reward": {"orm": {"api_key": "***", "model": "m"}}, "token_budget": None}
 
 
+def test_only_secrets_are_masked(monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-0123456789")
+    monkeypatch.setenv("MAX_TOKENS", "12345678")  # a count named with TOKENS is not a secret
+    cfg = {"actor": {"ppo_max_token_len_per_gpu": 16384, "ppo_micro_batch_size": 2},
+           "rollout": {"max_num_batched_tokens": 8192, "max_token_budget_label": "long-text"},
+           "reward": {"orm": {"api_key_env": "OPENAI_API_KEY", "base_url": "http://h/v1", "openaiApiKey": "sk-abcdef1234"}},
+           "trainer": {"hf_token": "hf_abcdef1234", "client_secret": "s3cr3t-value", "password": "hunter22",
+                       "experiment_name": "tok-0123456789", "tags": ["tok-0123456789", "x"], "seed": 12345678,
+                       "tokenizer": "/models/qwen"}}
+    out = mask_secrets(cfg)
+    assert out["actor"] == cfg["actor"] and out["rollout"] == cfg["rollout"]
+    assert out["reward"]["orm"] == {"api_key_env": "OPENAI_API_KEY", "base_url": "http://h/v1", "openaiApiKey": "***"}
+    assert out["trainer"] == {"hf_token": "***", "client_secret": "***", "password": "***", "experiment_name": "***",
+                              "tags": ["***", "x"], "seed": 12345678, "tokenizer": "/models/qwen"}
+
+
 def test_jsonl_keeps_tensors_as_scalars_and_lists_and_reader_keeps_last_record(tmp_path):
     import numpy as np
     import torch
