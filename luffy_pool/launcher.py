@@ -151,6 +151,9 @@ def build_trainer(config: DictConfig):
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import RewardManager
 
+    from verl.utils.logging_setup import setup_logging
+
+    setup_logging()
     preflight(config)  # folders, model and data files: one line per problem before anything loads
     device = resolve_driver_device(config)
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)

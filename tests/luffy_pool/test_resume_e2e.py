@@ -9,7 +9,8 @@ ranks -> fit) on an 8-prompt task with 4 prompts per step, so an epoch is 2 step
 3. resume from step 4 -> trains 5, 6.
 
 It must end with the same per-step prompts and (fp32, same world size) the same weights as an
-uninterrupted run. A 2-rank checkpoint is also resumed on 1 rank.
+uninterrupted run. A 2-rank checkpoint is also resumed on 1 rank. A run sent SIGTERM in the middle of
+step 3 finishes and saves that step, releases Ray and exits 143; its resume matches the same run.
 """
 from __future__ import annotations
 
@@ -35,11 +36,15 @@ STEPS = 6
 
 # ---------------------------------------------------------------------- the driver (child process)
 def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_after_resume: bool = False,
-          hang_in_step: int = -1) -> None:
-    """Run ``fit`` like ``main_mix_ppo`` does, with step markers the parent can kill on."""
+          hang_in_step: int = -1, signal_in_step: int = -1) -> None:
+    """Run ``fit`` like ``main_mix_ppo`` does, with step markers the parent can kill on.
+
+    ``signal_in_step``: that step waits until the parent's stop signal has arrived, then runs; the run
+    ends through ``fit_and_close`` like ``run_ppo`` (exit code 128 + signal).
+    """
     from omegaconf import OmegaConf
 
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.launcher import build_trainer, fit_and_close
 
     trainer, close = build_trainer(OmegaConf.load(config_path))
     ckpt = trainer.checkpointer
@@ -50,6 +55,10 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
         print(f"STEP_START {trainer.global_steps}", flush=True)
         if trainer.global_steps == hang_in_step:  # the step has begun (its data drawn); the parent kills us here
             time.sleep(3600)
+        if trainer.global_steps == signal_in_step:
+            deadline = time.monotonic() + 600
+            while not trainer.stop.requested and time.monotonic() < deadline:
+                time.sleep(0.1)
         return real_step(batch_dict, timing)
 
     def save(local_path, global_step=None, **kw):
@@ -67,6 +76,10 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
         return step_no
 
     trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume = step, save, resume
+    if signal_in_step > 0:
+        fit_and_close(trainer, close)  # raises SystemExit(128 + signal) after the stop
+        print("DRIVER_DONE", flush=True)
+        return
     try:
         trainer.fit()
         trainer.wg.save_hf_model(os.path.join(result_dir, "final_hf"))
@@ -247,3 +260,49 @@ def test_two_rank_checkpoint_resumes_on_one_rank(runs):
     assert _max_diff(_hf_weights(runs["root"] / "one_result" / "after_resume_hf"), _hf_weights(merged)) <= 1e-7
     assert read_data_order(str(runs["root"] / "one_rank"))[5] == read_data_order(str(runs["ref"]))[5]
     assert layout.read_tracker(str(runs["root"] / "one_rank")) == 5
+
+
+# ---------------------------------------------------------------------- SIGTERM
+@pytest.fixture(scope="module")
+def sigterm_run(runs, tiny_model_dir, compose_config, luffy_overrides):
+    root = runs["root"]
+    cfg = _config(compose_config, luffy_overrides, tiny_model_dir, str(root / "task"), str(root / "term"),
+                  root / "term.yaml")
+    first = Driver(cfg, str(root / "term_result1"), str(root / "term1.log"), signal_in_step=3)
+    try:
+        first.wait_for("STEP_START 3")
+        ray_procs = _descendants(first.proc.pid)
+        first.proc.send_signal(signal.SIGTERM)
+        for line in first.proc.stdout:
+            first.log.write(line)
+        rc = first.proc.wait(timeout=600)
+        first.log.close()
+        deadline = time.monotonic() + 60
+        alive = ray_procs
+        while alive and time.monotonic() < deadline:
+            time.sleep(1)
+            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
+        out = {"rc": rc, "tracker": layout.read_tracker(str(root / "term")), "left_alive": len(alive),
+               "published": [s for s, _ in layout.list_step_dirs(str(root / "term"))]}
+    finally:
+        if first.proc.poll() is None:
+            first.kill()
+    second = Driver(cfg, str(root / "term_result2"), str(root / "term2.log"))
+    second.finish()
+    return out
+
+
+def test_sigterm_mid_step_saves_that_step_releases_ray_and_exits_143(sigterm_run, runs):
+    assert sigterm_run["rc"] == 143, f"see {runs['root'] / 'term1.log'}"
+    assert sigterm_run["tracker"] == 3 and sigterm_run["published"] == [2, 3]
+    assert sigterm_run["left_alive"] == 0, "the Ray processes of the stopped driver must exit with it"
+    log = open(runs["root"] / "term1.log").read()
+    assert "received SIGTERM" in log and "STEP_START 4" not in log and "Traceback" not in log
+
+
+def test_resume_after_sigterm_matches_an_uninterrupted_run(sigterm_run, runs):
+    log = open(runs["root"] / "term2.log").read()
+    assert "RESUMED_AT 3" in log and "STEP_START 3" not in log
+    assert read_data_order(str(runs["root"] / "term")) == read_data_order(str(runs["ref"]))
+    ref_w = _hf_weights(runs["root"] / "ref_result" / "final_hf")
+    assert _max_diff(ref_w, _hf_weights(runs["root"] / "term_result2" / "final_hf")) <= 1e-6

@@ -53,11 +53,13 @@ def _gather_packed(items: list[tuple[str, torch.Tensor]], mesh, dtype: Optional[
         padded[: local.shape[0]] = local
         pieces.append(padded.reshape(-1))
         layouts.append((name, tuple(tensor.shape), chunk, per_row))
-    from torch.distributed._functional_collectives import all_gather_tensor
+    import torch.distributed._functional_collectives as funcol
 
+    # all_gather_single replaced all_gather_tensor (deprecated, warned on every call); older torch has only the latter.
+    all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
     send = torch.cat(pieces)
     # The functional collective DTensor.full_tensor uses too (same group registry, same wait semantics).
-    recv = all_gather_tensor(send, gather_dim=0, group=group)
+    recv = all_gather(send, gather_dim=0, group=group)
     if hasattr(recv, "wait"):
         recv = recv.wait()
     per_rank = recv.view(world, -1)

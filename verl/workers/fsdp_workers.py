@@ -52,6 +52,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
 
     def __init__(self, config: DictConfig, role: str, device: str = "auto"):
         super().__init__()
+        from verl.utils.logging_setup import setup_logging
+
+        setup_logging()  # third-party noise off in this worker's console output
         self.config = config
         self.role = role
         self.device = resolve_device(device)

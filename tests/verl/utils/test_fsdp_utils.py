@@ -2,6 +2,7 @@
 import os
 import socket
 import time
+import warnings
 
 import pytest
 import torch
@@ -208,13 +209,16 @@ def _packed_gather_job(rank, world, port, out_dir):
     expected = list(fsdp_utils.iter_full_params(model))
     results = {}
     for bucket_bytes, dtype in ((1 << 30, None), (3000, None), (1 << 30, "bfloat16")):
-        buckets = list(iter_full_param_buckets(model, dtype, bucket_bytes))
+        with warnings.catch_warnings(record=True) as caught:  # the console must not repeat a deprecation per sync
+            warnings.simplefilter("always")
+            buckets = list(iter_full_param_buckets(model, dtype, bucket_bytes))
         got = [item for b in buckets for item in b]
         want = expected if dtype is None else [(n, t.to(torch.bfloat16)) for n, t in expected]
         results[(bucket_bytes, dtype)] = {
             "names_equal": [n for n, _ in got] == [n for n, _ in want],
             "all_equal": all(torch.equal(a, b) and a.dtype == b.dtype for (_, a), (_, b) in zip(got, want)),
             "buckets": len(buckets),
+            "deprecations": [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))],
         }
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -226,5 +230,6 @@ def test_packed_bucket_gather_equals_per_tensor_full_tensor(tmp_path):
         results = torch.load(os.path.join(tmp_path, f"rank{rank}.pt"))
         for key, r in results.items():
             assert r["names_equal"] and r["all_equal"], (rank, key)
+            assert r["deprecations"] == [], (rank, key, r["deprecations"])
         assert results[(1 << 30, None)]["buckets"] == 1  # the whole model in one collective
         assert results[(3000, None)]["buckets"] > 3

@@ -145,6 +145,9 @@ class VLLMRollout(BaseRollout):
     def _build_engine(self):
         from vllm import LLM
 
+        from verl.utils.logging_setup import setup_logging
+
+        setup_logging()  # after vLLM configured its loggers: drops its per-sync "reset prefix cache" line
         with _protect_process_state():
             return LLM(**self.engine_kwargs)
 

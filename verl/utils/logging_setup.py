@@ -1,0 +1,53 @@
+"""Console hygiene: one metrics line per step plus the warnings that matter.
+
+Third-party libraries repeat lines that carry no information for a training run: vLLM logs
+"reset prefix cache" at INFO on every weight sync, vLLM's kernel dispatcher touches the deprecated
+``torch.distributed.reduce_op`` and warns each time. ``setup_logging()`` drops exactly those (named
+here, matched by message) on the driver and in every worker; anything else, including all warnings
+of this project, stays visible. It is idempotent and cheap, so each process entry point calls it.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+# (logger name, message regex): log records dropped wherever they are logged.
+NOISY_RECORDS = (
+    ("vllm.v1.core.block_pool", r"reset prefix cache"),
+    ("vllm", r"reset(ting)? prefix cache"),
+)
+# (category, message regex): Python warnings that third-party code raises on every call.
+NOISY_WARNINGS = (
+    (FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated"),
+)
+
+
+class DropMatching(logging.Filter):
+    """Rejects records whose message matches ``pattern`` (case-insensitive)."""
+
+    def __init__(self, pattern: str):
+        super().__init__()
+        self.regex = re.compile(pattern, re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return not self.regex.search(record.getMessage())
+        except Exception:  # noqa: BLE001 - a record that cannot format is not ours to drop
+            return True
+
+
+def _attach(target, pattern: str) -> None:
+    if not any(isinstance(f, DropMatching) and f.regex.pattern == pattern for f in target.filters):
+        target.addFilter(DropMatching(pattern))
+
+
+def setup_logging() -> None:
+    """Install the filters (logger filters for records of that logger, handler filters for its children)."""
+    for name, pattern in NOISY_RECORDS:
+        logger = logging.getLogger(name)
+        _attach(logger, pattern)
+        for handler in logger.handlers:
+            _attach(handler, pattern)
+    for category, pattern in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
