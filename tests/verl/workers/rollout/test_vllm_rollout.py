@@ -165,6 +165,19 @@ def test_safetensors_bytes_transport_for_out_of_process_workers_gives_the_same_w
     assert torch.allclose(engine_sequence_logprobs(rollout, long_sequence), expected, atol=1e-5)
 
 
+def test_a_weight_push_prints_no_reset_prefix_cache_line(engine, reference, capfd):
+    import logging
+
+    rollout, _ = engine
+    capfd.readouterr()
+    push(rollout, reference)
+    printed = capfd.readouterr()
+    assert "reset prefix cache" not in (printed.out + printed.err).lower()
+    # vLLM still logs it (at INFO, every sync): it is our filter that drops it
+    assert any(f.regex.search("Successfully reset prefix cache")
+               for f in logging.getLogger("vllm.v1.core.block_pool").filters)
+
+
 def test_an_incomplete_push_is_an_error(engine, reference):
     rollout, _ = engine
     rollout.update_weights([(k, v) for k, v in reference.state_dict().items() if k != "model.norm.weight"])
