@@ -201,8 +201,12 @@ def fit_and_close(trainer, close) -> dict:
     """``trainer.fit()``, then release Ray/trackers; stopped by SIGTERM/SIGINT -> SystemExit(128 + signal)."""
     try:
         metrics = trainer.fit()
-    except BaseException:
+    except BaseException as exc:
         # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
+        from luffy_pool.checkpointing import CheckpointUnusableError
+
+        if isinstance(exc, CheckpointUnusableError):
+            raise  # its message already names every checkpoint tried and its bad file
         last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
         logger.error("training failed in step %d; last good checkpoint: %s%s", trainer.global_steps, last or "none",
                      " (trainer.resume_mode=auto continues from it)" if last else "")

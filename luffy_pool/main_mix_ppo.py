@@ -38,6 +38,13 @@ def hydra_main(config: DictConfig) -> None:
         run(config)
     except ConfigError as exc:
         exit_with_config_error(exc)
+    except Exception as exc:
+        from luffy_pool.checkpointing import CheckpointUnusableError  # torch is loaded by now
+
+        if not isinstance(exc, CheckpointUnusableError):
+            raise
+        print(f"Checkpoint error: {exc}", file=sys.stderr, flush=True)  # one line naming the bad file
+        sys.exit(1)
 
 
 def exit_with_config_error(exc: ConfigError) -> None:

@@ -163,3 +163,14 @@ def test_main_with_a_config_validates_before_importing_the_launcher():
         cfg = compose("mix_ppo_trainer", overrides=PATHS + ["trainer.n_gpus_per_node=3"])
     with pytest.raises(ConfigError, match="do not split evenly over world size 3"):
         main(cfg)
+
+
+def test_preflight_problems_exit_2_with_one_line_each_before_any_model_loads(tmp_path):
+    proc = trainer(*PATHS, f"trainer.default_local_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}",
+                   "trainer.device=cpu")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Config error: ")]
+    assert errors == ["Config error: actor_rollout_ref.model.path=/m: the folder does not exist",
+                      "Config error: data.train_files: /d/train.parquet: file not found",
+                      "Config error: data.val_files: /d/valid.parquet: file not found"]
+    assert "Traceback" not in proc.stderr and "Repo id" not in proc.stderr
