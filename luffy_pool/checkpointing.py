@@ -106,10 +106,13 @@ class TrainerCheckpointer:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
-        trainer.wg.save_checkpoint(os.path.join(tmp, layout.ACTOR_DIR), global_step=step, max_ckpt_to_keep=None,
-                                   save_hf=self.save_hf_on_save)
+        per_rank = trainer.wg.save_checkpoint(os.path.join(tmp, layout.ACTOR_DIR), global_step=step,
+                                              max_ckpt_to_keep=None, save_hf=self.save_hf_on_save,
+                                              compute_hashes=self.checksums)
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
-        manifest.write_manifest(tmp)
+        hashed = {os.path.join(layout.ACTOR_DIR, rel): entry for out in (per_rank or []) if isinstance(out, dict)
+                  for rel, entry in (out.get("files") or {}).items()}
+        manifest.write_manifest(tmp, known=hashed, checksums=self.checksums)
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
         self._prune(step)

@@ -56,10 +56,13 @@ class CheckpointMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: Optional[int] = None,
-                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False) -> dict:
-        """Write this rank's share of the actor checkpoint into ``local_path``; returns seconds and bytes."""
+                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False,
+                        compute_hashes: bool = False) -> dict:
+        """Write this rank's share of the actor checkpoint into ``local_path``; returns seconds and bytes
+        (and, with ``compute_hashes``, this rank's share of the manifest's sha256 entries)."""
         return self._actor_checkpoint_manager().save_checkpoint(local_path, global_step=global_step,
-                                                                max_ckpt_to_keep=max_ckpt_to_keep, save_hf=save_hf)
+                                                                max_ckpt_to_keep=max_ckpt_to_keep, save_hf=save_hf,
+                                                                compute_hashes=compute_hashes)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, load_optimizer: bool = True) -> dict:

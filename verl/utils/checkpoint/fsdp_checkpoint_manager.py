@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from verl.utils.checkpoint import layout
 from verl.utils.checkpoint.hf_export import gather_full_state_dict, write_hf_folder
+from verl.utils.checkpoint.manifest import hash_share
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
 from verl.utils.checkpoint.safe_io import dcp_load, load_state, save_state
 
@@ -104,8 +105,10 @@ class FSDPCheckpointManager:
 
     # ------------------------------------------------------------------ save
     def save_checkpoint(self, local_path: str, global_step: Optional[int] = None,
-                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False) -> dict:
-        """Write this rank's share under ``local_path`` (the ``actor/`` dir); returns timing and size.
+                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False,
+                        compute_hashes: bool = False) -> dict:
+        """Write this rank's share under ``local_path`` (the ``actor/`` dir); returns timing and size,
+        and with ``compute_hashes`` this rank's share of the files' sizes and sha256 (``files``).
 
         ``max_ckpt_to_keep`` prunes the model/optimizer shards of this manager's older saves (the
         trainer instead prunes the whole run directory after publishing, see ``layout``).
@@ -136,6 +139,8 @@ class FSDPCheckpointManager:
             layout.write_file_atomic(os.path.join(local_path, layout.META_FILE), json.dumps(meta, indent=2) + "\n")
         _fsync_tree(local_path)  # DCP syncs its shards; torch.save and save_pretrained do not
         _barrier()
+        # Every rank hashes a share of the files for the trainer's manifest (sha256 runs ~1 GB/s per process).
+        files = hash_share(local_path, self.rank, self.world_size) if compute_hashes else {}
         self.saved_paths.append(local_path)
         if self.rank == 0 and max_ckpt_to_keep is not None and max_ckpt_to_keep > 0:
             for old in self.saved_paths[:-max_ckpt_to_keep]:
@@ -146,7 +151,7 @@ class FSDPCheckpointManager:
             self.saved_paths = self.saved_paths[-max_ckpt_to_keep:]
         seconds = time.perf_counter() - t0
         return {"seconds": seconds, "bytes": layout.dir_size_bytes(local_path) if self.rank == 0 else 0,
-                "rank": self.rank}
+                "rank": self.rank, "files": files}
 
     def _writer(self, sub: str, local_path: str):
         import torch.distributed.checkpoint as dcp

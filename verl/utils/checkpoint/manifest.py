@@ -39,11 +39,29 @@ def _files_under(root: str) -> list[str]:
     return sorted(out)
 
 
-def write_manifest(step_dir: str, removed: tuple[str, ...] = ()) -> dict:
+def hash_share(root: str, rank: int, world_size: int) -> dict:
+    """``{relative path: {size, sha256}}`` of this rank's share of the files under ``root`` (largest files
+    dealt round-robin), so W ranks hash a checkpoint W times faster than the driver alone."""
+    files = sorted(_files_under(root), key=lambda rel: (-os.path.getsize(os.path.join(root, rel)), rel))
+    return {rel: {"size": os.path.getsize(os.path.join(root, rel)), "sha256": sha256_file(os.path.join(root, rel))}
+            for rel in files[rank::world_size]}
+
+
+def write_manifest(step_dir: str, removed: tuple[str, ...] = (), known: Optional[dict] = None,
+                   checksums: bool = True) -> dict:
     """Record every file under ``step_dir`` (size, sha256); ``removed`` lists sub-dirs deliberately dropped
-    (shards pruned by ``max_optim_to_keep``), so verification can say why they are absent."""
-    files = {rel: {"size": os.path.getsize(os.path.join(step_dir, rel)), "sha256": sha256_file(os.path.join(step_dir, rel))}
-             for rel in _files_under(step_dir)}
+    (shards pruned by ``max_optim_to_keep``), so verification can say why they are absent. ``known``:
+    entries already hashed (by the workers, paths relative to ``step_dir``); kept when the size still matches.
+    ``checksums=False`` records sizes only (``sha256`` null; verification then checks sizes)."""
+    known = known or {}
+    files = {}
+    for rel in _files_under(step_dir):
+        size = os.path.getsize(os.path.join(step_dir, rel))
+        entry = known.get(rel)
+        if entry is not None and int(entry["size"]) == size:
+            files[rel] = entry
+        else:
+            files[rel] = {"size": size, "sha256": sha256_file(os.path.join(step_dir, rel)) if checksums else None}
     manifest = {"version": MANIFEST_VERSION, "files": files, "removed": sorted(removed)}
     layout.write_file_atomic(os.path.join(step_dir, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -125,6 +143,6 @@ def verify_step_dir(step_dir: str, checksums: bool = True, need_model: bool = Tr
     if checksums:
         for rel, info in sorted(manifest["files"].items()):
             path = os.path.join(step_dir, rel)
-            if sha256_file(path) != info["sha256"]:
+            if info.get("sha256") and sha256_file(path) != info["sha256"]:
                 return f"{path}: sha256 differs from {MANIFEST_FILE} (corrupted or replaced)"
     return None
