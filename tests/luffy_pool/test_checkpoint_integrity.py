@@ -102,6 +102,32 @@ def test_checkpoint_written_before_safe_format_still_resumes(base_config, tiny_m
     assert step == 4 and _max_diff(worker.weights(), ref_worker.weights()) <= 1e-6
 
 
+def test_upgrade_rewrites_old_state_files_as_plain_data_and_adds_a_manifest(base_config, tiny_model_dir, four_steps):
+    from verl.utils.checkpoint.upgrade import main as upgrade
+
+    step4 = four_steps / "global_step_4"
+    extra = step4 / ACTOR / layout.extra_state_file(1, 0)
+    for path in (step4 / layout.DATA_FILE, extra):
+        torch.save(load_state(str(path)), path)  # as the old writer did
+    os.remove(step4 / manifest.MANIFEST_FILE)
+    assert upgrade([str(four_steps)]) == 0
+    for path in (step4 / layout.DATA_FILE, extra):
+        assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
+    assert manifest.verify_step_dir(str(step4)) is None
+    assert _resume(base_config, tiny_model_dir, four_steps)[2] == 4
+
+
+def test_upgrade_refuses_a_planted_pickle_and_rewrites_nothing(four_steps, tmp_path):
+    from verl.utils.checkpoint.upgrade import upgrade_step_dir
+
+    step4 = four_steps / "global_step_4"
+    torch.save({"x": Exploit(str(tmp_path / "pwned"))}, step4 / ACTOR / layout.extra_state_file(1, 0))
+    before = (step4 / layout.DATA_FILE).read_bytes()
+    with pytest.raises(UnsafeCheckpointError, match="extra_state_world_size_1_rank_0.pt: refused to load"):
+        upgrade_step_dir(str(step4))
+    assert (step4 / layout.DATA_FILE).read_bytes() == before and not (tmp_path / "pwned").exists()
+
+
 # ---------------------------------------------------------------------- integrity and fallback
 def _truncate(p):
     p.write_bytes(p.read_bytes()[: max(1, p.stat().st_size // 2)])
