@@ -165,7 +165,6 @@ def safe_reader(checkpoint_dir: str):
 def safe_planner():
     """DCP's default load planner with non-tensor items (optimizer hyper-parameters) read ``weights_only``."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint._nested_dict import unflatten_state_dict  # noqa: F401 - fails early if moved
     from torch.distributed.checkpoint._traverse import set_element
 
     class SafeLoadPlanner(DefaultLoadPlanner):
