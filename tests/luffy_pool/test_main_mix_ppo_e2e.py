@@ -34,7 +34,7 @@ def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir
                 "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean", "response_length/mean",
                 "on_off_metrics/off_score", "on_off_metrics/on_score", "batch/avg_prefix_ratio", "timing_s/gen",
                 "timing_s/update_actor", "timing_s/step", "perf/throughput",
-                "global_seqlen/mean", "val/avg_score"):
+                "global_seqlen/mean", "val/avg_score", "batch/off_policy_truncated"):
         assert key in last, key
     for r in rows:
         for k, v in r.items():
