@@ -74,6 +74,7 @@ class TrainerCheckpointer:
             "contents", ("model", "optimizer", "extra"))
         self.need_optim = "optimizer" in list(contents)
         self.extra_states: dict[str, Any] = {}
+        self.last_saved_step: Optional[int] = None  # saved or resumed from by this process
         self.save_hf_on_save = bool(t.get("save_hf_on_save", False))
         self.sampler = sampler
         workers = int(config.get("data", {}).get("dataloader_num_workers", 0) or 0)
@@ -121,7 +122,14 @@ class TrainerCheckpointer:
             metrics["checkpoint/size_mb"] = layout.dir_size_bytes(final) / 2**20
             self.maybe_save_best(trainer, metrics)
         logger.info("saved checkpoint %s", final)
+        self.last_saved_step = step
         return final
+
+    def save_if_unsaved(self, trainer) -> Optional[str]:
+        """Save ``trainer.global_steps`` unless this process already saved or resumed exactly that step."""
+        if int(trainer.global_steps) <= 0 or self.last_saved_step == int(trainer.global_steps):
+            return None
+        return self.save(trainer)
 
     def _write_data_state(self, path: str, trainer, step: int) -> None:
         kl_ctrl = getattr(trainer, "kl_ctrl", None)
@@ -285,6 +293,7 @@ class TrainerCheckpointer:
                 continue
             self._apply_data_state(trainer, data)
             step = layout.parse_step_dir(step_dir)
+            self.last_saved_step = step
             total = int(getattr(trainer, "total_training_steps", step))
             saved_ws, ws = data.get("world_size"), getattr(trainer, "world_size", None)
             logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws,

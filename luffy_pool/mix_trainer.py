@@ -122,6 +122,8 @@ class MIXRayPPOTrainer:
             self._log(metrics, step=self.global_steps)
             bar.update(1)
             last = metrics
+        if self.checkpointer is not None and self.stop.save_requested(self.config.trainer):
+            self.checkpointer.save_if_unsaved(self)  # the signal came between two steps
         bar.close()
         return last
 

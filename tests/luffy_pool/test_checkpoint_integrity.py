@@ -263,6 +263,36 @@ def test_stop_signal_mid_step_saves_that_step_and_resume_continues(base_config, 
     assert _max_diff(worker.weights(), ref_worker.weights()) <= 1e-6
 
 
+def test_signal_between_two_steps_still_saves_the_last_finished_step(base_config, tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
+    real_log = trainer._log
+
+    def log_then_signal(metrics, step):
+        real_log(metrics, step)
+        if step == 3:  # after step 3's save decision, before step 4 starts
+            signal.raise_signal(signal.SIGTERM)
+
+    trainer._log = log_then_signal
+    trainer.fit()
+    assert trainer.global_steps == 3 and layout.read_tracker(str(tmp_path)) == 3
+    # Stopped right after resuming step 3: no step runs and step 3 is not written again.
+    again, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
+    real_resume = again.checkpointer.maybe_resume
+
+    def resume_then_signal(tr):
+        step = real_resume(tr)
+        signal.raise_signal(signal.SIGTERM)
+        return step
+
+    def no_step(batch, timing):
+        raise AssertionError("no step may run after the stop signal")
+
+    again.checkpointer.maybe_resume, again.train_step = resume_then_signal, no_step
+    mtime = (tmp_path / "global_step_3" / layout.DATA_FILE).stat().st_mtime_ns
+    again.fit()
+    assert again.global_steps == 3 and (tmp_path / "global_step_3" / layout.DATA_FILE).stat().st_mtime_ns == mtime
+
+
 def test_save_on_signal_false_stops_without_saving(base_config, tiny_model_dir, tmp_path):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6, save_on_signal=False)
     real_step = trainer.train_step
