@@ -240,24 +240,26 @@ class OrmJudge:
     def judge_many(self, triples: Sequence[tuple[str, str, str]], abort_after: int | None = None) -> list[JudgeResult]:
         """Judge (problem, reference, response) triples concurrently within the rate limit.
 
-        ``abort_after``: once more calls than this have failed, the calls not yet started are skipped
-        (their result carries ``error=SKIPPED``), so a dead endpoint costs seconds, not minutes.
+        Calls not yet started are skipped (``error=SKIPPED``) once more than ``abort_after`` have failed,
+        or once the first ``threads`` calls of the step all failed (the endpoint is down): a dead judge
+        then costs one round of retries per step, not one per call.
         """
         if not triples:
             return []
-        failures = [0]
+        threads = max(1, min(16, int(self.config.requests_per_second)))
+        state = {"failed": 0, "answered": 0}
         lock = threading.Lock()
 
         def one(triple):
-            if abort_after is not None and failures[0] > abort_after:
-                return JudgeResult(None, error=SKIPPED)
+            with lock:
+                down = state["answered"] == 0 and state["failed"] >= threads
+                if down or (abort_after is not None and state["failed"] > abort_after):
+                    return JudgeResult(None, error=SKIPPED)
             result = self.judge(*triple)
-            if result.verdict is None:
-                with lock:
-                    failures[0] += 1
+            with lock:
+                state["failed" if result.verdict is None else "answered"] += 1
             return result
 
-        threads = max(1, min(16, int(self.config.requests_per_second)))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="orm") as ex:
             return list(ex.map(one, triples))
 
@@ -269,7 +271,9 @@ class OrmJudge:
         rate = len(failed) / len(judgments)
         if rate > self.config.max_failure_rate:
             errors = [j.error for j in failed if j.error and j.error != SKIPPED]
-            msg = (f"reward.orm: {len(failed)} of {len(judgments)} judge calls failed this step (more than "
+            skipped = sum(1 for j in failed if j.error == SKIPPED)
+            msg = (f"reward.orm: {len(failed)} of {len(judgments)} judge calls failed this step"
+                   f"{f' ({skipped} skipped after repeated failures)' if skipped else ''} (more than "
                    f"max_failure_rate={self.config.max_failure_rate}); endpoint {self.config.base_url}, model "
                    f"{self.config.model}; last error: {errors[-1] if errors else 'none recorded'}")
             if self.config.on_failure == "raise":

@@ -1,4 +1,5 @@
 """RewardManager: decode valid response tokens, score, place the score on the last valid token."""
+import re
 import types
 
 import pytest
@@ -159,9 +160,10 @@ def test_dead_judge_raises_naming_endpoint_and_last_error(tokenizer):
     with manager, pytest.raises(JudgeUnavailableError) as err:
         manager(data)
     msg = str(err.value)
-    assert "judge calls failed this step (more than max_failure_rate=0.5)" in msg and "\n" not in msg
+    assert re.search(r"40 of 40 judge calls failed this step \(\d+ skipped after repeated failures\) \(more than "
+                     r"max_failure_rate=0.5\)", msg) and "\n" not in msg
     assert "endpoint http://10.9.9.9:8000/v1" in msg and "last error: APIConnectionError: Connection error." in msg
-    assert completions.calls < 40, "calls after the limit was passed are skipped"
+    assert completions.calls <= 2 * 16, "once the endpoint is seen down, the calls not yet started are skipped"
 
 
 def test_dead_judge_in_warn_mode_logs_every_step_and_keeps_grader_scores(tokenizer, caplog):
@@ -189,3 +191,31 @@ def test_failure_policy_keys_are_validated():
         OrmConfig(on_failure="ignore")
     with pytest.raises(ValueError, match=r"reward.orm.max_failure_rate must be in \[0, 1\]"):
         OrmConfig(max_failure_rate=2.0)
+
+
+def test_a_judge_that_answers_is_never_skipped(tokenizer):
+    import itertools
+    import threading
+
+    class Flaky(_DeadCompletions):  # every other call fails
+        def __init__(self):
+            super().__init__()
+            self.turn = itertools.cycle([True, False])
+            self.lock = threading.Lock()
+
+        def create(self, **kwargs):
+            with self.lock:
+                ok = next(self.turn)
+            if ok:
+                self.calls += 1
+                msg = types.SimpleNamespace(content="[[NO]]")
+                return types.SimpleNamespace(choices=[types.SimpleNamespace(message=msg)])
+            return super().create(**kwargs)
+
+    manager, _ = _dead_judge_manager(tokenizer, max_failure_rate=0.6)
+    manager.judge._client.chat.completions = flaky = Flaky()
+    wrong = [WRONG.replace("43", str(100 + i)) for i in range(40)]  # distinct, so the verdict cache cannot answer
+    data = make_batch(tokenizer, ["What is 12 + 30?"] * 40, wrong, ["42"] * 40)
+    with manager:
+        _, metrics = manager(data)
+    assert flaky.calls == 40 and metrics["reward/orm_fail_rate"] == 0.5
