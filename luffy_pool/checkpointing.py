@@ -55,8 +55,8 @@ class TrainerCheckpointer:
 
     Args:
         config: the full run config; reads ``trainer.default_local_dir``, ``resume_mode``,
-            ``resume_from_path``, ``max_optim_to_keep``, ``save_hf_on_save``, ``save_freq`` and
-            ``data.dataloader_num_workers``.
+            ``resume_from_path``, ``max_optim_to_keep``, ``max_actor_ckpt_to_keep``, ``checkpoint_checksums``,
+            ``save_hf_on_save``, ``save_freq``, ``actor.checkpoint.contents`` and ``data.dataloader_num_workers``.
         sampler: the training DataLoader's resumable sampler (``state_dict``/``load_state_dict``).
     """
 
