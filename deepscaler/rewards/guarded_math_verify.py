@@ -17,12 +17,15 @@ evaluates anything. Math-verify's own timeouts stay off (``parsing_timeout=None`
 """
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import threading
 
 import sympy
 
 from deepscaler.rewards.math_utils.deadline import check_deadline
+from deepscaler.rewards.math_utils.extract import last_boxed_content
 from deepscaler.rewards.math_utils.input_guard import active_limits, check_expression, check_text, note_rejection
 from deepscaler.rewards.math_utils.input_guard import UnparseableInput
 from deepscaler.rewards.math_utils.safe_parse import UnsafeExpression, check_complexity
@@ -81,8 +84,23 @@ def tree_ok(value) -> bool:
     return True
 
 
+# The characters of math-verify's plain-expression regex (digits, spaces, + - * × / ^ ( ) ÷ and dots).
+# That regex backtracks quadratically inside one long run of them ("1+1+...+1}" of 16,000 characters
+# took 2.3 s, in C); any run longer than the cap keeps only its last ``cap`` characters.
+_EXPR_RUN = r"[\d.\s+\-*×/^()÷]{%d,}"
+
+
+@functools.lru_cache(maxsize=8)
+def _expression_run(cap: int) -> re.Pattern:
+    return re.compile(_EXPR_RUN % (cap + 1))
+
+
+def _shorten_expression_runs(text: str, cap: int) -> str:
+    return _expression_run(cap).sub(lambda m: m.group(0)[-cap:], text)
+
+
 def guarded_parse(text: str) -> list:
-    """``math_verify.parse`` of ``text`` (its tail of ``max_text_chars``) behind the guards.
+    """``math_verify.parse`` of ``text`` (its tail of ``max_text_chars``, plus the last box) behind the guards.
 
     Returns [] when nothing parses or a result fails the tree check (a guard rejection is recorded).
     """
@@ -90,7 +108,15 @@ def guarded_parse(text: str) -> list:
 
     install_guards()
     limits = active_limits()
-    text = text[-limits.max_text_chars:]
+    if len(text) > limits.max_text_chars:
+        tail = text[-limits.max_text_chars:]
+        if "\\boxed" not in tail and "\\fbox" not in tail:
+            # math-verify would pick the last box wherever it is; keep that choice (a linear scan).
+            boxed = last_boxed_content(text)
+            if boxed is not None:
+                tail = "$\\boxed{" + boxed + "}$\n" + tail
+        text = tail
+    text = _shorten_expression_runs(text, limits.max_chars // 4)
     reason = check_text(text, limits)
     if reason is not None:
         note_rejection(reason)

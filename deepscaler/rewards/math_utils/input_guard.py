@@ -29,14 +29,18 @@ class GuardLimits:
     Attributes:
         time_budget_s: wall-clock budget of one grading call (``deadline.call_with_deadline``); the
             guards keep real work far below it, the budget is the second line for what they miss.
-        max_text_chars: the tail of a response the graders read (the final answer is at the end).
+        max_text_chars: the tail of a response math-verify reads. Its extraction regexes backtrack
+            quadratically on some inputs, in C where no timer can stop them: 16,000 characters of
+            ``\\[`` take ~3.5 s, of ``1+1+...1}`` 2.3 s; 100,000 of ``1 `` ~35 s. A last ``\\boxed{}``
+            before the tail is put in front of it, so the boxed answer math-verify picks is unchanged.
         max_boxed: ``\\boxed``/``\\fbox`` commands allowed in that tail; more is degenerate output.
         max_chars: length of one expression handed to a parser.
         max_tokens: tokens (commands, numbers, letters, symbols) of one expression.
         max_depth: bracket depth, all kinds together (``() [] {} \\{\\} \\left\\right``).
         max_depth_per_kind: bracket depth of one kind.
         max_frac_depth / max_sqrt_depth: nesting of ``\\frac``-like / ``\\sqrt`` arguments.
-        max_power_height: height of an exponent tower (``a^{b^{c}}`` is 3).
+        max_power_height: height of an exponent tower (``a^{b^{c}}`` and ``a^b^c`` are 3; ``x^2y^2z^2``
+            is three towers of height 2).
         max_literal_digits: digits of one numeric literal.
         max_factorial_arg: largest literal ``n!``.
         max_tree_nodes: nodes of a parsed tree.
@@ -46,7 +50,7 @@ class GuardLimits:
     """
 
     time_budget_s: float = 3.0
-    max_text_chars: int = 100_000
+    max_text_chars: int = 4_000
     max_boxed: int = 64
     max_chars: int = 2_000
     max_tokens: int = 600
@@ -120,7 +124,9 @@ class _Frame:
     kind: str | None
     tag: str | None = None
     pending: list = dataclasses.field(default_factory=list)
-    caret_run: int = 0
+    base: int = 0  # exponent-chain height inherited from enclosing exponents
+    caret_run: int = 0  # carets of the chain running at this level
+    after_exponent: bool = False  # an exponent just ended: a following ^ continues the chain
 
 
 def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
@@ -130,7 +136,8 @@ def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
         return f"expression longer than {limits.max_chars} characters"
     frames = [_Frame(None)]
     per_kind: dict[str, int] = {}
-    depth = tags_frac = tags_sqrt = tags_pow = 0
+    depth = tags_frac = tags_sqrt = 0
+    max_carets = limits.max_power_height - 1
     tokens = boxes = 0
     previous = ""
     left_pending = False
@@ -145,6 +152,8 @@ def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
             left_pending = False
             previous = tok
             continue
+        if frame.after_exponent and tok not in ("^", "**"):
+            frame.after_exponent, frame.caret_run = False, 0
         if tok[0].isdecimal():
             if len(tok) > limits.max_literal_digits:
                 return f"numeric literal with more than {limits.max_literal_digits} digits"
@@ -162,11 +171,9 @@ def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
             tag = None
             if opener == "{" and frame.pending:
                 tag = frame.pending.pop(0)
-            new = _Frame(opener, tag)
-            if tag == "pow":
-                new.caret_run = 0
-                tags_pow += 1
-            elif tag == "frac":
+            # Brackets inside an exponent continue its chain: 2^{(3^{4})}.
+            new = _Frame(opener, tag, base=frame.base + (frame.caret_run if tag == "pow" else 0))
+            if tag == "frac":
                 tags_frac += 1
             elif tag == "sqrt":
                 tags_sqrt += 1
@@ -181,8 +188,6 @@ def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
                 return f"fractions nested deeper than {limits.max_frac_depth}"
             if tags_sqrt > limits.max_sqrt_depth:
                 return f"roots nested deeper than {limits.max_sqrt_depth}"
-            if tags_pow + frame.caret_run > limits.max_power_height:
-                return f"exponent tower higher than {limits.max_power_height}"
             previous = tok
             continue
         closer = _CLOSERS.get(tok)
@@ -192,13 +197,15 @@ def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
             # Pop to the matching opener; an unmatched closer is ignored (the parser will reject it).
             for k in range(len(frames) - 1, 0, -1):
                 if frames[k].kind == closer:
+                    matched = frames[k]
                     for popped in frames[k:]:
                         depth -= 1
                         per_kind[popped.kind] -= 1
-                        tags_pow -= popped.tag == "pow"
                         tags_frac -= popped.tag == "frac"
                         tags_sqrt -= popped.tag == "sqrt"
                     del frames[k:]
+                    if matched.tag == "pow":
+                        frames[-1].after_exponent = True
                     break
             previous = tok
             continue
@@ -208,15 +215,17 @@ def check_expression(s: str, limits: GuardLimits | None = None) -> str | None:
             frame.pending = ["sqrt"]
         elif tok in ("^", "**"):
             frame.caret_run += 1
+            frame.after_exponent = False
             frame.pending = ["pow"]
-            if tags_pow + frame.caret_run > limits.max_power_height:
+            if frame.base + frame.caret_run > max_carets:
                 return f"exponent tower higher than {limits.max_power_height}"
         elif tok in _CHAIN_BREAKS:
             frame.caret_run = 0
             frame.pending = []
         elif frame.pending and tok not in ("_", "[", "]"):
             # A one-token argument (\frac12, 2^3): consumes one pending slot without nesting.
-            frame.pending.pop(0)
+            if frame.pending.pop(0) == "pow":
+                frame.after_exponent = True
         previous = tok
     return None
 
