@@ -125,3 +125,18 @@ def test_custom_compute_score_cannot_be_combined_with_the_judge(tokenizer):
     orm = {"enable": True, "base_url": "http://127.0.0.1:9/v1", "model": "judge"}
     with pytest.raises(ValueError, match="compute_score"):
         RewardManager(tokenizer, num_workers=0, orm=orm, compute_score=lambda *a: 0.0)
+
+
+def test_limit_hits_are_counted_in_the_training_metrics(tokenizer):
+    tower = "x\n</think>\n\\boxed{9^{9^{9^{9^{9}}}}}"
+    right = RIGHT[len("<think>\n"):]
+    cfg = OmegaConf.create({"num_workers": 0, "grade_budget_s": 3.0})
+    with RewardManager.from_config(cfg, reward_impl_version=3, tokenizer=tokenizer) as manager:
+        scores, metrics = manager.score_texts([("math", tower, "2"), ("math", right, "42")])
+    assert scores == [0.0, 1.0]
+    assert (metrics["reward/unparseable_count"], metrics["reward/parse_fail_count"], metrics["reward/timeout_count"]) \
+        == (1.0, 1.0, 0.0)
+    # A spent in-process budget is a timeout, counted like the pool's own timeouts.
+    with RewardManager(tokenizer, reward_impl_version=3, num_workers=0, grade_budget_s=1e-6) as manager:
+        scores, metrics = manager.score_texts([("math", right, "42"), ("math", "no think tag", "42")])
+    assert scores == [0.0, 0.0] and metrics["reward/timeout_count"] == 1.0
