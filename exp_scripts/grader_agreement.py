@@ -9,6 +9,8 @@ Sets (each item graded with ``grade(text, ground_truth, grader)`` for ``math_ver
 ``any`` is their OR, as in ``grade_solution``):
 - ``gsm8k_hash``: the human solution as written (ends in ``#### N``), ground truth ``N``;
 - ``gsm8k_boxed``: the same solution with ``#### N`` replaced by ``\\boxed{N}``;
+- ``gsm8k_long``: the boxed form of the first 2,000 rows followed by 4,000-9,000 characters of
+  re-checking text (the answer sits before the last 4,000 characters math-verify reads);
 - ``bench_self``: every distinct benchmark ground truth (valid.all, ARC-c, GPQA) as ``\\boxed{gt}``
   against itself.
 Every item should grade correct; the script prints per-set accuracy, the wall time, and with
@@ -64,7 +66,10 @@ def main() -> None:
     from deepscaler.rewards import grade
 
     hash_items, boxed_items = _gsm8k_items(args.data_dir, args.gsm8k_limit)
-    sets = {"gsm8k_hash": hash_items, "gsm8k_boxed": boxed_items, "bench_self": _bench_items(args.data_dir)}
+    filler = "Let me double check each step of the computation once more. "
+    long_items = [(text + "\n" + filler * (70 + i % 80), gt) for i, (text, gt) in enumerate(boxed_items[:2000])]
+    sets = {"gsm8k_hash": hash_items, "gsm8k_boxed": boxed_items, "gsm8k_long": long_items,
+            "bench_self": _bench_items(args.data_dir)}
     results: dict = {}
     for set_name, items in sets.items():
         for grader in GRADERS:
