@@ -33,9 +33,20 @@ def bounded(fn):
             before = rejections()[0]
             finished, result = call_with_deadline(lambda: fn(*args, **kwargs), active.time_budget_s)
             if not finished:
+                _restore_sympy_parameters()
                 return TIMED_OUT
             if rejections()[0] > before and not result.correct and not result.unparseable:
                 result = dataclasses.replace(result, parse_failed=True, unparseable=True)
             return result
 
     return wrapper
+
+
+def _restore_sympy_parameters() -> None:
+    """SymPy's evaluate/distribute switches are thread-local and set by ``with evaluate(False)`` blocks;
+    an interrupted block must not leave this thread's later grading unevaluated."""
+    from sympy.core.parameters import global_parameters
+
+    for name in ("evaluate", "distribute"):
+        if getattr(global_parameters, name) is not True:
+            setattr(global_parameters, name, True)

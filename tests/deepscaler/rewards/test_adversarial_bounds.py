@@ -163,3 +163,35 @@ def test_a_box_before_a_long_tail_is_still_found():
     text = "The answer is \\boxed{17}.\n" + "Let me double check. " * 2000
     assert grade(text, "17", grader="math_verify")
     assert compute_score("math", "<think>\nx\n</think>\n" + text, "17") == 1.0
+
+
+def test_concurrent_threads_grade_correctly_next_to_adversarial_and_timed_out_items():
+    from concurrent.futures import ThreadPoolExecutor
+
+    tight = GuardLimits(time_budget_s=0.05)
+    slow_but_allowed = "\\boxed{(99+\\frac{10 y}{(y+a)^{5}})^{30}}"  # SymPy work the watchdog has to cut
+
+    def job(k):
+        kind = k % 4
+        start = time.perf_counter()
+        if kind == 0:
+            value = grade("\\boxed{\\frac{1}{2}}", "0.5", grader="any")
+            expected = True
+        elif kind == 1:
+            value = grade(CASES["tower_9"], "2", grader="any")
+            expected = False
+        elif kind == 2:
+            value = grade_solution(slow_but_allowed, "\\tan(\\tan(99))", "any", limits=tight).timed_out
+            expected = True  # takes seconds of SymPy work: cut at the 0.05 s budget
+        else:
+            value = compute_score("math", "<think>\nx\n</think>\n\\boxed{(x+1)^{2}}", "x^2+2x+1")
+            expected = 1.0
+        return value == expected, time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(job, range(24)))
+    assert all(ok for ok, _ in outcomes)
+    assert max(elapsed for _, elapsed in outcomes) < BOUND_S
+    # Nothing left behind: a late watchdog exception or SymPy switched to evaluate=False would show here.
+    time.sleep(0.1)
+    assert grade("\\boxed{2+2}", "4", grader="any") and compute_score("math", "<think>\n</think>\\boxed{4}", "4") == 1.0
