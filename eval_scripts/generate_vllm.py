@@ -168,7 +168,9 @@ def run(args) -> Optional[dict]:
     for line in report_lines(summary):
         print(line)
     finish = collections.Counter(s["finish_reason"] for s in samples)
-    statuses = collections.Counter(s["grade_status"] for s in samples)
+    # Limit hits are always listed, 0 included, so a summary without them means none happened.
+    statuses = collections.Counter({"timeout": 0, "unparseable": 0})
+    statuses.update(s["grade_status"] for s in samples)
     print("grading outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
     result = {
         "input_file": args.input_file, "model_path": args.model_path, "output_file": args.output_file,

@@ -17,6 +17,7 @@ import threading
 from typing import Callable, Iterable, Optional, Sequence
 
 from deepscaler.rewards import grade_solution
+from deepscaler.rewards.math_utils.input_guard import active_limits
 
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "</think>"
@@ -28,7 +29,7 @@ DEFAULT_TIMEOUT_S = 10.0  # LUFFY's math-verify SIGALRM limit
 @dataclasses.dataclass(frozen=True)
 class GradeResult:
     correct: bool
-    status: str  # ok | no_answer | no_think_close | timeout | error
+    status: str  # ok | no_answer | no_think_close | unparseable | timeout | error
     answer: Optional[str] = None
 
 
@@ -51,8 +52,8 @@ def answer_region(text: str, split_think: bool) -> Optional[str]:
     return parts[1] if len(parts) > 1 else None
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """SIGALRM's exception: a BaseException, so math-verify's ``except Exception`` cannot swallow it."""
 
 
 def _on_alarm(signum, frame):
@@ -80,12 +81,21 @@ def grade_text(text: str, ground_truth, grader: str, split_think: bool,
     if region is None:
         return GradeResult(False, "no_think_close")
     name = scorer_grader_name(grader)
+    # The graders bound themselves in any thread (GuardLimits.time_budget_s, at most timeout_s); the
+    # alarm stays as the outer limit of the main thread.
+    limits = active_limits()
+    if timeout_s:
+        limits = dataclasses.replace(limits, time_budget_s=min(float(timeout_s), limits.time_budget_s))
     try:
-        result = _with_timeout(lambda: grade_solution(region, ground_truth, name), timeout_s)
+        result = _with_timeout(lambda: grade_solution(region, ground_truth, name, limits=limits), timeout_s)
     except _Timeout:
         return GradeResult(False, "timeout")
     except Exception as err:  # a grader bug must not end a long eval; it is counted and reported
         return GradeResult(False, f"error: {type(err).__name__}")
+    if result.timed_out:
+        return GradeResult(False, "timeout")
+    if result.unparseable:
+        return GradeResult(False, "unparseable", result.answer)
     status = "no_answer" if result.parse_failed and not result.correct else "ok"
     return GradeResult(bool(result.correct), status, result.answer)
 

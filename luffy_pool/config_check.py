@@ -155,7 +155,7 @@ UNIT_INTERVAL = (
 )
 OPEN_UNIT_INTERVAL = (f"{_R}.gpu_memory_utilization", f"{_R}.top_p")
 POSITIVE_NUMBERS = (
-    f"{_R}.temperature", f"{_A}.clip_ratio", f"{_A}.grad_clip", "reward.timeout_s", "reward.orm.timeout_s",
+    f"{_R}.temperature", f"{_A}.clip_ratio", f"{_A}.grad_clip", "reward.timeout_s", "reward.grade_budget_s", "reward.orm.timeout_s",
     "reward.orm.requests_per_second",
 )
 NON_NEGATIVE_NUMBERS = (

@@ -26,10 +26,17 @@ Evaluation::
     grade(solution_str, ground_truth, grader="math_verify", split_think=False) -> bool
 
 ``grader="any"`` (rule OR math-verify) is the closest match to LUFFY's OAT evaluation grader.
-These functions run in the calling process with no time limit: math-verify's own timeouts are off
-because they break in threads. For untrusted model output in bulk, grade through
-``verl.workers.reward_manager.ScoringPool`` (or ``RewardManager.score_texts``), which enforces a
-per-item wall-clock timeout in worker processes: ``ScoringPool(ScorerSpec(v, grader), num_workers,
+Bounded by construction: every function above (and ``deepscaler_score``, ``math_verify_score``,
+``grade_solution``, which LUFFY's aliases call) returns within ``GuardLimits().time_budget_s`` (3 s) for
+any string, in the calling thread, main or not, without a process pool. Inputs are checked before any
+parser sees them (``math_utils.input_guard``: length, bracket depth per kind, ``\\frac``/``\\sqrt``
+nesting, exponent towers, literal digits, factorials, token count, number of boxes) and parsed trees
+before anything is evaluated; whatever is beyond a limit is graded unparseable (0, ``parse_failed`` and
+``unparseable`` set), and a spent budget returns ``timed_out`` (``math_utils.deadline``: a watchdog
+raising a BaseException in the grading thread). Pass ``limits=GuardLimits(...)`` to any of them, or
+``set_default_limits``. Math-verify's own SIGALRM timeouts stay off (they break in threads). In bulk,
+``verl.workers.reward_manager.ScoringPool`` (or ``RewardManager.score_texts``) adds per-item process
+timeouts as a second line: ``ScoringPool(ScorerSpec(v, grader), num_workers,
 timeout_s).score([(data_source, raw_response, gt, None), ...])`` with ``v=3`` when the prompt ended in
 ``"<think>\n"`` (split after ``</think>``, missing tag = wrong) and ``v=4`` to grade the raw text.
 
@@ -40,6 +47,7 @@ Safety: model text reaches SymPy only through latex2sympy2_extended's grammar an
 from deepscaler.rewards.format_reward import FormatRewardConfig, think_format_ok
 from deepscaler.rewards.math_reward import deepscaler_score, grade_solution_rule, ground_truth_list
 from deepscaler.rewards.math_utils import answers_match
+from deepscaler.rewards.math_utils.input_guard import GuardLimits, set_default_limits
 from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score
 from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 from deepscaler.rewards.selection import (
@@ -55,6 +63,7 @@ from deepscaler.rewards.selection import (
 
 __all__ = [
     "GRADERS",
+    "GuardLimits",
     "REWARD_IMPL_VERSIONS",
     "FormatRewardConfig",
     "RewardValues",
@@ -72,5 +81,6 @@ __all__ = [
     "math_verify_score",
     "score_response",
     "select_score_fn",
+    "set_default_limits",
     "think_format_ok",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from deepscaler.rewards.bounded import bounded
 from deepscaler.rewards.math_utils import (
     answers_match,
     extract_choice_letter,
@@ -46,6 +47,7 @@ def ground_truth_list(ground_truth) -> list[str]:
     return out
 
 
+@bounded
 def grade_solution_rule(solution: str, ground_truths: list[str]) -> ScoreResult:
     """Rule-grade a solution section (no think handling): option letter or last boxed/stated answer.
 
@@ -64,6 +66,7 @@ def grade_solution_rule(solution: str, ground_truths: list[str]) -> ScoreResult:
     return ScoreResult(float(correct), correct, answer=answer)
 
 
+@bounded
 def deepscaler_score(text: str, ground_truth, values: RewardValues = BINARY_VALUES) -> ScoreResult:
     """LUFFY's deepscaler grader on a full response string (``<think>`` prefix already added)."""
     solution = split_after_think(text)

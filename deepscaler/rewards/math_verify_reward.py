@@ -2,14 +2,14 @@
 
 Version 3 requires ``<think>`` and ``</think>`` in the string, grades the text between the first and
 the second ``</think>``, parses the gold as ``"$" + ground_truth + "$"`` and returns 1.0 iff
-``verify(gold, parse(solution))``. Math-verify is always called with its own timeouts disabled
-(``parsing_timeout=None, timeout_seconds=None``): its SIGALRM timer raises in threads and threaded Ray
-actors (CPU_STACK.md §6). The wall-clock limit is enforced by the caller's process pool instead.
+``verify(gold, parse(solution))``. Math-verify runs behind the input guards with its own timeouts
+disabled (``guarded_math_verify``: its SIGALRM timer raises in threads and threaded Ray actors,
+CPU_STACK.md §6); the public scorers here are ``@bounded`` (time budget in any thread).
 """
 from __future__ import annotations
 
-import logging
-
+from deepscaler.rewards.bounded import bounded
+from deepscaler.rewards.guarded_math_verify import guarded_parse, guarded_verify
 from deepscaler.rewards.math_reward import grade_solution_rule, ground_truth_list
 from deepscaler.rewards.math_utils import extract_choice_letter, is_choice_ground_truth, split_after_think
 from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
@@ -17,34 +17,25 @@ from deepscaler.rewards.reward_types import ScoreResult
 from verl.utils.dataset.value_checks import is_non_finite
 
 GRADERS = ("math_verify", "rule", "any")
-# Math-verify's regexes run over the whole solution; a multi-megabyte "solution" is degenerate output,
-# and its final answer is at the end, so only the tail is handed over.
-MAX_MATH_VERIFY_CHARS = 100_000
-
-_quieted = False
-
-
-def _quiet_math_verify_logger() -> None:
-    # math-verify warns once per process that timeouts are disabled; that is intended here.
-    global _quieted
-    if not _quieted:
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
-        _quieted = True
 
 
 def math_verify_match(solution: str, ground_truth: str) -> tuple[bool, bool, str | None]:
-    """(correct, parse_failed, answer) for one solution text and one ground truth via math-verify."""
-    from math_verify import parse, verify
+    """(correct, parse_failed, answer) for one solution text and one ground truth via math-verify.
 
-    _quiet_math_verify_logger()
-    gold = parse("$" + ground_truth + "$", parsing_timeout=None)
-    pred = parse(solution[-MAX_MATH_VERIFY_CHARS:], parsing_timeout=None)
+    Both sides go through ``guarded_parse`` (input guards in front of math-verify's parsers, tree
+    check after), so nothing beyond the active ``GuardLimits`` is ever evaluated.
+    """
+    gold = guarded_parse("$" + ground_truth + "$")
+    pred = guarded_parse(solution)
     if not pred:
         return False, True, None
     answer = str(pred[-1])[:2000]
-    return bool(verify(gold, pred, timeout_seconds=None)), False, answer
+    if not gold:
+        return False, False, answer
+    return guarded_verify(gold, pred), False, answer
 
 
+@bounded
 def grade_solution(solution: str, ground_truth, grader: str = "math_verify") -> ScoreResult:
     """Grade a solution section (no think handling) with the chosen grader; binary ScoreResult.
 
@@ -79,6 +70,7 @@ def grade_solution(solution: str, ground_truth, grader: str = "math_verify") -> 
     return ScoreResult(0.0, False, parse_failed=parse_failed, answer=answer)
 
 
+@bounded
 def math_verify_score(text: str, ground_truth, require_think: bool = True, grader: str = "math_verify") -> ScoreResult:
     """Version 3 (``require_think=True``) or version 4 (``False``) on a full response string."""
     if require_think:

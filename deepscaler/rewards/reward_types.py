@@ -29,9 +29,16 @@ class ScoreResult:
             ``reward/parse_fail_count``.
         answer: the extracted answer (at most 2,000 characters) when the scorer extracts one; the
             LLM judge uses it, and it helps debugging.
+        unparseable: an input guard refused part of the response or ground truth (beyond a size,
+            nesting or magnitude limit, never evaluated) and the answer was not graded correct; such
+            results also have ``parse_failed``. Counted as ``reward/unparseable_count``.
+        timed_out: grading ran past its time budget (``GuardLimits.time_budget_s``) or the scoring
+            pool's per-item timeout; scored 0. Counted as ``reward/timeout_count``.
     """
 
     score: float
     correct: bool
     parse_failed: bool = False
     answer: str | None = None
+    unparseable: bool = False
+    timed_out: bool = False

@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from deepscaler.rewards.bounded import bounded
+from deepscaler.rewards.gsm8k_warning import warn_gsm8k_boxed
+from deepscaler.rewards.math_utils.input_guard import GuardLimits
 from deepscaler.rewards.math_reward import IMPL1_VALUES, BINARY_VALUES, deepscaler_score, deepscaler_score_nothink
 from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score
 from deepscaler.rewards.math_utils import split_after_think
@@ -72,26 +75,44 @@ def graded_text(solution_str: str, reward_impl_version: int) -> str:
 
 
 def score_response(data_source: str, solution_str: str, ground_truth, extra_info=None,
-                   reward_impl_version: int = 3, grader: str = "math_verify") -> ScoreResult:
-    """Detailed form of ``compute_score``: the full ScoreResult for one raw response."""
+                   reward_impl_version: int = 3, grader: str = "math_verify", *,
+                   limits: GuardLimits | None = None) -> ScoreResult:
+    """Detailed form of ``compute_score``: the full ScoreResult for one raw response.
+
+    Returns within ``limits.time_budget_s`` (default ``GuardLimits()``: 3 s) in any thread; see
+    ``deepscaler.rewards.bounded``.
+    """
+    select_score_fn(data_source, reward_impl_version, grader)  # bad arguments raise, not time out
+    return _score_bounded(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader,
+                          limits=limits)
+
+
+@bounded
+def _score_bounded(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader) -> ScoreResult:
     del extra_info  # part of verl's signature; no scorer needs it
     if is_non_finite(ground_truth):  # a NaN/inf reference is broken data: \boxed{nan} must not match it
         return ScoreResult(fail_success_values(reward_impl_version)[0], False, parse_failed=True)
+    if data_source == GSM8K_SOURCE:
+        warn_gsm8k_boxed(solution_str, reward_impl_version)
     return select_score_fn(data_source, reward_impl_version, grader)(solution_str, ground_truth)
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None,
-                  reward_impl_version: int = 3, grader: str = "math_verify") -> float:
+                  reward_impl_version: int = 3, grader: str = "math_verify", *,
+                  limits: GuardLimits | None = None) -> float:
     """verl-style entry point: the reward of one raw decoded response (LUFFY default: version 3)."""
-    return score_response(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader).score
+    return score_response(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader,
+                          limits=limits).score
 
 
-def grade(solution_str: str, ground_truth, grader: str = "math_verify", split_think: bool = False) -> bool:
+def grade(solution_str: str, ground_truth, grader: str = "math_verify", split_think: bool = False, *,
+          limits: GuardLimits | None = None) -> bool:
     """Evaluation grading: is ``solution_str`` correct?
 
     ``split_think=True`` keeps only the text after the first ``</think>`` and returns False when the tag
     is missing (LUFFY's eval flow for prompts ending in ``<think>\\n``); otherwise the whole string is
-    graded. ``grader``: ``math_verify`` | ``rule`` | ``any``.
+    graded. ``grader``: ``math_verify`` | ``rule`` | ``any``. Bounded like ``score_response`` (a timeout
+    is False; ``grade_solution`` gives the full ScoreResult with ``timed_out``).
     """
     if is_non_finite(ground_truth):
         return False
@@ -100,7 +121,7 @@ def grade(solution_str: str, ground_truth, grader: str = "math_verify", split_th
         if solution is None:
             return False
         solution_str = solution
-    return grade_solution(solution_str, ground_truth, grader).correct
+    return grade_solution(solution_str, ground_truth, grader, limits=limits).correct
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +130,15 @@ class ScorerSpec:
 
     reward_impl_version: int = 3
     grader: str = "math_verify"
+    # Input-guard limits and time budget of each item (None: ``GuardLimits()``).
+    limits: GuardLimits | None = None
 
     def __post_init__(self):
         check_version(self.reward_impl_version)
         if self.grader not in GRADERS:
             raise ValueError(f"reward.grader must be one of {GRADERS}, got {self.grader!r}")
+        if self.limits is not None and not isinstance(self.limits, GuardLimits):
+            raise TypeError(f"ScorerSpec.limits must be GuardLimits or None, got {type(self.limits).__name__}")
 
     def warm_up(self) -> None:
         """Run both graders once so regexes and the LaTeX parser exist before real items arrive."""
@@ -123,4 +148,4 @@ class ScorerSpec:
 
     def score(self, data_source: str, solution_str: str, ground_truth, extra_info=None) -> ScoreResult:
         return score_response(data_source, solution_str, ground_truth, extra_info,
-                              self.reward_impl_version, self.grader)
+                              self.reward_impl_version, self.grader, limits=self.limits)

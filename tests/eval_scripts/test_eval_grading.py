@@ -55,3 +55,38 @@ def test_process_pool_gives_the_same_grades_as_in_process():
     serial = grade_many(tasks, workers=1)
     assert [g.correct for g in serial] == [i % 3 == 1 for i in range(12)]
     assert grade_many(tasks, workers=2) == serial
+
+
+def test_alarm_is_not_swallowed_by_broad_exception_handlers(monkeypatch):
+    # math-verify wraps parsing and comparison in ``except Exception``; the alarm must get through.
+    def swallowing(*args, **kwargs):
+        end = time.time() + 5
+        while time.time() < end:
+            try:
+                time.sleep(0.01)
+            except Exception:  # noqa: BLE001 - what math-verify does
+                pass
+        raise AssertionError("the alarm was swallowed")
+
+    monkeypatch.setattr(grading, "grade_solution", swallowing)
+    t0 = time.time()
+    result = grade_text("</think>\\boxed{1}", "1", "math_verify", True, timeout_s=0.3)
+    assert (result.correct, result.status) == (False, "timeout") and time.time() - t0 < 3
+
+
+def test_budget_hit_off_the_main_thread_is_reported_as_timeout():
+    import threading
+
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(
+        r=grade_text("</think>\\boxed{\\frac{1}{2}}", "0.5", "both", True, timeout_s=1e-6)))
+    thread.start()
+    thread.join(30)
+    assert box["r"].status == "timeout" and not box["r"].correct
+    assert grade_text("</think>\\boxed{\\frac{1}{2}}", "0.5", "both", True).status == "ok"
+
+
+def test_input_beyond_the_guard_limits_is_reported_as_unparseable():
+    for grader in ("math_verify", "rule", "both"):
+        result = grade_text("</think>\\boxed{9^{9^{9^{9^{9}}}}}", "1", grader, True)
+        assert (result.correct, result.status) == (False, "unparseable")

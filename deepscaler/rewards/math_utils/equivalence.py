@@ -15,6 +15,7 @@ import re
 import sympy
 
 from deepscaler.rewards.math_utils.extract import choice_letter_of, is_choice_ground_truth
+from deepscaler.rewards.math_utils.input_guard import active_limits, note_rejection
 from deepscaler.rewards.math_utils.normalize import clean_answer, had_percent, match_key
 from deepscaler.rewards.math_utils.safe_parse import UnsafeExpression, check_complexity, parse_answer
 
@@ -174,9 +175,13 @@ def expr_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
     diff = a - b
     try:
         check_complexity(diff)
-        return sympy.simplify(diff) == 0
     except UnsafeExpression:
         return False
+    # simplify() is the one step whose cost grows fast with size; larger differences are not equal.
+    if sum(1 for _ in sympy.preorder_traversal(diff)) > active_limits().max_simplify_nodes:
+        note_rejection("difference too large to simplify")
+        return False
+    return sympy.simplify(diff) == 0
 
 
 def _relation_parts(rel: sympy.Basic) -> tuple[str, sympy.Basic, sympy.Basic]:

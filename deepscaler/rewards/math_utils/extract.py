@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from deepscaler.rewards.math_utils.input_guard import note_rejection
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
@@ -71,6 +73,8 @@ def _boxed_at(text: str, idx: int, command: str) -> str | None:
     if k < n and text[k] == "{":
         close = _match_braces(text, k)
         if close is None:
+            if n - k > MAX_ANSWER_CHARS + 2:
+                note_rejection(f"boxed answer longer than {MAX_ANSWER_CHARS} characters")
             return None
         return text[k + 1 : close]
     if k > j and k < n:

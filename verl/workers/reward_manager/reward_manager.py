@@ -14,13 +14,14 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from deepscaler.rewards.format_reward import FormatRewardConfig, think_format_ok
+from deepscaler.rewards.math_utils.input_guard import GuardLimits
 from deepscaler.rewards.math_utils import split_after_think
 from deepscaler.rewards.orm import OrmConfig, OrmJudge
 from deepscaler.rewards.reward_types import ScoreResult
 from deepscaler.rewards.selection import ScorerSpec, fail_success_values, graded_text
 from verl.workers.reward_manager.scoring_pool import PoolStats, ScoringPool
 
-REWARD_CONFIG_KEYS = ("num_workers", "timeout_s", "grader", "format_reward", "orm")
+REWARD_CONFIG_KEYS = ("num_workers", "timeout_s", "grade_budget_s", "grader", "format_reward", "orm")
 FORMAT_REWARD_KEYS = tuple(f.name for f in FormatRewardConfig.__dataclass_fields__.values())
 ORM_KEYS = tuple(f.name for f in OrmConfig.__dataclass_fields__.values())
 
@@ -68,7 +69,8 @@ class RewardManager:
         tokenizer: decodes ``responses`` (``decode(ids, skip_special_tokens=False)``).
         reward_impl_version: LUFFY's ``data.reward_impl_version`` (0-4, default 3).
         num_workers: scoring processes (0 = inline, no timeout).
-        timeout_s: per-item wall-clock limit in seconds.
+        timeout_s: per-item wall-clock limit in seconds (the pool's, enforced by killing the worker).
+        grade_budget_s: per-item time budget the graders enforce themselves (``GuardLimits.time_budget_s``).
         format_reward: ``FormatRewardConfig`` or mapping with its keys (None = off).
         orm: ``OrmConfig`` or mapping with its keys (None = off).
         compute_score: optional module-level ``fn(data_source, text, gt, extra_info) -> float`` replacing
@@ -79,9 +81,9 @@ class RewardManager:
 
     def __init__(self, tokenizer, reward_impl_version: int = 3, num_workers: int = 2, timeout_s: float = 10.0,
                  format_reward=None, orm=None, compute_score=None, grader: str = "math_verify",
-                 start_method: str = "forkserver"):
+                 start_method: str = "forkserver", grade_budget_s: float = 3.0):
         self.tokenizer = tokenizer
-        self.spec = ScorerSpec(reward_impl_version, grader)
+        self.spec = ScorerSpec(reward_impl_version, grader, GuardLimits(time_budget_s=float(grade_budget_s)))
         self.reward_impl_version = self.spec.reward_impl_version
         self.fail_value, self.success_value = fail_success_values(self.reward_impl_version)
         self.format_reward = _as_format_config(format_reward)
@@ -98,6 +100,7 @@ class RewardManager:
 
         num_workers (2): scoring processes; 0 grades inline without a timeout.
         timeout_s (10.0): per-item wall-clock limit; a timed-out item scores 0.
+        grade_budget_s (3.0): per-item budget enforced in-process by the graders (any thread).
         grader (math_verify): equivalence check of versions 3/4 (math_verify | rule | any);
             versions 0-2 always use the deepscaler rule grader.
         format_reward.enable (False), format_reward.weight (0.0), format_reward.mode (multiply):
@@ -110,6 +113,7 @@ class RewardManager:
         _check_keys(cfg, REWARD_CONFIG_KEYS, "reward")
         return cls(tokenizer, reward_impl_version=reward_impl_version,
                    num_workers=int(cfg.get("num_workers", 2)), timeout_s=float(cfg.get("timeout_s", 10.0)),
+                   grade_budget_s=float(cfg.get("grade_budget_s", 3.0)),
                    format_reward=cfg.get("format_reward"), orm=cfg.get("orm"),
                    grader=cfg.get("grader", "math_verify"), **kwargs)
 
@@ -137,6 +141,7 @@ class RewardManager:
         return {
             "reward/timeout_count": float(stats.timeout_count),
             "reward/parse_fail_count": float(stats.parse_fail_count),
+            "reward/unparseable_count": float(stats.unparseable_count),
             "reward/error_count": float(stats.error_count),
             "reward/score_time_s": stats.score_time_s,
             "reward/num_scored": float(n),

@@ -41,9 +41,10 @@ ScoreItem = tuple
 class PoolStats:
     """Counters for one ``score`` call (the reward manager turns them into ``reward/*`` metrics)."""
 
-    timeout_count: int = 0
+    timeout_count: int = 0  # items killed at the pool's deadline plus items whose scorer hit its time budget
     error_count: int = 0
     parse_fail_count: int = 0
+    unparseable_count: int = 0  # items an input guard refused (also counted in parse_fail_count)
     worker_restarts: int = 0
     score_time_s: float = 0.0
     errors: list[str] = dataclasses.field(default_factory=list)
@@ -101,7 +102,7 @@ def _worker_main(conn, scorer) -> None:
             try:
                 result = scorer.score(*item)
                 reply = (task_id, True, (float(result.score), bool(result.correct), bool(result.parse_failed),
-                                         result.answer))
+                                         result.answer, bool(result.unparseable), bool(result.timed_out)))
             except BaseException as exc:  # noqa: BLE001 - reported to the parent and counted as an error
                 reply = (task_id, False, f"{type(exc).__name__}: {str(exc)[:300]}")
             try:
@@ -207,6 +208,9 @@ class ScoringPool:
             else:
                 results = self._score_in_workers(list(items), stats)
             stats.parse_fail_count = sum(1 for r in results if r.parse_failed)
+            stats.unparseable_count = sum(1 for r in results if r.unparseable)
+            # Pool kills are counted where they happen; in-process budget hits come back in the results.
+            stats.timeout_count += sum(1 for r in results if r.timed_out)
             stats.score_time_s = time.perf_counter() - start
             return results, stats
 
@@ -303,8 +307,7 @@ class ScoringPool:
                             raise RuntimeError(f"scoring worker answered item {task_id} while {task} was next")
                         worker.deadline = time.monotonic() + self.timeout_s
                         if ok:
-                            score, correct, parse_failed, answer = payload
-                            results[task] = ScoreResult(score, correct, parse_failed, answer)
+                            results[task] = ScoreResult(*payload)
                         else:
                             stats.error_count += 1
                             stats.errors.append(payload)
@@ -324,7 +327,7 @@ class ScoringPool:
             now = time.monotonic()
             for worker in list(self._workers):
                 if worker.tasks and worker.deadline <= now:
-                    results[worker.tasks.popleft()] = ScoreResult(0.0, False)
+                    results[worker.tasks.popleft()] = ScoreResult(0.0, False)  # timed_out stays False: counted here
                     pending.extendleft(reversed(worker.tasks))
                     worker.tasks.clear()
                     stats.timeout_count += 1

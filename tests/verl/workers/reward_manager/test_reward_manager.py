@@ -140,12 +140,12 @@ class _DeadCompletions:
         import openai
 
         self.calls += 1
-        raise openai.APIConnectionError(request=httpx.Request("POST", "http://10.9.9.9:8000/v1/chat/completions"))
+        raise openai.APIConnectionError(request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
 
 
 def _dead_judge_manager(tokenizer, **orm):
     manager = RewardManager(tokenizer, reward_impl_version=1, num_workers=0)
-    config = OrmConfig(enable=True, base_url="http://10.9.9.9:8000/v1", model="judge", requests_per_second=1000,
+    config = OrmConfig(enable=True, base_url="http://127.0.0.1:9/v1", model="judge", requests_per_second=1000,
                        max_retries=0, **orm)
     completions = _DeadCompletions()
     manager.judge = OrmJudge(config, client=types.SimpleNamespace(chat=types.SimpleNamespace(completions=completions)))
@@ -162,7 +162,7 @@ def test_dead_judge_raises_naming_endpoint_and_last_error(tokenizer):
     msg = str(err.value)
     assert re.search(r"40 of 40 judge calls failed this step \(\d+ skipped after repeated failures\) \(more than "
                      r"max_failure_rate=0.5\)", msg) and "\n" not in msg
-    assert "endpoint http://10.9.9.9:8000/v1" in msg and "last error: APIConnectionError: Connection error." in msg
+    assert "endpoint http://127.0.0.1:9/v1" in msg and "last error: APIConnectionError: Connection error." in msg
     assert completions.calls <= 2 * 16, "once the endpoint is seen down, the calls not yet started are skipped"
 
 
@@ -173,7 +173,7 @@ def test_dead_judge_in_warn_mode_logs_every_step_and_keeps_grader_scores(tokeniz
         for _ in range(2):
             scores, metrics = manager(data)
     warnings = [r.getMessage() for r in caplog.records if "judge calls failed" in r.getMessage()]
-    assert len(warnings) == 2 and "3 of 3" in warnings[0] and "endpoint http://10.9.9.9:8000/v1" in warnings[0]
+    assert len(warnings) == 2 and "3 of 3" in warnings[0] and "endpoint http://127.0.0.1:9/v1" in warnings[0]
     assert metrics["reward/orm_fail_rate"] == 1.0 and metrics["reward/orm_fail_count"] == 3.0
     assert scores.sum(-1).tolist() == [1.0, -0.5, -0.5, -0.5]  # v1 values: the grader's verdicts stand
 
@@ -219,3 +219,17 @@ def test_a_judge_that_answers_is_never_skipped(tokenizer):
     with manager:
         _, metrics = manager(data)
     assert flaky.calls == 40 and metrics["reward/orm_fail_rate"] == 0.5
+
+def test_limit_hits_are_counted_in_the_training_metrics(tokenizer):
+    tower = "x\n</think>\n\\boxed{9^{9^{9^{9^{9}}}}}"
+    right = RIGHT[len("<think>\n"):]
+    cfg = OmegaConf.create({"num_workers": 0, "grade_budget_s": 3.0})
+    with RewardManager.from_config(cfg, reward_impl_version=3, tokenizer=tokenizer) as manager:
+        scores, metrics = manager.score_texts([("math", tower, "2"), ("math", right, "42")])
+    assert scores == [0.0, 1.0]
+    assert (metrics["reward/unparseable_count"], metrics["reward/parse_fail_count"], metrics["reward/timeout_count"]) \
+        == (1.0, 1.0, 0.0)
+    # A spent in-process budget is a timeout, counted like the pool's own timeouts.
+    with RewardManager(tokenizer, reward_impl_version=3, num_workers=0, grade_budget_s=1e-6) as manager:
+        scores, metrics = manager.score_texts([("math", right, "42"), ("math", "no think tag", "42")])
+    assert scores == [0.0, 0.0] and metrics["reward/timeout_count"] == 1.0

@@ -5,9 +5,11 @@ import time
 import pytest
 
 from deepscaler.rewards import ScorerSpec
+from deepscaler.rewards.math_utils.input_guard import GuardLimits
 from verl.workers.reward_manager import ScoringPool
 
-HANGS_MATH_VERIFY = ("math", "x\n</think>\n\\boxed{9^{9^{9}}}", "1", None)  # verify() never returns
+# verify() never returned on this before the input guards; now it is refused as unparseable at once.
+TOWER = ("math", "x\n</think>\n\\boxed{9^{9^{9}}}", "1", None)
 RIGHT = ("math", "x\n</think>\n\\boxed{\\frac{1}{2}}", "0.5", None)
 WRONG = ("math", "x\n</think>\n\\boxed{3}", "0.5", None)
 NO_CLOSE = ("math", "\\boxed{3}", "0.5", None)
@@ -15,6 +17,14 @@ NO_CLOSE = ("math", "\\boxed{3}", "0.5", None)
 
 def raises_value_error(data_source, solution_str, ground_truth, extra_info=None):
     raise ValueError("bad row")
+
+
+def hangs_on_marker_rows(data_source, solution_str, ground_truth, extra_info=None):
+    """A user's reward function that never returns on one row: only the pool's kill can end it."""
+    if solution_str == "hang":
+        while True:
+            time.sleep(1)
+    return 1.0
 
 
 def dies_on_crash_rows(data_source, solution_str, ground_truth, extra_info=None):
@@ -36,20 +46,37 @@ def test_scores_and_parse_failures_come_back_in_order(pool):
     assert stats.parse_fail_count == 1 and stats.timeout_count == 0 and stats.error_count == 0
 
 
-def test_hung_item_scores_zero_within_the_timeout_and_the_worker_is_replaced(pool):
-    pids_before = set(pool.worker_pids())
-    # 25 items go out in chunks of 6, so the hung item sits in the middle of a worker's chunk.
-    items = [RIGHT] * 12 + [HANGS_MATH_VERIFY] + [RIGHT] * 12
-    start = time.monotonic()
-    results, stats = pool.score(items)
-    elapsed = time.monotonic() - start
-    assert [r.score for r in results] == [1.0] * 12 + [0.0] + [1.0] * 12
-    assert stats.timeout_count == 1 and stats.worker_restarts == 1
-    assert elapsed < 3.0 + 60.0  # the timeout plus a generous allowance for a loaded CI machine
-    assert len(set(pool.worker_pids()) - pids_before) == 1
-    # The replacement worker grades normally.
-    results, _ = pool.score([RIGHT, WRONG])
-    assert [r.score for r in results] == [1.0, 0.0]
+def test_former_hang_is_now_refused_in_process_and_counted_as_unparseable(pool):
+    results, stats = pool.score([RIGHT, TOWER, RIGHT])
+    assert [r.score for r in results] == [1.0, 0.0, 1.0] and results[1].unparseable
+    assert (stats.timeout_count, stats.unparseable_count, stats.worker_restarts) == (0, 1, 0)
+
+
+def test_hung_item_scores_zero_within_the_timeout_and_the_worker_is_replaced():
+    with ScoringPool(hangs_on_marker_rows, num_workers=2, timeout_s=3.0) as pool:
+        pool.wait_ready()
+        pids_before = set(pool.worker_pids())
+        ok = ("math", "fine", "1", None)
+        # 25 items go out in chunks of 6, so the hung item sits in the middle of a worker's chunk.
+        items = [ok] * 12 + [("math", "hang", "1", None)] + [ok] * 12
+        start = time.monotonic()
+        results, stats = pool.score(items)
+        elapsed = time.monotonic() - start
+        assert [r.score for r in results] == [1.0] * 12 + [0.0] + [1.0] * 12
+        assert stats.timeout_count == 1 and stats.worker_restarts == 1
+        assert elapsed < 3.0 + 60.0  # the timeout plus a generous allowance for a loaded CI machine
+        assert len(set(pool.worker_pids()) - pids_before) == 1
+        # The replacement worker grades normally.
+        results, _ = pool.score([ok, ok])
+        assert [r.score for r in results] == [1.0, 1.0]
+
+
+def test_in_process_budget_hits_are_counted_as_timeouts():
+    spec = ScorerSpec(3, limits=GuardLimits(time_budget_s=1e-6))
+    with ScoringPool(spec, num_workers=1, timeout_s=30.0) as tight:
+        results, stats = tight.score([RIGHT, NO_CLOSE])
+    assert [(r.score, r.timed_out) for r in results] == [(0.0, True), (0.0, False)]
+    assert (stats.timeout_count, stats.worker_restarts) == (1, 0)
 
 
 @pytest.mark.parametrize("answer", ["9^{9^{9^{9}}}", "{" * 20000 + "1" + "}" * 20000, "1" * 1_000_000])
