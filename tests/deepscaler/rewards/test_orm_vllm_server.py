@@ -105,7 +105,8 @@ def test_reward_manager_consults_the_judge_for_wrong_answers(judge_server, monke
 
     monkeypatch.setenv(KEY_ENV, judge_server["api_key"])
     orm = dict(enable=True, base_url=judge_server["base_url"], model=MODEL_NAME, api_key_env=KEY_ENV,
-               timeout_s=120, max_retries=1, cache_path=str(tmp_path / "cache.jsonl"))
+               timeout_s=120, max_retries=1, cache_path=str(tmp_path / "cache.jsonl"),
+               on_failure="warn")  # the random tiny judge may reply without a verdict: that is a failure
     with RewardManager(None, reward_impl_version=3, num_workers=0, orm=orm) as manager:
         manager.judge.max_tokens = 8
         items = [("math", "x\n</think>\n\\boxed{5}", "4", {"problem": "What is 2 + 2?"}),
