@@ -79,6 +79,7 @@ def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
         "actor_rollout_ref.rollout.max_prefix_len=48", "actor_rollout_ref.rollout.n_prefix=1",
         "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.ref.use_ref=False",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.rollout.n_val=1",
         "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False", "algorithm.kl_ctrl.kl_coef=0.0",
         "reward.num_workers=1", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=2", "trainer.save_freq=-1",

@@ -101,6 +101,7 @@ def base_config(compose_config, tmp_path_factory):
     cfg = compose_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.n_prefix=1",
                           "actor_rollout_ref.rollout.min_prefix_ratio=0.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
                           "actor_rollout_ref.rollout.prefix_strategy=random", "actor_rollout_ref.ref.use_ref=False",
+                          "actor_rollout_ref.actor.use_kl_loss=False",
                           "trainer.test_freq=-1", "+trainer.val_before_train=False", "data.train_batch_size=4"])
     return cfg
 

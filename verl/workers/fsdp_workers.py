@@ -138,7 +138,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         elif style == "cosine":
             if total <= 0:
                 raise ValueError("actor.optim.warmup_style=cosine needs actor.optim.total_training_steps > 0")
-            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.get("min_lr_ratio", 0.0),
+            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.get("min_lr_ratio") or 0.0,
                                                         zero_lr_first_step=zero_first)
         else:
             raise ValueError(f"actor.optim.warmup_style must be constant or cosine, got {style!r}")
