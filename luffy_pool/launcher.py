@@ -146,11 +146,13 @@ def build_trainer(config: DictConfig):
     from transformers import AutoTokenizer
 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from verl.utils.import_utils import import_external_libs
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import RewardManager
 
     device = resolve_driver_device(config)
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    import_external_libs(config.actor_rollout_ref.model.get("external_lib"))  # a custom tokenizer may need it too
     tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)
     loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
     total = config.trainer.get("total_training_steps") or len(loader) * int(config.trainer.total_epochs)
