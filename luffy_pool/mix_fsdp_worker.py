@@ -17,7 +17,7 @@ from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.rollout.base import SamplingSpec
+from verl.workers.rollout.base import sampling_from_config
 
 
 class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -28,12 +28,11 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         super().init_model()
         if self._is_rollout:
             rcfg = self.config.rollout
+            sampling, val_temperature = sampling_from_config(rcfg)  # do_sample=False: greedy
             self.planner = MixRolloutPlanner(
                 self.rollout, n=rcfg.n, response_length=rcfg.response_length,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                sampling=SamplingSpec(temperature=rcfg.temperature, top_p=rcfg.top_p, top_k=rcfg.top_k,
-                                      ignore_eos=rcfg.get("ignore_eos", False)),
-                n_val=rcfg.get("n_val", 1), val_temperature=rcfg.get("val_temperature", 0.6))
+                sampling=sampling, n_val=rcfg.get("n_val", 1), val_temperature=val_temperature)
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
