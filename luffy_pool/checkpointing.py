@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from verl.utils.checkpoint import layout
+from verl.utils.checkpoint.mirror import mirror_checkpoint
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class TrainerCheckpointer:
         keep = t.get("max_optim_to_keep")
         self.max_optim_to_keep = int(keep) if keep is not None else None
         self.save_hf_on_save = bool(t.get("save_hf_on_save", False))
+        self.mirror_root = t.get("default_hdfs_dir") or None  # second copy of each checkpoint (local path or URL)
         self.sampler = sampler
         workers = int(config.get("data", {}).get("dataloader_num_workers", 0) or 0)
         save_freq = t.get("save_freq", -1)
@@ -79,6 +81,8 @@ class TrainerCheckpointer:
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
+        if self.mirror_root:
+            logger.info("mirrored checkpoint to %s", mirror_checkpoint(self.root, final, str(self.mirror_root)))
         pruned = layout.prune_sharded_states(self.root, self.max_optim_to_keep, current_step=step)
         if pruned:
             logger.info("max_optim_to_keep=%s: removed %d shard dirs", self.max_optim_to_keep, len(pruned))

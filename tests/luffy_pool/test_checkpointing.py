@@ -324,3 +324,15 @@ def test_sigkill_while_writing_a_checkpoint_leaves_previous_one_for_resume(base_
     resumed, _ = make_trainer(base_config, tiny_model_dir, out_dir, steps=4)
     resumed.fit()
     assert sorted(resumed.ratio_log) == [3, 4] and layout.read_tracker(str(out_dir)) == 4
+
+
+def test_default_hdfs_dir_mirrors_every_published_checkpoint(base_config, tiny_model_dir, tmp_path):
+    mirror = tmp_path / "mirror"
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path / "run", steps=4, default_hdfs_dir=str(mirror))
+    trainer.fit()
+    assert sorted(p for p in os.listdir(mirror)) == ["global_step_2", "global_step_4", layout.TRACKER_FILE]
+    assert layout.read_tracker(str(mirror)) == 4
+    for step in (2, 4):
+        local, copy = tmp_path / "run" / f"global_step_{step}", mirror / f"global_step_{step}"
+        assert (copy / layout.DATA_FILE).read_bytes() == (local / layout.DATA_FILE).read_bytes()
+        assert sorted(os.listdir(copy / layout.ACTOR_DIR)) == sorted(os.listdir(local / layout.ACTOR_DIR))
