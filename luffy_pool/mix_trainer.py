@@ -18,6 +18,7 @@ import torch
 from deepscaler.rewards import fail_success_values
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import PrefixRatioSampler
+from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
@@ -93,6 +94,12 @@ class MIXRayPPOTrainer:
 
         if self.checkpointer is not None:
             self.global_steps = self.checkpointer.maybe_resume(self)
+        if self.config.trainer.get("val_only", False):  # LUFFY's +trainer.val_only=True: validate, then exit
+            if self.val_dataset is None:
+                raise ValueError("trainer.val_only=True needs data.val_files")
+            metrics = self.validate()
+            self._log(metrics, step=self.global_steps)
+            return metrics
         if self.global_steps == 0 and self.config.trainer.get("val_before_train", True) and self.val_dataset is not None:
             self._log(self.validate(), step=0)
         last = {}
@@ -149,6 +156,9 @@ class MIXRayPPOTrainer:
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         with _timer("adv", timing):
             batch = self._compute_rewards_and_advantage(batch, metrics)
+        if self.config.trainer.get("rollout_data_dir"):
+            dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps,
+                          rollout_records(batch, self.tokenizer, self.global_steps))
         if self.config.trainer.get("balance_batch", True):
             self._balance_batch(batch, metrics)
         if self.config.trainer.get("critic_warmup", 0) <= self.global_steps - 1:
@@ -273,6 +283,7 @@ class MIXRayPPOTrainer:
         chunk = int(self.config.data.get("val_batch_size") or len(self.val_dataset))
         chunk = max(chunk, self.world_size)
         scores_by_source: dict[str, list[float]] = {}
+        n_log, samples = int(self.config.trainer.get("val_generations_to_log", 0) or 0), []
         for start in range(0, len(self.val_dataset), chunk):
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))
@@ -286,6 +297,9 @@ class MIXRayPPOTrainer:
             scores, _ = self.val_reward_fn(batch)
             for ds, s in zip(batch.non_tensor_batch["data_source"], scores.sum(-1).tolist()):
                 scores_by_source.setdefault(str(ds), []).append(s)
+            samples += validation_samples(batch, scores, self.tokenizer, n_log - len(samples))
+        if samples and self.tracker is not None:
+            self.tracker.log_generations(samples, step=self.global_steps)
         out = {f"val/test_score/{ds}": float(np.mean(v)) for ds, v in sorted(scores_by_source.items())}
         out["val/avg_score"] = float(np.mean(list(out.values()))) if out else 0.0
         self.last_val_metrics = out
