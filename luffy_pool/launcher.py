@@ -177,10 +177,11 @@ def build_trainer(config: DictConfig):
         from luffy_pool.checkpointing import TrainerCheckpointer
 
         checkpointer = TrainerCheckpointer(config, sampler)
-        pool = build_off_policy_pool(config, tokenizer, loader.dataset)
+        # Its own name: `pool` is the Ray resource pool that close() releases (review B9).
+        off_policy_pool = build_off_policy_pool(config, tokenizer, loader.dataset)
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
-                                   off_policy_pool=pool)
+                                   off_policy_pool=off_policy_pool)
     except BaseException:
         close()
         raise

@@ -195,7 +195,7 @@ class MIXRayPPOTrainer:
             probs = batch.pop(batch_keys=["target_probs"]).batch["target_probs"].double()
             gen_batch.batch["trace_logprobs"] = torch.where(probs > 0, probs.log(), torch.full_like(probs, float("nan")))
         if self.off_policy_pool is not None and self.off_policy_pool.has_extra_traces:
-            self._attach_pool_traces(gen_batch, batch, ratios)
+            metrics["rollout/extra_trace_slots"] = self._attach_pool_traces(gen_batch, batch, ratios)
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
@@ -216,8 +216,9 @@ class MIXRayPPOTrainer:
         metrics["rollout/full_trace_slots"] = int((np.asarray(ratios) >= 1.0).sum())
         return batch
 
-    def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> None:
-        """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files."""
+    def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
+        """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files; returns how
+        many prefix slots got an extra trace."""
         target_logprobs = gen_batch.pop(batch_keys=["trace_logprobs"]).batch["trace_logprobs"] \
             if "trace_logprobs" in gen_batch.batch.keys() else None
         slot = self.off_policy_pool.slot_traces(
@@ -226,6 +227,7 @@ class MIXRayPPOTrainer:
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
         if slot.trace_logprobs is not None:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
+        return int(slot.num_extra_slots)
 
     def _update_keys(self, batch: DataProto) -> list[str]:
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages", "prefix_mask"]
