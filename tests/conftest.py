@@ -60,6 +60,22 @@ def ray_session():
     ray.shutdown()
 
 
+# Per-test limit of unit tests (the quick loop); e2e / slow / vllm tests get pytest.ini's `timeout` (900 s).
+UNIT_TEST_TIMEOUT_S = 300
+HEAVY_MARKERS = ("e2e", "slow", "vllm")
+
+
+def pytest_collection_modifyitems(config, items):
+    """slow and vllm tests belong to the e2e tier, so the quick loop `-m "not e2e"` leaves them out;
+    every other test runs under the tighter unit-test timeout unless it sets its own."""
+    for item in items:
+        heavy = [m for m in HEAVY_MARKERS if item.get_closest_marker(m) is not None]
+        if heavy and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+        if not heavy and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TEST_TIMEOUT_S))
+
+
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "luffy_pool", "config")
 
 
