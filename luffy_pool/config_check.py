@@ -269,6 +269,9 @@ class _Checker:
             if get("algorithm.adv_estimator") != "grpo_split":
                 self.fail(f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
                           f"(on-policy advantages without the off-policy rows), got {get('algorithm.adv_estimator')!r}")
+        if get(f"{_A}.policy_loss") != "auto" and (get(f"{_A}.use_off_policy_loss") or get(f"{_A}.use_sft_multitask_loss")):
+            self.fail(f"'{_A}.policy_loss'={get(f'{_A}.policy_loss')!r} conflicts with LUFFY's loss switches "
+                      "(use_off_policy_loss / use_sft_multitask_loss); set policy_loss=auto or turn the switches off")
         if get(f"{_A}.use_sft_prefix_reward") and get(f"{_R}.n_prefix") != -1:
             self.fail(f"'{_A}.use_sft_prefix_reward'=True needs '{_R}.n_prefix'=-1, got {get(f'{_R}.n_prefix')}")
         if get(f"{_A}.use_off_policy_probs") and not get(f"{_A}.use_off_policy_loss"):
