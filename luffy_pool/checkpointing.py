@@ -94,16 +94,13 @@ class TrainerCheckpointer:
         return final
 
     def _write_data_state(self, path: str, trainer, step: int) -> None:
-        kl_ctrl = getattr(trainer, "kl_ctrl", None)
         state = {
             "version": DATA_STATE_VERSION,
             "global_step": step,
             "total_training_steps": int(getattr(trainer, "total_training_steps", step)),
             "world_size": int(getattr(trainer, "world_size", 0)),
             "sampler": self.sampler.state_dict(),
-            "ratio_sampler": trainer.ratio_sampler.state_dict(),
-            "kl_coef": float(kl_ctrl.value) if kl_ctrl is not None and hasattr(kl_ctrl, "value") else None,
-            "last_val_metrics": dict(getattr(trainer, "last_val_metrics", {}) or {}),
+            **trainer.state_dict(),  # the trainer's own resumable state (ratio sampler, KL coefficient, ...)
             "driver_rng": capture_rng_state(),
         }
         with open(path, "wb") as f:
@@ -199,13 +196,8 @@ class TrainerCheckpointer:
             raise ValueError(f"{data_path} is for step {data['global_step']}, but its directory says {step}")
         trainer.wg.load_checkpoint(os.path.join(step_dir, layout.ACTOR_DIR))
         self.sampler.load_state_dict(data["sampler"])
-        trainer.ratio_sampler.load_state_dict(data["ratio_sampler"])
-        kl_ctrl = getattr(trainer, "kl_ctrl", None)
-        if data.get("kl_coef") is not None and kl_ctrl is not None:
-            kl_ctrl.value = float(data["kl_coef"])
-        trainer.last_val_metrics = dict(data.get("last_val_metrics", {}))
+        trainer.load_state_dict(data)
         restore_rng_state(data["driver_rng"])
-        trainer._data_iter = None  # the next batch comes from the restored sampler position
         total = int(getattr(trainer, "total_training_steps", step))
         saved_ws, ws = data.get("world_size"), getattr(trainer, "world_size", None)
         logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws, ws,

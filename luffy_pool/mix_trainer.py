@@ -66,6 +66,22 @@ class MIXRayPPOTrainer:
         self._data_iter = None
         self.last_val_metrics: dict = {}
 
+    # ------------------------------------------------------------------ resumable state
+    def state_dict(self) -> dict:
+        """The driver-side state a resume restores (the checkpointer adds the data sampler and RNGs)."""
+        value = getattr(self.kl_ctrl, "value", None)
+        return {"ratio_sampler": self.ratio_sampler.state_dict(),
+                "kl_coef": float(value) if value is not None else None,
+                "last_val_metrics": dict(self.last_val_metrics or {})}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned; the next batch comes from the restored sampler position."""
+        self.ratio_sampler.load_state_dict(state["ratio_sampler"])
+        if state.get("kl_coef") is not None and hasattr(self.kl_ctrl, "value"):
+            self.kl_ctrl.value = float(state["kl_coef"])
+        self.last_val_metrics = dict(state.get("last_val_metrics") or {})
+        self._data_iter = None
+
     # ------------------------------------------------------------------ schedule
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -290,9 +306,8 @@ class MIXRayPPOTrainer:
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
-            gen_batch.meta_info["validate"] = True
             gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.world_size)
-            gen_out = self.wg.generate_sequences(gen_batch)
+            gen_out = self.wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)
             batch = batch.repeat(repeat_times=n_val, interleave=True).union(gen_out)

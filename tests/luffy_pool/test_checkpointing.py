@@ -336,3 +336,17 @@ def test_default_hdfs_dir_mirrors_every_published_checkpoint(base_config, tiny_m
         local, copy = tmp_path / "run" / f"global_step_{step}", mirror / f"global_step_{step}"
         assert (copy / layout.DATA_FILE).read_bytes() == (local / layout.DATA_FILE).read_bytes()
         assert sorted(os.listdir(copy / layout.ACTOR_DIR)) == sorted(os.listdir(local / layout.ACTOR_DIR))
+
+
+def test_trainer_state_dict_round_trip(base_config, tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
+    trainer.last_val_metrics = {"val/avg_score": 0.25}
+    trainer.kl_ctrl.value = 0.125
+    state = trainer.state_dict()
+    assert set(state) == {"ratio_sampler", "kl_coef", "last_val_metrics"} and state["kl_coef"] == 0.125
+    drawn = np.asarray(trainer.ratio_sampler.draw(4, 1)).tolist()
+    trainer.last_val_metrics, trainer.kl_ctrl.value, trainer._data_iter = {}, 9.0, iter([])
+    trainer.load_state_dict(state)
+    assert np.asarray(trainer.ratio_sampler.draw(4, 1)).tolist() == drawn
+    assert trainer.last_val_metrics == {"val/avg_score": 0.25} and trainer.kl_ctrl.value == 0.125
+    assert trainer._data_iter is None  # the next batch comes from the (restored) sampler

@@ -67,7 +67,7 @@ class FixedResponsesGroup:
     def __init__(self, tokenizer, n_val):
         self.tokenizer, self.n_val, self.calls = tokenizer, n_val, []
 
-    def generate_sequences(self, gen_batch):
+    def generate_validation(self, gen_batch):
         self.calls.append(len(gen_batch))
         prompts = gen_batch.batch["input_ids"].repeat_interleave(self.n_val, 0)
         mask_p = gen_batch.batch["attention_mask"].repeat_interleave(self.n_val, 0)
