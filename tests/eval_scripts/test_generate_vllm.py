@@ -52,6 +52,17 @@ HAND_GRADED = [
     (_eval_row("math", 1, "9"), [_right("8"), _right("-9")]),
     (_eval_row("gpqa", 0, "A"), ["x</think>\nANSWER: A", "x</think>\nANSWER: C"]),
 ]
+def _write_decoded(out):
+    """The decoded samples of HAND_GRADED, as a previous generation run would have left them."""
+    with open(decoded_path(out), "w") as f:
+        for i, (row, texts) in enumerate(HAND_GRADED):
+            for j, text in enumerate(texts):
+                f.write(json.dumps({"data_source": row["data_source"], "index": row["extra_info"]["index"], "row": i,
+                                    "sample": j, "prompt": THINK_PROMPT, "generated_text": text,
+                                    "ground_truth": row["reward_model"]["ground_truth"], "finish_reason": "stop",
+                                    "num_tokens": 10}) + "\n")
+
+
 EXPECTED_CORRECT = [True, False, False, False, True, True, True, False, True, False, False, False, True, False]
 
 
@@ -60,13 +71,7 @@ def test_hand_graded_outputs_give_hand_computed_metrics(tmp_path, grader, capsys
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
     out = str(tmp_path / "out" / "ckpt.jsonl")
     os.makedirs(os.path.dirname(out))
-    with open(decoded_path(out), "w") as f:  # as a previous generation run would have left it
-        for i, (row, texts) in enumerate(HAND_GRADED):
-            for j, text in enumerate(texts):
-                f.write(json.dumps({"data_source": row["data_source"], "index": row["extra_info"]["index"], "row": i,
-                                    "sample": j, "prompt": THINK_PROMPT, "generated_text": text,
-                                    "ground_truth": row["reward_model"]["ground_truth"], "finish_reason": "stop",
-                                    "num_tokens": 10}) + "\n")
+    _write_decoded(out)
     generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
                         "--force_generate", "False", "--grader", grader])
     graded = [json.loads(x) for x in open(out)]
@@ -167,13 +172,7 @@ def test_add_oat_evaluate_is_luffys_rule_and_both_the_stricter_one(tmp_path, fla
     it wrong. Sample 12 answers "ANSWER: A" unboxed: OAT needs a box, math-verify/rule read the letter."""
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
     out = str(tmp_path / "ckpt.jsonl")
-    with open(decoded_path(out), "w") as f:
-        for i, (row, texts) in enumerate(HAND_GRADED):
-            for j, text in enumerate(texts):
-                f.write(json.dumps({"data_source": row["data_source"], "index": row["extra_info"]["index"], "row": i,
-                                    "sample": j, "prompt": THINK_PROMPT, "generated_text": text,
-                                    "ground_truth": row["reward_model"]["ground_truth"], "finish_reason": "stop",
-                                    "num_tokens": 10}) + "\n")
+    _write_decoded(out)
     generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
                         "--force_generate", "False", *flags])
     graded = [json.loads(x) for x in open(out)]
