@@ -113,6 +113,20 @@ def build_off_policy_pool(config, tokenizer, train_dataset):
                          seed=int(config.trainer.get("seed", 1)))
 
 
+def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None:
+    """``use_off_policy_probs`` needs behaviour probabilities from the training parquet's column or from
+    ``data.off_policy_files``' log-probs; with neither, the loss would silently fall back to f(p)."""
+    if not config.actor_rollout_ref.actor.get("use_off_policy_probs", False):
+        return
+    if getattr(train_dataset, "has_target_probs", False):
+        return
+    if off_policy_pool is not None and off_policy_pool.has_extra_logprobs:
+        return
+    key = getattr(train_dataset, "target_probs_key", "target_ds_qwen_7b_probs")
+    raise ValueError(f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
+                     "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False")
+
+
 def build_worker_group(config, device: str):
     from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -179,6 +193,7 @@ def build_trainer(config: DictConfig):
         checkpointer = TrainerCheckpointer(config, sampler)
         # Its own name: `pool` is the Ray resource pool that close() releases (review B9).
         off_policy_pool = build_off_policy_pool(config, tokenizer, loader.dataset)
+        check_behaviour_probs_source(config, loader.dataset, off_policy_pool)
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
                                    off_policy_pool=off_policy_pool)

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 # Per-micro-batch inputs the actor offers every loss. Log-probs are per response token ([rows, L]); eos_mask
-# is the response mask; target_probs are the behaviour probabilities of prefix tokens (use_off_policy_probs).
+# is the response mask; target_probs are the behaviour probabilities of prefix tokens (use_off_policy_probs),
+# LUFFY's loss contract: the batch carries behaviour *log*-probs (NaN = unknown) from the dataset to here, and
+# loss_tensors converts them once (unknown -> probability 1.0, as LUFFY's rollout did).
 LOSS_TENSORS = ("old_log_prob", "log_prob", "advantages", "eos_mask", "prefix_mask", "target_probs")
 
 
@@ -64,5 +66,16 @@ def loss_tensors(micro: dict, log_prob, response_mask, use_off_policy_probs: boo
         "advantages": micro.get("advantages"),
         "eos_mask": response_mask,
         "prefix_mask": micro.get("prefix_mask"),
-        "target_probs": micro.get("target_probs") if use_off_policy_probs else None,
+        "target_probs": behaviour_probs(micro.get("behaviour_log_probs"), log_prob.dtype) if use_off_policy_probs
+        else None,
     }
+
+
+def behaviour_probs(behaviour_log_probs, dtype):
+    """exp of the behaviour log-probs, 1.0 where unknown (NaN); None stays None."""
+    if behaviour_log_probs is None:
+        return None
+    import torch
+
+    known = ~torch.isnan(behaviour_log_probs)
+    return torch.where(known, behaviour_log_probs.nan_to_num(0.0).exp(), torch.ones_like(behaviour_log_probs)).to(dtype)

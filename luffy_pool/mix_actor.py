@@ -37,7 +37,7 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
     def loss_input_keys(self) -> list[str]:
         keys = super().loss_input_keys() + ["prefix_mask"]
         if self.config.get("use_off_policy_probs", False):
-            keys.append("target_probs")
+            keys.append("behaviour_log_probs")
         return keys
 
     def compute_policy_loss(self, micro, log_prob, entropy, response_mask):

@@ -207,9 +207,8 @@ class MIXRayPPOTrainer:
         ratios = self.ratio_sampler.draw(bsz, self.global_steps)
         gen_keys = [k for k in (*GEN_KEYS, "tgt_input_ids") if k in batch.batch.keys()]
         gen_batch = batch.pop(batch_keys=gen_keys)
-        if "target_probs" in batch.batch.keys():
-            probs = batch.pop(batch_keys=["target_probs"]).batch["target_probs"].double()
-            gen_batch.batch["trace_logprobs"] = torch.where(probs > 0, probs.log(), torch.full_like(probs, float("nan")))
+        if "target_logprobs" in batch.batch.keys():  # behaviour log-probs of the dataset targets, NaN = unknown
+            gen_batch.batch["trace_logprobs"] = batch.pop(batch_keys=["target_logprobs"]).batch["target_logprobs"]
         if self.off_policy_pool is not None and self.off_policy_pool.has_extra_traces:
             metrics["rollout/extra_trace_slots"] = self._attach_pool_traces(gen_batch, batch, ratios)
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
@@ -251,8 +250,8 @@ class MIXRayPPOTrainer:
             keys.append("old_log_probs")
         if "ref_log_prob" in batch.batch.keys():
             keys.append("ref_log_prob")
-        if "target_probs" in batch.batch.keys():
-            keys.append("target_probs")
+        if "behaviour_log_probs" in batch.batch.keys():
+            keys.append("behaviour_log_probs")
         return keys
 
     def _compute_rewards_and_advantage(self, batch: DataProto, metrics: dict) -> DataProto:

@@ -109,3 +109,12 @@ def test_too_few_rows_for_one_batch_names_the_key(compose_config, tiny_task_dir,
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "data.train_batch_size=1000")
     with pytest.raises(ValueError, match="fewer than data.train_batch_size=1000"):
         launcher.build_dataloader(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_use_off_policy_probs_without_any_behaviour_probabilities_is_refused(
+        fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path):
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "actor_rollout_ref.actor.use_off_policy_loss=True",
+               "actor_rollout_ref.actor.use_off_policy_probs=True")
+    with pytest.raises(ValueError, match="no 'target_ds_qwen_7b_probs' column and data.off_policy_files give no"):
+        launcher.build_trainer(cfg)
+    assert fakes.pool.released  # refused after the workers started: still released

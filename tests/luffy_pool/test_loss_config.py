@@ -30,7 +30,8 @@ def _micro():
     rows, width = 3, 4
     return {"old_log_probs": -torch.rand(rows, width), "advantages": torch.tensor([[1.0] * 4, [-1.0] * 4, [0.5] * 4]),
             "prefix_mask": torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
-            "target_probs": torch.full((rows, width), 0.5)}, -torch.rand(rows, width), torch.tensor(
+            "behaviour_log_probs": torch.tensor([[math.log(0.5)] * 2 + [float("nan")] * 2, [float("nan")] * 4,
+                                                 [math.log(0.25)] + [float("nan")] * 3])}, -torch.rand(rows, width), torch.tensor(
         [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
 
 
@@ -60,7 +61,8 @@ def test_the_actor_calls_luffys_token_loss_with_the_mapped_arguments(compose_con
         old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"], eos_mask=mask,
         cliprange=0.2, clip_upper_bound=1.0, prefix_mask=micro["prefix_mask"], off_cliprange=0.2,
         off_policy_reshape="p_div_p_0.1", off_policy_reshape_weight=0.1, on_policy_reshape_weight=0.1,
-        target_probs=micro["target_probs"], loss_remove_token_mean=True, loss_remove_clip=True)
+        target_probs=torch.tensor([[0.5, 0.5, 1.0, 1.0], [1.0] * 4, [0.25, 1.0, 1.0, 1.0]]),
+        loss_remove_token_mean=True, loss_remove_clip=True)
     assert torch.equal(loss, direct["pg_loss"])
     assert metrics["actor/off_pg_loss"] == direct["off_pg_loss"].item() and "actor/ppo_kl_loss" not in metrics
 
