@@ -48,8 +48,8 @@ from deepscaler.rewards.math_reward import (RewardMathFn, deepscaler_reward_fn, 
                                             ground_truth_list)
 from deepscaler.rewards.math_utils import answers_match
 from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score
-from deepscaler.rewards.reward_types import (RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType, RewardValues,
-                                             ScoreResult)
+from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
+from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 from deepscaler.rewards.selection import (
     REWARD_IMPL_VERSIONS,
     ScorerSpec,

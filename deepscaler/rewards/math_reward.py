@@ -20,8 +20,8 @@ from deepscaler.rewards.math_utils import (
     split_after_think,
 )
 from deepscaler.rewards.math_utils.extract import THINK_OPEN
-from deepscaler.rewards.reward_types import (RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType, RewardValues,
-                                             ScoreResult)
+from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
+from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 
 BINARY_VALUES = RewardValues(correct=1.0, incorrect=0.0, format_error=0.0, unknown_error=0.0)
 # LUFFY's reward_with_format.deepscaler_reward_fn_impl1.
