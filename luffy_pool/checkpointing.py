@@ -22,7 +22,6 @@ from typing import Any, Optional
 import torch
 
 from verl.utils.checkpoint import layout
-from verl.utils.checkpoint.mirror import mirror_checkpoint
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
 
 logger = logging.getLogger(__name__)
@@ -81,7 +80,9 @@ class TrainerCheckpointer:
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
-        if self.mirror_root:
+        if self.mirror_root:  # trainer.default_hdfs_dir
+            from verl.utils.checkpoint.mirror import mirror_checkpoint
+
             logger.info("mirrored checkpoint to %s", mirror_checkpoint(self.root, final, str(self.mirror_root)))
         pruned = layout.prune_sharded_states(self.root, self.max_optim_to_keep, current_step=step)
         if pruned:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
 from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
+from verl.utils.import_utils import import_external_libs
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +161,6 @@ def build_trainer(config: DictConfig):
     from transformers import AutoTokenizer
 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
-    from verl.utils.import_utils import import_external_libs
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import RewardManager
 

@@ -8,7 +8,7 @@ from typing import List, Union
 
 from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
 from deepscaler.rewards.math_verify_reward import math_verify_score
-from deepscaler.rewards.reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
+from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 
 __all__ = ["RewardMathFn", "reward_fn_math_verify", "reward_fn_math_verify_no_think"]
 

@@ -20,7 +20,6 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.batch_sizes import normalize_actor_batch_sizes
-from verl.utils.import_utils import import_external_libs
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
 
@@ -101,6 +100,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy
 
         mcfg = self.config.model
+        from verl.utils.import_utils import import_external_libs
+
         import_external_libs(mcfg.get("external_lib"))  # registers a custom architecture before AutoConfig reads it
         attn = mcfg.get("attn_implementation", "auto")
         if attn == "auto":
