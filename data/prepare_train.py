@@ -11,8 +11,10 @@ Sources (``--source``):
              ``openai/gsm8k``: the reward selector sends that name to verl's ``####``-format scorer, which
              would grade these boxed traces (and the policy's boxed answers) wrong.
   synthetic  the embedded arithmetic task of ``luffy_pool.tiny`` (no input file).
-  luffy      an already formatted §3.1 parquet (e.g. ``Elliott/Openr1-Math-46k-8192``): validated,
-             re-filtered and re-written.
+  luffy      LUFFY's own §3.1 parquet (e.g. ``Elliott/Openr1-Math-46k-8192``): every row validated and
+             kept as it is (order, ``extra_info.index``, extra columns), as LUFFY trains on it;
+             ``--verify True`` re-grades the targets and reports what it would drop (``--drop_failed True``
+             drops), ``--val_dir`` writes LUFFY's validation parquets next to the output (data/luffy_source.py).
 The prompt is [system, user=problem] with LUFFY's R1-style system prompt (``--system_prompt``,
 ``--no_system_prompt``; the synthetic task defaults to its own short prompt, the luffy source keeps the
 file's prompt unless told otherwise). ``--val_fraction`` also writes ``<output>.val.parquet``.
@@ -31,9 +33,9 @@ if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `dat
     sys.path.insert(0, _REPO_ROOT)
 
 from verl.utils.data_format import (R1_SYSTEM_PROMPT, DataFormatError, DropSummary, add_bool_arg, build_prompt,
-                         check_chat, check_ground_truth, check_text, has_think_structure, progress,
+                         check_ground_truth, check_text, has_think_structure, progress,
                          prompt_hash_fraction, read_records, require_columns, run_cli, sibling_path, user_text,
-                         validate_training_row, write_records)
+                         write_records)
 
 SOURCES = ("openr1", "gsm8k", "synthetic", "luffy")
 DEFAULT_DATA_SOURCE = {"openr1": "openr1", "gsm8k": "gsm8k", "synthetic": "synthetic_arith"}
@@ -115,7 +117,7 @@ def openr1_candidates(path: str, max_rows: Optional[int], data_source: str, ques
         yield Candidate(i, question.strip(), traces, gt.strip(), data_source)
 
 
-# ------------------------------------------------------------------------------------ synthetic, luffy
+# ------------------------------------------------------------------------------------------- synthetic
 def synthetic_candidates(n_rows: int, level: int, ops: str, seed: int, data_source: str) -> Iterator[Candidate]:
     from luffy_pool.tiny.arith_task import make_problems, solve_with_trace
 
@@ -127,17 +129,6 @@ def synthetic_candidates(n_rows: int, level: int, ops: str, seed: int, data_sour
         yield Candidate(len(seen) - 1, p.question, [solve_with_trace(p)], str(p.answer), data_source)
         if len(seen) >= n_rows:
             return
-
-
-def luffy_candidates(path: str, max_rows: Optional[int], data_source: Optional[str]) -> Iterator[Candidate]:
-    for i, rec in enumerate(read_records(path, max_rows)):
-        row = validate_training_row(rec, path, i)
-        gt = row["reward_model"]["ground_truth"]
-        if isinstance(gt, list):
-            gt = gt[0]
-        prompt = check_chat(row["prompt"], path, i, "prompt")
-        yield Candidate(i, user_text(prompt), [row["target"][0]["content"]], gt, data_source or row["data_source"],
-                        prompt=prompt)
 
 
 # ------------------------------------------------------------------------------------------- filtering
@@ -263,7 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_trace_tokens", type=int, default=None, help="drop traces longer than this (LUFFY: 8192)")
     ap.add_argument("--grader", default="math_verify", choices=("math_verify", "rule", "both", "any"),
                     help="grader that must accept a trace's answer")
-    add_bool_arg(ap, "--verify", default=True, help="grade traces and drop the wrong ones")
+    add_bool_arg(ap, "--verify", default=None, help="grade traces and drop the wrong ones (None = True, except for "
+                 "--source luffy, where True only reports what it would drop)")
+    add_bool_arg(ap, "--drop_failed", default=False, help="--source luffy --verify True: also drop the failing rows")
+    ap.add_argument("--val_dir", default=None, help="folder with LUFFY's valid*.parquet (its data/ folder, e.g. "
+                    "../shared/data/benchmarks): each is validated and written next to --output")
     ap.add_argument("--num_workers", type=int, default=1, help="grading processes")
     ap.add_argument("--question_column", default=None, help="default: problem (openr1) / question (gsm8k)")
     ap.add_argument("--trace_column", default=None, help=f"openr1 traces (default: first of {TRACE_COLUMN_CANDIDATES})")
@@ -284,8 +279,6 @@ def collect_candidates(args) -> list[Candidate]:
     elif args.source == "openr1":
         it = openr1_candidates(args.input, args.max_rows, data_source, args.question_column or "problem",
                                args.trace_column, args.answer_column)
-    elif args.source == "luffy":
-        it = luffy_candidates(args.input, args.max_rows, args.data_source)
     else:
         it = synthetic_candidates(min(args.n_rows, args.max_rows or args.n_rows), args.level, args.ops, args.seed,
                                   data_source)
@@ -309,6 +302,19 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = build_parser().parse_args(argv)
     if not 0.0 <= args.val_fraction < 1.0:
         raise SystemExit(f"error: --val_fraction must be in [0, 1), got {args.val_fraction}")
+    if args.drop_failed and not (args.source == "luffy" and args.verify):
+        raise SystemExit("error: --drop_failed only acts with --source luffy --verify True")
+    if args.source == "luffy":
+        if not args.input:
+            raise SystemExit("error: --source luffy needs --input")
+        if args.val_fraction:
+            raise SystemExit("error: --val_fraction does not apply to --source luffy (its rows are kept as they are); "
+                             "use --val_dir for LUFFY's validation parquets")
+        from data.luffy_source import prepare_luffy
+
+        return prepare_luffy(args, *resolve_system_prompt(args))
+    if args.verify is None:
+        args.verify = True
     summary = DropSummary()
     candidates = collect_candidates(args)
     summary.read = len(candidates)
@@ -326,6 +332,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for line in summary.lines():
         print(line)
     print(", ".join(f"{name}: {path} ({n} rows)" for (name, path), n in zip(written.items(), (len(train), len(val)))))
+    if args.val_dir:
+        from data.luffy_source import copy_validation_files
+
+        for path in copy_validation_files(args.val_dir, args.output):
+            written[os.path.basename(path)] = path
+            print(f"validation file: {path}")
     return {"summary": summary.as_dict(), "paths": written}
 
 

@@ -5,7 +5,8 @@ per-sample jsonl files written by ``generate_vllm.py`` (a directory contributes 
 except ``*.decoded.jsonl``), recomputes the metrics per data source and writes
 ``benchmark_results.md``, ``.csv`` and ``.png``. Columns follow the paper: AIME24, AIME25, AMC,
 MATH-500, Minerva, Olympiad, Avg, then ARC-c, GPQA, MMLU-Pro, OOD Avg; a data source the table does not
-know gets its own column after those, so no benchmark is ever dropped (LUFFY's script lost one).
+know gets its own column after those, so no benchmark is ever dropped (LUFFY's script lost one). Below the
+table, each row names the grading rule of its file (LUFFY's OAT rule or a stricter one).
 """
 from __future__ import annotations
 
@@ -128,6 +129,14 @@ def load_scores(path: str, metric: str) -> dict[str, Optional[float]]:
     return scores
 
 
+def grading_rule(path: str) -> str:
+    """The rule that graded an output file (its samples' ``grader``), described as generate_vllm.py applies it."""
+    from eval_scripts.grading import RULES
+
+    names = sorted({str(rec.get("grader", "unknown")) for rec in read_graded(path)})
+    return "; ".join(f"{n}: {RULES.get(n, 'not recorded in the file')}" for n in names)
+
+
 def _mean(values: list[Optional[float]]) -> Optional[float]:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
@@ -219,7 +228,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     header, rows = build_table(results)
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, "benchmark_results")
-    markdown = to_markdown(header, rows)
+    # Which grading rule produced each row: LUFFY's --add_oat_evaluate numbers are not comparable to the stricter rules.
+    markdown = to_markdown(header, rows) + "\n\nGrading rule per row:\n" + "\n".join(
+        f"- {label}: {grading_rule(f)}" for label, f in zip(labels, files))
     with open(base + ".md", "w") as f:
         f.write(markdown + "\n")
     write_csv(header, rows, base + ".csv")

@@ -5,7 +5,8 @@ LUFFY's command keeps working (``--model_path --input_file --output_file --remov
 fire-style ``--flag True/False`` all parse. Flow: read and validate the parquet, render prompts (system
 turn dropped by default), generate ``n`` samples per row with vLLM (CPU build or GPU, or ``--backend
 hf``), write ``<output>.decoded.jsonl``, grade each sample (the text after ``</think>`` when the prompt
-opened a think block; math-verify, the rule-based grader, or either), then write ``<output>`` (one
+opened a think block; math-verify, the rule-based grader, or either; ``--add_oat_evaluate`` is LUFFY's OAT
+rule, which grades the whole response when ``</think>`` is missing), then write ``<output>`` (one
 line per sample), ``<output stem>.summary.json``, and print LUFFY's ``<data_source>: <acc>`` lines plus
 pass@1, avg@k and unbiased pass@k per source. Generation settings are honoured as given (LUFFY's
 sampler hard-coded 8192 new tokens).
@@ -25,7 +26,7 @@ if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `dat
     sys.path.insert(0, _REPO_ROOT)
 
 from verl.utils.data_format import DataFormatError, add_bool_arg, iter_jsonl, progress, read_eval_table, run_cli
-from eval_scripts.grading import GRADERS, grade_samples
+from eval_scripts.grading import GRADERS, RULES, grade_samples
 from eval_scripts.metrics import report_lines, summarize, summary_to_json
 from verl.trainer.main_generation import (BACKENDS, TEMPLATES, SamplingArgs, generate_completions, load_generator,
                                           prepare_messages, render_prompt)
@@ -51,11 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
                  help="grade as if the response started with <think>\\n even when the prompt does not open it")
     add_bool_arg(ap, "--no_split_think", default=False, help="grade the whole response, not the part after </think>")
     ap.add_argument("--grader", choices=GRADERS, default="math_verify",
-                    help="math_verify (LUFFY's default), rule (the deepscaler-style rule-based grader) or both "
-                         "(correct if either says so)")
+                    help="math_verify (LUFFY's default), rule (the deepscaler-style rule-based grader), both "
+                         "(correct if either says so; a response without </think> is wrong: stricter than LUFFY's "
+                         "OAT rule), oat / oat_any (LUFFY's --add_oat_evaluate [--any_true])")
     add_bool_arg(ap, "--add_oat_evaluate", default=False,
-                 help="LUFFY compatibility: grade with the rule-based boxed grader OR math-verify (= --grader both)")
-    add_bool_arg(ap, "--any_true", default=False, help="LUFFY compatibility: same as --grader both")
+                 help="LUFFY's rule (= --grader oat): OAT's boxed grader on the text after </think>, or on the whole "
+                      "response when </think> is missing")
+    add_bool_arg(ap, "--any_true", default=False,
+                 help="with --add_oat_evaluate (LUFFY): math-verify after </think> OR the OAT label (= --grader oat_any)")
     ap.add_argument("--grade_timeout", type=float, default=10.0, help="seconds per graded sample (LUFFY: 10)")
     ap.add_argument("--grader_workers", type=int, default=1, help="processes for grading (1 = in this process)")
     ap.add_argument("--max_rows", type=int, default=None, help="only the first K rows (see --max_rows_per_source)")
@@ -137,8 +141,11 @@ def load_decoded(path: str, expected: int) -> list[dict]:
 
 def run(args) -> Optional[dict]:
     """Generate (or reuse), grade, write outputs; returns the JSON summary (None with --skip_scoring)."""
-    if args.add_oat_evaluate or args.any_true:
-        args.grader = "both"
+    if args.add_oat_evaluate:  # LUFFY's rule: OAT's boxed grader, whole text when </think> is missing
+        args.grader = "oat_any" if args.any_true else "oat"
+    elif args.any_true:
+        raise ValueError("--any_true only acts with --add_oat_evaluate (as in LUFFY); for math-verify OR the rule "
+                         "grader after </think> use --grader both")
     rows = select_rows(read_eval_table(args.input_file), args.max_rows, args.max_rows_per_source)
     if not rows:
         raise DataFormatError(args.input_file, "no rows to evaluate")
@@ -174,7 +181,7 @@ def run(args) -> Optional[dict]:
     print("grading outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
     result = {
         "input_file": args.input_file, "model_path": args.model_path, "output_file": args.output_file,
-        "rows": len(rows), "samples": len(samples), "grader": args.grader,
+        "rows": len(rows), "samples": len(samples), "grader": args.grader, "grading_rule": RULES[args.grader],
         "sampling": {"n": args.n, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                      "max_tokens": args.max_tokens, "seed": args.seed},
         "template": args.template, "remove_system": args.remove_system, "backend": args.backend,

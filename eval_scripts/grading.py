@@ -4,6 +4,9 @@ LUFFY's eval rule (LUFFY_SPEC §4.4): when the prompt opened ``<think>\\n`` (or
 ``--add_think_before_answer``), the graded text is the part after the first ``</think>`` and a response
 without one is wrong; ``--no_split_think`` grades the whole response. The answer is then judged by
 math-verify, the rule-based grader, or either (``both``/``any``), through ``deepscaler.rewards``.
+LUFFY's ``--add_oat_evaluate`` is its own rule (``oat``, ``oat_any`` with ``--any_true``): OAT's boxed
+grader (eval_scripts/oat_math_grader.py) on the text after ``</think>``, or on the whole response when
+``</think>`` is missing -- more lenient than ``both``, which counts such a response wrong.
 Every call runs under a wall-clock limit (SIGALRM in the grading process's main thread; the scorers
 run math-verify with its own timers off) and timeouts / grader errors are counted, never silently
 folded into "wrong". The trainer's ``ScoringPool`` is not used here: a script is single-threaded, so
@@ -21,8 +24,20 @@ from deepscaler.rewards.math_utils.input_guard import active_limits
 
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "</think>"
-# ``both`` is this project's CLI name, ``any`` the scorer's; they mean the same.
-GRADERS = ("math_verify", "rule", "both", "any")
+# ``both`` is this project's CLI name, ``any`` the scorer's; they mean the same. ``oat`` / ``oat_any`` are
+# LUFFY's ``--add_oat_evaluate`` (``--any_true``) rules.
+GRADERS = ("math_verify", "rule", "both", "any", "oat", "oat_any")
+OAT_GRADERS = ("oat", "oat_any")
+# What each grader name means, as the outputs and collect_results report it.
+RULES = {
+    "math_verify": "math-verify on the text after </think> (missing </think>: wrong)",
+    "rule": "rule grader on the text after </think> (missing </think>: wrong)",
+    "both": "math-verify OR rule grader on the text after </think> (missing </think>: wrong; stricter than LUFFY's OAT)",
+    "any": "math-verify OR rule grader on the text after </think> (missing </think>: wrong; stricter than LUFFY's OAT)",
+    "oat": "LUFFY --add_oat_evaluate: OAT boxed grader on the text after </think>, the whole text when it is missing",
+    "oat_any": "LUFFY --add_oat_evaluate --any_true: math-verify after </think> OR the OAT boxed grader (whole text when "
+               "</think> is missing)",
+}
 DEFAULT_TIMEOUT_S = 10.0  # LUFFY's math-verify SIGALRM limit
 
 
@@ -37,6 +52,32 @@ def scorer_grader_name(grader: str) -> str:
     if grader not in GRADERS:
         raise ValueError(f"unknown grader {grader!r}; valid: {', '.join(GRADERS)}")
     return "any" if grader == "both" else grader
+
+
+def _grade_oat(text: str, ground_truth, grader: str, split_think: bool, timeout_s: Optional[float]) -> GradeResult:
+    """LUFFY's --add_oat_evaluate: the OAT boxed grader on the answer region, or on the whole response when
+    ``</think>`` is missing (LUFFY's split raises there and keeps the whole text); with ``oat_any`` a
+    math-verify label on the region (False when there is none) is OR-ed in."""
+    from eval_scripts.oat_math_grader import boxed_reward_fn, extract_answer
+
+    region = answer_region(text, split_think)
+    graded = text if region is None else region
+
+    def label() -> bool:
+        oat = boxed_reward_fn(graded, ground_truth, fast=False)[1] == 1.0
+        if grader == "oat_any" and not oat and region is not None:
+            return grade_solution(region, ground_truth, "math_verify").correct
+        return oat
+
+    try:
+        correct = bool(_with_timeout(label, timeout_s))
+    except _Timeout:
+        return GradeResult(False, "timeout")
+    except Exception as err:  # counted and reported, as for the other graders
+        return GradeResult(False, f"error: {type(err).__name__}")
+    answer = extract_answer(graded)
+    status = "whole_text" if region is None else ("ok" if answer is not None or correct else "no_answer")
+    return GradeResult(correct, status, answer)
 
 
 def should_split_think(prompt: str, add_think_before_answer: bool = False, no_split_think: bool = False) -> bool:
@@ -77,6 +118,8 @@ def _with_timeout(fn: Callable, timeout_s: Optional[float]):
 def grade_text(text: str, ground_truth, grader: str, split_think: bool,
                timeout_s: Optional[float] = DEFAULT_TIMEOUT_S) -> GradeResult:
     """Grade one response (or trace) against its ground truth."""
+    if grader in OAT_GRADERS:
+        return _grade_oat(text, ground_truth, grader, split_think, timeout_s)
     region = answer_region(text, split_think)
     if region is None:
         return GradeResult(False, "no_think_close")

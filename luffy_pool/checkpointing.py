@@ -76,6 +76,7 @@ class TrainerCheckpointer:
         self.extra_states: dict[str, Any] = {}
         self.last_saved_step: Optional[int] = None  # saved or resumed from by this process
         self.save_hf_on_save = bool(t.get("save_hf_on_save", False))
+        self.mirror_root = t.get("default_hdfs_dir") or None  # second copy of each checkpoint (local path or URL)
         self.sampler = sampler
         workers = int(config.get("data", {}).get("dataloader_num_workers", 0) or 0)
         save_freq = t.get("save_freq", -1)
@@ -116,6 +117,10 @@ class TrainerCheckpointer:
         manifest.write_manifest(tmp, known=hashed, checksums=self.checksums)
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
+        if self.mirror_root:  # trainer.default_hdfs_dir
+            from verl.utils.checkpoint.mirror import mirror_checkpoint
+
+            logger.info("mirrored checkpoint to %s", mirror_checkpoint(self.root, final, str(self.mirror_root)))
         self._prune(step)
         if metrics is not None:
             metrics["checkpoint/save_s"] = time.perf_counter() - t0
@@ -132,16 +137,13 @@ class TrainerCheckpointer:
         return self.save(trainer)
 
     def _write_data_state(self, path: str, trainer, step: int) -> None:
-        kl_ctrl = getattr(trainer, "kl_ctrl", None)
         state = {
             "version": DATA_STATE_VERSION,
             "global_step": step,
             "total_training_steps": int(getattr(trainer, "total_training_steps", step)),
             "world_size": int(getattr(trainer, "world_size", 0)),
             "sampler": self.sampler.state_dict(),
-            "ratio_sampler": trainer.ratio_sampler.state_dict(),
-            "kl_coef": float(kl_ctrl.value) if kl_ctrl is not None and hasattr(kl_ctrl, "value") else None,
-            "last_val_metrics": dict(getattr(trainer, "last_val_metrics", {}) or {}),
+            **trainer.state_dict(),  # the trainer's own resumable state (ratio sampler, KL coefficient, ...)
             "driver_rng": capture_rng_state(),
             "extras": {name: obj.state_dict() for name, obj in self.extra_states.items()},
         }
@@ -304,11 +306,7 @@ class TrainerCheckpointer:
 
     def _apply_data_state(self, trainer, data: dict) -> None:
         self.sampler.load_state_dict(data["sampler"])
-        trainer.ratio_sampler.load_state_dict(data["ratio_sampler"])
-        kl_ctrl = getattr(trainer, "kl_ctrl", None)
-        if data.get("kl_coef") is not None and kl_ctrl is not None:
-            kl_ctrl.value = float(data["kl_coef"])
-        trainer.last_val_metrics = dict(data.get("last_val_metrics", {}))
+        trainer.load_state_dict(data)
         restore_rng_state(data["driver_rng"])
         saved_extras = data.get("extras", {}) or {}
         for name, obj in self.extra_states.items():
@@ -316,7 +314,6 @@ class TrainerCheckpointer:
                 obj.load_state_dict(saved_extras[name])
             else:
                 logger.warning("checkpoint has no saved state %r (written before it existed); it starts empty", name)
-        trainer._data_iter = None  # the next batch comes from the restored sampler position
 
     # ------------------------------------------------------------------ reporting
     def last_good_checkpoint(self) -> Optional[str]:

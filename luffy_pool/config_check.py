@@ -12,6 +12,8 @@ from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig
 
+from luffy_pool.config_refusals import (INERT_KEYS, NOT_SHIPPED_SECTIONS, REJECTED_WHEN_FALSE, REJECTED_WHEN_TRUE,
+                                        UNSUPPORTED_VALUES)
 from verl.utils import config_schema
 from verl.utils.batch_sizes import (
     BatchSizeError,
@@ -30,44 +32,9 @@ _R = "actor_rollout_ref.rollout"
 _REF = "actor_rollout_ref.ref"
 
 # Keys absent from the YAML that may be added with `+` (LUFFY reads them with a default).
-OPTIONAL_KEYS = {"trainer.val_before_train": (bool,)}
+OPTIONAL_KEYS = {"trainer.val_before_train": (bool,), "trainer.val_only": (bool,)}
 # Dict keys whose sub-keys are free-form (added with `+`).
 OPEN_DICT_KEYS = ("actor_rollout_ref.model.override_config",)
-# LUFFY YAML sections that are deliberately absent; their keys get this explanation instead of a guess.
-NOT_SHIPPED_SECTIONS = {
-    "critic": "the critic (value model) is not shipped; adv_estimator=gae is unsupported, use grpo",
-    "reward_model": "model-based reward workers are not shipped; use reward.* (rule grader or reward.orm judge)",
-}
-# Keys LUFFY parses but never acts on (spec §2.2 "Inert keys") or whose feature is not shipped: accepted at
-# the YAML default only, so LUFFY configs parse while a key never silently does nothing.
-_INERT = "the key is inert in LUFFY (read by no code path)"
-_ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
-_RM_ONLY = "it is only used by model-based reward workers, which are not shipped"
-INERT_KEYS = {
-    "data.return_raw_input_ids": _RM_ONLY,
-    "data.return_raw_chat": _RM_ONLY,
-    "data.filter_targets": _INERT,
-    "data.filter_accuracy": _ACC_REBATCH,
-    "data.accuracy_lower_bound": _ACC_REBATCH,
-    "data.accuracy_upper_bound": _ACC_REBATCH,
-    "data.add_tgt_with_acc": "it only changes use_sft_prefix_reward's group size in LUFFY and is not shipped",
-    "data.add_tgt_acc_upper_bound": _INERT,
-    f"{_A}.use_sft_reward": _INERT,
-    f"{_A}.off_policy_cliprange": "LUFFY's token loss receives it but never uses it",
-    f"{_A}.use_off_policy_clip": _INERT,
-    f"{_A}.debug": _INERT,
-    f"{_A}.use_target_lst": _INERT,
-    f"{_R}.prefix_linear_max_var": _INERT,
-    f"{_R}.prefix_reward_strategy": _INERT,
-    "algorithm.surprisal_base": _INERT,
-    "trainer.rejection_sample": _INERT,
-    "trainer.rejection_sample_multiplier": _INERT,
-    "trainer.debug": "LUFFY's breakpoint() switch is not shipped",
-    "trainer.add_full_target_when_none": "it is a no-op branch in LUFFY",
-    "trainer.skip_valid_mask": "it only affects LUFFY's unused valid_mask",
-    "trainer.acc_rebatch": "LUFFY's accuracy-rebatching trainer (mix_trainer_acc_rebatch) is not shipped",
-    "trainer.skip_by_step": _INERT,
-}
 # Types of keys whose YAML default (null, ??? or an alternative form) does not say their type.
 EXPLICIT_TYPES = {
     "data.tokenizer": (str, _NONE),
@@ -88,7 +55,7 @@ EXPLICIT_TYPES = {
     "trainer.total_training_steps": (int, _NONE),
     "trainer.logger": (list, str),
     "trainer.default_hdfs_dir": (str, _NONE),
-    "trainer.resume_from_path": (str, _NONE),
+    "trainer.resume_from_path": (str, bool, _NONE),
     "trainer.max_actor_ckpt_to_keep": (int, _NONE),
     "trainer.rollout_data_dir": (str, _NONE),
     "ray_init.address": (str, _NONE),
@@ -127,17 +94,6 @@ ENUMS = {
 }
 ENUMS["data.truncate_off_policy"] = ("cut", "drop")  # issue 18: over-long off-policy traces
 ENUMS["reward.orm.on_failure"] = ("raise", "warn")  # issue 18: a dead judge
-# Values that exist in LUFFY but are not shipped: a specific explanation instead of the enum list.
-UNSUPPORTED_VALUES = {
-    ("algorithm.adv_estimator", "gae"): "needs a critic (value model), which is not shipped; use grpo",
-    (f"{_A}.off_policy_loss_impl", "seq"): "is not implemented in LUFFY either; use token",
-}
-# Switches that must stay False (True names a feature that is not shipped), with the reason.
-REJECTED_WHEN_TRUE = {
-    "reward_model.enable": "model-based reward workers are not shipped; use reward.orm for a judge",
-    f"{_A}.fsdp_config.grad_offload": "FSDP2 keeps gradients with their parameters; use param_offload",
-    f"{_A}.off_policy_normalize": "it only feeds LUFFY's unimplemented seq loss",
-}
 POSITIVE_INTS = (
     "data.train_batch_size", "data.val_batch_size", "data.max_prompt_length", "data.max_response_length",
     "data.val_max_rows", f"{_A}.ppo_mini_batch_size", f"{_A}.ppo_epochs", f"{_A}.ppo_max_token_len_per_gpu",
@@ -280,6 +236,9 @@ class _Checker:
         for key, why in REJECTED_WHEN_TRUE.items():
             if self.get(key) is True:
                 self.fail(f"'{key}'=True is not supported: {why}")
+        for key, why in REJECTED_WHEN_FALSE.items():
+            if self.get(key) is False:
+                self.fail(f"'{key}'=False is not supported: {why}")
         for key, choices in ENUMS.items():
             for value in self.get(key) if isinstance(self.get(key), list) else [self.get(key)]:
                 if (key, value) in UNSUPPORTED_VALUES:
@@ -305,9 +264,6 @@ class _Checker:
 
     def combinations(self) -> None:
         get = self.get
-        if get("actor_rollout_ref.hybrid_engine") is False:
-            self.fail("'actor_rollout_ref.hybrid_engine'=False is not supported: actor, rollout and ref share "
-                      "one worker per rank (the only mode LUFFY runs)")
         sp_keys = (f"{_A}.ulysses_sequence_parallel_size", f"{_REF}.ulysses_sequence_parallel_size")
         for key in sp_keys[:1] if get(sp_keys[0]) == get(sp_keys[1]) else sp_keys:  # ref follows the actor
             if get(key, 1) > 1:
@@ -318,11 +274,14 @@ class _Checker:
             if get("algorithm.adv_estimator") != "grpo_split":
                 self.fail(f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
                           f"(on-policy advantages without the off-policy rows), got {get('algorithm.adv_estimator')!r}")
+        if get(f"{_A}.policy_loss") != "auto" and (get(f"{_A}.use_off_policy_loss") or get(f"{_A}.use_sft_multitask_loss")):
+            self.fail(f"'{_A}.policy_loss'={get(f'{_A}.policy_loss')!r} conflicts with LUFFY's loss switches "
+                      "(use_off_policy_loss / use_sft_multitask_loss); set policy_loss=auto or turn the switches off")
         if get(f"{_A}.use_sft_prefix_reward") and get(f"{_R}.n_prefix") != -1:
             self.fail(f"'{_A}.use_sft_prefix_reward'=True needs '{_R}.n_prefix'=-1, got {get(f'{_R}.n_prefix')}")
-        if get(f"{_A}.use_off_policy_probs") and not (get(f"{_A}.use_off_policy_loss") and get("data.off_policy_files")):
-            self.fail(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True and behaviour "
-                      "log-probs from 'data.off_policy_files'")
+        if get(f"{_A}.use_off_policy_probs") and not get(f"{_A}.use_off_policy_loss"):
+            self.fail(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True (the behaviour "
+                      "probabilities only enter the off-policy loss)")
         if get(f"{_A}.use_adaptive_temperature_fixed") and not get(f"{_A}.use_adaptive_temperature"):
             self.fail(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
         use_ref = get(f"{_REF}.use_ref")

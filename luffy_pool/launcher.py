@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
 from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
+from verl.utils.import_utils import import_external_libs
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,20 @@ def build_off_policy_pool(config, tokenizer, train_dataset):
                          truncate=config.data.get("truncate_off_policy", "cut"))
 
 
+def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None:
+    """``use_off_policy_probs`` needs behaviour probabilities from the training parquet's column or from
+    ``data.off_policy_files``' log-probs; with neither, the loss would silently fall back to f(p)."""
+    if not config.actor_rollout_ref.actor.get("use_off_policy_probs", False):
+        return
+    if getattr(train_dataset, "has_target_probs", False):
+        return
+    if off_policy_pool is not None and off_policy_pool.has_extra_logprobs:
+        return
+    key = getattr(train_dataset, "target_probs_key", "target_ds_qwen_7b_probs")
+    raise ValueError(f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
+                     "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False")
+
+
 def build_worker_group(config, device: str):
     from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -157,6 +172,7 @@ def build_trainer(config: DictConfig):
     preflight(config)  # folders, model and data files: one line per problem before anything loads
     device = resolve_driver_device(config)
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    import_external_libs(config.actor_rollout_ref.model.get("external_lib"))  # a custom tokenizer may need it too
     tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)
     loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
     total = config.trainer.get("total_training_steps") or len(loader) * int(config.trainer.total_epochs)
@@ -181,10 +197,12 @@ def build_trainer(config: DictConfig):
         from luffy_pool.checkpointing import TrainerCheckpointer
 
         checkpointer = TrainerCheckpointer(config, sampler)
-        pool = build_off_policy_pool(config, tokenizer, loader.dataset)
+        # Its own name: `pool` is the Ray resource pool that close() releases (review B9).
+        off_policy_pool = build_off_policy_pool(config, tokenizer, loader.dataset)
+        check_behaviour_probs_source(config, loader.dataset, off_policy_pool)
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
-                                   off_policy_pool=pool)
+                                   off_policy_pool=off_policy_pool)
     except BaseException:
         close()
         raise

@@ -3,20 +3,18 @@
 Off-policy tokens (``prefix_mask``) are weighted by the shaped probability f(p) = p/(p+γ); on-policy
 tokens keep the (optionally clipped / reshaped) importance ratio (LUFFY_SPEC §1.9). With
 ``use_sft_multitask_loss`` off-policy rows get a plain NLL term instead (the "RL w/ SFT loss"
-baseline); with neither flag the plain verl PPO loss applies. The adaptive entropy coefficient
+baseline); with neither flag the plain verl PPO loss applies. The loss is looked up by name in the
+policy-loss registry (luffy_pool/loss_config.py maps the config to its name and arguments). The adaptive entropy coefficient
 (``use_adaptive_temperature``) also lives here because it is LUFFY-only.
 """
 from __future__ import annotations
 
 import math
 
-from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff, compute_sft_multitask_loss, compute_token_on_off_policy_loss
+from luffy_pool.loss_config import loss_tensors, policy_loss_kwargs, policy_loss_name
+from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
+from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_policy_loss_fn
 from verl.workers.actor.dp_actor import DataParallelPPOActor
-
-
-def _off(x):
-    """LUFFY uses -1 for 'no clamp'; the loss functions take None."""
-    return None if x is None or x == -1 else x
 
 
 class MIXDataParallelPPOActor(DataParallelPPOActor):
@@ -26,6 +24,9 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         super().__init__(config, actor_module, actor_optimizer, **kw)
         if config.get("use_off_policy_loss", False) and config.get("use_sft_multitask_loss", False):
             raise ValueError("actor.use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True")
+        self.policy_loss = policy_loss_name(config)
+        get_policy_loss_fn(self.policy_loss)  # an unknown name fails here, naming the registered ones
+        self.policy_loss_kwargs = policy_loss_kwargs(config)
         self.adaptive_entropy = None
         if config.get("use_adaptive_temperature", False) or config.get("use_adaptive_temperature_fixed", False):
             self.adaptive_entropy = AdaptiveEntropyCoeff(
@@ -36,41 +37,21 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
     def loss_input_keys(self) -> list[str]:
         keys = super().loss_input_keys() + ["prefix_mask"]
         if self.config.get("use_off_policy_probs", False):
-            keys.append("target_probs")
+            keys.append("behaviour_log_probs")
         return keys
 
     def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
+        """The registered loss ``policy_loss_name(config)`` on this micro-batch (luffy_pool/loss_config.py)."""
         cfg = self.config
-        if cfg.get("use_off_policy_loss", False):
-            out = compute_token_on_off_policy_loss(
-                old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-                eos_mask=response_mask, cliprange=cfg.clip_ratio, clip_upper_bound=cfg.get("clip_upper_bound", 1.0),
-                prefix_mask=micro["prefix_mask"], off_cliprange=cfg.get("off_policy_cliprange", None),
-                off_normalize=cfg.get("off_policy_normalize", False),
-                off_max_clip=_off(cfg.get("off_policy_max_clip", -1)), off_min_clip=_off(cfg.get("off_policy_min_clip", -1)),
-                all_max_clip=_off(cfg.get("all_max_clip", -1)),
-                off_policy_reshape=cfg.get("off_policy_reshape", "no_reshape"),
-                off_policy_reshape_weight=cfg.get("off_policy_reshape_weight", 1.0),
-                off_policy_reshape_pow_exp=cfg.get("off_policy_reshape_pow_exp", 0.5),
-                on_policy_reshape=cfg.get("on_policy_reshape", "no_reshape"),
-                on_policy_reshape_weight=cfg.get("on_policy_reshape_weight", 1.0),
-                on_policy_reshape_pow_exp=cfg.get("on_policy_reshape_pow_exp", 0.5),
-                target_probs=micro.get("target_probs") if cfg.get("use_off_policy_probs", False) else None,
-                loss_remove_token_mean=cfg.get("loss_remove_token_mean", False),
-                loss_remove_clip=cfg.get("loss_remove_clip", False))
-            metrics = {f"actor/{k}": v.item() for k, v in out.items() if k != "pg_loss"}
-        elif cfg.get("use_sft_multitask_loss", False):
-            out = compute_sft_multitask_loss(
-                old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-                eos_mask=response_mask, prefix_mask=micro["prefix_mask"], cliprange=cfg.clip_ratio,
-                clip_upper_bound=cfg.get("clip_upper_bound", 1.0), sft_loss_coef=cfg.get("sft_loss_coef", 1.0),
-                loss_remove_token_mean=cfg.get("loss_remove_token_mean", False),
-                loss_remove_clip=cfg.get("loss_remove_clip", False))
-            metrics = {f"actor/{k}": v.item() for k, v in out.items() if k != "pg_loss"}
-        else:
-            return super().compute_policy_loss(micro, log_prob, entropy, response_mask)
+        fn = get_policy_loss_fn(self.policy_loss)
+        out = call_with_supported_kwargs(fn, **loss_tensors(micro, log_prob, response_mask,
+                                                             cfg.get("use_off_policy_probs", False)),
+                                         **self.policy_loss_kwargs)
+        metrics = {f"actor/{k}": v.item() for k, v in out.items() if k != "pg_loss"}
         pg_loss = out["pg_loss"]
         if cfg.get("use_ppo_kl_loss", False):
+            if "ppo_kl" not in out:
+                raise ValueError(f"actor.use_ppo_kl_loss=True but policy loss {self.policy_loss!r} returns no 'ppo_kl'")
             ppo_kl_loss = out["ppo_kl"].abs()
             pg_loss = pg_loss + cfg.get("ppo_kl_loss_coef", 1.0) * ppo_kl_loss
             metrics["actor/ppo_kl_loss"] = ppo_kl_loss.item()

@@ -1,7 +1,9 @@
 """Driver-side advantage of the mixed batch: registered estimator, then LUFFY's post-processing.
 
 ``compute_mixed_advantage`` looks the estimator up by ``algorithm.adv_estimator`` (``grpo`` keeps
-off-policy rows inside the group statistics, ``grpo_split`` excludes them; LUFFY_SPEC §1.7) and then
+off-policy rows inside the group statistics, ``grpo_split`` excludes them; LUFFY_SPEC §1.7), offers it
+every input by name (``token_level_rewards, eos_mask, index, on_policy_mask, use_std, gamma, lam,
+values``; it takes those it declares), and then
 applies, in order: prefix/non-prefix weights α/β, zero advantage for truncated rows
 (``data.disable_truncation_advantage``) and the constant SFT prefix reward
 (``actor.use_sft_prefix_reward``).
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import luffy_pool.mix_core_alg as mix_alg  # registers grpo_split
-from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_adv_estimator_fn
 
 
 def compute_mixed_advantage(config, batch, uids, response_length: int, n_samples: int,
@@ -22,21 +24,12 @@ def compute_mixed_advantage(config, batch, uids, response_length: int, n_samples
     rewards = batch["token_level_rewards"]
     response_mask = batch["attention_mask"][:, -response_length:]
     prefix_mask = batch["prefix_mask"]
-    fn = get_adv_estimator_fn(name)
-    if name == "grpo":
-        adv, returns = fn(rewards, response_mask, uids, use_std=algo.get("grpo_use_std", True))
-    elif name == "grpo_split":
-        adv, returns = fn(rewards, response_mask, uids, on_policy_mask=~prefix_mask.bool().any(-1),
-                          use_std=algo.get("grpo_use_std", True))
-    elif name == "reinforce":
-        adv, returns = fn(rewards, response_mask)
-    elif name == "reinforce_plus_plus":
-        adv, returns = fn(rewards, response_mask, gamma=algo.get("gamma", 1.0))
-    elif name == "gae":
-        raise ValueError("algorithm.adv_estimator=gae needs a critic (value model), which LUFFY-POOL does not ship; "
-                         "use grpo, grpo_split, reinforce or reinforce_plus_plus")
-    else:
-        adv, returns = fn(rewards, response_mask, uids)
+    # One vocabulary for every registered estimator: each takes the inputs it declares.
+    adv, returns = call_with_supported_kwargs(
+        get_adv_estimator_fn(name), token_level_rewards=rewards, eos_mask=response_mask, index=uids,
+        on_policy_mask=~prefix_mask.bool().any(-1), use_std=algo.get("grpo_use_std", True),
+        gamma=algo.get("gamma", 1.0), lam=algo.get("lam", 1.0),
+        values=batch["values"] if "values" in batch.keys() else None)
     rcfg = config.actor_rollout_ref.rollout
     adv = mix_alg.apply_prefix_reward_weights(adv, prefix_mask, rcfg.get("prefix_reward_weight_alpha", 1.0),
                                               rcfg.get("prefix_reward_weight_beta", 1.0))

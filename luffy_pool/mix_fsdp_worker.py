@@ -3,8 +3,8 @@
 ``generate_sequences`` receives this rank's prompts with their off-policy traces and the prefix
 ratios the driver drew, pushes the current actor weights into the rollout engine, and runs the slot
 plan (``mix_vllm_rollout``): full-trace slots are built without the engine, partial prefixes are
-continued by it, on-policy slots are plain generation. Validation batches (``meta_info.validate``)
-are plain samples at ``val_temperature``.
+continued by it, on-policy slots are plain generation. ``generate_validation`` is its own call: plain
+samples at ``val_temperature``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.rollout.base import SamplingSpec
+from verl.workers.rollout.base import sampling_from_config
 
 
 class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -28,17 +28,24 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         super().init_model()
         if self._is_rollout:
             rcfg = self.config.rollout
+            sampling, val_temperature = sampling_from_config(rcfg)  # do_sample=False: greedy
             self.planner = MixRolloutPlanner(
                 self.rollout, n=rcfg.n, response_length=rcfg.response_length,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                sampling=SamplingSpec(temperature=rcfg.temperature, top_p=rcfg.top_p, top_k=rcfg.top_k,
-                                      ignore_eos=rcfg.get("ignore_eos", False)),
-                n_val=rcfg.get("n_val", 1), val_temperature=rcfg.get("val_temperature", 0.6))
+                sampling=sampling, n_val=rcfg.get("n_val", 1), val_temperature=val_temperature)
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Roll out this rank's prompts; returns B_rank·n rows (B_rank·n_val when validating)."""
+        """Roll out this rank's training prompts with their traces and prefix ratios; returns B_rank·n rows."""
+        return self._generate(prompts, validate=False)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_validation(self, prompts: DataProto) -> DataProto:
+        """Validation rollout of this rank's prompts: n_val plain samples each at val_temperature (B_rank·n_val rows)."""
+        return self._generate(prompts, validate=True)
+
+    def _generate(self, prompts: DataProto, validate: bool) -> DataProto:
         b = prompts.batch
         t0 = time.perf_counter()
         # A per-step, per-rank seed (not a stream consumed across steps) so a resumed run samples
@@ -47,7 +54,7 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         self.planner.sampling.seed = int(self.config.rollout.get("seed", 0)) + 100_003 * step + self.rank
         with self.sharding_manager:
             t_sync = self.sharding_manager.last_sync_s
-            if prompts.meta_info.get("validate", False):
+            if validate:
                 out = self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
             else:
                 trace_logprobs = b["trace_logprobs"] if "trace_logprobs" in b.keys() else None

@@ -18,6 +18,7 @@ import torch
 from deepscaler.rewards import fail_success_values
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import PrefixRatioSampler
+from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
@@ -67,6 +68,22 @@ class MIXRayPPOTrainer:
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
 
+    # ------------------------------------------------------------------ resumable state
+    def state_dict(self) -> dict:
+        """The driver-side state a resume restores (the checkpointer adds the data sampler and RNGs)."""
+        value = getattr(self.kl_ctrl, "value", None)
+        return {"ratio_sampler": self.ratio_sampler.state_dict(),
+                "kl_coef": float(value) if value is not None else None,
+                "last_val_metrics": dict(self.last_val_metrics or {})}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned; the next batch comes from the restored sampler position."""
+        self.ratio_sampler.load_state_dict(state["ratio_sampler"])
+        if state.get("kl_coef") is not None and hasattr(self.kl_ctrl, "value"):
+            self.kl_ctrl.value = float(state["kl_coef"])
+        self.last_val_metrics = dict(state.get("last_val_metrics") or {})
+        self._data_iter = None
+
     # ------------------------------------------------------------------ schedule
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -96,6 +113,12 @@ class MIXRayPPOTrainer:
 
         if self.checkpointer is not None:
             self.global_steps = self.checkpointer.maybe_resume(self)
+        if self.config.trainer.get("val_only", False):  # LUFFY's +trainer.val_only=True: validate, then exit
+            if self.val_dataset is None:
+                raise ValueError("trainer.val_only=True needs data.val_files")
+            metrics = self.validate()
+            self._log(metrics, step=self.global_steps)
+            return metrics
         if self.global_steps == 0 and self.config.trainer.get("val_before_train", True) and self.val_dataset is not None:
             self._log(self.validate(), step=0)
         last = {}
@@ -157,6 +180,9 @@ class MIXRayPPOTrainer:
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         with _timer("adv", timing):
             batch = self._compute_rewards_and_advantage(batch, metrics)
+        if self.config.trainer.get("rollout_data_dir"):
+            dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps,
+                          rollout_records(batch, self.tokenizer, self.global_steps))
         if self.config.trainer.get("balance_batch", True):
             self._balance_batch(batch, metrics)
         if self.config.trainer.get("critic_warmup", 0) <= self.global_steps - 1:
@@ -189,11 +215,10 @@ class MIXRayPPOTrainer:
         ratios = self.ratio_sampler.draw(bsz, self.global_steps)
         gen_keys = [k for k in (*GEN_KEYS, "tgt_input_ids") if k in batch.batch.keys()]
         gen_batch = batch.pop(batch_keys=gen_keys)
-        if "target_probs" in batch.batch.keys():
-            probs = batch.pop(batch_keys=["target_probs"]).batch["target_probs"].double()
-            gen_batch.batch["trace_logprobs"] = torch.where(probs > 0, probs.log(), torch.full_like(probs, float("nan")))
+        if "target_logprobs" in batch.batch.keys():  # behaviour log-probs of the dataset targets, NaN = unknown
+            gen_batch.batch["trace_logprobs"] = batch.pop(batch_keys=["target_logprobs"]).batch["target_logprobs"]
         if self.off_policy_pool is not None and self.off_policy_pool.has_extra_traces:
-            self._attach_pool_traces(gen_batch, batch, ratios)
+            metrics["rollout/extra_trace_slots"] = self._attach_pool_traces(gen_batch, batch, ratios)
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
@@ -214,8 +239,9 @@ class MIXRayPPOTrainer:
         metrics["rollout/full_trace_slots"] = int((np.asarray(ratios) >= 1.0).sum())
         return batch
 
-    def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> None:
-        """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files."""
+    def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
+        """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files; returns how
+        many prefix slots got an extra trace."""
         target_logprobs = gen_batch.pop(batch_keys=["trace_logprobs"]).batch["trace_logprobs"] \
             if "trace_logprobs" in gen_batch.batch.keys() else None
         slot = self.off_policy_pool.slot_traces(
@@ -224,6 +250,7 @@ class MIXRayPPOTrainer:
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
         if slot.trace_logprobs is not None:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
+        return int(slot.num_extra_slots)
 
     def _update_keys(self, batch: DataProto) -> list[str]:
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages", "prefix_mask"]
@@ -231,8 +258,8 @@ class MIXRayPPOTrainer:
             keys.append("old_log_probs")
         if "ref_log_prob" in batch.batch.keys():
             keys.append("ref_log_prob")
-        if "target_probs" in batch.batch.keys():
-            keys.append("target_probs")
+        if "behaviour_log_probs" in batch.batch.keys():
+            keys.append("behaviour_log_probs")
         return keys
 
     def _compute_rewards_and_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
@@ -281,19 +308,22 @@ class MIXRayPPOTrainer:
         chunk = int(self.config.data.get("val_batch_size") or len(self.val_dataset))
         chunk = max(chunk, self.world_size)
         scores_by_source: dict[str, list[float]] = {}
+        n_log, samples = int(self.config.trainer.get("val_generations_to_log", 0) or 0), []
         for start in range(0, len(self.val_dataset), chunk):
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
-            gen_batch.meta_info["validate"] = True
             gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.world_size)
-            gen_out = self.wg.generate_sequences(gen_batch)
+            gen_out = self.wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)
             batch = batch.repeat(repeat_times=n_val, interleave=True).union(gen_out)
             scores, _ = self.val_reward_fn(batch)
             for ds, s in zip(batch.non_tensor_batch["data_source"], scores.sum(-1).tolist()):
                 scores_by_source.setdefault(str(ds), []).append(s)
+            samples += validation_samples(batch, scores, self.tokenizer, n_log - len(samples))
+        if samples and self.tracker is not None:
+            self.tracker.log_generations(samples, step=self.global_steps)
         out = {f"val/test_score/{ds}": float(np.mean(v)) for ds, v in sorted(scores_by_source.items())}
         out["val/avg_score"] = float(np.mean(list(out.values()))) if out else 0.0
         self.last_val_metrics = out

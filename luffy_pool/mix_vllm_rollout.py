@@ -212,7 +212,7 @@ def assemble_responses(
     ``generated_token_ids[i]`` continues ``plan.engine_slots[i]`` (generated ids only). Per slot the
     response is ``prefix ++ generated`` right-padded with pad and truncated to L; ``prefix_mask`` is
     True on the first ``min(len(prefix), L)`` positions; the response part of ``attention_mask`` is 1
-    up to and including the first EOS. ``target_probs`` (behaviour probability on prefix tokens, 1.0
+    up to and including the first EOS. ``behaviour_log_probs`` (behaviour log-prob on prefix tokens, NaN
     elsewhere and where unknown) is added when the plan carries behaviour log-probs;
     ``rollout_log_probs`` (engine log-probs of generated tokens, 0 elsewhere; diagnostics only) when
     ``engine_logprobs`` is given.
@@ -252,12 +252,12 @@ def assemble_responses(
     if plan.tgt_input_ids is not None:
         tensors["tgt_input_ids"] = plan.tgt_input_ids
     if plan.prefix_logprobs is not None:
-        target_probs = torch.ones((num_slots, length), dtype=torch.float32)
+        behaviour = torch.full((num_slots, length), float("nan"), dtype=torch.float32)
         for k, lps in enumerate(plan.prefix_logprobs):
-            values = torch.tensor(lps[:length], dtype=torch.float64)
+            values = torch.tensor(lps[:length], dtype=torch.float32)
             if len(values):
-                target_probs[k, : len(values)] = torch.where(torch.isnan(values), 1.0, values.exp()).float()
-        tensors["target_probs"] = target_probs
+                behaviour[k, : len(values)] = values
+        tensors["behaviour_log_probs"] = behaviour
     if engine_logprobs is not None:
         rollout_log_probs = torch.zeros((num_slots, length), dtype=torch.float32)
         for k in plan.engine_slots:

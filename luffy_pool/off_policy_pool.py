@@ -199,9 +199,10 @@ class SlotTraces:
 
 
 def logprobs_from_target_probs(target_probs: torch.Tensor) -> torch.Tensor:
-    """Dataset ``target_probs`` (probabilities, −1 = unknown) → log-probs with NaN = unknown."""
+    """LUFFY's probability column → behaviour log-probs, the one representation from here to the loss (NaN =
+    unknown). The only converter: a probability <= 0 (LUFFY's -1 padding, or no usable value) is unknown."""
     probs = target_probs.to(torch.float64)
-    return torch.where(probs < 0, torch.full_like(probs, float("nan")), torch.log(probs.clamp_min(0.0)))
+    return torch.where(probs > 0, torch.log(probs.clamp_min(1e-300)), torch.full_like(probs, float("nan")))
 
 
 def strip_right_padding(token_ids: Sequence[int], pad_token_id: int) -> list[int]:
@@ -370,6 +371,11 @@ class OffPolicyPool:
     @property
     def has_extra_traces(self) -> bool:
         return bool(self._extra)
+
+    @property
+    def has_extra_logprobs(self) -> bool:
+        """Whether any extra trace carries behaviour log-probs."""
+        return any(r.logprobs is not None for records in self._extra.values() for r in records)
 
     @property
     def num_extra_traces(self) -> int:

@@ -18,6 +18,7 @@ import logging
 import numpy as np
 import torch
 
+from luffy_pool.off_policy_pool import logprobs_from_target_probs
 from verl.utils.dataset.collate import collate_fn
 from verl.utils.dataset.rl_dataset import RLHFDataset, _is_list
 
@@ -30,13 +31,14 @@ TRUNCATE_OFF_POLICY = ("cut", "drop")
 
 
 class RLHFDatasetWithTarget(RLHFDataset):
-    """Rows with ``tgt_input_ids [max_target_length]`` (and ``target_probs`` when the column exists).
+    """Rows with ``tgt_input_ids [max_target_length]`` (and ``target_logprobs`` when the column exists).
 
     With probability ``1 − sample_target_ratio`` a row's target is replaced by an empty one (all pad),
     decided by a generator seeded with ``(seed, item)`` so every epoch and every run agree. A null
-    target is also empty. ``target_probs`` (from ``target_ds_qwen_7b_probs``: teacher probability of
-    each target token plus one for the EOS) has width ``max_target_length + 1`` so the EOS entry fits;
-    −1 marks unknown (padding, a dropped target, the EOS after a truncated target). LUFFY's
+    target is also empty. ``target_logprobs`` (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's
+    teacher probability of each target token plus one for the EOS) has width ``max_target_length + 1`` so
+    the EOS entry fits; NaN marks unknown (padding, a dropped target, the EOS after a truncated target).
+    Log-probs with NaN = unknown is the one representation from here to the loss. LUFFY's
     ``target_lst`` column is dropped (it never reaches the loss).
     """
 
@@ -144,8 +146,8 @@ class RLHFDatasetWithTarget(RLHFDataset):
             return []
         return list(self.tokenizer(content, add_special_tokens=False)["input_ids"])
 
-    def _target_probs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
-        out = torch.full((self.max_target_length + 1,), -1.0, dtype=torch.float32)
+    def _target_logprobs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
+        out = torch.full((self.max_target_length + 1,), float("nan"), dtype=torch.float32)
         if probs is None or isinstance(probs, float) or num_tokens == 0:
             return out  # null, or NaN where another file of the dataset lacks the column
         values = [float(p) for p in probs]
@@ -154,9 +156,10 @@ class RLHFDatasetWithTarget(RLHFDataset):
                 f"{self.source_of(item)}: column {self.target_probs_key!r} has {len(values)} values for a target of "
                 f"{num_tokens} tokens (expected {num_tokens + 1}: one per token plus the EOS)"
             )
-        out[:num_kept] = torch.tensor(values[:num_kept], dtype=torch.float32)
-        if num_kept == num_tokens and len(values) == num_tokens + 1:
-            out[num_kept] = values[num_tokens]  # EOS follows the full target only
+        kept = values[:num_kept] + ([values[num_tokens]] if num_kept == num_tokens and len(values) == num_tokens + 1
+                                    else [])  # the EOS follows the full target only
+        if kept:
+            out[:len(kept)] = logprobs_from_target_probs(torch.tensor(kept, dtype=torch.float64)).float()
         return out
 
     def __getitem__(self, item: int) -> dict[str, Any]:
@@ -170,5 +173,5 @@ class RLHFDatasetWithTarget(RLHFDataset):
         row["tgt_input_ids"] = tgt
         row["tgt_truncated"] = torch.tensor(len(ids) > len(kept))
         if self.has_target_probs:
-            row["target_probs"] = self._target_probs(item, record[self.target_probs_key], len(ids), len(kept))
+            row["target_logprobs"] = self._target_logprobs(item, record[self.target_probs_key], len(ids), len(kept))
         return row

@@ -60,6 +60,22 @@ def ray_session():
     ray.shutdown()
 
 
+# Per-test limit of unit tests (the quick loop); e2e / slow / vllm tests get pytest.ini's `timeout` (900 s).
+UNIT_TEST_TIMEOUT_S = 300
+HEAVY_MARKERS = ("e2e", "slow", "vllm")
+
+
+def pytest_collection_modifyitems(config, items):
+    """slow and vllm tests belong to the e2e tier, so the quick loop `-m "not e2e"` leaves them out;
+    every other test runs under the tighter unit-test timeout unless it sets its own."""
+    for item in items:
+        heavy = [m for m in HEAVY_MARKERS if item.get_closest_marker(m) is not None]
+        if heavy and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+        if not heavy and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TEST_TIMEOUT_S))
+
+
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "luffy_pool", "config")
 
 
@@ -79,6 +95,7 @@ def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
         "actor_rollout_ref.rollout.max_prefix_len=48", "actor_rollout_ref.rollout.n_prefix=1",
         "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.ref.use_ref=False",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.rollout.n_val=1",
         "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False", "algorithm.kl_ctrl.kl_coef=0.0",
         "reward.num_workers=1", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=2", "trainer.save_freq=-1",

@@ -21,6 +21,12 @@ missing; 4 math-verify on the raw response. ``grader`` (``math_verify`` | ``rule
 the equivalence check of versions 3 and 4 only. Option-letter ground truths (ARC-c, GPQA, MATH's
 ``\\text{(C)}``) are graded by the extracted letter: last ``\\boxed{C}`` or ``ANSWER: C``.
 
+LUFFY's own names (thin aliases of the above)::
+
+    deepscaler.rewards.math_reward.deepscaler_reward_fn(solution_str, ground_truth, enable_llm=False) -> bool
+    RewardMathFn(RewardConfig(...))(RewardInput(...)) -> RewardOutput   # LUFFY's class API
+    verl.mix_src.math_verify_reward.reward_fn_math_verify(solution_str, ground_truth) -> bool
+
 Evaluation::
 
     grade(solution_str, ground_truth, grader="math_verify", split_think=False) -> bool
@@ -45,10 +51,12 @@ Safety: model text reaches SymPy only through latex2sympy2_extended's grammar an
 ``exec``, ``sympify`` or ``parse_expr``; parsed trees are size-checked before evaluation.
 """
 from deepscaler.rewards.format_reward import FormatRewardConfig, think_format_ok
-from deepscaler.rewards.math_reward import deepscaler_score, grade_solution_rule, ground_truth_list
+from deepscaler.rewards.math_reward import (RewardMathFn, deepscaler_reward_fn, deepscaler_score, grade_solution_rule,
+                                            ground_truth_list)
 from deepscaler.rewards.math_utils import answers_match
 from deepscaler.rewards.math_utils.input_guard import GuardLimits, set_default_limits
 from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score
+from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 from deepscaler.rewards.selection import (
     REWARD_IMPL_VERSIONS,
@@ -66,11 +74,18 @@ __all__ = [
     "GuardLimits",
     "REWARD_IMPL_VERSIONS",
     "FormatRewardConfig",
+    "RewardConfig",
+    "RewardFn",
+    "RewardInput",
+    "RewardMathFn",
+    "RewardOutput",
+    "RewardType",
     "RewardValues",
     "ScoreResult",
     "ScorerSpec",
     "answers_match",
     "compute_score",
+    "deepscaler_reward_fn",
     "deepscaler_score",
     "fail_success_values",
     "grade",

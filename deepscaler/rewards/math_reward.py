@@ -5,10 +5,11 @@ The deepscaler convention (LUFFY_SPEC §4.1): the solution is the text after the
 truth may be a list and may itself be boxed, and the answer is right if it matches any ground truth
 under ``math_utils.answers_match``. Option-letter ground truths (ARC-c, GPQA) also accept an
 ``ANSWER: X`` line. Version 1 uses the same grader with rewards 1 / -0.5 / -1.
+LUFFY's own entry points are thin aliases at the end: ``RewardMathFn`` and ``deepscaler_reward_fn``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence, Union
 
 from deepscaler.rewards.bounded import bounded
 from deepscaler.rewards.math_utils import (
@@ -19,6 +20,8 @@ from deepscaler.rewards.math_utils import (
     last_boxed_content,
     split_after_think,
 )
+from deepscaler.rewards.math_utils.extract import THINK_OPEN
+from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 
 BINARY_VALUES = RewardValues(correct=1.0, incorrect=0.0, format_error=0.0, unknown_error=0.0)
@@ -93,3 +96,42 @@ def deepscaler_score_nothink(text: str, ground_truth) -> ScoreResult:
     section ends there, so only the response's think part is graded.
     """
     return deepscaler_score("<think>\n</think>\n" + text, ground_truth, BINARY_VALUES)
+
+
+class RewardMathFn(RewardFn):
+    """LUFFY's deepscaler ``RewardMathFn``: both think tags required, the last ``\\boxed{}`` after the first
+    ``</think>`` graded against every ground truth with the rule grader; rewards from ``RewardConfig``.
+
+    ``config.use_math_orm=True`` asks ``judge`` (a ``deepscaler.rewards.orm.OrmJudge``, or anything with its
+    ``judge(problem, reference, response)`` method) about answers the rule grader marked wrong.
+    """
+
+    def __init__(self, config: RewardConfig, judge=None):
+        super().__init__(config)
+        if config.use_math_orm and judge is None:
+            raise ValueError("RewardConfig.use_math_orm=True needs a judge: RewardMathFn(config, judge=OrmJudge("
+                             "OrmConfig(base_url=..., model=...))); in training set reward.orm.*")
+        self.judge = judge
+
+    def __call__(self, input: RewardInput) -> RewardOutput:  # noqa: A002 (LUFFY's parameter name)
+        if input.problem_type != RewardType.MATH:
+            raise ValueError(f"RewardMathFn grades MATH problems, got problem_type={input.problem_type}")
+        cfg = self.config
+        values = RewardValues(cfg.correct_reward, cfg.incorrect_reward, cfg.format_error_reward, cfg.unk_error_reward)
+        if THINK_OPEN not in input.model_response:
+            return RewardOutput(cfg.format_error_reward, False)
+        ground_truth = (input.ground_truth or {}).get("answer")
+        result = deepscaler_score(input.model_response, ground_truth, values)
+        if not result.correct and cfg.use_math_orm and result.answer is not None:
+            for gt in ground_truth_list(ground_truth):
+                if self.judge.judge(input.problem, gt, result.answer).verdict:
+                    return RewardOutput(cfg.correct_reward, True)
+        return RewardOutput(result.score, result.correct)
+
+
+def deepscaler_reward_fn(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False,
+                         judge=None) -> bool:
+    """LUFFY's entry point: whether ``solution_str`` (think tags included) answers ``ground_truth``."""
+    fn = RewardMathFn(RewardConfig(use_math_orm=enable_llm), judge=judge)
+    return fn(RewardInput(problem=solution_str, problem_type=RewardType.MATH, model_response=solution_str,
+                          ground_truth={"answer": ground_truth})).is_correct

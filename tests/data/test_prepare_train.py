@@ -186,3 +186,59 @@ def test_gsm8k_parquet_trains_two_luffy_steps(shared_data_dir, tiny_model_dir, t
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["batch/avg_prefix_ratio"] == 0.25 for r in rows)
+
+
+def _luffy_rows():
+    """LUFFY-format rows with non-contiguous indices, an extra column, and one target whose answer is wrong."""
+    rows = []
+    for i, (index, answer, trace_answer) in enumerate([(17, "3", "3"), (4, "5", "6"), (90, "12", "12")]):
+        rows.append({"data_source": "openr1", "prompt": [{"role": "system", "content": "S"},
+                                                         {"role": "user", "content": f"q{i}"}],
+                     "target": [{"role": "assistant", "content": f"<think>\nwork\n</think>\n\\boxed{{{trace_answer}}}"}],
+                     "ability": "math", "reward_model": {"ground_truth": answer, "style": "rule"},
+                     "extra_info": {"index": index, "split": "default"},
+                     "target_ds_qwen_7b_probs": [0.5, 0.25]})
+    return rows
+
+
+def test_luffy_source_keeps_every_row_and_index_by_default(tmp_path):
+    from verl.utils.data_format import write_records
+
+    src = write_records(_luffy_rows(), str(tmp_path / "openr1.parquet"))
+    out = str(tmp_path / "out" / "openr1.parquet")
+    result = main(["--source", "luffy", "--input", src, "--output", out])
+    assert read_records(out) == read_records(src)  # same rows, order, indices and extra column
+    assert result["summary"] == {"read": 3, "written": 3, "would_drop": None, "dropped": 0}
+
+
+def test_luffy_source_regrading_reports_what_it_would_drop(tmp_path):
+    from verl.utils.data_format import write_records
+
+    src = write_records(_luffy_rows(), str(tmp_path / "openr1.parquet"))
+    out = str(tmp_path / "o.parquet")
+    result = main(["--source", "luffy", "--input", src, "--output", out, "--verify", "True", "--grader", "rule"])
+    assert result["summary"]["would_drop"] == 1 and result["summary"]["written"] == 3
+    report = [json.loads(x) for x in open(result["paths"]["regrade_report"])]
+    assert [(r["row"], r["index"]) for r in report] == [(1, 4)]
+    dropped = main(["--source", "luffy", "--input", src, "--output", out, "--verify", "True", "--grader", "rule",
+                    "--drop_failed", "True"])
+    assert dropped["summary"]["dropped"] == 1
+    assert [r["extra_info"]["index"] for r in read_records(out)] == [17, 90]  # kept rows keep LUFFY's indices
+
+
+def test_luffy_source_writes_luffys_validation_parquets(tmp_path, shared_data_dir):
+    from verl.utils.data_format import write_records
+
+    src = write_records(_luffy_rows(), str(tmp_path / "openr1.parquet"))
+    bench = os.path.join(shared_data_dir, "benchmarks")
+    result = main(["--source", "luffy", "--input", src, "--output", str(tmp_path / "data" / "openr1.parquet"),
+                   "--val_dir", bench])
+    names = sorted(n for n in os.listdir(bench) if n.startswith("valid"))
+    assert sorted(os.listdir(tmp_path / "data")) == sorted(names + ["openr1.parquet"])
+    assert result["paths"]["valid.parquet"] == str(tmp_path / "data" / "valid.parquet")
+    assert (tmp_path / "data" / "valid.parquet").read_bytes() == open(os.path.join(bench, "valid.parquet"), "rb").read()
+
+
+def test_drop_failed_needs_luffy_source_with_verify(tmp_path):
+    with pytest.raises(SystemExit, match="--drop_failed only acts"):
+        main(["--source", "synthetic", "--output", str(tmp_path / "s.parquet"), "--drop_failed", "True"])

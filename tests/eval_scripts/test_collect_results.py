@@ -87,3 +87,15 @@ def test_malformed_rows_are_all_reported_by_line(tmp_path):
     for fragment in ("line 3: column 'correct': expected true/false, got 'maybe'", "line 4: column 'correct'",
                      "line 5: column 'correct': expected true/false, got 0.5", "line 6: invalid JSON"):
         assert fragment in msg
+
+
+def test_the_table_names_the_grading_rule_of_each_row(tmp_path, capsys):
+    for name, grader in (("luffy_oat", "oat"), ("strict", "both")):
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            f.write(json.dumps({"data_source": "aime", "index": 0, "correct": True, "grader": grader}) + "\n")
+    collect_results.main([str(tmp_path), "--out_dir", str(tmp_path / "res")])
+    lines = capsys.readouterr().out.splitlines()
+    rules = lines[lines.index("Grading rule per row:") + 1:][:2]
+    assert rules[0].startswith("- luffy_oat: oat: LUFFY --add_oat_evaluate: OAT boxed grader")
+    assert rules[1].startswith("- strict: both: math-verify OR rule grader") and "stricter than LUFFY's OAT" in rules[1]
+    assert "Grading rule per row:" in (tmp_path / "res" / "benchmark_results.md").read_text()

@@ -29,7 +29,7 @@ def test_graders_agree_on_clear_cases(grader):
 
 def test_unknown_grader_is_rejected():
     with pytest.raises(ValueError, match="unknown grader"):
-        grade_samples([], "oat")
+        grade_samples([], "oat_v2")
 
 
 def test_slow_grader_times_out_and_is_counted(monkeypatch):

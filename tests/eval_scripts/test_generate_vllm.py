@@ -52,6 +52,17 @@ HAND_GRADED = [
     (_eval_row("math", 1, "9"), [_right("8"), _right("-9")]),
     (_eval_row("gpqa", 0, "A"), ["x</think>\nANSWER: A", "x</think>\nANSWER: C"]),
 ]
+def _write_decoded(out):
+    """The decoded samples of HAND_GRADED, as a previous generation run would have left them."""
+    with open(decoded_path(out), "w") as f:
+        for i, (row, texts) in enumerate(HAND_GRADED):
+            for j, text in enumerate(texts):
+                f.write(json.dumps({"data_source": row["data_source"], "index": row["extra_info"]["index"], "row": i,
+                                    "sample": j, "prompt": THINK_PROMPT, "generated_text": text,
+                                    "ground_truth": row["reward_model"]["ground_truth"], "finish_reason": "stop",
+                                    "num_tokens": 10}) + "\n")
+
+
 EXPECTED_CORRECT = [True, False, False, False, True, True, True, False, True, False, False, False, True, False]
 
 
@@ -60,13 +71,7 @@ def test_hand_graded_outputs_give_hand_computed_metrics(tmp_path, grader, capsys
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
     out = str(tmp_path / "out" / "ckpt.jsonl")
     os.makedirs(os.path.dirname(out))
-    with open(decoded_path(out), "w") as f:  # as a previous generation run would have left it
-        for i, (row, texts) in enumerate(HAND_GRADED):
-            for j, text in enumerate(texts):
-                f.write(json.dumps({"data_source": row["data_source"], "index": row["extra_info"]["index"], "row": i,
-                                    "sample": j, "prompt": THINK_PROMPT, "generated_text": text,
-                                    "ground_truth": row["reward_model"]["ground_truth"], "finish_reason": "stop",
-                                    "num_tokens": 10}) + "\n")
+    _write_decoded(out)
     generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
                         "--force_generate", "False", "--grader", grader])
     graded = [json.loads(x) for x in open(out)]
@@ -155,3 +160,33 @@ def test_vllm_and_hf_backends_agree_greedily(tiny_model_dir):
     hf_out = generate_completions(load_generator("hf", tiny_model_dir), prompts, greedy)
     assert [c[0].token_ids for c in vllm_out] == [c[0].token_ids for c in hf_out]
     assert all(len(c[0].token_ids) == 10 for c in vllm_out)
+
+
+@pytest.mark.parametrize("flags,rule,expected_7,expected_12", [
+    (["--add_oat_evaluate", "True"], "oat", True, False),
+    (["--add_oat_evaluate", "True", "--any_true", "True"], "oat_any", True, True),
+    (["--grader", "both"], "both", False, True),
+])
+def test_add_oat_evaluate_is_luffys_rule_and_both_the_stricter_one(tmp_path, flags, rule, expected_7, expected_12):
+    """Sample 7 never closes its think block: LUFFY's OAT rule grades its whole text (right); ``both`` counts
+    it wrong. Sample 12 answers "ANSWER: A" unboxed: OAT needs a box, math-verify/rule read the letter."""
+    src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
+    out = str(tmp_path / "ckpt.jsonl")
+    _write_decoded(out)
+    generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
+                        "--force_generate", "False", *flags])
+    graded = [json.loads(x) for x in open(out)]
+    expected = list(EXPECTED_CORRECT)
+    expected[7], expected[12] = expected_7, expected_12
+    assert [g["correct"] for g in graded] == expected
+    assert {g["grader"] for g in graded} == {rule}
+    summary = json.load(open(summary_path(out)))
+    assert summary["grader"] == rule and "OAT" in summary["grading_rule"] if rule != "both" else "stricter" in summary["grading_rule"]
+    if rule != "both":
+        assert graded[7]["grade_status"] == "whole_text"
+
+
+def test_any_true_without_add_oat_evaluate_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--any_true only acts with --add_oat_evaluate"):
+        generate_vllm.run(build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file",
+                                                     str(tmp_path / "o.jsonl"), "--any_true", "True"]))

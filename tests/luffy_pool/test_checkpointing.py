@@ -101,6 +101,7 @@ def base_config(compose_config, tmp_path_factory):
     cfg = compose_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.n_prefix=1",
                           "actor_rollout_ref.rollout.min_prefix_ratio=0.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
                           "actor_rollout_ref.rollout.prefix_strategy=random", "actor_rollout_ref.ref.use_ref=False",
+                          "actor_rollout_ref.actor.use_kl_loss=False",
                           "trainer.test_freq=-1", "+trainer.val_before_train=False", "data.train_batch_size=4"])
     return cfg
 
@@ -323,3 +324,29 @@ def test_sigkill_while_writing_a_checkpoint_leaves_previous_one_for_resume(base_
     resumed, _ = make_trainer(base_config, tiny_model_dir, out_dir, steps=4)
     resumed.fit()
     assert sorted(resumed.ratio_log) == [3, 4] and layout.read_tracker(str(out_dir)) == 4
+
+
+def test_default_hdfs_dir_mirrors_every_published_checkpoint(base_config, tiny_model_dir, tmp_path):
+    mirror = tmp_path / "mirror"
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path / "run", steps=4, default_hdfs_dir=str(mirror))
+    trainer.fit()
+    assert sorted(p for p in os.listdir(mirror)) == ["global_step_2", "global_step_4", layout.TRACKER_FILE]
+    assert layout.read_tracker(str(mirror)) == 4
+    for step in (2, 4):
+        local, copy = tmp_path / "run" / f"global_step_{step}", mirror / f"global_step_{step}"
+        assert (copy / layout.DATA_FILE).read_bytes() == (local / layout.DATA_FILE).read_bytes()
+        assert sorted(os.listdir(copy / layout.ACTOR_DIR)) == sorted(os.listdir(local / layout.ACTOR_DIR))
+
+
+def test_trainer_state_dict_round_trip(base_config, tiny_model_dir, tmp_path):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
+    trainer.last_val_metrics = {"val/avg_score": 0.25}
+    trainer.kl_ctrl.value = 0.125
+    state = trainer.state_dict()
+    assert set(state) == {"ratio_sampler", "kl_coef", "last_val_metrics"} and state["kl_coef"] == 0.125
+    drawn = np.asarray(trainer.ratio_sampler.draw(4, 1)).tolist()
+    trainer.last_val_metrics, trainer.kl_ctrl.value, trainer._data_iter = {}, 9.0, iter([])
+    trainer.load_state_dict(state)
+    assert np.asarray(trainer.ratio_sampler.draw(4, 1)).tolist() == drawn
+    assert trainer.last_val_metrics == {"val/avg_score": 0.25} and trainer.kl_ctrl.value == 0.125
+    assert trainer._data_iter is None  # the next batch comes from the (restored) sampler

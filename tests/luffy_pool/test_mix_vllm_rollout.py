@@ -182,14 +182,16 @@ def test_per_slot_traces_from_the_pool_are_used_slot_by_slot():
     assert plan.tgt_input_ids.tolist() == [[11, 12, PAD], [31, 32, 33]]
 
 
-def test_target_probs_hold_behaviour_probs_on_prefix_tokens_only():
+def test_behaviour_log_probs_on_prefix_tokens_only_nan_elsewhere():
     prompts, mask = _prompt_batch()
     lp = [[math.log(0.5), float("nan"), math.log(0.25), math.log(0.1), math.log(0.9)]]  # trace ++ EOS
     plan = build_slot_plan(prompts, mask, TGT, np.array([[1.0, 0.5, 0.0]]), PAD, EOS, response_length=6, trace_logprobs=lp)
     out = assemble_responses(plan, [[21, EOS], [22, EOS]]).tensors
-    torch.testing.assert_close(out["target_probs"][0], torch.tensor([0.5, 1.0, 0.25, 0.1, 0.9, 1.0]))
-    torch.testing.assert_close(out["target_probs"][1], torch.tensor([0.5, 1.0, 1.0, 1.0, 1.0, 1.0]))
-    assert (out["target_probs"][2] == 1.0).all()
+    nan = float("nan")
+    lp_t = torch.tensor(lp[0], dtype=torch.float32)
+    torch.testing.assert_close(out["behaviour_log_probs"][0], torch.cat([lp_t, torch.tensor([nan])]), equal_nan=True)
+    torch.testing.assert_close(out["behaviour_log_probs"][1], torch.tensor([lp_t[0].item()] + [nan] * 5), equal_nan=True)
+    assert torch.isnan(out["behaviour_log_probs"][2]).all()
 
 
 def test_per_slot_logprobs_accepted_as_tensor_or_nested_rows():
@@ -199,15 +201,15 @@ def test_per_slot_logprobs_accepted_as_tensor_or_nested_rows():
     ratios = np.array([[1.0, 1.0]])
     for given in (lp, [row.tolist() for row in lp]):
         plan = build_slot_plan(prompts, mask, tgt, ratios, PAD, EOS, response_length=4, trace_logprobs=given)
-        probs = assemble_responses(plan, []).tensors["target_probs"]
-        torch.testing.assert_close(probs, torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
+        lps = assemble_responses(plan, []).tensors["behaviour_log_probs"]
+        torch.testing.assert_close(lps.exp().nan_to_num(1.0), torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
 
 
-def test_target_probs_absent_without_behaviour_logprobs_and_rollout_logprobs_placed_after_prefix():
+def test_behaviour_log_probs_absent_without_trace_logprobs_and_rollout_logprobs_placed_after_prefix():
     prompts, mask = _prompt_batch()
     plan = build_slot_plan(prompts, mask, TGT, np.array([[0.5]]), PAD, EOS, response_length=6)
     out = assemble_responses(plan, [[21, EOS]], engine_logprobs=[[-0.3, -0.4]]).tensors
-    assert "target_probs" not in out
+    assert "behaviour_log_probs" not in out
     torch.testing.assert_close(out["rollout_log_probs"][0], torch.tensor([0.0, 0.0, -0.3, -0.4, 0.0, 0.0]))
 
 

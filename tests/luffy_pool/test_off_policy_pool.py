@@ -169,9 +169,9 @@ def test_strip_right_padding_keeps_inner_pads():
 
 
 def test_logprobs_from_target_probs_marks_unknown_as_nan():
-    out = logprobs_from_target_probs(torch.tensor([[0.5, 1.0, -1.0]]))
+    out = logprobs_from_target_probs(torch.tensor([[0.5, 1.0, -1.0, 0.0]]))
     assert out[0, 0].item() == pytest.approx(math.log(0.5))
-    assert out[0, 1].item() == 0.0 and math.isnan(out[0, 2].item())
+    assert out[0, 1].item() == 0.0 and math.isnan(out[0, 2].item()) and math.isnan(out[0, 3].item())
 
 
 # ----------------------------------------------------------------------------------------------------

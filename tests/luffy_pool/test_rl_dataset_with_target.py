@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 
 import numpy as np
@@ -51,7 +52,7 @@ def test_tiny_task_rows_have_luffy_tensors(tokenizer, tiny_task_dir):
     assert row["input_ids"].shape == (256,) and row["tgt_input_ids"].shape == (128,)
     assert row["index"] == row["extra_info"]["index"] == 0
     assert set(row) >= {"attention_mask", "position_ids", "data_source", "ability", "reward_model", "extra_info"}
-    assert "prompt" not in row and "target" not in row and "target_probs" not in row
+    assert "prompt" not in row and "target" not in row and "target_logprobs" not in row
 
 
 def test_prompt_is_left_padded_with_positions_from_the_mask(tokenizer, tmp_path):
@@ -128,17 +129,18 @@ def test_sample_target_ratio_is_seeded_per_item(tokenizer, tmp_path):
     assert 5 < sum(kept) < 35
 
 
-def test_target_probs_column_aligns_with_target_plus_eos(tokenizer, tmp_path):
+def test_target_probs_column_becomes_log_probs_aligned_with_target_plus_eos(tokenizer, tmp_path):
     n = len(_ids(tokenizer, TRACE[len("<think>\n"):]))
     probs = [0.5] * n + [0.9]
     rows = [_row(0, target_ds_qwen_7b_probs=probs), _row(1, target_ds_qwen_7b_probs=None)]
     ds = RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=64, max_target_length=n + 2)
-    out = ds[0]["target_probs"]
+    out = ds[0]["target_logprobs"]
     assert out.shape == (n + 3,)
-    assert out.tolist() == [0.5] * n + [pytest.approx(0.9), -1.0, -1.0]
-    assert (ds[1]["target_probs"] == -1).all()
+    assert out[:n + 1].tolist() == pytest.approx([math.log(0.5)] * n + [math.log(0.9)])
+    assert torch.isnan(out[n + 1:]).all() and torch.isnan(ds[1]["target_logprobs"]).all()
     short = RLHFDatasetWithTarget(_write(tmp_path, rows[:1]), tokenizer, max_prompt_length=64, max_target_length=n - 1)
-    assert short[0]["target_probs"].tolist() == [0.5] * (n - 1) + [-1.0]  # no EOS after a cut target
+    cut = short[0]["target_logprobs"]
+    assert cut[:n - 1].tolist() == pytest.approx([math.log(0.5)] * (n - 1)) and torch.isnan(cut[n - 1])  # no EOS after a cut
 
 
 def test_target_probs_of_wrong_length_name_the_row(tokenizer, tmp_path):
@@ -188,7 +190,7 @@ def test_several_files_are_concatenated_and_errors_name_the_right_file(tokenizer
     b = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0])], name="b.parquet")
     ds = RLHFDatasetWithTarget([a, b], tokenizer, max_prompt_length=64, max_target_length=8)
     assert len(ds) == 3 and ds.source_of(2).endswith("b.parquet: row 0")
-    assert (ds[0]["target_probs"] == -1).all()  # a.parquet has no probs column
+    assert torch.isnan(ds[0]["target_logprobs"]).all()  # a.parquet has no probs column
     with pytest.raises(ValueError, match=r"b\.parquet: row 0: column 'target_ds_qwen_7b_probs'"):
         ds[2]
 

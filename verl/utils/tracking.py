@@ -27,6 +27,7 @@ _SECRET_ENV_WORDS = {"key", "token", "secret", "password", "passwd", "apikey"}
 _MIN_SECRET_LEN = 8
 SUPPORTED_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "val_generations.jsonl"
 
 
 def _words(name: str) -> tuple[str, ...]:
@@ -141,6 +142,26 @@ class Tracking:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, step)
 
+    def log_generations(self, samples: list[dict], step: int) -> None:
+        """Validation samples (``input``, ``output``, ``score`` each) to every backend that can show them:
+        a table on the console, a ``val/generations`` wandb Table, and lines of ``val_generations.jsonl``
+        next to the jsonl metrics file."""
+        if not samples:
+            return
+        if "console" in self.backends:
+            print(format_generations_table(samples, step), file=sys.stdout, flush=True)
+        if self._jsonl is not None:
+            path = os.path.join(os.path.dirname(self._jsonl.name), GENERATIONS_FILE)
+            with open(path, "a") as f:
+                for i, s in enumerate(samples):
+                    f.write(json.dumps({"step": step, "sample": i, **{k: _jsonable(v) for k, v in s.items()}}) + "\n")
+        if self._wandb is not None:
+            import wandb
+
+            columns = ["step", "input", "output", "score"]
+            table = wandb.Table(columns=columns, data=[[step, s["input"], s["output"], s["score"]] for s in samples])
+            self._wandb.log({"val/generations": table}, step=step)
+
     def finish(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
@@ -151,6 +172,18 @@ class Tracking:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def format_generations_table(samples: list[dict], step: int, width: int = 60) -> str:
+    """A plain-text table of validation samples (newlines shown as spaces, long texts cut to ``width``)."""
+    def cut(text) -> str:
+        text = " ".join(str(text).split())
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    lines = [f"val generations at step {step}:", f"{'#':>3} | {'score':>6} | {'input':<{width}} | output"]
+    for i, s in enumerate(samples):
+        lines.append(f"{i:>3} | {float(s['score']):>6.3f} | {cut(s['input']):<{width}} | {cut(s['output'])}")
+    return "\n".join(lines)
 
 
 def read_metrics_jsonl(path: str) -> dict[int, dict[str, Any]]:

@@ -103,6 +103,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy
 
         mcfg = self.config.model
+        from verl.utils.import_utils import import_external_libs
+
+        import_external_libs(mcfg.get("external_lib"))  # registers a custom architecture before AutoConfig reads it
         attn = mcfg.get("attn_implementation", "auto")
         if attn == "auto":
             attn = "flash_attention_2" if self.device == "cuda" else "sdpa"
@@ -141,7 +144,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         elif style == "cosine":
             if total <= 0:
                 raise ValueError("actor.optim.warmup_style=cosine needs actor.optim.total_training_steps > 0")
-            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.get("min_lr_ratio", 0.0),
+            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.get("min_lr_ratio") or 0.0,
                                                         zero_lr_first_step=zero_first)
         else:
             raise ValueError(f"actor.optim.warmup_style must be constant or cosine, got {style!r}")

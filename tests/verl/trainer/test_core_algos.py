@@ -24,7 +24,7 @@ def _outcome_rewards(scores: list[float], lengths: list[int], width: int) -> tup
 def test_registries_resolve_names_and_list_valid_ones_on_error():
     assert ca.get_adv_estimator_fn("grpo") is ca.compute_grpo_outcome_advantage
     assert ca.get_adv_estimator_fn("gae") is ca.compute_gae_advantage_return
-    assert ca.get_policy_loss_fn("vanilla") is ca.compute_policy_loss
+    assert ca.get_policy_loss_fn("vanilla") is ca.ppo_clip_policy_loss
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*'grpo'.*'reinforce'"):
         ca.get_adv_estimator_fn("ppo")
     with pytest.raises(ValueError, match=r"unknown policy loss 'clip'.*'vanilla'"):

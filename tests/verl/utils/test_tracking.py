@@ -92,3 +92,36 @@ def test_tensorboard_backend_writes_events_or_names_the_missing_package(tmp_path
     t.log({"critic/score/mean": 0.25}, step=1)
     t.finish()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+SAMPLES = [{"input": "What is 2+3?\nThink.", "output": "<think>2+3=5</think> \\boxed{5}", "score": 1.0},
+           {"input": "What is 7*6?", "output": "x" * 200, "score": 0.0}]
+
+
+def test_val_generations_go_to_the_console_table_and_a_jsonl_file(tmp_path, capsys):
+    t = Tracking("p", "e", ["console", "jsonl"], log_dir=str(tmp_path))
+    t.log_generations(SAMPLES, step=4)
+    t.finish()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "val generations at step 4:"
+    assert "What is 2+3? Think." in out[2] and "1.000" in out[2] and "\\boxed{5}" in out[2]
+    assert out[3].endswith("...") and len(out) == 4  # long text cut, one line per sample
+    lines = [json.loads(ln) for ln in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["sample"], r["score"]) for r in lines] == [(4, 0, 1.0), (4, 1, 0.0)]
+    assert lines[0]["input"] == SAMPLES[0]["input"] and lines[1]["output"] == "x" * 200
+
+
+def test_val_generations_go_to_a_wandb_table(tmp_path):
+    logged = []
+
+    class FakeRun:
+        def log(self, data, step):
+            logged.append((data, step))
+
+    t = Tracking("p", "e", [], log_dir=str(tmp_path))
+    t._wandb = FakeRun()
+    t.log_generations(SAMPLES, step=7)
+    (data, step), = logged
+    table = data["val/generations"]
+    assert step == 7 and table.columns == ["step", "input", "output", "score"]
+    assert [row[3] for row in table.data] == [1.0, 0.0] and table.data[0][1] == SAMPLES[0]["input"]

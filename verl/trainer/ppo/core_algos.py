@@ -1,7 +1,9 @@
 """Advantage estimators and the PPO policy loss, as pure tensor functions registered by name.
 
 The driver looks an estimator up with :func:`get_adv_estimator_fn` (``algorithm.adv_estimator``) and
-the actor a loss with :func:`get_policy_loss_fn`; LUFFY's mixed estimator and token loss register
+the actor a loss with :func:`get_policy_loss_fn` (``actor.policy_loss``, luffy_pool/loss_config.py), each
+called with :func:`call_with_supported_kwargs` (one vocabulary of keyword names per registry; a loss returns
+a dict with ``pg_loss``); LUFFY's mixed estimator and token loss register
 themselves from ``luffy_pool.mix_core_alg``. KL helpers live in :mod:`verl.trainer.ppo.kl` and are
 re-exported here under their verl names.
 """
@@ -225,7 +227,6 @@ def aggregate_token_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_remove
     return verl_F.masked_mean_or_zero(loss_mat, mask)
 
 
-@register_policy_loss("vanilla")
 def compute_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -249,6 +250,23 @@ def compute_policy_loss(
                                                clip_upper_bound, loss_remove_clip)
     pg_loss = aggregate_token_loss(pg_losses, eos_mask, loss_remove_token_mean)
     return pg_loss, pg_clipfrac, ppo_kl
+
+
+@register_policy_loss("vanilla")
+def ppo_clip_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    eos_mask: torch.Tensor,
+    cliprange: float,
+    clip_upper_bound: float = 1.0,
+    loss_remove_token_mean: bool = False,
+    loss_remove_clip: bool = False,
+) -> dict[str, torch.Tensor]:
+    """:func:`compute_policy_loss` in the registry's form: ``{pg_loss, pg_clipfrac, ppo_kl}``."""
+    pg_loss, pg_clipfrac, ppo_kl = compute_policy_loss(old_log_prob, log_prob, advantages, eos_mask, cliprange,
+                                                       clip_upper_bound, loss_remove_token_mean, loss_remove_clip)
+    return {"pg_loss": pg_loss, "pg_clipfrac": pg_clipfrac, "ppo_kl": ppo_kl}
 
 
 def clipped_pg_losses(

@@ -26,6 +26,18 @@ class SamplingSpec:
     ignore_eos: bool = False
 
 
+def sampling_from_config(rcfg) -> tuple[SamplingSpec, float]:
+    """The training ``SamplingSpec`` and the validation temperature of an ``actor_rollout_ref.rollout`` section.
+
+    ``do_sample=False`` makes every rollout greedy (temperature 0: argmax), training and validation alike.
+    """
+    greedy = not rcfg.get("do_sample", True)
+    spec = SamplingSpec(temperature=0.0 if greedy else float(rcfg.get("temperature", 1.0)),
+                        top_p=float(rcfg.get("top_p", 1.0)), top_k=int(rcfg.get("top_k", -1)),
+                        ignore_eos=bool(rcfg.get("ignore_eos", False)))
+    return spec, 0.0 if greedy else float(rcfg.get("val_temperature", 0.6))
+
+
 @dataclasses.dataclass
 class GenerationOutput:
     """One engine call's result, aligned with its input list."""

@@ -1,0 +1,81 @@
+"""Which registered policy loss a run uses, and what the actor config gives it.
+
+Every policy loss in ``verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY`` has one signature: keyword
+arguments named from ``LOSS_TENSORS`` (this micro-batch's tensors) and from ``policy_loss_kwargs`` (the
+config's values), taking only those it declares (``call_with_supported_kwargs``), and it returns a dict
+with ``pg_loss`` plus metric tensors (``ppo_kl`` among them for ``use_ppo_kl_loss``). Adding a loss is one
+function with ``@register_policy_loss("name")`` and ``actor.policy_loss=name``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# Per-micro-batch inputs the actor offers every loss. Log-probs are per response token ([rows, L]); eos_mask
+# is the response mask; target_probs are the behaviour probabilities of prefix tokens (use_off_policy_probs),
+# LUFFY's loss contract: the batch carries behaviour *log*-probs (NaN = unknown) from the dataset to here, and
+# loss_tensors converts them once (unknown -> probability 1.0, as LUFFY's rollout did).
+LOSS_TENSORS = ("old_log_prob", "log_prob", "advantages", "eos_mask", "prefix_mask", "target_probs")
+
+
+def policy_loss_name(actor_cfg) -> str:
+    """``actor.policy_loss``, or with ``auto`` the loss LUFFY's switches select: ``luffy_token``
+    (use_off_policy_loss), ``sft_multitask`` (use_sft_multitask_loss), else ``vanilla`` (PPO clip)."""
+    name = actor_cfg.get("policy_loss", "auto") or "auto"
+    if name != "auto":
+        return str(name)
+    if actor_cfg.get("use_off_policy_loss", False):
+        return "luffy_token"
+    if actor_cfg.get("use_sft_multitask_loss", False):
+        return "sft_multitask"
+    return "vanilla"
+
+
+def _off(value):
+    """LUFFY's -1 = 'no clamp'; the loss functions take None."""
+    return None if value is None or value == -1 else value
+
+
+def policy_loss_kwargs(actor_cfg) -> dict[str, Any]:
+    """The config-to-loss mapping: loss keyword -> value, for every actor key a loss may read."""
+    get = actor_cfg.get
+    return {
+        "cliprange": get("clip_ratio", 0.2),
+        "clip_upper_bound": get("clip_upper_bound", 1.0),
+        "loss_remove_token_mean": get("loss_remove_token_mean", False),
+        "loss_remove_clip": get("loss_remove_clip", False),
+        "off_cliprange": get("off_policy_cliprange", None),
+        "off_normalize": get("off_policy_normalize", False),
+        "off_max_clip": _off(get("off_policy_max_clip", -1)),
+        "off_min_clip": _off(get("off_policy_min_clip", -1)),
+        "all_max_clip": _off(get("all_max_clip", -1)),
+        "off_policy_reshape": get("off_policy_reshape", "no_reshape"),
+        "off_policy_reshape_weight": get("off_policy_reshape_weight", 1.0),
+        "off_policy_reshape_pow_exp": get("off_policy_reshape_pow_exp", 0.5),
+        "on_policy_reshape": get("on_policy_reshape", "no_reshape"),
+        "on_policy_reshape_weight": get("on_policy_reshape_weight", 1.0),
+        "on_policy_reshape_pow_exp": get("on_policy_reshape_pow_exp", 0.5),
+        "sft_loss_coef": get("sft_loss_coef", 1.0),
+    }
+
+
+def loss_tensors(micro: dict, log_prob, response_mask, use_off_policy_probs: bool) -> dict[str, Any]:
+    """The ``LOSS_TENSORS`` of one micro-batch (None where the batch has no such tensor)."""
+    return {
+        "old_log_prob": micro.get("old_log_probs"),
+        "log_prob": log_prob,
+        "advantages": micro.get("advantages"),
+        "eos_mask": response_mask,
+        "prefix_mask": micro.get("prefix_mask"),
+        "target_probs": behaviour_probs(micro.get("behaviour_log_probs"), log_prob.dtype) if use_off_policy_probs
+        else None,
+    }
+
+
+def behaviour_probs(behaviour_log_probs, dtype):
+    """exp of the behaviour log-probs, 1.0 where unknown (NaN); None stays None."""
+    if behaviour_log_probs is None:
+        return None
+    import torch
+
+    known = ~torch.isnan(behaviour_log_probs)
+    return torch.where(known, behaviour_log_probs.nan_to_num(0.0).exp(), torch.ones_like(behaviour_log_probs)).to(dtype)

@@ -1,0 +1,120 @@
+"""luffy_pool/launcher.py without Ray: device and CPU-binding choice, and that every exit path of
+build_trainer / close releases what it built (review B9: the off-policy pool used to replace the Ray pool)."""
+import types
+
+import pytest
+
+from luffy_pool import launcher
+
+
+class FakeGroup:
+    world_size = 2
+
+    def __init__(self):
+        self.shut = False
+
+    def shutdown(self):
+        self.shut = True
+
+
+class FakeRayPool:
+    def __init__(self):
+        self.released = False
+
+    def release(self):
+        self.released = True
+
+
+class FakeReward:
+    closed = False
+
+    def close(self):
+        FakeReward.closed = True
+
+
+class FakeTracker:
+    finished = False
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def finish(self):
+        FakeTracker.finished = True
+
+
+def _cfg(compose_config, task_dir, model_dir, tmp_path, *extra):
+    return compose_config([f"data.train_files={task_dir}/train.parquet", f"data.val_files={task_dir}/test.parquet",
+                           f"actor_rollout_ref.model.path={model_dir}", "data.train_batch_size=4",
+                           "data.max_prompt_length=96", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+                           "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path}", *extra])
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """build_trainer's collaborators that need Ray or processes, replaced by recorders."""
+    built = types.SimpleNamespace(group=FakeGroup(), pool=FakeRayPool())
+    FakeReward.closed = FakeTracker.finished = False
+    monkeypatch.setattr(launcher, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr(launcher, "build_worker_group", lambda config, device: (built.group, built.pool))
+    monkeypatch.setattr("verl.workers.reward_manager.RewardManager.from_config", lambda *a, **k: FakeReward())
+    monkeypatch.setattr("verl.utils.tracking.Tracking", FakeTracker)
+    return built
+
+
+def test_driver_device_and_cpu_binding(compose_config, tiny_task_dir, tiny_model_dir, tmp_path):
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path)
+    assert launcher.resolve_driver_device(cfg) == "cpu"
+    cfg.trainer.device = "cuda"
+    assert launcher.resolve_driver_device(cfg) == "cuda"
+    cfg.actor_rollout_ref.rollout.name = "hf"
+    assert launcher.resolve_cpu_bind(cfg, "cpu") == "auto" and launcher.resolve_cpu_bind(cfg, "cuda") == "none"
+    cfg.actor_rollout_ref.rollout.name = "vllm"  # vLLM's CPU backend binds its own threads
+    assert launcher.resolve_cpu_bind(cfg, "cpu") == "none"
+    cfg.trainer.cpu_bind = "always"
+    with pytest.raises(ValueError, match="trainer.cpu_bind"):
+        launcher.resolve_cpu_bind(cfg, "cpu")
+
+
+def test_release_worker_group_frees_workers_and_placement_groups():
+    group, pool = FakeGroup(), FakeRayPool()
+    launcher.release_worker_group(group, pool)
+    assert group.shut and pool.released
+    launcher.release_worker_group(None, None)  # nothing built yet: nothing to do
+
+
+def test_close_releases_the_ray_pool_even_with_an_off_policy_pool(fakes, compose_config, tiny_task_dir, tiny_model_dir,
+                                                                   tmp_path, monkeypatch):
+    off_policy = types.SimpleNamespace(has_extra_traces=True)  # no release(): B9 called it on this object
+    monkeypatch.setattr(launcher, "build_off_policy_pool", lambda *a, **k: off_policy)
+    trainer, close = launcher.build_trainer(_cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path))
+    assert trainer.off_policy_pool is off_policy and trainer.wg is fakes.group
+    close()
+    assert fakes.pool.released and fakes.group.shut and FakeReward.closed and FakeTracker.finished
+
+
+def test_a_failure_while_building_releases_everything_and_raises_the_original_error(
+        fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("trainer construction failed")
+
+    monkeypatch.setattr("luffy_pool.mix_trainer.MIXRayPPOTrainer", broken)
+    with pytest.raises(RuntimeError, match="trainer construction failed"):
+        launcher.build_trainer(_cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path))
+    assert fakes.pool.released and fakes.group.shut and FakeReward.closed
+
+
+def test_too_few_rows_for_one_batch_names_the_key(compose_config, tiny_task_dir, tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "data.train_batch_size=1000")
+    with pytest.raises(ValueError, match="fewer than data.train_batch_size=1000"):
+        launcher.build_dataloader(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_use_off_policy_probs_without_any_behaviour_probabilities_is_refused(
+        fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path):
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "actor_rollout_ref.actor.use_off_policy_loss=True",
+               "actor_rollout_ref.actor.use_off_policy_probs=True")
+    with pytest.raises(ValueError, match="no 'target_ds_qwen_7b_probs' column and data.off_policy_files give no"):
+        launcher.build_trainer(cfg)
+    assert fakes.pool.released  # refused after the workers started: still released

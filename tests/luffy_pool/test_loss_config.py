@@ -1,0 +1,109 @@
+"""The config-to-loss mapping and the policy-loss registry driving the LUFFY actor (no if/elif on flags)."""
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from luffy_pool.loss_config import policy_loss_kwargs, policy_loss_name
+from luffy_pool.mix_actor import MIXDataParallelPPOActor
+from luffy_pool.mix_core_alg import compute_token_on_off_policy_loss
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss, register_policy_loss
+
+A = "actor_rollout_ref.actor"
+# LUFFY's train.sh actor keys (LUFFY_SPEC §2.1) on top of the YAML defaults.
+LUFFY_ACTOR = [f"{A}.use_off_policy_loss=True", f"{A}.off_policy_reshape=p_div_p_0.1", f"{A}.loss_remove_token_mean=True",
+               f"{A}.loss_remove_clip=True", f"{A}.use_kl_loss=False"]
+
+
+def _actor_cfg(compose_config, *overrides):
+    cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
+    return cfg.actor_rollout_ref.actor
+
+
+def _actor(cfg):
+    return MIXDataParallelPPOActor(cfg, torch.nn.Linear(1, 1))
+
+
+def _micro():
+    torch.manual_seed(0)
+    rows, width = 3, 4
+    return {"old_log_probs": -torch.rand(rows, width), "advantages": torch.tensor([[1.0] * 4, [-1.0] * 4, [0.5] * 4]),
+            "prefix_mask": torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
+            "behaviour_log_probs": torch.tensor([[math.log(0.5)] * 2 + [float("nan")] * 2, [float("nan")] * 4,
+                                                 [math.log(0.25)] + [float("nan")] * 3])}, -torch.rand(rows, width), torch.tensor(
+        [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
+
+
+def test_auto_picks_the_loss_luffys_switches_select(compose_config):
+    assert policy_loss_name(_actor_cfg(compose_config)) == "vanilla"
+    assert policy_loss_name(_actor_cfg(compose_config, *LUFFY_ACTOR)) == "luffy_token"
+    assert policy_loss_name(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True")) == "sft_multitask"
+    assert policy_loss_name(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss")) == "my_loss"
+
+
+def test_luffys_config_maps_to_these_loss_arguments(compose_config):
+    kwargs = policy_loss_kwargs(_actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10",
+                                           f"{A}.sft_loss_coef=0.5"))
+    assert kwargs == {
+        "cliprange": 0.2, "clip_upper_bound": 1.0, "loss_remove_token_mean": True, "loss_remove_clip": True,
+        "off_cliprange": 0.2, "off_normalize": False, "off_max_clip": 10, "off_min_clip": None, "all_max_clip": None,
+        "off_policy_reshape": "p_div_p_0.1", "off_policy_reshape_weight": 0.1, "off_policy_reshape_pow_exp": 0.5,
+        "on_policy_reshape": "no_reshape", "on_policy_reshape_weight": 0.1, "on_policy_reshape_pow_exp": 0.5,
+        "sft_loss_coef": 0.5}
+
+
+def test_the_actor_calls_luffys_token_loss_with_the_mapped_arguments(compose_config):
+    cfg = _actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.use_off_policy_probs=True")
+    micro, log_prob, mask = _micro()
+    loss, metrics = _actor(cfg).compute_policy_loss(micro, log_prob, None, mask)
+    direct = compute_token_on_off_policy_loss(
+        old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"], eos_mask=mask,
+        cliprange=0.2, clip_upper_bound=1.0, prefix_mask=micro["prefix_mask"], off_cliprange=0.2,
+        off_policy_reshape="p_div_p_0.1", off_policy_reshape_weight=0.1, on_policy_reshape_weight=0.1,
+        target_probs=torch.tensor([[0.5, 0.5, 1.0, 1.0], [1.0] * 4, [0.25, 1.0, 1.0, 1.0]]),
+        loss_remove_token_mean=True, loss_remove_clip=True)
+    assert torch.equal(loss, direct["pg_loss"])
+    assert metrics["actor/off_pg_loss"] == direct["off_pg_loss"].item() and "actor/ppo_kl_loss" not in metrics
+
+
+def test_use_ppo_kl_loss_also_applies_to_the_plain_ppo_loss(compose_config):
+    """Review B8: the |ppo_kl| term used to be added only in the mixed-loss path."""
+    cfg = _actor_cfg(compose_config, f"{A}.use_ppo_kl_loss=True", f"{A}.ppo_kl_loss_coef=0.5")
+    micro, log_prob, mask = _micro()
+    loss, metrics = _actor(cfg).compute_policy_loss(micro, log_prob, None, mask)
+    pg, clipfrac, ppo_kl = compute_policy_loss(micro["old_log_probs"], log_prob, micro["advantages"], mask, 0.2)
+    assert loss.item() == pytest.approx((pg + 0.5 * ppo_kl.abs()).item(), abs=1e-7)
+    assert metrics["actor/pg_clipfrac"] == clipfrac.item() and metrics["actor/ppo_kl_loss"] == abs(ppo_kl.item())
+
+
+def test_a_new_loss_is_one_function_and_one_decorator(compose_config):
+    @register_policy_loss("i15_test_mean_neg_logp")
+    def mean_negative_log_prob(log_prob, eos_mask, advantages):
+        """-mean over valid tokens of A·logp (a plain policy gradient), plus a metric of our own."""
+        pg = -(advantages * log_prob * eos_mask).sum() / eos_mask.sum()
+        return {"pg_loss": pg, "valid_tokens": eos_mask.sum()}
+
+    try:
+        cfg = _actor_cfg(compose_config, f"{A}.policy_loss=i15_test_mean_neg_logp")
+        micro = {"old_log_probs": torch.zeros(1, 2), "advantages": torch.tensor([[2.0, 2.0]])}
+        log_prob = torch.tensor([[math.log(0.5), math.log(0.25)]])
+        loss, metrics = _actor(cfg).compute_policy_loss(micro, log_prob, None, torch.tensor([[1.0, 1.0]]))
+        # -(2·ln .5 + 2·ln .25) / 2 = 3·ln 2
+        assert loss.item() == pytest.approx(3 * math.log(2)) and metrics["actor/valid_tokens"] == 2.0
+    finally:
+        POLICY_LOSS_REGISTRY.pop("i15_test_mean_neg_logp")
+
+
+def test_an_unknown_loss_name_fails_when_the_actor_is_built(compose_config):
+    with pytest.raises(ValueError, match=r"unknown policy loss 'no_such_loss'.*'luffy_token'"):
+        _actor(_actor_cfg(compose_config, f"{A}.policy_loss=no_such_loss"))
+
+
+def test_policy_loss_with_luffys_switches_is_refused(compose_config):
+    from luffy_pool.config_check import validate_config
+
+    cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
+                          f"{A}.policy_loss=vanilla", f"{A}.use_off_policy_loss=True"])
+    assert any("'actor_rollout_ref.actor.policy_loss'='vanilla' conflicts" in e for e in validate_config(cfg))
+    assert OmegaConf.select(cfg, f"{A}.policy_loss") == "vanilla"
