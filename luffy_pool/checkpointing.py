@@ -3,7 +3,7 @@
 ``TrainerCheckpointer`` is the driver half of checkpointing (the workers write their shards through
 ``verl.workers.checkpoint_mixin``). A save goes to ``<default_local_dir>/.tmp_global_step_<N>``: the
 workers write ``actor/``, the driver writes ``data.pt`` (data sampler, prefix-ratio sampler, KL
-controller, driver RNG, last validation), then one rename publishes ``global_step_<N>`` and only
+controller, driver RNG, last validation) and, with ``data.self_replay``, ``self_replay/``, then one rename publishes ``global_step_<N>`` and only
 then does ``latest_checkpointed_iteration.txt`` move to N. A crash at any point leaves the previous
 checkpoint as the one ``resume_mode=auto`` picks. Resume restores everything so step N+1 sees the
 same prompts, prefix ratios and rollout seeds as an uninterrupted run (also right after an epoch's
@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 BEST_METRIC = "val/avg_score"
 DATA_ORDER_FILE = "data_order.jsonl"
 DATA_STATE_VERSION = 1
+REPLAY_DIR = "self_replay"  # the self-replay buffer (data.self_replay): JSON index + safetensors, no pickle
 
 
 class TrainerCheckpointer:
@@ -77,6 +78,8 @@ class TrainerCheckpointer:
         trainer.wg.save_checkpoint(os.path.join(tmp, layout.ACTOR_DIR), global_step=step, max_ckpt_to_keep=None,
                                    save_hf=self.save_hf_on_save)
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
+        if getattr(trainer, "self_replay", None) is not None:
+            trainer.self_replay.save(os.path.join(tmp, REPLAY_DIR))
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
         pruned = layout.prune_sharded_states(self.root, self.max_optim_to_keep, current_step=step)
@@ -201,12 +204,24 @@ class TrainerCheckpointer:
             kl_ctrl.value = float(data["kl_coef"])
         trainer.last_val_metrics = dict(data.get("last_val_metrics", {}))
         restore_rng_state(data["driver_rng"])
+        self._load_replay(trainer, step_dir)
         trainer._data_iter = None  # the next batch comes from the restored sampler position
         total = int(getattr(trainer, "total_training_steps", step))
         saved_ws, ws = data.get("world_size"), getattr(trainer, "world_size", None)
         logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws, ws,
                        step + 1, total, "; nothing left to train" if step >= total else "")
         return step
+
+    @staticmethod
+    def _load_replay(trainer, step_dir: str) -> None:
+        buffer = getattr(trainer, "self_replay", None)
+        if buffer is None:
+            return
+        path = os.path.join(step_dir, REPLAY_DIR)
+        if not os.path.isdir(path):  # saved by a run without self-replay: this run starts its buffer empty
+            logger.warning("%s has no %s/: data.self_replay starts with an empty buffer", step_dir, REPLAY_DIR)
+            return
+        buffer.load(path)
 
     # ------------------------------------------------------------------ reporting
     def last_good_checkpoint(self) -> Optional[str]:

@@ -123,6 +123,8 @@ ENUMS = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.cpu_bind": ("auto", "none"),
     "trainer.logger": SUPPORTED_BACKENDS,
+    "data.self_replay.eviction": ("oldest", "random"),
+    "data.self_replay.selection": ("latest", "random"),
 }
 # Values that exist in LUFFY but are not shipped: a specific explanation instead of the enum list.
 UNSUPPORTED_VALUES = {
@@ -143,6 +145,7 @@ POSITIVE_INTS = (
     f"{_R}.cpu_kv_cache_bytes", f"{_R}.weight_sync_bucket_mb", f"{_REF}.log_prob_max_token_len_per_gpu",
     "reward.num_workers", "trainer.total_epochs", "trainer.total_training_steps", "trainer.nnodes",
     "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus", "ray_init.max_direct_call_object_size",
+    "data.self_replay.capacity", "data.self_replay.max_per_prompt", "data.self_replay.slots",
 )
 UNIT_INTERVAL = (
     "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",
@@ -288,6 +291,7 @@ class _Checker:
         self._range(NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "must be >= 0")
         self._range(MINUS_ONE_OR_POSITIVE, lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")
         self._range((f"{_R}.top_k",), lambda v: v >= -1, "must be -1 (off), 0 (off, hf) or > 0")
+        self._range(("data.self_replay.max_age",), lambda v: v >= -1, "must be -1 (no limit) or >= 0")
         betas = self.get(f"{_A}.optim.betas")
         if not (isinstance(betas, list) and len(betas) == 2 and all(_type_ok(b, (float,)) and 0 <= b < 1 for b in betas)):
             self.fail(f"'{_A}.optim.betas' must be two numbers in [0, 1), got {betas!r}")
@@ -315,9 +319,13 @@ class _Checker:
                           f"(on-policy advantages without the off-policy rows), got {get('algorithm.adv_estimator')!r}")
         if get(f"{_A}.use_sft_prefix_reward") and get(f"{_R}.n_prefix") != -1:
             self.fail(f"'{_A}.use_sft_prefix_reward'=True needs '{_R}.n_prefix'=-1, got {get(f'{_R}.n_prefix')}")
-        if get(f"{_A}.use_off_policy_probs") and not (get(f"{_A}.use_off_policy_loss") and get("data.off_policy_files")):
+        behaviour = get("data.off_policy_files") or get("data.self_replay.enable")
+        if get(f"{_A}.use_off_policy_probs") and not (get(f"{_A}.use_off_policy_loss") and behaviour):
             self.fail(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True and behaviour "
-                      "log-probs from 'data.off_policy_files'")
+                      "log-probs from 'data.off_policy_files' or 'data.self_replay'")
+        if get("data.self_replay.enable") and not (get(f"{_A}.use_off_policy_loss") and get(f"{_A}.use_off_policy_probs")):
+            self.fail(f"'data.self_replay.enable'=True needs '{_A}.use_off_policy_loss'=True and "
+                      f"'{_A}.use_off_policy_probs'=True (replayed traces are weighted by their behaviour log-probs)")
         if get(f"{_A}.use_adaptive_temperature_fixed") and not get(f"{_A}.use_adaptive_temperature"):
             self.fail(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
         use_ref = get(f"{_REF}.use_ref")
