@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from typing import Mapping, Optional
@@ -41,12 +42,17 @@ def run_eval(cmd: list[str], output_file: str, env: Mapping[str, str], timeout_s
     """Run one generate_vllm.py command (log next to ``output_file``) and return its JSON summary."""
     os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
     log_path = os.path.splitext(output_file)[0] + ".log"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, timeout=timeout_s)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"evaluation failed (exit {proc.returncode}); see {log_path}")
     with open(summary_file(output_file)) as f:
-        return json.load(f)
+        summary = json.load(f)
+    # One process (the in-process engine): its rusage is its CPU time.
+    summary["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return summary
 
 
 def headline(summary: Mapping) -> dict:
@@ -54,7 +60,7 @@ def headline(summary: Mapping) -> dict:
     return {"accuracy": float(summary["accuracy"]), "samples": int(summary["samples"]),
             "correct": int(sum(s["num_correct"] for s in summary["per_source"].values())),
             "mean_response_tokens": float(summary["mean_response_tokens"]),
-            "finish_reasons": dict(summary.get("finish_reasons", {}))}
+            "finish_reasons": dict(summary.get("finish_reasons", {})), "cpu_s": float(summary.get("cpu_s", 0.0))}
 
 
 def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: int, eval_samples: int,
@@ -70,6 +76,7 @@ def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: 
                                                            temperature=0.6, max_tokens=max_tokens, rollout=rollout),
                                               sampled_out, env, timeout_s))
         result["sampled"]["k"] = eval_samples
+    result["cpu_s"] = sum(h["cpu_s"] for h in (result["greedy"], result["sampled"]) if h)
     return result
 
 
