@@ -20,6 +20,7 @@ the per-run dynamics of the first seed) and ``seed<k>/<method>/`` with metrics, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -81,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--window", type=int, default=20, help="steps averaged for the reward at the start / end of a run")
     ap.add_argument("--smooth", type=int, default=5, help="moving-average window of the plotted curves (steps)")
     ap.add_argument("--run-timeout", type=float, default=None, help="seconds before one training/eval process is stopped")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep runs and evaluations already finished in --out with the same command (run a comparison in "
+                         "parts, e.g. --seeds 0 then --seeds 1, then summarise all of it with the full --seeds)")
     return ap
 
 
@@ -117,18 +121,40 @@ def prepare_task(args, out: str) -> tuple[str, str, str, Optional[str]]:
     return model_dir, paths["train"], paths["test"], paths.get("warm")
 
 
-class Meter:
-    """Runs commands with their output in a log, adding up wall and CPU seconds per category."""
+DONE_FILE = "done.json"  # in a run folder: the command that finished there, its wall and CPU seconds
 
-    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float]):
-        self.env, self.timeout_s = env, timeout_s
+
+class Meter:
+    """Runs commands with their output in a log, adding up wall and CPU seconds per category.
+
+    With ``reuse``, a folder whose ``done.json`` records exactly the same command is not run again: its
+    recorded seconds count instead (so a comparison can be run in parts, e.g. one seed per call, and
+    summarised by a last call over everything).
+    """
+
+    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False):
+        self.env, self.timeout_s, self.reuse = env, timeout_s, reuse
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
         self.cpu_source = "proc"
 
+    def finished(self, run_dir: str, cmd: Sequence[str]) -> Optional[dict]:
+        path = os.path.join(run_dir, DONE_FILE)
+        if not self.reuse or not os.path.exists(path):
+            return None
+        with open(path) as f:
+            done = json.load(f)
+        return done if done.get("cmd") == list(cmd) else None
+
     def run(self, cmd: Sequence[str], log_path: str, category: str) -> tuple[float, float]:
         """Run ``cmd``; returns (wall s, CPU s); raises naming the log on failure."""
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        run_dir = os.path.dirname(log_path)
+        done = self.finished(run_dir, cmd)
+        if done is not None:
+            self.cpu[category] = self.cpu.get(category, 0.0) + done["cpu_s"]
+            self.wall[category] = self.wall.get(category, 0.0) + done["wall_s"]
+            return done["wall_s"], done["cpu_s"]
+        os.makedirs(run_dir, exist_ok=True)
         try:
             code, wall, cpu, source = run_measured(cmd, log_path, self.env, REPO, self.timeout_s)
         except subprocess.TimeoutExpired:
@@ -139,11 +165,16 @@ class Meter:
             self.cpu_source = source
         if code != 0:
             raise RuntimeError(f"exit {code}; see {log_path}")
+        with open(os.path.join(run_dir, DONE_FILE), "w") as f:
+            json.dump({"cmd": list(cmd), "wall_s": wall, "cpu_s": cpu}, f)
         return wall, cpu
 
 
-def fresh_dir(path: str) -> str:
-    """An empty ``path`` (the jsonl tracker appends, so a rerun must not see the last run's file)."""
+def fresh_dir(path: str, meter: Optional["Meter"] = None, cmd: Optional[Sequence[str]] = None) -> str:
+    """An empty ``path`` (the jsonl tracker appends, so a rerun must not see the last run's file), unless
+    ``meter`` may reuse the finished run of ``cmd`` there."""
+    if meter is not None and cmd is not None and meter.finished(path, cmd) is not None:
+        return path
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(path)
@@ -157,29 +188,30 @@ def sft_command(config_overrides: Sequence[str]) -> list[str]:
 
 def warm_start(model_dir: str, warm_file: str, steps: int, run_dir: str, meter: Meter) -> str:
     """SFT the random model for ``steps`` steps on the warm split (quickstart's recipe); returns the HF folder."""
-    fresh_dir(run_dir)
     cmd = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={model_dir}",
            f"data.train_files={warm_file}", f"trainer.total_training_steps={steps}",
            *(f"{k}={v}" for k, v in WARM_SFT.items()), "trainer.device=cpu", "trainer.logger=['jsonl']",
            f"trainer.default_local_dir={run_dir}", "trainer.experiment_name=warm_start"]
+    fresh_dir(run_dir, meter, cmd)
     meter.run(cmd, os.path.join(run_dir, "train.log"), "warm_start")
     return os.path.join(run_dir, "final")
 
 
 def train_sft(settings: RunSettings, run_dir: str, meter: Meter) -> tuple[str, float, float]:
     """The SFT trainer's CLI on tiny_cpu_sft.yaml; returns (final HF folder, wall s, CPU s)."""
-    fresh_dir(run_dir)
-    wall, cpu = meter.run(sft_command(sft_overrides(settings, run_dir)), os.path.join(run_dir, "train.log"), "training")
+    cmd = sft_command(sft_overrides(settings, run_dir))
+    fresh_dir(run_dir, meter, cmd)
+    wall, cpu = meter.run(cmd, os.path.join(run_dir, "train.log"), "training")
     return os.path.join(run_dir, "final"), wall, cpu
 
 
 def train_rl(config_name: str, settings: RunSettings, run_dir: str, meter: Meter,
              model_dir: Optional[str] = None) -> tuple[str, float, float]:
     """One RL run through ``reproduce/run_rl.py``; returns (final HF folder, wall s, CPU s)."""
-    fresh_dir(run_dir)
     hf_dir = os.path.join(run_dir, "final")
     cmd = [sys.executable, RUN_RL, "--config-name", config_name, "--hf-out", hf_dir,
            "--result", os.path.join(run_dir, "run_result.json"), *rl_overrides(settings, run_dir, model_dir)]
+    fresh_dir(run_dir, meter, cmd)
     wall, cpu = meter.run(cmd, os.path.join(run_dir, "train.log"), "training")
     return hf_dir, wall, cpu
 
@@ -236,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     env = child_env()
-    meter = Meter(env, args.run_timeout)
+    meter = Meter(env, args.run_timeout, reuse=args.reuse)
     t_all = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -250,7 +282,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start_label = f"Start model ({args.warm_steps} warm SFT steps)"
         say(f"warm start: {args.warm_steps} SFT steps on {args.n_warm} disjoint problems ({meter.cpu['warm_start']:.0f} CPU s)")
 
-    eval_kw = dict(max_tokens=args.response_length, env=env, rollout=args.rollout, timeout_s=args.run_timeout)
+    eval_kw = dict(max_tokens=args.response_length, env=env, rollout=args.rollout, timeout_s=args.run_timeout,
+                   reuse=args.reuse)
     probe = probe_on_policy_success(start_model, train_file, os.path.join(out, "start_model", "eval"), n=args.n,
                                     rows=args.probe_rows, **eval_kw)
     say(f"start model: {probe['correct']} correct of {probe['samples']} samples on training prompts (T=1.0): "
@@ -318,7 +351,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def write_report(out, start_row, rows, by_label, probe, plots, settings, cpu, cpu_source, args) -> str:
     """``results.md`` (summary table over seeds, per-run table, start model, settings) and ``results.json``."""
-    import json
 
     md = ["# Tiny reproduction of LUFFY's comparison (CPU)", "",
           f"Every method starts from the same model ({start_row['label']}) and trains on the same synthetic task for "
