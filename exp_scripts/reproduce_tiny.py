@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval-samples", type=int, default=0, help="k of the held-out avg@k at T=0.6 (0 = greedy only)")
     ap.add_argument("--probe-rows", type=int, default=64, help="training prompts sampled to probe the start model")
     ap.add_argument("--window", type=int, default=50, help="steps averaged for the reward at the start / end of a run")
-    ap.add_argument("--smooth", type=int, default=5, help="moving-average window of the plotted curves (steps)")
+    ap.add_argument("--smooth", type=int, default=20, help="moving-average window of the plotted curves (steps)")
     ap.add_argument("--run-timeout", type=float, default=None, help="seconds before one training/eval process is stopped")
     ap.add_argument("--reuse", action="store_true",
                     help="keep runs and evaluations already finished in --out with the same command (run a comparison in "
