@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ops", default="+", help="operators of the task, e.g. '+' or '+*'")
     ap.add_argument("--n-train", type=int, default=512, help="training problems")
     ap.add_argument("--n-test", type=int, default=64, help="held-out problems")
-    ap.add_argument("--system-prompt", action="store_true",
-                    help="keep the task's system prompt (off: shorter sequences; LUFFY's eval drops it anyway)")
+    ap.add_argument("--system-prompt", action=argparse.BooleanOptionalAction, default=True,
+                    help="keep the task's system prompt (the measured weak-start regime has it; --no-system-prompt: "
+                         "shorter sequences)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tiny model and the task")
     ap.add_argument("--rollout", choices=("vllm", "hf"), default="hf", help="rollout and eval engine")
     ap.add_argument("--ranks", type=int, default=1, help="FSDP ranks of the RL runs (CPU worker processes)")
