@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overlong_prompts", choices=("error", "skip"), default="error",
                     help="a prompt longer than the context: stop with an error, or grade it wrong and count it")
     ap.add_argument("--seed", type=int, default=0)
+    add_bool_arg(ap, "--logprobs", default=False,
+                 help="also write each sample's generated token ids and their behaviour log-probs (the sampling "
+                      "distribution's); data/prepare_off_policy.py turns them into an off-policy trace file")
     return ap
 
 
@@ -120,7 +123,7 @@ def generate_samples(args, rows: list[dict]) -> list[dict]:
                              generator.tokenizer) for r in rows]
     print("example prompt:", repr(prompts[0][:2000]))
     sampling = SamplingArgs(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens)
+                            max_tokens=args.max_tokens, logprobs=args.logprobs)
     completions = generate_completions(generator, prompts, sampling, args.overlong_prompts)
     samples = []
     for row, prompt, comps in zip(rows, prompts, completions):
@@ -128,6 +131,8 @@ def generate_samples(args, rows: list[dict]) -> list[dict]:
             samples.append({"data_source": row["data_source"], "index": row["index"], "row": row["row"], "sample": j,
                             "prompt": prompt, "generated_text": comp.text, "ground_truth": row["ground_truth"],
                             "finish_reason": comp.finish_reason, "num_tokens": comp.num_tokens})
+            if args.logprobs:  # ids include the EOS when one was sampled; one log-prob per id
+                samples[-1].update(token_ids=list(comp.token_ids), logprobs=comp.logprobs)
     return samples
 
 

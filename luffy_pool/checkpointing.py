@@ -3,7 +3,7 @@
 ``TrainerCheckpointer`` is the driver half of checkpointing (the workers write their shards through
 ``verl.workers.checkpoint_mixin``). A save goes to ``<default_local_dir>/.tmp_global_step_<N>``: the
 workers write ``actor/``, the driver writes ``data.pt`` (data sampler, prefix-ratio sampler, KL
-controller, driver RNG, last validation), then one rename publishes ``global_step_<N>`` and only
+controller, driver RNG, last validation) and, with ``data.self_replay``, ``self_replay/``, then one rename publishes ``global_step_<N>`` and only
 then does ``latest_checkpointed_iteration.txt`` move to N. A crash at any point leaves the previous
 checkpoint as the one ``resume_mode=auto`` picks. Resume restores everything so step N+1 sees the
 same prompts, prefix ratios and rollout seeds as an uninterrupted run (also right after an epoch's
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 BEST_METRIC = "val/avg_score"
 DATA_ORDER_FILE = "data_order.jsonl"
 DATA_STATE_VERSION = 2  # 2: plain data (weights_only), optional "extras"
+REPLAY_DIR = "self_replay"  # the self-replay buffer (data.self_replay): JSON index + safetensors, no pickle
 
 
 class CheckpointUnusableError(RuntimeError):
@@ -112,6 +113,8 @@ class TrainerCheckpointer:
                                               max_ckpt_to_keep=None, save_hf=self.save_hf_on_save,
                                               compute_hashes=self.checksums)
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
+        if getattr(trainer, "self_replay", None) is not None:  # before the manifest, so its files are listed
+            trainer.self_replay.save(os.path.join(tmp, REPLAY_DIR))
         hashed = {os.path.join(layout.ACTOR_DIR, rel): entry for out in (per_rank or []) if isinstance(out, dict)
                   for rel, entry in (out.get("files") or {}).items()}
         manifest.write_manifest(tmp, known=hashed, checksums=self.checksums)
@@ -293,7 +296,7 @@ class TrainerCheckpointer:
                 problems.append(f"{os.path.basename(step_dir)}: {line}")
                 logger.error("checkpoint %s is not usable: %s; trying the previous one", step_dir, line)
                 continue
-            self._apply_data_state(trainer, data)
+            self._apply_data_state(trainer, data, step_dir)
             step = layout.parse_step_dir(step_dir)
             self.last_saved_step = step
             total = int(getattr(trainer, "total_training_steps", step))
@@ -304,7 +307,7 @@ class TrainerCheckpointer:
         raise CheckpointUnusableError(f"no intact checkpoint under {self.root} ({'; '.join(problems)}); move the bad "
                                       f"ones aside, or start fresh with trainer.resume_mode=disable")
 
-    def _apply_data_state(self, trainer, data: dict) -> None:
+    def _apply_data_state(self, trainer, data: dict, step_dir: str) -> None:
         self.sampler.load_state_dict(data["sampler"])
         trainer.load_state_dict(data)
         restore_rng_state(data["driver_rng"])
@@ -314,6 +317,18 @@ class TrainerCheckpointer:
                 obj.load_state_dict(saved_extras[name])
             else:
                 logger.warning("checkpoint has no saved state %r (written before it existed); it starts empty", name)
+        self._load_replay(trainer, step_dir)
+
+    @staticmethod
+    def _load_replay(trainer, step_dir: str) -> None:
+        buffer = getattr(trainer, "self_replay", None)
+        if buffer is None:
+            return
+        path = os.path.join(step_dir, REPLAY_DIR)
+        if not os.path.isdir(path):  # saved by a run without self-replay: this run starts its buffer empty
+            logger.warning("%s has no %s/: data.self_replay starts with an empty buffer", step_dir, REPLAY_DIR)
+            return
+        buffer.load(path)
 
     # ------------------------------------------------------------------ reporting
     def last_good_checkpoint(self) -> Optional[str]:

@@ -91,6 +91,8 @@ ENUMS = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.cpu_bind": ("auto", "none"),
     "trainer.logger": SUPPORTED_BACKENDS,
+    "data.self_replay.eviction": ("oldest", "random"),
+    "data.self_replay.selection": ("latest", "random"),
 }
 ENUMS["data.truncate_off_policy"] = ("cut", "drop")  # issue 18: over-long off-policy traces
 ENUMS["reward.orm.on_failure"] = ("raise", "warn")  # issue 18: a dead judge
@@ -102,6 +104,7 @@ POSITIVE_INTS = (
     f"{_R}.cpu_kv_cache_bytes", f"{_R}.weight_sync_bucket_mb", f"{_REF}.log_prob_max_token_len_per_gpu",
     "reward.num_workers", "trainer.total_epochs", "trainer.total_training_steps", "trainer.nnodes",
     "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus", "ray_init.max_direct_call_object_size",
+    "data.self_replay.capacity", "data.self_replay.max_per_prompt", "data.self_replay.slots",
 )
 POSITIVE_INTS += ("trainer.max_actor_ckpt_to_keep",)  # issue 18: checkpoint retention
 UNIT_INTERVAL = (
@@ -252,6 +255,7 @@ class _Checker:
         self._range(NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "must be >= 0")
         self._range(MINUS_ONE_OR_POSITIVE, lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")
         self._range((f"{_R}.top_k",), lambda v: v >= -1, "must be -1 (off), 0 (off, hf) or > 0")
+        self._range(("data.self_replay.max_age",), lambda v: v >= -1, "must be -1 (no limit) or >= 0")
         betas = self.get(f"{_A}.optim.betas")
         if not (isinstance(betas, list) and len(betas) == 2 and all(_type_ok(b, (float,)) and 0 <= b < 1 for b in betas)):
             self.fail(f"'{_A}.optim.betas' must be two numbers in [0, 1), got {betas!r}")
@@ -282,6 +286,9 @@ class _Checker:
         if get(f"{_A}.use_off_policy_probs") and not get(f"{_A}.use_off_policy_loss"):
             self.fail(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True (the behaviour "
                       "probabilities only enter the off-policy loss)")
+        if get("data.self_replay.enable") and not (get(f"{_A}.use_off_policy_loss") and get(f"{_A}.use_off_policy_probs")):
+            self.fail(f"'data.self_replay.enable'=True needs '{_A}.use_off_policy_loss'=True and "
+                      f"'{_A}.use_off_policy_probs'=True (replayed traces are weighted by their behaviour log-probs)")
         if get(f"{_A}.use_adaptive_temperature_fixed") and not get(f"{_A}.use_adaptive_temperature"):
             self.fail(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
         use_ref = get(f"{_REF}.use_ref")

@@ -124,6 +124,8 @@ def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None
         return
     if off_policy_pool is not None and off_policy_pool.has_extra_logprobs:
         return
+    if (config.data.get("self_replay") or {}).get("enable", False):  # replayed traces carry their own log-probs
+        return
     key = getattr(train_dataset, "target_probs_key", "target_ds_qwen_7b_probs")
     raise ValueError(f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
                      "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False")

@@ -72,10 +72,8 @@ def loss_tensors(micro: dict, log_prob, response_mask, use_off_policy_probs: boo
 
 
 def behaviour_probs(behaviour_log_probs, dtype):
-    """exp of the behaviour log-probs, 1.0 where unknown (NaN); None stays None."""
+    """exp of the behaviour log-probs; NaN (unknown) stays NaN, so the loss gives those tokens the configured
+    shaping f(p) instead of an importance weight (``compute_token_on_off_policy_loss``); None stays None."""
     if behaviour_log_probs is None:
         return None
-    import torch
-
-    known = ~torch.isnan(behaviour_log_probs)
-    return torch.where(known, behaviour_log_probs.nan_to_num(0.0).exp(), torch.ones_like(behaviour_log_probs)).to(dtype)
+    return behaviour_log_probs.exp().to(dtype)

@@ -190,7 +190,7 @@ def compute_token_on_off_policy_loss(
     On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio`), with the PPO clip
     ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` unless ``loss_remove_clip``.
     Off-policy: ``L_off = −A·f(p)`` (:func:`off_policy_weight`), or ``f = p/(target_prob + 1e-6)``
-    when ``target_probs`` is given; ``f`` is then clamped to ``[off_min_clip, off_max_clip]``
+    when ``target_probs`` is given (tokens whose target_prob is NaN, behaviour unknown, keep ``f(p)``); ``f`` is then clamped to ``[off_min_clip, off_max_clip]``
     (None/-1 = off). No old log-prob, no trust region. ``all_max_clip`` drops tokens with
     ``p > all_max_clip`` from the loss. Aggregation: ``Σ L·m / width`` if ``loss_remove_token_mean``,
     else ``Σ L·m / Σ m``. Metrics over an empty token set are 0; ``on_pg_clipfrac`` is over all valid
@@ -227,7 +227,11 @@ def compute_token_on_off_policy_loss(
             raise ValueError(
                 f"target_probs shape {tuple(target_probs.shape)} != log_prob shape {tuple(log_prob.shape)}"
             )
-        off_ratio = prob / (target_probs + 1e-6) * prefix.to(log_prob.dtype)
+        # NaN = behaviour unknown (e.g. a dataset target next to self-replayed traces): the configured shaping.
+        unknown = torch.isnan(target_probs)
+        shaped = off_policy_weight(log_prob, off_policy_reshape, off_policy_reshape_weight, off_policy_reshape_pow_exp)
+        importance = prob / (torch.where(unknown, torch.ones_like(target_probs), target_probs) + 1e-6)
+        off_ratio = torch.where(unknown, shaped, importance) * prefix.to(log_prob.dtype)
     zero = torch.zeros((), device=log_prob.device)
     off_ratio_max_clip_frac = off_ratio_min_clip_frac = zero
     if _clip_enabled(off_max_clip):

@@ -18,6 +18,8 @@ import torch
 from deepscaler.rewards import fail_success_values
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import PrefixRatioSampler
+from luffy_pool.replay_buffer import SelfReplayBuffer
+from luffy_pool.self_replay import keep_successes, replay_into_failed_groups
 from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
@@ -60,6 +62,9 @@ class MIXRayPPOTrainer:
         self.response_length = config.data.max_response_length
         self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(config.trainer.get("seed", 1)))
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
+        replay_cfg = config.data.get("self_replay") or {}
+        self.self_replay = SelfReplayBuffer.from_config(replay_cfg, seed=int(config.trainer.get("seed", 1))) \
+            if replay_cfg.get("enable", False) else None
         self.use_ref = config.actor_rollout_ref.ref.get("use_ref", False)
         self.world_size = self.wg.world_size
         self.global_steps = 0
@@ -172,12 +177,21 @@ class MIXRayPPOTrainer:
             scores, reward_metrics = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
             metrics.update(reward_metrics)
+        if self.self_replay is not None:
+            with _timer("replay", timing):
+                metrics.update(replay_into_failed_groups(
+                    batch, self.self_replay, self.global_steps, slots=int(self.config.data.self_replay.slots),
+                    success=self._success_value(), reward_fn=self.reward_fn, eos_token_id=self.tokenizer.eos_token_id,
+                    pad_token_id=self.tokenizer.pad_token_id, prefix_ratios=self._last_ratios))
         if self._recompute_old_log_prob(len(batch)):
             with _timer("old_log_prob", timing):
                 batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         if self.use_ref:
             with _timer("ref", timing):
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
+        if self.self_replay is not None:  # after the old-log-prob pass: its log-probs are the behaviour's
+            metrics.update(keep_successes(batch, self.self_replay, self.global_steps, success=self._success_value(),
+                                          eos_token_id=self.tokenizer.eos_token_id))
         with _timer("adv", timing):
             batch = self._compute_rewards_and_advantage(batch, metrics)
         if self.config.trainer.get("rollout_data_dir"):
@@ -204,8 +218,8 @@ class MIXRayPPOTrainer:
         """False only when ``actor.recompute_old_log_prob=auto`` and the update is a single on-policy
         mini-batch per rank without a reference model: then the actor's first forward equals the pass."""
         actor = self.config.actor_rollout_ref.actor
-        if actor.get("recompute_old_log_prob", "always") != "auto" or self.use_ref:
-            return True
+        if actor.get("recompute_old_log_prob", "always") != "auto" or self.use_ref or self.self_replay is not None:
+            return True  # self-replay records the old log-probs as the behaviour of the kept successes
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
         return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
 
@@ -213,6 +227,7 @@ class MIXRayPPOTrainer:
         """Generate the B·n slots of this step and merge them with the prompts' non-tensor data."""
         bsz = len(batch)
         ratios = self.ratio_sampler.draw(bsz, self.global_steps)
+        self._last_ratios = ratios
         gen_keys = [k for k in (*GEN_KEYS, "tgt_input_ids") if k in batch.batch.keys()]
         gen_batch = batch.pop(batch_keys=gen_keys)
         if "target_logprobs" in batch.batch.keys():  # behaviour log-probs of the dataset targets, NaN = unknown
@@ -251,6 +266,9 @@ class MIXRayPPOTrainer:
         if slot.trace_logprobs is not None:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
         return int(slot.num_extra_slots)
+
+    def _success_value(self) -> float:
+        return fail_success_values(int(self.config.data.get("reward_impl_version", 0)))[1]
 
     def _update_keys(self, batch: DataProto) -> list[str]:
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages", "prefix_mask"]

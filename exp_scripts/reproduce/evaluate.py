@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from typing import Mapping, Optional
@@ -37,16 +38,36 @@ def eval_command(model_dir: str, input_file: str, output_file: str, *, n: int, t
     return cmd
 
 
-def run_eval(cmd: list[str], output_file: str, env: Mapping[str, str], timeout_s: Optional[float] = None) -> dict:
-    """Run one generate_vllm.py command (log next to ``output_file``) and return its JSON summary."""
+def run_eval(cmd: list[str], output_file: str, env: Mapping[str, str], timeout_s: Optional[float] = None,
+             reuse: bool = False) -> dict:
+    """Run one generate_vllm.py command (log next to ``output_file``) and return its JSON summary.
+
+    ``reuse``: when the summary of exactly this command exists (``<output stem>.cmd.json``), return it.
+    """
     os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+    cmd_file = os.path.splitext(output_file)[0] + ".cmd.json"
+    if reuse and os.path.exists(cmd_file) and os.path.exists(summary_file(output_file)):
+        with open(cmd_file) as f:
+            same = json.load(f) == list(cmd)
+        if same:
+            with open(summary_file(output_file)) as f:
+                return json.load(f)
     log_path = os.path.splitext(output_file)[0] + ".log"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, timeout=timeout_s)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"evaluation failed (exit {proc.returncode}); see {log_path}")
     with open(summary_file(output_file)) as f:
-        return json.load(f)
+        summary = json.load(f)
+    # One process (the in-process engine): its rusage is its CPU time.
+    summary["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    with open(summary_file(output_file), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(cmd_file, "w") as f:
+        json.dump(list(cmd), f)
+    return summary
 
 
 def headline(summary: Mapping) -> dict:
@@ -54,30 +75,32 @@ def headline(summary: Mapping) -> dict:
     return {"accuracy": float(summary["accuracy"]), "samples": int(summary["samples"]),
             "correct": int(sum(s["num_correct"] for s in summary["per_source"].values())),
             "mean_response_tokens": float(summary["mean_response_tokens"]),
-            "finish_reasons": dict(summary.get("finish_reasons", {}))}
+            "finish_reasons": dict(summary.get("finish_reasons", {})), "cpu_s": float(summary.get("cpu_s", 0.0))}
 
 
 def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: int, eval_samples: int,
-                   env: Mapping[str, str], rollout: str = "vllm", timeout_s: Optional[float] = None) -> dict:
+                   env: Mapping[str, str], rollout: str = "vllm", timeout_s: Optional[float] = None,
+                   reuse: bool = False) -> dict:
     """``{"greedy": headline, "sampled": headline or None}`` on the held-out split."""
     greedy_out = os.path.join(out_dir, "greedy.jsonl")
     result = {"greedy": headline(run_eval(eval_command(model_dir, test_file, greedy_out, n=1, temperature=0.0,
-                                                       max_tokens=max_tokens, rollout=rollout), greedy_out, env, timeout_s)),
+                                                       max_tokens=max_tokens, rollout=rollout), greedy_out, env, timeout_s, reuse)),
               "sampled": None}
     if eval_samples > 0:
         sampled_out = os.path.join(out_dir, f"t0.6_n{eval_samples}.jsonl")
         result["sampled"] = headline(run_eval(eval_command(model_dir, test_file, sampled_out, n=eval_samples,
                                                            temperature=0.6, max_tokens=max_tokens, rollout=rollout),
-                                              sampled_out, env, timeout_s))
+                                              sampled_out, env, timeout_s, reuse))
         result["sampled"]["k"] = eval_samples
+    result["cpu_s"] = sum(h["cpu_s"] for h in (result["greedy"], result["sampled"]) if h)
     return result
 
 
 def probe_on_policy_success(model_dir: str, train_file: str, out_dir: str, *, n: int, rows: int, max_tokens: int,
                             env: Mapping[str, str], rollout: str = "vllm", temperature: float = 1.0,
-                            timeout_s: Optional[float] = None) -> dict:
+                            timeout_s: Optional[float] = None, reuse: bool = False) -> dict:
     """Sample ``n`` responses for the first ``rows`` training prompts at the rollout temperature and grade them."""
     out = os.path.join(out_dir, f"train_t{temperature:g}_n{n}.jsonl")
     cmd = eval_command(model_dir, train_file, out, n=n, temperature=temperature, max_tokens=max_tokens,
                        rollout=rollout, max_rows=rows)
-    return {**headline(run_eval(cmd, out, env, timeout_s)), "temperature": temperature, "rows": rows, "n": n}
+    return {**headline(run_eval(cmd, out, env, timeout_s, reuse)), "temperature": temperature, "rows": rows, "n": n}

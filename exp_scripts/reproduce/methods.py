@@ -26,15 +26,19 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sft_rl", "SFT then RL", "sft_rl", "tiny_cpu_sft_rl"),
     Method("luffy_no_shaping", "LUFFY w/o shaping", "rl", "tiny_cpu_luffy_no_shaping"),
     Method("luffy", "LUFFY", "rl", "tiny_cpu_luffy"),
+    Method("luffy_replay", "LUFFY + self-replay", "rl", "tiny_cpu_luffy_replay"),
 )}
+# The paper's central comparison (issue #17): what the weak-start regime is measured with.
+MAIN_METHODS = ("on_policy", "luffy", "luffy_no_shaping", "sft", "luffy_replay")
 
 
 def parse_methods(text: str) -> list[str]:
-    """``"all"`` or a comma list of method names -> names in the order given, each once."""
-    names = list(METHODS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    """``"all"``, ``"main"`` or a comma list of method names -> names in the order given, each once."""
+    keyword = {"all": list(METHODS), "main": list(MAIN_METHODS)}.get(text.strip())
+    names = keyword if keyword is not None else [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown:
-        raise ValueError(f"--methods: unknown method(s) {unknown}; valid: all or a comma list of {list(METHODS)}")
+        raise ValueError(f"--methods: unknown method(s) {unknown}; valid: all, main or a comma list of {list(METHODS)}")
     if not names:
         raise ValueError("--methods: no method given")
     return list(dict.fromkeys(names))
@@ -55,6 +59,9 @@ class RunSettings:
     lr: float
     rollout: str  # vllm | hf
     ranks: int  # FSDP ranks of the RL runs
+    seed: int = 0  # run seed: data order, driver and rollout sampling (the same for every method)
+    val_every: int = -1  # in-training held-out validation every K steps (-1: none; the curve of held-out accuracy)
+    mini_batches: int = 2  # optimizer updates per RL step
 
     def __post_init__(self):
         for key in ("steps", "batch_size", "n", "response_length", "max_prompt_length", "ranks"):
@@ -67,8 +74,8 @@ class RunSettings:
 
     @property
     def mini_batch_size(self) -> int:
-        """Prompts per optimizer step: half the batch, i.e. two updates per step as LUFFY (128 / 64)."""
-        return max(1, self.batch_size // 2)
+        """Prompts per optimizer step: by default half the batch, i.e. two updates per step as LUFFY (128 / 64)."""
+        return max(1, self.batch_size // self.mini_batches)
 
     @property
     def sft_micro_batch_size(self) -> int:
@@ -93,9 +100,12 @@ def rl_overrides(s: RunSettings, out_dir: str, model_dir: str | None = None) -> 
         f"actor_rollout_ref.actor.ppo_micro_batch_size={s.mini_batch_size}",
         f"trainer.n_gpus_per_node={s.ranks}",
         f"trainer.total_training_steps={s.steps}",
-        # Held-out accuracy comes from the eval pipeline after training, so no in-training validation.
-        "trainer.test_freq=-1",
-        "+trainer.val_before_train=False",
+        # Final held-out accuracy comes from the eval pipeline; the optional in-training validation draws its curve.
+        f"trainer.test_freq={s.val_every}",
+        f"+trainer.val_before_train={s.val_every > 0}",
+        f"data.seed={47 + s.seed}",
+        f"trainer.seed={1 + s.seed}",
+        f"actor_rollout_ref.rollout.seed={s.seed}",
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
         "trainer.logger=['console','jsonl']",
@@ -113,6 +123,7 @@ def sft_overrides(s: RunSettings, out_dir: str) -> list[str]:
         f"data.max_length={s.max_prompt_length + s.response_length}",
         f"optim.lr={s.lr}",
         f"trainer.total_training_steps={s.steps}",
+        f"trainer.seed={47 + s.seed}",
         "trainer.logger=['console','jsonl']",
         f"trainer.default_local_dir={out_dir}",
     ]

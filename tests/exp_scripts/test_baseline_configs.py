@@ -22,7 +22,7 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CONFIG_DIR = os.path.join(REPO, "luffy_pool", "config")
 RL_CONFIGS = ("tiny_cpu_on_policy", "tiny_cpu_rl_sft_loss", "tiny_cpu_luffy_no_shaping", "tiny_cpu_luffy",
-              "tiny_cpu_sft_rl")
+              "tiny_cpu_sft_rl", "tiny_cpu_luffy_replay")
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
 
@@ -41,6 +41,9 @@ METHOD_KEYS = {
     "tiny_cpu_luffy": {R + "min_prefix_ratio": 1.0, R + "n_prefix": 1, A + "use_off_policy_loss": True,
                        A + "off_policy_reshape": "p_div_p_0.1", A + "loss_remove_clip": True,
                        "algorithm.adv_estimator": "grpo"},
+    "tiny_cpu_luffy_replay": {R + "min_prefix_ratio": 1.0, R + "n_prefix": 1, A + "use_off_policy_loss": True,
+                              A + "off_policy_reshape": "p_div_p_0.1", A + "use_off_policy_probs": True,
+                              "data.self_replay.enable": True, "data.self_replay.slots": 1},
     "tiny_cpu_sft_rl": {R + "min_prefix_ratio": 0.0, R + "max_prefix_ratio": 0.0, A + "use_off_policy_loss": False,
                         A + "loss_remove_clip": False, "actor_rollout_ref.model.path": "outputs/quickstart/sft/final"},
 }

@@ -27,7 +27,12 @@ def _settings(**kw) -> RunSettings:
 
 # ------------------------------------------------------------------------------ methods
 def test_parse_methods_all_is_every_method_in_table_order():
-    assert parse_methods("all") == ["on_policy", "rl_sft_loss", "sft", "sft_rl", "luffy_no_shaping", "luffy"]
+    assert parse_methods("all") == ["on_policy", "rl_sft_loss", "sft", "sft_rl", "luffy_no_shaping", "luffy",
+                                    "luffy_replay"]
+
+
+def test_parse_methods_main_is_the_central_comparison():
+    assert parse_methods("main") == ["on_policy", "luffy", "luffy_no_shaping", "sft", "luffy_replay"]
 
 
 def test_parse_methods_keeps_the_given_order_once_each():
@@ -145,25 +150,108 @@ def test_unknown_method_on_the_command_line_exits_with_a_usage_error(tmp_path):
 # ------------------------------------------------------------------------------ smoke run (slow)
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_one_step_smoke_run_of_two_methods_writes_table_plots_metrics_and_models(tmp_path):
+def test_smoke_run_of_two_methods_and_two_seeds_writes_table_plots_metrics_and_models_and_reuses_runs(tmp_path):
     out = tmp_path / "reproduce"
     env = dict(os.environ, RAY_ADDRESS="")
-    proc = subprocess.run([sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "on_policy,luffy",
-                           "--steps", "1", "--batch-size", "2", "--n", "4", "--n-train", "16", "--n-test", "4",
-                           "--eval-samples", "2", "--probe-rows", "2", "--ranks", "1", "--rollout", "hf", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
+    cmd = [sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "on_policy,luffy_replay", "--seeds", "0,1",
+           "--warm-steps", "2", "--n-warm", "32", "--steps", "2", "--val-every", "1", "--batch-size", "2", "--n", "4",
+           "--n-train", "16", "--n-test", "4", "--eval-samples", "2", "--probe-rows", "2", "--window", "1",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert [m["name"] for m in results["methods"]] == ["untrained", "on_policy", "luffy"]
-    assert results["probe"]["samples"] == 2 * 4
-    for method in ("on_policy", "luffy"):
-        rows = [json.loads(line) for line in open(out / method / "metrics.jsonl")]
-        assert [r["step"] for r in rows] == [1]
-        assert (out / method / "final" / "config.json").exists()
-        assert (out / method / "eval" / "greedy.summary.json").exists()
-        assert (out / method / "eval" / "t0.6_n2.summary.json").exists()
+    assert [(m["name"], m["seed"]) for m in results["methods"]] == [
+        ("on_policy", 0), ("luffy_replay", 0), ("on_policy", 1), ("luffy_replay", 1)]
+    assert results["probe"]["samples"] == 2 * 4 and results["start"]["label"].startswith("Start model (2 warm")
+    for seed in (0, 1):
+        for method in ("on_policy", "luffy_replay"):
+            run = out / f"seed{seed}" / method
+            rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+            assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then every step
+            assert (run / "final" / "config.json").exists()
+            assert (run / "eval" / "greedy.summary.json").exists() and (run / "eval" / "t0.6_n2.summary.json").exists()
+            assert all(m["cpu_s"] > 0 for m in results["methods"])
+    assert "replay/size" in json.loads(open(out / "seed0" / "luffy_replay" / "metrics.jsonl").readlines()[-1])
     md = (out / "results.md").read_text()
-    assert "| LUFFY |" in md and "| On-policy GRPO |" in md and "| Untrained model |" in md
-    for name in ("on_policy_reward", "entropy", "off_policy_prob", "overview"):
+    assert "| LUFFY + self-replay | 2 |" in md and "| On-policy GRPO | 2 |" in md
+    for name in ("reward", "held_out_accuracy", "entropy"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
     assert f"results: {out}/results.md" in proc.stdout
+    # A second call with --reuse trains and evaluates nothing again and reports the same numbers.
+    stamp = (out / "seed0" / "on_policy" / "metrics.jsonl").stat().st_mtime
+    again = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (out / "seed0" / "on_policy" / "metrics.jsonl").stat().st_mtime == stamp
+    assert json.loads((out / "results.json").read_text())["methods"] == results["methods"]
+
+
+# ------------------------------------------------------------------------------ seeds, validation, CPU time
+def test_run_seed_and_validation_reach_every_rl_methods_config_the_same_way(compose_config):
+    from luffy_pool.config_check import check_config, prepare_overrides
+
+    s = _settings(seed=2, val_every=10, mini_batches=1, batch_size=8)
+    for name in ("on_policy", "luffy", "luffy_replay"):
+        cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x")), METHODS[name].config_name)
+        check_config(cfg)
+        assert (cfg.data.seed, cfg.trainer.seed, cfg.actor_rollout_ref.rollout.seed) == (49, 3, 2)
+        assert cfg.trainer.test_freq == 10 and cfg.trainer.val_before_train is True
+        assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8
+    assert "trainer.seed=49" in sft_overrides(s, "/out/sft")
+
+
+def test_seed_list_parsing():
+    from reproduce_tiny import parse_seeds
+
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    for bad in ("", "0,0", "a"):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_run_summary_uses_the_generated_on_policy_reward_when_self_replay_rewrote_rows():
+    from reproduce.seeds_report import run_summary
+
+    plain = {s: {"on_off_metrics/on_score": v, "actor/entropy_loss": 1.0} for s, v in enumerate([0, 0, 0.5, 1.0], 1)}
+    replay = {s: dict(r, **{"replay/generated_on_score": r["on_off_metrics/on_score"] / 2}) for s, r in plain.items()}
+    replay[4]["val/avg_score"] = 0.25
+    replay[1]["val/avg_score"] = 0.0
+    assert run_summary(plain, window=2) == {"reward_start": 0.0, "reward_end": 0.75, "reward_change": 0.75,
+                                            "entropy_end": 1.0, "held_out_val_first": None, "held_out_val_last": None}
+    s = run_summary(replay, window=2)
+    assert (s["reward_start"], s["reward_end"], s["held_out_val_first"], s["held_out_val_last"]) == (0.0, 0.375, 0.0, 0.25)
+
+
+def test_aggregate_table_gives_mean_std_and_range_over_seeds_and_counts_failures():
+    from reproduce.seeds_report import aggregate_table
+
+    def run(g, change, cpu):
+        return {"eval": {"greedy": {"accuracy": g}}, "cpu_s": cpu,
+                "summary": {"reward_start": 0.0, "reward_end": change, "reward_change": change, "entropy_end": None}}
+
+    table = aggregate_table({"LUFFY": [run(0.25, 0.5, 60), run(0.75, 0.3, 80), {"error": "x"}]})
+    row = table.splitlines()[2]
+    assert row.startswith("| LUFFY | 2 (1 failed) | 0.500 ± 0.354 [0.250, 0.750] |")
+    assert "0.400 ± 0.141 [0.300, 0.500]" in row and "70 ± 14 [60, 80]" in row and "| — |" in row
+
+
+def test_seed_curves_are_written_as_pngs(tmp_path):
+    from reproduce.seeds_report import plot_seed_curves
+
+    recs = [{s: {"on_off_metrics/on_score": s / 10 + k, "actor/entropy_loss": 1.0, **({"val/avg_score": 0.1} if s % 2 else {})}
+             for s in range(1, 6)} for k in (0, 0.1)]
+    paths = plot_seed_curves({"LUFFY": recs, "On-policy GRPO": recs[:1]}, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == ["entropy.png", "held_out_accuracy.png", "reward.png"]
+    assert all(os.path.getsize(p) > 1000 for p in paths)
+
+
+def test_cpu_sampler_counts_a_child_process_tree(tmp_path):
+    from reproduce.cputime import run_measured
+
+    busy = "import subprocess, sys, time\n" \
+           "def spin(s):\n    t = time.process_time()\n    while time.process_time() - t < s: pass\n" \
+           "p = subprocess.Popen([sys.executable, '-c', 'import time\\nt=time.process_time()\\n" \
+           "while time.process_time()-t<0.6: pass'])\nspin(0.4)\np.wait()\n"
+    code, wall, cpu, source = run_measured([sys.executable, "-c", busy], str(tmp_path / "log"), dict(os.environ),
+                                           str(tmp_path), timeout_s=60)
+    assert code == 0 and source in ("proc", "rusage")
+    assert cpu >= 0.9  # parent 0.4 s + grandchild-level child 0.6 s (minus at most a sampling interval each)

@@ -307,6 +307,22 @@ def test_target_probs_replace_reshape_with_probability_ratio():
         _token_loss(old, lp, adv, mask, prefix, target_probs=torch.ones(2, 1))
 
 
+def test_nan_target_probs_keep_the_configured_shaping_per_token():
+    # Row of 3 tokens: known behaviour 0.25 | unknown (NaN) | on-policy token with NaN (ignored by the mask).
+    lp = torch.tensor([[LN(0.5), LN(0.5), LN(0.5)]], requires_grad=True)
+    old = lp.detach().clone()
+    adv, mask = torch.ones(1, 3), torch.ones(1, 3)
+    prefix = torch.tensor([[True, True, False]])
+    target = torch.tensor([[0.25, float("nan"), float("nan")]])
+    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", target_probs=target)
+    importance, shaped = 0.5 / (0.25 + 1e-6), 0.5 / (0.5 + 0.1)
+    assert out["off_ratio_mean"].item() == pytest.approx((importance + shaped) / 2, abs=1e-5)
+    assert out["pg_loss"].item() == pytest.approx((-importance - shaped - 1.0) / 3, abs=1e-5)
+    (grad,) = torch.autograd.grad(out["pg_loss"], lp)
+    assert torch.isfinite(grad).all()
+    assert grad[0, 1].item() == pytest.approx(-(0.1 * 0.5 / 0.6 ** 2) / 3, abs=1e-5)  # d f(p)/dl = γp/(p+γ)²
+
+
 def test_off_policy_max_and_min_clip():
     # p_div_p_0.1 at p = 0.5 gives 0.833333
     old, lp, adv, mask, prefix = _scalar_case(LN(0.5), 0.0, 1.0, prefix=True)

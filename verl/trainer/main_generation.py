@@ -78,6 +78,9 @@ class SamplingArgs:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     max_tokens: int = 8192
+    # Return the behaviour log-prob of every generated token (the sampling distribution: after temperature /
+    # top-k / top-p; at temperature 0 the model's own distribution).
+    logprobs: bool = False
 
 
 @dataclasses.dataclass
@@ -85,6 +88,7 @@ class Completion:
     text: str  # decoded without special tokens (vLLM's default), so EOS text is not included
     token_ids: list[int]  # generated ids, EOS included when emitted
     finish_reason: str  # "stop" (EOS), "length" (max_tokens) or "prompt_too_long" (not generated)
+    logprobs: Optional[list[float]] = None  # one per token_ids entry when SamplingArgs.logprobs
 
     @property
     def num_tokens(self) -> int:
@@ -125,8 +129,9 @@ class VLLMGenerator:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        # processed_logprobs: --logprobs returns the distribution actually sampled (after temperature), as the rollout.
         self.llm = LLM(**vllm_engine_kwargs(model_path, dtype, seed, gpu_count, tensor_parallel_size, max_model_len,
-                                            kv_cache_gb, gpu_memory_utilization))
+                                            kv_cache_gb, gpu_memory_utilization), logprobs_mode="processed_logprobs")
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
@@ -134,9 +139,16 @@ class VLLMGenerator:
         from vllm import SamplingParams
 
         params = SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k, max_tokens=sampling.max_tokens)
+                                top_k=sampling.top_k, max_tokens=sampling.max_tokens,
+                                logprobs=0 if sampling.logprobs else None)
         outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=True)
-        return [[Completion(o.text, list(o.token_ids), o.finish_reason or "length") for o in out.outputs]
+
+        def lps(o):
+            if not sampling.logprobs:
+                return None
+            return [float(step[tok].logprob) for step, tok in zip(o.logprobs, o.token_ids)]
+
+        return [[Completion(o.text, list(o.token_ids), o.finish_reason or "length", lps(o)) for o in out.outputs]
                 for out in outs]
 
 
@@ -176,19 +188,27 @@ class HFGenerator:
             with torch.no_grad():
                 out = self.model.generate(input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
                                           max_new_tokens=max_new, num_return_sequences=sampling.n,
-                                          eos_token_id=self.eos_id, pad_token_id=self.pad_id, **extra)
-            generated = out[:, width:].tolist()
+                                          eos_token_id=self.eos_id, pad_token_id=self.pad_id,
+                                          output_scores=sampling.logprobs, return_dict_in_generate=True, **extra)
+            sequences = out.sequences
+            generated = sequences[:, width:].tolist()
+            token_lps = None
+            if sampling.logprobs:  # scores = the processed logits each token was sampled from (after warpers)
+                scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
+                token_lps = scores.gather(-1, sequences[:, width:].unsqueeze(-1)).squeeze(-1).tolist()
             for i in range(len(batch)):
-                results.append([self._completion(ids) for ids in generated[i * sampling.n:(i + 1) * sampling.n]])
+                rows = range(i * sampling.n, (i + 1) * sampling.n)
+                results.append([self._completion(generated[r], token_lps[r] if token_lps else None) for r in rows])
         return results
 
-    def _completion(self, ids: list[int]) -> Completion:
+    def _completion(self, ids: list[int], logprobs: Optional[list[float]] = None) -> Completion:
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id) + 1]
             reason = "stop"
         else:
             reason = "length"
-        return Completion(self.tokenizer.decode(ids, skip_special_tokens=True), ids, reason)
+        lps = [float(v) for v in logprobs[: len(ids)]] if logprobs is not None else None
+        return Completion(self.tokenizer.decode(ids, skip_special_tokens=True), ids, reason, lps)
 
 
 BACKENDS = ("vllm", "hf")
