@@ -174,18 +174,21 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
         use_rmpad = self.config.model.get("use_remove_padding", False)
         share = bool(self.config.model.get("shared_prompt_forward", False))
+        chunk = int(self.config.model.get("logprob_chunk_size", 1024))
         if self._is_actor or self._is_rollout:
             self.actor_module = self._build_module(self.config.actor.fsdp_config, trainable=self._is_actor)
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
-                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device)
+                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
+                                        logprob_chunk_size=chunk)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
-                                                   shared_prompt_forward=share, device=self.device)
+                                                   shared_prompt_forward=share, device=self.device,
+                                                   logprob_chunk_size=chunk)
         return True
 
     # ------------------------------------------------------------------ compute
