@@ -94,10 +94,12 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         return torch_dtype(name)
 
     def _build_module(self, fsdp_cfg, trainable: bool):
-        """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group, built on
+        the meta device and filled shard by shard from the checkpoint (``verl.utils.meta_init``)."""
+        from transformers import AutoConfig
 
         from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy
+        from verl.utils.meta_init import empty_model, materialize
 
         mcfg = self.config.model
         attn = mcfg.get("attn_implementation", "auto")
@@ -106,13 +108,10 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.get("trust_remote_code", False))
         for k, v in (OmegaConf.to_container(mcfg.get("override_config", {})) or {}).items():
             setattr(hf_config, k, v)
-        torch.manual_seed(0)
-        module = AutoModelForCausalLM.from_pretrained(
-            mcfg.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
-            trust_remote_code=mcfg.get("trust_remote_code", False))
+        # Parameters on meta, sharded, then each rank reads only its shards (no full copy on any rank).
+        module = empty_model(hf_config, torch.float32, attn, trust_remote_code=mcfg.get("trust_remote_code", False))
         if trainable and mcfg.get("enable_gradient_checkpointing", False):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        module.to(self.device)
         offload = bool(fsdp_cfg.get("param_offload", False))
         module = apply_fsdp2(
             module, self.device_mesh,
@@ -120,7 +119,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             reshard_after_forward=fsdp_cfg.get("reshard_after_forward", True),
             offload_policy=cpu_offload_policy(offload, self.device),
             min_num_params=int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0)))
-        return module
+        return materialize(module, mcfg.path, self.device)
 
     def _build_optimizer(self, module):
         from verl.utils.optim import build_adamw
