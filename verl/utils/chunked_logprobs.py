@@ -27,7 +27,7 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     """fp32 logits of one chunk, exactly as ``lm_head(h).float() / temperature``."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
-        logits = logits / temperature
+        logits.div_(temperature)  # a fresh buffer (never called under autograd): no second [n, V] copy
     return logits
 
 
@@ -36,9 +36,8 @@ def _chunk_forward(logits: torch.Tensor, labels: torch.Tensor, with_entropy: boo
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     entropy = None
-    if with_entropy:
-        probs = torch.exp(logits - lse.unsqueeze(-1))
-        entropy = lse - (probs * logits).sum(dim=-1)
+    if with_entropy:  # H = lse - sum(p z): two [n, V] buffers at most (logits, p*z)
+        entropy = lse - torch.softmax(logits, dim=-1).mul_(logits).sum(dim=-1)
     return logp, entropy, lse
 
 
