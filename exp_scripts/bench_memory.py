@@ -48,12 +48,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the Qwen2-shaped model")
     p.add_argument("--chunk", type=int, default=1024, help="ours: model.logprob_chunk_size (tokens)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--modes", default="ours,naive",
+                   help="ours,naive (default) or one of them; the ratio line needs both")
     p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rows < 1 or args.layers < 1 or args.chunk < 1:
         p.error("--rows, --layers and --chunk must be >= 1")
     if not 8 <= args.width or not 2 <= args.tokens <= args.width:
         p.error("need --width >= 8 and 2 <= --tokens <= --width")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        p.error(f"--modes: choose from {','.join(MODES)}")
     return args
 
 
@@ -145,7 +150,7 @@ def main(argv=None) -> int:
           flush=True)
     results = {}
     for phase in PHASES:
-        for mode in MODES:
+        for mode in args.modes:
             proc = subprocess.run(_child_cmd(args, mode, phase), env=env, capture_output=True, text=True, cwd=REPO)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
@@ -154,6 +159,11 @@ def main(argv=None) -> int:
             r = results[mode, phase]
             print(f"  {phase:8s} {mode:5s} peak +{r['peak_bytes'] / gib:6.2f} GiB over {r['resident_bytes'] / gib:5.2f} GiB "
                   f"resident  ({r['seconds']:.1f} s)", flush=True)
+    if len(args.modes) < 2:
+        for (mode, phase), r in results.items():
+            print(f"{phase}: {mode} bytes per real token {r['peak_bytes'] / r['real_tokens']:,.0f} "
+                  f"({r['real_tokens']} real tokens, {r['response_tokens']} response tokens)")
+        return 0
     ratios = {}
     for phase in PHASES:
         ours, naive = results["ours", phase], results["naive", phase]
