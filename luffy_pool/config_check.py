@@ -121,6 +121,7 @@ NON_NEGATIVE_NUMBERS = (
     f"{_A}.optim.lr", f"{_A}.optim.weight_decay", f"{_A}.entropy_coeff", f"{_A}.kl_loss_coef", f"{_A}.sft_loss_coef",
     f"{_A}.ppo_kl_loss_coef", f"{_A}.alpha_lr", "algorithm.kl_ctrl.kl_coef", f"{_R}.val_temperature",
     "trainer.critic_warmup", "data.dataloader_num_workers", "reward.orm.max_retries", "trainer.val_generations_to_log",
+    "actor_rollout_ref.model.logprob_chunk_size",
 )
 # -1 switches these off; otherwise they must be positive.
 MINUS_ONE_OR_POSITIVE = (

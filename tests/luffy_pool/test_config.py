@@ -271,6 +271,7 @@ def test_suggestion_falls_back_to_the_last_segment():
     ("trainer.acc_rebatch=True", "'trainer.acc_rebatch'=True is not supported (LUFFY's accuracy-rebatching"),
     (f"{R}.prefix_reward_strategy=none", f"'{R}.prefix_reward_strategy'='none' is not supported (the key is inert"),
     ("trainer.nnodes=1.5", "'trainer.nnodes' must be int, got 1.5"),
+    ("actor_rollout_ref.model.logprob_chunk_size=-1", "'actor_rollout_ref.model.logprob_chunk_size'=-1 must be >= 0"),
     (f"{A}.use_kl_loss=yes", f"'{A}.use_kl_loss' must be bool, got 'yes'"),
     (f"{R}.top_p=0", f"'{R}.top_p'=0 must be in (0, 1]"),
     (f"{R}.n_prefix=9", f"'{R}.n_prefix'=9 must be -1 (all slots) or in [0, rollout.n=8]"),

@@ -97,10 +97,12 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         return torch_dtype(name)
 
     def _build_module(self, fsdp_cfg, trainable: bool):
-        """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group, built on
+        the meta device and filled shard by shard from the checkpoint (``verl.utils.meta_init``)."""
+        from transformers import AutoConfig
 
         from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy
+        from verl.utils.meta_init import empty_model, materialize
 
         mcfg = self.config.model
         from verl.utils.import_utils import import_external_libs
@@ -112,13 +114,10 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.get("trust_remote_code", False))
         for k, v in (OmegaConf.to_container(mcfg.get("override_config", {})) or {}).items():
             setattr(hf_config, k, v)
-        torch.manual_seed(0)
-        module = AutoModelForCausalLM.from_pretrained(
-            mcfg.path, config=hf_config, dtype=torch.float32, attn_implementation=attn,
-            trust_remote_code=mcfg.get("trust_remote_code", False))
+        # Parameters on meta, sharded, then each rank reads only its shards (no full copy on any rank).
+        module = empty_model(hf_config, torch.float32, attn, trust_remote_code=mcfg.get("trust_remote_code", False))
         if trainable and mcfg.get("enable_gradient_checkpointing", False):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        module.to(self.device)
         offload = bool(fsdp_cfg.get("param_offload", False))
         module = apply_fsdp2(
             module, self.device_mesh,
@@ -126,7 +125,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             reshard_after_forward=fsdp_cfg.get("reshard_after_forward", True),
             offload_policy=cpu_offload_policy(offload, self.device),
             min_num_params=int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0)))
-        return module
+        return materialize(module, mcfg.path, self.device)
 
     def _build_optimizer(self, module):
         from verl.utils.optim import build_adamw
@@ -180,18 +179,21 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
         use_rmpad = self.config.model.get("use_remove_padding", False)
         share = bool(self.config.model.get("shared_prompt_forward", False))
+        chunk = int(self.config.model.get("logprob_chunk_size", 1024))
         if self._is_actor or self._is_rollout:
             self.actor_module = self._build_module(self.config.actor.fsdp_config, trainable=self._is_actor)
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
-                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device)
+                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
+                                        logprob_chunk_size=chunk)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
-                                                   shared_prompt_forward=share, device=self.device)
+                                                   shared_prompt_forward=share, device=self.device,
+                                                   logprob_chunk_size=chunk)
         return True
 
     # ------------------------------------------------------------------ compute

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.actor.response_head import response_logprobs, supports_scoring_head
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
@@ -58,11 +59,13 @@ class DataParallelPPOActor:
         dp_group: process group used to agree on the number of dynamic micro-batches.
         shared_prompt_forward: run each distinct prompt of a micro-batch once and the responses over its
             cache (``shared_prompt.py``); padded path only (packing already skips pad tokens).
+        logprob_chunk_size: score only the response tokens, this many at a time through the LM head
+            (``response_head.py``), instead of full ``[rows, width, V]`` logits; 0 = always full logits.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
-                 shared_prompt_forward: bool = False):
+                 shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024):
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -75,6 +78,7 @@ class DataParallelPPOActor:
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
+        self.logprob_chunk_size = int(logprob_chunk_size) if supports_scoring_head(actor_module) else 0
 
     @staticmethod
     def _has_varlen_attention(module) -> bool:
@@ -88,6 +92,13 @@ class DataParallelPPOActor:
         """Return (entropy [b, L] or None, log_probs [b, L]) of the response tokens."""
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
+        # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
+        if 0 < self.logprob_chunk_size < input_ids.numel():
+            log_probs, entropy = response_logprobs(
+                self.actor_module, input_ids, attention_mask, position_ids, responses, temperature=temperature,
+                chunk_size=self.logprob_chunk_size, with_entropy=calculate_entropy, packed=self.use_remove_padding,
+                shared_prompt=self.shared_prompt_forward)
+            return entropy, log_probs
         response_length = responses.size(-1)
         logits = None
         if self.shared_prompt_forward:  # already aligned with the response tokens

@@ -14,6 +14,7 @@ responses with the expanded cache as ``past_key_values``. Works with any HF caus
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -36,23 +37,37 @@ def shared_prompt_logits(module: torch.nn.Module, input_ids: torch.Tensor, atten
     Row i's logits at response position t equal those of the padded forward at column
     ``prompt_width + t - 1`` (the position whose next token is response token t).
     """
-    from transformers import DynamicCache
-
     prompt_width = input_ids.shape[1] - response_length
     if prompt_width < 1 or response_length < 1:
         return None
     first, inverse = group_rows_by_prompt(input_ids, attention_mask, prompt_width)
     if first.numel() == input_ids.shape[0]:
         return None
+    prompt_logits, response_logits = prompt_then_responses(module, input_ids, attention_mask, position_ids,
+                                                           prompt_width, first, inverse)
+    last_prompt_logits = prompt_logits[:, -1].index_select(0, inverse)
+    return torch.cat([last_prompt_logits[:, None], response_logits[:, :-1]], dim=1)
+
+
+def prompt_then_responses(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          position_ids: torch.Tensor, prompt_width: int, first: torch.Tensor, inverse: torch.Tensor,
+                          prompt_head=contextlib.nullcontext(), response_head=contextlib.nullcontext()):
+    """The two calls: distinct prompts (only the last position goes through the head), then every row's
+    response over its prompt's expanded cache. Returns the two outputs' ``logits``; ``prompt_head`` and
+    ``response_head`` are contexts active around each call (``response_head.py`` scores tokens there)."""
+    from transformers import DynamicCache
+
     prompt_cache = DynamicCache(config=module.config)
-    out = module(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
-                 position_ids=position_ids[first, :prompt_width], past_key_values=prompt_cache, use_cache=True,
-                 logits_to_keep=1)
-    last_prompt_logits = out.logits[:, -1].index_select(0, inverse)
+    with prompt_head:
+        out = module(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
+                     position_ids=position_ids[first, :prompt_width], past_key_values=prompt_cache, use_cache=True,
+                     logits_to_keep=1)
+    prompt_logits = out.logits
     shared = out.past_key_values
     expanded = DynamicCache(config=module.config)
     for layer_idx, layer in enumerate(shared.layers):
         expanded.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), layer_idx)
-    out = module(input_ids=input_ids[:, prompt_width:], attention_mask=attention_mask,
-                 position_ids=position_ids[:, prompt_width:], past_key_values=expanded, use_cache=True)
-    return torch.cat([last_prompt_logits[:, None], out.logits[:, :-1]], dim=1)
+    with response_head:
+        out = module(input_ids=input_ids[:, prompt_width:], attention_mask=attention_mask,
+                     position_ids=position_ids[:, prompt_width:], past_key_values=expanded, use_cache=True)
+    return prompt_logits, out.logits

@@ -1,0 +1,179 @@
+"""Memory benchmark: peak host memory of one actor update and one log-prob pass, ours vs full logits.
+
+A Qwen2-shaped model with the real vocabulary (V = 151936; hidden 896, 14/2 heads, MLP 4864 as
+Qwen2.5-0.5B, tied embeddings) but only ``--layers`` decoder layers (2 by default: the layers'
+activations are the same for both paths, the LM head is what differs), random weights, fp32 on CPU.
+The batch is ``--rows`` rows of ``--width`` positions (a quarter prompt, three quarters response) with
+about ``--tokens`` real tokens each (a fifth in the prompt, left-padded; the rest response,
+right-padded), distinct prompts. Each measurement runs in its own process:
+
+  ours   the actor as configured (``model.logprob_chunk_size``, default 1024): only response tokens
+         go through the LM head, ``--chunk`` of them at a time, recomputed in backward;
+  naive  ``logprob_chunk_size=0``: the padded forward's full ``[rows, width, V]`` fp32 logits.
+
+Peak = the process's peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs``) during the phase minus
+its RSS just before: the model, the batch and the optimizer state (created beforehand, as from the
+second training step on) are resident in both and not counted; the update's gradients and everything
+the forward/backward allocates are. glibc returns large blocks to the OS at once
+(``MALLOC_MMAP_THRESHOLD_``), so RSS tracks tensor memory.
+
+    .venv/bin/python exp_scripts/bench_memory.py [--rows 4 --width 1024 --tokens 256] [--chunk 1024]
+
+Prints a table, the bytes per real token, and as its last line ``peak ours/naive=<r>`` (the larger of
+the update's and the log-prob pass's ratios). The defaults fit this 24 GB machine; the issue's shape
+(``--width 4096 --tokens 1000``) needs ~40 GB for the naive update.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN2_SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                   num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=32768,
+                   rope_theta=1000000.0, rms_norm_eps=1e-6)
+PHASES = ("logprob", "update")
+MODES = ("ours", "naive")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--width", type=int, default=1024, help="positions per row (prompt + response)")
+    p.add_argument("--tokens", type=int, default=256, help="real (non-pad) tokens per row")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers of the Qwen2-shaped model")
+    p.add_argument("--chunk", type=int, default=1024, help="ours: model.logprob_chunk_size (tokens)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--modes", default="ours,naive",
+                   help="ours,naive (default) or one of them; the ratio line needs both")
+    p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.rows < 1 or args.layers < 1 or args.chunk < 1:
+        p.error("--rows, --layers and --chunk must be >= 1")
+    if not 8 <= args.width or not 2 <= args.tokens <= args.width:
+        p.error("need --width >= 8 and 2 <= --tokens <= --width")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        p.error(f"--modes: choose from {','.join(MODES)}")
+    return args
+
+
+def make_batch(rows: int, width: int, tokens: int, vocab: int, seed: int = 0) -> dict:
+    """Left-padded prompts (1/5 of the real tokens) in the first quarter, right-padded responses after."""
+    import torch
+
+    prompt_width = max(1, width // 4)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (rows, width), generator=g)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    n_prompt = max(1, min(prompt_width, tokens // 5))
+    n_resp = min(width - prompt_width, tokens - n_prompt)
+    mask[:, prompt_width - n_prompt : prompt_width] = 1
+    mask[:, prompt_width : prompt_width + n_resp] = 1
+    ids = ids.masked_fill(mask == 0, 0)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, prompt_width:],
+            "old_log_probs": torch.zeros(rows, width - prompt_width),
+            "advantages": torch.randn(rows, width - prompt_width, generator=g)}
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def run_child(args, mode: str, phase: str) -> dict:
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from verl.protocol import DataProto
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=args.layers, **QWEN2_SHAPE),
+                                             dtype=torch.float32, attn_implementation="sdpa")
+    batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
+    rows = args.rows
+    cfg = OmegaConf.create(dict(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
+                                ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,
+                                clip_upper_bound=1.0, entropy_coeff=0.001, grad_clip=1.0, use_kl_loss=False))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    if phase == "update":  # optimizer state exists from the second step on: resident before the phase
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    actor = DataParallelPPOActor(cfg, model, optimizer, shared_prompt_forward=True,
+                                 logprob_chunk_size=args.chunk if mode == "ours" else 0)
+    data = DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0, "micro_batch_size": rows,
+                                                         "use_dynamic_bsz": False})
+    base = _rss_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := current RSS
+    t0 = time.perf_counter()
+    if phase == "update":
+        actor.update_policy(data)
+    else:
+        actor.compute_log_prob(data, calculate_entropy=True)
+    seconds = time.perf_counter() - t0
+    peak = _rss_kb("VmHWM") - base
+    real = int(batch["attention_mask"].sum())
+    response = int(batch["attention_mask"][:, -batch["responses"].shape[1]:].sum())
+    return {"mode": mode, "phase": phase, "peak_bytes": peak * 1024, "resident_bytes": base * 1024,
+            "seconds": seconds, "real_tokens": real, "response_tokens": response}
+
+
+def _child_cmd(args, mode: str, phase: str) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), "--child", mode, phase, "--rows", str(args.rows),
+            "--width", str(args.width), "--tokens", str(args.tokens), "--layers", str(args.layers),
+            "--chunk", str(args.chunk), "--threads", str(args.threads)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args, *args.child)))
+        return 0
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    gib = 2**30
+    logits_bytes = args.rows * args.width * QWEN2_SHAPE["vocab_size"] * 4
+    print(f"bench_memory: Qwen2-shaped, V={QWEN2_SHAPE['vocab_size']}, hidden {QWEN2_SHAPE['hidden_size']}, "
+          f"{args.layers} layers (fp32, CPU); {args.rows} rows x {args.width} positions, ~{args.tokens} real tokens/row; "
+          f"ours: logprob_chunk_size={args.chunk}; naive: full [rows, width, V] fp32 logits = {logits_bytes / gib:.2f} GiB",
+          flush=True)
+    results = {}
+    for phase in PHASES:
+        for mode in args.modes:
+            proc = subprocess.run(_child_cmd(args, mode, phase), env=env, capture_output=True, text=True, cwd=REPO)
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{mode} {phase} failed (exit {proc.returncode})")
+            results[mode, phase] = json.loads(proc.stdout.strip().splitlines()[-1])
+            r = results[mode, phase]
+            print(f"  {phase:8s} {mode:5s} peak +{r['peak_bytes'] / gib:6.2f} GiB over {r['resident_bytes'] / gib:5.2f} GiB "
+                  f"resident  ({r['seconds']:.1f} s)", flush=True)
+    if len(args.modes) < 2:
+        for (mode, phase), r in results.items():
+            print(f"{phase}: {mode} bytes per real token {r['peak_bytes'] / r['real_tokens']:,.0f} "
+                  f"({r['real_tokens']} real tokens, {r['response_tokens']} response tokens)")
+        return 0
+    ratios = {}
+    for phase in PHASES:
+        ours, naive = results["ours", phase], results["naive", phase]
+        ratios[phase] = ours["peak_bytes"] / naive["peak_bytes"]
+        print(f"{phase}: ours/naive={ratios[phase]:.3f}; bytes per real token: ours {ours['peak_bytes'] / ours['real_tokens']:,.0f}"
+              f", naive {naive['peak_bytes'] / naive['real_tokens']:,.0f} ({ours['real_tokens']} real tokens, "
+              f"{ours['response_tokens']} response tokens)")
+    print(f"peak ours/naive={max(ratios.values()):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
