@@ -83,9 +83,11 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             if self.device == "cuda":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
-        from torch.distributed.device_mesh import init_device_mesh
+        from verl.utils.fsdp_mesh import build_fsdp_mesh
 
-        self.device_mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
+        # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
+        self.device_mesh = build_fsdp_mesh(self.device, self.world_size,
+                                           int(self.config.actor.fsdp_config.get("fsdp_size", -1)))
 
     def _param_dtype(self, fsdp_cfg) -> torch.dtype:
         name = fsdp_cfg.get("param_dtype", "auto")
