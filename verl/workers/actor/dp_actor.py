@@ -18,6 +18,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.workers.actor.shared_prompt import shared_prompt_logits
@@ -58,11 +59,12 @@ class DataParallelPPOActor:
         dp_group: process group used to agree on the number of dynamic micro-batches.
         shared_prompt_forward: run each distinct prompt of a micro-batch once and the responses over its
             cache (``shared_prompt.py``); padded path only (packing already skips pad tokens).
+        ulysses_group: sequence-parallel process group (``ulysses_forward.py``), None for SP=1.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
-                 shared_prompt_forward: bool = False):
+                 shared_prompt_forward: bool = False, ulysses_group=None):
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -71,7 +73,13 @@ class DataParallelPPOActor:
             logger.info("model.use_remove_padding ignored: attention %r has no varlen kernel, and packing into one "
                         "row would make sdpa/eager build a dense mask over all tokens (quadratic); using padded rows",
                         getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
-        self.shared_prompt_forward = shared_prompt_forward and not self.use_remove_padding
+        # Ulysses SP group (ulysses_forward.py): ranks of the group hold the same rows, 1/sp of the positions each.
+        self.ulysses_group = ulysses_group if ulysses_group is not None and dist.get_world_size(ulysses_group) > 1 else None
+        if self.ulysses_group is not None:
+            from verl.workers.actor.ulysses_forward import check_model
+
+            check_model(actor_module, dist.get_world_size(self.ulysses_group))
+        self.shared_prompt_forward = shared_prompt_forward and not self.use_remove_padding and self.ulysses_group is None
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
@@ -89,6 +97,11 @@ class DataParallelPPOActor:
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
         response_length = responses.size(-1)
+        if self.ulysses_group is not None:
+            from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
+
+            return ulysses_response_log_probs(self.actor_module, micro, temperature, calculate_entropy,
+                                              self.ulysses_group, packed=self.use_remove_padding)
         logits = None
         if self.shared_prompt_forward:  # already aligned with the response tokens
             logits = shared_prompt_logits(self.actor_module, input_ids, attention_mask, position_ids, response_length)
