@@ -118,3 +118,26 @@ def check_heads(num_heads: int, num_kv_heads: int, sp_size: int) -> None:
     if num_kv_heads % sp_size and sp_size % num_kv_heads:
         raise ValueError(f"'{key}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
                          f"the other (kv heads are split over, or repeated across, the SP ranks)")
+
+
+# ------------------------------------------------------------------------------ data plan
+def gather_data_in_group(data, group):
+    """The rows of every rank of the SP group, in rank order (a DataProto): ranks of a group compute on the
+    same rows. The driver dispatches over all world ranks, so the group's rows are the union of its ranks'
+    chunks, and each data-parallel group sees world/dp times a rank's chunk (verl: dp = world / sp)."""
+    if group_size(group) == 1:
+        return data
+    from verl.protocol import DataProto
+
+    parts = [None] * group_size(group)
+    dist.all_gather_object(parts, data, group=group)
+    gathered = DataProto.concat(parts)
+    gathered.meta_info = dict(data.meta_info)
+    return gathered
+
+
+def local_rows(data, group):
+    """This rank's chunk of a result computed on ``gather_data_in_group``'s rows (the inverse split)."""
+    if group_size(group) == 1:
+        return data
+    return data.chunk(group_size(group))[group_rank(group)]

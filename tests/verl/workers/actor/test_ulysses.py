@@ -196,6 +196,25 @@ def _update_job(rank, world, port, sp, out_dir):
     dist.destroy_process_group()
 
 
+def _data_job(rank, world, port, sp, out_dir):
+    """The worker's data plan: an SP group computes on the union of its ranks' chunks, each rank returns its own."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch.distributed as dist
+
+    from verl.protocol import DataProto
+    from verl.utils.fsdp_mesh import build_ulysses_mesh
+    from verl.utils.ulysses import gather_data_in_group, local_rows
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    group = build_ulysses_mesh("cpu", world, sp).get_group("sp")
+    chunk = DataProto.from_dict(tensors={"x": torch.arange(3) + 10 * rank}, meta_info={"rank": rank})
+    rows = gather_data_in_group(chunk, group)
+    out = DataProto.from_dict(tensors={"y": rows.batch["x"] * 2})
+    torch.save({"rows": rows.batch["x"], "meta": rows.meta_info, "back": local_rows(out, group).batch["y"]},
+               os.path.join(out_dir, f"data{world}_rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ulysses")
@@ -203,8 +222,9 @@ def runs(tmp_path_factory):
     _run_ranks(_forward_job, 4, 4, str(out))
     _run_ranks(_update_job, 2, 2, str(out))
     _run_ranks(_update_job, 4, 2, str(out))
+    _run_ranks(_data_job, 4, 2, str(out))
     return {f"{name}_rank{r}": torch.load(out / f"{name}_rank{r}.pt")
-            for name, world in (("fwd2", 2), ("fwd4", 4), ("upd2", 2), ("upd4", 4)) for r in range(world)}
+            for name, world in (("fwd2", 2), ("fwd4", 4), ("upd2", 2), ("upd4", 4), ("data4", 4)) for r in range(world)}
 
 
 @pytest.mark.slow  # forked gloo ranks
@@ -231,3 +251,14 @@ def test_sp2_fsdp_update_equals_a_plain_data_parallel_update(runs, world):
         assert r["weights"] < TOL, r
         assert r["pg_loss"][0] == pytest.approx(r["ref_pg_loss"], abs=TOL)
         assert r["grad_norm"] == pytest.approx(r["ref_grad_norm"], abs=TOL)
+
+
+@pytest.mark.slow  # forked gloo ranks
+def test_sp_group_ranks_compute_on_the_same_rows_and_return_their_own_chunk(runs):
+    """4 ranks, SP=2: groups {0, 1} and {2, 3}; dp = world / sp = 2 data-parallel row sets."""
+    for rank in range(4):
+        r = runs[f"data4_rank{rank}"]
+        first = 10 * (rank - rank % 2)
+        assert r["rows"].tolist() == [first, first + 1, first + 2, first + 10, first + 11, first + 12]
+        assert r["meta"] == {"rank": rank}
+        assert r["back"].tolist() == [2 * (10 * rank + i) for i in range(3)]
