@@ -8,12 +8,20 @@ import json
 import os
 from typing import Any, Mapping, Optional
 
-from verl.utils.ulysses import check_heads
-
 _A = "actor_rollout_ref.actor"
 _REF = "actor_rollout_ref.ref"
 SP_KEY = f"{_A}.ulysses_sequence_parallel_size"
 FSDP_SIZE_KEY = f"{_A}.fsdp_config.fsdp_size"
+
+
+def check_heads(num_heads: int, num_kv_heads: int, sp_size: int) -> None:
+    """Heads must split over the SP ranks; kv heads must split too, or be fewer and repeat evenly (GQA)."""
+    key = SP_KEY
+    if num_heads % sp_size:
+        raise ValueError(f"'{key}'={sp_size} must divide the model's num_attention_heads={num_heads}")
+    if num_kv_heads % sp_size and sp_size % num_kv_heads:
+        raise ValueError(f"'{key}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
+                         f"the other (kv heads are split over, or repeated across, the SP ranks)")
 
 
 def _local_model_heads(path: Optional[str], overrides: Mapping[str, Any]) -> Optional[tuple[int, int]]:

@@ -110,16 +110,6 @@ def local_slice(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return x.narrow(dim, group_rank(group) * chunk, chunk)
 
 
-def check_heads(num_heads: int, num_kv_heads: int, sp_size: int) -> None:
-    """Heads must split over the SP ranks; kv heads must split too, or be fewer and repeat evenly (GQA)."""
-    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-    if num_heads % sp_size:
-        raise ValueError(f"'{key}'={sp_size} must divide the model's num_attention_heads={num_heads}")
-    if num_kv_heads % sp_size and sp_size % num_kv_heads:
-        raise ValueError(f"'{key}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
-                         f"the other (kv heads are split over, or repeated across, the SP ranks)")
-
-
 # ------------------------------------------------------------------------------ data plan
 def gather_data_in_group(data, group):
     """The rows of every rank of the SP group, in rank order (a DataProto): ranks of a group compute on the

@@ -185,6 +185,12 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             self.actor_module = self._build_module(self.config.actor.fsdp_config, trainable=self._is_actor)
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
+            from verl.utils.offload import OptimizerOffload
+
+            # AdamW state in host memory between updates (no-op on CPU); verl/utils/offload.py.
+            compute = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+            self.optimizer_offload = OptimizerOffload(
+                self.actor_optimizer, compute, enabled=bool(self.config.actor.fsdp_config.get("optimizer_offload", False)))
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         ulysses_group=self.ulysses_group)
@@ -228,7 +234,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         t0 = time.perf_counter()
         data = gather_data_in_group(data, self.ulysses_group)
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        metrics = self.actor.update_policy(data)
+        with self.optimizer_offload.on_compute_device():
+            metrics = self.actor.update_policy(data)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         metrics["actor/lr"] = [lr]

@@ -22,9 +22,10 @@ from typing import Optional
 
 import torch
 
+from verl.utils.parallel_check import check_heads
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits
-from verl.utils.ulysses import (check_heads, gather_heads_scatter_seq, gather_seq, gather_seq_scatter_heads,
-                                group_size, local_slice, pad_to_multiple)
+from verl.utils.ulysses import (gather_heads_scatter_seq, gather_seq, gather_seq_scatter_heads, group_size,
+                                local_slice, pad_to_multiple)
 
 WRAPPED_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 

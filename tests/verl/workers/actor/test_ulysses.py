@@ -11,7 +11,8 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
-from verl.utils.ulysses import check_heads, pad_to_multiple
+from verl.utils.parallel_check import check_heads
+from verl.utils.ulysses import pad_to_multiple
 
 JOB_TIMEOUT_S = 300
 TOL = 1e-5
