@@ -143,6 +143,9 @@ class DataParallelPPOActor:
         batch = data.batch.select(*keys)
         if use_dynamic_bsz:
             seq_lens = batch["attention_mask"].sum(-1).tolist()
+            # The budget is per rank; an SP rank holds 1/sp of each row's tokens (verl scales it the same way).
+            if self.ulysses_group is not None:
+                max_token_len = max_token_len * dist.get_world_size(self.ulysses_group)
             groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
             flat = [i for g in groups for i in g]
             micro = [{k: batch[k][g] for k in keys} for g in groups]

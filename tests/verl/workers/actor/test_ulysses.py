@@ -113,6 +113,7 @@ def _forward_job(rank, world, port, sp, out_dir):
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
+    from verl.protocol import DataProto
     from verl.utils.fsdp_mesh import build_ulysses_mesh
     from verl.workers.actor.dp_actor import DataParallelPPOActor
     from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
@@ -148,6 +149,9 @@ def _forward_job(rank, world, port, sp, out_dir):
         with torch.no_grad():
             _, lp_actor = sp_actor._forward_micro_batch(micro, 0.7, calculate_entropy=False)
         result[(kv, "actor")] = (lp_actor - lp_ref.detach())[micro["attention_mask"][:, -6:].bool()].abs().max().item()
+        # dynamic batch: the per-rank token budget covers sp times the tokens (each rank holds 1/sp of them)
+        data = DataProto.from_dict(tensors=micro)
+        result["micro_counts"] = [len(a._micro_batches(data, ["attention_mask"], 1, True, 13)[0]) for a in (plain, sp_actor)]
     torch.save(result, os.path.join(out_dir, f"fwd{world}_rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -240,6 +244,9 @@ def test_sp_log_probs_entropy_loss_and_grads_equal_sp1(runs, world):
                 assert r["grad_scale"] > 1e-3  # the gradients compared are not vanishing
                 assert r["lp"] < TOL and r["ent"] < TOL and r["loss"] < TOL and r["grad"] < TOL, (world, kv, packed, r)
             assert result[(kv, "actor")] < TOL
+        # 4 rows of 10-13 valid tokens: a 13-token budget fits one row per rank at SP=1, 2 (SP=2) or 4 (SP=4)
+        plain_count, sp_count = result["micro_counts"]
+        assert plain_count == 4 and sp_count == 4 // world, result["micro_counts"]
 
 
 @pytest.mark.slow  # forked gloo ranks
