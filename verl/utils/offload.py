@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -33,30 +33,32 @@ def same_device(tensor_device: torch.device, target: DeviceLike) -> bool:
     return tensor_device.type == target.type and (target.index is None or tensor_device.index == target.index)
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[dict, str, torch.Tensor]]:
-    for state in optimizer.state.values():
+def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, dict, str, torch.Tensor]]:
+    for param, state in optimizer.state.items():
         for key, value in state.items():
             # The scalar step counter is read on the host by non-capturable AdamW; it stays put.
             if isinstance(value, torch.Tensor) and not (key == "step" and value.dim() == 0):
-                yield state, key, value
+                yield param, state, key, value
 
 
-def move_optimizer_state(optimizer: torch.optim.Optimizer, device: DeviceLike) -> int:
-    """Move every state tensor (moments; DTensor shards included) to ``device``; returns how many moved."""
-    # Host -> accelerator copies may run ahead (the step queues behind them on the same stream);
-    # accelerator -> host copies block, so the host never reads (checkpoint) a tensor still in flight.
-    non_blocking = torch.device(device).type != "cpu"
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: Optional[DeviceLike] = None) -> int:
+    """Move every state tensor (moments; DTensor shards included) to ``device``, or with None to its
+    parameter's device (where the step needs it: parameters kept in host memory by param_offload keep
+    their state there too); returns how many moved."""
     moved = 0
-    for state, key, value in list(_state_tensors(optimizer)):
-        if not same_device(value.device, device):
-            state[key] = value.to(device, non_blocking=non_blocking)
+    for param, state, key, value in list(_state_tensors(optimizer)):
+        target = param.device if device is None else torch.device(device)
+        if not same_device(value.device, target):
+            # Host -> accelerator copies may run ahead (the step queues behind them on the same stream);
+            # accelerator -> host copies block, so the host never reads (checkpoint) a tensor still in flight.
+            state[key] = value.to(target, non_blocking=target.type != "cpu")
             moved += 1
     return moved
 
 
 def optimizer_state_devices(optimizer: torch.optim.Optimizer) -> set[torch.device]:
     """The devices the (non-step) state tensors live on; for tests and metrics."""
-    return {value.device for _, _, value in _state_tensors(optimizer)}
+    return {value.device for _, _, _, value in _state_tensors(optimizer)}
 
 
 class OptimizerOffload:
@@ -85,7 +87,8 @@ class OptimizerOffload:
         return moved
 
     def load(self) -> int:
-        return move_optimizer_state(self.optimizer, self.compute_device) if self.active else 0
+        """State back next to its parameters (on the accelerator unless param_offload keeps them on the host)."""
+        return move_optimizer_state(self.optimizer) if self.active else 0
 
     @contextlib.contextmanager
     def on_compute_device(self):

@@ -66,6 +66,22 @@ def test_state_returns_to_the_host_when_the_update_fails(fake_cuda_adamw):
     assert optimizer_state_devices(optimizer) == {CPU}
 
 
+def test_state_of_host_resident_parameters_stays_on_the_host(fake_cuda_adamw):
+    """param_offload keeps some parameters in host memory: their state must come back there, not to the GPU."""
+    params, optimizer = fake_cuda_adamw
+    offload = OptimizerOffload(optimizer, CUDA, enabled=True)
+    offload.offload()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        host_param = torch.nn.Parameter(torch.empty(3, device="cpu"))
+        optimizer.add_param_group({"params": [host_param]})
+        host_param.grad = torch.ones_like(host_param)
+        optimizer.state[host_param] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(host_param),
+                                       "exp_avg_sq": torch.zeros_like(host_param)}
+    with offload.on_compute_device():
+        assert {optimizer.state[p]["exp_avg"].device for p in params} == {CUDA}
+        assert optimizer.state[host_param]["exp_avg"].device == CPU
+
+
 def test_disabled_offload_leaves_the_state_alone(fake_cuda_adamw):
     _, optimizer = fake_cuda_adamw
     offload = OptimizerOffload(optimizer, CUDA, enabled=False)
