@@ -22,6 +22,7 @@ from verl.utils.batch_sizes import (
     rows_per_rank,
 )
 from verl.utils.config_schema import NONE_TYPE as _NONE
+from verl.utils.parallel_check import parallel_config_errors
 from verl.utils.tracking import SUPPORTED_BACKENDS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
@@ -269,10 +270,8 @@ class _Checker:
 
     def combinations(self) -> None:
         get = self.get
-        sp_keys = (f"{_A}.ulysses_sequence_parallel_size", f"{_REF}.ulysses_sequence_parallel_size")
-        for key in sp_keys[:1] if get(sp_keys[0]) == get(sp_keys[1]) else sp_keys:  # ref follows the actor
-            if get(key, 1) > 1:
-                self.fail(f"'{key}'={get(key)} is not supported: Ulysses sequence parallelism is not shipped; use 1")
+        for msg in parallel_config_errors(get):  # Ulysses SP and HSDP layout (verl/utils/parallel_check.py)
+            self.fail(msg)
         if get(f"{_A}.use_sft_multitask_loss"):
             if get(f"{_A}.use_off_policy_loss"):
                 self.fail(f"'{_A}.use_sft_multitask_loss'=True cannot be combined with '{_A}.use_off_policy_loss'=True")

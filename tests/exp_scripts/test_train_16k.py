@@ -39,8 +39,7 @@ def test_train_16k_sh_sets_a_16k_context_with_sp_and_token_budgets(tmp_path):
     assert get(R + "log_prob_max_token_len_per_gpu") == 2 * get(A + "ppo_max_token_len_per_gpu")
     assert get("actor_rollout_ref.model.logprob_chunk_size") == 1024
     assert get(A + "use_off_policy_loss") and get(A + "off_policy_reshape") == "p_div_p_0.1"  # still LUFFY
-    errors = validate_config(cfg)
-    assert all("ulysses_sequence_parallel_size" in e for e in errors), errors
+    assert validate_config(cfg) == []  # SP=2 with a hub model id: heads are checked by the worker at start
 
 
 def test_train_16k_sh_passes_extra_arguments_last(tmp_path):

@@ -265,7 +265,12 @@ def test_suggestion_falls_back_to_the_last_segment():
     (f"{A}.strategy=megatron", f"'{A}.strategy'='megatron' is not one of: fsdp, fsdp2"),
     ("trainer.logger=[console,mlflw]", "'trainer.logger'='mlflw' is not one of: console"),
     (f"{A}.fsdp_config.grad_offload=True", f"'{A}.fsdp_config.grad_offload'=True is not supported"),
-    (f"{A}.ulysses_sequence_parallel_size=2", f"'{A}.ulysses_sequence_parallel_size'=2 is not supported"),
+    (f"{A}.ulysses_sequence_parallel_size=2 actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+     "'actor_rollout_ref.ref.ulysses_sequence_parallel_size'=1 must equal"),
+    (f"{A}.ulysses_sequence_parallel_size=2 actor_rollout_ref.model.attn_implementation=eager",
+     f"'{A}.ulysses_sequence_parallel_size'=2 needs sdpa or flash attention"),
+    (f"{A}.ulysses_sequence_parallel_size=3", f"{A}.ulysses_sequence_parallel_size=3 must divide the world size 8"),
+    (f"{A}.fsdp_config.fsdp_size=3", f"'{A}.fsdp_config.fsdp_size'=3 must divide the world size 8"),
     ("reward_model.enable=True", "'reward_model.enable'=True is not supported"),
     ("actor_rollout_ref.hybrid_engine=False", "'actor_rollout_ref.hybrid_engine'=False is not supported"),
     ("trainer.acc_rebatch=True", "'trainer.acc_rebatch'=True is not supported (LUFFY's accuracy-rebatching"),
@@ -294,6 +299,29 @@ def test_bad_value_is_one_line_naming_the_key(luffy_config, override, expected):
         OmegaConf.update(cfg, ov.key_or_group, ov.value(), merge=False)
     errors = validate_config(cfg)
     assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+@pytest.mark.parametrize("override", [f"{A}.ulysses_sequence_parallel_size=2", f"{A}.ulysses_sequence_parallel_size=4",
+                                      f"{A}.fsdp_config.fsdp_size=4", f"{A}.fsdp_config.fsdp_size=8"])
+def test_ulysses_sp_and_hsdp_layouts_are_accepted(luffy_config, override):
+    cfg = luffy_config.copy()
+    for ov in OverridesParser.create().parse_overrides([override]):
+        OmegaConf.update(cfg, ov.key_or_group, ov.value(), merge=False)
+    assert validate_config(cfg) == []
+
+
+def test_sp_that_does_not_split_the_local_models_heads_is_named(luffy_config, tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 28, "num_key_value_heads": 4}))
+    cfg = luffy_config.copy()
+    OmegaConf.update(cfg, "actor_rollout_ref.model.path", str(tmp_path), merge=False)
+    OmegaConf.update(cfg, f"{A}.ulysses_sequence_parallel_size", 4, merge=False)
+    assert validate_config(cfg) == []  # Qwen2.5-7B's 28 heads / 4 kv heads split over 4 ranks
+    OmegaConf.update(cfg, f"{A}.ulysses_sequence_parallel_size", 8, merge=False)
+    errors = validate_config(cfg)
+    assert len(errors) == 1 and "must divide the model's num_attention_heads=28" in errors[0], errors
+    assert str(tmp_path) in errors[0]
 
 
 @pytest.mark.parametrize("changes, expected", [

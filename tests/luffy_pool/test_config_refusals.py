@@ -11,10 +11,6 @@ from luffy_pool.config_refusals import INERT_KEYS, REJECTED_WHEN_FALSE, REJECTED
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # Keys acted on by a sibling branch (i14b-parallel implements FSDP optimizer offload and HSDP); remove once merged.
-PENDING_ON_OTHER_BRANCHES = {"actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-                             "actor_rollout_ref.actor.fsdp_config.fsdp_size"}
-
-
 def _validate(*overrides):
     base = ["data.train_files=/d/t.parquet", "data.val_files=/d/v.parquet", "actor_rollout_ref.model.path=/m"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
@@ -28,8 +24,8 @@ def test_every_key_is_read_by_shipped_code_or_refused():
     code = "".join(open(os.path.join(REPO, f), encoding="utf-8").read() for f in files
                    if not f.startswith("tests/") and "config_check" not in f and "config_refusals" not in f)
     refused = set(INERT_KEYS) | set(REJECTED_WHEN_TRUE) | set(REJECTED_WHEN_FALSE) | {k for k, _ in UNSUPPORTED_VALUES}
-    unread = [k for k in schema_leaf_keys() if k not in refused and k not in PENDING_ON_OTHER_BRANCHES
-              and not re.search(r"[\"'.]" + re.escape(k.rsplit(".", 1)[-1]) + r"\b", code)]
+    unread = [k for k in schema_leaf_keys()
+              if k not in refused and not re.search(r"[\"'.]" + re.escape(k.rsplit(".", 1)[-1]) + r"\b", code)]
     assert not unread, f"keys neither read nor refused: {unread}"
 
 

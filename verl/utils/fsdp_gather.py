@@ -6,9 +6,10 @@ collectives, not bytes (measured: 65 ms for the tiny model's 27 tensors over 2 r
 shards of a bucket are padded to FSDP2's chunk size (``ceil(dim0 / world)`` rows, as ``torch.chunk``
 splits), packed into one flat buffer, all-gathered once, and cut back into full tensors.
 
-Only parameters sharded as ``Shard(0)`` over one 1-D mesh take the packed path (what ``fully_shard``
-produces); anything else (plain tensors, other placements) is gathered on its own, so the result
-always equals ``iter_full_params``.
+Only parameters sharded as ``Shard(0)`` along one mesh dimension take the packed path (what
+``fully_shard`` produces: a 1-D FSDP mesh, or the ``fsdp`` dimension of a 2-D HSDP mesh, whose other
+dimension replicates, so the gather stays inside the shard group); anything else (plain tensors, other
+placements) is gathered on its own, so the result always equals ``iter_full_params``.
 """
 from __future__ import annotations
 
@@ -18,29 +19,25 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from verl.utils.fsdp_mesh import shard_mesh_dim
 from verl.utils.fsdp_utils import DTypeLike, _full_tensor, clean_param_name, tensor_nbytes, to_torch_dtype
 
 
 def _packable(tensor: torch.Tensor):
-    """The DTensor's mesh when it is ``Shard(0)`` over a 1-D mesh on the mesh's device, else None."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    if not isinstance(tensor, DTensor):
+    """(mesh, shard mesh dim) when the DTensor is ``Shard(0)`` along one mesh dim (replicated along any
+    other) and lives on the mesh's device, else None."""
+    dim = shard_mesh_dim(tensor)
+    if dim is None or tensor.device.type != tensor.device_mesh.device_type or tensor.dim() == 0:
         return None
-    mesh = tensor.device_mesh
-    placements = tensor.placements
-    if mesh.ndim != 1 or len(placements) != 1 or type(placements[0]) is not Shard or placements[0].dim != 0:
-        return None
-    if tensor.device.type != mesh.device_type or tensor.dim() == 0:
-        return None
-    return mesh
+    return tensor.device_mesh, dim
 
 
-def _gather_packed(items: list[tuple[str, torch.Tensor]], mesh, dtype: Optional[torch.dtype]
+def _gather_packed(items: list[tuple[str, torch.Tensor]], mesh, mesh_dim: int, dtype: Optional[torch.dtype]
                    ) -> list[tuple[str, torch.Tensor]]:
-    """All-gather the Shard(0) DTensors of ``items`` with one collective; full tensors in item order."""
-    world = mesh.size()
-    group = mesh.get_group()
+    """All-gather the Shard(0) DTensors of ``items`` over ``mesh_dim`` with one collective; full tensors in
+    item order."""
+    world = mesh.size(mesh_dim)
+    group = mesh.get_group(mesh_dim)
     layouts, pieces = [], []
     for name, tensor in items:
         local = tensor.to_local()
@@ -85,10 +82,10 @@ def iter_full_param_buckets(module: nn.Module, dtype: DTypeLike, bucket_bytes: i
 
     def flush() -> list[tuple[str, torch.Tensor]]:
         packed = [(n, t) for n, t in pending if _packable(t) is not None]
-        meshes = {id(_packable(t)) for _, t in packed}
+        meshes = {(id(_packable(t)[0]), _packable(t)[1]) for _, t in packed}
         full: dict[str, torch.Tensor] = {}
         if packed and len(meshes) == 1:
-            full.update(_gather_packed(packed, _packable(packed[0][1]), dtype))
+            full.update(_gather_packed(packed, *_packable(packed[0][1]), dtype))
         for name, tensor in pending:
             if name not in full:
                 full[name] = _full_tensor(tensor, dtype)

@@ -7,6 +7,7 @@ three methods are collectives: the group calls them on every rank (``Dispatch.ON
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional
 
 from verl.single_controller.base.decorator import Dispatch, register
@@ -60,14 +61,22 @@ class CheckpointMixin:
                         compute_hashes: bool = False) -> dict:
         """Write this rank's share of the actor checkpoint into ``local_path``; returns seconds and bytes
         (and, with ``compute_hashes``, this rank's share of the manifest's sha256 entries)."""
-        return self._actor_checkpoint_manager().save_checkpoint(local_path, global_step=global_step,
-                                                                max_ckpt_to_keep=max_ckpt_to_keep, save_hf=save_hf,
-                                                                compute_hashes=compute_hashes)
+        with self._optimizer_on_compute_device():
+            return self._actor_checkpoint_manager().save_checkpoint(local_path, global_step=global_step,
+                                                                    max_ckpt_to_keep=max_ckpt_to_keep, save_hf=save_hf,
+                                                                    compute_hashes=compute_hashes)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, load_optimizer: bool = True) -> dict:
         """Restore the actor from ``local_path`` (DCP reshards when the world size differs)."""
-        return self._actor_checkpoint_manager().load_checkpoint(local_path, load_optimizer=load_optimizer)
+        with self._optimizer_on_compute_device():
+            return self._actor_checkpoint_manager().load_checkpoint(local_path, load_optimizer=load_optimizer)
+
+    def _optimizer_on_compute_device(self):
+        """DCP reads and writes the optimizer state where training keeps it; offloaded state (optimizer_offload)
+        comes back for the call and leaves again after it."""
+        offload = getattr(self, "optimizer_offload", None)
+        return offload.on_compute_device() if offload is not None else contextlib.nullcontext()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, path: str) -> str:

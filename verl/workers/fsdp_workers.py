@@ -20,6 +20,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.batch_sizes import normalize_actor_batch_sizes
+from verl.utils.ulysses import gather_data_in_group, local_rows
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
 
@@ -86,9 +87,15 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             if self.device == "cuda":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
-        from torch.distributed.device_mesh import init_device_mesh
+        from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
-        self.device_mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
+        # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
+        self.device_mesh = build_fsdp_mesh(self.device, self.world_size,
+                                           int(self.config.actor.fsdp_config.get("fsdp_size", -1)))
+        # Ulysses SP: groups of consecutive ranks share rows and split positions (verl/utils/ulysses.py).
+        sp_mesh = build_ulysses_mesh(self.device, self.world_size,
+                                     int(self.config.actor.get("ulysses_sequence_parallel_size", 1)))
+        self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
 
     def _param_dtype(self, fsdp_cfg) -> torch.dtype:
         name = fsdp_cfg.get("param_dtype", "auto")
@@ -184,16 +191,22 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             self.actor_module = self._build_module(self.config.actor.fsdp_config, trainable=self._is_actor)
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
+            from verl.utils.offload import OptimizerOffload
+
+            # AdamW state in host memory between updates (no-op on CPU); verl/utils/offload.py.
+            compute = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+            self.optimizer_offload = OptimizerOffload(
+                self.actor_optimizer, compute, enabled=bool(self.config.actor.fsdp_config.get("optimizer_offload", False)))
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
-                                        logprob_chunk_size=chunk)
+                                        logprob_chunk_size=chunk, ulysses_group=self.ulysses_group)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
                                                    shared_prompt_forward=share, device=self.device,
-                                                   logprob_chunk_size=chunk)
+                                                   logprob_chunk_size=chunk, ulysses_group=self.ulysses_group)
         return True
 
     # ------------------------------------------------------------------ compute
@@ -206,25 +219,29 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` of every row under the current actor (LUFFY never trusts engine log-probs)."""
+        data = gather_data_in_group(data, self.ulysses_group)
         data.meta_info.update(self._log_prob_meta(self.config.rollout))
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         out = DataProto.from_dict(tensors={"old_log_probs": log_probs, "old_entropy": entropy},
                                   meta_info={"temperature": self.config.rollout.temperature})
-        return out
+        return local_rows(out, self.ulysses_group)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no reference model)")
+        data = gather_data_in_group(data, self.ulysses_group)
         data.meta_info.update(self._log_prob_meta(self.config.ref))
         log_probs, _ = self.ref_policy.compute_log_prob(data)
-        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+        return local_rows(DataProto.from_dict(tensors={"ref_log_prob": log_probs}), self.ulysses_group)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
+        data = gather_data_in_group(data, self.ulysses_group)
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        metrics = self.actor.update_policy(data)
+        with self.optimizer_offload.on_compute_device():
+            metrics = self.actor.update_policy(data)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         metrics["actor/lr"] = [lr]

@@ -18,6 +18,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.workers.actor.response_head import response_logprobs, supports_scoring_head
@@ -61,11 +62,12 @@ class DataParallelPPOActor:
             cache (``shared_prompt.py``); padded path only (packing already skips pad tokens).
         logprob_chunk_size: score only the response tokens, this many at a time through the LM head
             (``response_head.py``), instead of full ``[rows, width, V]`` logits; 0 = always full logits.
+        ulysses_group: sequence-parallel process group (``ulysses_forward.py``), None for SP=1.
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
-                 shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024):
+                 shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None):
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -74,7 +76,13 @@ class DataParallelPPOActor:
             logger.info("model.use_remove_padding ignored: attention %r has no varlen kernel, and packing into one "
                         "row would make sdpa/eager build a dense mask over all tokens (quadratic); using padded rows",
                         getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
-        self.shared_prompt_forward = shared_prompt_forward and not self.use_remove_padding
+        # Ulysses SP group (ulysses_forward.py): ranks of the group hold the same rows, 1/sp of the positions each.
+        self.ulysses_group = ulysses_group if ulysses_group is not None and dist.get_world_size(ulysses_group) > 1 else None
+        if self.ulysses_group is not None:
+            from verl.workers.actor.ulysses_forward import check_model
+
+            check_model(actor_module, dist.get_world_size(self.ulysses_group))
+        self.shared_prompt_forward = shared_prompt_forward and not self.use_remove_padding and self.ulysses_group is None
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
@@ -92,6 +100,12 @@ class DataParallelPPOActor:
         """Return (entropy [b, L] or None, log_probs [b, L]) of the response tokens."""
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
+        # SP first: its forward shards the sequence and scores each rank's slice (ulysses_forward.py).
+        if self.ulysses_group is not None:
+            from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
+
+            return ulysses_response_log_probs(self.actor_module, micro, temperature, calculate_entropy,
+                                              self.ulysses_group, packed=self.use_remove_padding)
         # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
         if 0 < self.logprob_chunk_size < input_ids.numel():
             log_probs, entropy = response_logprobs(
@@ -141,6 +155,9 @@ class DataParallelPPOActor:
         batch = data.batch.select(*keys)
         if use_dynamic_bsz:
             seq_lens = batch["attention_mask"].sum(-1).tolist()
+            # The budget is per rank; an SP rank holds 1/sp of each row's tokens (verl scales it the same way).
+            if self.ulysses_group is not None:
+                max_token_len = max_token_len * dist.get_world_size(self.ulysses_group)
             groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
             flat = [i for g in groups for i in g]
             micro = [{k: batch[k][g] for k in keys} for g in groups]

@@ -1,0 +1,63 @@
+"""Device meshes of the actor: FSDP (1-D) or hybrid sharding (2-D HSDP), and Ulysses sequence-parallel groups.
+
+``fsdp_config.fsdp_size`` (LUFFY/verl key) sets how many ranks share one copy of the model: -1 or the world
+size shards over all ranks (plain FSDP, mesh ``("fsdp",)``); a divisor ``f`` of the world size gives a
+``(world / f, f)`` mesh named ``("ddp", "fsdp")``: ``fully_shard`` then shards within each group of ``f``
+consecutive ranks and replicates across groups (gradients: reduce-scatter inside a group, all-reduce
+across). Shards are larger, but the parameter all-gathers stay inside a group (one node, NVLink).
+
+``ulysses_sequence_parallel_size`` groups consecutive ranks into sequence-parallel groups; the data-parallel
+degree of the batch is ``world / sp`` (mesh ``("dp", "sp")``, as verl names it).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+FSDP_SIZE_KEY = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
+
+
+def fsdp_mesh_shape(world_size: int, fsdp_size: Optional[int]) -> tuple[int, ...]:
+    """``(world,)`` for plain FSDP (``fsdp_size`` -1, None or the world size), else ``(world // f, f)``."""
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if fsdp_size is None or fsdp_size == -1 or fsdp_size == world_size:
+        return (world_size,)
+    if fsdp_size < 1 or world_size % fsdp_size:
+        raise ValueError(f"'{FSDP_SIZE_KEY}'={fsdp_size} must be -1 (all ranks) or a positive divisor of the "
+                         f"world size {world_size}")
+    return (world_size // fsdp_size, fsdp_size)
+
+
+def build_fsdp_mesh(device: str, world_size: int, fsdp_size: Optional[int] = -1):
+    """The mesh ``fully_shard`` takes: 1-D ``("fsdp",)`` or 2-D ``("ddp", "fsdp")`` for HSDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = fsdp_mesh_shape(world_size, fsdp_size)
+    names = ("fsdp",) if len(shape) == 1 else ("ddp", "fsdp")
+    return init_device_mesh(device, shape, mesh_dim_names=names)
+
+
+def build_ulysses_mesh(device: str, world_size: int, sp_size: int):
+    """``("dp", "sp")`` mesh: SP groups of ``sp_size`` consecutive ranks; None when ``sp_size`` is 1."""
+    if sp_size < 1 or world_size % sp_size:
+        raise ValueError(f"'actor_rollout_ref.actor.ulysses_sequence_parallel_size'={sp_size} must divide the "
+                         f"world size {world_size}")
+    if sp_size == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, (world_size // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
+
+
+def shard_mesh_dim(tensor) -> Optional[int]:
+    """For a DTensor sharded on dim 0 along exactly one mesh dimension and replicated along the others
+    (what ``fully_shard`` makes, FSDP or HSDP): that mesh dimension. None for anything else."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(tensor, DTensor):
+        return None
+    shard_dims = [i for i, p in enumerate(tensor.placements) if type(p) is Shard and p.dim == 0]
+    others_replicated = all(type(p) is Replicate for i, p in enumerate(tensor.placements) if i not in shard_dims)
+    if len(shard_dims) != 1 or not others_replicated:
+        return None
+    return shard_dims[0]
