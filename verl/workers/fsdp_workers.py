@@ -20,6 +20,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.batch_sizes import normalize_actor_batch_sizes
+from verl.utils.device import configure_worker_device
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
 
@@ -54,7 +55,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         super().__init__()
         self.config = config
         self.role = role
-        self.device = resolve_device(device)
+        # Chosen here from what Ray made visible to this process (verl/utils/device.py), not on the driver.
+        self.device_plan = configure_worker_device(device)
+        self.device = self.device_plan.device
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -80,12 +83,12 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _init_distributed(self) -> None:
         if not dist.is_initialized():
             backend = "nccl" if self.device == "cuda" else "gloo"
-            if self.device == "cuda":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
         from torch.distributed.device_mesh import init_device_mesh
 
         self.device_mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("dp",))
+        # Dynamic micro-batch counts are agreed (max) over this group: FSDP collectives must pair up (A3).
+        self.dp_group = self.device_mesh.get_group("dp")
 
     def _param_dtype(self, fsdp_cfg) -> torch.dtype:
         name = fsdp_cfg.get("param_dtype", "auto")
@@ -179,13 +182,14 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
-                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device)
+                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
+                                        dp_group=self.dp_group)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
-                                                   shared_prompt_forward=share, device=self.device)
+                                                   shared_prompt_forward=share, device=self.device, dp_group=self.dp_group)
         return True
 
     # ------------------------------------------------------------------ compute
