@@ -124,3 +124,29 @@ def cluster_device(requested: str, cluster_gpus: float, world_size: int) -> str:
     if requested == "cuda":
         return "cuda"
     return "cuda" if cluster_gpus >= 1 else "cpu"
+
+
+DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RAY_LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                   VISIBLE_ENV, NOSET_ENV)
+
+
+def describe_worker(plan: DevicePlan, env: Optional[Mapping[str, str]] = None) -> dict:
+    """This process's placement as torch.distributed and vLLM's external launcher read it.
+
+    ``cuda_plan`` is what a CUDA run would choose from the same view (the rehearsal of a GPU placement
+    on CPU ranks with Ray fake GPUs); on a CUDA worker it equals ``plan``.
+    """
+    env = os.environ if env is None else env
+    ids = ray_gpu_ids()
+    node_id = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node_id = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
+    cuda_plan = plan if plan.device == "cuda" else (
+        plan_worker_device("cuda", env, ids, cuda_available=True) if ids else None)
+    return {"plan": plan.as_dict(), "cuda_plan": cuda_plan.as_dict() if cuda_plan else None, "ray_gpu_ids": ids,
+            "node_id": node_id, "env": {k: env.get(k) for k in DISTRIBUTED_ENV}}

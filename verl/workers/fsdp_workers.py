@@ -228,6 +228,13 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def device_report(self) -> dict:
+        """This rank's device choice and the env torch.distributed / vLLM read (``verl.utils.device``)."""
+        from verl.utils.device import describe_worker
+
+        return dict(describe_worker(self.device_plan), rank=self.rank)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def actor_weight_fingerprint(self) -> float:
         """Sum of squares of this rank's actor shard: a cheap check that weights changed or match."""
         total = 0.0
