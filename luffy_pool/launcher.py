@@ -174,6 +174,9 @@ def build_trainer(config: DictConfig):
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import RewardManager
 
+    from verl.utils.context_length import check_model_context
+
+    check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)
     loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
