@@ -166,6 +166,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         tp = int(rcfg.get("tensor_model_parallel_size", 1)) if self.device == "cuda" else 1
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
+                                      # A9: the run's parameter dtype (bf16 on GPU by default), not fp32 masters
+                                      sync_dtype=self._param_dtype(self.config.actor.fsdp_config),
                                       base_seed=1000 + int(rcfg.get("seed", 0)), device=self.device,
                                       packed_gather=bool(rcfg.get("weight_sync_packed", True)))
         return rollout, manager

@@ -73,6 +73,7 @@ def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_gro
     assert kw["gpu_memory_utilization"] == 0.8
     assert kw["enable_sleep_mode"] is True
     assert kw["distributed_executor_backend"] == "external_launcher"
+    assert kw["disable_custom_all_reduce"] is True  # A8: the colocated engine
     assert "kv_cache_memory_bytes" not in kw
     single = build_engine_kwargs(parse_rollout_config({"free_cache_engine": False}), "/m", "cuda", 1, EXT)
     assert single["enable_sleep_mode"] is False and "distributed_executor_backend" not in single
@@ -128,3 +129,17 @@ def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(tiny_model_dir):
         rollout.wake_up_weights()
         rollout.wake_up()
         assert engine.calls == []
+
+
+def test_reload_api_check_passes_on_the_pinned_vllm_and_names_a_missing_api(monkeypatch):
+    """A10: the weight sync's reload API is checked before an engine is built."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from verl.workers.rollout.vllm_rollout.compat import check_reload_api, missing_reload_api
+
+    assert missing_reload_api() is None  # vLLM 0.32.0 (requirements.txt) has it
+    check_reload_api()
+    monkeypatch.delattr(Worker, "reload_weights")
+    with pytest.raises(RuntimeError, match=r"installed vLLM \(.+\) cannot receive trainer weights: .*Worker has no "
+                                           r"reload_weights; the weight sync needs Worker.reload_weights"):
+        check_reload_api()

@@ -69,6 +69,9 @@ def build_engine_kwargs(
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager,
             enable_sleep_mode=cfg.free_cache_engine,
+            # The colocated engine shares its GPUs with the trainer; vLLM's custom all-reduce buffers do not
+            # survive sleep/wake and clash with the trainer's memory (verl sets the same).
+            disable_custom_all_reduce=True,
         )
     if world_size > 1:
         # SPMD: every rank of the worker group owns an engine; ranks of one TP group run the same

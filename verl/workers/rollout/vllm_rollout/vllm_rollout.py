@@ -145,6 +145,10 @@ class VLLMRollout(BaseRollout):
     def _build_engine(self):
         from vllm import LLM
 
+        from verl.workers.rollout.vllm_rollout.compat import check_reload_api
+
+        check_reload_api()  # fail before the engine starts, not at the first weight push
+
         with _protect_process_state():
             return LLM(**self.engine_kwargs)
 
