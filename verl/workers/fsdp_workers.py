@@ -163,7 +163,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             rollout = VLLMRollout(self.config.model.path, rcfg, device=self.device)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
-        tp = int(rcfg.get("tensor_model_parallel_size", 1)) if self.device == "cuda" else 1
+        tp = self.rollout_tp_size
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
                                       # A9: the run's parameter dtype (bf16 on GPU by default), not fp32 masters
@@ -171,6 +171,12 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
                                       base_seed=1000 + int(rcfg.get("seed", 0)), device=self.device,
                                       packed_gather=bool(rcfg.get("weight_sync_packed", True)))
         return rollout, manager
+
+    @property
+    def rollout_tp_size(self) -> int:
+        """Ranks per rollout engine: vLLM's tensor parallel size (the HF engine is one rank each)."""
+        rcfg = self.config.rollout
+        return int(rcfg.get("tensor_model_parallel_size", 1)) if rcfg.get("name", "vllm") == "vllm" else 1
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
