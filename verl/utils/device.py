@@ -138,15 +138,16 @@ def describe_worker(plan: DevicePlan, env: Optional[Mapping[str, str]] = None) -
     """
     env = os.environ if env is None else env
     ids = ray_gpu_ids()
-    node_id = None
+    node_id = node_ip = None
     try:
         import ray
 
         if ray.is_initialized():
             node_id = ray.get_runtime_context().get_node_id()
+            node_ip = ray.util.get_node_ip_address()
     except ImportError:
         pass
     cuda_plan = plan if plan.device == "cuda" else (
         plan_worker_device("cuda", env, ids, cuda_available=True) if ids else None)
     return {"plan": plan.as_dict(), "cuda_plan": cuda_plan.as_dict() if cuda_plan else None, "ray_gpu_ids": ids,
-            "node_id": node_id, "env": {k: env.get(k) for k in DISTRIBUTED_ENV}}
+            "node_id": node_id, "node_ip": node_ip, "env": {k: env.get(k) for k in DISTRIBUTED_ENV}}

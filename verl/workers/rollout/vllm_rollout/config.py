@@ -54,9 +54,9 @@ def build_engine_kwargs(
         disable_log_stats=True,
     )
     if device == "cpu":
-        if tp != 1:
-            raise ValueError("rollout.tensor_model_parallel_size must be 1 on CPU (vLLM-CPU runs one worker)")
         kwargs.update(
+            # TP > 1: vLLM-CPU shards over the TP group's ranks of the worker group (external launcher, gloo)
+            tensor_parallel_size=tp,
             dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
             kv_cache_memory_bytes=cfg.cpu_kv_cache_bytes,
             # torch.compile on CPU costs minutes of warm-up for no gain at test sizes.
