@@ -148,7 +148,7 @@ def build_worker_group(config, device: str):
     role = "actor_rollout_ref" if config.actor_rollout_ref.ref.get("use_ref", False) else "actor_rollout"
     cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device)
     cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(config, device)}}})
-    logger.info("%s; device %s", engine_layout(config), device)
+    print(f"[luffy_pool] {engine_layout(config)}; device {device}", flush=True)  # the run's shape, on the console
     wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
     try:
         wg.init_model()

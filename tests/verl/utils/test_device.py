@@ -167,3 +167,19 @@ def test_two_nodes_two_fake_gpus_each():
     assert_gpu_placement(ranks, [2, 2])
     assert ranks[0]["node_id"] != ranks[2]["node_id"]
     assert [ranks[0]["node_id"], ranks[2]["node_id"]] == result["pool_nodes"]
+
+
+def test_engine_layout_and_bundle_choice():
+    from omegaconf import OmegaConf
+
+    from luffy_pool.launcher import bundle_uses_gpu, engine_layout
+
+    cfg = OmegaConf.create({"trainer": {"nnodes": 2, "n_gpus_per_node": 8, "bundle_resources": "auto"},
+                            "actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 2}}})
+    assert engine_layout(cfg) == "FSDP ranks 16 (2 node(s) x 8); rollout engine layout: 8 DP group(s) x TP 2"
+    assert bundle_uses_gpu(cfg, "cuda") and not bundle_uses_gpu(cfg, "cpu")
+    cfg.trainer.bundle_resources = "gpu"
+    assert bundle_uses_gpu(cfg, "cpu")  # a CPU rehearsal of a GPU placement
+    cfg.trainer.bundle_resources = "cpu"
+    with pytest.raises(ValueError, match="a CUDA rank needs a GPU bundle"):
+        bundle_uses_gpu(cfg, "cuda")
