@@ -154,12 +154,14 @@ def assert_gpu_placement(ranks: list, nodes: list) -> None:
     assert len({(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in ranks}) == 1
 
 
+@pytest.mark.e2e  # starts its own Ray
 @pytest.mark.slow
 def test_four_fake_gpus_on_one_node_every_rank_uses_its_own_cuda_zero():
     result = _run_child("one_node")
     assert_gpu_placement(result["ranks"], [4])
 
 
+@pytest.mark.e2e  # starts its own Ray cluster
 @pytest.mark.slow
 def test_two_nodes_two_fake_gpus_each():
     result = _run_child("two_nodes")
