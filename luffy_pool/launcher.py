@@ -162,6 +162,9 @@ def release_worker_group(wg, pool) -> None:
     """Kill the workers and free their placement groups, so a later run in the same Ray session fits."""
     if wg is not None:
         wg.shutdown()
+        from verl.workers.rollout.vllm_rollout.vllm_rollout import remove_run_cpu_shm
+
+        remove_run_cpu_shm(wg.master_port)  # vLLM-CPU TP segments on this node; killed workers cannot unlink them
     if pool is not None:
         pool.release()
 

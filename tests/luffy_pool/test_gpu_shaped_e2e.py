@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -127,6 +128,7 @@ def test_luffy_step_with_vllm_cpu_tensor_parallel_two_on_four_ranks(tiny_model_d
         "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.test_freq=-1",
         "actor_rollout_ref.actor.ppo_micro_batch_size=4"])
     trainer, close = build_trainer(config)
+    port = trainer.wg.master_port
     try:
         before = trainer.wg.actor_weight_fingerprint()
         last = trainer.fit()
@@ -134,6 +136,7 @@ def test_luffy_step_with_vllm_cpu_tensor_parallel_two_on_four_ranks(tiny_model_d
     finally:
         close()
     assert "rollout engine layout: 2 DP group(s) x TP 2" in capsys.readouterr().out
+    assert not glob.glob(f"/dev/shm/luffy{port}-*"), "the engines' shared-memory segments outlive the run"
     assert len(before) == 4 and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     assert last["rollout/full_trace_slots"] == 4 and last["on_off_metrics/off_score"] == 1.0
     assert math.isfinite(last["actor/pg_loss"]) and last["response_length/mean"] > 0

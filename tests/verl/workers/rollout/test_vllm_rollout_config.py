@@ -146,3 +146,14 @@ def test_reload_api_check_passes_on_the_pinned_vllm_and_names_a_missing_api(monk
     with pytest.raises(RuntimeError, match=r"installed vLLM \(.+\) cannot receive trainer weights: .*Worker has no "
                                            r"reload_weights; the weight sync needs Worker.reload_weights"):
         check_reload_api()
+
+
+def test_remove_run_cpu_shm_only_touches_that_run(tmp_path):
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import remove_run_cpu_shm
+
+    for name in ("luffy4242-tp:0-[0-1]-cpushm_0", "luffy4242-tp:0-[2-3]-cpushm_1", "luffy4243-tp:0-[0-1]-cpushm_0",
+                 "psm_other"):
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_run_cpu_shm(4242, shm_dir=str(tmp_path))
+    assert len(removed) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["luffy4243-tp:0-[0-1]-cpushm_0", "psm_other"]

@@ -89,6 +89,22 @@ def _quiet_vllm_reload_logs(active: bool) -> Iterator[None]:
             lg.setLevel(level)
 
 
+CPU_SHM_PREFIX = "luffy"
+
+
+def remove_run_cpu_shm(master_port, shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink this node's vLLM-CPU TP segments of the run with ``master_port`` (workers killed by Ray never
+    unlink them); returns the removed paths."""
+    removed = []
+    for path in glob.glob(os.path.join(shm_dir, f"{CPU_SHM_PREFIX}{master_port}-*")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def _unique_cpu_shm_names() -> None:
     """Put this run's rendezvous port into vLLM-CPU's shared-memory names for TP groups.
 
@@ -106,7 +122,7 @@ def _unique_cpu_shm_names() -> None:
         return
 
     def make_group_name(communicator) -> str:
-        return f"luffy{os.environ.get('MASTER_PORT', '')}{original(communicator).lstrip('/')}"
+        return f"{CPU_SHM_PREFIX}{os.environ.get('MASTER_PORT', '')}{original(communicator).lstrip('/')}"
 
     make_group_name._luffy_run_scoped = True
     _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
