@@ -90,6 +90,7 @@ ENUMS = {
     f"{_R}.load_format": ("dummy_dtensor", "dummy", "dtensor", "auto", "hf", "safetensors"),
     f"{_R}.prefix_strategy": ("random", "fixed", "linear", "linear_max", "reverse_linear"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.bundle_resources": ("auto", "gpu", "cpu"),
     "trainer.cpu_bind": ("auto", "none"),
     "trainer.logger": SUPPORTED_BACKENDS,
     "data.self_replay.eviction": ("oldest", "random"),

@@ -25,10 +25,33 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AU
 
 
 def resolve_driver_device(config) -> str:
-    device = config.trainer.get("device", "auto")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    """The workers' device kind, from the joined Ray cluster's GPUs (A11: not from this process's CUDA;
+    each worker then picks its own GPU index, ``verl.utils.device``). Call after ``init_ray``."""
+    import ray
+
+    from verl.utils.device import cluster_device
+
+    world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    return cluster_device(config.trainer.get("device", "auto"), ray.cluster_resources().get("GPU", 0.0), world_size)
+
+
+def bundle_uses_gpu(config, device: str) -> bool:
+    """``trainer.bundle_resources``: whether each rank's placement bundle reserves one Ray GPU."""
+    mode = config.trainer.get("bundle_resources", "auto")
+    if mode not in ("auto", "gpu", "cpu"):
+        raise ValueError(f"trainer.bundle_resources must be auto, gpu or cpu, got {mode!r}")
+    if mode == "cpu" and device == "cuda":
+        raise ValueError("trainer.bundle_resources=cpu with trainer.device=cuda: a CUDA rank needs a GPU bundle")
+    return device == "cuda" if mode == "auto" else mode == "gpu"
+
+
+def engine_layout(config) -> str:
+    """One line naming the FSDP world and the rollout engines' DP x TP layout."""
+    t = config.trainer
+    world = int(t.nnodes) * int(t.n_gpus_per_node)
+    tp = int(config.actor_rollout_ref.rollout.get("tensor_model_parallel_size", 1))
+    return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
+            f"{world // max(tp, 1)} DP group(s) x TP {tp}")
 
 
 def resolve_cpu_bind(config, device: str) -> str:
@@ -50,7 +73,7 @@ def init_ray(config, world_size: int, device: str) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
-    env[CPU_BIND_ENV] = resolve_cpu_bind(config, device)
+    # CPU_BIND_ENV goes with the worker group (build_worker_group): the device is known only after joining.
     ray_cfg = config.get("ray_init", {}) or {}
     address = ray_cfg.get("address") or os.environ.get("RAY_ADDRESS")
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
@@ -62,7 +85,7 @@ def init_ray(config, world_size: int, device: str) -> None:
         ray.init(address=address, **kwargs)
         return
     num_cpus = ray_cfg.get("num_cpus")
-    if num_cpus is None and device == "cpu":
+    if num_cpus is None and device != "cuda":
         num_cpus = max(os.cpu_count() or 1, world_size)  # each CPU rank's bundle asks for one CPU
     if inline_bytes is not None:  # a positive int (config_check)
         kwargs["_system_config"] = {"max_direct_call_object_size": int(inline_bytes)}
@@ -138,10 +161,12 @@ def build_worker_group(config, device: str):
     import ray
 
     t = config.trainer
-    pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=device == "cuda",
-                           max_colocate_count=1, name_prefix="luffy_pool")
+    pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes),
+                           use_gpu=bundle_uses_gpu(config, device), max_colocate_count=1, name_prefix="luffy_pool")
     role = "actor_rollout_ref" if config.actor_rollout_ref.ref.get("use_ref", False) else "actor_rollout"
     cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device)
+    cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(config, device)}}})
+    print(f"[luffy_pool] {engine_layout(config)}; device {device}", flush=True)  # the run's shape, on the console
     wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
     try:
         wg.init_model()
@@ -155,6 +180,11 @@ def release_worker_group(wg, pool) -> None:
     """Kill the workers and free their placement groups, so a later run in the same Ray session fits."""
     if wg is not None:
         wg.shutdown()
+        from verl.workers.rollout.vllm_rollout.vllm_rollout import remove_run_cpu_shm
+
+        port = getattr(wg, "master_port", None)
+        if port is not None:  # vLLM-CPU TP segments on this node; killed workers cannot unlink them
+            remove_run_cpu_shm(port)
     if pool is not None:
         pool.release()
 
@@ -165,14 +195,14 @@ def build_trainer(config: DictConfig):
 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
     from luffy_pool.preflight import preflight
+    from verl.utils.context_length import check_model_context
+    from verl.utils.logging_setup import setup_logging
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import RewardManager
 
-    from verl.utils.logging_setup import setup_logging
-
     setup_logging()
     preflight(config)  # folders, model and data files: one line per problem before anything loads
-    device = resolve_driver_device(config)
+    check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     import_external_libs(config.actor_rollout_ref.model.get("external_lib"))  # a custom tokenizer may need it too
     tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)
@@ -180,7 +210,8 @@ def build_trainer(config: DictConfig):
     total = config.trainer.get("total_training_steps") or len(loader) * int(config.trainer.total_epochs)
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
-    init_ray(config, world_size, device)
+    init_ray(config, world_size, config.trainer.get("device", "auto"))
+    device = resolve_driver_device(config)
     reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
     tracker = None
 

@@ -18,6 +18,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from verl.workers.rollout.base import sampling_from_config
+from verl.workers.rollout.tp_group import TPGeneration
 
 
 class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -33,6 +34,8 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
                 self.rollout, n=rcfg.n, response_length=rcfg.response_length,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
                 sampling=sampling, n_val=rcfg.get("n_val", 1), val_temperature=val_temperature)
+            # Ranks of one vLLM TP group generate the same prompts with the same seed (A2).
+            self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size)
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -51,18 +54,21 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         # A per-step, per-rank seed (not a stream consumed across steps) so a resumed run samples
         # exactly what an uninterrupted one would have.
         step = int(prompts.meta_info.get("global_steps", 0))
-        self.planner.sampling.seed = int(self.config.rollout.get("seed", 0)) + 100_003 * step + self.rank
+        self.planner.sampling.seed = (int(self.config.rollout.get("seed", 0)) + 100_003 * step
+                                      + self.tp_generation.layout.dp_rank)
+
+        def generate(b):
+            if validate:
+                return self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
+            return self.planner.generate(
+                b["input_ids"], b["attention_mask"], b.get("tgt_input_ids"), b["prefix_ratios"],
+                prompt_position_ids=b["position_ids"], trace_logprobs=b.get("trace_logprobs"))
+
         with self.sharding_manager:
             t_sync = self.sharding_manager.last_sync_s
-            if validate:
-                out = self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
-            else:
-                trace_logprobs = b["trace_logprobs"] if "trace_logprobs" in b.keys() else None
-                out = self.planner.generate(
-                    b["input_ids"], b["attention_mask"], b["tgt_input_ids"] if "tgt_input_ids" in b.keys() else None,
-                    b["prefix_ratios"], prompt_position_ids=b["position_ids"], trace_logprobs=trace_logprobs)
-        meta = dict(out.meta_info)
+            tensors, meta = self.tp_generation.run({k: b[k] for k in b.keys()}, generate)
+
         meta.pop("prefix_ratios", None)  # the driver already holds the ratios it drew
         meta["timing_s/weight_sync"] = t_sync
         meta["timing_s/generate_worker"] = time.perf_counter() - t0
-        return DataProto.from_dict(tensors=out.tensors, meta_info={"rollout_stats": [meta]})
+        return DataProto.from_dict(tensors=tensors, meta_info={"rollout_stats": [meta]})

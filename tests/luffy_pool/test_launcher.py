@@ -55,15 +55,22 @@ def fakes(monkeypatch):
     built = types.SimpleNamespace(group=FakeGroup(), pool=FakeRayPool())
     FakeReward.closed = FakeTracker.finished = False
     monkeypatch.setattr(launcher, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 2.0})  # a CPU-only cluster
     monkeypatch.setattr(launcher, "build_worker_group", lambda config, device: (built.group, built.pool))
     monkeypatch.setattr("verl.workers.reward_manager.RewardManager.from_config", lambda *a, **k: FakeReward())
     monkeypatch.setattr("verl.utils.tracking.Tracking", FakeTracker)
     return built
 
 
-def test_driver_device_and_cpu_binding(compose_config, tiny_task_dir, tiny_model_dir, tmp_path):
+def test_driver_device_and_cpu_binding(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, monkeypatch):
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path)
+    gpus = {"CPU": 8.0}
+    monkeypatch.setattr("ray.cluster_resources", lambda: gpus)  # the joined cluster's resources (A11)
     assert launcher.resolve_driver_device(cfg) == "cpu"
+    cfg.trainer.device = "auto"
+    assert launcher.resolve_driver_device(cfg) == "cpu"
+    gpus["GPU"] = 2.0
+    assert launcher.resolve_driver_device(cfg) == "cuda"
     cfg.trainer.device = "cuda"
     assert launcher.resolve_driver_device(cfg) == "cuda"
     cfg.actor_rollout_ref.rollout.name = "hf"

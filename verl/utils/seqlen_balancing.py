@@ -138,6 +138,17 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]]
     }
 
 
+def _collective_device(group: Any) -> str:
+    """Where a tensor for a collective on ``group`` must live: the current GPU for a pure NCCL group."""
+    import torch.distributed as dist
+
+    try:
+        backend = str(dist.get_backend(group))
+    except (RuntimeError, ValueError, TypeError, AttributeError):
+        return "cpu"
+    return f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+
+
 def rearrange_micro_batches_indices(
     seq_lens: Sequence[int], max_token_len: int, dp_group: Any = None
 ) -> list[list[int]]:
@@ -163,7 +174,7 @@ def rearrange_micro_batches_indices(
     if dp_group is not None:
         import torch.distributed as dist
 
-        count = torch.tensor([num_micro_batches], dtype=torch.long)
+        count = torch.tensor([num_micro_batches], dtype=torch.long, device=_collective_device(dp_group))
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=dp_group)
         num_micro_batches = int(count.item())
     if num_micro_batches > len(seq_lens):

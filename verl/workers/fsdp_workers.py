@@ -20,6 +20,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.batch_sizes import normalize_actor_batch_sizes
+from verl.utils.device import configure_worker_device
 from verl.utils.ulysses import gather_data_in_group, local_rows
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
@@ -58,7 +59,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         setup_logging()  # third-party noise off in this worker's console output
         self.config = config
         self.role = role
-        self.device = resolve_device(device)
+        # Chosen here from what Ray made visible to this process (verl/utils/device.py), not on the driver.
+        self.device_plan = configure_worker_device(device)
+        self.device = self.device_plan.device
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -84,8 +87,6 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _init_distributed(self) -> None:
         if not dist.is_initialized():
             backend = "nccl" if self.device == "cuda" else "gloo"
-            if self.device == "cuda":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
@@ -96,6 +97,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         sp_mesh = build_ulysses_mesh(self.device, self.world_size,
                                      int(self.config.actor.get("ulysses_sequence_parallel_size", 1)))
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
+        # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
+        # collectives, whatever the HSDP / SP layout (A3).
+        self.dp_group = dist.group.WORLD
 
     def _param_dtype(self, fsdp_cfg) -> torch.dtype:
         name = fsdp_cfg.get("param_dtype", "auto")
@@ -172,12 +176,20 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             rollout = VLLMRollout(self.config.model.path, rcfg, device=self.device)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
-        tp = int(rcfg.get("tensor_model_parallel_size", 1)) if self.device == "cuda" else 1
+        tp = self.rollout_tp_size
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
+                                      # A9: the run's parameter dtype (bf16 on GPU by default), not fp32 masters
+                                      sync_dtype=self._param_dtype(self.config.actor.fsdp_config),
                                       base_seed=1000 + int(rcfg.get("seed", 0)), device=self.device,
                                       packed_gather=bool(rcfg.get("weight_sync_packed", True)))
         return rollout, manager
+
+    @property
+    def rollout_tp_size(self) -> int:
+        """Ranks per rollout engine: vLLM's tensor parallel size (the HF engine is one rank each)."""
+        rcfg = self.config.rollout
+        return int(rcfg.get("tensor_model_parallel_size", 1)) if rcfg.get("name", "vllm") == "vllm" else 1
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -199,14 +211,16 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
                 self.actor_optimizer, compute, enabled=bool(self.config.actor.fsdp_config.get("optimizer_offload", False)))
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
-                                        logprob_chunk_size=chunk, ulysses_group=self.ulysses_group)
+                                        logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
+                                        dp_group=self.dp_group)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
                                                    shared_prompt_forward=share, device=self.device,
-                                                   logprob_chunk_size=chunk, ulysses_group=self.ulysses_group)
+                                                   logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
+                                                   dp_group=self.dp_group)
         return True
 
     # ------------------------------------------------------------------ compute
@@ -247,6 +261,13 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         metrics["actor/lr"] = [lr]
         metrics["timing_s/update_actor_worker"] = [time.perf_counter() - t0]
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def device_report(self) -> dict:
+        """This rank's device choice and the env torch.distributed / vLLM read (``verl.utils.device``)."""
+        from verl.utils.device import describe_worker
+
+        return dict(describe_worker(self.device_plan), rank=self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def actor_weight_fingerprint(self) -> float:

@@ -10,7 +10,10 @@ the sum over the group, exactly as in the padded forward.
 
 Two calls of the (FSDP-wrapped) model per micro-batch: the prompts with ``use_cache=True``, then the
 responses with the expanded cache as ``past_key_values``. Works with any HF causal LM whose cache is a
-``DynamicCache`` of full-attention layers; returns None (use the plain forward) when no prompt repeats.
+``DynamicCache`` of full-attention layers; returns None (use the plain forward) when no prompt repeats,
+and when activation checkpointing is active (a training-mode model with gradient checkpointing on):
+transformers then drops every layer's cache (recomputing a layer would append its keys twice), so the
+responses would have no prompt to attend to. Log-prob passes (eval mode) keep the shared forward.
 """
 from __future__ import annotations
 
@@ -30,6 +33,11 @@ def group_rows_by_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return first, inverse
 
 
+def checkpointing_drops_cache(module: torch.nn.Module) -> bool:
+    """Whether this forward would run under HF activation checkpointing (which disables the KV cache)."""
+    return bool(module.training and getattr(module, "is_gradient_checkpointing", False))
+
+
 def shared_prompt_logits(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          position_ids: torch.Tensor, response_length: int) -> Optional[torch.Tensor]:
     """Logits ``[b, response_length, V]`` predicting each response token, or None when no prompt repeats.
@@ -37,6 +45,8 @@ def shared_prompt_logits(module: torch.nn.Module, input_ids: torch.Tensor, atten
     Row i's logits at response position t equal those of the padded forward at column
     ``prompt_width + t - 1`` (the position whose next token is response token t).
     """
+    if checkpointing_drops_cache(module):
+        return None
     prompt_width = input_ids.shape[1] - response_length
     if prompt_width < 1 or response_length < 1:
         return None

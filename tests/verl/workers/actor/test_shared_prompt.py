@@ -87,6 +87,47 @@ def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_
     assert torch.allclose(lp[valid], _response_logp(direct, ids, 7)[valid], atol=1e-5)
 
 
+def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir):
+    """A6: with activation checkpointing on (the full config's default) the shared-prompt actor's update runs
+    (transformers drops the cache there, so the training forward is the padded one) and gives the gradients of
+    a model without checkpointing; the no-grad log-prob pass still shares the prompt."""
+    from omegaconf import OmegaConf
+
+    from verl.protocol import DataProto
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.shared_prompt import checkpointing_drops_cache
+
+    ids, mask, pos = grouped_batch(_model(tiny_model_dir).config.vocab_size)
+    cfg = OmegaConf.create(dict(ppo_mini_batch_size=12, ppo_micro_batch_size=6, use_dynamic_bsz=False,
+                                ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
+                                grad_clip=1e9, use_kl_loss=False))
+    data = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos,
+                                        "responses": ids[:, -7:], "advantages": torch.linspace(-1, 1, 12)[:, None].expand(12, 7).contiguous(),
+                                        "old_log_probs": torch.zeros(12, 7)},
+                               meta_info={"temperature": 1.0})
+    grads = []
+    for checkpointing in (True, False):
+        model = _model(tiny_model_dir)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        actor = DataParallelPPOActor(cfg, model, opt, shared_prompt_forward=True)
+        model.train()
+        assert checkpointing_drops_cache(model) is checkpointing
+        captured = {}
+        orig_step = opt.step
+        opt.step = lambda: captured.update({k: p.grad.clone() for k, p in model.named_parameters()}) or orig_step()
+        metrics = actor.update_policy(data)
+        assert all(torch.isfinite(torch.tensor(v)).all() for v in metrics["actor/pg_loss"])
+        grads.append(captured)
+        if checkpointing:  # the eval-mode log-prob pass keeps the shared prompt
+            model.eval()
+            assert not checkpointing_drops_cache(model)
+            assert shared_prompt_logits(model, ids, mask, pos, 7) is not None
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k
+
+
 def _fsdp_rank(rank, port, model_dir, queue):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

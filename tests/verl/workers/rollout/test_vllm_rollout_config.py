@@ -58,11 +58,14 @@ def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
     assert "distributed_executor_backend" not in kw
 
 
-def test_cpu_honours_an_explicit_dtype_and_rejects_tensor_parallel():
+def test_cpu_honours_an_explicit_dtype_and_shards_tensor_parallel_inside_a_group():
     kw = build_engine_kwargs(parse_rollout_config({"dtype": "bfloat16"}), "/m", "cpu", 1, EXT)
     assert kw["dtype"] == "bfloat16"
-    with pytest.raises(ValueError, match="tensor_model_parallel_size must be 1 on CPU"):
-        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 2, EXT)
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2 must divide the worker group size 1"):
+        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 1, EXT)
+    # inside a worker group vLLM-CPU shards over the TP group's ranks (external launcher over gloo)
+    kw = build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 4, EXT)
+    assert kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "external_launcher"
 
 
 def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_group():
@@ -73,6 +76,7 @@ def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_gro
     assert kw["gpu_memory_utilization"] == 0.8
     assert kw["enable_sleep_mode"] is True
     assert kw["distributed_executor_backend"] == "external_launcher"
+    assert kw["disable_custom_all_reduce"] is True  # A8: the colocated engine
     assert "kv_cache_memory_bytes" not in kw
     single = build_engine_kwargs(parse_rollout_config({"free_cache_engine": False}), "/m", "cuda", 1, EXT)
     assert single["enable_sleep_mode"] is False and "distributed_executor_backend" not in single
@@ -128,3 +132,28 @@ def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(tiny_model_dir):
         rollout.wake_up_weights()
         rollout.wake_up()
         assert engine.calls == []
+
+
+def test_reload_api_check_passes_on_the_pinned_vllm_and_names_a_missing_api(monkeypatch):
+    """A10: the weight sync's reload API is checked before an engine is built."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from verl.workers.rollout.vllm_rollout.compat import check_reload_api, missing_reload_api
+
+    assert missing_reload_api() is None  # vLLM 0.32.0 (requirements.txt) has it
+    check_reload_api()
+    monkeypatch.delattr(Worker, "reload_weights")
+    with pytest.raises(RuntimeError, match=r"installed vLLM \(.+\) cannot receive trainer weights: .*Worker has no "
+                                           r"reload_weights; the weight sync needs Worker.reload_weights"):
+        check_reload_api()
+
+
+def test_remove_run_cpu_shm_only_touches_that_run(tmp_path):
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import remove_run_cpu_shm
+
+    for name in ("luffy4242-tp:0-[0-1]-cpushm_0", "luffy4242-tp:0-[2-3]-cpushm_1", "luffy4243-tp:0-[0-1]-cpushm_0",
+                 "psm_other"):
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_run_cpu_shm(4242, shm_dir=str(tmp_path))
+    assert len(removed) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["luffy4243-tp:0-[0-1]-cpushm_0", "psm_other"]

@@ -54,9 +54,9 @@ def build_engine_kwargs(
         disable_log_stats=True,
     )
     if device == "cpu":
-        if tp != 1:
-            raise ValueError("rollout.tensor_model_parallel_size must be 1 on CPU (vLLM-CPU runs one worker)")
         kwargs.update(
+            # TP > 1: vLLM-CPU shards over the TP group's ranks of the worker group (external launcher, gloo)
+            tensor_parallel_size=tp,
             dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
             kv_cache_memory_bytes=cfg.cpu_kv_cache_bytes,
             # torch.compile on CPU costs minutes of warm-up for no gain at test sizes.
@@ -69,6 +69,9 @@ def build_engine_kwargs(
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager,
             enable_sleep_mode=cfg.free_cache_engine,
+            # The colocated engine shares its GPUs with the trainer; vLLM's custom all-reduce buffers do not
+            # survive sleep/wake and clash with the trainer's memory (verl sets the same).
+            disable_custom_all_reduce=True,
         )
     if world_size > 1:
         # SPMD: every rank of the worker group owns an engine; ranks of one TP group run the same

@@ -89,6 +89,45 @@ def _quiet_vllm_reload_logs(active: bool) -> Iterator[None]:
             lg.setLevel(level)
 
 
+CPU_SHM_PREFIX = "luffy"
+
+
+def remove_run_cpu_shm(master_port, shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink this node's vLLM-CPU TP segments of the run with ``master_port`` (workers killed by Ray never
+    unlink them); returns the removed paths."""
+    removed = []
+    for path in glob.glob(os.path.join(shm_dir, f"{CPU_SHM_PREFIX}{master_port}-*")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _unique_cpu_shm_names() -> None:
+    """Put this run's rendezvous port into vLLM-CPU's shared-memory names for TP groups.
+
+    Under the external launcher vLLM-CPU derives the names from ``distributed_init_method`` = ``env://``, so
+    every run on a machine uses ``-tp:0-[0-1]-cpushm_*``: a second run (or the leftovers of a crashed one)
+    fails with "create shm in SHMManager failed. errno: 17". The TP group's ranks share MASTER_PORT, so the
+    name stays common within the group and differs between runs.
+    """
+    try:
+        from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+    except ImportError:
+        return
+    original = _CPUSHMDistributed.make_group_name
+    if getattr(original, "_luffy_run_scoped", False):
+        return
+
+    def make_group_name(communicator) -> str:
+        return f"{CPU_SHM_PREFIX}{os.environ.get('MASTER_PORT', '')}{original(communicator).lstrip('/')}"
+
+    make_group_name._luffy_run_scoped = True
+    _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+
+
 def _checkpoint_tensor_names(model_path: str) -> Optional[set[str]]:
     """Names in the model folder's safetensors files (None when there are none to read)."""
     index = os.path.join(model_path, "model.safetensors.index.json")
@@ -148,6 +187,12 @@ class VLLMRollout(BaseRollout):
         from verl.utils.logging_setup import setup_logging
 
         setup_logging()  # after vLLM configured its loggers: drops its per-sync "reset prefix cache" line
+        from verl.workers.rollout.vllm_rollout.compat import check_reload_api
+
+        check_reload_api()  # fail before the engine starts, not at the first weight push
+        if self.device == "cpu" and self.config.tensor_model_parallel_size > 1:
+            _unique_cpu_shm_names()
+
         with _protect_process_state():
             return LLM(**self.engine_kwargs)
 

@@ -38,3 +38,9 @@ class WeightSyncExtension:
         named = decode_weight_payload(payload)
         self.reload_weights(weights_iterator=iter(named))
         return len(named)
+
+    def weight_sums(self, names: list[str]) -> dict[str, float]:
+        """float64 sums of the engine's parameters named ``names`` (vLLM names; on a TP rank, its shard):
+        a cheap check that a weight sync arrived (``exp_scripts/gpu_smoke.py``)."""
+        params = dict(self.model_runner.model.named_parameters())
+        return {n: float(params[n].detach().double().sum()) for n in names if n in params}

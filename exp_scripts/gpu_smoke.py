@@ -1,0 +1,291 @@
+"""Smoke check of the GPU path on one device, in minutes: the first thing to run on a new GPU machine.
+
+Builds a random-init model with Qwen2.5-1.5B's shapes (``--small``: a tiny one) and the synthetic task,
+then runs LUFFY training steps through the real worker (``MIXActorRolloutRefWorker``: FSDP2 over a
+1-rank NCCL group, gradient checkpointing, bf16 compute, the shared-prompt forward) and the real trainer
+step (``MIXRayPPOTrainer.train_step``: rollout with one full off-policy trace per group, reward,
+old log-probs, mixed advantage, update) with each rollout engine: the HF engine, then vLLM when it is
+installed. Ray is not needed: the trainer talks to the worker in this process. Asserts that the
+weights changed, that the engine's weights equal the actor's after the sync, that the sync travels in
+the parameter dtype, and that a CUDA run really uses NCCL and the GPU; prints peak memory, tokens/s and
+the sync time, and a last line ``GPU_SMOKE {json}``. Exit code 0 = all checks passed.
+
+    python exp_scripts/gpu_smoke.py                       # one GPU (< 7 min on an H200)
+    python exp_scripts/gpu_smoke.py --device cpu --small  # CI (tests/exp_scripts/test_gpu_smoke.py)
+
+Needs torch, transformers, tensordict, omegaconf, hydra-core (+ vllm for the vLLM part).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
+
+SHAPES = {
+    # Qwen2.5-1.5B (config.json of the release)
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # head_dim 32: vLLM-CPU has no attention kernel for 16
+    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, rope_theta=1e4,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--small", action="store_true", help="tiny shapes and lengths (CI on CPU)")
+    p.add_argument("--rollout", choices=("auto", "hf", "vllm"), default="auto",
+                   help="auto: the HF engine, then vLLM when importable")
+    p.add_argument("--steps", type=int, default=2, help="LUFFY steps per engine")
+    p.add_argument("--out", default=None, help="working folder (default: a temporary one)")
+    return p.parse_args(argv)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_rank_env() -> None:
+    """The environment a worker group gives rank 0 of 1 (the worker reads it in ``__new__``)."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
+        os.environ.setdefault(k, v)
+
+
+def build_model(out_dir: str, small: bool, device: str) -> str:
+    """A random-init Qwen2 with the chosen shapes and the synthetic task's tokenizer, saved as an HF folder."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from luffy_pool.tiny import build_tokenizer
+
+    tok = build_tokenizer(out_dir)
+    shape = SHAPES["small" if small else "qwen2.5-1.5b"]
+    cfg = Qwen2Config(**shape, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(dtype)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    del model
+    return out_dir
+
+
+def overrides(model_dir: str, task_dir: str, out_dir: str, device: str, small: bool, rollout: str, steps: int) -> list:
+    prompt, response, batch = (96, 48, 4) if small else (256, 512, 16)
+    return [
+        f"data.train_files={task_dir}/train.parquet", "data.val_files=null", f"data.train_batch_size={batch}",
+        f"data.max_prompt_length={prompt}", f"data.max_response_length={response}", "data.reward_impl_version=3",
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.optim.lr=1e-3" if small else "actor_rollout_ref.actor.optim.lr=1e-5",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}", "actor_rollout_ref.actor.ppo_micro_batch_size=2",
+        "actor_rollout_ref.actor.use_off_policy_loss=True", "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1",
+        "actor_rollout_ref.actor.loss_remove_token_mean=True", "actor_rollout_ref.actor.loss_remove_clip=True",
+        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.n=4",
+        f"actor_rollout_ref.rollout.dtype={'bfloat16' if device == 'cuda' else 'float32'}",
+        f"actor_rollout_ref.rollout.max_prefix_len={response}", "actor_rollout_ref.rollout.n_prefix=1",
+        "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.ref.use_ref=False", "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False",
+        "algorithm.kl_ctrl.kl_coef=0.0", "reward.num_workers=1", f"trainer.device={device}", "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1", f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
+        "trainer.logger=['console']", f"trainer.default_local_dir={out_dir}", "trainer.balance_batch=False",
+    ]
+
+
+def compose(overrides_list: list):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from luffy_pool.config_check import check_config
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "luffy_pool", "config"), version_base=None):
+        config = hydra_compose(config_name="mix_ppo_trainer", overrides=overrides_list)
+    check_config(config)
+    return config
+
+
+class InProcessGroup:
+    """The trainer's worker group for one rank in this process (a 1-rank DP_COMPUTE_PROTO is the identity)."""
+
+    world_size = 1
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+
+def full_actor_params(worker) -> dict:
+    """HF-named full parameters of the actor (gathered FSDP2 shards), on CPU."""
+    from verl.utils.fsdp_utils import iter_full_params
+
+    return {k: v.detach().float().cpu() for k, v in iter_full_params(worker.actor_module, None)}
+
+
+def engine_matches_actor(worker, rollout: str, sync_dtype) -> tuple[bool, str]:
+    """After a sync: the engine holds the actor's weights as pushed (rounded to the sync dtype, then to the
+    engine's): every tensor for HF; for vLLM the ones it keeps unfused and unpacked (embeddings, norms)."""
+    import torch
+
+    actor = {k: v.to(sync_dtype) for k, v in full_actor_params(worker).items()}
+    if rollout == "hf":
+        engine = {k: v.detach().cpu() for k, v in worker.rollout.model.state_dict().items()}
+        names = [k for k in actor if k in engine]
+        bad = [k for k in names if not torch.allclose(engine[k].double(), actor[k].to(engine[k].dtype).double(),
+                                                      atol=1e-6, rtol=1e-5)]
+        return (not bad and len(names) == len(actor)), f"{len(names)} tensors compared, mismatched: {bad[:3]}"
+    names = [k for k in actor if k.endswith("norm.weight") or k.endswith("embed_tokens.weight")]
+    sums = worker.rollout.llm.collective_rpc("weight_sums", args=(names,))[0]
+    ref = {k: float(actor[k].double().sum()) for k in names}
+    bad = [k for k in names if k not in sums or abs(sums[k] - ref[k]) > 1e-4 * (1 + abs(ref[k]))]
+    return (not bad and bool(names)), f"{len(names)} tensors compared, mismatched: {bad[:3]}"
+
+
+def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+
+    from luffy_pool.launcher import build_dataloader
+    from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
+    from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from verl.workers.reward_manager import RewardManager
+
+    config = compose(overrides(model_dir, task_dir, out_dir, args.device, args.small, rollout, args.steps))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    loader, _, _, collate = build_dataloader(config, tokenizer)
+    from omegaconf import open_dict
+
+    with open_dict(config):
+        config.actor_rollout_ref.actor.optim.total_training_steps = args.steps
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    worker = MIXActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", device=args.device)
+    worker.init_model()
+    init_s = time.perf_counter() - t0
+    pushed_dtypes: set = set()
+    push = worker.rollout.update_weights
+
+    def recording_push(named):
+        named = list(named)
+        pushed_dtypes.update(str(t.dtype) for _, t in named)
+        return push(named)
+
+    worker.rollout.update_weights = recording_push
+    reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
+    trainer = MIXRayPPOTrainer(config, tokenizer, InProcessGroup(worker), reward_fn, reward_fn, loader, collate_fn=collate)
+    checks, steps = {}, []
+    try:
+        before = worker.actor_weight_fingerprint()
+        batches = iter(loader)
+        for step in range(1, args.steps + 1):
+            trainer.global_steps = step
+            timing: dict = {}
+            t_step = time.perf_counter()
+            metrics = trainer.train_step(next(batches), timing)
+            step_s = time.perf_counter() - t_step
+            gen_tokens = float(metrics.get("rollout/engine_tokens", 0))
+            steps.append({"step": step, "step_s": round(step_s, 3), "gen_s": round(timing.get("gen", 0.0), 3),
+                          "update_s": round(timing.get("update_actor", 0.0), 3),
+                          "engine_tokens_per_s": round(gen_tokens / max(timing.get("gen", 1e-9), 1e-9), 1),
+                          "weight_sync_s": round(float(metrics.get("timing_s/weight_sync", float("nan"))), 3),
+                          "pg_loss": float(metrics.get("actor/pg_loss", float("nan")))})
+            print(f"[gpu_smoke] {rollout} step {step}: {json.dumps(steps[-1])}", flush=True)
+        after = worker.actor_weight_fingerprint()
+        param_dtype = worker._param_dtype(config.actor_rollout_ref.actor.fsdp_config)
+        with worker.sharding_manager:  # one more sync of the trained weights, then compare
+            same, detail = engine_matches_actor(worker, rollout, param_dtype)
+        checks = {
+            "weights_changed": abs(after - before) > 1e-12 * max(1.0, abs(before)),
+            "engine_equals_actor": same,
+            "sync_in_param_dtype": pushed_dtypes == {str(param_dtype)},
+            "gradient_checkpointing": bool(worker.actor_module.is_gradient_checkpointing),
+            "backend": dist.get_backend() == ("nccl" if cuda else "gloo"),
+            "device": next(worker.actor_module.parameters()).device.type == args.device,
+        }
+        result = {"engine": rollout, "init_s": round(init_s, 2), "steps": steps, "checks": checks,
+                  "engine_check": detail, "sync_dtypes": sorted(pushed_dtypes), "param_dtype": str(param_dtype),
+                  "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else
+                  round(_peak_rss_gb(), 2)}
+    finally:
+        reward_fn.close()
+        if hasattr(worker.rollout, "shutdown"):
+            worker.rollout.shutdown()
+        del trainer, worker
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    return result
+
+
+def _peak_rss_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def engines(choice: str) -> list:
+    if choice != "auto":
+        return [choice]
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return ["hf"]
+    return ["hf", "vllm"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    single_rank_env()
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("[gpu_smoke] --device cuda but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    t_all = time.perf_counter()
+    work = args.out or tempfile.mkdtemp(prefix="gpu_smoke_")
+    model_dir = build_model(os.path.join(work, "model"), args.small, args.device)
+    from luffy_pool.tiny import write_task_parquets
+
+    task_dir = os.path.join(work, "task")
+    write_task_parquets(task_dir, n_train=64, n_test=8, level=2, seed=0)
+    print(f"[gpu_smoke] model ({'small' if args.small else 'Qwen2.5-1.5B shapes'}) built in "
+          f"{time.perf_counter() - t_all:.1f} s at {model_dir}", flush=True)
+    results = [run_engine(e, args, model_dir, task_dir, os.path.join(work, e)) for e in engines(args.rollout)]
+    ok = all(all(r["checks"].values()) for r in results)
+    summary = {"ok": ok, "device": args.device, "small": args.small, "total_s": round(time.perf_counter() - t_all, 1),
+               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "results": results}
+    for r in results:
+        failed = [k for k, v in r["checks"].items() if not v]
+        print(f"[gpu_smoke] {r['engine']}: peak memory {r['peak_memory_gb']} GB, "
+              f"engine tokens/s {[s['engine_tokens_per_s'] for s in r['steps']]}, "
+              f"weight sync s {[s['weight_sync_s'] for s in r['steps']]}, "
+              f"{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)} ({r['engine_check']})", flush=True)
+    print("GPU_SMOKE " + json.dumps(summary), flush=True)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

