@@ -100,7 +100,8 @@ def overrides(model_dir: str, task_dir: str, out_dir: str, device: str, small: b
         f"actor_rollout_ref.rollout.max_prefix_len={response}", "actor_rollout_ref.rollout.n_prefix=1",
         "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
-        "actor_rollout_ref.ref.use_ref=False", "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False",
+        "actor_rollout_ref.ref.use_ref=False", "actor_rollout_ref.actor.use_kl_loss=False",  # LUFFY train.sh: no ref
+        "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False",
         "algorithm.kl_ctrl.kl_coef=0.0", "reward.num_workers=1", f"trainer.device={device}", "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1", f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
         "trainer.logger=['console']", f"trainer.default_local_dir={out_dir}", "trainer.balance_batch=False",

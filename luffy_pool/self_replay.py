@@ -7,7 +7,7 @@ Two driver-side calls of ``MIXRayPPOTrainer.train_step`` (``data.self_replay.ena
   at an earlier step (``SelfReplayBuffer.sample``): first the group's off-policy slots that hold no trace
   (prefix ratio > 0 but nothing in the pool), then its last on-policy rows. A rewritten row is an
   off-policy row like a teacher trace (``prefix_mask`` on every token, trace ++ EOS), regraded by the
-  reward function, and carries the recorded behaviour log-probs as ``target_probs`` so the loss weights it
+  reward function, and carries the recorded behaviour log-probs as ``behaviour_log_probs`` so the loss weights it
   by p / π_behaviour (``actor.use_off_policy_probs``). Rows whose behaviour is unknown hold NaN there, so
   the loss keeps its configured shaping for them (dataset targets, for instance).
 * ``keep_successes`` after the old-log-prob pass: every on-policy row that succeeded goes into the
@@ -24,6 +24,9 @@ import torch
 
 from luffy_pool.replay_buffer import SelfReplayBuffer
 from verl.protocol import DataProto
+
+# The batch's behaviour log-probs (NaN = unknown), the one representation from dataset/rollout to the loss.
+BEHAVIOUR_KEY = "behaviour_log_probs"
 
 
 def _groups(uids) -> "OrderedDict[Any, list[int]]":
@@ -51,9 +54,9 @@ def _write_trace(batch: DataProto, row: int, token_ids: list[int], logprobs: lis
         t["response_mask"][row] = mask.to(t["response_mask"].dtype)
     t["prefix_mask"][row] = False
     t["prefix_mask"][row, :k] = True
-    probs = torch.full((length,), float("nan"), dtype=torch.float64)
-    probs[:k] = torch.tensor(logprobs[:k], dtype=torch.float64).exp()  # NaN (unknown) stays NaN
-    t["target_probs"][row] = probs.to(t["target_probs"].dtype)
+    behaviour = torch.full((length,), float("nan"), dtype=torch.float64)
+    behaviour[:k] = torch.tensor(logprobs[:k], dtype=torch.float64)  # NaN (unknown) stays NaN
+    t[BEHAVIOUR_KEY][row] = behaviour.to(t[BEHAVIOUR_KEY].dtype)
     if "rollout_log_probs" in t.keys():
         t["rollout_log_probs"][row] = 0.0  # no engine-generated token in this row
 
@@ -64,7 +67,7 @@ def replay_into_failed_groups(batch: DataProto, buffer: SelfReplayBuffer, step: 
     """Rewrite rows of the step's failed groups with replayed traces; returns the ``replay/*`` metrics.
 
     ``batch`` is the rewarded rollout (``token_level_scores``); ``prefix_ratios`` ``[B, n]`` the ratios the
-    driver drew (rows of a group in slot order). Adds ``target_probs`` (NaN = behaviour unknown) when the
+    driver drew (rows of a group in slot order). Adds ``behaviour_log_probs`` (NaN = unknown) when the
     batch has none, so the actor finds it on every step.
     """
     t = batch.batch
@@ -86,8 +89,8 @@ def replay_into_failed_groups(batch: DataProto, buffer: SelfReplayBuffer, step: 
         empty_off = [r for r in on_rows if flat_ratios is not None and flat_ratios[r] > 0]
         rest = [r for r in reversed(on_rows) if r not in empty_off]
         chosen.extend((r, entry) for r in (empty_off + rest)[:slots])
-    if "target_probs" not in t.keys():  # the actor reads it on every step (use_off_policy_probs)
-        t["target_probs"] = torch.full(t["responses"].shape, float("nan"), dtype=torch.float32)
+    if BEHAVIOUR_KEY not in t.keys():  # the actor reads it on every step (use_off_policy_probs)
+        t[BEHAVIOUR_KEY] = torch.full(t["responses"].shape, float("nan"), dtype=torch.float32)
     if chosen:
         for row, entry in chosen:
             _write_trace(batch, row, entry.token_ids, entry.logprobs, eos_token_id, pad_token_id)

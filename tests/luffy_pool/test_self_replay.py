@@ -73,8 +73,8 @@ def test_failed_group_gets_the_kept_trace_in_its_last_on_policy_row():
     assert t["response_mask"][2].tolist() == [1, 1, 1, 0, 0]
     assert t["prefix_mask"][2].tolist() == [True, True, True, False, False]
     assert t["token_level_scores"][2].sum().item() == 1.0
-    assert torch.allclose(t["target_probs"][2, :3].double(), torch.tensor([-0.5, -1.0, -0.25]).exp().double())
-    assert torch.isnan(t["target_probs"][2, 3:]).all() and torch.isnan(t["target_probs"][:2]).all()
+    assert torch.allclose(t["behaviour_log_probs"][2, :3].double(), torch.tensor([-0.5, -1.0, -0.25]).double())
+    assert torch.isnan(t["behaviour_log_probs"][2, 3:]).all() and torch.isnan(t["behaviour_log_probs"][:2]).all()
     assert t["responses"][:2].tolist() == [[3, EOS, PAD, PAD, PAD], [3, 3, EOS, PAD, PAD]]  # others untouched
     assert not t["prefix_mask"][3:].any()
 
@@ -100,7 +100,7 @@ def test_groups_with_a_success_or_a_teacher_success_only_and_empty_buffer_are_le
     assert m["replay/used"] == 1
     assert batch.batch["prefix_mask"][0].any() and batch.batch["prefix_mask"][2].any()  # teacher kept, row 2 replaced
     assert not batch.batch["prefix_mask"][3:].any()
-    assert "target_probs" in batch.batch.keys()  # present every step: the actor reads it with use_off_policy_probs
+    assert "behaviour_log_probs" in batch.batch.keys()  # present every step: the actor reads it with use_off_policy_probs
     none_used = _replay(_batch([[3, EOS]] * 3, [0, 0, 0], [12] * 3), buf, step=3)
     assert none_used["replay/used"] == 0 and none_used["replay/age_mean"] == 0.0
 
