@@ -1,4 +1,5 @@
-"""Typed, read-only views of the ``trainer`` and ``data`` config sections, built once from the validated config.
+"""Typed, read-only views of config sections (``trainer``, ``data``, the actor's loss keys), built once from the
+validated config.
 
 Readers use attributes (``sections.trainer.seed``) instead of ``config.trainer.get("seed", 1)``: a misspelt
 name raises AttributeError instead of silently taking a restated default (review C2). The dataclasses state
@@ -13,10 +14,10 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, Optional
 
 
-def _build(cls, config, name: str):
+def _build(cls, config, name: str, section=None):
     from omegaconf import OmegaConf
 
-    section = config[name]
+    section = config[name] if section is None else section
     present = set(section.keys())
     values = {}
     for f in fields(cls):
@@ -125,3 +126,43 @@ class ConfigSections:
     @classmethod
     def from_config(cls, config) -> "ConfigSections":
         return cls(trainer=TrainerSection.from_config(config), data=DataSection.from_config(config))
+
+
+@dataclass(frozen=True)
+class LossSection:
+    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/loss_config.py,
+    mix_actor.py). A subset of the actor section: every field is an actor key of the YAML."""
+
+    policy_loss: str
+    use_off_policy_loss: bool
+    use_sft_multitask_loss: bool
+    use_off_policy_probs: bool
+    use_ppo_kl_loss: bool
+    ppo_kl_loss_coef: float
+    use_adaptive_temperature: bool
+    use_adaptive_temperature_fixed: bool
+    alpha_lr: float
+    adaptive_temperature_clip: float
+    adaptive_temperature_target_entropy: float
+    entropy_coeff: float
+    clip_ratio: float
+    clip_upper_bound: float
+    loss_remove_token_mean: bool
+    loss_remove_clip: bool
+    off_policy_cliprange: Optional[float]
+    off_policy_normalize: bool
+    off_policy_max_clip: float
+    off_policy_min_clip: float
+    all_max_clip: float
+    off_policy_reshape: str
+    off_policy_reshape_weight: float
+    off_policy_reshape_pow_exp: float
+    on_policy_reshape: str
+    on_policy_reshape_weight: float
+    on_policy_reshape_pow_exp: float
+    sft_loss_coef: float
+
+    @classmethod
+    def from_actor_config(cls, actor_cfg) -> "LossSection":
+        """From the ``actor_rollout_ref.actor`` group itself (what the actor worker holds)."""
+        return _build(cls, None, "actor_rollout_ref.actor", section=actor_cfg)
