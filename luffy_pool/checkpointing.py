@@ -26,6 +26,7 @@ import shutil
 import time
 from typing import Any, Optional
 
+from luffy_pool.config_sections import ConfigSections
 from verl.utils.checkpoint import layout, manifest
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
 from verl.utils.checkpoint.safe_io import load_state, save_state
@@ -62,25 +63,26 @@ class TrainerCheckpointer:
     """
 
     def __init__(self, config, sampler):
-        t = config.trainer
+        sections = ConfigSections.from_config(config)
+        t = sections.trainer
         self.root = os.path.abspath(str(t.default_local_dir))
-        self.resume_mode = str(t.get("resume_mode", "auto"))
-        self.resume_from_path = t.get("resume_from_path")
-        keep = t.get("max_optim_to_keep")
+        self.resume_mode = str(t.resume_mode)
+        self.resume_from_path = t.resume_from_path
+        keep = t.max_optim_to_keep
         self.max_optim_to_keep = int(keep) if keep is not None else None
-        keep_ckpt = t.get("max_actor_ckpt_to_keep")
+        keep_ckpt = t.max_actor_ckpt_to_keep
         self.max_actor_ckpt_to_keep = int(keep_ckpt) if keep_ckpt is not None else None
-        self.checksums = bool(t.get("checkpoint_checksums", True))
+        self.checksums = bool(t.checkpoint_checksums)
         contents = (config.get("actor_rollout_ref", {}).get("actor", {}).get("checkpoint", {}) or {}).get(
             "contents", ("model", "optimizer", "extra"))
         self.need_optim = "optimizer" in list(contents)
         self.extra_states: dict[str, Any] = {}
         self.last_saved_step: Optional[int] = None  # saved or resumed from by this process
-        self.save_hf_on_save = bool(t.get("save_hf_on_save", False))
-        self.mirror_root = t.get("default_hdfs_dir") or None  # second copy of each checkpoint (local path or URL)
+        self.save_hf_on_save = bool(t.save_hf_on_save)
+        self.mirror_root = t.default_hdfs_dir or None  # second copy of each checkpoint (local path or URL)
         self.sampler = sampler
-        workers = int(config.get("data", {}).get("dataloader_num_workers", 0) or 0)
-        save_freq = t.get("save_freq", -1)
+        workers = int(sections.data.dataloader_num_workers or 0)
+        save_freq = t.save_freq
         if workers > 0 and save_freq is not None and int(save_freq) > 0:
             # Worker processes prefetch, so the sampler's cursor runs ahead of the batches trained on
             # and a resume would silently skip prompts.

@@ -13,6 +13,7 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from luffy_pool.config_sections import ConfigSections, DataSection, TrainerSection
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
 from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
 from verl.utils.import_utils import import_external_libs
@@ -32,12 +33,12 @@ def resolve_driver_device(config) -> str:
     from verl.utils.device import cluster_device
 
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-    return cluster_device(config.trainer.get("device", "auto"), ray.cluster_resources().get("GPU", 0.0), world_size)
+    return cluster_device(TrainerSection.from_config(config).device, ray.cluster_resources().get("GPU", 0.0), world_size)
 
 
 def bundle_uses_gpu(config, device: str) -> bool:
     """``trainer.bundle_resources``: whether each rank's placement bundle reserves one Ray GPU."""
-    mode = config.trainer.get("bundle_resources", "auto")
+    mode = TrainerSection.from_config(config).bundle_resources
     if mode not in ("auto", "gpu", "cpu"):
         raise ValueError(f"trainer.bundle_resources must be auto, gpu or cpu, got {mode!r}")
     if mode == "cpu" and device == "cuda":
@@ -57,7 +58,7 @@ def engine_layout(config) -> str:
 def resolve_cpu_bind(config, device: str) -> str:
     """``trainer.cpu_bind`` for the workers: ``auto`` binds CPU ranks to their own cores, except with
     vLLM rollout, whose CPU backend binds its threads itself (VLLM_CPU_OMP_THREADS_BIND)."""
-    mode = config.trainer.get("cpu_bind", "auto")
+    mode = TrainerSection.from_config(config).cpu_bind
     if mode not in CPU_BIND_MODES:
         raise ValueError(f"trainer.cpu_bind must be one of {CPU_BIND_MODES}, got {mode!r}")
     rollout = config.actor_rollout_ref.rollout.get("name", "vllm")
@@ -99,26 +100,26 @@ def build_dataloader(config, tokenizer):
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.dataset.sampler import build_sampler
 
-    d = config.data
+    d = DataSection.from_config(config)
     train = RLHFDatasetWithTarget(
         list(d.train_files) if not isinstance(d.train_files, str) else d.train_files, tokenizer,
-        prompt_key=d.get("prompt_key", "prompt"), target_key=d.get("target_key", "target"),
+        prompt_key=d.prompt_key, target_key=d.target_key,
         max_prompt_length=d.max_prompt_length, max_target_length=config.actor_rollout_ref.rollout.max_prefix_len,
-        sample_target_ratio=d.get("sample_target_ratio", 1.0), filter_overlong_prompts=d.get("filter_overlong_prompts", True),
-        seed=int(d.get("seed", 47)), truncate_off_policy=d.get("truncate_off_policy", "cut"))
+        sample_target_ratio=d.sample_target_ratio, filter_overlong_prompts=d.filter_overlong_prompts,
+        seed=int(d.seed), truncate_off_policy=d.truncate_off_policy)
     # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
-    sampler = build_sampler(len(train), shuffle=d.get("shuffle", True), seed=int(d.get("seed", 47)),
+    sampler = build_sampler(len(train), shuffle=d.shuffle, seed=int(d.seed),
                             batch_size=d.train_batch_size, drop_last=True)
     loader = DataLoader(train, batch_size=d.train_batch_size, sampler=sampler, drop_last=True, collate_fn=collate_fn,
-                        num_workers=int(d.get("dataloader_num_workers", 0)))
+                        num_workers=int(d.dataloader_num_workers))
     if len(loader) == 0:
         raise ValueError(f"data.train_files has {len(train)} usable rows, fewer than data.train_batch_size={d.train_batch_size}")
     val = None
-    if d.get("val_files"):
+    if d.val_files:
         val = RLHFDataset(list(d.val_files) if not isinstance(d.val_files, str) else d.val_files, tokenizer,
-                          prompt_key=d.get("prompt_key", "prompt"), max_prompt_length=d.max_prompt_length,
-                          filter_overlong_prompts=d.get("filter_overlong_prompts", True))
-        if d.get("val_max_rows"):
+                          prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
+                          filter_overlong_prompts=d.filter_overlong_prompts)
+        if d.val_max_rows:
             val = torch.utils.data.Subset(val, range(min(int(d.val_max_rows), len(val))))
     return loader, sampler, val, collate_fn
 
@@ -127,15 +128,16 @@ def build_off_policy_pool(config, tokenizer, train_dataset):
     """The pool of extra off-policy traces (``data.off_policy_files``); None when only targets are used."""
     from luffy_pool.off_policy_pool import OffPolicyPool
 
-    files = list(config.data.get("off_policy_files") or [])
+    d = DataSection.from_config(config)
+    files = list(d.off_policy_files or [])
     if not files:
         return None
     return OffPolicyPool(files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
-                         prompt_id_key=config.data.get("off_policy_id_key", "index"),
+                         prompt_id_key=d.off_policy_id_key,
                          max_trace_length=config.actor_rollout_ref.rollout.max_prefix_len,
                          strip_think_prefix=train_dataset.generation_prompt_opens_think,
-                         seed=int(config.trainer.get("seed", 1)),
-                         truncate=config.data.get("truncate_off_policy", "cut"))
+                         seed=int(TrainerSection.from_config(config).seed),
+                         truncate=d.truncate_off_policy)
 
 
 def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None:
@@ -147,7 +149,7 @@ def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None
         return
     if off_policy_pool is not None and off_policy_pool.has_extra_logprobs:
         return
-    if (config.data.get("self_replay") or {}).get("enable", False):  # replayed traces carry their own log-probs
+    if (DataSection.from_config(config).self_replay or {}).get("enable", False):  # replayed traces carry their own log-probs
         return
     key = getattr(train_dataset, "target_probs_key", "target_ds_qwen_7b_probs")
     raise ValueError(f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
@@ -205,12 +207,13 @@ def build_trainer(config: DictConfig):
     check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
     world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     import_external_libs(config.actor_rollout_ref.model.get("external_lib"))  # a custom tokenizer may need it too
-    tokenizer = AutoTokenizer.from_pretrained(config.data.get("tokenizer") or config.actor_rollout_ref.model.path)
+    sections = ConfigSections.from_config(config)
+    tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or config.actor_rollout_ref.model.path)
     loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
-    total = config.trainer.get("total_training_steps") or len(loader) * int(config.trainer.total_epochs)
+    total = sections.trainer.total_training_steps or len(loader) * int(sections.trainer.total_epochs)
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
-    init_ray(config, world_size, config.trainer.get("device", "auto"))
+    init_ray(config, world_size, sections.trainer.device)
     device = resolve_driver_device(config)
     reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
     tracker = None

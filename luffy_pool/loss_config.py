@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from luffy_pool.config_sections import LossSection
+
 # Per-micro-batch inputs the actor offers every loss. Log-probs are per response token ([rows, L]); eos_mask
 # is the response mask; target_probs are the behaviour probabilities of prefix tokens (use_off_policy_probs),
 # LUFFY's loss contract: the batch carries behaviour *log*-probs (NaN = unknown) from the dataset to here, and
@@ -20,12 +22,13 @@ LOSS_TENSORS = ("old_log_prob", "log_prob", "advantages", "eos_mask", "prefix_ma
 def policy_loss_name(actor_cfg) -> str:
     """``actor.policy_loss``, or with ``auto`` the loss LUFFY's switches select: ``luffy_token``
     (use_off_policy_loss), ``sft_multitask`` (use_sft_multitask_loss), else ``vanilla`` (PPO clip)."""
-    name = actor_cfg.get("policy_loss", "auto") or "auto"
+    loss = LossSection.from_actor_config(actor_cfg)
+    name = loss.policy_loss or "auto"
     if name != "auto":
         return str(name)
-    if actor_cfg.get("use_off_policy_loss", False):
+    if loss.use_off_policy_loss:
         return "luffy_token"
-    if actor_cfg.get("use_sft_multitask_loss", False):
+    if loss.use_sft_multitask_loss:
         return "sft_multitask"
     return "vanilla"
 
@@ -37,24 +40,24 @@ def _off(value):
 
 def policy_loss_kwargs(actor_cfg) -> dict[str, Any]:
     """The config-to-loss mapping: loss keyword -> value, for every actor key a loss may read."""
-    get = actor_cfg.get
+    c = LossSection.from_actor_config(actor_cfg)
     return {
-        "cliprange": get("clip_ratio", 0.2),
-        "clip_upper_bound": get("clip_upper_bound", 1.0),
-        "loss_remove_token_mean": get("loss_remove_token_mean", False),
-        "loss_remove_clip": get("loss_remove_clip", False),
-        "off_cliprange": get("off_policy_cliprange", None),
-        "off_normalize": get("off_policy_normalize", False),
-        "off_max_clip": _off(get("off_policy_max_clip", -1)),
-        "off_min_clip": _off(get("off_policy_min_clip", -1)),
-        "all_max_clip": _off(get("all_max_clip", -1)),
-        "off_policy_reshape": get("off_policy_reshape", "no_reshape"),
-        "off_policy_reshape_weight": get("off_policy_reshape_weight", 1.0),
-        "off_policy_reshape_pow_exp": get("off_policy_reshape_pow_exp", 0.5),
-        "on_policy_reshape": get("on_policy_reshape", "no_reshape"),
-        "on_policy_reshape_weight": get("on_policy_reshape_weight", 1.0),
-        "on_policy_reshape_pow_exp": get("on_policy_reshape_pow_exp", 0.5),
-        "sft_loss_coef": get("sft_loss_coef", 1.0),
+        "cliprange": c.clip_ratio,
+        "clip_upper_bound": c.clip_upper_bound,
+        "loss_remove_token_mean": c.loss_remove_token_mean,
+        "loss_remove_clip": c.loss_remove_clip,
+        "off_cliprange": c.off_policy_cliprange,
+        "off_normalize": c.off_policy_normalize,
+        "off_max_clip": _off(c.off_policy_max_clip),
+        "off_min_clip": _off(c.off_policy_min_clip),
+        "all_max_clip": _off(c.all_max_clip),
+        "off_policy_reshape": c.off_policy_reshape,
+        "off_policy_reshape_weight": c.off_policy_reshape_weight,
+        "off_policy_reshape_pow_exp": c.off_policy_reshape_pow_exp,
+        "on_policy_reshape": c.on_policy_reshape,
+        "on_policy_reshape_weight": c.on_policy_reshape_weight,
+        "on_policy_reshape_pow_exp": c.on_policy_reshape_pow_exp,
+        "sft_loss_coef": c.sft_loss_coef,
     }
 
 

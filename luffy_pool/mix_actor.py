@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from luffy_pool.config_sections import LossSection
 from luffy_pool.loss_config import loss_tensors, policy_loss_kwargs, policy_loss_name
 from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
 from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_policy_loss_fn
@@ -22,38 +23,38 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
 
     def __init__(self, config, actor_module, actor_optimizer=None, **kw):
         super().__init__(config, actor_module, actor_optimizer, **kw)
-        if config.get("use_off_policy_loss", False) and config.get("use_sft_multitask_loss", False):
+        self.loss_cfg = loss = LossSection.from_actor_config(config)  # typed loss switches, built once
+        if loss.use_off_policy_loss and loss.use_sft_multitask_loss:
             raise ValueError("actor.use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True")
         self.policy_loss = policy_loss_name(config)
         get_policy_loss_fn(self.policy_loss)  # an unknown name fails here, naming the registered ones
         self.policy_loss_kwargs = policy_loss_kwargs(config)
         self.adaptive_entropy = None
-        if config.get("use_adaptive_temperature", False) or config.get("use_adaptive_temperature_fixed", False):
+        if loss.use_adaptive_temperature or loss.use_adaptive_temperature_fixed:
             self.adaptive_entropy = AdaptiveEntropyCoeff(
-                entropy_coeff=config.entropy_coeff, target_entropy=config.adaptive_temperature_target_entropy,
-                alpha_lr=config.get("alpha_lr", 1e-2), clip=config.get("adaptive_temperature_clip", -1),
-                fixed=config.get("use_adaptive_temperature_fixed", False))
+                entropy_coeff=loss.entropy_coeff, target_entropy=loss.adaptive_temperature_target_entropy,
+                alpha_lr=loss.alpha_lr, clip=loss.adaptive_temperature_clip,
+                fixed=loss.use_adaptive_temperature_fixed)
 
     def loss_input_keys(self) -> list[str]:
         keys = super().loss_input_keys() + ["prefix_mask"]
-        if self.config.get("use_off_policy_probs", False):
+        if self.loss_cfg.use_off_policy_probs:
             keys.append("behaviour_log_probs")
         return keys
 
     def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
         """The registered loss ``policy_loss_name(config)`` on this micro-batch (luffy_pool/loss_config.py)."""
-        cfg = self.config
+        cfg = self.loss_cfg
         fn = get_policy_loss_fn(self.policy_loss)
-        out = call_with_supported_kwargs(fn, **loss_tensors(micro, log_prob, response_mask,
-                                                             cfg.get("use_off_policy_probs", False)),
+        out = call_with_supported_kwargs(fn, **loss_tensors(micro, log_prob, response_mask, cfg.use_off_policy_probs),
                                          **self.policy_loss_kwargs)
         metrics = {f"actor/{k}": v.item() for k, v in out.items() if k != "pg_loss"}
         pg_loss = out["pg_loss"]
-        if cfg.get("use_ppo_kl_loss", False):
+        if cfg.use_ppo_kl_loss:
             if "ppo_kl" not in out:
                 raise ValueError(f"actor.use_ppo_kl_loss=True but policy loss {self.policy_loss!r} returns no 'ppo_kl'")
             ppo_kl_loss = out["ppo_kl"].abs()
-            pg_loss = pg_loss + cfg.get("ppo_kl_loss_coef", 1.0) * ppo_kl_loss
+            pg_loss = pg_loss + cfg.ppo_kl_loss_coef * ppo_kl_loss
             metrics["actor/ppo_kl_loss"] = ppo_kl_loss.item()
         metrics["actor/pg_loss"] = out["pg_loss"].item()
         return pg_loss, metrics

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from deepscaler.rewards import fail_success_values
+from luffy_pool.config_sections import ConfigSections
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import PrefixRatioSampler
 from luffy_pool.replay_buffer import SelfReplayBuffer
@@ -57,13 +58,14 @@ class MIXRayPPOTrainer:
         self.tracker = tracker
         self.checkpointer = checkpointer
         self.off_policy_pool = off_policy_pool
+        self.sections = ConfigSections.from_config(config)  # typed trainer.* / data.* (attribute access)
         rcfg = config.actor_rollout_ref.rollout
         self.n = rcfg.n
         self.response_length = config.data.max_response_length
-        self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(config.trainer.get("seed", 1)))
+        self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(self.sections.trainer.seed))
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
-        replay_cfg = config.data.get("self_replay") or {}
-        self.self_replay = SelfReplayBuffer.from_config(replay_cfg, seed=int(config.trainer.get("seed", 1))) \
+        replay_cfg = self.sections.data.self_replay or {}
+        self.self_replay = SelfReplayBuffer.from_config(replay_cfg, seed=int(self.sections.trainer.seed)) \
             if replay_cfg.get("enable", False) else None
         self.use_ref = config.actor_rollout_ref.ref.get("use_ref", False)
         self.world_size = self.wg.world_size
@@ -91,8 +93,8 @@ class MIXRayPPOTrainer:
 
     # ------------------------------------------------------------------ schedule
     def _total_steps(self) -> int:
-        t = self.config.trainer
-        if t.get("total_training_steps") is not None:
+        t = self.sections.trainer
+        if t.total_training_steps is not None:
             return int(t.total_training_steps)
         return len(self.train_dataloader) * int(t.total_epochs)
 
@@ -118,13 +120,13 @@ class MIXRayPPOTrainer:
 
         if self.checkpointer is not None:
             self.global_steps = self.checkpointer.maybe_resume(self)
-        if self.config.trainer.get("val_only", False):  # LUFFY's +trainer.val_only=True: validate, then exit
+        if self.sections.trainer.val_only:  # LUFFY's +trainer.val_only=True: validate, then exit
             if self.val_dataset is None:
                 raise ValueError("trainer.val_only=True needs data.val_files")
             metrics = self.validate()
             self._log(metrics, step=self.global_steps)
             return metrics
-        if self.global_steps == 0 and self.config.trainer.get("val_before_train", True) and self.val_dataset is not None:
+        if self.global_steps == 0 and self.sections.trainer.val_before_train and self.val_dataset is not None:
             self._log(self.validate(), step=0)
         last = {}
         bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="training", unit="step",
@@ -194,18 +196,18 @@ class MIXRayPPOTrainer:
                                           eos_token_id=self.tokenizer.eos_token_id))
         with _timer("adv", timing):
             batch = self._compute_rewards_and_advantage(batch, metrics)
-        if self.config.trainer.get("rollout_data_dir"):
-            dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps,
+        if self.sections.trainer.rollout_data_dir:
+            dump_rollouts(self.sections.trainer.rollout_data_dir, self.global_steps,
                           rollout_records(batch, self.tokenizer, self.global_steps))
-        if self.config.trainer.get("balance_batch", True):
+        if self.sections.trainer.balance_batch:
             self._balance_batch(batch, metrics)
-        if self.config.trainer.get("critic_warmup", 0) <= self.global_steps - 1:
+        if self.sections.trainer.critic_warmup <= self.global_steps - 1:
             with _timer("update_actor", timing):
                 update = self.wg.update_actor(batch.select(batch_keys=self._update_keys(batch)))
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
         metrics.update(compute_data_metrics(batch.batch, self.response_length))
         on_policy = ~batch.batch["prefix_mask"].bool().any(-1)
-        fail, success = fail_success_values(int(self.config.data.get("reward_impl_version", 0)))
+        fail, success = fail_success_values(int(self.sections.data.reward_impl_version))
         metrics.update(compute_group_metrics(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
                                              on_policy, fail_value=fail, success_value=success))
         resp_mask = batch.batch["attention_mask"][:, -self.response_length:]
@@ -268,7 +270,7 @@ class MIXRayPPOTrainer:
         return int(slot.num_extra_slots)
 
     def _success_value(self) -> float:
-        return fail_success_values(int(self.config.data.get("reward_impl_version", 0)))[1]
+        return fail_success_values(int(self.sections.data.reward_impl_version))[1]
 
     def _update_keys(self, batch: DataProto) -> list[str]:
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages", "prefix_mask"]
@@ -323,10 +325,10 @@ class MIXRayPPOTrainer:
         ``val/avg_score`` (mean over sources).
         """
         n_val = int(self.config.actor_rollout_ref.rollout.get("n_val", 1))
-        chunk = int(self.config.data.get("val_batch_size") or len(self.val_dataset))
+        chunk = int(self.sections.data.val_batch_size or len(self.val_dataset))
         chunk = max(chunk, self.world_size)
         scores_by_source: dict[str, list[float]] = {}
-        n_log, samples = int(self.config.trainer.get("val_generations_to_log", 0) or 0), []
+        n_log, samples = int(self.sections.trainer.val_generations_to_log or 0), []
         for start in range(0, len(self.val_dataset), chunk):
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))

@@ -2,10 +2,12 @@
 
 The config counts prompts; each worker sees rows (prompt x rollout.n) split over the data-parallel ranks.
 These pure functions do that arithmetic once, for the worker (which uses the numbers) and for the config
-checker (which rejects sizes that do not divide evenly), so both always agree.
+checker (which rejects sizes that do not divide evenly), so both always agree. The config keys keep the
+user's meaning (prompts); the per-rank row counts live only in ``RankBatchSizes`` (review C2).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 _ACTOR = "actor_rollout_ref.actor"
@@ -48,6 +50,37 @@ def _prompt_count_per_rank(key: str, prompts: int, rollout_n: int, dp: int) -> i
             f"over {dp} data-parallel ranks"
         )
     return rows // dp
+
+
+@dataclass(frozen=True)
+class RankBatchSizes:
+    """Rows per data-parallel rank that the actor works in, derived once from the prompt-level config.
+
+    ``ppo_mini_rows``: rows per optimizer step; ``ppo_micro_rows``: rows per forward/backward;
+    ``gradient_accumulation``: the loss divisor mini / micro; ``log_prob_micro_rows``: rows per
+    log-prob forward of the rollout and reference passes (None when no log-prob size was given).
+    """
+
+    ppo_mini_rows: int
+    ppo_micro_rows: int
+    gradient_accumulation: int
+    log_prob_micro_rows: Optional[int] = None
+
+
+def rank_batch_sizes(
+    actor_cfg: Mapping[str, Any],
+    rollout_n: int = 1,
+    world_size: int = 1,
+    sp_size: int = 1,
+    log_prob_micro_batch_size: Optional[int] = None,
+) -> RankBatchSizes:
+    """``normalize_actor_batch_sizes`` as a frozen ``RankBatchSizes``. With the defaults (one rank, one
+    response per prompt) a prompt is a row: the sizes of a standalone actor built outside a worker."""
+    d = normalize_actor_batch_sizes(actor_cfg, rollout_n, world_size, sp_size, log_prob_micro_batch_size)
+    return RankBatchSizes(ppo_mini_rows=d["ppo_mini_batch_size_per_rank"],
+                          ppo_micro_rows=d["ppo_micro_batch_size_per_rank"],
+                          gradient_accumulation=d["gradient_accumulation"],
+                          log_prob_micro_rows=d["log_prob_micro_batch_size_per_rank"])
 
 
 def normalize_actor_batch_sizes(

@@ -14,12 +14,12 @@ import time
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils.batch_sizes import normalize_actor_batch_sizes
+from verl.utils.batch_sizes import rank_batch_sizes
 from verl.utils.device import configure_worker_device
 from verl.utils.ulysses import gather_data_in_group, local_rows
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -71,17 +71,11 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             bind_cpu_rank(os.environ.get(ENV_VAR, "none"), int(os.environ.get("LOCAL_RANK", 0)),
                           int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         self._init_distributed()
-        sizes = normalize_actor_batch_sizes(config.actor, config.rollout.n, self.world_size,
+        # Rows per rank (LUFFY_SPEC §1.9), in their own fields: the config keys keep counting prompts. The
+        # rollout's log-prob size serves the reference pass too (LUFFY's worker copies it there).
+        self.batch_sizes = rank_batch_sizes(config.actor, config.rollout.n, self.world_size,
                                             config.actor.get("ulysses_sequence_parallel_size", 1),
                                             log_prob_micro_batch_size=config.rollout.get("log_prob_micro_batch_size", 128))
-        # Rows per rank from here on (LUFFY_SPEC §1.9): the actor never sees prompt counts.
-        with open_dict(self.config):
-            self.config.actor.ppo_mini_batch_size = sizes["ppo_mini_batch_size_per_rank"]
-            self.config.actor.ppo_micro_batch_size = sizes["ppo_micro_batch_size_per_rank"]
-            self.config.rollout.log_prob_micro_batch_size = sizes["log_prob_micro_batch_size_per_rank"]
-            if "ref" in self.config:
-                self.config.ref.log_prob_micro_batch_size = sizes["log_prob_micro_batch_size_per_rank"]
-        self.gradient_accumulation = sizes["gradient_accumulation"]
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> None:
@@ -212,7 +206,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
-                                        dp_group=self.dp_group)
+                                        dp_group=self.dp_group, batch_sizes=self.batch_sizes)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
@@ -225,7 +219,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
 
     # ------------------------------------------------------------------ compute
     def _log_prob_meta(self, cfg) -> dict:
-        return {"micro_batch_size": cfg.log_prob_micro_batch_size,
+        return {"micro_batch_size": self.batch_sizes.log_prob_micro_rows,
                 "use_dynamic_bsz": cfg.get("log_prob_use_dynamic_bsz", False),
                 "max_token_len": cfg.get("log_prob_max_token_len_per_gpu", 16384),
                 "temperature": self.config.rollout.temperature}

@@ -24,6 +24,7 @@ from verl.protocol import DataProto
 from verl.workers.actor.response_head import response_logprobs, supports_scoring_head
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
+from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits, masked_mean
 
@@ -52,8 +53,7 @@ class DataParallelPPOActor:
     """Policy forward/backward on a (possibly FSDP-sharded) HF causal LM.
 
     Args:
-        config: the ``actor_rollout_ref.actor`` config group (already batch-normalised by the worker:
-            ``ppo_mini_batch_size`` / ``ppo_micro_batch_size`` are rows per rank).
+        config: the ``actor_rollout_ref.actor`` config group (batch sizes in prompts, as the user wrote them).
         actor_module: the HF model (FSDP2-wrapped or plain).
         actor_optimizer: optimizer, None for a reference (log-prob only) actor.
         use_remove_padding: pack valid tokens into one row (position ids restart per sequence).
@@ -63,12 +63,16 @@ class DataParallelPPOActor:
         logprob_chunk_size: score only the response tokens, this many at a time through the LM head
             (``response_head.py``), instead of full ``[rows, width, V]`` logits; 0 = always full logits.
         ulysses_group: sequence-parallel process group (``ulysses_forward.py``), None for SP=1.
+        batch_sizes: rows per rank of the update (``verl/utils/batch_sizes.RankBatchSizes``, from the worker);
+            None = a standalone actor (one rank, one response per prompt: the config's prompts are rows).
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
-                 shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None):
+                 shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None,
+                 batch_sizes: Optional[RankBatchSizes] = None):
         self.config = config
+        self.batch_sizes = batch_sizes
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.use_remove_padding = use_remove_padding and self._has_varlen_attention(actor_module)
@@ -233,15 +237,16 @@ class DataParallelPPOActor:
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
         keys = [k for k in self.loss_input_keys() if k in data.batch.keys()]
-        if "old_log_probs" not in keys and (cfg.ppo_epochs > 1 or len(data) > cfg.ppo_mini_batch_size):
+        sizes = self.batch_sizes if self.batch_sizes is not None else rank_batch_sizes(cfg)
+        if "old_log_probs" not in keys and (cfg.ppo_epochs > 1 or len(data) > sizes.ppo_mini_rows):
             raise ValueError("old_log_probs missing from the update batch; it may only be skipped for a single "
                              "on-policy mini-batch (ppo_epochs=1, one mini-batch per rank)")
-        mini_size = cfg.ppo_mini_batch_size
-        grad_accum = max(1, cfg.ppo_mini_batch_size // cfg.ppo_micro_batch_size)
+        mini_size = sizes.ppo_mini_rows
+        grad_accum = sizes.gradient_accumulation
         metrics: dict[str, list] = {}
         for _epoch in range(cfg.ppo_epochs):
             for mini in data.select(batch_keys=keys).split(mini_size):
-                micro_batches, _ = self._micro_batches(mini, keys, cfg.ppo_micro_batch_size, cfg.use_dynamic_bsz,
+                micro_batches, _ = self._micro_batches(mini, keys, sizes.ppo_micro_rows, cfg.use_dynamic_bsz,
                                                        cfg.ppo_max_token_len_per_gpu)
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 for mb in micro_batches:
