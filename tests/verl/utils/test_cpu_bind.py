@@ -3,7 +3,6 @@ import multiprocessing as mp
 import os
 
 import pytest
-from omegaconf import OmegaConf
 
 from luffy_pool.launcher import resolve_cpu_bind
 from verl.utils.cpu_bind import bind_cpu_rank, cpu_slice
@@ -40,9 +39,11 @@ def test_bind_pins_a_process_to_its_slice_and_none_leaves_it():
         bind_cpu_rank("all", 0, 1)
 
 
-def test_launcher_resolves_the_mode_for_the_workers():
+def test_launcher_resolves_the_mode_for_the_workers(compose_config):
     def cfg(bind="auto", rollout="hf"):
-        return OmegaConf.create({"trainer": {"cpu_bind": bind}, "actor_rollout_ref": {"rollout": {"name": rollout}}})
+        config = compose_config([f"actor_rollout_ref.rollout.name={rollout}"])
+        config.trainer.cpu_bind = bind  # after composing: a bad value must reach the launcher's own check
+        return config
 
     assert resolve_cpu_bind(cfg(), "cpu") == "auto"
     assert resolve_cpu_bind(cfg(rollout="vllm"), "cpu") == "none"  # vLLM's CPU backend binds its own threads

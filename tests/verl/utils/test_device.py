@@ -171,13 +171,11 @@ def test_two_nodes_two_fake_gpus_each():
     assert [ranks[0]["node_id"], ranks[2]["node_id"]] == result["pool_nodes"]
 
 
-def test_engine_layout_and_bundle_choice():
-    from omegaconf import OmegaConf
-
+def test_engine_layout_and_bundle_choice(compose_config):
     from luffy_pool.launcher import bundle_uses_gpu, engine_layout
 
-    cfg = OmegaConf.create({"trainer": {"nnodes": 2, "n_gpus_per_node": 8, "bundle_resources": "auto"},
-                            "actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 2}}})
+    cfg = compose_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.bundle_resources=auto",
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
     assert engine_layout(cfg) == "FSDP ranks 16 (2 node(s) x 8); rollout engine layout: 8 DP group(s) x TP 2"
     assert bundle_uses_gpu(cfg, "cuda") and not bundle_uses_gpu(cfg, "cpu")
     cfg.trainer.bundle_resources = "gpu"
