@@ -20,9 +20,9 @@ the per-run dynamics of the first seed) and ``seed<k>/<method>/`` with metrics, 
 Measured with the defaults (160 warm steps: start pass rate 3.7 %; 150 steps, lr 1e-4, 3 seeds; reward over the
 first / last 50 steps, mean ± std over seeds): on-policy GRPO 0.015 -> 0.010 (change -0.004 ± 0.008, flat to
 falling), LUFFY 0.022 -> 0.027 (+0.004 ± 0.003, up on every seed), LUFFY w/o shaping +0.008 ± 0.004, LUFFY +
-self-replay +0.005 ± 0.005; held-out greedy pass@1 0.021 / 0.057 / 0.021 / 0.052, SFT 0.130. CPU: 1070 s in total
-(24 warm start + 10 start-model probe + 961 training + 75 evaluation) on a 2-core machine shared at load 10-20;
-contention inflates CPU seconds, so this run did not show the 15-minute budget (README, "the tiny reproduction").
+self-replay +0.005 ± 0.005; held-out greedy pass@1 0.021 / 0.057 / 0.021 / 0.052, SFT 0.130. CPU on a quiet machine:
+883 s in total (25 warm start + 10 start-model probe + 785 training + 63 evaluation). Under heavy sharing the same
+command measured 1070 s, because contention inflates CPU seconds.
 """
 from __future__ import annotations
 
