@@ -1,14 +1,12 @@
 """HSDP (``fsdp_size``): mesh shapes, and on 4 gloo ranks the same update, weights, syncs and checkpoints as FSDP."""
 import os
-import socket
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
 from verl.utils.fsdp_mesh import fsdp_mesh_shape
+from verl.utils.distributed_testing import run_gloo_ranks
 
 JOB_TIMEOUT_S = 300
 
@@ -32,22 +30,8 @@ def test_fsdp_size_that_does_not_divide_the_world_is_named(bad):
 
 
 # ------------------------------------------------------------------------------ 4 gloo ranks
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(fn, world: int, *args) -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="fork")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            raise TimeoutError(f"{fn.__name__} did not finish in {JOB_TIMEOUT_S} s")
+    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _tiny_model():

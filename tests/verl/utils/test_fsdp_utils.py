@@ -1,43 +1,20 @@
 """FSDP2 helpers: full-weight streaming, buckets, full state dicts, on 2 gloo ranks and in one process."""
 import os
-import socket
-import time
 import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
 from verl.utils import fsdp_utils
+from verl.utils.distributed_testing import run_gloo_ranks
 
 JOB_TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(fn, world: int, *args) -> None:
-    """Run fn(rank, world, port, *args) on ``world`` forked gloo ranks; fail on error or timeout.
-
-    Fork, not spawn: the children inherit the already imported torch/transformers (~15 s per child
-    on a busy 2-core box) and this process has not started any torch worker threads.
-    """
-    if torch.distributed.is_initialized():
-        # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
-        # (init_distributed then skips joining their own group) and run as world 1 on a shared gloo context.
-        torch.distributed.destroy_process_group()
-    ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="fork")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            raise TimeoutError(f"{fn.__name__} did not finish in {JOB_TIMEOUT_S} s")
+    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _tiny_config(tied: bool):

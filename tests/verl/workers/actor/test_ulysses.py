@@ -3,16 +3,14 @@
 Forked gloo ranks; the reference is a plain (SP=1) forward of the same model in the same process.
 """
 import os
-import socket
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
 from verl.utils.parallel_check import check_heads
 from verl.utils.ulysses import pad_to_multiple
+from verl.utils.distributed_testing import run_gloo_ranks
 
 JOB_TIMEOUT_S = 300
 TOL = 1e-5
@@ -65,22 +63,8 @@ def test_eager_attention_is_rejected_with_the_key_to_change():
 
 
 # ------------------------------------------------------------------------------ gloo ranks
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(fn, world: int, *args) -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="fork")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            raise TimeoutError(f"{fn.__name__} did not finish in {JOB_TIMEOUT_S} s")
+    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _micro(seed: int, rows: int = 4, width: int = 13, response: int = 6) -> dict:

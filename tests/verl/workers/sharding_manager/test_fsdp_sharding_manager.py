@@ -1,16 +1,14 @@
 """The hybrid-engine context: call order, buckets, RNG streams, and FSDP2 actors feeding real engines."""
 import os
-import socket
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from transformers import AutoModelForCausalLM  # noqa: F401  (imported once, before forking ranks)
 
 from verl.workers.rollout.base import BaseRollout, GenerationOutput
 from verl.workers.sharding_manager import FSDPShardingManager, is_engine_owner
+from verl.utils.distributed_testing import run_gloo_ranks
 
 JOB_TIMEOUT_S = 300
 
@@ -113,25 +111,8 @@ def test_bad_placement_is_rejected():
 
 
 # ------------------------------------------------------------------------------ 2 gloo ranks
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(fn, world: int, *args) -> None:
-    """Run fn(rank, world, port, *args) on forked gloo ranks (they inherit this process's imports)."""
-    if torch.distributed.is_initialized():
-        # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
-        # (init_distributed then skips joining their own group) and run as world 1 on a shared gloo context.
-        torch.distributed.destroy_process_group()
-    ctx = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="fork")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            raise TimeoutError(f"{fn.__name__} did not finish in {JOB_TIMEOUT_S} s")
+    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _fsdp_actor(model_dir, rank):
