@@ -88,7 +88,6 @@ def _rss_kb(field: str) -> int:
 
 def run_child(args, mode: str, phase: str) -> dict:
     import torch
-    from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from verl.protocol import DataProto
@@ -100,9 +99,11 @@ def run_child(args, mode: str, phase: str) -> dict:
                                              dtype=torch.float32, attn_implementation="sdpa")
     batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
     rows = args.rows
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
-                                ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,
-                                clip_upper_bound=1.0, entropy_coeff=0.001, grad_clip=1.0, use_kl_loss=False))
+    from luffy_pool.config_compose import actor_config
+
+    cfg = actor_config(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
+                       ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,
+                       clip_upper_bound=1.0, entropy_coeff=0.001, grad_clip=1.0, use_kl_loss=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     if phase == "update":  # optimizer state exists from the second step on: resident before the phase
         for p in model.parameters():

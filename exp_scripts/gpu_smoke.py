@@ -191,7 +191,7 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         return push(named)
 
     worker.rollout.update_weights = recording_push
-    reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
+    reward_fn = RewardManager.from_config(config.reward, config.data.reward_impl_version, tokenizer)
     trainer = MIXRayPPOTrainer(config, tokenizer, InProcessGroup(worker), reward_fn, reward_fn, loader, collate_fn=collate)
     checks, steps = {}, []
     try:

@@ -73,8 +73,7 @@ class TrainerCheckpointer:
         keep_ckpt = t.max_actor_ckpt_to_keep
         self.max_actor_ckpt_to_keep = int(keep_ckpt) if keep_ckpt is not None else None
         self.checksums = bool(t.checkpoint_checksums)
-        contents = (config.get("actor_rollout_ref", {}).get("actor", {}).get("checkpoint", {}) or {}).get(
-            "contents", ("model", "optimizer", "extra"))
+        contents = sections.workers.actor.checkpoint.contents
         self.need_optim = "optimizer" in list(contents)
         self.extra_states: dict[str, Any] = {}
         self.last_saved_step: Optional[int] = None  # saved or resumed from by this process

@@ -10,25 +10,15 @@ only defaults written here are those of the optional ``+trainer.*`` keys, which 
 """
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
+
+from verl.utils.config_section import build_section, nested
+from verl.workers.config_sections import WorkerSections
 
 
 def _build(cls, config, name: str, section=None):
-    from omegaconf import OmegaConf
-
-    section = config[name] if section is None else section
-    present = set(section.keys())
-    values = {}
-    for f in fields(cls):
-        if f.name in present:
-            # A required key left unset (``???``, e.g. data.train_files in a driver-only test config) stays
-            # ``???``: config_check refuses it before a run, and reading it eagerly here must not raise.
-            values[f.name] = "???" if OmegaConf.is_missing(section, f.name) else section[f.name]
-        elif f.default is MISSING:
-            raise KeyError(f"{name}.{f.name} is missing from the config (compose it from "
-                           f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)")
-    return cls(**values)
+    return build_section(cls, config[name] if section is None else section, name)
 
 
 @dataclass(frozen=True)
@@ -78,6 +68,19 @@ class TrainerSection:
 
 
 @dataclass(frozen=True)
+class SelfReplaySection:
+    """``data.self_replay.*``: the buffer of the run's own correct rollouts (luffy_pool/replay_buffer.py)."""
+
+    enable: bool
+    capacity: int
+    max_per_prompt: int
+    eviction: str
+    max_age: int
+    selection: str
+    slots: int
+
+
+@dataclass(frozen=True)
 class DataSection:
     """``data.*`` (meanings: the comments next to each key in mix_ppo_trainer.yaml)."""
 
@@ -99,7 +102,6 @@ class DataSection:
     truncate_off_policy: str
     off_policy_files: Any
     off_policy_id_key: str
-    self_replay: Any  # the data.self_replay group, read by SelfReplayBuffer.from_config
     val_max_rows: Optional[int]
     dataloader_num_workers: int
     return_raw_input_ids: bool
@@ -110,6 +112,7 @@ class DataSection:
     accuracy_upper_bound: float
     add_tgt_with_acc: bool
     add_tgt_acc_upper_bound: float
+    self_replay: SelfReplaySection = nested(SelfReplaySection)
 
     @classmethod
     def from_config(cls, config) -> "DataSection":
@@ -117,15 +120,79 @@ class DataSection:
 
 
 @dataclass(frozen=True)
+class KLControlSection:
+    """``algorithm.kl_ctrl``: the KL-in-reward controller."""
+
+    type: str
+    kl_coef: float
+    target_kl: float
+    horizon: int
+
+
+@dataclass(frozen=True)
+class AlgorithmSection:
+    """``algorithm.*``: the advantage estimator and KL-in-reward."""
+
+    gamma: float
+    lam: float
+    adv_estimator: str
+    grpo_use_std: bool
+    kl_penalty: str
+    surprisal_base: float
+    kl_ctrl: KLControlSection = nested(KLControlSection)
+
+    @classmethod
+    def from_config(cls, config) -> "AlgorithmSection":
+        return _build(cls, config, "algorithm")
+
+
+@dataclass(frozen=True)
+class DriverActorSection:
+    """The ``actor_rollout_ref.actor`` keys the driver reads (which passes to schedule, the advantage's SFT
+    prefix reward, the behaviour log-prob column); the workers read theirs through WorkerSections."""
+
+    use_kl_loss: bool
+    recompute_old_log_prob: str
+    use_sft_prefix_reward: bool
+    sft_prefix_reward_weight: float
+    use_off_policy_probs: bool
+
+    @classmethod
+    def from_config(cls, config) -> "DriverActorSection":
+        return _build(cls, config, "actor_rollout_ref.actor", section=config.actor_rollout_ref.actor)
+
+
+@dataclass(frozen=True)
+class RayInitSection:
+    """``ray_init.*``: which Ray instance the driver joins or starts."""
+
+    address: Optional[str]
+    num_cpus: Optional[int]
+    max_direct_call_object_size: Optional[int]
+
+    @classmethod
+    def from_config(cls, config) -> "RayInitSection":
+        return _build(cls, config, "ray_init")
+
+
+@dataclass(frozen=True)
 class ConfigSections:
-    """The typed sections of one run config; build once (``ConfigSections.from_config``) and pass around."""
+    """The typed sections of one run config; build once (``ConfigSections.from_config``) and pass around.
+    ``workers`` is what every worker builds from ``actor_rollout_ref`` (model, actor, ref, rollout)."""
 
     trainer: TrainerSection
     data: DataSection
+    algorithm: AlgorithmSection
+    actor: DriverActorSection
+    workers: WorkerSections
+    ray_init: RayInitSection
 
     @classmethod
     def from_config(cls, config) -> "ConfigSections":
-        return cls(trainer=TrainerSection.from_config(config), data=DataSection.from_config(config))
+        return cls(trainer=TrainerSection.from_config(config), data=DataSection.from_config(config),
+                   algorithm=AlgorithmSection.from_config(config), actor=DriverActorSection.from_config(config),
+                   workers=WorkerSections.from_config(config.actor_rollout_ref),
+                   ray_init=RayInitSection.from_config(config))
 
 
 @dataclass(frozen=True)

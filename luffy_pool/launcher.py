@@ -13,7 +13,8 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from luffy_pool.config_sections import ConfigSections, DataSection, TrainerSection
+from luffy_pool.config_sections import ConfigSections, DataSection, RayInitSection, TrainerSection
+from verl.workers.config_sections import RolloutSection, WorkerSections
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
 from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
 from verl.utils.import_utils import import_external_libs
@@ -48,9 +49,9 @@ def bundle_uses_gpu(config, device: str) -> bool:
 
 def engine_layout(config) -> str:
     """One line naming the FSDP world and the rollout engines' DP x TP layout."""
-    t = config.trainer
+    t = TrainerSection.from_config(config)
     world = int(t.nnodes) * int(t.n_gpus_per_node)
-    tp = int(config.actor_rollout_ref.rollout.get("tensor_model_parallel_size", 1))
+    tp = int(RolloutSection.from_rollout_config(config.actor_rollout_ref.rollout).tensor_model_parallel_size)
     return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
             f"{world // max(tp, 1)} DP group(s) x TP {tp}")
 
@@ -61,7 +62,7 @@ def resolve_cpu_bind(config, device: str) -> str:
     mode = TrainerSection.from_config(config).cpu_bind
     if mode not in CPU_BIND_MODES:
         raise ValueError(f"trainer.cpu_bind must be one of {CPU_BIND_MODES}, got {mode!r}")
-    rollout = config.actor_rollout_ref.rollout.get("name", "vllm")
+    rollout = RolloutSection.from_rollout_config(config.actor_rollout_ref.rollout).name
     return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" else "none"
 
 
@@ -75,17 +76,17 @@ def init_ray(config, world_size: int, device: str) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     # CPU_BIND_ENV goes with the worker group (build_worker_group): the device is known only after joining.
-    ray_cfg = config.get("ray_init", {}) or {}
-    address = ray_cfg.get("address") or os.environ.get("RAY_ADDRESS")
+    ray_cfg = RayInitSection.from_config(config)
+    address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
-    inline_bytes = ray_cfg.get("max_direct_call_object_size")
+    inline_bytes = ray_cfg.max_direct_call_object_size
     if address:
         if inline_bytes is not None:
             logger.warning("ray_init.max_direct_call_object_size applies to a Ray instance this run starts; joining "
                            "%s keeps that cluster's setting", address)
         ray.init(address=address, **kwargs)
         return
-    num_cpus = ray_cfg.get("num_cpus")
+    num_cpus = ray_cfg.num_cpus
     if num_cpus is None and device != "cuda":
         num_cpus = max(os.cpu_count() or 1, world_size)  # each CPU rank's bundle asks for one CPU
     if inline_bytes is not None:  # a positive int (config_check)
@@ -143,13 +144,14 @@ def build_off_policy_pool(config, tokenizer, train_dataset):
 def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None:
     """``use_off_policy_probs`` needs behaviour probabilities from the training parquet's column or from
     ``data.off_policy_files``' log-probs; with neither, the loss would silently fall back to f(p)."""
-    if not config.actor_rollout_ref.actor.get("use_off_policy_probs", False):
+    sections = ConfigSections.from_config(config)
+    if not sections.actor.use_off_policy_probs:
         return
     if getattr(train_dataset, "has_target_probs", False):
         return
     if off_policy_pool is not None and off_policy_pool.has_extra_logprobs:
         return
-    if (DataSection.from_config(config).self_replay or {}).get("enable", False):  # replayed traces carry their own log-probs
+    if sections.data.self_replay.enable:  # replayed traces carry their own log-probs
         return
     key = getattr(train_dataset, "target_probs_key", "target_ds_qwen_7b_probs")
     raise ValueError(f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
@@ -162,10 +164,10 @@ def build_worker_group(config, device: str):
 
     import ray
 
-    t = config.trainer
+    t = TrainerSection.from_config(config)
     pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes),
                            use_gpu=bundle_uses_gpu(config, device), max_colocate_count=1, name_prefix="luffy_pool")
-    role = "actor_rollout_ref" if config.actor_rollout_ref.ref.get("use_ref", False) else "actor_rollout"
+    role = "actor_rollout_ref" if WorkerSections.from_config(config.actor_rollout_ref).ref.use_ref else "actor_rollout"
     cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device)
     cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(config, device)}}})
     print(f"[luffy_pool] {engine_layout(config)}; device {device}", flush=True)  # the run's shape, on the console
@@ -205,17 +207,17 @@ def build_trainer(config: DictConfig):
     setup_logging()
     preflight(config)  # folders, model and data files: one line per problem before anything loads
     check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
-    world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-    import_external_libs(config.actor_rollout_ref.model.get("external_lib"))  # a custom tokenizer may need it too
     sections = ConfigSections.from_config(config)
-    tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or config.actor_rollout_ref.model.path)
+    world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node)
+    import_external_libs(sections.workers.model.external_lib)  # a custom tokenizer may need it too
+    tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or sections.workers.model.path)
     loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
     total = sections.trainer.total_training_steps or len(loader) * int(sections.trainer.total_epochs)
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
     init_ray(config, world_size, sections.trainer.device)
     device = resolve_driver_device(config)
-    reward_fn = RewardManager.from_config(config.get("reward", {}), config.data.reward_impl_version, tokenizer)
+    reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     tracker = None
 
     wg = pool = None

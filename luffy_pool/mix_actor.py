@@ -61,7 +61,7 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
 
     def entropy_coeff(self, entropy_value) -> float:
         if self.adaptive_entropy is None:
-            return self.config.entropy_coeff
+            return self.update_config.entropy_coeff
         return self.adaptive_entropy.coefficient(entropy_value)
 
     def _regularisers(self, micro, log_prob, entropy, response_mask, metrics):

@@ -16,26 +16,24 @@ import luffy_pool.mix_core_alg as mix_alg  # registers grpo_split
 from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_adv_estimator_fn
 
 
-def compute_mixed_advantage(config, batch, uids, response_length: int, n_samples: int,
+def compute_mixed_advantage(sections, batch, uids, response_length: int, n_samples: int,
                             pad_token_id: int | None = None, eos_token_id: int | None = None):
-    """Return ``(advantages, returns)`` ``[rows, L]`` for the merged batch (tensors in ``batch``)."""
-    algo = config.algorithm
-    name = algo.adv_estimator
+    """Return ``(advantages, returns)`` ``[rows, L]`` for the merged batch (tensors in ``batch``); ``sections``
+    is the run's ``luffy_pool.config_sections.ConfigSections``."""
+    algo = sections.algorithm
     rewards = batch["token_level_rewards"]
     response_mask = batch["attention_mask"][:, -response_length:]
     prefix_mask = batch["prefix_mask"]
     # One vocabulary for every registered estimator: each takes the inputs it declares.
     adv, returns = call_with_supported_kwargs(
-        get_adv_estimator_fn(name), token_level_rewards=rewards, eos_mask=response_mask, index=uids,
-        on_policy_mask=~prefix_mask.bool().any(-1), use_std=algo.get("grpo_use_std", True),
-        gamma=algo.get("gamma", 1.0), lam=algo.get("lam", 1.0),
+        get_adv_estimator_fn(algo.adv_estimator), token_level_rewards=rewards, eos_mask=response_mask, index=uids,
+        on_policy_mask=~prefix_mask.bool().any(-1), use_std=algo.grpo_use_std, gamma=algo.gamma, lam=algo.lam,
         values=batch["values"] if "values" in batch.keys() else None)
-    rcfg = config.actor_rollout_ref.rollout
-    adv = mix_alg.apply_prefix_reward_weights(adv, prefix_mask, rcfg.get("prefix_reward_weight_alpha", 1.0),
-                                              rcfg.get("prefix_reward_weight_beta", 1.0))
-    if config.data.get("disable_truncation_advantage", False):
+    rollout = sections.workers.rollout
+    adv = mix_alg.apply_prefix_reward_weights(adv, prefix_mask, rollout.prefix_reward_weight_alpha,
+                                              rollout.prefix_reward_weight_beta)
+    if sections.data.disable_truncation_advantage:
         adv = mix_alg.zero_truncated_advantages(adv, batch["responses"], pad_token_id, eos_token_id, response_length)
-    actor = config.actor_rollout_ref.actor
-    if actor.get("use_sft_prefix_reward", False):
-        adv = mix_alg.apply_sft_prefix_reward(adv, prefix_mask, actor.get("sft_prefix_reward_weight", 1.0), n_samples)
+    if sections.actor.use_sft_prefix_reward:
+        adv = mix_alg.apply_sft_prefix_reward(adv, prefix_mask, sections.actor.sft_prefix_reward_weight, n_samples)
     return adv * response_mask.to(adv.dtype), returns

@@ -28,12 +28,12 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
     def init_model(self):
         super().init_model()
         if self._is_rollout:
-            rcfg = self.config.rollout
+            rcfg = self.sections.rollout
             sampling, val_temperature = sampling_from_config(rcfg)  # do_sample=False: greedy
             self.planner = MixRolloutPlanner(
                 self.rollout, n=rcfg.n, response_length=rcfg.response_length,
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                sampling=sampling, n_val=rcfg.get("n_val", 1), val_temperature=val_temperature)
+                sampling=sampling, n_val=rcfg.n_val, val_temperature=val_temperature)
             # Ranks of one vLLM TP group generate the same prompts with the same seed (A2).
             self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size)
         return True
@@ -54,7 +54,7 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         # A per-step, per-rank seed (not a stream consumed across steps) so a resumed run samples
         # exactly what an uninterrupted one would have.
         step = int(prompts.meta_info.get("global_steps", 0))
-        self.planner.sampling.seed = (int(self.config.rollout.get("seed", 0)) + 100_003 * step
+        self.planner.sampling.seed = (int(self.sections.rollout.seed) + 100_003 * step
                                       + self.tp_generation.layout.dp_rank)
 
         def generate(b):

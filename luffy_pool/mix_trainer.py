@@ -58,16 +58,16 @@ class MIXRayPPOTrainer:
         self.tracker = tracker
         self.checkpointer = checkpointer
         self.off_policy_pool = off_policy_pool
-        self.sections = ConfigSections.from_config(config)  # typed trainer.* / data.* (attribute access)
-        rcfg = config.actor_rollout_ref.rollout
+        self.sections = s = ConfigSections.from_config(config)  # typed sections, built once (attribute access)
+        rcfg = s.workers.rollout
         self.n = rcfg.n
-        self.response_length = config.data.max_response_length
-        self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(self.sections.trainer.seed))
-        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
-        replay_cfg = self.sections.data.self_replay or {}
-        self.self_replay = SelfReplayBuffer.from_config(replay_cfg, seed=int(self.sections.trainer.seed)) \
-            if replay_cfg.get("enable", False) else None
-        self.use_ref = config.actor_rollout_ref.ref.get("use_ref", False)
+        self.response_length = s.data.max_response_length
+        self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(s.trainer.seed))
+        self.kl_ctrl = get_kl_controller(s.algorithm.kl_ctrl)
+        replay_cfg = s.data.self_replay
+        self.self_replay = SelfReplayBuffer.from_config(replay_cfg, seed=int(s.trainer.seed)) \
+            if replay_cfg.enable else None
+        self.use_ref = s.workers.ref.use_ref
         self.world_size = self.wg.world_size
         self.global_steps = 0
         self.total_training_steps = self._total_steps()
@@ -137,13 +137,13 @@ class MIXRayPPOTrainer:
             with _timer("step", timing):
                 metrics = self.train_step(self._next_batch(), timing)
                 is_last = self.global_steps >= self.total_training_steps
-                if self._due(self.config.trainer.test_freq, is_last) and self.val_dataset is not None:
+                if self._due(self.sections.trainer.test_freq, is_last) and self.val_dataset is not None:
                     with _timer("testing", timing):
                         metrics.update(self.validate())
                     if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
                         self.checkpointer.maybe_save_best(self, metrics)
-                if self.checkpointer is not None and (self._due(self.config.trainer.save_freq, is_last)
-                                                      or self.stop.save_requested(self.config.trainer)):
+                if self.checkpointer is not None and (self._due(self.sections.trainer.save_freq, is_last)
+                                                      or self.stop.save_requested(self.sections.trainer.save_on_signal)):
                     with _timer("save_checkpoint", timing):
                         self.checkpointer.save(self, metrics)
             metrics.update(compute_timing_metrics(timing, self._last_prompt_tokens, self._last_response_tokens))
@@ -152,7 +152,7 @@ class MIXRayPPOTrainer:
             self._log(metrics, step=self.global_steps)
             bar.update(1)
             last = metrics
-        if self.checkpointer is not None and self.stop.save_requested(self.config.trainer):
+        if self.checkpointer is not None and self.stop.save_requested(self.sections.trainer.save_on_signal):
             self.checkpointer.save_if_unsaved(self)  # the signal came between two steps
         bar.close()
         return last
@@ -182,7 +182,7 @@ class MIXRayPPOTrainer:
         if self.self_replay is not None:
             with _timer("replay", timing):
                 metrics.update(replay_into_failed_groups(
-                    batch, self.self_replay, self.global_steps, slots=int(self.config.data.self_replay.slots),
+                    batch, self.self_replay, self.global_steps, slots=int(self.sections.data.self_replay.slots),
                     success=self._success_value(), reward_fn=self.reward_fn, eos_token_id=self.tokenizer.eos_token_id,
                     pad_token_id=self.tokenizer.pad_token_id, prefix_ratios=self._last_ratios))
         if self._recompute_old_log_prob(len(batch)):
@@ -219,8 +219,8 @@ class MIXRayPPOTrainer:
     def _recompute_old_log_prob(self, rows: int) -> bool:
         """False only when ``actor.recompute_old_log_prob=auto`` and the update is a single on-policy
         mini-batch per rank without a reference model: then the actor's first forward equals the pass."""
-        actor = self.config.actor_rollout_ref.actor
-        if actor.get("recompute_old_log_prob", "always") != "auto" or self.use_ref or self.self_replay is not None:
+        actor = self.sections.workers.actor
+        if self.sections.actor.recompute_old_log_prob != "auto" or self.use_ref or self.self_replay is not None:
             return True  # self-replay records the old log-probs as the behaviour of the kept successes
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
         return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
@@ -285,16 +285,15 @@ class MIXRayPPOTrainer:
     def _compute_rewards_and_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
         """KL-in-reward (β=0 without a ref model, spec §1.6), then the registered group advantage."""
         response_mask = batch.batch["attention_mask"][:, -self.response_length:]
-        actor_cfg = self.config.actor_rollout_ref.actor
-        if not actor_cfg.get("use_kl_loss", False):
+        if not self.sections.actor.use_kl_loss:
             rewards, kl_metrics = apply_kl_penalty(
                 batch.batch["token_level_scores"], batch.batch.get("old_log_probs"), batch.batch.get("ref_log_prob"),
-                response_mask, self.kl_ctrl, self.config.algorithm.kl_penalty)
+                response_mask, self.kl_ctrl, self.sections.algorithm.kl_penalty)
             metrics.update(kl_metrics)
         else:
             rewards = batch.batch["token_level_scores"]
         batch.batch["token_level_rewards"] = rewards
-        adv, returns = compute_mixed_advantage(self.config, batch.batch, batch.non_tensor_batch["uid"],
+        adv, returns = compute_mixed_advantage(self.sections, batch.batch, batch.non_tensor_batch["uid"],
                                                self.response_length, self.n, pad_token_id=self.tokenizer.pad_token_id,
                                                eos_token_id=self.tokenizer.eos_token_id)
         batch.batch["advantages"] = adv
@@ -309,7 +308,7 @@ class MIXRayPPOTrainer:
         """
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
         parts = None
-        if self.config.actor_rollout_ref.model.get("shared_prompt_forward", False):
+        if self.sections.workers.model.shared_prompt_forward:
             parts = get_group_balanced_partitions(seqlens, list(batch.non_tensor_batch["uid"]), self.world_size)
         if parts is None:
             parts = get_seqlen_balanced_partitions(seqlens, k_partitions=self.world_size, equal_size=True)
@@ -324,7 +323,7 @@ class MIXRayPPOTrainer:
         Metrics ``val/test_score/<data_source>`` (mean over rows, so replicated rows give avg@k) and
         ``val/avg_score`` (mean over sources).
         """
-        n_val = int(self.config.actor_rollout_ref.rollout.get("n_val", 1))
+        n_val = int(self.sections.workers.rollout.n_val)
         chunk = int(self.sections.data.val_batch_size or len(self.val_dataset))
         chunk = max(chunk, self.world_size)
         scores_by_source: dict[str, list[float]] = {}

@@ -84,20 +84,14 @@ class PrefixRatioSampler:
         self._rng = np.random.default_rng(seed)
 
     @classmethod
-    def from_rollout_config(cls, rollout_config: Mapping[str, Any], seed: int = 0) -> "PrefixRatioSampler":
-        """Build from ``actor_rollout_ref.rollout`` (LUFFY key names and YAML defaults)."""
-        cfg = rollout_config
-        return cls(
-            n=int(cfg.get("n", 1)),
-            n_prefix=int(cfg.get("n_prefix", -1)),
-            min_prefix_ratio=float(cfg.get("min_prefix_ratio", 0.0)),
-            max_prefix_ratio=float(cfg.get("max_prefix_ratio", 1.0)),
-            prefix_strategy=str(cfg.get("prefix_strategy", "random")),
-            prefix_share_across_samples=bool(cfg.get("prefix_share_across_samples", False)),
-            prefix_steps=int(cfg.get("prefix_steps", 1000)),
-            prefix_linear_max_ratio=float(cfg.get("prefix_linear_max_ratio", 0.8)),
-            seed=seed,
-        )
+    def from_rollout_config(cls, rollout: Any, seed: int = 0) -> "PrefixRatioSampler":
+        """Build from the rollout section (``verl.workers.config_sections.RolloutSection``: LUFFY key names,
+        values from the YAML)."""
+        return cls(n=int(rollout.n), n_prefix=int(rollout.n_prefix), min_prefix_ratio=float(rollout.min_prefix_ratio),
+                   max_prefix_ratio=float(rollout.max_prefix_ratio), prefix_strategy=str(rollout.prefix_strategy),
+                   prefix_share_across_samples=bool(rollout.prefix_share_across_samples),
+                   prefix_steps=int(rollout.prefix_steps), prefix_linear_max_ratio=float(rollout.prefix_linear_max_ratio),
+                   seed=seed)
 
     # -- schedule pieces -------------------------------------------------------------------------
     def window_index(self, step: int) -> int:

@@ -154,27 +154,27 @@ def check_parquet(path: str, key: str, columns: tuple[str, ...], prompt_key: Opt
 # ---------------------------------------------------------------------- all of it
 def preflight(config) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files."""
+    from luffy_pool.config_sections import DataSection, TrainerSection
+
     errors: list[str] = []
-    t, d = config.trainer, config.data
-    for key, value in (("trainer.default_local_dir", t.get("default_local_dir")),
-                       ("trainer.rollout_data_dir", t.get("rollout_data_dir"))):
+    t, d = TrainerSection.from_config(config), DataSection.from_config(config)
+    for key, value in (("trainer.default_local_dir", t.default_local_dir), ("trainer.rollout_data_dir", t.rollout_data_dir)):
         if value:
             errors.append(check_writable_dir(str(value), key))
-    cache = (config.get("reward", {}) or {}).get("orm", {}) or {}
-    if cache.get("enable") and cache.get("cache_path"):
-        errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(cache.cache_path))), "reward.orm.cache_path"))
+    orm = config.reward.orm
+    if orm.enable and orm.cache_path:
+        errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))
     model = str(config.actor_rollout_ref.model.path)
     errors.append(check_model_source(model, "actor_rollout_ref.model.path"))
-    if d.get("tokenizer"):
+    if d.tokenizer:
         errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))
-    prompt_key = d.get("prompt_key", "prompt")
-    base = (prompt_key, "data_source", "reward_model")
-    for path in _files(d.get("train_files")):
-        errors += check_parquet(path, "data.train_files", base + (d.get("target_key", "target"),), prompt_key)
-    for path in _files(d.get("val_files")):
-        errors += check_parquet(path, "data.val_files", base, prompt_key)
-    for path in _files(d.get("off_policy_files")):
-        errors += check_parquet(path, "data.off_policy_files", (d.get("off_policy_id_key", "index"), "trace"))
+    base = (d.prompt_key, "data_source", "reward_model")
+    for path in _files(d.train_files):
+        errors += check_parquet(path, "data.train_files", base + (d.target_key,), d.prompt_key)
+    for path in _files(d.val_files):
+        errors += check_parquet(path, "data.val_files", base, d.prompt_key)
+    for path in _files(d.off_policy_files):
+        errors += check_parquet(path, "data.off_policy_files", (d.off_policy_id_key, "trace"))
     errors = [e for e in errors if e]
     if errors:
         raise PreflightError(errors)

@@ -87,10 +87,9 @@ class SelfReplayBuffer:
 
     @classmethod
     def from_config(cls, cfg, seed: int = 0) -> "SelfReplayBuffer":
-        """Build from ``data.self_replay`` (a mapping with the YAML's keys)."""
-        return cls(capacity=int(cfg.get("capacity", 4096)), max_per_prompt=int(cfg.get("max_per_prompt", 2)),
-                   eviction=str(cfg.get("eviction", "oldest")), max_age=cfg.get("max_age", -1),
-                   selection=str(cfg.get("selection", "latest")), seed=seed)
+        """Build from ``data.self_replay`` (``luffy_pool.config_sections.SelfReplaySection``)."""
+        return cls(capacity=int(cfg.capacity), max_per_prompt=int(cfg.max_per_prompt), eviction=str(cfg.eviction),
+                   max_age=cfg.max_age, selection=str(cfg.selection), seed=seed)
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:

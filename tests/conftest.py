@@ -76,9 +76,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(UNIT_TEST_TIMEOUT_S))
 
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "luffy_pool", "config")
-
-
 def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
     """A small LUFFY run: n=4 with one full-trace slot per prompt, LUFFY's loss settings."""
     return [
@@ -107,10 +104,9 @@ def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
 
 def _compose_config(overrides, config_name: str = "mix_ppo_trainer"):
     """The trainer config as ``main_mix_ppo`` composes it, without running Hydra's app."""
-    from hydra import compose, initialize_config_dir
+    from luffy_pool.config_compose import compose_config
 
-    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
-        return compose(config_name=config_name, overrides=overrides)
+    return compose_config(overrides, config_name)
 
 
 @pytest.fixture(scope="session")

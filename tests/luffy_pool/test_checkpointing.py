@@ -25,6 +25,8 @@ from luffy_pool.mix_trainer import MIXRayPPOTrainer
 from verl.utils.checkpoint import layout
 from verl.utils.dataset.sampler import ResumableRandomSampler
 from verl.workers.checkpoint_mixin import CheckpointMixin
+from verl.workers.config_sections import WorkerSections
+from luffy_pool.config_compose import compose_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,6 +51,9 @@ class LocalActorWorker(CheckpointMixin):
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.actor = SimpleNamespace(nonfinite_skips=0, adaptive_entropy=None)
         self.rank = 0
+        # what the real worker builds from actor_rollout_ref (the checkpoint reads actor.checkpoint.contents)
+        self.sections = WorkerSections.from_config(
+            compose_config([f"actor_rollout_ref.model.path={model_dir}"]).actor_rollout_ref)
 
     def train_on(self, indexes, step: int) -> None:
         vocab = self.actor_module.config.vocab_size

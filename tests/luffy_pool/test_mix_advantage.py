@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from luffy_pool.config_sections import ConfigSections
 from luffy_pool.mix_advantage import compute_mixed_advantage
 
 EOS, PAD = 2, 0
@@ -21,8 +22,9 @@ def _close(actual, expected):
 
 
 def _config(compose_config, *overrides):
-    return compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
-                           "algorithm.grpo_use_std=False", *overrides])
+    return ConfigSections.from_config(compose_config(["data.train_files=x", "data.val_files=null",
+                                                      "actor_rollout_ref.model.path=m", "algorithm.grpo_use_std=False",
+                                                      *overrides]))
 
 
 def _adv(compose_config, *overrides):

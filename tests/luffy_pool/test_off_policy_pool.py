@@ -131,10 +131,16 @@ def test_state_dict_resume_reproduces_the_next_draws():
         np.testing.assert_array_equal(resumed.draw(2, step), want)
 
 
-def test_from_rollout_config_reads_luffy_keys():
-    cfg = {"n": 8, "n_prefix": 1, "min_prefix_ratio": 1.0, "max_prefix_ratio": 1.0, "prefix_strategy": "random"}
-    sampler = PrefixRatioSampler.from_rollout_config(cfg, seed=4)
+def test_from_rollout_config_reads_luffy_keys(compose_config):
+    from verl.workers.config_sections import RolloutSection
+
+    r = "actor_rollout_ref.rollout"
+    cfg = compose_config([f"{r}.n=8", f"{r}.n_prefix=1", f"{r}.min_prefix_ratio=1.0", f"{r}.max_prefix_ratio=1.0",
+                          f"{r}.prefix_strategy=random"])
+    sampler = PrefixRatioSampler.from_rollout_config(RolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout), seed=4)
+    # the keys not overridden take the YAML's values (prefix_steps 1000, prefix_linear_max_ratio 0.8)
     assert (sampler.n, sampler.n_prefix, sampler.prefix_steps, sampler.prefix_linear_max_ratio) == (8, 1, 1000, 0.8)
+    assert (sampler.min_prefix_ratio, sampler.max_prefix_ratio, sampler.seed) == (1.0, 1.0, 4)
 
 
 @pytest.mark.parametrize(

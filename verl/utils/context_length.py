@@ -31,12 +31,13 @@ def check_context_length(prompt_length: int, response_length: int, limit: Option
 
 def check_model_context(config) -> None:
     """``check_context_length`` for a trainer config (reads the actor model's HF config)."""
-    from omegaconf import OmegaConf
     from transformers import AutoConfig
 
-    mcfg = config.actor_rollout_ref.model
-    hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.get("trust_remote_code", False))
-    overrides = mcfg.get("override_config") or {}
-    overrides = OmegaConf.to_container(overrides) if OmegaConf.is_config(overrides) else dict(overrides)
+    from verl.utils.config_section import build_section
+    from verl.workers.config_sections import ModelSection
+
+    mcfg = build_section(ModelSection, config.actor_rollout_ref.model, "actor_rollout_ref.model")
+    hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.trust_remote_code)
+    overrides = dict(mcfg.override_config or {})
     check_context_length(config.data.max_prompt_length, config.data.max_response_length,
                          max_positions(hf_config, overrides), mcfg.path)

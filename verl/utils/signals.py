@@ -37,9 +37,9 @@ class GracefulStop:
     def requested(self) -> bool:
         return self.signum is not None
 
-    def save_requested(self, trainer_cfg) -> bool:
-        """A stop signal arrived and ``trainer.save_on_signal`` (default True) asks for a checkpoint."""
-        return self.requested and bool(trainer_cfg.get("save_on_signal", True))
+    def save_requested(self, save_on_signal: bool) -> bool:
+        """A stop signal arrived and the run saves on a stop signal (``trainer.save_on_signal``)."""
+        return self.requested and bool(save_on_signal)
 
     def _handle(self, signum, _frame) -> None:
         name = signal.Signals(signum).name

@@ -45,10 +45,7 @@ class CheckpointMixin:
             extras["adaptive_entropy"] = adaptive
         if actor is not None and hasattr(actor, "nonfinite_skips"):
             extras["nonfinite_skips"] = AttributeState(actor, "nonfinite_skips")
-        contents = ("model", "optimizer", "extra")
-        config = getattr(self, "config", None)
-        if config is not None and "actor" in config and config.actor.get("checkpoint") is not None:
-            contents = tuple(config.actor.checkpoint.get("contents", contents))
+        contents = tuple(self.sections.actor.checkpoint.contents)  # actor.checkpoint.contents
         manager = FSDPCheckpointManager(self.actor_module, self.actor_optimizer, getattr(self, "lr_scheduler", None),
                                         tokenizer=getattr(self, "tokenizer", None), extra_states=extras,
                                         contents=contents)

@@ -14,7 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
@@ -24,6 +24,7 @@ from verl.utils.device import configure_worker_device
 from verl.utils.ulysses import gather_data_in_group, local_rows
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
+from verl.workers.config_sections import FSDPSection, ShardingSection, WorkerSections
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
 
         setup_logging()  # third-party noise off in this worker's console output
         self.config = config
+        # Typed view of every key this worker reads, built once (verl/workers/config_sections.py).
+        self.sections = WorkerSections.from_config(config)
         self.role = role
         # Chosen here from what Ray made visible to this process (verl/utils/device.py), not on the driver.
         self.device_plan = configure_worker_device(device)
@@ -73,9 +76,10 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         self._init_distributed()
         # Rows per rank (LUFFY_SPEC §1.9), in their own fields: the config keys keep counting prompts. The
         # rollout's log-prob size serves the reference pass too (LUFFY's worker copies it there).
-        self.batch_sizes = rank_batch_sizes(config.actor, config.rollout.n, self.world_size,
-                                            config.actor.get("ulysses_sequence_parallel_size", 1),
-                                            log_prob_micro_batch_size=config.rollout.get("log_prob_micro_batch_size", 128))
+        s = self.sections
+        self.batch_sizes = rank_batch_sizes(config.actor, s.rollout.n, self.world_size,
+                                            s.actor.ulysses_sequence_parallel_size,
+                                            log_prob_micro_batch_size=s.rollout.log_prob_micro_batch_size)
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> None:
@@ -85,23 +89,21 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
-        self.device_mesh = build_fsdp_mesh(self.device, self.world_size,
-                                           int(self.config.actor.fsdp_config.get("fsdp_size", -1)))
+        self.device_mesh = build_fsdp_mesh(self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size))
         # Ulysses SP: groups of consecutive ranks share rows and split positions (verl/utils/ulysses.py).
-        sp_mesh = build_ulysses_mesh(self.device, self.world_size,
-                                     int(self.config.actor.get("ulysses_sequence_parallel_size", 1)))
+        sp_mesh = build_ulysses_mesh(self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size))
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
         # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
         # collectives, whatever the HSDP / SP layout (A3).
         self.dp_group = dist.group.WORLD
 
-    def _param_dtype(self, fsdp_cfg) -> torch.dtype:
-        name = fsdp_cfg.get("param_dtype", "auto")
+    def _param_dtype(self, fsdp_cfg: ShardingSection | FSDPSection) -> torch.dtype:
+        name = fsdp_cfg.param_dtype
         if name == "auto":
             return torch.bfloat16 if self.device == "cuda" else torch.float32
         return torch_dtype(name)
 
-    def _build_module(self, fsdp_cfg, trainable: bool):
+    def _build_module(self, fsdp_cfg: ShardingSection | FSDPSection, trainable: bool):
         """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group, built on
         the meta device and filled shard by shard from the checkpoint (``verl.utils.meta_init``)."""
         from transformers import AutoConfig
@@ -109,46 +111,45 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy
         from verl.utils.meta_init import empty_model, materialize
 
-        mcfg = self.config.model
+        mcfg = self.sections.model
         from verl.utils.import_utils import import_external_libs
 
-        import_external_libs(mcfg.get("external_lib"))  # registers a custom architecture before AutoConfig reads it
-        attn = mcfg.get("attn_implementation", "auto")
+        import_external_libs(mcfg.external_lib)  # registers a custom architecture before AutoConfig reads it
+        attn = mcfg.attn_implementation
         if attn == "auto":
             attn = "flash_attention_2" if self.device == "cuda" else "sdpa"
-        hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.get("trust_remote_code", False))
-        for k, v in (OmegaConf.to_container(mcfg.get("override_config", {})) or {}).items():
+        hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.trust_remote_code)
+        for k, v in (mcfg.override_config or {}).items():
             setattr(hf_config, k, v)
         # Parameters on meta, sharded, then each rank reads only its shards (no full copy on any rank).
-        module = empty_model(hf_config, torch.float32, attn, trust_remote_code=mcfg.get("trust_remote_code", False))
-        if trainable and mcfg.get("enable_gradient_checkpointing", False):
+        module = empty_model(hf_config, torch.float32, attn, trust_remote_code=mcfg.trust_remote_code)
+        if trainable and mcfg.enable_gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        offload = bool(fsdp_cfg.get("param_offload", False))
         module = apply_fsdp2(
             module, self.device_mesh,
-            mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.get("reduce_dtype", "fp32"))),
-            reshard_after_forward=fsdp_cfg.get("reshard_after_forward", True),
-            offload_policy=cpu_offload_policy(offload, self.device),
-            min_num_params=int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0)))
+            mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.reduce_dtype)),
+            reshard_after_forward=fsdp_cfg.reshard_after_forward,
+            offload_policy=cpu_offload_policy(bool(fsdp_cfg.param_offload), self.device),
+            min_num_params=int(fsdp_cfg.wrap_policy.min_num_params))
         return materialize(module, mcfg.path, self.device)
 
     def _build_optimizer(self, module):
         from verl.utils.optim import build_adamw
         from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-        ocfg = self.config.actor.optim
-        optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=ocfg.get("betas", (0.9, 0.999)),
-                                weight_decay=ocfg.get("weight_decay", 0.01), step_impl=ocfg.get("step_impl", "auto"))
-        total = int(ocfg.get("total_training_steps", -1))
-        warmup = int(ocfg.get("lr_warmup_steps_ratio", 0.0) * max(total, 0))
-        zero_first = bool(ocfg.get("zero_lr_first_step", False))
-        style = ocfg.get("warmup_style", "constant")
+        ocfg = self.sections.actor.optim
+        optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=tuple(ocfg.betas), weight_decay=ocfg.weight_decay,
+                                step_impl=ocfg.step_impl)
+        total = int(ocfg.total_training_steps)
+        warmup = int(ocfg.lr_warmup_steps_ratio * max(total, 0))
+        zero_first = bool(ocfg.zero_lr_first_step)
+        style = ocfg.warmup_style
         if style == "constant":
             scheduler = get_constant_schedule_with_warmup(optimizer, warmup, zero_lr_first_step=zero_first)
         elif style == "cosine":
             if total <= 0:
                 raise ValueError("actor.optim.warmup_style=cosine needs actor.optim.total_training_steps > 0")
-            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.get("min_lr_ratio") or 0.0,
+            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.min_lr_ratio or 0.0,
                                                         zero_lr_first_step=zero_first)
         else:
             raise ValueError(f"actor.optim.warmup_style must be constant or cosine, got {style!r}")
@@ -158,8 +159,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         """Rollout engine for this rank and the sharding manager that feeds it the actor's weights."""
         from verl.workers.sharding_manager import FSDPShardingManager
 
-        rcfg = self.config.rollout
-        name = rcfg.get("name", "vllm")
+        rcfg = self.config.rollout  # the engines parse their own keys (verl/workers/rollout/config.py)
+        name = self.sections.rollout.name
         if name == "hf":
             from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -171,30 +172,31 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
         tp = self.rollout_tp_size
-        manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(rcfg.get("weight_sync_bucket_mb", 256)) << 20,
+        sync = self.sections.rollout
+        manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
                                       # A9: the run's parameter dtype (bf16 on GPU by default), not fp32 masters
-                                      sync_dtype=self._param_dtype(self.config.actor.fsdp_config),
-                                      base_seed=1000 + int(rcfg.get("seed", 0)), device=self.device,
-                                      packed_gather=bool(rcfg.get("weight_sync_packed", True)))
+                                      sync_dtype=self._param_dtype(self.sections.actor.fsdp_config),
+                                      base_seed=1000 + int(sync.seed), device=self.device,
+                                      packed_gather=bool(sync.weight_sync_packed))
         return rollout, manager
 
     @property
     def rollout_tp_size(self) -> int:
         """Ranks per rollout engine: vLLM's tensor parallel size (the HF engine is one rank each)."""
-        rcfg = self.config.rollout
-        return int(rcfg.get("tensor_model_parallel_size", 1)) if rcfg.get("name", "vllm") == "vllm" else 1
+        return self.sections.rollout.engine_ranks
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
-        use_rmpad = self.config.model.get("use_remove_padding", False)
-        share = bool(self.config.model.get("shared_prompt_forward", False))
-        chunk = int(self.config.model.get("logprob_chunk_size", 1024))
+        s = self.sections
+        use_rmpad = s.model.use_remove_padding
+        share = bool(s.model.shared_prompt_forward)
+        chunk = int(s.model.logprob_chunk_size)
         if self._is_actor or self._is_rollout:
-            self.actor_module = self._build_module(self.config.actor.fsdp_config, trainable=self._is_actor)
+            self.actor_module = self._build_module(s.actor.fsdp_config, trainable=self._is_actor)
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)
             from verl.utils.offload import OptimizerOffload
@@ -202,7 +204,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             # AdamW state in host memory between updates (no-op on CPU); verl/utils/offload.py.
             compute = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
             self.optimizer_offload = OptimizerOffload(
-                self.actor_optimizer, compute, enabled=bool(self.config.actor.fsdp_config.get("optimizer_offload", False)))
+                self.actor_optimizer, compute, enabled=bool(s.actor.fsdp_config.optimizer_offload))
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
@@ -210,7 +212,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
-            self.ref_module = self._build_module(self.config.ref.get("fsdp_config", {}), trainable=False)
+            self.ref_module = self._build_module(s.ref.fsdp_config, trainable=False)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
                                                    shared_prompt_forward=share, device=self.device,
                                                    logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
@@ -219,19 +221,20 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
 
     # ------------------------------------------------------------------ compute
     def _log_prob_meta(self, cfg) -> dict:
+        """Micro-batching of a log-prob pass; ``cfg`` is the rollout or the reference section."""
         return {"micro_batch_size": self.batch_sizes.log_prob_micro_rows,
-                "use_dynamic_bsz": cfg.get("log_prob_use_dynamic_bsz", False),
-                "max_token_len": cfg.get("log_prob_max_token_len_per_gpu", 16384),
-                "temperature": self.config.rollout.temperature}
+                "use_dynamic_bsz": cfg.log_prob_use_dynamic_bsz,
+                "max_token_len": cfg.log_prob_max_token_len_per_gpu,
+                "temperature": self.sections.rollout.temperature}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` of every row under the current actor (LUFFY never trusts engine log-probs)."""
         data = gather_data_in_group(data, self.ulysses_group)
-        data.meta_info.update(self._log_prob_meta(self.config.rollout))
+        data.meta_info.update(self._log_prob_meta(self.sections.rollout))
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         out = DataProto.from_dict(tensors={"old_log_probs": log_probs, "old_entropy": entropy},
-                                  meta_info={"temperature": self.config.rollout.temperature})
+                                  meta_info={"temperature": self.sections.rollout.temperature})
         return local_rows(out, self.ulysses_group)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -239,7 +242,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no reference model)")
         data = gather_data_in_group(data, self.ulysses_group)
-        data.meta_info.update(self._log_prob_meta(self.config.ref))
+        data.meta_info.update(self._log_prob_meta(self.sections.ref))
         log_probs, _ = self.ref_policy.compute_log_prob(data)
         return local_rows(DataProto.from_dict(tensors={"ref_log_prob": log_probs}), self.ulysses_group)
 
@@ -247,7 +250,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
         data = gather_data_in_group(data, self.ulysses_group)
-        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        data.meta_info.setdefault("temperature", self.sections.rollout.temperature)
         with self.optimizer_offload.on_compute_device():
             metrics = self.actor.update_policy(data)
         lr = self.lr_scheduler.get_last_lr()[0]

@@ -42,11 +42,12 @@ def test_rank_batch_sizes_are_frozen_and_standalone_defaults_make_prompts_rows()
 
 
 def _worker_config(sp: int):
-    return OmegaConf.create({
-        "actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size": 4, "ulysses_sequence_parallel_size": sp},
-        "rollout": {"n": 3, "log_prob_micro_batch_size": 8},
-        "ref": {"log_prob_micro_batch_size": 8},
-    })
+    from luffy_pool.config_compose import compose_config
+
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    return compose_config([f"{a}.ppo_mini_batch_size=8", f"{a}.ppo_micro_batch_size=4",
+                           f"{a}.ulysses_sequence_parallel_size={sp}", f"{r}.n=3", f"{r}.log_prob_micro_batch_size=8",
+                           "actor_rollout_ref.ref.log_prob_micro_batch_size=8"]).actor_rollout_ref
 
 
 @pytest.mark.parametrize("sp,expected", [(1, (6, 3, 2, 6)), (2, (12, 6, 2, 12))])
@@ -62,8 +63,8 @@ def test_worker_keeps_the_prompt_counts_and_carries_rows_per_rank(monkeypatch, s
     b = worker.batch_sizes
     assert (b.ppo_mini_rows, b.ppo_micro_rows, b.gradient_accumulation, b.log_prob_micro_rows) == expected
     assert OmegaConf.to_container(worker.config) == OmegaConf.to_container(_worker_config(sp))  # nothing rewritten
-    worker.config.rollout.temperature = 1.0
-    for section in (worker.config.rollout, worker.config.ref):  # the rollout's size serves the ref pass too
+    assert (worker.sections.actor.ppo_mini_batch_size, worker.sections.rollout.n) == (8, 3)  # still prompts
+    for section in (worker.sections.rollout, worker.sections.ref):  # the rollout's size serves the ref pass too
         assert worker._log_prob_meta(section)["micro_batch_size"] == expected[3]
 
 
@@ -71,11 +72,15 @@ def test_actor_update_splits_by_the_rank_sizes_not_the_prompt_counts(monkeypatch
     from verl.workers.actor import dp_actor
 
     seen = {"micro_sizes": [], "losses": 0, "grads": []}
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=1, ppo_micro_batch_size=1, use_dynamic_bsz=False,
-                                ppo_max_token_len_per_gpu=64, ppo_epochs=1, grad_clip=1.0))
+    from luffy_pool.config_compose import actor_config
+    from verl.workers.config_sections import ActorSection
+
+    cfg = actor_config(ppo_mini_batch_size=1, ppo_micro_batch_size=1, use_dynamic_bsz=False,
+                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, grad_clip=1.0)
     param = torch.nn.Parameter(torch.zeros(1))
     actor = dp_actor.DataParallelPPOActor.__new__(dp_actor.DataParallelPPOActor)
     actor.config, actor.batch_sizes = cfg, RankBatchSizes(ppo_mini_rows=4, ppo_micro_rows=2, gradient_accumulation=2)
+    actor.update_config = ActorSection.from_actor_config(cfg)
     actor.actor_module, actor.actor_optimizer = torch.nn.Linear(1, 1), torch.optim.SGD([param], lr=0.1)
     actor.device, actor.nonfinite_skips = "cpu", 0
     actor.loss_input_keys = lambda: ["input_ids", "attention_mask", "responses", "old_log_probs"]

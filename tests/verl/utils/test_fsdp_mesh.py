@@ -7,6 +7,7 @@ from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before 
 
 from verl.utils.fsdp_mesh import fsdp_mesh_shape
 from verl.utils.distributed_testing import run_gloo_ranks
+from luffy_pool.config_compose import actor_config
 
 JOB_TIMEOUT_S = 300
 
@@ -62,8 +63,6 @@ def _hsdp_job(rank, world, port, out_dir):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from omegaconf import OmegaConf
-
     from verl.utils import fsdp_utils
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
     from verl.utils.fsdp_gather import iter_full_param_buckets
@@ -71,9 +70,9 @@ def _hsdp_job(rank, world, port, out_dir):
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=False,
-                                ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
-                                grad_clip=1.0, use_kl_loss=False))
+    cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=False,
+                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
+                       grad_clip=1.0, use_kl_loss=False)
     result = {}
     for name, fsdp_size in (("fsdp", -1), ("hsdp", 2)):
         mesh = build_fsdp_mesh("cpu", world, fsdp_size)

@@ -25,6 +25,7 @@ from verl.workers.actor.response_head import response_logprobs, supports_scoring
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
 from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
+from verl.workers.config_sections import ActorSection
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits, masked_mean
 
@@ -53,7 +54,9 @@ class DataParallelPPOActor:
     """Policy forward/backward on a (possibly FSDP-sharded) HF causal LM.
 
     Args:
-        config: the ``actor_rollout_ref.actor`` config group (batch sizes in prompts, as the user wrote them).
+        config: the ``actor_rollout_ref.actor`` config group (batch sizes in prompts, as the user wrote them); a
+            trainable actor reads it through ``ActorSection`` (every key it names must be present: compose the
+            group from the YAML), a log-prob-only actor (reference, no optimizer) reads none of it.
         actor_module: the HF model (FSDP2-wrapped or plain).
         actor_optimizer: optimizer, None for a reference (log-prob only) actor.
         use_remove_padding: pack valid tokens into one row (position ids restart per sequence).
@@ -72,6 +75,8 @@ class DataParallelPPOActor:
                  shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None,
                  batch_sizes: Optional[RankBatchSizes] = None):
         self.config = config
+        # The update's keys, typed and built once (verl/workers/config_sections.py).
+        self.update_config = ActorSection.from_actor_config(config) if actor_optimizer is not None else None
         self.batch_sizes = batch_sizes
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -197,32 +202,31 @@ class DataParallelPPOActor:
     # ------------------------------------------------------------------ loss hook
     def loss_input_keys(self) -> list[str]:
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
-        if self.config.get("use_kl_loss", False):
+        if self.update_config.use_kl_loss:
             keys.append("ref_log_prob")
         return keys
 
     def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask):
         """verl's PPO loss on all rows; returns (loss before accumulation scaling, metrics)."""
-        cfg = self.config
+        cfg = self.update_config
         pg_loss, pg_clipfrac, ppo_kl = core_algos.compute_policy_loss(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-            eos_mask=response_mask, cliprange=cfg.clip_ratio, clip_upper_bound=cfg.get("clip_upper_bound", 1.0),
-            loss_remove_token_mean=cfg.get("loss_remove_token_mean", False),
-            loss_remove_clip=cfg.get("loss_remove_clip", False))
+            eos_mask=response_mask, cliprange=cfg.clip_ratio, clip_upper_bound=cfg.clip_upper_bound,
+            loss_remove_token_mean=cfg.loss_remove_token_mean, loss_remove_clip=cfg.loss_remove_clip)
         metrics = {"actor/pg_loss": pg_loss.item(), "actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item()}
         return pg_loss, metrics
 
     def entropy_coeff(self, entropy_value: torch.Tensor) -> float:
-        return self.config.entropy_coeff
+        return self.update_config.entropy_coeff
 
     def _regularisers(self, micro: dict, log_prob, entropy, response_mask, metrics: dict):
         """Entropy bonus and optional KL-to-reference term, added to the policy loss."""
-        cfg = self.config
+        cfg = self.update_config
         ent = masked_mean(entropy, response_mask)
         coeff = self.entropy_coeff(ent.detach())
         loss = -coeff * ent
         metrics["actor/entropy_loss"] = ent.item()
-        if cfg.get("use_kl_loss", False):
+        if cfg.use_kl_loss:
             kld = core_algos.kl_penalty(log_prob, micro["ref_log_prob"], kl_penalty=cfg.kl_loss_type)
             kl_loss = masked_mean(kld, response_mask)
             loss = loss + kl_loss * cfg.kl_loss_coef
@@ -233,11 +237,13 @@ class DataParallelPPOActor:
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict:
         """One training step's worth of optimizer updates on this rank's chunk; returns metric lists."""
-        cfg = self.config
+        if self.update_config is None:
+            raise RuntimeError("update_policy on an actor built without an optimizer (a log-prob-only reference)")
+        cfg = self.update_config
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
         keys = [k for k in self.loss_input_keys() if k in data.batch.keys()]
-        sizes = self.batch_sizes if self.batch_sizes is not None else rank_batch_sizes(cfg)
+        sizes = self.batch_sizes if self.batch_sizes is not None else rank_batch_sizes(self.config)
         if "old_log_probs" not in keys and (cfg.ppo_epochs > 1 or len(data) > sizes.ppo_mini_rows):
             raise ValueError("old_log_probs missing from the update batch; it may only be skipped for a single "
                              "on-policy mini-batch (ppo_epochs=1, one mini-batch per rank)")
@@ -271,12 +277,12 @@ class DataParallelPPOActor:
 
     def _optimizer_step(self) -> float:
         """Clip the global grad norm and step, or skip the step when the norm is not finite."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(), max_norm=self.config.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(), max_norm=self.update_config.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
         if not math.isfinite(grad_norm):
-            if self.config.get("on_nonfinite", "skip") == "stop":
+            if self.update_config.on_nonfinite == "stop":
                 raise NonFiniteLossError(f"grad norm is {grad_norm}; stopping (actor.on_nonfinite=stop)")
             self.nonfinite_skips += 1
             logger.warning("grad norm is %s: skipping this optimizer step (%d skipped so far)", grad_norm,

@@ -27,15 +27,15 @@ class SamplingSpec:
 
 
 def sampling_from_config(rcfg) -> tuple[SamplingSpec, float]:
-    """The training ``SamplingSpec`` and the validation temperature of an ``actor_rollout_ref.rollout`` section.
+    """The training ``SamplingSpec`` and the validation temperature of the rollout section
+    (``verl.workers.config_sections.RolloutSection``, or the ``actor_rollout_ref.rollout`` group itself).
 
     ``do_sample=False`` makes every rollout greedy (temperature 0: argmax), training and validation alike.
     """
-    greedy = not rcfg.get("do_sample", True)
-    spec = SamplingSpec(temperature=0.0 if greedy else float(rcfg.get("temperature", 1.0)),
-                        top_p=float(rcfg.get("top_p", 1.0)), top_k=int(rcfg.get("top_k", -1)),
-                        ignore_eos=bool(rcfg.get("ignore_eos", False)))
-    return spec, 0.0 if greedy else float(rcfg.get("val_temperature", 0.6))
+    greedy = not rcfg.do_sample
+    spec = SamplingSpec(temperature=0.0 if greedy else float(rcfg.temperature), top_p=float(rcfg.top_p),
+                        top_k=int(rcfg.top_k), ignore_eos=bool(rcfg.ignore_eos))
+    return spec, 0.0 if greedy else float(rcfg.val_temperature)
 
 
 @dataclasses.dataclass

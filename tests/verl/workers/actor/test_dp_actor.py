@@ -1,7 +1,7 @@
 """The data-parallel actor on a plain (unsharded) tiny model: log-probs, packing, update semantics."""
 import pytest
 import torch
-from omegaconf import OmegaConf
+from luffy_pool.config_compose import actor_config
 
 from verl.protocol import DataProto
 from verl.workers.actor.dp_actor import DataParallelPPOActor, NonFiniteLossError
@@ -30,7 +30,7 @@ def _cfg(**kw):
                 ppo_epochs=1, clip_ratio=0.2, clip_upper_bound=1.0, entropy_coeff=0.0, grad_clip=1e9,
                 loss_remove_token_mean=False, loss_remove_clip=True, use_kl_loss=False)
     base.update(kw)
-    return OmegaConf.create(base)
+    return actor_config(**base)  # every other key at its YAML default
 
 
 def _direct_log_probs(model, b):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from luffy_pool.config_compose import actor_config
 
 
 def _free_port() -> int:
@@ -24,7 +25,6 @@ def _free_port() -> int:
 
 def _uneven_rank(rank, world_size, port, model_dir, out):
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
@@ -41,9 +41,9 @@ def _uneven_rank(rank, world_size, port, model_dir, out):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=True,
-                                ppo_max_token_len_per_gpu=40, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
-                                grad_clip=1.0, use_kl_loss=False))
+    cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=True,
+                       ppo_max_token_len_per_gpu=40, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
+                       grad_clip=1.0, use_kl_loss=False)
     actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-3),
                                  dp_group=mesh.get_group("dp"))
     seq, resp = 20, 6

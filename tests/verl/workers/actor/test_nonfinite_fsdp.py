@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from luffy_pool.config_compose import actor_config
 
 
 def _free_port() -> int:
@@ -21,7 +22,6 @@ def _free_port() -> int:
 
 def _nan_on_rank_one(rank, world_size, port, model_dir, out):
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
@@ -37,9 +37,9 @@ def _nan_on_rank_one(rank, world_size, port, model_dir, out):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=2, ppo_micro_batch_size=2, use_dynamic_bsz=False,
-                                ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
-                                grad_clip=1.0, use_kl_loss=False, on_nonfinite="skip"))
+    cfg = actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, use_dynamic_bsz=False,
+                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
+                       grad_clip=1.0, use_kl_loss=False, on_nonfinite="skip")
     actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(3, model.config.vocab_size, (2, 10), generator=g)

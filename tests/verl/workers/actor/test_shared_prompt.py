@@ -5,6 +5,7 @@ import socket
 import torch
 
 from verl.workers.actor.shared_prompt import group_rows_by_prompt, shared_prompt_logits
+from luffy_pool.config_compose import actor_config
 
 
 def _model(path):
@@ -68,15 +69,13 @@ def test_no_repeated_prompt_means_no_shared_pass(tiny_model_dir):
 
 
 def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_dir):
-    from omegaconf import OmegaConf
-
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     model = _model(tiny_model_dir)
     ids, mask, pos = grouped_batch(model.config.vocab_size)
     b = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -7:]}
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=12, ppo_micro_batch_size=12, use_dynamic_bsz=False))
+    cfg = actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=12, use_dynamic_bsz=False)
     actor = DataParallelPPOActor(cfg, model, shared_prompt_forward=True)
     data = DataProto.from_dict(tensors=b, meta_info={"temperature": 0.7, "micro_batch_size": 8,
                                                      "use_dynamic_bsz": False, "max_token_len": 64})
@@ -91,16 +90,14 @@ def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir):
     """A6: with activation checkpointing on (the full config's default) the shared-prompt actor's update runs
     (transformers drops the cache there, so the training forward is the padded one) and gives the gradients of
     a model without checkpointing; the no-grad log-prob pass still shares the prompt."""
-    from omegaconf import OmegaConf
-
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
     from verl.workers.actor.shared_prompt import checkpointing_drops_cache
 
     ids, mask, pos = grouped_batch(_model(tiny_model_dir).config.vocab_size)
-    cfg = OmegaConf.create(dict(ppo_mini_batch_size=12, ppo_micro_batch_size=6, use_dynamic_bsz=False,
-                                ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
-                                grad_clip=1e9, use_kl_loss=False))
+    cfg = actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=6, use_dynamic_bsz=False,
+                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
+                       grad_clip=1e9, use_kl_loss=False)
     data = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos,
                                         "responses": ids[:, -7:], "advantages": torch.linspace(-1, 1, 12)[:, None].expand(12, 7).contiguous(),
                                         "old_log_probs": torch.zeros(12, 7)},

@@ -11,6 +11,7 @@ from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before 
 from verl.utils.parallel_check import check_heads
 from verl.utils.ulysses import pad_to_multiple
 from verl.utils.distributed_testing import run_gloo_ranks
+from luffy_pool.config_compose import actor_config
 
 JOB_TIMEOUT_S = 300
 TOL = 1e-5
@@ -162,9 +163,9 @@ def _update_job(rank, world, port, sp, out_dir):
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
 
     def cfg(mini, micro):
-        return OmegaConf.create(dict(ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, use_dynamic_bsz=False,
-                                     ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
-                                     grad_clip=100.0, use_kl_loss=False))
+        return actor_config(ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, use_dynamic_bsz=False,
+                            ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
+                            grad_clip=100.0, use_kl_loss=False)
 
     model = fsdp_utils.apply_fsdp2(_tiny_model(1), build_fsdp_mesh("cpu", world, -1),
                                    fsdp_utils.mixed_precision_policy(device="cpu"))

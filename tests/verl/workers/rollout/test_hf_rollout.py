@@ -139,10 +139,15 @@ def test_tied_embeddings_are_covered_by_pushing_either_name():
     assert torch.equal(rollout.model.lm_head.weight, source.model.embed_tokens.weight)
 
 
-def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, prompts):
+def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, prompts, compose_config):
+    from verl.workers.config_sections import RolloutSection
     from verl.workers.rollout.base import sampling_from_config
 
-    rcfg = {"name": "hf", "temperature": 1.0, "val_temperature": 0.6, "top_p": 1.0, "top_k": -1, "ignore_eos": True}
+    def rcfg(do_sample):  # the worker's typed rollout section, from the composed config
+        cfg = compose_config(["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.ignore_eos=True",
+                              f"actor_rollout_ref.rollout.do_sample={do_sample}"])
+        return RolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout)
+
     rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 8})
     caps = [8] * len(prompts)
 
@@ -151,9 +156,9 @@ def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, p
         spec.seed = seed
         return rollout.generate_token_ids(prompts, caps, spec).token_ids
 
-    sampled = [run(dict(rcfg, do_sample=True), seed) for seed in (1, 2)]
+    sampled = [run(rcfg(True), seed) for seed in (1, 2)]
     assert sampled[0] != sampled[1]  # sampling: the seed changes the draw
-    greedy = [run(dict(rcfg, do_sample=False), seed) for seed in (1, 2)]
+    greedy = [run(rcfg(False), seed) for seed in (1, 2)]
     assert greedy[0] == greedy[1] == [hf_greedy(reference, p, 8) for p in prompts]
-    assert sampling_from_config(dict(rcfg, do_sample=False))[1] == 0.0  # validation greedy too
-    assert sampling_from_config(dict(rcfg, do_sample=True))[1] == 0.6
+    assert sampling_from_config(rcfg(False))[1] == 0.0  # validation greedy too
+    assert sampling_from_config(rcfg(True))[1] == 0.6

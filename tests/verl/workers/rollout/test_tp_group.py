@@ -49,13 +49,14 @@ def _free_port() -> int:
 
 def _tp_rank(rank, world, port, out_dir):
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from luffy_pool.config_compose import compose_config
     from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
     from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
     from verl.protocol import DataProto
+    from verl.workers.config_sections import WorkerSections
     from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
     from verl.workers.sharding_manager import FSDPShardingManager
 
@@ -82,7 +83,9 @@ def _tp_rank(rank, world, port, out_dir):
     fully_shard(module, mesh=init_device_mesh("cpu", (world,)))
     engine = RecordingEngine()
     worker = MIXActorRolloutRefWorker.__new__(MIXActorRolloutRefWorker)
-    worker.config = OmegaConf.create({"rollout": {"seed": 7, "tensor_model_parallel_size": 2, "name": "vllm"}})
+    worker.sections = WorkerSections.from_config(compose_config([
+        "actor_rollout_ref.rollout.seed=7", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.name=vllm"]).actor_rollout_ref)
     worker.planner = MixRolloutPlanner(engine, n=2, response_length=3, pad_token_id=0, eos_token_id=1,
                                        sampling=SamplingSpec())
     worker.sharding_manager = FSDPShardingManager(module, engine, rank=rank, world_size=world, tp_size=2)

@@ -1,0 +1,43 @@
+"""Compose the trainer config outside Hydra's app: for scripts, benchmarks and tests.
+
+``compose_config(overrides)`` is what ``python -m luffy_pool.main_mix_ppo <overrides>`` builds before
+validation (same YAML, same override grammar). ``actor_config(**values)`` is one composed
+``actor_rollout_ref.actor`` group with some values set: a standalone actor (tests, memory benchmarks)
+then reads every key at its YAML default, as a run would, instead of a hand-made partial dict.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any, Sequence
+
+from luffy_pool.config_check import BASE_CONFIG_NAME, CONFIG_DIR
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = BASE_CONFIG_NAME):
+    """The composed (not yet validated) config for ``overrides`` (Hydra override strings)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+@functools.lru_cache(maxsize=1)
+def _base_actor_group() -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose_config().actor_rollout_ref.actor, resolve=True)
+
+
+def actor_config(**values: Any):
+    """The ``actor_rollout_ref.actor`` group of the YAML with ``values`` set (dotted names through ``__``:
+    ``optim__lr=1e-3``); an unknown name raises, naming it."""
+    from omegaconf import OmegaConf
+
+    group = OmegaConf.create(copy.deepcopy(_base_actor_group()))
+    for name, value in values.items():
+        key = name.replace("__", ".")
+        if OmegaConf.select(group, key, default=KeyError) is KeyError:
+            raise KeyError(f"actor_rollout_ref.actor.{key} is not a key of {BASE_CONFIG_NAME}.yaml")
+        OmegaConf.update(group, key, value, merge=False)
+    return group
