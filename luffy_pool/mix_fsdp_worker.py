@@ -40,7 +40,8 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Roll out this rank's training prompts with their traces and prefix ratios; returns B_rank·n rows."""
+        """Roll out this rank's training prompts with their per-slot traces (``tgt_input_ids [B_rank, n, T]``,
+        optional ``trace_logprobs [B_rank, n, T + 1]``) and prefix ratios; returns B_rank·n rows."""
         return self._generate(prompts, validate=False)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -18,7 +18,7 @@ import torch
 from deepscaler.rewards import fail_success_values
 from luffy_pool.config_sections import ConfigSections
 from luffy_pool.mix_advantage import compute_mixed_advantage
-from luffy_pool.off_policy_pool import PrefixRatioSampler
+from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler
 from luffy_pool.replay_buffer import SelfReplayBuffer
 from luffy_pool.self_replay import keep_successes, replay_into_failed_groups
 from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
@@ -57,7 +57,9 @@ class MIXRayPPOTrainer:
         self.collate_fn = collate_fn
         self.tracker = tracker
         self.checkpointer = checkpointer
-        self.off_policy_pool = off_policy_pool
+        # Without extra trace files the pool only spreads each dataset target over its n slots; it is
+        # still the one path from per-prompt targets [B, T] to the rollout's per-slot traces [B, n, T].
+        self.off_policy_pool = off_policy_pool if off_policy_pool is not None else OffPolicyPool(tokenizer=tokenizer)
         self.sections = s = ConfigSections.from_config(config)  # typed sections, built once (attribute access)
         rcfg = s.workers.rollout
         self.n = rcfg.n
@@ -230,12 +232,11 @@ class MIXRayPPOTrainer:
         bsz = len(batch)
         ratios = self.ratio_sampler.draw(bsz, self.global_steps)
         self._last_ratios = ratios
-        gen_keys = [k for k in (*GEN_KEYS, "tgt_input_ids") if k in batch.batch.keys()]
-        gen_batch = batch.pop(batch_keys=gen_keys)
-        if "target_logprobs" in batch.batch.keys():  # behaviour log-probs of the dataset targets, NaN = unknown
-            gen_batch.batch["trace_logprobs"] = batch.pop(batch_keys=["target_logprobs"]).batch["target_logprobs"]
-        if self.off_policy_pool is not None and self.off_policy_pool.has_extra_traces:
-            metrics["rollout/extra_trace_slots"] = self._attach_pool_traces(gen_batch, batch, ratios)
+        gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS if k in batch.batch.keys()])
+        if "tgt_input_ids" in batch.batch.keys():
+            extra_slots = self._attach_slot_traces(gen_batch, batch, ratios)
+            if self.off_policy_pool.has_extra_traces:
+                metrics["rollout/extra_trace_slots"] = extra_slots
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
@@ -256,14 +257,16 @@ class MIXRayPPOTrainer:
         metrics["rollout/full_trace_slots"] = int((np.asarray(ratios) >= 1.0).sum())
         return batch
 
-    def _attach_pool_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
-        """Replace per-prompt targets by per-slot traces from the off-policy pool's extra files; returns how
-        many prefix slots got an extra trace."""
-        target_logprobs = gen_batch.pop(batch_keys=["trace_logprobs"]).batch["trace_logprobs"] \
-            if "trace_logprobs" in gen_batch.batch.keys() else None
+    def _attach_slot_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
+        """Move the dataset's per-prompt targets ``tgt_input_ids [B, T]`` (and their behaviour log-probs
+        ``target_logprobs [B, T + 1]``, NaN = unknown) out of ``batch`` and put the per-slot traces of the
+        off-policy pool into ``gen_batch``: ``tgt_input_ids [B, n, T]``, ``trace_logprobs [B, n, T + 1]``
+        (see ``SlotTraces``). Returns how many prefix slots got an extra trace."""
+        keys = [k for k in ("tgt_input_ids", "target_logprobs") if k in batch.batch.keys()]
+        targets = batch.pop(batch_keys=keys).batch
         slot = self.off_policy_pool.slot_traces(
-            list(batch.non_tensor_batch["index"]), gen_batch.batch["tgt_input_ids"], ratios, self.global_steps,
-            pad_token_id=self.tokenizer.pad_token_id, target_logprobs=target_logprobs)
+            list(batch.non_tensor_batch["index"]), targets["tgt_input_ids"], ratios, self.global_steps,
+            pad_token_id=self.tokenizer.pad_token_id, target_logprobs=targets["target_logprobs"] if "target_logprobs" in keys else None)
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
         if slot.trace_logprobs is not None:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs

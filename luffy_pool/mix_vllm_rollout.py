@@ -43,7 +43,7 @@ class SlotPlan:
     prefix_ratios: list[float]
     engine_slots: list[int]  # slots the engine must continue, in request order
     engine_max_tokens: list[int]  # L − len(prefix) for each engine slot
-    tgt_input_ids: Optional[torch.Tensor]  # [B·n, T] trace of each slot (right-padded), None in validation
+    tgt_input_ids: Optional[torch.Tensor]  # [B·n, T] trace of each slot (right-padded; input [B, n, T]), None in validation
     prefix_logprobs: Optional[list[list[float]]]  # behaviour log-prob per prefix token (NaN = unknown)
 
     @property
@@ -72,35 +72,21 @@ def _as_float_array(ratios) -> np.ndarray:
 def _per_slot_traces(tgt_input_ids: Optional[torch.Tensor], batch_size: int, n: int, pad_token_id: int) -> list[list[int]]:
     if tgt_input_ids is None:
         return [[] for _ in range(batch_size * n)]
-    if tgt_input_ids.dim() == 2 and tgt_input_ids.shape[0] == batch_size:
-        per_prompt = [strip_right_padding(row.tolist(), pad_token_id) for row in tgt_input_ids]
-        return [list(per_prompt[k // n]) for k in range(batch_size * n)]
-    if tgt_input_ids.dim() == 3 and tuple(tgt_input_ids.shape[:2]) == (batch_size, n):
-        return [strip_right_padding(tgt_input_ids[k // n, k % n].tolist(), pad_token_id) for k in range(batch_size * n)]
-    raise ValueError(f"tgt_input_ids must be [B={batch_size}, T] or [B, n={n}, T], got {tuple(tgt_input_ids.shape)}")
+    if tgt_input_ids.dim() != 3 or tuple(tgt_input_ids.shape[:2]) != (batch_size, n):
+        raise ValueError(f"tgt_input_ids must be per-slot traces [B={batch_size}, n={n}, T] (OffPolicyPool.slot_traces), "
+                         f"got {tuple(tgt_input_ids.shape)}")
+    return [strip_right_padding(row, pad_token_id) for row in tgt_input_ids.reshape(batch_size * n, -1).tolist()]
 
 
-def _per_slot_logprobs(trace_logprobs, batch_size: int, n: int) -> list[Optional[Sequence[float]]]:
-    """Normalise per-prompt or per-slot behaviour log-probs (tensor, array or list) to one per slot."""
-    if isinstance(trace_logprobs, (torch.Tensor, np.ndarray)):
-        array = trace_logprobs.detach().cpu().double().numpy() if isinstance(trace_logprobs, torch.Tensor) else np.asarray(trace_logprobs, dtype=np.float64)
-        if array.ndim == 2 and array.shape[0] == batch_size:
-            return [array[k // n] for k in range(batch_size * n)]
-        if array.ndim == 3 and array.shape[:2] == (batch_size, n):
-            return [array[k // n, k % n] for k in range(batch_size * n)]
-        raise ValueError(f"trace_logprobs must be [B={batch_size}, W] or [B, n={n}, W], got {array.shape}")
-    rows = [None if r is None else np.asarray(r, dtype=np.float64) for r in trace_logprobs]
-    if len(rows) == batch_size and any(r is not None and r.ndim == 2 for r in rows):
-        # One [n, W] block per prompt (e.g. a [B, n, W] tensor turned into a list of rows).
-        for b, r in enumerate(rows):
-            if r is not None and (r.ndim != 2 or r.shape[0] != n):
-                raise ValueError(f"trace_logprobs row {b} has shape {r.shape}; expected [n={n}, W]")
-        return [None if rows[k // n] is None else rows[k // n][k % n] for k in range(batch_size * n)]
-    if len(rows) == batch_size * n:
-        return rows
-    if len(rows) == batch_size:
-        return [rows[k // n] for k in range(batch_size * n)]
-    raise ValueError(f"trace_logprobs has {len(rows)} rows; expected B={batch_size} (per prompt) or B·n={batch_size * n} (per slot)")
+def _per_slot_logprobs(trace_logprobs: torch.Tensor, batch_size: int, n: int, width: Optional[int]) -> np.ndarray:
+    """``[B, n, T + 1]`` behaviour log-probs → one row per slot ``[B·n, T + 1]``."""
+    if not isinstance(trace_logprobs, torch.Tensor) or trace_logprobs.dim() != 3 \
+            or tuple(trace_logprobs.shape[:2]) != (batch_size, n) \
+            or (width is not None and trace_logprobs.shape[2] != width + 1):
+        shape = tuple(trace_logprobs.shape) if isinstance(trace_logprobs, torch.Tensor) else type(trace_logprobs).__name__
+        raise ValueError(f"trace_logprobs must be a tensor [B={batch_size}, n={n}, T+1{'' if width is None else '=' + str(width + 1)}] "
+                         f"(OffPolicyPool.slot_traces), got {shape}")
+    return trace_logprobs.detach().cpu().double().numpy().reshape(batch_size * n, -1)
 
 
 def build_slot_plan(
@@ -119,12 +105,12 @@ def build_slot_plan(
     """Plan the ``B·n`` slots of one rollout (spec §1.2 items 1-4).
 
     ``prompt_ids``/``prompt_attention_mask`` ``[B, P]`` are left-padded (padding is located by the
-    mask, so a prompt may contain the pad id); ``tgt_input_ids`` is
-    ``[B, T]`` (one trace per prompt) or ``[B, n, T]`` (one per slot, from ``OffPolicyPool``),
+    mask, so a prompt may contain the pad id). ``tgt_input_ids`` is exactly ``[B, n, T]``, the trace
+    of every slot as ``OffPolicyPool.slot_traces`` returns it (slot ``b·n + j`` is ``[b, j]``),
     right-padded with ``pad_token_id`` (trailing pads are stripped, see ``strip_right_padding``), or
-    None for no traces. ``ratios`` ``[B, n]`` come from ``PrefixRatioSampler`` (None: all 0, then
-    ``n`` is required). ``trace_logprobs`` optionally gives behaviour log-probs of trace ++ EOS per
-    prompt or per slot (NaN / missing entries = unknown).
+    None for no traces (validation); any other shape is an error. ``ratios`` ``[B, n]`` come from
+    ``PrefixRatioSampler`` (None: all 0, then ``n`` is required). ``trace_logprobs`` optionally gives
+    behaviour log-probs of trace ++ EOS per slot, ``[B, n, T + 1]`` (NaN = unknown).
 
     Per slot: trace = target ++ [EOS] when the target is non-empty, prefix = trace[: floor(len·r)].
     Kind ``full`` when the prefix is the whole trace, ``partial`` when it is a proper non-empty part,
@@ -157,7 +143,8 @@ def build_slot_plan(
     mask = prompt_attention_mask.bool()
     prompt_lists = [prompt_ids[b][mask[b]].tolist() for b in range(batch_size)]
     targets = _per_slot_traces(tgt_input_ids, batch_size, n, pad_token_id)
-    lp_rows = _per_slot_logprobs(trace_logprobs, batch_size, n) if trace_logprobs is not None else None
+    width = None if tgt_input_ids is None else tgt_input_ids.shape[2]
+    lp_rows = _per_slot_logprobs(trace_logprobs, batch_size, n, width) if trace_logprobs is not None else None
 
     flat_ratios = [float(r) for r in ratio_array.reshape(-1)]
     traces, prefixes, kinds, prefix_lps = [], [], [], []
@@ -174,14 +161,11 @@ def build_slot_plan(
             engine_max_tokens.append(response_length - len(prefix))
         if lp_rows is not None:
             row = lp_rows[k]
-            row = [] if row is None else list(row)
             prefix_lps.append([float(row[t]) if t < len(row) else math.nan for t in range(len(prefix))])
 
     if prompt_position_ids is None:
         prompt_position_ids = compute_position_id_with_mask(prompt_attention_mask.long())
-    tgt_out = None
-    if tgt_input_ids is not None:
-        tgt_out = tgt_input_ids.repeat_interleave(n, dim=0) if tgt_input_ids.dim() == 2 else tgt_input_ids.reshape(batch_size * n, -1)
+    tgt_out = None if tgt_input_ids is None else tgt_input_ids.reshape(batch_size * n, -1)
     return SlotPlan(
         n=n,
         response_length=response_length,
@@ -327,7 +311,8 @@ class MixRolloutPlanner:
         prompt_position_ids: Optional[torch.Tensor] = None,
         trace_logprobs=None,
     ) -> RolloutBatch:
-        """Training rollout of ``B·n`` slots; ``prefix_ratios [B, n]`` come from the driver."""
+        """Training rollout of ``B·n`` slots; ``prefix_ratios [B, n]`` come from the driver, ``tgt_input_ids
+        [B, n, T]`` and ``trace_logprobs [B, n, T + 1]`` from ``OffPolicyPool.slot_traces``."""
         if prefix_ratios is None:
             raise ValueError("training rollout needs prefix_ratios [B, n] drawn on the driver (PrefixRatioSampler)")
         plan = build_slot_plan(

@@ -179,11 +179,14 @@ class TraceRecord:
 
 @dataclasses.dataclass
 class SlotTraces:
-    """Which trace each slot carries, in the tensor form the slot plan consumes.
+    """Which trace each slot carries, in the one tensor form the slot plan accepts.
 
-    ``tgt_input_ids`` is ``[B, T]`` (one trace per prompt, repeated over its slots) when the pool has
-    no extra traces, else ``[B, n, T]``; right-padded with pad. ``trace_logprobs`` is ``[B(, n), T + 1]``
-    behaviour log-probs of trace ++ EOS (NaN = unknown) or None when nothing is known.
+    The dataset gives one target per prompt (``tgt_input_ids [B, T]``); from here to the rollout the
+    traces are always per slot: ``tgt_input_ids [B, n, T]`` (slot ``b·n + j`` is ``[b, j]``),
+    right-padded with pad, and ``trace_logprobs [B, n, T + 1]`` float64 behaviour log-probs of
+    trace ++ EOS (NaN = unknown) or None when nothing is known. Dim 0 stays the prompt, so a ``DataProto`` of them
+    chunks across ranks like the prompts. Without extra traces both are broadcast views of the dataset
+    tensors (no copy): read-only.
     """
 
     tgt_input_ids: torch.Tensor
@@ -400,18 +403,21 @@ class OffPolicyPool:
         pad_token_id: Optional[int] = None,
         target_logprobs: Optional[torch.Tensor] = None,
     ) -> SlotTraces:
-        """Fill the prefix slots (ratio > 0) of every prompt of a batch with traces.
+        """Fill the prefix slots (ratio > 0) of every prompt of a batch with traces; see ``SlotTraces``.
 
         ``tgt_input_ids [B, T]`` are the dataset targets (right-padded), ``target_logprobs
         [B, T + 1]`` their behaviour log-probs (NaN = unknown; see ``logprobs_from_target_probs``).
-        Non-prefix slots keep the dataset target, as LUFFY repeats it over the whole group.
-        ``pad_token_id`` defaults to the pool's (constructor argument or tokenizer).
+        Non-prefix slots keep the dataset target, as LUFFY repeats it over the whole group. Returns
+        ``[B, n, T]`` traces and ``[B, n, T + 1]`` log-probs (or None) whether or not the pool has
+        extra traces. ``pad_token_id`` defaults to the pool's (constructor argument or tokenizer).
         """
         if pad_token_id is None:
             pad_token_id = self.pad_token_id
         if pad_token_id is None:
             raise ValueError("OffPolicyPool.slot_traces needs pad_token_id (pass it here, or pad_token_id=/tokenizer= to the pool)")
         ratios_np = ratios.detach().cpu().numpy() if isinstance(ratios, torch.Tensor) else np.asarray(ratios)
+        if tgt_input_ids.dim() != 2:
+            raise ValueError(f"tgt_input_ids must be the dataset targets [B, T], got {tuple(tgt_input_ids.shape)}")
         batch_size, width = tgt_input_ids.shape
         if ratios_np.ndim != 2 or ratios_np.shape[0] != batch_size:
             raise ValueError(f"ratios must be [B={batch_size}, n], got shape {ratios_np.shape}")
@@ -429,7 +435,11 @@ class OffPolicyPool:
             if not self.use_dataset_target:
                 tgt_input_ids = torch.full_like(tgt_input_ids, pad_token_id)
                 target_logprobs = None
-            return SlotTraces(tgt_input_ids, target_logprobs, sources, 0)
+            # Every slot of a prompt carries its target: broadcast views, not n copies.
+            slot_ids = tgt_input_ids.unsqueeze(1).expand(batch_size, n, width)
+            slot_lps = None if target_logprobs is None else \
+                target_logprobs.to(torch.float64).unsqueeze(1).expand(batch_size, n, width + 1)
+            return SlotTraces(slot_ids, slot_lps, sources, 0)
 
         slot_ids = torch.full((batch_size, n, width), pad_token_id, dtype=tgt_input_ids.dtype)
         slot_lps = torch.full((batch_size, n, width + 1), float("nan"), dtype=torch.float64)

@@ -3,7 +3,9 @@
 On top of ``verl.utils.dataset.RLHFDataset`` (left-padded prompts, over-long prompts dropped) it
 tokenizes ``target[0]['content']`` without special tokens — minus a leading ``<think>\\n`` when the
 templated prompt already opens one — truncates it to ``max_target_length`` (``rollout.max_prefix_len``)
-and right-pads it with pad into ``tgt_input_ids``. The slot plan appends the EOS later.
+and right-pads it with pad into ``tgt_input_ids`` (``[B, T]`` collated: one per prompt; the trainer turns
+them into the per-slot traces ``[B, n, T]`` the rollout takes with ``OffPolicyPool.slot_traces``). The
+slot plan appends the EOS later.
 Traces longer than ``max_target_length`` are counted at load (one warning): ``truncate_off_policy=cut``
 keeps their first tokens (LUFFY; the answer at the end may be lost), ``drop`` gives that prompt no
 trace; each item says whether its trace was cut (``tgt_truncated``, summed into a per-step metric).

@@ -63,6 +63,12 @@ TARGET = [11, 12, 13, 14]
 TGT = torch.tensor([TARGET + [PAD, PAD]])  # right-padded to T = 6
 
 
+def per_slot(tgt: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-prompt targets [B, T] as the per-slot traces [B, n, T] the plan takes (what
+    ``OffPolicyPool.slot_traces`` returns without extra files)."""
+    return tgt.unsqueeze(1).expand(-1, n, -1)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Spec §8 item 1
 # ----------------------------------------------------------------------------------------------------
@@ -71,7 +77,7 @@ def test_full_trace_slot_is_target_plus_eos_and_skips_engine():
     ratios = np.array([[1.0] + [0.0] * 7])
     engine = CountingEngine(reply=[21, 22, EOS])
     planner = MixRolloutPlanner(engine, n=8, response_length=8, pad_token_id=PAD, eos_token_id=EOS)
-    out = planner.generate(prompts, mask, TGT, ratios).tensors
+    out = planner.generate(prompts, mask, per_slot(TGT, 8), ratios).tensors
 
     assert out["responses"][0].tolist() == [11, 12, 13, 14, EOS, PAD, PAD, PAD]
     assert out["prefix_mask"][0].tolist() == [T_] * 5 + [F_] * 3
@@ -94,14 +100,14 @@ def test_ratio_zero_everywhere_marks_no_prefix_token():
     prompts, mask = _prompt_batch()
     engine = CountingEngine(reply=[21, EOS])
     planner = MixRolloutPlanner(engine, n=8, response_length=8, pad_token_id=PAD, eos_token_id=EOS)
-    batch = planner.generate(prompts, mask, TGT, np.zeros((1, 8)))
+    batch = planner.generate(prompts, mask, per_slot(TGT, 8), np.zeros((1, 8)))
     assert not batch.tensors["prefix_mask"].any()
     assert batch.meta_info["num_engine_requests"] == 8 and batch.meta_info["num_on_policy_slots"] == 8
 
 
 def test_half_ratio_prefix_is_floor_of_half_target_plus_eos():
     prompts, mask = _prompt_batch()
-    plan = build_slot_plan(prompts, mask, TGT, np.array([[0.5, 0.0]]), PAD, EOS, response_length=8)
+    plan = build_slot_plan(prompts, mask, per_slot(TGT, 2), np.array([[0.5, 0.0]]), PAD, EOS, response_length=8)
     assert plan.prefixes[0] == [11, 12]  # floor(0.5 * (4 + 1)) = 2
     assert plan.kinds == [SLOT_PARTIAL, SLOT_ON]
     assert plan.engine_prompts() == [[5, 6, 7, 11, 12], [5, 6, 7]]
@@ -117,7 +123,7 @@ def test_half_ratio_prefix_is_floor_of_half_target_plus_eos():
 # ----------------------------------------------------------------------------------------------------
 def test_empty_target_gets_no_eos_and_stays_on_policy():
     prompts, mask = _prompt_batch()
-    plan = build_slot_plan(prompts, mask, torch.full((1, 4), PAD), np.array([[1.0]]), PAD, EOS, response_length=4)
+    plan = build_slot_plan(prompts, mask, torch.full((1, 1, 4), PAD), np.array([[1.0]]), PAD, EOS, response_length=4)
     assert plan.traces == [[]] and plan.kinds == [SLOT_ON] and plan.engine_slots == [0]
 
 
@@ -126,7 +132,7 @@ def test_full_trace_longer_than_l_is_truncated_without_eos():
     tgt = torch.tensor([list(range(40, 50))])
     engine = CountingEngine()
     planner = MixRolloutPlanner(engine, n=1, response_length=6, pad_token_id=PAD, eos_token_id=EOS)
-    out = planner.generate(prompts, mask, tgt, np.array([[1.0]])).tensors
+    out = planner.generate(prompts, mask, per_slot(tgt, 1), np.array([[1.0]])).tensors
     assert out["responses"][0].tolist() == [40, 41, 42, 43, 44, 45]
     assert out["prefix_mask"][0].all() and out["response_mask"][0].tolist() == [1] * 6
     assert engine.calls == []  # nothing to generate: no engine call at all
@@ -135,7 +141,7 @@ def test_full_trace_longer_than_l_is_truncated_without_eos():
 def test_partial_prefix_filling_l_never_reaches_the_engine():
     prompts, mask = _prompt_batch()
     tgt = torch.tensor([list(range(40, 50))])  # trace = 10 tokens + EOS
-    plan = build_slot_plan(prompts, mask, tgt, np.array([[0.7, 0.3]]), PAD, EOS, response_length=6)
+    plan = build_slot_plan(prompts, mask, per_slot(tgt, 2), np.array([[0.7, 0.3]]), PAD, EOS, response_length=6)
     assert plan.kinds == [SLOT_PARTIAL, SLOT_PARTIAL]
     assert [len(p) for p in plan.prefixes] == [7, 3]  # floor(0.7*11), floor(0.3*11)
     assert plan.engine_slots == [1] and plan.engine_max_tokens == [3]
@@ -159,7 +165,7 @@ def test_meta_info_counts_slot_kinds_and_engine_tokens():
     ratios = np.array([[1.0, 0.5, 0.0], [1.0, 0.0, 0.0]])
     engine = CountingEngine(reply=[21, EOS])
     planner = MixRolloutPlanner(engine, n=3, response_length=8, pad_token_id=PAD, eos_token_id=EOS)
-    batch = planner.generate(prompts, mask, tgt, ratios)
+    batch = planner.generate(prompts, mask, per_slot(tgt, 3), ratios)
     assert batch.meta_info == {
         "prefix_ratios": [1.0, 0.5, 0.0, 1.0, 0.0, 0.0],
         "num_engine_requests": 4,
@@ -185,29 +191,29 @@ def test_per_slot_traces_from_the_pool_are_used_slot_by_slot():
 def test_behaviour_log_probs_on_prefix_tokens_only_nan_elsewhere():
     prompts, mask = _prompt_batch()
     lp = [[math.log(0.5), float("nan"), math.log(0.25), math.log(0.1), math.log(0.9)]]  # trace ++ EOS
-    plan = build_slot_plan(prompts, mask, TGT, np.array([[1.0, 0.5, 0.0]]), PAD, EOS, response_length=6, trace_logprobs=lp)
-    out = assemble_responses(plan, [[21, EOS], [22, EOS]]).tensors
     nan = float("nan")
+    per_slot_lp = per_slot(torch.tensor([lp[0] + [nan, nan]]), 3)  # [B, n, T + 1]
+    plan = build_slot_plan(prompts, mask, per_slot(TGT, 3), np.array([[1.0, 0.5, 0.0]]), PAD, EOS, response_length=6,
+                           trace_logprobs=per_slot_lp)
+    out = assemble_responses(plan, [[21, EOS], [22, EOS]]).tensors
     lp_t = torch.tensor(lp[0], dtype=torch.float32)
     torch.testing.assert_close(out["behaviour_log_probs"][0], torch.cat([lp_t, torch.tensor([nan])]), equal_nan=True)
     torch.testing.assert_close(out["behaviour_log_probs"][1], torch.tensor([lp_t[0].item()] + [nan] * 5), equal_nan=True)
     assert torch.isnan(out["behaviour_log_probs"][2]).all()
 
 
-def test_per_slot_logprobs_accepted_as_tensor_or_nested_rows():
+def test_per_slot_logprobs_are_used_slot_by_slot():
     prompts, mask = _prompt_batch()
     tgt = torch.tensor([[[11, PAD], [31, 32]]])
     lp = torch.tensor([[[math.log(0.5), math.log(0.2), float("nan")], [math.log(0.25), math.log(0.1), math.log(0.9)]]])
-    ratios = np.array([[1.0, 1.0]])
-    for given in (lp, [row.tolist() for row in lp]):
-        plan = build_slot_plan(prompts, mask, tgt, ratios, PAD, EOS, response_length=4, trace_logprobs=given)
-        lps = assemble_responses(plan, []).tensors["behaviour_log_probs"]
-        torch.testing.assert_close(lps.exp().nan_to_num(1.0), torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
+    plan = build_slot_plan(prompts, mask, tgt, np.array([[1.0, 1.0]]), PAD, EOS, response_length=4, trace_logprobs=lp)
+    lps = assemble_responses(plan, []).tensors["behaviour_log_probs"]
+    torch.testing.assert_close(lps.exp().nan_to_num(1.0), torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
 
 
 def test_behaviour_log_probs_absent_without_trace_logprobs_and_rollout_logprobs_placed_after_prefix():
     prompts, mask = _prompt_batch()
-    plan = build_slot_plan(prompts, mask, TGT, np.array([[0.5]]), PAD, EOS, response_length=6)
+    plan = build_slot_plan(prompts, mask, per_slot(TGT, 1), np.array([[0.5]]), PAD, EOS, response_length=6)
     out = assemble_responses(plan, [[21, EOS]], engine_logprobs=[[-0.3, -0.4]]).tensors
     assert "behaviour_log_probs" not in out
     torch.testing.assert_close(out["rollout_log_probs"][0], torch.tensor([0.0, 0.0, -0.3, -0.4, 0.0, 0.0]))
@@ -233,15 +239,18 @@ def test_validation_repeats_n_val_without_prefix_at_val_temperature():
     [
         ({"ratios": np.array([[1.5]])}, r"\[0, 1\]"),
         ({"ratios": np.zeros((2, 1))}, r"ratios must be \[B=1, n\]"),
-        ({"tgt": torch.zeros(1, 2, 3, dtype=torch.long)}, r"tgt_input_ids must be"),
-        ({"trace_logprobs": [[0.0]] * 3}, "trace_logprobs has 3 rows"),
+        ({"tgt": torch.zeros(1, 2, 3, dtype=torch.long)}, r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\]"),
+        ({"tgt": TGT}, r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\] \(OffPolicyPool.slot_traces\), got \(1, 6\)"),
+        ({"trace_logprobs": torch.zeros(1, 7)}, r"trace_logprobs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 7\)"),
+        ({"trace_logprobs": torch.zeros(1, 1, 5)}, r"trace_logprobs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 1, 5\)"),
+        ({"trace_logprobs": [[[0.0] * 7]]}, r"trace_logprobs must be a tensor .*got list"),
     ],
 )
 def test_bad_plan_inputs_raise_clear_errors(kwargs, message):
     prompts, mask = _prompt_batch()
     with pytest.raises(ValueError, match=message):
         build_slot_plan(
-            prompts, mask, kwargs.get("tgt", TGT), kwargs.get("ratios", np.array([[1.0]])), PAD, EOS, 4,
+            prompts, mask, kwargs.get("tgt", per_slot(TGT, 1)), kwargs.get("ratios", np.array([[1.0]])), PAD, EOS, 4,
             trace_logprobs=kwargs.get("trace_logprobs"),
         )
 
@@ -251,6 +260,17 @@ def test_engine_returning_wrong_number_of_sequences_is_an_error():
     plan = build_slot_plan(prompts, mask, None, None, PAD, EOS, 4, n=2)
     with pytest.raises(ValueError, match="2 requests"):
         assemble_responses(plan, [[1]])
+
+
+def test_training_rollout_rejects_per_prompt_targets_with_the_expected_shape():
+    """One shape from the pool to the rollout: [B, T] targets must go through OffPolicyPool.slot_traces first."""
+    prompts, mask = _prompt_batch()
+    engine = CountingEngine()
+    planner = MixRolloutPlanner(engine, n=4, response_length=4, pad_token_id=PAD, eos_token_id=EOS)
+    with pytest.raises(ValueError) as err:
+        planner.generate(prompts, mask, TGT, np.array([[1.0, 0.0, 0.0, 0.0]]))
+    assert str(err.value) == "tgt_input_ids must be per-slot traces [B=1, n=4, T] (OffPolicyPool.slot_traces), got (1, 6)"
+    assert engine.calls == []
 
 
 def test_training_rollout_requires_driver_ratios():
@@ -304,7 +324,7 @@ def test_plan_matches_luffy_after_masking(pad, eos):
 
     engine = CountingEngine(eos=eos)
     planner = MixRolloutPlanner(engine, n=n, response_length=length, pad_token_id=pad, eos_token_id=eos)
-    ours = planner.generate(prompts, mask, tgt, ratios).tensors
+    ours = planner.generate(prompts, mask, per_slot(tgt, n), ratios).tensors
     ref_responses, ref_mask, ref_prefix_mask = luffy_reference(prompts, tgt, ratios, pad, eos, length)
 
     assert torch.equal(ours["prefix_mask"], ref_prefix_mask)

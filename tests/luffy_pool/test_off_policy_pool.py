@@ -253,12 +253,53 @@ def test_extra_files_require_known_prompt_ids(extra_file):
         OffPolicyPool(extra_file)
 
 
-def test_slot_traces_without_extras_passes_the_dataset_target_through():
+def test_slot_traces_without_extras_spreads_the_dataset_target_over_the_slots():
     pool = OffPolicyPool()
     tgt = torch.tensor([[5, 6, PAD], [PAD, PAD, PAD]])
     out = pool.slot_traces([0, 1], tgt, np.array([[1.0, 0.0], [1.0, 0.0]]), global_step=1, pad_token_id=PAD)
-    assert out.tgt_input_ids is tgt and out.trace_logprobs is None and out.num_extra_slots == 0
+    assert out.tgt_input_ids.shape == (2, 2, 3)  # [B, n, T], as with extra files
+    assert out.tgt_input_ids.tolist() == [[[5, 6, PAD]] * 2, [[PAD] * 3] * 2]
+    assert out.tgt_input_ids.untyped_storage().data_ptr() == tgt.untyped_storage().data_ptr()  # a view, no n copies
+    assert out.trace_logprobs is None and out.num_extra_slots == 0
     assert out.sources.tolist() == [["target", ""], ["", ""]]  # prompt 1 has an empty target
+
+
+def test_slot_traces_without_extras_spreads_target_logprobs_per_slot():
+    tgt = torch.tensor([[5, 6, PAD]])
+    lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")]], dtype=torch.float64)
+    out = OffPolicyPool().slot_traces([0], tgt, np.array([[1.0, 0.5, 0.0]]), global_step=1, pad_token_id=PAD, target_logprobs=lp)
+    assert out.trace_logprobs.shape == (1, 3, 4)  # [B, n, T + 1]
+    for j in range(3):
+        torch.testing.assert_close(out.trace_logprobs[0, j], lp[0], equal_nan=True)
+
+
+def test_slot_traces_without_dataset_target_are_all_pad():
+    pool = OffPolicyPool(use_dataset_target=False)
+    lp = torch.zeros((1, 3))
+    out = pool.slot_traces([0], torch.tensor([[5, 6]]), np.array([[1.0, 0.0]]), global_step=1, pad_token_id=PAD, target_logprobs=lp)
+    assert out.tgt_input_ids.tolist() == [[[PAD, PAD]] * 2] and out.trace_logprobs is None
+    assert out.sources.tolist() == [["", ""]]
+
+
+def test_slot_traces_same_shape_and_values_with_or_without_extra_files(extra_file):
+    """A prompt without extra traces gets the same slots whether or not the pool has extra files."""
+    tgt = torch.tensor([[11, 12, PAD], [13, PAD, PAD]])
+    lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")], [-0.1, -0.2, float("nan"), float("nan")]])  # float32, as the dataset's
+    ratios = np.array([[1.0, 0.5, 0.0], [0.2, 0.0, 1.0]])
+    plain = OffPolicyPool().slot_traces([5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, target_logprobs=lp)
+    pooled = OffPolicyPool(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
+        [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, target_logprobs=lp)  # extras are for prompt 0 only
+    assert plain.tgt_input_ids.shape == pooled.tgt_input_ids.shape == (2, 3, 3)
+    assert plain.trace_logprobs.shape == pooled.trace_logprobs.shape == (2, 3, 4)
+    assert plain.trace_logprobs.dtype == pooled.trace_logprobs.dtype == torch.float64
+    assert torch.equal(plain.tgt_input_ids, pooled.tgt_input_ids)
+    torch.testing.assert_close(plain.trace_logprobs, pooled.trace_logprobs, equal_nan=True)
+    assert plain.sources.tolist() == pooled.sources.tolist()
+
+
+def test_slot_traces_reject_targets_that_are_not_b_by_t():
+    with pytest.raises(ValueError, match=r"tgt_input_ids must be the dataset targets \[B, T\]"):
+        OffPolicyPool().slot_traces([0], torch.zeros((1, 2, 3), dtype=torch.long), np.ones((1, 2)), global_step=1, pad_token_id=PAD)
 
 
 def test_slot_traces_target_first_then_extras_round_robin(extra_file):
