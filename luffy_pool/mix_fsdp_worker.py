@@ -14,7 +14,7 @@ import torch
 
 from luffy_pool.mix_actor import MIXDataParallelPPOActor
 from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
-from verl.protocol import DataProto
+from verl.protocol import DataProto, PerPart
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from verl.workers.rollout.base import sampling_from_config
@@ -72,4 +72,4 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         meta.pop("prefix_ratios", None)  # the driver already holds the ratios it drew
         meta["timing_s/weight_sync"] = t_sync
         meta["timing_s/generate_worker"] = time.perf_counter() - t0
-        return DataProto.from_dict(tensors=tensors, meta_info={"rollout_stats": [meta]})
+        return DataProto.from_dict(tensors=tensors, meta_info={"rollout_stats": PerPart([meta])})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -167,6 +167,11 @@ class DataProtoItem:
     meta_info: dict = dataclasses.field(default_factory=dict)
 
 
+class PerPart(list):
+    """A ``meta_info`` value with one entry per part (e.g. per-rank worker timings): ``DataProto.concat`` joins
+    these lists over the parts instead of keeping the first part's value. Any key may carry one."""
+
+
 @dataclasses.dataclass
 class DataProto:
     """Rows of tensors (``batch``) and numpy values (``non_tensor_batch``) plus batch-level ``meta_info``."""
@@ -174,10 +179,6 @@ class DataProto:
     batch: Optional[TensorDict] = None
     non_tensor_batch: dict = dataclasses.field(default_factory=dict)
     meta_info: dict = dataclasses.field(default_factory=dict)
-
-    # meta_info keys holding one entry per part (e.g. per-rank worker timings): concat joins their lists
-    # instead of keeping the first part's.
-    PER_PART_META_KEYS: ClassVar[tuple] = ("rollout_stats",)
 
     def __post_init__(self) -> None:
         self.check_consistency()
@@ -408,7 +409,7 @@ class DataProto:
     @staticmethod
     def concat(data: Sequence["DataProto"]) -> "DataProto":
         """Stack DataProtos row-wise; all must have the same keys. meta_info comes from the first, except
-        ``PER_PART_META_KEYS``, whose lists are joined over the parts."""
+        ``PerPart`` values, whose lists are joined over the parts."""
         data = list(data)
         if not data:
             raise ValueError("concat needs at least one DataProto")
@@ -429,9 +430,9 @@ class DataProto:
         non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0)
                        for k in first.non_tensor_batch}
         meta = dict(first.meta_info)
-        for key in DataProto.PER_PART_META_KEYS:  # per-rank lists: keep every part's entries, in order
-            if key in meta:
-                meta[key] = [entry for d in data for entry in d.meta_info.get(key, [])]
+        for key, value in first.meta_info.items():  # per-rank lists: keep every part's entries, in order
+            if isinstance(value, PerPart):
+                meta[key] = PerPart(entry for d in data for entry in d.meta_info.get(key, []))
         return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":

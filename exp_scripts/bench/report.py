@@ -64,7 +64,7 @@ def phase_breakdown(result: dict) -> dict[str, float]:
         for s in steps) if steps else math.nan
     out["outside timing_s/step (driver logging, metrics)"] = median(
         s["wall_s"] - s["metrics"].get("timing_s/step", math.nan) for s in steps)
-    # rollout_workers holds every rank's timings (DataProto.PER_PART_META_KEYS); the slowest rank bounds gen.
+    # rollout_workers holds every rank's timings (a DataProto PerPart value); the slowest rank bounds gen.
     for key in ("timing_s/generate_worker", "timing_s/weight_sync"):
         values = [max(w.get(key, math.nan) for w in s["rollout_workers"]) for s in steps if s.get("rollout_workers")]
         if values:

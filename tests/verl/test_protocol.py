@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from verl.protocol import DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import DataProto, DataProtoItem, PerPart, pad_dataproto_to_divisor, unpad_dataproto
 
 
 def make_batch(n: int = 4) -> DataProto:
@@ -188,11 +188,16 @@ def test_split_last_piece_may_be_short():
 
 def test_concat_joins_per_part_meta_lists():
     # Each rank reports its own worker timings; the concatenated batch keeps every rank's entry, in order.
+    # Any key may be per-part (no name is special); a plain list keeps the first part's value.
     parts = [make_batch(2) for _ in range(3)]
     for rank, part in enumerate(parts):
-        part.meta_info["rollout_stats"] = [{"rank": rank}]
+        part.meta_info["rollout_stats"] = PerPart([{"rank": rank}])
+        part.meta_info["my_timings"] = PerPart([rank * 1.5])
+        part.meta_info["plain"] = [rank]
     merged = DataProto.concat(parts)
     assert merged.meta_info["rollout_stats"] == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
+    assert isinstance(merged.meta_info["rollout_stats"], PerPart)
+    assert merged.meta_info["my_timings"] == [0.0, 1.5, 3.0] and merged.meta_info["plain"] == [0]
     assert merged.meta_info["temperature"] == 0.7
     assert parts[0].meta_info["rollout_stats"] == [{"rank": 0}]  # inputs untouched
 
