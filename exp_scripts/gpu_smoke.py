@@ -109,13 +109,10 @@ def overrides(model_dir: str, task_dir: str, out_dir: str, device: str, small: b
 
 
 def compose(overrides_list: list):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     from luffy_pool.config_check import check_config
+    from luffy_pool.config_compose import compose_config
 
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "luffy_pool", "config"), version_base=None):
-        config = hydra_compose(config_name="mix_ppo_trainer", overrides=overrides_list)
+    config = compose_config(overrides_list)
     check_config(config)
     return config
 

@@ -19,13 +19,12 @@ from typing import Optional, Sequence
 
 def compose_run_config(config_name: str, overrides: Sequence[str]):
     """The composed, validated and resolved trainer config, as ``python -m luffy_pool.main_mix_ppo`` builds it."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from luffy_pool.config_check import CONFIG_DIR, check_config, prepare_overrides
+    from luffy_pool.config_check import check_config, prepare_overrides
+    from luffy_pool.config_compose import compose_config
 
-    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
-        config = compose(config_name=config_name, overrides=prepare_overrides(list(overrides)))
+    config = compose_config(prepare_overrides(list(overrides)), config_name)
     check_config(config)
     OmegaConf.resolve(config)
     return config
