@@ -2,7 +2,9 @@
 
 Shared by the vLLM and the HF rollout, and free of engine imports so the key surface is unit-tested
 without starting an engine. The trainer passes its whole ``actor_rollout_ref.rollout`` section; keys
-that belong to other parts (prefix strategy, ``n_val``, ...) are ignored here.
+that belong to other parts (prefix strategy, ``n_val``, ...) are ignored here. The dataclass defaults serve
+an engine built on its own (benchmarks, engine tests); a worker always passes the composed group, so every key
+the YAML holds takes the YAML's value (tests/verl/workers/rollout/test_vllm_rollout_config.py checks this).
 """
 from __future__ import annotations
 

@@ -157,3 +157,23 @@ def test_remove_run_cpu_shm_only_touches_that_run(tmp_path):
     removed = remove_run_cpu_shm(4242, shm_dir=str(tmp_path))
     assert len(removed) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["luffy4243-tp:0-[0-1]-cpushm_0", "psm_other"]
+
+
+def test_the_workers_full_rollout_group_overrides_every_engine_default(compose_config):
+    """The engine dataclass keeps defaults for standalone engine use; the worker passes the composed rollout
+    group, so for every key the YAML has, the engine runs with the YAML's value, never a restated default."""
+    import dataclasses
+
+    from luffy_pool.config_check import schema_defaults
+
+    rollout = compose_config([]).actor_rollout_ref.rollout
+    cfg = parse_rollout_config(rollout)
+    yaml = {k.rsplit(".", 1)[1]: v for k, v in schema_defaults().items() if k.startswith("actor_rollout_ref.rollout.")}
+    canonical = {"dtype": {"bfloat16": "bfloat16"}, "load_format": {"dummy_dtensor": "dummy"}}
+    shared = [f.name for f in dataclasses.fields(cfg) if f.name in yaml]
+    assert len(shared) >= 15, shared  # sampling, lengths, TP, memory, batching, dtype, weights source, seed
+    for name in shared:
+        want = canonical.get(name, {}).get(yaml[name], yaml[name])
+        assert getattr(cfg, name) == want, name
+    assert cfg.micro_batch_size == yaml["hf_micro_batch_size"]  # the HF engine's YAML spelling
+    assert cfg.tensor_model_parallel_size == 2 and cfg.tensor_model_parallel_size != parse_rollout_config(None).tensor_model_parallel_size
