@@ -40,8 +40,9 @@ def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method
     TimeoutError (after killing the ranks) past ``timeout_s``.
 
     ``start_method``: "fork" (default) lets the ranks inherit the already imported torch/transformers
-    (~15 s per child saved on a busy 2-core box); "spawn" gives fresh interpreters, for a rank that
-    measures its own memory (a forked child starts with the parent's resident pages).
+    (~15 s per child saved on a busy 2-core box); "spawn" gives fresh interpreters, for ranks that must
+    not inherit the parent's state: one that measures its own memory (a forked child starts with the
+    parent's resident pages), or one that starts a vLLM engine of its own.
     """
     if torch.distributed.is_initialized():
         # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
