@@ -12,7 +12,7 @@ import math
 import os
 from typing import Mapping, Optional, Sequence
 
-from verl.utils.plot_metrics import moving_average, save_png, series
+from verl.utils.plot_metrics import label_step_axes, moving_average, save_png, series
 
 ON_REWARD = "on_off_metrics/on_score"
 ENTROPY = "actor/entropy_loss"
@@ -65,12 +65,7 @@ def plot_dynamics(runs: Mapping[str, Mapping[int, Mapping]], out_dir: str, smoot
             ax.plot(steps, values, color=colors[name], alpha=0.25, linewidth=0.8)
             ax.plot(steps, moving_average(values, smooth), color=colors[name], label=name, linewidth=1.6)
             drawn = True
-        ax.set_title(title)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if drawn:
-            ax.legend(fontsize=7)
+        label_step_axes(ax, title, ylabel, legend=drawn)
         return drawn
 
     written = []

@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from verl.utils.plot_metrics import moving_average, save_png, series
+from verl.utils.plot_metrics import label_step_axes, moving_average, save_png, series
 
 ON_REWARD = "on_off_metrics/on_score"
 GENERATED_ON_REWARD = "replay/generated_on_score"
@@ -121,12 +121,8 @@ def plot_seed_curves(runs: Mapping[str, Sequence[Mapping[int, Mapping]]], out_di
                     marker="o" if metric == HELD_OUT else None, markersize=3)
             ax.fill_between(steps, values.min(0), values.max(0), color=f"C{i}", alpha=0.15)
             drawn = True
-        ax.set_title(title)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
+        label_step_axes(ax, title, ylabel, legend=drawn)
         if drawn:
-            ax.legend(fontsize=7)
             written.append(save_png(fig, os.path.join(out_dir, f"{file_name}.png")))
         else:
             plt.close(fig)

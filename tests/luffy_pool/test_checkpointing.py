@@ -163,19 +163,26 @@ def test_resume_at_the_last_step_trains_nothing_more(base_config, tiny_model_dir
     assert again.global_steps == 2 and again.ratio_log == {}
 
 
-def test_crash_before_rename_keeps_previous_checkpoint(base_config, tiny_model_dir, tmp_path, monkeypatch):
-    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
-    real_publish = layout.publish_dir
+def fit_killed_in(trainer, monkeypatch, name, kill_if, why):
+    """``trainer.fit()`` with the call ``layout.<name>(*args)`` for which ``kill_if(*args)`` raising
+    SimulatedCrash instead of running; the patch is gone afterwards."""
+    real = getattr(layout, name)
 
-    def publish_then_die(tmp, final):
-        if final.endswith(layout.step_dir_name(4)):
-            raise SimulatedCrash("killed between temp write and rename")
-        real_publish(tmp, final)
+    def maybe_die(*args):
+        if kill_if(*args):
+            raise SimulatedCrash(why)
+        real(*args)
 
-    monkeypatch.setattr(layout, "publish_dir", publish_then_die)
+    monkeypatch.setattr(layout, name, maybe_die)
     with pytest.raises(SimulatedCrash):
         trainer.fit()
     monkeypatch.undo()
+
+
+def test_crash_before_rename_keeps_previous_checkpoint(base_config, tiny_model_dir, tmp_path, monkeypatch):
+    trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
+    fit_killed_in(trainer, monkeypatch, "publish_dir", lambda tmp, final: final.endswith(layout.step_dir_name(4)),
+                  "killed between temp write and rename")
     assert layout.read_tracker(str(tmp_path)) == 2
     assert os.path.isdir(tmp_path / (layout.TMP_PREFIX + "global_step_4"))
     resumed, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
@@ -186,17 +193,8 @@ def test_crash_before_rename_keeps_previous_checkpoint(base_config, tiny_model_d
 def test_crash_before_tracker_write_resumes_previous_and_replaces_stale_dir(base_config, tiny_model_dir, tmp_path,
                                                                             monkeypatch):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
-    real_write = layout.write_tracker
-
-    def write_then_die(root, step):
-        if step == 4:
-            raise SimulatedCrash("killed between rename and tracker write")
-        real_write(root, step)
-
-    monkeypatch.setattr(layout, "write_tracker", write_then_die)
-    with pytest.raises(SimulatedCrash):
-        trainer.fit()
-    monkeypatch.undo()
+    fit_killed_in(trainer, monkeypatch, "write_tracker", lambda root, step: step == 4,
+                  "killed between rename and tracker write")
     assert layout.read_tracker(str(tmp_path)) == 2 and os.path.isdir(tmp_path / "global_step_4")
     resumed, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
     resumed.fit()

@@ -24,9 +24,7 @@ REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_full_config_defaults_with_gradient_checkpointing(tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
-                                                          compose_config, luffy_overrides):
-    from luffy_pool.launcher import build_trainer
-
+                                                          compose_config, luffy_overrides, fit_with_fingerprints):
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf", steps=1)
     # back to mix_ppo_trainer.yaml's own defaults for the actor forward
     overrides = [o for o in overrides if not o.startswith(("actor_rollout_ref.model.enable_gradient_checkpointing=",
@@ -35,13 +33,7 @@ def test_full_config_defaults_with_gradient_checkpointing(tiny_model_dir, tiny_t
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing is True
     assert config.actor_rollout_ref.model.shared_prompt_forward is True
     assert config.actor_rollout_ref.model.use_remove_padding is False
-    trainer, close = build_trainer(config)
-    try:
-        before = trainer.wg.actor_weight_fingerprint()
-        last = trainer.fit()
-        after = trainer.wg.actor_weight_fingerprint()
-    finally:
-        close()
+    _, before, last, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     assert math.isfinite(last["actor/pg_loss"]) and math.isfinite(last["actor/grad_norm"])
 
@@ -119,22 +111,15 @@ def test_one_luffy_step_on_two_nodes_of_two_fake_gpus(tiny_model_dir, tiny_task_
 
 @pytest.mark.vllm
 def test_luffy_step_with_vllm_cpu_tensor_parallel_two_on_four_ranks(tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
-                                                                    compose_config, luffy_overrides, capsys):
+                                                                    compose_config, luffy_overrides, capsys,
+                                                                    fit_with_fingerprints):
     """The issue's ``quickstart.sh trainer.n_gpus_per_node=4 ...tensor_model_parallel_size=2``: 2 vLLM-CPU engines
     of 2 ranks each (external launcher over the trainer's gloo group) roll out a LUFFY step."""
-    from luffy_pool.launcher import build_trainer
-
     config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="vllm", steps=1) + [
         "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.test_freq=-1",
         "actor_rollout_ref.actor.ppo_micro_batch_size=4"])
-    trainer, close = build_trainer(config)
+    trainer, before, last, after = fit_with_fingerprints(config)
     port = trainer.wg.master_port
-    try:
-        before = trainer.wg.actor_weight_fingerprint()
-        last = trainer.fit()
-        after = trainer.wg.actor_weight_fingerprint()
-    finally:
-        close()
     assert "rollout engine layout: 2 DP group(s) x TP 2" in capsys.readouterr().out
     assert not glob.glob(f"/dev/shm/luffy{port}-*"), "the engines' shared-memory segments outlive the run"
     assert len(before) == 4 and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"

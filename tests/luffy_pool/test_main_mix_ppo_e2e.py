@@ -16,17 +16,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.parametrize("rollout", ["vllm", "hf"])
 def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
-                                         luffy_overrides):
-    from luffy_pool.launcher import build_trainer
-
+                                         luffy_overrides, fit_with_fingerprints):
     config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout=rollout))
-    trainer, close = build_trainer(config)
-    try:
-        before = trainer.wg.actor_weight_fingerprint()
-        last = trainer.fit()
-        after = trainer.wg.actor_weight_fingerprint()
-    finally:
-        close()
+    _, before, last, after = fit_with_fingerprints(config)
     assert len(before) == 2 and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -3,21 +3,14 @@ vLLM-CPU load and that gives the actor's log-probs."""
 from __future__ import annotations
 
 import os
-import socket
-import time
 
 import pytest
 import torch
 
 from verl.utils.checkpoint import layout
+from verl.utils.distributed_testing import run_gloo_ranks
 
 PROMPT, RESPONSE = 6, 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(vocab: int) -> dict:
@@ -28,7 +21,7 @@ def _batch(vocab: int) -> dict:
             "responses": ids[:, PROMPT:]}
 
 
-def _train_save_and_score(rank, world_size, port, model_dir, run_root, out_file):
+def _train_save_and_score(rank, world_size, port, model_dir, run_root):
     """2 ranks: FSDP2 actor, one AdamW step, checkpoint under run_root/global_step_1, actor log-probs."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -40,8 +33,6 @@ def _train_save_and_score(rank, world_size, port, model_dir, run_root, out_file)
     from verl.utils.checkpoint import FSDPCheckpointManager
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     mesh = init_device_mesh("cpu", (world_size,))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -60,22 +51,15 @@ def _train_save_and_score(rank, world_size, port, model_dir, run_root, out_file)
     log_probs, _ = actor.compute_log_prob(data)
     if rank == 0:
         layout.write_tracker(run_root, 1)
-        torch.save({"log_probs": log_probs, "batch": b}, out_file)
     dist.destroy_process_group()
+    return {"log_probs": log_probs, "batch": b}
 
 
 @pytest.fixture(scope="module")
 def sharded_run(tiny_model_dir, tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    root = tmp_path_factory.mktemp("merger")
-    run_root, out_file = str(root / "run"), str(root / "actor_scores.pt")
-    ctx = mp.start_processes(_train_save_and_score, args=(2, _free_port(), tiny_model_dir, run_root, out_file),
-                             nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 600
-    while not ctx.join(timeout=5):
-        assert time.monotonic() < deadline, "2-rank actor did not finish"
-    return run_root, torch.load(out_file, weights_only=False)
+    run_root = str(tmp_path_factory.mktemp("merger") / "run")
+    scores = run_gloo_ranks(_train_save_and_score, 2, tiny_model_dir, run_root, timeout_s=600)[0]
+    return run_root, scores
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +72,7 @@ def merged_dir(sharded_run, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_merged_folder_loads_in_transformers_with_the_actors_log_probs(sharded_run, merged_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -103,7 +87,7 @@ def test_merged_folder_loads_in_transformers_with_the_actors_log_probs(sharded_r
     assert {"model.safetensors", "config.json", "generation_config.json"} <= set(os.listdir(merged_dir))
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_merger_follows_the_tracker_of_a_run_root_and_casts_dtype(sharded_run, tmp_path):
     from safetensors.torch import load_file
 

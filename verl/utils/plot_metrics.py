@@ -116,11 +116,7 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
                 marker = "o" if panel.name == "validation" or len(steps) < 20 else None
                 ax.plot(steps, moving_average(values, 1 if panel.name == "validation" else smooth), label=label,
                         marker=marker, markersize=3)
-        ax.set_title(panel.title)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(panel.ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_step_axes(ax, panel.title, panel.ylabel)
 
     written = []
     for panel, keys in panels:
@@ -136,6 +132,16 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
         ax.set_visible(False)
     written.append(save_png(fig, os.path.join(out_dir, "overview.png")))
     return written
+
+
+def label_step_axes(ax, title: str, ylabel: str, legend: bool = True) -> None:
+    """The look of every metric panel: title, "training step" on x, ``ylabel``, a light grid, a small legend."""
+    ax.set_title(title)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def save_png(fig, path: str) -> str:

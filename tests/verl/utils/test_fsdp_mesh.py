@@ -31,8 +31,8 @@ def test_fsdp_size_that_does_not_divide_the_world_is_named(bad):
 
 
 # ------------------------------------------------------------------------------ 4 gloo ranks
-def _run_ranks(fn, world: int, *args) -> None:
-    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
+def _run_ranks(fn, world: int, *args) -> list:
+    return run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _tiny_model():
@@ -60,8 +60,6 @@ def _batch(rank: int):
 
 
 def _hsdp_job(rank, world, port, out_dir):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     import torch.distributed as dist
     from verl.utils import fsdp_utils
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
@@ -103,15 +101,13 @@ def _hsdp_job(rank, world, port, out_dir):
                 after = DataParallelPPOActor(cfg, fresh, fresh_opt).update_policy(_batch(rank))
                 result[f"loss_after_reload_{target_name}"] = after["actor/pg_loss"]
             result["loss_next_step"] = actor.update_policy(_batch(rank))["actor/pg_loss"]
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
 def hsdp_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hsdp")
-    _run_ranks(_hsdp_job, 4, str(out))
-    return [torch.load(out / f"rank{r}.pt") for r in range(4)]
+    return _run_ranks(_hsdp_job, 4, str(tmp_path_factory.mktemp("hsdp")))
 
 
 @pytest.mark.slow  # 4 forked gloo ranks

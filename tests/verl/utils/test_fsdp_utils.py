@@ -1,5 +1,4 @@
 """FSDP2 helpers: full-weight streaming, buckets, full state dicts, on 2 gloo ranks and in one process."""
-import os
 import warnings
 
 import pytest
@@ -13,8 +12,8 @@ from verl.utils.distributed_testing import run_gloo_ranks
 JOB_TIMEOUT_S = 240
 
 
-def run_ranks(fn, world: int, *args) -> None:
-    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
+def run_ranks(fn, world: int, *args) -> list:
+    return run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _tiny_config(tied: bool):
@@ -25,10 +24,7 @@ def _tiny_config(tied: bool):
                        eos_token_id=1, pad_token_id=0)
 
 
-def _two_rank_job(rank, world, port, model_dir, out_dir):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _two_rank_job(rank, world, port, model_dir):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
@@ -84,15 +80,13 @@ def _two_rank_job(rank, world, port, model_dir, out_dir):
     results["weights_moved"] = any(
         not torch.equal(v, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()[k])
         for k, v in full_sd.items())
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
-def two_rank_results(tiny_model_dir, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("fsdp_utils_job"))
-    run_ranks(_two_rank_job, 2, tiny_model_dir, out)
-    return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
+def two_rank_results(tiny_model_dir):
+    return run_ranks(_two_rank_job, 2, tiny_model_dir)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -164,10 +158,7 @@ def test_unknown_dtype_and_missing_layer_classes_are_named():
         fsdp_utils.decoder_layer_classes(nn.Sequential(nn.Linear(2, 2)), ["NoSuchLayer"])
 
 
-def _packed_gather_job(rank, world, port, out_dir):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _packed_gather_job(rank, world, port):
     import torch.distributed as dist
     from transformers import Qwen2Config
 
@@ -197,14 +188,12 @@ def _packed_gather_job(rank, world, port, out_dir):
             "buckets": len(buckets),
             "deprecations": [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))],
         }
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return results
 
 
-def test_packed_bucket_gather_equals_per_tensor_full_tensor(tmp_path):
-    run_ranks(_packed_gather_job, 3, str(tmp_path))
-    for rank in range(3):
-        results = torch.load(os.path.join(tmp_path, f"rank{rank}.pt"))
+def test_packed_bucket_gather_equals_per_tensor_full_tensor():
+    for rank, results in enumerate(run_ranks(_packed_gather_job, 3)):
         for key, r in results.items():
             assert r["names_equal"] and r["all_equal"], (rank, key)
             assert r["deprecations"] == [], (rank, key, r["deprecations"])

@@ -1,19 +1,12 @@
 """Meta-device init: checkpoint rows read exactly, buffers kept, shards equal from_pretrained's weights,
 and a rank's peak memory during init is its shard, not a full fp32 copy."""
 import json
-import os
-import socket
 
 import pytest
 import torch
 
+from verl.utils.distributed_testing import run_gloo_ranks
 from verl.utils.meta_init import checkpoint_entries, empty_model, parameters_on_meta
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_safetensors_rows_are_read_exactly(tmp_path):
@@ -66,7 +59,7 @@ def _reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current RSS
 
 
-def _rank(rank, port, model_dir, measure, queue):
+def _rank(rank, world, port, model_dir, measure):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -74,11 +67,9 @@ def _rank(rank, port, model_dir, measure, queue):
     from verl.utils.fsdp_utils import apply_fsdp2
     from verl.utils.meta_init import build_sharded_model
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (2,))
+        mesh = init_device_mesh("cpu", (world,))
         hf_config = AutoConfig.from_pretrained(model_dir)
         base = _rss_kb("VmRSS")
         _reset_peak()
@@ -106,24 +97,14 @@ def _rank(rank, port, model_dir, measure, queue):
             ids = torch.randint(0, hf_config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
             diff = max(diff, float((model(input_ids=ids).logits - ref(input_ids=ids).logits).abs().max()))
         tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-        queue.put((rank, ours_kb, ref_kb, diff, tied))
+        return rank, ours_kb, ref_kb, diff, tied
     finally:
         dist.destroy_process_group()
 
 
 def _run_two_ranks(model_dir, measure=False):
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, model_dir, measure, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=600)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return [queue.get(timeout=5) for _ in procs]
+    # spawn: a forked rank would start with the parent's resident pages in its RSS
+    return run_gloo_ranks(_rank, 2, model_dir, measure, timeout_s=600, start_method="spawn")
 
 
 @pytest.mark.slow

@@ -5,23 +5,14 @@ called directly (no Ray). Layout A: FSDP over 4 ranks, SP=1 (dp=4). Layout B: fs
 (dp=2), optimizer_offload=True (a no-op on CPU; the path runs). One micro-batch = one row in both, so the
 same rows average into the same gradient; old log-probs before and after one update must agree.
 """
-import os
-import socket
-import time
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
+
+from verl.utils.distributed_testing import run_gloo_ranks
 
 WORLD = 4
 JOB_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(vocab: int):
@@ -40,10 +31,7 @@ def _batch(vocab: int):
         "responses": ids[:, prompt:], "advantages": torch.randn(rows, response, generator=g)})
 
 
-def _job(rank, world, port, cfg_yaml, out_path):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _job(rank, world, port, cfg_yaml):
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -62,26 +50,16 @@ def _job(rank, world, port, cfg_yaml, out_path):
     chunk.batch["old_log_probs"] = before
     metrics = worker.update_actor(chunk).meta_info["metrics"]
     after = worker.compute_log_prob(chunk).batch["old_log_probs"]
-    torch.save({"before": before, "after": after, "grad_norm": metrics["actor/grad_norm"],
-                "mesh": tuple(worker.device_mesh.shape), "sp_group": worker.ulysses_group is not None,
-                "offload_active": worker.optimizer_offload.active, "all_to_all_calls": len(calls)}, f"{out_path}_rank{rank}.pt")
     dist.destroy_process_group()
+    return {"before": before, "after": after, "grad_norm": metrics["actor/grad_norm"],
+            "mesh": tuple(worker.device_mesh.shape), "sp_group": worker.ulysses_group is not None,
+            "offload_active": worker.optimizer_offload.active, "all_to_all_calls": len(calls)}
 
 
-def _run(cfg, out_path):
+def _run(cfg):
     from omegaconf import OmegaConf
 
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    ctx = mp.start_processes(_job, args=(WORLD, _free_port(), OmegaConf.to_container(cfg, resolve=True), out_path),
-                             nprocs=WORLD, join=False, start_method="fork")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            raise TimeoutError(f"worker ranks did not finish in {JOB_TIMEOUT_S} s")
-    return [torch.load(f"{out_path}_rank{r}.pt") for r in range(WORLD)]
+    return run_gloo_ranks(_job, WORLD, OmegaConf.to_container(cfg, resolve=True), timeout_s=JOB_TIMEOUT_S)
 
 
 @pytest.mark.slow  # 4 forked gloo ranks, each building the worker
@@ -98,8 +76,8 @@ def test_hsdp_sp2_offload_worker_matches_the_plain_layout(tiny_model_dir, tiny_t
                                       "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
                                       "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True"])
     assert validate_config(plain) == [] and validate_config(parallel) == []
-    a = _run(plain, str(tmp_path / "plain"))
-    b = _run(parallel, str(tmp_path / "parallel"))
+    a = _run(plain)
+    b = _run(parallel)
     for ra, rb in zip(a, b):
         assert ra["mesh"] == (4,) and rb["mesh"] == (2, 2)
         assert not ra["sp_group"] and rb["sp_group"]

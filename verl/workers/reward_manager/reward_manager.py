@@ -46,20 +46,13 @@ def _check_keys(cfg: dict, allowed: Sequence[str], where: str) -> None:
         raise ValueError(f"unknown key(s) {unknown} in {where}; allowed: {sorted(allowed)}")
 
 
-def _as_format_config(cfg) -> FormatRewardConfig:
-    if isinstance(cfg, FormatRewardConfig):
+def _as_section(cfg, cls, allowed: Sequence[str], where: str):
+    """``cfg`` as the dataclass ``cls``: kept if it is one already, else built from a mapping of known keys."""
+    if isinstance(cfg, cls):
         return cfg
     cfg = _plain(cfg)
-    _check_keys(cfg, FORMAT_REWARD_KEYS, "reward.format_reward")
-    return FormatRewardConfig(**cfg)
-
-
-def _as_orm_config(cfg) -> OrmConfig:
-    if isinstance(cfg, OrmConfig):
-        return cfg
-    cfg = _plain(cfg)
-    _check_keys(cfg, ORM_KEYS, "reward.orm")
-    return OrmConfig(**cfg)
+    _check_keys(cfg, allowed, where)
+    return cls(**cfg)
 
 
 class RewardManager:
@@ -86,8 +79,8 @@ class RewardManager:
         self.spec = ScorerSpec(reward_impl_version, grader, GuardLimits(time_budget_s=float(grade_budget_s)))
         self.reward_impl_version = self.spec.reward_impl_version
         self.fail_value, self.success_value = fail_success_values(self.reward_impl_version)
-        self.format_reward = _as_format_config(format_reward)
-        self.orm_config = _as_orm_config(orm)
+        self.format_reward = _as_section(format_reward, FormatRewardConfig, FORMAT_REWARD_KEYS, "reward.format_reward")
+        self.orm_config = _as_section(orm, OrmConfig, ORM_KEYS, "reward.orm")
         if compute_score is not None and self.orm_config.enable:
             raise ValueError("reward.orm.enable=True cannot be combined with a custom compute_score")
         self.judge = OrmJudge(self.orm_config) if self.orm_config.enable else None

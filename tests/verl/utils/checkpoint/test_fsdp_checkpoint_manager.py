@@ -4,44 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 
 import pytest
 import torch
 
 from verl.utils.checkpoint import layout
+from verl.utils.distributed_testing import run_gloo_ranks
 
 STEPS_BEFORE_SAVE = 2
 LR = 1e-2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(fn, world_size: int, *args, timeout_s: float = 600.0) -> None:
-    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` spawned processes; fail on any error."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(fn, args=(world_size, _free_port(), *args), nprocs=world_size, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise TimeoutError(f"{fn.__name__} did not finish in {timeout_s} s")
-
-
-def _init_group(rank: int, world_size: int, port: int):
+def _init_group(rank: int, world_size: int):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     return init_device_mesh("cpu", (world_size,))
 
@@ -97,14 +74,14 @@ class Counter:
         self.value = state["value"]
 
 
-def _save_then_reload(rank, world_size, port, model_dir, ckpt, out):
+def _save_then_reload(rank, world_size, port, model_dir, ckpt):
     """2 ranks: train, save (with HF weights), keep training as reference; a fresh model loads and matches."""
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
     from verl.utils.checkpoint import FSDPCheckpointManager
 
-    mesh = _init_group(rank, world_size, port)
+    mesh = _init_group(rank, world_size)
     model, optim, sched = build_sharded_actor(model_dir, mesh, seed=0)
     for step in range(STEPS_BEFORE_SAVE):
         train_step(model, optim, sched, rank, world_size, step)
@@ -132,25 +109,25 @@ def _save_then_reload(rank, world_size, port, model_dir, ckpt, out):
     if rank == 0:
         result.update(saved_model=saved_model, saved_optim=saved_optim, loaded_model=loaded_model,
                       loaded_optim=loaded_optim, next_model=next_model, fresh_next=fresh_next)
-    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return result
 
 
-def _reload_on_one_rank(rank, world_size, port, model_dir, ckpt, out):
+def _reload_on_one_rank(rank, world_size, port, model_dir, ckpt):
     import torch.distributed as dist
 
     from verl.utils.checkpoint import FSDPCheckpointManager
 
-    mesh = _init_group(rank, world_size, port)
+    mesh = _init_group(rank, world_size)
     model, optim, sched = build_sharded_actor(model_dir, mesh, seed=99)
     counter = Counter()
     FSDPCheckpointManager(model, optim, sched, extra_states={"counter": counter}).load_checkpoint(ckpt)
     loaded_model, loaded_optim = full_states(model, optim)
     train_step(model, optim, sched, rank, world_size, STEPS_BEFORE_SAVE)
     next_model, _ = full_states(model, optim)
-    torch.save({"loaded_model": loaded_model, "loaded_optim": loaded_optim, "next_model": next_model,
-                "counter": counter.value}, os.path.join(out, "one_rank.pt"))
     dist.destroy_process_group()
+    return {"loaded_model": loaded_model, "loaded_optim": loaded_optim, "next_model": next_model,
+            "counter": counter.value}
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -164,32 +141,29 @@ def _optim_tensors(osd: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def two_rank_run(tiny_model_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp_ckpt")
-    ckpt, out = str(root / "actor"), str(root / "out")
-    os.makedirs(out)
-    run_ranks(_save_then_reload, 2, tiny_model_dir, ckpt, out)
-    return ckpt, out, torch.load(os.path.join(out, "rank0.pt"), weights_only=False), \
-        torch.load(os.path.join(out, "rank1.pt"), weights_only=False)
+    ckpt = str(tmp_path_factory.mktemp("fsdp_ckpt") / "actor")
+    r0, r1 = run_gloo_ranks(_save_then_reload, 2, tiny_model_dir, ckpt, timeout_s=600)
+    return ckpt, r0, r1
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_two_rank_round_trip_restores_weights_and_adam_state_exactly(two_rank_run):
-    _ckpt, _out, r0, _r1 = two_rank_run
+    _ckpt, r0, _r1 = two_rank_run
     assert _max_diff(r0["saved_model"], r0["loaded_model"]) <= 1e-7
     saved, loaded = _optim_tensors(r0["saved_optim"]), _optim_tensors(r0["loaded_optim"])
     assert len(saved) == 3 * len(r0["saved_model"])  # step, exp_avg, exp_avg_sq per parameter
     assert _max_diff(saved, loaded) <= 1e-7
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_training_after_load_continues_like_uninterrupted(two_rank_run):
-    _ckpt, _out, r0, _r1 = two_rank_run
+    _ckpt, r0, _r1 = two_rank_run
     assert _max_diff(r0["next_model"], r0["fresh_next"]) <= 1e-7
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_scheduler_rng_and_extras_are_restored_per_rank(two_rank_run):
-    _ckpt, _out, r0, r1 = two_rank_run
+    _ckpt, r0, r1 = two_rank_run
     for rank, r in enumerate((r0, r1)):
         assert r["draw_equal"], f"rank {rank} RNG stream not restored"
         assert r["counter"] == 7 + rank
@@ -197,9 +171,9 @@ def test_scheduler_rng_and_extras_are_restored_per_rank(two_rank_run):
     assert r0["lr_loaded"] == pytest.approx(LR / 3, rel=1e-12)
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_layout_has_dcp_shards_extra_files_meta_and_hf_folder(two_rank_run):
-    ckpt, _out, r0, _r1 = two_rank_run
+    ckpt, r0, _r1 = two_rank_run
     for sub in (layout.MODEL_DIR, layout.OPTIM_DIR):
         files = sorted(os.listdir(os.path.join(ckpt, sub)))
         assert ".metadata" in files and sum(f.endswith(".distcp") for f in files) == 2
@@ -211,20 +185,19 @@ def test_layout_has_dcp_shards_extra_files_meta_and_hf_folder(two_rank_run):
     assert r0["stats"]["bytes"] > 0 and r0["stats"]["seconds"] > 0
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_hf_weights_written_at_save_time_equal_the_sharded_model(two_rank_run):
     from safetensors.torch import load_file
 
-    ckpt, _out, r0, _r1 = two_rank_run
+    ckpt, r0, _r1 = two_rank_run
     hf = load_file(os.path.join(ckpt, layout.HF_DIR, "model.safetensors"))
     assert _max_diff({k: hf[k] for k in r0["saved_model"]}, r0["saved_model"]) == 0.0
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
 def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tiny_model_dir):
-    ckpt, out, r0, _r1 = two_rank_run
-    run_ranks(_reload_on_one_rank, 1, tiny_model_dir, ckpt, out)
-    one = torch.load(os.path.join(out, "one_rank.pt"), weights_only=False)
+    ckpt, r0, _r1 = two_rank_run
+    (one,) = run_gloo_ranks(_reload_on_one_rank, 1, tiny_model_dir, ckpt, timeout_s=600)
     assert _max_diff(one["loaded_model"], r0["saved_model"]) <= 1e-7
     assert _max_diff(_optim_tensors(one["loaded_optim"]), _optim_tensors(r0["saved_optim"])) <= 1e-7
     assert one["counter"] == 7  # rank 0's extras when the old rank does not exist

@@ -8,22 +8,14 @@ pair up and gloo fails ("Connection closed by peer") or hangs. With the actor's 
 """
 from __future__ import annotations
 
-import os
-import socket
-import time
-
 import pytest
 import torch
 from luffy_pool.config_compose import actor_config
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from verl.utils.distributed_testing import run_gloo_ranks
 
 
-def _uneven_rank(rank, world_size, port, model_dir, out):
+def _uneven_rank(rank, world_size, port, model_dir):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -32,8 +24,6 @@ def _uneven_rank(rank, world_size, port, model_dir, out):
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=__import__("datetime").timedelta(seconds=120))
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
     torch.manual_seed(0)
@@ -79,21 +69,14 @@ def _uneven_rank(rank, world_size, port, model_dir, out):
     actor.update_policy(data)
     model.reshard()
     moved = not all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
-    torch.save({"log_prob_calls": n_log_prob, "update_calls": calls["n"], "in_order": in_order, "moved": moved},
-               os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return {"log_prob_calls": n_log_prob, "update_calls": calls["n"], "in_order": in_order, "moved": moved}
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
-def test_uneven_token_counts_run_the_same_number_of_micro_batches(tiny_model_dir, tmp_path):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_uneven_rank, args=(2, _free_port(), tiny_model_dir, str(tmp_path)), nprocs=2,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 600
-    while not ctx.join(timeout=5):
-        assert time.monotonic() < deadline, "ranks did not finish (unequal micro-batch counts desynchronise FSDP)"
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
+def test_uneven_token_counts_run_the_same_number_of_micro_batches(tiny_model_dir):
+    # unequal micro-batch counts desynchronise FSDP: a rank error or a TimeoutError
+    results = run_gloo_ranks(_uneven_rank, 2, tiny_model_dir, timeout_s=600)
     assert [r["log_prob_calls"] for r in results] == [2, 2]
     assert [r["update_calls"] for r in results] == [2, 2]
     assert all(r["in_order"] for r in results)

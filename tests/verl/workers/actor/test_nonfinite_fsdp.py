@@ -5,22 +5,14 @@ same decision; a rank that stepped while the other skipped would silently desync
 """
 from __future__ import annotations
 
-import os
-import socket
-import time
-
 import pytest
 import torch
 from luffy_pool.config_compose import actor_config
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from verl.utils.distributed_testing import run_gloo_ranks
 
 
-def _nan_on_rank_one(rank, world_size, port, model_dir, out):
+def _nan_on_rank_one(rank, world_size, port, model_dir):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -29,8 +21,6 @@ def _nan_on_rank_one(rank, world_size, port, model_dir, out):
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     mesh = init_device_mesh("cpu", (world_size,))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -55,21 +45,15 @@ def _nan_on_rank_one(rank, world_size, port, model_dir, out):
     data.batch["advantages"] = adv_ok
     metrics_ok = actor.update_policy(data)
     moved = not all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
-    torch.save({"unchanged": unchanged, "skips": metrics["actor/nonfinite_skips"], "moved_after": moved,
-                "skips_after": metrics_ok["actor/nonfinite_skips"]}, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return {"unchanged": unchanged, "skips": metrics["actor/nonfinite_skips"], "moved_after": moved,
+            "skips_after": metrics_ok["actor/nonfinite_skips"]}
 
 
-@pytest.mark.slow  # spawns gloo ranks that import torch + transformers
-def test_nan_on_one_rank_skips_the_step_on_every_rank(tiny_model_dir, tmp_path):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_nan_on_rank_one, args=(2, _free_port(), tiny_model_dir, str(tmp_path)), nprocs=2,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 600
-    while not ctx.join(timeout=5):
-        assert time.monotonic() < deadline, "ranks did not finish (a rank stepping alone would hang or desync)"
-    for rank in range(2):
-        r = torch.load(tmp_path / f"rank{rank}.pt")
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
+def test_nan_on_one_rank_skips_the_step_on_every_rank(tiny_model_dir):
+    # a rank stepping alone would hang (TimeoutError) or desynchronise the shards
+    results = run_gloo_ranks(_nan_on_rank_one, 2, tiny_model_dir, timeout_s=600)
+    for rank, r in enumerate(results):
         assert r["unchanged"] and r["skips"] == [1], rank
         assert r["moved_after"] and r["skips_after"] == [1], rank  # the next finite step trains normally

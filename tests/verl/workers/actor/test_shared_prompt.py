@@ -1,9 +1,7 @@
 """Shared-prompt forward: one prompt pass per group gives the padded forward's logits and gradients."""
-import os
-import socket
-
 import torch
 
+from verl.utils.distributed_testing import run_gloo_ranks
 from verl.workers.actor.shared_prompt import group_rows_by_prompt, shared_prompt_logits
 from luffy_pool.config_compose import actor_config
 
@@ -14,19 +12,10 @@ def _model(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def grouped_batch(vocab, groups=3, n=4, prompt=10, resp=7, seed=0):
-    """``groups`` x ``n`` rows; each group repeats one left-padded prompt, responses end at different points."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (groups * n, prompt + resp), generator=g)
-    mask = torch.ones_like(ids)
-    for gi in range(groups):
-        for j in range(n):
-            r = gi * n + j
-            ids[r, :prompt] = ids[gi * n, :prompt]
-            mask[r, :2 * gi] = 0  # group gi's prompt has 2*gi pad tokens
-            mask[r, prompt + 2 + j:] = 0  # response j has 2 + j tokens
-    ids = ids.masked_fill(mask == 0, 0)
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+def grouped_batch(build, vocab, groups=3, n=4, prompt=10, resp=7, seed=0):
+    """``groups`` x ``n`` rows (``build``: the ``grouped_prompt_batch`` fixture); each group repeats one prompt
+    with 2 * (group index) pad tokens, response j of a group has 2 + j tokens."""
+    return build(vocab, groups, n, prompt, resp, lambda j: 2 + j, seed)
 
 
 def _response_logp(logits, ids, resp):
@@ -45,9 +34,9 @@ def test_group_rows_by_prompt_hand_case():
     assert int(group_rows_by_prompt(ids, mask2, 3)[1].max()) + 1 == 3
 
 
-def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir):
+def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir, grouped_prompt_batch):
     model = _model(tiny_model_dir)
-    ids, mask, pos = grouped_batch(model.config.vocab_size)
+    ids, mask, pos = grouped_batch(grouped_prompt_batch, model.config.vocab_size)
     resp = 7
     valid = mask[:, -resp:].bool()
     padded = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -resp - 1:-1]
@@ -62,18 +51,18 @@ def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir):
         assert torch.allclose(p.grad, ref_grads[k], atol=1e-5, rtol=1e-4), k
 
 
-def test_no_repeated_prompt_means_no_shared_pass(tiny_model_dir):
+def test_no_repeated_prompt_means_no_shared_pass(tiny_model_dir, grouped_prompt_batch):
     model = _model(tiny_model_dir)
-    ids, mask, pos = grouped_batch(model.config.vocab_size, groups=3, n=1)
+    ids, mask, pos = grouped_batch(grouped_prompt_batch, model.config.vocab_size, groups=3, n=1)
     assert shared_prompt_logits(model, ids, mask, pos, 7) is None
 
 
-def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_dir):
+def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_dir, grouped_prompt_batch):
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     model = _model(tiny_model_dir)
-    ids, mask, pos = grouped_batch(model.config.vocab_size)
+    ids, mask, pos = grouped_batch(grouped_prompt_batch, model.config.vocab_size)
     b = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -7:]}
     cfg = actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=12, use_dynamic_bsz=False)
     actor = DataParallelPPOActor(cfg, model, shared_prompt_forward=True)
@@ -86,7 +75,7 @@ def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_
     assert torch.allclose(lp[valid], _response_logp(direct, ids, 7)[valid], atol=1e-5)
 
 
-def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir):
+def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir, grouped_prompt_batch):
     """A6: with activation checkpointing on (the full config's default) the shared-prompt actor's update runs
     (transformers drops the cache there, so the training forward is the padded one) and gives the gradients of
     a model without checkpointing; the no-grad log-prob pass still shares the prompt."""
@@ -94,7 +83,7 @@ def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir):
     from verl.workers.actor.dp_actor import DataParallelPPOActor
     from verl.workers.actor.shared_prompt import checkpointing_drops_cache
 
-    ids, mask, pos = grouped_batch(_model(tiny_model_dir).config.vocab_size)
+    ids, mask, pos = grouped_batch(grouped_prompt_batch, _model(tiny_model_dir).config.vocab_size)
     cfg = actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=6, use_dynamic_bsz=False,
                        ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
                        grad_clip=1e9, use_kl_loss=False)
@@ -125,20 +114,18 @@ def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir):
         assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k
 
 
-def _fsdp_rank(rank, port, model_dir, queue):
+def _fsdp_rank(rank, world, port, model_dir, build):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from verl.utils.fsdp_utils import apply_fsdp2
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         model = _model(model_dir)
-        ids, mask, pos = grouped_batch(model.config.vocab_size, groups=2, n=4)
+        ids, mask, pos = grouped_batch(build, model.config.vocab_size, groups=2, n=4)
         rows = slice(rank * 4, rank * 4 + 4)  # one whole group per rank
-        apply_fsdp2(model, init_device_mesh("cpu", (2,)))
+        apply_fsdp2(model, init_device_mesh("cpu", (world,)))
         grads = []
         for shared in (False, True):
             for _ in range(2):  # a second step must not see state left behind by the two-call forward
@@ -151,25 +138,12 @@ def _fsdp_rank(rank, port, model_dir, queue):
                 valid = mask[rows, -7:].bool()
                 (_response_logp(logits, ids[rows], 7) * valid).sum().backward()
             grads.append({k: p.grad.full_tensor().clone() for k, p in model.named_parameters()})
-        queue.put((rank, max(float((grads[0][k] - grads[1][k]).abs().max()) for k in grads[0])))
+        return max(float((grads[0][k] - grads[1][k]).abs().max()) for k in grads[0])
     finally:
         dist.destroy_process_group()
 
 
-def test_two_call_forward_under_fsdp2_gives_the_padded_gradients(tiny_model_dir):
+def test_two_call_forward_under_fsdp2_gives_the_padded_gradients(tiny_model_dir, grouped_prompt_batch):
     """FSDP2 sees two forwards of the root before one backward; the reduced gradients must not change."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_fsdp_rank, args=(r, port, tiny_model_dir, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    diffs = dict(queue.get(timeout=5) for _ in procs)
+    diffs = dict(enumerate(run_gloo_ranks(_fsdp_rank, 2, tiny_model_dir, grouped_prompt_batch, timeout_s=240)))
     assert max(diffs.values()) < 1e-5, diffs

@@ -2,7 +2,6 @@
 
 Forked gloo ranks; the reference is a plain (SP=1) forward of the same model in the same process.
 """
-import os
 
 import pytest
 import torch
@@ -64,8 +63,8 @@ def test_eager_attention_is_rejected_with_the_key_to_change():
 
 
 # ------------------------------------------------------------------------------ gloo ranks
-def _run_ranks(fn, world: int, *args) -> None:
-    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
+def _run_ranks(fn, world: int, *args) -> list:
+    return run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _micro(seed: int, rows: int = 4, width: int = 13, response: int = 6) -> dict:
@@ -91,10 +90,8 @@ def _grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _forward_job(rank, world, port, sp, out_dir):
+def _forward_job(rank, world, port, sp):
     """Every SP group of ``sp`` ranks: padded and packed forwards + grads vs the plain forward."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -137,14 +134,12 @@ def _forward_job(rank, world, port, sp, out_dir):
         # dynamic batch: the per-rank token budget covers sp times the tokens (each rank holds 1/sp of them)
         data = DataProto.from_dict(tensors=micro)
         result["micro_counts"] = [len(a._micro_batches(data, ["attention_mask"], 1, True, 13)[0]) for a in (plain, sp_actor)]
-    torch.save(result, os.path.join(out_dir, f"fwd{world}_rank{rank}.pt"))
     dist.destroy_process_group()
+    return result
 
 
-def _update_job(rank, world, port, sp, out_dir):
+def _update_job(rank, world, port, sp):
     """FSDP2 over all ranks, SP groups of ``sp``, one update_policy; vs one plain process updating on the union."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -178,17 +173,16 @@ def _update_job(rank, world, port, sp, out_dir):
     ref_actor = DataParallelPPOActor(cfg(4 * dp, 4), reference, torch.optim.SGD(reference.parameters(), lr=0.5))
     ref_metrics = ref_actor.update_policy(data(range(dp)))
     ref = reference.state_dict()
-    torch.save({"weights": max((full[n] - ref[n]).abs().max().item() for n in full),
-                "moved": max((ref[n] - _tiny_model(1).state_dict()[n]).abs().max().item() for n in ref),
-                "pg_loss": metrics["actor/pg_loss"], "ref_pg_loss": ref_metrics["actor/pg_loss"][rank // sp],
-                "grad_norm": metrics["actor/grad_norm"][0], "ref_grad_norm": ref_metrics["actor/grad_norm"][0]},
-               os.path.join(out_dir, f"upd{world}_rank{rank}.pt"))
+    result = {"weights": max((full[n] - ref[n]).abs().max().item() for n in full),
+              "moved": max((ref[n] - _tiny_model(1).state_dict()[n]).abs().max().item() for n in ref),
+              "pg_loss": metrics["actor/pg_loss"], "ref_pg_loss": ref_metrics["actor/pg_loss"][rank // sp],
+              "grad_norm": metrics["actor/grad_norm"][0], "ref_grad_norm": ref_metrics["actor/grad_norm"][0]}
     dist.destroy_process_group()
+    return result
 
 
-def _data_job(rank, world, port, sp, out_dir):
+def _data_job(rank, world, port, sp):
     """The worker's data plan: an SP group computes on the union of its ranks' chunks, each rank returns its own."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
 
     from verl.protocol import DataProto
@@ -200,21 +194,17 @@ def _data_job(rank, world, port, sp, out_dir):
     chunk = DataProto.from_dict(tensors={"x": torch.arange(3) + 10 * rank}, meta_info={"rank": rank})
     rows = gather_data_in_group(chunk, group)
     out = DataProto.from_dict(tensors={"y": rows.batch["x"] * 2})
-    torch.save({"rows": rows.batch["x"], "meta": rows.meta_info, "back": local_rows(out, group).batch["y"]},
-               os.path.join(out_dir, f"data{world}_rank{rank}.pt"))
+    result = {"rows": rows.batch["x"], "meta": rows.meta_info, "back": local_rows(out, group).batch["y"]}
     dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ulysses")
-    _run_ranks(_forward_job, 2, 2, str(out))
-    _run_ranks(_forward_job, 4, 4, str(out))
-    _run_ranks(_update_job, 2, 2, str(out))
-    _run_ranks(_update_job, 4, 2, str(out))
-    _run_ranks(_data_job, 4, 2, str(out))
-    return {f"{name}_rank{r}": torch.load(out / f"{name}_rank{r}.pt")
-            for name, world in (("fwd2", 2), ("fwd4", 4), ("upd2", 2), ("upd4", 4), ("data4", 4)) for r in range(world)}
+def runs():
+    jobs = {"fwd2": (_forward_job, 2, 2), "fwd4": (_forward_job, 4, 4), "upd2": (_update_job, 2, 2),
+            "upd4": (_update_job, 4, 2), "data4": (_data_job, 4, 2)}  # name: (job, world, sp)
+    return {f"{name}_rank{r}": result for name, (job, world, sp) in jobs.items()
+            for r, result in enumerate(_run_ranks(job, world, sp))}
 
 
 @pytest.mark.slow  # forked gloo ranks

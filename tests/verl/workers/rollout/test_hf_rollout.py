@@ -11,29 +11,6 @@ from verl.workers.rollout.hf_rollout import HFRollout, filter_logits
 GREEDY = SamplingSpec(temperature=0.0, return_logprobs=True)
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 9, 3, 7, 12, 4)]
-
-
-def hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
-
-
-def token_logprobs(model, prompt, completion, temperature=1.0):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1] / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
-
-
 def test_filter_logits_hand_computed():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     # softmax = [.6439, .2369, .0871, .0321]; mass ranked above token 2 is .8808 >= .7 -> drop 2 and 3
@@ -48,16 +25,8 @@ def test_filter_logits_hand_computed():
     assert torch.isinf(k2[2:]).all()
 
 
-def test_greedy_matches_hf_generate_with_per_row_caps_and_skipped_rows(tiny_model_dir, reference, prompts):
-    rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 2})
-    caps = [6, 0, 10, 3, 8, 1]
-    out = rollout.generate_token_ids(prompts, caps, SamplingSpec(temperature=0.0, return_logprobs=True,
-                                                                 ignore_eos=True))
-    for prompt, cap, ids, lps in zip(prompts, caps, out.token_ids, out.logprobs):
-        assert len(ids) == len(lps) == cap
-        if cap:
-            assert ids == hf_greedy(reference, prompt, cap)
-            assert torch.allclose(torch.tensor(lps), token_logprobs(reference, prompt, ids), atol=1e-5)
+def test_greedy_matches_hf_generate_with_per_row_caps_and_skipped_rows(tiny_model_dir, check_capped_greedy):
+    check_capped_greedy(HFRollout(tiny_model_dir, {"micro_batch_size": 2}))
 
 
 def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_dir, prompts):
@@ -71,7 +40,7 @@ def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_
                for a, b in zip(batched.logprobs, one_by_one.logprobs))
 
 
-def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, reference, prompts):
+def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, reference, prompts, hf_greedy):
     rollout = HFRollout(tiny_model_dir)
     full = hf_greedy(reference, prompts[0], 8)
     stop = full[2]
@@ -82,12 +51,12 @@ def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, ref
     assert ignored.token_ids[0] == full and ignored.logprobs is None
 
 
-def test_sampled_logprobs_are_temperature_scaled_logprobs_of_the_model(tiny_model_dir, reference, prompts):
+def test_sampled_logprobs_are_temperature_scaled_logprobs_of_the_model(tiny_model_dir, reference, prompts, hf_logprobs):
     rollout = HFRollout(tiny_model_dir)
     spec = SamplingSpec(temperature=0.7, seed=5, return_logprobs=True, ignore_eos=True)
     out = rollout.generate_token_ids(prompts[:3], [12, 12, 12], spec)
     for prompt, ids, lps in zip(prompts, out.token_ids, out.logprobs):
-        assert torch.allclose(torch.tensor(lps), token_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
+        assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
 
 
 def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, prompts):
@@ -101,7 +70,7 @@ def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, pr
     assert first.token_ids != other.token_ids
 
 
-def test_pushed_weights_drive_generation(tiny_model_dir, prompts):
+def test_pushed_weights_drive_generation(tiny_model_dir, prompts, hf_greedy):
     rollout = HFRollout(tiny_model_dir)
     trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
@@ -139,7 +108,7 @@ def test_tied_embeddings_are_covered_by_pushing_either_name():
     assert torch.equal(rollout.model.lm_head.weight, source.model.embed_tokens.weight)
 
 
-def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, prompts, compose_config):
+def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, prompts, hf_greedy, compose_config):
     from verl.workers.config_sections import RolloutSection
     from verl.workers.rollout.base import sampling_from_config
 

@@ -8,13 +8,10 @@ differ, each rank must get back the rows of its own prompts, and the weight sync
 """
 from __future__ import annotations
 
-import json
-import os
-import socket
-
 import pytest
 import torch
 
+from verl.utils.distributed_testing import run_gloo_ranks
 from verl.workers.rollout.tp_group import TPGeneration, TPLayout, split_rows
 
 
@@ -41,13 +38,7 @@ def test_split_rows_and_tp_one_is_identity():
     assert list(seen[0]) == ["x"] and meta == {"m": 1} and torch.equal(tensors["y"], torch.ones(2))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tp_rank(rank, world, port, out_dir):
+def _tp_rank(rank, world, port):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -60,9 +51,6 @@ def _tp_rank(rank, world, port, out_dir):
     from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
     from verl.workers.sharding_manager import FSDPShardingManager
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
     class RecordingEngine(BaseRollout):
@@ -99,17 +87,13 @@ def _tp_rank(rank, world, port, out_dir):
     record = {"calls": engine.calls, "responses": out.batch["responses"].tolist(),
               "weights_full": sorted(engine.pushed) == sorted(full)
               and all(torch.equal(engine.pushed[k], full[k]) for k in full)}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(record, f)
     dist.destroy_process_group()
+    return record
 
 
 @pytest.mark.slow  # 4 gloo processes
-def test_four_ranks_tp_two_generate_group_prompts_with_dp_seeds(tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_tp_rank, args=(4, _free_port(), str(tmp_path)), nprocs=4, join=True, start_method="fork")
-    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+def test_four_ranks_tp_two_generate_group_prompts_with_dp_seeds():
+    recs = run_gloo_ranks(_tp_rank, 4)
     own = {r: [100 + 10 * r, 101 + 10 * r] for r in range(4)}
     for dp, (a, b) in enumerate([(0, 1), (2, 3)]):
         assert recs[a]["calls"] == recs[b]["calls"] and len(recs[a]["calls"]) == 1  # same prompts, same seed

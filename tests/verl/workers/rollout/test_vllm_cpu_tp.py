@@ -7,24 +7,15 @@ embedding add up to the pushed tensor.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 
 import pytest
-import torch
+
+from verl.utils.distributed_testing import run_gloo_ranks
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank(rank, world, port, model_dir, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                      OMP_NUM_THREADS="1")
+def _rank(rank, world, port, model_dir):
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch.distributed as dist
 
     from verl.workers.rollout.base import SamplingSpec
@@ -45,21 +36,16 @@ def _rank(rank, world, port, model_dir, out_dir):
     engine.after_weight_update()
     shard = engine.llm.collective_rpc("weight_sums", args=(["model.embed_tokens.weight"],))[0]
     second = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=0.0))
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"first": first.token_ids, "second": second.token_ids, "embed_shard_sum": shard["model.embed_tokens.weight"],
-                   "embed_full_sum": float(new_embed.double().sum())}, f)
     engine.shutdown()
     dist.destroy_process_group()
+    return {"first": first.token_ids, "second": second.token_ids, "embed_shard_sum": shard["model.embed_tokens.weight"],
+            "embed_full_sum": float(new_embed.double().sum())}
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_two_dp_groups_of_tp_two_on_vllm_cpu(tiny_model_dir, tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_rank, args=(4, _free_port(), tiny_model_dir, str(tmp_path)), nprocs=4, join=True,
-                       start_method="spawn")
-    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+def test_two_dp_groups_of_tp_two_on_vllm_cpu(tiny_model_dir):
+    recs = run_gloo_ranks(_rank, 4, tiny_model_dir, timeout_s=600, start_method="spawn")
     for a, b in ((0, 1), (2, 3)):
         assert recs[a]["first"] == recs[b]["first"] and recs[a]["second"] == recs[b]["second"]
         assert all(len(t) == 6 for t in recs[a]["first"])

@@ -30,17 +30,6 @@ def engine(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    g = torch.Generator().manual_seed(0)
-    return [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 9, 3, 7, 12, 4)]
-
-
-@pytest.fixture(scope="module")
 def long_sequence():
     return torch.randint(3, 300, (SEQ_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -50,12 +39,6 @@ def push(rollout, model, bucket_bytes=None):
     manager = FSDPShardingManager(model, rollout, bucket_bytes=bucket_bytes or 2**30)
     manager.sync_weights()
     return manager
-
-
-def hf_logprobs(model, prompt, completion, temperature=1.0):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1] / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def engine_sequence_logprobs(rollout, seq):
@@ -72,23 +55,13 @@ def test_building_the_engine_leaves_thread_control_and_rng_to_the_caller(engine)
     assert side_effects == {"set_num_threads_restored": True, "rng_restored": True}
 
 
-def test_greedy_matches_hf_with_per_row_caps_and_skipped_rows(engine, reference, prompts):
+def test_greedy_matches_hf_with_per_row_caps_and_skipped_rows(engine, reference, check_capped_greedy):
     rollout, _ = engine
     push(rollout, reference)
-    caps = [6, 0, 10, 3, 8, 1]
-    out = rollout.generate_token_ids(prompts, caps, SamplingSpec(temperature=0.0, return_logprobs=True,
-                                                                 ignore_eos=True))
-    for prompt, cap, ids, lps in zip(prompts, caps, out.token_ids, out.logprobs):
-        assert len(ids) == len(lps) == cap
-        if cap:
-            with torch.no_grad():
-                expected = reference.generate(torch.tensor([prompt]), max_new_tokens=cap, do_sample=False,
-                                              eos_token_id=None)[0, len(prompt):].tolist()
-            assert ids == expected
-            assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids), atol=1e-5)
+    check_capped_greedy(rollout)
 
 
-def test_sampled_logprobs_equal_hf_and_seeded_sampling_repeats(engine, reference, prompts):
+def test_sampled_logprobs_equal_hf_and_seeded_sampling_repeats(engine, reference, prompts, hf_logprobs):
     rollout, _ = engine
     push(rollout, reference)
     spec = SamplingSpec(temperature=0.7, seed=3, return_logprobs=True, ignore_eos=True)
@@ -99,7 +72,7 @@ def test_sampled_logprobs_equal_hf_and_seeded_sampling_repeats(engine, reference
         assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
 
 
-def test_repeated_prompts_are_sampled_independently(engine, reference, prompts):
+def test_repeated_prompts_are_sampled_independently(engine, reference, prompts, hf_logprobs):
     rollout, _ = engine
     push(rollout, reference)
     rows = [prompts[0]] * 4 + [prompts[1]] * 2 + [prompts[0]]  # the last one has its own cap
@@ -128,7 +101,7 @@ def _one_sgd_step(reference, seq):
     return trained.eval()
 
 
-def test_after_a_training_step_and_push_engine_logprobs_equal_hf(engine, reference, long_sequence):
+def test_after_a_training_step_and_push_engine_logprobs_equal_hf(engine, reference, long_sequence, hf_logprobs):
     rollout, _ = engine
     push(rollout, reference)
     before = engine_sequence_logprobs(rollout, long_sequence)  # fills the prefix cache
@@ -154,7 +127,7 @@ def test_bucketed_push_equals_whole_push(engine, reference, long_sequence):
 
 
 def test_safetensors_bytes_transport_for_out_of_process_workers_gives_the_same_weights(
-        engine, reference, long_sequence, monkeypatch):
+        engine, reference, long_sequence, monkeypatch, hf_logprobs):
     rollout, _ = engine
     monkeypatch.setattr(rollout.config, "weight_transport", "bytes")
     assert rollout.weight_transport == "bytes"
@@ -187,7 +160,7 @@ def test_an_incomplete_push_is_an_error(engine, reference):
 
 @pytest.mark.slow  # builds a second engine (~5-15 s)
 def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed_weights(
-        engine, reference, long_sequence, monkeypatch):
+        engine, reference, long_sequence, monkeypatch, hf_logprobs):
     from vllm import LLM
 
     rollout, _ = engine

@@ -1,6 +1,4 @@
 """The hybrid-engine context: call order, buckets, RNG streams, and FSDP2 actors feeding real engines."""
-import os
-
 import pytest
 import torch
 from torch import nn
@@ -111,8 +109,8 @@ def test_bad_placement_is_rejected():
 
 
 # ------------------------------------------------------------------------------ 2 gloo ranks
-def run_ranks(fn, world: int, *args) -> None:
-    run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
+def run_ranks(fn, world: int, *args) -> list:
+    return run_gloo_ranks(fn, world, *args, timeout_s=JOB_TIMEOUT_S)
 
 
 def _fsdp_actor(model_dir, rank):
@@ -130,14 +128,7 @@ def _fsdp_actor(model_dir, rank):
     return actor
 
 
-def _set_rank_env(rank, world, port):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-
-
-def _hf_engine_on_rank0_job(rank, world, port, model_dir, out_dir):
-    _set_rank_env(rank, world, port)
+def _hf_engine_on_rank0_job(rank, world, port, model_dir):
     import torch.distributed as dist
 
     from verl.utils.fsdp_utils import get_fsdp_full_state_dict
@@ -160,19 +151,17 @@ def _hf_engine_on_rank0_job(rank, world, port, model_dir, out_dir):
             want = [unsharded.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False,
                                        eos_token_id=None)[0, len(p):].tolist() for p in prompts]
         result["greedy_equal"] = got == want
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    return result
 
 
-def test_fsdp2_actor_on_two_ranks_feeds_one_hf_engine_owned_by_rank0(tiny_model_dir, tmp_path):
-    run_ranks(_hf_engine_on_rank0_job, 2, tiny_model_dir, str(tmp_path))
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+def test_fsdp2_actor_on_two_ranks_feeds_one_hf_engine_owned_by_rank0(tiny_model_dir):
+    rank0, rank1 = run_ranks(_hf_engine_on_rank0_job, 2, tiny_model_dir)
     assert rank0["greedy_equal"] is True
     assert rank0["buckets"] == rank1["buckets"] > 1  # rank 1 took part in every gather
 
 
-def _vllm_engine_per_rank_job(rank, world, port, model_dir, out_dir):
-    _set_rank_env(rank, world, port)
+def _vllm_engine_per_rank_job(rank, world, port, model_dir):
     import torch.distributed as dist
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -192,19 +181,16 @@ def _vllm_engine_per_rank_job(rank, world, port, model_dir, out_dir):
                                    SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
                                    use_tqdm=False)[0]
     engine_lp = torch.tensor([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], seq[1:])])
-    torch.save({"max_diff": (engine_lp - actor_lp).abs().max().item(), "buckets": manager.last_sync_buckets},
-               os.path.join(out_dir, f"rank{rank}.pt"))
     rollout.shutdown()
     dist.destroy_process_group()
+    return {"max_diff": (engine_lp - actor_lp).abs().max().item(), "buckets": manager.last_sync_buckets}
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_logprobs_equal_the_trained_fsdp2_actors_on_two_ranks(tiny_model_dir, tmp_path):
+def test_vllm_logprobs_equal_the_trained_fsdp2_actors_on_two_ranks(tiny_model_dir):
     pytest.importorskip("vllm")
     from vllm import LLM  # noqa: F401  (heavy import done once, inherited by the forked ranks)
 
-    run_ranks(_vllm_engine_per_rank_job, 2, tiny_model_dir, str(tmp_path))
-    for r in range(2):
-        result = torch.load(tmp_path / f"rank{r}.pt")
+    for result in run_ranks(_vllm_engine_per_rank_job, 2, tiny_model_dir):
         assert result["max_diff"] < 1e-5 and result["buckets"] > 1
