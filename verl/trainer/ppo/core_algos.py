@@ -227,31 +227,6 @@ def aggregate_token_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_remove
     return verl_F.masked_mean_or_zero(loss_mat, mask)
 
 
-def compute_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    eos_mask: torch.Tensor,
-    cliprange: float,
-    clip_upper_bound: float = 1.0,
-    loss_remove_token_mean: bool = False,
-    loss_remove_clip: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO clipped surrogate -> ``(pg_loss, pg_clipfrac, ppo_kl)``.
-
-    ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))``, or
-    ``L = −A·ρ`` with ``loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`.
-    ``pg_clipfrac`` = share of valid tokens where the clipped term is larger;
-    ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
-    """
-    log_ratio = log_prob - old_log_prob
-    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, eos_mask)
-    pg_losses, pg_clipfrac = clipped_pg_losses(advantages, torch.exp(log_ratio), eos_mask, cliprange,
-                                               clip_upper_bound, loss_remove_clip)
-    pg_loss = aggregate_token_loss(pg_losses, eos_mask, loss_remove_token_mean)
-    return pg_loss, pg_clipfrac, ppo_kl
-
-
 @register_policy_loss("vanilla")
 def ppo_clip_policy_loss(
     old_log_prob: torch.Tensor,
@@ -263,10 +238,25 @@ def ppo_clip_policy_loss(
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """:func:`compute_policy_loss` in the registry's form: ``{pg_loss, pg_clipfrac, ppo_kl}``."""
-    pg_loss, pg_clipfrac, ppo_kl = compute_policy_loss(old_log_prob, log_prob, advantages, eos_mask, cliprange,
-                                                       clip_upper_bound, loss_remove_token_mean, loss_remove_clip)
-    return {"pg_loss": pg_loss, "pg_clipfrac": pg_clipfrac, "ppo_kl": ppo_kl}
+    """PPO clipped surrogate -> ``{pg_loss, pg_clipfrac, ppo_kl}`` (the registry's form).
+
+    ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))``, or
+    ``L = −A·ρ`` with ``loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`.
+    ``pg_clipfrac`` = share of valid tokens where the clipped term is larger;
+    ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
+    """
+    log_ratio = log_prob - old_log_prob
+    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, eos_mask)
+    pg_losses, pg_clipfrac = clipped_pg_losses(advantages, torch.exp(log_ratio), eos_mask, cliprange,
+                                               clip_upper_bound, loss_remove_clip)
+    return {"pg_loss": aggregate_token_loss(pg_losses, eos_mask, loss_remove_token_mean), "pg_clipfrac": pg_clipfrac,
+            "ppo_kl": ppo_kl}
+
+
+def compute_policy_loss(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """verl's tuple form of :func:`ppo_clip_policy_loss` (same arguments): ``(pg_loss, pg_clipfrac, ppo_kl)``."""
+    out = ppo_clip_policy_loss(*args, **kwargs)
+    return out["pg_loss"], out["pg_clipfrac"], out["ppo_kl"]
 
 
 def clipped_pg_losses(

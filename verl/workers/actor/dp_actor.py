@@ -209,12 +209,11 @@ class DataParallelPPOActor:
     def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask):
         """verl's PPO loss on all rows; returns (loss before accumulation scaling, metrics)."""
         cfg = self.update_config
-        pg_loss, pg_clipfrac, ppo_kl = core_algos.compute_policy_loss(
+        out = core_algos.get_policy_loss_fn("vanilla")(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
             eos_mask=response_mask, cliprange=cfg.clip_ratio, clip_upper_bound=cfg.clip_upper_bound,
             loss_remove_token_mean=cfg.loss_remove_token_mean, loss_remove_clip=cfg.loss_remove_clip)
-        metrics = {"actor/pg_loss": pg_loss.item(), "actor/pg_clipfrac": pg_clipfrac.item(), "actor/ppo_kl": ppo_kl.item()}
-        return pg_loss, metrics
+        return out["pg_loss"], {f"actor/{k}": v.item() for k, v in out.items()}
 
     def entropy_coeff(self, entropy_value: torch.Tensor) -> float:
         return self.update_config.entropy_coeff
