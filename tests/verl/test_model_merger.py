@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verl.utils.checkpoint import layout
-from verl.utils.distributed_testing import run_gloo_ranks
+from verl.utils.distributed_testing import load_fully_sharded, run_gloo_ranks
 
 PROMPT, RESPONSE = 6, 5
 
@@ -26,8 +26,7 @@ def _train_save_and_score(rank, world_size, port, model_dir, run_root):
     import torch.distributed as dist
     from omegaconf import OmegaConf
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from verl.protocol import DataProto
     from verl.utils.checkpoint import FSDPCheckpointManager
@@ -35,10 +34,7 @@ def _train_save_and_score(rank, world_size, port, model_dir, run_root):
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     mesh = init_device_mesh("cpu", (world_size,))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = load_fully_sharded(model_dir, mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     b = _batch(model.config.vocab_size)
     model(input_ids=b["input_ids"].chunk(world_size)[rank], labels=b["input_ids"].chunk(world_size)[rank]).loss.backward()

@@ -61,3 +61,18 @@ def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method
         return [torch.load(os.path.join(result_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
     finally:
         shutil.rmtree(result_dir, ignore_errors=True)
+
+
+def load_fully_sharded(model_dir: str, mesh):
+    """An HF causal LM from ``model_dir`` (fp32, sdpa) under plain ``fully_shard``: each decoder layer, then the
+    root, with torch's defaults (the root stays unsharded after forward). Tests that need exactly that layout
+    use it; the workers' own layout (mixed precision, offload, wrap policy) is ``verl.utils.fsdp_utils.apply_fsdp2``.
+    """
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model

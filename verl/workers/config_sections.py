@@ -48,17 +48,12 @@ class ShardingSection:
 
 
 @dataclass(frozen=True)
-class FSDPSection:
+class FSDPSection(ShardingSection):
     """``actor.fsdp_config``: the reference's keys plus the trainable module's offload and mesh keys."""
 
-    param_offload: bool
     grad_offload: bool  # refused when True by config_check (FSDP2 keeps gradients with their parameters)
     optimizer_offload: bool
     fsdp_size: int
-    param_dtype: str
-    reduce_dtype: str
-    reshard_after_forward: bool
-    wrap_policy: WrapPolicySection = nested(WrapPolicySection)
 
 
 @dataclass(frozen=True)

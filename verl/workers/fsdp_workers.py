@@ -24,7 +24,7 @@ from verl.utils.device import configure_worker_device
 from verl.utils.ulysses import gather_data_in_group, local_rows
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
-from verl.workers.config_sections import FSDPSection, ShardingSection, WorkerSections
+from verl.workers.config_sections import ShardingSection, WorkerSections
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +97,13 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         # collectives, whatever the HSDP / SP layout (A3).
         self.dp_group = dist.group.WORLD
 
-    def _param_dtype(self, fsdp_cfg: ShardingSection | FSDPSection) -> torch.dtype:
+    def _param_dtype(self, fsdp_cfg: ShardingSection) -> torch.dtype:
         name = fsdp_cfg.param_dtype
         if name == "auto":
             return torch.bfloat16 if self.device == "cuda" else torch.float32
         return torch_dtype(name)
 
-    def _build_module(self, fsdp_cfg: ShardingSection | FSDPSection, trainable: bool):
+    def _build_module(self, fsdp_cfg: ShardingSection, trainable: bool):
         """HF model (fp32 master weights), optional grad checkpointing, FSDP2-sharded over the group, built on
         the meta device and filled shard by shard from the checkpoint (``verl.utils.meta_init``)."""
         from transformers import AutoConfig

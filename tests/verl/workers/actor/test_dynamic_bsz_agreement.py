@@ -12,14 +12,12 @@ import pytest
 import torch
 from luffy_pool.config_compose import actor_config
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from verl.utils.distributed_testing import load_fully_sharded, run_gloo_ranks
 
 
 def _uneven_rank(rank, world_size, port, model_dir):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM
 
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -27,10 +25,7 @@ def _uneven_rank(rank, world_size, port, model_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=__import__("datetime").timedelta(seconds=120))
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = load_fully_sharded(model_dir, mesh)
     cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=True,
                        ppo_max_token_len_per_gpu=40, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
                        grad_clip=1.0, use_kl_loss=False)

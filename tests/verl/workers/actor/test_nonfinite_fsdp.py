@@ -9,24 +9,19 @@ import pytest
 import torch
 from luffy_pool.config_compose import actor_config
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from verl.utils.distributed_testing import load_fully_sharded, run_gloo_ranks
 
 
 def _nan_on_rank_one(rank, world_size, port, model_dir):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM
 
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     mesh = init_device_mesh("cpu", (world_size,))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = load_fully_sharded(model_dir, mesh)
     cfg = actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, use_dynamic_bsz=False,
                        ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
                        grad_clip=1.0, use_kl_loss=False, on_nonfinite="skip")
