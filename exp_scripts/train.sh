@@ -26,6 +26,12 @@ if [ "${RAY_STOP:-0}" = "1" ]; then
   ray stop
 fi
 
+# LUFFY's trainer, beyond its override list (REVIEW E2): its verl scheduler runs the first update at lr 0
+# (warmup factor step/max(1, warmup) with 0 warmup steps) and its loop stops when the step counter reaches
+# the total, so it makes total-1 updates. These switches reproduce both (pass =False to train every step at
+# full lr); they go after LUFFY's list and before the extra arguments, which still win.
+LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.stop_one_step_early=True)
+
 set -x
 "$PYTHON" -m verl.mix_src.main_mix_ppo \
     algorithm.adv_estimator=grpo \
@@ -89,4 +95,4 @@ set -x
     trainer.max_optim_to_keep=2 \
     data.shuffle=True \
     trainer.default_hdfs_dir=null \
-    trainer.total_epochs=30 "$@"
+    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "$@"

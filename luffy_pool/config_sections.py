@@ -30,6 +30,7 @@ class TrainerSection:
     cpu_bind: str
     total_epochs: int
     total_training_steps: Optional[int]
+    stop_one_step_early: bool
     project_name: str
     experiment_name: str
     logger: Any

@@ -100,6 +100,14 @@ class MIXRayPPOTrainer:
             return int(t.total_training_steps)
         return len(self.train_dataloader) * int(t.total_epochs)
 
+    def last_step(self) -> int:
+        """The step ``fit`` stops after: ``total_training_steps``, or with ``trainer.stop_one_step_early`` LUFFY's
+        ``total - 1`` (its loop checks ``global_steps >= total`` after incrementing, at least one step runs)."""
+        total = self.total_training_steps
+        if self.sections.trainer.stop_one_step_early and total >= 1:
+            return max(1, total - 1)
+        return total
+
     def _next_batch(self) -> dict:
         """Next training batch; a new epoch starts when the (resumable) sampler is exhausted."""
         if self._data_iter is None:
@@ -117,7 +125,7 @@ class MIXRayPPOTrainer:
     # ------------------------------------------------------------------ main loop
     @stop_on_signal(what="the current training step")  # SIGTERM/SIGINT: finish and save the step, return
     def fit(self) -> dict:
-        """Train until ``total_training_steps`` (or a stop signal); returns the last step's metrics."""
+        """Train until ``last_step()`` (or a stop signal); returns the last step's metrics."""
         from tqdm import tqdm
 
         if self.checkpointer is not None:
@@ -130,15 +138,15 @@ class MIXRayPPOTrainer:
             return metrics
         if self.global_steps == 0 and self.sections.trainer.val_before_train and self.val_dataset is not None:
             self._log(self.validate(), step=0)
-        last = {}
-        bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="training", unit="step",
+        last, last_step = {}, self.last_step()
+        bar = tqdm(total=last_step, initial=self.global_steps, desc="training", unit="step",
                    dynamic_ncols=True, disable=None)
-        while self.global_steps < self.total_training_steps and not self.stop.requested:
+        while self.global_steps < last_step and not self.stop.requested:
             self.global_steps += 1
             timing: dict[str, float] = {}
             with _timer("step", timing):
                 metrics = self.train_step(self._next_batch(), timing)
-                is_last = self.global_steps >= self.total_training_steps
+                is_last = self.global_steps >= last_step
                 if self._due(self.sections.trainer.test_freq, is_last) and self.val_dataset is not None:
                     with _timer("testing", timing):
                         metrics.update(self.validate())

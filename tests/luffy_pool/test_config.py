@@ -113,7 +113,7 @@ def luffy_overrides() -> list[str]:
 def train_sh_overrides() -> list[str]:
     """The override list of exp_scripts/train.sh, expanded the way bash does."""
     text = open(os.path.join(REPO, "exp_scripts", "train.sh")).read()
-    body = text.split("-m verl.mix_src.main_mix_ppo", 1)[1].split('"$@"', 1)[0].replace("\\\n", " ")
+    body = text.split("-m verl.mix_src.main_mix_ppo", 1)[1].split('"${LUFFY_TRAINER[@]}"', 1)[0].replace("\\\n", " ")
     for var, value in LUFFY_ENV.items():
         body = body.replace(var, value)
     return shlex.split(body)

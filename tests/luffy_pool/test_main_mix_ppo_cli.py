@@ -28,7 +28,7 @@ def trainer(*args, module="luffy_pool.main_mix_ppo", **kw):
 def train_sh_overrides() -> list[str]:
     """exp_scripts/train.sh's overrides as bash expands them (LUFFY_ENV paths)."""
     text = open(os.path.join(REPO, "exp_scripts", "train.sh")).read()
-    body = text.split("-m verl.mix_src.main_mix_ppo", 1)[1].split('"$@"', 1)[0].replace("\\\n", " ")
+    body = text.split("-m verl.mix_src.main_mix_ppo", 1)[1].split('"${LUFFY_TRAINER[@]}"', 1)[0].replace("\\\n", " ")
     for var in ("MODEL_PATH", "DATA_DIR", "WANDB_PROJECT", "EXP_NAME"):
         body = body.replace(f"${var}", {"WANDB_PROJECT": "luffy-math-test", "EXP_NAME": "LUFFY_TEST"}.get(var, LUFFY_ENV.get(var, "")))
     return shlex.split(body)
