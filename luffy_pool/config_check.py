@@ -98,6 +98,7 @@ ENUMS = {
 }
 ENUMS["data.truncate_off_policy"] = ("cut", "drop")  # issue 18: over-long off-policy traces
 ENUMS["reward.orm.on_failure"] = ("raise", "warn")  # issue 18: a dead judge
+ENUMS["data.sample_target_mode"] = ("redraw", "fixed")  # issue 24 (E3): LUFFY redraws on every read
 POSITIVE_INTS = (
     "data.train_batch_size", "data.val_batch_size", "data.max_prompt_length", "data.max_response_length",
     "data.val_max_rows", f"{_A}.ppo_mini_batch_size", f"{_A}.ppo_epochs", f"{_A}.ppo_max_token_len_per_gpu",
@@ -295,14 +296,17 @@ class _Checker:
         use_ref = get(f"{_REF}.use_ref")
         if get(f"{_A}.use_kl_loss") and not use_ref:
             self.fail(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy)")
-        if not get(f"{_A}.use_kl_loss") and get("algorithm.kl_ctrl.kl_coef", 0) > 0 and not use_ref:
-            self.fail(f"'algorithm.kl_ctrl.kl_coef'={get('algorithm.kl_ctrl.kl_coef')} (KL-in-reward) needs "
-                      f"'{_REF}.use_ref'=True; set it to 0.0 without a reference model")
+        # kl_ctrl.kl_coef > 0 without a reference is accepted, as in LUFFY: there is no ref_log_prob, so the
+        # KL-in-reward term is absent (beta = 0, critic/kl_coeff logs 0; verl/trainer/ppo/kl.apply_kl_penalty).
         if get("algorithm.kl_ctrl.type") == "adaptive" and not get("algorithm.kl_ctrl.horizon", 0) > 0:
             self.fail("'algorithm.kl_ctrl.horizon' must be > 0 with algorithm.kl_ctrl.type=adaptive")
         n, n_prefix = get(f"{_R}.n"), get(f"{_R}.n_prefix")
         if n_prefix != -1 and not 0 <= n_prefix <= n:
             self.fail(f"'{_R}.n_prefix'={n_prefix} must be -1 (all slots) or in [0, rollout.n={n}]")
+        if get(f"{_R}.prefix_strategy") == "linear" and not get(f"{_R}.prefix_share_across_samples"):
+            self.fail(f"'{_R}.prefix_strategy'=linear needs '{_R}.prefix_share_across_samples'=True (as in LUFFY: "
+                      "one shared ratio per step); use prefix_strategy=random or add "
+                      f"{_R}.prefix_share_across_samples=True")
         if get(f"{_R}.min_prefix_ratio") > get(f"{_R}.max_prefix_ratio"):
             self.fail(f"'{_R}.min_prefix_ratio'={get(f'{_R}.min_prefix_ratio')} exceeds "
                       f"'{_R}.max_prefix_ratio'={get(f'{_R}.max_prefix_ratio')}")

@@ -98,6 +98,7 @@ class DataSection:
     seed: int
     reward_impl_version: int
     sample_target_ratio: float
+    sample_target_mode: str
     filter_overlong_prompts: bool
     disable_truncation_advantage: bool
     truncate_off_policy: str

@@ -107,7 +107,7 @@ def build_dataloader(config, tokenizer):
         prompt_key=d.prompt_key, target_key=d.target_key,
         max_prompt_length=d.max_prompt_length, max_target_length=config.actor_rollout_ref.rollout.max_prefix_len,
         sample_target_ratio=d.sample_target_ratio, filter_overlong_prompts=d.filter_overlong_prompts,
-        seed=int(d.seed), truncate_off_policy=d.truncate_off_policy)
+        seed=int(d.seed), truncate_off_policy=d.truncate_off_policy, sample_target_mode=d.sample_target_mode)
     # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
     sampler = build_sampler(len(train), shuffle=d.shuffle, seed=int(d.seed),
                             batch_size=d.train_batch_size, drop_last=True)

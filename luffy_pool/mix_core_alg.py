@@ -278,7 +278,6 @@ def compute_sft_multitask_loss(
     eos_mask: torch.Tensor,
     prefix_mask: torch.Tensor,
     cliprange: float,
-    clip_upper_bound: float = 1.0,
     sft_loss_coef: float = 1.0,
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
@@ -295,7 +294,7 @@ def compute_sft_multitask_loss(
     sft_loss = compute_sft_pure_loss(log_prob[off_rows], eos_mask[off_rows])
     on_pg_loss, pg_clipfrac, ppo_kl = compute_policy_loss(
         old_log_prob=old_log_prob[on_rows], log_prob=log_prob[on_rows], advantages=advantages[on_rows],
-        eos_mask=eos_mask[on_rows], cliprange=cliprange, clip_upper_bound=clip_upper_bound,
+        eos_mask=eos_mask[on_rows], cliprange=cliprange,
         loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip,
     )
     return {

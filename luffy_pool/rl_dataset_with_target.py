@@ -30,14 +30,17 @@ logger = logging.getLogger(__name__)
 
 THINK_OPEN = "<think>\n"
 TRUNCATE_OFF_POLICY = ("cut", "drop")
+SAMPLE_TARGET_MODES = ("redraw", "fixed")
 
 
 class RLHFDatasetWithTarget(RLHFDataset):
     """Rows with ``tgt_input_ids [max_target_length]`` (and ``target_logprobs`` when the column exists).
 
-    With probability ``1 − sample_target_ratio`` a row's target is replaced by an empty one (all pad),
-    decided by a generator seeded with ``(seed, item)`` so every epoch and every run agree. A null
-    target is also empty. ``target_logprobs`` (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's
+    With probability ``1 − sample_target_ratio`` a row's target is replaced by an empty one (all pad).
+    ``sample_target_mode=redraw`` (LUFFY: ``np.random.rand()`` on every ``__getitem__``) draws again on each
+    read of an item, from a generator seeded with ``(seed, item, k)`` for its k-th read in this process, so
+    a prompt keeps its trace in some epochs and not in others; ``fixed`` draws once per item from
+    ``(seed, item)``, the same subset every epoch. A null target is also empty. ``target_logprobs`` (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's
     teacher probability of each target token plus one for the EOS) has width ``max_target_length + 1`` so
     the EOS entry fits; NaN marks unknown (padding, a dropped target, the EOS after a truncated target).
     Log-probs with NaN = unknown is the one representation from here to the loss. LUFFY's
@@ -59,7 +62,12 @@ class RLHFDatasetWithTarget(RLHFDataset):
         target_list_key: str = "target_lst",
         seed: int = 0,
         truncate_off_policy: str = "cut",
+        sample_target_mode: str = "redraw",
     ):
+        if sample_target_mode not in SAMPLE_TARGET_MODES:
+            raise ValueError(f"data.sample_target_mode must be one of {SAMPLE_TARGET_MODES}, got {sample_target_mode!r}")
+        self.sample_target_mode = sample_target_mode
+        self._reads: dict[int, int] = {}  # item -> reads so far (redraw mode's draw index)
         if truncate_off_policy not in TRUNCATE_OFF_POLICY:
             raise ValueError(f"data.truncate_off_policy must be one of {TRUNCATE_OFF_POLICY}, got {truncate_off_policy!r}")
         self.truncate_off_policy = truncate_off_policy
@@ -102,14 +110,23 @@ class RLHFDatasetWithTarget(RLHFDataset):
             raise ValueError(f"{path}: row {row}: column {self.target_key!r}: target[0] must be a dict with a 'content' string, got {first!r:.80}")
 
     # -- items ---------------------------------------------------------------------------------
-    def keeps_target(self, item: int) -> bool:
-        """The reproducible ``sample_target_ratio`` draw of one item."""
+    def keeps_target(self, item: int, read: int | None = None) -> bool:
+        """The reproducible ``sample_target_ratio`` draw of one item (``read``: its read index, redraw mode)."""
         if self.sample_target_ratio >= 1.0:
             return True
-        return bool(np.random.default_rng([self.seed, item]).random() < self.sample_target_ratio)
+        if self.sample_target_mode == "fixed":
+            return bool(np.random.default_rng([self.seed, item]).random() < self.sample_target_ratio)
+        return bool(np.random.default_rng([self.seed, item, int(read or 0)]).random() < self.sample_target_ratio)
 
-    def _target_text(self, item: int, target: Any) -> str | None:
-        if target is None or not self.keeps_target(item):
+    def _draw_keeps_target(self, item: int) -> bool:
+        """The draw of this read of ``item``: redraw mode advances the item's read counter."""
+        read = self._reads.get(item, 0)
+        if self.sample_target_mode == "redraw":
+            self._reads[item] = read + 1
+        return self.keeps_target(item, read)
+
+    def _target_text(self, item: int, target: Any, keep: bool = True) -> str | None:
+        if target is None or not keep:
             return None
         content = target[0]["content"]
         if self._templated[item].endswith(THINK_OPEN) and content.startswith(THINK_OPEN):
@@ -122,6 +139,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
         Only texts of at least ``max_target_length`` UTF-8 bytes are tokenized (a token spans >= 1 byte).
         """
         limit = self.max_target_length
+        # Any read may keep a trace (redraw mode), so every non-null trace is checked, without drawing.
         texts = [(i, self._target_text(i, r[self.target_key])) for i, r in enumerate(self._records)]
         candidates = [(i, t) for i, t in texts if t is not None and len(t.encode("utf-8")) >= limit]
         long_items, longest = [], 0
@@ -141,9 +159,10 @@ class RLHFDatasetWithTarget(RLHFDataset):
                            self.target_key, limit, longest, self.truncate_off_policy, action)
         return frozenset(long_items)
 
-    def target_token_ids(self, item: int, target: Any) -> list[int]:
-        """Untruncated token ids of an item's target (``[]`` for a null, dropped or (``drop``) over-long target)."""
-        content = self._target_text(item, target)
+    def target_token_ids(self, item: int, target: Any, keep: bool = True) -> list[int]:
+        """Untruncated token ids of an item's target (``[]`` for a null, not kept (``keep=False``: the
+        sample_target_ratio draw) or (``drop``) over-long target)."""
+        content = self._target_text(item, target, keep)
         if content is None or (self.truncate_off_policy == "drop" and item in self.long_target_items):
             return []
         return list(self.tokenizer(content, add_special_tokens=False)["input_ids"])
@@ -167,7 +186,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
     def __getitem__(self, item: int) -> dict[str, Any]:
         row = super().__getitem__(item)
         record = self._records[item]
-        ids = self.target_token_ids(item, record[self.target_key])
+        ids = self.target_token_ids(item, record[self.target_key], keep=self._draw_keeps_target(item))
         kept = ids[: self.max_target_length]
         tgt = torch.full((self.max_target_length,), self.tokenizer.pad_token_id, dtype=torch.long)
         if kept:

@@ -288,7 +288,7 @@ def test_suggestion_falls_back_to_the_last_segment():
      f"'{A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split"),
     (f"{A}.use_sft_prefix_reward=True", f"'{A}.use_sft_prefix_reward'=True needs '{R}.n_prefix'=-1, got 1"),
     (f"{A}.use_kl_loss=True", f"'{A}.use_kl_loss'=True needs 'actor_rollout_ref.ref.use_ref'=True"),
-    ("algorithm.kl_ctrl.kl_coef=0.001", "'algorithm.kl_ctrl.kl_coef'=0.001 (KL-in-reward) needs"),
+    (f"{R}.prefix_strategy=linear", f"'{R}.prefix_strategy'=linear needs '{R}.prefix_share_across_samples'=True"),
     ("trainer.resume_mode=latest", "'trainer.resume_mode'='latest' must be auto, disable, resume_path"),
     ("data.val_files=???", "'data.val_files' is required"),
 ])

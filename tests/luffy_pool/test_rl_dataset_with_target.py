@@ -117,9 +117,10 @@ def test_null_target_and_zero_sample_ratio_give_empty_targets(tokenizer, tmp_pat
     assert never[0]["tgt_input_ids"].tolist() == [pad] * 8
 
 
-def test_sample_target_ratio_is_seeded_per_item(tokenizer, tmp_path):
+def test_fixed_sample_target_mode_is_seeded_per_item(tokenizer, tmp_path):
     path = _write(tmp_path, [_row(i) for i in range(40)])
-    make = lambda seed: RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8, sample_target_ratio=0.5, seed=seed)
+    make = lambda seed: RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8, sample_target_ratio=0.5,
+                                              seed=seed, sample_target_mode="fixed")
     ds, same, other = make(7), make(7), make(8)
     kept = [ds[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(40)]
     assert kept == [bool(np.random.default_rng([7, i]).random() < 0.5) for i in range(40)]
@@ -268,3 +269,24 @@ def test_zero_row_file_and_non_parquet_file_have_their_own_messages(tokenizer, t
     text.write_text("not parquet at all\n")
     with pytest.raises(ValueError, match=r"notes\.parquet: cannot read as parquet"):
         RLHFDatasetWithTarget(str(text), tokenizer, max_target_length=16)
+
+
+def test_redraw_sample_target_mode_draws_again_on_every_read_as_luffy(tokenizer, tmp_path):
+    # LUFFY's __getitem__: `np.random.rand() < sample_target_ratio` on each read, so over epochs a prompt
+    # has its trace about ratio of the time, not always or never.
+    path = _write(tmp_path, [_row(i) for i in range(12)])
+    make = lambda: RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8, sample_target_ratio=0.5, seed=3)
+    ds, again = make(), make()
+    assert ds.sample_target_mode == "redraw"
+    epochs = [[ds[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(12)] for _ in range(20)]
+    assert epochs == [[again[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(12)] for _ in range(20)]
+    assert epochs[0] == [ds.keeps_target(i, 0) for i in range(12)] and epochs[5] == [ds.keeps_target(i, 5) for i in range(12)]
+    per_item = [sum(e[i] for e in epochs) for i in range(12)]
+    assert all(0 < k < 20 for k in per_item), per_item  # each prompt: trace in some epochs, not in others
+    assert 0.3 < sum(per_item) / 240 < 0.7
+
+
+def test_sample_target_mode_is_checked(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="data.sample_target_mode must be one of"):
+        RLHFDatasetWithTarget(_write(tmp_path, [_row(0)]), tokenizer, max_prompt_length=64, max_target_length=8,
+                              sample_target_mode="once")

@@ -1,6 +1,7 @@
 """Hand-computed checks of the registered advantage estimators, the PPO loss, aggregation and KL."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -171,14 +172,16 @@ def test_policy_loss_remove_token_mean_divides_by_width():
     assert pg_loss.item() == pytest.approx(-0.5 / 3, abs=1e-6)
 
 
-def test_policy_loss_remove_clip_and_clip_upper_bound():
+def test_policy_loss_remove_clip_and_no_clip_upper_bound():
     old, log_prob, adv, mask = _ppo_case()
     # no clip: -1.5-0.5-1.1+1.5+0.5 = -1.1 over 5 -> -0.22, clipfrac 0
     pg_loss, clipfrac, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_clip=True)
     assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0
-    # upper = max(1.4, 1.2) = 1.4: token (0,0) -> -1.4; sum -1.4-0.5-1.1+1.5+0.8 = -0.7 -> -0.14
-    pg_loss, _, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.4)
-    assert pg_loss.item() == pytest.approx(-0.14, abs=1e-6)
+    # LUFFY's compute_policy_loss has no clip_upper_bound (review E6): the key acts in its off-policy loss only.
+    assert list(inspect.signature(ca.ppo_clip_policy_loss).parameters) == [
+        "old_log_prob", "log_prob", "advantages", "eos_mask", "cliprange", "loss_remove_token_mean", "loss_remove_clip"]
+    with pytest.raises(TypeError):
+        ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.4)
 
 
 def test_agg_loss_modes_by_hand():

@@ -234,21 +234,22 @@ def ppo_clip_policy_loss(
     advantages: torch.Tensor,
     eos_mask: torch.Tensor,
     cliprange: float,
-    clip_upper_bound: float = 1.0,
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
 ) -> dict[str, torch.Tensor]:
     """PPO clipped surrogate -> ``{pg_loss, pg_clipfrac, ppo_kl}`` (the registry's form).
 
-    ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))``, or
-    ``L = −A·ρ`` with ``loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`.
+    ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε))``, or ``L = −A·ρ`` with
+    ``loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`. No ``clip_upper_bound``:
+    LUFFY's ``core_algos.compute_policy_loss`` (the plain PPO and SFT-multitask paths) has none; only its
+    off-policy token loss reads that key (review E6).
     ``pg_clipfrac`` = share of valid tokens where the clipped term is larger;
     ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
     """
     log_ratio = log_prob - old_log_prob
     ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, eos_mask)
     pg_losses, pg_clipfrac = clipped_pg_losses(advantages, torch.exp(log_ratio), eos_mask, cliprange,
-                                               clip_upper_bound, loss_remove_clip)
+                                               remove_clip=loss_remove_clip)
     return {"pg_loss": aggregate_token_loss(pg_losses, eos_mask, loss_remove_token_mean), "pg_clipfrac": pg_clipfrac,
             "ppo_kl": ppo_kl}
 

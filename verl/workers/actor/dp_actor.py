@@ -211,7 +211,7 @@ class DataParallelPPOActor:
         cfg = self.update_config
         out = core_algos.get_policy_loss_fn("vanilla")(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-            eos_mask=response_mask, cliprange=cfg.clip_ratio, clip_upper_bound=cfg.clip_upper_bound,
+            eos_mask=response_mask, cliprange=cfg.clip_ratio,
             loss_remove_token_mean=cfg.loss_remove_token_mean, loss_remove_clip=cfg.loss_remove_clip)
         return out["pg_loss"], {f"actor/{k}": v.item() for k, v in out.items()}
 
