@@ -295,7 +295,8 @@ class _Checker:
             self.fail(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
         use_ref = get(f"{_REF}.use_ref")
         if get(f"{_A}.use_kl_loss") and not use_ref:
-            self.fail(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy)")
+            self.fail(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "
+                      f"LUFFY's actor fails reading ref_log_prob); add {_A}.use_kl_loss=False to train without one")
         # kl_ctrl.kl_coef > 0 without a reference is accepted, as in LUFFY: there is no ref_log_prob, so the
         # KL-in-reward term is absent (beta = 0, critic/kl_coeff logs 0; verl/trainer/ppo/kl.apply_kl_penalty).
         if get("algorithm.kl_ctrl.type") == "adaptive" and not get("algorithm.kl_ctrl.horizon", 0) > 0:

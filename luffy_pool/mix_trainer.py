@@ -18,7 +18,7 @@ import torch
 from deepscaler.rewards import fail_success_values
 from luffy_pool.config_sections import ConfigSections
 from luffy_pool.mix_advantage import compute_mixed_advantage
-from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler
+from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
 from luffy_pool.replay_buffer import SelfReplayBuffer
 from luffy_pool.self_replay import keep_successes, replay_into_failed_groups
 from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
@@ -206,6 +206,8 @@ class MIXRayPPOTrainer:
                                           eos_token_id=self.tokenizer.eos_token_id))
         with _timer("adv", timing):
             batch = self._compute_rewards_and_advantage(batch, metrics)
+        if "behaviour_log_probs" in batch.batch.keys():  # review E4: rows whose behaviour probability is unknown
+            metrics.update(unknown_behaviour_metrics(batch.batch["behaviour_log_probs"], batch.batch["prefix_mask"]))
         if self.sections.trainer.rollout_data_dir:
             dump_rollouts(self.sections.trainer.rollout_data_dir, self.global_steps,
                           rollout_records(batch, self.tokenizer, self.global_steps))

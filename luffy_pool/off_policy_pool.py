@@ -202,6 +202,15 @@ def logprobs_from_target_probs(target_probs: torch.Tensor) -> torch.Tensor:
     return torch.where(probs > 0, torch.log(probs.clamp_min(1e-300)), torch.full_like(probs, float("nan")))
 
 
+def unknown_behaviour_metrics(behaviour_log_probs: torch.Tensor, prefix_mask: torch.Tensor) -> dict[str, int]:
+    """Off-policy tokens whose behaviour probability is unknown (NaN: missing, 0 or LUFFY's -1 padding), and
+    the rows holding any. With ``use_off_policy_probs`` those tokens get the configured shaping f(p) instead of
+    the importance weight p / pi_b; LUFFY's loss gives a -1 entry the weight -p and a 0 entry p / 1e-6."""
+    unknown = torch.isnan(behaviour_log_probs) & prefix_mask.bool()
+    return {"batch/behaviour_prob_unknown_rows": int(unknown.any(-1).sum()),
+            "batch/behaviour_prob_unknown_tokens": int(unknown.sum())}
+
+
 def strip_right_padding(token_ids: Sequence[int], pad_token_id: int) -> list[int]:
     """Drop trailing pad tokens only (pads inside the trace are kept).
 

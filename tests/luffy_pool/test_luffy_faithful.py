@@ -1,0 +1,107 @@
+"""Where a LUFFY run differs from LUFFY's own code, and the switches that close it (review E4, E5, E6).
+
+E4: behaviour probabilities that are missing, 0 or LUFFY's -1 padding are unknown (NaN) here, weighted by the
+configured shaping f(p), and counted per step. E5: ``use_ref=False`` with LUFFY's YAML ``kl_coef`` trains as in
+LUFFY (no KL term); ``prefix_strategy=linear`` needs shared prefixes, refused by the config checker. E6:
+``clip_upper_bound`` acts only in LUFFY's off-policy token loss, as in LUFFY.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from luffy_pool import mix_core_alg as mca
+from luffy_pool.config_check import validate_config
+from luffy_pool.config_compose import compose_config
+from luffy_pool.loss_config import behaviour_probs
+from luffy_pool.off_policy_pool import logprobs_from_target_probs, unknown_behaviour_metrics
+from verl.trainer.ppo import core_algos as ca
+from verl.trainer.ppo.kl import apply_kl_penalty, get_kl_controller
+
+A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+PATHS = ["data.train_files=/d/t.parquet", "data.val_files=/d/v.parquet", "actor_rollout_ref.model.path=/m"]
+
+
+# ---------------------------------------------------------------------------------------------- E4
+def test_missing_zero_and_padding_probabilities_are_counted_per_row_and_token():
+    probs = torch.tensor([[0.5, 0.0, 0.9, -1.0], [0.7, 0.8, -1.0, -1.0], [0.2, 0.3, 0.4, 0.5]])
+    behaviour = logprobs_from_target_probs(probs).float()
+    prefix = torch.tensor([[True, True, True, False], [True, True, True, True], [True, True, False, False]])
+    # row 0: the 0.0 (prefix); its -1 is outside the prefix. Row 1: two -1 paddings in the prefix. Row 2: none.
+    assert unknown_behaviour_metrics(behaviour, prefix) == {"batch/behaviour_prob_unknown_rows": 2,
+                                                            "batch/behaviour_prob_unknown_tokens": 3}
+
+
+def test_unknown_probability_gets_the_shaping_where_luffy_gives_minus_p_or_p_over_1e6():
+    log_prob = torch.log(torch.tensor([[0.4, 0.4, 0.4]])).requires_grad_()
+    old, adv, mask = log_prob.detach().clone(), torch.ones(1, 3), torch.ones(1, 3)
+    prefix = torch.ones(1, 3, dtype=torch.bool)
+    target = behaviour_probs(logprobs_from_target_probs(torch.tensor([[0.5, 0.0, -1.0]])), torch.float32)
+    out = mca.compute_token_on_off_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.0,
+                                               prefix_mask=prefix, off_cliprange=0.2, off_policy_reshape="p_div_p_0.1",
+                                               target_probs=target)
+    p = 0.4
+    shaped = p / (p + 0.1)
+    expected_here = -(p / (0.5 + 1e-6) + shaped + shaped) / 3
+    luffy = -(p / (0.5 + 1e-6) + p / (0.0 + 1e-6) + p / (-1.0 + 1e-6)) / 3  # LUFFY's formula on the raw column
+    assert out["pg_loss"].item() == pytest.approx(expected_here, rel=1e-5)
+    assert abs(luffy - expected_here) > 1e4  # the difference the README states
+
+
+# ---------------------------------------------------------------------------------------------- E5
+def test_use_ref_false_with_luffys_default_kl_coef_is_accepted():
+    # KL-in-reward (use_kl_loss=False) with LUFFY's YAML kl_coef; the KL *loss* still needs a reference, as in
+    # LUFFY, whose actor reads ref_log_prob for it.
+    cfg = compose_config([*PATHS, "actor_rollout_ref.ref.use_ref=False", f"{A}.use_kl_loss=False"])
+    assert cfg.algorithm.kl_ctrl.kl_coef == 0.001
+    assert validate_config(cfg) == []
+    alone = validate_config(compose_config([*PATHS, "actor_rollout_ref.ref.use_ref=False"]))  # YAML use_kl_loss=True
+    assert any(f"add {A}.use_kl_loss=False" in e for e in alone), alone
+
+
+def test_without_a_reference_the_kl_term_is_absent_as_in_luffy():
+    scores = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    old = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]])
+    rewards, metrics = apply_kl_penalty(scores, old, None, torch.ones(2, 2), get_kl_controller({"kl_coef": 0.001}))
+    assert torch.equal(rewards, scores) and metrics == {"critic/kl": 0.0, "critic/kl_coeff": 0.0}
+
+
+def test_linear_prefix_strategy_without_shared_prefixes_is_refused_by_the_checker():
+    errors = validate_config(compose_config([*PATHS, f"{R}.prefix_strategy=linear"]))
+    assert any(f"'{R}.prefix_strategy'=linear needs '{R}.prefix_share_across_samples'=True" in e for e in errors)
+    shared = compose_config([*PATHS, f"{R}.prefix_strategy=linear", f"{R}.prefix_share_across_samples=True"])
+    assert validate_config(shared) == []
+
+
+# ---------------------------------------------------------------------------------------------- E6
+def _case():
+    old = torch.zeros(2, 3)
+    log_prob = torch.tensor([[0.3, 0.1, -0.3], [0.4, 0.0, 0.2]])  # ratios e^0.3 = 1.35, e^0.4 = 1.49 > 1.2
+    adv = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    return old, log_prob, adv, torch.ones(2, 3)
+
+
+@pytest.mark.parametrize("loss", ["vanilla", "sft_multitask"])
+def test_plain_and_sft_multitask_losses_ignore_clip_upper_bound_as_luffy(loss):
+    old, log_prob, adv, mask = _case()
+    prefix = torch.tensor([[True, True, True], [False, False, False]])
+    fn = ca.get_policy_loss_fn(loss)
+    base = dict(old_log_prob=old, log_prob=log_prob, advantages=adv, eos_mask=mask, prefix_mask=prefix, cliprange=0.2)
+    wide = ca.call_with_supported_kwargs(fn, **base, clip_upper_bound=1.5)["pg_loss"]
+    narrow = ca.call_with_supported_kwargs(fn, **base, clip_upper_bound=1.0)["pg_loss"]
+    assert wide.item() == narrow.item()
+    # LUFFY's compute_policy_loss: clamp(ratio, 1 - eps, 1 + eps) on the rows the loss covers.
+    rows = slice(None) if loss == "vanilla" else slice(1, 2)
+    ratio = torch.exp(log_prob - old)[rows]
+    luffy_pg = torch.max(-adv[rows] * ratio, -adv[rows] * ratio.clamp(0.8, 1.2)).mean()
+    pg = narrow if loss == "vanilla" else ca.call_with_supported_kwargs(fn, **base)["on_pg_loss"]
+    assert pg.item() == pytest.approx(luffy_pg.item(), rel=1e-6)
+
+
+def test_luffy_token_loss_reads_clip_upper_bound_as_luffy():
+    old, log_prob, adv, mask = _case()
+    prefix = torch.zeros(2, 3, dtype=torch.bool)
+    kw = dict(cliprange=0.2, prefix_mask=prefix, off_cliprange=0.2)
+    wide = mca.compute_token_on_off_policy_loss(old, log_prob, adv, mask, clip_upper_bound=1.5, **kw)["pg_loss"]
+    narrow = mca.compute_token_on_off_policy_loss(old, log_prob, adv, mask, clip_upper_bound=1.0, **kw)["pg_loss"]
+    assert wide.item() < narrow.item()  # ratios 1.35 / 1.49 clipped at 1.5 instead of 1.2
