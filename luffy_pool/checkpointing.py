@@ -34,6 +34,7 @@ from verl.utils.checkpoint.safe_io import load_state, save_state
 logger = logging.getLogger(__name__)
 
 BEST_METRIC = "val/avg_score"
+LUFFY_BEST_METRIC = "avg_score"  # LUFFY's key (mix_trainer.maybe_save_best_hf); accepted when val/avg_score is absent
 DATA_ORDER_FILE = "data_order.jsonl"
 DATA_STATE_VERSION = 2  # 2: plain data (weights_only), optional "extras"
 REPLAY_DIR = "self_replay"  # the self-replay buffer (data.self_replay): JSON index + safetensors, no pickle
@@ -174,8 +175,9 @@ class TrainerCheckpointer:
             return float(json.load(f)["best_avg_score"])
 
     def maybe_save_best(self, trainer, metrics: dict) -> bool:
-        """Write ``best/actor`` (full HF model + metrics.json) when ``val/avg_score`` beats the stored best."""
-        score = metrics.get(BEST_METRIC)
+        """Write ``best/actor`` (full HF model + metrics.json) when ``val/avg_score`` (or LUFFY's ``avg_score``)
+        beats the stored best."""
+        score = metrics.get(BEST_METRIC, metrics.get(LUFFY_BEST_METRIC))
         if score is None or not math.isfinite(float(score)):
             return False
         best = self.best_score()

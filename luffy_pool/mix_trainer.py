@@ -334,7 +334,7 @@ class MIXRayPPOTrainer:
         """Score ``data.val_files`` with ``n_val`` samples per prompt at ``val_temperature``.
 
         Metrics ``val/test_score/<data_source>`` (mean over rows, so replicated rows give avg@k) and
-        ``val/avg_score`` (mean over sources).
+        ``val/avg_score`` (mean over sources; also logged under LUFFY's name ``avg_score``).
         """
         n_val = int(self.sections.workers.rollout.n_val)
         chunk = int(self.sections.data.val_batch_size or len(self.val_dataset))
@@ -358,5 +358,6 @@ class MIXRayPPOTrainer:
             self.tracker.log_generations(samples, step=self.global_steps)
         out = {f"val/test_score/{ds}": float(np.mean(v)) for ds, v in sorted(scores_by_source.items())}
         out["val/avg_score"] = float(np.mean(list(out.values()))) if out else 0.0
+        out["avg_score"] = out["val/avg_score"]  # LUFFY's name for the same mean (its best-checkpoint key)
         self.last_val_metrics = out
         return out

@@ -242,6 +242,10 @@ def test_best_model_follows_val_avg_score(base_config, tiny_model_dir, tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(str(best), dtype=torch.float32)
     assert _max_diff(worker.weights(), loaded.state_dict()) == 0.0
     assert trainer.checkpointer.maybe_save_best(trainer, {"val/avg_score": 0.75}) is False
+    # LUFFY's key, avg_score, is accepted too (a LUFFY-style metrics dict without val/avg_score)
+    assert trainer.checkpointer.maybe_save_best(trainer, {"avg_score": 0.75}) is False
+    assert trainer.checkpointer.maybe_save_best(trainer, {"avg_score": 0.8}) is True
+    assert json.loads((best / layout.BEST_METRICS_FILE).read_text())["best_avg_score"] == 0.8
 
 
 def test_save_reports_size_and_time_in_the_step_metrics(base_config, tiny_model_dir, tmp_path):

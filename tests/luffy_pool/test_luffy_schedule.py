@@ -62,8 +62,9 @@ def project_lrs(config, total: int, updates: int, optim_steps: int) -> tuple[lis
     param = torch.nn.Parameter(torch.ones(3))
     module = torch.nn.Module()
     module.w = param
-    worker = SimpleNamespace(sections=sections, ulysses_group=None,
+    worker = SimpleNamespace(sections=sections, ulysses_group=None, actor_module=module, device="cpu",
                              optimizer_offload=SimpleNamespace(on_compute_device=contextlib.nullcontext))
+    worker._update_flops = lambda data, seconds: ActorRolloutRefWorker._update_flops(worker, data, seconds)
     worker.actor_optimizer, worker.lr_scheduler = ActorRolloutRefWorker._build_optimizer(worker, module)
     seen, weights = [], []
 

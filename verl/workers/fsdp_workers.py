@@ -251,13 +251,31 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         t0 = time.perf_counter()
         data = gather_data_in_group(data, self.ulysses_group)
         data.meta_info.setdefault("temperature", self.sections.rollout.temperature)
+        t_update = time.perf_counter()
         with self.optimizer_offload.on_compute_device():
             metrics = self.actor.update_policy(data)
+        metrics.update({k: [v] for k, v in self._update_flops(data, time.perf_counter() - t_update).items()})
+        # The lr this update ran with (LUFFY logs the scheduler's value after stepping, i.e. the next one's).
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         metrics["actor/lr"] = [lr]
         metrics["timing_s/update_actor_worker"] = [time.perf_counter() - t0]
         return DataProto(meta_info={"metrics": metrics})
+
+    def _update_flops(self, data: DataProto, seconds: float) -> dict[str, float]:
+        """LUFFY's ``mfu/actor`` (model FLOPs from the HF config over the measured update time, per device) and
+        ``perf/actor_tflops``; see ``verl.utils.flops_counter``."""
+        from verl.utils.flops_counter import FlopsCounter, current_device_peak_flops, update_flops_metrics
+        from verl.utils.ulysses import group_size
+
+        if getattr(self, "_flops_counter", None) is None:
+            config = getattr(self.actor_module, "config", None)
+            self._flops_counter = FlopsCounter(config, current_device_peak_flops() if self.device == "cuda" else None)
+        if data.batch is None or "attention_mask" not in data.batch.keys():
+            return {}
+        seqlens = data.batch["attention_mask"].sum(-1).tolist()
+        return update_flops_metrics(self._flops_counter, seqlens, seconds, passes=int(self.sections.actor.ppo_epochs),
+                                    share=1.0 / group_size(self.ulysses_group))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def device_report(self) -> dict:

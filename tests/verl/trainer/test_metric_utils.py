@@ -26,6 +26,7 @@ def test_data_metrics_split_on_and_off_policy_rows():
     assert m["response_length/max"] == 4 and m["response_length/min"] == 1
     assert m["response_length/clip_ratio"] == pytest.approx(1 / 3)
     assert m["prompt_length/mean"] == pytest.approx((2 + 1 + 2) / 3)
+    assert m["prompt_length/clip_ratio"] == pytest.approx(2 / 3)  # LUFFY's: prompts filling the width 2
     assert m["critic/score/mean"] == pytest.approx(2 / 3)
     assert m["on_off_metrics/off_score"] == 1.0 and m["on_off_metrics/on_score"] == pytest.approx(0.5)
     assert m["on_off_metrics/off_response_length_mean"] == 3 and m["on_off_metrics/on_response_length_mean"] == 2.5
@@ -40,7 +41,8 @@ def test_group_metrics_count_groups_and_rows():
     uids = np.array(["a", "a", "b", "b", "c", "c"], dtype=object)
     on = torch.tensor([False, True, True, True, True, True])
     m = compute_group_metrics(scores, uids, on)
-    assert m["batch/solve_none"] == pytest.approx(1 / 3) and m["batch/solve_all"] == pytest.approx(1 / 3)
+    assert (m["batch/solve_none"], m["batch/solve_all"], m["batch/solve_none_format"]) == (1, 1, 0)  # LUFFY: counts
+    assert m["batch/solve_none_frac"] == pytest.approx(1 / 3) and m["batch/solve_all_frac"] == pytest.approx(1 / 3)
     assert m["batch/solved"] == pytest.approx(0.5) and m["batch/failed"] == pytest.approx(0.5)
     assert m["batch/off_solved"] == 1.0 and m["batch/on_solved"] == pytest.approx(2 / 5)
 
@@ -55,3 +57,22 @@ def test_timing_and_throughput():
 
 def test_reduce_metrics_means_lists():
     assert reduce_metrics({"a": [1, 2, 3], "b": [], "c": [0.5]}) == {"a": 2.0, "b": 0.0, "c": 0.5}
+
+
+def test_flops_counter_follows_the_dense_transformer_count_and_mfu_needs_a_peak():
+    from types import SimpleNamespace
+
+    from verl.utils.flops_counter import FlopsCounter, device_peak_flops, update_flops_metrics
+
+    cfg = SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=100)
+    head_dim = 16
+    dense = (64 * (4 * head_dim + 2 * 2 * head_dim + 4 * head_dim) + 3 * 64 * 128) * 2 + 2 * 100 * 64
+    expected = 6 * dense * (10 + 30) + 12 * (10 ** 2 + 30 ** 2) * head_dim * 4 * 2
+    assert FlopsCounter(cfg).step_flops([10, 30]) == expected
+    assert FlopsCounter(SimpleNamespace(model_type="mamba")).step_flops([10]) == 0.0
+    assert device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and device_peak_flops("cpu") is None
+    m = update_flops_metrics(FlopsCounter(cfg, peak_flops=1e12), [10, 30], seconds=2.0, passes=2, share=0.5)
+    assert m["mfu/actor"] == pytest.approx(expected / 2.0 * 2 * 0.5 / 1e12)
+    assert m["perf/actor_tflops"] == pytest.approx(expected / 2.0 * 2 * 0.5 / 1e12)
+    assert update_flops_metrics(FlopsCounter(cfg), [10], 1.0)["mfu/actor"] == 0.0  # CPU: no peak, as LUFFY's 0

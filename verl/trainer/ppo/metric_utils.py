@@ -45,6 +45,8 @@ def compute_data_metrics(batch: dict, response_length: int) -> dict[str, float]:
     m.update(_stats("response_length", resp_len))
     m["response_length/clip_ratio"] = _mean_or_zero((resp_len == response_length).float())
     m.update(_stats("prompt_length", prompt_len))
+    # LUFFY: share of prompts that fill the whole prompt width (left-truncated or exactly max_prompt_length).
+    m["prompt_length/clip_ratio"] = _mean_or_zero((prompt_len == prompt_mask.shape[-1]).float())
     if "prefix_mask" in batch:
         off = batch["prefix_mask"].bool().any(-1)
         on = ~off
@@ -60,22 +62,26 @@ def compute_group_metrics(scores: torch.Tensor, uids, on_policy: torch.Tensor, f
                           success_value: float = 1.0) -> dict[str, float]:
     """LUFFY's per-group solve statistics (logged only, spec §1.5).
 
-    ``batch/solve_none`` / ``solve_all`` / ``solve_none_format``: fraction of groups whose every score
-    equals fail / success / −1; ``batch/solved`` / ``failed``: fraction of rows; ``batch/on_solved`` /
-    ``off_solved``: success rate among on- / off-policy rows.
+    ``batch/solve_none`` / ``solve_all`` / ``solve_none_format``: number of groups (LUFFY counts) whose every
+    score equals fail / success / −1, and the same as fractions of the groups in ``batch/solve_*_frac``;
+    ``batch/solved`` / ``failed``: fraction of rows; ``batch/on_solved`` / ``off_solved``: success rate among
+    on- / off-policy rows.
     """
     groups = defaultdict(list)
     for i, uid in enumerate(uids):
         groups[uid].append(scores[i].item())
     n_groups = max(len(groups), 1)
-    solve_none = sum(all(s == fail_value for s in g) for g in groups.values()) / n_groups
-    solve_all = sum(all(s == success_value for s in g) for g in groups.values()) / n_groups
-    solve_none_format = sum(all(s == -1 for s in g) for g in groups.values()) / n_groups
+    solve_none = sum(all(s == fail_value for s in g) for g in groups.values())
+    solve_all = sum(all(s == success_value for s in g) for g in groups.values())
+    solve_none_format = sum(all(s == -1 for s in g) for g in groups.values())
     solved = (scores == success_value)
     return {
         "batch/solve_none": solve_none,
         "batch/solve_all": solve_all,
         "batch/solve_none_format": solve_none_format,
+        "batch/solve_none_frac": solve_none / n_groups,
+        "batch/solve_all_frac": solve_all / n_groups,
+        "batch/solve_none_format_frac": solve_none_format / n_groups,
         "batch/solved": _mean_or_zero(solved.float()),
         "batch/failed": _mean_or_zero((scores == fail_value).float()),
         "batch/on_solved": _mean_or_zero(solved[on_policy].float()),
