@@ -8,8 +8,10 @@ hf``), write ``<output>.decoded.jsonl``, grade each sample (the text after ``</t
 opened a think block; math-verify, the rule-based grader, or either; ``--add_oat_evaluate`` is LUFFY's OAT
 rule, which grades the whole response when ``</think>`` is missing), then write ``<output>`` (one
 line per sample), ``<output stem>.summary.json``, and print LUFFY's ``<data_source>: <acc>`` lines plus
-pass@1, avg@k and unbiased pass@k per source. Generation settings are honoured as given (LUFFY's
-sampler hard-coded 8192 new tokens).
+pass@1, avg@k and unbiased pass@k per source. LUFFY's flags behave as in LUFFY or are refused naming the
+replacement: its sampler hard-coded 8192 new tokens whatever ``--max_tokens`` said, so ``--max_tokens``
+accepts only 8192 (``--max_new_tokens`` sets the budget); ``--any_true`` without ``--add_oat_evaluate``
+changes nothing, as in LUFFY (a note says so).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from eval_scripts.metrics import report_lines, summarize, summary_to_json
 from verl.trainer.main_generation import (BACKENDS, TEMPLATES, SamplingArgs, generate_completions, load_generator,
                                           prepare_messages, render_prompt)
 
+LUFFY_MAX_TOKENS = 8192  # LUFFY's generate_vllm passed max_tokens=8192 to SamplingParams, ignoring its flag
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python eval_scripts/generate_vllm.py", description=__doc__,
@@ -42,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--top_p", type=float, default=1.0)
     ap.add_argument("--top_k", type=int, default=-1, help="-1 = off")
-    ap.add_argument("--max_tokens", type=int, default=8192, help="new tokens per sample")
+    ap.add_argument("--max_tokens", type=int, default=LUFFY_MAX_TOKENS,
+                    help="LUFFY's flag, which its script ignored (always 8192 new tokens): only 8192 is accepted; "
+                         "set another budget with --max_new_tokens")
+    ap.add_argument("--max_new_tokens", type=int, default=None, help="new tokens per sample (default 8192, LUFFY's)")
     add_bool_arg(ap, "--remove_system", default=True, help="drop the parquet's system turn (LUFFY's eval)")
     ap.add_argument("--system_prompt", default=None, help="system message to put in place of the parquet's")
     ap.add_argument("--template", choices=list(TEMPLATES), default="own",
@@ -148,9 +155,15 @@ def run(args) -> Optional[dict]:
     """Generate (or reuse), grade, write outputs; returns the JSON summary (None with --skip_scoring)."""
     if args.add_oat_evaluate:  # LUFFY's rule: OAT's boxed grader, whole text when </think> is missing
         args.grader = "oat_any" if args.any_true else "oat"
-    elif args.any_true:
-        raise ValueError("--any_true only acts with --add_oat_evaluate (as in LUFFY); for math-verify OR the rule "
-                         "grader after </think> use --grader both")
+    elif args.any_true:  # LUFFY reads --any_true only under --add_oat_evaluate: alone it changes nothing
+        print(f"note: --any_true without --add_oat_evaluate has no effect (as in LUFFY); grading with --grader "
+              f"{args.grader}. For math-verify OR the rule grader after </think> use --grader both", file=sys.stderr)
+    if args.max_tokens != LUFFY_MAX_TOKENS:
+        raise ValueError(f"--max_tokens {args.max_tokens}: LUFFY's generate_vllm.py ignores this flag and always "
+                         f"generates up to {LUFFY_MAX_TOKENS} tokens; drop it to match LUFFY, or pass "
+                         f"--max_new_tokens {args.max_tokens}")
+    if args.max_new_tokens is not None:
+        args.max_tokens = args.max_new_tokens
     rows = select_rows(read_eval_table(args.input_file), args.max_rows, args.max_rows_per_source)
     if not rows:
         raise DataFormatError(args.input_file, "no rows to evaluate")

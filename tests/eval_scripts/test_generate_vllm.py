@@ -115,7 +115,7 @@ def test_hf_backend_generates_and_grades(tmp_path, tiny_model_dir, shared_data_d
     summary = generate_vllm.run(build_parser().parse_args([
         "--model_path", tiny_model_dir, "--input_file", os.path.join(shared_data_dir, "benchmarks", "valid.parquet"),
         "--output_file", out, "--backend", "hf", "--max_rows", "2", "--max_rows_per_source", "--n", "2",
-        "--max_tokens", "8"]))
+        "--max_new_tokens", "8"]))
     assert summary["rows"] == 10 and summary["samples"] == 20
     assert set(summary["per_source"]) == {"aime", "math", "olympiad_bench", "amc", "minerva"}
     lines = [json.loads(x) for x in open(out)]
@@ -131,7 +131,7 @@ def test_vllm_on_60_benchmark_rows_then_collect_results(tmp_path, tiny_model_dir
     out = str(tmp_path / "evals" / "tiny.jsonl")
     summary = generate_vllm.run(build_parser().parse_args([
         "--model_path", tiny_model_dir, "--input_file", src, "--output_file", out, "--max_rows", "10",
-        "--max_rows_per_source", "True", "--max_tokens", "16", "--kv_cache_gb", "0.0625"]))
+        "--max_rows_per_source", "True", "--max_new_tokens", "16", "--kv_cache_gb", "0.0625"]))
     sources = ["aime", "aime25", "amc", "math", "minerva", "olympiad_bench"]
     assert summary["rows"] == 60 and sorted(summary["per_source"]) == sources
     assert all(summary["per_source"][s]["num_samples"] == 10 for s in sources)
@@ -186,7 +186,23 @@ def test_add_oat_evaluate_is_luffys_rule_and_both_the_stricter_one(tmp_path, fla
         assert graded[7]["grade_status"] == "whole_text"
 
 
-def test_any_true_without_add_oat_evaluate_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="--any_true only acts with --add_oat_evaluate"):
+def test_any_true_without_add_oat_evaluate_changes_nothing_as_in_luffy(tmp_path, capsys):
+    src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
+    graded = {}
+    for name, flags in (("plain", []), ("any_true", ["--any_true", "True"])):
+        out = str(tmp_path / f"{name}.jsonl")
+        _write_decoded(out)
+        generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
+                            "--force_generate", "False", *flags])
+        graded[name] = [(g["correct"], g["grader"]) for g in map(json.loads, open(out))]
+    assert graded["any_true"] == graded["plain"] and {g for _, g in graded["plain"]} == {"math_verify"}
+    assert "--any_true without --add_oat_evaluate has no effect (as in LUFFY)" in capsys.readouterr().err
+
+
+def test_max_tokens_other_than_luffys_8192_is_refused_naming_max_new_tokens(tmp_path):
+    with pytest.raises(ValueError, match=r"--max_tokens 4096: LUFFY's generate_vllm.py ignores .* --max_new_tokens 4096"):
         generate_vllm.run(build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file",
-                                                     str(tmp_path / "o.jsonl"), "--any_true", "True"]))
+                                                     str(tmp_path / "o.jsonl"), "--max_tokens", "4096"]))
+    args = build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o",
+                                      "--max_tokens", "8192", "--max_new_tokens", "512"])
+    assert (args.max_tokens, args.max_new_tokens) == (8192, 512)
