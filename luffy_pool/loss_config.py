@@ -15,7 +15,9 @@ from luffy_pool.config_sections import LossSection
 # Per-micro-batch inputs the actor offers every loss. Log-probs are per response token ([rows, L]); eos_mask
 # is the response mask; target_probs are the behaviour probabilities of prefix tokens (use_off_policy_probs),
 # LUFFY's loss contract: the batch carries behaviour *log*-probs (NaN = unknown) from the dataset to here, and
-# loss_tensors converts them once (unknown -> probability 1.0, as LUFFY's rollout did).
+# loss_tensors converts them once to probabilities; unknown stays NaN and the loss gives those tokens the
+# configured shaping f(p) instead of p / pi_b (LUFFY's -1 padding gave the weight -p and a 0 gave p / 1e-6;
+# the per-step metric batch/behaviour_prob_unknown_rows counts the rows this touches).
 LOSS_TENSORS = ("old_log_prob", "log_prob", "advantages", "eos_mask", "prefix_mask", "target_probs")
 
 
