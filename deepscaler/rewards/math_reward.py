@@ -20,10 +20,13 @@ from deepscaler.rewards.math_utils import (
     last_boxed_content,
     split_after_think,
 )
-from deepscaler.rewards.math_utils.extract import THINK_OPEN
+from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
 from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 from deepscaler.rewards.reward_types import RewardValues, ScoreResult
+from deepscaler.system_prompts import ORM_USER_TEMPLATE  # noqa: F401 - LUFFY's name in this module
 
+# LUFFY's module names (its scripts import the delimiters from here; ORM_USER_TEMPLATE is the judge's prompt).
+THOUGHT_DELIMITER_START, THOUGHT_DELIMITER_END = THINK_OPEN, THINK_CLOSE
 BINARY_VALUES = RewardValues(correct=1.0, incorrect=0.0, format_error=0.0, unknown_error=0.0)
 # LUFFY's reward_with_format.deepscaler_reward_fn_impl1.
 IMPL1_VALUES = RewardValues(correct=1.0, incorrect=-0.5, format_error=-1.0, unknown_error=-1.0)

@@ -42,3 +42,13 @@ class ScoreResult:
     answer: str | None = None
     unparseable: bool = False
     timed_out: bool = False
+
+
+# LUFFY's deepscaler/rewards/reward_types.py names (its class API), defined in luffy_reward_types.
+from deepscaler.rewards.luffy_reward_types import (  # noqa: E402,F401
+    RewardConfig,
+    RewardFn,
+    RewardInput,
+    RewardOutput,
+    RewardType,
+)

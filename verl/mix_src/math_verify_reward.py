@@ -10,7 +10,7 @@ from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
 from deepscaler.rewards.math_verify_reward import math_verify_score
 from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 
-__all__ = ["RewardMathFn", "reward_fn_math_verify", "reward_fn_math_verify_no_think"]
+__all__ = ["RewardMathFn", "labeling_responses", "reward_fn_math_verify", "reward_fn_math_verify_no_think"]
 
 
 class RewardMathFn(RewardFn):
@@ -43,3 +43,11 @@ def reward_fn_math_verify(solution_str: str, ground_truth: Union[str, List[str]]
 def reward_fn_math_verify_no_think(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False) -> bool:
     """Math-verify on the whole response."""
     return _grade(solution_str, ground_truth, think_format=False)
+
+
+def labeling_responses(responses: list[str], golden_answer: str) -> list[bool]:
+    """LUFFY's eval labels: math-verify of each response text against ``"$" + golden_answer + "$"`` (the
+    default grader of eval_scripts/generate_vllm.py; bounded, see ``grade_solution``)."""
+    from deepscaler.rewards.math_verify_reward import grade_solution
+
+    return [bool(grade_solution(r, golden_answer, "math_verify").correct) for r in responses]

@@ -34,3 +34,8 @@ __all__ = [
     "split_after_think",
     "strip_outer_dollars",
 ]
+
+# LUFFY's exports of this package (its math_utils/__init__.py), from the LUFFY-named module math_utils.utils.
+from deepscaler.rewards.math_utils.utils import extract_answer, grade_answer_mathd, grade_answer_sympy  # noqa: E402
+
+__all__ += ["extract_answer", "grade_answer_mathd", "grade_answer_sympy"]

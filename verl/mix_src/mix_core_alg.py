@@ -1,0 +1,11 @@
+"""LUFFY's module path ``verl.mix_src.mix_core_alg``: its mixed-policy algorithm functions, as aliases of
+``luffy_pool.mix_core_alg`` (same math; the losses also return their metrics in a dict)."""
+from luffy_pool.mix_core_alg import (  # noqa: F401
+    AdaptiveEntropyCoeff,
+    compute_grpo_outcome_advantage_split,
+    compute_sft_multitask_loss,
+    compute_sft_pure_loss,
+    compute_token_on_off_policy_loss,
+)
+
+__all__ = ["compute_grpo_outcome_advantage_split", "compute_sft_pure_loss", "compute_token_on_off_policy_loss"]
