@@ -26,8 +26,14 @@ def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir
                 "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean", "response_length/mean",
                 "on_off_metrics/off_score", "on_off_metrics/on_score", "batch/avg_prefix_ratio", "timing_s/gen",
                 "timing_s/update_actor", "timing_s/step", "perf/throughput",
-                "global_seqlen/mean", "val/avg_score", "batch/off_policy_truncated"):
+                "global_seqlen/mean", "val/avg_score", "batch/off_policy_truncated",
+                # LUFFY's names (review E8), next to this project's
+                "avg_score", "mfu/actor", "perf/actor_tflops", "prompt_length/clip_ratio", "batch/solve_none",
+                "batch/solve_all", "batch/solve_none_frac"):
         assert key in last, key
+    assert last["avg_score"] == last["val/avg_score"] and last["perf/actor_tflops"] > 0.0
+    assert last["mfu/actor"] == 0.0  # no peak FLOP/s on CPU (LUFFY: 0 on an unknown device)
+    assert isinstance(last["batch/solve_none"], int) and 0 <= last["batch/solve_none"] + last["batch/solve_all"] <= 4
     for r in rows:
         for k, v in r.items():
             if isinstance(v, float):
