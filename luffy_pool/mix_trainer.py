@@ -206,8 +206,8 @@ class MIXRayPPOTrainer:
                                           eos_token_id=self.tokenizer.eos_token_id))
         with _timer("adv", timing):
             batch = self._compute_rewards_and_advantage(batch, metrics)
-        if "behaviour_log_probs" in batch.batch.keys():  # review E4: rows whose behaviour probability is unknown
-            metrics.update(unknown_behaviour_metrics(batch.batch["behaviour_log_probs"], batch.batch["prefix_mask"]))
+        # review E4: off-policy rows whose behaviour probability is unknown
+        metrics.update(unknown_behaviour_metrics(batch.batch, self.sections.actor.use_off_policy_probs))
         if self.sections.trainer.rollout_data_dir:
             dump_rollouts(self.sections.trainer.rollout_data_dir, self.global_steps,
                           rollout_records(batch, self.tokenizer, self.global_steps))

@@ -202,11 +202,19 @@ def logprobs_from_target_probs(target_probs: torch.Tensor) -> torch.Tensor:
     return torch.where(probs > 0, torch.log(probs.clamp_min(1e-300)), torch.full_like(probs, float("nan")))
 
 
-def unknown_behaviour_metrics(behaviour_log_probs: torch.Tensor, prefix_mask: torch.Tensor) -> dict[str, int]:
-    """Off-policy tokens whose behaviour probability is unknown (NaN: missing, 0 or LUFFY's -1 padding), and
+def unknown_behaviour_metrics(batch, use_off_policy_probs: bool) -> dict[str, int]:
+    """Off-policy tokens (``prefix_mask``) of a step's tensors whose behaviour probability is unknown (NaN in
+    ``behaviour_log_probs``: missing, 0 or LUFFY's -1 padding; all of them when the batch has no such tensor), and
     the rows holding any. With ``use_off_policy_probs`` those tokens get the configured shaping f(p) instead of
-    the importance weight p / pi_b; LUFFY's loss gives a -1 entry the weight -p and a 0 entry p / 1e-6."""
-    unknown = torch.isnan(behaviour_log_probs) & prefix_mask.bool()
+    the importance weight p / pi_b; LUFFY's loss gives a -1 entry the weight -p and a 0 entry p / 1e-6.
+    Empty (nothing logged) when there are no behaviour log-probs and ``use_off_policy_probs`` is off."""
+    prefix_mask = batch["prefix_mask"].bool()
+    if "behaviour_log_probs" in batch.keys():
+        unknown = torch.isnan(batch["behaviour_log_probs"]) & prefix_mask
+    elif use_off_policy_probs:
+        unknown = prefix_mask
+    else:
+        return {}
     return {"batch/behaviour_prob_unknown_rows": int(unknown.any(-1).sum()),
             "batch/behaviour_prob_unknown_tokens": int(unknown.sum())}
 

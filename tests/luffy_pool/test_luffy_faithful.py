@@ -28,8 +28,13 @@ def test_missing_zero_and_padding_probabilities_are_counted_per_row_and_token():
     behaviour = logprobs_from_target_probs(probs).float()
     prefix = torch.tensor([[True, True, True, False], [True, True, True, True], [True, True, False, False]])
     # row 0: the 0.0 (prefix); its -1 is outside the prefix. Row 1: two -1 paddings in the prefix. Row 2: none.
-    assert unknown_behaviour_metrics(behaviour, prefix) == {"batch/behaviour_prob_unknown_rows": 2,
-                                                            "batch/behaviour_prob_unknown_tokens": 3}
+    batch = {"behaviour_log_probs": behaviour, "prefix_mask": prefix}
+    assert unknown_behaviour_metrics(batch, use_off_policy_probs=True) == {"batch/behaviour_prob_unknown_rows": 2,
+                                                                           "batch/behaviour_prob_unknown_tokens": 3}
+    # no probability column at all: with use_off_policy_probs every off-policy token is unknown; off: nothing logged
+    assert unknown_behaviour_metrics({"prefix_mask": prefix}, use_off_policy_probs=True) == {
+        "batch/behaviour_prob_unknown_rows": 3, "batch/behaviour_prob_unknown_tokens": 9}
+    assert unknown_behaviour_metrics({"prefix_mask": prefix}, use_off_policy_probs=False) == {}
 
 
 def test_unknown_probability_gets_the_shaping_where_luffy_gives_minus_p_or_p_over_1e6():
