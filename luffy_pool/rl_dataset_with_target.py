@@ -40,8 +40,9 @@ class RLHFDatasetWithTarget(RLHFDataset):
     ``sample_target_mode=redraw`` (LUFFY: ``np.random.rand()`` on every ``__getitem__``) draws again on each
     read of an item, from a generator seeded with ``(seed, item, k)`` for its k-th read in this process, so
     a prompt keeps its trace in some epochs and not in others; ``fixed`` draws once per item from
-    ``(seed, item)``, the same subset every epoch. A null target is also empty. ``target_logprobs`` (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's
-    teacher probability of each target token plus one for the EOS) has width ``max_target_length + 1`` so
+    ``(seed, item)``, the same subset every epoch. A null target is also empty. ``target_logprobs``
+    (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's teacher probability of each target token
+    plus one for the EOS) has width ``max_target_length + 1`` so
     the EOS entry fits; NaN marks unknown (padding, a dropped target, the EOS after a truncated target).
     Log-probs with NaN = unknown is the one representation from here to the loss. LUFFY's
     ``target_lst`` column is dropped (it never reaches the loss).
