@@ -111,6 +111,7 @@ def build_dataloader(config, tokenizer):
     # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
     sampler = build_sampler(len(train), shuffle=d.shuffle, seed=int(d.seed),
                             batch_size=d.train_batch_size, drop_last=True)
+    train.use_epoch_of(sampler)  # sample_target_ratio redraws per epoch, the same after a resume
     loader = DataLoader(train, batch_size=d.train_batch_size, sampler=sampler, drop_last=True, collate_fn=collate_fn,
                         num_workers=int(d.dataloader_num_workers))
     if len(loader) == 0:

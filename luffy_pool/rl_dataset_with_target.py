@@ -38,8 +38,9 @@ class RLHFDatasetWithTarget(RLHFDataset):
 
     With probability ``1 − sample_target_ratio`` a row's target is replaced by an empty one (all pad).
     ``sample_target_mode=redraw`` (LUFFY: ``np.random.rand()`` on every ``__getitem__``) draws again on each
-    read of an item, from a generator seeded with ``(seed, item, k)`` for its k-th read in this process, so
-    a prompt keeps its trace in some epochs and not in others; ``fixed`` draws once per item from
+    read of an item, from a generator seeded with ``(seed, item, k)``: k is the epoch of the training sampler
+    (``use_epoch_of``; checkpointed, so a resumed run draws the same) or else the item's read count in this
+    process; a prompt keeps its trace in some epochs and not in others. ``fixed`` draws once per item from
     ``(seed, item)``, the same subset every epoch. A null target is also empty. ``target_logprobs``
     (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's teacher probability of each target token
     plus one for the EOS) has width ``max_target_length + 1`` so
@@ -68,7 +69,8 @@ class RLHFDatasetWithTarget(RLHFDataset):
         if sample_target_mode not in SAMPLE_TARGET_MODES:
             raise ValueError(f"data.sample_target_mode must be one of {SAMPLE_TARGET_MODES}, got {sample_target_mode!r}")
         self.sample_target_mode = sample_target_mode
-        self._reads: dict[int, int] = {}  # item -> reads so far (redraw mode's draw index)
+        self._reads: dict[int, int] = {}  # item -> reads so far (redraw mode's draw index without a sampler)
+        self._epoch_source = None  # the training sampler, whose epoch is the draw index (use_epoch_of)
         if truncate_off_policy not in TRUNCATE_OFF_POLICY:
             raise ValueError(f"data.truncate_off_policy must be one of {TRUNCATE_OFF_POLICY}, got {truncate_off_policy!r}")
         self.truncate_off_policy = truncate_off_policy
@@ -119,8 +121,14 @@ class RLHFDatasetWithTarget(RLHFDataset):
             return bool(np.random.default_rng([self.seed, item]).random() < self.sample_target_ratio)
         return bool(np.random.default_rng([self.seed, item, int(read or 0)]).random() < self.sample_target_ratio)
 
+    def use_epoch_of(self, sampler) -> None:
+        """Key redraw mode's draws on ``sampler.epoch`` (the resumable sampler's, saved with checkpoints)."""
+        self._epoch_source = sampler
+
     def _draw_keeps_target(self, item: int) -> bool:
-        """The draw of this read of ``item``: redraw mode advances the item's read counter."""
+        """The draw of this read of ``item`` (redraw mode: index = sampler epoch, else the item's read count)."""
+        if self._epoch_source is not None:
+            return self.keeps_target(item, int(self._epoch_source.epoch))
         read = self._reads.get(item, 0)
         if self.sample_target_mode == "redraw":
             self._reads[item] = read + 1

@@ -118,6 +118,15 @@ def test_too_few_rows_for_one_batch_names_the_key(compose_config, tiny_task_dir,
         launcher.build_dataloader(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
+def test_sample_target_ratio_redraws_per_epoch_of_the_resumable_sampler(compose_config, tiny_task_dir, tiny_model_dir,
+                                                                      tmp_path):
+    from transformers import AutoTokenizer
+
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "data.sample_target_ratio=0.5")
+    loader, _, _, _ = launcher.build_dataloader(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert loader.dataset.sample_target_mode == "redraw" and loader.dataset._epoch_source is loader.sampler
+
+
 def test_use_off_policy_probs_without_any_behaviour_probabilities_is_refused(
         fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path):
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "actor_rollout_ref.actor.use_off_policy_loss=True",

@@ -286,6 +286,20 @@ def test_redraw_sample_target_mode_draws_again_on_every_read_as_luffy(tokenizer,
     assert 0.3 < sum(per_item) / 240 < 0.7
 
 
+def test_redraw_follows_the_training_samplers_epoch_so_a_resume_draws_the_same(tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    path = _write(tmp_path, [_row(i) for i in range(12)])
+    ds = RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8, sample_target_ratio=0.5, seed=3)
+    sampler = SimpleNamespace(epoch=0)
+    ds.use_epoch_of(sampler)
+    kept = lambda: [ds[i]["tgt_input_ids"][0].item() != tokenizer.pad_token_id for i in range(12)]
+    first = kept()
+    assert first == kept() == [ds.keeps_target(i, 0) for i in range(12)]  # same epoch, same draws
+    sampler.epoch = 4
+    assert kept() == [ds.keeps_target(i, 4) for i in range(12)] != first
+
+
 def test_sample_target_mode_is_checked(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="data.sample_target_mode must be one of"):
         RLHFDatasetWithTarget(_write(tmp_path, [_row(0)]), tokenizer, max_prompt_length=64, max_target_length=8,
