@@ -22,9 +22,11 @@ from __future__ import annotations
 from os.path import commonprefix
 from typing import Optional, Union
 
+from deepscaler.rewards.bounded import bounded
 from deepscaler.rewards.guarded_math_verify import guarded_parse, guarded_verify
 from deepscaler.rewards.math_utils.luffy_normalize import sympy_normalize
-from deepscaler.rewards.math_utils.luffy_rule import luffy_answers_match, luffy_boxed_answer
+from deepscaler.rewards.math_utils.luffy_rule import answer_within_limits, luffy_answers_match, luffy_boxed_answer
+from deepscaler.rewards.reward_types import ScoreResult
 
 REPEAT_CHECK_CHARS = 128  # OAT skips math-verify for longer answers that mostly repeat themselves
 
@@ -82,15 +84,25 @@ def grade(model_answer: str, gt_answer: str, fast: bool = True) -> bool:
             return False
     if luffy_answers_match(model_answer, gt_answer, oat=True):
         return True
-    return False if fast else is_latex_equal(model_answer, gt_answer)
+    if fast or not answer_within_limits(model_answer):
+        return False
+    return is_latex_equal(model_answer, gt_answer)
+
+
+@bounded
+def _grade_bounded(model_answer: str, truths: list[str], fast: bool) -> ScoreResult:
+    correct = any(grade(model_answer, gt, fast) for gt in truths)
+    return ScoreResult(float(correct), correct, answer=model_answer)
 
 
 def boxed_reward_fn(model_response: str, gt_answer: Union[str, int, float, list], fast: bool = False) -> tuple[dict, float]:
     """OAT's boxed reward: ``({"formatted": True}, 1.0)`` when right, ``(..., 0.0)`` when wrong, and
-    ``({"formatted": False}, 0.0)`` when nothing is boxed."""
+    ``({"formatted": False}, 0.0)`` when nothing is boxed. Grading runs within the active
+    ``GuardLimits().time_budget_s`` in any thread; a spent budget gives 0.0 with ``"timed_out": True``."""
     model_answer = extract_answer(model_response)
     if model_answer is None:
         return {"formatted": False}, 0.0
     truths = [str(gt_answer)] if isinstance(gt_answer, (int, float, str)) else [str(g) for g in gt_answer]
-    correct = any(grade(model_answer, gt, fast) for gt in truths)
-    return {"formatted": True}, 1.0 if correct else 0.0
+    result = _grade_bounded(model_answer, truths, fast)
+    info = {"formatted": True, "timed_out": True} if result.timed_out else {"formatted": True}
+    return info, 1.0 if result.correct else 0.0

@@ -23,7 +23,8 @@ from deepscaler.rewards.math_utils import (
     split_after_think,
 )
 from deepscaler.rewards.math_utils.extract import THINK_OPEN
-from deepscaler.rewards.math_utils.luffy_rule import luffy_answers_match, luffy_boxed_answer
+from deepscaler.rewards.math_utils.input_guard import rejections
+from deepscaler.rewards.math_utils.luffy_rule import flag_beyond_limits, luffy_answers_match, luffy_boxed_answer
 from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 
@@ -108,9 +109,12 @@ def deepscaler_score(text: str, ground_truth, values: RewardValues = BINARY_VALU
     ground_truths = luffy_ground_truths(ground_truth)
     if not ground_truths:
         return ScoreResult(values.unknown_error, False, parse_failed=True)
+    rejections_before = rejections()[0]
     if any(luffy_answers_match(answer, gt) for gt in ground_truths):
         return ScoreResult(values.correct, True, answer=answer)
-    return ScoreResult(values.incorrect, False, answer=answer)
+    # Beyond the project's guards (recorded here or by luffy_answers_match): wrong, and flagged unparseable.
+    flag_beyond_limits(answer)
+    return ScoreResult(values.incorrect, False, parse_failed=rejections()[0] > rejections_before, answer=answer)
 
 
 def deepscaler_score_nothink(text: str, ground_truth) -> ScoreResult:

@@ -22,6 +22,7 @@ import re
 import sympy
 
 from deepscaler.rewards.math_utils.deadline import check_deadline
+from deepscaler.rewards.math_utils.input_guard import check_expression, note_rejection
 from deepscaler.rewards.math_utils.luffy_normalize import mathd_normalize, str_is_int, strip_thousands_commas, \
     sympy_normalize
 from deepscaler.rewards.math_utils.safe_parse import UnsafeExpression, check_complexity
@@ -165,7 +166,7 @@ class _Reader:
     def atom(self):
         kind, value = self.take()
         if kind == "num":
-            return sympy.Float(value) if any(c in value for c in ".eE") else sympy.Integer(value)
+            return sympy.Float(value) if any(c in value for c in ".eE") else sympy.Integer(int(value))
         if kind == "name":
             if value in _FUNCTIONS:
                 if self.peek()[1] == "(":
@@ -216,7 +217,10 @@ def _equal_under_sympy(gt: str, given: str) -> bool:
         check_complexity(diff)
         check_deadline()
         return sympy.simplify(diff) == 0
-    except (ValueError, TypeError, ArithmeticError, UnsafeExpression, RecursionError, AttributeError):
+    except (UnsafeExpression, RecursionError) as exc:  # beyond the size limits: flagged, never evaluated
+        note_rejection(f"parsed tree: {exc}")
+        return False
+    except (ValueError, TypeError, ArithmeticError, AttributeError):  # what parse_expr/SymPy raise on junk
         return False
 
 
@@ -256,8 +260,33 @@ def sympy_rule_match(given: str, ground_truth: str) -> bool:
     return True
 
 
+def answer_within_limits(answer: str) -> bool:
+    """The project's input guard on an extracted answer; a refusal is recorded (``note_rejection``) so the
+    bounded scorer flags the item unparseable. LUFFY has no such guard; beyond the limits only its
+    string comparisons run (no answer in the agreement set is near them)."""
+    reason = check_expression(answer)
+    if reason is None:
+        return True
+    note_rejection(reason)
+    return False
+
+
+def flag_beyond_limits(answer: str) -> None:
+    """Record a guard rejection when ``answer`` is beyond the project's limits (input or parsed tree), so a
+    wrong answer of that kind is reported unparseable as by the other graders. Verdicts do not change."""
+    from deepscaler.rewards.math_utils.normalize import clean_answer
+    from deepscaler.rewards.math_utils.safe_parse import parse_answer
+
+    if answer_within_limits(answer):
+        parse_answer(clean_answer(answer))
+
+
 def luffy_answers_match(given: str, ground_truth: str, oat: bool = False) -> bool:
-    """``grade_answer_mathd(given, gt) or grade_answer_sympy(given, gt)`` (OAT's mathd with ``oat``)."""
+    """``grade_answer_mathd(given, gt) or grade_answer_sympy(given, gt)`` (OAT's mathd with ``oat``).
+
+    An answer beyond the input guard's limits is compared as a mathd-normalised string only."""
     if mathd_normalize(ground_truth, oat) == mathd_normalize(given, oat):
         return True
+    if not answer_within_limits(given):
+        return False
     return sympy_rule_match(given, ground_truth)
