@@ -17,6 +17,10 @@ amc, math, minerva, olympiad_bench) and of ARC-c and GPQA, each answered in the 
 subprocess (``luffy_grader_worker.py``) with ``PER_ANSWER_TIMEOUT_S`` per answer and grader; a timeout or a
 LUFFY exception is stored as such and skipped by the comparison. Rows: ``{"id", "bench", "variant",
 "gt", "text", "luffy": {grader: verdict | "timeout" | "error: ..."}}``.
+
+The stored file was built from LUFFY commit 01f4ae0 (github ElliottYan/LUFFY) with this venv's sympy 1.14.0,
+math-verify 0.9.0 and latex2sympy2_extended 1.11.0, plus pylatexenc 2.11 installed aside for the generator;
+math-verify verdicts depend on its version, so rebuild the file when the venv's math-verify changes.
 """
 from __future__ import annotations
 
