@@ -152,12 +152,12 @@ _SYMBOLS = {
     "eta": "η", "theta": "θ", "iota": "ι", "kappa": "κ", "lambda": "λ", "mu": "μ", "nu": "ν", "xi": "ξ",
     "rho": "ρ", "sigma": "σ", "tau": "τ", "phi": "ϕ", "varphi": "φ", "chi": "χ", "psi": "ψ", "omega": "ω",
     "Gamma": "Γ", "Delta": "Δ", "Theta": "Θ", "Lambda": "Λ", "Sigma": "Σ", "Phi": "Φ", "Omega": "Ω",
-    "hbar": "ħ", "ell": "ℓ", "perp": "⊥", "parallel": "∥", "cong": "≅", "equiv": "≡", "neg": "¬",
+    "hbar": "ħ", "ell": "ℓ", "perp": "⊥", "parallel": "∥", "cong": "≅", "equiv": "≡", "neg": "",
     "rightarrow": "→", "leftarrow": "←", "Rightarrow": "⇒", "sqrt": None, "frac": None,
 }
+# The function macros pylatexenc prints by name; others (\\cot, \\sec, \\gcd, \\det ...) it drops.
 _NAMED_FUNCTIONS = frozenset(
-    "sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh coth log ln lg exp lim max min sup inf det gcd "
-    "deg dim arg ker Pr hom".split())
+    "sin cos tan arcsin arccos arctan sinh cosh tanh log ln exp lim max min sup inf".split())
 _DROPPED_WITH_ARGS = frozenset(("mbox",))
 _SPACE_SYMBOLS = {",": " ", ";": " ", ":": " ", " ": " ", "!": "", "%": "%", "$": "$", "{": "{", "}": "}",
                   "&": "&", "#": "#", "_": "_", "\\": "\n"}

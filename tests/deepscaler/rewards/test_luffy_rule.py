@@ -71,4 +71,5 @@ def test_normalisers():
     assert mathd_normalize("5 \\text{ cm} \\text{ m}") == "5 \\text{ cm} \\text{ m}"  # LUFFY gives up: unchanged
     assert mathd_normalize("12 feet", oat=True) == "12"  # OAT's unit words
     assert latex_to_text("\\frac{a+b}{c}") == "a+b/c" and latex_to_text("\\sqrt{2}\\pi") == "sqrt(2)pi"
+    assert latex_to_text("\\sin x") == "sinx" and latex_to_text("\\cot x") == "x"  # pylatexenc drops \cot
     assert sympy_normalize("1,000") == "1000" and sympy_normalize("\\text{7 3/4}") == "7+3/4"
