@@ -64,7 +64,10 @@ def _grade_oat(text: str, ground_truth, grader: str, split_think: bool, timeout_
     graded = text if region is None else region
 
     def label() -> bool:
-        oat = boxed_reward_fn(graded, ground_truth, fast=False)[1] == 1.0
+        info, reward = boxed_reward_fn(graded, ground_truth, fast=False)
+        if info.get("timed_out"):
+            raise _Timeout()
+        oat = reward == 1.0
         if grader == "oat_any" and not oat and region is not None:
             return grade_solution(region, ground_truth, "math_verify").correct
         return oat

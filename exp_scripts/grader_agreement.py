@@ -15,6 +15,10 @@ Sets (each item graded with ``grade(text, ground_truth, grader)`` for ``math_ver
   against itself.
 Every item should grade correct; the script prints per-set accuracy, the wall time, and with
 ``--compare`` the items whose outcome changed.
+
+LUFFY agreement (``exp_scripts/luffy_agreement.py``): ``--luffy_src DIR --write FILE`` builds the
+comparison set graded by LUFFY's own code (run from a checkout outside the project) and
+``--check FILE`` prints, per grader, how often this project's verdict differs from LUFFY's.
 """
 from __future__ import annotations
 
@@ -59,9 +63,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", default=DEFAULT_DATA)
     parser.add_argument("--gsm8k_limit", type=int, default=10**9, help="first K GSM8K rows (test, then train)")
-    parser.add_argument("--out", required=True, help="JSON file for the per-item outcomes")
+    parser.add_argument("--out", default=None, help="JSON file for the per-item outcomes")
+    parser.add_argument("--luffy_src", default=None, help="LUFFY checkout (outside the project) to build --write")
+    parser.add_argument("--luffy_deps", default=None, help="extra sys.path for LUFFY's graders (pylatexenc)")
+    parser.add_argument("--write", default=None, help="jsonl.gz file for the LUFFY agreement set")
+    parser.add_argument("--per_benchmark", type=int, default=None, help="problems per benchmark (default 40)")
+    parser.add_argument("--check", default=None, help="a LUFFY agreement set to compare this project with")
     parser.add_argument("--compare", default=None, help="an earlier --out file to diff against")
     args = parser.parse_args()
+    if args.write or args.check:
+        _luffy_mode(args)
+        return
+    if not args.out:
+        parser.error("--out is required (or --write / --check for the LUFFY agreement set)")
 
     from deepscaler.rewards import grade
 
@@ -100,6 +114,27 @@ def main() -> None:
             for i in changed[:5]:
                 print(f"    #{i} {old[i]} -> {after[i]} gt={sets[set_name][i][1]!r} "
                       f"text=...{sets[set_name][i][0][-120:]!r}")
+
+
+def _luffy_mode(args) -> None:
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import luffy_agreement as la
+
+    if args.write:
+        if not args.luffy_src:
+            raise SystemExit("--write needs --luffy_src (a LUFFY checkout outside the project)")
+        items = la.build_items(args.data_dir, args.per_benchmark or la.PER_BENCHMARK)
+        la.write_luffy_verdicts(items, args.luffy_src, args.luffy_deps, args.write)
+    if args.check:
+        rows = la.read_rows(args.check)
+        start = time.perf_counter()
+        for grader, bad in la.disagreements(rows).items():
+            print(f"{grader:13s} n={len(rows)} disagreements={len(bad)}")
+            for d in bad[:8]:
+                print(f"    {d['id']} ours={d['ours']} luffy={d['luffy']} gt={d['gt']!r} ...{d['answer']!r}")
+        print(f"checked in {time.perf_counter() - start:.1f}s")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ normalisation; any other source (e.g. ``synthetic_arith``, ``aime``, ``arc_c``) 
 no boxed, no ground truth); 2 rule grader on ``"<think>\\n</think>\\n<think>\\n"+response``; 3 (LUFFY)
 math-verify on the text after the first ``</think>`` of ``"<think>\\n"+response``, 0 when the tag is
 missing; 4 math-verify on the raw response. ``grader`` (``math_verify`` | ``rule`` | ``any``) swaps
-the equivalence check of versions 3 and 4 only. Option-letter ground truths (ARC-c, GPQA, MATH's
-``\\text{(C)}``) are graded by the extracted letter: last ``\\boxed{C}`` or ``ANSWER: C``.
+the equivalence check of versions 3 and 4 only. Verdicts of versions 0-3 equal LUFFY's own code's
+(tests/deepscaler/rewards/test_luffy_grader_agreement.py): versions 0-2 use LUFFY's rule
+(``math_utils.luffy_rule``), math-verify has no option-letter rule. The ``rule`` / ``any`` graders are
+this project's lenient ones: option-letter ground truths (ARC-c, GPQA, MATH's ``\\text{(C)}``) are
+graded there by the extracted letter (last ``\\boxed{C}`` or ``ANSWER: C``).
 
 LUFFY's own names (thin aliases of the above)::
 
@@ -31,7 +34,7 @@ Evaluation::
 
     grade(solution_str, ground_truth, grader="math_verify", split_think=False) -> bool
 
-``grader="any"`` (rule OR math-verify) is the closest match to LUFFY's OAT evaluation grader.
+LUFFY's OAT evaluation grader (``--add_oat_evaluate``) is ``eval_scripts.oat_math_grader``, with LUFFY's verdicts.
 Bounded by construction: every function above (and ``deepscaler_score``, ``math_verify_score``,
 ``grade_solution``, which LUFFY's aliases call) returns within ``GuardLimits().time_budget_s`` (3 s) for
 any string, in the calling thread, main or not, without a process pool. Inputs are checked before any

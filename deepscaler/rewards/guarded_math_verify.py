@@ -99,10 +99,12 @@ def _shorten_expression_runs(text: str, cap: int) -> str:
     return _expression_run(cap).sub(lambda m: m.group(0)[-cap:], text)
 
 
-def guarded_parse(text: str) -> list:
+def guarded_parse(text: str, **parse_kwargs) -> list:
     """``math_verify.parse`` of ``text`` (its tail of ``max_text_chars``, plus the last box) behind the guards.
 
-    Returns [] when nothing parses or a result fails the tree check (a guard rejection is recorded).
+    ``parse_kwargs`` go to ``parse`` (extraction configs and modes, as LUFFY's OAT grader sets them);
+    its timer stays off. Returns [] when nothing parses or a result fails the tree check (a guard
+    rejection is recorded).
     """
     from math_verify import parse
 
@@ -122,7 +124,7 @@ def guarded_parse(text: str) -> list:
         note_rejection(reason)
         return []
     check_deadline()
-    result = parse(text, parsing_timeout=None)
+    result = parse(text, **{**parse_kwargs, "parsing_timeout": None})
     if not all(tree_ok(value) for value in result):
         return []
     return result

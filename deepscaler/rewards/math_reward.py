@@ -3,8 +3,10 @@
 The deepscaler convention (LUFFY_SPEC §4.1): the solution is the text after the first ``</think>``
 (missing tag = format error), the answer is its last ``\\boxed{}`` (none = format error), the ground
 truth may be a list and may itself be boxed, and the answer is right if it matches any ground truth
-under ``math_utils.answers_match``. Option-letter ground truths (ARC-c, GPQA) also accept an
-``ANSWER: X`` line. Version 1 uses the same grader with rewards 1 / -0.5 / -1.
+under LUFFY's own rule (``math_utils.luffy_rule``: mathd normalisation OR its sympy rule; verdicts
+checked against LUFFY's code in tests/deepscaler/rewards/test_luffy_grader_agreement.py). Version 1
+uses the same grader with rewards 1 / -0.5 / -1. ``grade_solution_rule`` (the ``rule`` grader of
+versions 3/4 and the eval) is this project's more lenient grader (``math_utils.answers_match``).
 LUFFY's own entry points are thin aliases at the end: ``RewardMathFn`` and ``deepscaler_reward_fn``.
 """
 from __future__ import annotations
@@ -21,6 +23,8 @@ from deepscaler.rewards.math_utils import (
     split_after_think,
 )
 from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
+from deepscaler.rewards.math_utils.input_guard import rejections
+from deepscaler.rewards.math_utils.luffy_rule import flag_beyond_limits, luffy_answers_match, luffy_boxed_answer
 from deepscaler.rewards.luffy_reward_types import RewardConfig, RewardFn, RewardInput, RewardOutput, RewardType
 from deepscaler.rewards.reward_types import RewardValues, ScoreResult
 from deepscaler.system_prompts import ORM_USER_TEMPLATE  # noqa: F401 - LUFFY's name in this module
@@ -72,24 +76,48 @@ def grade_solution_rule(solution: str, ground_truths: list[str]) -> ScoreResult:
     return ScoreResult(float(correct), correct, answer=answer)
 
 
+def luffy_ground_truths(ground_truth) -> list[str]:
+    """Ground truths as LUFFY's ``RewardMathFn`` reads them: a scalar is a one-item list, each item is
+    ``str()``-ed, a boxed one is replaced by its (LUFFY-)unboxed content and dropped when that fails."""
+    if ground_truth is None:
+        return []
+    items = [ground_truth] if isinstance(ground_truth, (str, int, float)) else list(ground_truth)
+    out = []
+    for item in items:
+        text = str(item)
+        if "\\boxed" in text:
+            unboxed = luffy_boxed_answer(text)
+            if unboxed is not None:
+                out.append(unboxed)
+        else:
+            out.append(text)
+    return out
+
+
 @bounded
 def deepscaler_score(text: str, ground_truth, values: RewardValues = BINARY_VALUES) -> ScoreResult:
-    """LUFFY's deepscaler grader on a full response string (``<think>`` prefix already added)."""
+    """LUFFY's deepscaler grader on a full response string (``<think>`` prefix already added).
+
+    Verdicts are LUFFY's (``math_utils.luffy_rule``): the text between the first and second
+    ``</think>``, its last ``\\boxed{}`` (an ``\\fbox`` or a missing box is a format error), equal to a
+    ground truth under mathd normalisation or LUFFY's sympy rule. Option-letter ground truths get no
+    special treatment, as in LUFFY (``\\boxed{C}`` and ``\\boxed{c}`` are right, ``ANSWER: C`` is unboxed).
+    """
     solution = split_after_think(text)
     if solution is None:
         return ScoreResult(values.format_error, False, parse_failed=True)
-    ground_truths = ground_truth_list(ground_truth)
-    if not ground_truths:
-        return ScoreResult(values.unknown_error, False, parse_failed=True)
-    if all(is_choice_ground_truth(gt) for gt in ground_truths):
-        answer = extract_choice_letter(solution)
-    else:
-        answer = last_boxed_content(solution)
+    answer = luffy_boxed_answer(solution)
     if answer is None:
         return ScoreResult(values.format_error, False, parse_failed=True)
-    if any(answers_match(answer, gt) for gt in ground_truths):
+    ground_truths = luffy_ground_truths(ground_truth)
+    if not ground_truths:
+        return ScoreResult(values.unknown_error, False, parse_failed=True)
+    rejections_before = rejections()[0]
+    if any(luffy_answers_match(answer, gt) for gt in ground_truths):
         return ScoreResult(values.correct, True, answer=answer)
-    return ScoreResult(values.incorrect, False, answer=answer)
+    # Beyond the project's guards (recorded here or by luffy_answers_match): wrong, and flagged unparseable.
+    flag_beyond_limits(answer)
+    return ScoreResult(values.incorrect, False, parse_failed=rejections()[0] > rejections_before, answer=answer)
 
 
 def deepscaler_score_nothink(text: str, ground_truth) -> ScoreResult:

@@ -40,15 +40,16 @@ def grade_solution(solution: str, ground_truth, grader: str = "math_verify") -> 
     """Grade a solution section (no think handling) with the chosen grader; binary ScoreResult.
 
     ``grader``: ``math_verify`` (LUFFY's choice), ``rule`` (``math_utils`` on the last boxed or stated
-    answer) or ``any`` (correct if either says so; close to LUFFY's OAT evaluation grader). Option-letter
-    ground truths are always graded by the extracted letter (boxed letter or ``ANSWER: X``).
+    answer) or ``any`` (correct if either says so). With ``rule`` and ``any``, option-letter ground truths are
+    graded by the extracted letter (boxed letter or ``ANSWER: X``); ``math_verify`` treats them as LUFFY's
+    math-verify reward does (no letter rule: ``\\boxed{c}`` is right, ``ANSWER: C`` is not).
     """
     if grader not in GRADERS:
         raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
     ground_truths = ground_truth_list(ground_truth)
     if not ground_truths or is_non_finite(ground_truths):  # NaN/inf reference: broken data, never a match
         return ScoreResult(0.0, False, parse_failed=True)
-    if all(is_choice_ground_truth(gt) for gt in ground_truths):
+    if grader != "math_verify" and all(is_choice_ground_truth(gt) for gt in ground_truths):
         if extract_choice_letter(solution) is None:
             return ScoreResult(0.0, False, parse_failed=True)
         return grade_solution_rule(solution, ground_truths)

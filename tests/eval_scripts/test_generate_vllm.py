@@ -50,7 +50,9 @@ HAND_GRADED = [
     (_eval_row("aime", 1, "25"), [_right("25"), "\\boxed{25} but the think block is never closed"]),
     (_eval_row("math", 0, "\\frac{14}{3}"), [_right("\\dfrac{14}{3}"), _right("14/4")]),
     (_eval_row("math", 1, "9"), [_right("8"), _right("-9")]),
-    (_eval_row("gpqa", 0, "A"), ["x</think>\nANSWER: A", "x</think>\nANSWER: C"]),
+    # Boxed and stated: every grader reads A (LUFFY's math-verify and OAT need the box, see
+    # tests/deepscaler/rewards/test_luffy_grader_agreement.py; the rule grader reads the ANSWER line).
+    (_eval_row("gpqa", 0, "A"), ["x</think>\nSo $\\boxed{A}$.\nANSWER: A", "x</think>\nANSWER: C"]),
 ]
 def _write_decoded(out):
     """The decoded samples of HAND_GRADED, as a previous generation run would have left them."""
@@ -163,13 +165,13 @@ def test_vllm_and_hf_backends_agree_greedily(tiny_model_dir):
 
 
 @pytest.mark.parametrize("flags,rule,expected_7,expected_12", [
-    (["--add_oat_evaluate", "True"], "oat", True, False),
+    (["--add_oat_evaluate", "True"], "oat", True, True),
     (["--add_oat_evaluate", "True", "--any_true", "True"], "oat_any", True, True),
     (["--grader", "both"], "both", False, True),
 ])
 def test_add_oat_evaluate_is_luffys_rule_and_both_the_stricter_one(tmp_path, flags, rule, expected_7, expected_12):
     """Sample 7 never closes its think block: LUFFY's OAT rule grades its whole text (right); ``both`` counts
-    it wrong. Sample 12 answers "ANSWER: A" unboxed: OAT needs a box, math-verify/rule read the letter."""
+    it wrong. Sample 12 boxes its letter: right under every rule."""
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
     out = str(tmp_path / "ckpt.jsonl")
     _write_decoded(out)

@@ -12,6 +12,8 @@ def test_boxed_reward_fn_returns_formatted_and_reward():
 
 
 def test_fast_skips_math_verify():
-    assert extract_answer("\\fbox{7}") == "7" and extract_answer("7") is None
+    # LUFFY's extraction: only ``\\boxed{...}`` counts (an \\fbox alone is no answer, as in OAT's file).
+    assert extract_answer("\\fbox{7}") is None and extract_answer("7") is None
+    assert extract_answer("\\boxed{1} and \\boxed{7}") == "7"
     assert grade("x^2+1", "1+x^{2}")
     assert not grade("2", "3", fast=False)

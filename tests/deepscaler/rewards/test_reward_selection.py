@@ -63,11 +63,16 @@ def test_synthetic_arith_routes_by_version_like_any_other_source():
     assert compute_score("synthetic_arith", trace, "43", reward_impl_version=1) == -0.5
 
 
-def test_multiple_choice_letters_in_every_version():
+def test_multiple_choice_letters_as_luffy_grades_them():
+    # LUFFY's graders have no option-letter rule (its verdicts: tests/data/luffy_grader_verdicts.jsonl.gz):
+    # an unboxed ``ANSWER: A`` is a format error for versions 0/1 and wrong for math-verify (3/4) ...
     gpqa = "thinking\n</think>\nThe energies differ by 10^-4 eV.\nANSWER: A"
-    assert [compute_score("gpqa", gpqa, "A", reward_impl_version=v) for v in (0, 1, 3, 4)] == [1.0, 1.0, 1.0, 1.0]
-    assert compute_score("gpqa", gpqa, "B") == 0.0
-    assert compute_score("arc_c", "t</think>\\boxed{\\text{C}}", "C") == 1.0
+    assert [compute_score("gpqa", gpqa, "A", reward_impl_version=v) for v in (0, 1, 3, 4)] == [0.0, -1.0, 0.0, 0.0]
+    # ... while this project's ``rule`` / ``any`` graders of versions 3/4 read the letter.
+    assert [compute_score("gpqa", gpqa, "A", grader=g) for g in ("rule", "any")] == [1.0, 1.0]
+    assert compute_score("gpqa", gpqa, "B", grader="any") == 0.0
+    boxed = "t</think>\\boxed{\\text{C}}"
+    assert [compute_score("arc_c", boxed, "C", reward_impl_version=v) for v in (0, 1, 3, 4)] == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_ground_truth_list_and_boxed_ground_truth():
