@@ -264,8 +264,9 @@ def fit_and_close(trainer, close) -> dict:
         if isinstance(exc, CheckpointUnusableError):
             raise  # its message already names every checkpoint tried and its bad file
         last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
-        logger.error("training failed in step %d; last good checkpoint: %s%s", trainer.global_steps, last or "none",
-                     " (trainer.resume_mode=auto continues from it)" if last else "")
+        refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
+        logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps, last or "none",
+                     " (trainer.resume_mode=auto continues from it)" if last else "", refused)
         raise
     finally:
         close()

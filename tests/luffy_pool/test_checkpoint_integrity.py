@@ -404,3 +404,64 @@ def test_fit_and_close_releases_then_exits_143(base_config, tiny_model_dir, tmp_
     with pytest.raises(SystemExit) as exit_info:
         fit_and_close(trainer, lambda: closed.append(True))
     assert exit_info.value.code == 143 and closed == [True] and layout.read_tracker(str(tmp_path)) == 1
+
+
+# ---------------------------------------------------------------------- failed saves and failure messages
+def test_disk_full_says_no_space_left_with_the_folder_and_leaves_no_partial_dir(base_config, tiny_model_dir,
+                                                                               tmp_path, monkeypatch):
+    import errno
+
+    from luffy_pool import checkpointing
+    from luffy_pool.checkpointing import CheckpointSaveError
+
+    trainer, worker = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
+    trainer.fit()  # step 2 published
+    trainer.global_steps = 3
+    tmp = tmp_path / (layout.TMP_PREFIX + "global_step_3")
+    real_save = worker.save_checkpoint
+
+    def fills_the_disk(local_path, **kw):
+        real_save(local_path, **kw)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(worker, "save_checkpoint", fills_the_disk)
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.checkpointer.save(trainer)
+    msg = str(err.value)
+    assert "no space left on device" in msg and str(tmp) in msg and "step 3" in msg and "\n" not in msg, msg
+    assert not tmp.exists() and layout.read_tracker(str(tmp_path)) == 2
+    # torch's zip writer words a full disk differently; with little space left it is recognised too.
+    monkeypatch.setattr(worker, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(RuntimeError(
+        "PytorchStreamWriter failed writing file data/0: file write failed; unexpected pos 704 vs 598")))
+    monkeypatch.setattr(checkpointing, "_free_bytes", lambda path: 2**20)
+    with pytest.raises(CheckpointSaveError, match="no space left on device: saving step 3 .*1 MiB free"):
+        trainer.checkpointer.save(trainer)
+    monkeypatch.setattr(checkpointing, "_free_bytes", lambda path: 50 * 2**30)  # plenty of space: not a full disk
+    with pytest.raises(RuntimeError, match="unexpected pos") as other:
+        trainer.checkpointer.save(trainer)
+    assert not isinstance(other.value, CheckpointSaveError)
+
+
+def test_leftovers_of_a_failed_save_never_block_resume(base_config, tiny_model_dir, four_steps, monkeypatch):
+    leftover = four_steps / (layout.TMP_PREFIX + "global_step_6")
+    (leftover / ACTOR).mkdir(parents=True)
+    (leftover / ACTOR / "junk.distcp").write_bytes(b"\0" * 100)
+    (four_steps / (layout.TMP_PREFIX + "stray")).write_text("x")
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 4 and not leftover.exists() and not (four_steps / (layout.TMP_PREFIX + "stray")).exists()
+    (leftover / ACTOR).mkdir(parents=True)  # one that cannot be removed (read-only disk) is ignored
+    monkeypatch.setattr(layout.shutil, "rmtree", lambda *a, **k: None)
+    assert layout.remove_stale_temp_dirs(str(four_steps)) == []
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 4 and leftover.exists()
+
+
+def test_a_step_refused_on_resume_is_never_named_the_last_good_checkpoint(base_config, tiny_model_dir, four_steps):
+    step4 = four_steps / "global_step_4"
+    torch.save({"global_step": 4, "x": Exploit(str(four_steps / "pwned"))}, step4 / ACTOR / layout.extra_state_file(1, 0))
+    manifest.write_manifest(str(step4))  # sizes and hashes agree: only the loader refuses it
+    trainer, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 2
+    assert trainer.checkpointer.last_good_checkpoint() == str(four_steps / "global_step_2")
+    summary = trainer.checkpointer.refused_summary()
+    assert summary.startswith("; refused on resume: global_step_4 (") and "extra_state_world_size_1_rank_0" in summary
