@@ -39,9 +39,9 @@ def hydra_main(config: DictConfig) -> None:
     except ConfigError as exc:
         exit_with_config_error(exc)
     except Exception as exc:
-        from luffy_pool.checkpointing import CheckpointUnusableError  # torch is loaded by now
+        from luffy_pool.checkpointing import CheckpointSaveError, CheckpointUnusableError  # torch is loaded by now
 
-        if not isinstance(exc, CheckpointUnusableError):
+        if not isinstance(exc, (CheckpointUnusableError, CheckpointSaveError)):
             raise
         print(f"Checkpoint error: {exc}", file=sys.stderr, flush=True)  # one line naming the bad file
         sys.exit(1)

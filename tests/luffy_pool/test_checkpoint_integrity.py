@@ -383,8 +383,11 @@ def test_second_signal_aborts_at_once(base_config, tiny_model_dir, tmp_path):
         return real_step(batch, timing)
 
     trainer.train_step = step_with_two_signals
-    with pytest.raises(KeyboardInterrupt, match="second stop signal"):
+    from verl.utils.signals import AbortedBySignal
+
+    with pytest.raises(AbortedBySignal, match="second stop signal") as err:
         trainer.fit()
+    assert isinstance(err.value, SystemExit) and err.value.code == 143  # 128 + SIGTERM, no traceback printed
     assert layout.read_tracker(str(tmp_path)) == 2
 
 
