@@ -24,7 +24,9 @@ def run(config: DictConfig) -> dict:
     """Validate, resolve and print the config, then train through Ray; returns the final metrics."""
     check_config(config)
     OmegaConf.resolve(config)
-    print(OmegaConf.to_yaml(config), flush=True)
+    from verl.utils.tracking import masked_yaml
+
+    print(masked_yaml(config), flush=True)  # API keys (also inside URLs) masked
     # Imported here so --help, --cfg and config checks never pay for torch / Ray imports.
     from luffy_pool.launcher import run_ppo
 
