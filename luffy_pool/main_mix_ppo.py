@@ -98,7 +98,10 @@ def preview_sweep(overrides: list[str], cfg_type: str = "job", resolve: bool = F
                           return_hydra_config=cfg_type != "job")
             shown = cfg.hydra if cfg_type == "hydra" else cfg
             print(f"# multirun job {num}: {' '.join(job)}")
-            print(OmegaConf.to_yaml(shown, resolve=resolve), flush=True)
+            from verl.utils.tracking import mask_secrets
+
+            masked = mask_secrets(OmegaConf.to_container(shown, resolve=resolve))  # keys in URLs too
+            print(OmegaConf.to_yaml(OmegaConf.create(masked)), flush=True)
 
 
 def main(config: Optional[DictConfig] = None):
