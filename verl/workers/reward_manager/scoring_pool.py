@@ -301,9 +301,13 @@ class ScoringPool:
             stats.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
             return ScoreResult(0.0, False)
 
-    def _replace(self, worker: _Worker) -> _Worker:
+    def _replace(self, worker: _Worker) -> _Worker | None:
         worker.kill()
-        fresh = _Worker(self._ctx, self.scorer)
+        try:
+            fresh = _Worker(self._ctx, self.scorer)
+        except (OSError, RuntimeError, EOFError) as exc:  # no new process (limits, fork server gone)
+            self._give_up(worker, f"cannot start a replacement worker: {type(exc).__name__}: {exc}")
+            return None
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
@@ -327,7 +331,8 @@ class ScoringPool:
     def _give_up(self, worker: _Worker, reason: str) -> None:
         """Drop a worker that cannot start; with none left, grade in this process from now on."""
         worker.kill()
-        self._workers.remove(worker)
+        if worker in self._workers:
+            self._workers.remove(worker)
         if self._workers or self.inline_reason is not None:
             logger.warning("reward scoring worker dropped (%s); %d left", reason, len(self._workers))
             return

@@ -148,3 +148,28 @@ class ComputesAtStart(ScorerSpec):
         while time.process_time() < end:
             pass
         super().warm_up()
+
+
+def dies_on_crash_rows(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "crash":
+        import os
+
+        os._exit(3)
+    return 1.0
+
+
+def test_no_replacement_worker_means_in_process_grading_not_a_failed_run(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger=scoring_pool_module.__name__)
+    with ScoringPool(dies_on_crash_rows, num_workers=1, timeout_s=5.0) as pool:
+        assert pool.wait_ready() is True
+
+        def no_more_processes(*args, **kwargs):
+            raise OSError(11, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(scoring_pool_module, "_Worker", no_more_processes)
+        ok = ("math", "fine", "1", None)
+        results, stats = pool.score([ok, ("math", "crash", "1", None), ok, ok])
+        assert [r.score for r in results] == [1.0, 0.0, 1.0, 1.0] and stats.error_count == 1
+        assert "cannot start a replacement worker" in (pool.inline_reason or "")
+        results, _ = pool.score([ok])
+        assert results[0].score == 1.0
