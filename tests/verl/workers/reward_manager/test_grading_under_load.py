@@ -3,7 +3,7 @@ same verdicts as on a quiet machine, with no timeout and no failure; workers tha
 pool grade in-process with one warning instead of ending the run.
 
 The neighbours are 6 busy-loop processes started by this module, each ending itself after at most
-``NEIGHBOUR_LIFETIME_S`` and killed by pid when the module's tests finish.
+``NEIGHBOUR_LIFETIME_S`` and killed by pid when each test finishes.
 """
 import json
 import logging
@@ -19,7 +19,7 @@ from verl.workers.reward_manager import ScoringPool
 from verl.workers.reward_manager import scoring_pool as scoring_pool_module
 
 NEIGHBOURS = 6
-NEIGHBOUR_LIFETIME_S = 180
+NEIGHBOUR_LIFETIME_S = 900  # a bound in case this process dies without its teardown
 
 # (response, ground truth, correct?) - LaTeX, plain numbers, wrong answers, a missing </think>.
 CASES = [
@@ -49,7 +49,7 @@ COLD_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def busy_neighbours():
     code = (f"import time\nend = time.monotonic() + {NEIGHBOUR_LIFETIME_S}\n"
             "while time.monotonic() < end:\n    pass\n")
