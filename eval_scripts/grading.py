@@ -7,7 +7,8 @@ math-verify, the rule-based grader, or either (``both``/``any``), through ``deep
 LUFFY's ``--add_oat_evaluate`` is its own rule (``oat``, ``oat_any`` with ``--any_true``): OAT's boxed
 grader (eval_scripts/oat_math_grader.py) on the text after ``</think>``, or on the whole response when
 ``</think>`` is missing -- more lenient than ``both``, which counts such a response wrong.
-Every call runs under a wall-clock limit (SIGALRM in the grading process's main thread; the scorers
+Every call runs under a CPU-time limit (SIGPROF in the grading process's main thread, with a generous
+wall-clock SIGALRM backstop reported as ``wall_timeout``; the scorers
 run math-verify with its own timers off) and timeouts / grader errors are counted, never silently
 folded into "wrong". The trainer's ``ScoringPool`` is not used here: a script is single-threaded, so
 the alarm works, and that pool's workers re-import the calling script (~8 s each on a busy 2-core box).
@@ -100,22 +101,33 @@ class _Timeout(BaseException):
     """SIGALRM's exception: a BaseException, so math-verify's ``except Exception`` cannot swallow it."""
 
 
+class _WallTimeout(_Timeout):
+    """The wall-clock backstop fired: the grader waited far longer than its CPU limit without computing."""
+
+
 def _on_alarm(signum, frame):
-    raise _Timeout()
+    raise _WallTimeout() if signum == signal.SIGALRM else _Timeout()
 
 
 def _with_timeout(fn: Callable, timeout_s: Optional[float]):
-    """Run ``fn()`` with a SIGALRM limit when we are a POSIX main thread (no limit otherwise)."""
+    """Run ``fn()`` with a limit of ``timeout_s`` seconds of this process's CPU time (SIGPROF; a busy
+    machine slows grading down but never turns a verdict into a timeout) when we are a POSIX main
+    thread (no limit otherwise)."""
     usable = timeout_s and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     if not usable:
         return fn()
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    from deepscaler.rewards.math_utils.deadline import default_backstop_s
+
+    previous = signal.signal(signal.SIGPROF, _on_alarm), signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_PROF, timeout_s)
+    signal.setitimer(signal.ITIMER_REAL, default_backstop_s(timeout_s))
     try:
         return fn()
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGPROF, previous[0])
+        signal.signal(signal.SIGALRM, previous[1])
 
 
 def grade_text(text: str, ground_truth, grader: str, split_think: bool,
@@ -134,12 +146,14 @@ def grade_text(text: str, ground_truth, grader: str, split_think: bool,
         limits = dataclasses.replace(limits, time_budget_s=min(float(timeout_s), limits.time_budget_s))
     try:
         result = _with_timeout(lambda: grade_solution(region, ground_truth, name, limits=limits), timeout_s)
+    except _WallTimeout:
+        return GradeResult(False, "wall_timeout")
     except _Timeout:
         return GradeResult(False, "timeout")
     except Exception as err:  # a grader bug must not end a long eval; it is counted and reported
         return GradeResult(False, f"error: {type(err).__name__}")
     if result.timed_out:
-        return GradeResult(False, "timeout")
+        return GradeResult(False, "wall_timeout" if result.wall_timed_out else "timeout")
     if result.unparseable:
         return GradeResult(False, "unparseable", result.answer)
     status = "no_answer" if result.parse_failed and not result.correct else "ok"
@@ -157,14 +171,18 @@ def grade_many(tasks: Sequence[tuple], workers: int = 1,
 
     Worker processes are spawned (not forked): the caller may hold an inference engine's threads.
     """
+    from deepscaler.rewards.bounded import warm_graders
+
     wrap = progress_bar or (lambda it, total: it)
     if workers <= 1 or len(tasks) < 2 * workers:
+        warm_graders()  # outside every item's limit: the first grade costs what later ones cost
         return [_grade_task(t) for t in wrap(tasks, len(tasks))]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     chunk = max(1, min(64, len(tasks) // (8 * workers)))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=warm_graders) as pool:
         return list(wrap(pool.map(_grade_task, tasks, chunksize=chunk), len(tasks)))
 
 

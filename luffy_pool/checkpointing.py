@@ -18,6 +18,7 @@ data) are saved in ``data.pt`` under ``extras``.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -42,6 +43,36 @@ REPLAY_DIR = "self_replay"  # the self-replay buffer (data.self_replay): JSON in
 
 class CheckpointUnusableError(RuntimeError):
     """No checkpoint that resume may use: each tried one is named with its bad file."""
+
+
+class CheckpointSaveError(OSError):
+    """A save failed for lack of disk space; names the folder and what is free there."""
+
+
+# Below this much free space a failed write is taken for a full disk (torch's zip writer reports ENOSPC
+# as "unexpected pos ..." and Ray wraps a worker's OSError into a text).
+LOW_SPACE_BYTES = 64 * 2**20
+_NO_SPACE_MARKERS = ("No space left", "ENOSPC", "unexpected pos", "file write failed", "Disk quota exceeded")
+
+
+def _free_bytes(path: str) -> Optional[int]:
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path or ".").free
+    except OSError:
+        return None
+
+
+def is_no_space(exc: BaseException, folder: str) -> bool:
+    """Whether ``exc`` (maybe a worker's error text) is a full disk under ``folder``."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    if "No space left" in text or "ENOSPC" in text or "Disk quota exceeded" in text:
+        return True
+    free = _free_bytes(folder)
+    return any(m in text for m in _NO_SPACE_MARKERS) and free is not None and free < LOW_SPACE_BYTES
 
 
 def _one_line(exc: BaseException) -> str:
@@ -78,6 +109,7 @@ class TrainerCheckpointer:
         self.need_optim = "optimizer" in list(contents)
         self.extra_states: dict[str, Any] = {}
         self.last_saved_step: Optional[int] = None  # saved or resumed from by this process
+        self.refused: dict[str, str] = {}  # step dir -> why resume refused it (never reported as "last good")
         self.save_hf_on_save = bool(t.save_hf_on_save)
         self.mirror_root = t.default_hdfs_dir or None  # second copy of each checkpoint (local path or URL)
         self.sampler = sampler
@@ -104,10 +136,24 @@ class TrainerCheckpointer:
         Adds ``checkpoint/save_s`` and ``checkpoint/size_mb`` to ``metrics`` (logged with the step).
         """
         step = int(trainer.global_steps)
+        tmp = os.path.join(self.root, layout.TMP_PREFIX + layout.step_dir_name(step))
+        try:
+            return self._save(trainer, step, tmp, metrics)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) or not is_no_space(exc, tmp):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial folder only takes the space a retry needs
+            free = _free_bytes(tmp)
+            free_text = f"{free / 2**20:.0f} MiB free" if free is not None else "free space unknown"
+            raise CheckpointSaveError(errno.ENOSPC, f"no space left on device: saving step {step} into {tmp} failed "
+                                      f"({free_text}; the partial folder was removed; the previous checkpoint is "
+                                      f"untouched). Free space there or point trainer.default_local_dir elsewhere"
+                                      ) from None
+
+    def _save(self, trainer, step: int, tmp: str, metrics: Optional[dict]) -> str:
         t0 = time.perf_counter()
         os.makedirs(self.root, exist_ok=True)
         final = os.path.join(self.root, layout.step_dir_name(step))
-        tmp = os.path.join(self.root, layout.TMP_PREFIX + layout.step_dir_name(step))
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
@@ -294,6 +340,7 @@ class TrainerCheckpointer:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                     raise
                 line = _one_line(exc)
+                self.refused[os.path.abspath(step_dir)] = line
                 if not fallback:
                     raise CheckpointUnusableError(f"cannot resume from {step_dir}: {line}") from None
                 problems.append(f"{os.path.basename(step_dir)}: {line}")
@@ -343,9 +390,17 @@ class TrainerCheckpointer:
         if step is None:
             return None
         for s, path in reversed(layout.list_step_dirs(self.root)):
+            if os.path.abspath(path) in self.refused:
+                continue  # resume refused it in this process: it is not good, whatever its sizes say
             if s <= step and self.verify(path, checksums=False) is None:
                 return path
         return None
+
+    def refused_summary(self) -> str:
+        """``"; refused on resume: global_step_4 (<why>)"`` for the failure message, or ''."""
+        if not self.refused:
+            return ""
+        return "; refused on resume: " + ", ".join(f"{os.path.basename(p)} ({why})" for p, why in self.refused.items())
 
     def record_data_order(self, global_step: int, prompt_indexes) -> None:
         """Append the step's prompt indexes to ``data_order.jsonl`` (an audit trail; last line per step wins)."""

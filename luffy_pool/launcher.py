@@ -262,11 +262,14 @@ def fit_and_close(trainer, close) -> dict:
         # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
         from luffy_pool.checkpointing import CheckpointUnusableError
 
-        if isinstance(exc, CheckpointUnusableError):
-            raise  # its message already names every checkpoint tried and its bad file
+        from verl.utils.signals import AbortedBySignal
+
+        if isinstance(exc, (CheckpointUnusableError, AbortedBySignal)):
+            raise  # its message already names every checkpoint tried / the signal and the exit code
         last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
-        logger.error("training failed in step %d; last good checkpoint: %s%s", trainer.global_steps, last or "none",
-                     " (trainer.resume_mode=auto continues from it)" if last else "")
+        refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
+        logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps, last or "none",
+                     " (trainer.resume_mode=auto continues from it)" if last else "", refused)
         raise
     finally:
         close()

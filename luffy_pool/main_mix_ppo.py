@@ -24,7 +24,9 @@ def run(config: DictConfig) -> dict:
     """Validate, resolve and print the config, then train through Ray; returns the final metrics."""
     check_config(config)
     OmegaConf.resolve(config)
-    print(OmegaConf.to_yaml(config), flush=True)
+    from verl.utils.tracking import masked_yaml
+
+    print(masked_yaml(config), flush=True)  # API keys (also inside URLs) masked
     # Imported here so --help, --cfg and config checks never pay for torch / Ray imports.
     from luffy_pool.launcher import run_ppo
 
@@ -39,9 +41,9 @@ def hydra_main(config: DictConfig) -> None:
     except ConfigError as exc:
         exit_with_config_error(exc)
     except Exception as exc:
-        from luffy_pool.checkpointing import CheckpointUnusableError  # torch is loaded by now
+        from luffy_pool.checkpointing import CheckpointSaveError, CheckpointUnusableError  # torch is loaded by now
 
-        if not isinstance(exc, CheckpointUnusableError):
+        if not isinstance(exc, (CheckpointUnusableError, CheckpointSaveError)):
             raise
         print(f"Checkpoint error: {exc}", file=sys.stderr, flush=True)  # one line naming the bad file
         sys.exit(1)
@@ -96,7 +98,10 @@ def preview_sweep(overrides: list[str], cfg_type: str = "job", resolve: bool = F
                           return_hydra_config=cfg_type != "job")
             shown = cfg.hydra if cfg_type == "hydra" else cfg
             print(f"# multirun job {num}: {' '.join(job)}")
-            print(OmegaConf.to_yaml(shown, resolve=resolve), flush=True)
+            from verl.utils.tracking import mask_secrets
+
+            masked = mask_secrets(OmegaConf.to_container(shown, resolve=resolve))  # keys in URLs too
+            print(OmegaConf.to_yaml(OmegaConf.create(masked)), flush=True)
 
 
 def main(config: Optional[DictConfig] = None):

@@ -2,7 +2,7 @@
 
 A run that cannot write its checkpoints, load its model or read its data should fail in its first
 second, not after initialisation, validation and a training step. ``preflight(config)`` checks the
-output folders (created and written to), the model and tokenizer folders (``config.json`` and
+output folders (created and written to; the checkpoint mirror ``trainer.default_hdfs_dir`` too), the model and tokenizer folders (``config.json`` and
 tokenizer files; a bare hub name must be in the local cache or the hub reachable, so an offline
 machine fails at once instead of waiting on retries), and every data file (readable as parquet, the
 expected columns present, at least one row, no blank prompt, valid UTF-8). All problems are reported
@@ -46,6 +46,30 @@ def check_writable_dir(path: str, key: str) -> Optional[str]:
         os.remove(probe)
     except OSError as exc:
         return f"{key}={path}: not writable ({exc.strerror or type(exc).__name__})"
+    return None
+
+
+def check_mirror_dir(target: str, key: str = "trainer.default_hdfs_dir") -> Optional[str]:
+    """The checkpoint mirror: a local path must be writable; a URL needs its fsspec backend and a
+    successful probe write (so a wrong bucket or missing package fails now, not after the first save)."""
+    from verl.utils.checkpoint.mirror import is_url
+
+    if not is_url(target):
+        return check_writable_dir(target, key)
+    try:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(target)
+    except (ImportError, ValueError) as exc:
+        return f"{key}={target}: no fsspec backend for this scheme ({type(exc).__name__}: {exc})"
+    probe = f"{root.rstrip('/')}/.write_probe_{uuid.uuid4().hex[:8]}"
+    try:
+        fs.makedirs(root, exist_ok=True)
+        with fs.open(probe, "wb") as f:
+            f.write(b"ok")
+        fs.rm(probe)
+    except Exception as exc:  # noqa: BLE001 - every backend has its own errors; the line names it
+        return f"{key}={target}: not writable ({type(exc).__name__}: {str(exc)[:200]})"
     return None
 
 
@@ -161,6 +185,8 @@ def preflight(config) -> None:
     for key, value in (("trainer.default_local_dir", t.default_local_dir), ("trainer.rollout_data_dir", t.rollout_data_dir)):
         if value:
             errors.append(check_writable_dir(str(value), key))
+    if t.default_hdfs_dir:  # the checkpoint mirror is written after every save
+        errors.append(check_mirror_dir(str(t.default_hdfs_dir)))
     orm = config.reward.orm
     if orm.enable and orm.cache_path:
         errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))

@@ -36,8 +36,10 @@ Evaluation::
 
 LUFFY's OAT evaluation grader (``--add_oat_evaluate``) is ``eval_scripts.oat_math_grader``, with LUFFY's verdicts.
 Bounded by construction: every function above (and ``deepscaler_score``, ``math_verify_score``,
-``grade_solution``, which LUFFY's aliases call) returns within ``GuardLimits().time_budget_s`` (3 s) for
-any string, in the calling thread, main or not, without a process pool. Inputs are checked before any
+``grade_solution``, which LUFFY's aliases call) returns within ``GuardLimits().time_budget_s`` (3 s of
+the grading thread's CPU time, so a busy machine never changes a verdict; a wall-clock backstop of
+max(60 s, 20x) is reported as ``wall_timed_out``) for any string, in the calling thread, main or not,
+without a process pool; the first call of a process warms the parsers outside the budget. Inputs are checked before any
 parser sees them (``math_utils.input_guard``: length, bracket depth per kind, ``\\frac``/``\\sqrt``
 nesting, exponent towers, literal digits, factorials, token count, number of boxes) and parsed trees
 before anything is evaluated; whatever is beyond a limit is graded unparseable (0, ``parse_failed`` and

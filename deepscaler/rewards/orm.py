@@ -10,6 +10,13 @@ Verdicts are cached in memory and, if ``cache_path`` is set, in a JSON-lines fil
 ``max_failure_rate`` of a step's calls stops the step (``on_failure=raise``, the default; the remaining
 calls are skipped) or logs a warning every such step (``warn``), naming the endpoint and the last error:
 a dead judge must not silently turn every answer it was asked about into a 0.
+
+Circuit breaker (what keeps ``warn`` mode cheap with a dead or hung endpoint): a step in which the judge
+is down (more than ``max_failure_rate`` of its calls failed) opens the breaker; the next steps skip the
+judge without a call (``error=CIRCUIT_OPEN``, counted as failures, so ``warn`` still says so each step),
+1, 2, 4 ... up to ``BREAKER_MAX_SKIP_STEPS`` steps; then one probe call with no retries decides: an
+answer closes the breaker, a failure opens it again for twice as long. The endpoint in every message
+has any key inside its URL masked.
 """
 from __future__ import annotations
 
@@ -35,6 +42,8 @@ DEFAULT_MAX_TOKENS = 512
 _VERDICT = re.compile(r"\[\[\s*(YES|NO)\s*\]\]", re.IGNORECASE)
 ON_FAILURE = ("raise", "warn")
 SKIPPED = "skipped: too many judge failures in this step"
+CIRCUIT_OPEN = "skipped: judge circuit open after failing steps"
+BREAKER_MAX_SKIP_STEPS = 32
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +199,18 @@ class OrmJudge:
         self._limiter = RateLimiter(config.requests_per_second)
         self._cache = VerdictCache(config.cache_path)
         self._client = client if client is not None else self._make_client(config)
+        self._breaker_skip = 0  # steps the open breaker still skips
+        self._breaker_span = 0  # length of the last open period (0: closed)
+
+    @property
+    def endpoint(self) -> str:
+        from verl.utils.tracking import mask_url
+
+        return mask_url(str(self.config.base_url))
+
+    @property
+    def breaker_open(self) -> bool:
+        return self._breaker_span > 0
 
     @staticmethod
     def _make_client(config: OrmConfig):
@@ -205,9 +226,9 @@ class OrmJudge:
         return OpenAI(base_url=config.base_url, api_key=api_key, timeout=config.timeout_s, max_retries=0)
 
     def __repr__(self) -> str:  # never show the client (it holds the key)
-        return f"OrmJudge(base_url={self.config.base_url!r}, model={self.config.model!r})"
+        return f"OrmJudge(base_url={self.endpoint!r}, model={self.config.model!r})"
 
-    def judge(self, problem: str, reference_answer: str, response: str) -> JudgeResult:
+    def judge(self, problem: str, reference_answer: str, response: str, max_retries: int | None = None) -> JudgeResult:
         import openai
 
         key = VerdictCache.key(self.config.model, problem, reference_answer, response)
@@ -218,14 +239,17 @@ class OrmJudge:
         transient = (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError,
                      openai.InternalServerError)
         last_error = None
-        for attempt in range(self.config.max_retries + 1):
+        retries = self.config.max_retries if max_retries is None else max_retries
+        for attempt in range(retries + 1):
             self._limiter.wait()
             try:
                 completion = self._client.chat.completions.create(
                     model=self.config.model, messages=messages, temperature=0.0, max_tokens=self.max_tokens)
             except transient as exc:
-                last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                if attempt < self.config.max_retries:
+                from verl.utils.tracking import mask_url
+
+                last_error = f"{type(exc).__name__}: {mask_url(str(exc))[:200]}"
+                if attempt < retries:
                     time.sleep(min(2.0**attempt, 64.0))
                 continue
             except openai.APIError as exc:  # 4xx other than 429: retrying will not help
@@ -244,6 +268,32 @@ class OrmJudge:
         or once the first ``threads`` calls of the step all failed (the endpoint is down): a dead judge
         then costs one round of retries per step, not one per call.
         """
+        if not triples:
+            return []
+        if self.breaker_open:
+            if self._breaker_skip > 0:
+                self._breaker_skip -= 1
+                return [JudgeResult(None, error=CIRCUIT_OPEN) for _ in triples]
+            probe = self.judge(*triples[0], max_retries=0)  # half-open: one call, no retries, decides
+            if probe.verdict is None:
+                self._open_breaker()
+                return [probe] + [JudgeResult(None, error=CIRCUIT_OPEN) for _ in triples[1:]]
+            logger.warning("reward.orm: judge at %s answers again; circuit closed", self.endpoint)
+            self._breaker_span = 0
+            return [probe] + self._judge_all(triples[1:], abort_after)
+        results = self._judge_all(triples, abort_after)
+        failed = sum(1 for r in results if r.verdict is None)
+        if failed and failed / len(results) > self.config.max_failure_rate:
+            self._open_breaker()
+        return results
+
+    def _open_breaker(self) -> None:
+        self._breaker_span = min(BREAKER_MAX_SKIP_STEPS, max(1, 2 * self._breaker_span))
+        self._breaker_skip = self._breaker_span
+        logger.warning("reward.orm: judge at %s is failing; circuit open: the next %d step(s) skip it, then one "
+                       "probe call decides", self.endpoint, self._breaker_skip)
+
+    def _judge_all(self, triples, abort_after: int | None) -> list[JudgeResult]:
         if not triples:
             return []
         threads = max(1, min(16, int(self.config.requests_per_second)))
@@ -270,11 +320,13 @@ class OrmJudge:
         failed = [j for j in judgments if j.verdict is None]
         rate = len(failed) / len(judgments)
         if rate > self.config.max_failure_rate:
-            errors = [j.error for j in failed if j.error and j.error != SKIPPED]
+            errors = [j.error for j in failed if j.error and j.error not in (SKIPPED, CIRCUIT_OPEN)]
             skipped = sum(1 for j in failed if j.error == SKIPPED)
+            open_skips = sum(1 for j in failed if j.error == CIRCUIT_OPEN)
             msg = (f"reward.orm: {len(failed)} of {len(judgments)} judge calls failed this step"
-                   f"{f' ({skipped} skipped after repeated failures)' if skipped else ''} (more than "
-                   f"max_failure_rate={self.config.max_failure_rate}); endpoint {self.config.base_url}, model "
+                   f"{f' ({skipped} skipped after repeated failures)' if skipped else ''}"
+                   f"{f' ({open_skips} skipped: circuit open)' if open_skips else ''} (more than "
+                   f"max_failure_rate={self.config.max_failure_rate}); endpoint {self.endpoint}, model "
                    f"{self.config.model}; last error: {errors[-1] if errors else 'none recorded'}")
             if self.config.on_failure == "raise":
                 raise JudgeUnavailableError(msg + " (reward.orm.on_failure=warn continues with the grader's scores)")

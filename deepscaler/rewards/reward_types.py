@@ -33,7 +33,10 @@ class ScoreResult:
             nesting or magnitude limit, never evaluated) and the answer was not graded correct; such
             results also have ``parse_failed``. Counted as ``reward/unparseable_count``.
         timed_out: grading ran past its time budget (``GuardLimits.time_budget_s``) or the scoring
-            pool's per-item timeout; scored 0. Counted as ``reward/timeout_count``.
+            pool's per-item timeout, both counted in CPU time; scored 0. Counted as
+            ``reward/timeout_count``.
+        wall_timed_out: the call was ended by the wall-clock backstop (it waited far longer than its
+            CPU budget without spending it); also ``timed_out``. Counted as ``reward/wall_timeout_count``.
     """
 
     score: float
@@ -42,6 +45,7 @@ class ScoreResult:
     answer: str | None = None
     unparseable: bool = False
     timed_out: bool = False
+    wall_timed_out: bool = False
 
 
 # LUFFY's deepscaler/rewards/reward_types.py names (its class API), defined in luffy_reward_types.

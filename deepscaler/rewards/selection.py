@@ -142,6 +142,9 @@ class ScorerSpec:
 
     def warm_up(self) -> None:
         """Run both graders once so regexes and the LaTeX parser exist before real items arrive."""
+        from deepscaler.rewards.bounded import warm_graders
+
+        warm_graders()
         sample = "<think>\nwarm up\n</think>\nThe answer is $\\boxed{\\frac{1}{2}}$."
         score_response("warmup", sample, "0.5", None, 3, "any")
         score_response("warmup", sample, "0.5", None, self.reward_impl_version, self.grader)

@@ -93,6 +93,7 @@ def test_checkpoint_written_before_safe_format_still_resumes(base_config, tiny_m
     step4 = four_steps / "global_step_4"
     for path in (step4 / layout.DATA_FILE, step4 / ACTOR / layout.extra_state_file(1, 0)):
         state = load_state(str(path))
+        state = _as_version_1(state) if path.name == layout.DATA_FILE else state
         torch.save(state, path)  # the old writer: numpy arrays pickled as such
         assert "numpy" in " ".join(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
     os.remove(step4 / manifest.MANIFEST_FILE)  # old checkpoints had no manifest: structural checks instead
@@ -108,13 +109,74 @@ def test_upgrade_rewrites_old_state_files_as_plain_data_and_adds_a_manifest(base
     step4 = four_steps / "global_step_4"
     extra = step4 / ACTOR / layout.extra_state_file(1, 0)
     for path in (step4 / layout.DATA_FILE, extra):
-        torch.save(load_state(str(path)), path)  # as the old writer did
+        state = load_state(str(path))
+        torch.save(_as_version_1(state) if path == step4 / layout.DATA_FILE else state, path)  # as the old writer did
     os.remove(step4 / manifest.MANIFEST_FILE)
-    assert upgrade([str(four_steps)]) == 0
+    os.remove(four_steps / "global_step_2" / manifest.MANIFEST_FILE)  # version 2, manifest deleted: refused
+    with pytest.raises(ValueError, match=r"global_step_2/manifest.json is missing.*--rehash"):
+        upgrade([str(four_steps)])
+    assert upgrade([str(four_steps / "global_step_4")]) == 0
     for path in (step4 / layout.DATA_FILE, extra):
         assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
     assert manifest.verify_step_dir(str(step4)) is None
     assert _resume(base_config, tiny_model_dir, four_steps)[2] == 4
+
+
+def _as_version_1(state: dict) -> dict:
+    """data.pt as written before manifests existed (version 1)."""
+    return {**state, "version": 1}
+
+
+def test_upgrade_refuses_a_corrupted_checkpoint_unless_told_to_rehash(four_steps, capsys):
+    """G3: a flipped byte must not be re-blessed by rewriting the manifest."""
+    from verl.utils.checkpoint.upgrade import main as upgrade
+
+    step4 = four_steps / "global_step_4"
+    _flip(_shard(step4, layout.MODEL_DIR))
+    with pytest.raises(ValueError, match=r"model/__0_0.distcp: sha256 differs.*not upgraded \(pass --rehash"):
+        upgrade([str(step4)])
+    assert "sha256 differs" in manifest.verify_step_dir(str(step4))  # untouched: still fails verification
+    assert upgrade([str(step4), "--rehash"]) == 0
+    assert manifest.verify_step_dir(str(step4)) is None
+
+
+def test_a_deleted_manifest_on_a_new_checkpoint_is_refused_an_old_one_warns_once(base_config, tiny_model_dir,
+                                                                                 four_steps, caplog):
+    step4, step2 = four_steps / "global_step_4", four_steps / "global_step_2"
+    os.remove(step4 / manifest.MANIFEST_FILE)
+    problem = manifest.verify_step_dir(str(step4))
+    assert problem is not None and "manifest.json is missing" in problem and "deleted manifest?" in problem
+    os.remove(step2 / manifest.MANIFEST_FILE)
+    save_state(str(step2 / layout.DATA_FILE), _as_version_1(load_state(str(step2 / layout.DATA_FILE))))
+    monkey_flag = manifest._warned_old
+    manifest._warned_old = False
+    try:
+        with caplog.at_level(logging.WARNING, logger=manifest.__name__):
+            assert manifest.verify_step_dir(str(step2)) is None and manifest.verify_step_dir(str(step2)) is None
+        warnings = [r for r in caplog.records if "written before manifests" in r.getMessage()]
+        assert len(warnings) == 1
+    finally:
+        manifest._warned_old = monkey_flag
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 2  # step 4 refused, the old-format step 2 resumes
+
+
+def test_a_manifest_entry_outside_the_checkpoint_is_refused_without_reading_it(four_steps, monkeypatch):
+    step4 = four_steps / "global_step_4"
+    data = json.loads((step4 / manifest.MANIFEST_FILE).read_text())
+    data["files"]["../../etc/hostname"] = {"size": 1, "sha256": None}
+    (step4 / manifest.MANIFEST_FILE).write_text(json.dumps(data))
+    seen = []
+    real_getsize = os.path.getsize
+    monkeypatch.setattr(os.path, "getsize", lambda p: seen.append(str(p)) or real_getsize(p))
+    problem = manifest.verify_step_dir(str(step4))
+    assert problem is not None and "'../../etc/hostname' points outside the checkpoint" in problem
+    assert not any("hostname" in p for p in seen)
+    for bad in ("/etc/hostname", "actor/../../x"):
+        assert manifest.entry_path(str(step4), bad) is None
+    os.symlink("/etc", step4 / "link")
+    assert manifest.entry_path(str(step4), "link/hostname") is None
+    assert manifest.entry_path(str(step4), "actor/" + layout.META_FILE) is not None
 
 
 def test_upgrade_refuses_a_planted_pickle_and_rewrites_nothing(four_steps, tmp_path):
@@ -123,8 +185,10 @@ def test_upgrade_refuses_a_planted_pickle_and_rewrites_nothing(four_steps, tmp_p
     step4 = four_steps / "global_step_4"
     torch.save({"x": Exploit(str(tmp_path / "pwned"))}, step4 / ACTOR / layout.extra_state_file(1, 0))
     before = (step4 / layout.DATA_FILE).read_bytes()
+    with pytest.raises(ValueError, match="extra_state_world_size_1_rank_0.pt has .* bytes"):
+        upgrade_step_dir(str(step4))  # the manifest no longer verifies
     with pytest.raises(UnsafeCheckpointError, match="extra_state_world_size_1_rank_0.pt: refused to load"):
-        upgrade_step_dir(str(step4))
+        upgrade_step_dir(str(step4), rehash=True)  # even told to rehash, a planted pickle is refused
     assert (step4 / layout.DATA_FILE).read_bytes() == before and not (tmp_path / "pwned").exists()
 
 
@@ -174,6 +238,7 @@ def test_corrupt_checkpoint_without_manifest_fails_at_load_and_auto_falls_back(b
     """A pre-manifest checkpoint whose shard is truncated is caught by the loader itself."""
     step4 = four_steps / "global_step_4"
     os.remove(step4 / manifest.MANIFEST_FILE)
+    save_state(str(step4 / layout.DATA_FILE), _as_version_1(load_state(str(step4 / layout.DATA_FILE))))
     _truncate(_shard(step4, layout.MODEL_DIR))
     _, _, step = _resume(base_config, tiny_model_dir, four_steps)
     assert step == 2
@@ -318,8 +383,11 @@ def test_second_signal_aborts_at_once(base_config, tiny_model_dir, tmp_path):
         return real_step(batch, timing)
 
     trainer.train_step = step_with_two_signals
-    with pytest.raises(KeyboardInterrupt, match="second stop signal"):
+    from verl.utils.signals import AbortedBySignal
+
+    with pytest.raises(AbortedBySignal, match="second stop signal") as err:
         trainer.fit()
+    assert isinstance(err.value, SystemExit) and err.value.code == 143  # 128 + SIGTERM, no traceback printed
     assert layout.read_tracker(str(tmp_path)) == 2
 
 
@@ -339,3 +407,64 @@ def test_fit_and_close_releases_then_exits_143(base_config, tiny_model_dir, tmp_
     with pytest.raises(SystemExit) as exit_info:
         fit_and_close(trainer, lambda: closed.append(True))
     assert exit_info.value.code == 143 and closed == [True] and layout.read_tracker(str(tmp_path)) == 1
+
+
+# ---------------------------------------------------------------------- failed saves and failure messages
+def test_disk_full_says_no_space_left_with_the_folder_and_leaves_no_partial_dir(base_config, tiny_model_dir,
+                                                                               tmp_path, monkeypatch):
+    import errno
+
+    from luffy_pool import checkpointing
+    from luffy_pool.checkpointing import CheckpointSaveError
+
+    trainer, worker = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
+    trainer.fit()  # step 2 published
+    trainer.global_steps = 3
+    tmp = tmp_path / (layout.TMP_PREFIX + "global_step_3")
+    real_save = worker.save_checkpoint
+
+    def fills_the_disk(local_path, **kw):
+        real_save(local_path, **kw)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(worker, "save_checkpoint", fills_the_disk)
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer.checkpointer.save(trainer)
+    msg = str(err.value)
+    assert "no space left on device" in msg and str(tmp) in msg and "step 3" in msg and "\n" not in msg, msg
+    assert not tmp.exists() and layout.read_tracker(str(tmp_path)) == 2
+    # torch's zip writer words a full disk differently; with little space left it is recognised too.
+    monkeypatch.setattr(worker, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(RuntimeError(
+        "PytorchStreamWriter failed writing file data/0: file write failed; unexpected pos 704 vs 598")))
+    monkeypatch.setattr(checkpointing, "_free_bytes", lambda path: 2**20)
+    with pytest.raises(CheckpointSaveError, match="no space left on device: saving step 3 .*1 MiB free"):
+        trainer.checkpointer.save(trainer)
+    monkeypatch.setattr(checkpointing, "_free_bytes", lambda path: 50 * 2**30)  # plenty of space: not a full disk
+    with pytest.raises(RuntimeError, match="unexpected pos") as other:
+        trainer.checkpointer.save(trainer)
+    assert not isinstance(other.value, CheckpointSaveError)
+
+
+def test_leftovers_of_a_failed_save_never_block_resume(base_config, tiny_model_dir, four_steps, monkeypatch):
+    leftover = four_steps / (layout.TMP_PREFIX + "global_step_6")
+    (leftover / ACTOR).mkdir(parents=True)
+    (leftover / ACTOR / "junk.distcp").write_bytes(b"\0" * 100)
+    (four_steps / (layout.TMP_PREFIX + "stray")).write_text("x")
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 4 and not leftover.exists() and not (four_steps / (layout.TMP_PREFIX + "stray")).exists()
+    (leftover / ACTOR).mkdir(parents=True)  # one that cannot be removed (read-only disk) is ignored
+    monkeypatch.setattr(layout.shutil, "rmtree", lambda *a, **k: None)
+    assert layout.remove_stale_temp_dirs(str(four_steps)) == []
+    _, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 4 and leftover.exists()
+
+
+def test_a_step_refused_on_resume_is_never_named_the_last_good_checkpoint(base_config, tiny_model_dir, four_steps):
+    step4 = four_steps / "global_step_4"
+    torch.save({"global_step": 4, "x": Exploit(str(four_steps / "pwned"))}, step4 / ACTOR / layout.extra_state_file(1, 0))
+    manifest.write_manifest(str(step4))  # sizes and hashes agree: only the loader refuses it
+    trainer, _, step = _resume(base_config, tiny_model_dir, four_steps)
+    assert step == 2
+    assert trainer.checkpointer.last_good_checkpoint() == str(four_steps / "global_step_2")
+    summary = trainer.checkpointer.refused_summary()
+    assert summary.startswith("; refused on resume: global_step_4 (") and "extra_state_world_size_1_rank_0" in summary

@@ -43,6 +43,18 @@ def test_unwritable_output_dir(config, tmp_path):
     assert errors == [f"trainer.default_local_dir={blocker / 'ckpt'}: not writable (Not a directory)"]
 
 
+def test_unwritable_checkpoint_mirror_is_found_at_start_not_after_the_first_save(config, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    errors = _errors(_set(config, "trainer.default_hdfs_dir", str(blocker / "mirror")))
+    assert errors == [f"trainer.default_hdfs_dir={blocker / 'mirror'}: not writable (Not a directory)"]
+    errors = _errors(_set(config, "trainer.default_hdfs_dir", "nosuchscheme://bucket/ckpt"))
+    assert len(errors) == 1 and errors[0].startswith("trainer.default_hdfs_dir=nosuchscheme://bucket/ckpt: no fsspec")
+    preflight(_set(config, "trainer.default_hdfs_dir", "memory://mirror/ckpt"))  # a working backend passes
+    preflight(_set(config, "trainer.default_hdfs_dir", str(tmp_path / "mirror")))
+    assert (tmp_path / "mirror").is_dir()
+
+
 def test_missing_model_folder_names_the_path_not_a_hub_error(config, tmp_path):
     errors = _errors(_set(config, "actor_rollout_ref.model.path", str(tmp_path / "no_model")))
     assert errors == [f"actor_rollout_ref.model.path={tmp_path / 'no_model'}: the folder does not exist"]

@@ -2,9 +2,12 @@
 
 Slurm and Kubernetes send SIGTERM some time before they kill a job; Ctrl-C sends SIGINT. Inside
 ``GracefulStop`` the first such signal only records itself (the current step finishes, the trainer
-saves a checkpoint and returns); a second one aborts at once with ``KeyboardInterrupt``. Handlers are
-installed only in the main thread and the previous ones (Ray's driver installs its own) are restored
-on exit. ``exit_code(signum)`` is the shell convention 128 + signal number (143 for SIGTERM).
+saves a checkpoint and returns); a second one aborts at once with ``AbortedBySignal``, a
+``SystemExit`` carrying ``exit_code(signum)``: the process ends with that code and no traceback (the
+launcher's ``finally`` blocks still release Ray and the trackers). Handlers are installed only in the
+main thread and the previous ones (Ray's driver installs its own) are restored on exit.
+``exit_code(signum)`` is the shell convention 128 + signal number (143 for SIGTERM, 130 for SIGINT),
+for the first signal (after the save) and the second alike.
 """
 from __future__ import annotations
 
@@ -21,6 +24,19 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def exit_code(signum: int) -> int:
     return 128 + int(signum)
+
+
+class AbortedBySignal(SystemExit):
+    """A second stop signal: exit now with ``exit_code(signum)``; ``str()`` says why (no traceback is printed
+    for a SystemExit)."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(exit_code(signum))
+        self.signum = int(signum)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class GracefulStop:
@@ -45,7 +61,10 @@ class GracefulStop:
         name = signal.Signals(signum).name
         if self.signum is not None:
             self._restore()
-            raise KeyboardInterrupt(f"second stop signal ({name}): aborting without waiting for {self.what}")
+            message = (f"second stop signal ({name}): aborting without waiting for {self.what}; exit code "
+                       f"{exit_code(signum)}")
+            logger.warning("%s", message)
+            raise AbortedBySignal(signum, message)
         self.signum = signum
         logger.warning("received %s: finishing %s, then saving and exiting (send it again to abort now)", name, self.what)
 

@@ -6,7 +6,10 @@ record of a step that was logged twice around a crash, see ``read_metrics_jsonl`
 under ``<log_dir>/wandb``; ``WANDB_MODE=offline`` works without network) and ``tensorboard`` (event
 files under ``<log_dir>/tensorboard`` or ``$TENSORBOARD_DIR``). Secrets (API keys) are never part of
 the logged config: string fields named like a secret (``api_key``, ``hf_token``, ``password``) and values
-equal to a key/token environment variable are masked; ordinary keys (``ppo_max_token_len_per_gpu``) are not.
+equal to a key/token environment variable are masked, and so is a key inside a URL (``https://key@host``,
+``https://user:pass@host``, ``?api_key=...``); ordinary keys (``ppo_max_token_len_per_gpu``) and a
+tokenizer's special tokens (``pad_token``, ``eos_token``) are not. ``masked_yaml(config)`` is the form
+to print.
 """
 from __future__ import annotations
 
@@ -24,7 +27,15 @@ from typing import Any, Optional
 _SECRET_ENDINGS = (("api", "key"), ("apikey",), ("secret", "key"), ("access", "key"), ("private", "key"), ("token",),
                    ("secret",), ("password",), ("passwd",))
 _SECRET_ENV_WORDS = {"key", "token", "secret", "password", "passwd", "apikey"}
+# ``<word>_token`` names a tokenizer's special token, not a credential, for these words.
+_SPECIAL_TOKEN_WORDS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "think",
+                        "image", "audio", "video", "additional", "placeholder", "eot", "sot", "im", "fim", "boi", "eoi"}
+# Query parameters that carry a credential.
+_SECRET_QUERY_NAMES = {"key", "apikey", "api_key", "token", "access_token", "auth", "secret", "password", "sig",
+                       "signature", "x-api-key", "code"}
 _MIN_SECRET_LEN = 8
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s?#]+)@")
+_URL_QUERY_SECRET = re.compile(r"(?P<sep>[?&;])(?P<name>[^=&#\s]+)=(?P<value>[^&#\s]*)")
 SUPPORTED_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "val_generations.jsonl"
@@ -38,7 +49,24 @@ def _words(name: str) -> tuple[str, ...]:
 
 def is_secret_name(name: str) -> bool:
     words = _words(name)
+    if len(words) >= 2 and words[-1] == "token" and words[-2] in _SPECIAL_TOKEN_WORDS:
+        return False  # pad_token, eos_token, think_token ...: vocabulary, not credentials
     return any(words[-len(end):] == end for end in _SECRET_ENDINGS if len(words) >= len(end))
+
+
+def mask_url(text: str) -> str:
+    """``text`` with credentials inside URLs masked: userinfo (``https://KEY@host``, ``user:pass@``)
+    and secret query parameters (``?api_key=...``, ``&token=...``)."""
+    if "://" not in text and "=" not in text:
+        return text
+    out = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}***@", text)
+
+    def query(m):
+        name = m.group("name")
+        secret = name.lower() in _SECRET_QUERY_NAMES or is_secret_name(name)
+        return f"{m.group('sep')}{name}=***" if secret and m.group("value") else m.group(0)
+
+    return _URL_QUERY_SECRET.sub(query, out) if "?" in out else out
 
 
 def _env_secret_values() -> set[str]:
@@ -59,7 +87,17 @@ def mask_secrets(obj, _env_values: Optional[set] = None):
         return [mask_secrets(v, env_values) for v in obj]
     if isinstance(obj, str) and obj in env_values:
         return "***"
+    if isinstance(obj, str):
+        return mask_url(obj)
     return obj
+
+
+def masked_yaml(config) -> str:
+    """The config (an OmegaConf object or a dict) as YAML with every secret masked, for printing/logging."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    plain = OmegaConf.to_container(config, resolve=True) if isinstance(config, (DictConfig, ListConfig)) else config
+    return OmegaConf.to_yaml(OmegaConf.create(mask_secrets(plain)))
 
 
 def _fmt(v) -> str:

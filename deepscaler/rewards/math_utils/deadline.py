@@ -1,13 +1,20 @@
-"""Wall-clock budget for one grading call, in any thread, without signals or a process pool.
+"""Time budget for one grading call, in any thread, counted in the grading thread's CPU time.
 
-``call_with_deadline(fn, budget_s)`` runs ``fn`` in the calling thread and ends it with ``GradeTimeout``
-when the budget is spent. Two mechanisms, because neither is enough alone:
+``run_with_budget(fn, budget_s, backstop_s)`` runs ``fn`` in the calling thread and ends it when the
+thread has spent ``budget_s`` seconds of its own CPU time (``CLOCK_THREAD_CPUTIME_ID``), or, as a
+backstop, when ``backstop_s`` seconds of wall-clock time have passed. CPU time is the measure because a
+verdict must not depend on the neighbours: on a loaded machine a grade that needs 0.4 s of CPU can take
+5 s of wall time, and a wall-clock budget would then score a correct answer 0. The backstop only catches
+a thread that waits without computing (it should never fire) and is reported as its own status.
+
+Two mechanisms end a call, because neither is enough alone:
 - cooperative: ``check_deadline()`` raises once the budget is spent; the guarded parser wrappers call it
   before every parse, so a response with thousands of failing candidates stops between two of them;
-- watchdog: one daemon thread per process raises ``GradeTimeout`` asynchronously in the grading thread
-  (CPython's ``PyThreadState_SetAsyncExc``), which interrupts slow *Python* code (SymPy's simplify,
-  ANTLR's prediction) anywhere. It cannot interrupt one long C call (a big-integer power): the
-  pre-parse guards (``input_guard``) exist so that no such call is ever started.
+- watchdog: one daemon thread per process reads each armed thread's CPU clock and raises
+  ``GradeTimeout`` (or ``GradeWallTimeout``) asynchronously in it (CPython's
+  ``PyThreadState_SetAsyncExc``), which interrupts slow *Python* code (SymPy's simplify, ANTLR's
+  prediction) anywhere. It cannot interrupt one long C call (a big-integer power): the pre-parse guards
+  (``input_guard``) exist so that no such call is ever started.
 ``GradeTimeout`` derives from ``BaseException`` so that math-verify's and SymPy's ``except Exception``
 handlers cannot swallow it and turn a timeout into "wrong answer".
 """
@@ -23,21 +30,53 @@ T = TypeVar("T")
 
 _local = threading.local()
 
+# Status of ``run_with_budget``.
+FINISHED, CPU_TIMEOUT, WALL_TIMEOUT = "finished", "cpu_timeout", "wall_timeout"
+# Wall-clock backstop when the caller gives none: generous, because it must never fire on a busy machine.
+BACKSTOP_FACTOR, MIN_BACKSTOP_S = 20.0, 60.0
+
+
+def default_backstop_s(budget_s: float) -> float:
+    return max(MIN_BACKSTOP_S, BACKSTOP_FACTOR * float(budget_s))
+
 
 class GradeTimeout(BaseException):
-    """The grading call ran past its wall-clock budget (a BaseException so that no grader swallows it)."""
+    """The grading call spent its CPU-time budget (a BaseException so that no grader swallows it)."""
+
+
+class GradeWallTimeout(GradeTimeout):
+    """The grading call ran past the wall-clock backstop without spending its CPU budget."""
+
+
+def _thread_clock(thread_id: int):
+    """The CPU-time clock id of thread ``thread_id`` (``threading.get_ident()`` is its pthread id on
+    POSIX), or None where the platform has none (then the budget falls back to wall time)."""
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu_now(clock) -> float:
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
 
 
 def check_deadline() -> None:
     """Raise ``GradeTimeout`` when the calling thread's grading budget is spent (no-op outside one)."""
-    deadline = getattr(_local, "deadline", None)
-    if deadline is not None and time.monotonic() > deadline:
+    budget = getattr(_local, "budget", None)
+    if budget is None:
+        return
+    cpu_deadline, wall_deadline, clock = budget
+    if _cpu_now(clock) > cpu_deadline:
         raise GradeTimeout()
+    if time.monotonic() > wall_deadline:
+        raise GradeWallTimeout()
 
 
 def remaining_s() -> float | None:
-    deadline = getattr(_local, "deadline", None)
-    return None if deadline is None else deadline - time.monotonic()
+    """CPU seconds left in the calling thread's budget (None outside one)."""
+    budget = getattr(_local, "budget", None)
+    return None if budget is None else budget[0] - _cpu_now(budget[2])
 
 
 def _set_async_exc(thread_id: int, exc_type) -> None:
@@ -46,11 +85,11 @@ def _set_async_exc(thread_id: int, exc_type) -> None:
 
 
 class _Watchdog:
-    """One daemon thread that raises ``GradeTimeout`` in threads whose armed deadline passed."""
+    """One daemon thread that raises ``GradeTimeout`` in threads whose CPU budget (or backstop) is spent."""
 
     def __init__(self):
         self._cv = threading.Condition(threading.Lock())
-        self._armed: dict[int, list] = {}  # thread id -> [deadline, fired]
+        self._armed: dict[int, list] = {}  # thread id -> [cpu deadline, wall deadline, clock, fired]
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -60,16 +99,16 @@ class _Watchdog:
             self._thread = threading.Thread(target=self._run, name="grade-watchdog", daemon=True)
             self._thread.start()
 
-    def arm(self, thread_id: int, deadline: float) -> None:
+    def arm(self, thread_id: int, budget: tuple) -> None:
         with self._cv:
             self._ensure_thread()
-            self._armed[thread_id] = [deadline, False]
+            self._armed[thread_id] = [*budget, False]
             self._cv.notify()
 
     def disarm(self, thread_id: int) -> None:
         with self._cv:
             entry = self._armed.pop(thread_id, None)
-            if entry is not None and entry[1]:
+            if entry is not None and entry[3]:
                 # Fired but maybe not yet delivered: withdraw it so it cannot hit the caller later.
                 _set_async_exc(thread_id, None)
 
@@ -77,16 +116,23 @@ class _Watchdog:
         with self._cv:
             while True:
                 now = time.monotonic()
-                next_due = None
+                next_wait = None
                 for thread_id, entry in self._armed.items():
-                    if entry[1]:
+                    if entry[3]:
                         continue
-                    if entry[0] <= now:
-                        entry[1] = True
-                        _set_async_exc(thread_id, GradeTimeout)
-                    elif next_due is None or entry[0] < next_due:
-                        next_due = entry[0]
-                self._cv.wait(None if next_due is None else max(0.001, next_due - now))
+                    cpu_deadline, wall_deadline, clock = entry[:3]
+                    try:
+                        cpu_left = cpu_deadline - _cpu_now(clock)
+                    except OSError:  # the thread is gone; its caller disarms it
+                        continue
+                    if cpu_left <= 0 or wall_deadline <= now:
+                        entry[3] = True
+                        _set_async_exc(thread_id, GradeTimeout if cpu_left <= 0 else GradeWallTimeout)
+                        continue
+                    # A thread gains at most one CPU second per wall second, so nothing can be due sooner.
+                    wait = min(cpu_left, wall_deadline - now)
+                    next_wait = wait if next_wait is None else min(next_wait, wait)
+                self._cv.wait(None if next_wait is None else max(0.002, next_wait))
 
     def _after_fork(self) -> None:
         # The child has no watchdog thread and no armed callers; start afresh on first use.
@@ -100,24 +146,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WATCHDOG._after_fork)
 
 
-def call_with_deadline(fn: Callable[[], T], budget_s: float | None) -> tuple[bool, T | None]:
-    """``(True, fn())``, or ``(False, None)`` when ``fn`` ran past ``budget_s`` seconds.
+def run_with_budget(fn: Callable[[], T], budget_s: float | None,
+                    backstop_s: float | None = None) -> tuple[str, T | None]:
+    """``(FINISHED, fn())``, or ``(CPU_TIMEOUT, None)`` when the calling thread spent ``budget_s`` CPU
+    seconds in ``fn``, or ``(WALL_TIMEOUT, None)`` past ``backstop_s`` wall seconds (default
+    ``default_backstop_s(budget_s)``).
 
     Nested calls run under the outermost budget (an inner call never extends it). ``budget_s=None``
     runs ``fn`` with no limit.
     """
-    if budget_s is None or getattr(_local, "deadline", None) is not None:
-        return True, fn()
+    if budget_s is None or getattr(_local, "budget", None) is not None:
+        return FINISHED, fn()
     thread_id = threading.get_ident()
+    clock = _thread_clock(thread_id)
+    backstop = default_backstop_s(budget_s) if backstop_s is None else float(backstop_s)
     try:
-        _local.deadline = time.monotonic() + float(budget_s)
-        _WATCHDOG.arm(thread_id, _local.deadline)
+        _local.budget = (_cpu_now(clock) + float(budget_s), time.monotonic() + backstop, clock)
+        _WATCHDOG.arm(thread_id, _local.budget)
         try:
-            return True, fn()
+            return FINISHED, fn()
         finally:
-            _local.deadline = None
+            _local.budget = None
             _WATCHDOG.disarm(thread_id)
-    except GradeTimeout:
-        _local.deadline = None
+    except GradeTimeout as exc:
+        _local.budget = None
         _WATCHDOG.disarm(thread_id)
-        return False, None
+        return (WALL_TIMEOUT if isinstance(exc, GradeWallTimeout) else CPU_TIMEOUT), None
+
+
+def call_with_deadline(fn: Callable[[], T], budget_s: float | None,
+                       backstop_s: float | None = None) -> tuple[bool, T | None]:
+    """``(True, fn())``, or ``(False, None)`` when ``fn`` ran out of budget (either kind)."""
+    status, value = run_with_budget(fn, budget_s, backstop_s)
+    return status == FINISHED, value

@@ -27,8 +27,10 @@ class GuardLimits:
     """Limits of one grading call. Defaults keep every measured worst case well under 1 s on one core.
 
     Attributes:
-        time_budget_s: wall-clock budget of one grading call (``deadline.call_with_deadline``); the
-            guards keep real work far below it, the budget is the second line for what they miss.
+        time_budget_s: CPU-time budget of one grading call, counted in the grading thread
+            (``deadline.run_with_budget``; a wall-clock backstop of max(60 s, 20x) stops a call that
+            waits without computing); the guards keep real work far below it, the budget is the second
+            line for what they miss. CPU time, so a loaded machine never turns a verdict into a timeout.
         max_text_chars: the tail of a response math-verify reads. Its extraction regexes backtrack
             quadratically on some inputs, in C where no timer can stop them: 16,000 characters of
             ``\\[`` take ~3.5 s, of ``1+1+...1}`` 2.3 s; 100,000 of ``1 `` ~35 s. A last ``\\boxed{}``

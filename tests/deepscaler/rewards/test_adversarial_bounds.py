@@ -104,14 +104,16 @@ def _timed_in_thread(fn):
     box = {}
 
     def target():
-        start = time.perf_counter()
+        # The graders' budget is the grading thread's CPU time, so that is what is bounded here: wall
+        # time on a shared machine depends on the neighbours (the join below is the wall backstop).
+        start = time.thread_time()
         box["value"] = fn()
-        box["elapsed"] = time.perf_counter() - start
+        box["elapsed"] = time.thread_time() - start
 
     thread = threading.Thread(target=target, name="reward-thread")
     thread.start()
-    thread.join(60)
-    assert not thread.is_alive(), "grader still running after 60 s"
+    thread.join(120)
+    assert not thread.is_alive(), "grader still running after 120 s"
     return box["value"], box["elapsed"]
 
 

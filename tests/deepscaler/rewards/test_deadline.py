@@ -1,8 +1,11 @@
-"""deadline.call_with_deadline: ends slow Python work in any thread, is not swallowed, leaves nothing behind."""
+"""deadline.run_with_budget: ends slow Python work in any thread by its CPU time (a wall-clock backstop as its
+own status), is not swallowed, leaves nothing behind."""
 import threading
 import time
 
-from deepscaler.rewards.math_utils.deadline import GradeTimeout, call_with_deadline, check_deadline
+from deepscaler.rewards.math_utils.deadline import (CPU_TIMEOUT, FINISHED, WALL_TIMEOUT, GradeTimeout, GradeWallTimeout,
+                                                     call_with_deadline, check_deadline, default_backstop_s,
+                                                     run_with_budget)
 
 
 def _busy_forever_swallowing_exceptions():
@@ -12,6 +15,12 @@ def _busy_forever_swallowing_exceptions():
             sum(range(10_000))
         except Exception:  # noqa: BLE001 - the point of the test
             pass
+
+
+def _spin_cpu(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
 
 
 def _in_thread(fn):
@@ -31,10 +40,10 @@ def _in_thread(fn):
 
 def test_slow_python_is_ended_in_a_worker_thread_and_in_the_main_thread():
     (finished, value), elapsed = _in_thread(lambda: call_with_deadline(_busy_forever_swallowing_exceptions, 0.2))
-    assert (finished, value) == (False, None) and elapsed < 2.0
+    assert (finished, value) == (False, None) and elapsed < 20.0  # 0.2 CPU s; wall grows with load
     start = time.perf_counter()
     assert call_with_deadline(_busy_forever_swallowing_exceptions, 0.2) == (False, None)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 20.0
 
 
 def test_fast_calls_return_their_value_and_no_late_exception_arrives():
@@ -50,10 +59,10 @@ def test_nested_calls_share_the_outer_budget_and_cooperative_check_raises():
 
     start = time.perf_counter()
     assert call_with_deadline(inner, 0.2) == (False, None)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 20.0
 
     def spent():
-        time.sleep(0.05)
+        _spin_cpu(0.05)
         check_deadline()
         return "not reached"
 
@@ -77,3 +86,23 @@ def test_concurrent_threads_have_independent_budgets():
     for t in threads:
         t.join(30)
     assert results == {0: (False, None), 1: (True, 1), 2: (False, None), 3: (True, 3)}
+
+
+def test_the_budget_is_cpu_time_so_waiting_does_not_spend_it():
+    # 0.4 s of sleeping costs no CPU: a 0.1 s budget is not spent, the way a busy machine's queueing is not.
+    assert run_with_budget(lambda: time.sleep(0.4) or "done", 0.1, backstop_s=30.0) == (FINISHED, "done")
+    assert run_with_budget(lambda: _spin_cpu(5.0), 0.1, backstop_s=30.0) == (CPU_TIMEOUT, None)
+
+
+def test_the_wall_clock_backstop_is_its_own_status():
+    start = time.perf_counter()
+
+    def waits_forever():
+        while True:
+            time.sleep(0.01)
+
+    assert run_with_budget(waits_forever, 5.0, backstop_s=0.3) == (WALL_TIMEOUT, None)
+    assert time.perf_counter() - start < 20.0
+    assert issubclass(GradeWallTimeout, GradeTimeout)
+    assert default_backstop_s(3.0) == 60.0 and default_backstop_s(10.0) == 200.0
+    time.sleep(0.1)  # no late exception

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from verl.utils.tracking import Tracking, mask_secrets
+from verl.utils.tracking import Tracking, mask_secrets, mask_url, masked_yaml
 
 
 def test_console_and_jsonl(tmp_path, capsys):
@@ -40,6 +40,26 @@ def test_only_secrets_are_masked(monkeypatch):
     assert out["reward"]["orm"] == {"api_key_env": "OPENAI_API_KEY", "base_url": "http://h/v1", "openaiApiKey": "***"}
     assert out["trainer"] == {"hf_token": "***", "client_secret": "***", "password": "***", "experiment_name": "***",
                               "tags": ["***", "x"], "seed": 12345678, "tokenizer": "/models/qwen"}
+
+
+def test_a_key_inside_a_url_is_masked_and_special_tokens_are_not(monkeypatch):
+    cfg = {"reward": {"orm": {"base_url": "https://sk-live-0123456789@judge.example.com/v1"}},
+           "other": {"endpoint": "https://user:pa55word@h:8000/v1?api_key=abc123def&model=m&token=t0k3n",
+                     "plain": "http://127.0.0.1:8000/v1", "with_query": "https://h/v1?model=qwen&page=2"},
+           "data": {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "bos_token": "<s>",
+                    "think_token": "<think>", "hf_token": "hf_abcdef1234", "auth_token": "abcd-efgh-ijkl"}}
+    out = mask_secrets(cfg)
+    assert out["reward"]["orm"]["base_url"] == "https://***@judge.example.com/v1"
+    assert out["other"] == {"endpoint": "https://***@h:8000/v1?api_key=***&model=m&token=***",
+                            "plain": "http://127.0.0.1:8000/v1", "with_query": "https://h/v1?model=qwen&page=2"}
+    assert out["data"] == {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "bos_token": "<s>",
+                           "think_token": "<think>", "hf_token": "***", "auth_token": "***"}
+    assert mask_url("error talking to https://k3y@h/v1: timeout") == "error talking to https://***@h/v1: timeout"
+    from omegaconf import OmegaConf
+
+    printed = masked_yaml(OmegaConf.create(cfg))
+    assert "sk-live-0123456789" not in printed and "pa55word" not in printed and "abc123def" not in printed
+    assert "<|endoftext|>" in printed and "judge.example.com" in printed
 
 
 def test_jsonl_keeps_tensors_as_scalars_and_lists_and_reader_keeps_last_record(tmp_path):

@@ -6,6 +6,13 @@ scheduler, the RNG states and stateful actor extras (the adaptive entropy coeffi
 a small per-rank ``extra_state_world_size_<W>_rank_<r>.pt`` of plain data. Loading never unpickles
 arbitrary objects (``safe_io``: weights_only files, a restricted DCP metadata reader). Every rank calls
 every method (they are collectives); only rank 0 writes ``huggingface/`` and ``checkpoint_meta.json``.
+
+Loading is in two phases so that a failure on one rank never leaves another waiting in a collective:
+first every rank checks, on its own, everything it will read (the metadata, its extra-state file, the
+parameter names and shapes of the checkpoint against the model) and the ranks exchange their verdicts
+(``all_gather_object``); if any rank refused, every rank raises the same one-line error naming that
+rank, before any state is changed. Only then do the DCP loads (collectives that agree by themselves)
+run. A checkpoint of another model (layers, hidden size, vocabulary) is refused naming both.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from verl.utils.checkpoint import layout
 from verl.utils.checkpoint.hf_export import gather_full_state_dict, write_hf_folder
 from verl.utils.checkpoint.manifest import hash_share
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
-from verl.utils.checkpoint.safe_io import dcp_load, load_state, save_state
+from verl.utils.checkpoint.safe_io import dcp_load, load_dcp_metadata, load_state, save_state
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,67 @@ def _quiet_single_process_dcp():
 def _barrier() -> None:
     if _dist_ready():
         dist.barrier()
+
+
+class CheckpointLoadError(RuntimeError):
+    """A rank cannot load the checkpoint; raised on every rank with the same one-line message."""
+
+
+def _agree_on_failure(local_path: str, exc: Optional[BaseException]) -> None:
+    """Every rank learns every rank's verdict; any refusal raises on all ranks (no rank is left waiting).
+    Without a process group the rank's own exception is raised as it is."""
+    if not _dist_ready():
+        if exc is not None:
+            raise exc
+        return
+    error = None if exc is None else _error_line(exc)
+    verdicts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, error)
+    bad = [(rank, e) for rank, e in enumerate(verdicts) if e is not None]
+    if bad:
+        rank, first = bad[0]
+        more = f" (and {len(bad) - 1} other rank(s))" if len(bad) > 1 else ""
+        raise CheckpointLoadError(f"cannot load {local_path}: rank {rank}: {first}{more}")
+
+
+def _error_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+
+
+def model_shape_summary(shapes: Mapping[str, tuple]) -> str:
+    """``"2 layers, hidden 64, vocab 328"`` from parameter names and shapes (HF decoder naming)."""
+    import re
+
+    layers = {int(m.group(1)) for k in shapes for m in [re.search(r"(?:^|\.)layers\.(\d+)\.", k)] if m}
+    embed = next((tuple(v) for k, v in shapes.items() if k.endswith("embed_tokens.weight")), None)
+    parts = [f"{len(layers)} layer{'s' if len(layers) != 1 else ''}"] if layers else []
+    if embed is not None and len(embed) == 2:
+        parts += [f"hidden {embed[1]}", f"vocab {embed[0]}"]
+    parts.append(f"{len(shapes)} tensors")
+    return ", ".join(parts)
+
+
+def check_model_matches(checkpoint_shapes: Mapping[str, tuple], model_shapes: Mapping[str, tuple],
+                        checkpoint_dir: str, model_name: str) -> None:
+    """Raise one line naming both when the checkpoint's parameter names or shapes differ from the model's.
+
+    DCP loads only the keys the model asks for, so a checkpoint with more layers would load silently."""
+    missing = sorted(set(model_shapes) - set(checkpoint_shapes))
+    unexpected = sorted(set(checkpoint_shapes) - set(model_shapes))
+    resized = sorted(k for k in set(model_shapes) & set(checkpoint_shapes)
+                     if tuple(model_shapes[k]) != tuple(checkpoint_shapes[k]))
+    if not (missing or unexpected or resized):
+        return
+    if resized:
+        key = resized[0]
+        detail = f"{key} is {list(checkpoint_shapes[key])} in the checkpoint, {list(model_shapes[key])} in the model"
+    elif unexpected:
+        detail = f"{len(unexpected)} checkpoint tensor(s) the model lacks, e.g. {unexpected[0]}"
+    else:
+        detail = f"{len(missing)} model tensor(s) the checkpoint lacks, e.g. {missing[0]}"
+    raise ValueError(f"checkpoint {checkpoint_dir} ({model_shape_summary(checkpoint_shapes)}) does not match the "
+                     f"model {model_name} ({model_shape_summary(model_shapes)}): {detail}")
 
 
 def _fsync_tree(path: str) -> None:
@@ -193,34 +261,66 @@ class FSDPCheckpointManager:
 
     # ------------------------------------------------------------------ load
     def load_checkpoint(self, local_path: str, load_optimizer: bool = True) -> dict:
-        """Restore what ``save_checkpoint`` wrote, resharding when the world size changed."""
+        """Restore what ``save_checkpoint`` wrote, resharding when the world size changed.
+
+        Raises ``CheckpointLoadError`` on every rank, with nothing changed, when any rank refuses its part.
+        """
         from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                              set_model_state_dict, set_optimizer_state_dict)
 
         local_path = os.path.abspath(local_path)
-        meta = self.read_meta(local_path)
-        saved_contents = meta.get("contents", [])
-        if "model" in self.contents:
-            if not layout.has_sharded_model(local_path):
-                raise FileNotFoundError(
-                    f"{local_path} has no sharded model ({layout.MODEL_DIR}/); it may have been pruned by "
-                    f"trainer.max_optim_to_keep (only config/tokenizer/extra state remain)")
-            model_state = get_model_state_dict(self.model)
+        load_model = "model" in self.contents
+        load_optim = load_optimizer and "optimizer" in self.contents
+        # Every rank builds these (no collective inside for FSDP2's sharded state dicts) before anything can fail.
+        model_state = get_model_state_dict(self.model) if load_model else None
+        meta, extra, failure = {}, None, None
+        try:
+            meta = self.read_meta(local_path)
+            extra = self._check_before_load(local_path, meta, model_state, load_optim)
+        except Exception as exc:  # noqa: BLE001 - agreed on by all ranks below, then raised everywhere
+            failure = exc
+        _agree_on_failure(local_path, failure)
+        if load_model:
             with _quiet_single_process_dcp():
                 dcp_load(model_state, os.path.join(local_path, layout.MODEL_DIR))
             set_model_state_dict(self.model, model_state)
-        if load_optimizer and "optimizer" in self.contents:
-            if "optimizer" not in saved_contents or not os.path.isdir(os.path.join(local_path, layout.OPTIM_DIR)):
-                raise FileNotFoundError(f"{local_path} has no optimizer state ({layout.OPTIM_DIR}/); saved contents "
-                                        f"were {saved_contents}")
+        if load_optim:
             optim_state = get_optimizer_state_dict(self.model, self.optimizer)
             with _quiet_single_process_dcp():
                 dcp_load(optim_state, os.path.join(local_path, layout.OPTIM_DIR))
             set_optimizer_state_dict(self.model, self.optimizer, optim_state)
-        if "extra" in self.contents and "extra" in saved_contents:
-            self._load_extra(local_path, int(meta["world_size"]))
-        _barrier()
+        try:
+            if extra is not None:
+                self._apply_extra(*extra)
+        except Exception as exc:  # noqa: BLE001 - as above: agreed on by all ranks before they go on
+            failure = exc
+        _agree_on_failure(local_path, failure)
         return meta
+
+    def _check_before_load(self, local_path: str, meta: dict, model_state: Optional[dict],
+                           load_optim: bool) -> Optional[tuple]:
+        """Everything this rank reads, checked without a collective; returns the extra state to apply."""
+        saved_contents = meta.get("contents", [])
+        if model_state is not None:
+            if not layout.has_sharded_model(local_path):
+                raise FileNotFoundError(
+                    f"{local_path} has no sharded model ({layout.MODEL_DIR}/); it may have been pruned by "
+                    f"trainer.max_optim_to_keep (only config/tokenizer/extra state remain)")
+            model_dir = os.path.join(local_path, layout.MODEL_DIR)
+            saved = load_dcp_metadata(os.path.join(model_dir, ".metadata")).state_dict_metadata
+            checkpoint_shapes = {k: tuple(v.size) for k, v in saved.items() if hasattr(v, "size")}
+            model_shapes = {k: tuple(v.shape) for k, v in model_state.items() if torch.is_tensor(v)}
+            config = getattr(self.model, "config", None)
+            name = getattr(config, "_name_or_path", "") or type(self.model).__name__
+            check_model_matches(checkpoint_shapes, model_shapes, local_path, name)
+        if load_optim:
+            if "optimizer" not in saved_contents or not os.path.isdir(os.path.join(local_path, layout.OPTIM_DIR)):
+                raise FileNotFoundError(f"{local_path} has no optimizer state ({layout.OPTIM_DIR}/); saved contents "
+                                        f"were {saved_contents}")
+            load_dcp_metadata(os.path.join(local_path, layout.OPTIM_DIR, ".metadata"))
+        if "extra" in self.contents and "extra" in saved_contents:
+            return self._read_extra(local_path, int(meta["world_size"]))
+        return None
 
     @staticmethod
     def read_meta(local_path: str) -> dict:
@@ -230,7 +330,7 @@ class FSDPCheckpointManager:
         with open(path) as f:
             return json.load(f)
 
-    def _load_extra(self, local_path: str, saved_world_size: int) -> None:
+    def _read_extra(self, local_path: str, saved_world_size: int) -> tuple[str, dict]:
         # Same world size: each rank gets its own RNG streams back. Otherwise the scheduler state is the
         # same on every rank, but per-rank RNG streams cannot be mapped; ranks beyond the old count reuse 0's.
         source_rank = self.rank if self.rank < saved_world_size else 0
@@ -241,14 +341,21 @@ class FSDPCheckpointManager:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} not found (checkpoint written by {saved_world_size} ranks)")
         extra = load_state(path)  # tensors and plain data only; a planted pickle is refused naming the file
+        if not isinstance(extra, dict) or "rng" not in extra:
+            raise ValueError(f"{path} is not an extra-state file (no rng state)")
+        if self.lr_scheduler is not None and "lr_scheduler" not in extra:
+            raise KeyError(f"{path} has no lr_scheduler state")
+        saved_extras = extra.get("extras", {})
+        for name in self.extra_states:
+            if name not in saved_extras:
+                raise KeyError(f"{path} has no extra state {name!r} (saved: {sorted(saved_extras)}); was the "
+                               f"checkpoint written with a different actor config?")
+        return path, extra
+
+    def _apply_extra(self, path: str, extra: dict) -> None:
         if self.lr_scheduler is not None:
-            if "lr_scheduler" not in extra:
-                raise KeyError(f"{path} has no lr_scheduler state")
             self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         restore_rng_state(extra["rng"])
         saved_extras = extra.get("extras", {})
         for name, obj in self.extra_states.items():
-            if name not in saved_extras:
-                raise KeyError(f"{path} has no extra state {name!r} (saved: {sorted(saved_extras)}); was the "
-                               f"checkpoint written with a different actor config?")
             obj.load_state_dict(saved_extras[name])

@@ -125,18 +125,25 @@ def publish_dir(tmp_dir: str, final_dir: str) -> None:
 
 
 def remove_stale_temp_dirs(root: str) -> list[str]:
-    """Delete ``.tmp_*``/``.trash_*`` leftovers of a crashed save; returns what was removed."""
+    """Delete ``.tmp_*``/``.trash_*`` leftovers of a crashed or failed save; returns what was removed.
+
+    A leftover that cannot be removed (permissions, a read-only disk) is left in place: resume never reads
+    it (only ``global_step_<N>`` names are checkpoints) and the next save of that step replaces it."""
     if not os.path.isdir(root):
         return []
     removed = []
     for name in os.listdir(root):
         if name.startswith((TMP_PREFIX, TRASH_PREFIX)):
             path = os.path.join(root, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                os.remove(path)
-            removed.append(path)
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.remove(path)
+            except OSError:
+                pass
+            if not os.path.lexists(path):
+                removed.append(path)
     return removed
 
 

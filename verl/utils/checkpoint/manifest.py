@@ -4,13 +4,18 @@ The trainer writes the manifest into the ``.tmp_global_step_<N>`` directory afte
 driver have written their files and before the rename publishes it; resume verifies it before loading
 anything. ``verify_step_dir`` returns the first problem as one line naming the file and the checkpoint
 (a truncated shard, a missing file, a changed checksum), or None when the checkpoint is intact.
-Checkpoints written before manifests existed get a structural check instead (driver state, actor
-metadata, model/optimizer DCP metadata, one extra-state file per saved rank).
+Checkpoints written before manifests existed (``data.pt`` version 1) get a structural check instead
+(driver state, actor metadata, model/optimizer DCP metadata, one extra-state file per saved rank) and
+one warning per process; a checkpoint written by a version that always writes a manifest (``data.pt``
+version >= 2) but has none is refused, since a deleted manifest would otherwise skip the integrity
+check. A manifest entry that points outside its checkpoint (``../../etc/hostname``, an absolute path,
+a symlink out) is refused without touching the file.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from typing import Optional
 
@@ -18,7 +23,12 @@ from verl.utils.checkpoint import layout
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
+# data.pt versions from which every save also wrote a manifest (version 1 predates manifests).
+MANIFEST_SINCE_DATA_VERSION = 2
 _CHUNK = 8 * 2**20
+
+logger = logging.getLogger(__name__)
+_warned_old = False
 
 
 def sha256_file(path: str) -> str:
@@ -93,6 +103,45 @@ def drop_from_manifest(step_dir: str, removed_dirs: list[str]) -> None:
     layout.write_file_atomic(os.path.join(step_dir, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
 
 
+def data_state_version(step_dir: str) -> Optional[int]:
+    """``version`` of the step's ``data.pt`` (safe load), or None when it is missing or unreadable."""
+    from verl.utils.checkpoint.safe_io import load_state
+
+    try:
+        state = load_state(os.path.join(step_dir, layout.DATA_FILE))
+        return int(state.get("version", 1)) if isinstance(state, dict) else None
+    except Exception:  # noqa: BLE001 - reported by the structural check or the loader, naming the file
+        return None
+
+
+def missing_manifest_problem(step_dir: str) -> Optional[str]:
+    """A refusal when ``step_dir`` has no manifest although its writer always wrote one."""
+    version = data_state_version(step_dir)
+    if version is not None and version >= MANIFEST_SINCE_DATA_VERSION:
+        return (f"{os.path.join(step_dir, MANIFEST_FILE)} is missing, but {layout.DATA_FILE} (version {version}) "
+                f"was written by a version that always writes one: its files cannot be verified (deleted "
+                f"manifest?); `python -m verl.utils.checkpoint.upgrade --rehash {step_dir}` re-creates it if you "
+                f"trust the files")
+    return None
+
+
+def _warn_old_once(step_dir: str) -> None:
+    global _warned_old
+    if not _warned_old:
+        _warned_old = True
+        logger.warning("%s has no %s (written before manifests): only its structure is checked; "
+                       "`python -m verl.utils.checkpoint.upgrade <run dir>` adds one", step_dir, MANIFEST_FILE)
+
+
+def entry_path(step_dir: str, rel: str) -> Optional[str]:
+    """The file a manifest entry names, or None when it lies outside ``step_dir`` (never stat'ed then)."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
+        return None
+    root = os.path.realpath(step_dir)
+    path = os.path.realpath(os.path.join(root, rel))
+    return path if path.startswith(root + os.sep) else None
+
+
 def _structure_problem(step_dir: str, need_model: bool, need_optim: bool) -> Optional[str]:
     """Checks of a checkpoint without a manifest (written before manifests existed)."""
     data = os.path.join(step_dir, layout.DATA_FILE)
@@ -127,7 +176,14 @@ def verify_step_dir(step_dir: str, checksums: bool = True, need_model: bool = Tr
     except ValueError as exc:
         return str(exc)
     if manifest is None:
-        return _structure_problem(step_dir, need_model, need_optim)
+        problem = _structure_problem(step_dir, need_model, need_optim) or missing_manifest_problem(step_dir)
+        if problem is None:
+            _warn_old_once(step_dir)
+        return problem
+    for rel in manifest["files"]:
+        if entry_path(step_dir, rel) is None:
+            return (f"{os.path.join(step_dir, MANIFEST_FILE)}: entry {rel!r} points outside the checkpoint "
+                    f"(refused, not read)")
     removed = manifest.get("removed", [])
     for sub, needed in ((layout.MODEL_DIR, need_model), (layout.OPTIM_DIR, need_optim)):
         rel = os.path.join(layout.ACTOR_DIR, sub)

@@ -62,7 +62,7 @@ class RewardManager:
         tokenizer: decodes ``responses`` (``decode(ids, skip_special_tokens=False)``).
         reward_impl_version: LUFFY's ``data.reward_impl_version`` (0-4, default 3).
         num_workers: scoring processes (0 = inline, no timeout).
-        timeout_s: per-item wall-clock limit in seconds (the pool's, enforced by killing the worker).
+        timeout_s: per-item CPU-time limit in seconds (the pool's, enforced by killing the worker).
         grade_budget_s: per-item time budget the graders enforce themselves (``GuardLimits.time_budget_s``).
         format_reward: ``FormatRewardConfig`` or mapping with its keys (None = off).
         orm: ``OrmConfig`` or mapping with its keys (None = off).
@@ -92,7 +92,7 @@ class RewardManager:
         """Build from the ``reward`` config group. Keys and defaults:
 
         num_workers (2): scoring processes; 0 grades inline without a timeout.
-        timeout_s (10.0): per-item wall-clock limit; a timed-out item scores 0.
+        timeout_s (10.0): per-item CPU-time limit of a scoring worker; a timed-out item scores 0.
         grade_budget_s (3.0): per-item budget enforced in-process by the graders (any thread).
         grader (math_verify): equivalence check of versions 3/4 (math_verify | rule | any);
             versions 0-2 always use the deepscaler rule grader.
@@ -133,6 +133,7 @@ class RewardManager:
     def _pool_metrics(stats: PoolStats, n: int) -> dict[str, float]:
         return {
             "reward/timeout_count": float(stats.timeout_count),
+            "reward/wall_timeout_count": float(stats.wall_timeout_count),
             "reward/parse_fail_count": float(stats.parse_fail_count),
             "reward/unparseable_count": float(stats.unparseable_count),
             "reward/error_count": float(stats.error_count),

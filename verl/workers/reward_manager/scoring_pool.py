@@ -1,11 +1,20 @@
-"""Persistent process pool that grades responses with a per-item wall-clock timeout enforced by us.
+"""Persistent process pool that grades responses with a per-item CPU-time timeout enforced by us.
 
 Math-verify and SymPy can run for hours on adversarial answers, and math-verify's own SIGALRM timeout
 fails off the main thread (threaded Ray actors, async code). So each worker process owns one pipe; the
 parent hands a short chunk of items to each idle worker, the worker answers item by item, and every
-answer restarts that worker's deadline for its next item. A worker that misses its deadline is killed
-(SIGKILL) and replaced; the item it was on scores 0 and counts as a timeout, the rest of its chunk is
-re-queued.
+answer restarts that worker's budget for its next item. The budget is the worker *process's CPU time*
+(``timeout_s``), so a loaded machine slows grading down without changing a verdict; a generous
+wall-clock backstop (``wall_backstop_s``) catches a worker that hangs without computing (a custom
+function blocked on I/O). A worker past either is killed (SIGKILL) and replaced; the item it was on
+scores 0 and counts as a timeout (a backstop kill also as ``wall_timeout_count``), the rest of its chunk
+is re-queued.
+
+Start-up: the pool waits for a starting worker as long as it makes progress (its CPU time grows), so a
+busy machine never ends a run. A worker that exits three times during start-up, or stalls (no CPU for
+``STARTUP_STALL_S``), or is still not ready after ``STARTUP_LIMIT_S``, is given up; when no worker is
+left the pool grades in the calling process (the built-in graders bound themselves in CPU time) and
+logs one warning saying why.
 
 Start method: ``forkserver`` by default. ``fork`` copies a parent that may hold other threads' locks
 (Ray's gRPC threads, tokenizer pools, vLLM), which can deadlock the child; ``spawn`` is safe but
@@ -17,7 +26,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import threading
@@ -25,8 +36,11 @@ import time
 from multiprocessing.connection import wait as wait_for_ready
 from typing import Any, Callable, Sequence
 
+from deepscaler.rewards.math_utils.deadline import default_backstop_s
 from deepscaler.rewards.reward_types import ScoreResult
 from deepscaler.rewards.selection import ScorerSpec
+
+logger = logging.getLogger(__name__)
 
 START_METHODS = ("forkserver", "spawn", "fork")
 # Most items sent to a worker in one message (each still has its own deadline).
@@ -35,6 +49,28 @@ PRELOAD_MODULES = ["deepscaler.rewards", "math_verify", "latex2sympy2_extended",
 
 # One item = (data_source, solution_str, ground_truth, extra_info).
 ScoreItem = tuple
+# A starting worker that gains no CPU time for this long is stuck (imports always compute).
+STARTUP_STALL_S = 120.0
+# Outer limit of one worker's start-up even while it computes (a warm-up that loops).
+STARTUP_LIMIT_S = 1800.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        import psutil
+
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
+    except Exception:  # noqa: BLE001 - gone, or no psutil: the caller falls back to wall time
+        return None
 
 
 @dataclasses.dataclass
@@ -42,6 +78,7 @@ class PoolStats:
     """Counters for one ``score`` call (the reward manager turns them into ``reward/*`` metrics)."""
 
     timeout_count: int = 0  # items killed at the pool's deadline plus items whose scorer hit its time budget
+    wall_timeout_count: int = 0  # of those, items stopped by a wall-clock backstop (pool kill or in-process)
     error_count: int = 0
     parse_fail_count: int = 0
     unparseable_count: int = 0  # items an input guard refused (also counted in parse_fail_count)
@@ -102,7 +139,8 @@ def _worker_main(conn, scorer) -> None:
             try:
                 result = scorer.score(*item)
                 reply = (task_id, True, (float(result.score), bool(result.correct), bool(result.parse_failed),
-                                         result.answer, bool(result.unparseable), bool(result.timed_out)))
+                                         result.answer, bool(result.unparseable), bool(result.timed_out),
+                                         bool(result.wall_timed_out)))
             except BaseException as exc:  # noqa: BLE001 - reported to the parent and counted as an error
                 reply = (task_id, False, f"{type(exc).__name__}: {str(exc)[:300]}")
             try:
@@ -119,9 +157,35 @@ class _Worker:
         self.process.start()
         child_conn.close()
         self.tasks: collections.deque[int] = collections.deque()  # sent, not yet answered, in order
-        self.deadline = 0.0
+        self.cpu_start = 0.0  # process CPU seconds when the current item's budget started
+        self.wall_deadline = 0.0
         self.ready = False
         self.started_at = time.monotonic()
+        self.last_cpu = 0.0  # start-up progress: CPU seconds seen last, and when they last grew
+        self.last_progress = self.started_at
+
+    def cpu_s(self) -> float | None:
+        return process_cpu_s(self.process.pid) if self.process.pid is not None else None
+
+    def start_item(self, backstop_s: float) -> None:
+        cpu = self.cpu_s()
+        self.cpu_start = cpu if cpu is not None else -1.0
+        self.item_started = time.monotonic()
+        self.wall_deadline = self.item_started + backstop_s
+
+    def cpu_left(self, timeout_s: float) -> float:
+        """CPU seconds left for the current item (wall time where the CPU clock is unreadable)."""
+        cpu = self.cpu_s()
+        if cpu is None or self.cpu_start < 0:
+            return timeout_s - (time.monotonic() - self.item_started)
+        return timeout_s - (cpu - self.cpu_start)
+
+    def startup_stalled(self, now: float) -> bool:
+        """Record start-up progress; True when the process gained no CPU time for ``STARTUP_STALL_S``."""
+        cpu = self.cpu_s()
+        if cpu is not None and cpu > self.last_cpu:
+            self.last_cpu, self.last_progress = cpu, now
+        return now - self.last_progress > STARTUP_STALL_S
 
     def kill(self) -> None:
         try:
@@ -148,18 +212,22 @@ class ScoringPool:
 
     Args:
         scorer: a ``ScorerSpec`` (built-in scorers) or a module-level ``compute_score`` function.
-        num_workers: worker processes; 0 grades inline in the calling process (no timeout; for
-            debugging and for the single-process baseline of the benchmark).
-        timeout_s: wall-clock limit per item, counted from the moment the worker can start it (its
-            chunk was sent, or the worker answered the previous item).
+        num_workers: worker processes; 0 grades inline in the calling process (no pool timeout: the
+            built-in graders bound themselves; for debugging and the benchmark's baseline).
+        timeout_s: CPU-time limit per item (the worker process's CPU seconds), counted from the moment
+            the worker can start it (its chunk was sent, or the worker answered the previous item).
         start_method: ``forkserver`` (default), ``spawn`` or ``fork`` (see the module docstring).
+        wall_backstop_s: wall-clock limit per item for a worker that hangs without computing (default
+            ``max(60, 20 x timeout_s)``: it must never fire on a busy machine).
 
     ``score`` may be called from any thread, one call at a time (a lock serialises calls). Workers warm
     up (imports, first parse) before they take items, so start-up time never counts against an item.
+    ``inline_reason`` is set (and one warning logged) when the workers could not start and the pool
+    grades in the calling process.
     """
 
     def __init__(self, scorer: ScorerSpec | Callable[..., float] | None = None, num_workers: int = 2,
-                 timeout_s: float = 10.0, start_method: str = "forkserver"):
+                 timeout_s: float = 10.0, start_method: str = "forkserver", wall_backstop_s: float | None = None):
         if num_workers < 0:
             raise ValueError(f"reward.num_workers must be >= 0, got {num_workers}")
         if not timeout_s > 0:
@@ -180,15 +248,25 @@ class ScoringPool:
         self._workers: list[_Worker] = []
         self._closed = False
         self._start_failures = 0
-        # Start-up includes imports and warm-up; under a loaded CPU that is seconds, never minutes.
-        self.startup_timeout_s = max(120.0, 10 * self.timeout_s)
+        self.wall_backstop_s = default_backstop_s(self.timeout_s) if wall_backstop_s is None else float(wall_backstop_s)
+        if not self.wall_backstop_s > 0:
+            raise ValueError(f"wall_backstop_s must be > 0, got {wall_backstop_s}")
+        self.inline_reason: str | None = None
         self._ctx = None
         if num_workers > 0:
             self._ctx = mp.get_context(start_method)
             if start_method == "forkserver":
                 # Only takes effect if this process has not started its fork server yet.
                 self._ctx.set_forkserver_preload(PRELOAD_MODULES)
-            self._workers = [_Worker(self._ctx, self.scorer) for _ in range(num_workers)]
+            try:
+                self._workers = [_Worker(self._ctx, self.scorer) for _ in range(num_workers)]
+            except (OSError, RuntimeError, EOFError) as exc:  # no process can be started here (limits, fork server)
+                for worker in self._workers:
+                    worker.kill()
+                self._workers = []
+                self.inline_reason = f"cannot start a worker process: {type(exc).__name__}: {exc}"
+                logger.warning("reward scoring workers could not start (%s): grading in the trainer's process",
+                               self.inline_reason)
 
     def __enter__(self):
         return self
@@ -203,7 +281,7 @@ class ScoringPool:
         with self._lock:
             start = time.perf_counter()
             stats = PoolStats()
-            if self.num_workers == 0:
+            if self.num_workers == 0 or self.inline_reason is not None:
                 results = [self._score_inline(item, stats) for item in items]
             else:
                 results = self._score_in_workers(list(items), stats)
@@ -211,6 +289,7 @@ class ScoringPool:
             stats.unparseable_count = sum(1 for r in results if r.unparseable)
             # Pool kills are counted where they happen; in-process budget hits come back in the results.
             stats.timeout_count += sum(1 for r in results if r.timed_out)
+            stats.wall_timeout_count += sum(1 for r in results if r.wall_timed_out)
             stats.score_time_s = time.perf_counter() - start
             return results, stats
 
@@ -222,9 +301,13 @@ class ScoringPool:
             stats.errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
             return ScoreResult(0.0, False)
 
-    def _replace(self, worker: _Worker) -> _Worker:
+    def _replace(self, worker: _Worker) -> _Worker | None:
         worker.kill()
-        fresh = _Worker(self._ctx, self.scorer)
+        try:
+            fresh = _Worker(self._ctx, self.scorer)
+        except (OSError, RuntimeError, EOFError) as exc:  # no new process (limits, fork server gone)
+            self._give_up(worker, f"cannot start a replacement worker: {type(exc).__name__}: {exc}")
+            return None
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
@@ -237,31 +320,56 @@ class ScoringPool:
         if task_id != READY or not ok:
             self._start_failures += 1
             if self._start_failures >= 3:
-                raise RuntimeError(f"reward scoring workers fail to start: {info}")
+                self._give_up(worker, f"start-up failed {self._start_failures} times in a row ({info})")
+                return
             stats.worker_restarts += 1
             self._replace(worker)
             return
         self._start_failures = 0
         worker.ready = True
 
-    def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Block until every worker has warmed up (optional; ``score`` waits for them by itself)."""
-        deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
+    def _give_up(self, worker: _Worker, reason: str) -> None:
+        """Drop a worker that cannot start; with none left, grade in this process from now on."""
+        worker.kill()
+        if worker in self._workers:
+            self._workers.remove(worker)
+        if self._workers or self.inline_reason is not None:
+            logger.warning("reward scoring worker dropped (%s); %d left", reason, len(self._workers))
+            return
+        self.inline_reason = reason
+        logger.warning("reward scoring workers could not start (%s): grading in the trainer's process from now "
+                       "on (the built-in graders bound each item in CPU time; no pool kill for a hung custom "
+                       "compute_score)", reason)
+
+    def _check_startup(self, now: float) -> None:
+        for worker in [w for w in self._workers if not w.ready]:
+            if worker.startup_stalled(now):
+                self._give_up(worker, f"no CPU progress in {STARTUP_STALL_S:.0f} s of start-up")
+            elif now - worker.started_at > STARTUP_LIMIT_S:
+                self._give_up(worker, f"not ready after {STARTUP_LIMIT_S:.0f} s of start-up")
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Block until every worker has warmed up or was given up (``score`` waits by itself); True when
+        the workers grade, False when the pool grades in-process (or ``timeout_s`` passed first)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         stats = PoolStats()
         while True:
+            self._check_startup(time.monotonic())
             starting = [w for w in self._workers if not w.ready]
             if not starting:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RuntimeError(f"{len(starting)} reward scoring worker(s) not ready after start-up timeout")
-            for conn in wait_for_ready([w.conn for w in starting], timeout=remaining):
-                self._handle_ready(next(w for w in starting if w.conn is conn), stats)
+                return self.inline_reason is None
+            wait_s = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait_s <= 0:
+                return False
+            for conn in wait_for_ready([w.conn for w in starting], timeout=wait_s):
+                worker = next((w for w in starting if w.conn is conn), None)
+                if worker is not None and worker in self._workers:
+                    self._handle_ready(worker, stats)
 
     def _chunk_size(self, pending: int) -> int:
         # Several items per message keep a worker busy while the parent waits for CPU on a loaded
         # machine; small chunks keep the end of a batch balanced across workers.
-        return max(1, min(MAX_CHUNK, pending // (2 * self.num_workers)))
+        return max(1, min(MAX_CHUNK, pending // (2 * max(1, len(self._workers)))))
 
     def _score_in_workers(self, items: list, stats: PoolStats) -> list[ScoreResult]:
         """Dispatch chunks to ready workers; each reply restarts the worker's deadline for its next item.
@@ -272,9 +380,12 @@ class ScoringPool:
         results: list[ScoreResult | None] = [None] * len(items)
         pending = collections.deque(range(len(items)))
         while pending or any(w.tasks for w in self._workers):
-            for worker in self._workers:
-                if not worker.ready and time.monotonic() - worker.started_at > self.startup_timeout_s:
-                    raise RuntimeError(f"reward scoring worker not ready after {self.startup_timeout_s:.0f} s")
+            self._check_startup(time.monotonic())
+            if self.inline_reason is not None:  # every worker was given up: grade the rest here
+                for task in pending:
+                    results[task] = self._score_inline(items[task], stats)
+                pending.clear()
+                break
             for worker in list(self._workers):
                 if worker.ready and not worker.tasks and pending:
                     chunk = [pending.popleft() for _ in range(min(len(pending), self._chunk_size(len(pending))))]
@@ -286,13 +397,15 @@ class ScoringPool:
                         self._replace(worker)
                         continue
                     worker.tasks.extend(chunk)
-                    worker.deadline = time.monotonic() + self.timeout_s
+                    worker.start_item(self.wall_backstop_s)
             busy = {w.conn: w for w in self._workers if w.tasks}
             starting = {w.conn: w for w in self._workers if not w.ready}
             if not busy and not starting:
                 continue
-            deadlines = [w.deadline for w in busy.values()] + [time.monotonic() + 1.0]
-            wait_s = max(0.0, min(deadlines) - time.monotonic())
+            # A process gains at most one CPU second per wall second: no budget can run out sooner.
+            now = time.monotonic()
+            waits = [1.0] + [min(w.cpu_left(self.timeout_s), w.wall_deadline - now) for w in busy.values()]
+            wait_s = max(0.005, min(waits))
             for conn in wait_for_ready(list(busy) + list(starting), timeout=wait_s):
                 if conn in starting:
                     self._handle_ready(starting[conn], stats)
@@ -305,7 +418,7 @@ class ScoringPool:
                         task = worker.tasks.popleft()
                         if task_id != task:
                             raise RuntimeError(f"scoring worker answered item {task_id} while {task} was next")
-                        worker.deadline = time.monotonic() + self.timeout_s
+                        worker.start_item(self.wall_backstop_s)
                         if ok:
                             results[task] = ScoreResult(*payload)
                         else:
@@ -326,11 +439,15 @@ class ScoringPool:
                     self._replace(worker)
             now = time.monotonic()
             for worker in list(self._workers):
-                if worker.tasks and worker.deadline <= now:
+                if not worker.tasks:
+                    continue
+                wall_hit = worker.wall_deadline <= now
+                if wall_hit or worker.cpu_left(self.timeout_s) <= 0:
                     results[worker.tasks.popleft()] = ScoreResult(0.0, False)  # timed_out stays False: counted here
                     pending.extendleft(reversed(worker.tasks))
                     worker.tasks.clear()
                     stats.timeout_count += 1
+                    stats.wall_timeout_count += int(wall_hit)
                     stats.worker_restarts += 1
                     self._replace(worker)
         return results  # type: ignore[return-value]

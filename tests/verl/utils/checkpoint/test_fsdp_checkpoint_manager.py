@@ -234,3 +234,94 @@ def test_manager_retention_drops_shards_of_its_older_saves(tmp_path):
         mgr.save_checkpoint(str(tmp_path / f"s{step}"), global_step=step, max_ckpt_to_keep=2)
     assert [layout.has_sharded_model(str(tmp_path / f"s{s}")) for s in (1, 2, 3)] == [False, True, True]
     assert (tmp_path / "s1" / layout.extra_state_file(1, 0)).exists()
+
+
+def _one_rank_refuses(rank, world_size, port, model_dir, root):
+    """G1: rank 0's extra-state file holds a planted pickle, rank 1's is fine. Both ranks must get the same
+    error within seconds (no rank left in a barrier), and the next load (a good checkpoint) must work."""
+    import datetime
+    import time as _time
+
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from verl.utils.checkpoint import FSDPCheckpointManager
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import CheckpointLoadError
+
+    mesh = _init_group(rank, world_size)
+    model, optim, sched = build_sharded_actor(model_dir, mesh, seed=0)
+    train_step(model, optim, sched, rank, world_size, 0)
+    counter = Counter()
+    counter.value = 5 + rank
+    mgr = FSDPCheckpointManager(model, optim, sched, extra_states={"counter": counter})
+    for name in ("good", "bad"):
+        mgr.save_checkpoint(os.path.join(root, name), global_step=1)
+    if rank == 0:
+        torch.save({"rng": datetime.date(2020, 1, 1)}, os.path.join(root, "bad", layout.extra_state_file(2, 0)))
+    dist.barrier()
+    fresh, fresh_optim, fresh_sched = build_sharded_actor(model_dir, mesh, seed=1)
+    fresh_counter = Counter()
+    fresh_mgr = FSDPCheckpointManager(fresh, fresh_optim, fresh_sched, extra_states={"counter": fresh_counter})
+    start = _time.monotonic()
+    try:
+        fresh_mgr.load_checkpoint(os.path.join(root, "bad"))
+        refused = None
+    except CheckpointLoadError as exc:
+        refused = str(exc)
+    refused_s = _time.monotonic() - start
+    fresh_mgr.load_checkpoint(os.path.join(root, "good"))  # the next attempt: no deadlock against a waiting rank
+    # G2: the same checkpoint into a model with one layer fewer is refused naming both.
+    config = AutoConfig.from_pretrained(model_dir)
+    config.num_hidden_layers -= 1
+    smaller = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in smaller.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(smaller, mesh=mesh)
+    small_optim = torch.optim.AdamW(smaller.parameters())
+    try:
+        FSDPCheckpointManager(smaller, small_optim, contents=("model", "optimizer")).load_checkpoint(
+            os.path.join(root, "good"))
+        mismatch = None
+    except CheckpointLoadError as exc:
+        mismatch = str(exc)
+    dist.destroy_process_group()
+    return {"refused": refused, "refused_s": refused_s, "counter": fresh_counter.value, "mismatch": mismatch}
+
+
+@pytest.mark.slow  # forks gloo ranks that import torch + transformers
+def test_a_file_refused_on_one_rank_fails_every_rank_at_once_and_the_next_load_works(tiny_model_dir, tmp_path):
+    results = run_gloo_ranks(_one_rank_refuses, 2, tiny_model_dir, str(tmp_path), timeout_s=600)
+    for rank, r in enumerate(results):
+        assert r["refused"] is not None and "rank 0:" in r["refused"], r
+        assert layout.extra_state_file(2, 0) in r["refused"] and "datetime" in r["refused"]
+        assert r["refused_s"] < 60  # seconds, not a hang (generous for a loaded machine)
+        assert r["counter"] == 5 + rank  # the good checkpoint loaded afterwards
+        assert r["mismatch"] is not None and "2 layers" in r["mismatch"] and "1 layer," in r["mismatch"], r
+        assert str(tmp_path / "good") in r["mismatch"]
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line_naming_both(tmp_path):
+    from verl.utils.checkpoint import FSDPCheckpointManager
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import check_model_matches
+
+    class Tiny(torch.nn.Module):
+        def __init__(self, layers, hidden, vocab=11):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(vocab, hidden)
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(layers))
+
+    saved = Tiny(2, 4)
+    FSDPCheckpointManager(saved, contents=("model",)).save_checkpoint(str(tmp_path / "actor"), global_step=1)
+    for other, expected in ((Tiny(1, 4), "2 checkpoint tensor(s) the model lacks, e.g. layers.1.bias"),
+                            (Tiny(2, 8), "embed_tokens.weight is [11, 4] in the checkpoint, [11, 8] in the model"),
+                            (Tiny(2, 4, vocab=13), "embed_tokens.weight is [11, 4] in the checkpoint, [13, 4]")):
+        with pytest.raises(ValueError) as err:
+            FSDPCheckpointManager(other, contents=("model",)).load_checkpoint(str(tmp_path / "actor"))
+        line = str(err.value)
+        assert "\n" not in line and expected in line and str(tmp_path / "actor") in line and "Tiny" in line, line
+    assert "(2 layers, hidden 4, vocab 11, 5 tensors) does not match the model m (1 layer, hidden 4" in str(
+        pytest.raises(ValueError, check_model_matches, {k: tuple(v.shape) for k, v in saved.state_dict().items()},
+                      {k: tuple(v.shape) for k, v in Tiny(1, 4).state_dict().items()}, "ck", "m").value)
+    FSDPCheckpointManager(Tiny(2, 4), contents=("model",)).load_checkpoint(str(tmp_path / "actor"))  # same shape: loads

@@ -20,8 +20,12 @@ def raises_value_error(data_source, solution_str, ground_truth, extra_info=None)
 
 
 def hangs_on_marker_rows(data_source, solution_str, ground_truth, extra_info=None):
-    """A user's reward function that never returns on one row: only the pool's kill can end it."""
+    """A user's reward function that never returns on one row: only the pool's kill can end it.
+    ``hang`` computes forever (the CPU-time limit ends it), ``sleep`` waits forever (the wall backstop)."""
     if solution_str == "hang":
+        while True:
+            sum(range(10_000))
+    if solution_str == "sleep":
         while True:
             time.sleep(1)
     return 1.0
@@ -63,12 +67,20 @@ def test_hung_item_scores_zero_within_the_timeout_and_the_worker_is_replaced():
         results, stats = pool.score(items)
         elapsed = time.monotonic() - start
         assert [r.score for r in results] == [1.0] * 12 + [0.0] + [1.0] * 12
-        assert stats.timeout_count == 1 and stats.worker_restarts == 1
+        assert stats.timeout_count == 1 and stats.worker_restarts == 1 and stats.wall_timeout_count == 0
         assert elapsed < 3.0 + 60.0  # the timeout plus a generous allowance for a loaded CI machine
         assert len(set(pool.worker_pids()) - pids_before) == 1
         # The replacement worker grades normally.
         results, _ = pool.score([ok, ok])
         assert [r.score for r in results] == [1.0, 1.0]
+
+
+def test_a_worker_waiting_without_computing_is_ended_by_the_wall_backstop():
+    with ScoringPool(hangs_on_marker_rows, num_workers=1, timeout_s=3.0, wall_backstop_s=2.0) as pool:
+        items = [("math", "fine", "1", None), ("math", "sleep", "1", None), ("math", "fine", "1", None)]
+        results, stats = pool.score(items)
+    assert [r.score for r in results] == [1.0, 0.0, 1.0]
+    assert (stats.timeout_count, stats.wall_timeout_count, stats.worker_restarts) == (1, 1, 1)
 
 
 def test_in_process_budget_hits_are_counted_as_timeouts():
