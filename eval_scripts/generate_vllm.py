@@ -192,9 +192,9 @@ def run(args) -> Optional[dict]:
     """Generate (or reuse), grade, write outputs; returns the JSON summary (None with --skip_scoring)."""
     if args.add_oat_evaluate:  # LUFFY's rule: OAT's boxed grader, whole text when </think> is missing
         args.grader = "oat_any" if args.any_true else "oat"
-    elif args.any_true:
-        raise ValueError("--any_true only acts with --add_oat_evaluate (as in LUFFY); for math-verify OR the rule "
-                         "grader after </think> use --grader both")
+    elif args.any_true:  # a usage error: argparse's one error line and exit 2
+        build_parser().error("--any_true only acts with --add_oat_evaluate (as in LUFFY); for math-verify OR the rule "
+                             "grader after </think> use --grader both")
     rows = select_rows(read_eval_table(args.input_file), args.max_rows, args.max_rows_per_source)
     if not rows:
         raise DataFormatError(args.input_file, "no rows to evaluate")

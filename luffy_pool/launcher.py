@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 
 # Env every worker process gets (CPU_STACK.md: thread collapse on 2 cores; Ray token auth).
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
-              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN"}
+              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
+              # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
+              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def resolve_driver_device(config) -> str:

@@ -186,10 +186,11 @@ def test_add_oat_evaluate_is_luffys_rule_and_both_the_stricter_one(tmp_path, fla
         assert graded[7]["grade_status"] == "whole_text"
 
 
-def test_any_true_without_add_oat_evaluate_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="--any_true only acts with --add_oat_evaluate"):
+def test_any_true_without_add_oat_evaluate_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:  # argparse's usage error: one error line, exit 2
         generate_vllm.run(build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file",
                                                      str(tmp_path / "o.jsonl"), "--any_true", "True"]))
+    assert info.value.code == 2 and "--any_true only acts with --add_oat_evaluate" in capsys.readouterr().err
 
 
 def _fake_checkpoint(root):

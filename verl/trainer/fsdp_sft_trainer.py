@@ -197,7 +197,9 @@ class FSDPSFTTrainer:
             tracker = Tracking(cfg.project_name, cfg.experiment_name, list(cfg.logger),
                                config=OmegaConf.to_container(self.config, resolve=True), log_dir=self.out_dir,
                                console_all=True)
-        bar = tqdm(total=self.total_steps, desc="SFT", disable=self.rank != 0 or not cfg.progress_bar,
+        # disable=None hides the bar when stderr is not a terminal: in a log file every refresh of a bar joins one
+        # ever-growing line (the quickstart's log had a 77 KB one); the tracker's per-step lines stay.
+        bar = tqdm(total=self.total_steps, desc="SFT", disable=True if self.rank != 0 or not cfg.progress_bar else None,
                    dynamic_ncols=True, file=sys.stderr)
         metrics: dict = {}
         try:
@@ -282,8 +284,15 @@ def _hydra_entry():
         except ConfigError as exc:
             _exit_with_config_error(exc)
         is_rank0 = int(os.environ.get("RANK", "0")) == 0
-        if is_rank0:
-            print(OmegaConf.to_yaml(prepared), flush=True)
+        if is_rank0:  # the resolved config goes to a file; the console gets its path (issue 25)
+            path = os.path.join(os.path.abspath(str(prepared.trainer.default_local_dir)), "resolved_config.yaml")
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(OmegaConf.to_yaml(prepared))
+                print(f"SFT resolved config: {path}", flush=True)
+            except OSError:
+                print(OmegaConf.to_yaml(prepared), flush=True)
         result = run_sft(prepared)
         if is_rank0:
             print(f"SFT done: final model at {result['final_model_dir']}", flush=True)
