@@ -233,7 +233,9 @@ class OffPolicyPool:
     ``extra_info.index``) and ``<trace_key>`` (text); optional ``<token_ids_key>`` (list[int], used
     instead of tokenizing the text) and ``<logprobs_key>`` (behaviour log-prob per trace token, + an
     optional last one for EOS). Traces whose prompt id is not a training prompt are counted in
-    ``unmatched_trace_count`` and logged.
+    ``unmatched_trace_count`` and logged. Every row is checked at load (one line naming file, row and column):
+    token ids flat, integer, in ``[0, len(tokenizer))``; log-probs finite and <= 0 (a null cell = unknown, a null
+    or NaN inside the list is refused).
 
     Prefix slots (ratio > 0) of a prompt take its candidates round-robin. ``selection='target_first'``
     orders them [dataset target, extras in a seeded shuffle]; ``'shuffle'`` shuffles all of them. The
