@@ -215,9 +215,12 @@ def check_cluster_capacity(config, use_gpu: bool, started_locally: bool) -> None
 
     t = TrainerSection.from_config(config)
     resources = ray.cluster_resources()
-    alive = [n for n in ray.nodes() if n.get("Alive")]
+    try:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # noqa: BLE001 - the node count only words the message; the totals decide
+        alive = []
     # A local instance is started with num_cpus >= the world size, so its CPU count says nothing: use the cores.
     cores = float(os.cpu_count() or 1) if started_locally else resources.get("CPU", 0.0)
-    problem = cluster_capacity_problem(int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive), cores)
+    problem = cluster_capacity_problem(int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive) or 1, cores)
     if problem:
         raise PreflightError([problem])
