@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
               # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
-              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+              "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+              # vLLM's ~25 INFO lines per engine start-up (args, layout, KV size); its warnings stay.
+              "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 def resolve_driver_device(config) -> str:

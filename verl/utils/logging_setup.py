@@ -16,6 +16,16 @@ import warnings
 NOISY_RECORDS = (
     ("vllm.v1.core.block_pool", r"reset prefix cache"),
     ("vllm", r"reset(ting)? prefix cache"),
+    # vLLM's CPU build at every engine start-up, per worker (issue 25: ~50 start-up lines on the quickstart's
+    # console); each names a setting this project chose on purpose (eager mode, in-process engine) or a GPU-only
+    # library that a CPU machine cannot have. Start-up INFO lines are off by VLLM_LOGGING_LEVEL (launcher).
+    ("vllm", r"global random seed is set to"),
+    ("vllm", r"Enforce eager set, disabling torch\.compile"),
+    ("vllm", r"Inductor compilation was disabled by user settings"),
+    ("vllm", r"Triton is not installed|requires Triton"),
+    ("vllm", r"Reset SSM cache type"),
+    ("vllm", r"is not found in LD_PRELOAD"),
+    ("vllm", r"doesn't allow to use `torch\.set_num_threads`"),
 )
 # (category, message regex): Python warnings that third-party code raises on every call.
 NOISY_WARNINGS = (

@@ -43,3 +43,19 @@ def test_only_the_named_deprecation_warnings_are_silenced():
         warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ReduceOp", FutureWarning)
         warnings.warn("something of ours is deprecated", FutureWarning)
     assert [str(w.message) for w in caught] == ["something of ours is deprecated"]
+
+
+def test_vllm_cpu_start_up_warnings_are_dropped_and_real_warnings_kept():
+    parent = logging.getLogger("vllm")
+    handler = _Collect()
+    parent.addHandler(handler)
+    try:
+        setup_logging()
+        log = logging.getLogger("vllm.v1.worker.cpu_worker")
+        log.warning("libtcmalloc is not found in LD_PRELOAD. For best performance, please follow ...")
+        log.warning("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
+        logging.getLogger("vllm.config.vllm").warning("Enforce eager set, disabling torch.compile, CUDAGraphs")
+        log.warning("KV cache is almost full")
+    finally:
+        parent.removeHandler(handler)
+    assert handler.lines == ["KV cache is almost full"]
