@@ -690,3 +690,21 @@ def _(ctx: Context) -> Outcome:
     except (ValueError, IndexError):
         return Outcome("weak", f"exit {proc.returncode}: {proc.stderr.strip()[-100:]}")
     return Outcome("good", str(verdicts)) if all(verdicts) else Outcome("bad", f"verdicts {verdicts} (load-dependent)")
+
+
+@case("prepare_train_bad_val_fraction", "extra", "data/prepare_train.py --val_fraction 2 (exit 2 as data/README says)")
+def _(ctx: Context) -> Outcome:
+    from data.prepare_train import main
+
+    return expect_cli_refusal(main, ["--source", "synthetic", "--output", os.path.join(ctx.tmp("o"), "o.parquet"),
+                                     "--n_rows", "4", "--val_fraction", "2"], "--val_fraction")
+
+
+@case("prepare_sft_rl_bad_fraction", "extra", "data/prepare_train_sft_rl.py --sft_fraction 2")
+def _(ctx: Context) -> Outcome:
+    from data.prepare_train_sft_rl import main
+
+    out = ctx.tmp("o")
+    return expect_cli_refusal(main, ["--input", os.path.join(ctx.task_dir, "train.parquet"), "--sft_output",
+                                     os.path.join(out, "s.parquet"), "--rl_output", os.path.join(out, "r.parquet"),
+                                     "--sft_fraction", "2"], "--sft_fraction")

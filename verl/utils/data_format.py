@@ -352,11 +352,17 @@ def sibling_path(path: str, tag: str) -> str:
 
 
 def run_cli(main_fn, argv: Optional[Sequence[str]] = None) -> int:
-    """Run a script's main; a DataFormatError becomes one ``error: ...`` line on stderr and exit code 2."""
+    """Run a script's main; a DataFormatError (or a ``SystemExit("error: ...")``) becomes its ``error: ...`` line on
+    stderr and exit code 2."""
     try:
         main_fn(argv)
     except DataFormatError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):  # argparse's own exits (2), sys.exit(n)
+            raise
+        print(exc.code, file=sys.stderr)  # the scripts' `SystemExit("error: ...")`: bad input, exit 2 like the rest
         return 2
     return 0
 

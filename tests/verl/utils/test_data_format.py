@@ -147,3 +147,15 @@ def test_non_utf8_jsonl_names_file_and_line(tmp_path):
     path.write_bytes(b'{"a": 1}\n{"a": "\xff"}\n')
     with pytest.raises(DataFormatError, match=r"in\.jsonl: line 2, row 1: not valid UTF-8 \(byte 0xff"):
         read_records(str(path))
+
+
+def test_run_cli_gives_exit_2_for_a_scripts_error_message(capsys):
+    from verl.utils.data_format import run_cli
+
+    def main(argv):
+        raise SystemExit("error: --val_fraction must be in [0, 1), got 2.0")
+
+    assert run_cli(main, []) == 2
+    assert capsys.readouterr().err.strip() == "error: --val_fraction must be in [0, 1), got 2.0"
+    with pytest.raises(SystemExit):  # argparse's own exit passes through
+        run_cli(lambda argv: argparse.ArgumentParser().parse_args(["--nope"]), [])
