@@ -198,9 +198,11 @@ class FSDPSFTTrainer:
                                config=OmegaConf.to_container(self.config, resolve=True), log_dir=self.out_dir,
                                console_all=True)
         # disable=None hides the bar when stderr is not a terminal: in a log file every refresh of a bar joins one
-        # ever-growing line (the quickstart's log had a 77 KB one); the tracker's per-step lines stay.
-        bar = tqdm(total=self.total_steps, desc="SFT", disable=True if self.rank != 0 or not cfg.progress_bar else None,
-                   dynamic_ncols=True, file=sys.stderr)
+        # ever-growing line (the quickstart's log had a 77 KB one). There, ~10 plain progress lines stand in for it.
+        show = self.rank == 0 and bool(cfg.progress_bar)
+        bar = tqdm(total=self.total_steps, desc="SFT", disable=None if show else True, dynamic_ncols=True,
+                   file=sys.stderr)
+        line_every = max(1, self.total_steps // 10) if show and bar.disable else 0
         metrics: dict = {}
         try:
             for step, (epoch, rows) in enumerate(self._global_batches(), start=1):
@@ -218,6 +220,9 @@ class FSDPSFTTrainer:
                         tracker.log(metrics, step=step)
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
                 bar.update(1)
+                if line_every and (step % line_every == 0 or last):
+                    print(f"SFT step {step}/{self.total_steps}: loss {metrics['train/loss']:.4f}", file=sys.stderr,
+                          flush=True)
         finally:
             bar.close()
             if tracker is not None:
