@@ -98,3 +98,18 @@ def test_data_and_context_problems_exit_2_with_one_line_before_ray(case, tiny_mo
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Config error: ")]
     assert len(errors) == 1 and errors[0].startswith(expected), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_resolved_config_goes_to_a_file_not_the_console(compose_config, tmp_path):
+    import yaml
+
+    from luffy_pool.main_mix_ppo import write_resolved_config
+
+    cfg = compose_config(PATHS + [f"trainer.default_local_dir={tmp_path / 'run'}"], "tiny_cpu_luffy")
+    path = write_resolved_config(cfg)
+    assert path == str(tmp_path / "run" / "resolved_config.yaml")
+    assert yaml.safe_load(open(path))["trainer"]["default_local_dir"] == str(tmp_path / "run")
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    cfg = compose_config(PATHS + [f"trainer.default_local_dir={blocked}/run"], "tiny_cpu_luffy")
+    assert write_resolved_config(cfg) is None  # pre-flight names the folder; the run prints the YAML instead
