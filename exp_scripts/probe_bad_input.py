@@ -1,6 +1,7 @@
 """Probe of bad input, faults and the new user's path: each case is judged by what the user sees.
 
-``python exp_scripts/probe_bad_input.py`` runs every case of ``exp_scripts/probe_bad_input_cases.py`` (70+,
+``python exp_scripts/probe_bad_input.py`` runs every case of ``exp_scripts/probe_bad_input_cases.py`` and
+``probe_bad_input_faults.py`` (89,
 covering review 2026-12b part G: G1-G15, "Weak", "New user", "Load") and prints a table and the totals:
 
 - good: refused (or handled) with one line naming the key / file / row, exit code 2 for a CLI;
