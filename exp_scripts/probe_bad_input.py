@@ -1,8 +1,8 @@
 """Probe of bad input, faults and the new user's path: each case is judged by what the user sees.
 
 ``python exp_scripts/probe_bad_input.py`` runs every case of ``exp_scripts/probe_bad_input_cases.py`` and
-``probe_bad_input_faults.py`` (89,
-covering review 2026-12b part G: G1-G15, "Weak", "New user", "Load") and prints a table and the totals:
+``probe_bad_input_faults.py`` (89, covering review 2026-12b part G: G3-G15, "Weak", "New user", "Load"; G1/G2
+need a multi-rank resume and are left to tests/luffy_pool/test_resume_e2e.py) and prints a table and the totals:
 
 - good: refused (or handled) with one line naming the key / file / row, exit code 2 for a CLI;
 - weak: refused, but late, with a traceback, a generic exception or a message that does not name the culprit;
