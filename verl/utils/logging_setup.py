@@ -53,11 +53,20 @@ def _attach(target, pattern: str) -> None:
 
 
 def setup_logging() -> None:
-    """Install the filters (logger filters for records of that logger, handler filters for its children)."""
+    """Install the filters (logger filters for records of that logger, handler filters for its children).
+
+    vLLM replaces its handlers when an engine configures logging (``dictConfig``), which drops handler filters,
+    so every logger already created under a named one gets the logger filter too; call this again after
+    importing more of a library (the vLLM rollout does, after importing its CPU worker).
+    """
+    existing = list(logging.Logger.manager.loggerDict)
     for name, pattern in NOISY_RECORDS:
         logger = logging.getLogger(name)
         _attach(logger, pattern)
         for handler in logger.handlers:
             _attach(handler, pattern)
+        for child in existing:
+            if child.startswith(name + ".") and isinstance(logging.Logger.manager.loggerDict[child], logging.Logger):
+                _attach(logging.getLogger(child), pattern)
     for category, pattern in NOISY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category)
