@@ -58,11 +58,21 @@ def convert(path: str, output: str, keep: str = "correct", max_per_prompt: Optio
 
     rows, seen = [], collections.defaultdict(set)
     stats = collections.Counter()
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            sample = json.loads(line)
+    if not os.path.exists(path):
+        raise DataFormatError(path, "file not found")
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:  # bad bytes or JSON: one line naming file and line (exit 2), as the README says
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                sample = json.loads(line)
+            except UnicodeDecodeError as err:
+                raise DataFormatError(path, f"not valid UTF-8 (byte {raw[err.start]:#04x})", line=line_no) from None
+            except json.JSONDecodeError as err:
+                raise DataFormatError(path, f"invalid JSON at character {err.colno}: {err.msg}", line=line_no) from None
+            if not isinstance(sample, dict):
+                raise DataFormatError(path, f"expected a JSON object, got {type(sample).__name__}", line=line_no)
             stats["read"] += 1
             if keep == "correct":
                 if "correct" not in sample:

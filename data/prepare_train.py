@@ -331,7 +331,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     summary.written = len(train) + len(val)
     for line in summary.lines():
         print(line)
-    print(", ".join(f"{name}: {path} ({n} rows)" for (name, path), n in zip(written.items(), (len(train), len(val)))))
+    names = {"train": args.split}  # the main output is labelled by its --split (e.g. "test:")
+    print(", ".join(f"{names.get(name, name)}: {path} ({n} rows)"
+                    for (name, path), n in zip(written.items(), (len(train), len(val)))))
     if args.val_dir:
         from data.luffy_source import copy_validation_files
 

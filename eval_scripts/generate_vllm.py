@@ -81,8 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_model_len", type=int, default=None, help="engine context (default: the model's)")
     ap.add_argument("--kv_cache_gb", type=float, default=None, help="KV cache GiB (CPU default 0.25)")
     ap.add_argument("--hf_batch_size", type=int, default=16, help="prompts per HF generate call")
-    ap.add_argument("--overlong_prompts", choices=("error", "skip"), default="error",
-                    help="a prompt longer than the context: stop with an error, or grade it wrong and count it")
+    ap.add_argument("--overlong_prompts", choices=("error", "skip"), default="skip",
+                    help="a prompt longer than the context: grade it wrong and count it (skip), or stop (error)")
+    add_bool_arg(ap, "--export_checkpoint", default=False,
+                 help="--model_path may be a training checkpoint (run root, global_step_N or its actor/): export it "
+                      "to <checkpoint>_hf with verl.model_merger first (without this, the exact command is printed)")
     ap.add_argument("--seed", type=int, default=0)
     add_bool_arg(ap, "--logprobs", default=False,
                  help="also write each sample's generated token ids and their behaviour log-probs (the sampling "
@@ -118,6 +121,47 @@ def _write_jsonl(records: Sequence[dict], path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+def _is_hf_folder(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+def checkpoint_export_dir(model_path: str) -> str:
+    """Where ``--export_checkpoint`` (and the printed merger command) puts a checkpoint's HF folder."""
+    return os.path.abspath(model_path).rstrip(os.sep) + "_hf"
+
+
+def resolve_model_path(model_path: str, export: bool) -> str:
+    """An HF model folder for ``model_path``: itself, or the export of a training checkpoint (issue 25, G14).
+
+    A training checkpoint (sharded DCP weights, no top-level config.json) cannot be loaded by vLLM or
+    transformers; without ``export`` this is one error line with the exact ``verl.model_merger`` command.
+    """
+    if not os.path.isdir(model_path):
+        raise DataFormatError(model_path, "model folder not found")
+    if _is_hf_folder(model_path):
+        return model_path
+    from verl.utils.checkpoint import layout
+
+    try:
+        actor_dir = layout.resolve_actor_dir(model_path)
+    except FileNotFoundError:
+        raise DataFormatError(model_path, "not a model folder (no config.json) and not a training checkpoint") from None
+    if not layout.has_sharded_model(actor_dir):
+        raise DataFormatError(model_path, f"training checkpoint without sharded weights ({actor_dir}/model/)")
+    out = checkpoint_export_dir(model_path)
+    command = f"python -m verl.model_merger --ckpt {model_path} --out {out}"
+    if _is_hf_folder(out):
+        print(f"using {out}, the export of training checkpoint {model_path}")
+        return out
+    if not export:
+        raise DataFormatError(model_path, f"a training checkpoint, not a HF model folder; export it first: {command} "
+                                          f"(then --model_path {out}), or pass --export_checkpoint True")
+    from verl.model_merger import merge_checkpoint
+
+    print(f"exporting training checkpoint {model_path} -> {out} ({command})")
+    return merge_checkpoint(model_path, out)
 
 
 def generate_samples(args, rows: list[dict]) -> list[dict]:
@@ -167,6 +211,12 @@ def run(args) -> Optional[dict]:
     rows = select_rows(read_eval_table(args.input_file), args.max_rows, args.max_rows_per_source)
     if not rows:
         raise DataFormatError(args.input_file, "no rows to evaluate")
+    if args.force_generate or not os.path.exists(decoded_path(args.output_file)):
+        args.model_path = resolve_model_path(args.model_path, args.export_checkpoint)
+    if args.remove_system and args.system_prompt is None and any(
+            m.get("role") == "system" for r in rows for m in r["prompt"][:1]):
+        print("note: dropping the input's system turn (--remove_system True, LUFFY's eval); a model trained with "
+              "it (e.g. the quickstart's) needs --remove_system False")
     print(f"{len(rows)} rows x n={args.n}: temperature {args.temperature}, top_p {args.top_p}, "
           f"max_tokens {args.max_tokens}, template {args.template}, remove_system {args.remove_system}")
     dec_path = decoded_path(args.output_file)
@@ -192,6 +242,10 @@ def run(args) -> Optional[dict]:
     summary = summarize(samples)
     for line in report_lines(summary):
         print(line)
+    skipped = sum(s["finish_reason"] == "prompt_too_long" for s in samples)
+    if skipped:
+        print(f"skipped {skipped} sample(s) whose prompt does not fit the model context (graded wrong; "
+              "--overlong_prompts error stops instead, --max_model_len raises the context)")
     finish = collections.Counter(s["finish_reason"] for s in samples)
     # Limit hits are always listed, 0 included, so a summary without them means none happened.
     statuses = collections.Counter({"timeout": 0, "unparseable": 0})

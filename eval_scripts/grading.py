@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from deepscaler.rewards import grade_solution
 from deepscaler.rewards.math_utils.input_guard import active_limits
+from verl.utils.dataset.value_checks import ground_truth_problem
 
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "</think>"
@@ -45,7 +46,7 @@ DEFAULT_TIMEOUT_S = 10.0  # LUFFY's math-verify SIGALRM limit
 @dataclasses.dataclass(frozen=True)
 class GradeResult:
     correct: bool
-    status: str  # ok | no_answer | no_think_close | unparseable | timeout | error
+    status: str  # ok | no_answer | no_think_close | unparseable | timeout | error | bad_ground_truth
     answer: Optional[str] = None
 
 
@@ -133,6 +134,10 @@ def _with_timeout(fn: Callable, timeout_s: Optional[float]):
 def grade_text(text: str, ground_truth, grader: str, split_think: bool,
                timeout_s: Optional[float] = DEFAULT_TIMEOUT_S) -> GradeResult:
     """Grade one response (or trace) against its ground truth."""
+    if ground_truth_problem(ground_truth) is not None:
+        # Every grader, OAT included: a NaN/inf/empty/dict reference is broken data; ``\boxed{nan}`` must not
+        # match ``nan``. Guarded here, at the one call site, so the graders' internals stay untouched.
+        return GradeResult(False, "bad_ground_truth")
     if grader in OAT_GRADERS:
         return _grade_oat(text, ground_truth, grader, split_think, timeout_s)
     region = answer_region(text, split_think)

@@ -26,6 +26,8 @@ fi
 # token auth or usage stats, vLLM's engine in-process.
 export OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
 export TOKENIZERS_PARALLELISM=false
+# Progress bars only on a terminal: in a captured log each refresh joins one ever-growing line.
+[ -t 2 ] || export HF_HUB_DISABLE_PROGRESS_BARS=1
 
 if [ ! -f "$OUT/model/config.json" ] || [ ! -f "$OUT/data/train.parquet" ] || [ ! -f "$OUT/data/test.parquet" ] \
     || [ ! -f "$OUT/data/warm.parquet" ]; then

@@ -7,6 +7,7 @@ starts. Every problem is one line that names the key. The schema is luffy_pool/c
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any, Iterator, Optional
 
@@ -131,6 +132,10 @@ MINUS_ONE_OR_POSITIVE = (
     f"{_A}.off_policy_max_clip", f"{_A}.off_policy_min_clip", f"{_A}.all_max_clip", f"{_A}.adaptive_temperature_clip",
     f"{_A}.fsdp_config.fsdp_size", "trainer.save_freq", "trainer.test_freq",
 )
+
+
+# No model has this many positions; the model-specific limit is checked at pre-flight (check_model_context).
+MAX_RESPONSE_LENGTH = 1 << 20
 
 
 class ConfigError(config_schema.SchemaConfigError):
@@ -270,6 +275,13 @@ class _Checker:
             if value is not None and not ok(value):
                 self.fail(f"'{key}'={value!r} {what}")
 
+    def finite_numbers(self) -> None:
+        """No number of the config may be NaN or infinite (issue 25: ``rollout.temperature=inf`` passed the
+        range check and failed 71 s later in three vLLM workers)."""
+        for key, value in self.values.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                self.fail(f"'{key}'={value!r} must be a finite number")
+
     def combinations(self) -> None:
         get = self.get
         for msg in parallel_config_errors(get):  # Ulysses SP and HSDP layout (verl/utils/parallel_check.py)
@@ -315,11 +327,40 @@ class _Checker:
             if get(f"{_R}.{rollout_key}") != get(f"data.{data_key}"):
                 self.fail(f"'{_R}.{rollout_key}'={get(f'{_R}.{rollout_key}')} must equal 'data.{data_key}'="
                           f"{get(f'data.{data_key}')} (leave it as the ${{data.{data_key}}} interpolation)")
+        self._late_failures()
         mode = get("trainer.resume_mode")
         if mode not in ("auto", "disable", "resume_path") and "global_step_" not in mode:
             self.fail(f"'trainer.resume_mode'={mode!r} must be auto, disable, resume_path or a .../global_step_N path")
         if mode == "resume_path" and not get("trainer.resume_from_path"):
             self.fail("'trainer.resume_mode'=resume_path needs 'trainer.resume_from_path'")
+
+    def _late_failures(self) -> None:
+        """Values that used to fail only in a worker or at the first rollout (issue 25, review G "Weak")."""
+        get = self.get
+        n = get(f"{_R}.n")
+        if get("data.self_replay.enable") and get("data.self_replay.slots") > n:
+            self.fail(f"'data.self_replay.slots'={get('data.self_replay.slots')} exceeds '{_R}.n'={n} "
+                      "(a group has only n rows to replace)")
+        orm = "reward.orm"
+        if get(f"{orm}.enable"):
+            missing = [k for k in ("base_url", "model") if not get(f"{orm}.{k}")]
+            if missing:
+                self.fail(f"'{orm}.enable'=True needs {' and '.join(f'{orm}.{k}' for k in missing)} "
+                          "(the judge's OpenAI-compatible endpoint and model name)")
+        longest = (get("data.max_prompt_length") or 0) + (get("data.max_response_length") or 0)
+        budgets = ((f"{_A}.ppo_max_token_len_per_gpu", f"{_A}.use_dynamic_bsz", True),
+                   (f"{_R}.log_prob_max_token_len_per_gpu", f"{_R}.log_prob_use_dynamic_bsz", True),
+                   (f"{_REF}.log_prob_max_token_len_per_gpu", f"{_REF}.log_prob_use_dynamic_bsz", get(f"{_REF}.use_ref")))
+        sp = get(f"{_A}.ulysses_sequence_parallel_size", 1) or 1
+        for key, switch, enabled in budgets:
+            budget = get(key)
+            # A micro-batch holds at least one whole sequence; an SP rank holds 1/sp of it (dp_actor).
+            if enabled and get(switch) and isinstance(budget, int) and budget * sp < longest:
+                self.fail(f"'{key}'={budget} is below one sequence: data.max_prompt_length + data.max_response_length"
+                          f" = {longest} tokens{f' (/ Ulysses SP {sp})' if sp > 1 else ''}; raise it or set {switch}=False")
+        if get("data.max_response_length", 0) > MAX_RESPONSE_LENGTH:
+            self.fail(f"'data.max_response_length'={get('data.max_response_length')} is beyond any model context "
+                      f"(> {MAX_RESPONSE_LENGTH} tokens)")
 
     def batch_sizes(self) -> None:
         get = self.get
@@ -356,6 +397,7 @@ def validate_config(cfg: DictConfig) -> list[str]:
     checker.structure()
     if checker.errors:  # the value rules below assume every key is present with its type
         return checker.errors
+    checker.finite_numbers()
     checker.values_and_ranges()
     checker.combinations()
     checker.batch_sizes()

@@ -23,7 +23,11 @@ logger = logging.getLogger(__name__)
 
 # Env every worker process gets (CPU_STACK.md: thread collapse on 2 cores; Ray token auth).
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
-              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN"}
+              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
+              # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
+              "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+              # vLLM's ~25 INFO lines per engine start-up (args, layout, KV size); its warnings stay.
+              "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 def resolve_driver_device(config) -> str:
@@ -199,7 +203,7 @@ def build_trainer(config: DictConfig):
     from transformers import AutoTokenizer
 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
-    from luffy_pool.preflight import preflight
+    from luffy_pool.preflight import InputError, PreflightError, check_cluster_capacity, preflight
     from verl.utils.context_length import check_model_context
     from verl.utils.logging_setup import setup_logging
     from verl.utils.tracking import Tracking
@@ -207,17 +211,27 @@ def build_trainer(config: DictConfig):
 
     setup_logging()
     preflight(config)  # folders, model and data files: one line per problem before anything loads
-    check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
+    try:
+        check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
+    except ValueError as exc:
+        raise PreflightError([str(exc)]) from None
     sections = ConfigSections.from_config(config)
     world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node)
     import_external_libs(sections.workers.model.external_lib)  # a custom tokenizer may need it too
     tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or sections.workers.model.path)
-    loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
+    try:  # every data file is checked as it loads: a bad row is one line naming file, row and column (rc 2)
+        loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
+        off_policy_pool = build_off_policy_pool(config, tokenizer, loader.dataset)
+        check_behaviour_probs_source(config, loader.dataset, off_policy_pool)
+    except (ValueError, FileNotFoundError) as exc:
+        raise InputError([" ".join(str(exc).split())]) from None
     total = sections.trainer.total_training_steps or len(loader) * int(sections.trainer.total_epochs)
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
+    started_locally = not (RayInitSection.from_config(config).address or os.environ.get("RAY_ADDRESS"))
     init_ray(config, world_size, sections.trainer.device)
     device = resolve_driver_device(config)
+    check_cluster_capacity(config, bundle_uses_gpu(config, device), started_locally)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     tracker = None
 
@@ -236,9 +250,8 @@ def build_trainer(config: DictConfig):
         from luffy_pool.checkpointing import TrainerCheckpointer
 
         checkpointer = TrainerCheckpointer(config, sampler)
-        # Its own name: `pool` is the Ray resource pool that close() releases (review B9).
-        off_policy_pool = build_off_policy_pool(config, tokenizer, loader.dataset)
-        check_behaviour_probs_source(config, loader.dataset, off_policy_pool)
+        # The off-policy pool (`off_policy_pool`, built with the data above) is not `pool`, the Ray resource
+        # pool that close() releases (review B9).
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
                                    off_policy_pool=off_policy_pool)

@@ -2,7 +2,8 @@
 
 Before Hydra composes, the command-line keys are checked against the YAML (an unknown key names the
 closest valid key instead of Hydra's struct error); the composed config is then validated, resolved,
-printed once and handed to the Ray launcher. ``python3 -m verl.mix_src.main_mix_ppo`` (LUFFY's module
+written to ``<trainer.default_local_dir>/resolved_config.yaml`` (its path printed) and handed to the Ray
+launcher. ``python3 -m verl.mix_src.main_mix_ppo`` (LUFFY's module
 path) is an alias. Hydra's flags work as usual; ``-m ... --cfg job`` previews every job of a sweep.
 """
 from __future__ import annotations
@@ -20,13 +21,35 @@ from luffy_pool.config_check import BASE_CONFIG_NAME, CONFIG_DIR, ConfigError, c
 CONFIG_ERROR_EXIT_CODE = 2
 
 
-def run(config: DictConfig) -> dict:
-    """Validate, resolve and print the config, then train through Ray; returns the final metrics."""
-    check_config(config)
-    OmegaConf.resolve(config)
+RESOLVED_CONFIG_FILE = "resolved_config.yaml"
+
+
+def write_resolved_config(config: DictConfig) -> Optional[str]:
+    """The resolved config as ``<trainer.default_local_dir>/resolved_config.yaml``; None if it cannot be written
+    (pre-flight then names the folder). The console gets its path, not ~300 lines (issue 25)."""
+    path = os.path.join(os.path.abspath(os.path.expanduser(str(config.trainer.default_local_dir))), RESOLVED_CONFIG_FILE)
     from verl.utils.tracking import masked_yaml
 
-    print(masked_yaml(config), flush=True)  # API keys (also inside URLs) masked
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(masked_yaml(config))  # API keys (also inside URLs) masked on disk too
+    except OSError:
+        return None
+    return path
+
+
+def run(config: DictConfig) -> dict:
+    """Validate, resolve and save the config (its path is printed), then train through Ray; returns the final metrics."""
+    check_config(config)
+    OmegaConf.resolve(config)
+    path = write_resolved_config(config)
+    if path:
+        print(f"[luffy_pool] resolved config: {path}", flush=True)
+    else:
+        from verl.utils.tracking import masked_yaml
+
+        print(masked_yaml(config), flush=True)  # API keys (also inside URLs) masked
     # Imported here so --help, --cfg and config checks never pay for torch / Ray imports.
     from luffy_pool.launcher import run_ppo
 

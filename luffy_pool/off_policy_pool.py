@@ -250,7 +250,9 @@ class OffPolicyPool:
     ``extra_info.index``) and ``<trace_key>`` (text); optional ``<token_ids_key>`` (list[int], used
     instead of tokenizing the text) and ``<logprobs_key>`` (behaviour log-prob per trace token, + an
     optional last one for EOS). Traces whose prompt id is not a training prompt are counted in
-    ``unmatched_trace_count`` and logged.
+    ``unmatched_trace_count`` and logged. Every row is checked at load (one line naming file, row and column):
+    token ids flat, integer, in ``[0, len(tokenizer))``; log-probs finite and <= 0 (a null cell = unknown, a null
+    or NaN inside the list is refused).
 
     Prefix slots (ratio > 0) of a prompt take its candidates round-robin. ``selection='target_first'``
     orders them [dataset target, extras in a seeded shuffle]; ``'shuffle'`` shuffles all of them. The
@@ -316,11 +318,11 @@ class OffPolicyPool:
 
     # -- loading -------------------------------------------------------------------------------
     def _load_file(self, path: str) -> None:
-        import pandas as pd
-
         if not os.path.exists(path):
             raise FileNotFoundError(f"extra trace file not found: {path}")
-        frame = pd.read_parquet(path)
+        from verl.utils.dataset.rl_dataset import read_parquet_named
+
+        frame = read_parquet_named(path)
         for column in (self.prompt_id_key, self.trace_key):
             if column not in frame.columns:
                 raise ValueError(f"{path}: missing column {column!r} (columns: {list(frame.columns)})")
@@ -351,7 +353,7 @@ class OffPolicyPool:
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
                 raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r} must be a list of ints, got {type(value).__name__}")
-            ids = [int(t) for t in value]
+            ids = self._checked_ids(path, row, value)
         else:
             text = record[self.trace_key]
             if not isinstance(text, str):
@@ -365,13 +367,39 @@ class OffPolicyPool:
             raise ValueError(f"{path}: row {row}: empty trace (columns {self.trace_key!r}/{self.token_ids_key!r})")
         return ids
 
+    def _checked_ids(self, path: str, row: int, value) -> list[int]:
+        """Flat non-negative int ids below the tokenizer's vocabulary size (when a tokenizer is known)."""
+        vocab = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
+        ids = []
+        for k, t in enumerate(value):
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer, float, np.floating)) \
+                    or (isinstance(t, (float, np.floating)) and not float(t).is_integer()):
+                kind = "a nested list" if hasattr(t, "__len__") and not isinstance(t, str) else repr(t)[:40]
+                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r}: value {k} is {kind}; expected a "
+                                 "flat list of integer token ids")
+            t = int(t)
+            if t < 0 or (vocab is not None and t >= vocab):
+                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r}: token id {t} at position {k} is "
+                                 f"outside the tokenizer's vocabulary [0, {vocab if vocab is not None else 'inf'})")
+            ids.append(t)
+        return ids
+
     def _row_logprobs(self, path: str, row: int, record, num_tokens: int) -> Optional[list[float]]:
         value = record[self.logprobs_key]
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return None
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
             raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r} must be a list of floats, got {type(value).__name__}")
-        lps = [float(v) for v in value]
+        lps = []
+        for k, v in enumerate(value):
+            # A null/NaN inside the list (pandas writes NaN as null) is not "unknown": a whole null cell is.
+            if v is None or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r}: value {k} is {v!r:.40}; expected a "
+                                 "finite log-probability (leave the whole cell null when they are unknown)")
+            if not math.isfinite(float(v)):
+                raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r}: value {k} is {float(v)}; expected a "
+                                 "finite log-probability (a -inf would make the importance weight explode)")
+            lps.append(float(v))
         if len(lps) not in (num_tokens, num_tokens + 1):
             raise ValueError(
                 f"{path}: row {row}: column {self.logprobs_key!r} has {len(lps)} values for {num_tokens} trace tokens "

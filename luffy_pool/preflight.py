@@ -28,6 +28,15 @@ class PreflightError(ConfigError):
     """One line per problem found before start-up."""
 
 
+class InputError(PreflightError):
+    """A data file refused while it is loaded (names the file, row and column); printed like config errors."""
+
+
+# A CPU run may put a few ranks on one core (the tests run 4 on 2); beyond this many per core the run
+# makes no progress (review G6: 64 ranks on 2 cores, 56+ Ray workers, no message).
+MAX_CPU_RANKS_PER_CORE = 4
+
+
 def _files(value) -> list[str]:
     if value is None:
         return []
@@ -204,3 +213,40 @@ def preflight(config) -> None:
     errors = [e for e in errors if e]
     if errors:
         raise PreflightError(errors)
+
+
+# ---------------------------------------------------------------------- the Ray cluster (after init_ray)
+def cluster_capacity_problem(nnodes: int, per_node: int, use_gpu: bool, resources: dict, num_nodes: int,
+                             cores: float) -> Optional[str]:
+    """Whether ``nnodes x per_node`` rank bundles fit the cluster; ``cores`` = the CPUs that really exist."""
+    world = nnodes * per_node
+    gpus, cpus = resources.get("GPU", 0.0), resources.get("CPU", 0.0)
+    has = f"the Ray cluster has {gpus:g} GPU(s) and {cores:g} CPU(s) on {num_nodes} node(s)"
+    shape = f"trainer.nnodes x trainer.n_gpus_per_node = {nnodes} x {per_node} = {world} ranks"
+    if use_gpu and gpus < world:
+        return f"{shape} need {world} GPUs, but {has}; lower trainer.n_gpus_per_node / trainer.nnodes"
+    if cpus < world:
+        return f"{shape} need {world} CPU bundles, but {has}"
+    if not use_gpu and world > MAX_CPU_RANKS_PER_CORE * max(cores, 1):
+        return (f"{shape} on CPU, but {has} (at most {MAX_CPU_RANKS_PER_CORE} ranks per core make progress); "
+                "lower trainer.n_gpus_per_node")
+    return None
+
+
+def check_cluster_capacity(config, use_gpu: bool, started_locally: bool) -> None:
+    """Raise ``PreflightError`` when the run's ranks cannot all be placed on the joined/started cluster."""
+    import ray
+
+    from luffy_pool.config_sections import TrainerSection
+
+    t = TrainerSection.from_config(config)
+    resources = ray.cluster_resources()
+    try:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # noqa: BLE001 - the node count only words the message; the totals decide
+        alive = []
+    # A local instance is started with num_cpus >= the world size, so its CPU count says nothing: use the cores.
+    cores = float(os.cpu_count() or 1) if started_locally else resources.get("CPU", 0.0)
+    problem = cluster_capacity_problem(int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive) or 1, cores)
+    if problem:
+        raise PreflightError([problem])

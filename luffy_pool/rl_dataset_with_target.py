@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import logging
+import math
 
 import numpy as np
 import torch
@@ -31,6 +32,22 @@ logger = logging.getLogger(__name__)
 THINK_OPEN = "<think>\n"
 TRUNCATE_OFF_POLICY = ("cut", "drop")
 SAMPLE_TARGET_MODES = ("redraw", "fixed")
+
+
+def target_probability_problem(probs: Sequence[Any]) -> str | None:
+    """Why a row's teacher-probability list is unusable (None when it is fine); see ``_check_target_probs``."""
+    for k, value in enumerate(probs):
+        if value is None:
+            return f"value {k} is null (a missing probability inside the list; use -1 for unknown)"
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return f"value {k} is {value!r:.40}, not a number"
+        v = float(value)
+        if math.isnan(v):
+            return f"value {k} is NaN (use -1 for unknown; LUFFY pads with -1)"
+        if not (0.0 < v <= 1.0 or v in (0.0, -1.0)):
+            return (f"value {k} is {v!r}, outside (0, 1]: expected probabilities (-1 or 0 = unknown)"
+                    + ("; log-probabilities belong in an off-policy file's 'logprobs'" if v < 0 else ""))
+    return None
 
 
 class RLHFDatasetWithTarget(RLHFDataset):
@@ -91,6 +108,8 @@ class RLHFDatasetWithTarget(RLHFDataset):
         )
         self.has_target_probs = target_probs_key in self.dataframe.columns
         self.long_target_items = self._find_long_targets()
+        if self.has_target_probs:
+            self._check_target_probs()
 
     # -- load-time checks ----------------------------------------------------------------------
     def checked_columns(self) -> list[str]:
@@ -111,6 +130,36 @@ class RLHFDatasetWithTarget(RLHFDataset):
         first = target[0]
         if not isinstance(first, Mapping) or not isinstance(first.get("content"), str):
             raise ValueError(f"{path}: row {row}: column {self.target_key!r}: target[0] must be a dict with a 'content' string, got {first!r:.80}")
+
+    def _check_target_probs(self) -> None:
+        """Every row's probability column, at load: values and length (one line naming file, row, column).
+
+        The rule (``target_probability_problem``): each value is a probability in (0, 1], or exactly -1 or 0,
+        LUFFY's markers for "unknown" (its -1 padding), which become NaN log-probs like a null cell. A null
+        or NaN *inside* the list, inf, other negatives and values above 1 are broken data and are refused.
+        The count must be the target's tokens (+ 1 for the EOS), checked on the full target text, so a row
+        fails here and not when the sampler first draws it.
+        """
+        items = [(i, r[self.target_probs_key]) for i, r in enumerate(self._records)
+                 if r[self.target_key] is not None and _is_list(r[self.target_probs_key])]
+        for item, probs in items:
+            problem = target_probability_problem(probs)
+            if problem:
+                raise ValueError(f"{self.source_of(item)}: column {self.target_probs_key!r}: {problem}")
+        for start in range(0, len(items), 256):
+            chunk = items[start:start + 256]
+            texts = [self._full_target_text(i, self._records[i][self.target_key]) for i, _ in chunk]
+            for (item, probs), ids in zip(chunk, self.tokenizer(texts, add_special_tokens=False)["input_ids"]):
+                if len(probs) not in (len(ids), len(ids) + 1):
+                    raise ValueError(
+                        f"{self.source_of(item)}: column {self.target_probs_key!r} has {len(probs)} values for a "
+                        f"target of {len(ids)} tokens (expected {len(ids) + 1}: one per token plus the EOS)")
+
+    def _full_target_text(self, item: int, target: Any) -> str:
+        content = target[0]["content"]
+        if self._templated[item].endswith(THINK_OPEN) and content.startswith(THINK_OPEN):
+            content = content[len(THINK_OPEN):]
+        return content
 
     # -- items ---------------------------------------------------------------------------------
     def keeps_target(self, item: int, read: int | None = None) -> bool:

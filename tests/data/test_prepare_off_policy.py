@@ -126,3 +126,18 @@ def test_vllm_generation_log_probs_match_a_forward_pass(tiny_model_dir):
             logits = model(torch.tensor([prompt_ids + comp.token_ids])).logits[0, len(prompt_ids) - 1:-1] / 0.7
         expected = logits.log_softmax(-1).gather(-1, torch.tensor(comp.token_ids).unsqueeze(-1)).squeeze(-1)
         assert torch.allclose(torch.tensor(comp.logprobs), expected, atol=2e-3)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"index": "\xff"}\n', r"line 1: not valid UTF-8"),
+    (b'{"index": 0,\n', r"line 1: invalid JSON"),
+])
+def test_bad_graded_file_is_one_line_exit_2(tmp_path, capsys, content, message):
+    from verl.utils.data_format import run_cli
+
+    src = tmp_path / "graded.jsonl"
+    src.write_bytes(content)
+    code = run_cli(prepare_off_policy.main, [str(src), "--output", str(tmp_path / "t.parquet")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith(f"error: {src}: ") and __import__("re").search(message, err)

@@ -111,6 +111,13 @@ def test_openr1_keeps_first_correct_trace_and_drops_rows_without_one(tmp_path, c
     assert "trace dropped (answer fails math_verify grading): 2" in printed
 
 
+def test_split_name_labels_the_printed_output(tmp_path, capsys):
+    out = str(tmp_path / "t.parquet")
+    main(["--source", "synthetic", "--output", out, "--n_rows", "4", "--grader", "rule", "--split", "test"])
+    printed = capsys.readouterr().out
+    assert f"test: {out} (4 rows)" in printed and "train:" not in printed
+
+
 def test_val_fraction_writes_a_problem_disjoint_val_file(tmp_path, shared_data_dir):
     out = str(tmp_path / "g.parquet")
     result = main(["--source", "gsm8k", "--input", os.path.join(shared_data_dir, "gsm8k", "train.jsonl"),
@@ -136,7 +143,8 @@ def test_synthetic_source_and_formatted_round_trip(tmp_path):
     assert read_records(again) == rows
 
 
-@pytest.mark.parametrize("case", ["missing_column", "bad_json", "non_list_prompt", "empty_target"])
+@pytest.mark.parametrize("case", ["missing_column", "bad_json", "non_list_prompt", "empty_target", "non_utf8",
+                                  "nan_ground_truth"])
 def test_malformed_input_gives_one_line_error_naming_file_row_and_column(case, tmp_path, capsys):
     good = {"question": "q", "answer": "x\n#### 1"}
     formatted = {"data_source": "d", "prompt": [{"role": "user", "content": "q"}],
@@ -153,6 +161,14 @@ def test_malformed_input_gives_one_line_error_naming_file_row_and_column(case, t
     elif case == "non_list_prompt":
         src, source = _jsonl(tmp_path / "in.jsonl", [formatted, {**formatted, "prompt": "q"}]), "luffy"
         expected = f"{src}: row 1, column 'prompt': expected a list"
+    elif case == "non_utf8":  # G15: was a UnicodeDecodeError traceback, rc 1
+        src, source = str(tmp_path / "in.jsonl"), "gsm8k"
+        (tmp_path / "in.jsonl").write_bytes(json.dumps(good).encode() + b'\n{"question": "q\xff\xfe", "answer": "#### 1"}\n')
+        expected = f"{src}: line 2, row 1: not valid UTF-8 (byte 0xff"
+    elif case == "nan_ground_truth":
+        bad = {**formatted, "reward_model": {"ground_truth": "nan", "style": "rule"}}
+        src, source = _jsonl(tmp_path / "in.jsonl", [formatted, bad]), "luffy"
+        expected = f"{src}: row 1, column 'reward_model.ground_truth': ground truth 'nan' is NaN/infinite"
     else:
         empty = {**formatted, "target": [{"role": "assistant", "content": ""}]}
         src, source = _jsonl(tmp_path / "in.jsonl", [formatted, formatted, empty]), "luffy"

@@ -110,3 +110,12 @@ def test_input_beyond_the_guard_limits_is_reported_as_unparseable():
     for grader in ("math_verify", "rule", "both"):
         result = grade_text("</think>\\boxed{9^{9^{9^{9^{9}}}}}", "1", grader, True)
         assert (result.correct, result.status) == (False, "unparseable")
+
+
+@pytest.mark.parametrize("grader", ["math_verify", "rule", "both", "oat", "oat_any"])
+@pytest.mark.parametrize("ground_truth", ["nan", float("nan"), "inf", "-Infinity", "", {"answer": "3"}])
+def test_unusable_ground_truth_is_never_correct(grader, ground_truth):
+    # G8: OAT's grader called \boxed{nan} correct against nan; every grader now refuses such a reference.
+    answer = "nan" if not isinstance(ground_truth, dict) and "inf" not in str(ground_truth).lower() else "\\infty"
+    result = grade_text(f"x</think>\\boxed{{{answer}}}", ground_truth, grader, True)
+    assert not result.correct and result.status == "bad_ground_truth"

@@ -208,3 +208,48 @@ def test_max_tokens_other_than_luffys_8192_is_refused_naming_max_new_tokens(tmp_
     args = build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o",
                                       "--max_tokens", "8192", "--max_new_tokens", "512"])
     assert (args.max_tokens, args.max_new_tokens) == (8192, 512)
+
+
+def _fake_checkpoint(root):
+    actor = root / "global_step_4" / "actor"
+    (actor / "model").mkdir(parents=True)
+    (actor / "model" / ".metadata").write_bytes(b"")
+    return root / "global_step_4"
+
+
+@pytest.mark.parametrize("given", ["step", "actor"])
+def test_a_training_checkpoint_prints_the_exact_merger_command(tmp_path, capsys, given):
+    from verl.utils.data_format import run_cli
+
+    step = _fake_checkpoint(tmp_path)
+    model = str(step if given == "step" else step / "actor")
+    src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
+    code = run_cli(generate_vllm.main, ["--model_path", model, "--input_file", src, "--output_file",
+                                        str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert f"python -m verl.model_merger --ckpt {model} --out {os.path.abspath(model)}_hf" in err
+    assert "--export_checkpoint True" in err
+
+
+def test_export_checkpoint_merges_then_evaluates_the_export(tmp_path, monkeypatch):
+    import verl.model_merger
+
+    step = _fake_checkpoint(tmp_path)
+    calls = []
+
+    def merge(ckpt, out):  # the real merger is tested in tests/verl/test_model_merger.py
+        calls.append((ckpt, out))
+        os.makedirs(out)
+        open(os.path.join(out, "config.json"), "w").write("{}")
+        return out
+
+    monkeypatch.setattr(verl.model_merger, "merge_checkpoint", merge)
+    out = generate_vllm.resolve_model_path(str(step), export=True)
+    assert calls == [(str(step), f"{step}_hf")] and out == f"{step}_hf"
+    assert generate_vllm.resolve_model_path(str(step), export=False) == f"{step}_hf"  # reused, not re-exported
+    assert len(calls) == 1
+
+
+def test_overlong_prompts_are_skipped_and_counted_by_default():
+    assert build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o"]).overlong_prompts == "skip"

@@ -133,4 +133,32 @@ def test_use_off_policy_probs_without_any_behaviour_probabilities_is_refused(
                "actor_rollout_ref.actor.use_off_policy_probs=True")
     with pytest.raises(ValueError, match="no 'target_ds_qwen_7b_probs' column and data.off_policy_files give no"):
         launcher.build_trainer(cfg)
-    assert fakes.pool.released  # refused after the workers started: still released
+    assert not fakes.pool.released and not fakes.group.shut  # refused with the data, before Ray and any worker
+
+
+def test_a_bad_data_row_is_an_input_error_before_ray(fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path,
+                                                     monkeypatch):
+    import pandas as pd
+
+    from luffy_pool.preflight import InputError
+
+    frame = pd.read_parquet(f"{tiny_task_dir}/train.parquet")
+    frame.at[1, "reward_model"] = {"ground_truth": " ", "style": "rule"}
+    bad = str(tmp_path / "bad.parquet")
+    frame.to_parquet(bad)
+    started = []
+    monkeypatch.setattr(launcher, "init_ray", lambda *a, **k: started.append(1))
+    with pytest.raises(InputError) as info:
+        launcher.build_trainer(_cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, f"data.train_files={bad}"))
+    assert info.value.errors == [f"{bad}: row 1: column 'reward_model': ground_truth is empty"] and not started
+
+
+def test_more_ranks_than_the_cluster_holds_are_refused_naming_what_it_has(fakes, compose_config, tiny_task_dir,
+                                                                          tiny_model_dir, tmp_path):
+    from luffy_pool.preflight import PreflightError
+
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "trainer.n_gpus_per_node=4",
+               "ray_init.address=auto")  # joined cluster: its 2 CPUs are real
+    with pytest.raises(PreflightError, match=r"= 4 ranks need 4 CPU bundles, but the Ray cluster has 0 GPU\(s\) and 2 CPU"):
+        launcher.build_trainer(cfg)
+    assert not fakes.group.shut  # no worker was started

@@ -351,3 +351,25 @@ def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tm
     out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), global_step=1, pad_token_id=PAD)
     assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
     assert out.trace_logprobs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.trace_logprobs[0, 0, 3].item())
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"token_ids": [1, 2], "logprobs": [-0.1, float("nan")]}, r"column 'logprobs': value 1 is (nan|None)"),
+    ({"token_ids": [1, 2], "logprobs": [-0.1, float("-inf")]}, r"column 'logprobs': value 1 is -inf"),
+    ({"token_ids": [1, -3], "logprobs": None}, r"column 'token_ids': token id -3 at position 1 is outside"),
+    ({"token_ids": [[1, 2], [3]], "logprobs": None}, r"column 'token_ids': value 0 is a nested list"),
+])
+def test_pool_refuses_bad_values_naming_row_and_column(tmp_path, row, message):
+    path = _write(tmp_path, "bad.parquet", [{"index": 0, "trace": "x", **row}])
+    with pytest.raises(ValueError, match=r"bad\.parquet: row 0: " + message):
+        OffPolicyPool(path, known_prompt_ids=[0])
+
+
+def test_pool_refuses_token_ids_beyond_the_vocabulary(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    path = _write(tmp_path, "oov.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 99999]}])
+    with pytest.raises(ValueError, match=rf"oov\.parquet: row 0: column 'token_ids': token id 99999 at position 1 is "
+                                         rf"outside the tokenizer's vocabulary \[0, {len(tok)}\)"):
+        OffPolicyPool(path, known_prompt_ids=[0], tokenizer=tok)

@@ -100,9 +100,9 @@ def test_overlong_prompts_are_dropped_and_counted(tokenizer, tmp_path, caplog):
 
 def test_unfiltered_overlong_prompt_errors_or_truncates(tokenizer, tmp_path):
     path = _write(tmp_path, [_row(0, question="What is " + "9 + " * 40 + "1?")])
-    strict = RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False)
+    # Refused at load (issue 25), not when the sampler first draws the row.
     with pytest.raises(ValueError, match=r"train\.parquet: row 0: column 'prompt': prompt has \d+ tokens > data.max_prompt_length=40"):
-        strict[0]
+        RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False)
     left = RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False, truncation="left")
     assert left[0]["attention_mask"].all()
     assert left[0]["input_ids"].tolist() == _ids(tokenizer, left._templated[0])[-40:]
@@ -145,9 +145,9 @@ def test_target_probs_column_becomes_log_probs_aligned_with_target_plus_eos(toke
 
 
 def test_target_probs_of_wrong_length_name_the_row(tokenizer, tmp_path):
-    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0, target_ds_qwen_7b_probs=[0.5, 0.5])]), tokenizer, max_prompt_length=64, max_target_length=8)
-    with pytest.raises(ValueError, match=r"train\.parquet: row 0: column 'target_ds_qwen_7b_probs' has 2 values"):
-        ds[0]
+    with pytest.raises(ValueError, match=r"train\.parquet: row 1: column 'target_ds_qwen_7b_probs' has 2 values"):
+        RLHFDatasetWithTarget(_write(tmp_path, [_row(0), _row(1, target_ds_qwen_7b_probs=[0.5, 0.5])]), tokenizer,
+                              max_prompt_length=64, max_target_length=8)
 
 
 @pytest.mark.parametrize(
@@ -188,12 +188,53 @@ def test_missing_target_column_names_file_and_column(tokenizer, tmp_path):
 
 def test_several_files_are_concatenated_and_errors_name_the_right_file(tokenizer, tmp_path):
     a = _write(tmp_path, [_row(0), _row(1)], name="a.parquet")
-    b = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0])], name="b.parquet")
+    n = len(_ids(tokenizer, TRACE[len("<think>\n"):]))
+    b = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0] * (n + 1))], name="b.parquet")
     ds = RLHFDatasetWithTarget([a, b], tokenizer, max_prompt_length=64, max_target_length=8)
     assert len(ds) == 3 and ds.source_of(2).endswith("b.parquet: row 0")
     assert torch.isnan(ds[0]["target_logprobs"]).all()  # a.parquet has no probs column
-    with pytest.raises(ValueError, match=r"b\.parquet: row 0: column 'target_ds_qwen_7b_probs'"):
-        ds[2]
+    bad = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0])], name="c.parquet")
+    with pytest.raises(ValueError, match=r"c\.parquet: row 0: column 'target_ds_qwen_7b_probs'"):
+        RLHFDatasetWithTarget([a, bad], tokenizer, max_prompt_length=64, max_target_length=8)
+
+
+@pytest.mark.parametrize("value, message", [
+    (float("nan"), r"value 1 is (NaN|null)"),  # pandas writes NaN as null; both refused
+    (None, r"value 1 is (NaN|null)"),
+    (5.0, r"value 1 is 5\.0, outside \(0, 1\]"),
+    (-0.7, r"value 1 is -0\.7, outside \(0, 1\].*log-probabilities"),
+    (float("inf"), r"value 1 is inf, outside"),
+])
+def test_bad_target_probabilities_are_refused_at_load(tokenizer, tmp_path, value, message):
+    n = len(_ids(tokenizer, TRACE[len("<think>\n"):]))
+    probs = [0.5, value] + [0.5] * (n - 1)
+    path = _write(tmp_path, [_row(0, target_ds_qwen_7b_probs=[0.5] * (n + 1)), _row(1, target_ds_qwen_7b_probs=probs)])
+    with pytest.raises(ValueError, match=r"train\.parquet: row 1: column 'target_ds_qwen_7b_probs': " + message):
+        RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8)
+
+
+def test_minus_one_and_zero_are_unknown_probabilities(tokenizer, tmp_path):
+    n = len(_ids(tokenizer, TRACE[len("<think>\n"):]))
+    probs = [0.5, -1.0, 0.0] + [0.5] * (n - 2)
+    ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0, target_ds_qwen_7b_probs=probs)]), tokenizer,
+                               max_prompt_length=64, max_target_length=n + 1)
+    out = ds[0]["target_logprobs"]
+    assert out[0].item() == pytest.approx(math.log(0.5)) and torch.isnan(out[1:3]).all()
+    assert out[3].item() == pytest.approx(math.log(0.5))
+
+
+@pytest.mark.parametrize("ground_truth, message", [
+    ({"answer": "3"}, r"ground_truth is a dict"),
+    ("", r"ground_truth is empty"),
+    ("   ", r"ground_truth is empty"),
+    ("nan", r"ground_truth 'nan' is NaN/infinite"),
+    (["3", ""], r"ground_truth item 1 is empty"),
+])
+def test_unusable_ground_truths_are_refused_at_load(tokenizer, tmp_path, ground_truth, message):
+    # One row: a dict ground truth cannot share a parquet column with string ones.
+    path = _write(tmp_path, [dict(_row(0), reward_model={"style": "rule", "ground_truth": ground_truth})], name="gt.parquet")
+    with pytest.raises(ValueError, match=r"gt\.parquet: row 0: column 'reward_model': " + message):
+        RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=64, max_target_length=8)
 
 
 def test_collate_stacks_tensors_and_packs_the_rest(tokenizer, tiny_task_dir):

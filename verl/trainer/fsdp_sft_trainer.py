@@ -197,8 +197,12 @@ class FSDPSFTTrainer:
             tracker = Tracking(cfg.project_name, cfg.experiment_name, list(cfg.logger),
                                config=OmegaConf.to_container(self.config, resolve=True), log_dir=self.out_dir,
                                console_all=True)
-        bar = tqdm(total=self.total_steps, desc="SFT", disable=self.rank != 0 or not cfg.progress_bar,
-                   dynamic_ncols=True, file=sys.stderr)
+        # disable=None hides the bar when stderr is not a terminal: in a log file every refresh of a bar joins one
+        # ever-growing line (the quickstart's log had a 77 KB one). There, ~10 plain progress lines stand in for it.
+        show = self.rank == 0 and bool(cfg.progress_bar)
+        bar = tqdm(total=self.total_steps, desc="SFT", disable=None if show else True, dynamic_ncols=True,
+                   file=sys.stderr)
+        line_every = max(1, self.total_steps // 10) if show and bar.disable else 0
         metrics: dict = {}
         try:
             for step, (epoch, rows) in enumerate(self._global_batches(), start=1):
@@ -216,6 +220,9 @@ class FSDPSFTTrainer:
                         tracker.log(metrics, step=step)
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
                 bar.update(1)
+                if line_every and (step % line_every == 0 or last):
+                    print(f"SFT step {step}/{self.total_steps}: loss {metrics['train/loss']:.4f}", file=sys.stderr,
+                          flush=True)
         finally:
             bar.close()
             if tracker is not None:
@@ -282,8 +289,15 @@ def _hydra_entry():
         except ConfigError as exc:
             _exit_with_config_error(exc)
         is_rank0 = int(os.environ.get("RANK", "0")) == 0
-        if is_rank0:
-            print(OmegaConf.to_yaml(prepared), flush=True)
+        if is_rank0:  # the resolved config goes to a file; the console gets its path (issue 25)
+            path = os.path.join(os.path.abspath(str(prepared.trainer.default_local_dir)), "resolved_config.yaml")
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(OmegaConf.to_yaml(prepared))
+                print(f"SFT resolved config: {path}", flush=True)
+            except OSError:
+                print(OmegaConf.to_yaml(prepared), flush=True)
         result = run_sft(prepared)
         if is_rank0:
             print(f"SFT done: final model at {result['final_model_dir']}", flush=True)

@@ -79,8 +79,13 @@ def _to_python(value: Any) -> Any:
 def iter_jsonl(path: str) -> Iterator[dict]:
     """Yield the objects of a jsonl file; blank lines are skipped, a bad line raises DataFormatError."""
     row = 0
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:  # one line naming file and line, not a traceback
+                raise DataFormatError(path, f"not valid UTF-8 (byte {raw[err.start]:#04x} at character {err.start + 1})",
+                                      row=row, line=line_no) from None
             if not line.strip():
                 continue
             try:
@@ -112,6 +117,8 @@ def read_records(path: str, max_rows: Optional[int] = None) -> list[dict]:
                 obj = json.load(f)
             except json.JSONDecodeError as err:
                 raise DataFormatError(path, f"invalid JSON: {err.msg}", line=err.lineno) from None
+            except UnicodeDecodeError as err:
+                raise DataFormatError(path, f"not valid UTF-8 (byte offset {err.start})") from None
         if isinstance(obj, dict):  # pandas' default to_json layout: {column: {row_key: value}}
             columns = list(obj)
             keys = list(obj[columns[0]]) if columns and isinstance(obj[columns[0]], dict) else []
@@ -186,8 +193,14 @@ def check_ground_truth(reward_model: Any, path: str, row: int, column: str = "re
     if isinstance(gt, list):
         if not gt or not all(isinstance(g, str) and g.strip() for g in gt):
             raise DataFormatError(path, f"expected non-empty strings, got {_short(gt)}", row, col)
-        return gt
-    return check_text(gt, path, row, col)
+    else:
+        check_text(gt, path, row, col)
+    from verl.utils.dataset.value_checks import ground_truth_problem
+
+    problem = ground_truth_problem(gt)  # NaN/inf: the graders would match a response answering nan
+    if problem is not None:
+        raise DataFormatError(path, f"ground truth {problem}", row, col)
+    return gt
 
 
 def validate_training_row(rec: Mapping, path: str, row: int) -> dict:
@@ -339,11 +352,17 @@ def sibling_path(path: str, tag: str) -> str:
 
 
 def run_cli(main_fn, argv: Optional[Sequence[str]] = None) -> int:
-    """Run a script's main; a DataFormatError becomes one ``error: ...`` line on stderr and exit code 2."""
+    """Run a script's main; a DataFormatError (or a ``SystemExit("error: ...")``) becomes its ``error: ...`` line on
+    stderr and exit code 2."""
     try:
         main_fn(argv)
     except DataFormatError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):  # argparse's own exits (2), sys.exit(n)
+            raise
+        print(exc.code, file=sys.stderr)  # the scripts' `SystemExit("error: ...")`: bad input, exit 2 like the rest
         return 2
     return 0
 

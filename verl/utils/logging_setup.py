@@ -16,6 +16,16 @@ import warnings
 NOISY_RECORDS = (
     ("vllm.v1.core.block_pool", r"reset prefix cache"),
     ("vllm", r"reset(ting)? prefix cache"),
+    # vLLM's CPU build at every engine start-up, per worker (issue 25: ~50 start-up lines on the quickstart's
+    # console); each names a setting this project chose on purpose (eager mode, in-process engine) or a GPU-only
+    # library that a CPU machine cannot have. Start-up INFO lines are off by VLLM_LOGGING_LEVEL (launcher).
+    ("vllm", r"global random seed is set to"),
+    ("vllm", r"Enforce eager set, disabling torch\.compile"),
+    ("vllm", r"Inductor compilation was disabled by user settings"),
+    ("vllm", r"Triton is not installed|requires Triton"),
+    ("vllm", r"Reset SSM cache type"),
+    ("vllm", r"is not found in LD_PRELOAD"),
+    ("vllm", r"doesn't allow to use `torch\.set_num_threads`"),
 )
 # (category, message regex): Python warnings that third-party code raises on every call.
 NOISY_WARNINGS = (
@@ -43,11 +53,20 @@ def _attach(target, pattern: str) -> None:
 
 
 def setup_logging() -> None:
-    """Install the filters (logger filters for records of that logger, handler filters for its children)."""
+    """Install the filters (logger filters for records of that logger, handler filters for its children).
+
+    vLLM replaces its handlers when an engine configures logging (``dictConfig``), which drops handler filters,
+    so every logger already created under a named one gets the logger filter too; call this again after
+    importing more of a library (the vLLM rollout does, after importing its CPU worker).
+    """
+    existing = list(logging.Logger.manager.loggerDict)
     for name, pattern in NOISY_RECORDS:
         logger = logging.getLogger(name)
         _attach(logger, pattern)
         for handler in logger.handlers:
             _attach(handler, pattern)
+        for child in existing:
+            if child.startswith(name + ".") and isinstance(logging.Logger.manager.loggerDict[child], logging.Logger):
+                _attach(logging.getLogger(child), pattern)
     for category, pattern in NOISY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern, category=category)

@@ -131,3 +131,31 @@ def test_think_helpers():
     assert not has_think_structure("x</think>") and not has_think_structure("<think>\nno close")
     assert strip_think_open("<think>\nabc") == "abc" and strip_think_open("abc") == "abc"
     assert sibling_path("out/train.parquet", "val") == "out/train.val.parquet"
+
+
+def test_eval_table_refuses_unusable_ground_truths(tmp_path):
+    for gt, message in (("nan", "ground truth 'nan' is NaN/infinite"), (" ", "empty text")):
+        path = tmp_path / "bench.jsonl"
+        path.write_text(json.dumps({"data_source": "math", "prompt": [{"role": "user", "content": "q"}],
+                                    "reward_model": {"ground_truth": gt}}) + "\n")
+        with pytest.raises(DataFormatError, match=rf"bench\.jsonl: row 0, column 'reward_model.ground_truth': {message}"):
+            read_eval_table(str(path))
+
+
+def test_non_utf8_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": "\xff"}\n')
+    with pytest.raises(DataFormatError, match=r"in\.jsonl: line 2, row 1: not valid UTF-8 \(byte 0xff"):
+        read_records(str(path))
+
+
+def test_run_cli_gives_exit_2_for_a_scripts_error_message(capsys):
+    from verl.utils.data_format import run_cli
+
+    def main(argv):
+        raise SystemExit("error: --val_fraction must be in [0, 1), got 2.0")
+
+    assert run_cli(main, []) == 2
+    assert capsys.readouterr().err.strip() == "error: --val_fraction must be in [0, 1), got 2.0"
+    with pytest.raises(SystemExit):  # argparse's own exit passes through
+        run_cli(lambda argv: argparse.ArgumentParser().parse_args(["--nope"]), [])

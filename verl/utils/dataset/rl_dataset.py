@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.utils.dataset.value_checks import is_non_finite, prompt_is_blank
+from verl.utils.dataset.value_checks import ground_truth_problem, prompt_is_blank
 from verl.utils.torch_functional import compute_position_id_with_mask
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,15 @@ class RLHFDataset(Dataset):
         keep = [True] * len(templated)
         if filter_overlong_prompts:
             keep = [length <= max_prompt_length for length in lengths]
+        elif truncation == "error":
+            # Without filtering, an over-long prompt would stop the run only when the sampler draws it.
+            over = [i for i, length in enumerate(lengths) if length > max_prompt_length]
+            if over:
+                path, row = sources[over[0]]
+                raise ValueError(
+                    f"{path}: row {row}: column {prompt_key!r}: prompt has {lengths[over[0]]} tokens > "
+                    f"data.max_prompt_length={max_prompt_length} ({len(over)} such prompt(s) in {len(lengths)}; "
+                    f"data.filter_overlong_prompts=True drops them)")
         self.num_dropped_prompts = keep.count(False)
         if self.num_dropped_prompts:
             logger.warning(
@@ -142,9 +151,9 @@ class RLHFDataset(Dataset):
         reward_model = record["reward_model"]
         if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
             raise ValueError(f"{path}: row {row}: column 'reward_model': missing 'ground_truth' (got {reward_model!r:.80})")
-        if is_non_finite(reward_model["ground_truth"]):
-            raise ValueError(f"{path}: row {row}: column 'reward_model': ground_truth {reward_model['ground_truth']!r} is "
-                             f"NaN/infinite (such a row would reward a response answering nan)")
+        problem = ground_truth_problem(reward_model["ground_truth"])
+        if problem is not None:  # the graders cannot use it: every reward of the row would be 0 (or wrong)
+            raise ValueError(f"{path}: row {row}: column 'reward_model': ground_truth {problem}")
         if not isinstance(record["data_source"], str):
             raise ValueError(f"{path}: row {row}: column 'data_source' must be a string, got {type(record['data_source']).__name__}")
 

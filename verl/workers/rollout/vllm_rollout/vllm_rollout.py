@@ -186,6 +186,10 @@ class VLLMRollout(BaseRollout):
 
         from verl.utils.logging_setup import setup_logging
 
+        try:  # imported lazily by the engine: load it now so its start-up warnings get the filters too
+            import vllm.v1.worker.cpu_worker  # noqa: F401
+        except Exception:  # noqa: BLE001 - not on every platform; the filters then cover what exists
+            pass
         setup_logging()  # after vLLM configured its loggers: drops its per-sync "reset prefix cache" line
         from verl.workers.rollout.vllm_rollout.compat import check_reload_api
 
