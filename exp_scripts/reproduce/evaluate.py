@@ -31,7 +31,7 @@ def summary_file(output_file: str) -> str:
 def eval_command(model_dir: str, input_file: str, output_file: str, *, n: int, temperature: float, max_tokens: int,
                  rollout: str = "vllm", max_rows: Optional[int] = None, seed: int = 0) -> list[str]:
     cmd = [sys.executable, GENERATE, "--model_path", model_dir, "--input_file", input_file, "--output_file", output_file,
-           "--n", str(n), "--temperature", str(temperature), "--max_tokens", str(max_tokens),
+           "--n", str(n), "--temperature", str(temperature), "--max_new_tokens", str(max_tokens),
            "--remove_system", "False", "--dtype", "float32", "--backend", rollout, "--seed", str(seed)]
     if max_rows is not None:
         cmd += ["--max_rows", str(max_rows)]

@@ -80,7 +80,7 @@ def test_hf_generation_log_probs_are_the_sampling_distribution_and_reach_the_poo
     out = str(tmp_path / "ckpt.jsonl")
     generate_vllm.run(generate_vllm.build_parser().parse_args([
         "--model_path", tiny_model_dir, "--input_file", train, "--output_file", out, "--backend", "hf",
-        "--max_rows", "3", "--n", "2", "--temperature", "0.7", "--max_tokens", "12", "--remove_system", "False",
+        "--max_rows", "3", "--n", "2", "--temperature", "0.7", "--max_new_tokens", "12", "--remove_system", "False",
         "--logprobs", "True"]))
     samples = [json.loads(x) for x in open(out)]
     assert len(samples) == 6 and all(len(s["logprobs"]) == len(s["token_ids"]) > 0 for s in samples)
