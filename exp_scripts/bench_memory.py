@@ -20,9 +20,11 @@ the forward/backward allocates are. glibc returns large blocks to the OS at once
     .venv/bin/python exp_scripts/bench_memory.py [--rows 4 --width 1024 --tokens 256] [--chunk 1024]
 
 SP-2 rows (``logprob-sp2``, ``update-sp2``): the same batch on 2 forked gloo ranks forming one Ulysses
-SP group (``ulysses_forward.py``; each rank holds 1/2 of the positions, the model replicated, not
-FSDP-sharded); ``ours`` scores through the chunked head, ``naive`` through the dense head on the local
-slice (``[rows, width/2, V]`` fp32 logits per rank). The peak is the larger rank's. ``--sp 1`` drops them.
+SP group (``ulysses_forward.py``; each rank holds 1/2 of the positions, the model replicated) with
+gradient checkpointing on, as ``train_16k.sh`` runs SP (the layers' activations, the same in both
+modes, then do not hide the head's share). ``ours`` scores through the chunked head, ``naive``
+through the dense head on the local slice (``[rows, width/2, V]`` fp32 logits per rank). The peak is
+the larger rank's. ``--sp 1`` drops these rows.
 
 Prints a table, the bytes per real token, and as its last line ``peak ours/naive=<r>`` (the larger of
 the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
@@ -134,6 +136,8 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=args.layers, **QWEN2_SHAPE),
                                              dtype=torch.float32, attn_implementation="sdpa")
+    if ulysses_group is not None:  # as train_16k.sh runs SP: with gradient checkpointing (both modes)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
     rows = args.rows
     from luffy_pool.config_compose import actor_config
@@ -141,7 +145,10 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
     cfg = actor_config(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
                        ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,
                        clip_upper_bound=1.0, entropy_coeff=0.001, grad_clip=1.0, use_kl_loss=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    from verl.utils.optim import build_adamw
+
+    # The worker's AdamW (fused kernel on CPU): the per-parameter loop would add two [V, H] temporaries.
+    optimizer = build_adamw(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
     if phase == "update":  # optimizer state exists from the second step on: resident before the phase
         for p in model.parameters():
             p.grad = torch.zeros_like(p)

@@ -178,7 +178,7 @@ def preflight(config) -> None:
         errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))
     model = str(config.actor_rollout_ref.model.path)
     errors.append(check_model_source(model, "actor_rollout_ref.model.path"))
-    errors.append(check_attn_implementation(str(config.actor_rollout_ref.model.get("attn_implementation", "auto"))))
+    errors.append(check_attn_implementation(str(config.actor_rollout_ref.model.attn_implementation)))
     if d.tokenizer:
         errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))
     base = (d.prompt_key, "data_source", "reward_model")

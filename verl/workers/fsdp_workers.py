@@ -8,6 +8,7 @@ the sharding manager before every generation. Checkpointing lives in ``verl.util
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
@@ -85,7 +86,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _init_distributed(self) -> None:
         if not dist.is_initialized():
             backend = "nccl" if self.device == "cuda" else "gloo"
-            dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=self.sections.nccl_timeout))
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
