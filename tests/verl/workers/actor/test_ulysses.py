@@ -146,6 +146,7 @@ def _checkpointing_job(rank, world, port, sp):
     from omegaconf import OmegaConf
 
     from verl.utils.fsdp_mesh import build_ulysses_mesh
+    from verl.workers.actor import response_head as chunked_logprobs  # the name the scoring head calls
     from verl.workers.actor.dp_actor import DataParallelPPOActor
     from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
 
@@ -177,6 +178,17 @@ def _checkpointing_job(rank, world, port, sp):
                 "loss": abs(loss.item() - loss_ref.item()),
                 "grad": max((grads[n] - grads_ref[n]).abs().max().item() for n in grads),
                 "grad_scale": max(g.abs().max().item() for g in grads_ref.values())}
+    # through the actor: a micro-batch larger than logprob_chunk_size takes the chunked head under SP too
+    sp_actor = DataParallelPPOActor(OmegaConf.create({}), model, ulysses_group=group, logprob_chunk_size=4)
+    calls = []
+    chunked = chunked_logprobs.chunked_logprobs_entropy
+    chunked_logprobs.chunked_logprobs_entropy = lambda *a, **k: calls.append(1) or chunked(*a, **k)
+    try:
+        _, lp_actor = sp_actor._forward_micro_batch(micro, 0.7, calculate_entropy=False)
+    finally:
+        chunked_logprobs.chunked_logprobs_entropy = chunked
+    valid = micro["attention_mask"][:, -lp_actor.shape[1]:].bool()
+    result["actor_chunked"] = (len(calls), (lp_actor - lp_ref).detach()[valid].abs().max().item())
     dist.destroy_process_group()
     return result
 
@@ -281,6 +293,8 @@ def test_sp2_with_gradient_checkpointing_equals_sp1_without(runs, world):
                 r = result[(packed, chunk)]
                 assert r["grad_scale"] > 1e-3
                 assert r["lp"] < TOL and r["ent"] < TOL and r["loss"] < TOL and r["grad"] < TOL, (world, packed, chunk, r)
+        calls, diff = result["actor_chunked"]
+        assert calls == 1 and diff < TOL, result["actor_chunked"]
 
 
 @pytest.mark.slow  # forked gloo ranks
