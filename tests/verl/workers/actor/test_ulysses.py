@@ -193,8 +193,9 @@ def _checkpointing_job(rank, world, port, sp):
     return result
 
 
-def _update_job(rank, world, port, sp):
-    """FSDP2 over all ranks, SP groups of ``sp``, one update_policy; vs one plain process updating on the union."""
+def _update_job(rank, world, port, sp, checkpointing=False):
+    """FSDP2 over all ranks, SP groups of ``sp``, one update_policy; vs one plain process updating on the union
+    (``checkpointing``: the SP model recomputes its layers in backward, the reference does not)."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -217,7 +218,10 @@ def _update_job(rank, world, port, sp):
                             ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
                             grad_clip=100.0, use_kl_loss=False)
 
-    model = fsdp_utils.apply_fsdp2(_tiny_model(1), build_fsdp_mesh("cpu", world, -1),
+    model = _tiny_model(1)
+    if checkpointing:  # before sharding, as the worker does
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = fsdp_utils.apply_fsdp2(model, build_fsdp_mesh("cpu", world, -1),
                                    fsdp_utils.mixed_precision_policy(device="cpu"))
     # SGD: the weight change is the gradient itself (AdamW would amplify float noise on near-zero grads).
     actor = DataParallelPPOActor(cfg(4, 4), model, torch.optim.SGD(model.parameters(), lr=0.5), ulysses_group=group)
@@ -234,6 +238,10 @@ def _update_job(rank, world, port, sp):
               "grad_norm": metrics["actor/grad_norm"][0], "ref_grad_norm": ref_metrics["actor/grad_norm"][0]}
     dist.destroy_process_group()
     return result
+
+
+def _update_checkpointing_job(rank, world, port, sp):
+    return _update_job(rank, world, port, sp, checkpointing=True)
 
 
 def _data_job(rank, world, port, sp):
@@ -258,7 +266,8 @@ def _data_job(rank, world, port, sp):
 def runs():
     jobs = {"fwd2": (_forward_job, 2, 2), "fwd4": (_forward_job, 4, 4), "upd2": (_update_job, 2, 2),
             "upd4": (_update_job, 4, 2), "data4": (_data_job, 4, 2),
-            "ckpt2": (_checkpointing_job, 2, 2), "ckpt4": (_checkpointing_job, 4, 2)}  # name: (job, world, sp)
+            "ckpt2": (_checkpointing_job, 2, 2), "ckpt4": (_checkpointing_job, 4, 2),
+            "upd4ckpt": (_update_checkpointing_job, 4, 2)}  # name: (job, world, sp)
     return {f"{name}_rank{r}": result for name, (job, world, sp) in jobs.items()
             for r, result in enumerate(_run_ranks(job, world, sp))}
 
@@ -298,11 +307,12 @@ def test_sp2_with_gradient_checkpointing_equals_sp1_without(runs, world):
 
 
 @pytest.mark.slow  # forked gloo ranks
-@pytest.mark.parametrize("world", [2, 4])
-def test_sp2_fsdp_update_equals_a_plain_data_parallel_update(runs, world):
-    """world 2: SP=2, dp=1; world 4: SP=2, dp=2 (SP groups share rows, dp groups differ)."""
+@pytest.mark.parametrize("name,world", [("upd2", 2), ("upd4", 4), ("upd4ckpt", 4)])
+def test_sp2_fsdp_update_equals_a_plain_data_parallel_update(runs, name, world):
+    """world 2: SP=2, dp=1; world 4: SP=2, dp=2 (SP groups share rows, dp groups differ); upd4ckpt: the
+    FSDP2 SP model with gradient checkpointing, as train_16k.sh runs it."""
     for rank in range(world):
-        r = runs[f"upd{world}_rank{rank}"]
+        r = runs[f"{name}_rank{rank}"]
         assert r["moved"] > 1e-3
         assert r["weights"] < TOL, r
         assert r["pg_loss"][0] == pytest.approx(r["ref_pg_loss"], abs=TOL)
