@@ -41,6 +41,8 @@ def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_th
 def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(tiny_model_dir):
     """Level 2 leaves the woken weights undefined: only a sync that overwrites every checkpoint tensor may
     follow it, and after_weight_update checks exactly that against the checkpoint's tensor names."""
+    import torch
+
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
     class Engine(EngineRecorder):
@@ -51,7 +53,7 @@ def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(ti
             return [0]
 
     rollout = VLLMRollout(tiny_model_dir, {}, device="cuda", engine=Engine())
-    rollout.update_weights([("model.norm.weight", __import__("torch").ones(4))])
+    rollout.update_weights([("model.norm.weight", torch.ones(4))])
     with pytest.raises(RuntimeError, match="weight sync incomplete: .* checkpoint tensors were not pushed"):
         rollout.after_weight_update()
 
