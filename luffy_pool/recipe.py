@@ -39,6 +39,7 @@ RL_LENGTH_KEYS = (
 RL_BATCH_KEYS = (
     "data.train_batch_size", "data.val_batch_size",
     "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.max_num_seqs",  # vLLM: concurrent rows (<= max_num_batched_tokens)
 )
 SFT_LENGTH_KEYS = ("data.max_length",)
 SFT_BATCH_KEYS = ("data.train_batch_size",)

@@ -36,6 +36,12 @@ TRAIN_ROWS = 4  # prompts per step (RL) after the batch factor
 SFT_TRAIN_ROWS = 8
 HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
 FAMILY_HINTS = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"), ("mistral", "mistral"))
+# Lengths a CPU rehearsal cannot scale, and why (printed with the replacements).
+KEPT_ON_CPU = {
+    "actor_rollout_ref.rollout.max_num_batched_tokens":
+        "vLLM-CPU cannot split a seeded request's prefill over engine steps (torch's CPU Generator has no offset: "
+        "vllm/v1/worker/gpu_model_runner.py _bookkeeping_sync), so the scheduler budget keeps the script's value",
+}
 CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
                 "HF_HUB_OFFLINE": "1"}
@@ -83,7 +89,8 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
         device = ["trainer.device=cpu"]
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     else:
-        lengths, batches = recipe.scalable(RL_LENGTH_KEYS), recipe.scalable(RL_BATCH_KEYS)
+        lengths = recipe.scalable(k for k in RL_LENGTH_KEYS if k not in KEPT_ON_CPU)
+        batches = recipe.scalable(RL_BATCH_KEYS)
         len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
         batch_factor = max(1, batches.get("data.train_batch_size", TRAIN_ROWS) // TRAIN_ROWS)
         device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]
@@ -102,6 +109,7 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
         "data": {"was": recipe.values.get("data.train_files", recipe.values.get("data.val_files")),
                  "now": data_dir + " (tiny arithmetic task)"},
         "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
+        "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
@@ -135,6 +143,8 @@ def print_report(report: dict, overrides: list[str]) -> None:
     print(f"  data:    {r['data']['was']} -> {r['data']['now']}")
     print(f"  lengths and token budgets / {r['length_factor']}: "
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items()))
+    for key, why in r["kept"].items():
+        print(f"  not scaled: {key}: {why}")
     print(f"  batch sizes (rows) / {r['batch_factor']}: "
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["batches"].items()))
     w = r["world"]
