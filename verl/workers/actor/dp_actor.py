@@ -114,7 +114,8 @@ class DataParallelPPOActor:
             from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
 
             return ulysses_response_log_probs(self.actor_module, micro, temperature, calculate_entropy,
-                                              self.ulysses_group, packed=self.use_remove_padding)
+                                              self.ulysses_group, packed=self.use_remove_padding,
+                                              chunk_size=self.logprob_chunk_size)
         # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
         if 0 < self.logprob_chunk_size < input_ids.numel():
             log_probs, entropy = response_logprobs(

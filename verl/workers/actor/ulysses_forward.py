@@ -13,16 +13,27 @@ GQA: kv heads split over the SP ranks when sp divides them; when there are fewer
 they are repeated ``sp / kv_heads`` times first (as verl does), so each rank gets the kv head its query
 heads use. Padded rows (``use_remove_padding=False``, sdpa on CPU) and packed rows (flash-attention's
 varlen path on GPU; position ids restart per sequence) are both supported. Eager attention is not.
+
+The SP group and the full-length position ids travel as keyword arguments of the model call
+(``ulysses_group``, ``ulysses_position_ids``): transformers hands a model's extra kwargs down to every
+attention function. There is no global "SP is on" flag: under (non-reentrant) gradient checkpointing a
+decoder layer keeps its call's kwargs and re-runs with them in backward, so the recomputation does the
+same all-to-alls as the forward (a flag set only during the forward let it fall through: review D2).
+
+LM head (review D3): with ``chunk_size`` > 0 the head scores only this rank's positions that predict a
+response token, ``chunk_size`` tokens at a time (``response_head.scoring_head``), so no
+``[rows, s/sp, V]`` fp32 logits exist. ``chunk_size`` 0 keeps the dense head (models whose logits are
+not a plain linear head: the actor passes 0 for them).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Optional
 
 import torch
 
 from verl.utils.parallel_check import check_heads
+from verl.workers.actor.response_head import scoring_head
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits
 from verl.utils.ulysses import (gather_heads_scatter_seq, gather_seq, gather_seq_scatter_heads, group_size,
                                 local_slice, pad_to_multiple)
@@ -30,17 +41,15 @@ from verl.utils.ulysses import (gather_heads_scatter_seq, gather_seq, gather_seq
 WRAPPED_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 
 
-class _Active:
-    """The SP group and full-length position ids of the Ulysses forward now running (None outside one)."""
-
-    group = None
-    position_ids: Optional[torch.Tensor] = None
+# Keyword arguments of the model call that carry the SP state down to the attention functions.
+GROUP_KWARG, POSITIONS_KWARG = "ulysses_group", "ulysses_position_ids"
 
 
 def _wrap(attention_fn):
     @functools.wraps(attention_fn)
     def ulysses_attention(module, query, key, value, attention_mask, *args, **kwargs):
-        group = _Active.group
+        group = kwargs.pop(GROUP_KWARG, None)
+        full_positions = kwargs.pop(POSITIONS_KWARG, None)
         if group is None:
             return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
         sp = group_size(group)
@@ -49,8 +58,8 @@ def _wrap(attention_fn):
             key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
         # [b, heads, s/sp, d] -> [b, heads/sp, s, d]
         query, key, value = (gather_seq_scatter_heads(t, group, seq_dim=2, head_dim=1) for t in (query, key, value))
-        if "position_ids" in kwargs and _Active.position_ids is not None:
-            kwargs["position_ids"] = _Active.position_ids  # flash varlen finds packed sequences by these
+        if "position_ids" in kwargs and full_positions is not None:
+            kwargs["position_ids"] = full_positions  # flash varlen finds packed sequences by these
         saved_groups = getattr(module, "num_key_value_groups", None)
         if saved_groups is not None:
             module.num_key_value_groups = query.shape[1] // key.shape[1]
@@ -75,17 +84,6 @@ def install_ulysses_attention() -> None:
         fn = AttentionInterface._global_mapping.get(name)
         if fn is not None and not getattr(fn, "_ulysses_wrapped", False):
             AttentionInterface.register(name, _wrap(fn))
-
-
-@contextlib.contextmanager
-def _active(group, position_ids):
-    if _Active.group is not None:
-        raise RuntimeError("nested Ulysses forwards are not supported")
-    _Active.group, _Active.position_ids = group, position_ids
-    try:
-        yield
-    finally:
-        _Active.group, _Active.position_ids = None, None
 
 
 def _model_config(module):
@@ -121,16 +119,28 @@ def _mask_mapping(config, input_ids: torch.Tensor, attention_mask: Optional[torc
 
 
 def _local_token_stats(module, group, input_ids, attention_mask, position_ids, temperature: float,
-                       calculate_entropy: bool):
+                       calculate_entropy: bool, scored: torch.Tensor, chunk_size: int):
     """Full-length inputs [b, s] (s divisible by sp) -> (entropy or None, log-probs), each [b, s], where
-    position t scores ``input_ids[t + 1]`` (the last position scores a wrapped-around token: ignore it)."""
+    position t scores ``input_ids[t + 1]`` (the last position scores a wrapped-around token: ignore it).
+
+    ``scored`` [b, s] bool marks the positions whose values are used; with ``chunk_size`` > 0 only those
+    are scored (zeros elsewhere), through the chunked head.
+    """
     install_ulysses_attention()
     mapping = _mask_mapping(_model_config(module), input_ids, attention_mask, position_ids)
     labels = torch.roll(input_ids, shifts=-1, dims=1)
     ids_local, pos_local, labels_local = (local_slice(t, group, dim=1) for t in (input_ids, position_ids, labels))
-    with _active(group, position_ids):
-        logits = module(input_ids=ids_local, attention_mask=mapping, position_ids=pos_local, use_cache=False).logits
-    logits = logits.float()
+    call = dict(input_ids=ids_local, attention_mask=mapping, position_ids=pos_local, use_cache=False,
+                **{GROUP_KWARG: group, POSITIONS_KWARG: position_ids})
+    if chunk_size > 0:
+        rows, cols = local_slice(scored, group, dim=1).nonzero(as_tuple=True)
+        with scoring_head(module, rows, cols, labels_local[rows, cols], temperature=temperature,
+                          chunk_size=chunk_size, with_entropy=calculate_entropy):
+            out = module(**call).logits  # [T, 2] (log p, entropy) or [T, 1]
+        local = out.new_zeros(ids_local.shape + (out.shape[-1],)).index_put((rows, cols), out)
+        log_probs = gather_seq(local[..., 0], group, dim=1)
+        return (gather_seq(local[..., 1], group, dim=1) if calculate_entropy else None), log_probs
+    logits = module(**call).logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     if calculate_entropy:
@@ -140,17 +150,23 @@ def _local_token_stats(module, group, input_ids, attention_mask, position_ids, t
 
 
 def ulysses_response_log_probs(module, micro: dict, temperature: float, calculate_entropy: bool, group,
-                               packed: bool = False):
+                               packed: bool = False, chunk_size: int = 0):
     """(entropy [b, L] or None, log-probs [b, L]) of the response tokens, equal to the plain forward's.
 
     ``packed``: valid tokens of all rows go into one row (flash-attention varlen on GPU); otherwise the
-    padded rows are split along positions as they are.
+    padded rows are split along positions as they are. ``chunk_size`` > 0: the chunked LM head, scoring
+    only the positions that predict a response token (values at masked response positions are 0).
     """
     input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
     position_ids, responses = micro["position_ids"], micro["responses"]
     b, s = input_ids.shape
     sp = group_size(group)
     response_length = responses.size(-1)
+    # position t scores token t + 1: the response's scores sit one step to the left.
+    window = slice(s - response_length - 1, s - 1)
+    scored = torch.zeros_like(attention_mask, dtype=torch.bool)
+    if response_length:
+        scored[:, window] = attention_mask[:, -response_length:].bool()
     if packed:
         valid = attention_mask.bool()
         flat_ids = pad_to_multiple(input_ids[valid].unsqueeze(0), sp, dim=1)
@@ -158,7 +174,9 @@ def ulysses_response_log_probs(module, micro: dict, temperature: float, calculat
         # The padding forms a sequence of its own (positions 0..pad-1), so it never joins a real one.
         flat_pos = torch.cat([position_ids[valid], torch.arange(flat_ids.shape[1] - total, device=input_ids.device,
                                                                  dtype=position_ids.dtype)]).unsqueeze(0)
-        ent, lp = _local_token_stats(module, group, flat_ids, None, flat_pos, temperature, calculate_entropy)
+        flat_scored = pad_to_multiple(scored[valid].unsqueeze(0), sp, dim=1, value=False)
+        ent, lp = _local_token_stats(module, group, flat_ids, None, flat_pos, temperature, calculate_entropy,
+                                     flat_scored, chunk_size)
         lp_full = lp.new_zeros(b, s)
         lp_full[valid] = lp[0, :total]
         ent_full = None
@@ -169,9 +187,8 @@ def ulysses_response_log_probs(module, micro: dict, temperature: float, calculat
         ids = pad_to_multiple(input_ids, sp, dim=1)
         mask = pad_to_multiple(attention_mask, sp, dim=1)
         pos = pad_to_multiple(position_ids, sp, dim=1)
-        ent_full, lp_full = _local_token_stats(module, group, ids, mask, pos, temperature, calculate_entropy)
+        ent_full, lp_full = _local_token_stats(module, group, ids, mask, pos, temperature, calculate_entropy,
+                                               pad_to_multiple(scored, sp, dim=1, value=False), chunk_size)
         lp_full = lp_full[:, :s]
         ent_full = ent_full[:, :s] if ent_full is not None else None
-    # position t scores token t + 1: the response's scores sit one step to the left.
-    window = slice(s - response_length - 1, s - 1)
     return (ent_full[:, window] if ent_full is not None else None), lp_full[:, window]
