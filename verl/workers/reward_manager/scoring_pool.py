@@ -272,6 +272,11 @@ class ScoringPool:
         results: list[ScoreResult | None] = [None] * len(items)
         pending = collections.deque(range(len(items)))
         while pending or any(w.tasks for w in self._workers):
+            for worker in list(self._workers):
+                # A worker that warmed up long before this first batch has its READY waiting in the pipe:
+                # read it before judging the start-up time (found by the recipe rehearsal, issue 22).
+                if not worker.ready and worker.conn.poll():
+                    self._handle_ready(worker, stats)
             for worker in self._workers:
                 if not worker.ready and time.monotonic() - worker.started_at > self.startup_timeout_s:
                     raise RuntimeError(f"reward scoring worker not ready after {self.startup_timeout_s:.0f} s")
