@@ -159,9 +159,11 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
     work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
     os.makedirs(work, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_STOP", "CUDA_VISIBLE_DEVICES")}
+    refused = None
     try:
         recipe = read_recipe(script, base_env)
-    except RecipeError:
+    except RecipeError as exc:
+        refused = str(exc)
         # a script that refuses its own default model (train_sft_rl.sh before the SFT stage) is read with the
         # rehearsal's model folder; the family then comes from the tiny default
         os.makedirs(os.path.join(work, "model"), exist_ok=True)
@@ -169,6 +171,8 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
             f.write("{}")
         recipe = read_recipe(script, dict(base_env, MODEL_PATH=os.path.join(work, "model")))
     env, overrides, report = plan(recipe, work, ranks, steps)
+    if refused is not None:
+        report["model"]["was"] = f"the script's default, which it refused here ({refused})"
     print_report(report, overrides)
     build_inputs(report)
     code = 0
