@@ -19,8 +19,15 @@ the forward/backward allocates are. glibc returns large blocks to the OS at once
 
     .venv/bin/python exp_scripts/bench_memory.py [--rows 4 --width 1024 --tokens 256] [--chunk 1024]
 
+SP-2 rows (``logprob-sp2``, ``update-sp2``): the same batch on 2 forked gloo ranks forming one Ulysses
+SP group (``ulysses_forward.py``; each rank holds 1/2 of the positions, the model replicated) with
+gradient checkpointing on, as ``train_16k.sh`` runs SP (the layers' activations, the same in both
+modes, then do not hide the head's share). ``ours`` scores through the chunked head, ``naive``
+through the dense head on the local slice (``[rows, width/2, V]`` fp32 logits per rank). The peak is
+the larger rank's. ``--sp 1`` drops these rows.
+
 Prints a table, the bytes per real token, and as its last line ``peak ours/naive=<r>`` (the larger of
-the update's and the log-prob pass's ratios). The defaults fit this 24 GB machine; the issue's shape
+the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
 (``--width 4096 --tokens 1000``) needs ~40 GB for the naive update.
 """
 from __future__ import annotations
@@ -37,6 +44,7 @@ QWEN2_SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, n
                    num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=32768,
                    rope_theta=1000000.0, rms_norm_eps=1e-6)
 PHASES = ("logprob", "update")
+SP_SUFFIX = "-sp"  # "logprob-sp2": the phase on an SP group of 2 ranks
 MODES = ("ours", "naive")
 
 
@@ -48,12 +56,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the Qwen2-shaped model")
     p.add_argument("--chunk", type=int, default=1024, help="ours: model.logprob_chunk_size (tokens)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sp", type=int, default=2, help="also measure both phases at this Ulysses SP size (1: skip)")
     p.add_argument("--modes", default="ours,naive",
                    help="ours,naive (default) or one of them; the ratio line needs both")
     p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.rows < 1 or args.layers < 1 or args.chunk < 1:
-        p.error("--rows, --layers and --chunk must be >= 1")
+    if args.rows < 1 or args.layers < 1 or args.chunk < 1 or args.sp < 1:
+        p.error("--rows, --layers, --chunk and --sp must be >= 1")
+    if args.sp > 1 and QWEN2_SHAPE["num_attention_heads"] % args.sp:
+        p.error(f"--sp {args.sp} must divide the model's {QWEN2_SHAPE['num_attention_heads']} attention heads")
     if not 8 <= args.width or not 2 <= args.tokens <= args.width:
         p.error("need --width >= 8 and 2 <= --tokens <= --width")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -86,7 +97,35 @@ def _rss_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def run_child(args, mode: str, phase: str) -> dict:
+def phases(args) -> list[str]:
+    """The table's rows: the plain phases, then the same phases on an SP group when ``--sp`` > 1."""
+    return list(PHASES) + ([f"{ph}{SP_SUFFIX}{args.sp}" for ph in PHASES] if args.sp > 1 else [])
+
+
+def _sp_rank(rank, world, port, args, mode, phase):
+    """One rank of the SP group (``verl.utils.distributed_testing.run_gloo_ranks``): its own peak."""
+    import torch.distributed as dist
+
+    from verl.utils.fsdp_mesh import build_ulysses_mesh
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    args.threads = max(1, args.threads // world)  # this fork's copy: the ranks share --threads cores
+    try:
+        return run_child(args, mode, phase, ulysses_group=build_ulysses_mesh("cpu", world, world).get_group("sp"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_sp_child(args, mode: str, phase: str) -> dict:
+    """``phase`` on ``--sp`` forked gloo ranks; the result of the rank with the larger peak."""
+    from verl.utils.distributed_testing import run_gloo_ranks
+
+    per_rank = run_gloo_ranks(_sp_rank, args.sp, args, mode, phase.split(SP_SUFFIX)[0], timeout_s=1800)
+    worst = max(per_rank, key=lambda r: r["peak_bytes"])
+    return dict(worst, phase=phase)
+
+
+def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -97,6 +136,8 @@ def run_child(args, mode: str, phase: str) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=args.layers, **QWEN2_SHAPE),
                                              dtype=torch.float32, attn_implementation="sdpa")
+    if ulysses_group is not None:  # as train_16k.sh runs SP: with gradient checkpointing (both modes)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
     rows = args.rows
     from luffy_pool.config_compose import actor_config
@@ -104,14 +145,17 @@ def run_child(args, mode: str, phase: str) -> dict:
     cfg = actor_config(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
                        ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,
                        clip_upper_bound=1.0, entropy_coeff=0.001, grad_clip=1.0, use_kl_loss=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    from verl.utils.optim import build_adamw
+
+    # The worker's AdamW (fused kernel on CPU): the per-parameter loop would add two [V, H] temporaries.
+    optimizer = build_adamw(model.parameters(), lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01)
     if phase == "update":  # optimizer state exists from the second step on: resident before the phase
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     actor = DataParallelPPOActor(cfg, model, optimizer, shared_prompt_forward=True,
-                                 logprob_chunk_size=args.chunk if mode == "ours" else 0)
+                                 logprob_chunk_size=args.chunk if mode == "ours" else 0, ulysses_group=ulysses_group)
     data = DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0, "micro_batch_size": rows,
                                                          "use_dynamic_bsz": False})
     base = _rss_kb("VmRSS")
@@ -133,13 +177,14 @@ def run_child(args, mode: str, phase: str) -> dict:
 def _child_cmd(args, mode: str, phase: str) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "--child", mode, phase, "--rows", str(args.rows),
             "--width", str(args.width), "--tokens", str(args.tokens), "--layers", str(args.layers),
-            "--chunk", str(args.chunk), "--threads", str(args.threads)]
+            "--chunk", str(args.chunk), "--threads", str(args.threads), "--sp", str(args.sp)]
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(run_child(args, *args.child)))
+        mode, phase = args.child
+        print(json.dumps(run_sp_child(args, mode, phase) if SP_SUFFIX in phase else run_child(args, mode, phase)))
         return 0
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
@@ -150,7 +195,7 @@ def main(argv=None) -> int:
           f"ours: logprob_chunk_size={args.chunk}; naive: full [rows, width, V] fp32 logits = {logits_bytes / gib:.2f} GiB",
           flush=True)
     results = {}
-    for phase in PHASES:
+    for phase in phases(args):
         for mode in args.modes:
             proc = subprocess.run(_child_cmd(args, mode, phase), env=env, capture_output=True, text=True, cwd=REPO)
             if proc.returncode != 0:
@@ -158,7 +203,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{mode} {phase} failed (exit {proc.returncode})")
             results[mode, phase] = json.loads(proc.stdout.strip().splitlines()[-1])
             r = results[mode, phase]
-            print(f"  {phase:8s} {mode:5s} peak +{r['peak_bytes'] / gib:6.2f} GiB over {r['resident_bytes'] / gib:5.2f} GiB "
+            print(f"  {phase:12s} {mode:5s} peak +{r['peak_bytes'] / gib:6.2f} GiB over {r['resident_bytes'] / gib:5.2f} GiB "
                   f"resident  ({r['seconds']:.1f} s)", flush=True)
     if len(args.modes) < 2:
         for (mode, phase), r in results.items():
@@ -166,7 +211,7 @@ def main(argv=None) -> int:
                   f"({r['real_tokens']} real tokens, {r['response_tokens']} response tokens)")
         return 0
     ratios = {}
-    for phase in PHASES:
+    for phase in phases(args):
         ours, naive = results["ours", phase], results["naive", phase]
         ratios[phase] = ours["peak_bytes"] / naive["peak_bytes"]
         print(f"{phase}: ours/naive={ratios[phase]:.3f}; bytes per real token: ours {ours['peak_bytes'] / ours['real_tokens']:,.0f}"

@@ -109,6 +109,7 @@ POSITIVE_INTS = (
     "data.self_replay.capacity", "data.self_replay.max_per_prompt", "data.self_replay.slots",
 )
 POSITIVE_INTS += ("trainer.max_actor_ckpt_to_keep",)  # issue 18: checkpoint retention
+POSITIVE_INTS += ("actor_rollout_ref.nccl_timeout",)  # issue 22: process-group timeout (seconds)
 UNIT_INTERVAL = (
     "reward.orm.max_failure_rate",  # issue 18
     "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",
@@ -259,6 +260,7 @@ class _Checker:
         self._range(MINUS_ONE_OR_POSITIVE, lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")
         self._range((f"{_R}.top_k",), lambda v: v >= -1, "must be -1 (off), 0 (off, hf) or > 0")
         self._range(("data.self_replay.max_age",), lambda v: v >= -1, "must be -1 (no limit) or >= 0")
+        self._range((f"{_R}.sleep_level",), lambda v: v in (1, 2), "must be 1 or 2 (vLLM sleep levels)")  # issue 22
         betas = self.get(f"{_A}.optim.betas")
         if not (isinstance(betas, list) and len(betas) == 2 and all(_type_ok(b, (float,)) and 0 <= b < 1 for b in betas)):
             self.fail(f"'{_A}.optim.betas' must be two numbers in [0, 1), got {betas!r}")

@@ -5,7 +5,8 @@ second, not after initialisation, validation and a training step. ``preflight(co
 output folders (created and written to), the model and tokenizer folders (``config.json`` and
 tokenizer files; a bare hub name must be in the local cache or the hub reachable, so an offline
 machine fails at once instead of waiting on retries), and every data file (readable as parquet, the
-expected columns present, at least one row, no blank prompt, valid UTF-8). All problems are reported
+expected columns present, at least one row, no blank prompt, valid UTF-8), and that an explicit
+flash-attention kernel has its package installed. All problems are reported
 together, one line each naming the key, path, row and column; ``PreflightError`` is a ``ConfigError``
 so ``main_mix_ppo`` prints them like config errors (exit code 2).
 """
@@ -152,6 +153,17 @@ def check_parquet(path: str, key: str, columns: tuple[str, ...], prompt_key: Opt
     return problems
 
 
+def check_attn_implementation(name: str, key: str = "actor_rollout_ref.model.attn_implementation") -> Optional[str]:
+    """An explicit flash-attention kernel needs its package here (``auto`` falls back to sdpa instead)."""
+    from verl.utils.attn_impl import missing_kernel_package
+
+    dist = missing_kernel_package(name)
+    if dist is None:
+        return None
+    return (f"'{key}'={name} needs the {dist} package, which is not installed here "
+            f"(pip install {dist}, or set {key}=auto to fall back to sdpa)")
+
+
 # ---------------------------------------------------------------------- all of it
 def preflight(config) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files."""
@@ -167,6 +179,7 @@ def preflight(config) -> None:
         errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))
     model = str(config.actor_rollout_ref.model.path)
     errors.append(check_model_source(model, "actor_rollout_ref.model.path"))
+    errors.append(check_attn_implementation(str(config.actor_rollout_ref.model.attn_implementation)))
     if d.tokenizer:
         errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))
     base = (d.prompt_key, "data_source", "reward_model")

@@ -139,6 +139,7 @@ class RolloutSection:
     ignore_eos: bool
     enforce_eager: bool
     free_cache_engine: bool
+    sleep_level: int
     load_format: str
     tensor_model_parallel_size: int
     max_num_batched_tokens: int
@@ -185,6 +186,7 @@ class WorkerSections:
     actor: ActorSection
     ref: RefSection
     rollout: RolloutSection
+    nccl_timeout: int  # actor_rollout_ref.nccl_timeout: seconds, the process group's collective timeout
 
     @classmethod
     def from_config(cls, arr_cfg) -> "WorkerSections":
@@ -192,4 +194,13 @@ class WorkerSections:
         return cls(model=build_section(ModelSection, arr_cfg.model, "actor_rollout_ref.model"),
                    actor=ActorSection.from_actor_config(arr_cfg.actor),
                    ref=build_section(RefSection, arr_cfg.ref, "actor_rollout_ref.ref"),
-                   rollout=RolloutSection.from_rollout_config(arr_cfg.rollout))
+                   rollout=RolloutSection.from_rollout_config(arr_cfg.rollout),
+                   nccl_timeout=int(_top_level(arr_cfg, "nccl_timeout")))
+
+
+def _top_level(arr_cfg, key: str):
+    """A plain key of the ``actor_rollout_ref`` group itself (not of one of its sections)."""
+    if key not in arr_cfg:
+        raise KeyError(f"actor_rollout_ref.{key} is missing from the config (compose it from "
+                       f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)")
+    return arr_cfg[key]

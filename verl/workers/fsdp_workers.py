@@ -8,6 +8,7 @@ the sharding manager before every generation. Checkpointing lives in ``verl.util
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import time
@@ -85,7 +86,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _init_distributed(self) -> None:
         if not dist.is_initialized():
             backend = "nccl" if self.device == "cuda" else "gloo"
-            dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size,
+                                    timeout=datetime.timedelta(seconds=self.sections.nccl_timeout))
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
@@ -115,9 +117,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.import_utils import import_external_libs
 
         import_external_libs(mcfg.external_lib)  # registers a custom architecture before AutoConfig reads it
-        attn = mcfg.attn_implementation
-        if attn == "auto":
-            attn = "flash_attention_2" if self.device == "cuda" else "sdpa"
+        from verl.utils.attn_impl import resolve_attn_implementation
+
+        attn = resolve_attn_implementation(mcfg.attn_implementation, self.device)  # auto: sdpa without flash-attn
         hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.trust_remote_code)
         for k, v in (mcfg.override_config or {}).items():
             setattr(hf_config, k, v)
@@ -219,10 +221,13 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             compute = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
             self.optimizer_offload = OptimizerOffload(
                 self.actor_optimizer, compute, enabled=bool(s.actor.fsdp_config.optimizer_offload))
+            # Offloaded shards keep their gradients in host memory: reduce the norm on the GPU (review D4).
+            offloaded = bool(s.actor.fsdp_config.param_offload) and self.device == "cuda"
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
-                                        dp_group=self.dp_group, batch_sizes=self.batch_sizes)
+                                        dp_group=self.dp_group, batch_sizes=self.batch_sizes,
+                                        grad_norm_device=compute if offloaded else None)
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:

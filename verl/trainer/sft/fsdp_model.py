@@ -8,8 +8,6 @@ that the RL trainer takes as ``actor_rollout_ref.model.path``.
 """
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import shutil
 
@@ -17,8 +15,6 @@ import torch
 import torch.distributed as dist
 
 from verl.utils.fsdp_utils import apply_fsdp2, cpu_offload_policy, mixed_precision_policy, to_torch_dtype
-
-logger = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
@@ -34,13 +30,9 @@ def resolve_device(device: str) -> str:
 
 def resolve_attn_implementation(name: str, device: str) -> str:
     """``auto`` -> flash_attention_2 on cuda when flash-attn is importable, else sdpa."""
-    if name != "auto":
-        return name
-    if device == "cuda":
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-        logger.warning("model.attn_implementation=auto: flash-attn is not installed, using sdpa")
-    return "sdpa"
+    from verl.utils.attn_impl import resolve_attn_implementation as resolve
+
+    return resolve(name, device, key="model.attn_implementation")
 
 
 def _param_dtype(name: str, device: str) -> torch.dtype:

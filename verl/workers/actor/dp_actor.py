@@ -66,6 +66,9 @@ class DataParallelPPOActor:
         logprob_chunk_size: score only the response tokens, this many at a time through the LM head
             (``response_head.py``), instead of full ``[rows, width, V]`` logits; 0 = always full logits.
         ulysses_group: sequence-parallel process group (``ulysses_forward.py``), None for SP=1.
+        grad_norm_device: run the gradient-norm reduction on this device (``verl/utils/grad_norm.py``): the
+            worker sets it under ``fsdp_config.param_offload`` on GPU, where the gradients live in host
+            memory and the group has no CPU backend; None = ``torch.nn.utils.clip_grad_norm_``.
         batch_sizes: rows per rank of the update (``verl/utils/batch_sizes.RankBatchSizes``, from the worker);
             None = a standalone actor (one rank, one response per prompt: the config's prompts are rows).
     """
@@ -73,6 +76,7 @@ class DataParallelPPOActor:
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
                  shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None,
+                 grad_norm_device=None,
                  batch_sizes: Optional[RankBatchSizes] = None):
         self.config = config
         # The update's keys, typed and built once (verl/workers/config_sections.py).
@@ -95,6 +99,7 @@ class DataParallelPPOActor:
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
+        self.grad_norm_device = grad_norm_device
         self.logprob_chunk_size = int(logprob_chunk_size) if supports_scoring_head(actor_module) else 0
 
     @staticmethod
@@ -277,7 +282,14 @@ class DataParallelPPOActor:
 
     def _optimizer_step(self) -> float:
         """Clip the global grad norm and step, or skip the step when the norm is not finite."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(), max_norm=self.update_config.grad_clip)
+        if self.grad_norm_device is not None:
+            from verl.utils.grad_norm import clip_grad_norm_on_device
+
+            grad_norm = clip_grad_norm_on_device(self.actor_module.parameters(), self.update_config.grad_clip,
+                                                 self.grad_norm_device)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(),
+                                                       max_norm=self.update_config.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)

@@ -57,9 +57,9 @@ class RolloutEngineConfig:
     # top-k/top-p); with LUFFY's top_p=1, top_k=-1 this equals log_softmax(logits / T), which is what
     # the actor recomputes.
     logprobs_mode: str = "processed_logprobs"
-    # GPU sleep level between generations: 1 keeps a CPU copy of the weights, 2 drops them (every step
-    # pushes all weights anyway, so 2 saves host memory).
-    sleep_level: int = 1
+    # GPU sleep level between generations: 1 copies the weights to host memory and back, 2 drops them
+    # (every wake-up follows a full weight sync that overwrites them; YAML rollout.sleep_level).
+    sleep_level: int = 2
     weight_transport: str = "auto"
     # Engine rebuilds allowed per generate call when it raises (LUFFY retries after engine failures).
     max_engine_restarts: int = 1

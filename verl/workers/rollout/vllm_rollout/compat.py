@@ -1,29 +1,54 @@
-"""Start-up check that the installed vLLM has the in-place reload the weight sync needs (review A10).
+"""Start-up check that the installed vLLM has the in-place reload the weight sync needs (review A10, D6).
 
 ``WeightSyncExtension`` calls the worker's ``reload_weights(weights_iterator=...)``, which older vLLM
 releases lack; without this check such a run would build its engines, generate once and fail at the
 first weight push of the first step. Checked before any engine is built, on the vLLM that is imported.
+
+The worker forwards the call to its model runner, and vLLM 0.32 has two: ``Worker._make_model_runner``
+(``vllm/v1/worker/gpu_worker.py``) builds Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``) when
+``VllmConfig.use_v2_model_runner`` holds, which is the default on CUDA with Triton
+(``vllm/config/vllm.py``), and the V1 runner (``vllm/v1/worker/gpu_model_runner.py``) otherwise, e.g. on
+this CPU build (no Triton). Both runners are checked, so a GPU run is covered although every vLLM test
+here runs V1. A runner module that does not import is not a reload problem (vLLM would fail to build it
+first), except V1, which the worker module itself imports.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Optional
 
 REQUIRED = "Worker.reload_weights(weights_iterator=...)"
+# (name, module, class) of each model runner the vLLM 0.32 GPU worker may build (see the docstring).
+MODEL_RUNNERS = (
+    ("V1", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("V2", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+)
+
+
+def _runner_problem(label: str, module_name: str, class_name: str) -> Optional[str]:
+    try:
+        runner = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):
+        return None if label != "V1" else f"its {label} model runner ({module_name}) cannot be imported"
+    reload = getattr(runner, "reload_weights", None)
+    if reload is None or "weights_iterator" not in inspect.signature(reload).parameters:
+        return f"its model runner {label} ({module_name}.{class_name}) has no reload_weights(weights_iterator=...)"
+    return None
 
 
 def missing_reload_api() -> Optional[str]:
     """Why the installed vLLM cannot take pushed weights, or None when it can."""
     try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
         from vllm.v1.worker.gpu_worker import Worker
     except ImportError as err:
         return f"its v1 worker cannot be imported ({err})"
     if not callable(getattr(Worker, "reload_weights", None)):
         return "vllm.v1.worker.gpu_worker.Worker has no reload_weights"
-    runner_reload = getattr(GPUModelRunner, "reload_weights", None)
-    if runner_reload is None or "weights_iterator" not in inspect.signature(runner_reload).parameters:
-        return "its model runner's reload_weights takes no weights_iterator"
+    for label, module_name, class_name in MODEL_RUNNERS:
+        problem = _runner_problem(label, module_name, class_name)
+        if problem is not None:
+            return problem
     return None
 
 
