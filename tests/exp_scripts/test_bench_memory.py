@@ -31,3 +31,12 @@ def test_arguments_are_checked():
         bench_memory.parse_args(["--chunk", "0"])
     args = bench_memory.parse_args([])
     assert (args.rows, args.width, args.tokens, args.chunk) == (4, 1024, 256, 1024)
+
+
+def test_sp_rows_follow_the_plain_rows_and_sp_must_split_the_heads():
+    assert bench_memory.phases(bench_memory.parse_args([])) == ["logprob", "update", "logprob-sp2", "update-sp2"]
+    assert bench_memory.phases(bench_memory.parse_args(["--sp", "1"])) == ["logprob", "update"]
+    with pytest.raises(SystemExit):
+        bench_memory.parse_args(["--sp", "3"])  # 14 attention heads do not split over 3 ranks
+    child = bench_memory._child_cmd(bench_memory.parse_args(["--sp", "2"]), "ours", "update-sp2")
+    assert child[child.index("--sp") + 1] == "2" and child[child.index("--child") + 2] == "update-sp2"

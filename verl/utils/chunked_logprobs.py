@@ -97,9 +97,10 @@ class _ChunkedHead(torch.autograd.Function):
                 coeff = log_p.add_(entropy[s : s + chunk_size].unsqueeze(-1))
                 coeff.mul_(grad_entropy[s : s + chunk_size].unsqueeze(-1)).add_(g_lp)
                 grad_z = probs.mul_(coeff).neg_()
+                del coeff  # the log_p buffer: free it before dW's [V, H] is allocated
             else:
                 grad_z = probs.mul_(-g_lp)
-            del log_p
+            del log_p, probs  # grad_z is the one [chunk, V] buffer left
             grad_z.scatter_add_(-1, labels[s : s + chunk_size].unsqueeze(-1), g_lp)
             if temperature != 1.0:
                 grad_z.div_(temperature)

@@ -114,15 +114,16 @@ class DataParallelPPOActor:
         """Return (entropy [b, L] or None, log_probs [b, L]) of the response tokens."""
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
+        # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
+        chunked = 0 < self.logprob_chunk_size < input_ids.numel()
         # SP first: its forward shards the sequence and scores each rank's slice (ulysses_forward.py).
         if self.ulysses_group is not None:
             from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
 
             return ulysses_response_log_probs(self.actor_module, micro, temperature, calculate_entropy,
                                               self.ulysses_group, packed=self.use_remove_padding,
-                                              chunk_size=self.logprob_chunk_size)
-        # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
-        if 0 < self.logprob_chunk_size < input_ids.numel():
+                                              chunk_size=self.logprob_chunk_size if chunked else 0)
+        if chunked:
             log_probs, entropy = response_logprobs(
                 self.actor_module, input_ids, attention_mask, position_ids, responses, temperature=temperature,
                 chunk_size=self.logprob_chunk_size, with_entropy=calculate_entropy, packed=self.use_remove_padding,

@@ -146,6 +146,7 @@ def _checkpointing_job(rank, world, port, sp):
     from omegaconf import OmegaConf
 
     from verl.utils.fsdp_mesh import build_ulysses_mesh
+    from verl.workers.actor import response_head as chunked_logprobs  # the name the scoring head calls
     from verl.workers.actor.dp_actor import DataParallelPPOActor
     from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
 
@@ -177,12 +178,24 @@ def _checkpointing_job(rank, world, port, sp):
                 "loss": abs(loss.item() - loss_ref.item()),
                 "grad": max((grads[n] - grads_ref[n]).abs().max().item() for n in grads),
                 "grad_scale": max(g.abs().max().item() for g in grads_ref.values())}
+    # through the actor: a micro-batch larger than logprob_chunk_size takes the chunked head under SP too
+    sp_actor = DataParallelPPOActor(OmegaConf.create({}), model, ulysses_group=group, logprob_chunk_size=4)
+    calls = []
+    chunked = chunked_logprobs.chunked_logprobs_entropy
+    chunked_logprobs.chunked_logprobs_entropy = lambda *a, **k: calls.append(1) or chunked(*a, **k)
+    try:
+        _, lp_actor = sp_actor._forward_micro_batch(micro, 0.7, calculate_entropy=False)
+    finally:
+        chunked_logprobs.chunked_logprobs_entropy = chunked
+    valid = micro["attention_mask"][:, -lp_actor.shape[1]:].bool()
+    result["actor_chunked"] = (len(calls), (lp_actor - lp_ref).detach()[valid].abs().max().item())
     dist.destroy_process_group()
     return result
 
 
-def _update_job(rank, world, port, sp):
-    """FSDP2 over all ranks, SP groups of ``sp``, one update_policy; vs one plain process updating on the union."""
+def _update_job(rank, world, port, sp, checkpointing=False):
+    """FSDP2 over all ranks, SP groups of ``sp``, one update_policy; vs one plain process updating on the union
+    (``checkpointing``: the SP model recomputes its layers in backward, the reference does not)."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
@@ -205,7 +218,10 @@ def _update_job(rank, world, port, sp):
                             ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
                             grad_clip=100.0, use_kl_loss=False)
 
-    model = fsdp_utils.apply_fsdp2(_tiny_model(1), build_fsdp_mesh("cpu", world, -1),
+    model = _tiny_model(1)
+    if checkpointing:  # before sharding, as the worker does
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = fsdp_utils.apply_fsdp2(model, build_fsdp_mesh("cpu", world, -1),
                                    fsdp_utils.mixed_precision_policy(device="cpu"))
     # SGD: the weight change is the gradient itself (AdamW would amplify float noise on near-zero grads).
     actor = DataParallelPPOActor(cfg(4, 4), model, torch.optim.SGD(model.parameters(), lr=0.5), ulysses_group=group)
@@ -222,6 +238,10 @@ def _update_job(rank, world, port, sp):
               "grad_norm": metrics["actor/grad_norm"][0], "ref_grad_norm": ref_metrics["actor/grad_norm"][0]}
     dist.destroy_process_group()
     return result
+
+
+def _update_checkpointing_job(rank, world, port, sp):
+    return _update_job(rank, world, port, sp, checkpointing=True)
 
 
 def _data_job(rank, world, port, sp):
@@ -246,7 +266,8 @@ def _data_job(rank, world, port, sp):
 def runs():
     jobs = {"fwd2": (_forward_job, 2, 2), "fwd4": (_forward_job, 4, 4), "upd2": (_update_job, 2, 2),
             "upd4": (_update_job, 4, 2), "data4": (_data_job, 4, 2),
-            "ckpt2": (_checkpointing_job, 2, 2), "ckpt4": (_checkpointing_job, 4, 2)}  # name: (job, world, sp)
+            "ckpt2": (_checkpointing_job, 2, 2), "ckpt4": (_checkpointing_job, 4, 2),
+            "upd4ckpt": (_update_checkpointing_job, 4, 2)}  # name: (job, world, sp)
     return {f"{name}_rank{r}": result for name, (job, world, sp) in jobs.items()
             for r, result in enumerate(_run_ranks(job, world, sp))}
 
@@ -281,14 +302,17 @@ def test_sp2_with_gradient_checkpointing_equals_sp1_without(runs, world):
                 r = result[(packed, chunk)]
                 assert r["grad_scale"] > 1e-3
                 assert r["lp"] < TOL and r["ent"] < TOL and r["loss"] < TOL and r["grad"] < TOL, (world, packed, chunk, r)
+        calls, diff = result["actor_chunked"]
+        assert calls == 1 and diff < TOL, result["actor_chunked"]
 
 
 @pytest.mark.slow  # forked gloo ranks
-@pytest.mark.parametrize("world", [2, 4])
-def test_sp2_fsdp_update_equals_a_plain_data_parallel_update(runs, world):
-    """world 2: SP=2, dp=1; world 4: SP=2, dp=2 (SP groups share rows, dp groups differ)."""
+@pytest.mark.parametrize("name,world", [("upd2", 2), ("upd4", 4), ("upd4ckpt", 4)])
+def test_sp2_fsdp_update_equals_a_plain_data_parallel_update(runs, name, world):
+    """world 2: SP=2, dp=1; world 4: SP=2, dp=2 (SP groups share rows, dp groups differ); upd4ckpt: the
+    FSDP2 SP model with gradient checkpointing, as train_16k.sh runs it."""
     for rank in range(world):
-        r = runs[f"upd{world}_rank{rank}"]
+        r = runs[f"{name}_rank{rank}"]
         assert r["moved"] > 1e-3
         assert r["weights"] < TOL, r
         assert r["pg_loss"][0] == pytest.approx(r["ref_pg_loss"], abs=TOL)
