@@ -12,6 +12,14 @@ the sync time, and a last line ``GPU_SMOKE {json}``. Exit code 0 = all checks pa
 
     python exp_scripts/gpu_smoke.py                       # one GPU (< 7 min on an H200)
     python exp_scripts/gpu_smoke.py --device cpu --small  # CI (tests/exp_scripts/test_gpu_smoke.py)
+    python exp_scripts/gpu_smoke.py --recipe exp_scripts/train.sh  # the recipe's switches on one GPU
+
+``--recipe SCRIPT`` reads a launch script through its own command line (luffy_pool/recipe.py, shared with
+the CPU rehearsal) and runs its switches at these shapes: gradient checkpointing, remove padding, dynamic
+batch sizes with its token budgets (scaled by its prompt length over this run's), the reference with its
+offload setting (the reference is switched on to exercise it: LUFFY's train.sh offloads a reference that
+use_ref=False leaves unused), its parameter dtype (bf16 on cuda), its log-prob chunk and its engine (vLLM).
+SP and TP need more than one device: they are printed, and rehearsed by exp_scripts/rehearse.sh.
 
 Needs torch, transformers, tensordict, omegaconf, hydra-core (+ vllm for the vLLM part).
 """
@@ -49,6 +57,7 @@ def parse_args(argv=None):
                    help="auto: the HF engine, then vLLM when importable")
     p.add_argument("--steps", type=int, default=2, help="LUFFY steps per engine")
     p.add_argument("--out", default=None, help="working folder (default: a temporary one)")
+    p.add_argument("--recipe", default=None, help="a launch script (exp_scripts/train.sh): run its switches")
     return p.parse_args(argv)
 
 
@@ -108,6 +117,27 @@ def overrides(model_dir: str, task_dir: str, out_dir: str, device: str, small: b
     ]
 
 
+def recipe_overrides(script: str, small: bool) -> tuple[list, dict]:
+    """Overrides that turn on a launch script's switches at this run's shapes, and the switches read."""
+    from luffy_pool.recipe import read_recipe
+
+    recipe = read_recipe(script, dict(os.environ, MODEL_PATH="recipe/model"))
+    sw = recipe.switches()
+    prompt = 96 if small else 256
+    factor = max(1, int(recipe.get("data.max_prompt_length")) // prompt)  # one factor for every token budget
+    a, r, m = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
+    out = [f"{m}enable_gradient_checkpointing={sw['gradient_checkpointing']}",
+           f"{m}use_remove_padding={sw['remove_padding']}",
+           f"{a}use_dynamic_bsz={sw['dynamic_bsz']}",
+           f"{a}ppo_max_token_len_per_gpu={max(1, sw['ppo_max_token_len_per_gpu'] // factor)}",
+           f"{r}log_prob_max_token_len_per_gpu={max(1, sw['log_prob_max_token_len_per_gpu'] // factor)}",
+           f"{m}logprob_chunk_size={max(1, sw['logprob_chunk_size'] // factor)}",
+           "actor_rollout_ref.ref.use_ref=True",
+           f"actor_rollout_ref.ref.fsdp_config.param_offload={sw['ref_param_offload']}",
+           f"{a}fsdp_config.param_dtype={sw['param_dtype']}"]
+    return out, dict(sw, token_factor=factor, script=script)
+
+
 def compose(overrides_list: list):
     from luffy_pool.config_check import check_config
     from luffy_pool.config_compose import compose_config
@@ -165,7 +195,8 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     from luffy_pool.mix_trainer import MIXRayPPOTrainer
     from verl.workers.reward_manager import RewardManager
 
-    config = compose(overrides(model_dir, task_dir, out_dir, args.device, args.small, rollout, args.steps))
+    extra, switches = recipe_overrides(args.recipe, args.small) if args.recipe else ([], None)
+    config = compose(overrides(model_dir, task_dir, out_dir, args.device, args.small, rollout, args.steps) + extra)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     loader, _, _, collate = build_dataloader(config, tokenizer)
     from omegaconf import open_dict
@@ -176,7 +207,8 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    worker = MIXActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", device=args.device)
+    role = "actor_rollout_ref" if config.actor_rollout_ref.ref.use_ref else "actor_rollout"
+    worker = MIXActorRolloutRefWorker(config.actor_rollout_ref, role=role, device=args.device)
     worker.init_model()
     init_s = time.perf_counter() - t0
     pushed_dtypes: set = set()
@@ -205,7 +237,8 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
                           "update_s": round(timing.get("update_actor", 0.0), 3),
                           "engine_tokens_per_s": round(gen_tokens / max(timing.get("gen", 1e-9), 1e-9), 1),
                           "weight_sync_s": round(float(metrics.get("timing_s/weight_sync", float("nan"))), 3),
-                          "pg_loss": float(metrics.get("actor/pg_loss", float("nan")))})
+                          "pg_loss": float(metrics.get("actor/pg_loss", float("nan"))),
+                          "kl_to_ref": float(metrics.get("critic/kl", float("nan")))})  # the reference ran
             print(f"[gpu_smoke] {rollout} step {step}: {json.dumps(steps[-1])}", flush=True)
         after = worker.actor_weight_fingerprint()
         param_dtype = worker._param_dtype(config.actor_rollout_ref.actor.fsdp_config)
@@ -219,7 +252,9 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
             "backend": dist.get_backend() == ("nccl" if cuda else "gloo"),
             "device": next(worker.actor_module.parameters()).device.type == args.device,
         }
-        result = {"engine": rollout, "init_s": round(init_s, 2), "steps": steps, "checks": checks,
+        if switches is not None:
+            checks.update(recipe_checks(worker, switches, args.device))
+        result = {"engine": rollout, "recipe": switches, "init_s": round(init_s, 2), "steps": steps, "checks": checks,
                   "engine_check": detail, "sync_dtypes": sorted(pushed_dtypes), "param_dtype": str(param_dtype),
                   "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else
                   round(_peak_rss_gb(), 2)}
@@ -232,6 +267,26 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         if cuda:
             torch.cuda.empty_cache()
     return result
+
+
+def recipe_checks(worker, switches: dict, device: str) -> dict:
+    """The worker really runs the recipe's switches (read back from the built worker, not the config)."""
+    import torch
+
+    actor, s = worker.actor, worker.sections
+    ref_params = list(worker.ref_module.parameters())
+    offloaded = all(p.device.type == "cpu" for p in ref_params)
+    want_dtype = torch.bfloat16 if (switches["param_dtype"] == "auto" and device == "cuda") else None
+    return {
+        # packing needs flash-attn's varlen kernels: on cuda the recipe's switch must act; on CPU (sdpa) the
+        # actor keeps padded rows by design (dp_actor._has_varlen_attention)
+        "recipe_remove_padding": bool(actor.use_remove_padding) == (
+            switches["remove_padding"] and (device == "cuda" or actor._has_varlen_attention(worker.actor_module))),
+        "recipe_dynamic_bsz": bool(s.actor.use_dynamic_bsz) == switches["dynamic_bsz"],
+        # FSDP2's CPU offload keeps the reference's shards in host memory between passes (on a CPU run: trivially)
+        "recipe_ref_offload": offloaded if switches["ref_param_offload"] else True,
+        "recipe_param_dtype": want_dtype is None or worker._param_dtype(s.actor.fsdp_config) == want_dtype,
+    }
 
 
 def _peak_rss_gb() -> float:
@@ -267,9 +322,17 @@ def main(argv=None) -> int:
     write_task_parquets(task_dir, n_train=64, n_test=8, level=2, seed=0)
     print(f"[gpu_smoke] model ({'small' if args.small else 'Qwen2.5-1.5B shapes'}) built in "
           f"{time.perf_counter() - t_all:.1f} s at {model_dir}", flush=True)
-    results = [run_engine(e, args, model_dir, task_dir, os.path.join(work, e)) for e in engines(args.rollout)]
+    chosen = engines(args.rollout)
+    if args.recipe:
+        from luffy_pool.recipe import read_recipe
+
+        recipe = read_recipe(args.recipe, dict(os.environ, MODEL_PATH="recipe/model"))
+        chosen = [recipe.get("actor_rollout_ref.rollout.name")] if args.rollout == "auto" else chosen
+        print(f"[gpu_smoke] recipe {args.recipe}: {json.dumps(recipe.switches())}; one device runs SP 1 / TP 1 "
+              f"(the recipe's SP {recipe.sp} x TP {recipe.tp}: bash exp_scripts/rehearse.sh {args.recipe})", flush=True)
+    results = [run_engine(e, args, model_dir, task_dir, os.path.join(work, e)) for e in chosen]
     ok = all(all(r["checks"].values()) for r in results)
-    summary = {"ok": ok, "device": args.device, "small": args.small, "total_s": round(time.perf_counter() - t_all, 1),
+    summary = {"ok": ok, "device": args.device, "small": args.small, "recipe": args.recipe, "total_s": round(time.perf_counter() - t_all, 1),
                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "results": results}
     for r in results:
         failed = [k for k, v in r["checks"].items() if not v]

@@ -230,6 +230,10 @@ def build_trainer(config: DictConfig):
         config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
     started_locally = not (RayInitSection.from_config(config).address or os.environ.get("RAY_ADDRESS"))
     init_ray(config, world_size, sections.trainer.device)
+    if int(sections.trainer.nnodes) > 1:
+        from luffy_pool.node_check import check_shared_folders
+
+        check_shared_folders(config)  # D8: each node sees the driver's checkpoint and model folder
     device = resolve_driver_device(config)
     check_cluster_capacity(config, bundle_uses_gpu(config, device), started_locally)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)

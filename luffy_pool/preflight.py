@@ -100,12 +100,11 @@ def _hub_reachable() -> bool:
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    """The id's snapshot is in the cache the workers will read (HF_HUB_CACHE / HF_HOME as set now)."""
+    from verl.utils.model_source import cached_snapshot
 
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    except Exception:  # noqa: BLE001 - an invalid repo id is simply not cached
-        return False
+    snap = cached_snapshot(repo_id)
+    return snap is not None and os.path.isfile(os.path.join(snap, "config.json"))
 
 
 def check_model_source(name: str, key: str, need_config: bool = True) -> Optional[str]:
@@ -124,13 +123,15 @@ def check_model_source(name: str, key: str, need_config: bool = True) -> Optiona
         return f"{key}={name}: the folder does not exist"
     if _in_hub_cache(name):
         return None
+    from verl.utils.model_source import unresolved_message
+
     offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v, "").lower() in ("1", "true", "yes")]
     if offline:
-        return f"{key}={name}: not a local folder and not in the HuggingFace cache, and {offline[0]} is set"
+        return f"{key}=" + unresolved_message(name, f"not a local folder and not in the HuggingFace cache, and {offline[0]} is set")
     if not _hub_reachable():
-        return (f"{key}={name}: not a local folder, not in the HuggingFace cache, and "
-                f"{os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} is unreachable (offline?); download it "
-                f"first and pass the local folder")
+        return f"{key}=" + unresolved_message(
+            name, f"not a local folder, not in the HuggingFace cache, and "
+                  f"{os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} is unreachable (offline?)")
     return None
 
 

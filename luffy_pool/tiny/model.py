@@ -32,6 +32,9 @@ class TinyModelSpec:
     max_position_embeddings: int = 2048
     think: bool = True
     seed: int = 0
+    # HF model_type of the architecture family (qwen2, qwen3, llama, ...): the recipe rehearsal builds the
+    # family of the model a launch script names.
+    model_type: str = "qwen2"
 
 
 def build_tokenizer(out_dir: str | None = None, vocab_size: int = 512, think: bool = True):
@@ -67,14 +70,15 @@ def build_tokenizer(out_dir: str | None = None, vocab_size: int = 512, think: bo
 
 
 def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None) -> str:
-    """Write tokenizer + randomly initialised Qwen2ForCausalLM to ``out_dir`` and return it."""
+    """Write tokenizer + a randomly initialised causal LM of ``spec.model_type`` (Qwen2 by default) to ``out_dir`` and return it."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     spec = spec or TinyModelSpec()
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(out_dir, vocab_size=spec.vocab_size, think=spec.think)
-    cfg = Qwen2Config(
+    cfg = AutoConfig.for_model(
+        spec.model_type,
         vocab_size=len(tok),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -88,7 +92,7 @@ def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None) -> str:
         pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(cfg)
+    model = AutoModelForCausalLM.from_config(cfg)
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "tiny_spec.json"), "w") as f:

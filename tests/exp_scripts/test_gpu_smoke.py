@@ -31,3 +31,27 @@ def test_gpu_smoke_small_on_cpu(tmp_path):
         assert all(r["checks"].values()), r
         assert len(r["steps"]) == 2 and all(s["engine_tokens_per_s"] > 0 for s in r["steps"])
         assert r["sync_dtypes"] == ["torch.float32"] and r["peak_memory_gb"] > 0
+
+
+@pytest.mark.vllm
+def test_gpu_smoke_recipe_train_sh_small_on_cpu(tmp_path):
+    """``--recipe exp_scripts/train.sh``: the recipe's switches (read by luffy_pool/recipe.py, as the rehearsal
+    reads them) run in the real worker: checkpointing, padding removal rule, dynamic batches, the reference
+    with its offload, the parameter dtype, and the recipe's engine (vLLM) only."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"), "--device", "cpu",
+                           "--small", "--recipe", os.path.join(REPO_ROOT, "exp_scripts", "train.sh"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=str(tmp_path))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("GPU_SMOKE ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(lines[-1][len("GPU_SMOKE "):])
+    assert summary["ok"] and [r["engine"] for r in summary["results"]] == ["vllm"]
+    r = summary["results"][0]
+    assert {"recipe_remove_padding", "recipe_dynamic_bsz", "recipe_ref_offload", "recipe_param_dtype",
+            "gradient_checkpointing"} <= set(r["checks"]) and all(r["checks"].values()), r
+    sw = r["recipe"]
+    assert sw["gradient_checkpointing"] and sw["dynamic_bsz"] and sw["ref_param_offload"] and sw["remove_padding"]
+    assert sw["token_factor"] > 1 and sw["tp"] == 2  # budgets scaled by one factor; TP printed, not run on 1 device
+    assert any(s["kl_to_ref"] > 0 for s in r["steps"])  # the reference pass ran (its KL to the trained actor)

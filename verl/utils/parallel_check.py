@@ -25,10 +25,18 @@ def check_heads(num_heads: int, num_kv_heads: int, sp_size: int) -> None:
 
 
 def _local_model_heads(path: Optional[str], overrides: Mapping[str, Any]) -> Optional[tuple[int, int]]:
-    """(attention heads, kv heads) from a local HF folder's config.json (None for a hub id or no file)."""
-    if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+    """(attention heads, kv heads) from the config.json of a local HF folder or a cached hub id (else None)."""
+    if not isinstance(path, str):
         return None
-    with open(os.path.join(path, "config.json")) as f:
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        from verl.utils.model_source import cached_snapshot, is_local_path
+
+        snap = None if is_local_path(path) else cached_snapshot(path)  # a hub id already in the cache
+        if snap is None or not os.path.isfile(os.path.join(snap, "config.json")):
+            return None
+        config = os.path.join(snap, "config.json")
+    with open(config) as f:
         cfg = json.load(f)
     cfg.update(overrides or {})
     heads = cfg.get("num_attention_heads")

@@ -189,9 +189,23 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         return self.sections.rollout.engine_ranks
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _use_local_model_dir(self) -> None:
+        """A hub id in ``model.path`` becomes this node's cache snapshot folder (downloaded once per node when
+        online) before anything reads the model: the shard loader reads files (verl/utils/model_source.py)."""
+        from omegaconf import open_dict
+
+        from verl.utils.model_source import resolve_model_dir
+
+        local = resolve_model_dir(str(self.config.model.path))
+        if local != str(self.config.model.path):
+            with open_dict(self.config):
+                self.config.model.path = local
+            self.sections = WorkerSections.from_config(self.config)
+
     def init_model(self):
         from transformers import AutoTokenizer
 
+        self._use_local_model_dir()
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
         s = self.sections
         use_rmpad = s.model.use_remove_padding

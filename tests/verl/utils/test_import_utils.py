@@ -71,7 +71,6 @@ def test_worker_imports_external_lib_and_loads_the_custom_architecture(tmp_path,
     (model_dir / "config.json").write_text(json.dumps(hf))
     cfg = compose_config(["data.train_files=x", "data.val_files=null", f"actor_rollout_ref.model.path={model_dir}",
                           "actor_rollout_ref.model.external_lib=luffy_ext_test_model",
-                          "actor_rollout_ref.model.enable_gradient_checkpointing=False",
                           "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size=1"])
     path = tmp_path / "arr.yaml"
     OmegaConf.save(cfg.actor_rollout_ref, path, resolve=True)

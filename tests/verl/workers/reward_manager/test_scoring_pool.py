@@ -6,7 +6,7 @@ import pytest
 
 from deepscaler.rewards import ScorerSpec
 from deepscaler.rewards.math_utils.input_guard import GuardLimits
-from verl.workers.reward_manager import ScoringPool
+from verl.workers.reward_manager import ScoringPool, scoring_pool
 
 # verify() never returned on this before the input guards; now it is refused as unparseable at once.
 TOWER = ("math", "x\n</think>\n\\boxed{9^{9^{9}}}", "1", None)
@@ -132,3 +132,16 @@ def test_a_worker_that_dies_mid_item_is_counted_and_replaced():
         results, stats = p.score([("math", "ok", "1", None), ("math", "crash", "1", None), ("math", "ok", "1", None)])
     assert [r.score for r in results] == [1.0, 0.0, 1.0]
     assert stats.error_count == 1 and stats.worker_restarts == 1 and stats.timeout_count == 0
+
+
+def test_a_worker_ready_long_before_the_first_batch_is_not_timed_out():
+    """The pool starts with the trainer; the first batch may come minutes later (model load, rollout). A
+    READY already in the pipe counts, however old (the recipe rehearsal of train_16k.sh hit this)."""
+    with ScoringPool(ScorerSpec(3), num_workers=1, timeout_s=3.0) as p:
+        worker = p._workers[0]
+        deadline = time.monotonic() + 120
+        while not worker.conn.poll() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.started_at -= 2 * scoring_pool.STARTUP_LIMIT_S  # as if it warmed up long ago, unread
+        results, _ = p.score([RIGHT])
+        assert results[0].score == 1.0 and p.inline_reason is None  # graded by the worker, not the fallback

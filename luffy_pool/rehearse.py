@@ -1,0 +1,201 @@
+"""Rehearse a shipped launch script on CPU: ``bash exp_scripts/rehearse.sh exp_scripts/train_16k.sh``.
+
+The launch script itself runs, with every switch it sets. Only what cannot exist on this machine is
+replaced, through the environment the script reads (MODEL_PATH, DATA_DIR, PYTHON, NPROC_PER_NODE) and
+Hydra overrides appended after the script's own (its ``"$@"``, so they win), and the list is printed:
+
+- the model: a tiny random model of the script's architecture family (luffy_pool.tiny), with head and
+  kv-head counts that SP and TP divide;
+- the data: the tiny arithmetic task as the files the script expects (openr1.parquet, valid.parquet,
+  openr1.complement.parquet);
+- lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
+  every ratio the script sets between them holds (e.g. train_16k.sh: a full row fits SP x the update
+  budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor;
+- the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU);
+- the world: 4 ranks, or the smallest multiple of lcm(SP, TP) above it; 2 training steps;
+- trackers offline (WANDB_MODE=offline) and outputs in the rehearsal folder.
+
+The last line is ``REHEARSAL {json}`` (script, exit code, the replacements). Exit code: the script's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Optional
+
+from luffy_pool.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, SFT_BATCH_KEYS, SFT_LENGTH_KEYS, Recipe, RecipeError,
+                               divisible_heads, read_recipe, rehearsal_world)
+
+PROMPT_TOKENS = 32  # the tiny task's prompts (no system prompt) are <= 31 tokens with the chat template
+SFT_ROW_TOKENS = 512  # the SFT max_length a rehearsal scales to (tiny rows are < 80 tokens)
+TRAIN_ROWS = 4  # prompts per step (RL) after the batch factor
+SFT_TRAIN_ROWS = 8
+HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
+FAMILY_HINTS = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"), ("mistral", "mistral"))
+# Lengths a CPU rehearsal cannot scale, and why (printed with the replacements).
+KEPT_ON_CPU = {
+    "actor_rollout_ref.rollout.max_num_batched_tokens":
+        "vLLM-CPU cannot split a seeded request's prefill over engine steps (torch's CPU Generator has no offset: "
+        "vllm/v1/worker/gpu_model_runner.py _bookkeeping_sync), so the scheduler budget keeps the script's value",
+}
+CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
+                "HF_HUB_OFFLINE": "1"}
+
+
+def model_family(name: str) -> tuple[str, str]:
+    """(HF model_type, how it was found) of the model a script names: its config.json when local or in the
+    HF cache, else a hint in the name, else qwen2 (LUFFY's models are Qwen2.5)."""
+    config = os.path.join(os.path.expanduser(name), "config.json")
+    if not os.path.isfile(config):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+            config = cached if isinstance(cached, str) else config
+        except Exception:  # noqa: BLE001 - not a valid repo id: no cache entry
+            pass
+    if os.path.isfile(config):
+        with open(config) as f:
+            model_type = json.load(f).get("model_type")
+        if model_type:
+            return str(model_type), f"{config}"
+    low = name.lower()
+    for hint, family in FAMILY_HINTS:
+        if hint in low:
+            return family, f"the name {name!r}"
+    return "qwen2", f"default ({name!r} names no known family)"
+
+
+def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
+    return {k: max(1, v // factor) for k, v in values.items()}
+
+
+def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dict, list[str], dict]:
+    """(environment, trailing overrides, replacements report) for rehearsing ``recipe`` in ``work``."""
+    model_dir, data_dir, out_dir = (os.path.join(work, d) for d in ("model", "data", "out"))
+    env = {"MODEL_PATH": model_dir, "DATA_DIR": data_dir, "PYTHON": sys.executable, **CPU_SAFE_ENV}
+    sp, tp = recipe.sp, recipe.tp
+    world = rehearsal_world(sp, tp, ranks)
+    if recipe.kind == "sft":
+        lengths, batches = recipe.scalable(SFT_LENGTH_KEYS), recipe.scalable(SFT_BATCH_KEYS)
+        len_factor = max(1, lengths.get("data.max_length", SFT_ROW_TOKENS) // SFT_ROW_TOKENS)
+        batch_factor = max(1, batches.get("data.train_batch_size", SFT_TRAIN_ROWS) // SFT_TRAIN_ROWS)
+        env["NPROC_PER_NODE"] = str(world)
+        device = ["trainer.device=cpu"]
+        outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
+    else:
+        lengths = recipe.scalable(k for k in RL_LENGTH_KEYS if k not in KEPT_ON_CPU)
+        batches = recipe.scalable(RL_BATCH_KEYS)
+        len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
+        batch_factor = max(1, batches.get("data.train_batch_size", TRAIN_ROWS) // TRAIN_ROWS)
+        device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]
+        if recipe.get("actor_rollout_ref.model.attn_implementation") not in ("auto", "sdpa", "eager"):
+            device.append("actor_rollout_ref.model.attn_implementation=sdpa")
+        outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
+    new_lengths, new_batches = scaled(lengths, len_factor), scaled(batches, batch_factor)
+    overrides = ([f"{k}={v}" for k, v in {**new_lengths, **new_batches}.items()] + device
+                 + [f"trainer.total_training_steps={steps}"] + outputs)
+    family, found = model_family(recipe.model_path)
+    heads, kv = divisible_heads(sp, tp)
+    report = {
+        "script": recipe.script,
+        "model": {"was": recipe.model_path, "now": model_dir, "model_type": family, "family_from": found,
+                  "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": HEAD_DIM},
+        "data": {"was": recipe.values.get("data.train_files", recipe.values.get("data.val_files")),
+                 "now": data_dir + " (tiny arithmetic task)"},
+        "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
+        "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
+        "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
+        "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
+        "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
+    }
+    return env, overrides, report
+
+
+def build_inputs(report: dict, seed: int = 0) -> None:
+    """The tiny model and task data the plan names."""
+    from luffy_pool.tiny import TinyModelSpec, build_tiny_model, write_task_parquets
+
+    m = report["model"]
+    hidden = m["num_attention_heads"] * HEAD_DIM
+    spec = TinyModelSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
+                         num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
+    build_tiny_model(m["now"], spec)
+    data_dir = report["data"]["now"].split(" ")[0]
+    paths = write_task_parquets(data_dir, n_train=64, n_test=16, level=2, seed=seed, system_prompt=None)
+    # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
+    for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
+        with open(paths[src], "rb") as f, open(os.path.join(data_dir, dst), "wb") as g:
+            g.write(f.read())
+
+
+def print_report(report: dict, overrides: list[str]) -> None:
+    r = report
+    print(f"rehearse: {r['script']} -- the script runs with its own switches; replaced (cannot exist here):")
+    m = r["model"]
+    print(f"  model:   {m['was']} -> tiny random {m['model_type']} ({m['num_attention_heads']} heads, "
+          f"{m['num_key_value_heads']} kv heads; family from {m['family_from']}) at {m['now']}")
+    print(f"  data:    {r['data']['was']} -> {r['data']['now']}")
+    print(f"  lengths and token budgets / {r['length_factor']}: "
+          + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items()))
+    for key, why in r["kept"].items():
+        print(f"  not scaled: {key}: {why}")
+    print(f"  batch sizes (rows) / {r['batch_factor']}: "
+          + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["batches"].items()))
+    w = r["world"]
+    print(f"  device:  cuda -> {r['device']};  world: {w['was']} -> {w['now']} ranks (SP {w['sp']}, TP {w['tp']}); "
+          f"steps: {r['steps']}")
+    print(f"  trackers: {r['trackers']};  outputs: {r['outputs']}")
+    print("  appended overrides: " + " ".join(overrides), flush=True)
+
+
+def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int = 2, extra: tuple = (),
+             dry_run: bool = False, timeout_s: Optional[float] = None) -> int:
+    work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
+    os.makedirs(work, exist_ok=True)
+    base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_STOP", "CUDA_VISIBLE_DEVICES")}
+    refused = None
+    try:
+        recipe = read_recipe(script, base_env)
+    except RecipeError as exc:
+        refused = str(exc)
+        # a script that refuses its own default model (train_sft_rl.sh before the SFT stage) is read with the
+        # rehearsal's model folder; the family then comes from the tiny default
+        os.makedirs(os.path.join(work, "model"), exist_ok=True)
+        with open(os.path.join(work, "model", "config.json"), "w") as f:
+            f.write("{}")
+        recipe = read_recipe(script, dict(base_env, MODEL_PATH=os.path.join(work, "model")))
+    env, overrides, report = plan(recipe, work, ranks, steps)
+    if refused is not None:
+        report["model"]["was"] = f"the script's default, which it refused here ({refused})"
+    print_report(report, overrides)
+    build_inputs(report)
+    code = 0
+    if not dry_run:
+        run_env = dict(base_env, **env)
+        run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                              base_env.get("PYTHONPATH")]))
+        code = subprocess.run(["bash", script, *overrides, *extra], env=run_env, timeout=timeout_s).returncode
+    print("REHEARSAL " + json.dumps(dict(report, rc=code, overrides=overrides)), flush=True)
+    return code
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bash exp_scripts/rehearse.sh", description=__doc__.split("\n\n")[0])
+    ap.add_argument("script", help="a launch script, e.g. exp_scripts/train_16k.sh")
+    ap.add_argument("extra", nargs="*", help="more Hydra overrides, appended after the rehearsal's")
+    ap.add_argument("--work", default=None, help="rehearsal folder (default: a new temporary one)")
+    ap.add_argument("--ranks", type=int, default=4, help="ranks (rounded up to a multiple of lcm(SP, TP))")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and build the inputs, do not train")
+    args = ap.parse_args(argv)
+    return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
