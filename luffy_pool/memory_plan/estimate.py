@@ -1,0 +1,360 @@
+"""Per-rank device memory of every phase of a LUFFY step, from the config and the model's shape.
+
+``PlanInputs.from_config(config, shape)`` reads the keys that drive memory; ``build_plan(inputs,
+device_bytes)`` returns a ``Plan``: phases (rollout, the old and ref log-prob passes, the update's
+forward/backward and its optimizer step), each a list of lines ``(what, bytes, config key)`` that add
+up to the phase's peak on one rank. All ranks of this project's layout hold the same shards, so one
+rank's table is every rank's.
+
+Where the numbers come from:
+- vLLM (rollout): vLLM 0.32.0 ``vllm/v1/worker/utils.py`` ``request_memory`` (the engine takes
+  ``ceil(gpu_memory_utilization x TOTAL device memory)``, and refuses to start when less than that is
+  free) and ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory`` (KV cache = that request
+  minus the non-KV memory the profile run measured: weights, activation peak at
+  ``max_num_batched_tokens``, non-torch memory). The weights are exact; the activation peak and the
+  non-torch part are estimates here, they only move bytes between the engine's lines, never its total.
+  The CPU build sizes its KV cache from ``kv_cache_memory_bytes`` (``rollout.cpu_kv_cache_bytes``;
+  vLLM's legacy ``VLLM_CPU_KVCACHE_SPACE`` GiB overrides it, ``vllm/platforms/cpu.py``).
+- FSDP2 state: fp32 master parameters (the worker builds both actor and reference in fp32), fp32
+  gradients, two fp32 AdamW moments, each sharded over the FSDP shard group (``fsdp_size``).
+- Activations: tensors autograd keeps per decoder layer of an HF Llama/Qwen2-style block (RMSNorm in
+  fp32, q/k/v, rotary inputs, attention output, the four MLP tensors), at the micro-batch's tokens per
+  rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits.
+  The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
+- CUDA context and NCCL buffers: fixed estimates (``CUDA_CONTEXT_BYTES``, ``NCCL_BYTES_PER_GROUP``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from luffy_pool.memory_plan.shapes import ModelShape
+
+GiB = 2**30
+# Estimates, not measurements: torch's CUDA context + cuBLAS/cuDNN workspaces per process (0.5-1 GiB on
+# Hopper), and NCCL's buffers per communicator this rank joins.
+CUDA_CONTEXT_BYTES = 1 * GiB
+NCCL_BYTES_PER_GROUP = GiB // 4
+# vLLM's non-torch memory during its profile run, and its CUDA-graph pool (enforce_eager=False).
+VLLM_NON_TORCH_BYTES = GiB // 2
+VLLM_CUDA_GRAPH_BYTES = GiB
+HEADROOM_FRACTION = 0.05
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
+
+_A, _R, _REF, _M = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
+                    "actor_rollout_ref.model")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """The keys that drive memory (field name -> config key in ``KEY_OF``)."""
+
+    world: int
+    nodes: int
+    fsdp_size: int = -1
+    sp: int = 1
+    tp: int = 1
+    param_dtype_bytes: int = 2
+    gpu_memory_utilization: float = 0.5
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+    rollout_dtype_bytes: int = 2
+    weight_sync_bucket_mb: int = 256
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    n: int = 1
+    actor_param_offload: bool = False
+    optimizer_offload: bool = False
+    use_ref: bool = False
+    ref_param_offload: bool = False
+    gradient_checkpointing: bool = True
+    logprob_chunk_size: int = 1024
+    update_tokens: int = 16384        # tokens per rank of one update micro-batch
+    old_logprob_tokens: int = 16384   # ... of one old-log-prob micro-batch
+    ref_logprob_tokens: int = 16384
+    update_budget_key: str = f"{_A}.ppo_max_token_len_per_gpu"
+    old_budget_key: str = f"{_R}.log_prob_max_token_len_per_gpu"
+    ref_budget_key: str = f"{_REF}.log_prob_max_token_len_per_gpu"
+    step_impl: str = "auto"
+    fsdp: bool = True                 # False: one plain module (the CPU benchmark): no shards, no gathers
+    device: str = "cuda"
+
+    @property
+    def max_len(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+    @property
+    def shard_group(self) -> int:
+        return self.world if self.fsdp_size in (-1, 0, None) else int(self.fsdp_size)
+
+    @classmethod
+    def from_config(cls, config, device: str = "cuda") -> "PlanInputs":
+        """Read the composed (Hydra) config; ``device`` is what the run computes on."""
+        from omegaconf import OmegaConf
+
+        def get(key, default=None):
+            value = OmegaConf.select(config, key, default=default)
+            return default if value is None else value
+
+        world = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
+        sp = int(get(f"{_A}.ulysses_sequence_parallel_size", 1))
+        n = int(get(f"{_R}.n", 1))
+        prompt, response = int(get("data.max_prompt_length")), int(get("data.max_response_length"))
+        dp = max(1, world // sp)
+        width = prompt + response
+
+        def tokens(dynamic_key: str, budget_key: str, micro_key: str, micro_per_gpu: Optional[int] = None) -> int:
+            # Dynamic: a micro-batch holds up to the budget per rank, but one row is never split (SP: 1/sp
+            # of it per rank). Fixed: rows per rank x the padded width, 1/sp per rank.
+            if bool(get(dynamic_key, False)):
+                return max(int(get(budget_key)), math.ceil(width / sp))
+            rows = micro_per_gpu if micro_per_gpu else max(1, int(get(micro_key)) * n // dp)
+            return math.ceil(rows * width / sp)
+
+        pdtype = str(get(f"{_A}.fsdp_config.param_dtype", "auto"))
+        pbytes = (2 if device == "cuda" else 4) if pdtype == "auto" else DTYPE_BYTES[pdtype]
+        rdtype = str(get(f"{_R}.dtype", "bfloat16"))
+        return cls(
+            world=world, nodes=int(get("trainer.nnodes", 1)), fsdp_size=int(get(f"{_A}.fsdp_config.fsdp_size", -1)),
+            sp=sp, tp=int(get(f"{_R}.tensor_model_parallel_size", 1)), param_dtype_bytes=pbytes,
+            gpu_memory_utilization=float(get(f"{_R}.gpu_memory_utilization", 0.5)),
+            max_num_batched_tokens=int(get(f"{_R}.max_num_batched_tokens", 8192)),
+            max_num_seqs=int(get(f"{_R}.max_num_seqs", 1024)), enforce_eager=bool(get(f"{_R}.enforce_eager", True)),
+            free_cache_engine=bool(get(f"{_R}.free_cache_engine", True)),
+            rollout_dtype_bytes=DTYPE_BYTES.get(rdtype, 2), weight_sync_bucket_mb=int(get(f"{_R}.weight_sync_bucket_mb", 256)),
+            max_prompt_length=prompt, max_response_length=response, n=n,
+            actor_param_offload=bool(get(f"{_A}.fsdp_config.param_offload", False)),
+            optimizer_offload=bool(get(f"{_A}.fsdp_config.optimizer_offload", False)),
+            use_ref=bool(get(f"{_REF}.use_ref", False)), ref_param_offload=bool(get(f"{_REF}.fsdp_config.param_offload", False)),
+            gradient_checkpointing=bool(get(f"{_M}.enable_gradient_checkpointing", True)),
+            logprob_chunk_size=int(get(f"{_M}.logprob_chunk_size", 1024)),
+            update_tokens=tokens(f"{_A}.use_dynamic_bsz", f"{_A}.ppo_max_token_len_per_gpu", f"{_A}.ppo_micro_batch_size",
+                                 get(f"{_A}.ppo_micro_batch_size_per_gpu")),
+            old_logprob_tokens=tokens(f"{_R}.log_prob_use_dynamic_bsz", f"{_R}.log_prob_max_token_len_per_gpu",
+                                      f"{_R}.log_prob_micro_batch_size"),
+            # The reference pass uses the rollout's micro-batch rows (the worker copies them) and its own budget.
+            ref_logprob_tokens=tokens(f"{_REF}.log_prob_use_dynamic_bsz", f"{_REF}.log_prob_max_token_len_per_gpu",
+                                      f"{_R}.log_prob_micro_batch_size"),
+            update_budget_key=(f"{_A}.ppo_max_token_len_per_gpu" if get(f"{_A}.use_dynamic_bsz") else f"{_A}.ppo_micro_batch_size"),
+            old_budget_key=(f"{_R}.log_prob_max_token_len_per_gpu" if get(f"{_R}.log_prob_use_dynamic_bsz")
+                            else f"{_R}.log_prob_micro_batch_size"),
+            ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if get(f"{_REF}.log_prob_use_dynamic_bsz")
+                            else f"{_R}.log_prob_micro_batch_size"),
+            step_impl=str(get(f"{_A}.optim.step_impl", "auto")), device=device)
+
+
+@dataclasses.dataclass
+class Line:
+    what: str
+    bytes: int
+    key: str
+
+
+@dataclasses.dataclass
+class Phase:
+    name: str
+    lines: list[Line]
+
+    @property
+    def total(self) -> int:
+        return sum(line.bytes for line in self.lines)
+
+
+@dataclasses.dataclass
+class Plan:
+    inputs: PlanInputs
+    shape: ModelShape
+    phases: list[Phase]
+    device_bytes: Optional[int]
+    kv_cache_bytes: int = 0
+    kv_cache_tokens: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    def phase(self, name: str) -> Phase:
+        return next(p for p in self.phases if p.name == name)
+
+    def over(self, headroom: float = 0.0) -> list[Phase]:
+        """Phases whose peak leaves less than ``headroom`` (a fraction) of the device's memory free."""
+        if not self.device_bytes:
+            return []
+        return [p for p in self.phases if p.total > self.device_bytes * (1 - headroom)]
+
+
+# ---------------------------------------------------------------------- activation model
+def layer_saved_bytes(s: ModelShape, a: int) -> int:
+    """Bytes per token autograd keeps for one decoder layer (Llama/Qwen2 block, flash/sdpa attention)."""
+    h, hd = s.hidden_size, s.head_dim
+    q, kv = s.num_attention_heads * hd, s.num_key_value_heads * hd
+    norms = 2 * (4 * h + a * h)           # RMSNorm: fp32 input copy + normalised output in compute dtype
+    attn = a * ((q + kv) + (q + 2 * kv) + q)  # pre-rotary q/k, q/k/v into attention, attention output
+    mlp = 4 * a * s.intermediate_size     # gate, act(gate), up, act*up
+    return norms + attn + mlp
+
+
+def layer_working_bytes(s: ModelShape, a: int) -> int:
+    """Bytes per token live inside one layer's forward without autograd (MLP tensors + residual + norm)."""
+    return a * (3 * s.intermediate_size + 2 * s.hidden_size) + 4 * s.hidden_size
+
+
+def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool) -> tuple[int, str]:
+    """(bytes, description) of the LM head on ``tokens`` scored positions."""
+    v, h = s.vocab_size, s.hidden_size
+    if 0 < chunk < tokens:
+        fwd = chunk * v * (a + 8)             # bf16 matmul out, fp32 logits, softmax for the entropy
+        if not backward:
+            return a * tokens * h + fwd, f"LM head in chunks of {chunk} tokens"
+        bwd = chunk * v * (a + 8 + a)         # recomputed logits (+fp32), exp, grad cast back
+        dw = v * h * (4 + a) if a != 4 else v * h * 4  # fp32 dW accumulator (+ final cast)
+        return 2 * a * tokens * h + max(fwd, bwd) + dw, f"LM head in chunks of {chunk} tokens (+ dW)"
+    full = tokens * v * (a + 4 + 4 + 4)       # logits, fp32 copy, log_softmax, entropy term
+    return full + (tokens * v * 4 if backward else 0), f"full [{tokens}, {v}] logits"
+
+
+# ---------------------------------------------------------------------- phases
+def vllm_budget(i: PlanInputs, s: ModelShape, total: int) -> dict:
+    """vLLM 0.32's split of ``ceil(util x total)`` (vllm/v1/worker/utils.py request_memory)."""
+    requested = math.ceil(total * i.gpu_memory_utilization)
+    weights = s.params * i.rollout_dtype_bytes // i.tp
+    h, q, kv = s.hidden_size, s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
+    # profile_run: one forward of max_num_batched_tokens (per-layer working set) + the sampler on max_num_seqs rows.
+    act = i.max_num_batched_tokens * i.rollout_dtype_bytes * (2 * h + (q + 2 * kv) // i.tp
+                                                              + 2 * s.intermediate_size // i.tp)
+    act += min(i.max_num_seqs, i.max_num_batched_tokens) * s.vocab_size * 4 * 2
+    non_torch = VLLM_NON_TORCH_BYTES + (0 if i.enforce_eager else VLLM_CUDA_GRAPH_BYTES)
+    kv_bytes = requested - weights - act - non_torch
+    per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
+    return dict(requested=requested, weights=weights, activation=act, non_torch=non_torch, kv=kv_bytes,
+                kv_tokens=max(0, kv_bytes) // per_token)
+
+
+def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool) -> list[Line]:
+    f = i.shard_group if i.fsdp else 1
+    lines = []
+    if not i.actor_param_offload:
+        lines.append(Line(f"actor fp32 params / {f} (FSDP shard)", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
+        if grads:
+            lines.append(Line(f"actor fp32 grads / {f}", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
+        if optimizer_on_device:
+            key = f"{_A}.fsdp_config.optimizer_offload"
+            lines.append(Line(f"AdamW moments (2 x fp32) / {f}", 8 * s.params // f, key))
+    if i.use_ref and not i.ref_param_offload:
+        lines.append(Line(f"ref fp32 params / {f}", 4 * s.params // f, f"{_REF}.fsdp_config.param_offload"))
+    return lines
+
+
+def _runtime_lines(i: PlanInputs) -> list[Line]:
+    if i.device != "cuda":
+        return []
+    groups = 1 + (i.tp > 1) + (i.sp > 1) + 2 * (i.shard_group != i.world)
+    return [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-"),
+            Line(f"NCCL buffers, {groups} communicator(s) (estimate)", groups * NCCL_BYTES_PER_GROUP,
+                 f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size")]
+
+
+def _sleeping_engine(i: PlanInputs, vb: Optional[dict]) -> list[Line]:
+    if vb is None:
+        return []
+    if not i.free_cache_engine:
+        return [Line("vLLM engine awake (weights + KV, not released)", vb["requested"], f"{_R}.free_cache_engine")]
+    if not i.enforce_eager:
+        return [Line("vLLM CUDA graphs kept while asleep (estimate)", VLLM_CUDA_GRAPH_BYTES, f"{_R}.enforce_eager")]
+    return []
+
+
+def _gathered(i: PlanInputs, s: ModelShape, grads: bool) -> list[Line]:
+    """FSDP2 all-gathered blocks: the root unit (embeddings, head) for the whole pass, the current and the
+    prefetched decoder layer; in backward a layer's unsharded grads and their fp32 reduce-scatter copy."""
+    if not i.fsdp:
+        return []
+    a = i.param_dtype_bytes
+    root = s.embed_params * (1 if s.tie_word_embeddings else 2)
+    key = f"{_A}.fsdp_config.param_dtype"
+    lines = [Line("unsharded root unit (embeddings + head)", root * a, key),
+             Line("unsharded decoder layers (current + prefetch)", 2 * s.layer_params * a,
+                  f"{_A}.fsdp_config.reshard_after_forward")]
+    if grads:
+        lines.append(Line("unsharded grads of a layer + fp32 reduce copy", s.layer_params * (a + 4) + root * (a + 4) // 2,
+                          f"{_A}.fsdp_config.reduce_dtype"))
+    return lines
+
+
+def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_key: str, ref: bool,
+                  vb: Optional[dict]) -> Phase:
+    a = i.param_dtype_bytes
+    lines = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False)
+    lines += _runtime_lines(i) + _sleeping_engine(i, vb) + _gathered(i, s, grads=False)
+    sp = f" (SP {i.sp}: 1/{i.sp} of each row per rank)" if i.sp > 1 else ""
+    lines.append(Line(f"layer activations, {tokens} tokens/rank{sp}",
+                      tokens * (layer_working_bytes(s, a) + 2 * a * s.hidden_size), budget_key))
+    hb, what = head_bytes(s, tokens, i.logprob_chunk_size, a, backward=False)
+    lines.append(Line(what, hb, f"{_M}.logprob_chunk_size"))
+    return Phase(name, lines)
+
+
+def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phase]:
+    a, t = i.param_dtype_bytes, i.update_tokens
+    base = _state_lines(i, s, optimizer_on_device=True, grads=True) + _runtime_lines(i) + _sleeping_engine(i, vb)
+    fb = list(base) + _gathered(i, s, grads=True)
+    ck = f"{_M}.enable_gradient_checkpointing"
+    saved, work = layer_saved_bytes(s, a), layer_working_bytes(s, a)
+    L = s.num_hidden_layers
+    if i.gradient_checkpointing:
+        fb.append(Line(f"checkpointed layer inputs, {L} x {t} tokens", L * t * a * s.hidden_size, ck))
+        fb.append(Line("one layer recomputed in backward (saved + grads)", t * (saved + work), ck))
+    else:
+        fb.append(Line(f"saved activations, {L} layers x {t} tokens", L * t * saved, ck))
+        fb.append(Line("backward working set of a layer", t * work, ck))
+    fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), i.update_budget_key))
+    hb, what = head_bytes(s, t, i.logprob_chunk_size, a, backward=True)
+    fb.append(Line(what, hb, f"{_M}.logprob_chunk_size"))
+    phases = [Phase("update: forward/backward", fb)]
+    if not i.actor_param_offload and i.fsdp:
+        f = i.shard_group
+        temps = {"fused": 0, "for_loop": 0}.get(i.step_impl, 4 * s.params // f)  # foreach: one fp32 shard list
+        step = list(base) + [Line("AdamW step temporaries (foreach)", temps, f"{_A}.optim.step_impl")]
+        phases.append(Phase("update: optimizer step", step))
+    return phases
+
+
+def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Plan:
+    """Every phase of a step on one rank; ``device_bytes`` is the device's total memory (None: unknown)."""
+    notes = []
+    vb = None
+    phases = []
+    if i.device == "cuda":
+        total = device_bytes or 80 * GiB
+        vb = vllm_budget(i, s, total)
+        rollout = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False) + _runtime_lines(i)
+        ukey = f"{_R}.gpu_memory_utilization"
+        rollout += [Line(f"vLLM weights / TP {i.tp}", vb["weights"], f"{_R}.tensor_model_parallel_size"),
+                    Line(f"vLLM activation peak at {i.max_num_batched_tokens} batched tokens (estimate)",
+                         vb["activation"], f"{_R}.max_num_batched_tokens"),
+                    Line("vLLM non-torch + CUDA graphs (estimate)", vb["non_torch"], f"{_R}.enforce_eager"),
+                    Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
+                    Line("actor -> engine weight-sync bucket", 2 * i.weight_sync_bucket_mb * 2**20,
+                         f"{_R}.weight_sync_bucket_mb")]
+        phases.append(Phase("rollout (vLLM awake)", rollout))
+        per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
+        if vb["kv"] < i.max_len * per_token:
+            notes.append(f"vLLM: KV cache {vb['kv'] / GiB:.2f} GiB holds {vb['kv_tokens']} tokens < one "
+                         f"{i.max_len}-token sequence; vLLM refuses to start -> raise {ukey}")
+        # At engine start the actor's fp32 shards are already on the device (built first in init_model).
+        free_at_start = total - (0 if i.actor_param_offload else 4 * s.params // i.shard_group) - CUDA_CONTEXT_BYTES
+        if free_at_start < vb["requested"]:
+            notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
+                         f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
+    phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, False, vb))
+    if i.use_ref:
+        phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, True, vb))
+    phases += update_phases(i, s, vb)
+    plan = Plan(i, s, phases, device_bytes, notes=notes)
+    if vb is not None:
+        plan.kv_cache_bytes, plan.kv_cache_tokens = vb["kv"], vb["kv_tokens"]
+    return plan
