@@ -75,6 +75,11 @@ class PlanInputs:
     update_tokens: int = 16384        # tokens per rank of one update micro-batch
     old_logprob_tokens: int = 16384   # ... of one old-log-prob micro-batch
     ref_logprob_tokens: int = 16384
+    # Positions the LM head scores (response tokens); None = every token of the micro-batch (the GPU plan's
+    # bound: a packed micro-batch may be all response). The padded CPU benchmark sets them.
+    update_scored_tokens: Optional[int] = None
+    logprob_scored_tokens: Optional[int] = None
+    response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
     update_budget_key: str = f"{_A}.ppo_max_token_len_per_gpu"
     old_budget_key: str = f"{_R}.log_prob_max_token_len_per_gpu"
     ref_budget_key: str = f"{_REF}.log_prob_max_token_len_per_gpu"
@@ -203,18 +208,25 @@ def layer_working_bytes(s: ModelShape, a: int) -> int:
     return a * (3 * s.intermediate_size + 2 * s.hidden_size) + 4 * s.hidden_size
 
 
-def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool) -> tuple[int, str]:
-    """(bytes, description) of the LM head on ``tokens`` scored positions."""
+def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool,
+               positions: Optional[int] = None, response_positions: Optional[int] = None) -> tuple[int, str]:
+    """(peak bytes, description) of the LM head scoring ``tokens`` response tokens of a ``positions``-token
+    micro-batch. dp_actor keeps full logits while the micro-batch is no larger than one chunk; full logits
+    cover every position (``[positions, V]`` in the compute dtype), then ``response_positions`` of them go
+    through fp32 log_softmax, exp and their product (``torch_functional.logprobs_and_entropy_from_logits``)."""
     v, h = s.vocab_size, s.hidden_size
-    if 0 < chunk < tokens:
-        fwd = chunk * v * (a + 8)             # bf16 matmul out, fp32 logits, softmax for the entropy
-        if not backward:
-            return a * tokens * h + fwd, f"LM head in chunks of {chunk} tokens"
-        bwd = chunk * v * (a + 8 + a)         # recomputed logits (+fp32), exp, grad cast back
-        dw = v * h * (4 + a) if a != 4 else v * h * 4  # fp32 dW accumulator (+ final cast)
-        return 2 * a * tokens * h + max(fwd, bwd) + dw, f"LM head in chunks of {chunk} tokens (+ dW)"
-    full = tokens * v * (a + 4 + 4 + 4)       # logits, fp32 copy, log_softmax, entropy term
-    return full + (tokens * v * 4 if backward else 0), f"full [{tokens}, {v}] logits"
+    positions = positions or tokens
+    cast = 4 if a != 4 else 0  # the bf16 matmul output is cast to a separate fp32 buffer
+    if 0 < chunk < positions:
+        if not backward:  # fp32 logits + the softmax of the entropy term ([chunk, V] each), hidden gathered
+            return a * tokens * h + 8 * chunk * v, f"LM head in chunks of {chunk} tokens"
+        # recomputed fp32 logits, exp, the bf16 copy of grad_z; dW summed in fp32 over several bf16 chunks
+        dw = 4 * v * h if (a != 4 and tokens > chunk) else 0
+        return 2 * a * tokens * h + chunk * v * (8 + (a if a != 4 else 0)) + dw, \
+            f"LM head backward in chunks of {chunk} tokens"
+    r = response_positions or tokens
+    fwd = positions * v * a + r * v * (cast + 12)
+    return (fwd + 8 * r * v if backward else fwd), f"full [{positions}, {v}] logits"
 
 
 # ---------------------------------------------------------------------- phases
@@ -291,10 +303,16 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
     lines = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False)
     lines += _runtime_lines(i) + _sleeping_engine(i, vb) + _gathered(i, s, grads=False)
     sp = f" (SP {i.sp}: 1/{i.sp} of each row per rank)" if i.sp > 1 else ""
-    lines.append(Line(f"layer activations, {tokens} tokens/rank{sp}",
-                      tokens * (layer_working_bytes(s, a) + 2 * a * s.hidden_size), budget_key))
-    hb, what = head_bytes(s, tokens, i.logprob_chunk_size, a, backward=False)
-    lines.append(Line(what, hb, f"{_M}.logprob_chunk_size"))
+    h = s.hidden_size
+    lines.append(Line(f"hidden states in/out, {tokens} tokens/rank{sp}", 2 * tokens * a * h, budget_key))
+    layer = tokens * layer_working_bytes(s, a)
+    hb, what = head_bytes(s, i.logprob_scored_tokens or tokens, i.logprob_chunk_size, a, backward=False,
+                          positions=tokens, response_positions=i.response_positions)
+    # A layer's working set is freed before the head runs: the larger of the two is the pass's peak.
+    if hb >= layer:
+        lines.append(Line(f"{what} (> one layer's working set, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
+    else:
+        lines.append(Line(f"one layer's working set (> {what}, {hb / GiB:.2f} GiB)", layer, budget_key))
     return Phase(name, lines)
 
 
@@ -307,13 +325,18 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
     L = s.num_hidden_layers
     if i.gradient_checkpointing:
         fb.append(Line(f"checkpointed layer inputs, {L} x {t} tokens", L * t * a * s.hidden_size, ck))
-        fb.append(Line("one layer recomputed in backward (saved + grads)", t * (saved + work), ck))
+        layer, layer_what = t * (saved + work), "one layer recomputed + its backward"
     else:
         fb.append(Line(f"saved activations, {L} layers x {t} tokens", L * t * saved, ck))
-        fb.append(Line("backward working set of a layer", t * work, ck))
+        layer, layer_what = t * work, "a layer's backward working set"
     fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), i.update_budget_key))
-    hb, what = head_bytes(s, t, i.logprob_chunk_size, a, backward=True)
-    fb.append(Line(what, hb, f"{_M}.logprob_chunk_size"))
+    hb, what = head_bytes(s, i.update_scored_tokens or t, i.logprob_chunk_size, a, backward=True, positions=t,
+                          response_positions=i.response_positions)
+    # Backward runs the head first, then the layers one by one: the larger transient is the peak.
+    if hb >= layer:
+        fb.append(Line(f"{what} (> {layer_what}, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
+    else:
+        fb.append(Line(f"{layer_what} (> {what}, {hb / GiB:.2f} GiB)", layer, ck))
     phases = [Phase("update: forward/backward", fb)]
     if not i.actor_param_offload and i.fsdp:
         f = i.shard_group

@@ -53,14 +53,17 @@ def render(plan: Plan, title: str = "") -> str:
 
 def _fits(plan: Plan, names: set[str]) -> bool:
     limit = plan.device_bytes * (1 - HEADROOM_FRACTION)
-    return all(p.total <= limit for p in plan.phases if p.name in names) and not any("refuses" in n for n in plan.notes)
+    return all(p.total <= limit for p in plan.phases if p.name in names) and not plan.notes
 
 
 def _candidates(plan: Plan, phase: str):
     """(field changes, override text) to try for ``phase``, cheapest first."""
     i = plan.inputs
     cands = []
-    if phase.startswith("rollout"):
+    if phase.startswith("rollout") and any("refuses" in n for n in plan.notes):  # KV cache too small: raise it
+        for step in range(math.floor(i.gpu_memory_utilization * 20) + 1, 20):
+            cands.append(({"gpu_memory_utilization": step / 20}, f"{_R}.gpu_memory_utilization={step / 20:.2f}"))
+    elif phase.startswith("rollout"):
         over = plan.phase(phase).total - plan.device_bytes * (1 - HEADROOM_FRACTION)
         util = math.floor((i.gpu_memory_utilization - over / plan.device_bytes) * 20) / 20  # a multiple of 0.05
         if 0.05 <= util < i.gpu_memory_utilization:
@@ -92,6 +95,8 @@ def suggestions(plan: Plan, limit: int = 2) -> list[str]:
     if not plan.device_bytes:
         return []
     over = {p.name for p in plan.over(HEADROOM_FRACTION)}
+    if plan.notes:  # vLLM would refuse to start: the rollout phase's keys
+        over.add(plan.phases[0].name)
     found: list[str] = []
     tried = set()
     for name in sorted(over):
