@@ -241,9 +241,25 @@ def vllm_budget(i: PlanInputs, s: ModelShape, total: int) -> dict:
     act += min(i.max_num_seqs, i.max_num_batched_tokens) * s.vocab_size * 4 * 2
     non_torch = VLLM_NON_TORCH_BYTES + (0 if i.enforce_eager else VLLM_CUDA_GRAPH_BYTES)
     kv_bytes = requested - weights - act - non_torch
-    per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
     return dict(requested=requested, weights=weights, activation=act, non_torch=non_torch, kv=kv_bytes,
-                kv_tokens=max(0, kv_bytes) // per_token)
+                kv_tokens=kv_cache_tokens(s, kv_bytes, i.rollout_dtype_bytes, i.tp))
+
+
+def kv_cache_tokens(s: ModelShape, kv_bytes: int, dtype_bytes: int, tp: int = 1, block_size: int = 16) -> int:
+    """Tokens a vLLM KV cache of ``kv_bytes`` holds: whole blocks of ``block_size`` tokens, each block holding K
+    and V of every layer (vllm/v1/core/kv_cache_utils.py: num_blocks = available // (page size x layers))."""
+    per_block = block_size * s.kv_bytes_per_token(dtype_bytes, tp)
+    return max(0, kv_bytes) // per_block * block_size
+
+
+def cpu_kv_cache_bytes(cpu_kv_cache_bytes_key: int, environ=None) -> int:
+    """The CPU build's KV cache size: ``rollout.cpu_kv_cache_bytes`` (passed as ``kv_cache_memory_bytes``), unless
+    the legacy ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is set (vllm/platforms/cpu.py overrides it then)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    return int(space) * GiB if space != "" else int(cpu_kv_cache_bytes_key)
 
 
 def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool) -> list[Line]:
