@@ -25,6 +25,8 @@ def parse_args(argv):
     p.add_argument("--gpu-memory", default="80", help="device memory: a card's GB as sold (80, 141) or e.g. 79.2GiB")
     p.add_argument("--model-config", help="config.json (or its folder) of the model, instead of model.path")
     p.add_argument("--config-overrides", nargs="*", default=[], metavar="KEY=VALUE", help="Hydra overrides")
+    p.add_argument("--readme-table", action="store_true",
+                   help="print README's table: train.sh and train_16k.sh on 80 and 141 GB GPUs at 1 and 2 nodes")
     args = p.parse_args(argv)
     args.overrides = list(args.config_overrides) + tail
     return args
@@ -35,6 +37,9 @@ def main(argv=None) -> int:
     from luffy_pool.config_compose import compose_config
     from luffy_pool.memory_plan.launch_script import LaunchScriptError, script_overrides
 
+    if args.readme_table:
+        print(readme_table())
+        return 0
     try:
         device_bytes = parse_gpu_memory(args.gpu_memory)
         overrides = script_overrides(args.script, args.overrides) if args.script else args.overrides
@@ -55,6 +60,26 @@ def main(argv=None) -> int:
                   + ", ".join(p.name for p in plan.over(HEADROOM_FRACTION)))
         return 1
     return 0
+
+
+def readme_table(env=None) -> str:
+    """The shipped recipes' per-phase peaks (README "Memory plan"), MODEL_PATH at the scripts' default."""
+    import os
+
+    from luffy_pool.config_compose import compose_config
+    from luffy_pool.memory_plan.launch_script import script_overrides
+    from luffy_pool.memory_plan.report import markdown_table
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("MODEL_PATH", "DATA_DIR")}
+    rows = []
+    for name in ("train.sh", "train_16k.sh"):
+        for gpu in ("80", "141"):
+            for nodes in (1, 2):
+                overrides = script_overrides(os.path.join(here, "exp_scripts", name), [f"trainer.nnodes={nodes}"], env=env)
+                plan = plan_for_config(compose_config(overrides), parse_gpu_memory(gpu))
+                rows.append((f"`{name}`", f"{gpu} GB", nodes, plan))
+    return markdown_table(rows)
 
 
 if __name__ == "__main__":

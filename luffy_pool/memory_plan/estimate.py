@@ -220,13 +220,15 @@ def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool,
     if 0 < chunk < positions:
         if not backward:  # fp32 logits + the softmax of the entropy term ([chunk, V] each), hidden gathered
             return a * tokens * h + 8 * chunk * v, f"LM head in chunks of {chunk} tokens"
-        # recomputed fp32 logits, exp, the bf16 copy of grad_z; dW summed in fp32 over several bf16 chunks
+        # Three [chunk, V] fp32 buffers (recomputed logits, exp, and a third measured on CPU: the transposed
+        # operand of grad_z.t() @ h) + the bf16 copy of grad_z; dW summed in fp32 over several bf16 chunks.
         dw = 4 * v * h if (a != 4 and tokens > chunk) else 0
-        return 2 * a * tokens * h + chunk * v * (8 + (a if a != 4 else 0)) + dw, \
+        return 2 * a * tokens * h + chunk * v * (12 + (a if a != 4 else 0)) + dw, \
             f"LM head backward in chunks of {chunk} tokens"
+    # Forward's transients (logits, log_softmax, exp, their product) are the head's peak in the update too: its
+    # backward holds fewer [r, V] buffers at once (checked by bench_memory.py --predict at 2 x 512 positions).
     r = response_positions or tokens
-    fwd = positions * v * a + r * v * (cast + 12)
-    return (fwd + 8 * r * v if backward else fwd), f"full [{positions}, {v}] logits"
+    return positions * v * a + r * v * (cast + 12), f"full [{positions}, {v}] logits"
 
 
 # ---------------------------------------------------------------------- phases
@@ -313,7 +315,18 @@ def _gathered(i: PlanInputs, s: ModelShape, grads: bool) -> list[Line]:
     return lines
 
 
-def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_key: str, ref: bool,
+def _ulysses_lines(i: PlanInputs, s: ModelShape, tokens: int) -> list[Line]:
+    """Ulysses SP: the all-to-all's send and receive buffers of q, k, v and the attention output of one layer
+    (ulysses_forward.py; each rank holds all positions of 1/sp of the heads inside attention)."""
+    if i.sp <= 1:
+        return []
+    hd = s.head_dim
+    width = (2 * s.num_attention_heads + 2 * s.num_key_value_heads) * hd
+    return [Line(f"Ulysses all-to-all buffers (SP {i.sp})", 2 * tokens * i.param_dtype_bytes * width,
+                 f"{_A}.ulysses_sequence_parallel_size")]
+
+
+def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_key: str,
                   vb: Optional[dict]) -> Phase:
     a = i.param_dtype_bytes
     lines = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False)
@@ -321,6 +334,7 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
     sp = f" (SP {i.sp}: 1/{i.sp} of each row per rank)" if i.sp > 1 else ""
     h = s.hidden_size
     lines.append(Line(f"hidden states in/out, {tokens} tokens/rank{sp}", 2 * tokens * a * h, budget_key))
+    lines += _ulysses_lines(i, s, tokens)
     layer = tokens * layer_working_bytes(s, a)
     hb, what = head_bytes(s, i.logprob_scored_tokens or tokens, i.logprob_chunk_size, a, backward=False,
                           positions=tokens, response_positions=i.response_positions)
@@ -346,6 +360,7 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
         fb.append(Line(f"saved activations, {L} layers x {t} tokens", L * t * saved, ck))
         layer, layer_what = t * work, "a layer's backward working set"
     fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), i.update_budget_key))
+    fb += _ulysses_lines(i, s, t)
     hb, what = head_bytes(s, i.update_scored_tokens or t, i.logprob_chunk_size, a, backward=True, positions=t,
                           response_positions=i.response_positions)
     # Backward runs the head first, then the layers one by one: the larger transient is the peak.
@@ -389,9 +404,9 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
         if free_at_start < vb["requested"]:
             notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
                          f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
-    phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, False, vb))
+    phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb))
     if i.use_ref:
-        phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, True, vb))
+        phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))
     phases += update_phases(i, s, vb)
     plan = Plan(i, s, phases, device_bytes, notes=notes)
     if vb is not None:

@@ -122,3 +122,16 @@ def suggestions(plan: Plan, limit: int = 2) -> list[str]:
             if len(found) >= limit:
                 break
     return found[:limit]
+
+
+def markdown_table(rows: list[tuple[str, str, int, Plan]]) -> str:
+    """``(recipe, gpu label, nodes, plan)`` rows -> a README table of each phase's peak and the headroom (GiB)."""
+    names = [p.name for p in rows[0][3].phases]
+    head = "| recipe | GPU | nodes | " + " | ".join(names) + " | headroom |"
+    out = [head, "|" + "---|" * (4 + len(names))]
+    for recipe, gpu, nodes, plan in rows:
+        room = plan.device_bytes - plan.peak.total
+        cells = [f"{p.total / GiB:.1f}" for p in plan.phases]
+        out.append(f"| {recipe} | {gpu} ({plan.device_bytes / GiB:.1f} GiB) | {nodes} | " + " | ".join(cells)
+                   + f" | {room / GiB:.1f} ({room / plan.device_bytes:.0%}) |")
+    return "\n".join(out)
