@@ -104,7 +104,13 @@ def check_run(config, device: str) -> Optional[Plan]:
     mode = str(OmegaConf.select(config, "trainer.memory_plan", default="warn"))
     if mode == "off" or device != "cuda":
         return None
-    plan = plan_for_config(config, device_memory_bytes(), device="cuda")
+    try:
+        plan = plan_for_config(config, device_memory_bytes(), device="cuda")
+    except (FileNotFoundError, ValueError, KeyError) as exc:  # no shape for this model: a plan cannot be made
+        if mode == "error":
+            raise MemoryPlanError([f"memory plan: {exc} (trainer.memory_plan=warn starts without a plan)"]) from None
+        logger.warning("memory plan skipped: %s", exc)
+        return None
     print("[luffy_pool] " + render(plan, "memory plan (luffy_pool.memory_plan, trainer.memory_plan="
                                    f"{mode})").replace("\n", "\n[luffy_pool] "), flush=True)
     problems = over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []

@@ -88,16 +88,19 @@ KNOWN_SHAPES: dict[str, dict] = {
 }
 
 
-def _cached_config(repo_id: str) -> Optional[str]:
+def _cached_config(repo_id: str, cache_dir: Optional[str] = None) -> Optional[str]:
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # a laptop without huggingface_hub: the fallback table still works
         return None
-    found = try_to_load_from_cache(repo_id, "config.json")
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    except ValueError:  # not a valid repo id (a missing local path): not in the cache
+        return None
     return found if isinstance(found, str) and os.path.isfile(found) else None
 
 
-def model_shape(name: str, model_config: Optional[str] = None) -> ModelShape:
+def model_shape(name: str, model_config: Optional[str] = None, cache_dir: Optional[str] = None) -> ModelShape:
     """Shape of ``name`` (folder, config.json, cached hub id or fallback table); ``model_config`` wins."""
     path = model_config or name
     if os.path.isdir(path):
@@ -107,7 +110,7 @@ def model_shape(name: str, model_config: Optional[str] = None) -> ModelShape:
             return shape_from_dict(json.load(f), path)
     if model_config:
         raise FileNotFoundError(f"--model-config {model_config}: no such file or folder")
-    cached = _cached_config(name)
+    cached = _cached_config(name, cache_dir)
     if cached:
         with open(cached) as f:
             return shape_from_dict(json.load(f), f"HF cache {cached}")

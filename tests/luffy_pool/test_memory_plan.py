@@ -13,7 +13,7 @@ from luffy_pool.config_compose import compose_config
 from luffy_pool.memory_plan.__main__ import main as cli
 from luffy_pool.memory_plan.estimate import GiB, PlanInputs, build_plan, vllm_budget
 from luffy_pool.memory_plan.launch_script import script_overrides
-from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, model_shape, shape_from_dict
+from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, model_shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN, TRAIN_16K = (os.path.join(ROOT, "exp_scripts", n) for n in ("train.sh", "train_16k.sh"))
@@ -68,6 +68,14 @@ def test_model_shape_from_a_folder_the_fallback_table_or_a_clear_error(tmp_path)
     assert model_shape(LUFFY_MODEL, model_config=str(tmp_path)).hidden_size == 1536  # --model-config wins
     with pytest.raises(FileNotFoundError, match="actor_rollout_ref.model.path=nobody/none.*--model-config"):
         model_shape("nobody/none")
+    # a hub id in the HF cache (its snapshot layout), read offline; it wins over the fallback table
+    snap = tmp_path / "hub" / "models--Qwen--Qwen2.5-Math-7B" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(dict(KNOWN_SHAPES["Qwen/Qwen2.5-Math-1.5B"])))
+    (tmp_path / "hub" / "models--Qwen--Qwen2.5-Math-7B" / "refs").mkdir()
+    (tmp_path / "hub" / "models--Qwen--Qwen2.5-Math-7B" / "refs" / "main").write_text("abc123")
+    cached = model_shape("Qwen/Qwen2.5-Math-7B", cache_dir=str(tmp_path / "hub"))
+    assert cached.source.startswith("HF cache") and cached.hidden_size == 1536
 
 
 # ---------------------------------------------------------------------- vLLM's rule
@@ -79,8 +87,8 @@ def test_vllm_takes_utilisation_times_total_memory_and_the_kv_cache_is_what_is_l
     assert vb["requested"] == math.ceil(0.8 * total)  # vllm/v1/worker/utils.py request_memory
     assert vb["weights"] == shape.params * 2 // 2  # bf16, one TP shard of two
     assert vb["kv"] == vb["requested"] - vb["weights"] - vb["activation"] - vb["non_torch"]
-    # K and V, 28 layers, 4 KV heads split over TP 2, head_dim 128, bf16
-    assert vb["kv_tokens"] == vb["kv"] // (2 * 28 * 2 * 128 * 2)
+    # whole 16-token blocks of K and V, 28 layers, 4 KV heads split over TP 2, head_dim 128, bf16
+    assert vb["kv_tokens"] == vb["kv"] // (16 * 2 * 28 * 2 * 128 * 2) * 16
     plan = build_plan(inputs, shape, total)
     engine = [ln for ln in plan.phase("rollout (vLLM awake)").lines if ln.what.startswith("vLLM")]
     assert sum(ln.bytes for ln in engine) == vb["requested"]  # the engine's lines add up to util x total
@@ -190,6 +198,15 @@ def test_hook_warn_mode_goes_on_and_off_or_cpu_does_not_ask_the_device(monkeypat
     monkeypatch.setattr(mp, "device_memory_bytes", no_device)
     assert mp.check_run(_run_config("trainer.memory_plan=off"), "cuda") is None
     assert mp.check_run(_run_config("trainer.memory_plan=error"), "cpu") is None
+
+
+def test_hook_without_a_model_shape_warns_or_stops_by_mode(monkeypatch, caplog):
+    monkeypatch.setattr(mp, "device_memory_bytes", lambda: int(79.2 * GiB))
+    cfg = _run_config("actor_rollout_ref.model.path=nobody/none", "trainer.memory_plan=warn")
+    assert mp.check_run(cfg, "cuda") is None and "memory plan skipped" in caplog.text
+    cfg = _run_config("actor_rollout_ref.model.path=nobody/none", "trainer.memory_plan=error")
+    with pytest.raises(mp.MemoryPlanError, match="nobody/none"):
+        mp.check_run(cfg, "cuda")
 
 
 def test_memory_plan_key_is_checked():
