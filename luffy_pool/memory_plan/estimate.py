@@ -369,10 +369,13 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
     else:
         fb.append(Line(f"{layer_what} (> {what}, {hb / GiB:.2f} GiB)", layer, ck))
     phases = [Phase("update: forward/backward", fb)]
-    if not i.actor_param_offload and i.fsdp:
-        f = i.shard_group
-        temps = {"fused": 0, "for_loop": 0}.get(i.step_impl, 4 * s.params // f)  # foreach: one fp32 shard list
-        step = list(base) + [Line("AdamW step temporaries (foreach)", temps, f"{_A}.optim.step_impl")]
+    if not i.actor_param_offload:  # with param_offload AdamW steps on the host
+        f = i.shard_group if i.fsdp else 1
+        impl = i.step_impl if i.step_impl != "auto" else ("foreach" if i.device == "cuda" else "fused")
+        # foreach: _foreach_sqrt of every second moment (one fp32 copy of the shard); for_loop: per tensor, the
+        # sqrt and its division by the bias correction (two fp32 copies of the largest, the embedding); fused: none.
+        temps = {"fused": 0, "for_loop": 2 * 4 * s.embed_params // f}.get(impl, 4 * s.params // f)
+        step = list(base) + [Line(f"AdamW step temporaries ({impl})", temps, f"{_A}.optim.step_impl")]
         phases.append(Phase("update: optimizer step", step))
     return phases
 
