@@ -29,6 +29,10 @@ the larger rank's. ``--sp 1`` drops these rows.
 Prints a table, the bytes per real token, and as its last line ``peak ours/naive=<r>`` (the larger of
 the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
 (``--width 4096 --tokens 1000``) needs ~40 GB for the naive update.
+
+``--predict [--sizes ROWSxWIDTHxTOKENSxLAYERS,...] [--checkpointing]`` instead measures ours at each size
+and prints it next to ``luffy_pool.memory_plan``'s prediction of the same quantity (the plan's lines of
+that phase minus the resident ones), and the largest relative error (issue 23).
 """
 from __future__ import annotations
 

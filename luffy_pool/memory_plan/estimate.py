@@ -21,7 +21,11 @@ Where the numbers come from:
   fp32, q/k/v, rotary inputs, attention output, the four MLP tensors), at the micro-batch's tokens per
   rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits.
   The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
+- AdamW's step: temporaries by ``optim.step_impl`` (foreach: one fp32 copy of the shard; for_loop: two
+  of the largest tensor; fused: none).
 - CUDA context and NCCL buffers: fixed estimates (``CUDA_CONTEXT_BYTES``, ``NCCL_BYTES_PER_GROUP``).
+Not modelled: the CUDA caching allocator's fragmentation (reserved above allocated); the 5 % headroom the
+plan asks for is the margin for it.
 """
 from __future__ import annotations
 
