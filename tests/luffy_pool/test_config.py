@@ -187,14 +187,9 @@ def test_enum_tables_match_the_registries():
 
 
 # ------------------------------------------------------------------------------ LUFFY's override list
-# Appended after LUFFY's list in train.sh, each explained in the script's header (issue 23: the memory plan).
-TRAIN_SH_ADDED = ["actor_rollout_ref.rollout.gpu_memory_utilization=0.75"]
-
-
 def test_train_sh_passes_luffys_override_list_verbatim():
-    # Only differences allowed: the logger list is quoted in our script (same parsed value), and the values
-    # appended after LUFFY's list (TRAIN_SH_ADDED).
-    assert parsed(train_sh_overrides()) == parsed(luffy_overrides() + TRAIN_SH_ADDED)
+    # Only difference allowed: the logger list is quoted in our script (same parsed value).
+    assert parsed(train_sh_overrides()) == parsed(luffy_overrides())
 
 
 def test_luffy_overrides_compose_and_validate(luffy_config):

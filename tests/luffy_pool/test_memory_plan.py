@@ -43,6 +43,9 @@ def test_train_sh_overrides_take_model_and_data_from_env_then_the_scripts_defaul
     assert _value(o, "actor_rollout_ref.model.path") == LUFFY_MODEL
     assert _value(o, "data.train_files") == os.path.join(ROOT, "data", "openr1.parquet")
     assert _value(o, "trainer.logger") == "['console','wandb']" and _value(o, "trainer.val_before_train") == "False"
+    # bash arrays spliced with "${NAME[@]}": LUFFY's trainer switches and the memory plan's utilisation
+    assert _value(o, "trainer.stop_one_step_early") == "True"
+    assert _value(o, "actor_rollout_ref.rollout.gpu_memory_utilization") == "0.75"
     o = script_overrides(TRAIN, ["trainer.nnodes=2", "--cfg", "job"], env=_env(MODEL_PATH=str(tmp_path), DATA_DIR="/d"))
     assert _value(o, "actor_rollout_ref.model.path") == str(tmp_path) and _value(o, "data.val_files") == "/d/valid.parquet"
     assert o[-1] == "trainer.nnodes=2" and "--cfg" not in o and "job" not in o
