@@ -248,8 +248,8 @@ def predicted_bytes(args, phase: str) -> int:
     inputs = PlanInputs(world=1, nodes=1, fsdp=False, device="cpu", param_dtype_bytes=4,
                         gradient_checkpointing=args.checkpointing, logprob_chunk_size=args.chunk,
                         update_tokens=positions, old_logprob_tokens=positions, ref_logprob_tokens=positions,
-                        # the bench's torch.optim.AdamW defaults to the per-tensor loop on CPU
-                        update_scored_tokens=scored, logprob_scored_tokens=scored, step_impl="for_loop",
+                        # the bench's optimizer: build_adamw's default step_impl (auto: fused on CPU)
+                        update_scored_tokens=scored, logprob_scored_tokens=scored, step_impl="auto",
                         response_positions=args.rows * batch["responses"].shape[1])
     plan = build_plan(inputs, shape, None)
     names = ("update: forward/backward", "update: optimizer step") if phase == "update" else ("log-prob: old (actor)",)
