@@ -29,6 +29,10 @@ the larger rank's. ``--sp 1`` drops these rows.
 Prints a table, the bytes per real token, and as its last line ``peak ours/naive=<r>`` (the larger of
 the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
 (``--width 4096 --tokens 1000``) needs ~40 GB for the naive update.
+
+``--predict [--sizes ROWSxWIDTHxTOKENSxLAYERS,...] [--checkpointing]`` instead measures ours at each size
+and prints it next to ``luffy_pool.memory_plan``'s prediction of the same quantity (the plan's lines of
+that phase minus the resident ones), and the largest relative error (issue 23).
 """
 from __future__ import annotations
 
@@ -59,6 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sp", type=int, default=2, help="also measure both phases at this Ulysses SP size (1: skip)")
     p.add_argument("--modes", default="ours,naive",
                    help="ours,naive (default) or one of them; the ratio line needs both")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in the update (non-reentrant)")
+    p.add_argument("--predict", action="store_true",
+                   help="predicted (luffy_pool.memory_plan) vs measured peak of ours at the sizes of --sizes")
+    p.add_argument("--sizes", default="2x512x256x2,4x1024x512x2,4x2048x1024x4",
+                   help="--predict: ROWSxWIDTHxTOKENSxLAYERS,... (three or more)")
     p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rows < 1 or args.layers < 1 or args.chunk < 1 or args.sp < 1:
@@ -136,7 +145,7 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=args.layers, **QWEN2_SHAPE),
                                              dtype=torch.float32, attn_implementation="sdpa")
-    if ulysses_group is not None:  # as train_16k.sh runs SP: with gradient checkpointing (both modes)
+    if ulysses_group is not None or args.checkpointing:  # SP runs as train_16k.sh: with checkpointing
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
     rows = args.rows
@@ -177,7 +186,8 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
 def _child_cmd(args, mode: str, phase: str) -> list[str]:
     return [sys.executable, os.path.abspath(__file__), "--child", mode, phase, "--rows", str(args.rows),
             "--width", str(args.width), "--tokens", str(args.tokens), "--layers", str(args.layers),
-            "--chunk", str(args.chunk), "--threads", str(args.threads), "--sp", str(args.sp)]
+            "--chunk", str(args.chunk), "--threads", str(args.threads), "--sp", str(args.sp)] + (
+                ["--checkpointing"] if args.checkpointing else [])
 
 
 def main(argv=None) -> int:
@@ -186,6 +196,8 @@ def main(argv=None) -> int:
         mode, phase = args.child
         print(json.dumps(run_sp_child(args, mode, phase) if SP_SUFFIX in phase else run_child(args, mode, phase)))
         return 0
+    if args.predict:
+        return predict_main(args)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
                PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     gib = 2**30
@@ -218,6 +230,75 @@ def main(argv=None) -> int:
               f", naive {naive['peak_bytes'] / naive['real_tokens']:,.0f} ({ours['real_tokens']} real tokens, "
               f"{ours['response_tokens']} response tokens)")
     print(f"peak ours/naive={max(ratios.values()):.3f}")
+    return 0
+
+
+# ---------------------------------------------------------------------- predicted vs measured (issue 23)
+def predicted_bytes(args, phase: str) -> int:
+    """luffy_pool.memory_plan's estimate of what ``run_child(args, "ours", phase)`` measures: the phase's
+    lines minus those resident before it (parameters, AdamW moments), for this one-process fp32 CPU actor
+    (no FSDP shards or gathers, no CUDA context), padded rows, response tokens scored."""
+    from luffy_pool.memory_plan.estimate import PlanInputs, build_plan
+    from luffy_pool.memory_plan.shapes import shape_from_dict
+
+    shape = shape_from_dict(dict(QWEN2_SHAPE, num_hidden_layers=args.layers), "bench_memory Qwen2 shape")
+    batch = make_batch(args.rows, args.width, args.tokens, 8)
+    scored = int(batch["attention_mask"][:, -batch["responses"].shape[1]:].sum())
+    positions = args.rows * args.width
+    inputs = PlanInputs(world=1, nodes=1, fsdp=False, device="cpu", param_dtype_bytes=4,
+                        gradient_checkpointing=args.checkpointing, logprob_chunk_size=args.chunk,
+                        update_tokens=positions, old_logprob_tokens=positions, ref_logprob_tokens=positions,
+                        # the bench's optimizer: build_adamw's default step_impl (auto: fused on CPU)
+                        update_scored_tokens=scored, logprob_scored_tokens=scored, step_impl="auto",
+                        response_positions=args.rows * batch["responses"].shape[1])
+    plan = build_plan(inputs, shape, None)
+    names = ("update: forward/backward", "update: optimizer step") if phase == "update" else ("log-prob: old (actor)",)
+    resident = ("actor fp32 params", "AdamW moments")
+    # update_policy runs both update phases: its peak is the larger one
+    return max(sum(line.bytes for line in plan.phase(n).lines if not line.what.startswith(resident)) for n in names)
+
+
+def parse_sizes(text: str) -> list[tuple[int, int, int, int]]:
+    sizes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+            raise SystemExit(f"--sizes: {item!r} is not ROWSxWIDTHxTOKENSxLAYERS")
+        sizes.append(tuple(int(p) for p in parts))
+    return sizes
+
+
+def measure_vs_predict(args, env=None) -> list[dict]:
+    """One row per phase at ``args``' size: measured peak (its own process) and the plan's prediction."""
+    env = env or dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
+                      PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    rows = []
+    for phase in PHASES:
+        proc = subprocess.run(_child_cmd(args, "ours", phase), env=env, capture_output=True, text=True, cwd=REPO)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"ours {phase} failed (exit {proc.returncode})")
+        measured = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
+        rows.append({"phase": phase, "measured": measured, "predicted": predicted_bytes(args, phase)})
+    return rows
+
+
+def predict_main(args) -> int:
+    sizes = parse_sizes(args.sizes)
+    mib = 2**20
+    print(f"bench_memory --predict: luffy_pool.memory_plan vs measured peak RSS above resident (ours, chunk {args.chunk}, "
+          f"checkpointing {args.checkpointing})")
+    print(f"{'rows':>4} {'width':>5} {'tokens':>6} {'layers':>6}  {'phase':8} {'predicted MiB':>13} {'measured MiB':>12} "
+          f"{'pred/meas':>9}")
+    worst = 0.0
+    for rows, width, tokens, layers in sizes:
+        sized = argparse.Namespace(**{**vars(args), "rows": rows, "width": width, "tokens": tokens, "layers": layers})
+        for r in measure_vs_predict(sized):
+            ratio = r["predicted"] / r["measured"]
+            worst = max(worst, abs(ratio - 1))
+            print(f"{rows:>4} {width:>5} {tokens:>6} {layers:>6}  {r['phase']:8} {r['predicted'] / mib:13.0f} "
+                  f"{r['measured'] / mib:12.0f} {ratio:9.2f}", flush=True)
+    print(f"max |predicted/measured - 1| = {worst:.2f}")
     return 0
 
 

@@ -204,7 +204,12 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = args.steps
     cuda = args.device == "cuda"
-    if cuda:
+    plan_gb = None
+    if cuda:  # issue 23: the memory plan of this config, printed as a run prints it; per phase next to the peak
+        from luffy_pool.memory_plan import check_run
+
+        plan = check_run(config, "cuda")
+        plan_gb = {p.name: round(p.total / 2**30, 2) for p in plan.phases} if plan is not None else None
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     role = "actor_rollout_ref" if config.actor_rollout_ref.ref.use_ref else "actor_rollout"
@@ -257,7 +262,7 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         result = {"engine": rollout, "recipe": switches, "init_s": round(init_s, 2), "steps": steps, "checks": checks,
                   "engine_check": detail, "sync_dtypes": sorted(pushed_dtypes), "param_dtype": str(param_dtype),
                   "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else
-                  round(_peak_rss_gb(), 2)}
+                  round(_peak_rss_gb(), 2), "memory_plan_gb": plan_gb}
     finally:
         reward_fn.close()
         if hasattr(worker.rollout, "shutdown"):
@@ -336,6 +341,9 @@ def main(argv=None) -> int:
                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "results": results}
     for r in results:
         failed = [k for k, v in r["checks"].items() if not v]
+        if r.get("memory_plan_gb"):
+            print(f"[gpu_smoke] {r['engine']}: memory plan per phase (GiB) {r['memory_plan_gb']}; "
+                  f"torch.cuda.max_memory_allocated {r['peak_memory_gb']} GiB", flush=True)
         print(f"[gpu_smoke] {r['engine']}: peak memory {r['peak_memory_gb']} GB, "
               f"engine tokens/s {[s['engine_tokens_per_s'] for s in r['steps']]}, "
               f"weight sync s {[s['weight_sync_s'] for s in r['steps']]}, "

@@ -32,6 +32,13 @@ fi
 # full lr); they go after LUFFY's list and before the extra arguments, which still win.
 LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.stop_one_step_early=True)
 
+# Memory (issue 23): rollout.gpu_memory_utilization=0.75 instead of LUFFY's 0.80. vLLM 0.32 reads it as a
+# fraction of the GPU's TOTAL memory (vllm/v1/worker/utils.py request_memory; LUFFY's vLLM 0.6 meant a
+# fraction of what was left), and the actor's fp32 shards and AdamW state stay on the GPU during rollout:
+# at 0.80 the memory plan gives ~76 of 79.2 GiB per rank on an 80 GB GPU (4 % headroom), at 0.75 ~72 GiB
+# (9 %). `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; README "Memory plan".
+MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.75)
+
 set -x
 "$PYTHON" -m verl.mix_src.main_mix_ppo \
     algorithm.adv_estimator=grpo \
@@ -95,4 +102,4 @@ set -x
     trainer.max_optim_to_keep=2 \
     data.shuffle=True \
     trainer.default_hdfs_dir=null \
-    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "$@"
+    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "$@"

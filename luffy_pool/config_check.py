@@ -93,6 +93,7 @@ ENUMS = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.bundle_resources": ("auto", "gpu", "cpu"),
     "trainer.cpu_bind": ("auto", "none"),
+    "trainer.memory_plan": ("warn", "error", "off"),  # issue 23: luffy_pool.memory_plan at start
     "trainer.logger": SUPPORTED_BACKENDS,
     "data.self_replay.eviction": ("oldest", "random"),
     "data.self_replay.selection": ("latest", "random"),

@@ -28,6 +28,7 @@ class TrainerSection:
     device: str
     bundle_resources: str
     cpu_bind: str
+    memory_plan: str  # issue 23: warn | error | off (luffy_pool.memory_plan before the workers load)
     total_epochs: int
     total_training_steps: Optional[int]
     stop_one_step_early: bool

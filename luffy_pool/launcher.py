@@ -236,6 +236,11 @@ def build_trainer(config: DictConfig):
         check_shared_folders(config)  # D8: each node sees the driver's checkpoint and model folder
     device = resolve_driver_device(config)
     check_cluster_capacity(config, bundle_uses_gpu(config, device), started_locally)
+    from luffy_pool.memory_plan import check_run as check_memory_plan
+
+    # GPU runs: the per-rank memory plan from the device's real memory, printed once before any worker loads
+    # the model; trainer.memory_plan=error stops here naming the phase and the keys to change (issue 23).
+    check_memory_plan(config, device)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     tracker = None
 

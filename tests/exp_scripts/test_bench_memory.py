@@ -40,3 +40,33 @@ def test_sp_rows_follow_the_plain_rows_and_sp_must_split_the_heads():
         bench_memory.parse_args(["--sp", "3"])  # 14 attention heads do not split over 3 ranks
     child = bench_memory._child_cmd(bench_memory.parse_args(["--sp", "2"]), "ours", "update-sp2")
     assert child[child.index("--sp") + 1] == "2" and child[child.index("--child") + 2] == "update-sp2"
+
+
+def test_prediction_covers_what_the_bench_measures_and_grows_with_tokens_and_layers():
+    # The plan's lines for a one-process fp32 CPU actor, minus the resident weights and AdamW state.
+    small = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--chunk", "256"])
+    wide = bench_memory.parse_args(["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256"])
+    deep = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--chunk", "256", "--layers", "4"])
+    for phase in bench_memory.PHASES:
+        assert 0 < bench_memory.predicted_bytes(small, phase) < bench_memory.predicted_bytes(wide, phase)
+    assert bench_memory.predicted_bytes(small, "update") < bench_memory.predicted_bytes(deep, "update")
+    assert bench_memory.predicted_bytes(small, "logprob") < bench_memory.predicted_bytes(small, "update")
+    ckpt = bench_memory.parse_args(["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256",
+                                    "--layers", "4", "--checkpointing"])
+    assert bench_memory.predicted_bytes(ckpt, "update") < bench_memory.predicted_bytes(
+        bench_memory.parse_args(["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256", "--layers", "4"]),
+        "update")
+    assert bench_memory.parse_sizes("2x512x256x2,4x1024x512x2") == [(2, 512, 256, 2), (4, 1024, 512, 2)]
+    with pytest.raises(SystemExit):
+        bench_memory.parse_sizes("2x512")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["--checkpointing"]], ids=["plain", "checkpointing"])
+def test_memory_plan_predicts_the_measured_peaks_within_25_percent(extra):
+    # issue 23: the plan checked against measurement (peak RSS above resident, each phase in its own process),
+    # at a small size: 2 rows x 512 positions, 256 real tokens each, 2 layers, the LM head in chunks of 256.
+    args = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--layers", "2",
+                                    "--chunk", "256", "--threads", "1", *extra])
+    for row in bench_memory.measure_vs_predict(args):
+        assert abs(row["predicted"] / row["measured"] - 1) <= 0.25, row

@@ -162,3 +162,25 @@ def test_more_ranks_than_the_cluster_holds_are_refused_naming_what_it_has(fakes,
     with pytest.raises(PreflightError, match=r"= 4 ranks need 4 CPU bundles, but the Ray cluster has 0 GPU\(s\) and 2 CPU"):
         launcher.build_trainer(cfg)
     assert not fakes.group.shut  # no worker was started
+
+
+def test_a_gpu_run_over_its_memory_plan_stops_before_any_worker_loads_the_model(
+        fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    # issue 23: the plan of the device's real memory (torch.cuda.mem_get_info, here monkeypatched) is printed
+    # once; trainer.memory_plan=error refuses a plan over it, naming the phase and the key to change.
+    import luffy_pool.memory_plan as memory_plan
+
+    built = []
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 2.0, "GPU": 2.0})  # a GPU cluster
+    monkeypatch.setattr(launcher, "resolve_driver_device", lambda config: "cuda")
+    monkeypatch.setattr(launcher, "build_worker_group",
+                        lambda config, device: built.append(device) or (fakes.group, fakes.pool))
+    monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: 2**30)  # a 1 GiB "GPU"
+    cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "trainer.memory_plan=error")
+    with pytest.raises(memory_plan.MemoryPlanError, match=r"phase 'rollout \(vLLM awake\)' needs .* the device has 1.0 GiB"):
+        launcher.build_trainer(cfg)
+    assert built == [] and capsys.readouterr().out.count("memory plan (luffy_pool.memory_plan") == 1
+    monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: 80 * 2**30)  # fits: goes on to the workers
+    _, close = launcher.build_trainer(cfg)
+    close()
+    assert built == ["cuda"]

@@ -182,3 +182,18 @@ def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed
                                                                              return_logprobs=True))
     expected = hf_logprobs(trained, long_sequence[:50], out.token_ids[0])
     assert torch.allclose(torch.tensor(out.logprobs[0]), expected, atol=1e-5)
+
+
+def test_memory_plan_kv_cache_tokens_match_what_the_cpu_engine_allocated(engine, tiny_model_dir):
+    # luffy_pool.memory_plan sizes vLLM's KV cache by vLLM 0.32's rule (blocks of K+V for every layer); the CPU
+    # build takes its byte budget from kv_cache_memory_bytes (rollout.cpu_kv_cache_bytes = 64 MiB here).
+    from luffy_pool.memory_plan.estimate import cpu_kv_cache_bytes, kv_cache_tokens
+    from luffy_pool.memory_plan.shapes import model_shape
+
+    rollout, _ = engine
+    cache = rollout.llm.llm_engine.vllm_config.cache_config
+    assert cache.num_gpu_blocks and cache.block_size
+    budget = cpu_kv_cache_bytes(64 * 2**20, environ={})
+    predicted = kv_cache_tokens(model_shape(tiny_model_dir), budget, dtype_bytes=4, tp=1, block_size=cache.block_size)
+    assert predicted == cache.num_gpu_blocks * cache.block_size
+    assert cpu_kv_cache_bytes(64 * 2**20, environ={"VLLM_CPU_KVCACHE_SPACE": "2"}) == 2 * 2**30

@@ -1,0 +1,124 @@
+"""Memory plan: per-rank device memory of every phase of a LUFFY step, before anything is queued or loaded.
+
+Offline (a laptop, no GPU, no data)::
+
+    python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80
+    python -m luffy_pool.memory_plan --gpu-memory 141 -- actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B ...
+
+At the start of a GPU run ``luffy_pool.launcher`` calls ``check_run(config, device)`` before the workers
+load the model: the plan from the device's real memory (``torch.cuda.mem_get_info``) is printed once,
+and ``trainer.memory_plan`` decides what a phase over the device's memory does (``error``: stop naming
+the phase, its estimate and the keys that bring it under; ``warn``: say so and go on; ``off``).
+
+Layout: ``shapes`` (config.json -> ``ModelShape``), ``estimate`` (the phases and their lines, with the
+sources of each number), ``report`` (table, suggestions), ``launch_script`` (a bash launcher's Hydra
+overrides), ``__main__`` (the command line).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Optional
+
+from luffy_pool.config_check import ConfigError
+from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, PlanInputs, build_plan
+from luffy_pool.memory_plan.report import render, suggestions
+from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape
+
+__all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "render", "suggestions",
+           "parse_gpu_memory", "device_memory_bytes", "check_run", "MemoryPlanError", "CARD_BYTES", "MODES"]
+
+logger = logging.getLogger(__name__)
+MODES = ("warn", "error", "off")
+# What torch.cuda.mem_get_info reports as total for cards sold by their GB: an 80 GB A100/H100 reports
+# ~79.2 GiB (review D5), an H200 141 GB ~140.4 GiB (143,771 MiB in nvidia-smi).
+CARD_BYTES = {24: int(23.6 * GiB), 40: int(39.4 * GiB), 48: int(47.5 * GiB), 80: int(79.2 * GiB),
+              94: int(93.0 * GiB), 141: int(140.4 * GiB)}
+
+
+class MemoryPlanError(ConfigError):
+    """A phase of the plan does not fit the device (``trainer.memory_plan=error``)."""
+
+
+def parse_gpu_memory(text: str) -> int:
+    """``80`` (a card's GB as sold, see ``CARD_BYTES``; other numbers are GiB), ``79.2GiB`` or ``85GB``."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(GiB|GB|G)?\s*", str(text), flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"--gpu-memory {text!r}: expected a number of GB (80, 141) or e.g. 79.2GiB")
+    value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if unit == "gib":
+        return int(value * GiB)
+    if unit == "gb":
+        return int(value * 1e9)
+    return CARD_BYTES.get(int(value), int(value * GiB)) if value == int(value) else int(value * GiB)
+
+
+def plan_for_config(config, device_bytes: Optional[int], device: str = "cuda", model_config: Optional[str] = None) -> Plan:
+    """The plan of a composed config (model shape from ``actor_rollout_ref.model.path`` or ``model_config``)."""
+    from omegaconf import OmegaConf
+
+    shape = model_shape(str(OmegaConf.select(config, "actor_rollout_ref.model.path", default="")), model_config)
+    override = OmegaConf.select(config, "actor_rollout_ref.model.override_config", default=None) or {}
+    if override:  # a few shape fields may be overridden at load time
+        import dataclasses
+
+        known = {f.name for f in dataclasses.fields(shape)}
+        shape = dataclasses.replace(shape, **{k: v for k, v in dict(override).items() if k in known})
+    return build_plan(PlanInputs.from_config(config, device=device), shape, device_bytes)
+
+
+def device_memory_bytes() -> int:
+    """Total memory of one GPU the workers will use: this process's CUDA device when it has one, else one
+    Ray task on a GPU of the cluster (the driver may run on a CPU-only head node)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info()[1])
+    import ray
+
+    @ray.remote(num_gpus=1)
+    def _total() -> int:
+        import torch as t
+
+        return int(t.cuda.mem_get_info()[1])
+
+    return int(ray.get(_total.remote(), timeout=600))
+
+
+def over_budget_message(plan: Plan) -> list[str]:
+    """One line per phase over the device's memory, then the overrides that bring the plan under."""
+    lines = [f"memory plan: phase '{p.name}' needs {p.total / GiB:.1f} GiB per rank, the device has "
+             f"{plan.device_bytes / GiB:.1f} GiB" for p in plan.over(0.0)]
+    lines += [f"memory plan: {n}" for n in plan.notes if "refuse" in n or "raises" in n]
+    fixes = suggestions(plan)
+    if fixes:
+        lines.append("memory plan: to fit (with a 5 % margin) set " + " or ".join(fixes) +
+                     "; or trainer.memory_plan=warn to start anyway")
+    return lines
+
+
+def check_run(config, device: str) -> Optional[Plan]:
+    """Print the run's plan once and act on ``trainer.memory_plan`` (GPU runs only; None otherwise)."""
+    from omegaconf import OmegaConf
+
+    mode = str(OmegaConf.select(config, "trainer.memory_plan", default="warn"))
+    if mode == "off" or device != "cuda":
+        return None
+    try:
+        plan = plan_for_config(config, device_memory_bytes(), device="cuda")
+    except (FileNotFoundError, ValueError, KeyError) as exc:  # no shape for this model: a plan cannot be made
+        if mode == "error":
+            raise MemoryPlanError([f"memory plan: {exc} (trainer.memory_plan=warn starts without a plan)"]) from None
+        logger.warning("memory plan skipped: %s", exc)
+        return None
+    print("[luffy_pool] " + render(plan, "memory plan (luffy_pool.memory_plan, trainer.memory_plan="
+                                   f"{mode})").replace("\n", "\n[luffy_pool] "), flush=True)
+    problems = over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []
+    if problems and mode == "error":
+        raise MemoryPlanError(problems)
+    for line in problems:
+        logger.warning(line)
+    if not problems and plan.over(HEADROOM_FRACTION):
+        logger.warning("memory plan: phase '%s' leaves less than %.0f %% of the device free", plan.peak.name,
+                       100 * HEADROOM_FRACTION)
+    return plan

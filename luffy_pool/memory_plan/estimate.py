@@ -1,0 +1,421 @@
+"""Per-rank device memory of every phase of a LUFFY step, from the config and the model's shape.
+
+``PlanInputs.from_config(config, shape)`` reads the keys that drive memory; ``build_plan(inputs,
+device_bytes)`` returns a ``Plan``: phases (rollout, the old and ref log-prob passes, the update's
+forward/backward and its optimizer step), each a list of lines ``(what, bytes, config key)`` that add
+up to the phase's peak on one rank. All ranks of this project's layout hold the same shards, so one
+rank's table is every rank's.
+
+Where the numbers come from:
+- vLLM (rollout): vLLM 0.32.0 ``vllm/v1/worker/utils.py`` ``request_memory`` (the engine takes
+  ``ceil(gpu_memory_utilization x TOTAL device memory)``, and refuses to start when less than that is
+  free) and ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory`` (KV cache = that request
+  minus the non-KV memory the profile run measured: weights, activation peak at
+  ``max_num_batched_tokens``, non-torch memory). The weights are exact; the activation peak and the
+  non-torch part are estimates here, they only move bytes between the engine's lines, never its total.
+  The CPU build sizes its KV cache from ``kv_cache_memory_bytes`` (``rollout.cpu_kv_cache_bytes``;
+  vLLM's legacy ``VLLM_CPU_KVCACHE_SPACE`` GiB overrides it, ``vllm/platforms/cpu.py``).
+- FSDP2 state: fp32 master parameters (the worker builds both actor and reference in fp32), fp32
+  gradients, two fp32 AdamW moments, each sharded over the FSDP shard group (``fsdp_size``).
+- Activations: tensors autograd keeps per decoder layer of an HF Llama/Qwen2-style block (RMSNorm in
+  fp32, q/k/v, rotary inputs, attention output, the four MLP tensors), at the micro-batch's tokens per
+  rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits.
+  The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
+- AdamW's step: temporaries by ``optim.step_impl`` (foreach: one fp32 copy of the shard; for_loop: two
+  of the largest tensor; fused: none).
+- CUDA context and NCCL buffers: fixed estimates (``CUDA_CONTEXT_BYTES``, ``NCCL_BYTES_PER_GROUP``).
+Not modelled: the CUDA caching allocator's fragmentation (reserved above allocated); the 5 % headroom the
+plan asks for is the margin for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from luffy_pool.memory_plan.shapes import ModelShape
+
+GiB = 2**30
+# Estimates, not measurements: torch's CUDA context + cuBLAS/cuDNN workspaces per process (0.5-1 GiB on
+# Hopper), and NCCL's buffers per communicator this rank joins.
+CUDA_CONTEXT_BYTES = 1 * GiB
+NCCL_BYTES_PER_GROUP = GiB // 4
+# vLLM's non-torch memory during its profile run, and its CUDA-graph pool (enforce_eager=False).
+VLLM_NON_TORCH_BYTES = GiB // 2
+VLLM_CUDA_GRAPH_BYTES = GiB
+HEADROOM_FRACTION = 0.05
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
+
+_A, _R, _REF, _M = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
+                    "actor_rollout_ref.model")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanInputs:
+    """The keys that drive memory (field name -> config key in ``KEY_OF``)."""
+
+    world: int
+    nodes: int
+    fsdp_size: int = -1
+    sp: int = 1
+    tp: int = 1
+    param_dtype_bytes: int = 2
+    gpu_memory_utilization: float = 0.5
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+    rollout_dtype_bytes: int = 2
+    weight_sync_bucket_mb: int = 256
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    n: int = 1
+    actor_param_offload: bool = False
+    optimizer_offload: bool = False
+    use_ref: bool = False
+    ref_param_offload: bool = False
+    gradient_checkpointing: bool = True
+    logprob_chunk_size: int = 1024
+    update_tokens: int = 16384        # tokens per rank of one update micro-batch
+    old_logprob_tokens: int = 16384   # ... of one old-log-prob micro-batch
+    ref_logprob_tokens: int = 16384
+    # Positions the LM head scores (response tokens); None = every token of the micro-batch (the GPU plan's
+    # bound: a packed micro-batch may be all response). The padded CPU benchmark sets them.
+    update_scored_tokens: Optional[int] = None
+    logprob_scored_tokens: Optional[int] = None
+    response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
+    update_budget_key: str = f"{_A}.ppo_max_token_len_per_gpu"
+    old_budget_key: str = f"{_R}.log_prob_max_token_len_per_gpu"
+    ref_budget_key: str = f"{_REF}.log_prob_max_token_len_per_gpu"
+    step_impl: str = "auto"
+    fsdp: bool = True                 # False: one plain module (the CPU benchmark): no shards, no gathers
+    device: str = "cuda"
+
+    @property
+    def max_len(self) -> int:
+        return self.max_prompt_length + self.max_response_length
+
+    @property
+    def shard_group(self) -> int:
+        return self.world if self.fsdp_size in (-1, 0, None) else int(self.fsdp_size)
+
+    @classmethod
+    def from_config(cls, config, device: str = "cuda") -> "PlanInputs":
+        """Read the composed (Hydra) config; ``device`` is what the run computes on."""
+        from omegaconf import OmegaConf
+
+        def get(key, default=None):
+            value = OmegaConf.select(config, key, default=default)
+            return default if value is None else value
+
+        world = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
+        sp = int(get(f"{_A}.ulysses_sequence_parallel_size", 1))
+        n = int(get(f"{_R}.n", 1))
+        prompt, response = int(get("data.max_prompt_length")), int(get("data.max_response_length"))
+        dp = max(1, world // sp)
+        width = prompt + response
+
+        def tokens(dynamic_key: str, budget_key: str, micro_key: str, micro_per_gpu: Optional[int] = None) -> int:
+            # Dynamic: a micro-batch holds up to the budget per rank, but one row is never split (SP: 1/sp
+            # of it per rank). Fixed: rows per rank x the padded width, 1/sp per rank.
+            if bool(get(dynamic_key, False)):
+                return max(int(get(budget_key)), math.ceil(width / sp))
+            rows = micro_per_gpu if micro_per_gpu else max(1, int(get(micro_key)) * n // dp)
+            return math.ceil(rows * width / sp)
+
+        pdtype = str(get(f"{_A}.fsdp_config.param_dtype", "auto"))
+        pbytes = (2 if device == "cuda" else 4) if pdtype == "auto" else DTYPE_BYTES[pdtype]
+        rdtype = str(get(f"{_R}.dtype", "bfloat16"))
+        return cls(
+            world=world, nodes=int(get("trainer.nnodes", 1)), fsdp_size=int(get(f"{_A}.fsdp_config.fsdp_size", -1)),
+            sp=sp, tp=int(get(f"{_R}.tensor_model_parallel_size", 1)), param_dtype_bytes=pbytes,
+            gpu_memory_utilization=float(get(f"{_R}.gpu_memory_utilization", 0.5)),
+            max_num_batched_tokens=int(get(f"{_R}.max_num_batched_tokens", 8192)),
+            max_num_seqs=int(get(f"{_R}.max_num_seqs", 1024)), enforce_eager=bool(get(f"{_R}.enforce_eager", True)),
+            free_cache_engine=bool(get(f"{_R}.free_cache_engine", True)),
+            rollout_dtype_bytes=DTYPE_BYTES.get(rdtype, 2), weight_sync_bucket_mb=int(get(f"{_R}.weight_sync_bucket_mb", 256)),
+            max_prompt_length=prompt, max_response_length=response, n=n,
+            actor_param_offload=bool(get(f"{_A}.fsdp_config.param_offload", False)),
+            optimizer_offload=bool(get(f"{_A}.fsdp_config.optimizer_offload", False)),
+            use_ref=bool(get(f"{_REF}.use_ref", False)), ref_param_offload=bool(get(f"{_REF}.fsdp_config.param_offload", False)),
+            gradient_checkpointing=bool(get(f"{_M}.enable_gradient_checkpointing", True)),
+            logprob_chunk_size=int(get(f"{_M}.logprob_chunk_size", 1024)),
+            update_tokens=tokens(f"{_A}.use_dynamic_bsz", f"{_A}.ppo_max_token_len_per_gpu", f"{_A}.ppo_micro_batch_size",
+                                 get(f"{_A}.ppo_micro_batch_size_per_gpu")),
+            old_logprob_tokens=tokens(f"{_R}.log_prob_use_dynamic_bsz", f"{_R}.log_prob_max_token_len_per_gpu",
+                                      f"{_R}.log_prob_micro_batch_size"),
+            # The reference pass uses the rollout's micro-batch rows (the worker copies them) and its own budget.
+            ref_logprob_tokens=tokens(f"{_REF}.log_prob_use_dynamic_bsz", f"{_REF}.log_prob_max_token_len_per_gpu",
+                                      f"{_R}.log_prob_micro_batch_size"),
+            update_budget_key=(f"{_A}.ppo_max_token_len_per_gpu" if get(f"{_A}.use_dynamic_bsz") else f"{_A}.ppo_micro_batch_size"),
+            old_budget_key=(f"{_R}.log_prob_max_token_len_per_gpu" if get(f"{_R}.log_prob_use_dynamic_bsz")
+                            else f"{_R}.log_prob_micro_batch_size"),
+            ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if get(f"{_REF}.log_prob_use_dynamic_bsz")
+                            else f"{_R}.log_prob_micro_batch_size"),
+            step_impl=str(get(f"{_A}.optim.step_impl", "auto")), device=device)
+
+
+@dataclasses.dataclass
+class Line:
+    what: str
+    bytes: int
+    key: str
+
+
+@dataclasses.dataclass
+class Phase:
+    name: str
+    lines: list[Line]
+
+    @property
+    def total(self) -> int:
+        return sum(line.bytes for line in self.lines)
+
+
+@dataclasses.dataclass
+class Plan:
+    inputs: PlanInputs
+    shape: ModelShape
+    phases: list[Phase]
+    device_bytes: Optional[int]
+    kv_cache_bytes: int = 0
+    kv_cache_tokens: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    def phase(self, name: str) -> Phase:
+        return next(p for p in self.phases if p.name == name)
+
+    def over(self, headroom: float = 0.0) -> list[Phase]:
+        """Phases whose peak leaves less than ``headroom`` (a fraction) of the device's memory free."""
+        if not self.device_bytes:
+            return []
+        return [p for p in self.phases if p.total > self.device_bytes * (1 - headroom)]
+
+
+# ---------------------------------------------------------------------- activation model
+def layer_saved_bytes(s: ModelShape, a: int) -> int:
+    """Bytes per token autograd keeps for one decoder layer (Llama/Qwen2 block, flash/sdpa attention)."""
+    h, hd = s.hidden_size, s.head_dim
+    q, kv = s.num_attention_heads * hd, s.num_key_value_heads * hd
+    norms = 2 * (4 * h + a * h)           # RMSNorm: fp32 input copy + normalised output in compute dtype
+    attn = a * ((q + kv) + (q + 2 * kv) + q)  # pre-rotary q/k, q/k/v into attention, attention output
+    mlp = 4 * a * s.intermediate_size     # gate, act(gate), up, act*up
+    return norms + attn + mlp
+
+
+def layer_working_bytes(s: ModelShape, a: int) -> int:
+    """Bytes per token live inside one layer's forward without autograd (MLP tensors + residual + norm)."""
+    return a * (3 * s.intermediate_size + 2 * s.hidden_size) + 4 * s.hidden_size
+
+
+def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool,
+               positions: Optional[int] = None, response_positions: Optional[int] = None) -> tuple[int, str]:
+    """(peak bytes, description) of the LM head scoring ``tokens`` response tokens of a ``positions``-token
+    micro-batch. dp_actor keeps full logits while the micro-batch is no larger than one chunk; full logits
+    cover every position (``[positions, V]`` in the compute dtype), then ``response_positions`` of them go
+    through fp32 log_softmax, exp and their product (``torch_functional.logprobs_and_entropy_from_logits``)."""
+    v, h = s.vocab_size, s.hidden_size
+    positions = positions or tokens
+    cast = 4 if a != 4 else 0  # the bf16 matmul output is cast to a separate fp32 buffer
+    if 0 < chunk < positions:
+        if not backward:  # fp32 logits + the softmax of the entropy term ([chunk, V] each), hidden gathered
+            return a * tokens * h + 8 * chunk * v, f"LM head in chunks of {chunk} tokens"
+        # Three [chunk, V] fp32 buffers (recomputed logits, exp, and a third measured on CPU: the transposed
+        # operand of grad_z.t() @ h) + the bf16 copy of grad_z; dW summed in fp32 over several bf16 chunks.
+        dw = 4 * v * h if (a != 4 and tokens > chunk) else 0
+        return 2 * a * tokens * h + chunk * v * (12 + (a if a != 4 else 0)) + dw, \
+            f"LM head backward in chunks of {chunk} tokens"
+    # Forward's transients (logits, log_softmax, exp, their product) are the head's peak in the update too: its
+    # backward holds fewer [r, V] buffers at once (checked by bench_memory.py --predict at 2 x 512 positions).
+    r = response_positions or tokens
+    return positions * v * a + r * v * (cast + 12), f"full [{positions}, {v}] logits"
+
+
+# ---------------------------------------------------------------------- phases
+def vllm_budget(i: PlanInputs, s: ModelShape, total: int) -> dict:
+    """vLLM 0.32's split of ``ceil(util x total)`` (vllm/v1/worker/utils.py request_memory)."""
+    requested = math.ceil(total * i.gpu_memory_utilization)
+    weights = s.params * i.rollout_dtype_bytes // i.tp
+    h, q, kv = s.hidden_size, s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
+    # profile_run: one forward of max_num_batched_tokens (per-layer working set) + the sampler on max_num_seqs rows.
+    act = i.max_num_batched_tokens * i.rollout_dtype_bytes * (2 * h + (q + 2 * kv) // i.tp
+                                                              + 2 * s.intermediate_size // i.tp)
+    act += min(i.max_num_seqs, i.max_num_batched_tokens) * s.vocab_size * 4 * 2
+    non_torch = VLLM_NON_TORCH_BYTES + (0 if i.enforce_eager else VLLM_CUDA_GRAPH_BYTES)
+    kv_bytes = requested - weights - act - non_torch
+    return dict(requested=requested, weights=weights, activation=act, non_torch=non_torch, kv=kv_bytes,
+                kv_tokens=kv_cache_tokens(s, kv_bytes, i.rollout_dtype_bytes, i.tp))
+
+
+def kv_cache_tokens(s: ModelShape, kv_bytes: int, dtype_bytes: int, tp: int = 1, block_size: int = 16) -> int:
+    """Tokens a vLLM KV cache of ``kv_bytes`` holds: whole blocks of ``block_size`` tokens, each block holding K
+    and V of every layer (vllm/v1/core/kv_cache_utils.py: num_blocks = available // (page size x layers))."""
+    per_block = block_size * s.kv_bytes_per_token(dtype_bytes, tp)
+    return max(0, kv_bytes) // per_block * block_size
+
+
+def cpu_kv_cache_bytes(cpu_kv_cache_bytes_key: int, environ=None) -> int:
+    """The CPU build's KV cache size: ``rollout.cpu_kv_cache_bytes`` (passed as ``kv_cache_memory_bytes``), unless
+    the legacy ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is set (vllm/platforms/cpu.py overrides it then)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    return int(space) * GiB if space != "" else int(cpu_kv_cache_bytes_key)
+
+
+def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool) -> list[Line]:
+    f = i.shard_group if i.fsdp else 1
+    lines = []
+    if not i.actor_param_offload:
+        lines.append(Line(f"actor fp32 params / {f} (FSDP shard)", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
+        if grads:
+            lines.append(Line(f"actor fp32 grads / {f}", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
+        if optimizer_on_device:
+            key = f"{_A}.fsdp_config.optimizer_offload"
+            lines.append(Line(f"AdamW moments (2 x fp32) / {f}", 8 * s.params // f, key))
+    if i.use_ref and not i.ref_param_offload:
+        lines.append(Line(f"ref fp32 params / {f}", 4 * s.params // f, f"{_REF}.fsdp_config.param_offload"))
+    return lines
+
+
+def _runtime_lines(i: PlanInputs) -> list[Line]:
+    if i.device != "cuda":
+        return []
+    groups = 1 + (i.tp > 1) + (i.sp > 1) + 2 * (i.shard_group != i.world)
+    return [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-"),
+            Line(f"NCCL buffers, {groups} communicator(s) (estimate)", groups * NCCL_BYTES_PER_GROUP,
+                 f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size")]
+
+
+def _sleeping_engine(i: PlanInputs, vb: Optional[dict]) -> list[Line]:
+    if vb is None:
+        return []
+    if not i.free_cache_engine:
+        return [Line("vLLM engine awake (weights + KV, not released)", vb["requested"], f"{_R}.free_cache_engine")]
+    if not i.enforce_eager:
+        return [Line("vLLM CUDA graphs kept while asleep (estimate)", VLLM_CUDA_GRAPH_BYTES, f"{_R}.enforce_eager")]
+    return []
+
+
+def _gathered(i: PlanInputs, s: ModelShape, grads: bool) -> list[Line]:
+    """FSDP2 all-gathered blocks: the root unit (embeddings, head) for the whole pass, the current and the
+    prefetched decoder layer; in backward a layer's unsharded grads and their fp32 reduce-scatter copy."""
+    if not i.fsdp:
+        return []
+    a = i.param_dtype_bytes
+    root = s.embed_params * (1 if s.tie_word_embeddings else 2)
+    key = f"{_A}.fsdp_config.param_dtype"
+    lines = [Line("unsharded root unit (embeddings + head)", root * a, key),
+             Line("unsharded decoder layers (current + prefetch)", 2 * s.layer_params * a,
+                  f"{_A}.fsdp_config.reshard_after_forward")]
+    if grads:
+        lines.append(Line("unsharded grads of a layer + fp32 reduce copy", s.layer_params * (a + 4) + root * (a + 4) // 2,
+                          f"{_A}.fsdp_config.reduce_dtype"))
+    return lines
+
+
+def _ulysses_lines(i: PlanInputs, s: ModelShape, tokens: int) -> list[Line]:
+    """Ulysses SP: the all-to-all's send and receive buffers of q, k, v and the attention output of one layer
+    (ulysses_forward.py; each rank holds all positions of 1/sp of the heads inside attention)."""
+    if i.sp <= 1:
+        return []
+    hd = s.head_dim
+    width = (2 * s.num_attention_heads + 2 * s.num_key_value_heads) * hd
+    return [Line(f"Ulysses all-to-all buffers (SP {i.sp})", 2 * tokens * i.param_dtype_bytes * width,
+                 f"{_A}.ulysses_sequence_parallel_size")]
+
+
+def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_key: str,
+                  vb: Optional[dict]) -> Phase:
+    a = i.param_dtype_bytes
+    lines = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False)
+    lines += _runtime_lines(i) + _sleeping_engine(i, vb) + _gathered(i, s, grads=False)
+    sp = f" (SP {i.sp}: 1/{i.sp} of each row per rank)" if i.sp > 1 else ""
+    h = s.hidden_size
+    lines.append(Line(f"hidden states in/out, {tokens} tokens/rank{sp}", 2 * tokens * a * h, budget_key))
+    lines += _ulysses_lines(i, s, tokens)
+    layer = tokens * layer_working_bytes(s, a)
+    hb, what = head_bytes(s, i.logprob_scored_tokens or tokens, i.logprob_chunk_size, a, backward=False,
+                          positions=tokens, response_positions=i.response_positions)
+    # A layer's working set is freed before the head runs: the larger of the two is the pass's peak.
+    if hb >= layer:
+        lines.append(Line(f"{what} (> one layer's working set, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
+    else:
+        lines.append(Line(f"one layer's working set (> {what}, {hb / GiB:.2f} GiB)", layer, budget_key))
+    return Phase(name, lines)
+
+
+def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phase]:
+    a, t = i.param_dtype_bytes, i.update_tokens
+    base = _state_lines(i, s, optimizer_on_device=True, grads=True) + _runtime_lines(i) + _sleeping_engine(i, vb)
+    fb = list(base) + _gathered(i, s, grads=True)
+    ck = f"{_M}.enable_gradient_checkpointing"
+    saved, work = layer_saved_bytes(s, a), layer_working_bytes(s, a)
+    L = s.num_hidden_layers
+    if i.gradient_checkpointing:
+        fb.append(Line(f"checkpointed layer inputs, {L} x {t} tokens", L * t * a * s.hidden_size, ck))
+        layer, layer_what = t * (saved + work), "one layer recomputed + its backward"
+    else:
+        fb.append(Line(f"saved activations, {L} layers x {t} tokens", L * t * saved, ck))
+        layer, layer_what = t * work, "a layer's backward working set"
+    fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), i.update_budget_key))
+    fb += _ulysses_lines(i, s, t)
+    hb, what = head_bytes(s, i.update_scored_tokens or t, i.logprob_chunk_size, a, backward=True, positions=t,
+                          response_positions=i.response_positions)
+    # Backward runs the head first, then the layers one by one: the larger transient is the peak.
+    if hb >= layer:
+        fb.append(Line(f"{what} (> {layer_what}, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
+    else:
+        fb.append(Line(f"{layer_what} (> {what}, {hb / GiB:.2f} GiB)", layer, ck))
+    phases = [Phase("update: forward/backward", fb)]
+    if not i.actor_param_offload:  # with param_offload AdamW steps on the host
+        f = i.shard_group if i.fsdp else 1
+        impl = i.step_impl if i.step_impl != "auto" else ("foreach" if i.device == "cuda" else "fused")
+        # foreach: _foreach_sqrt of every second moment (one fp32 copy of the shard); for_loop: per tensor, the
+        # sqrt and its division by the bias correction (two fp32 copies of the largest, the embedding); fused: none.
+        temps = {"fused": 0, "for_loop": 2 * 4 * s.embed_params // f}.get(impl, 4 * s.params // f)
+        step = list(base) + [Line(f"AdamW step temporaries ({impl})", temps, f"{_A}.optim.step_impl")]
+        phases.append(Phase("update: optimizer step", step))
+    return phases
+
+
+def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Plan:
+    """Every phase of a step on one rank; ``device_bytes`` is the device's total memory (None: unknown)."""
+    notes = []
+    vb = None
+    phases = []
+    if i.device == "cuda":
+        total = device_bytes or 80 * GiB
+        vb = vllm_budget(i, s, total)
+        rollout = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False) + _runtime_lines(i)
+        ukey = f"{_R}.gpu_memory_utilization"
+        rollout += [Line(f"vLLM weights / TP {i.tp}", vb["weights"], f"{_R}.tensor_model_parallel_size"),
+                    Line(f"vLLM activation peak at {i.max_num_batched_tokens} batched tokens (estimate)",
+                         vb["activation"], f"{_R}.max_num_batched_tokens"),
+                    Line("vLLM non-torch + CUDA graphs (estimate)", vb["non_torch"], f"{_R}.enforce_eager"),
+                    Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
+                    Line("actor -> engine weight-sync bucket", 2 * i.weight_sync_bucket_mb * 2**20,
+                         f"{_R}.weight_sync_bucket_mb")]
+        phases.append(Phase("rollout (vLLM awake)", rollout))
+        per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
+        if vb["kv"] < i.max_len * per_token:
+            notes.append(f"vLLM: KV cache {vb['kv'] / GiB:.2f} GiB holds {vb['kv_tokens']} tokens < one "
+                         f"{i.max_len}-token sequence; vLLM refuses to start -> raise {ukey}")
+        # At engine start the actor's fp32 shards are already on the device (built first in init_model).
+        free_at_start = total - (0 if i.actor_param_offload else 4 * s.params // i.shard_group) - CUDA_CONTEXT_BYTES
+        if free_at_start < vb["requested"]:
+            notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
+                         f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
+    phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb))
+    if i.use_ref:
+        phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))
+    phases += update_phases(i, s, vb)
+    plan = Plan(i, s, phases, device_bytes, notes=notes)
+    if vb is not None:
+        plan.kv_cache_bytes, plan.kv_cache_tokens = vb["kv"], vb["kv_tokens"]
+    return plan
