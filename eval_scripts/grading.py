@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import threading
+import time
 from typing import Callable, Iterable, Optional, Sequence
 
 from deepscaler.rewards import grade_solution
@@ -119,7 +120,11 @@ def _with_timeout(fn: Callable, timeout_s: Optional[float]):
         return fn()
     from deepscaler.rewards.math_utils.deadline import default_backstop_s
 
+    # Someone else's timers (a job's own alarm, pytest-timeout's) are re-armed afterwards with what is left
+    # of them, so grading never silently cancels an outer limit.
+    outer = {which: signal.getitimer(which) for which in (signal.ITIMER_PROF, signal.ITIMER_REAL)}
     previous = signal.signal(signal.SIGPROF, _on_alarm), signal.signal(signal.SIGALRM, _on_alarm)
+    started = time.monotonic()
     signal.setitimer(signal.ITIMER_PROF, timeout_s)
     signal.setitimer(signal.ITIMER_REAL, default_backstop_s(timeout_s))
     try:
@@ -129,6 +134,10 @@ def _with_timeout(fn: Callable, timeout_s: Optional[float]):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGPROF, previous[0])
         signal.signal(signal.SIGALRM, previous[1])
+        spent = time.monotonic() - started  # an upper bound of the CPU time spent too
+        for which, (left, interval) in outer.items():
+            if left > 0:
+                signal.setitimer(which, max(1e-3, left - spent), interval)
 
 
 def grade_text(text: str, ground_truth, grader: str, split_think: bool,

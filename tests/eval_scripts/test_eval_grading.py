@@ -119,3 +119,17 @@ def test_unusable_ground_truth_is_never_correct(grader, ground_truth):
     answer = "nan" if not isinstance(ground_truth, dict) and "inf" not in str(ground_truth).lower() else "\\infty"
     result = grade_text(f"x</think>\\boxed{{{answer}}}", ground_truth, grader, True)
     assert not result.correct and result.status == "bad_ground_truth"
+
+
+def test_grading_re_arms_an_outer_alarm_instead_of_cancelling_it():
+    """A job's own SIGALRM limit (pytest-timeout's, a batch script's) survives an eval grade: it is re-armed
+    with what is left of it, not cleared."""
+    import signal
+
+    signal.setitimer(signal.ITIMER_REAL, 50.0)
+    try:
+        assert grade_text("\\boxed{4}", "4", "math_verify", split_think=False, timeout_s=5.0).correct
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 40.0 < left <= 50.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
