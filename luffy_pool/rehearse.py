@@ -98,8 +98,10 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
             device.append("actor_rollout_ref.model.attn_implementation=sdpa")
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     new_lengths, new_batches = scaled(lengths, len_factor), scaled(batches, batch_factor)
+    # LUFFY's stop rule (trainer.stop_one_step_early, set by train.sh) makes total-1 updates: ask for one more.
+    stop_early = int(str(recipe.get("trainer.stop_one_step_early")).lower() == "true")
     overrides = ([f"{k}={v}" for k, v in {**new_lengths, **new_batches}.items()] + device
-                 + [f"trainer.total_training_steps={steps}"] + outputs)
+                 + [f"trainer.total_training_steps={steps + stop_early}"] + outputs)
     family, found = model_family(recipe.model_path)
     heads, kv = divisible_heads(sp, tp)
     report = {
