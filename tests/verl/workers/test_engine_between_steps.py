@@ -11,26 +11,13 @@ import pytest
 ARR = "actor_rollout_ref"
 
 
-class EngineRecorder:
-    """Stands in for vllm.LLM where only the sleep/wake calls matter."""
-
-    def __init__(self):
-        self.calls = []
-
-    def sleep(self, level):
-        self.calls.append(("sleep", level))
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tags))
-
-
-def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_the_push(compose_config,
+def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_the_push(engine_recorder, compose_config,
                                                                                        tiny_model_dir):
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
     rollout_cfg = compose_config([f"{ARR}.rollout.tensor_model_parallel_size=1"]).actor_rollout_ref.rollout
     assert rollout_cfg.sleep_level == 2 and rollout_cfg.free_cache_engine
-    engine = EngineRecorder()
+    engine = engine_recorder()
     rollout = VLLMRollout(tiny_model_dir, rollout_cfg, device="cuda", engine=engine)
     rollout.sleep()
     rollout.wake_up_weights()  # the sharding manager's sync: weights back (empty at level 2), then the push
@@ -38,14 +25,14 @@ def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_th
     assert engine.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
 
 
-def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(tiny_model_dir):
+def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(engine_recorder, tiny_model_dir):
     """Level 2 leaves the woken weights undefined: only a sync that overwrites every checkpoint tensor may
     follow it, and after_weight_update checks exactly that against the checkpoint's tensor names."""
     import torch
 
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-    class Engine(EngineRecorder):
+    class Engine(engine_recorder):
         def reset_prefix_cache(self):
             pass
 

@@ -93,23 +93,10 @@ def test_disabled_chunked_prefill_gets_a_batch_that_fits_a_whole_prompt():
     assert build_engine_kwargs(cfg, "/m", "cuda", 1, EXT)["max_num_batched_tokens"] == 4096
 
 
-class EngineRecorder:
-    """Stands in for vllm.LLM where only the sleep/wake calls matter."""
-
-    def __init__(self):
-        self.calls = []
-
-    def sleep(self, level):
-        self.calls.append(("sleep", level))
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tags))
-
-
-def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(tiny_model_dir):
+def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(engine_recorder, tiny_model_dir):
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-    engine = EngineRecorder()
+    engine = engine_recorder()
     rollout = VLLMRollout(tiny_model_dir, {"sleep_level": 2}, device="cuda", engine=engine)
     rollout.wake_up()  # awake already: nothing to do
     rollout.sleep()
@@ -122,11 +109,11 @@ def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(tiny_model_dir):
                             ("sleep", 2), ("wake_up", None)]
 
 
-def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(tiny_model_dir):
+def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(engine_recorder, tiny_model_dir):
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
     for device, cfg in (("cpu", {}), ("cuda", {"free_cache_engine": False})):
-        engine = EngineRecorder()
+        engine = engine_recorder()
         rollout = VLLMRollout(tiny_model_dir, cfg, device=device, engine=engine)
         rollout.sleep()
         rollout.wake_up_weights()
