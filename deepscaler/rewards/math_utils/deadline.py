@@ -16,7 +16,10 @@ Two mechanisms end a call, because neither is enough alone:
   prediction) anywhere. It cannot interrupt one long C call (a big-integer power): the pre-parse guards
   (``input_guard``) exist so that no such call is ever started.
 ``GradeTimeout`` derives from ``BaseException`` so that math-verify's and SymPy's ``except Exception``
-handlers cannot swallow it and turn a timeout into "wrong answer".
+handlers cannot swallow it and turn a timeout into "wrong answer". An asynchronous exception can still be
+lost (CPython prints and drops one that lands in a ``__del__`` or weakref callback, which SymPy's caches
+run all the time), so the watchdog raises it again while the thread stays armed and keeps computing:
+a lost exception must never leave a thread grading without a bound.
 """
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ _local = threading.local()
 FINISHED, CPU_TIMEOUT, WALL_TIMEOUT = "finished", "cpu_timeout", "wall_timeout"
 # Wall-clock backstop when the caller gives none: generous, because it must never fire on a busy machine.
 BACKSTOP_FACTOR, MIN_BACKSTOP_S = 20.0, 60.0
+# After firing, raise again when the armed thread has spent this much more CPU (it did not stop) or this
+# much wall time has passed (it waits somewhere the exception was dropped).
+REFIRE_CPU_S, REFIRE_WALL_S = 0.05, 1.0
 
 
 def default_backstop_s(budget_s: float) -> float:
@@ -89,7 +95,8 @@ class _Watchdog:
 
     def __init__(self):
         self._cv = threading.Condition(threading.Lock())
-        self._armed: dict[int, list] = {}  # thread id -> [cpu deadline, wall deadline, clock, fired]
+        # thread id -> [cpu deadline, wall deadline, clock, last fire as (cpu, wall) or None, times fired]
+        self._armed: dict[int, list] = {}
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -102,13 +109,13 @@ class _Watchdog:
     def arm(self, thread_id: int, budget: tuple) -> None:
         with self._cv:
             self._ensure_thread()
-            self._armed[thread_id] = [*budget, False]
+            self._armed[thread_id] = [*budget, None, 0]
             self._cv.notify()
 
     def disarm(self, thread_id: int) -> None:
         with self._cv:
             entry = self._armed.pop(thread_id, None)
-            if entry is not None and entry[3]:
+            if entry is not None and entry[3] is not None:
                 # Fired but maybe not yet delivered: withdraw it so it cannot hit the caller later.
                 _set_async_exc(thread_id, None)
 
@@ -118,21 +125,28 @@ class _Watchdog:
                 now = time.monotonic()
                 next_wait = None
                 for thread_id, entry in self._armed.items():
-                    if entry[3]:
-                        continue
-                    cpu_deadline, wall_deadline, clock = entry[:3]
                     try:
-                        cpu_left = cpu_deadline - _cpu_now(clock)
+                        wait = self._visit(thread_id, entry, now)
                     except OSError:  # the thread is gone; its caller disarms it
                         continue
-                    if cpu_left <= 0 or wall_deadline <= now:
-                        entry[3] = True
-                        _set_async_exc(thread_id, GradeTimeout if cpu_left <= 0 else GradeWallTimeout)
-                        continue
-                    # A thread gains at most one CPU second per wall second, so nothing can be due sooner.
-                    wait = min(cpu_left, wall_deadline - now)
                     next_wait = wait if next_wait is None else min(next_wait, wait)
                 self._cv.wait(None if next_wait is None else max(0.002, next_wait))
+
+    @staticmethod
+    def _visit(thread_id: int, entry: list, now: float) -> float:
+        """Fire (or fire again) at one armed thread when due; return the wall seconds until it may be due."""
+        cpu_deadline, wall_deadline, clock, last_fire = entry[:4]
+        cpu = _cpu_now(clock)
+        if last_fire is not None:
+            cpu_since, wall_since = cpu - last_fire[0], now - last_fire[1]
+            if cpu_since < REFIRE_CPU_S and wall_since < REFIRE_WALL_S:
+                return min(REFIRE_CPU_S - cpu_since, REFIRE_WALL_S - wall_since)
+        elif cpu < cpu_deadline and now < wall_deadline:
+            # A thread gains at most one CPU second per wall second, so nothing can be due sooner.
+            return min(cpu_deadline - cpu, wall_deadline - now)
+        entry[3], entry[4] = (cpu, now), entry[4] + 1
+        _set_async_exc(thread_id, GradeTimeout if cpu >= cpu_deadline else GradeWallTimeout)
+        return min(REFIRE_CPU_S, REFIRE_WALL_S)
 
     def _after_fork(self) -> None:
         # The child has no watchdog thread and no armed callers; start afresh on first use.

@@ -106,3 +106,35 @@ def test_the_wall_clock_backstop_is_its_own_status():
     assert issubclass(GradeWallTimeout, GradeTimeout)
     assert default_backstop_s(3.0) == 60.0 and default_backstop_s(10.0) == 200.0
     time.sleep(0.1)  # no late exception
+
+
+def test_a_dropped_timeout_is_raised_again_until_the_thread_stops():
+    # CPython prints and drops an async exception that lands in a __del__ or weakref callback (SymPy's caches
+    # run them constantly); here the first GradeTimeout is swallowed on purpose. Fired once, the thread would
+    # compute forever; the watchdog must raise again while the thread stays armed and keeps computing.
+    swallowed = []
+
+    def drop_the_first_timeout():
+        while True:
+            try:
+                sum(range(10_000))
+            except GradeTimeout:
+                if swallowed:
+                    raise
+                swallowed.append(time.thread_time())
+
+    (status, value), elapsed = _in_thread(lambda: run_with_budget(drop_the_first_timeout, 0.05))
+    assert (status, value) == (CPU_TIMEOUT, None)
+    assert len(swallowed) == 1  # the first one really was dropped, and a second one ended the call
+    assert elapsed < 5.0
+
+
+def test_no_second_timeout_reaches_the_caller_after_a_timed_out_call():
+    # The re-fire stops with the disarm: a caller that goes on computing after a timeout is never interrupted.
+    def spin():
+        _spin_cpu(10)
+
+    status, _ = run_with_budget(spin, 0.05)
+    assert status == CPU_TIMEOUT
+    _spin_cpu(0.3)  # several re-fire periods: a late exception would raise here
+    assert run_with_budget(lambda: 7, 1.0) == (FINISHED, 7)
