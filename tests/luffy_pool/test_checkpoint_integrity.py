@@ -21,6 +21,10 @@ from verl.utils.checkpoint.safe_io import UnsafeCheckpointError, load_state, sav
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_checkpointing import _max_diff, base_config, make_trainer  # noqa: E402,F401 - base_config is a fixture
 
+# Each test trains a tiny model for a few steps and writes real checkpoints (about 40 s for the file): the
+# full suite runs them, the quick loop (-m "not e2e") leaves them to it.
+pytestmark = pytest.mark.slow
+
 ACTOR = layout.ACTOR_DIR
 
 

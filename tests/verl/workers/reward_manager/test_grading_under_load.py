@@ -110,6 +110,7 @@ class StallsAtStart(ScorerSpec):
             time.sleep(1)
 
 
+@pytest.mark.slow  # waits for worker start-ups on purpose (seconds each)
 def test_workers_that_cannot_start_make_the_pool_grade_in_process_with_one_warning(caplog):
     caplog.set_level(logging.WARNING, logger=scoring_pool_module.__name__)
     with ScoringPool(NeverStarts(3), num_workers=2, timeout_s=5.0) as pool:
@@ -122,6 +123,7 @@ def test_workers_that_cannot_start_make_the_pool_grade_in_process_with_one_warni
     assert len(fallback_lines) == 1
 
 
+@pytest.mark.slow  # waits for worker start-ups on purpose (seconds each)
 def test_a_start_up_without_progress_is_given_up_and_grading_goes_on(monkeypatch, caplog):
     monkeypatch.setattr(scoring_pool_module, "STARTUP_STALL_S", 1.5)
     caplog.set_level(logging.WARNING, logger=scoring_pool_module.__name__)
@@ -132,6 +134,7 @@ def test_a_start_up_without_progress_is_given_up_and_grading_goes_on(monkeypatch
     assert stats.error_count == 0
 
 
+@pytest.mark.slow  # waits for worker start-ups on purpose (seconds each)
 def test_a_slow_but_computing_start_up_is_waited_for(monkeypatch):
     # The stall limit only ends start-ups that stopped computing; this one computes for ~1.5 s with a 1 s limit.
     monkeypatch.setattr(scoring_pool_module, "STARTUP_STALL_S", 1.0)
