@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import Optional
+from typing import Optional, Sequence
 
 RL_MODULES = ("verl.mix_src.main_mix_ppo", "luffy_pool.main_mix_ppo")
 SFT_MODULE = "verl.trainer.fsdp_sft_trainer"
@@ -67,8 +67,9 @@ def discover_launch_scripts(exp_dir: str) -> list[str]:
     return [os.path.join(exp_dir, n) for n in sorted(found)]
 
 
-def script_command(script: str, env: Optional[dict] = None, timeout_s: float = 60.0) -> list[str]:
-    """The arguments the script passes to ``$PYTHON`` (e.g. ``["-m", "verl.mix_src.main_mix_ppo", ...]``)."""
+def script_command(script: str, env: Optional[dict] = None, timeout_s: float = 60.0,
+                   args: Sequence[str] = ()) -> list[str]:
+    """The arguments ``bash script *args`` passes to ``$PYTHON`` (e.g. ``["-m", "verl.mix_src.main_mix_ppo", ...]``)."""
     with tempfile.TemporaryDirectory(prefix="recipe_") as tmp:
         shim, out = os.path.join(tmp, "python"), os.path.join(tmp, "argv")
         with open(shim, "w") as f:
@@ -76,7 +77,7 @@ def script_command(script: str, env: Optional[dict] = None, timeout_s: float = 6
         os.chmod(shim, 0o755)
         run_env = dict(os.environ if env is None else env, PYTHON=shim, RECIPE_ARGV_OUT=out)
         run_env.pop("RAY_STOP", None)  # reading a script must never stop a cluster
-        proc = subprocess.run(["bash", script], env=run_env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(["bash", script, *args], env=run_env, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RecipeError(f"{script}: exited {proc.returncode} before its trainer: {tail}")
@@ -192,9 +193,12 @@ class Recipe:
         return out
 
 
-def read_recipe(script: str, env: Optional[dict] = None) -> Recipe:
-    """Run ``script`` through the shim and split its command line into trainer module and overrides."""
-    argv = script_command(script, env)
+def read_recipe(script: str, env: Optional[dict] = None, args: Sequence[str] = ()) -> Recipe:
+    """Run ``script`` (with ``args`` as its ``"$@"``) through the shim and split its command line into trainer
+    module and overrides."""
+    if not os.path.isfile(script):
+        raise RecipeError(f"launch script {script}: no such file")
+    argv = script_command(script, env, args=args)
     launcher: dict[str, str] = {}
     rest = list(argv)
     if rest[:2] == ["-m", "torch.distributed.run"]:
