@@ -64,3 +64,10 @@ def clip_grad_norm_on_device(parameters: Iterable[torch.nn.Parameter], max_norm:
             by_device[local.device] = coef.to(local.device)
         local.mul_(by_device[local.device].to(local.dtype))
     return norm
+
+
+def grad_norm_device(param_offload: bool, device: str, compute_device: DeviceLike):
+    """Where the actor reduces its gradient norm: ``compute_device`` when FSDP2 keeps the parameters (and so
+    the gradients) in host memory on a GPU run, whose NCCL group has no CPU backend; otherwise None, i.e.
+    ``torch.nn.utils.clip_grad_norm_`` where the gradients are (on CPU runs gloo reduces host tensors)."""
+    return torch.device(compute_device) if param_offload and device == "cuda" else None

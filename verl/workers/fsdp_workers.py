@@ -221,13 +221,14 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             compute = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
             self.optimizer_offload = OptimizerOffload(
                 self.actor_optimizer, compute, enabled=bool(s.actor.fsdp_config.optimizer_offload))
-            # Offloaded shards keep their gradients in host memory: reduce the norm on the GPU (review D4).
-            offloaded = bool(s.actor.fsdp_config.param_offload) and self.device == "cuda"
+            from verl.utils.grad_norm import grad_norm_device
+
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
                                         dp_group=self.dp_group, batch_sizes=self.batch_sizes,
-                                        grad_norm_device=compute if offloaded else None)
+                                        grad_norm_device=grad_norm_device(
+                                            bool(s.actor.fsdp_config.param_offload), self.device, compute))
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:

@@ -116,3 +116,16 @@ def test_the_actor_clips_through_it_when_given_a_device(monkeypatch):
         model(torch.randn(4, 3)).sum().backward()
         assert actor._optimizer_step() > 0
         assert calls == expected
+
+
+@pytest.mark.parametrize("param_offload,device,expected", [
+    (True, "cuda", torch.device("cuda", 3)),  # host-resident gradients, NCCL group: reduce on the GPU
+    (False, "cuda", None),  # gradients on the GPU: torch's own clip
+    (True, "cpu", None),  # CPU run: gloo reduces host tensors
+    (False, "cpu", None),
+])
+def test_the_worker_picks_the_reduce_device_from_param_offload_and_the_run_device(param_offload, device, expected):
+    from verl.utils.grad_norm import grad_norm_device
+
+    assert grad_norm_device(param_offload, device, torch.device("cuda", 3)) == expected
+
