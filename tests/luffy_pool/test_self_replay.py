@@ -190,7 +190,7 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
     from torch.utils.data import DataLoader
 
     from luffy_pool.checkpointing import TrainerCheckpointer
-    from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
     from verl.utils.dataset.sampler import ResumableRandomSampler
 
     class Scripted(MIXRayPPOTrainer):
@@ -199,13 +199,13 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
         def train_step(self, batch_dict, timing):
             if self.global_steps == crash_at:
                 raise _Crash(f"killed in step {self.global_steps}")
+            buffer = self.self_replay.buffer
             for i in batch_dict["index"]:
-                picked = self.self_replay.sample(int(i), self.global_steps)
+                picked = buffer.sample(int(i), self.global_steps)
                 self.picks.append((self.global_steps, int(i), None if picked is None else picked.token_ids))
                 tokens = [int(i), self.global_steps % 3, 5]
-                self.self_replay.insert(int(i), tokens, [-0.1 * self.global_steps] * 4, self.global_steps)
-            self._last_prompt_tokens = self._last_response_tokens = 1
-            return {}
+                buffer.insert(int(i), tokens, [-0.1 * self.global_steps] * 4, self.global_steps)
+            return StepOutput({}, 1, 1)
 
     cfg = OmegaConf.merge(base_config, {"trainer": {"default_local_dir": str(out_dir), "total_training_steps": steps,
                                                     "save_freq": 2, "resume_mode": "auto"}})
@@ -233,6 +233,6 @@ def test_kill_and_resume_restores_the_same_buffer(compose_config, tmp_path):
     resumed.fit()
     assert resumed.picks[0][0] == 5  # continued after the step-4 checkpoint
     assert resumed.picks == [p for p in ref.picks if p[0] >= 5]
-    snapshot = lambda t: [(k, e.token_ids, e.logprobs, e.step) for k, v in t.self_replay._entries.items() for e in v]
-    assert snapshot(resumed) == snapshot(ref) and len(ref.self_replay) > 0
-    assert resumed.self_replay._inserts == ref.self_replay._inserts
+    snapshot = lambda t: [(k, e.token_ids, e.logprobs, e.step) for k, v in t.self_replay.buffer._entries.items() for e in v]
+    assert snapshot(resumed) == snapshot(ref) and len(ref.self_replay.buffer) > 0
+    assert resumed.self_replay.buffer._inserts == ref.self_replay.buffer._inserts
