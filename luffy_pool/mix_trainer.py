@@ -22,8 +22,8 @@ from deepscaler.rewards import fail_success_values
 from luffy_pool.config_sections import ConfigSections
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
-from luffy_pool.self_replay import SelfReplay
 from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.self_replay import SelfReplay
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,

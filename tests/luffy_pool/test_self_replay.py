@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from luffy_pool.replay_buffer import SelfReplayBuffer
-from luffy_pool.self_replay import keep_successes, replay_into_failed_groups
+from luffy_pool.self_replay import SelfReplay, keep_successes, replay_into_failed_groups
 from verl.protocol import DataProto
 
 EOS, PAD, P, L = 2, 0, 2, 5
@@ -110,6 +110,46 @@ def test_too_old_traces_are_not_replayed():
     buf.insert(10, [9], [-0.1, -0.2], step=1)
     m = _replay(_batch([[3, EOS]] * 3, [0, 0, 0], [10] * 3), buf, step=4)
     assert m["replay/used"] == 0 and m["replay/expired"] == 1 and len(buf) == 0
+
+
+class _Tokens:
+    eos_token_id, pad_token_id = EOS, PAD
+
+
+def test_apply_rewrites_failed_groups_before_the_log_prob_pass_and_keeps_its_successes_after():
+    """The step's one call: the pass sees the replayed rows, and the buffer keeps this step's success with the
+    old log-probs the pass computed (a trace kept this step is not replayed in the same step)."""
+    buf = SelfReplayBuffer()
+    buf.insert(10, [9, 4], [-0.5, -1.0, -0.25], step=1)
+    replay = SelfReplay(buf, slots=1, success=1.0, reward_fn=CountingReward(), tokenizer=_Tokens())
+    # g0 (prompt 10) fails everywhere -> its last row gets the kept trace; g1 (prompt 11) has one success.
+    batch = _batch([[3, EOS], [3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, EOS]], [0, 0, 0, 0, 1, 0],
+                   [10, 10, 10, 11, 11, 11])
+    seen = {}
+
+    def log_probs(b):
+        seen["responses"] = b.batch["responses"].clone()
+        seen["buffer_size"] = len(buf)
+        b.batch["old_log_probs"] = torch.full(b.batch["responses"].shape, -0.75)
+        return b
+
+    timing = {}
+    out, m = replay.apply(batch, 3, np.zeros((2, 3)), log_probs, timing)
+    assert seen["responses"][2].tolist() == [9, 4, EOS, PAD, PAD]  # the pass ran on the rewritten row
+    assert seen["buffer_size"] == 1  # nothing of this step was kept before the pass
+    assert m["replay/used"] == 1 and m["replay/inserted"] == 1 and m["replay/size"] == 2
+    assert buf.entries(11)[0].token_ids == [9] and buf.entries(11)[0].logprobs == [-0.75, -0.75]
+    assert out is batch and set(timing) == {"replay"} and timing["replay"] >= 0.0
+
+
+def test_replay_is_built_only_when_enabled(compose_config):
+    from luffy_pool.config_sections import ConfigSections
+
+    off = ConfigSections.from_config(compose_config([]))
+    assert SelfReplay.from_sections(off, reward_fn=CountingReward(), tokenizer=_Tokens()) is None
+    on = ConfigSections.from_config(compose_config(["data.self_replay.enable=True", "data.self_replay.slots=2"]))
+    replay = SelfReplay.from_sections(on, reward_fn=CountingReward(), tokenizer=_Tokens())
+    assert replay.slots == 2 and replay.success == 1.0 and len(replay.buffer) == 0
 
 
 def test_keep_successes_records_on_policy_successes_with_old_log_probs():
