@@ -235,7 +235,7 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
             trainer.global_steps = step
             timing: dict = {}
             t_step = time.perf_counter()
-            metrics = trainer.train_step(next(batches), timing)
+            metrics = trainer.train_step(next(batches), timing).metrics
             step_s = time.perf_counter() - t_step
             gen_tokens = float(metrics.get("rollout/engine_tokens", 0))
             steps.append({"step": step, "step_s": round(step_s, 3), "gen_s": round(timing.get("gen", 0.0), 3),

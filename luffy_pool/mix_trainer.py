@@ -1,16 +1,19 @@
 """LUFFY's driver loop: sample prompts, roll out both pools, reward, advantage, update, validate.
 
-Runs on the Ray driver (the single controller). Each training step, as ``fit`` reads it:
-draw prefix ratios -> generate (on-policy + off-policy slots) -> reward every row -> recompute
-old log-probs -> (ref / KL) -> group advantage -> balance rows across ranks -> update the actor ->
-metrics; validation every ``trainer.test_freq`` steps and checkpoints every ``trainer.save_freq``.
-The driver owns every decision that must agree across ranks (ratios, uids, advantages, order).
+Runs on the Ray driver (the single controller). ``train_step`` is a row of named stages, each returning
+its metrics: rollout (draw prefix ratios, generate on-policy + off-policy slots) -> score (reward every
+row) -> log-probs (old, ref; with ``data.self_replay`` the ``SelfReplay`` stage runs around this pass)
+-> advantages (KL in reward, group advantage) -> update (balance rows across ranks, update the actor)
+-> step metrics. ``fit`` adds validation every ``trainer.test_freq`` steps and checkpoints every
+``trainer.save_freq``. The driver owns every decision that must agree across ranks (ratios, uids,
+advantages, order).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -19,9 +22,8 @@ from deepscaler.rewards import fail_success_values
 from luffy_pool.config_sections import ConfigSections
 from luffy_pool.mix_advantage import compute_mixed_advantage
 from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
-from luffy_pool.replay_buffer import SelfReplayBuffer
-from luffy_pool.self_replay import keep_successes, replay_into_failed_groups
 from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.self_replay import SelfReplay
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
@@ -40,6 +42,14 @@ def _timer(name: str, timing: dict):
     t0 = time.perf_counter()
     yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+class StepOutput(NamedTuple):
+    """What ``train_step`` hands ``fit``: the step's metrics and the tokens its timing metrics divide by."""
+
+    metrics: dict
+    prompt_tokens: int
+    response_tokens: int
 
 
 class MIXRayPPOTrainer:
@@ -66,9 +76,7 @@ class MIXRayPPOTrainer:
         self.response_length = s.data.max_response_length
         self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(s.trainer.seed))
         self.kl_ctrl = get_kl_controller(s.algorithm.kl_ctrl)
-        replay_cfg = s.data.self_replay
-        self.self_replay = SelfReplayBuffer.from_config(replay_cfg, seed=int(s.trainer.seed)) \
-            if replay_cfg.enable else None
+        self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=tokenizer)  # None when off
         self.use_ref = s.workers.ref.use_ref
         self.world_size = self.wg.world_size
         self.global_steps = 0
@@ -145,20 +153,12 @@ class MIXRayPPOTrainer:
             self.global_steps += 1
             timing: dict[str, float] = {}
             with _timer("step", timing):
-                metrics = self.train_step(self._next_batch(), timing)
-                is_last = self.global_steps >= last_step
-                if self._due(self.sections.trainer.test_freq, is_last) and self.val_dataset is not None:
-                    with _timer("testing", timing):
-                        metrics.update(self.validate())
-                    if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
-                        self.checkpointer.maybe_save_best(self, metrics)
-                if self.checkpointer is not None and (self._due(self.sections.trainer.save_freq, is_last)
-                                                      or self.stop.save_requested(self.sections.trainer.save_on_signal)):
-                    with _timer("save_checkpoint", timing):
-                        self.checkpointer.save(self, metrics)
-            metrics.update(compute_timing_metrics(timing, self._last_prompt_tokens, self._last_response_tokens))
-            metrics.update(compute_throughput_metrics(self._last_prompt_tokens + self._last_response_tokens,
-                                                      timing["step"], self.world_size))
+                out = self.train_step(self._next_batch(), timing)
+                metrics = out.metrics
+                self._validate_and_save(metrics, timing, is_last=self.global_steps >= last_step)
+            metrics.update(compute_timing_metrics(timing, out.prompt_tokens, out.response_tokens))
+            metrics.update(compute_throughput_metrics(out.prompt_tokens + out.response_tokens, timing["step"],
+                                                      self.world_size))
             self._log(metrics, step=self.global_steps)
             bar.update(1)
             last = metrics
@@ -166,6 +166,18 @@ class MIXRayPPOTrainer:
             self.checkpointer.save_if_unsaved(self)  # the signal came between two steps
         bar.close()
         return last
+
+    def _validate_and_save(self, metrics: dict, timing: dict, is_last: bool) -> None:
+        """After a step: validate when due (adds ``val/*`` to ``metrics``), then save when due or asked to."""
+        t = self.sections.trainer
+        if self._due(t.test_freq, is_last) and self.val_dataset is not None:
+            with _timer("testing", timing):
+                metrics.update(self.validate())
+            if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
+                self.checkpointer.maybe_save_best(self, metrics)
+        if self.checkpointer is not None and (self._due(t.save_freq, is_last) or self.stop.save_requested(t.save_on_signal)):
+            with _timer("save_checkpoint", timing):
+                self.checkpointer.save(self, metrics)
 
     def _due(self, freq, is_last: bool) -> bool:
         freq = int(freq) if freq is not None else -1
@@ -176,57 +188,72 @@ class MIXRayPPOTrainer:
             self.tracker.log(metrics, step=step)
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, batch_dict: dict, timing: dict) -> dict:
+    def train_step(self, batch_dict: dict, timing: dict) -> StepOutput:
+        """One update as named stages; each returns its metrics, ``timing`` collects the seconds per stage."""
         batch = DataProto.from_single_dict(batch_dict)
         if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
             self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
         metrics: dict = {}
-        if "tgt_truncated" in batch.batch.keys():  # traces cut to rollout.max_prefix_len (data.truncate_off_policy)
-            metrics["batch/off_policy_truncated"] = int(batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum())
         with _timer("gen", timing):
-            batch = self._rollout(batch, metrics)
+            batch, ratios, stage = self._rollout(batch)
+        metrics.update(stage)
         with _timer("reward", timing):
-            scores, reward_metrics = self.reward_fn(batch)
-            batch.batch["token_level_scores"] = scores
-            metrics.update(reward_metrics)
-        if self.self_replay is not None:
-            with _timer("replay", timing):
-                metrics.update(replay_into_failed_groups(
-                    batch, self.self_replay, self.global_steps, slots=int(self.sections.data.self_replay.slots),
-                    success=self._success_value(), reward_fn=self.reward_fn, eos_token_id=self.tokenizer.eos_token_id,
-                    pad_token_id=self.tokenizer.pad_token_id, prefix_ratios=self._last_ratios))
+            metrics.update(self._score(batch))
+        if self.self_replay is None:
+            batch = self._log_probs(batch, timing)
+        else:  # rewrites failed groups before the pass, keeps the successes after it (luffy_pool/self_replay.py)
+            batch, stage = self.self_replay.apply(batch, self.global_steps, ratios,
+                                                  lambda b: self._log_probs(b, timing), timing)
+            metrics.update(stage)
+        with _timer("adv", timing):
+            batch, stage = self._advantages(batch)
+        metrics.update(stage)
+        metrics.update(self._update(batch, timing))
+        stage, prompt_tokens, response_tokens = self._step_metrics(batch)
+        metrics.update(stage)
+        return StepOutput(metrics, prompt_tokens, response_tokens)
+
+    def _score(self, batch: DataProto) -> dict:
+        """Reward every row: ``token_level_scores`` (the score on the last response token); the reward metrics."""
+        scores, reward_metrics = self.reward_fn(batch)
+        batch.batch["token_level_scores"] = scores
+        return reward_metrics
+
+    def _log_probs(self, batch: DataProto, timing: dict) -> DataProto:
+        """Old log-probs (unless the update's first forward gives them) and the reference's; no metrics."""
         if self._recompute_old_log_prob(len(batch)):
             with _timer("old_log_prob", timing):
                 batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         if self.use_ref:
             with _timer("ref", timing):
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
-        if self.self_replay is not None:  # after the old-log-prob pass: its log-probs are the behaviour's
-            metrics.update(keep_successes(batch, self.self_replay, self.global_steps, success=self._success_value(),
-                                          eos_token_id=self.tokenizer.eos_token_id))
-        with _timer("adv", timing):
-            batch = self._compute_rewards_and_advantage(batch, metrics)
-        # review E4: off-policy rows whose behaviour probability is unknown
-        metrics.update(unknown_behaviour_metrics(batch.batch, self.sections.actor.use_off_policy_probs))
+        return batch
+
+    def _update(self, batch: DataProto, timing: dict) -> dict:
+        """Dump the rollouts (``trainer.rollout_data_dir``), balance rows across ranks, update the actor."""
+        metrics: dict = {}
         if self.sections.trainer.rollout_data_dir:
             dump_rollouts(self.sections.trainer.rollout_data_dir, self.global_steps,
                           rollout_records(batch, self.tokenizer, self.global_steps))
         if self.sections.trainer.balance_batch:
-            self._balance_batch(batch, metrics)
+            metrics.update(self._balance_batch(batch))
         if self.sections.trainer.critic_warmup <= self.global_steps - 1:
             with _timer("update_actor", timing):
                 update = self.wg.update_actor(batch.select(batch_keys=self._update_keys(batch)))
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
-        metrics.update(compute_data_metrics(batch.batch, self.response_length))
+        return metrics
+
+    def _step_metrics(self, batch: DataProto) -> tuple[dict, int, int]:
+        """Data and group metrics of the updated batch, plus its prompt and response token counts."""
+        metrics = compute_data_metrics(batch.batch, self.response_length)
         on_policy = ~batch.batch["prefix_mask"].bool().any(-1)
         fail, success = fail_success_values(int(self.sections.data.reward_impl_version))
         metrics.update(compute_group_metrics(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
                                              on_policy, fail_value=fail, success_value=success))
-        resp_mask = batch.batch["attention_mask"][:, -self.response_length:]
-        self._last_response_tokens = int(resp_mask.sum())
-        self._last_prompt_tokens = int(batch.batch["attention_mask"].sum()) - self._last_response_tokens
+        response_tokens = int(batch.batch["attention_mask"][:, -self.response_length:].sum())
+        prompt_tokens = int(batch.batch["attention_mask"].sum()) - response_tokens
         metrics["training/global_step"] = self.global_steps
-        return metrics
+        return metrics, prompt_tokens, response_tokens
 
     def _recompute_old_log_prob(self, rows: int) -> bool:
         """False only when ``actor.recompute_old_log_prob=auto`` and the update is a single on-policy
@@ -237,11 +264,15 @@ class MIXRayPPOTrainer:
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
         return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
 
-    def _rollout(self, batch: DataProto, metrics: dict) -> DataProto:
-        """Generate the B·n slots of this step and merge them with the prompts' non-tensor data."""
+    def _rollout(self, batch: DataProto) -> tuple[DataProto, np.ndarray, dict]:
+        """Generate the B·n slots of this step and merge them with the prompts' non-tensor data.
+
+        Returns the merged batch, the prefix ratios ``[B, n]`` drawn for it and the rollout metrics."""
+        metrics: dict = {}
+        if "tgt_truncated" in batch.batch.keys():  # traces cut to rollout.max_prefix_len (data.truncate_off_policy)
+            metrics["batch/off_policy_truncated"] = int(batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum())
         bsz = len(batch)
         ratios = self.ratio_sampler.draw(bsz, self.global_steps)
-        self._last_ratios = ratios
         gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS if k in batch.batch.keys()])
         if "tgt_input_ids" in batch.batch.keys():
             extra_slots = self._attach_slot_traces(gen_batch, batch, ratios)
@@ -265,7 +296,7 @@ class MIXRayPPOTrainer:
         metrics["batch/avg_prefix_ratio"] = float(np.mean(ratios))
         metrics["rollout/engine_tokens"] = engine_tokens
         metrics["rollout/full_trace_slots"] = int((np.asarray(ratios) >= 1.0).sum())
-        return batch
+        return batch, ratios, metrics
 
     def _attach_slot_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
         """Move the dataset's per-prompt targets ``tgt_input_ids [B, T]`` (and their behaviour log-probs
@@ -282,9 +313,6 @@ class MIXRayPPOTrainer:
             gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
         return int(slot.num_extra_slots)
 
-    def _success_value(self) -> float:
-        return fail_success_values(int(self.sections.data.reward_impl_version))[1]
-
     def _update_keys(self, batch: DataProto) -> list[str]:
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "advantages", "prefix_mask"]
         if "old_log_probs" in batch.batch.keys():
@@ -295,8 +323,10 @@ class MIXRayPPOTrainer:
             keys.append("behaviour_log_probs")
         return keys
 
-    def _compute_rewards_and_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
-        """KL-in-reward (β=0 without a ref model, spec §1.6), then the registered group advantage."""
+    def _advantages(self, batch: DataProto) -> tuple[DataProto, dict]:
+        """KL-in-reward (β=0 without a ref model), then the registered group advantage; the KL metrics and
+        the count of off-policy rows whose behaviour probability is unknown."""
+        metrics: dict = {}
         response_mask = batch.batch["attention_mask"][:, -self.response_length:]
         if not self.sections.actor.use_kl_loss:
             rewards, kl_metrics = apply_kl_penalty(
@@ -311,9 +341,10 @@ class MIXRayPPOTrainer:
                                                eos_token_id=self.tokenizer.eos_token_id)
         batch.batch["advantages"] = adv
         batch.batch["returns"] = returns
-        return batch
+        metrics.update(unknown_behaviour_metrics(batch.batch, self.sections.actor.use_off_policy_probs))
+        return batch, metrics
 
-    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+    def _balance_batch(self, batch: DataProto) -> dict:
         """Reorder rows so each rank's contiguous chunk has a similar token count (Karmarkar-Karp).
 
         With ``model.shared_prompt_forward`` whole groups are balanced (a group's rows stay together on one
@@ -327,7 +358,7 @@ class MIXRayPPOTrainer:
             parts = get_seqlen_balanced_partitions(seqlens, k_partitions=self.world_size, equal_size=True)
         order = torch.tensor([i for p in parts for i in p])
         batch.reorder(order)
-        metrics.update(log_seqlen_unbalance(seqlens, parts, prefix="global_seqlen"))
+        return log_seqlen_unbalance(seqlens, parts, prefix="global_seqlen")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:

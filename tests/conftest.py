@@ -15,7 +15,15 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+import sys
+
 import pytest
+
+# Shared test helpers import as ``tests.helpers.*``: the repository root must be importable (``python -m pytest``
+# puts it there; the ``pytest`` script does not under --import-mode=importlib).
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
 SHARED_DATA = os.environ.get(
     "LUFFY_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")

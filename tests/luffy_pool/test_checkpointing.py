@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from luffy_pool.checkpointing import CheckpointUnusableError, TrainerCheckpointer, read_data_order
-from luffy_pool.mix_trainer import MIXRayPPOTrainer
+from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
 from verl.utils.checkpoint import layout
 from verl.utils.dataset.sampler import ResumableRandomSampler
 from verl.workers.checkpoint_mixin import CheckpointMixin
@@ -93,8 +93,7 @@ class ScriptedTrainer(MIXRayPPOTrainer):
         self.wg.train_on(indexes, self.global_steps)
         self.checkpointer.record_data_order(self.global_steps, indexes)
         self.ratio_log[self.global_steps] = np.asarray(ratios).tolist()
-        self._last_prompt_tokens = self._last_response_tokens = 1
-        return {"training/global_step": self.global_steps, **self.val_by_step.get(self.global_steps, {})}
+        return StepOutput({"training/global_step": self.global_steps, **self.val_by_step.get(self.global_steps, {})}, 1, 1)
 
 
 def _collate(rows):

@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from luffy_pool.config_sections import ConfigSections
-from luffy_pool.mix_trainer import MIXRayPPOTrainer
+from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
 from verl.protocol import DataProto
 from verl.utils.batch_sizes import normalize_actor_batch_sizes, optimizer_steps_per_training_step
 from verl.workers.config_sections import WorkerSections
@@ -127,7 +127,6 @@ class _CountingTrainer(MIXRayPPOTrainer):
         self.config, self.sections = config, ConfigSections.from_config(config)
         self.checkpointer, self.tracker, self.val_dataset = None, None, None
         self.global_steps, self.total_training_steps, self.world_size = 0, total, 1
-        self._last_prompt_tokens = self._last_response_tokens = 0
         self.updates = []
 
     def _next_batch(self):
@@ -135,7 +134,7 @@ class _CountingTrainer(MIXRayPPOTrainer):
 
     def train_step(self, batch_dict, timing):
         self.updates.append(self.global_steps)
-        return {}
+        return StepOutput({}, 0, 0)
 
 
 def luffy_fit_steps(total: int) -> list[int]:

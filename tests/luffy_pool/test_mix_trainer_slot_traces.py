@@ -109,8 +109,7 @@ def _rollout(trainer):
     batch = DataProto.from_single_dict(trainer._next_batch())
     targets = [strip_right_padding(row, trainer.tokenizer.pad_token_id) for row in batch.batch["tgt_input_ids"].tolist()]
     ids = list(batch.non_tensor_batch["index"])
-    metrics: dict = {}
-    out = trainer._rollout(batch, metrics)
+    out, _, metrics = trainer._rollout(batch)
     return out, metrics, targets, ids
 
 

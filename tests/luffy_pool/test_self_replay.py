@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from luffy_pool.replay_buffer import SelfReplayBuffer
-from luffy_pool.self_replay import keep_successes, replay_into_failed_groups
+from luffy_pool.self_replay import SelfReplay, keep_successes, replay_into_failed_groups
 from verl.protocol import DataProto
 
 EOS, PAD, P, L = 2, 0, 2, 5
@@ -112,6 +112,46 @@ def test_too_old_traces_are_not_replayed():
     assert m["replay/used"] == 0 and m["replay/expired"] == 1 and len(buf) == 0
 
 
+class _Tokens:
+    eos_token_id, pad_token_id = EOS, PAD
+
+
+def test_apply_rewrites_failed_groups_before_the_log_prob_pass_and_keeps_its_successes_after():
+    """The step's one call: the pass sees the replayed rows, and the buffer keeps this step's success with the
+    old log-probs the pass computed (a trace kept this step is not replayed in the same step)."""
+    buf = SelfReplayBuffer()
+    buf.insert(10, [9, 4], [-0.5, -1.0, -0.25], step=1)
+    replay = SelfReplay(buf, slots=1, success=1.0, reward_fn=CountingReward(), tokenizer=_Tokens())
+    # g0 (prompt 10) fails everywhere -> its last row gets the kept trace; g1 (prompt 11) has one success.
+    batch = _batch([[3, EOS], [3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, EOS]], [0, 0, 0, 0, 1, 0],
+                   [10, 10, 10, 11, 11, 11])
+    seen = {}
+
+    def log_probs(b):
+        seen["responses"] = b.batch["responses"].clone()
+        seen["buffer_size"] = len(buf)
+        b.batch["old_log_probs"] = torch.full(b.batch["responses"].shape, -0.75)
+        return b
+
+    timing = {}
+    out, m = replay.apply(batch, 3, np.zeros((2, 3)), log_probs, timing)
+    assert seen["responses"][2].tolist() == [9, 4, EOS, PAD, PAD]  # the pass ran on the rewritten row
+    assert seen["buffer_size"] == 1  # nothing of this step was kept before the pass
+    assert m["replay/used"] == 1 and m["replay/inserted"] == 1 and m["replay/size"] == 2
+    assert buf.entries(11)[0].token_ids == [9] and buf.entries(11)[0].logprobs == [-0.75, -0.75]
+    assert out is batch and set(timing) == {"replay"} and timing["replay"] >= 0.0
+
+
+def test_replay_is_built_only_when_enabled(compose_config):
+    from luffy_pool.config_sections import ConfigSections
+
+    off = ConfigSections.from_config(compose_config([]))
+    assert SelfReplay.from_sections(off, reward_fn=CountingReward(), tokenizer=_Tokens()) is None
+    on = ConfigSections.from_config(compose_config(["data.self_replay.enable=True", "data.self_replay.slots=2"]))
+    replay = SelfReplay.from_sections(on, reward_fn=CountingReward(), tokenizer=_Tokens())
+    assert replay.slots == 2 and replay.success == 1.0 and len(replay.buffer) == 0
+
+
 def test_keep_successes_records_on_policy_successes_with_old_log_probs():
     buf = SelfReplayBuffer(max_per_prompt=4)
     batch = _batch([[9, 4, EOS], [3, EOS], [9, 9, 9, 9, 9], [9, EOS], [9, EOS], [5, EOS]], [1, 0, 1, 1, 1, 0],
@@ -190,7 +230,7 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
     from torch.utils.data import DataLoader
 
     from luffy_pool.checkpointing import TrainerCheckpointer
-    from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
     from verl.utils.dataset.sampler import ResumableRandomSampler
 
     class Scripted(MIXRayPPOTrainer):
@@ -199,13 +239,13 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
         def train_step(self, batch_dict, timing):
             if self.global_steps == crash_at:
                 raise _Crash(f"killed in step {self.global_steps}")
+            buffer = self.self_replay.buffer
             for i in batch_dict["index"]:
-                picked = self.self_replay.sample(int(i), self.global_steps)
+                picked = buffer.sample(int(i), self.global_steps)
                 self.picks.append((self.global_steps, int(i), None if picked is None else picked.token_ids))
                 tokens = [int(i), self.global_steps % 3, 5]
-                self.self_replay.insert(int(i), tokens, [-0.1 * self.global_steps] * 4, self.global_steps)
-            self._last_prompt_tokens = self._last_response_tokens = 1
-            return {}
+                buffer.insert(int(i), tokens, [-0.1 * self.global_steps] * 4, self.global_steps)
+            return StepOutput({}, 1, 1)
 
     cfg = OmegaConf.merge(base_config, {"trainer": {"default_local_dir": str(out_dir), "total_training_steps": steps,
                                                     "save_freq": 2, "resume_mode": "auto"}})
@@ -233,6 +273,6 @@ def test_kill_and_resume_restores_the_same_buffer(compose_config, tmp_path):
     resumed.fit()
     assert resumed.picks[0][0] == 5  # continued after the step-4 checkpoint
     assert resumed.picks == [p for p in ref.picks if p[0] >= 5]
-    snapshot = lambda t: [(k, e.token_ids, e.logprobs, e.step) for k, v in t.self_replay._entries.items() for e in v]
-    assert snapshot(resumed) == snapshot(ref) and len(ref.self_replay) > 0
-    assert resumed.self_replay._inserts == ref.self_replay._inserts
+    snapshot = lambda t: [(k, e.token_ids, e.logprobs, e.step) for k, v in t.self_replay.buffer._entries.items() for e in v]
+    assert snapshot(resumed) == snapshot(ref) and len(ref.self_replay.buffer) > 0
+    assert resumed.self_replay.buffer._inserts == ref.self_replay.buffer._inserts

@@ -30,7 +30,7 @@ def test_self_replay_three_steps(tiny_model_dir, tiny_task_dir, tmp_path, ray_se
         seeded = 0
         for item, prompt_id in enumerate(ds.prompt_ids):
             ids = ds.target_token_ids(item, ds._records[item]["target"])
-            trainer.self_replay.insert(prompt_id, ids, [math.log(0.5)] * (len(ids) + 1), step=0)
+            trainer.self_replay.buffer.insert(prompt_id, ids, [math.log(0.5)] * (len(ids) + 1), step=0)
             seeded += 1
         ds.sample_target_ratio = ds_ratio
         before = trainer.wg.actor_weight_fingerprint()

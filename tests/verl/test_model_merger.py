@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verl.utils.checkpoint import layout
-from verl.utils.distributed_testing import load_fully_sharded, run_gloo_ranks
+from tests.helpers.distributed_testing import load_fully_sharded, run_gloo_ranks
 
 PROMPT, RESPONSE = 6, 5
 

@@ -246,10 +246,6 @@ def validate_eval_row(rec: Mapping, path: str, row: int, prompt_key: str = "prom
     }
 
 
-def read_training_table(path: str, max_rows: Optional[int] = None) -> list[dict]:
-    return [validate_training_row(r, path, i) for i, r in enumerate(read_records(path, max_rows))]
-
-
 def read_eval_table(path: str, max_rows: Optional[int] = None, prompt_key: str = "prompt") -> list[dict]:
     return [validate_eval_row(r, path, i, prompt_key) for i, r in enumerate(read_records(path, max_rows))]
 

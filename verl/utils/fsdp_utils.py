@@ -1,4 +1,4 @@
-"""FSDP2 helpers: process groups and meshes, ``fully_shard`` wrapping, full-weight streaming, offload.
+"""FSDP2 helpers: process groups and meshes, ``fully_shard`` wrapping, offload policy, full-weight streaming.
 
 FSDP2 (``fully_shard`` + DTensor) is the only strategy built on: FSDP1 needs an accelerator and
 segfaults on CPU state-dict offload (CPU_STACK.md §3). Full weights leave the shards one tensor at a
@@ -212,41 +212,3 @@ def load_full_state_dict_into_fsdp2(module: nn.Module, full_state_dict: dict, st
     # set_model_state_dict swaps the dict's entries for DTensors; keep the caller's dict intact.
     set_model_state_dict(module, dict(full_state_dict), options=options)
 
-
-# ------------------------------------------------------------------------------ manual offload
-def offload_fsdp2_model(module: nn.Module) -> None:
-    """Move parameter shards (and grads) to host memory between phases; no-op on CPU."""
-    if _on_cpu(module):
-        return
-    module.cpu()
-    torch.cuda.empty_cache()
-
-
-def load_fsdp2_model(module: nn.Module, device: Union[str, torch.device]) -> None:
-    """Bring parameter shards back to ``device`` before a forward; no-op on CPU."""
-    if torch.device(device).type == "cpu":
-        return
-    module.to(device)
-
-
-def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Move optimizer state tensors to host memory; no-op when they already live there."""
-    _move_optimizer_state(optimizer, torch.device("cpu"))
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def load_optimizer(optimizer: torch.optim.Optimizer, device: Union[str, torch.device]) -> None:
-    _move_optimizer_state(optimizer, torch.device(device))
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.device.type != device.type:
-                state[key] = value.to(device, non_blocking=True)
-
-
-def _on_cpu(module: nn.Module) -> bool:
-    param = next(module.parameters(), None)
-    return param is None or param.device.type == "cpu"

@@ -6,7 +6,7 @@ import torch
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
 from verl.utils.fsdp_mesh import fsdp_mesh_shape
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 from luffy_pool.config_compose import actor_config
 
 JOB_TIMEOUT_S = 300

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 from verl.utils.grad_norm import clip_grad_norm_on_device
 
 

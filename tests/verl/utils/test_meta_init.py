@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 from verl.utils.meta_init import checkpoint_entries, empty_model, parameters_on_meta
 
 

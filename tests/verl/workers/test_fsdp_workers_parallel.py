@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 
 WORLD = 4
 JOB_TIMEOUT_S = 300

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from verl.utils.checkpoint import layout
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 
 STEPS_BEFORE_SAVE = 2
 LR = 1e-2

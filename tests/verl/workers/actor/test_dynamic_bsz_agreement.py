@@ -12,7 +12,7 @@ import pytest
 import torch
 from luffy_pool.config_compose import actor_config
 
-from verl.utils.distributed_testing import load_fully_sharded, run_gloo_ranks
+from tests.helpers.distributed_testing import load_fully_sharded, run_gloo_ranks
 
 
 def _uneven_rank(rank, world_size, port, model_dir):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.response_head import response_logprobs, scoring_head, supports_scoring_head
 

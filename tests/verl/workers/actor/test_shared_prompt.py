@@ -1,7 +1,7 @@
 """Shared-prompt forward: one prompt pass per group gives the padded forward's logits and gradients."""
 import torch
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 from verl.workers.actor.shared_prompt import group_rows_by_prompt, shared_prompt_logits
 from luffy_pool.config_compose import actor_config
 

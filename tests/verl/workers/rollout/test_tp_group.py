@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 from verl.workers.rollout.tp_group import TPGeneration, TPLayout, split_rows
 
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 
 
 def _rank(rank, world, port, model_dir):

@@ -1,7 +1,8 @@
 """Test support for multi-rank code on one machine: run a function on N gloo ranks, collect what each returns.
 
-Used by the test suite (FSDP, HSDP, Ulysses, weight-sync, checkpoint, dynamic-batch, TP-group tests) and
-usable by anyone checking distributed code on CPU; ships with the package the way ``torch.testing`` does.
+Used by the test suite (FSDP, HSDP, Ulysses, weight-sync, checkpoint, dynamic-batch, TP-group tests) as
+``tests.helpers.distributed_testing`` and by ``exp_scripts/bench_memory.py --sp`` (both run from a checkout).
+It is not part of the installed package.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import ProcessRaisedException
 
-from verl.utils.distributed_testing import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 
 
 def _sum_of_ranks(rank, world, port, offset):
