@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from luffy_pool.config_refusals import (INERT_KEYS, NOT_SHIPPED_SECTIONS, REJECTED_WHEN_FALSE, REJECTED_WHEN_TRUE,
                                         UNSUPPORTED_VALUES)
 from verl.utils import config_schema
+from verl.trainer.ppo.loss_inputs import registered_loss_keys
 from verl.utils.batch_sizes import (
     BatchSizeError,
     normalize_actor_batch_sizes,
@@ -196,6 +197,8 @@ def classify_key(key: str) -> Optional[str]:
         return "optional"
     if _under_open_dict(key):
         return "open"
+    if key.startswith(f"{_A}.") and key[len(_A) + 1:] in registered_loss_keys():
+        return "loss"  # a knob a registered loss declares (register_policy_loss(name, config=...)); its dataclass types it
     return None
 
 
