@@ -4,7 +4,7 @@ Every policy loss in ``verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY`` is ``f
 metrics)`` (verl/trainer/ppo/loss_inputs.py): ``inputs`` holds this micro-batch's tensors, ``cfg`` is read
 by attribute. A loss registered with ``config=<dataclass>`` gets that dataclass built from the
 ``actor_rollout_ref.actor`` group; any other gets the actor's ``LossSection``. Adding a loss is one function
-with ``@register_policy_loss("name")`` and ``actor.policy_loss=name``.
+with ``@register_policy_loss("name")`` (``config=<dataclass>`` for knobs of its own) and ``actor.policy_loss=name``.
 """
 from __future__ import annotations
 
