@@ -27,11 +27,12 @@ def policy_loss_name(actor_cfg) -> str:
     return "vanilla"
 
 
-def policy_loss_section(actor_cfg, name: str):
+def policy_loss_section(actor_cfg, name: str, loss_section: LossSection | None = None):
     """The ``cfg`` the loss ``name`` is called with: its registered knob dataclass built from the actor group,
-    else the actor's ``LossSection``. An unknown name raises ValueError naming the registered ones."""
+    else the actor's ``LossSection`` (``loss_section`` when the caller has built it already). An unknown name
+    raises ValueError naming the registered ones."""
     get_policy_loss_fn(name)
     knobs = get_policy_loss_config(name)
     if knobs is None:
-        return LossSection.from_actor_config(actor_cfg)
+        return loss_section if loss_section is not None else LossSection.from_actor_config(actor_cfg)
     return build_section(knobs, actor_cfg, "actor_rollout_ref.actor")

@@ -29,7 +29,7 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
             raise ValueError("actor.use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True")
         self.policy_loss = policy_loss_name(config)
         # the loss's own section, built once; an unknown name fails here, naming the registered ones
-        self.policy_loss_cfg = policy_loss_section(config, self.policy_loss)
+        self.policy_loss_cfg = policy_loss_section(config, self.policy_loss, loss)
         self.policy_loss_fn = get_policy_loss_fn(self.policy_loss)
         self.adaptive_entropy = None
         if loss.use_adaptive_temperature or loss.use_adaptive_temperature_fixed:
