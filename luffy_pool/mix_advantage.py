@@ -8,8 +8,6 @@ and the constant SFT prefix reward (``actor.use_sft_prefix_reward``).
 """
 from __future__ import annotations
 
-import torch
-
 import luffy_pool.mix_core_alg as mix_alg  # registers grpo_split
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.loss_inputs import AdvantageInputs

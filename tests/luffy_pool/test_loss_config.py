@@ -1,6 +1,7 @@
 """The config-to-loss mapping and the policy-loss registry driving the LUFFY actor (no if/elif on flags): every
 loss is ``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, ``cfg`` its own section."""
 import math
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -151,3 +152,33 @@ def test_policy_loss_with_luffys_switches_is_refused(compose_config):
                           f"{A}.policy_loss=vanilla", f"{A}.use_off_policy_loss=True"])
     assert any("'actor_rollout_ref.actor.policy_loss'='vanilla' conflicts" in e for e in validate_config(cfg))
     assert OmegaConf.select(cfg, f"{A}.policy_loss") == "vanilla"
+
+
+def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_are_checked(tmp_path, monkeypatch,
+                                                                                          compose_config):
+    """``python -m luffy_pool.main_mix_ppo actor_rollout_ref.model.external_lib=my_losses +...my_knob=...``: the
+    checker imports the module first, so the knob its loss declares is a known key."""
+    from luffy_pool.config_check import ConfigError, prepare_overrides, validate_config
+
+    (tmp_path / "i26_user_losses.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from verl.trainer.ppo.core_algos import register_policy_loss\n\n\n"
+        "@dataclass(frozen=True)\nclass Knobs:\n    i26_user_knob: float = 1.0\n\n\n"
+        "@register_policy_loss('i26_user_loss', config=Knobs)\n"
+        "def user_loss(inputs, cfg):\n    return cfg.i26_user_knob * inputs.log_prob.sum(), {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lib = "actor_rollout_ref.model.external_lib"
+    try:
+        with pytest.raises(ConfigError, match="i26_user_knob"):  # without the module the key is unknown
+            prepare_overrides([f"+{A}.i26_user_knob=2.0"])
+        overrides = [f"{lib}=i26_user_losses", f"{A}.policy_loss=i26_user_loss", f"+{A}.i26_user_knob=2.0"]
+        assert prepare_overrides(overrides)[-1] == f"++{A}.i26_user_knob=2.0"
+        cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
+        assert not [e for e in validate_config(cfg) if "i26_user_knob" in e]
+        assert policy_loss_section(cfg.actor_rollout_ref.actor, "i26_user_loss").i26_user_knob == 2.0
+        with pytest.raises(ConfigError, match="could not be imported"):
+            prepare_overrides([f"{lib}=no_such_module_i26"])
+    finally:
+        POLICY_LOSS_REGISTRY.pop("i26_user_loss", None)
+        POLICY_LOSS_CONFIGS.pop("i26_user_loss", None)
+        sys.modules.pop("i26_user_losses", None)
