@@ -142,7 +142,7 @@ def _(ctx: Context) -> Outcome:
     def check():
         import torch
 
-        lp = _dataset(ctx, path, max_target_length=n + 2)[0]["target_logprobs"]
+        lp = _dataset(ctx, path, max_target_length=n + 2)[0]["behaviour_log_probs"]
         return None if bool(torch.isnan(lp[1])) and not bool(torch.isnan(lp[0])) else f"log-probs {lp[:3].tolist()}"
     return expect_accepted(check)
 

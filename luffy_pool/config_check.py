@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from luffy_pool.config_refusals import (INERT_KEYS, NOT_SHIPPED_SECTIONS, REJECTED_WHEN_FALSE, REJECTED_WHEN_TRUE,
                                         UNSUPPORTED_VALUES)
 from verl.utils import config_schema
+from verl.trainer.ppo.loss_inputs import registered_loss_keys
 from verl.utils.batch_sizes import (
     BatchSizeError,
     normalize_actor_batch_sizes,
@@ -196,6 +197,8 @@ def classify_key(key: str) -> Optional[str]:
         return "optional"
     if _under_open_dict(key):
         return "open"
+    if key.startswith(f"{_A}.") and key[len(_A) + 1:] in registered_loss_keys():
+        return "loss"  # a knob a registered loss declares (register_policy_loss(name, config=...)); its dataclass types it
     return None
 
 
@@ -207,8 +210,29 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     `+`-add keys that our YAML now declares), optional and open-dict keys become `++key`. Hydra's own
     keys (`hydra.*`, `hydra/...`) pass through untouched.
     """
+    import yaml
+
+    libs = [yaml.safe_load(o.split("=", 1)[1]) for o in overrides if o.lstrip("+").startswith(f"{_EXTERNAL_LIB}=")]
+    problem = next(filter(None, map(import_loss_modules, libs)), None)
+    if problem:
+        raise ConfigError([problem])
     return config_schema.prepare_overrides(overrides, classify=classify_key, unknown_message=unknown_key_message,
                                            error_cls=ConfigError)
+
+
+_EXTERNAL_LIB = "actor_rollout_ref.model.external_lib"
+
+
+def import_loss_modules(external_lib) -> Optional[str]:
+    """Import ``model.external_lib`` before keys are checked: a loss it registers declares its knobs on import
+    (``registered_loss_keys``). Returns the import problem as one line, None when it imported."""
+    from verl.utils.import_utils import import_external_libs
+
+    try:
+        import_external_libs(external_lib)
+    except ImportError as err:
+        return str(err)
+    return None
 
 
 _type_ok = config_schema.type_ok
@@ -397,6 +421,9 @@ def _flatten(cfg: DictConfig) -> dict[str, Any]:
 def validate_config(cfg: DictConfig) -> list[str]:
     """All problems of a composed config, one line each naming the key (empty list = valid)."""
     checker = _Checker(_flatten(cfg))
+    problem = import_loss_modules(checker.get(_EXTERNAL_LIB))
+    if problem:
+        return [problem]
     checker.structure()
     if checker.errors:  # the value rules below assume every key is present with its type
         return checker.errors

@@ -224,6 +224,7 @@ class LossSection:
     off_policy_max_clip: float
     off_policy_min_clip: float
     all_max_clip: float
+    off_policy_loss_coef: float
     off_policy_reshape: str
     off_policy_reshape_weight: float
     off_policy_reshape_pow_exp: float

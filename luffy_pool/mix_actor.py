@@ -4,17 +4,18 @@ Off-policy tokens (``prefix_mask``) are weighted by the shaped probability f(p) 
 tokens keep the (optionally clipped / reshaped) importance ratio (LUFFY_SPEC §1.9). With
 ``use_sft_multitask_loss`` off-policy rows get a plain NLL term instead (the "RL w/ SFT loss"
 baseline); with neither flag the plain verl PPO loss applies. The loss is looked up by name in the
-policy-loss registry (luffy_pool/loss_config.py maps the config to its name and arguments). The adaptive entropy coefficient
-(``use_adaptive_temperature``) also lives here because it is LUFFY-only.
+policy-loss registry and called as ``fn(PolicyLossInputs, cfg)`` (luffy_pool/loss_config.py gives the name and
+``cfg``). The adaptive entropy coefficient (``use_adaptive_temperature``) also lives here because it is LUFFY-only.
 """
 from __future__ import annotations
 
 import math
 
 from luffy_pool.config_sections import LossSection
-from luffy_pool.loss_config import loss_tensors, policy_loss_kwargs, policy_loss_name
+from luffy_pool.loss_config import policy_loss_name, policy_loss_section
 from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
-from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_policy_loss_fn
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
 
@@ -27,8 +28,9 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         if loss.use_off_policy_loss and loss.use_sft_multitask_loss:
             raise ValueError("actor.use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True")
         self.policy_loss = policy_loss_name(config)
-        get_policy_loss_fn(self.policy_loss)  # an unknown name fails here, naming the registered ones
-        self.policy_loss_kwargs = policy_loss_kwargs(config)
+        # the loss's own section, built once; an unknown name fails here, naming the registered ones
+        self.policy_loss_cfg = policy_loss_section(config, self.policy_loss, loss)
+        self.policy_loss_fn = get_policy_loss_fn(self.policy_loss)
         self.adaptive_entropy = None
         if loss.use_adaptive_temperature or loss.use_adaptive_temperature_fixed:
             self.adaptive_entropy = AdaptiveEntropyCoeff(
@@ -45,18 +47,21 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
     def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
         """The registered loss ``policy_loss_name(config)`` on this micro-batch (luffy_pool/loss_config.py)."""
         cfg = self.loss_cfg
-        fn = get_policy_loss_fn(self.policy_loss)
-        out = call_with_supported_kwargs(fn, **loss_tensors(micro, log_prob, response_mask, cfg.use_off_policy_probs),
-                                         **self.policy_loss_kwargs)
-        metrics = {f"actor/{k}": v.item() for k, v in out.items() if k != "pg_loss"}
-        pg_loss = out["pg_loss"]
+        inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro.get("old_log_probs"),
+                                  advantages=micro.get("advantages"), response_mask=response_mask,
+                                  prefix_mask=micro.get("prefix_mask"),
+                                  behaviour_log_probs=micro.get("behaviour_log_probs") if cfg.use_off_policy_probs
+                                  else None)
+        pg_loss, out = self.policy_loss_fn(inputs, self.policy_loss_cfg)
+        metrics = {f"actor/{k}": v.item() for k, v in out.items()}
+        raw_pg_loss = pg_loss
         if cfg.use_ppo_kl_loss:
             if "ppo_kl" not in out:
                 raise ValueError(f"actor.use_ppo_kl_loss=True but policy loss {self.policy_loss!r} returns no 'ppo_kl'")
             ppo_kl_loss = out["ppo_kl"].abs()
             pg_loss = pg_loss + cfg.ppo_kl_loss_coef * ppo_kl_loss
             metrics["actor/ppo_kl_loss"] = ppo_kl_loss.item()
-        metrics["actor/pg_loss"] = out["pg_loss"].item()
+        metrics["actor/pg_loss"] = raw_pg_loss.item()
         return pg_loss, metrics
 
     def entropy_coeff(self, entropy_value) -> float:

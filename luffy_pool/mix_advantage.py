@@ -1,19 +1,16 @@
 """Driver-side advantage of the mixed batch: registered estimator, then LUFFY's post-processing.
 
 ``compute_mixed_advantage`` looks the estimator up by ``algorithm.adv_estimator`` (``grpo`` keeps
-off-policy rows inside the group statistics, ``grpo_split`` excludes them; LUFFY_SPEC §1.7), offers it
-every input by name (``token_level_rewards, eos_mask, index, on_policy_mask, use_std, gamma, lam,
-values``; it takes those it declares), and then
-applies, in order: prefix/non-prefix weights α/β, zero advantage for truncated rows
-(``data.disable_truncation_advantage``) and the constant SFT prefix reward
-(``actor.use_sft_prefix_reward``).
+off-policy rows inside the group statistics, ``grpo_split`` excludes them; LUFFY_SPEC §1.7), calls it as
+``fn(AdvantageInputs, algorithm_section)`` (verl/trainer/ppo/loss_inputs.py), and then applies, in order:
+prefix/non-prefix weights α/β, zero advantage for truncated rows (``data.disable_truncation_advantage``)
+and the constant SFT prefix reward (``actor.use_sft_prefix_reward``).
 """
 from __future__ import annotations
 
-import torch
-
 import luffy_pool.mix_core_alg as mix_alg  # registers grpo_split
-from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_adv_estimator_fn
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.loss_inputs import AdvantageInputs
 
 
 def compute_mixed_advantage(sections, batch, uids, response_length: int, n_samples: int,
@@ -24,11 +21,10 @@ def compute_mixed_advantage(sections, batch, uids, response_length: int, n_sampl
     rewards = batch["token_level_rewards"]
     response_mask = batch["attention_mask"][:, -response_length:]
     prefix_mask = batch["prefix_mask"]
-    # One vocabulary for every registered estimator: each takes the inputs it declares.
-    adv, returns = call_with_supported_kwargs(
-        get_adv_estimator_fn(algo.adv_estimator), token_level_rewards=rewards, eos_mask=response_mask, index=uids,
-        on_policy_mask=~prefix_mask.bool().any(-1), use_std=algo.grpo_use_std, gamma=algo.gamma, lam=algo.lam,
-        values=batch["values"] if "values" in batch.keys() else None)
+    inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=response_mask, index=uids,
+                             on_policy_mask=~prefix_mask.bool().any(-1),
+                             values=batch["values"] if "values" in batch.keys() else None)
+    adv, returns = get_adv_estimator_fn(algo.adv_estimator)(inputs, algo)
     rollout = sections.workers.rollout
     adv = mix_alg.apply_prefix_reward_weights(adv, prefix_mask, rollout.prefix_reward_weight_alpha,
                                               rollout.prefix_reward_weight_beta)

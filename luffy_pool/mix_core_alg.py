@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,12 +19,13 @@ from verl.trainer.ppo.core_algos import (
     aggregate_token_loss,
     broadcast_sequence_advantage,
     clipped_pg_losses,
-    compute_policy_loss,
     group_normalized_scores,
+    ppo_clip_loss,
     register_adv_est,
     register_policy_loss,
     sequence_scores,
 )
+from verl.trainer.ppo.loss_inputs import AdvantageInputs, PolicyLossInputs, clamp_bound
 from verl.utils import torch_functional as verl_F
 
 ON_POLICY_RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5")
@@ -36,7 +38,6 @@ _SHAPING_GAMMA = {"p_div_p_0.1": 0.1, "p_div_p_0.3": 0.3, "p_div_p_0.5": 0.5}
 # ----------------------------------------------------------------------------------------------------
 # Advantage (driver side)
 # ----------------------------------------------------------------------------------------------------
-@register_adv_est("grpo_split")
 @torch.no_grad()
 def compute_grpo_outcome_advantage_split(
     token_level_rewards: torch.Tensor,
@@ -57,6 +58,15 @@ def compute_grpo_outcome_advantage_split(
         stats_mask=on_policy_mask.bool(), zero_std_as_one=True,
     )
     return broadcast_sequence_advantage(seq_adv, eos_mask)
+
+
+@register_adv_est("grpo_split")
+def grpo_split_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grpo_split``: :func:`compute_grpo_outcome_advantage_split` with ``cfg.grpo_use_std``."""
+    if inputs.on_policy_mask is None:
+        raise ValueError("adv_estimator='grpo_split' needs on_policy_mask (the rows without prefix tokens)")
+    return compute_grpo_outcome_advantage_split(inputs.token_level_rewards, inputs.response_mask, inputs.index,
+                                                inputs.on_policy_mask, use_std=cfg.grpo_use_std)
 
 
 def apply_prefix_reward_weights(
@@ -152,15 +162,118 @@ def off_policy_weight(
     raise ValueError(f"unknown off_policy_reshape {reshape!r}; valid: {list(OFF_POLICY_RESHAPES)}")
 
 
-def _clip_enabled(bound: float | None) -> bool:
-    """LUFFY's configs use -1 for "off"; the actor may pass either -1 or None."""
-    return bound is not None and bound != -1
+# ----------------------------------------------------------------------------------------------------
+# Losses (actor side): registered as fn(PolicyLossInputs, cfg) -> (loss, metrics); cfg is the actor's
+# LossSection (luffy_pool/config_sections.py). LUFFY's functions below keep its names and arguments.
+# ----------------------------------------------------------------------------------------------------
+def _token_loss(inputs: PolicyLossInputs, cfg, behaviour_probs: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+    """LUFFY's mixed token loss on probabilities (``behaviour_probs``: the behaviour policy's p per token, NaN =
+    unknown, or None); :func:`luffy_token_loss` documents the math."""
+    log_prob, old_log_prob, advantages = inputs.log_prob, inputs.old_log_prob, inputs.advantages
+    if inputs.prefix_mask is None:
+        raise ValueError("the luffy_token loss needs prefix_mask (the off-policy tokens)")
+    prefix = inputs.prefix_mask.bool()
+    valid = inputs.response_mask.to(log_prob.dtype)
+    off_tokens = prefix.to(log_prob.dtype) * valid
+    on_tokens = (~prefix).to(log_prob.dtype) * valid
+    prob = torch.exp(log_prob)
+
+    log_ratio = log_prob - old_log_prob
+    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, valid)
+    ratio = on_policy_ratio(
+        log_prob, old_log_prob, cfg.on_policy_reshape, cfg.on_policy_reshape_weight, cfg.on_policy_reshape_pow_exp
+    )
+    on_pg_losses, on_pg_clipfrac = clipped_pg_losses(advantages, ratio, valid, cfg.clip_ratio, cfg.clip_upper_bound,
+                                                     cfg.loss_remove_clip)
+    on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
+
+    shaped = off_policy_weight(log_prob, cfg.off_policy_reshape, cfg.off_policy_reshape_weight,
+                               cfg.off_policy_reshape_pow_exp)
+    if behaviour_probs is None:
+        off_ratio = shaped
+    else:
+        if behaviour_probs.shape != log_prob.shape:
+            raise ValueError(
+                f"behaviour probs shape {tuple(behaviour_probs.shape)} != log_prob shape {tuple(log_prob.shape)}"
+            )
+        # NaN = behaviour unknown (e.g. a dataset target next to self-replayed traces): the configured shaping.
+        unknown = torch.isnan(behaviour_probs)
+        importance = prob / (torch.where(unknown, torch.ones_like(behaviour_probs), behaviour_probs) + 1e-6)
+        off_ratio = torch.where(unknown, shaped, importance) * prefix.to(log_prob.dtype)
+    zero = torch.zeros((), device=log_prob.device)
+    off_ratio_max_clip_frac = off_ratio_min_clip_frac = zero
+    off_max_clip, off_min_clip = clamp_bound(cfg.off_policy_max_clip), clamp_bound(cfg.off_policy_min_clip)
+    if off_max_clip is not None:
+        off_ratio = torch.clamp(off_ratio, max=off_max_clip)
+        off_ratio_max_clip_frac = verl_F.masked_mean_or_zero((off_ratio == off_max_clip).float(), off_tokens)
+    if off_min_clip is not None:
+        off_ratio = torch.clamp(off_ratio, min=off_min_clip)
+        off_ratio_min_clip_frac = verl_F.masked_mean_or_zero((off_ratio == off_min_clip).float(), off_tokens)
+    off_pg_losses = -advantages * off_ratio
+    off_pg_loss = verl_F.masked_mean_or_zero(off_pg_losses, off_tokens)
+
+    # off_policy_loss_coef (not in LUFFY; 1.0 = LUFFY) weights the off-policy tokens' term against the on-policy
+    # ones; skipped at 1.0 so LUFFY's graph is unchanged.
+    off_term = off_pg_losses if cfg.off_policy_loss_coef == 1.0 else cfg.off_policy_loss_coef * off_pg_losses
+    pg_losses = torch.where(prefix, off_term, on_pg_losses)
+    loss_mask = valid
+    all_max_clip = clamp_bound(cfg.all_max_clip)
+    if all_max_clip is not None:
+        loss_mask = valid * (prob <= all_max_clip).to(log_prob.dtype)
+    pg_loss = aggregate_token_loss(pg_losses, loss_mask, cfg.loss_remove_token_mean)
+
+    return pg_loss, {
+        "off_pg_loss": off_pg_loss,
+        "on_pg_loss": on_pg_loss,
+        "on_pg_clipfrac": on_pg_clipfrac,
+        "pg_clipfrac": on_pg_clipfrac,
+        "ppo_kl": ppo_kl,
+        "off_policy_prob": verl_F.masked_mean_or_zero(prob, off_tokens),
+        "on_policy_prob": verl_F.masked_mean_or_zero(torch.exp(old_log_prob), on_tokens),
+        "off_ratio_mean": verl_F.masked_mean_or_zero(off_ratio, off_tokens),
+        "off_ratio_max_clip_frac": off_ratio_max_clip_frac,
+        "off_ratio_min_clip_frac": off_ratio_min_clip_frac,
+    }
 
 
-# ----------------------------------------------------------------------------------------------------
-# Losses (actor side)
-# ----------------------------------------------------------------------------------------------------
 @register_policy_loss("luffy_token")
+def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
+    """LUFFY's mixed token loss ``L = P·c·L_off + (1−P)·L_on`` (spec §1.9), aggregated over ``m``.
+
+    On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio` with ``on_policy_reshape*``), with the PPO clip
+    ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` (ε = ``clip_ratio``) unless ``loss_remove_clip``.
+    Off-policy: ``L_off = −A·f(p)`` (:func:`off_policy_weight` with ``off_policy_reshape*``), or
+    ``f = p/(π_b + 1e-6)`` with ``π_b = exp(behaviour_log_probs)`` when the inputs carry them (tokens whose
+    behaviour is NaN, unknown, keep ``f(p)``); ``f`` is then clamped to ``[off_policy_min_clip,
+    off_policy_max_clip]`` (-1 = off). No old log-prob, no trust region. ``c = off_policy_loss_coef`` (1 in
+    LUFFY). ``all_max_clip`` (-1 = off) drops tokens with ``p > all_max_clip`` from the loss. Aggregation:
+    ``Σ L·m / width`` if ``loss_remove_token_mean``, else ``Σ L·m / Σ m``. Metrics over an empty token set
+    are 0; ``on_pg_clipfrac`` is over all valid tokens (as LUFFY); ``off_pg_loss`` is before ``c``.
+    """
+    behaviour = inputs.behaviour_log_probs
+    return _token_loss(inputs, cfg, None if behaviour is None else behaviour.exp().to(inputs.log_prob.dtype))
+
+
+@dataclass(frozen=True)
+class _TokenLossArgs:
+    """LUFFY's token-loss keyword arguments under the actor keys :func:`luffy_token_loss` reads."""
+
+    clip_ratio: float
+    clip_upper_bound: float
+    off_policy_max_clip: float | None
+    off_policy_min_clip: float | None
+    all_max_clip: float | None
+    off_policy_reshape: str
+    off_policy_reshape_weight: float
+    off_policy_reshape_pow_exp: float
+    on_policy_reshape: str
+    on_policy_reshape_weight: float
+    on_policy_reshape_pow_exp: float
+    loss_remove_token_mean: bool
+    loss_remove_clip: bool
+    off_policy_loss_coef: float = 1.0
+
+
 def compute_token_on_off_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -185,84 +298,34 @@ def compute_token_on_off_policy_loss(
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """LUFFY's mixed token loss ``L = P·L_off + (1−P)·L_on`` (spec §1.9), aggregated over ``m``.
+    """LUFFY's signature of :func:`luffy_token_loss` (LUFFY compatibility, for users' scripts).
 
-    On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio`), with the PPO clip
-    ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` unless ``loss_remove_clip``.
-    Off-policy: ``L_off = −A·f(p)`` (:func:`off_policy_weight`), or ``f = p/(target_prob + 1e-6)``
-    when ``target_probs`` is given (tokens whose target_prob is NaN, behaviour unknown, keep ``f(p)``); ``f`` is then clamped to ``[off_min_clip, off_max_clip]``
-    (None/-1 = off). No old log-prob, no trust region. ``all_max_clip`` drops tokens with
-    ``p > all_max_clip`` from the loss. Aggregation: ``Σ L·m / width`` if ``loss_remove_token_mean``,
-    else ``Σ L·m / Σ m``. Metrics over an empty token set are 0; ``on_pg_clipfrac`` is over all valid
-    tokens (as LUFFY). ``off_cliprange`` is accepted for LUFFY's call signature; the token loss never
-    clips off-policy tokens (``off_pg_clipfrac`` is always 0). ``off_normalize`` and
-    ``off_abs_cliprange`` belong to LUFFY's unwired sequence-level loss and are rejected here.
+    ``eos_mask`` is the response mask; ``target_probs`` the behaviour *probabilities* (NaN = unknown) and
+    ``off_max_clip`` / ``off_min_clip`` / ``all_max_clip`` the clamps (None or -1 = off). Returns LUFFY's dict:
+    ``pg_loss``, the loss's metrics, and ``off_pg_clipfrac``, which is always 0 (the token loss never clips
+    off-policy tokens; kept because LUFFY returns it). ``off_cliprange`` is accepted and unused, as in
+    LUFFY; ``off_normalize`` and ``off_abs_cliprange`` belong to LUFFY's unwired sequence-level loss and are
+    rejected.
     """
     if off_normalize:
         raise ValueError("off_policy_normalize=True is only meaningful for LUFFY's sequence-level loss, "
                          "which is not implemented; the token loss (off_policy_loss_impl=token) needs False")
-    if _clip_enabled(off_abs_cliprange):
+    if clamp_bound(off_abs_cliprange) is not None:
         raise ValueError("off_abs_cliprange is not supported by the token-level on/off-policy loss")
-    prefix = prefix_mask.bool()
-    valid = eos_mask.to(log_prob.dtype)
-    off_tokens = prefix.to(log_prob.dtype) * valid
-    on_tokens = (~prefix).to(log_prob.dtype) * valid
-    prob = torch.exp(log_prob)
-
-    log_ratio = log_prob - old_log_prob
-    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, valid)
-    ratio = on_policy_ratio(
-        log_prob, old_log_prob, on_policy_reshape, on_policy_reshape_weight, on_policy_reshape_pow_exp
-    )
-    on_pg_losses, on_pg_clipfrac = clipped_pg_losses(advantages, ratio, valid, cliprange, clip_upper_bound,
-                                                     loss_remove_clip)
-    on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
-
-    if target_probs is None:
-        off_ratio = off_policy_weight(
-            log_prob, off_policy_reshape, off_policy_reshape_weight, off_policy_reshape_pow_exp
-        )
-    else:
-        if target_probs.shape != log_prob.shape:
-            raise ValueError(
-                f"target_probs shape {tuple(target_probs.shape)} != log_prob shape {tuple(log_prob.shape)}"
-            )
-        # NaN = behaviour unknown (e.g. a dataset target next to self-replayed traces): the configured shaping.
-        unknown = torch.isnan(target_probs)
-        shaped = off_policy_weight(log_prob, off_policy_reshape, off_policy_reshape_weight, off_policy_reshape_pow_exp)
-        importance = prob / (torch.where(unknown, torch.ones_like(target_probs), target_probs) + 1e-6)
-        off_ratio = torch.where(unknown, shaped, importance) * prefix.to(log_prob.dtype)
-    zero = torch.zeros((), device=log_prob.device)
-    off_ratio_max_clip_frac = off_ratio_min_clip_frac = zero
-    if _clip_enabled(off_max_clip):
-        off_ratio = torch.clamp(off_ratio, max=off_max_clip)
-        off_ratio_max_clip_frac = verl_F.masked_mean_or_zero((off_ratio == off_max_clip).float(), off_tokens)
-    if _clip_enabled(off_min_clip):
-        off_ratio = torch.clamp(off_ratio, min=off_min_clip)
-        off_ratio_min_clip_frac = verl_F.masked_mean_or_zero((off_ratio == off_min_clip).float(), off_tokens)
-    off_pg_losses = -advantages * off_ratio
-    off_pg_loss = verl_F.masked_mean_or_zero(off_pg_losses, off_tokens)
-
-    pg_losses = torch.where(prefix, off_pg_losses, on_pg_losses)
-    loss_mask = valid
-    if _clip_enabled(all_max_clip):
-        loss_mask = valid * (prob <= all_max_clip).to(log_prob.dtype)
-    pg_loss = aggregate_token_loss(pg_losses, loss_mask, loss_remove_token_mean)
-
-    return {
-        "pg_loss": pg_loss,
-        "off_pg_loss": off_pg_loss,
-        "on_pg_loss": on_pg_loss,
-        "off_pg_clipfrac": zero,
-        "on_pg_clipfrac": on_pg_clipfrac,
-        "pg_clipfrac": on_pg_clipfrac,
-        "ppo_kl": ppo_kl,
-        "off_policy_prob": verl_F.masked_mean_or_zero(prob, off_tokens),
-        "on_policy_prob": verl_F.masked_mean_or_zero(torch.exp(old_log_prob), on_tokens),
-        "off_ratio_mean": verl_F.masked_mean_or_zero(off_ratio, off_tokens),
-        "off_ratio_max_clip_frac": off_ratio_max_clip_frac,
-        "off_ratio_min_clip_frac": off_ratio_min_clip_frac,
-    }
+    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
+                              response_mask=eos_mask, prefix_mask=prefix_mask)
+    cfg = _TokenLossArgs(
+        clip_ratio=cliprange, clip_upper_bound=clip_upper_bound, off_policy_max_clip=off_max_clip,
+        off_policy_min_clip=off_min_clip, all_max_clip=all_max_clip, off_policy_reshape=off_policy_reshape,
+        off_policy_reshape_weight=off_policy_reshape_weight, off_policy_reshape_pow_exp=off_policy_reshape_pow_exp,
+        on_policy_reshape=on_policy_reshape, on_policy_reshape_weight=on_policy_reshape_weight,
+        on_policy_reshape_pow_exp=on_policy_reshape_pow_exp, loss_remove_token_mean=loss_remove_token_mean,
+        loss_remove_clip=loss_remove_clip)
+    pg_loss, metrics = _token_loss(inputs, cfg, target_probs)
+    out = {"pg_loss": pg_loss, "off_pg_loss": metrics.pop("off_pg_loss"), "on_pg_loss": metrics.pop("on_pg_loss"),
+           "off_pg_clipfrac": torch.zeros((), device=log_prob.device)}
+    out.update(metrics)
+    return out
 
 
 def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> torch.Tensor:
@@ -271,6 +334,36 @@ def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> tor
 
 
 @register_policy_loss("sft_multitask")
+def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
+    """RL + SFT multi-task loss (``use_sft_multitask_loss``, spec §1.9 "Other actor-side paths").
+
+    Off-policy rows (any prefix token) contribute ``sft = masked_mean(−ℓ, m)`` over their valid tokens (0 if
+    none); on-policy rows the PPO loss of :func:`~verl.trainer.ppo.core_algos.ppo_clip_loss` (its clip / width
+    options apply); ``pg_loss = sft_loss_coef·sft + pg_on``. ``ppo_kl`` and ``pg_clipfrac`` are over the
+    on-policy rows.
+    """
+    if inputs.prefix_mask is None:
+        raise ValueError("the sft_multitask loss needs prefix_mask (the off-policy rows)")
+    off_rows = inputs.prefix_mask.bool().any(dim=-1)
+    on_rows = ~off_rows
+    sft_loss = compute_sft_pure_loss(inputs.log_prob[off_rows], inputs.response_mask[off_rows])
+    on_pg_loss, on = ppo_clip_loss(
+        PolicyLossInputs(log_prob=inputs.log_prob[on_rows], old_log_prob=inputs.old_log_prob[on_rows],
+                         advantages=inputs.advantages[on_rows], response_mask=inputs.response_mask[on_rows]), cfg)
+    return cfg.sft_loss_coef * sft_loss + on_pg_loss, {
+        "sft_loss": sft_loss, "on_pg_loss": on_pg_loss, "pg_clipfrac": on["pg_clipfrac"], "ppo_kl": on["ppo_kl"]}
+
+
+@dataclass(frozen=True)
+class _SftMultitaskArgs:
+    """The keyword arguments of :func:`compute_sft_multitask_loss` under the actor keys the loss reads."""
+
+    clip_ratio: float
+    sft_loss_coef: float
+    loss_remove_token_mean: bool
+    loss_remove_clip: bool
+
+
 def compute_sft_multitask_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -282,28 +375,14 @@ def compute_sft_multitask_loss(
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """RL + SFT multi-task loss (``use_sft_multitask_loss``, spec §1.9 "Other actor-side paths").
-
-    Off-policy rows (any prefix token) contribute ``sft = masked_mean(−ℓ, m)`` over their valid
-    tokens (0 if none); on-policy rows the PPO loss of :func:`compute_policy_loss` (its clip / width
-    options apply); ``pg_loss = sft_loss_coef·sft + pg_on``. ``ppo_kl`` and ``pg_clipfrac`` are over
-    the on-policy rows.
-    """
-    off_rows = prefix_mask.bool().any(dim=-1)
-    on_rows = ~off_rows
-    sft_loss = compute_sft_pure_loss(log_prob[off_rows], eos_mask[off_rows])
-    on_pg_loss, pg_clipfrac, ppo_kl = compute_policy_loss(
-        old_log_prob=old_log_prob[on_rows], log_prob=log_prob[on_rows], advantages=advantages[on_rows],
-        eos_mask=eos_mask[on_rows], cliprange=cliprange,
-        loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip,
-    )
-    return {
-        "pg_loss": sft_loss_coef * sft_loss + on_pg_loss,
-        "sft_loss": sft_loss,
-        "on_pg_loss": on_pg_loss,
-        "pg_clipfrac": pg_clipfrac,
-        "ppo_kl": ppo_kl,
-    }
+    """Keyword form of :func:`sft_multitask_loss` (``eos_mask`` = the response mask) -> ``{pg_loss, sft_loss,
+    on_pg_loss, pg_clipfrac, ppo_kl}``."""
+    pg_loss, metrics = sft_multitask_loss(
+        PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=eos_mask,
+                         prefix_mask=prefix_mask),
+        _SftMultitaskArgs(clip_ratio=cliprange, sft_loss_coef=sft_loss_coef,
+                          loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip))
+    return {"pg_loss": pg_loss, **metrics}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Roll out this rank's training prompts with their per-slot traces (``tgt_input_ids [B_rank, n, T]``,
-        optional ``trace_logprobs [B_rank, n, T + 1]``) and prefix ratios; returns B_rank·n rows."""
+        optional ``behaviour_log_probs [B_rank, n, T + 1]``) and prefix ratios; returns B_rank·n rows."""
         return self._generate(prompts, validate=False)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -63,7 +63,7 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
                 return self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
             return self.planner.generate(
                 b["input_ids"], b["attention_mask"], b.get("tgt_input_ids"), b["prefix_ratios"],
-                prompt_position_ids=b["position_ids"], trace_logprobs=b.get("trace_logprobs"))
+                prompt_position_ids=b["position_ids"], behaviour_log_probs=b.get("behaviour_log_probs"))
 
         with self.sharding_manager:
             t_sync = self.sharding_manager.last_sync_s

@@ -300,17 +300,18 @@ class MIXRayPPOTrainer:
 
     def _attach_slot_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
         """Move the dataset's per-prompt targets ``tgt_input_ids [B, T]`` (and their behaviour log-probs
-        ``target_logprobs [B, T + 1]``, NaN = unknown) out of ``batch`` and put the per-slot traces of the
-        off-policy pool into ``gen_batch``: ``tgt_input_ids [B, n, T]``, ``trace_logprobs [B, n, T + 1]``
+        ``behaviour_log_probs [B, T + 1]``, NaN = unknown) out of ``batch`` and put the per-slot traces of the
+        off-policy pool into ``gen_batch``: ``tgt_input_ids [B, n, T]``, ``behaviour_log_probs [B, n, T + 1]``
         (see ``SlotTraces``). Returns how many prefix slots got an extra trace."""
-        keys = [k for k in ("tgt_input_ids", "target_logprobs") if k in batch.batch.keys()]
+        keys = [k for k in ("tgt_input_ids", "behaviour_log_probs") if k in batch.batch.keys()]
         targets = batch.pop(batch_keys=keys).batch
         slot = self.off_policy_pool.slot_traces(
             list(batch.non_tensor_batch["index"]), targets["tgt_input_ids"], ratios, self.global_steps,
-            pad_token_id=self.tokenizer.pad_token_id, target_logprobs=targets["target_logprobs"] if "target_logprobs" in keys else None)
+            pad_token_id=self.tokenizer.pad_token_id,
+            behaviour_log_probs=targets["behaviour_log_probs"] if "behaviour_log_probs" in keys else None)
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
-        if slot.trace_logprobs is not None:
-            gen_batch.batch["trace_logprobs"] = slot.trace_logprobs
+        if slot.behaviour_log_probs is not None:
+            gen_batch.batch["behaviour_log_probs"] = slot.behaviour_log_probs
         return int(slot.num_extra_slots)
 
     def _update_keys(self, batch: DataProto) -> list[str]:

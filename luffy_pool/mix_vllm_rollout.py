@@ -44,7 +44,7 @@ class SlotPlan:
     engine_slots: list[int]  # slots the engine must continue, in request order
     engine_max_tokens: list[int]  # L − len(prefix) for each engine slot
     tgt_input_ids: Optional[torch.Tensor]  # [B·n, T] trace of each slot (right-padded; input [B, n, T]), None in validation
-    prefix_logprobs: Optional[list[list[float]]]  # behaviour log-prob per prefix token (NaN = unknown)
+    behaviour_log_probs: Optional[list[list[float]]]  # behaviour log-prob per prefix token (NaN = unknown)
 
     @property
     def num_slots(self) -> int:
@@ -78,15 +78,17 @@ def _per_slot_traces(tgt_input_ids: Optional[torch.Tensor], batch_size: int, n: 
     return [strip_right_padding(row, pad_token_id) for row in tgt_input_ids.reshape(batch_size * n, -1).tolist()]
 
 
-def _per_slot_logprobs(trace_logprobs: torch.Tensor, batch_size: int, n: int, width: Optional[int]) -> np.ndarray:
+def _per_slot_logprobs(behaviour_log_probs: torch.Tensor, batch_size: int, n: int, width: Optional[int]) -> np.ndarray:
     """``[B, n, T + 1]`` behaviour log-probs → one row per slot ``[B·n, T + 1]``."""
-    if not isinstance(trace_logprobs, torch.Tensor) or trace_logprobs.dim() != 3 \
-            or tuple(trace_logprobs.shape[:2]) != (batch_size, n) \
-            or (width is not None and trace_logprobs.shape[2] != width + 1):
-        shape = tuple(trace_logprobs.shape) if isinstance(trace_logprobs, torch.Tensor) else type(trace_logprobs).__name__
-        raise ValueError(f"trace_logprobs must be a tensor [B={batch_size}, n={n}, T+1{'' if width is None else '=' + str(width + 1)}] "
+    if not isinstance(behaviour_log_probs, torch.Tensor) or behaviour_log_probs.dim() != 3 \
+            or tuple(behaviour_log_probs.shape[:2]) != (batch_size, n) \
+            or (width is not None and behaviour_log_probs.shape[2] != width + 1):
+        shape = tuple(behaviour_log_probs.shape) if isinstance(behaviour_log_probs, torch.Tensor) \
+            else type(behaviour_log_probs).__name__
+        raise ValueError(f"behaviour_log_probs must be a tensor [B={batch_size}, n={n}, "
+                         f"T+1{'' if width is None else '=' + str(width + 1)}] "
                          f"(OffPolicyPool.slot_traces), got {shape}")
-    return trace_logprobs.detach().cpu().double().numpy().reshape(batch_size * n, -1)
+    return behaviour_log_probs.detach().cpu().double().numpy().reshape(batch_size * n, -1)
 
 
 def build_slot_plan(
@@ -97,7 +99,7 @@ def build_slot_plan(
     pad_token_id: int,
     eos_token_id: int,
     response_length: int,
-    trace_logprobs=None,
+    behaviour_log_probs=None,
     *,
     n: Optional[int] = None,
     prompt_position_ids: Optional[torch.Tensor] = None,
@@ -109,7 +111,7 @@ def build_slot_plan(
     of every slot as ``OffPolicyPool.slot_traces`` returns it (slot ``b·n + j`` is ``[b, j]``),
     right-padded with ``pad_token_id`` (trailing pads are stripped, see ``strip_right_padding``), or
     None for no traces (validation); any other shape is an error. ``ratios`` ``[B, n]`` come from
-    ``PrefixRatioSampler`` (None: all 0, then ``n`` is required). ``trace_logprobs`` optionally gives
+    ``PrefixRatioSampler`` (None: all 0, then ``n`` is required). ``behaviour_log_probs`` optionally gives
     behaviour log-probs of trace ++ EOS per slot, ``[B, n, T + 1]`` (NaN = unknown).
 
     Per slot: trace = target ++ [EOS] when the target is non-empty, prefix = trace[: floor(len·r)].
@@ -144,7 +146,7 @@ def build_slot_plan(
     prompt_lists = [prompt_ids[b][mask[b]].tolist() for b in range(batch_size)]
     targets = _per_slot_traces(tgt_input_ids, batch_size, n, pad_token_id)
     width = None if tgt_input_ids is None else tgt_input_ids.shape[2]
-    lp_rows = _per_slot_logprobs(trace_logprobs, batch_size, n, width) if trace_logprobs is not None else None
+    lp_rows = _per_slot_logprobs(behaviour_log_probs, batch_size, n, width) if behaviour_log_probs is not None else None
 
     flat_ratios = [float(r) for r in ratio_array.reshape(-1)]
     traces, prefixes, kinds, prefix_lps = [], [], [], []
@@ -182,7 +184,7 @@ def build_slot_plan(
         engine_slots=engine_slots,
         engine_max_tokens=engine_max_tokens,
         tgt_input_ids=tgt_out,
-        prefix_logprobs=prefix_lps if lp_rows is not None else None,
+        behaviour_log_probs=prefix_lps if lp_rows is not None else None,
     )
 
 
@@ -235,9 +237,9 @@ def assemble_responses(
     }
     if plan.tgt_input_ids is not None:
         tensors["tgt_input_ids"] = plan.tgt_input_ids
-    if plan.prefix_logprobs is not None:
+    if plan.behaviour_log_probs is not None:
         behaviour = torch.full((num_slots, length), float("nan"), dtype=torch.float32)
-        for k, lps in enumerate(plan.prefix_logprobs):
+        for k, lps in enumerate(plan.behaviour_log_probs):
             values = torch.tensor(lps[:length], dtype=torch.float32)
             if len(values):
                 behaviour[k, : len(values)] = values
@@ -309,15 +311,15 @@ class MixRolloutPlanner:
         prefix_ratios,
         *,
         prompt_position_ids: Optional[torch.Tensor] = None,
-        trace_logprobs=None,
+        behaviour_log_probs=None,
     ) -> RolloutBatch:
         """Training rollout of ``B·n`` slots; ``prefix_ratios [B, n]`` come from the driver, ``tgt_input_ids
-        [B, n, T]`` and ``trace_logprobs [B, n, T + 1]`` from ``OffPolicyPool.slot_traces``."""
+        [B, n, T]`` and ``behaviour_log_probs [B, n, T + 1]`` from ``OffPolicyPool.slot_traces``."""
         if prefix_ratios is None:
             raise ValueError("training rollout needs prefix_ratios [B, n] drawn on the driver (PrefixRatioSampler)")
         plan = build_slot_plan(
             prompt_ids, prompt_attention_mask, tgt_input_ids, prefix_ratios, self.pad_token_id, self.eos_token_id,
-            self.response_length, trace_logprobs, n=self.n, prompt_position_ids=prompt_position_ids,
+            self.response_length, behaviour_log_probs, n=self.n, prompt_position_ids=prompt_position_ids,
         )
         return self.run(plan, self.sampling)
 

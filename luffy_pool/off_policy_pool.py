@@ -183,14 +183,14 @@ class SlotTraces:
 
     The dataset gives one target per prompt (``tgt_input_ids [B, T]``); from here to the rollout the
     traces are always per slot: ``tgt_input_ids [B, n, T]`` (slot ``b·n + j`` is ``[b, j]``),
-    right-padded with pad, and ``trace_logprobs [B, n, T + 1]`` float64 behaviour log-probs of
+    right-padded with pad, and ``behaviour_log_probs [B, n, T + 1]`` float64 behaviour log-probs of
     trace ++ EOS (NaN = unknown) or None when nothing is known. Dim 0 stays the prompt, so a ``DataProto`` of them
     chunks across ranks like the prompts. Without extra traces both are broadcast views of the dataset
     tensors (no copy): read-only.
     """
 
     tgt_input_ids: torch.Tensor
-    trace_logprobs: Optional[torch.Tensor]
+    behaviour_log_probs: Optional[torch.Tensor]
     sources: np.ndarray  # object [B, n]: trace source of every prefix slot, "" otherwise
     num_extra_slots: int  # prefix slots filled from extra trace files
 
@@ -446,11 +446,11 @@ class OffPolicyPool:
         global_step: int,
         *,
         pad_token_id: Optional[int] = None,
-        target_logprobs: Optional[torch.Tensor] = None,
+        behaviour_log_probs: Optional[torch.Tensor] = None,
     ) -> SlotTraces:
         """Fill the prefix slots (ratio > 0) of every prompt of a batch with traces; see ``SlotTraces``.
 
-        ``tgt_input_ids [B, T]`` are the dataset targets (right-padded), ``target_logprobs
+        ``tgt_input_ids [B, T]`` are the dataset targets (right-padded), ``behaviour_log_probs
         [B, T + 1]`` their behaviour log-probs (NaN = unknown; see ``logprobs_from_target_probs``).
         Non-prefix slots keep the dataset target, as LUFFY repeats it over the whole group. Returns
         ``[B, n, T]`` traces and ``[B, n, T + 1]`` log-probs (or None) whether or not the pool has
@@ -468,8 +468,9 @@ class OffPolicyPool:
             raise ValueError(f"ratios must be [B={batch_size}, n], got shape {ratios_np.shape}")
         if len(prompt_ids) != batch_size:
             raise ValueError(f"prompt_ids has {len(prompt_ids)} entries for a batch of {batch_size}")
-        if target_logprobs is not None and tuple(target_logprobs.shape) != (batch_size, width + 1):
-            raise ValueError(f"target_logprobs must be [B, T+1] = [{batch_size}, {width + 1}], got {tuple(target_logprobs.shape)}")
+        if behaviour_log_probs is not None and tuple(behaviour_log_probs.shape) != (batch_size, width + 1):
+            raise ValueError(f"behaviour_log_probs must be [B, T+1] = [{batch_size}, {width + 1}], "
+                             f"got {tuple(behaviour_log_probs.shape)}")
         n = ratios_np.shape[1]
         sources = np.full((batch_size, n), "", dtype=object)
         if not self.has_extra_traces:
@@ -479,20 +480,20 @@ class OffPolicyPool:
                     sources[b, ratios_np[b] > 0] = "target"
             if not self.use_dataset_target:
                 tgt_input_ids = torch.full_like(tgt_input_ids, pad_token_id)
-                target_logprobs = None
+                behaviour_log_probs = None
             # Every slot of a prompt carries its target: broadcast views, not n copies.
             slot_ids = tgt_input_ids.unsqueeze(1).expand(batch_size, n, width)
-            slot_lps = None if target_logprobs is None else \
-                target_logprobs.to(torch.float64).unsqueeze(1).expand(batch_size, n, width + 1)
+            slot_lps = None if behaviour_log_probs is None else \
+                behaviour_log_probs.to(torch.float64).unsqueeze(1).expand(batch_size, n, width + 1)
             return SlotTraces(slot_ids, slot_lps, sources, 0)
 
         slot_ids = torch.full((batch_size, n, width), pad_token_id, dtype=tgt_input_ids.dtype)
         slot_lps = torch.full((batch_size, n, width + 1), float("nan"), dtype=torch.float64)
-        any_logprobs = target_logprobs is not None
+        any_logprobs = behaviour_log_probs is not None
         num_extra = 0
         for b in range(batch_size):
             target_ids = strip_right_padding(tgt_input_ids[b].tolist(), pad_token_id)
-            target_lp = target_logprobs[b].tolist() if target_logprobs is not None else None
+            target_lp = behaviour_log_probs[b].tolist() if behaviour_log_probs is not None else None
             target = TraceRecord(target_ids, target_lp, "target")
             cands = self.candidates(prompt_ids[b], target, global_step)
             prefix_slot = 0

@@ -51,14 +51,14 @@ def target_probability_problem(probs: Sequence[Any]) -> str | None:
 
 
 class RLHFDatasetWithTarget(RLHFDataset):
-    """Rows with ``tgt_input_ids [max_target_length]`` (and ``target_logprobs`` when the column exists).
+    """Rows with ``tgt_input_ids [max_target_length]`` (and ``behaviour_log_probs`` when the column exists).
 
     With probability ``1 − sample_target_ratio`` a row's target is replaced by an empty one (all pad).
     ``sample_target_mode=redraw`` (LUFFY: ``np.random.rand()`` on every ``__getitem__``) draws again on each
     read of an item, from a generator seeded with ``(seed, item, k)``: k is the epoch of the training sampler
     (``use_epoch_of``; checkpointed, so a resumed run draws the same) or else the item's read count in this
     process; a prompt keeps its trace in some epochs and not in others. ``fixed`` draws once per item from
-    ``(seed, item)``, the same subset every epoch. A null target is also empty. ``target_logprobs``
+    ``(seed, item)``, the same subset every epoch. A null target is also empty. ``behaviour_log_probs``
     (behaviour log-probs from ``target_ds_qwen_7b_probs``, LUFFY's teacher probability of each target token
     plus one for the EOS) has width ``max_target_length + 1`` so
     the EOS entry fits; NaN marks unknown (padding, a dropped target, the EOS after a truncated target).
@@ -225,7 +225,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
             return []
         return list(self.tokenizer(content, add_special_tokens=False)["input_ids"])
 
-    def _target_logprobs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
+    def _behaviour_log_probs(self, item: int, probs: Any, num_tokens: int, num_kept: int) -> torch.Tensor:
         out = torch.full((self.max_target_length + 1,), float("nan"), dtype=torch.float32)
         if probs is None or isinstance(probs, float) or num_tokens == 0:
             return out  # null, or NaN where another file of the dataset lacks the column
@@ -252,5 +252,6 @@ class RLHFDatasetWithTarget(RLHFDataset):
         row["tgt_input_ids"] = tgt
         row["tgt_truncated"] = torch.tensor(len(ids) > len(kept))
         if self.has_target_probs:
-            row["target_logprobs"] = self._target_logprobs(item, record[self.target_probs_key], len(ids), len(kept))
+            row["behaviour_log_probs"] = self._behaviour_log_probs(item, record[self.target_probs_key], len(ids),
+                                                                   len(kept))
         return row

@@ -125,7 +125,6 @@ def test_a_required_key_left_unset_stays_unset_without_raising(compose_config):
 
 def test_the_loss_section_is_a_subset_of_the_actor_keys_with_the_yaml_values(compose_config):
     from luffy_pool.config_sections import LossSection
-    from luffy_pool.loss_config import policy_loss_kwargs
 
     actor_keys = {k.rsplit(".", 1)[1] for k in schema_defaults() if k.startswith("actor_rollout_ref.actor.")
                   and k.count(".") == 2}
@@ -136,7 +135,6 @@ def test_the_loss_section_is_a_subset_of_the_actor_keys_with_the_yaml_values(com
     defaults = schema_defaults()
     assert all(getattr(loss, n) == defaults[f"actor_rollout_ref.actor.{n}"] for n in names)
     # The YAML's values reach the loss (the old .get fallbacks restated 1.0 and None here).
-    kw = policy_loss_kwargs(cfg)
-    assert (kw["off_policy_reshape_weight"], kw["off_cliprange"]) == (0.1, 0.2)
+    assert (loss.off_policy_reshape_weight, loss.off_policy_cliprange) == (0.1, 0.2)
     with pytest.raises(AttributeError):
         loss.use_off_policy_prob  # noqa: B018 -- a typo of use_off_policy_probs

@@ -1,14 +1,19 @@
-"""The config-to-loss mapping and the policy-loss registry driving the LUFFY actor (no if/elif on flags)."""
+"""The config-to-loss mapping and the policy-loss registry driving the LUFFY actor (no if/elif on flags): every
+loss is ``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, ``cfg`` its own section."""
 import math
+import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from luffy_pool.loss_config import policy_loss_kwargs, policy_loss_name
+from luffy_pool.config_sections import LossSection
+from luffy_pool.loss_config import policy_loss_name, policy_loss_section
 from luffy_pool.mix_actor import MIXDataParallelPPOActor
 from luffy_pool.mix_core_alg import compute_token_on_off_policy_loss
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss, register_policy_loss
+from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys
 
 A = "actor_rollout_ref.actor"
 # LUFFY's train.sh actor keys (LUFFY_SPEC §2.1) on top of the YAML defaults.
@@ -42,15 +47,17 @@ def test_auto_picks_the_loss_luffys_switches_select(compose_config):
     assert policy_loss_name(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss")) == "my_loss"
 
 
-def test_luffys_config_maps_to_these_loss_arguments(compose_config):
-    kwargs = policy_loss_kwargs(_actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10",
-                                           f"{A}.sft_loss_coef=0.5"))
-    assert kwargs == {
-        "cliprange": 0.2, "clip_upper_bound": 1.0, "loss_remove_token_mean": True, "loss_remove_clip": True,
-        "off_cliprange": 0.2, "off_normalize": False, "off_max_clip": 10, "off_min_clip": None, "all_max_clip": None,
-        "off_policy_reshape": "p_div_p_0.1", "off_policy_reshape_weight": 0.1, "off_policy_reshape_pow_exp": 0.5,
-        "on_policy_reshape": "no_reshape", "on_policy_reshape_weight": 0.1, "on_policy_reshape_pow_exp": 0.5,
-        "sft_loss_coef": 0.5}
+def test_a_builtin_loss_reads_the_actor_loss_section_with_luffys_values(compose_config):
+    cfg = policy_loss_section(_actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10",
+                                         f"{A}.sft_loss_coef=0.5"), "luffy_token")
+    assert isinstance(cfg, LossSection)
+    assert (cfg.clip_ratio, cfg.clip_upper_bound, cfg.loss_remove_token_mean, cfg.loss_remove_clip) == (0.2, 1.0, True, True)
+    assert (cfg.off_policy_max_clip, cfg.off_policy_min_clip, cfg.all_max_clip) == (10, -1, -1)  # -1 = no clamp
+    assert (cfg.off_policy_reshape, cfg.off_policy_reshape_weight, cfg.off_policy_reshape_pow_exp) == ("p_div_p_0.1", 0.1, 0.5)
+    assert (cfg.on_policy_reshape, cfg.on_policy_reshape_weight, cfg.sft_loss_coef) == ("no_reshape", 0.1, 0.5)
+    assert cfg.off_policy_loss_coef == 1.0  # LUFFY's loss
+    with pytest.raises(AttributeError):
+        cfg.off_max_clip  # noqa: B018 -- a misspelt knob raises instead of keeping a default
 
 
 def test_the_actor_calls_luffys_token_loss_with_the_mapped_arguments(compose_config):
@@ -79,10 +86,11 @@ def test_use_ppo_kl_loss_also_applies_to_the_plain_ppo_loss(compose_config):
 
 def test_a_new_loss_is_one_function_and_one_decorator(compose_config):
     @register_policy_loss("i15_test_mean_neg_logp")
-    def mean_negative_log_prob(log_prob, eos_mask, advantages):
+    def mean_negative_log_prob(inputs, cfg):
         """-mean over valid tokens of A·logp (a plain policy gradient), plus a metric of our own."""
-        pg = -(advantages * log_prob * eos_mask).sum() / eos_mask.sum()
-        return {"pg_loss": pg, "valid_tokens": eos_mask.sum()}
+        mask = inputs.response_mask
+        pg = -(inputs.advantages * inputs.log_prob * mask).sum() / mask.sum()
+        return pg, {"valid_tokens": mask.sum()}
 
     try:
         cfg = _actor_cfg(compose_config, f"{A}.policy_loss=i15_test_mean_neg_logp")
@@ -91,8 +99,45 @@ def test_a_new_loss_is_one_function_and_one_decorator(compose_config):
         loss, metrics = _actor(cfg).compute_policy_loss(micro, log_prob, None, torch.tensor([[1.0, 1.0]]))
         # -(2·ln .5 + 2·ln .25) / 2 = 3·ln 2
         assert loss.item() == pytest.approx(3 * math.log(2)) and metrics["actor/valid_tokens"] == 2.0
+        assert metrics["actor/pg_loss"] == loss.item()
     finally:
         POLICY_LOSS_REGISTRY.pop("i15_test_mean_neg_logp")
+
+
+@dataclass(frozen=True)
+class _ScaledKnobs:
+    clip_ratio: float  # an actor key of the YAML: read from the group
+    i26_scale: float = 1.0  # the loss's own knob: absent from the YAML, set with +actor_rollout_ref.actor.i26_scale
+
+
+def test_a_loss_with_its_own_knob_gets_its_dataclass_built_from_the_actor_group(compose_config):
+    @register_policy_loss("i26_test_scaled", config=_ScaledKnobs)
+    def scaled(inputs, cfg):
+        return cfg.i26_scale * inputs.log_prob.sum(), {"clip_ratio": torch.tensor(cfg.clip_ratio)}
+
+    try:
+        assert "i26_scale" in registered_loss_keys()
+        loss_cfg = policy_loss_section(_actor_cfg(compose_config, f"{A}.policy_loss=i26_test_scaled",
+                                                  f"+{A}.i26_scale=3.0", f"{A}.clip_ratio=0.3"), "i26_test_scaled")
+        assert loss_cfg == _ScaledKnobs(clip_ratio=0.3, i26_scale=3.0)
+        assert policy_loss_section(_actor_cfg(compose_config), "i26_test_scaled").i26_scale == 1.0  # its default
+    finally:
+        POLICY_LOSS_REGISTRY.pop("i26_test_scaled")
+        POLICY_LOSS_CONFIGS.pop("i26_test_scaled")
+    assert "i26_scale" not in registered_loss_keys()
+
+
+def test_the_checker_knows_the_keys_registered_losses_declare():
+    from luffy_pool.config_check import ConfigError, prepare_overrides
+
+    with pytest.raises(ConfigError, match="i26_scale"):
+        prepare_overrides([f"+{A}.i26_scale=2.0"])
+    register_policy_loss("i26_test_knob_key", config=_ScaledKnobs)(lambda inputs, cfg: None)
+    try:
+        assert prepare_overrides([f"+{A}.i26_scale=2.0"]) == [f"++{A}.i26_scale=2.0"]
+    finally:
+        POLICY_LOSS_REGISTRY.pop("i26_test_knob_key")
+        POLICY_LOSS_CONFIGS.pop("i26_test_knob_key")
 
 
 def test_an_unknown_loss_name_fails_when_the_actor_is_built(compose_config):
@@ -107,3 +152,33 @@ def test_policy_loss_with_luffys_switches_is_refused(compose_config):
                           f"{A}.policy_loss=vanilla", f"{A}.use_off_policy_loss=True"])
     assert any("'actor_rollout_ref.actor.policy_loss'='vanilla' conflicts" in e for e in validate_config(cfg))
     assert OmegaConf.select(cfg, f"{A}.policy_loss") == "vanilla"
+
+
+def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_are_checked(tmp_path, monkeypatch,
+                                                                                          compose_config):
+    """``python -m luffy_pool.main_mix_ppo actor_rollout_ref.model.external_lib=my_losses +...my_knob=...``: the
+    checker imports the module first, so the knob its loss declares is a known key."""
+    from luffy_pool.config_check import ConfigError, prepare_overrides, validate_config
+
+    (tmp_path / "i26_user_losses.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from verl.trainer.ppo.core_algos import register_policy_loss\n\n\n"
+        "@dataclass(frozen=True)\nclass Knobs:\n    i26_user_knob: float = 1.0\n\n\n"
+        "@register_policy_loss('i26_user_loss', config=Knobs)\n"
+        "def user_loss(inputs, cfg):\n    return cfg.i26_user_knob * inputs.log_prob.sum(), {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lib = "actor_rollout_ref.model.external_lib"
+    try:
+        with pytest.raises(ConfigError, match="i26_user_knob"):  # without the module the key is unknown
+            prepare_overrides([f"+{A}.i26_user_knob=2.0"])
+        overrides = [f"{lib}=i26_user_losses", f"{A}.policy_loss=i26_user_loss", f"+{A}.i26_user_knob=2.0"]
+        assert prepare_overrides(overrides)[-1] == f"++{A}.i26_user_knob=2.0"
+        cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
+        assert not [e for e in validate_config(cfg) if "i26_user_knob" in e]
+        assert policy_loss_section(cfg.actor_rollout_ref.actor, "i26_user_loss").i26_user_knob == 2.0
+        with pytest.raises(ConfigError, match="could not be imported"):
+            prepare_overrides([f"{lib}=no_such_module_i26"])
+    finally:
+        POLICY_LOSS_REGISTRY.pop("i26_user_loss", None)
+        POLICY_LOSS_CONFIGS.pop("i26_user_loss", None)
+        sys.modules.pop("i26_user_losses", None)

@@ -13,13 +13,19 @@ import torch
 from luffy_pool import mix_core_alg as mca
 from luffy_pool.config_check import validate_config
 from luffy_pool.config_compose import compose_config
-from luffy_pool.loss_config import behaviour_probs
+from luffy_pool.config_sections import LossSection
 from luffy_pool.off_policy_pool import logprobs_from_target_probs, unknown_behaviour_metrics
 from verl.trainer.ppo import core_algos as ca
 from verl.trainer.ppo.kl import apply_kl_penalty, get_kl_controller
+from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 PATHS = ["data.train_files=/d/t.parquet", "data.val_files=/d/v.parquet", "actor_rollout_ref.model.path=/m"]
+
+
+def _loss_cfg(*overrides) -> LossSection:
+    """The actor's loss section of the YAML with ``overrides``: what a registered loss reads."""
+    return LossSection.from_actor_config(compose_config(PATHS + list(overrides)).actor_rollout_ref.actor)
 
 
 # ---------------------------------------------------------------------------------------------- E4
@@ -41,15 +47,16 @@ def test_unknown_probability_gets_the_shaping_where_luffy_gives_minus_p_or_p_ove
     log_prob = torch.log(torch.tensor([[0.4, 0.4, 0.4]])).requires_grad_()
     old, adv, mask = log_prob.detach().clone(), torch.ones(1, 3), torch.ones(1, 3)
     prefix = torch.ones(1, 3, dtype=torch.bool)
-    target = behaviour_probs(logprobs_from_target_probs(torch.tensor([[0.5, 0.0, -1.0]])), torch.float32)
-    out = mca.compute_token_on_off_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.0,
-                                               prefix_mask=prefix, off_cliprange=0.2, off_policy_reshape="p_div_p_0.1",
-                                               target_probs=target)
+    behaviour = logprobs_from_target_probs(torch.tensor([[0.5, 0.0, -1.0]]))  # LUFFY's column at the edge
+    pg_loss, _ = mca.luffy_token_loss(PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv,
+                                                       response_mask=mask, prefix_mask=prefix,
+                                                       behaviour_log_probs=behaviour),
+                                      _loss_cfg(f"{A}.off_policy_reshape=p_div_p_0.1"))
     p = 0.4
     shaped = p / (p + 0.1)
     expected_here = -(p / (0.5 + 1e-6) + shaped + shaped) / 3
     luffy = -(p / (0.5 + 1e-6) + p / (0.0 + 1e-6) + p / (-1.0 + 1e-6)) / 3  # LUFFY's formula on the raw column
-    assert out["pg_loss"].item() == pytest.approx(expected_here, rel=1e-5)
+    assert pg_loss.item() == pytest.approx(expected_here, rel=1e-5)
     assert abs(luffy - expected_here) > 1e4  # the difference the README states
 
 
@@ -91,15 +98,15 @@ def test_plain_and_sft_multitask_losses_ignore_clip_upper_bound_as_luffy(loss):
     old, log_prob, adv, mask = _case()
     prefix = torch.tensor([[True, True, True], [False, False, False]])
     fn = ca.get_policy_loss_fn(loss)
-    base = dict(old_log_prob=old, log_prob=log_prob, advantages=adv, eos_mask=mask, prefix_mask=prefix, cliprange=0.2)
-    wide = ca.call_with_supported_kwargs(fn, **base, clip_upper_bound=1.5)["pg_loss"]
-    narrow = ca.call_with_supported_kwargs(fn, **base, clip_upper_bound=1.0)["pg_loss"]
+    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix)
+    wide, _ = fn(inputs, _loss_cfg(f"{A}.clip_upper_bound=1.5"))
+    narrow, narrow_metrics = fn(inputs, _loss_cfg(f"{A}.clip_upper_bound=1.0"))
     assert wide.item() == narrow.item()
     # LUFFY's compute_policy_loss: clamp(ratio, 1 - eps, 1 + eps) on the rows the loss covers.
     rows = slice(None) if loss == "vanilla" else slice(1, 2)
     ratio = torch.exp(log_prob - old)[rows]
     luffy_pg = torch.max(-adv[rows] * ratio, -adv[rows] * ratio.clamp(0.8, 1.2)).mean()
-    pg = narrow if loss == "vanilla" else ca.call_with_supported_kwargs(fn, **base)["on_pg_loss"]
+    pg = narrow if loss == "vanilla" else narrow_metrics["on_pg_loss"]
     assert pg.item() == pytest.approx(luffy_pg.item(), rel=1e-6)
 
 

@@ -28,9 +28,9 @@ def _token_loss(old, lp, adv, mask, prefix, **kwargs):
 
 # ---------------------------------------------------------------- registration
 def test_importing_mix_core_alg_registers_estimator_and_losses():
-    assert ca.get_adv_estimator_fn("grpo_split") is mca.compute_grpo_outcome_advantage_split
-    assert ca.get_policy_loss_fn("luffy_token") is mca.compute_token_on_off_policy_loss
-    assert ca.get_policy_loss_fn("sft_multitask") is mca.compute_sft_multitask_loss
+    assert ca.get_adv_estimator_fn("grpo_split") is mca.grpo_split_advantage
+    assert ca.get_policy_loss_fn("luffy_token") is mca.luffy_token_loss
+    assert ca.get_policy_loss_fn("sft_multitask") is mca.sft_multitask_loss
 
 
 # ---------------------------------------------------------------- grpo_split
@@ -272,6 +272,37 @@ def test_metrics_and_both_aggregations_by_hand():
     assert no_mean["pg_loss"].item() == pytest.approx(total / 2, abs=1e-6)
 
 
+def _loss_section(compose_config, *overrides):
+    from luffy_pool.config_sections import LossSection
+
+    cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
+    return LossSection.from_actor_config(cfg.actor_rollout_ref.actor)
+
+
+def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_config):
+    from verl.trainer.ppo.loss_inputs import PolicyLossInputs
+
+    old = torch.tensor([[LN(0.9), LN(0.9)], [LN(0.6), LN(0.6)]])
+    lp = torch.tensor([[LN(0.5), LN(0.25)], [LN(0.6), LN(0.6)]], requires_grad=True)
+    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=torch.tensor([[1.0, 1.0], [-1.0, -1.0]]),
+                              response_mask=torch.ones(2, 2), prefix_mask=torch.tensor([[True, True], [False, False]]))
+    A = "actor_rollout_ref.actor"
+    luffy, luffy_m = mca.luffy_token_loss(inputs, _loss_section(compose_config, f"{A}.off_policy_reshape=p_div_p_0.1"))
+    half, half_m = mca.luffy_token_loss(inputs, _loss_section(compose_config, f"{A}.off_policy_reshape=p_div_p_0.1",
+                                                              f"{A}.off_policy_loss_coef=0.5"))
+    f = torch.tensor([0.5 / 0.6, 0.25 / 0.35])
+    # token mean over 4 tokens: (c·(−f₁ − f₂) + 1 + 1) / 4, c = 1 (LUFFY) and 0.5
+    assert luffy.item() == pytest.approx((-f.sum() + 2).item() / 4, abs=1e-6)
+    assert half.item() == pytest.approx((-0.5 * f.sum() + 2).item() / 4, abs=1e-6)
+    assert half_m["off_pg_loss"].item() == luffy_m["off_pg_loss"].item()  # the metric is the term before c
+    assert half_m["on_pg_loss"].item() == luffy_m["on_pg_loss"].item()
+    # the default is LUFFY's loss exactly: the same value as LUFFY's signature gives
+    direct = mca.compute_token_on_off_policy_loss(old, lp, inputs.advantages, inputs.response_mask, cliprange=0.2,
+                                                  clip_upper_bound=1.0, prefix_mask=inputs.prefix_mask,
+                                                  off_policy_reshape="p_div_p_0.1")
+    assert torch.equal(luffy, direct["pg_loss"])
+
+
 @pytest.mark.parametrize("has_prefix", [False, True])
 def test_batches_without_off_or_without_on_tokens_are_finite(has_prefix):
     old, lp, adv, mask, _ = _mixed_batch()
@@ -303,7 +334,7 @@ def test_target_probs_replace_reshape_with_probability_ratio():
     assert out["pg_loss"].item() == pytest.approx(-f, abs=1e-5)
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
     assert grad.item() == pytest.approx(-f, abs=1e-5)
-    with pytest.raises(ValueError, match="target_probs shape"):
+    with pytest.raises(ValueError, match="behaviour probs shape"):
         _token_loss(old, lp, adv, mask, prefix, target_probs=torch.ones(2, 1))
 
 

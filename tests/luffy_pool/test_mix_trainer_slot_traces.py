@@ -124,11 +124,12 @@ def test_without_extra_files_the_workers_get_per_slot_traces(compose_config, tin
     out, metrics, targets, _ = _rollout(trainer)
     eos = tokenizer.eos_token_id
     assert group.sent["tgt_input_ids"] == ((4, N, MAX_PREFIX), torch.long)
-    assert group.sent["trace_logprobs"] == ((4, N, MAX_PREFIX + 1), torch.float64)
+    assert group.sent["behaviour_log_probs"] == ((4, N, MAX_PREFIX + 1), torch.float64)
     assert [c["tgt_input_ids"] for c in group.chunk_shapes] == [(2, N, MAX_PREFIX)] * 2  # dim 0 = prompts
-    assert [c["trace_logprobs"] for c in group.chunk_shapes] == [(2, N, MAX_PREFIX + 1)] * 2
-    # nothing of the traces is kept past the rollout
-    assert not {"tgt_input_ids", "trace_logprobs", "target_logprobs"} & set(out.batch.keys())
+    assert [c["behaviour_log_probs"] for c in group.chunk_shapes] == [(2, N, MAX_PREFIX + 1)] * 2
+    # the per-slot traces are not kept past the rollout: behaviour log-probs are now one per response token
+    assert "tgt_input_ids" not in out.batch.keys()
+    assert out.batch["behaviour_log_probs"].shape == out.batch["responses"].shape
     assert len(out) == 4 * N and "rollout/extra_trace_slots" not in metrics
     for b, target in enumerate(targets):
         for j in range(N):
@@ -154,9 +155,11 @@ def test_with_extra_files_the_workers_get_the_same_shapes(compose_config, tiny_m
     out, metrics, targets, prompt_ids = _rollout(trainer)
     eos = tokenizer.eos_token_id
     assert group.sent["tgt_input_ids"] == ((4, N, MAX_PREFIX), torch.long)
-    assert group.sent["trace_logprobs"] == ((4, N, MAX_PREFIX + 1), torch.float64)
+    assert group.sent["behaviour_log_probs"] == ((4, N, MAX_PREFIX + 1), torch.float64)
     assert [c["tgt_input_ids"] for c in group.chunk_shapes] == [(2, N, MAX_PREFIX)] * 2
-    assert not {"tgt_input_ids", "trace_logprobs", "target_logprobs"} & set(out.batch.keys())
+    # the per-slot traces are not kept past the rollout: behaviour log-probs are now one per response token
+    assert "tgt_input_ids" not in out.batch.keys()
+    assert out.batch["behaviour_log_probs"].shape == out.batch["responses"].shape
     assert metrics["rollout/extra_trace_slots"] == 4  # target first, then the prompt's one extra trace
     for b, (target, pid) in enumerate(zip(targets, prompt_ids)):
         assert _response(out, b * N, eos) == target + [eos]
@@ -170,6 +173,6 @@ def test_use_dataset_target_false_pads_every_trace_and_slots_are_on_policy(compo
     trainer, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
                               f"{tiny_task_dir}/train.parquet", OffPolicyPool(tokenizer=tokenizer, use_dataset_target=False))
     out, _, _, _ = _rollout(trainer)
-    assert group.sent["tgt_input_ids"] == ((4, N, MAX_PREFIX), torch.long) and "trace_logprobs" not in group.sent
+    assert group.sent["tgt_input_ids"] == ((4, N, MAX_PREFIX), torch.long) and "behaviour_log_probs" not in group.sent
     assert not out.batch["prefix_mask"].any() and "behaviour_log_probs" not in out.batch.keys()
     assert all(_response(out, k, tokenizer.eos_token_id) == REPLY + [tokenizer.eos_token_id] for k in range(4 * N))

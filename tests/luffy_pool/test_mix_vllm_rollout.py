@@ -194,7 +194,7 @@ def test_behaviour_log_probs_on_prefix_tokens_only_nan_elsewhere():
     nan = float("nan")
     per_slot_lp = per_slot(torch.tensor([lp[0] + [nan, nan]]), 3)  # [B, n, T + 1]
     plan = build_slot_plan(prompts, mask, per_slot(TGT, 3), np.array([[1.0, 0.5, 0.0]]), PAD, EOS, response_length=6,
-                           trace_logprobs=per_slot_lp)
+                           behaviour_log_probs=per_slot_lp)
     out = assemble_responses(plan, [[21, EOS], [22, EOS]]).tensors
     lp_t = torch.tensor(lp[0], dtype=torch.float32)
     torch.testing.assert_close(out["behaviour_log_probs"][0], torch.cat([lp_t, torch.tensor([nan])]), equal_nan=True)
@@ -206,12 +206,12 @@ def test_per_slot_logprobs_are_used_slot_by_slot():
     prompts, mask = _prompt_batch()
     tgt = torch.tensor([[[11, PAD], [31, 32]]])
     lp = torch.tensor([[[math.log(0.5), math.log(0.2), float("nan")], [math.log(0.25), math.log(0.1), math.log(0.9)]]])
-    plan = build_slot_plan(prompts, mask, tgt, np.array([[1.0, 1.0]]), PAD, EOS, response_length=4, trace_logprobs=lp)
+    plan = build_slot_plan(prompts, mask, tgt, np.array([[1.0, 1.0]]), PAD, EOS, response_length=4, behaviour_log_probs=lp)
     lps = assemble_responses(plan, []).tensors["behaviour_log_probs"]
     torch.testing.assert_close(lps.exp().nan_to_num(1.0), torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
 
 
-def test_behaviour_log_probs_absent_without_trace_logprobs_and_rollout_logprobs_placed_after_prefix():
+def test_behaviour_log_probs_absent_without_slot_behaviour_log_probs_and_rollout_logprobs_placed_after_prefix():
     prompts, mask = _prompt_batch()
     plan = build_slot_plan(prompts, mask, per_slot(TGT, 1), np.array([[0.5]]), PAD, EOS, response_length=6)
     out = assemble_responses(plan, [[21, EOS]], engine_logprobs=[[-0.3, -0.4]]).tensors
@@ -241,9 +241,9 @@ def test_validation_repeats_n_val_without_prefix_at_val_temperature():
         ({"ratios": np.zeros((2, 1))}, r"ratios must be \[B=1, n\]"),
         ({"tgt": torch.zeros(1, 2, 3, dtype=torch.long)}, r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\]"),
         ({"tgt": TGT}, r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\] \(OffPolicyPool.slot_traces\), got \(1, 6\)"),
-        ({"trace_logprobs": torch.zeros(1, 7)}, r"trace_logprobs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 7\)"),
-        ({"trace_logprobs": torch.zeros(1, 1, 5)}, r"trace_logprobs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 1, 5\)"),
-        ({"trace_logprobs": [[[0.0] * 7]]}, r"trace_logprobs must be a tensor .*got list"),
+        ({"behaviour_log_probs": torch.zeros(1, 7)}, r"behaviour_log_probs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 7\)"),
+        ({"behaviour_log_probs": torch.zeros(1, 1, 5)}, r"behaviour_log_probs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 1, 5\)"),
+        ({"behaviour_log_probs": [[[0.0] * 7]]}, r"behaviour_log_probs must be a tensor .*got list"),
     ],
 )
 def test_bad_plan_inputs_raise_clear_errors(kwargs, message):
@@ -251,7 +251,7 @@ def test_bad_plan_inputs_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_slot_plan(
             prompts, mask, kwargs.get("tgt", per_slot(TGT, 1)), kwargs.get("ratios", np.array([[1.0]])), PAD, EOS, 4,
-            trace_logprobs=kwargs.get("trace_logprobs"),
+            behaviour_log_probs=kwargs.get("behaviour_log_probs"),
         )
 
 

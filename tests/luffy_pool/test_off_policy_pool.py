@@ -260,24 +260,24 @@ def test_slot_traces_without_extras_spreads_the_dataset_target_over_the_slots():
     assert out.tgt_input_ids.shape == (2, 2, 3)  # [B, n, T], as with extra files
     assert out.tgt_input_ids.tolist() == [[[5, 6, PAD]] * 2, [[PAD] * 3] * 2]
     assert out.tgt_input_ids.untyped_storage().data_ptr() == tgt.untyped_storage().data_ptr()  # a view, no n copies
-    assert out.trace_logprobs is None and out.num_extra_slots == 0
+    assert out.behaviour_log_probs is None and out.num_extra_slots == 0
     assert out.sources.tolist() == [["target", ""], ["", ""]]  # prompt 1 has an empty target
 
 
-def test_slot_traces_without_extras_spreads_target_logprobs_per_slot():
+def test_slot_traces_without_extras_spreads_the_dataset_behaviour_log_probs_per_slot():
     tgt = torch.tensor([[5, 6, PAD]])
     lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")]], dtype=torch.float64)
-    out = OffPolicyPool().slot_traces([0], tgt, np.array([[1.0, 0.5, 0.0]]), global_step=1, pad_token_id=PAD, target_logprobs=lp)
-    assert out.trace_logprobs.shape == (1, 3, 4)  # [B, n, T + 1]
+    out = OffPolicyPool().slot_traces([0], tgt, np.array([[1.0, 0.5, 0.0]]), global_step=1, pad_token_id=PAD, behaviour_log_probs=lp)
+    assert out.behaviour_log_probs.shape == (1, 3, 4)  # [B, n, T + 1]
     for j in range(3):
-        torch.testing.assert_close(out.trace_logprobs[0, j], lp[0], equal_nan=True)
+        torch.testing.assert_close(out.behaviour_log_probs[0, j], lp[0], equal_nan=True)
 
 
 def test_slot_traces_without_dataset_target_are_all_pad():
     pool = OffPolicyPool(use_dataset_target=False)
     lp = torch.zeros((1, 3))
-    out = pool.slot_traces([0], torch.tensor([[5, 6]]), np.array([[1.0, 0.0]]), global_step=1, pad_token_id=PAD, target_logprobs=lp)
-    assert out.tgt_input_ids.tolist() == [[[PAD, PAD]] * 2] and out.trace_logprobs is None
+    out = pool.slot_traces([0], torch.tensor([[5, 6]]), np.array([[1.0, 0.0]]), global_step=1, pad_token_id=PAD, behaviour_log_probs=lp)
+    assert out.tgt_input_ids.tolist() == [[[PAD, PAD]] * 2] and out.behaviour_log_probs is None
     assert out.sources.tolist() == [["", ""]]
 
 
@@ -286,14 +286,14 @@ def test_slot_traces_same_shape_and_values_with_or_without_extra_files(extra_fil
     tgt = torch.tensor([[11, 12, PAD], [13, PAD, PAD]])
     lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")], [-0.1, -0.2, float("nan"), float("nan")]])  # float32, as the dataset's
     ratios = np.array([[1.0, 0.5, 0.0], [0.2, 0.0, 1.0]])
-    plain = OffPolicyPool().slot_traces([5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, target_logprobs=lp)
+    plain = OffPolicyPool().slot_traces([5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)
     pooled = OffPolicyPool(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
-        [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, target_logprobs=lp)  # extras are for prompt 0 only
+        [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)  # extras are for prompt 0 only
     assert plain.tgt_input_ids.shape == pooled.tgt_input_ids.shape == (2, 3, 3)
-    assert plain.trace_logprobs.shape == pooled.trace_logprobs.shape == (2, 3, 4)
-    assert plain.trace_logprobs.dtype == pooled.trace_logprobs.dtype == torch.float64
+    assert plain.behaviour_log_probs.shape == pooled.behaviour_log_probs.shape == (2, 3, 4)
+    assert plain.behaviour_log_probs.dtype == pooled.behaviour_log_probs.dtype == torch.float64
     assert torch.equal(plain.tgt_input_ids, pooled.tgt_input_ids)
-    torch.testing.assert_close(plain.trace_logprobs, pooled.trace_logprobs, equal_nan=True)
+    torch.testing.assert_close(plain.behaviour_log_probs, pooled.behaviour_log_probs, equal_nan=True)
     assert plain.sources.tolist() == pooled.sources.tolist()
 
 
@@ -308,7 +308,7 @@ def test_slot_traces_target_first_then_extras_round_robin(extra_file):
     target_lp = torch.full((2, 5), float("nan"))
     target_lp[0, :3] = torch.tensor([-0.5, -0.6, -0.7])
     ratios = np.array([[1.0, 1.0, 1.0, 1.0, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0]])
-    out = pool.slot_traces([0, 1], tgt, ratios, global_step=4, pad_token_id=PAD, target_logprobs=target_lp)
+    out = pool.slot_traces([0, 1], tgt, ratios, global_step=4, pad_token_id=PAD, behaviour_log_probs=target_lp)
     assert out.tgt_input_ids.shape == (2, 5, 4)
     # Prompt 0: four prefix slots take [target, extra, extra] round-robin; slot 4 (ratio 0) keeps the target.
     order = np.random.default_rng([1, 4, zlib.crc32(repr(0).encode())]).permutation(2)
@@ -325,7 +325,7 @@ def test_slot_traces_target_first_then_extras_round_robin(extra_file):
     assert all(out.tgt_input_ids[1, j].tolist() == [13, PAD, PAD, PAD] for j in range(5))
     assert out.sources[1].tolist() == ["target", "", "", "", ""]
     # Behaviour log-probs travel with the trace; extra 'b' has none (NaN), the target keeps its own.
-    lp = out.trace_logprobs
+    lp = out.behaviour_log_probs
     torch.testing.assert_close(lp[0, 0, :3], torch.tensor([-0.5, -0.6, -0.7], dtype=torch.float64))
     slot_of_a = 1 + list(order).index(0)
     torch.testing.assert_close(lp[0, slot_of_a, :4], torch.tensor([-0.1, -0.2, -0.3, -0.4], dtype=torch.float64))
@@ -350,7 +350,7 @@ def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tm
     pool = OffPolicyPool(path, known_prompt_ids=[0], use_dataset_target=False)
     out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), global_step=1, pad_token_id=PAD)
     assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
-    assert out.trace_logprobs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.trace_logprobs[0, 0, 3].item())
+    assert out.behaviour_log_probs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.behaviour_log_probs[0, 0, 3].item())
 
 
 @pytest.mark.parametrize("row, message", [

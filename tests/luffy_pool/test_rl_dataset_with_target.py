@@ -52,7 +52,7 @@ def test_tiny_task_rows_have_luffy_tensors(tokenizer, tiny_task_dir):
     assert row["input_ids"].shape == (256,) and row["tgt_input_ids"].shape == (128,)
     assert row["index"] == row["extra_info"]["index"] == 0
     assert set(row) >= {"attention_mask", "position_ids", "data_source", "ability", "reward_model", "extra_info"}
-    assert "prompt" not in row and "target" not in row and "target_logprobs" not in row
+    assert "prompt" not in row and "target" not in row and "behaviour_log_probs" not in row
 
 
 def test_prompt_is_left_padded_with_positions_from_the_mask(tokenizer, tmp_path):
@@ -135,12 +135,12 @@ def test_target_probs_column_becomes_log_probs_aligned_with_target_plus_eos(toke
     probs = [0.5] * n + [0.9]
     rows = [_row(0, target_ds_qwen_7b_probs=probs), _row(1, target_ds_qwen_7b_probs=None)]
     ds = RLHFDatasetWithTarget(_write(tmp_path, rows), tokenizer, max_prompt_length=64, max_target_length=n + 2)
-    out = ds[0]["target_logprobs"]
+    out = ds[0]["behaviour_log_probs"]
     assert out.shape == (n + 3,)
     assert out[:n + 1].tolist() == pytest.approx([math.log(0.5)] * n + [math.log(0.9)])
-    assert torch.isnan(out[n + 1:]).all() and torch.isnan(ds[1]["target_logprobs"]).all()
+    assert torch.isnan(out[n + 1:]).all() and torch.isnan(ds[1]["behaviour_log_probs"]).all()
     short = RLHFDatasetWithTarget(_write(tmp_path, rows[:1]), tokenizer, max_prompt_length=64, max_target_length=n - 1)
-    cut = short[0]["target_logprobs"]
+    cut = short[0]["behaviour_log_probs"]
     assert cut[:n - 1].tolist() == pytest.approx([math.log(0.5)] * (n - 1)) and torch.isnan(cut[n - 1])  # no EOS after a cut
 
 
@@ -192,7 +192,7 @@ def test_several_files_are_concatenated_and_errors_name_the_right_file(tokenizer
     b = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0] * (n + 1))], name="b.parquet")
     ds = RLHFDatasetWithTarget([a, b], tokenizer, max_prompt_length=64, max_target_length=8)
     assert len(ds) == 3 and ds.source_of(2).endswith("b.parquet: row 0")
-    assert torch.isnan(ds[0]["target_logprobs"]).all()  # a.parquet has no probs column
+    assert torch.isnan(ds[0]["behaviour_log_probs"]).all()  # a.parquet has no probs column
     bad = _write(tmp_path, [_row(2, target_ds_qwen_7b_probs=[1.0])], name="c.parquet")
     with pytest.raises(ValueError, match=r"c\.parquet: row 0: column 'target_ds_qwen_7b_probs'"):
         RLHFDatasetWithTarget([a, bad], tokenizer, max_prompt_length=64, max_target_length=8)
@@ -218,7 +218,7 @@ def test_minus_one_and_zero_are_unknown_probabilities(tokenizer, tmp_path):
     probs = [0.5, -1.0, 0.0] + [0.5] * (n - 2)
     ds = RLHFDatasetWithTarget(_write(tmp_path, [_row(0, target_ds_qwen_7b_probs=probs)]), tokenizer,
                                max_prompt_length=64, max_target_length=n + 1)
-    out = ds[0]["target_logprobs"]
+    out = ds[0]["behaviour_log_probs"]
     assert out[0].item() == pytest.approx(math.log(0.5)) and torch.isnan(out[1:3]).all()
     assert out[3].item() == pytest.approx(math.log(0.5))
 

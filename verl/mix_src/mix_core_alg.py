@@ -1,5 +1,7 @@
-"""LUFFY's module path ``verl.mix_src.mix_core_alg``: its mixed-policy algorithm functions, as aliases of
-``luffy_pool.mix_core_alg`` (same math; the losses also return their metrics in a dict)."""
+"""LUFFY's module path ``verl.mix_src.mix_core_alg``: its mixed-policy algorithm functions under LUFFY's names and
+arguments, as aliases of ``luffy_pool.mix_core_alg``'s thin wrappers over the registered ``fn(inputs, cfg)``
+estimator and losses (same math; the losses return LUFFY's dict of ``pg_loss`` and metrics, ``off_pg_clipfrac``
+included)."""
 from luffy_pool.mix_core_alg import (  # noqa: F401
     AdaptiveEntropyCoeff,
     compute_grpo_outcome_advantage_split,

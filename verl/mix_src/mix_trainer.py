@@ -10,7 +10,8 @@ three ``DataProto`` helpers, as adapters over this package's functions:
 from __future__ import annotations
 
 from luffy_pool.mix_trainer import MIXRayPPOTrainer
-from verl.trainer.ppo.core_algos import call_with_supported_kwargs, get_adv_estimator_fn
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.loss_inputs import AdvantageConfig, AdvantageInputs
 from verl.trainer.ppo.kl import apply_kl_penalty as _apply_kl_penalty
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 
@@ -34,10 +35,11 @@ def apply_kl_penalty(data, kl_ctrl, kl_penalty: str = "kl"):
 def compute_advantage(data, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0, grpo_use_std: bool = True):
     tensors = data.batch
     on_policy = ~tensors["prefix_mask"].bool().any(-1) if "prefix_mask" in tensors.keys() else None
-    advantages, returns = call_with_supported_kwargs(
-        get_adv_estimator_fn(adv_estimator), token_level_rewards=tensors["token_level_rewards"],
-        eos_mask=_response_mask(data), index=data.non_tensor_batch["uid"], on_policy_mask=on_policy,
-        use_std=grpo_use_std, gamma=gamma, lam=lam, values=tensors["values"] if "values" in tensors.keys() else None)
+    inputs = AdvantageInputs(token_level_rewards=tensors["token_level_rewards"], response_mask=_response_mask(data),
+                             index=data.non_tensor_batch["uid"], on_policy_mask=on_policy,
+                             values=tensors["values"] if "values" in tensors.keys() else None)
+    advantages, returns = get_adv_estimator_fn(adv_estimator)(
+        inputs, AdvantageConfig(gamma=gamma, lam=lam, grpo_use_std=grpo_use_std))
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns
     return data

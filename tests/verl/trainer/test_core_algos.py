@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from verl.trainer.ppo import core_algos as ca
+from verl.trainer.ppo.loss_inputs import AdvantageConfig, AdvantageInputs, PolicyLossInputs
 
 
 def _outcome_rewards(scores: list[float], lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,9 +24,9 @@ def _outcome_rewards(scores: list[float], lengths: list[int], width: int) -> tup
 
 # ---------------------------------------------------------------- registries
 def test_registries_resolve_names_and_list_valid_ones_on_error():
-    assert ca.get_adv_estimator_fn("grpo") is ca.compute_grpo_outcome_advantage
-    assert ca.get_adv_estimator_fn("gae") is ca.compute_gae_advantage_return
-    assert ca.get_policy_loss_fn("vanilla") is ca.ppo_clip_policy_loss
+    assert ca.get_adv_estimator_fn("grpo") is ca.grpo_advantage
+    assert ca.get_adv_estimator_fn("gae") is ca.gae_advantage
+    assert ca.get_policy_loss_fn("vanilla") is ca.ppo_clip_loss
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*'grpo'.*'reinforce'"):
         ca.get_adv_estimator_fn("ppo")
     with pytest.raises(ValueError, match=r"unknown policy loss 'clip'.*'vanilla'"):
@@ -34,17 +35,25 @@ def test_registries_resolve_names_and_list_valid_ones_on_error():
 
 def test_registering_a_different_function_under_a_taken_name_fails():
     with pytest.raises(ValueError, match="already registered"):
-        ca.register_adv_est("grpo")(lambda token_level_rewards: None)
+        ca.register_adv_est("grpo")(lambda inputs, cfg: None)
+    with pytest.raises(TypeError, match="needs a dataclass"):
+        ca.register_policy_loss("i26_not_a_dataclass", config=dict)
 
 
-def test_call_with_supported_kwargs_drops_extras_and_names_missing_inputs():
-    rewards, mask = _outcome_rewards([2.0], [2], width=3)
-    adv, _ = ca.call_with_supported_kwargs(
-        ca.get_adv_estimator_fn("reinforce"), token_level_rewards=rewards, eos_mask=mask, index=["a"], gamma=1.0)
-    assert torch.equal(adv, torch.tensor([[2.0, 2.0, 0.0]]))
-    with pytest.raises(ValueError, match=r"needs \['values'\]"):
-        ca.call_with_supported_kwargs(ca.compute_gae_advantage_return, token_level_rewards=rewards,
-                                      eos_mask=mask, values=None)
+def test_every_estimator_takes_the_inputs_object_and_the_algorithm_knobs():
+    rewards, mask = _outcome_rewards([2.0, 0.0], [2, 3], width=3)
+    inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=mask, index=["a", "a"])
+    adv, _ = ca.get_adv_estimator_fn("reinforce")(inputs, AdvantageConfig())
+    assert torch.equal(adv, torch.tensor([[2.0, 2.0, 0.0], [0.0, 0.0, 0.0]]))
+    adv, _ = ca.get_adv_estimator_fn("grpo")(inputs, AdvantageConfig(grpo_use_std=False))
+    assert torch.equal(adv, torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]]))
+    # gamma reaches reinforce++: with gamma=0.5 the first token's return is 2·0.5
+    _, returns = ca.get_adv_estimator_fn("reinforce_plus_plus")(inputs, AdvantageConfig(gamma=0.5))
+    assert returns[0, 0].item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="needs critic values"):
+        ca.get_adv_estimator_fn("gae")(inputs, AdvantageConfig())
+    with pytest.raises(AttributeError, match="grpo_use_std"):
+        ca.get_adv_estimator_fn("grpo")(inputs, object())  # a knob the section lacks raises, never defaults
 
 
 # ---------------------------------------------------------------- GRPO
@@ -178,31 +187,31 @@ def test_policy_loss_remove_clip_and_no_clip_upper_bound():
     pg_loss, clipfrac, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_clip=True)
     assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0
     # LUFFY's compute_policy_loss has no clip_upper_bound (review E6): the key acts in its off-policy loss only.
-    assert list(inspect.signature(ca.ppo_clip_policy_loss).parameters) == [
+    assert list(inspect.signature(ca.compute_policy_loss).parameters) == [
         "old_log_prob", "log_prob", "advantages", "eos_mask", "cliprange", "loss_remove_token_mean", "loss_remove_clip"]
     with pytest.raises(TypeError):
         ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.4)
 
 
-def test_agg_loss_modes_by_hand():
+def test_the_registered_ppo_loss_is_verls_compute_policy_loss_on_the_inputs_object():
+    old, log_prob, adv, mask = _ppo_case()
+    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask)
+    pg_loss, metrics = ca.ppo_clip_loss(inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=True))
+    verl_form = ca.compute_policy_loss(old, log_prob, adv, mask, 0.2, loss_remove_token_mean=True)
+    assert torch.equal(pg_loss, verl_form[0]) and sorted(metrics) == ["pg_clipfrac", "ppo_kl"]
+    assert torch.equal(metrics["pg_clipfrac"], verl_form[1]) and torch.equal(metrics["ppo_kl"], verl_form[2])
+
+
+def test_aggregation_is_token_mean_or_luffys_sum_over_width():
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    # valid: row0 1,2 (sum 3, mean 1.5); row1 4 (sum 4, mean 4); row2 empty (skipped by seq-means)
-    assert ca.agg_loss(loss, mask, "token-mean").item() == pytest.approx(7 / 3)
-    assert ca.agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(3.5)
-    assert ca.agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(2.75)
-    assert ca.agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 3)
-    assert ca.agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=7).item() == pytest.approx(1.0)
-    for mode in ca.LOSS_AGG_MODES:
-        assert ca.agg_loss(loss, torch.zeros_like(mask), mode).item() == 0.0
-    with pytest.raises(ValueError, match="unknown loss_agg_mode 'mean'"):
-        ca.agg_loss(loss, mask, "mean")
-
-
-def test_entropy_loss_is_masked_mean_of_entropy():
-    logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)]]])
-    # only the first token is valid: entropy of a fair coin = ln 2
-    assert ca.compute_entropy_loss(logits, torch.tensor([[1.0, 0.0]])).item() == pytest.approx(math.log(2.0))
+    # valid: 1, 2, 4 (sum 7 over 3 tokens; the tensor is 3 wide)
+    assert ca.aggregate_token_loss(loss, mask, loss_remove_token_mean=False).item() == pytest.approx(7 / 3)
+    assert ca.aggregate_token_loss(loss, mask, loss_remove_token_mean=True).item() == pytest.approx(7 / 3)
+    assert ca.aggregate_token_loss(loss[:2, :2], torch.ones(2, 2), loss_remove_token_mean=True).item() == \
+        pytest.approx((1 + 2 + 4 + 5) / 2)  # a 2-wide tensor: Σ L·m / 2, not / 4 tokens
+    for remove_token_mean in (False, True):
+        assert ca.aggregate_token_loss(loss, torch.zeros_like(mask), remove_token_mean).item() == 0.0
 
 
 # ---------------------------------------------------------------- KL

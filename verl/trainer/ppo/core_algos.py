@@ -1,17 +1,18 @@
 """Advantage estimators and the PPO policy loss, as pure tensor functions registered by name.
 
-The driver looks an estimator up with :func:`get_adv_estimator_fn` (``algorithm.adv_estimator``) and
-the actor a loss with :func:`get_policy_loss_fn` (``actor.policy_loss``, luffy_pool/loss_config.py), each
-called with :func:`call_with_supported_kwargs` (one vocabulary of keyword names per registry; a loss returns
-a dict with ``pg_loss``); LUFFY's mixed estimator and token loss register
-themselves from ``luffy_pool.mix_core_alg``. KL helpers live in :mod:`verl.trainer.ppo.kl` and are
-re-exported here under their verl names.
+One call shape per registry (verl/trainer/ppo/loss_inputs.py): a registered estimator is
+``fn(AdvantageInputs, algorithm_section) -> (advantages, returns)`` and a registered policy loss
+``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, looked up with :func:`get_adv_estimator_fn`
+(``algorithm.adv_estimator``) and :func:`get_policy_loss_fn` (``actor.policy_loss``). verl's functions keep
+their names and arguments here (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...) for
+users' scripts. LUFFY's mixed estimator and token loss register themselves from ``luffy_pool.mix_core_alg``.
+KL helpers live in :mod:`verl.trainer.ppo.kl` and are re-exported here under their verl names.
 """
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, is_dataclass
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -24,11 +25,12 @@ from verl.trainer.ppo.kl import (  # noqa: F401  (re-exported: verl/LUFFY call t
     get_kl_controller,
     kl_penalty,
 )
+from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, AdvantageInputs, PolicyLossInputs
 from verl.utils import torch_functional as verl_F
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., Any]] = {}
 POLICY_LOSS_REGISTRY: dict[str, Callable[..., Any]] = {}
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+GRPO_EPSILON = 1e-6  # the ε of (s − μ)/(σ + ε), verl's and LUFFY's
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -54,7 +56,8 @@ def _lookup(registry: dict[str, Callable[..., Any]], kind: str, name: str) -> Ca
 
 
 def register_adv_est(name: str) -> Callable[[Callable], Callable]:
-    """Decorator registering an advantage estimator under ``algorithm.adv_estimator`` = ``name``."""
+    """Decorator registering ``fn(AdvantageInputs, cfg) -> (advantages, returns)`` as
+    ``algorithm.adv_estimator`` = ``name``; ``cfg`` is the ``algorithm`` section."""
     return _register(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
@@ -63,9 +66,25 @@ def get_adv_estimator_fn(name: str) -> Callable[..., Any]:
     return _lookup(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
-def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
-    """Decorator registering a policy loss under ``name``."""
-    return _register(POLICY_LOSS_REGISTRY, "policy loss", name)
+def register_policy_loss(name: str, config: Optional[type] = None) -> Callable[[Callable], Callable]:
+    """Decorator registering ``fn(PolicyLossInputs, cfg) -> (loss, metrics)`` as ``actor.policy_loss`` = ``name``.
+
+    ``config``: a frozen dataclass of the loss's own knobs; the actor then builds ``cfg`` from its
+    ``actor_rollout_ref.actor`` group with it (a field with a default may be absent from the YAML and set
+    with ``+actor_rollout_ref.actor.<field>=...``). Without it ``cfg`` is the actor's loss section.
+    ``metrics`` maps names to scalar tensors (logged as ``actor/<name>``; ``ppo_kl`` feeds ``use_ppo_kl_loss``).
+    """
+    if config is not None and not is_dataclass(config):
+        raise TypeError(f"register_policy_loss({name!r}, config=...) needs a dataclass, got {config!r}")
+    register = _register(POLICY_LOSS_REGISTRY, "policy loss", name)
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        register(fn)
+        if config is not None:
+            POLICY_LOSS_CONFIGS[name] = config
+        return fn
+
+    return decorator
 
 
 def get_policy_loss_fn(name: str) -> Callable[..., Any]:
@@ -73,25 +92,14 @@ def get_policy_loss_fn(name: str) -> Callable[..., Any]:
     return _lookup(POLICY_LOSS_REGISTRY, "policy loss", name)
 
 
-def call_with_supported_kwargs(fn: Callable[..., Any], **available: Any) -> Any:
-    """Call ``fn`` with those of ``available`` that it accepts.
-
-    Lets the driver offer every input it has (values, on_policy_mask, gamma, ...) to any registered
-    estimator; a required parameter that is not offered raises ValueError naming it.
-    """
-    params = inspect.signature(fn).parameters
-    missing = [
-        name for name, p in params.items()
-        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and available.get(name) is None
-    ]
-    if missing:
-        raise ValueError(f"{fn.__name__} needs {missing}, which the caller did not provide")
-    return fn(**{k: v for k, v in available.items() if k in params})
+def get_policy_loss_config(name: str) -> Optional[type]:
+    """The knob dataclass the loss ``name`` was registered with (None: it reads the actor's loss section)."""
+    return POLICY_LOSS_CONFIGS.get(name)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Advantage estimators
+# Advantage estimators: verl's functions (explicit arguments), each registered through a two-line adapter
+# that reads the inputs object and the algorithm section.
 # ----------------------------------------------------------------------------------------------------
 def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
     """Outcome score per sequence: ``s_i = Σ_t token_level_rewards[i, t]`` (shape ``[bs]``)."""
@@ -101,7 +109,7 @@ def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
 def group_normalized_scores(
     scores: torch.Tensor,
     index: Sequence[Any],
-    epsilon: float = 1e-6,
+    epsilon: float = GRPO_EPSILON,
     use_std: bool = True,
     stats_mask: torch.Tensor | None = None,
     zero_std_as_one: bool = False,
@@ -135,32 +143,38 @@ def group_normalized_scores(
 
 
 def broadcast_sequence_advantage(
-    seq_advantage: torch.Tensor, eos_mask: torch.Tensor
+    seq_advantage: torch.Tensor, response_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Broadcast one value per row to its response tokens: ``A[i, t] = a_i·m[i, t]``; returns = A."""
-    advantages = seq_advantage.unsqueeze(-1) * eos_mask
+    advantages = seq_advantage.unsqueeze(-1) * response_mask
     return advantages, advantages
 
 
-@register_adv_est("grpo")
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     eos_mask: torch.Tensor,
     index: Sequence[Any],
-    epsilon: float = 1e-6,
+    epsilon: float = GRPO_EPSILON,
     use_std: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (spec §1.7): every row of the uid group is in the statistics.
 
     ``A_i = (s_i − μ_G)/(σ_G + ε)`` with unbiased σ, or ``s_i − μ_G`` when ``use_std=False``
-    (LUFFY: ``grpo_use_std=False``); a group of one row uses μ=0, σ=1. ``index`` holds the uid per row.
+    (LUFFY: ``grpo_use_std=False``); a group of one row uses μ=0, σ=1. ``index`` holds the uid per row;
+    ``eos_mask`` is the response mask (verl's name).
     """
     seq_adv = group_normalized_scores(sequence_scores(token_level_rewards), index, epsilon, use_std)
     return broadcast_sequence_advantage(seq_adv, eos_mask)
 
 
-@register_adv_est("reinforce")
+@register_adv_est("grpo")
+def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grpo``: :func:`compute_grpo_outcome_advantage` with ``cfg.grpo_use_std``."""
+    return compute_grpo_outcome_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index,
+                                          use_std=cfg.grpo_use_std)
+
+
 @torch.no_grad()
 def compute_reinforce_outcome_advantage(
     token_level_rewards: torch.Tensor, eos_mask: torch.Tensor
@@ -169,7 +183,12 @@ def compute_reinforce_outcome_advantage(
     return broadcast_sequence_advantage(sequence_scores(token_level_rewards), eos_mask)
 
 
-@register_adv_est("reinforce_plus_plus")
+@register_adv_est("reinforce")
+def reinforce_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reinforce``: :func:`compute_reinforce_outcome_advantage` (no knob)."""
+    return compute_reinforce_outcome_advantage(inputs.token_level_rewards, inputs.response_mask)
+
+
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor, eos_mask: torch.Tensor, gamma: float = 1.0
@@ -186,7 +205,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
-@register_adv_est("gae")
+@register_adv_est("reinforce_plus_plus")
+def reinforce_plus_plus_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reinforce_plus_plus``: :func:`compute_reinforce_plus_plus_outcome_advantage` with ``cfg.gamma``."""
+    return compute_reinforce_plus_plus_outcome_advantage(inputs.token_level_rewards, inputs.response_mask, cfg.gamma)
+
+
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -216,6 +240,13 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
+@register_adv_est("gae")
+def gae_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gae``: :func:`compute_gae_advantage_return` with ``cfg.gamma``, ``cfg.lam`` and the critic's values."""
+    return compute_gae_advantage_return(inputs.token_level_rewards, inputs.values, inputs.response_mask,
+                                        cfg.gamma, cfg.lam)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Policy loss and aggregation
 # ----------------------------------------------------------------------------------------------------
@@ -225,39 +256,6 @@ def aggregate_token_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_remove
     if loss_remove_token_mean:
         return (loss_mat * mask).sum() / mask.shape[-1]
     return verl_F.masked_mean_or_zero(loss_mat, mask)
-
-
-@register_policy_loss("vanilla")
-def ppo_clip_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    eos_mask: torch.Tensor,
-    cliprange: float,
-    loss_remove_token_mean: bool = False,
-    loss_remove_clip: bool = False,
-) -> dict[str, torch.Tensor]:
-    """PPO clipped surrogate -> ``{pg_loss, pg_clipfrac, ppo_kl}`` (the registry's form).
-
-    ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε))``, or ``L = −A·ρ`` with
-    ``loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`. No ``clip_upper_bound``:
-    LUFFY's ``core_algos.compute_policy_loss`` (the plain PPO and SFT-multitask paths) has none; only its
-    off-policy token loss reads that key (review E6).
-    ``pg_clipfrac`` = share of valid tokens where the clipped term is larger;
-    ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
-    """
-    log_ratio = log_prob - old_log_prob
-    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, eos_mask)
-    pg_losses, pg_clipfrac = clipped_pg_losses(advantages, torch.exp(log_ratio), eos_mask, cliprange,
-                                               remove_clip=loss_remove_clip)
-    return {"pg_loss": aggregate_token_loss(pg_losses, eos_mask, loss_remove_token_mean), "pg_clipfrac": pg_clipfrac,
-            "ppo_kl": ppo_kl}
-
-
-def compute_policy_loss(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """verl's tuple form of :func:`ppo_clip_policy_loss` (same arguments): ``(pg_loss, pg_clipfrac, ppo_kl)``."""
-    out = ppo_clip_policy_loss(*args, **kwargs)
-    return out["pg_loss"], out["pg_clipfrac"], out["ppo_kl"]
 
 
 def clipped_pg_losses(
@@ -280,32 +278,48 @@ def clipped_pg_losses(
     return torch.max(losses, clipped), clipfrac
 
 
-def agg_loss(
-    loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, loss_scale_factor: float | None = None
-) -> torch.Tensor:
-    """Reduce a ``[bs, L]`` token loss to a scalar (upstream verl's ``loss_agg_mode``).
+@dataclass(frozen=True)
+class PPOClipConfig:
+    """The knobs of the ``vanilla`` loss outside a composed run (:func:`compute_policy_loss`); a run passes its
+    actor section, which has the same names."""
 
-    ``token-mean``: ``Σ L·m / Σ m``; ``seq-mean-token-sum``: mean over rows of ``Σ_t L·m``;
-    ``seq-mean-token-mean``: mean over rows of the row token mean; ``seq-mean-token-sum-norm``:
-    ``Σ L·m / loss_scale_factor`` (default: the width L, = LUFFY's ``loss_remove_token_mean``).
-    Seq-means skip rows without valid tokens; every mode gives 0 for an all-empty mask.
+    clip_ratio: float
+    loss_remove_token_mean: bool = False
+    loss_remove_clip: bool = False
+
+
+@register_policy_loss("vanilla")
+def ppo_clip_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate -> ``(pg_loss, {pg_clipfrac, ppo_kl})``.
+
+    ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε))`` (ε = ``cfg.clip_ratio``), or ``L = −A·ρ``
+    with ``cfg.loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`. No
+    ``clip_upper_bound``: LUFFY's plain PPO and SFT-multitask paths have none; only its off-policy token loss
+    reads that key. ``pg_clipfrac`` = share of valid tokens where the clipped term is larger;
+    ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
     """
-    row_sums = (loss_mat * loss_mask).sum(dim=-1)
-    row_counts = loss_mask.sum(dim=-1)
-    valid_rows = (row_counts > 0).to(loss_mat.dtype)
-    if loss_agg_mode == "token-mean":
-        return verl_F.masked_mean_or_zero(loss_mat, loss_mask)
-    if loss_agg_mode == "seq-mean-token-sum":
-        return verl_F.masked_mean_or_zero(row_sums, valid_rows)
-    if loss_agg_mode == "seq-mean-token-mean":
-        row_means = row_sums / torch.where(row_counts > 0, row_counts, torch.ones_like(row_counts))
-        return verl_F.masked_mean_or_zero(row_means, valid_rows)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-        return row_sums.sum() / scale
-    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(LOSS_AGG_MODES)}")
+    mask = inputs.response_mask
+    log_ratio = inputs.log_prob - inputs.old_log_prob
+    ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, mask)
+    pg_losses, pg_clipfrac = clipped_pg_losses(inputs.advantages, torch.exp(log_ratio), mask, cfg.clip_ratio,
+                                               remove_clip=cfg.loss_remove_clip)
+    pg_loss = aggregate_token_loss(pg_losses, mask, cfg.loss_remove_token_mean)
+    return pg_loss, {"pg_clipfrac": pg_clipfrac, "ppo_kl": ppo_kl}
 
 
-def compute_entropy_loss(logits: torch.Tensor, eos_mask: torch.Tensor) -> torch.Tensor:
-    """Mean full-vocabulary entropy over valid tokens: ``masked_mean(H(softmax(logits)), m)``."""
-    return verl_F.masked_mean_or_zero(verl_F.entropy_from_logits(logits), eos_mask)
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    eos_mask: torch.Tensor,
+    cliprange: float,
+    loss_remove_token_mean: bool = False,
+    loss_remove_clip: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """verl's/LUFFY's signature of :func:`ppo_clip_loss` (``eos_mask`` = the response mask):
+    ``(pg_loss, pg_clipfrac, ppo_kl)``."""
+    pg_loss, metrics = ppo_clip_loss(
+        PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=eos_mask),
+        PPOClipConfig(clip_ratio=cliprange, loss_remove_token_mean=loss_remove_token_mean,
+                      loss_remove_clip=loss_remove_clip))
+    return pg_loss, metrics["pg_clipfrac"], metrics["ppo_kl"]

@@ -24,6 +24,7 @@ from verl.protocol import DataProto
 from verl.workers.actor.response_head import response_logprobs, supports_scoring_head
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.workers.config_sections import ActorSection
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
@@ -216,11 +217,10 @@ class DataParallelPPOActor:
     def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask):
         """verl's PPO loss on all rows; returns (loss before accumulation scaling, metrics)."""
         cfg = self.update_config
-        out = core_algos.get_policy_loss_fn("vanilla")(
-            old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-            eos_mask=response_mask, cliprange=cfg.clip_ratio,
-            loss_remove_token_mean=cfg.loss_remove_token_mean, loss_remove_clip=cfg.loss_remove_clip)
-        return out["pg_loss"], {f"actor/{k}": v.item() for k, v in out.items()}
+        inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"],
+                                  advantages=micro["advantages"], response_mask=response_mask)
+        pg_loss, out = core_algos.get_policy_loss_fn("vanilla")(inputs, cfg)  # reads clip_ratio, loss_remove_*
+        return pg_loss, {"actor/pg_loss": pg_loss.item(), **{f"actor/{k}": v.item() for k, v in out.items()}}
 
     def entropy_coeff(self, entropy_value: torch.Tensor) -> float:
         return self.update_config.entropy_coeff
