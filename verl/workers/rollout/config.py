@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 # LUFFY's YAML spells the weight source the way verl's per-version vLLM forks did; with the
 # in-place reload every push carries full HF-named tensors, so only "random init" vs "read the
 # checkpoint" is left to choose.
-_LOAD_FORMATS = {
+LOAD_FORMATS = {
     "dummy_dtensor": "dummy",
     "dummy_hf": "dummy",
     "dummy_megatron": "dummy",
@@ -24,7 +24,7 @@ _LOAD_FORMATS = {
     "auto": "auto",
     "safetensors": "safetensors",
 }
-_DTYPES = {"auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half"}
+DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32")
 _DTYPE_CANON = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 _LOGPROBS_MODES = {"processed_logprobs", "raw_logprobs"}
 _TRANSPORTS = {"auto", "tensors", "bytes"}
@@ -120,7 +120,7 @@ def parse_rollout_config(config: Optional[Mapping[str, Any]]) -> RolloutEngineCo
     cfg = RolloutEngineConfig(**values)
     _validate(cfg)
     cfg.dtype = _DTYPE_CANON.get(cfg.dtype, cfg.dtype)
-    cfg.load_format = _LOAD_FORMATS[cfg.load_format]
+    cfg.load_format = LOAD_FORMATS[cfg.load_format]
     return cfg
 
 
@@ -137,10 +137,10 @@ def _validate(cfg: RolloutEngineConfig) -> None:
             raise ValueError(f"rollout.{key} must be >= 1, got {getattr(cfg, key)}")
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
-    if cfg.dtype not in _DTYPES:
-        raise ValueError(f"rollout.dtype must be one of {sorted(_DTYPES)}, got {cfg.dtype!r}")
-    if cfg.load_format not in _LOAD_FORMATS:
-        raise ValueError(f"rollout.load_format must be one of {sorted(_LOAD_FORMATS)}, got {cfg.load_format!r}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"rollout.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.load_format not in LOAD_FORMATS:
+        raise ValueError(f"rollout.load_format must be one of {sorted(LOAD_FORMATS)}, got {cfg.load_format!r}")
     if cfg.logprobs_mode not in _LOGPROBS_MODES:
         raise ValueError(f"rollout.logprobs_mode must be one of {sorted(_LOGPROBS_MODES)}, got {cfg.logprobs_mode!r}")
     if cfg.hf_decoder not in ("auto", "kv", "generic"):
