@@ -129,7 +129,6 @@ class ActorSection:
     parallelism, optimiser, FSDP and (``loss``) the policy loss's keys, which sit in the same YAML group.
     Reading a loss key on the actor (``actor.clip_ratio``) reads it from that view."""
 
-    strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     ppo_mini_batch_size: int = key(bounds=AT_LEAST_ONE)
     ppo_micro_batch_size: Optional[int] = key()
     ppo_micro_batch_size_per_gpu: Optional[int] = key()
@@ -143,6 +142,7 @@ class ActorSection:
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key()
     on_nonfinite: str = key(choices=("skip", "stop"))
+    strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)
     fsdp_config: FSDPSection = nested(FSDPSection)
     checkpoint: CheckpointSection = nested(CheckpointSection)
