@@ -30,16 +30,13 @@ def _step_impls():
     return STEP_IMPLS
 
 
-def _load_formats():
-    from verl.workers.rollout.config import LOAD_FORMATS
+def _engine(name: str):
+    """A value list of the rollout engine's config module (verl/workers/rollout/config.py), read when checked."""
+    def values():
+        from verl.workers.rollout import config
 
-    return tuple(LOAD_FORMATS)
-
-
-def _rollout_dtypes():
-    from verl.workers.rollout.config import DTYPES as ENGINE_DTYPES
-
-    return ENGINE_DTYPES
+        return tuple(getattr(config, name))
+    return values
 
 
 @dataclass(frozen=True)
@@ -189,13 +186,13 @@ class RolloutSection:
     n_val: int = key(bounds=AT_LEAST_ONE)
     prompt_length: int = key()
     response_length: int = key()
-    dtype: str = key(choices=_rollout_dtypes)
+    dtype: str = key(choices=_engine("DTYPES"))
     gpu_memory_utilization: float = key(bounds=OPEN_UNIT)
     ignore_eos: bool = key()
     enforce_eager: bool = key()
     free_cache_engine: bool = key()
     sleep_level: int = key(bounds=_SLEEP_LEVEL)
-    load_format: str = key(choices=_load_formats)
+    load_format: str = key(choices=_engine("LOAD_FORMATS"))
     tensor_model_parallel_size: int = key(bounds=AT_LEAST_ONE)
     max_num_batched_tokens: int = key(bounds=AT_LEAST_ONE)
     max_num_seqs: int = key(bounds=AT_LEAST_ONE)
@@ -207,12 +204,12 @@ class RolloutSection:
     do_sample: bool = key()
     cpu_kv_cache_bytes: int = key(bounds=AT_LEAST_ONE)
     hf_micro_batch_size: int = key(bounds=AT_LEAST_ONE)
-    hf_decoder: str = key(choices=("auto", "kv", "generic"))
+    hf_decoder: str = key(choices=_engine("HF_DECODERS"))
     seed: int = key()
     weight_sync_bucket_mb: int = key(bounds=AT_LEAST_ONE)
     weight_sync_packed: bool = key()
-    weight_transport: str = key(choices=("auto", "tensors", "bytes"))
-    logprobs_mode: str = key(choices=("processed_logprobs", "raw_logprobs"))
+    weight_transport: str = key(choices=_engine("WEIGHT_TRANSPORTS"))
+    logprobs_mode: str = key(choices=_engine("LOGPROBS_MODES"))
     max_engine_restarts: int = key(bounds=NON_NEGATIVE)
     max_model_len: Optional[int] = key(bounds=AT_LEAST_ONE)
 

@@ -166,7 +166,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         """Rollout engine for this rank and the sharding manager that feeds it the actor's weights."""
         from verl.workers.sharding_manager import FSDPShardingManager
 
-        rcfg = self.config.rollout  # the engines parse their own keys (verl/workers/rollout/config.py)
+        rcfg = self.sections.rollout  # the engine's config is built from the section (verl/workers/rollout/config.py)
         name = self.sections.rollout.name
         if name == "hf":
             from verl.workers.rollout.hf_rollout import HFRollout
