@@ -23,7 +23,7 @@ from verl.utils.batch_sizes import (
     optimizer_steps_per_training_step,
     rows_per_rank,
 )
-from verl.utils.config_section import DEFAULT_ONLY, Declaration, declarations, refused_groups
+from verl.utils.config_section import Declaration, declarations, refused_groups, value_errors
 from verl.utils.parallel_check import parallel_config_errors
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
@@ -159,21 +159,9 @@ class _Checker:
         """Each key against its declaration: LUFFY-inert keys at their default, refused values, choices, bounds."""
         schema = schema_defaults()
         for key, d in declared().items():
-            value = self.get(key)
-            if key not in self.values:
-                continue
-            if d.luffy == DEFAULT_ONLY and value != schema[key]:
-                self.fail(f"'{key}'={value!r} is not supported ({d.why}); only {schema[key]!r} is accepted")
-                continue
-            allowed = d.allowed()
-            for item in value if isinstance(value, list) and allowed is not None else [value]:
-                refused = [why for v, why in d.refuse.items() if type(v) is type(item) and v == item]
-                if refused:
-                    self.fail(f"'{key}'={item!r} is not supported: {refused[0]}")
-                elif allowed is not None and item not in allowed:
-                    self.fail(config_schema.enum_error(key, item, allowed))
-            if d.bounds is not None and value is not None and not d.bounds.ok(value):
-                self.fail(f"'{key}'={value!r} {d.bounds.message}")
+            if key in self.values:
+                for line in value_errors(d, self.values[key], schema.get(key)):
+                    self.fail(line)
 
     def finite_numbers(self) -> None:
         """No number of the config may be NaN or infinite (issue 25: ``rollout.temperature=inf`` passed the

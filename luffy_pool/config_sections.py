@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 from verl.utils.config_section import (AT_LEAST_ONE, DEFAULT_ONLY, NON_NEGATIVE, OFF_OR_POSITIVE, POSITIVE, UNIT,
                                        Bound, build_section, key, nested, not_shipped, view)
-from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections
+from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections, kl_estimators
 
 _INERT = "the key is inert in LUFFY (read by no code path)"
 _ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
@@ -36,12 +36,6 @@ def _adv_estimators():
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
     return tuple(ADV_ESTIMATOR_REGISTRY)
-
-
-def _kl_estimators():
-    from verl.trainer.ppo.kl import KL_PENALTY_TYPES
-
-    return KL_PENALTY_TYPES
 
 
 def _off_policy_reshapes():
@@ -274,7 +268,7 @@ class AlgorithmSection:
     adv_estimator: str = key(choices=_adv_estimators,
                              refuse={"gae": "needs a critic (value model), which is not shipped; use grpo"})
     grpo_use_std: bool = key()
-    kl_penalty: str = key(choices=_kl_estimators)
+    kl_penalty: str = key(choices=kl_estimators)
     surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
 

@@ -21,10 +21,14 @@ NONE_TYPE = type(None)
 
 @dataclass(frozen=True)
 class Bound:
-    """A named bound: ``ok(value)`` and the words of the error line (``'key'=value <message>``)."""
+    """A named bound: ``ok(value)`` and the words of its error line (``template``)."""
 
     ok: Callable[[Any], bool]
     message: str
+    template: str = "'{key}'={value!r} {message}"
+
+    def error(self, key: str, value: Any) -> str:
+        return self.template.format(key=key, value=value, message=self.message)
 
 
 AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
@@ -122,6 +126,25 @@ def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
                           luffy=meta.get("luffy", ACTS), why=meta.get("why"), refuse=meta.get("refuse") or {},
                           optional=f.default is not MISSING or f.default_factory is not MISSING,
                           open_dict=bool(meta.get("open_dict")))
+
+
+def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
+    """The lines for one key's (well-typed) value against its declaration: a LUFFY-inert key away from its YAML
+    ``default``, a refused value, a value outside the allowed ones, a bound not met."""
+    from verl.utils.config_schema import enum_error
+
+    if d.luffy == DEFAULT_ONLY and value != default:
+        return [f"'{d.key}'={value!r} is not supported ({d.why}); only {default!r} is accepted"]
+    errors, allowed = [], d.allowed()
+    for item in value if isinstance(value, list) and allowed is not None else [value]:
+        refused = [why for v, why in d.refuse.items() if type(v) is type(item) and v == item]
+        if refused:
+            errors.append(f"'{d.key}'={item!r} is not supported: {refused[0]}")
+        elif allowed is not None and item not in allowed:
+            errors.append(enum_error(d.key, item, allowed))
+    if d.bounds is not None and value is not None and not d.bounds.ok(value):
+        errors.append(d.bounds.error(d.key, value))
+    return errors
 
 
 def refused_groups(cls, prefix: str = "") -> dict[str, str]:

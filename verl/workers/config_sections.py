@@ -16,15 +16,16 @@ from verl.utils.config_section import (AT_LEAST_ONE, NON_NEGATIVE, OFF_OR_POSITI
 
 # Dtype names the FSDP modules accept (verl/workers/fsdp_workers.py maps them to torch dtypes).
 DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3")
 
 
-def _kl_estimators():
+def kl_estimators():
     from verl.trainer.ppo.kl import KL_PENALTY_TYPES
 
     return KL_PENALTY_TYPES
 
 
-def _step_impls():
+def step_impls():
     from verl.utils.optim import STEP_IMPLS
 
     return STEP_IMPLS
@@ -50,7 +51,7 @@ class ModelSection:
     use_remove_padding: bool = key()
     shared_prompt_forward: bool = key()
     logprob_chunk_size: int = key(bounds=NON_NEGATIVE)
-    attn_implementation: str = key(choices=("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3"))
+    attn_implementation: str = key(choices=ATTN_IMPLEMENTATIONS)
     trust_remote_code: bool = key()
 
 
@@ -81,8 +82,8 @@ class FSDPSection(ShardingSection):
     fsdp_size: int = key(bounds=OFF_OR_POSITIVE)
 
 
-_BETAS = Bound(lambda b: len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
-                                             for x in b), "must be two numbers in [0, 1)")
+BETAS = Bound(lambda b: len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
+                                            for x in b), "must be two numbers in [0, 1)", "'{key}' {message}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,9 @@ class OptimSection:
     # The launcher passes the run's step count to the worker (``total_training_steps``); a standalone actor sets it here.
     total_training_steps: int = key()
     weight_decay: float = key(bounds=NON_NEGATIVE)
-    betas: list = key(bounds=_BETAS)
+    betas: list = key(bounds=BETAS)
     zero_lr_first_step: bool = key()
-    step_impl: str = key(choices=_step_impls)
+    step_impl: str = key(choices=step_impls)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class ActorSection:
     grad_clip: float = key(bounds=POSITIVE)
     use_kl_loss: bool = key()
     kl_loss_coef: float = key(bounds=NON_NEGATIVE)
-    kl_loss_type: str = key(choices=_kl_estimators)
+    kl_loss_type: str = key(choices=kl_estimators)
     ppo_epochs: int = key(bounds=AT_LEAST_ONE)
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key()
