@@ -171,11 +171,11 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         if name == "hf":
             from verl.workers.rollout.hf_rollout import HFRollout
 
-            rollout = HFRollout(self.config.model.path, rcfg, device=self.device)
+            rollout = HFRollout(self.sections.model.path, rcfg, device=self.device)
         elif name == "vllm":
             from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-            rollout = VLLMRollout(self.config.model.path, rcfg, device=self.device)
+            rollout = VLLMRollout(self.sections.model.path, rcfg, device=self.device)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
         tp = self.rollout_tp_size
@@ -197,21 +197,19 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _use_local_model_dir(self) -> None:
         """A hub id in ``model.path`` becomes this node's cache snapshot folder (downloaded once per node when
         online) before anything reads the model: the shard loader reads files (verl/utils/model_source.py)."""
-        from omegaconf import open_dict
+        import dataclasses
 
         from verl.utils.model_source import resolve_model_dir
 
-        local = resolve_model_dir(str(self.config.model.path))
-        if local != str(self.config.model.path):
-            with open_dict(self.config):
-                self.config.model.path = local
-            self.sections = self.sections_cls.from_config(self.config)
+        local = resolve_model_dir(str(self.sections.model.path))
+        if local != str(self.sections.model.path):  # the section says where the files are; the config is not changed
+            self.sections = dataclasses.replace(self.sections, model=dataclasses.replace(self.sections.model, path=local))
 
     def init_model(self):
         from transformers import AutoTokenizer
 
         self._use_local_model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.sections.model.path)
         s = self.sections
         use_rmpad = s.model.use_remove_padding
         share = bool(s.model.shared_prompt_forward)
