@@ -16,7 +16,8 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Iterator, Optional
 
-NONE_TYPE = type(None)
+from verl.utils.config_schema import NONE_TYPE, enum_error
+
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,6 @@ def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
 def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
     """The lines for one key's (well-typed) value against its declaration: a LUFFY-inert key away from its YAML
     ``default``, a refused value, a value outside the allowed ones, a bound not met."""
-    from verl.utils.config_schema import enum_error
-
     if d.luffy == DEFAULT_ONLY and value != default:
         return [f"'{d.key}'={value!r} is not supported ({d.why}); only {default!r} is accepted"]
     errors, allowed = [], d.allowed()
