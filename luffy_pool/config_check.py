@@ -73,9 +73,10 @@ def schema_leaf_keys() -> list[str]:
     return [k for k, d in declared().items() if not d.optional]
 
 
-def _groups() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _groups() -> frozenset[str]:
     """Dotted groups of the declared keys (``actor_rollout_ref.actor``, ...)."""
-    return {k.rsplit(".", i)[0] for k in declared() for i in range(1, k.count(".") + 1)}
+    return frozenset(k.rsplit(".", i)[0] for k in declared() for i in range(1, k.count(".") + 1))
 
 
 def expected_types(key: str) -> tuple[type, ...]:
