@@ -198,11 +198,10 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     extra, switches = recipe_overrides(args.recipe, args.small) if args.recipe else ([], None)
     config = compose(overrides(model_dir, task_dir, out_dir, args.device, args.small, rollout, args.steps) + extra)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    loader, _, _, collate = build_dataloader(config, tokenizer)
-    from omegaconf import open_dict
+    from luffy_pool.config_sections import ConfigSections
 
-    with open_dict(config):
-        config.actor_rollout_ref.actor.optim.total_training_steps = args.steps
+    sections = ConfigSections.from_config(config)
+    loader, _, _, collate = build_dataloader(sections, tokenizer)
     cuda = args.device == "cuda"
     plan_gb = None
     if cuda:  # issue 23: the memory plan of this config, printed as a run prints it; per phase next to the peak
@@ -213,7 +212,8 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     role = "actor_rollout_ref" if config.actor_rollout_ref.ref.use_ref else "actor_rollout"
-    worker = MIXActorRolloutRefWorker(config.actor_rollout_ref, role=role, device=args.device)
+    worker = MIXActorRolloutRefWorker(config.actor_rollout_ref, role=role, device=args.device,
+                                      total_training_steps=args.steps)
     worker.init_model()
     init_s = time.perf_counter() - t0
     pushed_dtypes: set = set()
@@ -226,7 +226,8 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
 
     worker.rollout.update_weights = recording_push
     reward_fn = RewardManager.from_config(config.reward, config.data.reward_impl_version, tokenizer)
-    trainer = MIXRayPPOTrainer(config, tokenizer, InProcessGroup(worker), reward_fn, reward_fn, loader, collate_fn=collate)
+    trainer = MIXRayPPOTrainer(config, tokenizer, InProcessGroup(worker), reward_fn, reward_fn, loader, collate_fn=collate,
+                               sections=sections)
     checks, steps = {}, []
     try:
         before = worker.actor_weight_fingerprint()

@@ -92,10 +92,11 @@ class TrainerCheckpointer:
             ``resume_from_path``, ``max_optim_to_keep``, ``max_actor_ckpt_to_keep``, ``checkpoint_checksums``,
             ``save_hf_on_save``, ``save_freq``, ``actor.checkpoint.contents`` and ``data.dataloader_num_workers``.
         sampler: the training DataLoader's resumable sampler (``state_dict``/``load_state_dict``).
+        sections: the run's ``ConfigSections`` (built from ``config`` when not given).
     """
 
-    def __init__(self, config, sampler):
-        sections = ConfigSections.from_config(config)
+    def __init__(self, config, sampler, sections: Optional[ConfigSections] = None):
+        sections = sections or ConfigSections.from_config(config)  # the launcher passes the run's sections
         t = sections.trainer
         self.root = os.path.abspath(str(t.default_local_dir))
         self.resume_mode = str(t.resume_mode)

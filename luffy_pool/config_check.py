@@ -2,7 +2,9 @@
 
 It runs twice: on the command-line overrides before Hydra composes them (an unknown key is reported with
 the closest valid key instead of Hydra's struct error) and on the composed config before any worker
-starts. Every problem is one line that names the key. The schema is luffy_pool/config/mix_ppo_trainer.yaml.
+starts. Every problem is one line that names the key. The key set, types, allowed values, bounds and refusals
+come from the declarations in luffy_pool/config_sections.py; the defaults from luffy_pool/config/mix_ppo_trainer.yaml.
+The rules between keys (``combinations``, ``_late_failures``, ``batch_sizes``) are code here.
 """
 from __future__ import annotations
 
@@ -13,8 +15,7 @@ from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig
 
-from luffy_pool.config_refusals import (INERT_KEYS, NOT_SHIPPED_SECTIONS, REJECTED_WHEN_FALSE, REJECTED_WHEN_TRUE,
-                                        UNSUPPORTED_VALUES)
+from luffy_pool.config_sections import ConfigSections
 from verl.utils import config_schema
 from verl.trainer.ppo.loss_inputs import registered_loss_keys
 from verl.utils.batch_sizes import (
@@ -23,9 +24,8 @@ from verl.utils.batch_sizes import (
     optimizer_steps_per_training_step,
     rows_per_rank,
 )
-from verl.utils.config_schema import NONE_TYPE as _NONE
+from verl.utils.config_section import Declaration, declarations, refused_groups, value_errors
 from verl.utils.parallel_check import parallel_config_errors
-from verl.utils.tracking import SUPPORTED_BACKENDS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 BASE_CONFIG_NAME = "mix_ppo_trainer"
@@ -34,111 +34,24 @@ _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.rollout"
 _REF = "actor_rollout_ref.ref"
 
-# Keys absent from the YAML that may be added with `+` (LUFFY reads them with a default).
-OPTIONAL_KEYS = {"trainer.val_before_train": (bool,), "trainer.val_only": (bool,)}
-# Dict keys whose sub-keys are free-form (added with `+`).
-OPEN_DICT_KEYS = ("actor_rollout_ref.model.override_config",)
-# Types of keys whose YAML default (null, ??? or an alternative form) does not say their type.
-EXPLICIT_TYPES = {
-    "data.tokenizer": (str, _NONE),
-    "data.train_files": (str, list),
-    "data.val_files": (str, list, _NONE),
-    "data.off_policy_files": (list, str),
-    "data.val_max_rows": (int, _NONE),
-    "actor_rollout_ref.model.path": (str,),
-    "actor_rollout_ref.model.external_lib": (str, _NONE),
-    f"{_A}.ppo_micro_batch_size": (int, _NONE),
-    f"{_A}.ppo_micro_batch_size_per_gpu": (int, _NONE),
-    f"{_A}.optim.min_lr_ratio": (float, _NONE),
-    f"{_R}.log_prob_micro_batch_size": (int, _NONE),
-    f"{_REF}.log_prob_micro_batch_size": (int, _NONE),
-    "reward.orm.base_url": (str, _NONE),
-    "reward.orm.model": (str, _NONE),
-    "reward.orm.cache_path": (str, _NONE),
-    "trainer.total_training_steps": (int, _NONE),
-    "trainer.logger": (list, str),
-    "trainer.default_hdfs_dir": (str, _NONE),
-    "trainer.resume_from_path": (str, bool, _NONE),
-    "trainer.max_actor_ckpt_to_keep": (int, _NONE),
-    "trainer.rollout_data_dir": (str, _NONE),
-    "ray_init.address": (str, _NONE),
-    "ray_init.num_cpus": (int, _NONE),
-    "ray_init.max_direct_call_object_size": (int, _NONE),
-}
-
-KL_ESTIMATORS = ("kl", "abs", "mse", "low_var_kl")
-DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
-# Valid values per key; list-valued keys are checked element by element.
-ENUMS = {
-    "algorithm.adv_estimator": ("grpo", "grpo_split", "reinforce", "reinforce_plus_plus"),
-    "algorithm.kl_penalty": KL_ESTIMATORS,
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "actor_rollout_ref.model.attn_implementation": ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3"),
-    f"{_A}.strategy": ("fsdp", "fsdp2"),
-    f"{_A}.kl_loss_type": KL_ESTIMATORS,
-    f"{_A}.off_policy_loss_impl": ("token",),
-    f"{_A}.off_policy_reshape": (
-        "no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5"),
-    f"{_A}.on_policy_reshape": ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5"),
-    f"{_A}.optim.warmup_style": ("constant", "cosine"),
-    f"{_A}.optim.step_impl": ("auto", "fused", "foreach", "for_loop"),
-    f"{_A}.on_nonfinite": ("skip", "stop"),
-    f"{_A}.recompute_old_log_prob": ("always", "auto"),
-    f"{_A}.checkpoint.contents": ("model", "optimizer", "extra"),
-    f"{_A}.fsdp_config.param_dtype": ("auto",) + DTYPES,
-    f"{_A}.fsdp_config.reduce_dtype": DTYPES,
-    f"{_R}.name": ("vllm", "hf"),
-    f"{_R}.dtype": ("auto",) + DTYPES,
-    f"{_R}.load_format": ("dummy_dtensor", "dummy", "dtensor", "auto", "hf", "safetensors"),
-    f"{_R}.prefix_strategy": ("random", "fixed", "linear", "linear_max", "reverse_linear"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.bundle_resources": ("auto", "gpu", "cpu"),
-    "trainer.cpu_bind": ("auto", "none"),
-    "trainer.memory_plan": ("warn", "error", "off"),  # issue 23: luffy_pool.memory_plan at start
-    "trainer.logger": SUPPORTED_BACKENDS,
-    "data.self_replay.eviction": ("oldest", "random"),
-    "data.self_replay.selection": ("latest", "random"),
-}
-ENUMS["data.truncate_off_policy"] = ("cut", "drop")  # issue 18: over-long off-policy traces
-ENUMS["reward.orm.on_failure"] = ("raise", "warn")  # issue 18: a dead judge
-ENUMS["data.sample_target_mode"] = ("redraw", "fixed")  # issue 24 (E3): LUFFY redraws on every read
-POSITIVE_INTS = (
-    "data.train_batch_size", "data.val_batch_size", "data.max_prompt_length", "data.max_response_length",
-    "data.val_max_rows", f"{_A}.ppo_mini_batch_size", f"{_A}.ppo_epochs", f"{_A}.ppo_max_token_len_per_gpu",
-    f"{_R}.n", f"{_R}.n_val", f"{_R}.max_prefix_len", f"{_R}.tensor_model_parallel_size", f"{_R}.max_num_batched_tokens",
-    f"{_R}.max_num_seqs", f"{_R}.hf_micro_batch_size", f"{_R}.log_prob_max_token_len_per_gpu", f"{_R}.prefix_steps",
-    f"{_R}.cpu_kv_cache_bytes", f"{_R}.weight_sync_bucket_mb", f"{_REF}.log_prob_max_token_len_per_gpu",
-    "reward.num_workers", "trainer.total_epochs", "trainer.total_training_steps", "trainer.nnodes",
-    "trainer.n_gpus_per_node", "trainer.max_optim_to_keep", "ray_init.num_cpus", "ray_init.max_direct_call_object_size",
-    "data.self_replay.capacity", "data.self_replay.max_per_prompt", "data.self_replay.slots",
-)
-POSITIVE_INTS += ("trainer.max_actor_ckpt_to_keep",)  # issue 18: checkpoint retention
-POSITIVE_INTS += ("actor_rollout_ref.nccl_timeout",)  # issue 22: process-group timeout (seconds)
-UNIT_INTERVAL = (
-    "reward.orm.max_failure_rate",  # issue 18
-    "data.sample_target_ratio", f"{_R}.min_prefix_ratio", f"{_R}.max_prefix_ratio", f"{_R}.prefix_linear_max_ratio",
-    f"{_A}.optim.lr_warmup_steps_ratio", f"{_A}.optim.min_lr_ratio",
-)
-OPEN_UNIT_INTERVAL = (f"{_R}.gpu_memory_utilization", f"{_R}.top_p")
-POSITIVE_NUMBERS = (
-    f"{_R}.temperature", f"{_A}.clip_ratio", f"{_A}.grad_clip", "reward.timeout_s", "reward.grade_budget_s", "reward.orm.timeout_s",
-    "reward.orm.requests_per_second",
-)
-NON_NEGATIVE_NUMBERS = (
-    f"{_A}.optim.lr", f"{_A}.optim.weight_decay", f"{_A}.entropy_coeff", f"{_A}.kl_loss_coef", f"{_A}.sft_loss_coef",
-    f"{_A}.ppo_kl_loss_coef", f"{_A}.alpha_lr", "algorithm.kl_ctrl.kl_coef", f"{_R}.val_temperature",
-    "trainer.critic_warmup", "data.dataloader_num_workers", "reward.orm.max_retries", "trainer.val_generations_to_log",
-    "actor_rollout_ref.model.logprob_chunk_size",
-)
-# -1 switches these off; otherwise they must be positive.
-MINUS_ONE_OR_POSITIVE = (
-    f"{_A}.off_policy_max_clip", f"{_A}.off_policy_min_clip", f"{_A}.all_max_clip", f"{_A}.adaptive_temperature_clip",
-    f"{_A}.fsdp_config.fsdp_size", "trainer.save_freq", "trainer.test_freq",
-)
-
-
 # No model has this many positions; the model-specific limit is checked at pre-flight (check_model_context).
 MAX_RESPONSE_LENGTH = 1 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def declared() -> dict[str, Declaration]:
+    """Dotted key -> its declaration, for every key of luffy_pool/config_sections.ConfigSections."""
+    return {d.key: d for d in declarations(ConfigSections)}
+
+
+def optional_keys() -> list[str]:
+    """Keys absent from the YAML that may be added with `+` (LUFFY reads them with a default)."""
+    return [k for k, d in declared().items() if d.optional]
+
+
+def open_dict_keys() -> tuple[str, ...]:
+    """Dict keys whose sub-keys are free-form (added with `+`)."""
+    return tuple(k for k, d in declared().items() if d.open_dict)
 
 
 class ConfigError(config_schema.SchemaConfigError):
@@ -147,7 +60,7 @@ class ConfigError(config_schema.SchemaConfigError):
 
 def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every (dotted path, value) of a nested dict, dict nodes included, depth first."""
-    return config_schema.walk(node, prefix, sections=True, open_keys=OPEN_DICT_KEYS)
+    return config_schema.walk(node, prefix, sections=True, open_keys=open_dict_keys())
 
 
 @functools.lru_cache(maxsize=1)
@@ -157,44 +70,49 @@ def schema_defaults() -> dict[str, Any]:
 
 
 def schema_leaf_keys() -> list[str]:
-    """Dotted keys of the YAML's values (not sections); open dicts count as values."""
-    return [k for k, v in schema_defaults().items() if not isinstance(v, dict) or k in OPEN_DICT_KEYS]
+    """Dotted keys of the YAML's values (not groups), as declared; open dicts count as values."""
+    return [k for k, d in declared().items() if not d.optional]
+
+
+@functools.lru_cache(maxsize=1)
+def _groups() -> frozenset[str]:
+    """Dotted groups of the declared keys (``actor_rollout_ref.actor``, ...)."""
+    return frozenset(k.rsplit(".", i)[0] for k in declared() for i in range(1, k.count(".") + 1))
 
 
 def expected_types(key: str) -> tuple[type, ...]:
     """Accepted Python types of a key's value (bool, int, float, str, list, dict, NoneType)."""
-    if key in OPTIONAL_KEYS:
-        return OPTIONAL_KEYS[key]
-    return config_schema.expected_types(key, schema_defaults(), EXPLICIT_TYPES)
+    return declared()[key].types
 
 
 def _under_open_dict(key: str) -> bool:
-    return any(key.startswith(k + ".") for k in OPEN_DICT_KEYS)
+    return any(key.startswith(k + ".") for k in open_dict_keys())
 
 
 def suggest_key(key: str) -> Optional[str]:
     """The closest valid key: same last segment in another section first, then the whole dotted path,
     then the last segment alone."""
-    return config_schema.suggest_key(key, schema_leaf_keys() + list(OPTIONAL_KEYS), leaf_cutoff=0.75)
+    return config_schema.suggest_key(key, list(declared()), leaf_cutoff=0.75)
 
 
 def unknown_key_message(key: str, plus: bool = False) -> str:
     """One line for a key the schema does not have, naming the closest valid key."""
-    section = key.split(".", 1)[0]
-    if section in NOT_SHIPPED_SECTIONS and key not in schema_defaults():
-        return f"Unknown config key '{key}': {NOT_SHIPPED_SECTIONS[section]}"
+    for group, why in refused_groups(ConfigSections).items():
+        if key.startswith(group + ".") and classify_key(key) is None:
+            return f"Unknown config key '{key}': {why}"
     msg = config_schema.unknown_key_message(key, suggest_key(key))
     if plus:
-        msg += f" ('+' only adds {', '.join(OPTIONAL_KEYS)} and {OPEN_DICT_KEYS[0]}.<field>)"
+        msg += f" ('+' only adds {', '.join(optional_keys())} and {open_dict_keys()[0]}.<field>)"
     return msg
 
 
 def classify_key(key: str) -> Optional[str]:
     """'schema', 'optional' (+-addable), 'open' (inside an open dict) or None (unknown)."""
-    if key in schema_defaults():
+    d = declared().get(key)
+    if d is not None:
+        return "optional" if d.optional else "schema"
+    if key in _groups():
         return "schema"
-    if key in OPTIONAL_KEYS:
-        return "optional"
     if _under_open_dict(key):
         return "open"
     if key.startswith(f"{_A}.") and key[len(_A) + 1:] in registered_loss_keys():
@@ -235,9 +153,6 @@ def import_loss_modules(external_lib) -> Optional[str]:
     return None
 
 
-_type_ok = config_schema.type_ok
-
-
 class _Checker:
     """Collects one-line errors while the rules read the resolved config by dotted key."""
 
@@ -253,54 +168,25 @@ class _Checker:
 
     def structure(self) -> None:
         """Unknown keys, missing keys, required values and types."""
-        schema = schema_defaults()
         for key, value in self.values.items():
             kind = classify_key(key)
             if kind is None:
                 self.fail(unknown_key_message(key))
-            elif kind == "optional" or (kind == "schema" and not isinstance(schema[key], dict)):
+            elif key in declared():
                 problem = config_schema.value_error(key, value, expected_types(key))
                 if problem:
                     self.fail(problem)
         for key in schema_leaf_keys():
-            if key not in self.values and not any(key.startswith(p + ".") for p in OPEN_DICT_KEYS):
+            if key not in self.values:
                 self.fail(f"Missing config key '{key}' (it is in {BASE_CONFIG_NAME}.yaml)")
 
     def values_and_ranges(self) -> None:
+        """Each key against its declaration: LUFFY-inert keys at their default, refused values, choices, bounds."""
         schema = schema_defaults()
-        for key, why in INERT_KEYS.items():
-            if self.get(key) != schema[key]:
-                self.fail(f"'{key}'={self.get(key)!r} is not supported ({why}); only {schema[key]!r} is accepted")
-        for key, why in REJECTED_WHEN_TRUE.items():
-            if self.get(key) is True:
-                self.fail(f"'{key}'=True is not supported: {why}")
-        for key, why in REJECTED_WHEN_FALSE.items():
-            if self.get(key) is False:
-                self.fail(f"'{key}'=False is not supported: {why}")
-        for key, choices in ENUMS.items():
-            for value in self.get(key) if isinstance(self.get(key), list) else [self.get(key)]:
-                if (key, value) in UNSUPPORTED_VALUES:
-                    self.fail(f"'{key}'={value!r} is not supported: {UNSUPPORTED_VALUES[(key, value)]}")
-                elif value not in choices:
-                    self.fail(config_schema.enum_error(key, value, choices))
-        self._range(POSITIVE_INTS, lambda v: v >= 1, "must be >= 1")
-        self._range(UNIT_INTERVAL, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
-        self._range(OPEN_UNIT_INTERVAL, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
-        self._range(POSITIVE_NUMBERS, lambda v: v > 0, "must be > 0")
-        self._range(NON_NEGATIVE_NUMBERS, lambda v: v >= 0, "must be >= 0")
-        self._range(MINUS_ONE_OR_POSITIVE, lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")
-        self._range((f"{_R}.top_k",), lambda v: v >= -1, "must be -1 (off), 0 (off, hf) or > 0")
-        self._range(("data.self_replay.max_age",), lambda v: v >= -1, "must be -1 (no limit) or >= 0")
-        self._range((f"{_R}.sleep_level",), lambda v: v in (1, 2), "must be 1 or 2 (vLLM sleep levels)")  # issue 22
-        betas = self.get(f"{_A}.optim.betas")
-        if not (isinstance(betas, list) and len(betas) == 2 and all(_type_ok(b, (float,)) and 0 <= b < 1 for b in betas)):
-            self.fail(f"'{_A}.optim.betas' must be two numbers in [0, 1), got {betas!r}")
-
-    def _range(self, keys: tuple[str, ...], ok, what: str) -> None:
-        for key in keys:
-            value = self.get(key)
-            if value is not None and not ok(value):
-                self.fail(f"'{key}'={value!r} {what}")
+        for key, d in declared().items():
+            if key in self.values:
+                for line in value_errors(d, self.values[key], schema.get(key)):
+                    self.fail(line)
 
     def finite_numbers(self) -> None:
         """No number of the config may be NaN or infinite (issue 25: ``rollout.temperature=inf`` passed the

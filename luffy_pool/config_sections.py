@@ -1,72 +1,122 @@
-"""Typed, read-only views of config sections (``trainer``, ``data``, the actor's loss keys), built once from the
-validated config.
+"""The run config as typed, read-only sections: the one declaration of every key of mix_ppo_trainer.yaml.
 
-Readers use attributes (``sections.trainer.seed``) instead of ``config.trainer.get("seed", 1)``: a misspelt
-name raises AttributeError instead of silently taking a restated default (review C2). The dataclasses state
-names and types only; every value, default included, comes from the composed config, i.e. from
-mix_ppo_trainer.yaml (tests/luffy_pool/test_config_sections.py keeps the fields and the YAML in step). The
-only defaults written here are those of the optional ``+trainer.*`` keys, which the YAML cannot hold
-(config_check.OPTIONAL_KEYS).
+``ConfigSections`` mirrors the YAML's groups (data, actor_rollout_ref, reward_model, reward, algorithm, trainer,
+ray_init). Each field is one key: its type, allowed values (from the module that owns them), bounds and
+whether LUFFY's key acts, is accepted at its YAML default only, or refuses a value and why
+(verl/utils/config_section.key). luffy_pool/config_check.py derives the key set, types, value checks, refusals
+and closest-key suggestions from these fields; tests/luffy_pool/test_config_declarations.py keeps them and
+the YAML in step. The verl worker's keys are declared in verl/workers/config_sections.py; the LUFFY keys of
+those groups are declared here, in subclasses.
+
+Build once where the run starts (``ConfigSections.from_config``) and pass it down; readers use attributes
+(``sections.trainer.seed``), so a misspelt name raises instead of silently taking a restated default.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional, Union
 
-from verl.utils.config_section import build_section, nested
-from verl.workers.config_sections import WorkerSections
+from verl.utils.config_section import (AT_LEAST_ONE, DEFAULT_ONLY, NON_NEGATIVE, OFF_OR_POSITIVE, POSITIVE, UNIT,
+                                       Bound, build_section, key, nested, not_shipped, view)
+from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections, kl_estimators
+
+_INERT = "the key is inert in LUFFY (read by no code path)"
+_ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
+_RM_ONLY = "it is only used by model-based reward workers, which are not shipped"
 
 
-def _build(cls, config, name: str, section=None):
-    return build_section(cls, config[name] if section is None else section, name)
+def _inert(why: str = _INERT):
+    """A key LUFFY parses but nothing acts on (or whose feature is not shipped): its YAML default only."""
+    return key(luffy=DEFAULT_ONLY, why=why)
+
+
+# Owners of the value lists (imported when a config is checked, not when this module loads).
+def _adv_estimators():
+    import luffy_pool.mix_core_alg  # noqa: F401 -- registers grpo_split
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    return tuple(ADV_ESTIMATOR_REGISTRY)
+
+
+def _off_policy_reshapes():
+    from luffy_pool.mix_core_alg import OFF_POLICY_RESHAPES
+
+    return OFF_POLICY_RESHAPES
+
+
+def _on_policy_reshapes():
+    from luffy_pool.mix_core_alg import ON_POLICY_RESHAPES
+
+    return ON_POLICY_RESHAPES
+
+
+def _prefix_strategies():
+    from luffy_pool.off_policy_pool import PREFIX_STRATEGIES
+
+    return PREFIX_STRATEGIES
+
+
+def _from(module: str, name: str):
+    def values():
+        import importlib
+
+        return tuple(getattr(importlib.import_module(module), name))
+    return values
 
 
 @dataclass(frozen=True)
 class TrainerSection:
     """``trainer.*`` (meanings: the comments next to each key in mix_ppo_trainer.yaml)."""
 
-    device: str
-    bundle_resources: str
-    cpu_bind: str
-    memory_plan: str  # issue 23: warn | error | off (luffy_pool.memory_plan before the workers load)
-    total_epochs: int
-    total_training_steps: Optional[int]
-    stop_one_step_early: bool
-    project_name: str
-    experiment_name: str
-    logger: Any
-    nnodes: int
-    n_gpus_per_node: int
-    save_freq: int
-    test_freq: int
-    critic_warmup: int
-    default_hdfs_dir: Optional[str]
-    default_local_dir: str
-    resume_mode: str
-    resume_from_path: Any  # a path, or False / None for none
-    max_optim_to_keep: Optional[int]
-    max_actor_ckpt_to_keep: Optional[int]
-    checkpoint_checksums: bool
-    save_on_signal: bool
-    balance_batch: bool
-    seed: int
-    save_hf_on_save: bool
-    val_generations_to_log: int
-    rollout_data_dir: Optional[str]
-    rejection_sample: bool
-    rejection_sample_multiplier: int
-    debug: bool
-    add_full_target_when_none: bool
-    skip_valid_mask: bool
-    acc_rebatch: bool
-    skip_by_step: bool
+    device: str = key(choices=("auto", "cpu", "cuda"))
+    bundle_resources: str = key(choices=("auto", "gpu", "cpu"))
+    cpu_bind: str = key(choices=_from("verl.utils.cpu_bind", "MODES"))
+    memory_plan: str = key(choices=_from("luffy_pool.memory_plan", "MODES"))
+    total_epochs: int = key(bounds=AT_LEAST_ONE)
+    total_training_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
+    stop_one_step_early: bool = key()
+    project_name: str = key()
+    experiment_name: str = key()
+    logger: Union[list, str] = key(choices=_from("verl.utils.tracking", "SUPPORTED_BACKENDS"))
+    nnodes: int = key(bounds=AT_LEAST_ONE)
+    n_gpus_per_node: int = key(bounds=AT_LEAST_ONE)
+    save_freq: int = key(bounds=OFF_OR_POSITIVE)
+    test_freq: int = key(bounds=OFF_OR_POSITIVE)
+    critic_warmup: int = key(bounds=NON_NEGATIVE)
+    default_hdfs_dir: Optional[str] = key()
+    default_local_dir: str = key()
+    resume_mode: str = key()  # auto | disable | resume_path | a .../global_step_N path (config_check's rule)
+    # LUFFY's `resume_from_path: False` means "no path"; True names no checkpoint.
+    resume_from_path: Union[str, bool, None] = key(refuse={True: "give a checkpoint path, or False / null for none"})
+    max_optim_to_keep: int = key(bounds=AT_LEAST_ONE)
+    max_actor_ckpt_to_keep: Optional[int] = key(bounds=AT_LEAST_ONE)
+    checkpoint_checksums: bool = key()
+    save_on_signal: bool = key()
+    balance_batch: bool = key()
+    seed: int = key()
+    save_hf_on_save: bool = key()
+    val_generations_to_log: int = key(bounds=NON_NEGATIVE)
+    rollout_data_dir: Optional[str] = key()
+    rejection_sample: bool = _inert()
+    rejection_sample_multiplier: int = _inert()
+    debug: bool = _inert("LUFFY's breakpoint() switch is not shipped")
+    add_full_target_when_none: bool = _inert("it is a no-op branch in LUFFY")
+    skip_valid_mask: bool = _inert("it only affects LUFFY's unused valid_mask")
+    acc_rebatch: bool = _inert("LUFFY's accuracy-rebatching trainer (mix_trainer_acc_rebatch) is not shipped")
+    skip_by_step: bool = _inert()
     # Optional `+trainer.` keys (not in the YAML): LUFFY's validate-before-training and validate-only switches.
-    val_before_train: bool = True
-    val_only: bool = False
+    val_before_train: bool = key(default=True)
+    val_only: bool = key(default=False)
 
     @classmethod
     def from_config(cls, config) -> "TrainerSection":
-        return _build(cls, config, "trainer")
+        return build_section(cls, config.trainer, "trainer")
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """The run's training steps: ``total_training_steps``, else epochs x batches per epoch."""
+        if self.total_training_steps is not None:
+            return int(self.total_training_steps)
+        return int(batches_per_epoch) * int(self.total_epochs)
 
 
 @dataclass(frozen=True)
@@ -74,12 +124,12 @@ class SelfReplaySection:
     """``data.self_replay.*``: the buffer of the run's own correct rollouts (luffy_pool/replay_buffer.py)."""
 
     enable: bool
-    capacity: int
-    max_per_prompt: int
-    eviction: str
-    max_age: int
-    selection: str
-    slots: int
+    capacity: int = key(bounds=AT_LEAST_ONE)
+    max_per_prompt: int = key(bounds=AT_LEAST_ONE)
+    eviction: str = key(choices=_from("luffy_pool.replay_buffer", "EVICTIONS"))
+    max_age: int = key(bounds=Bound(lambda v: v >= -1, "must be -1 (no limit) or >= 0"))
+    selection: str = key(choices=_from("luffy_pool.replay_buffer", "SELECTIONS"))
+    slots: int = key(bounds=AT_LEAST_ONE)
 
 
 @dataclass(frozen=True)
@@ -87,49 +137,127 @@ class DataSection:
     """``data.*`` (meanings: the comments next to each key in mix_ppo_trainer.yaml)."""
 
     tokenizer: Optional[str]
-    train_files: Any  # a path or a list of paths
-    val_files: Any
-    prompt_key: str
-    target_key: str
-    max_prompt_length: int
-    max_response_length: int
-    train_batch_size: int
-    val_batch_size: Optional[int]
-    shuffle: bool
-    seed: int
-    reward_impl_version: int
-    sample_target_ratio: float
-    sample_target_mode: str
-    filter_overlong_prompts: bool
-    disable_truncation_advantage: bool
-    truncate_off_policy: str
-    off_policy_files: Any
-    off_policy_id_key: str
-    val_max_rows: Optional[int]
-    dataloader_num_workers: int
-    return_raw_input_ids: bool
-    return_raw_chat: bool
-    filter_targets: bool
-    filter_accuracy: bool
-    accuracy_lower_bound: float
-    accuracy_upper_bound: float
-    add_tgt_with_acc: bool
-    add_tgt_acc_upper_bound: float
+    train_files: Union[str, list] = key()
+    val_files: Union[str, list, None] = key()
+    prompt_key: str = key()
+    target_key: str = key()
+    max_prompt_length: int = key(bounds=AT_LEAST_ONE)
+    max_response_length: int = key(bounds=AT_LEAST_ONE)
+    train_batch_size: int = key(bounds=AT_LEAST_ONE)
+    val_batch_size: Optional[int] = key(bounds=AT_LEAST_ONE)
+    shuffle: bool = key()
+    seed: int = key()
+    reward_impl_version: int = key()
+    sample_target_ratio: float = key(bounds=UNIT)
+    sample_target_mode: str = key(choices=_from("luffy_pool.rl_dataset_with_target", "SAMPLE_TARGET_MODES"))
+    filter_overlong_prompts: bool = key()
+    disable_truncation_advantage: bool = key()
+    truncate_off_policy: str = key(choices=_from("luffy_pool.rl_dataset_with_target", "TRUNCATE_OFF_POLICY"))
+    off_policy_files: Union[list, str] = key()
+    off_policy_id_key: str = key()
+    val_max_rows: Optional[int] = key(bounds=AT_LEAST_ONE)
+    dataloader_num_workers: int = key(bounds=NON_NEGATIVE)
+    return_raw_input_ids: bool = _inert(_RM_ONLY)
+    return_raw_chat: bool = _inert(_RM_ONLY)
+    filter_targets: bool = _inert()
+    filter_accuracy: bool = _inert(_ACC_REBATCH)
+    accuracy_lower_bound: float = _inert(_ACC_REBATCH)
+    accuracy_upper_bound: float = _inert(_ACC_REBATCH)
+    add_tgt_with_acc: bool = _inert("it only changes use_sft_prefix_reward's group size in LUFFY and is not shipped")
+    add_tgt_acc_upper_bound: float = _inert()
     self_replay: SelfReplaySection = nested(SelfReplaySection)
 
     @classmethod
     def from_config(cls, config) -> "DataSection":
-        return _build(cls, config, "data")
+        return build_section(cls, config.data, "data")
+
+
+@dataclass(frozen=True)
+class LossSection(PolicyLossSection):
+    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/loss_config.py,
+    mix_actor.py): the base loss keys plus LUFFY's. A view of the flat actor group (``actor.loss``)."""
+
+    use_off_policy_loss: bool = key()
+    use_sft_multitask_loss: bool = key()
+    use_off_policy_probs: bool = key()
+    use_ppo_kl_loss: bool = key()
+    ppo_kl_loss_coef: float = key(bounds=NON_NEGATIVE)
+    use_adaptive_temperature: bool = key()
+    use_adaptive_temperature_fixed: bool = key()
+    alpha_lr: float = key(bounds=NON_NEGATIVE)
+    adaptive_temperature_clip: float = key(bounds=OFF_OR_POSITIVE)
+    adaptive_temperature_target_entropy: float = key()
+    clip_upper_bound: float = key()
+    off_policy_cliprange: Optional[float] = _inert("LUFFY's token loss receives it but never uses it")
+    off_policy_normalize: bool = key(refuse={True: "it only feeds LUFFY's unimplemented seq loss"})
+    off_policy_max_clip: float = key(bounds=OFF_OR_POSITIVE)
+    off_policy_min_clip: float = key(bounds=OFF_OR_POSITIVE)
+    all_max_clip: float = key(bounds=OFF_OR_POSITIVE)
+    off_policy_loss_coef: float = key(bounds=NON_NEGATIVE)
+    off_policy_reshape: str = key(choices=_off_policy_reshapes)
+    off_policy_reshape_weight: float = key()
+    off_policy_reshape_pow_exp: float = key()
+    on_policy_reshape: str = key(choices=_on_policy_reshapes)
+    on_policy_reshape_weight: float = key()
+    on_policy_reshape_pow_exp: float = key()
+    sft_loss_coef: float = key(bounds=NON_NEGATIVE)
+
+    @classmethod
+    def from_actor_config(cls, actor_cfg) -> "LossSection":
+        """From the ``actor_rollout_ref.actor`` group itself (what the actor worker holds)."""
+        return build_section(cls, actor_cfg, "actor_rollout_ref.actor")
+
+
+@dataclass(frozen=True)
+class LuffyActorSection(ActorSection):
+    """``actor_rollout_ref.actor`` with LUFFY's keys: the loss view (``loss``) and the driver's switches."""
+
+    loss: LossSection = view(LossSection)
+    off_policy_loss_impl: str = key(choices=("token", "seq"),
+                                    refuse={"seq": "is not implemented in LUFFY either; use token"})
+    use_sft_prefix_reward: bool = key()
+    sft_prefix_reward_weight: float = key()
+    recompute_old_log_prob: str = key(choices=("always", "auto"))
+    use_sft_reward: bool = _inert()
+    use_off_policy_clip: bool = _inert()
+    debug: bool = _inert()
+    use_target_lst: bool = _inert()
+
+
+@dataclass(frozen=True)
+class LuffyRolloutSection(RolloutSection):
+    """``actor_rollout_ref.rollout`` with LUFFY's off-policy prefix plan (luffy_pool/off_policy_pool.py)."""
+
+    max_prefix_len: int = key(bounds=AT_LEAST_ONE)
+    prefix_share_across_samples: bool = key()
+    prefix_strategy: str = key(choices=_prefix_strategies)
+    n_prefix: int = key()  # -1 or [0, n]: config_check's rule
+    min_prefix_ratio: float = key(bounds=UNIT)
+    max_prefix_ratio: float = key(bounds=UNIT)
+    prefix_steps: int = key(bounds=AT_LEAST_ONE)
+    prefix_linear_max_ratio: float = key(bounds=UNIT)
+    prefix_reward_weight_alpha: float = key()
+    prefix_reward_weight_beta: float = key()
+    prefix_linear_max_var: float = _inert()
+    prefix_reward_strategy: str = _inert()
+
+
+@dataclass(frozen=True)
+class LuffyWorkerSections(WorkerSections):
+    """``actor_rollout_ref`` as the LUFFY worker and driver read it."""
+
+    actor: LuffyActorSection = nested(LuffyActorSection)
+    rollout: LuffyRolloutSection = nested(LuffyRolloutSection)
 
 
 @dataclass(frozen=True)
 class KLControlSection:
     """``algorithm.kl_ctrl``: the KL-in-reward controller."""
 
-    type: str
-    kl_coef: float
-    target_kl: float
-    horizon: int
+    type: str = key(choices=("fixed", "adaptive"))
+    kl_coef: float = key(bounds=NON_NEGATIVE)
+    target_kl: float = key()
+    horizon: int = key()
 
 
 @dataclass(frozen=True)
@@ -137,32 +265,60 @@ class AlgorithmSection:
     """``algorithm.*``: the advantage estimator and KL-in-reward."""
 
     gamma: float
-    lam: float
-    adv_estimator: str
-    grpo_use_std: bool
-    kl_penalty: str
-    surprisal_base: float
+    lam: float = _inert("only GAE reads it, and gae needs a critic, which is not shipped")
+    adv_estimator: str = key(choices=_adv_estimators,
+                             refuse={"gae": "needs a critic (value model), which is not shipped; use grpo"})
+    grpo_use_std: bool = key()
+    kl_penalty: str = key(choices=kl_estimators)
+    surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
-
-    @classmethod
-    def from_config(cls, config) -> "AlgorithmSection":
-        return _build(cls, config, "algorithm")
 
 
 @dataclass(frozen=True)
-class DriverActorSection:
-    """The ``actor_rollout_ref.actor`` keys the driver reads (which passes to schedule, the advantage's SFT
-    prefix reward, the behaviour log-prob column); the workers read theirs through WorkerSections."""
+class FormatRewardSection:
+    """``reward.format_reward``."""
 
-    use_kl_loss: bool
-    recompute_old_log_prob: str
-    use_sft_prefix_reward: bool
-    sft_prefix_reward_weight: float
-    use_off_policy_probs: bool
+    enable: bool
+    weight: float
+    mode: str
 
-    @classmethod
-    def from_config(cls, config) -> "DriverActorSection":
-        return _build(cls, config, "actor_rollout_ref.actor", section=config.actor_rollout_ref.actor)
+
+@dataclass(frozen=True)
+class OrmSection:
+    """``reward.orm``: the LLM-as-judge outcome reward (deepscaler/rewards/orm.py)."""
+
+    enable: bool
+    base_url: Optional[str]
+    model: Optional[str]
+    api_key_env: str
+    timeout_s: float = key(bounds=POSITIVE)
+    max_retries: int = key(bounds=NON_NEGATIVE)
+    requests_per_second: float = key(bounds=POSITIVE)
+    cache_path: Optional[str] = key()
+    max_failure_rate: float = key(bounds=UNIT)
+    on_failure: str = key(choices=_from("deepscaler.rewards.orm", "ON_FAILURE"))
+
+
+@dataclass(frozen=True)
+class RewardSection:
+    """``reward.*`` (read by verl/workers/reward_manager, which takes partial groups from eval scripts too)."""
+
+    num_workers: int = key(bounds=AT_LEAST_ONE)
+    timeout_s: float = key(bounds=POSITIVE)
+    grade_budget_s: float = key(bounds=POSITIVE)
+    grader: str = key()
+    format_reward: FormatRewardSection = nested(FormatRewardSection)
+    orm: OrmSection = nested(OrmSection)
+
+
+_NO_RM = "model-based reward workers are not shipped"
+
+
+@dataclass(frozen=True)
+class RewardModelSection:
+    """``reward_model``: LUFFY's model-based reward workers, not shipped."""
+
+    enable: bool = key(refuse={True: f"{_NO_RM}; use reward.orm for a judge"})
 
 
 @dataclass(frozen=True)
@@ -170,70 +326,33 @@ class RayInitSection:
     """``ray_init.*``: which Ray instance the driver joins or starts."""
 
     address: Optional[str]
-    num_cpus: Optional[int]
-    max_direct_call_object_size: Optional[int]
-
-    @classmethod
-    def from_config(cls, config) -> "RayInitSection":
-        return _build(cls, config, "ray_init")
+    num_cpus: Optional[int] = key(bounds=AT_LEAST_ONE)
+    max_direct_call_object_size: Optional[int] = key(bounds=AT_LEAST_ONE)
 
 
 @dataclass(frozen=True)
 class ConfigSections:
-    """The typed sections of one run config; build once (``ConfigSections.from_config``) and pass around.
-    ``workers`` is what every worker builds from ``actor_rollout_ref`` (model, actor, ref, rollout)."""
+    """The typed sections of one run config, one per YAML group; build once (``from_config``) and pass around."""
 
-    trainer: TrainerSection
-    data: DataSection
-    algorithm: AlgorithmSection
-    actor: DriverActorSection
-    workers: WorkerSections
-    ray_init: RayInitSection
+    data: DataSection = nested(DataSection)
+    actor_rollout_ref: LuffyWorkerSections = nested(LuffyWorkerSections)
+    reward_model: RewardModelSection = nested(RewardModelSection, refused=f"{_NO_RM}; use reward.* (rule grader or "
+                                                                           "reward.orm judge)")
+    reward: RewardSection = nested(RewardSection)
+    algorithm: AlgorithmSection = nested(AlgorithmSection)
+    trainer: TrainerSection = nested(TrainerSection)
+    ray_init: RayInitSection = nested(RayInitSection)
+    critic: None = not_shipped("the critic (value model) is not shipped; adv_estimator=gae is unsupported, use grpo")
 
     @classmethod
     def from_config(cls, config) -> "ConfigSections":
-        return cls(trainer=TrainerSection.from_config(config), data=DataSection.from_config(config),
-                   algorithm=AlgorithmSection.from_config(config), actor=DriverActorSection.from_config(config),
-                   workers=WorkerSections.from_config(config.actor_rollout_ref),
-                   ray_init=RayInitSection.from_config(config))
+        return build_section(cls, config, "")
 
+    @property
+    def workers(self) -> LuffyWorkerSections:
+        """``actor_rollout_ref``: what every worker builds from its group (model, actor, ref, rollout)."""
+        return self.actor_rollout_ref
 
-@dataclass(frozen=True)
-class LossSection:
-    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/loss_config.py,
-    mix_actor.py). A subset of the actor section: every field is an actor key of the YAML."""
-
-    policy_loss: str
-    use_off_policy_loss: bool
-    use_sft_multitask_loss: bool
-    use_off_policy_probs: bool
-    use_ppo_kl_loss: bool
-    ppo_kl_loss_coef: float
-    use_adaptive_temperature: bool
-    use_adaptive_temperature_fixed: bool
-    alpha_lr: float
-    adaptive_temperature_clip: float
-    adaptive_temperature_target_entropy: float
-    entropy_coeff: float
-    clip_ratio: float
-    clip_upper_bound: float
-    loss_remove_token_mean: bool
-    loss_remove_clip: bool
-    off_policy_cliprange: Optional[float]
-    off_policy_normalize: bool
-    off_policy_max_clip: float
-    off_policy_min_clip: float
-    all_max_clip: float
-    off_policy_loss_coef: float
-    off_policy_reshape: str
-    off_policy_reshape_weight: float
-    off_policy_reshape_pow_exp: float
-    on_policy_reshape: str
-    on_policy_reshape_weight: float
-    on_policy_reshape_pow_exp: float
-    sft_loss_coef: float
-
-    @classmethod
-    def from_actor_config(cls, actor_cfg) -> "LossSection":
-        """From the ``actor_rollout_ref.actor`` group itself (what the actor worker holds)."""
-        return _build(cls, None, "actor_rollout_ref.actor", section=actor_cfg)
+    @property
+    def actor(self) -> LuffyActorSection:
+        return self.actor_rollout_ref.actor

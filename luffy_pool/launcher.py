@@ -3,7 +3,8 @@
 ``run_ppo(config)`` is what ``main_mix_ppo`` calls after validating the Hydra config: it starts (or
 joins) Ray, builds the tokenizer, datasets and sampler, the FSDP worker group on a resource pool of
 ``nnodes x n_gpus_per_node`` ranks (GPUs on a cluster, CPU processes with gloo here), the reward
-managers, the tracker and the checkpointer, and runs ``MIXRayPPOTrainer.fit``.
+managers, the tracker and the checkpointer, and runs ``MIXRayPPOTrainer.fit``. The typed sections are built
+once here (``ConfigSections.from_config``) and handed to every helper; the composed config is never changed.
 """
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import logging
 import os
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from luffy_pool.config_sections import ConfigSections, DataSection, RayInitSection, TrainerSection
-from verl.workers.config_sections import RolloutSection, WorkerSections
+from luffy_pool.config_sections import ConfigSections
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
 from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
 from verl.utils.import_utils import import_external_libs
@@ -30,20 +30,20 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AU
               "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
-def resolve_driver_device(config) -> str:
+def resolve_driver_device(sections: ConfigSections) -> str:
     """The workers' device kind, from the joined Ray cluster's GPUs (A11: not from this process's CUDA;
     each worker then picks its own GPU index, ``verl.utils.device``). Call after ``init_ray``."""
     import ray
 
     from verl.utils.device import cluster_device
 
-    world_size = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-    return cluster_device(TrainerSection.from_config(config).device, ray.cluster_resources().get("GPU", 0.0), world_size)
+    t = sections.trainer
+    return cluster_device(t.device, ray.cluster_resources().get("GPU", 0.0), int(t.nnodes) * int(t.n_gpus_per_node))
 
 
-def bundle_uses_gpu(config, device: str) -> bool:
+def bundle_uses_gpu(sections: ConfigSections, device: str) -> bool:
     """``trainer.bundle_resources``: whether each rank's placement bundle reserves one Ray GPU."""
-    mode = TrainerSection.from_config(config).bundle_resources
+    mode = sections.trainer.bundle_resources
     if mode not in ("auto", "gpu", "cpu"):
         raise ValueError(f"trainer.bundle_resources must be auto, gpu or cpu, got {mode!r}")
     if mode == "cpu" and device == "cuda":
@@ -51,26 +51,26 @@ def bundle_uses_gpu(config, device: str) -> bool:
     return device == "cuda" if mode == "auto" else mode == "gpu"
 
 
-def engine_layout(config) -> str:
+def engine_layout(sections: ConfigSections) -> str:
     """One line naming the FSDP world and the rollout engines' DP x TP layout."""
-    t = TrainerSection.from_config(config)
+    t = sections.trainer
     world = int(t.nnodes) * int(t.n_gpus_per_node)
-    tp = int(RolloutSection.from_rollout_config(config.actor_rollout_ref.rollout).tensor_model_parallel_size)
+    tp = int(sections.workers.rollout.tensor_model_parallel_size)
     return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
             f"{world // max(tp, 1)} DP group(s) x TP {tp}")
 
 
-def resolve_cpu_bind(config, device: str) -> str:
+def resolve_cpu_bind(sections: ConfigSections, device: str) -> str:
     """``trainer.cpu_bind`` for the workers: ``auto`` binds CPU ranks to their own cores, except with
     vLLM rollout, whose CPU backend binds its threads itself (VLLM_CPU_OMP_THREADS_BIND)."""
-    mode = TrainerSection.from_config(config).cpu_bind
+    mode = sections.trainer.cpu_bind
     if mode not in CPU_BIND_MODES:
         raise ValueError(f"trainer.cpu_bind must be one of {CPU_BIND_MODES}, got {mode!r}")
-    rollout = RolloutSection.from_rollout_config(config.actor_rollout_ref.rollout).name
+    rollout = sections.workers.rollout.name
     return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" else "none"
 
 
-def init_ray(config, world_size: int, device: str) -> None:
+def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
     """Join ``ray_init.address`` / ``RAY_ADDRESS`` when given, else start a private local instance."""
     import ray
 
@@ -80,7 +80,7 @@ def init_ray(config, world_size: int, device: str) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     # CPU_BIND_ENV goes with the worker group (build_worker_group): the device is known only after joining.
-    ray_cfg = RayInitSection.from_config(config)
+    ray_cfg = sections.ray_init
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
     kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
     inline_bytes = ray_cfg.max_direct_call_object_size
@@ -98,18 +98,18 @@ def init_ray(config, world_size: int, device: str) -> None:
     ray.init(address="local", num_cpus=num_cpus, **kwargs)
 
 
-def build_dataloader(config, tokenizer):
+def build_dataloader(sections: ConfigSections, tokenizer):
     from torch.utils.data import DataLoader
 
     from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.dataset.sampler import build_sampler
 
-    d = DataSection.from_config(config)
+    d = sections.data
     train = RLHFDatasetWithTarget(
         list(d.train_files) if not isinstance(d.train_files, str) else d.train_files, tokenizer,
         prompt_key=d.prompt_key, target_key=d.target_key,
-        max_prompt_length=d.max_prompt_length, max_target_length=config.actor_rollout_ref.rollout.max_prefix_len,
+        max_prompt_length=d.max_prompt_length, max_target_length=sections.workers.rollout.max_prefix_len,
         sample_target_ratio=d.sample_target_ratio, filter_overlong_prompts=d.filter_overlong_prompts,
         seed=int(d.seed), truncate_off_policy=d.truncate_off_policy, sample_target_mode=d.sample_target_mode)
     # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
@@ -130,27 +130,26 @@ def build_dataloader(config, tokenizer):
     return loader, sampler, val, collate_fn
 
 
-def build_off_policy_pool(config, tokenizer, train_dataset):
+def build_off_policy_pool(sections: ConfigSections, tokenizer, train_dataset):
     """The pool of extra off-policy traces (``data.off_policy_files``); None when only targets are used."""
     from luffy_pool.off_policy_pool import OffPolicyPool
 
-    d = DataSection.from_config(config)
+    d = sections.data
     files = list(d.off_policy_files or [])
     if not files:
         return None
     return OffPolicyPool(files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
                          prompt_id_key=d.off_policy_id_key,
-                         max_trace_length=config.actor_rollout_ref.rollout.max_prefix_len,
+                         max_trace_length=sections.workers.rollout.max_prefix_len,
                          strip_think_prefix=train_dataset.generation_prompt_opens_think,
-                         seed=int(TrainerSection.from_config(config).seed),
+                         seed=int(sections.trainer.seed),
                          truncate=d.truncate_off_policy)
 
 
-def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None:
+def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_policy_pool) -> None:
     """``use_off_policy_probs`` needs behaviour probabilities from the training parquet's column or from
     ``data.off_policy_files``' log-probs; with neither, the loss would silently fall back to f(p)."""
-    sections = ConfigSections.from_config(config)
-    if not sections.actor.use_off_policy_probs:
+    if not sections.actor.loss.use_off_policy_probs:
         return
     if getattr(train_dataset, "has_target_probs", False):
         return
@@ -163,19 +162,22 @@ def check_behaviour_probs_source(config, train_dataset, off_policy_pool) -> None
                      "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False")
 
 
-def build_worker_group(config, device: str):
+def build_worker_group(config, sections: ConfigSections, device: str, total_training_steps: int):
+    """The FSDP worker group on its resource pool; each worker gets the ``actor_rollout_ref`` group and the
+    run's step count (the lr schedule's length), computed once by ``build_trainer``."""
     from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     import ray
 
-    t = TrainerSection.from_config(config)
+    t = sections.trainer
     pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes),
-                           use_gpu=bundle_uses_gpu(config, device), max_colocate_count=1, name_prefix="luffy_pool")
-    role = "actor_rollout_ref" if WorkerSections.from_config(config.actor_rollout_ref).ref.use_ref else "actor_rollout"
-    cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device)
-    cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(config, device)}}})
-    print(f"[luffy_pool] {engine_layout(config)}; device {device}", flush=True)  # the run's shape, on the console
+                           use_gpu=bundle_uses_gpu(sections, device), max_colocate_count=1, name_prefix="luffy_pool")
+    role = "actor_rollout_ref" if sections.workers.ref.use_ref else "actor_rollout"
+    cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device,
+                               total_training_steps=int(total_training_steps))
+    cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device)}}})
+    print(f"[luffy_pool] {engine_layout(sections)}; device {device}", flush=True)  # the run's shape, on the console
     wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
     try:
         wg.init_model()
@@ -210,32 +212,30 @@ def build_trainer(config: DictConfig):
     from verl.workers.reward_manager import RewardManager
 
     setup_logging()
-    preflight(config)  # folders, model and data files: one line per problem before anything loads
+    sections = ConfigSections.from_config(config)  # the one typed view of the run, passed down from here
+    preflight(config, sections)  # folders, model and data files: one line per problem before anything loads
     try:
         check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
     except ValueError as exc:
         raise PreflightError([str(exc)]) from None
-    sections = ConfigSections.from_config(config)
     world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node)
     import_external_libs(sections.workers.model.external_lib)  # a custom tokenizer may need it too
     tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or sections.workers.model.path)
     try:  # every data file is checked as it loads: a bad row is one line naming file, row and column (rc 2)
-        loader, sampler, val_dataset, collate = build_dataloader(config, tokenizer)
-        off_policy_pool = build_off_policy_pool(config, tokenizer, loader.dataset)
-        check_behaviour_probs_source(config, loader.dataset, off_policy_pool)
+        loader, sampler, val_dataset, collate = build_dataloader(sections, tokenizer)
+        off_policy_pool = build_off_policy_pool(sections, tokenizer, loader.dataset)
+        check_behaviour_probs_source(sections, loader.dataset, off_policy_pool)
     except (ValueError, FileNotFoundError) as exc:
         raise InputError([" ".join(str(exc).split())]) from None
-    total = sections.trainer.total_training_steps or len(loader) * int(sections.trainer.total_epochs)
-    with open_dict(config):
-        config.actor_rollout_ref.actor.optim.total_training_steps = int(total)
-    started_locally = not (RayInitSection.from_config(config).address or os.environ.get("RAY_ADDRESS"))
-    init_ray(config, world_size, sections.trainer.device)
+    total = sections.trainer.total_steps(len(loader))  # the workers' lr schedule and the trainer's loop
+    started_locally = not (sections.ray_init.address or os.environ.get("RAY_ADDRESS"))
+    init_ray(sections, world_size, sections.trainer.device)
     if int(sections.trainer.nnodes) > 1:
         from luffy_pool.node_check import check_shared_folders
 
         check_shared_folders(config)  # D8: each node sees the driver's checkpoint and model folder
-    device = resolve_driver_device(config)
-    check_cluster_capacity(config, bundle_uses_gpu(config, device), started_locally)
+    device = resolve_driver_device(sections)
+    check_cluster_capacity(sections, bundle_uses_gpu(sections, device), started_locally)
     from luffy_pool.memory_plan import check_run as check_memory_plan
 
     # GPU runs: the per-rank memory plan from the device's real memory, printed once before any worker loads
@@ -253,17 +253,17 @@ def build_trainer(config: DictConfig):
         release_worker_group(wg, pool)
 
     try:
-        wg, pool = build_worker_group(config, device)
+        wg, pool = build_worker_group(config, sections, device, total)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                            config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
         from luffy_pool.checkpointing import TrainerCheckpointer
 
-        checkpointer = TrainerCheckpointer(config, sampler)
+        checkpointer = TrainerCheckpointer(config, sampler, sections=sections)
         # The off-policy pool (`off_policy_pool`, built with the data above) is not `pool`, the Ray resource
         # pool that close() releases (review B9).
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
-                                   off_policy_pool=off_policy_pool)
+                                   off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total)
     except BaseException:
         close()
         raise

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from luffy_pool.config_sections import LuffyWorkerSections
 from luffy_pool.mix_actor import MIXDataParallelPPOActor
 from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
 from verl.protocol import DataProto, PerPart
@@ -23,6 +24,7 @@ from verl.workers.rollout.tp_group import TPGeneration
 
 class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
     actor_cls = MIXDataParallelPPOActor
+    sections_cls = LuffyWorkerSections
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):

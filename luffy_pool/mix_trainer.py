@@ -56,7 +56,8 @@ class MIXRayPPOTrainer:
     """The LUFFY trainer. Collaborators are built by ``luffy_pool.launcher`` and injected here."""
 
     def __init__(self, config, tokenizer, actor_rollout_wg, reward_fn, val_reward_fn, train_dataloader,
-                 val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None):
+                 val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None,
+                 sections=None, total_training_steps=None):
         self.config = config
         self.tokenizer = tokenizer
         self.wg = actor_rollout_wg
@@ -70,7 +71,8 @@ class MIXRayPPOTrainer:
         # Without extra trace files the pool only spreads each dataset target over its n slots; it is
         # still the one path from per-prompt targets [B, T] to the rollout's per-slot traces [B, n, T].
         self.off_policy_pool = off_policy_pool if off_policy_pool is not None else OffPolicyPool(tokenizer=tokenizer)
-        self.sections = s = ConfigSections.from_config(config)  # typed sections, built once (attribute access)
+        # The run's typed sections and step count, from the launcher (built here when a caller starts a run itself).
+        self.sections = s = sections or ConfigSections.from_config(config)
         rcfg = s.workers.rollout
         self.n = rcfg.n
         self.response_length = s.data.max_response_length
@@ -80,7 +82,8 @@ class MIXRayPPOTrainer:
         self.use_ref = s.workers.ref.use_ref
         self.world_size = self.wg.world_size
         self.global_steps = 0
-        self.total_training_steps = self._total_steps()
+        self.total_training_steps = int(total_training_steps) if total_training_steps is not None else \
+            s.trainer.total_steps(len(self.train_dataloader))
         self._data_iter = None
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
@@ -102,12 +105,6 @@ class MIXRayPPOTrainer:
         self._data_iter = None
 
     # ------------------------------------------------------------------ schedule
-    def _total_steps(self) -> int:
-        t = self.sections.trainer
-        if t.total_training_steps is not None:
-            return int(t.total_training_steps)
-        return len(self.train_dataloader) * int(t.total_epochs)
-
     def last_step(self) -> int:
         """The step ``fit`` stops after: ``total_training_steps``, or with ``trainer.stop_one_step_early`` LUFFY's
         ``total - 1`` (its loop checks ``global_steps >= total`` after incrementing, at least one step runs)."""

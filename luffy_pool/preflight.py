@@ -198,12 +198,14 @@ def check_attn_implementation(name: str, key: str = "actor_rollout_ref.model.att
 
 
 # ---------------------------------------------------------------------- all of it
-def preflight(config) -> None:
-    """Raise ``PreflightError`` listing every problem with the run's folders and files."""
-    from luffy_pool.config_sections import DataSection, TrainerSection
+def preflight(config, sections=None) -> None:
+    """Raise ``PreflightError`` listing every problem with the run's folders and files; ``sections``: the run's
+    ``ConfigSections`` (built from ``config`` when a caller checks a config on its own)."""
+    from luffy_pool.config_sections import ConfigSections
 
     errors: list[str] = []
-    t, d = TrainerSection.from_config(config), DataSection.from_config(config)
+    sections = sections or ConfigSections.from_config(config)
+    t, d = sections.trainer, sections.data
     for key, value in (("trainer.default_local_dir", t.default_local_dir), ("trainer.rollout_data_dir", t.rollout_data_dir)):
         if value:
             errors.append(check_writable_dir(str(value), key))
@@ -247,13 +249,12 @@ def cluster_capacity_problem(nnodes: int, per_node: int, use_gpu: bool, resource
     return None
 
 
-def check_cluster_capacity(config, use_gpu: bool, started_locally: bool) -> None:
-    """Raise ``PreflightError`` when the run's ranks cannot all be placed on the joined/started cluster."""
+def check_cluster_capacity(sections, use_gpu: bool, started_locally: bool) -> None:
+    """Raise ``PreflightError`` when the run's ranks cannot all be placed on the joined/started cluster
+    (``sections``: the run's ``ConfigSections``)."""
     import ray
 
-    from luffy_pool.config_sections import TrainerSection
-
-    t = TrainerSection.from_config(config)
+    t = sections.trainer
     resources = ray.cluster_resources()
     try:
         alive = [n for n in ray.nodes() if n.get("Alive")]

@@ -6,8 +6,11 @@ import subprocess
 import pytest
 from hydra import compose, initialize_config_dir
 
-from luffy_pool.config_check import CONFIG_DIR, prepare_overrides, schema_defaults, schema_leaf_keys, validate_config
-from luffy_pool.config_refusals import INERT_KEYS, REJECTED_WHEN_FALSE, REJECTED_WHEN_TRUE, UNSUPPORTED_VALUES
+from luffy_pool.config_check import CONFIG_DIR, declared, prepare_overrides, schema_defaults, schema_leaf_keys, validate_config
+from verl.utils.config_section import DEFAULT_ONLY
+
+# The keys accepted at their YAML default only, with their reason (declared with luffy=DEFAULT_ONLY).
+INERT_KEYS = {k: d.why for k, d in declared().items() if d.luffy == DEFAULT_ONLY}
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # Keys acted on by a sibling branch (i14b-parallel implements FSDP optimizer offload and HSDP); remove once merged.
@@ -19,11 +22,11 @@ def _validate(*overrides):
 
 def test_every_key_is_read_by_shipped_code_or_refused():
     """The same test as the project's before-stop hook: a key's leaf name must appear in shipped code outside
-    the config checker, and a refused key must be in the refusal tables."""
+    the config checker and the declarations, and a refused key must be declared as refused."""
     files = subprocess.run(["git", "ls-files", "*.py"], capture_output=True, text=True, cwd=REPO).stdout.split()
     code = "".join(open(os.path.join(REPO, f), encoding="utf-8").read() for f in files
-                   if not f.startswith("tests/") and "config_check" not in f and "config_refusals" not in f)
-    refused = set(INERT_KEYS) | set(REJECTED_WHEN_TRUE) | set(REJECTED_WHEN_FALSE) | {k for k, _ in UNSUPPORTED_VALUES}
+                   if not f.startswith("tests/") and "config_check" not in f and "config_sections" not in f)
+    refused = set(INERT_KEYS) | {k for k, d in declared().items() if d.refuse}
     unread = [k for k in schema_leaf_keys()
               if k not in refused and not re.search(r"[\"'.]" + re.escape(k.rsplit(".", 1)[-1]) + r"\b", code)]
     assert not unread, f"keys neither read nor refused: {unread}"

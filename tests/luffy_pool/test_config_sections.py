@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from luffy_pool.config_check import OPTIONAL_KEYS, schema_defaults
+from luffy_pool.config_check import optional_keys, schema_defaults
 from luffy_pool.config_sections import ConfigSections, DataSection, TrainerSection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,7 +16,7 @@ def _yaml_keys(section: str) -> set:
 
 
 def _optional_keys(section: str) -> set:
-    return {k.split(".", 1)[1] for k in OPTIONAL_KEYS if k.startswith(section + ".")}
+    return {k.split(".", 1)[1] for k in optional_keys() if k.startswith(section + ".")}
 
 
 @pytest.mark.parametrize("cls,section", [(TrainerSection, "trainer"), (DataSection, "data")])

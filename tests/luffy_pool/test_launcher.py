@@ -5,6 +5,9 @@ import types
 import pytest
 
 from luffy_pool import launcher
+from luffy_pool.config_sections import ConfigSections
+
+S = ConfigSections.from_config  # the launcher's helpers take the run's sections
 
 
 class FakeGroup:
@@ -56,7 +59,7 @@ def fakes(monkeypatch):
     FakeReward.closed = FakeTracker.finished = False
     monkeypatch.setattr(launcher, "init_ray", lambda *a, **k: None)
     monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 2.0})  # a CPU-only cluster
-    monkeypatch.setattr(launcher, "build_worker_group", lambda config, device: (built.group, built.pool))
+    monkeypatch.setattr(launcher, "build_worker_group", lambda config, sections, device, total: (built.group, built.pool))
     monkeypatch.setattr("verl.workers.reward_manager.RewardManager.from_config", lambda *a, **k: FakeReward())
     monkeypatch.setattr("verl.utils.tracking.Tracking", FakeTracker)
     return built
@@ -66,20 +69,20 @@ def test_driver_device_and_cpu_binding(compose_config, tiny_task_dir, tiny_model
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path)
     gpus = {"CPU": 8.0}
     monkeypatch.setattr("ray.cluster_resources", lambda: gpus)  # the joined cluster's resources (A11)
-    assert launcher.resolve_driver_device(cfg) == "cpu"
+    assert launcher.resolve_driver_device(S(cfg)) == "cpu"
     cfg.trainer.device = "auto"
-    assert launcher.resolve_driver_device(cfg) == "cpu"
+    assert launcher.resolve_driver_device(S(cfg)) == "cpu"
     gpus["GPU"] = 2.0
-    assert launcher.resolve_driver_device(cfg) == "cuda"
+    assert launcher.resolve_driver_device(S(cfg)) == "cuda"
     cfg.trainer.device = "cuda"
-    assert launcher.resolve_driver_device(cfg) == "cuda"
+    assert launcher.resolve_driver_device(S(cfg)) == "cuda"
     cfg.actor_rollout_ref.rollout.name = "hf"
-    assert launcher.resolve_cpu_bind(cfg, "cpu") == "auto" and launcher.resolve_cpu_bind(cfg, "cuda") == "none"
+    assert launcher.resolve_cpu_bind(S(cfg), "cpu") == "auto" and launcher.resolve_cpu_bind(S(cfg), "cuda") == "none"
     cfg.actor_rollout_ref.rollout.name = "vllm"  # vLLM's CPU backend binds its own threads
-    assert launcher.resolve_cpu_bind(cfg, "cpu") == "none"
+    assert launcher.resolve_cpu_bind(S(cfg), "cpu") == "none"
     cfg.trainer.cpu_bind = "always"
     with pytest.raises(ValueError, match="trainer.cpu_bind"):
-        launcher.resolve_cpu_bind(cfg, "cpu")
+        launcher.resolve_cpu_bind(S(cfg), "cpu")
 
 
 def test_release_worker_group_frees_workers_and_placement_groups():
@@ -115,7 +118,7 @@ def test_too_few_rows_for_one_batch_names_the_key(compose_config, tiny_task_dir,
 
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "data.train_batch_size=1000")
     with pytest.raises(ValueError, match="fewer than data.train_batch_size=1000"):
-        launcher.build_dataloader(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+        launcher.build_dataloader(S(cfg), AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
 def test_sample_target_ratio_redraws_per_epoch_of_the_resumable_sampler(compose_config, tiny_task_dir, tiny_model_dir,
@@ -123,7 +126,7 @@ def test_sample_target_ratio_redraws_per_epoch_of_the_resumable_sampler(compose_
     from transformers import AutoTokenizer
 
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "data.sample_target_ratio=0.5")
-    loader, _, _, _ = launcher.build_dataloader(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+    loader, _, _, _ = launcher.build_dataloader(S(cfg), AutoTokenizer.from_pretrained(tiny_model_dir))
     assert loader.dataset.sample_target_mode == "redraw" and loader.dataset._epoch_source is loader.sampler
 
 
@@ -172,9 +175,9 @@ def test_a_gpu_run_over_its_memory_plan_stops_before_any_worker_loads_the_model(
 
     built = []
     monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 2.0, "GPU": 2.0})  # a GPU cluster
-    monkeypatch.setattr(launcher, "resolve_driver_device", lambda config: "cuda")
+    monkeypatch.setattr(launcher, "resolve_driver_device", lambda sections: "cuda")
     monkeypatch.setattr(launcher, "build_worker_group",
-                        lambda config, device: built.append(device) or (fakes.group, fakes.pool))
+                        lambda config, sections, device, total: built.append(device) or (fakes.group, fakes.pool))
     monkeypatch.setattr(memory_plan, "device_memory_bytes", lambda: 2**30)  # a 1 GiB "GPU"
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "trainer.memory_plan=error")
     with pytest.raises(memory_plan.MemoryPlanError, match=r"phase 'rollout \(vLLM awake\)' needs .* the device has 1.0 GiB"):

@@ -56,13 +56,12 @@ def luffy_lrs(lr: float, warmup_ratio: float, total: int, updates: int, optim_st
 def project_lrs(config, total: int, updates: int, optim_steps: int) -> tuple[list[float], list[float]]:
     """Run the real worker's optimizer build and ``update_actor`` on one parameter; returns the lr of every
     optimizer step and the parameter after each update."""
-    arr = OmegaConf.to_container(config.actor_rollout_ref, resolve=True)
-    arr["actor"]["optim"]["total_training_steps"] = total  # what the launcher injects (launcher.build_trainer)
-    sections = WorkerSections.from_config(OmegaConf.create(arr))
+    sections = WorkerSections.from_config(config.actor_rollout_ref)
     param = torch.nn.Parameter(torch.ones(3))
     module = torch.nn.Module()
     module.w = param
-    worker = SimpleNamespace(sections=sections, ulysses_group=None, actor_module=module, device="cpu",
+    # total_training_steps: what the launcher passes each worker (launcher.build_worker_group).
+    worker = SimpleNamespace(sections=sections, total_training_steps=total, ulysses_group=None, actor_module=module, device="cpu",
                              optimizer_offload=SimpleNamespace(on_compute_device=contextlib.nullcontext))
     worker._update_flops = lambda data, seconds: ActorRolloutRefWorker._update_flops(worker, data, seconds)
     worker.actor_optimizer, worker.lr_scheduler = ActorRolloutRefWorker._build_optimizer(worker, module)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from luffy_pool.config_sections import ConfigSections
 from luffy_pool.launcher import build_dataloader
 from luffy_pool.mix_trainer import MIXRayPPOTrainer
 from luffy_pool.off_policy_pool import OffPolicyPool, strip_right_padding
@@ -98,7 +99,7 @@ def _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
                           "actor_rollout_ref.rollout.n_prefix=2", "actor_rollout_ref.rollout.min_prefix_ratio=1.0",
                           "actor_rollout_ref.rollout.max_prefix_ratio=1.0", "trainer.total_training_steps=1",
                           f"trainer.default_local_dir={tmp_path}"])
-    loader, _, _, collate = build_dataloader(cfg, tokenizer)
+    loader, _, _, collate = build_dataloader(ConfigSections.from_config(cfg), tokenizer)
     group = TwoRankGroup(tokenizer)
     trainer = MIXRayPPOTrainer(cfg, tokenizer, group, None, None, loader, collate_fn=collate, off_policy_pool=pool)
     trainer.global_steps = 1

@@ -132,12 +132,12 @@ def test_state_dict_resume_reproduces_the_next_draws():
 
 
 def test_from_rollout_config_reads_luffy_keys(compose_config):
-    from verl.workers.config_sections import RolloutSection
+    from luffy_pool.config_sections import LuffyRolloutSection
 
     r = "actor_rollout_ref.rollout"
     cfg = compose_config([f"{r}.n=8", f"{r}.n_prefix=1", f"{r}.min_prefix_ratio=1.0", f"{r}.max_prefix_ratio=1.0",
                           f"{r}.prefix_strategy=random"])
-    sampler = PrefixRatioSampler.from_rollout_config(RolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout), seed=4)
+    sampler = PrefixRatioSampler.from_rollout_config(LuffyRolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout), seed=4)
     # the keys not overridden take the YAML's values (prefix_steps 1000, prefix_linear_max_ratio 0.8)
     assert (sampler.n, sampler.n_prefix, sampler.prefix_steps, sampler.prefix_linear_max_ratio) == (8, 1, 1000, 0.8)
     assert (sampler.min_prefix_ratio, sampler.max_prefix_ratio, sampler.seed) == (1.0, 1.0, 4)

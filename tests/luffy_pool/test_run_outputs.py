@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from luffy_pool.config_sections import ConfigSections
 from luffy_pool.launcher import build_dataloader
 from luffy_pool.mix_trainer import MIXRayPPOTrainer
 from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
@@ -107,7 +108,7 @@ def _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
                           "data.max_prompt_length=96", f"data.max_response_length={RESPONSE}", "data.val_max_rows=5",
                           "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.n_val=2",
                           "trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path}", *extra])
-    loader, _, val, collate = build_dataloader(cfg, tokenizer)
+    loader, _, val, collate = build_dataloader(ConfigSections.from_config(cfg), tokenizer)
     tracker = RecordingTracker()
     group = FixedResponsesGroup(tokenizer, n_val=2)
     trainer = MIXRayPPOTrainer(cfg, tokenizer, group, _score_even_rows, _score_even_rows, loader, val_dataset=val,

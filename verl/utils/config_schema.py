@@ -1,9 +1,9 @@
 """Schema checks shared by the trainers' Hydra configs: a YAML file's defaults are the schema.
 
 The RL trainer (luffy_pool/config_check.py) and the SFT trainer (verl/trainer/sft/config.py) both
-flatten their YAML to dotted keys, infer each key's type from its default, name the closest valid key
-for a typo and check command-line overrides before Hydra composes them. The functions here do that for
-any schema (the flattened defaults dict plus a few tables); each trainer keeps its own rules and tables.
+flatten their config to dotted keys, check each value's type, name the closest valid key for a typo and
+check command-line overrides before Hydra composes them. The functions here do that for any schema; the
+keys and their types come from each trainer's declarations (verl/utils/config_section.py).
 """
 from __future__ import annotations
 
@@ -62,17 +62,6 @@ def resolved_tree(config: DictConfig | Mapping, error_cls: type[SchemaConfigErro
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         raise error_cls([f"Cannot resolve config key '{key}': {str(exc).splitlines()[0]}"]) from exc
-
-
-def expected_types(key: str, defaults: Mapping[str, Any],
-                   explicit_types: Mapping[str, tuple[type, ...]]) -> tuple[type, ...]:
-    """Accepted Python types of a key's value: its ``explicit_types`` entry, else its default's type."""
-    if key in explicit_types:
-        return explicit_types[key]
-    default = defaults[key]
-    if default is None:
-        raise KeyError(f"{key} has a null default and no explicit type")
-    return (type(default),)
 
 
 def type_ok(value: Any, types: tuple[type, ...]) -> bool:

@@ -1,23 +1,162 @@
-"""Build a frozen dataclass ("typed section") from one group of an OmegaConf config.
+"""Declare config keys once, as fields of frozen dataclasses ("sections"), and build them from an OmegaConf group.
 
-A section class names the keys a component reads and their types; the values, defaults included, come
-from the composed config (the YAML gives every key its default). Readers then use attributes
-(``sections.rollout.seed``) instead of ``cfg.get("seed", 0)``, so a misspelt name raises instead of
-silently taking a restated default (review C2), and a YAML default is written in one place only.
+A section class mirrors one group of the trainer YAML. Each field is one key: its annotation is the type, and
+``key(...)`` adds what the checker needs (allowed values, taken from the module that owns them; bounds; whether
+a LUFFY key acts, is accepted at its YAML default only, or refuses some values and why). The checker
+(luffy_pool/config_check.py) walks these declarations (``declarations``); nothing restates them in a table.
+The values, defaults included, come from the composed config: the YAML gives every key its default and its
+comment (the key's documentation for users); a test keeps YAML and declarations in step.
 
-A field whose ``metadata`` carries ``section=<class>`` is a nested group (``actor.fsdp_config``) built the
-same way. A field with a dataclass default is optional: absent from the YAML (a ``+key`` override) or
-absent from the group a partial caller passes.
+``nested(cls)`` is a sub-group (``actor.fsdp_config``), ``view(cls)`` a sub-view read from the same flat group
+(the actor's loss keys). A plain field with a default is an optional key absent from the YAML (``+key``).
 """
 from __future__ import annotations
 
-from dataclasses import MISSING, field, fields
-from typing import Any
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable, Iterator, Optional
+
+from verl.utils.config_schema import NONE_TYPE, enum_error
 
 
-def nested(cls) -> Any:
-    """Declare a field that holds a nested section of type ``cls`` (built from the sub-group)."""
-    return field(metadata={"section": cls})
+
+@dataclass(frozen=True)
+class Bound:
+    """A named bound: ``ok(value)`` and the words of its error line (``template``)."""
+
+    ok: Callable[[Any], bool]
+    message: str
+    template: str = "'{key}'={value!r} {message}"
+
+    def error(self, key: str, value: Any) -> str:
+        return self.template.format(key=key, value=value, message=self.message)
+
+
+AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
+POSITIVE = Bound(lambda v: v > 0, "must be > 0")
+NON_NEGATIVE = Bound(lambda v: v >= 0, "must be >= 0")
+UNIT = Bound(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
+OPEN_UNIT = Bound(lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")
+OFF_OR_POSITIVE = Bound(lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")  # LUFFY's -1 switches these off
+
+ACTS, DEFAULT_ONLY = "acts", "default_only"
+
+
+def key(*, choices: Any = None, bounds: Optional[Bound] = None, luffy: str = ACTS, why: Optional[str] = None,
+        refuse: Optional[dict] = None, types: Optional[tuple] = None, default: Any = MISSING, open_dict: bool = False):
+    """One config key's declaration (a dataclass field).
+
+    ``choices``: the allowed values, or a callable returning them from the registry or module that owns them
+    (list values are checked element by element). ``bounds``: a ``Bound``. ``luffy=DEFAULT_ONLY`` with ``why``:
+    LUFFY parses the key but nothing acts on it here, so only its YAML default is accepted. ``refuse``: value ->
+    reason for values LUFFY has that are not shipped. ``types``: the accepted types where the annotation cannot
+    say them (``Any``). ``default``: only for optional ``+`` keys absent from the YAML. ``open_dict``: a dict
+    whose sub-keys are free-form (``+key.field=...``).
+    """
+    if luffy not in (ACTS, DEFAULT_ONLY) or (luffy == DEFAULT_ONLY) != (why is not None):
+        raise ValueError("key(): luffy is 'acts' or 'default_only', and default_only needs its why")
+    meta = {"choices": choices, "bounds": bounds, "luffy": luffy, "why": why, "refuse": dict(refuse or {}),
+            "types": types, "open_dict": open_dict}
+    return field(default=default, metadata=meta)
+
+
+def nested(cls, refused: Optional[str] = None) -> Any:
+    """A field holding the sub-group of type ``cls``; ``refused``: unknown keys under it get this reason."""
+    return field(metadata={"section": cls, "refused_group": refused})
+
+
+def view(cls) -> Any:
+    """A field holding ``cls`` built from the same group as its parent (its keys sit in the parent's YAML group)."""
+    return field(metadata={"section": cls, "flat": True})
+
+
+def not_shipped(why: str) -> Any:
+    """A group LUFFY's YAML has and this project does not ship (no keys here): every key under it is refused."""
+    return field(default=None, metadata={"refused_group": why, "absent": True})
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A leaf key as the checker sees it."""
+
+    key: str
+    types: tuple
+    choices: Any
+    bounds: Optional[Bound]
+    luffy: str
+    why: Optional[str]
+    refuse: dict
+    optional: bool  # absent from the YAML, added with `+`
+    open_dict: bool
+
+    def allowed(self) -> Optional[tuple]:
+        """The allowed values (the owner's list, less the refused ones), or None when any value of the type goes."""
+        if self.choices is None:
+            return None
+        values = self.choices() if callable(self.choices) else self.choices
+        return tuple(v for v in values if v not in self.refuse)
+
+
+def _types_of(annotation) -> tuple:
+    """Accepted Python types of an annotation (``Optional[int]`` -> (int, NoneType))."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        return tuple(t for a in typing.get_args(annotation) for t in _types_of(a))
+    if origin is not None:  # list[str], dict[str, Any]
+        return (origin,)
+    if annotation is None:
+        return (NONE_TYPE,)
+    if annotation in (bool, int, float, str, list, dict, NONE_TYPE):
+        return (annotation,)
+    raise TypeError(f"no config type for annotation {annotation!r}; declare types=(...)")
+
+
+def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
+    """Every leaf key declared by section ``cls`` and its sub-sections, as dotted keys under ``prefix``."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        sub = f.metadata.get("section")
+        if sub is not None:
+            yield from declarations(sub, prefix if f.metadata.get("flat") else f"{prefix}{f.name}.")
+            continue
+        if f.metadata.get("absent"):
+            continue
+        meta = f.metadata
+        types = meta.get("types") or _types_of(hints[f.name])
+        yield Declaration(key=f"{prefix}{f.name}", types=types, choices=meta.get("choices"), bounds=meta.get("bounds"),
+                          luffy=meta.get("luffy", ACTS), why=meta.get("why"), refuse=meta.get("refuse") or {},
+                          optional=f.default is not MISSING or f.default_factory is not MISSING,
+                          open_dict=bool(meta.get("open_dict")))
+
+
+def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
+    """The lines for one key's (well-typed) value against its declaration: a LUFFY-inert key away from its YAML
+    ``default``, a refused value, a value outside the allowed ones, a bound not met."""
+    if d.luffy == DEFAULT_ONLY and value != default:
+        return [f"'{d.key}'={value!r} is not supported ({d.why}); only {default!r} is accepted"]
+    errors, allowed = [], d.allowed()
+    for item in value if isinstance(value, list) and allowed is not None else [value]:
+        refused = [why for v, why in d.refuse.items() if type(v) is type(item) and v == item]
+        if refused:
+            errors.append(f"'{d.key}'={item!r} is not supported: {refused[0]}")
+        elif allowed is not None and item not in allowed:
+            errors.append(enum_error(d.key, item, allowed))
+    if d.bounds is not None and value is not None and not d.bounds.ok(value):
+        errors.append(d.bounds.error(d.key, value))
+    return errors
+
+
+def refused_groups(cls, prefix: str = "") -> dict[str, str]:
+    """Dotted group -> reason, for the groups declared as not shipped (``not_shipped``, ``nested(refused=...)``)."""
+    found = {}
+    for f in fields(cls):
+        why = f.metadata.get("refused_group")
+        if why:
+            found[f"{prefix}{f.name}"] = why
+        sub = f.metadata.get("section")
+        if sub is not None:
+            found.update(refused_groups(sub, prefix if f.metadata.get("flat") else f"{prefix}{f.name}."))
+    return found
 
 
 def build_section(cls, section, name: str):
@@ -31,14 +170,19 @@ def build_section(cls, section, name: str):
     present = set(section.keys())
     values = {}
     for f in fields(cls):
+        sub = f.metadata.get("section")
+        if sub is not None and f.metadata.get("flat"):
+            values[f.name] = build_section(sub, section, name)
+            continue
+        if f.metadata.get("absent"):
+            continue
         if f.name not in present:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise KeyError(f"{name}.{f.name} is missing from the config (compose it from "
+                raise KeyError(f"{name + '.' if name else ''}{f.name} is missing from the config (compose it from "
                                f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)")
             continue
-        sub = f.metadata.get("section")
         if sub is not None:
-            values[f.name] = build_section(sub, section[f.name], f"{name}.{f.name}")
+            values[f.name] = build_section(sub, section[f.name], f"{name}.{f.name}" if name else f.name)
         elif isinstance(section, DictConfig) and OmegaConf.is_missing(section, f.name):
             # A required key left unset (``???``, e.g. data.train_files in a driver-only test config) stays
             # ``???``: config_check refuses it before a run, and reading it eagerly here must not raise.
@@ -48,8 +192,3 @@ def build_section(cls, section, name: str):
             # Plain containers, not OmegaConf nodes: sections are handed to workers and compared in tests.
             values[f.name] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     return cls(**values)
-
-
-def field_names(cls) -> set:
-    """Top-level key names of a section class (nested groups included by their own name)."""
-    return {f.name for f in fields(cls)}

@@ -1,17 +1,43 @@
-"""Typed sections of the ``actor_rollout_ref`` config group, as the FSDP worker and the actor read them.
+"""Typed sections of the ``actor_rollout_ref`` config group: the one declaration of each key the verl worker,
+actor and rollout engine read (verl/utils/config_section.py explains the declarations).
 
-Built once per worker (``WorkerSections.from_config``) from the composed config; every value comes from
-the YAML (luffy_pool/config/mix_ppo_trainer.yaml documents each key next to its default), none is restated
-here. Model, optimiser, FSDP, reference and rollout sections hold every key of their group
-(tests/verl/workers/test_config_sections.py keeps them in step with the YAML); ``ActorSection`` holds the
-actor keys the base PPO actor and worker read (the LUFFY loss keys live in luffy_pool.config_sections).
+Built once per worker (``WorkerSections.from_config``) from the composed config; every value comes from the
+YAML (luffy_pool/config/mix_ppo_trainer.yaml documents each key next to its default), none is restated here.
+The LUFFY method's own keys of these groups (prefix plan, off-policy loss) are declared in
+luffy_pool/config_sections.py, which extends these classes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
-from verl.utils.config_section import build_section, nested
+from verl.utils.config_section import (AT_LEAST_ONE, NON_NEGATIVE, OFF_OR_POSITIVE, OPEN_UNIT, POSITIVE, UNIT, Bound,
+                                       build_section, key, nested, view)
+
+# Dtype names the FSDP modules accept (verl/workers/fsdp_workers.py maps them to torch dtypes).
+DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3")
+
+
+def kl_estimators():
+    from verl.trainer.ppo.kl import KL_PENALTY_TYPES
+
+    return KL_PENALTY_TYPES
+
+
+def step_impls():
+    from verl.utils.optim import STEP_IMPLS
+
+    return STEP_IMPLS
+
+
+def _engine(name: str):
+    """A value list of the rollout engine's config module (verl/workers/rollout/config.py), read when checked."""
+    def values():
+        from verl.workers.rollout import config
+
+        return tuple(getattr(config, name))
+    return values
 
 
 @dataclass(frozen=True)
@@ -20,13 +46,13 @@ class ModelSection:
 
     path: str
     external_lib: Optional[str]
-    override_config: Any  # dict of HF config attributes to set
-    enable_gradient_checkpointing: bool
-    use_remove_padding: bool
-    shared_prompt_forward: bool
-    logprob_chunk_size: int
-    attn_implementation: str
-    trust_remote_code: bool
+    override_config: dict = key(open_dict=True)  # HF config attributes to set; `+` adds fields
+    enable_gradient_checkpointing: bool = key()
+    use_remove_padding: bool = key()
+    shared_prompt_forward: bool = key()
+    logprob_chunk_size: int = key(bounds=NON_NEGATIVE)
+    attn_implementation: str = key(choices=ATTN_IMPLEMENTATIONS)
+    trust_remote_code: bool = key()
 
 
 @dataclass(frozen=True)
@@ -41,9 +67,9 @@ class ShardingSection:
     """``ref.fsdp_config``: how a module is sharded and in which dtypes it computes."""
 
     param_offload: bool
-    param_dtype: str
-    reduce_dtype: str
-    reshard_after_forward: bool
+    param_dtype: str = key(choices=("auto",) + DTYPES)
+    reduce_dtype: str = key(choices=DTYPES)
+    reshard_after_forward: bool = key()
     wrap_policy: WrapPolicySection = nested(WrapPolicySection)
 
 
@@ -51,58 +77,80 @@ class ShardingSection:
 class FSDPSection(ShardingSection):
     """``actor.fsdp_config``: the reference's keys plus the trainable module's offload and mesh keys."""
 
-    grad_offload: bool  # refused when True by config_check (FSDP2 keeps gradients with their parameters)
-    optimizer_offload: bool
-    fsdp_size: int
+    grad_offload: bool = key(refuse={True: "FSDP2 keeps gradients with their parameters; use param_offload"})
+    optimizer_offload: bool = key()
+    fsdp_size: int = key(bounds=OFF_OR_POSITIVE)
+
+
+BETAS = Bound(lambda b: len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
+                                            for x in b), "must be two numbers in [0, 1)", "'{key}' {message}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class OptimSection:
     """``actor.optim``."""
 
-    lr: float
-    lr_warmup_steps_ratio: float
-    warmup_style: str
-    min_lr_ratio: Optional[float]
-    total_training_steps: int
-    weight_decay: float
-    betas: Any  # [beta1, beta2]
-    zero_lr_first_step: bool
-    step_impl: str
+    lr: float = key(bounds=NON_NEGATIVE)
+    lr_warmup_steps_ratio: float = key(bounds=UNIT)
+    warmup_style: str = key(choices=("constant", "cosine"))
+    min_lr_ratio: Optional[float] = key(bounds=UNIT)
+    # The launcher passes the run's step count to the worker (``total_training_steps``); a standalone actor sets it here.
+    total_training_steps: int = key()
+    weight_decay: float = key(bounds=NON_NEGATIVE)
+    betas: list = key(bounds=BETAS)
+    zero_lr_first_step: bool = key()
+    step_impl: str = key(choices=step_impls)
 
 
 @dataclass(frozen=True)
 class CheckpointSection:
     """``actor.checkpoint``."""
 
-    contents: Any  # subset of [model, optimizer, extra]
+    contents: list = key(choices=("model", "optimizer", "extra"))
+
+
+@dataclass(frozen=True)
+class PolicyLossSection:
+    """The actor keys every registered policy loss may read (verl/trainer/ppo/core_algos.py); the LUFFY losses
+    read more (luffy_pool.config_sections.LossSection). A view of the flat actor group."""
+
+    policy_loss: str  # a name of POLICY_LOSS_REGISTRY or auto; a model.external_lib module may register more
+    clip_ratio: float = key(bounds=POSITIVE)
+    entropy_coeff: float = key(bounds=NON_NEGATIVE)
+    loss_remove_token_mean: bool = key()
+    loss_remove_clip: bool = key()
 
 
 @dataclass(frozen=True)
 class ActorSection:
-    """The ``actor`` keys the base worker and PPO actor read: batch sizes, the PPO update, KL-in-loss,
-    the non-finite policy, sequence parallelism, optimiser and FSDP."""
+    """``actor_rollout_ref.actor``: batch sizes, the PPO update, KL-in-loss, the non-finite policy, sequence
+    parallelism, optimiser, FSDP and (``loss``) the policy loss's keys, which sit in the same YAML group.
+    Reading a loss key on the actor (``actor.clip_ratio``) reads it from that view."""
 
-    ppo_mini_batch_size: int
-    ppo_micro_batch_size: Optional[int]
-    ppo_micro_batch_size_per_gpu: Optional[int]
-    use_dynamic_bsz: bool
-    ppo_max_token_len_per_gpu: int
-    grad_clip: float
-    clip_ratio: float
-    clip_upper_bound: float
-    entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
-    ppo_epochs: int
-    ulysses_sequence_parallel_size: int
-    loss_remove_token_mean: bool
-    loss_remove_clip: bool
-    on_nonfinite: str
+    ppo_mini_batch_size: int = key(bounds=AT_LEAST_ONE)
+    ppo_micro_batch_size: Optional[int] = key()
+    ppo_micro_batch_size_per_gpu: Optional[int] = key()
+    use_dynamic_bsz: bool = key()
+    ppo_max_token_len_per_gpu: int = key(bounds=AT_LEAST_ONE)
+    grad_clip: float = key(bounds=POSITIVE)
+    use_kl_loss: bool = key()
+    kl_loss_coef: float = key(bounds=NON_NEGATIVE)
+    kl_loss_type: str = key(choices=kl_estimators)
+    ppo_epochs: int = key(bounds=AT_LEAST_ONE)
+    shuffle: bool = key()
+    ulysses_sequence_parallel_size: int = key()
+    on_nonfinite: str = key(choices=("skip", "stop"))
+    strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)
     fsdp_config: FSDPSection = nested(FSDPSection)
     checkpoint: CheckpointSection = nested(CheckpointSection)
+    loss: PolicyLossSection = view(PolicyLossSection)
+
+    def __getattr__(self, name: str):
+        # Only called for names that are not fields: the loss keys, read through the loss view.
+        if name.startswith("__") or name == "loss":
+            raise AttributeError(name)
+        return getattr(self.loss, name)
 
     @classmethod
     def from_actor_config(cls, actor_cfg) -> "ActorSection":
@@ -116,57 +164,55 @@ class RefSection:
     use_ref: bool
     log_prob_micro_batch_size: Optional[int]
     log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int
-    ulysses_sequence_parallel_size: int
+    log_prob_max_token_len_per_gpu: int = key(bounds=AT_LEAST_ONE)
+    ulysses_sequence_parallel_size: int = key()
     fsdp_config: ShardingSection = nested(ShardingSection)
+
+
+_TOP_K = Bound(lambda v: v >= -1, "must be -1 (off), 0 (off, hf) or > 0")
+_SLEEP_LEVEL = Bound(lambda v: v in (1, 2), "must be 1 or 2 (vLLM sleep levels)")
 
 
 @dataclass(frozen=True)
 class RolloutSection:
-    """``actor_rollout_ref.rollout``: sampling, engine, weight sync and LUFFY's prefix schedule keys."""
+    """``actor_rollout_ref.rollout``: sampling, engine and weight sync (the engine's config is built from it,
+    verl/workers/rollout/config.py)."""
 
-    name: str
-    temperature: float
-    val_temperature: float
-    top_k: int
-    top_p: float
-    n: int
-    n_val: int
-    prompt_length: int
-    response_length: int
-    dtype: str
-    gpu_memory_utilization: float
-    ignore_eos: bool
-    enforce_eager: bool
-    free_cache_engine: bool
-    sleep_level: int
-    load_format: str
-    tensor_model_parallel_size: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    enable_chunked_prefill: bool
-    log_prob_micro_batch_size: Optional[int]
-    log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int
-    do_sample: bool
-    cpu_kv_cache_bytes: int
-    hf_micro_batch_size: int
-    hf_decoder: str
-    seed: int
-    weight_sync_bucket_mb: int
-    weight_sync_packed: bool
-    max_prefix_len: int
-    prefix_share_across_samples: bool
-    prefix_strategy: str
-    n_prefix: int
-    min_prefix_ratio: float
-    max_prefix_ratio: float
-    prefix_steps: int
-    prefix_linear_max_ratio: float
-    prefix_reward_weight_alpha: float
-    prefix_reward_weight_beta: float
-    prefix_linear_max_var: float
-    prefix_reward_strategy: str
+    name: str = key(choices=("vllm", "hf"))
+    temperature: float = key(bounds=POSITIVE)
+    val_temperature: float = key(bounds=NON_NEGATIVE)
+    top_k: int = key(bounds=_TOP_K)
+    top_p: float = key(bounds=OPEN_UNIT)
+    n: int = key(bounds=AT_LEAST_ONE)
+    n_val: int = key(bounds=AT_LEAST_ONE)
+    prompt_length: int = key()
+    response_length: int = key()
+    dtype: str = key(choices=_engine("DTYPES"))
+    gpu_memory_utilization: float = key(bounds=OPEN_UNIT)
+    ignore_eos: bool = key()
+    enforce_eager: bool = key()
+    free_cache_engine: bool = key()
+    sleep_level: int = key(bounds=_SLEEP_LEVEL)
+    load_format: str = key(choices=_engine("LOAD_FORMATS"))
+    tensor_model_parallel_size: int = key(bounds=AT_LEAST_ONE)
+    max_num_batched_tokens: int = key(bounds=AT_LEAST_ONE)
+    max_num_seqs: int = key(bounds=AT_LEAST_ONE)
+    enable_chunked_prefill: bool = key()
+    enable_prefix_caching: bool = key()
+    log_prob_micro_batch_size: Optional[int] = key()
+    log_prob_use_dynamic_bsz: bool = key()
+    log_prob_max_token_len_per_gpu: int = key(bounds=AT_LEAST_ONE)
+    do_sample: bool = key()
+    cpu_kv_cache_bytes: int = key(bounds=AT_LEAST_ONE)
+    hf_micro_batch_size: int = key(bounds=AT_LEAST_ONE)
+    hf_decoder: str = key(choices=_engine("HF_DECODERS"))
+    seed: int = key()
+    weight_sync_bucket_mb: int = key(bounds=AT_LEAST_ONE)
+    weight_sync_packed: bool = key()
+    weight_transport: str = key(choices=_engine("WEIGHT_TRANSPORTS"))
+    logprobs_mode: str = key(choices=_engine("LOGPROBS_MODES"))
+    max_engine_restarts: int = key(bounds=NON_NEGATIVE)
+    max_model_len: Optional[int] = key(bounds=AT_LEAST_ONE)
 
     @classmethod
     def from_rollout_config(cls, rollout_cfg) -> "RolloutSection":
@@ -180,27 +226,18 @@ class RolloutSection:
 
 @dataclass(frozen=True)
 class WorkerSections:
-    """Everything one ``ActorRolloutRefWorker`` reads, built once from its ``actor_rollout_ref`` group."""
+    """``actor_rollout_ref``: everything one ``ActorRolloutRefWorker`` reads, built once from that group."""
 
-    model: ModelSection
-    actor: ActorSection
-    ref: RefSection
-    rollout: RolloutSection
-    nccl_timeout: int  # actor_rollout_ref.nccl_timeout: seconds, the process group's collective timeout
+    hybrid_engine: bool = key(refuse={False: "actor, rollout and ref share one worker per rank (the only mode "
+                                             "LUFFY runs)"})
+    nccl_timeout: int = key(bounds=AT_LEAST_ONE)  # seconds, the process group's collective timeout
+    model: ModelSection = nested(ModelSection)
+    actor: ActorSection = nested(ActorSection)
+    ref: RefSection = nested(RefSection)
+    rollout: RolloutSection = nested(RolloutSection)
 
     @classmethod
     def from_config(cls, arr_cfg) -> "WorkerSections":
         """From the ``actor_rollout_ref`` group (what the driver hands each worker)."""
-        return cls(model=build_section(ModelSection, arr_cfg.model, "actor_rollout_ref.model"),
-                   actor=ActorSection.from_actor_config(arr_cfg.actor),
-                   ref=build_section(RefSection, arr_cfg.ref, "actor_rollout_ref.ref"),
-                   rollout=RolloutSection.from_rollout_config(arr_cfg.rollout),
-                   nccl_timeout=int(_top_level(arr_cfg, "nccl_timeout")))
+        return build_section(cls, arr_cfg, "actor_rollout_ref")
 
-
-def _top_level(arr_cfg, key: str):
-    """A plain key of the ``actor_rollout_ref`` group itself (not of one of its sections)."""
-    if key not in arr_cfg:
-        raise KeyError(f"actor_rollout_ref.{key} is missing from the config (compose it from "
-                       f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)")
-    return arr_cfg[key]

@@ -12,6 +12,7 @@ import datetime
 import logging
 import os
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -53,15 +54,19 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     """One rank of the hybrid engine. ``role`` is actor / rollout / ref / actor_rollout / actor_rollout_ref."""
 
     actor_cls = DataParallelPPOActor
+    sections_cls = WorkerSections  # the typed view of actor_rollout_ref (a method's worker extends it with its keys)
 
-    def __init__(self, config: DictConfig, role: str, device: str = "auto"):
+    def __init__(self, config: DictConfig, role: str, device: str = "auto", total_training_steps: Optional[int] = None):
         super().__init__()
         from verl.utils.logging_setup import setup_logging
 
         setup_logging()  # third-party noise off in this worker's console output
         self.config = config
         # Typed view of every key this worker reads, built once (verl/workers/config_sections.py).
-        self.sections = WorkerSections.from_config(config)
+        self.sections = self.sections_cls.from_config(config)
+        # The run's step count (the lr schedule's length), computed once by the launcher; a standalone worker
+        # takes actor.optim.total_training_steps.
+        self.total_training_steps = total_training_steps
         self.role = role
         # Chosen here from what Ray made visible to this process (verl/utils/device.py), not on the driver.
         self.device_plan = configure_worker_device(device)
@@ -142,7 +147,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         ocfg = self.sections.actor.optim
         optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=tuple(ocfg.betas), weight_decay=ocfg.weight_decay,
                                 step_impl=ocfg.step_impl)
-        total = int(ocfg.total_training_steps)
+        total = int(self.total_training_steps if self.total_training_steps is not None else ocfg.total_training_steps)
         warmup = int(ocfg.lr_warmup_steps_ratio * max(total, 0))
         zero_first = bool(ocfg.zero_lr_first_step)
         style = ocfg.warmup_style
@@ -161,16 +166,16 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         """Rollout engine for this rank and the sharding manager that feeds it the actor's weights."""
         from verl.workers.sharding_manager import FSDPShardingManager
 
-        rcfg = self.config.rollout  # the engines parse their own keys (verl/workers/rollout/config.py)
+        rcfg = self.sections.rollout  # the engine's config is built from the section (verl/workers/rollout/config.py)
         name = self.sections.rollout.name
         if name == "hf":
             from verl.workers.rollout.hf_rollout import HFRollout
 
-            rollout = HFRollout(self.config.model.path, rcfg, device=self.device)
+            rollout = HFRollout(self.sections.model.path, rcfg, device=self.device)
         elif name == "vllm":
             from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-            rollout = VLLMRollout(self.config.model.path, rcfg, device=self.device)
+            rollout = VLLMRollout(self.sections.model.path, rcfg, device=self.device)
         else:
             raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
         tp = self.rollout_tp_size
@@ -192,21 +197,19 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def _use_local_model_dir(self) -> None:
         """A hub id in ``model.path`` becomes this node's cache snapshot folder (downloaded once per node when
         online) before anything reads the model: the shard loader reads files (verl/utils/model_source.py)."""
-        from omegaconf import open_dict
+        import dataclasses
 
         from verl.utils.model_source import resolve_model_dir
 
-        local = resolve_model_dir(str(self.config.model.path))
-        if local != str(self.config.model.path):
-            with open_dict(self.config):
-                self.config.model.path = local
-            self.sections = WorkerSections.from_config(self.config)
+        local = resolve_model_dir(str(self.sections.model.path))
+        if local != str(self.sections.model.path):  # the section says where the files are; the config is not changed
+            self.sections = dataclasses.replace(self.sections, model=dataclasses.replace(self.sections.model, path=local))
 
     def init_model(self):
         from transformers import AutoTokenizer
 
         self._use_local_model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.sections.model.path)
         s = self.sections
         use_rmpad = s.model.use_remove_padding
         share = bool(s.model.shared_prompt_forward)

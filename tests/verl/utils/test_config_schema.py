@@ -6,7 +6,6 @@ from verl.utils.config_schema import (
     NONE_TYPE,
     SchemaConfigError,
     enum_error,
-    expected_types,
     load_yaml_tree,
     prepare_overrides,
     resolved_tree,
@@ -44,15 +43,6 @@ def test_resolved_tree_names_the_key_of_a_broken_interpolation():
     assert resolved_tree({"a": 1, "b": "${a}", "hydra": {"x": 1}}, SchemaConfigError) == {"a": 1, "b": 1}
     with pytest.raises(SchemaConfigError, match=r"Cannot resolve config key 'b'"):
         resolved_tree(OmegaConf.create({"b": "${nope}"}), SchemaConfigError)
-
-
-def test_expected_types_prefers_explicit_entry_and_rejects_untyped_null():
-    defaults = {"a": 1.5, "b": None, "c": True}
-    assert expected_types("a", defaults, {}) == (float,)
-    assert expected_types("c", defaults, {}) == (bool,)
-    assert expected_types("b", defaults, {"b": (int, NONE_TYPE)}) == (int, NONE_TYPE)
-    with pytest.raises(KeyError, match="b has a null default"):
-        expected_types("b", defaults, {})
 
 
 @pytest.mark.parametrize("value,types,ok", [

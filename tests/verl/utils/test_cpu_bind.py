@@ -4,7 +4,10 @@ import os
 
 import pytest
 
+from luffy_pool.config_sections import ConfigSections
 from luffy_pool.launcher import resolve_cpu_bind
+
+S = ConfigSections.from_config
 from verl.utils.cpu_bind import bind_cpu_rank, cpu_slice
 
 
@@ -45,9 +48,9 @@ def test_launcher_resolves_the_mode_for_the_workers(compose_config):
         config.trainer.cpu_bind = bind  # after composing: a bad value must reach the launcher's own check
         return config
 
-    assert resolve_cpu_bind(cfg(), "cpu") == "auto"
-    assert resolve_cpu_bind(cfg(rollout="vllm"), "cpu") == "none"  # vLLM's CPU backend binds its own threads
-    assert resolve_cpu_bind(cfg(), "cuda") == "none"
-    assert resolve_cpu_bind(cfg(bind="none"), "cpu") == "none"
+    assert resolve_cpu_bind(S(cfg()), "cpu") == "auto"
+    assert resolve_cpu_bind(S(cfg(rollout="vllm")), "cpu") == "none"  # vLLM's CPU backend binds its own threads
+    assert resolve_cpu_bind(S(cfg()), "cuda") == "none"
+    assert resolve_cpu_bind(S(cfg(bind="none")), "cpu") == "none"
     with pytest.raises(ValueError, match="trainer.cpu_bind must be one of .*got 'yes'"):
-        resolve_cpu_bind(cfg(bind="yes"), "cpu")
+        resolve_cpu_bind(S(cfg(bind="yes")), "cpu")

@@ -172,14 +172,17 @@ def test_two_nodes_two_fake_gpus_each():
 
 
 def test_engine_layout_and_bundle_choice(compose_config):
+    from luffy_pool.config_sections import ConfigSections
     from luffy_pool.launcher import bundle_uses_gpu, engine_layout
+
+    S = ConfigSections.from_config
 
     cfg = compose_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.bundle_resources=auto",
                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
-    assert engine_layout(cfg) == "FSDP ranks 16 (2 node(s) x 8); rollout engine layout: 8 DP group(s) x TP 2"
-    assert bundle_uses_gpu(cfg, "cuda") and not bundle_uses_gpu(cfg, "cpu")
+    assert engine_layout(S(cfg)) == "FSDP ranks 16 (2 node(s) x 8); rollout engine layout: 8 DP group(s) x TP 2"
+    assert bundle_uses_gpu(S(cfg), "cuda") and not bundle_uses_gpu(S(cfg), "cpu")
     cfg.trainer.bundle_resources = "gpu"
-    assert bundle_uses_gpu(cfg, "cpu")  # a CPU rehearsal of a GPU placement
+    assert bundle_uses_gpu(S(cfg), "cpu")  # a CPU rehearsal of a GPU placement
     cfg.trainer.bundle_resources = "cpu"
     with pytest.raises(ValueError, match="a CUDA rank needs a GPU bundle"):
-        bundle_uses_gpu(cfg, "cuda")
+        bundle_uses_gpu(S(cfg), "cuda")

@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 
 from luffy_pool.config_check import schema_defaults
-from verl.utils.config_section import build_section
+from luffy_pool.config_sections import LuffyActorSection, LuffyRolloutSection
+from verl.utils.config_section import build_section, declarations
 from verl.workers.config_sections import (ActorSection, FSDPSection, ModelSection, OptimSection, RefSection,
                                           RolloutSection, ShardingSection, WorkerSections)
 
@@ -18,7 +19,7 @@ def _yaml_keys(group: str) -> set:
 
 
 @pytest.mark.parametrize("cls,group", [
-    (ModelSection, f"{ARR}.model"), (RefSection, f"{ARR}.ref"), (RolloutSection, f"{ARR}.rollout"),
+    (ModelSection, f"{ARR}.model"), (RefSection, f"{ARR}.ref"), (LuffyRolloutSection, f"{ARR}.rollout"),
     (OptimSection, f"{ARR}.actor.optim"), (FSDPSection, f"{ARR}.actor.fsdp_config"),
     (ShardingSection, f"{ARR}.ref.fsdp_config"),
 ])
@@ -29,10 +30,23 @@ def test_full_sections_have_exactly_the_yaml_keys_and_no_restated_defaults(cls, 
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(cls))
 
 
-def test_the_actor_section_is_a_subset_of_the_actor_keys():
-    names = {f.name for f in dataclasses.fields(ActorSection)}
-    assert names <= _yaml_keys(f"{ARR}.actor"), sorted(names - _yaml_keys(f"{ARR}.actor"))
-    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(ActorSection))
+def test_the_actor_group_is_one_section_and_verl_declares_a_subset_of_it():
+    """verl's ActorSection (with its loss view) declares the keys the base worker reads; LUFFY's subclass adds the
+    method's keys, and together they are exactly the YAML's actor group, each declared once."""
+    actor = f"{ARR}.actor"
+    yaml_keys = {k for k in schema_defaults() if k.startswith(actor + ".") and not isinstance(schema_defaults()[k], dict)}
+    base = [d.key for d in declarations(ActorSection, actor + ".")]
+    full = [d.key for d in declarations(LuffyActorSection, actor + ".")]
+    assert set(base) < set(full) and len(full) == len(set(full)) and set(full) == yaml_keys
+    assert {f.name for f in dataclasses.fields(RolloutSection)} < {f.name for f in dataclasses.fields(LuffyRolloutSection)}
+
+
+def test_loss_keys_read_on_the_actor_come_from_its_loss_view(compose_config):
+    s = LuffyActorSection.from_actor_config(compose_config([f"{ARR}.actor.clip_ratio=0.3"]).actor_rollout_ref.actor)
+    assert s.clip_ratio == s.loss.clip_ratio == 0.3
+    assert s.use_off_policy_probs is s.loss.use_off_policy_probs is False
+    with pytest.raises(AttributeError):
+        s.clip_ration  # noqa: B018 -- a typo of clip_ratio
 
 
 def test_values_come_from_the_composed_config_with_overrides_and_interpolations(compose_config):

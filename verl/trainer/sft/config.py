@@ -1,45 +1,110 @@
-"""Config of the SFT trainer: composition with Hydra and validation against verl/trainer/config/sft_trainer.yaml.
+"""Config of the SFT trainer: its keys declared once (the sections below), composed with Hydra and checked
+against them; defaults and comments in verl/trainer/config/sft_trainer.yaml.
 
 Command-line overrides are checked before Hydra sees them, so an unknown key fails with the closest
 valid key named (difflib) instead of Hydra's struct error; a composed or hand-built config is checked
-again (keys, enum values, ranges) before any process group or model is created. Every problem is one
-line naming its key.
+again (keys, types, allowed values, bounds: verl/utils/config_section.py) before any process group or model is
+created. Every problem is one line naming its key.
 """
 from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 from omegaconf import DictConfig
 
 from verl.utils import config_schema
-from verl.utils.config_schema import NONE_TYPE as _NONE
+from verl.utils.config_section import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, Bound, Declaration, declarations,
+                                       key, nested, value_errors)
+from verl.workers.config_sections import ATTN_IMPLEMENTATIONS, BETAS, DTYPES, step_impls
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
 CONFIG_NAME = "sft_trainer"
 
-ENUMS = {
-    "data.truncation": ("error", "left", "right"),
-    "model.attn_implementation": ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3"),
-    "model.fsdp_config.param_dtype": ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32"),
-    "model.fsdp_config.reduce_dtype": ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32"),
-    "optim.warmup_style": ("cosine", "constant"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "trainer.logger": ("console", "jsonl", "wandb", "tensorboard"),
-}
-# Types of keys whose YAML default (null or ???) does not say it.
-EXPLICIT_TYPES = {
-    "data.train_files": (str, list),
-    "data.val_files": (str, list, _NONE),
-    "model.path": (str,),
-    "trainer.total_training_steps": (int, _NONE),
-    "trainer.logger": (list, str),
-    "optim.betas": (list,),
-}
-POSITIVE_INTS = ("data.max_length", "data.train_batch_size", "data.micro_batch_size_per_gpu",
-                 "model.loss_chunk_tokens", "trainer.total_epochs", "trainer.total_training_steps")
-MINUS_ONE_OR_POSITIVE = ("trainer.save_freq", "trainer.test_freq")
+_OFF_OR_AT_LEAST_ONE = Bound(lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1")
+
+
+def _loggers():
+    from verl.utils.tracking import SUPPORTED_BACKENDS
+
+    return SUPPORTED_BACKENDS
+
+
+@dataclass(frozen=True)
+class SFTDataSection:
+    train_files: Union[str, list]
+    val_files: Union[str, list, None]
+    prompt_key: str
+    response_key: str
+    max_length: int = key(bounds=AT_LEAST_ONE)
+    truncation: str = key(choices=("error", "left", "right"))
+    train_batch_size: int = key(bounds=AT_LEAST_ONE)
+    micro_batch_size_per_gpu: int = key(bounds=AT_LEAST_ONE)
+    strip_think_prefix: bool = key()
+    shuffle: bool = key()
+
+
+@dataclass(frozen=True)
+class SFTFSDPSection:
+    param_dtype: str = key(choices=("auto",) + DTYPES)
+    reduce_dtype: str = key(choices=DTYPES)
+    param_offload: bool = key()
+    reshard_after_forward: bool = key()
+
+
+@dataclass(frozen=True)
+class SFTModelSection:
+    path: str
+    trust_remote_code: bool
+    enable_gradient_checkpointing: bool
+    attn_implementation: str = key(choices=ATTN_IMPLEMENTATIONS)
+    loss_chunk_tokens: int = key(bounds=AT_LEAST_ONE)
+    fsdp_config: SFTFSDPSection = nested(SFTFSDPSection)
+
+
+@dataclass(frozen=True)
+class SFTOptimSection:
+    lr: float = key(bounds=POSITIVE)
+    betas: list = key(bounds=BETAS)
+    weight_decay: float = key(bounds=NON_NEGATIVE)
+    warmup_steps_ratio: float = key(bounds=UNIT)
+    warmup_style: str = key(choices=("cosine", "constant"))
+    min_lr_ratio: float = key(bounds=UNIT)
+    clip_grad: float = key(bounds=POSITIVE)
+    step_impl: str = key(choices=step_impls)
+
+
+@dataclass(frozen=True)
+class SFTTrainerSection:
+    device: str = key(choices=("auto", "cpu", "cuda"))
+    total_epochs: int = key(bounds=AT_LEAST_ONE)
+    total_training_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
+    default_local_dir: str = key()
+    save_freq: int = key(bounds=_OFF_OR_AT_LEAST_ONE)
+    test_freq: int = key(bounds=_OFF_OR_AT_LEAST_ONE)
+    logger: Union[list, str] = key(choices=_loggers)
+    project_name: str = key()
+    experiment_name: str = key()
+    seed: int = key()
+    progress_bar: bool = key()
+
+
+@dataclass(frozen=True)
+class SFTConfigSections:
+    """The SFT trainer's config groups (verl/trainer/config/sft_trainer.yaml)."""
+
+    data: SFTDataSection = nested(SFTDataSection)
+    model: SFTModelSection = nested(SFTModelSection)
+    optim: SFTOptimSection = nested(SFTOptimSection)
+    trainer: SFTTrainerSection = nested(SFTTrainerSection)
+
+
+@functools.lru_cache(maxsize=1)
+def declared() -> dict[str, Declaration]:
+    """Dotted key -> declaration of every SFT config key."""
+    return {d.key: d for d in declarations(SFTConfigSections)}
 
 
 class ConfigError(config_schema.SchemaConfigError):
@@ -59,7 +124,7 @@ def schema_defaults() -> dict[str, Any]:
 
 def suggest_key(key: str) -> Optional[str]:
     """The valid key closest to ``key``: same last component first, then the whole dotted name."""
-    return config_schema.suggest_key(key, list(schema_defaults()), leaf_cutoff=0.6)
+    return config_schema.suggest_key(key, list(declared()), leaf_cutoff=0.6)
 
 
 def unknown_key_message(key: str) -> str:
@@ -71,10 +136,9 @@ def check_override_keys(overrides: Iterable[str]) -> list[str]:
 
     Hydra's own keys (``hydra.*``) pass through. Raises ConfigError listing every unknown key.
     """
-    schema = schema_defaults()
     # Deletions and package overrides go to Hydra as written; validate_sft_config then reports what they did.
     return config_schema.prepare_overrides(
-        overrides, classify=lambda key: "schema" if key in schema else None,
+        overrides, classify=lambda key: "schema" if key in declared() else None,
         unknown_message=lambda key, plus: unknown_key_message(key), error_cls=ConfigError,
         allow_delete_and_package=True)
 
@@ -98,11 +162,8 @@ def compose_sft_config(overrides: Sequence[str] = ()) -> DictConfig:
             restore_gh_from_backup(backup)
 
 
-_type_ok = config_schema.type_ok
-
-
 def expected_types(key: str) -> tuple[type, ...]:
-    return config_schema.expected_types(key, schema_defaults(), EXPLICIT_TYPES)
+    return declared()[key].types
 
 
 def to_plain_dict(config: Union[DictConfig, dict]) -> dict:
@@ -113,7 +174,7 @@ def to_plain_dict(config: Union[DictConfig, dict]) -> dict:
 def validate_sft_config(config: Union[DictConfig, dict]) -> list[str]:
     """Every problem of a config, one line each naming the key (empty = valid)."""
     values = dict(_walk(to_plain_dict(config)))
-    schema = schema_defaults()
+    schema = declared()
     errors = [unknown_key_message(k) for k in values if k not in schema]
     errors += [f"Missing config key '{k}' (it is in {CONFIG_NAME}.yaml)" for k in schema if k not in values]
     for key, value in values.items():
@@ -124,29 +185,9 @@ def validate_sft_config(config: Union[DictConfig, dict]) -> list[str]:
             errors.append(problem)
     if errors:
         return errors
-    for key, choices in ENUMS.items():
-        for value in values[key] if isinstance(values[key], list) else [values[key]]:
-            problem = config_schema.enum_error(key, value, choices)
-            if problem:
-                errors.append(problem)
-    for key in POSITIVE_INTS:
-        if values[key] is not None and values[key] < 1:
-            errors.append(f"'{key}'={values[key]!r} must be >= 1")
-    for key in MINUS_ONE_OR_POSITIVE:
-        if values[key] != -1 and values[key] < 1:
-            errors.append(f"'{key}'={values[key]!r} must be -1 (off) or >= 1")
-    if not values["optim.lr"] > 0:
-        errors.append(f"'optim.lr'={values['optim.lr']!r} must be > 0")
-    if not values["optim.clip_grad"] > 0:
-        errors.append(f"'optim.clip_grad'={values['optim.clip_grad']!r} must be > 0")
-    if values["optim.weight_decay"] < 0:
-        errors.append(f"'optim.weight_decay'={values['optim.weight_decay']!r} must be >= 0")
-    for key in ("optim.warmup_steps_ratio", "optim.min_lr_ratio"):
-        if not 0.0 <= values[key] <= 1.0:
-            errors.append(f"'{key}'={values[key]!r} must be in [0, 1]")
-    betas = values["optim.betas"]
-    if not (len(betas) == 2 and all(_type_ok(b, (float,)) and 0 <= b < 1 for b in betas)):
-        errors.append(f"'optim.betas' must be two numbers in [0, 1), got {betas!r}")
+    defaults = schema_defaults()
+    for key, d in schema.items():
+        errors += value_errors(d, values[key], defaults[key])
     for key in ("data.train_files", "data.val_files"):
         files = values[key]
         if isinstance(files, list) and (not files or not all(isinstance(f, str) for f in files)):

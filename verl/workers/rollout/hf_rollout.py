@@ -150,7 +150,7 @@ class HFRollout(BaseRollout):
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        mb = self.config.micro_batch_size
+        mb = self.config.hf_micro_batch_size
         for start in range(0, len(rows), mb):
             chunk = rows[start:start + mb]
             prompts, caps = [prompt_token_ids[i] for i in chunk], [max_tokens[i] for i in chunk]

@@ -33,7 +33,7 @@ def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_
     rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 1})
     caps = [7, 2, 9, 4, 5, 3]
     one_by_one = rollout.generate_token_ids(prompts, caps, GREEDY)
-    rollout.config.micro_batch_size = 8
+    rollout.config.hf_micro_batch_size = 8
     batched = rollout.generate_token_ids(prompts, caps, GREEDY)
     assert batched.token_ids == one_by_one.token_ids
     assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)

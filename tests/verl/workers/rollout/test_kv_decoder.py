@@ -136,5 +136,5 @@ def test_yaml_hf_keys_reach_the_engine_config():
     from verl.workers.rollout.config import parse_rollout_config
 
     cfg = parse_rollout_config({"hf_micro_batch_size": 7, "hf_decoder": "generic"})
-    assert cfg.micro_batch_size == 7 and cfg.hf_decoder == "generic"
+    assert cfg.hf_micro_batch_size == 7 and cfg.hf_decoder == "generic"
     assert parse_rollout_config({}).hf_decoder == "auto"

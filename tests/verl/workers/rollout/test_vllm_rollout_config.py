@@ -147,20 +147,26 @@ def test_remove_run_cpu_shm_only_touches_that_run(tmp_path):
 
 
 def test_the_workers_full_rollout_group_overrides_every_engine_default(compose_config):
-    """The engine dataclass keeps defaults for standalone engine use; the worker passes the composed rollout
-    group, so for every key the YAML has, the engine runs with the YAML's value, never a restated default."""
+    """The engine config has no defaults of its own and no key the YAML cannot set: from the worker's section
+    every key takes the YAML's value; a standalone engine differs from a run only in STANDALONE."""
     import dataclasses
 
     from luffy_pool.config_check import schema_defaults
 
+    from verl.workers.config_sections import RolloutSection
+    from verl.workers.rollout.config import STANDALONE, RolloutEngineConfig
+
     rollout = compose_config([]).actor_rollout_ref.rollout
-    cfg = parse_rollout_config(rollout)
+    cfg = parse_rollout_config(RolloutSection.from_rollout_config(rollout))
+    assert cfg == parse_rollout_config(rollout)
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(RolloutEngineConfig))
     yaml = {k.rsplit(".", 1)[1]: v for k, v in schema_defaults().items() if k.startswith("actor_rollout_ref.rollout.")}
     canonical = {"dtype": {"bfloat16": "bfloat16"}, "load_format": {"dummy_dtensor": "dummy"}}
     shared = [f.name for f in dataclasses.fields(cfg) if f.name in yaml]
-    assert len(shared) >= 15, shared  # sampling, lengths, TP, memory, batching, dtype, weights source, seed
+    assert len(shared) == len(dataclasses.fields(cfg)), [f.name for f in dataclasses.fields(cfg) if f.name not in yaml]
     for name in shared:
         want = canonical.get(name, {}).get(yaml[name], yaml[name])
         assert getattr(cfg, name) == want, name
-    assert cfg.micro_batch_size == yaml["hf_micro_batch_size"]  # the HF engine's YAML spelling
+    standalone = parse_rollout_config(None)
+    assert {f.name for f in dataclasses.fields(cfg) if getattr(standalone, f.name) != getattr(cfg, f.name)} <= set(STANDALONE)
     assert cfg.tensor_model_parallel_size == 2 and cfg.tensor_model_parallel_size != parse_rollout_config(None).tensor_model_parallel_size
