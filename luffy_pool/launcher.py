@@ -215,7 +215,8 @@ def build_trainer(config: DictConfig):
     sections = ConfigSections.from_config(config)  # the one typed view of the run, passed down from here
     preflight(config, sections)  # folders, model and data files: one line per problem before anything loads
     try:
-        check_model_context(config)  # before Ray starts: prompt + response must fit the model's positions
+        # before Ray starts: prompt + response must fit the model's positions
+        check_model_context(sections.workers.model, sections.data.max_prompt_length, sections.data.max_response_length)
     except ValueError as exc:
         raise PreflightError([str(exc)]) from None
     world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node)

@@ -13,10 +13,9 @@ from verl.trainer.ppo.core_algos import get_policy_loss_config, get_policy_loss_
 from verl.utils.config_section import build_section
 
 
-def policy_loss_name(actor_cfg) -> str:
+def policy_loss_name(loss: LossSection) -> str:
     """``actor.policy_loss``, or with ``auto`` the loss LUFFY's switches select: ``luffy_token``
     (use_off_policy_loss), ``sft_multitask`` (use_sft_multitask_loss), else ``vanilla`` (PPO clip)."""
-    loss = LossSection.from_actor_config(actor_cfg)
     name = loss.policy_loss or "auto"
     if name != "auto":
         return str(name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from luffy_pool.config_sections import LossSection
+from luffy_pool.config_sections import LossSection, LuffyActorSection
 from luffy_pool.loss_config import policy_loss_name, policy_loss_section
 from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -24,10 +24,12 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
 
     def __init__(self, config, actor_module, actor_optimizer=None, **kw):
         super().__init__(config, actor_module, actor_optimizer, **kw)
-        self.loss_cfg = loss = LossSection.from_actor_config(config)  # typed loss switches, built once
+        section = self.update_config
+        # the loss view of the actor section (the worker's, built at start), else built from ``config``
+        self.loss_cfg = loss = section.loss if isinstance(section, LuffyActorSection) else LossSection.from_actor_config(config)
         if loss.use_off_policy_loss and loss.use_sft_multitask_loss:
             raise ValueError("actor.use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True")
-        self.policy_loss = policy_loss_name(config)
+        self.policy_loss = policy_loss_name(loss)
         # the loss's own section, built once; an unknown name fails here, naming the registered ones
         self.policy_loss_cfg = policy_loss_section(config, self.policy_loss, loss)
         self.policy_loss_fn = get_policy_loss_fn(self.policy_loss)

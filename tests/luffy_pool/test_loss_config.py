@@ -41,10 +41,10 @@ def _micro():
 
 
 def test_auto_picks_the_loss_luffys_switches_select(compose_config):
-    assert policy_loss_name(_actor_cfg(compose_config)) == "vanilla"
-    assert policy_loss_name(_actor_cfg(compose_config, *LUFFY_ACTOR)) == "luffy_token"
-    assert policy_loss_name(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True")) == "sft_multitask"
-    assert policy_loss_name(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss")) == "my_loss"
+    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config))) == "vanilla"
+    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config, *LUFFY_ACTOR))) == "luffy_token"
+    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True"))) == "sft_multitask"
+    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss"))) == "my_loss"
 
 
 def test_a_builtin_loss_reads_the_actor_loss_section_with_luffys_values(compose_config):

@@ -29,15 +29,10 @@ def check_context_length(prompt_length: int, response_length: int, limit: Option
             f"{LONG_CONTEXT_HINT}) or shorter lengths")
 
 
-def check_model_context(config) -> None:
-    """``check_context_length`` for a trainer config (reads the actor model's HF config)."""
+def check_model_context(model, max_prompt_length: int, max_response_length: int) -> None:
+    """``check_context_length`` for the run's ``actor_rollout_ref.model`` section (reads its HF config)."""
     from transformers import AutoConfig
 
-    from verl.utils.config_section import build_section
-    from verl.workers.config_sections import ModelSection
-
-    mcfg = build_section(ModelSection, config.actor_rollout_ref.model, "actor_rollout_ref.model")
-    hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.trust_remote_code)
-    overrides = dict(mcfg.override_config or {})
-    check_context_length(config.data.max_prompt_length, config.data.max_response_length,
-                         max_positions(hf_config, overrides), mcfg.path)
+    hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    overrides = dict(model.override_config or {})
+    check_context_length(max_prompt_length, max_response_length, max_positions(hf_config, overrides), model.path)

@@ -229,7 +229,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
-                                        dp_group=self.dp_group, batch_sizes=self.batch_sizes,
+                                        dp_group=self.dp_group, batch_sizes=self.batch_sizes, section=s.actor,
                                         grad_norm_device=grad_norm_device(
                                             bool(s.actor.fsdp_config.param_offload), self.device, compute))
         if self._is_rollout:

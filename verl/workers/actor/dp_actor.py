@@ -78,10 +78,14 @@ class DataParallelPPOActor:
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
                  shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None,
                  grad_norm_device=None,
-                 batch_sizes: Optional[RankBatchSizes] = None):
+                 batch_sizes: Optional[RankBatchSizes] = None, section: Optional[ActorSection] = None):
         self.config = config
-        # The update's keys, typed and built once (verl/workers/config_sections.py).
-        self.update_config = ActorSection.from_actor_config(config) if actor_optimizer is not None else None
+        # The update's keys, typed: the worker passes the section it built at start (verl/workers/config_sections.py);
+        # a caller without one (a test, a script) gets it built from ``config`` here.
+        if actor_optimizer is None:
+            self.update_config = None
+        else:
+            self.update_config = section if section is not None else ActorSection.from_actor_config(config)
         self.batch_sizes = batch_sizes
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
