@@ -1,7 +1,7 @@
 """``prepare_train.py --source luffy``: LUFFY's own training parquet (``Elliott/Openr1-Math-46k-8192``, which
 LUFFY's data/prepare_train.py writes unchanged) kept row for row, and LUFFY's validation parquets.
 
-By default every row is validated (§3.1 columns; a malformed row is one error naming file, row and column)
+By default every row is validated (docs/METHOD.md §3.1 columns; a malformed row is one error naming file, row and column)
 and written as it was: same rows, same order, same ``extra_info.index`` and every extra column (e.g.
 ``target_ds_qwen_7b_probs``). ``--verify True`` re-grades each target and *reports* the rows the grader
 would drop (counts, and one line per row in ``<output>.regrade.jsonl``); only ``--drop_failed True`` drops

@@ -1,4 +1,4 @@
-"""Turn a training table (LUFFY_SPEC §3.1) into the SFT format of LUFFY's SFT baseline: prompt + target.
+"""Turn a training table (docs/METHOD.md §3.1) into the SFT format of LUFFY's SFT baseline: prompt + target.
 
 Each row becomes ``{"prompt": <chat messages>, "target": <trace>, "data_source": ...}`` where the
 trace loses its leading ``<think>\\n`` (the chat template's generation prompt already opens the think
@@ -39,7 +39,7 @@ def to_sft_record(row: dict, prompt_format: str = "messages", system_prompt: Opt
 
 def convert(rows: Sequence[dict], path: str, prompt_format: str = "messages", system_prompt: Optional[str] = None,
             drop_system: bool = False) -> list[dict]:
-    """Validate §3.1 rows (errors name ``path``/row/column) and convert them; empty traces are errors."""
+    """Validate training rows (docs/METHOD.md §3.1; errors name ``path``/row/column) and convert them; empty traces are errors."""
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
     out = []

@@ -1,4 +1,4 @@
-"""Build LUFFY's training parquet (LUFFY_SPEC §3.1): prompts, one off-policy trace each, ground truths.
+"""Build LUFFY's training parquet (docs/METHOD.md §3.1): prompts, one off-policy trace each, ground truths.
 
 Sources (``--source``):
   openr1     OpenR1-Math style table (.parquet/.jsonl/.json): ``problem``, traces (``generations`` list,
@@ -11,7 +11,7 @@ Sources (``--source``):
              ``openai/gsm8k``: the reward selector sends that name to verl's ``####``-format scorer, which
              would grade these boxed traces (and the policy's boxed answers) wrong.
   synthetic  the embedded arithmetic task of ``luffy_pool.tiny`` (no input file).
-  luffy      LUFFY's own §3.1 parquet (e.g. ``Elliott/Openr1-Math-46k-8192``): every row validated and
+  luffy      LUFFY's own training parquet (docs/METHOD.md §3.1, e.g. ``Elliott/Openr1-Math-46k-8192``): every row validated and
              kept as it is (order, ``extra_info.index``, extra columns), as LUFFY trains on it;
              ``--verify True`` re-grades the targets and reports what it would drop (``--drop_failed True``
              drops), ``--val_dir`` writes LUFFY's validation parquets next to the output (data/luffy_source.py).

@@ -1,12 +1,12 @@
 """Held-out data for SFT-then-RL: split one training table into an SFT part and an RL part.
 
 LUFFY's SFT+RL baseline fine-tunes on one set of problems and runs RL on prompts disjoint from it
-(``Elliott/Openr1-Math-48k-Complement``, LUFFY_SPEC §2.3 / §3.1). Here a seeded hash of each problem's
+(``Elliott/Openr1-Math-48k-Complement``, docs/METHOD.md §2.3 / §3.1). Here a seeded hash of each problem's
 text sends it to the SFT side (probability ``--sft_fraction``) or the RL side, so the two parts never
 share a problem, duplicates stay together and the split is the same on every machine.
 ``--exclude`` drops problems that appear in other tables (e.g. the main RL training set) from both parts.
-Outputs: ``--rl_output`` in the training format (§3.1) and ``--sft_output`` in the SFT format of
-``prepare_sft.py`` (jsonl or parquet); ``--sft_train_format`` writes the SFT part in §3.1 format instead.
+Outputs: ``--rl_output`` in the training format (docs/METHOD.md §3.1) and ``--sft_output`` in the SFT format of
+``prepare_sft.py`` (jsonl or parquet); ``--sft_train_format`` writes the SFT part in the training format instead.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Offline evaluation: sample responses over a benchmark parquet, grade them, report per-source metrics.
 
 LUFFY's command keeps working (``--model_path --input_file --output_file --remove_system True
---template own [--add_oat_evaluate True]``, LUFFY_SPEC §4.4); ``--flag value``, ``--flag=value`` and
+--template own [--add_oat_evaluate True]``, docs/METHOD.md §4.4); ``--flag value``, ``--flag=value`` and
 fire-style ``--flag True/False`` all parse. Flow: read and validate the parquet, render prompts (system
 turn dropped by default), generate ``n`` samples per row with vLLM (CPU build or GPU, or ``--backend
 hf``), write ``<output>.decoded.jsonl``, grade each sample (the text after ``</think>`` when the prompt
@@ -133,7 +133,7 @@ def checkpoint_export_dir(model_path: str) -> str:
 
 
 def resolve_model_path(model_path: str, export: bool) -> str:
-    """An HF model folder for ``model_path``: itself, or the export of a training checkpoint (issue 25, G14).
+    """An HF model folder for ``model_path``: itself, or the export of a training checkpoint.
 
     A training checkpoint (sharded DCP weights, no top-level config.json) cannot be loaded by vLLM or
     transformers; without ``export`` this is one error line with the exact ``verl.model_merger`` command.

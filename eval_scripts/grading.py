@@ -1,6 +1,6 @@
 """Grading of evaluation samples and off-policy traces with the project's graders (deepscaler.rewards).
 
-LUFFY's eval rule (LUFFY_SPEC §4.4): when the prompt opened ``<think>\\n`` (or
+LUFFY's eval rule (docs/METHOD.md §4.4): when the prompt opened ``<think>\\n`` (or
 ``--add_think_before_answer``), the graded text is the part after the first ``</think>`` and a response
 without one is wrong; ``--no_split_think`` grades the whole response. The answer is then judged by
 math-verify, the rule-based grader, or either (``both``/``any``), through ``deepscaler.rewards``.

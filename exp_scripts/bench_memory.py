@@ -32,7 +32,7 @@ the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
 
 ``--predict [--sizes ROWSxWIDTHxTOKENSxLAYERS,...] [--checkpointing]`` instead measures ours at each size
 and prints it next to ``luffy_pool.memory_plan``'s prediction of the same quantity (the plan's lines of
-that phase minus the resident ones), and the largest relative error (issue 23).
+that phase minus the resident ones), and the largest relative error.
 """
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------- predicted vs measured (issue 23)
+# ---------------------------------------------------------------------- predicted vs measured
 def predicted_bytes(args, phase: str) -> int:
     """luffy_pool.memory_plan's estimate of what ``run_child(args, "ours", phase)`` measures: the phase's
     lines minus those resident before it (parameters, AdamW moments), for this one-process fp32 CPU actor

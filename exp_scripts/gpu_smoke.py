@@ -204,7 +204,7 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     loader, _, _, collate = build_dataloader(sections, tokenizer)
     cuda = args.device == "cuda"
     plan_gb = None
-    if cuda:  # issue 23: the memory plan of this config, printed as a run prints it; per phase next to the peak
+    if cuda:  # the memory plan of this config, printed as a run prints it; per phase next to the peak
         from luffy_pool.memory_plan import check_run
 
         plan = check_run(config, "cuda")

@@ -6,7 +6,7 @@ request per line on stdin, ``{"grader": name, "text": raw_response, "gt": ground
 and answers one JSON line ``{"verdict": ...}`` (or ``{"error": "..."}``). The parent process owns the per-answer
 time limit (it kills and restarts this worker), because LUFFY's graders set their own SIGALRM timers.
 
-Graders (LUFFY's call paths, LUFFY_SPEC §4.1 and §4.4):
+Graders (LUFFY's call paths, docs/METHOD.md §4.1 and §4.4):
 - ``v0`` .. ``v3``: ``main_mix_ppo._select_rm_score_fn`` of the version on ``"<think>\\n" + response``
   (the RewardManager's prefix); v1 returns LUFFY's reward value, the others its bool.
 - ``eval_mv``: ``generate_vllm.py``'s default label for a think-format prompt: split after ``</think>``

@@ -1,8 +1,8 @@
-"""The cases of ``exp_scripts/probe_bad_input.py``: bad input, faults and the new user's path (review 2026-12b G).
+"""The cases of ``exp_scripts/probe_bad_input.py``: bad input, faults and the new user's path (docs/DESIGN.md §3).
 
 Each case builds its own small input in a scratch folder and calls the project the way a user reaches it (the
 dataset / pool loaders the trainer uses, the config check, the eval and data-prep scripts' ``main``, a trainer
-subprocess for the few that need the whole start-up). ``ref`` names the review item. Cases for faults fixed by
+subprocess for the few that need the whole start-up). ``ref`` names the input class (docs/DESIGN.md §3). Cases for faults fixed by
 other work (resume, checkpoints, signals, the judge, secrets, load) are included, so the probe reports them too.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Probe cases for faults and the new user's path (review 2026-12b G3, "Weak", "User", "Load").
+"""Probe cases for faults and the new user's path (docs/DESIGN.md §3: G3, "Weak", "User", "Load").
 
 Checkpoints (the upgrade tool, manifests), signals, secret masking, the README's eval path, the quickstart's
 console and load-independent grading. Registered into ``probe_bad_input_cases.CASES`` when that module loads.

@@ -22,7 +22,7 @@ if [ "${SKIP_SETUP:-0}" != "1" ]; then
   bash exp_scripts/setup_venv.sh
 fi
 
-# One OpenMP thread per process (CPU_STACK.md: oversubscribed threads collapse throughput), Ray without
+# One OpenMP thread per process (docs/CPU_STACK.md §5.3: oversubscribed threads collapse throughput), Ray without
 # token auth or usage stats, vLLM's engine in-process.
 export OMP_NUM_THREADS=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
 export TOKENIZERS_PARALLELISM=false

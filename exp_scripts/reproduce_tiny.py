@@ -48,7 +48,7 @@ from reproduce.report import ENTROPY, ON_LENGTH, ON_REWARD, final_value, markdow
 from reproduce.seeds_report import aggregate_table, plot_seed_curves, run_summary  # noqa: E402
 from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 
-# Every child: one OpenMP thread (2-core box, CPU_STACK.md), Ray without token auth or usage stats,
+# Every child: one OpenMP thread (2-core box, docs/CPU_STACK.md §5.3), Ray without token auth or usage stats,
 # vLLM's engine in-process, offline trackers.
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LUFFY's main run (LUFFY_SPEC.md §2.1): Qwen2.5-Math-7B-16k-think on OpenR1-Math-46k, GRPO groups of
+# LUFFY's main run (docs/METHOD.md §2.1): Qwen2.5-Math-7B-16k-think on OpenR1-Math-46k, GRPO groups of
 # n=8 with 1 full off-policy R1 trace per group (prefix ratio 1.0), shaped off-policy loss p/(p+0.1),
 # no on-policy clip, sum/8192 loss, no std in the advantage, reward v3. 1 node x 8 GPUs (80 GB).
 #
@@ -32,7 +32,7 @@ fi
 # full lr); they go after LUFFY's list and before the extra arguments, which still win.
 LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.stop_one_step_early=True)
 
-# Memory (issue 23): rollout.gpu_memory_utilization=0.75 instead of LUFFY's 0.80. vLLM 0.32 reads it as a
+# Memory (docs/DESIGN.md §2 item 8): rollout.gpu_memory_utilization=0.75 instead of LUFFY's 0.80. vLLM 0.32 reads it as a
 # fraction of the GPU's TOTAL memory (vllm/v1/worker/utils.py request_memory; LUFFY's vLLM 0.6 meant a
 # fraction of what was left), and the actor's fp32 shards and AdamW state stay on the GPU during rollout:
 # at 0.80 the memory plan gives ~76 of 79.2 GiB per rank on an 80 GB GPU (4 % headroom), at 0.75 ~72 GiB

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# LUFFY's on-policy GRPO baseline (LUFFY_SPEC.md §2.3): exp_scripts/train.sh with every slot on-policy.
+# LUFFY's on-policy GRPO baseline (docs/METHOD.md §2.3): exp_scripts/train.sh with every slot on-policy.
 # Differences from train.sh, exactly as LUFFY's train_on_policy.sh: EXP_NAME=ON_POLICY_TEST,
 # min_prefix_ratio = max_prefix_ratio = 0.0 (prefix_mask all False), and off_policy_reshape /
 # loss_remove_clip left at their YAML defaults (no_reshape, False: the PPO clip eps=0.2 is ACTIVE, a
-# confound vs LUFFY, spec §7.2). They are passed explicitly below because train.sh sets them; the extra
+# confound vs LUFFY, docs/METHOD.md §7 item 2). They are passed explicitly below because train.sh sets them; the extra
 # arguments of this script still come last and win.
 #
 # Usage: [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LUFFY's "RL with SFT loss" baseline (LUFFY_SPEC.md §2.3): exp_scripts/train.sh with the same
+# LUFFY's "RL with SFT loss" baseline (docs/METHOD.md §2.3): exp_scripts/train.sh with the same
 # 1-full-trace-per-group mixing (n=8, n_prefix=1, prefix ratio 1.0), but the off-policy trace is learned
 # with a plain NLL term added to the on-policy PPO loss (multi-task loss, sft_loss_coef=1.0) instead of
 # LUFFY's shaped off-policy policy gradient, and the group advantage leaves the trace out of its mean/std

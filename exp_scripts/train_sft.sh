@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LUFFY's SFT baseline (LUFFY_SPEC.md §2.3), on this project's FSDP2 trainer instead of OpenRLHF:
+# LUFFY's SFT baseline (docs/METHOD.md §2.3), on this project's FSDP2 trainer instead of OpenRLHF:
 # Qwen2.5-Math-7B-16k-think fine-tuned on the R1 traces of OpenR1-Math-46k, max length 16384, global batch
 # 64, micro-batch 1, lr 5e-5 with 10% warm-up, 3 epochs, gradient checkpointing, bf16 compute with fp32
 # master weights, flash-attn when installed. 1 node x 8 GPUs by default.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LUFFY's "SFT then RL" baseline, RL part (LUFFY_SPEC.md §2.3): on-policy GRPO exactly as
+# LUFFY's "SFT then RL" baseline, RL part (docs/METHOD.md §2.3): on-policy GRPO exactly as
 # exp_scripts/train_on_policy.sh (prefix ratio 0: every slot sampled by the policy; PPO clip eps=0.2
 # active; no off-policy shaping), started from the SFT model that exp_scripts/train_sft.sh writes, on
 # held-out prompts the SFT stage did not see (openr1.complement.parquet: LUFFY's

@@ -189,7 +189,7 @@ class _Checker:
                     self.fail(line)
 
     def finite_numbers(self) -> None:
-        """No number of the config may be NaN or infinite (issue 25: ``rollout.temperature=inf`` passed the
+        """No number of the config may be NaN or infinite (``rollout.temperature=inf`` once passed the
         range check and failed 71 s later in three vLLM workers)."""
         for key, value in self.values.items():
             if isinstance(value, float) and not math.isfinite(value):
@@ -248,7 +248,7 @@ class _Checker:
             self.fail("'trainer.resume_mode'=resume_path needs 'trainer.resume_from_path'")
 
     def _late_failures(self) -> None:
-        """Values that used to fail only in a worker or at the first rollout (issue 25, review G "Weak")."""
+        """Values that used to fail only in a worker or at the first rollout (docs/DESIGN.md §3, "Weak")."""
         get = self.get
         n = get(f"{_R}.n")
         if get("data.self_replay.enable") and get("data.self_replay.slots") > n:

@@ -21,7 +21,7 @@ from verl.utils.import_utils import import_external_libs
 
 logger = logging.getLogger(__name__)
 
-# Env every worker process gets (CPU_STACK.md: thread collapse on 2 cores; Ray token auth).
+# Env every worker process gets (docs/CPU_STACK.md §5.3: thread collapse on 2 cores; §4: Ray token auth).
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
               # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
@@ -240,7 +240,7 @@ def build_trainer(config: DictConfig):
     from luffy_pool.memory_plan import check_run as check_memory_plan
 
     # GPU runs: the per-rank memory plan from the device's real memory, printed once before any worker loads
-    # the model; trainer.memory_plan=error stops here naming the phase and the keys to change (issue 23).
+    # the model; trainer.memory_plan=error stops here naming the phase and the keys to change.
     check_memory_plan(config, device)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     tracker = None
@@ -261,7 +261,7 @@ def build_trainer(config: DictConfig):
 
         checkpointer = TrainerCheckpointer(config, sampler, sections=sections)
         # The off-policy pool (`off_policy_pool`, built with the data above) is not `pool`, the Ray resource
-        # pool that close() releases (review B9).
+        # pool that close() releases (mixing the two up once leaked the placement groups).
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
                                    off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total)

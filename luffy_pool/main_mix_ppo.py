@@ -26,7 +26,7 @@ RESOLVED_CONFIG_FILE = "resolved_config.yaml"
 
 def write_resolved_config(config: DictConfig) -> Optional[str]:
     """The resolved config as ``<trainer.default_local_dir>/resolved_config.yaml``; None if it cannot be written
-    (pre-flight then names the folder). The console gets its path, not ~300 lines (issue 25)."""
+    (pre-flight then names the folder). The console gets its path, not ~300 lines."""
     path = os.path.join(os.path.abspath(os.path.expanduser(str(config.trainer.default_local_dir))), RESOLVED_CONFIG_FILE)
     from verl.utils.tracking import masked_yaml
 

@@ -1,7 +1,7 @@
 """LUFFY's actor update: the mixed on/off-policy token loss on top of the data-parallel actor.
 
 Off-policy tokens (``prefix_mask``) are weighted by the shaped probability f(p) = p/(p+γ); on-policy
-tokens keep the (optionally clipped / reshaped) importance ratio (LUFFY_SPEC §1.9). With
+tokens keep the (optionally clipped / reshaped) importance ratio (docs/METHOD.md §1.9). With
 ``use_sft_multitask_loss`` off-policy rows get a plain NLL term instead (the "RL w/ SFT loss"
 baseline); with neither flag the plain verl PPO loss applies. The loss is looked up by name in the
 policy-loss registry and called as ``fn(PolicyLossInputs, cfg)`` (luffy_pool/loss_config.py gives the name and

@@ -1,7 +1,7 @@
 """Driver-side advantage of the mixed batch: registered estimator, then LUFFY's post-processing.
 
 ``compute_mixed_advantage`` looks the estimator up by ``algorithm.adv_estimator`` (``grpo`` keeps
-off-policy rows inside the group statistics, ``grpo_split`` excludes them; LUFFY_SPEC §1.7), calls it as
+off-policy rows inside the group statistics, ``grpo_split`` excludes them; docs/METHOD.md §1.7), calls it as
 ``fn(AdvantageInputs, algorithm_section)`` (verl/trainer/ppo/loss_inputs.py), and then applies, in order:
 prefix/non-prefix weights α/β, zero advantage for truncated rows (``data.disable_truncation_advantage``)
 and the constant SFT prefix reward (``actor.use_sft_prefix_reward``).

@@ -1,6 +1,6 @@
 """LUFFY's mixed-policy algorithm: the group advantage over on- and off-policy rows, its
 post-processing, the token-level on/off-policy loss with policy shaping f(p) = p/(p+γ), the SFT
-multi-task loss, and the adaptive entropy coefficient (spec §1.7, §1.9).
+multi-task loss, and the adaptive entropy coefficient (docs/METHOD.md §1.7, §1.9).
 
 Names and keyword arguments follow LUFFY's ``mix_src/mix_core_alg.py`` so its users recognise them.
 Importing this module registers ``grpo_split`` (advantage) and ``luffy_token`` / ``sft_multitask``
@@ -47,7 +47,7 @@ def compute_grpo_outcome_advantage_split(
     epsilon: float = 1e-6,
     use_std: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO with statistics from the on-policy rows of each group only (spec §1.7 ``grpo_split``).
+    """GRPO with statistics from the on-policy rows of each group only (docs/METHOD.md §1.7 ``grpo_split``).
 
     μ_G, σ_G (unbiased) over rows with ``on_policy_mask`` True (= no prefix token); one such row →
     μ=0, σ=1; σ=0 → 1. Every row, off-policy ones included, gets ``(s_i − μ_G)/(σ_G + ε)``, or
@@ -238,7 +238,7 @@ def _token_loss(inputs: PolicyLossInputs, cfg, behaviour_probs: torch.Tensor | N
 
 @register_policy_loss("luffy_token")
 def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
-    """LUFFY's mixed token loss ``L = P·c·L_off + (1−P)·L_on`` (spec §1.9), aggregated over ``m``.
+    """LUFFY's mixed token loss ``L = P·c·L_off + (1−P)·L_on`` (docs/METHOD.md §1.9), aggregated over ``m``.
 
     On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio` with ``on_policy_reshape*``), with the PPO clip
     ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` (ε = ``clip_ratio``) unless ``loss_remove_clip``.
@@ -335,7 +335,7 @@ def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> tor
 
 @register_policy_loss("sft_multitask")
 def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
-    """RL + SFT multi-task loss (``use_sft_multitask_loss``, spec §1.9 "Other actor-side paths").
+    """RL + SFT multi-task loss (``use_sft_multitask_loss``, docs/METHOD.md §1.9 "Other actor-side paths").
 
     Off-policy rows (any prefix token) contribute ``sft = masked_mean(−ℓ, m)`` over their valid tokens (0 if
     none); on-policy rows the PPO loss of :func:`~verl.trainer.ppo.core_algos.ppo_clip_loss` (its clip / width

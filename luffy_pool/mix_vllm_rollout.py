@@ -1,9 +1,9 @@
 """The slot plan: which of the B·n rollout slots are on-policy, partial-prefix or full-trace.
 
 ``build_slot_plan`` turns a batch of prompts, their off-policy traces and the driver's prefix ratios
-into per-slot engine requests (LUFFY_SPEC §1.2 items 1-5); ``assemble_responses`` merges what the
+into per-slot engine requests (docs/METHOD.md §1.2 items 1-5); ``assemble_responses`` merges what the
 engine generated back into LUFFY's padded tensors with ``prefix_mask`` (items 6-9). Full-trace slots
-(trace ++ EOS) are built without the engine, which is bit-identical to LUFFY after masking (§5.9).
+(trace ++ EOS) are built without the engine, which is bit-identical to LUFFY after masking (docs/METHOD.md §5.9).
 ``MixRolloutPlanner`` runs a plan on any ``BaseRollout`` engine; nothing here depends on vLLM.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ class SlotPlan:
 
 @dataclasses.dataclass
 class RolloutBatch:
-    """Assembled rollout: ``tensors`` are LUFFY's batch keys (§1.2 item 9), ``meta_info`` the rest."""
+    """Assembled rollout: ``tensors`` are LUFFY's batch keys (docs/METHOD.md §1.2 item 9), ``meta_info`` the rest."""
 
     tensors: dict[str, torch.Tensor]
     meta_info: dict[str, Any]
@@ -104,7 +104,7 @@ def build_slot_plan(
     n: Optional[int] = None,
     prompt_position_ids: Optional[torch.Tensor] = None,
 ) -> SlotPlan:
-    """Plan the ``B·n`` slots of one rollout (spec §1.2 items 1-4).
+    """Plan the ``B·n`` slots of one rollout (docs/METHOD.md §1.2 items 1-4).
 
     ``prompt_ids``/``prompt_attention_mask`` ``[B, P]`` are left-padded (padding is located by the
     mask, so a prompt may contain the pad id). ``tgt_input_ids`` is exactly ``[B, n, T]``, the trace
@@ -193,7 +193,7 @@ def assemble_responses(
     generated_token_ids: Sequence[Sequence[int]],
     engine_logprobs: Optional[Sequence[Sequence[float]]] = None,
 ) -> RolloutBatch:
-    """Merge engine output into LUFFY's rollout tensors (spec §1.2 items 6-9).
+    """Merge engine output into LUFFY's rollout tensors (docs/METHOD.md §1.2 items 6-9).
 
     ``generated_token_ids[i]`` continues ``plan.engine_slots[i]`` (generated ids only). Per slot the
     response is ``prefix ++ generated`` right-padded with pad and truncated to L; ``prefix_mask`` is
@@ -268,7 +268,7 @@ class MixRolloutPlanner:
 
     Training: ``n`` slots per prompt, ratios from the driver, ``sampling`` (LUFFY: temperature 1.0,
     top_p 1, top_k −1). Validation: ``n_val`` on-policy slots per prompt sampled at
-    ``val_temperature`` (LUFFY's "greedy" validation really samples at 0.6, spec §1.2).
+    ``val_temperature`` (LUFFY's "greedy" validation really samples at 0.6, docs/METHOD.md §1.2).
     """
 
     def __init__(

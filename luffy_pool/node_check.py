@@ -1,4 +1,4 @@
-"""Pre-flight of a multi-node run (review D8): every node must see the same checkpoint and model folder.
+"""Pre-flight of a multi-node run: every node must see the same checkpoint and model folder.
 
 Without a shared filesystem the driver would write the checkpoint manifest for its own node's files while
 each node's ranks write and hash their own, and a model folder copied by hand may differ between nodes.

@@ -1,7 +1,7 @@
 """The off-policy side of the dual pool: how much of a trace each slot gets, and which trace.
 
 ``PrefixRatioSampler`` draws, on the driver and from one seeded numpy generator, the prefix ratio of
-every slot of a step (LUFFY_SPEC §1.2 table), so all ranks and a resumed run see the same plan.
+every slot of a step (docs/METHOD.md §1.2 table), so all ranks and a resumed run see the same plan.
 ``OffPolicyPool`` decides which trace fills each prefix slot: the dataset's ``target`` (LUFFY) and,
 optionally, extra trajectory parquets keyed by prompt id, with per-token behaviour log-probs when known.
 """
@@ -29,7 +29,7 @@ NUM_PREFIX_WINDOWS = 10  # LUFFY splits prefix_steps into 10 equal windows
 # Prefix ratios
 # ----------------------------------------------------------------------------------------------------
 class PrefixRatioSampler:
-    """Prefix ratio ``r ∈ [0, 1]`` of every slot, per LUFFY's rollout keys (spec §1.2).
+    """Prefix ratio ``r ∈ [0, 1]`` of every slot, per LUFFY's rollout keys (docs/METHOD.md §1.2).
 
     ``draw(B, global_step)`` returns ``[B, n]``: row b holds the ratios of prompt b's n slots, in the
     interleaved slot order of the rollout (slot ``b·n + j``). ``step = global_step − 1``.

@@ -34,7 +34,7 @@ class InputError(PreflightError):
 
 
 # A CPU run may put a few ranks on one core (the tests run 4 on 2); beyond this many per core the run
-# makes no progress (review G6: 64 ranks on 2 cores, 56+ Ray workers, no message).
+# makes no progress (64 ranks on 2 cores once started 56+ Ray workers and printed nothing).
 MAX_CPU_RANKS_PER_CORE = 4
 
 

@@ -1,4 +1,4 @@
-"""LUFFY's training dataset: prompts plus the off-policy trace of each row (spec §1.1).
+"""LUFFY's training dataset: prompts plus the off-policy trace of each row (docs/METHOD.md §1.1).
 
 On top of ``verl.utils.dataset.RLHFDataset`` (left-padded prompts, over-long prompts dropped) it
 tokenizes ``target[0]['content']`` without special tokens — minus a leading ``<think>\\n`` when the

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-# Set before torch / ray / vllm are imported anywhere (CPU_STACK.md: 2 OpenMP threads collapse 8-20x
+# Set before torch / ray / vllm are imported anywhere (docs/CPU_STACK.md §5.3, §4, §7.1: 2 OpenMP threads collapse 8-20x
 # when another process holds a core; Ray 2.60 token auth; in-process vLLM starts in ~3 s).
 for _k, _v in {
     "OMP_NUM_THREADS": "1",
@@ -87,7 +87,7 @@ def pytest_collection_modifyitems(config, items):
 def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
     """A small LUFFY run: n=4 with one full-trace slot per prompt, LUFFY's loss settings.
 
-    Rule (issue 22): nothing here turns off a switch that mix_ppo_trainer.yaml or a shipped recipe turns on
+    Rule: nothing here turns off a switch that mix_ppo_trainer.yaml or a shipped recipe turns on
     (gradient checkpointing stays on, as in the YAML, train.sh and train_16k.sh) unless its line says why.
     """
     return [

@@ -11,7 +11,7 @@ Training (verl style)::
         -> fn(raw_response, ground_truth) -> ScoreResult
     fail_success_values(reward_impl_version) -> (fail, success)   # (-0.5, 1) for v1, else (0, 1)
 
-``solution_str`` is the raw decoded response (special tokens kept). Routing (LUFFY_SPEC §4.1):
+``solution_str`` is the raw decoded response (special tokens kept). Routing (docs/METHOD.md §4.1):
 ``openai/gsm8k`` -> verl's strict ``####`` scorer; ``lighteval/MATH`` -> last boxed + MATH string
 normalisation; any other source (e.g. ``synthetic_arith``, ``aime``, ``arc_c``) by version:
 0 deepscaler rule grader on ``"<think>\\n"+response`` (1/0); 1 same with 1 / -0.5 / -1 (format error,

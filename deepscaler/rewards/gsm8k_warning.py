@@ -1,6 +1,6 @@
 """One-time warning for ``openai/gsm8k`` rows answered with ``\\boxed{}`` instead of ``#### N``.
 
-LUFFY routes the data source ``openai/gsm8k`` to verl's strict scorer (LUFFY_SPEC §4.1), which only
+LUFFY routes the data source ``openai/gsm8k`` to verl's strict scorer (docs/METHOD.md §4.1), which only
 reads a final ``#### <number>`` line, whatever ``data.reward_impl_version`` says. A model prompted the
 LUFFY way answers in ``\\boxed{}``, so every such response scores 0 without any error. The first time
 this happens in a process we say so, and name the setting that grades boxed answers.
@@ -13,7 +13,7 @@ import threading
 logger = logging.getLogger(__name__)
 
 MESSAGE = (
-    "data_source 'openai/gsm8k' is graded by verl's strict '####' scorer (LUFFY_SPEC 4.1), whatever "
+    "data_source 'openai/gsm8k' is graded by verl's strict '####' scorer (docs/METHOD.md §4.1), whatever "
     "data.reward_impl_version is: a response with a \\boxed{} answer and no '#### <number>' line scores 0. "
     "To grade boxed answers, give these rows another data_source (data/prepare_train.py --source gsm8k "
     "writes 'gsm8k') and use data.reward_impl_version=3 (math-verify, LUFFY's default; 4 grades the raw "

@@ -13,7 +13,7 @@ with the process-wide default limits, which only turns would-be hangs into parse
 
 Every parsed result is then checked as a tree (``safe_parse.check_complexity``) before ``verify``
 evaluates anything. Math-verify's own timeouts stay off (``parsing_timeout=None``,
-``timeout_seconds=None``): its SIGALRM timer raises in threads (CPU_STACK.md §6).
+``timeout_seconds=None``): its SIGALRM timer raises in threads (docs/CPU_STACK.md §6).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Rule-based scorers: the deepscaler reward (LUFFY's versions 0-2) and the rule grader for any text.
 
-The deepscaler convention (LUFFY_SPEC §4.1): the solution is the text after the first ``</think>``
+The deepscaler convention (docs/METHOD.md §4.1): the solution is the text after the first ``</think>``
 (missing tag = format error), the answer is its last ``\\boxed{}`` (none = format error), the ground
 truth may be a list and may itself be boxed, and the answer is right if it matches any ground truth
 under LUFFY's own rule (``math_utils.luffy_rule``: mathd normalisation OR its sympy rule; verdicts

@@ -4,7 +4,7 @@ Version 3 requires ``<think>`` and ``</think>`` in the string, grades the text b
 the second ``</think>``, parses the gold as ``"$" + ground_truth + "$"`` and returns 1.0 iff
 ``verify(gold, parse(solution))``. Math-verify runs behind the input guards with its own timeouts
 disabled (``guarded_math_verify``: its SIGALRM timer raises in threads and threaded Ray actors,
-CPU_STACK.md §6); the public scorers here are ``@bounded`` (time budget in any thread).
+docs/CPU_STACK.md §6); the public scorers here are ``@bounded`` (time budget in any thread).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """LLM-as-judge (ORM) reward: an OpenAI-compatible chat-completions client with retries and a cache.
 
-Used by the reward manager for responses the rule/math-verify grader marked wrong (LUFFY_SPEC §4.2,
+Used by the reward manager for responses the rule/math-verify grader marked wrong (docs/METHOD.md §4.2,
 off by default). The API key is read from the environment variable named in the config
 (``reward.orm.api_key_env``) when the judge is built; it is never logged, cached or stored in a config.
 Requests are rate-limited (``requests_per_second``), time-limited (``timeout_s`` per call) and retried

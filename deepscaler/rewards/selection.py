@@ -1,4 +1,4 @@
-"""Reward selection by ``data_source`` and ``data.reward_impl_version`` (LUFFY_SPEC §4.1).
+"""Reward selection by ``data_source`` and ``data.reward_impl_version`` (docs/METHOD.md §4.1).
 
 ``select_score_fn`` mirrors LUFFY's ``_select_rm_score_fn``: ``openai/gsm8k`` and ``lighteval/MATH``
 get verl's scorers, every other source (``synthetic_arith``, ``aime``, ``arc_c`` ...) the function of
@@ -35,7 +35,7 @@ def check_version(reward_impl_version: int) -> int:
 
 
 def fail_success_values(reward_impl_version: int) -> tuple[float, float]:
-    """(fail, success) scores used by the trainer's group statistics (LUFFY_SPEC §1.5)."""
+    """(fail, success) scores used by the trainer's group statistics (docs/METHOD.md §1.5)."""
     check_version(reward_impl_version)
     return (IMPL1_VALUES.incorrect, IMPL1_VALUES.correct) if reward_impl_version == 1 else (0.0, 1.0)
 

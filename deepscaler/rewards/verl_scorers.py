@@ -1,4 +1,4 @@
-"""verl's two data-source-specific scorers that LUFFY routes by name (LUFFY_SPEC §4.1).
+"""verl's two data-source-specific scorers that LUFFY routes by name (docs/METHOD.md §4.1).
 
 ``openai/gsm8k``: the response's last ``#### <number>`` line (commas and ``$`` removed) must equal the
 ground truth exactly ("strict" mode); ``lighteval/MATH``: the last ``\\boxed{}`` must equal the ground

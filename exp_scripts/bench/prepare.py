@@ -1,6 +1,6 @@
 """Build the benchmark's shared inputs once: two tiny model folders, the task parquets, the prompt width.
 
-Fixed-length case: the random tiny model (CPU_STACK.md's ``rnd``). It almost never samples EOS, so
+Fixed-length case: the random tiny model (docs/CPU_STACK.md §2's ``rnd``). It almost never samples EOS, so
 with ``ignore_eos`` / ``min_new_tokens`` every contender generates AND trains on the full 64 tokens
 per row (a model that does sample EOS would still be cut at its first EOS by our response mask, and
 our update would then do less work than TRL's). Natural-stop case: the same model SFT-warmed for a

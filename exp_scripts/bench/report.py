@@ -157,7 +157,7 @@ def print_report(runs: list[dict], args) -> bool:
     if "fixed" not in cases:
         print("(the fixed-length case was not run: the headline below is n/a)")
     print("foreign cores = other processes' CPU use during the timed steps (machine busy time minus our process "
-          "tree); own cores / cpu s/step = CPU our process tree used (per second / per step); anchors (CPU_STACK.md §5, quiet machine, fixed length): TRL 0.93 s/step at 2 threads, "
+          "tree); own cores / cpu s/step = CPU our process tree used (per second / per step); anchors (docs/CPU_STACK.md §5, quiet machine, fixed length): TRL 0.93 s/step at 2 threads, "
           "1.24-1.31 at 1 thread; minimal loop 0.75 / 0.98-1.03 s.")
     print(headline_line(*headline), flush=True)
     return all(r["result"] is not None for r in runs)

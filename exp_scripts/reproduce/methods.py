@@ -1,4 +1,4 @@
-"""The methods of LUFFY's comparison (LUFFY_SPEC.md §6) as tiny CPU runs, and the overrides every run shares.
+"""The methods of LUFFY's comparison (docs/METHOD.md §6) as tiny CPU runs, and the overrides every run shares.
 
 A method is a name, a label for the table, how it trains (``rl``: one trainer run; ``sft``: the SFT
 trainer; ``sft_rl``: the SFT model, then an RL run) and its config in ``luffy_pool/config``. The shared
@@ -28,7 +28,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("luffy", "LUFFY", "rl", "tiny_cpu_luffy"),
     Method("luffy_replay", "LUFFY + self-replay", "rl", "tiny_cpu_luffy_replay"),
 )}
-# The paper's central comparison (issue #17): what the weak-start regime is measured with.
+# The paper's central comparison: what the weak-start regime is measured with.
 MAIN_METHODS = ("on_policy", "luffy", "luffy_no_shaping", "sft", "luffy_replay")
 
 

@@ -31,7 +31,7 @@ __all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "pl
 logger = logging.getLogger(__name__)
 MODES = ("warn", "error", "off")
 # What torch.cuda.mem_get_info reports as total for cards sold by their GB: an 80 GB A100/H100 reports
-# ~79.2 GiB (review D5), an H200 141 GB ~140.4 GiB (143,771 MiB in nvidia-smi).
+# ~79.2 GiB (docs/DESIGN.md §2 item 8), an H200 141 GB ~140.4 GiB (143,771 MiB in nvidia-smi).
 CARD_BYTES = {24: int(23.6 * GiB), 40: int(39.4 * GiB), 48: int(47.5 * GiB), 80: int(79.2 * GiB),
               94: int(93.0 * GiB), 141: int(140.4 * GiB)}
 

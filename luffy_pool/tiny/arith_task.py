@@ -3,7 +3,7 @@
 Each problem is a multi-digit addition or multiplication. A deterministic solver writes the
 off-policy trace the way a stronger model would: a ``<think>`` block with column-by-column work,
 then a short solution with ``\\boxed{N}``. Rows are written in LUFFY's training-parquet format
-(LUFFY_SPEC §3.1): ``prompt`` (chat list), ``target`` (one assistant message), ``reward_model``,
+(docs/METHOD.md §3.1): ``prompt`` (chat list), ``target`` (one assistant message), ``reward_model``,
 ``data_source``, ``ability`` and ``extra_info.index``.
 
 Difficulty levels set the number of digits; a randomly initialised model never produces a correct

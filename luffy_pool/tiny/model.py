@@ -1,6 +1,6 @@
 """Build the tiny Qwen2 model and its byte-level BPE tokenizer, fully offline and seeded.
 
-Head dimension is 32: vLLM's CPU attention rejects head_dim 16 (platform/INSTALL.md). Digits are
+Head dimension is 32: vLLM's CPU attention rejects head_dim 16 (docs/CPU_STACK.md §2). Digits are
 split into single tokens so arithmetic stays learnable by a model this small. The chat template is
 Qwen's ChatML; with ``think=True`` the generation prompt also opens ``<think>\\n`` like LUFFY's base
 model, which exercises the trainer's ``<think>\\n`` de-duplication of targets.

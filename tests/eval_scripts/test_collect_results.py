@@ -65,7 +65,7 @@ def test_same_file_names_in_different_folders_get_distinct_labels(tmp_path):
     assert collect_results._labels(files) == ["run_a/eval", "run_b/eval"]
 
 
-# ---------------------------------------------------------------------- issue 18: strict rows
+# ---------------------------------------------------------------------- strict rows
 def test_correct_is_parsed_strictly_so_false_strings_are_not_counted(tmp_path):
     path = tmp_path / "strings.jsonl"
     flags = ["false", "False", False, 0, "true", True, 1, "True"]

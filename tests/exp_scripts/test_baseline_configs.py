@@ -26,7 +26,7 @@ RL_CONFIGS = ("tiny_cpu_on_policy", "tiny_cpu_rl_sft_loss", "tiny_cpu_luffy_no_s
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
 
-# What makes each method what it is (LUFFY_SPEC §2.3, §6), as composed config values.
+# What makes each method what it is (docs/METHOD.md §2.3, §6), as composed config values.
 METHOD_KEYS = {
     "tiny_cpu_on_policy": {R + "min_prefix_ratio": 0.0, R + "max_prefix_ratio": 0.0, A + "use_off_policy_loss": False,
                            A + "use_sft_multitask_loss": False, A + "loss_remove_clip": False,

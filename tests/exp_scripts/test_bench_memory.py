@@ -64,7 +64,7 @@ def test_prediction_covers_what_the_bench_measures_and_grows_with_tokens_and_lay
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--checkpointing"]], ids=["plain", "checkpointing"])
 def test_memory_plan_predicts_the_measured_peaks_within_25_percent(extra):
-    # issue 23: the plan checked against measurement (peak RSS above resident, each phase in its own process),
+    # the plan checked against measurement (peak RSS above resident, each phase in its own process),
     # at a small size: 2 rows x 512 positions, 256 real tokens each, 2 layers, the LM head in chunks of 256.
     args = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--layers", "2",
                                     "--chunk", "256", "--threads", "1", *extra])

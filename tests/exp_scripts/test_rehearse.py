@@ -1,4 +1,4 @@
-"""Recipe rehearsal (issue 22): every launch script of exp_scripts/ runs 2 steps on CPU with its own switches.
+"""Recipe rehearsal: every launch script of exp_scripts/ runs 2 steps on CPU with its own switches.
 
 Unit part (quick loop): reading a script through its own command line, discovery, the plan's scaled
 lengths and divisible heads. e2e part: ``bash exp_scripts/rehearse.sh <script>`` for every script that

@@ -32,7 +32,7 @@ from verl.utils.batch_sizes import (
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 
-# LUFFY's exp_scripts/train.sh override list (LUFFY_SPEC.md §2.1), verbatim and in the script's order.
+# LUFFY's exp_scripts/train.sh override list (docs/METHOD.md §2.1), verbatim and in the script's order.
 LUFFY_TRAIN_SH = r"""
     algorithm.adv_estimator=grpo data.train_files=$DATA_DIR/openr1.parquet data.val_files=$DATA_DIR/valid.parquet
     data.train_batch_size=128 data.val_batch_size=512 data.max_prompt_length=1024 data.max_response_length=8192
@@ -101,7 +101,7 @@ LUFFY_YAML_KEYS = {
 
 
 def luffy_overrides() -> list[str]:
-    """The §2.1 list as the shell hands it to Python (variables expanded, quotes removed)."""
+    """LUFFY's train.sh list (docs/METHOD.md §2.1) as the shell hands it to Python (variables expanded, quotes removed)."""
     text = LUFFY_TRAIN_SH
     for var, value in LUFFY_ENV.items():
         text = text.replace(var, value)

@@ -1,4 +1,4 @@
-"""GPU-cluster shapes on CPU, end to end (review A1, A3, A6, A11; issue 13).
+"""GPU-cluster shapes on CPU, end to end (docs/DESIGN.md §2 items 1, 3, 13).
 
 - The full config's defaults for the actor (gradient checkpointing + shared-prompt forward, padded rows)
   run a LUFFY step (this crashed ``update_actor`` with ``'NoneType' object has no attribute 'layers'``).

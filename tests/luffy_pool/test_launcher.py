@@ -1,5 +1,5 @@
 """luffy_pool/launcher.py without Ray: device and CPU-binding choice, and that every exit path of
-build_trainer / close releases what it built (review B9: the off-policy pool used to replace the Ray pool)."""
+build_trainer / close releases what it built (the off-policy pool once replaced the Ray pool, so close() leaked the placement groups)."""
 import types
 
 import pytest
@@ -68,7 +68,7 @@ def fakes(monkeypatch):
 def test_driver_device_and_cpu_binding(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, monkeypatch):
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path)
     gpus = {"CPU": 8.0}
-    monkeypatch.setattr("ray.cluster_resources", lambda: gpus)  # the joined cluster's resources (A11)
+    monkeypatch.setattr("ray.cluster_resources", lambda: gpus)  # the joined cluster's resources (docs/DESIGN.md §2 item 1)
     assert launcher.resolve_driver_device(S(cfg)) == "cpu"
     cfg.trainer.device = "auto"
     assert launcher.resolve_driver_device(S(cfg)) == "cpu"
@@ -94,7 +94,7 @@ def test_release_worker_group_frees_workers_and_placement_groups():
 
 def test_close_releases_the_ray_pool_even_with_an_off_policy_pool(fakes, compose_config, tiny_task_dir, tiny_model_dir,
                                                                    tmp_path, monkeypatch):
-    off_policy = types.SimpleNamespace(has_extra_traces=True)  # no release(): B9 called it on this object
+    off_policy = types.SimpleNamespace(has_extra_traces=True)  # no release(): close() once called it on this object
     monkeypatch.setattr(launcher, "build_off_policy_pool", lambda *a, **k: off_policy)
     trainer, close = launcher.build_trainer(_cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path))
     assert trainer.off_policy_pool is off_policy and trainer.wg is fakes.group
@@ -169,7 +169,7 @@ def test_more_ranks_than_the_cluster_holds_are_refused_naming_what_it_has(fakes,
 
 def test_a_gpu_run_over_its_memory_plan_stops_before_any_worker_loads_the_model(
         fakes, compose_config, tiny_task_dir, tiny_model_dir, tmp_path, monkeypatch, capsys):
-    # issue 23: the plan of the device's real memory (torch.cuda.mem_get_info, here monkeypatched) is printed
+    # the plan of the device's real memory (torch.cuda.mem_get_info, here monkeypatched) is printed
     # once; trainer.memory_plan=error refuses a plan over it, naming the phase and the key to change.
     import luffy_pool.memory_plan as memory_plan
 

@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_los
 from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys
 
 A = "actor_rollout_ref.actor"
-# LUFFY's train.sh actor keys (LUFFY_SPEC §2.1) on top of the YAML defaults.
+# LUFFY's train.sh actor keys (docs/METHOD.md §2.1) on top of the YAML defaults.
 LUFFY_ACTOR = [f"{A}.use_off_policy_loss=True", f"{A}.off_policy_reshape=p_div_p_0.1", f"{A}.loss_remove_token_mean=True",
                f"{A}.loss_remove_clip=True", f"{A}.use_kl_loss=False"]
 

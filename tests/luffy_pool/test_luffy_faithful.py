@@ -1,8 +1,8 @@
-"""Where a LUFFY run differs from LUFFY's own code, and the switches that close it (review E4, E5, E6).
+"""Where a LUFFY run differs from LUFFY's own code, and the switches that close it (docs/DESIGN.md §1 items 3-5).
 
-E4: behaviour probabilities that are missing, 0 or LUFFY's -1 padding are unknown (NaN) here, weighted by the
-configured shaping f(p), and counted per step. E5: ``use_ref=False`` with LUFFY's YAML ``kl_coef`` trains as in
-LUFFY (no KL term); ``prefix_strategy=linear`` needs shared prefixes, refused by the config checker. E6:
+Item 3: behaviour probabilities that are missing, 0 or LUFFY's -1 padding are unknown (NaN) here, weighted by the
+configured shaping f(p), and counted per step. Item 4: ``use_ref=False`` with LUFFY's YAML ``kl_coef`` trains as in
+LUFFY (no KL term); ``prefix_strategy=linear`` needs shared prefixes, refused by the config checker. Item 5:
 ``clip_upper_bound`` acts only in LUFFY's off-policy token loss, as in LUFFY.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _loss_cfg(*overrides) -> LossSection:
     return LossSection.from_actor_config(compose_config(PATHS + list(overrides)).actor_rollout_ref.actor)
 
 
-# ---------------------------------------------------------------------------------------------- E4
+# ---------------------------------------------------------------------------------------------- item 3
 def test_missing_zero_and_padding_probabilities_are_counted_per_row_and_token():
     probs = torch.tensor([[0.5, 0.0, 0.9, -1.0], [0.7, 0.8, -1.0, -1.0], [0.2, 0.3, 0.4, 0.5]])
     behaviour = logprobs_from_target_probs(probs).float()
@@ -60,7 +60,7 @@ def test_unknown_probability_gets_the_shaping_where_luffy_gives_minus_p_or_p_ove
     assert abs(luffy - expected_here) > 1e4  # the difference the README states
 
 
-# ---------------------------------------------------------------------------------------------- E5
+# ---------------------------------------------------------------------------------------------- item 4
 def test_use_ref_false_with_luffys_default_kl_coef_is_accepted():
     # KL-in-reward (use_kl_loss=False) with LUFFY's YAML kl_coef; the KL *loss* still needs a reference, as in
     # LUFFY, whose actor reads ref_log_prob for it.
@@ -85,7 +85,7 @@ def test_linear_prefix_strategy_without_shared_prefixes_is_refused_by_the_checke
     assert validate_config(shared) == []
 
 
-# ---------------------------------------------------------------------------------------------- E6
+# ---------------------------------------------------------------------------------------------- item 5
 def _case():
     old = torch.zeros(2, 3)
     log_prob = torch.tensor([[0.3, 0.1, -0.3], [0.4, 0.0, 0.2]])  # ratios e^0.3 = 1.35, e^0.4 = 1.49 > 1.2

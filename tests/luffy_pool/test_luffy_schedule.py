@@ -1,4 +1,4 @@
-"""LUFFY's schedule quirks under exp_scripts/train.sh (review E2): lr 0 on the first update, total - 1 updates.
+"""LUFFY's schedule quirks under exp_scripts/train.sh (docs/DESIGN.md §1 item 1): lr 0 on the first update, total - 1 updates.
 
 The reference is LUFFY's own code path, restated from its source (github ElliottYan/LUFFY,
 luffy/verl/verl/utils/torch_functional.py ``get_constant_schedule_with_warmup`` and

@@ -40,7 +40,7 @@ def assert_luffy_values(cfg: dict, experiment="LUFFY_TEST", gpu_memory_utilizati
     assert cfg["actor_rollout_ref"]["model"]["path"] == "/models/qwen"
     assert cfg["trainer"]["logger"] == ["console", "wandb"] and cfg["trainer"]["val_before_train"] is False
     assert cfg["trainer"]["experiment_name"] == experiment and cfg["trainer"]["project_name"] == "luffy-math-test"
-    # The scripts pass 0.75, not LUFFY's 0.80 (train.sh's MEMORY_PLAN: vLLM 0.32's rule, issue 23's memory plan)
+    # The scripts pass 0.75, not LUFFY's 0.80 (train.sh's MEMORY_PLAN: vLLM 0.32's rule, docs/DESIGN.md §2 item 8)
     assert (rollout["n"], rollout["n_prefix"], rollout["name"], rollout["gpu_memory_utilization"]) == (
         8, 1, "vllm", gpu_memory_utilization)
     assert (actor["ppo_mini_batch_size"], actor["use_dynamic_bsz"], actor["loss_remove_token_mean"]) == (64, True, True)

@@ -27,7 +27,7 @@ def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir
                 "on_off_metrics/off_score", "on_off_metrics/on_score", "batch/avg_prefix_ratio", "timing_s/gen",
                 "timing_s/update_actor", "timing_s/step", "perf/throughput",
                 "global_seqlen/mean", "val/avg_score", "batch/off_policy_truncated",
-                # LUFFY's names (review E8), next to this project's
+                # LUFFY's names (docs/DESIGN.md §1 item 6), next to this project's
                 "avg_score", "mfu/actor", "perf/actor_tflops", "prompt_length/clip_ratio", "batch/solve_none",
                 "batch/solve_all", "batch/solve_none_frac"):
         assert key in last, key

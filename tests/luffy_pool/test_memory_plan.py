@@ -135,7 +135,7 @@ def test_cli_from_the_composed_config_with_overrides_both_spellings(capsys):
 
 
 def test_d5_luffys_utilisation_leaves_under_five_percent_and_the_fix_is_named(capsys):
-    # LUFFY's 0.80 (written for vLLM 0.6) on an 80 GB card: review D5's ~76 of 79.2 GiB.
+    # LUFFY's 0.80 (written for vLLM 0.6) on an 80 GB card: ~76 of 79.2 GiB in use (docs/DESIGN.md §2 item 8).
     rc = cli([TRAIN, "--gpu-memory", "80", "--", "actor_rollout_ref.rollout.gpu_memory_utilization=0.80"])
     out = capsys.readouterr().out
     assert rc == 1 and "under the 5% margin" in out
@@ -147,7 +147,7 @@ def test_d5_luffys_utilisation_leaves_under_five_percent_and_the_fix_is_named(ca
 def test_d3_full_logits_under_sp_do_not_fit_the_log_prob_pass():
     plan = _plan(TRAIN_16K, 80, "actor_rollout_ref.model.logprob_chunk_size=0")
     phase = plan.phase("log-prob: old (actor)")
-    assert phase.total > plan.device_bytes  # review D3: ~87 GiB
+    assert phase.total > plan.device_bytes  # the dense head's ~87 GiB (docs/DESIGN.md §2 item 6)
     fixes = mp.suggestions(plan)
     assert "actor_rollout_ref.model.logprob_chunk_size=1024" in fixes
     for fix in fixes:  # each suggestion, applied, really brings the plan under

@@ -1,5 +1,5 @@
 """LUFFY's mixed advantage, post-processing, token on/off-policy loss, SFT losses and adaptive entropy
-coefficient, pinned with hand-computed values and autograd of direct formulas (spec §1.7, §1.9, §8.3-4)."""
+coefficient, pinned with hand-computed values and autograd of direct formulas (docs/METHOD.md §1.7, §1.9, §8 items 3-4)."""
 from __future__ import annotations
 
 import math
@@ -164,7 +164,7 @@ def test_off_policy_reshape_single_token_by_hand(reshape):
 # ---------------------------------------------------------------- token loss vs a direct formula
 def _direct_loss(old, lp, adv, mask, prefix, on_reshape, off_reshape, clip, remove_token_mean,
                  eps=0.2, clip_upper_bound=1.0, w=0.1, e=0.5):
-    """The §1.9 loss written out with probabilities instead of log-ratios."""
+    """The docs/METHOD.md §1.9 loss written out with probabilities instead of log-ratios."""
     p, p_old = lp.exp(), old.exp()
     shaped = lambda x, g: x / (x + g)  # noqa: E731
     rho = {

@@ -1,4 +1,4 @@
-"""The trainer's rollout path (review C4): the dataset's per-prompt targets ``tgt_input_ids [B, T]`` reach the
+"""The trainer's rollout path: the dataset's per-prompt targets ``tgt_input_ids [B, T]`` reach the
 workers as per-slot traces ``[B, n, T]`` (behaviour log-probs ``[B, n, T + 1]``) through the off-policy pool,
 with or without extra trace files, split over ranks on the prompt dim. In process, no Ray: the trainer's real
 ``_rollout``, the real DP_COMPUTE_PROTO dispatch/collect (each chunk pickled as Ray would), the real worker

@@ -1,4 +1,4 @@
-"""Slot plan and response assembly (spec §1.2 items 1-9, §8 item 1), with a fake counting engine."""
+"""Slot plan and response assembly (docs/METHOD.md §1.2 items 1-9, §8 item 1), with a fake counting engine."""
 from __future__ import annotations
 
 import math
@@ -70,7 +70,7 @@ def per_slot(tgt: torch.Tensor, n: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Spec §8 item 1
+# docs/METHOD.md §8 item 1
 # ----------------------------------------------------------------------------------------------------
 def test_full_trace_slot_is_target_plus_eos_and_skips_engine():
     prompts, mask = _prompt_batch()
@@ -284,7 +284,7 @@ def test_training_rollout_requires_driver_ratios():
 # Equivalence with LUFFY's own path (everything through the engine, max_tokens = L)
 # ----------------------------------------------------------------------------------------------------
 def luffy_reference(prompts, tgt, ratios, pad, eos, length):
-    """LUFFY's mix_vllm_rollout (spec §1.2) with ``scripted_continuation`` as vLLM."""
+    """LUFFY's mix_vllm_rollout (docs/METHOD.md §1.2) with ``scripted_continuation`` as vLLM."""
     batch_size, n = ratios.shape
     rows, prefix_lens = [], []
     for k in range(batch_size * n):

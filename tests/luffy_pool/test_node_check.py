@@ -1,4 +1,4 @@
-"""Two-node pre-flight (review D8) on a 2-node ``ray.cluster_utils.Cluster`` (in a child process, so the
+"""Two-node pre-flight (docs/DESIGN.md §2 item 11) on a 2-node ``ray.cluster_utils.Cluster`` (in a child process, so the
 session's Ray is untouched): the driver's marker in the checkpoint folder and the model folder's
 fingerprint are read back by one task pinned to each node. Both nodes of this machine share its disk, so
 the pass case is real; a node without the shared disk is simulated by a reader that runs the real

@@ -1,6 +1,6 @@
 """End to end: ``data.off_policy_files`` (an extra trajectory file with behaviour log-probs) for 2 training steps
 on 2 CPU FSDP ranks, with the run-output keys on (rollout_data_dir, val_generations_to_log, default_hdfs_dir),
-then the launcher's close() releases the Ray placement groups (review B9: it raised AttributeError and leaked
+then the launcher's close() releases the Ray placement groups (it once raised AttributeError and leaked
 them when off_policy_files was set)."""
 import json
 import math

@@ -1,4 +1,4 @@
-"""Prefix-ratio schedules (spec §1.2 table, §8 item 2) and the off-policy trace pool."""
+"""Prefix-ratio schedules (docs/METHOD.md §1.2 table, §8 item 2) and the off-policy trace pool."""
 from __future__ import annotations
 
 import logging

@@ -35,5 +35,5 @@ def test_dataset_column_of_behaviour_probs_reaches_the_loss(tiny_model_dir, tiny
     # off_ratio = p / (0.5 + 1e-6) on every off-policy token: its mean is twice the mean off-policy probability
     assert row["actor/off_ratio_mean"] == pytest.approx(2 * row["actor/off_policy_prob"], rel=1e-4)
     assert last["actor/off_policy_prob"] > 0
-    # every behaviour probability is known here: the unknown-probability counters (review E4) are logged, at 0
+    # every behaviour probability is known here: the unknown-probability counters (docs/DESIGN.md §1 item 3) are logged, at 0
     assert (row["batch/behaviour_prob_unknown_rows"], row["batch/behaviour_prob_unknown_tokens"]) == (0, 0)

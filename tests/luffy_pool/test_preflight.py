@@ -73,7 +73,7 @@ def test_bare_hub_name_fails_at_once_when_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     msg = check_model_source("Qwen/Qwen2.5-Math-7B", "actor_rollout_ref.model.path")
-    # the id, the cache folder looked in, the variables that move it (D1)
+    # the id, the cache folder looked in, the variables that move it (docs/DESIGN.md §2 item 12)
     assert msg == ("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B: not a local folder and not in the HuggingFace "
                    f"cache, and HF_HUB_OFFLINE is set; looked for the hub cache entry {tmp_path}/hf/hub/"
                    "models--Qwen--Qwen2.5-Math-7B (set HF_HUB_CACHE (or HF_HOME, whose hub/ subfolder is the cache) "

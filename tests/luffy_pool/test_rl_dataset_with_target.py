@@ -1,4 +1,4 @@
-"""RLHFDatasetWithTarget (spec §1.1): targets, <think> de-duplication, sampling, malformed rows."""
+"""RLHFDatasetWithTarget (docs/METHOD.md §1.1): targets, <think> de-duplication, sampling, malformed rows."""
 from __future__ import annotations
 
 import copy
@@ -100,7 +100,7 @@ def test_overlong_prompts_are_dropped_and_counted(tokenizer, tmp_path, caplog):
 
 def test_unfiltered_overlong_prompt_errors_or_truncates(tokenizer, tmp_path):
     path = _write(tmp_path, [_row(0, question="What is " + "9 + " * 40 + "1?")])
-    # Refused at load (issue 25), not when the sampler first draws the row.
+    # Refused at load, not when the sampler first draws the row.
     with pytest.raises(ValueError, match=r"train\.parquet: row 0: column 'prompt': prompt has \d+ tokens > data.max_prompt_length=40"):
         RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False)
     left = RLHFDatasetWithTarget(path, tokenizer, max_prompt_length=40, max_target_length=16, filter_overlong_prompts=False, truncation="left")
@@ -246,7 +246,7 @@ def test_collate_stacks_tensors_and_packs_the_rest(tokenizer, tiny_task_dir):
     assert batch["index"].tolist() == [0, 1, 2, 3]
 
 
-# ---------------------------------------------------------------------- issue 18: bad data fails loudly
+# ---------------------------------------------------------------------- bad data fails loudly
 def _long_rows():
     long_trace = "<think>\n" + "1 + 2 = 3. " * 30 + "\n</think>\nThe answer is \\boxed{3}."
     return [_row(0), _row(1, target=long_trace), _row(2, target=long_trace), _row(3, target=None)]

@@ -1,4 +1,4 @@
-"""SFT baseline trainer (LUFFY_SPEC §2.3): fine-tune a causal LM on prompt -> target traces with FSDP2.
+"""SFT baseline trainer (docs/METHOD.md §2.3): fine-tune a causal LM on prompt -> target traces with FSDP2.
 
 ``torchrun --nproc_per_node N -m verl.trainer.fsdp_sft_trainer key=value ...`` trains on N ranks (gloo on
 CPU, NCCL on GPU); ``python -m verl.trainer.fsdp_sft_trainer ...`` trains as one rank in a group it creates
@@ -289,7 +289,7 @@ def _hydra_entry():
         except ConfigError as exc:
             _exit_with_config_error(exc)
         is_rank0 = int(os.environ.get("RANK", "0")) == 0
-        if is_rank0:  # the resolved config goes to a file; the console gets its path (issue 25)
+        if is_rank0:  # the resolved config goes to a file; the console gets its path
             path = os.path.join(os.path.abspath(str(prepared.trainer.default_local_dir)), "resolved_config.yaml")
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -32,7 +32,7 @@ def _chatml(system: str, user: str) -> str:
     return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
-# LUFFY eval templates (LUFFY_SPEC §4.4). ``own`` uses the model's chat template on the (system-stripped)
+# LUFFY eval templates (docs/METHOD.md §4.4). ``own`` uses the model's chat template on the (system-stripped)
 # messages; the others rebuild the prompt from the user's question alone, as LUFFY does.
 TEMPLATES = {
     "own": None,
@@ -100,7 +100,7 @@ def vllm_engine_kwargs(model_path: str, dtype: str = "auto", seed: int = 0, gpu_
                        kv_cache_gb: Optional[float] = None, gpu_memory_utilization: float = 0.85) -> dict:
     """``vllm.LLM`` arguments. GPU (``gpu_count > 0``): tensor parallel over all visible GPUs unless told,
     LUFFY's 0.85 memory share. CPU build: fp32 (bf16 diverges from HF), eager, and an explicit KV cache
-    (without one vLLM-CPU reserves 90 % of RAM), 0.25 GiB unless told (platform/VLLM_CPU.md)."""
+    (without one vLLM-CPU reserves 90 % of RAM), 0.25 GiB unless told (docs/CPU_STACK.md §7.1)."""
     kwargs = dict(model=model_path, seed=seed, dtype=dtype)
     if max_model_len:
         kwargs["max_model_len"] = max_model_len

@@ -1,9 +1,9 @@
-"""Per-rank batch sizes of the actor update, derived from the prompt-level config (LUFFY_SPEC §1.9, §5.4).
+"""Per-rank batch sizes of the actor update, derived from the prompt-level config (docs/METHOD.md §1.9, §5.4).
 
 The config counts prompts; each worker sees rows (prompt x rollout.n) split over the data-parallel ranks.
 These pure functions do that arithmetic once, for the worker (which uses the numbers) and for the config
 checker (which rejects sizes that do not divide evenly), so both always agree. The config keys keep the
-user's meaning (prompts); the per-rank row counts live only in ``RankBatchSizes`` (review C2).
+user's meaning (prompts); the per-rank row counts live only in ``RankBatchSizes``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Start-up check that prompt + response fit the model's position range (review A5).
+"""Start-up check that prompt + response fit the model's position range (docs/DESIGN.md §2 item 4).
 
 A run whose ``data.max_prompt_length + data.max_response_length`` exceeds the model's
 ``max_position_embeddings`` would otherwise fail (or silently degrade) only when the engine is built or

@@ -1,7 +1,7 @@
 """Shared helpers of the data-preparation and evaluation scripts.
 
 Reads jsonl/json/parquet tables as plain Python records, validates LUFFY's training format
-(LUFFY_SPEC §3.1) and evaluation format (§3.2) with one-line errors that name the file, the row and
+(docs/METHOD.md §3.1) and evaluation format (§3.2) with one-line errors that name the file, the row and
 the column, builds the R1-style prompt of §3.3, and provides the progress bar, the drop summary and the
 writer every prepare script uses. Rows are numbered from 0 in table order (as pandas shows them);
 jsonl errors also give the 1-based line number.
@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
-# LUFFY's system prompt, identical in every training and validation file (LUFFY_SPEC §3.3).
+# LUFFY's system prompt, identical in every training and validation file (docs/METHOD.md §3.3).
 R1_SYSTEM_PROMPT = (
     "Your task is to follow a systematic, thorough reasoning process before providing the final solution. "
     "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "
@@ -204,7 +204,7 @@ def check_ground_truth(reward_model: Any, path: str, row: int, column: str = "re
 
 
 def validate_training_row(rec: Mapping, path: str, row: int) -> dict:
-    """Check one §3.1 training row and return it normalised to plain Python values."""
+    """Check one training row (docs/METHOD.md §3.1) and return it normalised to plain Python values."""
     for col in TRAINING_COLUMNS:
         if col not in rec:
             raise DataFormatError(path, f"missing column (columns present: {', '.join(sorted(rec))})", row, col)
@@ -230,7 +230,7 @@ def validate_training_row(rec: Mapping, path: str, row: int) -> dict:
 
 
 def validate_eval_row(rec: Mapping, path: str, row: int, prompt_key: str = "prompt") -> dict:
-    """Check one §3.2 benchmark row; returns ``{data_source, prompt, ground_truth, index, row}``."""
+    """Check one benchmark row (docs/METHOD.md §3.2); returns ``{data_source, prompt, ground_truth, index, row}``."""
     for col in ("data_source", prompt_key, "reward_model"):
         if col not in rec:
             raise DataFormatError(path, f"missing column (columns present: {', '.join(sorted(rec))})", row, col)

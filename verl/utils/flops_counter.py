@@ -1,4 +1,4 @@
-"""Model FLOPs of an actor update and the device's peak, for LUFFY's ``mfu/actor`` metric (review E8).
+"""Model FLOPs of an actor update and the device's peak, for LUFFY's ``mfu/actor`` metric.
 
 The estimate is the usual dense-transformer count that LUFFY's verl uses: forward + backward of the weight
 matmuls cost ``6 * N * tokens`` with ``N`` the matmul parameters (attention projections, the gated MLP's

@@ -1,7 +1,7 @@
 """FSDP2 helpers: process groups and meshes, ``fully_shard`` wrapping, offload policy, full-weight streaming.
 
 FSDP2 (``fully_shard`` + DTensor) is the only strategy built on: FSDP1 needs an accelerator and
-segfaults on CPU state-dict offload (CPU_STACK.md §3). Full weights leave the shards one tensor at a
+segfaults on CPU state-dict offload (docs/CPU_STACK.md §3). Full weights leave the shards one tensor at a
 time (``DTensor.full_tensor``), grouped into byte-bounded buckets, so a rollout engine can be fed
 without materialising a whole state dict on any rank.
 """

@@ -3,7 +3,7 @@
 With ``fsdp_config.param_offload=True`` FSDP2 keeps the sharded parameters and their gradients in host
 memory. ``torch.nn.utils.clip_grad_norm_`` then builds the norm as a DTensor on the CPU and reduces it
 over the FSDP group there, which an NCCL-only group refuses ("No backend type associated with device
-type cpu", review D4). Here each gradient shard's sum of squares is taken where the shard lives (no
+type cpu", docs/DESIGN.md §2 item 7). Here each gradient shard's sum of squares is taken where the shard lives (no
 gradient is copied), the per-mesh partial sums (one scalar each) move to the compute device, the
 all-reduce over each mesh dimension the gradients are sharded on runs there, and the clip factor,
 computed there, is brought back to every shard's device and applied in place. Dimensions a gradient is

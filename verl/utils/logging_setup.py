@@ -16,7 +16,7 @@ import warnings
 NOISY_RECORDS = (
     ("vllm.v1.core.block_pool", r"reset prefix cache"),
     ("vllm", r"reset(ting)? prefix cache"),
-    # vLLM's CPU build at every engine start-up, per worker (issue 25: ~50 start-up lines on the quickstart's
+    # vLLM's CPU build at every engine start-up, per worker (they were ~50 start-up lines on the quickstart's
     # console); each names a setting this project chose on purpose (eager mode, in-process engine) or a GPU-only
     # library that a CPU machine cannot have. Start-up INFO lines are off by VLLM_LOGGING_LEVEL (launcher).
     ("vllm", r"global random seed is set to"),

@@ -1,7 +1,7 @@
 """Balance sequences by token count: across data-parallel ranks and into micro-batches.
 
-The driver reorders a batch so every rank gets a similar number of tokens (spec §1.8, equal row
-counts), and the actor splits a mini-batch into token-budgeted micro-batches (spec §1.9, dynamic batch
+The driver reorders a batch so every rank gets a similar number of tokens (docs/METHOD.md §1.8, equal row
+counts), and the actor splits a mini-batch into token-budgeted micro-batches (docs/METHOD.md §1.9, dynamic batch
 size). Both use the Karmarkar-Karp largest differencing method implemented here.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ def get_group_balanced_partitions(seqlen_list: Sequence[int], group_ids: Sequenc
 
 
 def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]], prefix: str) -> dict[str, float]:
-    """Token-count balance before and after partitioning (spec §1.8).
+    """Token-count balance before and after partitioning (docs/METHOD.md §1.8).
 
     ``{prefix}/min``, ``/max``, ``/minmax_diff``: over the original contiguous chunks of
     ``len/k`` rows; ``/balanced_min``, ``/balanced_max``: over ``partitions``; ``/mean``: total/k.

@@ -195,7 +195,7 @@ def get_constant_schedule_with_warmup(
     """Constant LR after a linear warm-up of ``num_warmup_steps`` scheduler steps.
 
     Default: ``λ(s) = min(1, (s+1)/w)`` (``λ ≡ 1`` when ``w = 0``), so the first update already
-    moves the weights. Deviation from LUFFY (spec §1.9, §7.6): LUFFY's verl uses
+    moves the weights. Deviation from LUFFY (docs/METHOD.md §1.9, §7 item 6): LUFFY's verl uses
     ``λ(s) = min(1, s/max(1, w))``, which is 0 at step 0 even with ``w = 0``, i.e. its first training
     step runs with lr = 0. ``zero_lr_first_step=True`` reproduces that exactly.
     """

@@ -80,7 +80,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             bind_cpu_rank(os.environ.get(ENV_VAR, "none"), int(os.environ.get("LOCAL_RANK", 0)),
                           int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         self._init_distributed()
-        # Rows per rank (LUFFY_SPEC §1.9), in their own fields: the config keys keep counting prompts. The
+        # Rows per rank (docs/METHOD.md §1.9), in their own fields: the config keys keep counting prompts. The
         # rollout's log-prob size serves the reference pass too (LUFFY's worker copies it there).
         s = self.sections
         self.batch_sizes = rank_batch_sizes(config.actor, s.rollout.n, self.world_size,
@@ -101,7 +101,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         sp_mesh = build_ulysses_mesh(self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size))
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
         # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
-        # collectives, whatever the HSDP / SP layout (A3).
+        # collectives, whatever the HSDP / SP layout (docs/DESIGN.md §2 item 3).
         self.dp_group = dist.group.WORLD
 
     def _param_dtype(self, fsdp_cfg: ShardingSection) -> torch.dtype:

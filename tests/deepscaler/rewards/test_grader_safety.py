@@ -73,7 +73,7 @@ def test_guard_rejects_huge_results_but_keeps_moderate_ones():
     assert parse_answer("(" * 40 + "1" + ")" * 40) is None
 
 
-# ---------------------------------------------------------------------- issue 18: NaN/inf references
+# ---------------------------------------------------------------------- NaN/inf references
 @pytest.mark.parametrize("gt", [float("nan"), "nan", "inf", "-inf", ["nan"]])
 @pytest.mark.parametrize("version", [0, 1, 3, 4])
 def test_nan_or_inf_ground_truth_is_never_graded_correct(gt, version):

@@ -1,4 +1,4 @@
-"""This project's graders give LUFFY's own verdicts on the stored agreement set (review item E1).
+"""This project's graders give LUFFY's own verdicts on the stored agreement set (docs/DESIGN.md §1: graders).
 
 tests/data/luffy_grader_verdicts.jsonl.gz was written by ``exp_scripts/grader_agreement.py --luffy_src``:
 LUFFY's code (github ElliottYan/LUFFY, run from a checkout outside the project) graded 6,368 answers: 40

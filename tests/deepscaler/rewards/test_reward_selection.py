@@ -1,4 +1,4 @@
-"""reward_impl_version semantics (LUFFY_SPEC §4.1, §8 item 5) and data-source routing."""
+"""reward_impl_version semantics (docs/METHOD.md §4.1, §8 item 5) and data-source routing."""
 import pytest
 
 from deepscaler.rewards import compute_score, fail_success_values, grade, score_response, select_score_fn

@@ -1,5 +1,5 @@
-"""LUFFY's import paths (review E7): every public name a user script of LUFFY can import from its
-``verl/mix_src/*.py`` and ``deepscaler/rewards/*.py`` modules (plus the other paths E7 lists) imports here,
+"""LUFFY's import paths: every public name a user script of LUFFY can import from its
+``verl/mix_src/*.py`` and ``deepscaler/rewards/*.py`` modules (plus its other public modules: deepscaler.globals, deepscaler.rewards.math_utils.utils, verl.utils.reward_score) imports here,
 and the aliases do what LUFFY's functions do on hand-made cases.
 
 The name lists are LUFFY's module-level ``def`` / ``class`` / constant names (github ElliottYan/LUFFY,

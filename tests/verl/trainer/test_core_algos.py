@@ -59,7 +59,7 @@ def test_every_estimator_takes_the_inputs_object_and_the_algorithm_knobs():
 # ---------------------------------------------------------------- GRPO
 @pytest.mark.parametrize("k", range(8))
 def test_grpo_worked_example_without_std(k):
-    # Spec §1.7: 8-row group, slot 0 = correct off-policy trace, slots 1..k correct, k+1..7 wrong.
+    # docs/METHOD.md §1.7: 8-row group, slot 0 = correct off-policy trace, slots 1..k correct, k+1..7 wrong.
     # mu = (k+1)/8, so A(correct) = 1 - (k+1)/8 = (7-k)/8 and A(wrong) = -(k+1)/8.
     # e.g. k=0: +7/8 for the trace, -1/8 for each failure; k=7: all zero.
     scores = [1.0] * (k + 1) + [0.0] * (7 - k)
@@ -186,7 +186,7 @@ def test_policy_loss_remove_clip_and_no_clip_upper_bound():
     # no clip: -1.5-0.5-1.1+1.5+0.5 = -1.1 over 5 -> -0.22, clipfrac 0
     pg_loss, clipfrac, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_clip=True)
     assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0
-    # LUFFY's compute_policy_loss has no clip_upper_bound (review E6): the key acts in its off-policy loss only.
+    # LUFFY's compute_policy_loss has no clip_upper_bound (docs/DESIGN.md §1 item 5): the key acts in its off-policy loss only.
     assert list(inspect.signature(ca.compute_policy_loss).parameters) == [
         "old_log_prob", "log_prob", "advantages", "eos_mask", "cliprange", "loss_remove_token_mean", "loss_remove_clip"]
     with pytest.raises(TypeError):

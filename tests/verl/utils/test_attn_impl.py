@@ -1,4 +1,4 @@
-"""Attention kernel choice without flash-attn (review D7): ``auto`` falls back to sdpa with one warning naming
+"""Attention kernel choice without flash-attn (docs/DESIGN.md §2 item 10): ``auto`` falls back to sdpa with one warning naming
 the package; an explicit flash-attention kernel without its package fails at pre-flight in one line."""
 from __future__ import annotations
 

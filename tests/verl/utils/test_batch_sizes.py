@@ -2,7 +2,7 @@
 
 The config keys count prompts (LUFFY/verl); ``RankBatchSizes`` carries the rows per data-parallel rank
 (dp = world / SP) after ``x rollout.n``. These cases pin the numbers the actor received before the keys
-stopped being overwritten in place (review C2).
+stopped being overwritten in place.
 """
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""Context check at start (review A5): prompt + response beyond max_position_embeddings is one clear line."""
+"""Context check at start (docs/DESIGN.md §2 item 4): prompt + response beyond max_position_embeddings is one clear line."""
 from __future__ import annotations
 
 from types import SimpleNamespace

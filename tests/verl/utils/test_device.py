@@ -1,4 +1,4 @@
-"""Device per rank (review A1, A11): the pure choice, and every rank of Ray worker groups with fake GPUs.
+"""Device per rank (docs/DESIGN.md §2 item 1): the pure choice, and every rank of Ray worker groups with fake GPUs.
 
 Ray narrows CUDA_VISIBLE_DEVICES to each actor's GPU, so the index must come from Ray's id within that
 list (0), not from the node-local rank; LOCAL_RANK (what vLLM's external launcher opens) must equal it.

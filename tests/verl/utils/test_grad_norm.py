@@ -1,4 +1,4 @@
-"""Gradient-norm clipping with the reduction on the compute device (review D4: param_offload on GPU).
+"""Gradient-norm clipping with the reduction on the compute device (param_offload on GPU, docs/DESIGN.md §2 item 7).
 
 The values are checked against ``torch.nn.utils.clip_grad_norm_`` (plain tensors in process, FSDP2 DTensor
 gradients on 2 gloo ranks). The device is checked with a fake accelerator, as the offload tests do: under

@@ -1,4 +1,4 @@
-"""Hub model names (review D1): an id resolves through a hub-layout HF cache folder built here
+"""Hub model names (docs/DESIGN.md §2 item 12): an id resolves through a hub-layout HF cache folder built here
 (``models--org--name/snapshots/<rev>/...`` + ``refs/main``) with huggingface_hub's own resolution, offline;
 the shard loader and the pre-flight then read it; an id that cannot resolve is one line naming the id, the
 cache folder and the variables that move it."""

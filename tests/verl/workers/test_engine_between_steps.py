@@ -1,4 +1,4 @@
-"""The hybrid engine between steps (review D9, D6), on CPU: vLLM sleeps at level 2 (weights dropped, not
+"""The hybrid engine between steps (docs/DESIGN.md §2 item 9), on CPU: vLLM sleeps at level 2 (weights dropped, not
 copied to host and back), the process-group timeout is a checked config key used by init_process_group,
 and the reload-API check covers vLLM 0.32's Model Runner V2 as well as V1."""
 from __future__ import annotations

@@ -158,7 +158,7 @@ def compute_grpo_outcome_advantage(
     epsilon: float = GRPO_EPSILON,
     use_std: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (spec §1.7): every row of the uid group is in the statistics.
+    """GRPO outcome advantage (docs/METHOD.md §1.7): every row of the uid group is in the statistics.
 
     ``A_i = (s_i − μ_G)/(σ_G + ε)`` with unbiased σ, or ``s_i − μ_G`` when ``use_std=False``
     (LUFFY: ``grpo_use_std=False``); a group of one row uses μ=0, σ=1. ``index`` holds the uid per row;

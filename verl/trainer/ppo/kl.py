@@ -1,7 +1,7 @@
 """KL between the policy and the reference model: per-token estimators, coefficient controllers, and
-the KL-in-reward penalty the driver applies before computing advantages (spec §1.6).
+the KL-in-reward penalty the driver applies before computing advantages (docs/METHOD.md §1.6).
 
-The same per-token estimators serve the actor's optional KL loss (spec §1.9, ``kl_loss_type``).
+The same per-token estimators serve the actor's optional KL loss (docs/METHOD.md §1.9, ``kl_loss_type``).
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def apply_kl_penalty(
     kl_ctrl: FixedKLController | AdaptiveKLController,
     kl_penalty: str = "kl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL-in-reward: ``rewards = scores − β·KL(old, ref)·mask`` (spec §1.6).
+    """KL-in-reward: ``rewards = scores − β·KL(old, ref)·mask`` (docs/METHOD.md §1.6).
 
     Without a reference policy β = 0 and ``rewards = scores``. ``critic/kl`` is the batch mean of
     the per-sequence token-mean KL; ``critic/kl_coeff`` the β used. The controller is updated with

@@ -1,6 +1,6 @@
 """Per-step metrics of the driver: data statistics, LUFFY's on/off-policy split, timing, throughput.
 
-Names follow verl and LUFFY (LUFFY_SPEC §1.5, §1.10): ``critic/score/*``, ``critic/rewards/*``,
+Names follow verl and LUFFY (docs/METHOD.md §1.5, §1.10): ``critic/score/*``, ``critic/rewards/*``,
 ``critic/advantages/*``, ``response_length/*``, ``prompt_length/*``, ``on_off_metrics/*``,
 ``batch/*``, ``timing_s/*``, ``timing_per_token_ms/*`` and ``perf/throughput`` (tokens / s / device).
 Pure functions of the batch tensors, so they are unit-tested without Ray.
@@ -60,7 +60,7 @@ def compute_data_metrics(batch: dict, response_length: int) -> dict[str, float]:
 
 def compute_group_metrics(scores: torch.Tensor, uids, on_policy: torch.Tensor, fail_value: float = 0.0,
                           success_value: float = 1.0) -> dict[str, float]:
-    """LUFFY's per-group solve statistics (logged only, spec §1.5).
+    """LUFFY's per-group solve statistics (logged only, docs/METHOD.md §1.5).
 
     ``batch/solve_none`` / ``solve_all`` / ``solve_none_format``: number of groups (LUFFY counts) whose every
     score equals fail / success / −1, and the same as fractions of the groups in ``batch/solve_*_frac``;

@@ -5,7 +5,7 @@ batch, counted over all micro-batches and all ranks before the first backward. E
 contributes ``Σ nll / N_global`` (times the world size, because FSDP averages gradients over ranks), so
 the update is the gradient of ``Σ_all tokens nll / N_global`` however the batch is split. OpenRLHF-era
 SFT took a token mean per micro-batch and averaged those, which over-weights tokens of short
-micro-batches (LUFFY_SPEC §2.3, third-party note).
+micro-batches (docs/METHOD.md §2.3, third-party note).
 """
 from __future__ import annotations
 

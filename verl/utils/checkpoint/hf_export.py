@@ -25,7 +25,7 @@ def gather_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     if not (dist.is_available() and dist.is_initialized()):
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    # cpu_offload=True makes the result rank-0-only and keeps it off the accelerator (CPU_STACK §3).
+    # cpu_offload=True makes the result rank-0-only and keeps it off the accelerator (docs/CPU_STACK.md §3).
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 

@@ -1,6 +1,6 @@
 """Names and filesystem rules of the checkpoint tree, shared by the workers, the trainer and the merger.
 
-LUFFY's layout (LUFFY_SPEC §5.7) with DCP shards in place of per-rank pickles::
+LUFFY's layout (docs/METHOD.md §5.7) with DCP shards in place of per-rank pickles::
 
     <default_local_dir>/
       latest_checkpointed_iteration.txt        # the step resume picks; written last, atomically

@@ -1,6 +1,6 @@
 """Prompt dataset for RL: chat-templated, left-padded prompt ids plus the row's reward metadata.
 
-Reads one or more parquet files in verl/LUFFY format (spec §3.1: ``prompt`` chat list,
+Reads one or more parquet files in verl/LUFFY format (docs/METHOD.md §3.1: ``prompt`` chat list,
 ``data_source``, ``reward_model.ground_truth``, ``extra_info.index``), checks every row at load time
 (errors name file, row and column), drops prompts longer than ``max_prompt_length`` (counted and
 logged) and yields tensors ``input_ids``/``attention_mask``/``position_ids`` ``[max_prompt_length]``.

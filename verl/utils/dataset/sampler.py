@@ -1,6 +1,6 @@
 """Samplers whose position can be checkpointed, so a resumed run sees exactly the same prompts.
 
-``ResumableRandomSampler`` is LUFFY's sampler (spec §1.1 item 5): a ``torch.randperm`` per epoch from
+``ResumableRandomSampler`` is LUFFY's sampler (docs/METHOD.md §1.1 item 5): a ``torch.randperm`` per epoch from
 a ``torch.Generator`` seeded 47, walked with a cursor; ``ResumableSequentialSampler`` is the
 ``shuffle=False`` variant. The state (order, cursor, generator state, epoch) goes into ``data.pt``.
 """

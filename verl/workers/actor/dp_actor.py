@@ -6,7 +6,7 @@ splits the chunk into mini-batches (one optimizer step each, ``ppo_epochs`` pass
 micro-batch gradients and clips the global grad norm. The loss itself is a hook
 (``compute_policy_loss``) so the LUFFY actor can swap in the mixed on/off-policy loss.
 
-Gradient accumulation follows verl/LUFFY (LUFFY_SPEC §1.9): each micro-batch loss is divided by
+Gradient accumulation follows verl/LUFFY (docs/METHOD.md §1.9): each micro-batch loss is divided by
 ``gradient_accumulation = mini / micro`` rows after normalisation, even when dynamic batching makes
 a different number of micro-batches; FSDP then averages over data-parallel ranks.
 """

@@ -103,7 +103,7 @@ def response_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, attentio
 def _shared_prompt_scores(module, input_ids, attention_mask, position_ids, R, rows, t, labels, kw):
     """(rows, t, [T, k] scores) through the shared-prompt forward, or None when no prompt repeats."""
     prompt_width = input_ids.shape[1] - R
-    if prompt_width < 1 or R < 1 or checkpointing_drops_cache(module):  # no prompt cache under checkpointing (A6)
+    if prompt_width < 1 or R < 1 or checkpointing_drops_cache(module):  # no prompt cache under checkpointing (docs/DESIGN.md §2 item 13)
         return None
     first, inverse = group_rows_by_prompt(input_ids, attention_mask, prompt_width)
     if first.numel() == input_ids.shape[0]:

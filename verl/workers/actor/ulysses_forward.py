@@ -18,9 +18,9 @@ The SP group and the full-length position ids travel as keyword arguments of the
 (``ulysses_group``, ``ulysses_position_ids``): transformers hands a model's extra kwargs down to every
 attention function. There is no global "SP is on" flag: under (non-reentrant) gradient checkpointing a
 decoder layer keeps its call's kwargs and re-runs with them in backward, so the recomputation does the
-same all-to-alls as the forward (a flag set only during the forward let it fall through: review D2).
+same all-to-alls as the forward (a flag set only during the forward let it fall through, docs/DESIGN.md §2 item 5).
 
-LM head (review D3): with ``chunk_size`` > 0 the head scores only this rank's positions that predict a
+LM head (docs/DESIGN.md §2 item 6): with ``chunk_size`` > 0 the head scores only this rank's positions that predict a
 response token, ``chunk_size`` tokens at a time (``response_head.scoring_head``), so no
 ``[rows, s/sp, V]`` fp32 logits exist. ``chunk_size`` 0 keeps the dense head (models whose logits are
 not a plain linear head: the actor passes 0 for them).

@@ -1,6 +1,6 @@
 """Reward manager of the trainer: DataProto -> token-level scores, graded in a timed process pool.
 
-For every row (off-policy rows included, LUFFY_SPEC §1.4) it decodes the valid response tokens with
+For every row (off-policy rows included, docs/METHOD.md §1.4) it decodes the valid response tokens with
 special tokens kept, grades ``(data_source, text, ground_truth, extra_info)`` in a ``ScoringPool``
 (per-item timeout, timed-out items score 0), optionally asks an LLM judge about wrong answers and
 applies the format reward, and writes each score at index ``valid_len - 1`` of a zero ``[N, L]``

@@ -382,7 +382,7 @@ class ScoringPool:
         while pending or any(w.tasks for w in self._workers):
             for worker in list(self._workers):
                 # A worker that warmed up long before this first batch has its READY waiting in the pipe:
-                # read it before judging the start-up time (found by the recipe rehearsal, issue 22).
+                # read it before judging the start-up time (found by the recipe rehearsal).
                 if not worker.ready and worker.conn.poll():
                     self._handle_ready(worker, stats)
             self._check_startup(time.monotonic())

@@ -2,7 +2,7 @@
 
 The loop (rather than ``model.generate``) gives three things the trainer needs: per-row token caps,
 a seeded ``torch.Generator``, and dropping rows from the batch as soon as they finish. Static
-batching wastes 40-50% of decode work on finished rows when lengths vary (CPU_STACK.md §5); here a
+batching wastes 40-50% of decode work on finished rows when lengths vary (docs/CPU_STACK.md §5); here a
 finished row leaves the batch and its KV cache at the next step. Rows are decoded in micro-batches
 sorted by (cap, prompt length) so little padding is carried.
 

@@ -1,4 +1,4 @@
-"""Resumable samplers: LUFFY's permutation, a new one per epoch, and exact resume (spec §1.1 item 5)."""
+"""Resumable samplers: LUFFY's permutation, a new one per epoch, and exact resume (docs/METHOD.md §1.1 item 5)."""
 from __future__ import annotations
 
 import copy

@@ -57,7 +57,7 @@ def test_log_probs_match_direct_forward(tiny_model_dir, remove_padding, dynamic)
 
 def test_update_equals_manual_sgd_with_grad_accumulation(tiny_model_dir):
     """Two micro-batches of 2 rows, grad_accum = 4/2 = 2: the step equals SGD on the mean of the two
-    micro-batch token-mean losses (verl/LUFFY semantics, LUFFY_SPEC §1.9)."""
+    micro-batch token-mean losses (verl/LUFFY semantics, docs/METHOD.md §1.9)."""
     model = _model(tiny_model_dir)
     ref_model = _model(tiny_model_dir)
     b = _batch(model.config.vocab_size)

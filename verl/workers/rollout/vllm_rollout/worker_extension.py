@@ -2,7 +2,7 @@
 
 vLLM instantiates its Worker with this class as an extra base, so ``self`` is the worker and
 ``self.reload_weights`` is vLLM's in-place layerwise reload, the one path that re-packs the CPU
-backend's linear weights (plain ``model.load_weights`` fails there, VLLM_CPU.md §5).
+backend's linear weights (plain ``model.load_weights`` fails there, docs/CPU_STACK.md §7.3).
 """
 from __future__ import annotations
 
