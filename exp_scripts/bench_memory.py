@@ -151,7 +151,7 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
     rows = args.rows
-    from luffy_pool.config_compose import actor_config
+    from luffy_pool.config.compose import actor_config
 
     cfg = actor_config(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
                        ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,

@@ -14,7 +14,7 @@ the sync time, and a last line ``GPU_SMOKE {json}``. Exit code 0 = all checks pa
     python exp_scripts/gpu_smoke.py --device cpu --small  # CI (tests/exp_scripts/test_gpu_smoke.py)
     python exp_scripts/gpu_smoke.py --recipe exp_scripts/train.sh  # the recipe's switches on one GPU
 
-``--recipe SCRIPT`` reads a launch script through its own command line (luffy_pool/recipe.py, shared with
+``--recipe SCRIPT`` reads a launch script through its own command line (luffy_pool/run/recipe.py, shared with
 the CPU rehearsal) and runs its switches at these shapes: gradient checkpointing, remove padding, dynamic
 batch sizes with its token budgets (scaled by its prompt length over this run's), the reference with its
 offload setting (the reference is switched on to exercise it: LUFFY's train.sh offloads a reference that
@@ -119,7 +119,7 @@ def overrides(model_dir: str, task_dir: str, out_dir: str, device: str, small: b
 
 def recipe_overrides(script: str, small: bool) -> tuple[list, dict]:
     """Overrides that turn on a launch script's switches at this run's shapes, and the switches read."""
-    from luffy_pool.recipe import read_recipe
+    from luffy_pool.run.recipe import read_recipe
 
     recipe = read_recipe(script, dict(os.environ, MODEL_PATH="recipe/model"))
     sw = recipe.switches()
@@ -139,8 +139,8 @@ def recipe_overrides(script: str, small: bool) -> tuple[list, dict]:
 
 
 def compose(overrides_list: list):
-    from luffy_pool.config_check import check_config
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.check import check_config
+    from luffy_pool.config.compose import compose_config
 
     config = compose_config(overrides_list)
     check_config(config)
@@ -190,15 +190,15 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from luffy_pool.launcher import build_dataloader
-    from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
-    from luffy_pool.mix_trainer import MIXRayPPOTrainer
+    from luffy_pool.run.launcher import build_dataloader
+    from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
+    from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
     from verl.workers.reward_manager import RewardManager
 
     extra, switches = recipe_overrides(args.recipe, args.small) if args.recipe else ([], None)
     config = compose(overrides(model_dir, task_dir, out_dir, args.device, args.small, rollout, args.steps) + extra)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    from luffy_pool.config_sections import ConfigSections
+    from luffy_pool.config.sections import ConfigSections
 
     sections = ConfigSections.from_config(config)
     loader, _, _, collate = build_dataloader(sections, tokenizer)
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - t_all:.1f} s at {model_dir}", flush=True)
     chosen = engines(args.rollout)
     if args.recipe:
-        from luffy_pool.recipe import read_recipe
+        from luffy_pool.run.recipe import read_recipe
 
         recipe = read_recipe(args.recipe, dict(os.environ, MODEL_PATH="recipe/model"))
         chosen = [recipe.get("actor_rollout_ref.rollout.name")] if args.rollout == "auto" else chosen

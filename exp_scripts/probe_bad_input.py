@@ -163,8 +163,8 @@ def expect_cli_refusal(main: Callable, argv: list[str], *names: str, use_run_cli
 
 
 def expect_config_error(overrides: list[str], token: str, config_name: str = "tiny_cpu_luffy") -> Outcome:
-    from luffy_pool.config_check import validate_config
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.check import validate_config
+    from luffy_pool.config.compose import compose_config
 
     paths = ["actor_rollout_ref.model.path=/m", "data.train_files=/t.parquet", "data.val_files=null"]
     errors = validate_config(compose_config(paths + overrides, config_name))

@@ -45,7 +45,7 @@ def _parquet(ctx: Context, rows: list[dict], name: str = "train.parquet") -> str
 
 
 def _dataset(ctx: Context, path: str, **kw):
-    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
     kw.setdefault("max_prompt_length", 64)
     kw.setdefault("max_target_length", 32)
@@ -58,7 +58,7 @@ def _dataset(ctx: Context, path: str, **kw):
 def _late(fn):
     """Like ``expect_refusal``, but a refusal raised only when an item is drawn is weak (it ends a run late)."""
     def run(ctx: Context, *names: str) -> Outcome:
-        from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget
+        from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
         path, kw = fn(ctx)
         kw.setdefault("max_prompt_length", 64)
@@ -79,7 +79,7 @@ def _n_target_tokens(ctx: Context) -> int:
 
 
 def _pool(ctx: Context, rows: list[dict], tokenizer: bool = True):
-    from luffy_pool.off_policy_pool import OffPolicyPool
+    from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = _parquet(ctx, rows, "extra.parquet")
     return lambda: OffPolicyPool(path, known_prompt_ids=[0, 1], tokenizer=ctx.tokenizer if tokenizer else None)
@@ -229,7 +229,7 @@ _pool_case("offpolicy_no_tokenizer", "extra", "off-policy file without token_ids
 
 @case("offpolicy_missing_trace_column", "extra", "off-policy file without the trace column")
 def _(ctx: Context) -> Outcome:
-    from luffy_pool.off_policy_pool import OffPolicyPool
+    from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = _parquet(ctx, [{"index": 0, "text": "x"}], "extra.parquet")
     return expect_refusal(lambda: OffPolicyPool(path, known_prompt_ids=[0]), "extra.parquet", "trace")
@@ -237,7 +237,7 @@ def _(ctx: Context) -> Outcome:
 
 @case("offpolicy_garbage_file", "extra", "off-policy file is not parquet")
 def _(ctx: Context) -> Outcome:
-    from luffy_pool.off_policy_pool import OffPolicyPool
+    from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = os.path.join(ctx.tmp("garbage"), "extra.parquet")
     open(path, "wb").write(b"\x00garbage" * 50)
@@ -277,7 +277,7 @@ _cfg_case("clip_ratio_neg_inf", "extra", f"{A}.clip_ratio=-inf", f"{A}.clip_rati
 
 @case("unknown_key_typo", "extra", "config: a misspelt key names the closest one")
 def _(ctx: Context) -> Outcome:
-    from luffy_pool.config_check import prepare_overrides
+    from luffy_pool.config.check import prepare_overrides
 
     return expect_refusal(lambda: prepare_overrides([f"{R}.temprature=0.7"]), f"{R}.temperature")
 
@@ -285,7 +285,7 @@ def _(ctx: Context) -> Outcome:
 @case("n_gpus_64_on_this_machine", "G6", "trainer.n_gpus_per_node=64 on this machine's cores (pre-flight rule)")
 def _(ctx: Context) -> Outcome:
     try:
-        from luffy_pool.preflight import cluster_capacity_problem
+        from luffy_pool.run.preflight import cluster_capacity_problem
     except ImportError:
         return Outcome("bad", "no cluster capacity check")
     cores = float(os.cpu_count() or 1)
@@ -316,8 +316,8 @@ def _(ctx: Context) -> Outcome:
 
 @case("unwritable_hdfs_dir", "G4", "config: trainer.default_hdfs_dir that cannot be written")
 def _(ctx: Context) -> Outcome:
-    from luffy_pool.config_compose import compose_config
-    from luffy_pool.preflight import preflight
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.run.preflight import preflight
 
     ro = ctx.tmp("readonly")
     os.chmod(ro, 0o500)

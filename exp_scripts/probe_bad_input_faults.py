@@ -161,8 +161,8 @@ def _(ctx: Context) -> Outcome:
 
 @case("resolved_config_to_file", "User", "the trainer writes the resolved config to a file and prints its path")
 def _(ctx: Context) -> Outcome:
-    from luffy_pool import main_mix_ppo
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.run import main_mix_ppo
+    from luffy_pool.config.compose import compose_config
 
     if not hasattr(main_mix_ppo, "write_resolved_config"):
         return Outcome("weak", "the resolved config is printed to the console (~300 lines)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rehearse a shipped launch script on CPU for 2 steps with every switch it sets (luffy_pool/rehearse.py):
+# Rehearse a shipped launch script on CPU for 2 steps with every switch it sets (luffy_pool/run/rehearse.py):
 # only the model (tiny random model of the same family, heads divisible by SP and TP), the data (tiny task),
 # lengths / token budgets (one factor), the device (cpu, gloo, sdpa), the world (4 ranks or SP x TP) and
 # the trackers (offline) are replaced, and the rehearsal prints that list before the script runs.
@@ -10,4 +10,4 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${LUFFY_VENV:-$ROOT/.venv}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$VENV/bin/python" -m luffy_pool.rehearse "$@"
+exec "$VENV/bin/python" -m luffy_pool.run.rehearse "$@"

@@ -117,7 +117,7 @@ def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
 
 def _compose_config(overrides, config_name: str = "mix_ppo_trainer"):
     """The trainer config as ``main_mix_ppo`` composes it, without running Hydra's app."""
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.compose import compose_config
 
     return compose_config(overrides, config_name)
 

@@ -1,4 +1,4 @@
-"""Our trainer on the benchmark's work: ``luffy_pool.launcher.build_trainer`` + ``fit`` through Ray.
+"""Our trainer on the benchmark's work: ``luffy_pool.run.launcher.build_trainer`` + ``fit`` through Ray.
 
 The config is ``mix_ppo_trainer.yaml`` with LUFFY's loss settings made purely on-policy (prefix ratio
 0, so the work equals TRL's): 8 prompts x n=8, 64 response tokens, one mini-batch (one optimizer
@@ -58,7 +58,7 @@ def trainer_overrides(spec: BenchSpec) -> list[str]:
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from luffy_pool.config_check import BASE_CONFIG_NAME, CONFIG_DIR, check_config
+    from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR, check_config
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         config = hydra_compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
@@ -102,7 +102,7 @@ def _keep_rollout_stats(wg, sink: list) -> None:
 def run(spec: BenchSpec, result_path: str) -> None:
     import ray
 
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     start = time.perf_counter()
     config = compose(trainer_overrides(spec))

@@ -3,7 +3,7 @@
     python exp_scripts/reproduce/run_rl.py --config-name tiny_cpu_luffy --hf-out DIR --result FILE.json [key=value ...]
 
 Composes ``luffy_pool/config/<config-name>.yaml`` with the overrides (checked like the CLI's), trains with
-``luffy_pool.launcher.build_trainer`` in a private Ray instance, writes the final actor as an HF folder
+``luffy_pool.run.launcher.build_trainer`` in a private Ray instance, writes the final actor as an HF folder
 (``--hf-out``) for the eval pipeline, and writes the last step's metrics and the wall time to ``--result``.
 A process per run keeps Ray sessions, vLLM engines and their memory from leaking into the next method.
 """
@@ -21,8 +21,8 @@ def compose_run_config(config_name: str, overrides: Sequence[str]):
     """The composed, validated and resolved trainer config, as ``python -m luffy_pool.main_mix_ppo`` builds it."""
     from omegaconf import OmegaConf
 
-    from luffy_pool.config_check import check_config, prepare_overrides
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.check import check_config, prepare_overrides
+    from luffy_pool.config.compose import compose_config
 
     config = compose_config(prepare_overrides(list(overrides)), config_name)
     check_config(config)
@@ -34,7 +34,7 @@ def train_and_export(config, hf_out: str) -> dict:
     """``fit`` the trainer, then write the final actor weights (with tokenizer) to ``hf_out``."""
     import ray
 
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     start = time.perf_counter()
     trainer, close = build_trainer(config)

@@ -5,7 +5,7 @@ Offline (a laptop, no GPU, no data)::
     python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80
     python -m luffy_pool.memory_plan --gpu-memory 141 -- actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B ...
 
-At the start of a GPU run ``luffy_pool.launcher`` calls ``check_run(config, device)`` before the workers
+At the start of a GPU run ``luffy_pool.run.launcher`` calls ``check_run(config, device)`` before the workers
 load the model: the plan from the device's real memory (``torch.cuda.mem_get_info``) is printed once,
 and ``trainer.memory_plan`` decides what a phase over the device's memory does (``error``: stop naming
 the phase, its estimate and the keys that bring it under; ``warn``: say so and go on; ``off``).
@@ -20,7 +20,7 @@ import logging
 import re
 from typing import Optional
 
-from luffy_pool.config_check import ConfigError
+from luffy_pool.config.check import ConfigError
 from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, PlanInputs, build_plan
 from luffy_pool.memory_plan.report import render, suggestions
 from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape

@@ -34,7 +34,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.compose import compose_config
     from luffy_pool.memory_plan.launch_script import LaunchScriptError, script_overrides
 
     if args.readme_table:
@@ -66,7 +66,7 @@ def readme_table(env=None) -> str:
     """The shipped recipes' per-phase peaks (README "Memory plan"), MODEL_PATH at the scripts' default."""
     import os
 
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.compose import compose_config
     from luffy_pool.memory_plan.launch_script import script_overrides
     from luffy_pool.memory_plan.report import markdown_table
 

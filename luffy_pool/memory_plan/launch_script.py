@@ -1,6 +1,6 @@
 """The Hydra overrides a launch script passes, for the offline memory plan.
 
-The script is read the way the rehearsal reads it (``luffy_pool.recipe.read_recipe``): bash runs it with a
+The script is read the way the rehearsal reads it (``luffy_pool.run.recipe.read_recipe``): bash runs it with a
 stand-in ``$PYTHON`` that records its command line and starts nothing, so bash arrays, ``${NAME:-default}``,
 ``exec bash train.sh ... "$@"`` wrappers and anything else a script does give exactly the overrides a real
 launch composes. Environment variables (``MODEL_PATH``, ``DATA_DIR``, ...) come from ``env``.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from luffy_pool.recipe import RecipeError, read_recipe
+from luffy_pool.run.recipe import RecipeError, read_recipe
 
 
 class LaunchScriptError(ValueError):

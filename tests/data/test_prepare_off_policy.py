@@ -11,7 +11,7 @@ import torch
 
 from data import prepare_off_policy
 from eval_scripts import generate_vllm
-from luffy_pool.off_policy_pool import OffPolicyPool
+from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 from verl.utils.data_format import DataFormatError, run_cli
 
 EOS = 2

@@ -57,7 +57,7 @@ def test_gsm8k_first_50_rows_give_a_valid_training_parquet(tmp_path, shared_data
     # The trainer's dataset reads it (tokenized target without the duplicated <think>\n).
     from transformers import AutoTokenizer
 
-    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ds = RLHFDatasetWithTarget(out, tok, max_prompt_length=1024, max_target_length=512)
@@ -186,7 +186,7 @@ def test_gsm8k_parquet_trains_two_luffy_steps(shared_data_dir, tiny_model_dir, t
     import json
 
     from data.prepare_train import main as prepare_main
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     out = tmp_path / "gsm8k.parquet"
     prepare_main(["--source", "gsm8k", "--input", f"{shared_data_dir}/gsm8k/train.jsonl", "--output", str(out),

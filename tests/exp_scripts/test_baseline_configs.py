@@ -83,7 +83,7 @@ def _get(cfg, dotted: str):
 # ---------------------------------------------------------------------- configs (fast)
 @pytest.mark.parametrize("config_name", RL_CONFIGS)
 def test_tiny_baseline_config_sets_the_methods_keys_and_passes_the_config_check(config_name):
-    from luffy_pool.config_check import check_config
+    from luffy_pool.config.check import check_config
 
     cfg = _composed(config_name)
     for key, expected in METHOD_KEYS[config_name].items():
@@ -178,8 +178,8 @@ def _one_step_overrides(model_dir: str, task_dir: str, out_dir: str) -> list[str
 
 def _train_one_step(config_name: str, overrides: list[str], out_dir) -> tuple[dict, list[float]]:
     """Train 1 step; returns (the logged metrics row, the actor weight fingerprint before training)."""
-    from luffy_pool.config_check import check_config, prepare_overrides
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.config.check import check_config, prepare_overrides
+    from luffy_pool.run.launcher import build_trainer
     from omegaconf import OmegaConf
 
     cfg = _compose(config_name, prepare_overrides(overrides))

@@ -35,7 +35,7 @@ def test_gpu_smoke_small_on_cpu(tmp_path):
 
 @pytest.mark.vllm
 def test_gpu_smoke_recipe_train_sh_small_on_cpu(tmp_path):
-    """``--recipe exp_scripts/train.sh``: the recipe's switches (read by luffy_pool/recipe.py, as the rehearsal
+    """``--recipe exp_scripts/train.sh``: the recipe's switches (read by luffy_pool/run/recipe.py, as the rehearsal
     reads them) run in the real worker: checkpointing, padding removal rule, dynamic batches, the reference
     with its offload, the parameter dtype, and the recipe's engine (vLLM) only."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from luffy_pool.recipe import discover_launch_scripts, divisible_heads, read_recipe, rehearsal_world
+from luffy_pool.run.recipe import discover_launch_scripts, divisible_heads, read_recipe, rehearsal_world
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXP = os.path.join(REPO, "exp_scripts")
@@ -62,7 +62,7 @@ def test_heads_and_world_divide_by_sp_and_tp():
 
 
 def test_plan_scales_every_length_by_one_factor(tmp_path):
-    from luffy_pool.rehearse import KEPT_ON_CPU, plan
+    from luffy_pool.run.rehearse import KEPT_ON_CPU, plan
 
     r = read_recipe(os.path.join(EXP, "train_16k.sh"))
     env, overrides, report = plan(r, str(tmp_path))

@@ -65,7 +65,7 @@ def test_sft_micro_batch_is_the_largest_divisor_up_to_four():
 
 @pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.kind != "sft"])
 def test_shared_overrides_compose_a_valid_config_for_every_rl_method(name, compose_config):
-    from luffy_pool.config_check import check_config, prepare_overrides
+    from luffy_pool.config.check import check_config, prepare_overrides
 
     s = _settings(steps=7, batch_size=6, n=4, lr=3e-4, rollout="hf")
     cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final")), METHODS[name].config_name)
@@ -187,7 +187,7 @@ def test_smoke_run_of_two_methods_and_two_seeds_writes_table_plots_metrics_and_m
 
 # ------------------------------------------------------------------------------ seeds, validation, CPU time
 def test_run_seed_and_validation_reach_every_rl_methods_config_the_same_way(compose_config):
-    from luffy_pool.config_check import check_config, prepare_overrides
+    from luffy_pool.config.check import check_config, prepare_overrides
 
     s = _settings(seed=2, val_every=10, mini_batches=1, batch_size=8)
     for name in ("on_policy", "luffy", "luffy_replay"):

@@ -24,7 +24,7 @@ def _compose(tmp_path, *args):
 def test_train_16k_sh_sets_a_16k_context_with_sp_and_token_budgets(tmp_path):
     from omegaconf import OmegaConf
 
-    from luffy_pool.config_check import validate_config
+    from luffy_pool.config.check import validate_config
 
     cfg = _compose(tmp_path)
     get = lambda key: OmegaConf.select(cfg, key)  # noqa: E731

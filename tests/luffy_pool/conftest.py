@@ -6,7 +6,7 @@ import pytest
 
 def _fit_with_fingerprints(config):
     """Build the trainer, fit it, close it -> (trainer, actor fingerprint before, last metrics, after)."""
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     trainer, close = build_trainer(config)
     try:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.checkpointing import CheckpointUnusableError
+from luffy_pool.run.checkpointing import CheckpointUnusableError
 from verl.utils.checkpoint import layout, manifest
 from verl.utils.checkpoint.safe_io import UnsafeCheckpointError, load_state, save_state
 
@@ -228,7 +228,7 @@ def test_auto_resume_falls_back_to_newest_intact_checkpoint_naming_the_bad_file(
                                                                               four_steps, kind, caplog):
     corrupt, expected = CORRUPTIONS[kind]
     corrupt(four_steps / "global_step_4")
-    with caplog.at_level(logging.ERROR, logger="luffy_pool.checkpointing"):
+    with caplog.at_level(logging.ERROR, logger="luffy_pool.run.checkpointing"):
         trainer, _, step = _resume(base_config, tiny_model_dir, four_steps)
     assert step == 2
     bad = [r.getMessage() for r in caplog.records if "not usable" in r.getMessage()]
@@ -396,7 +396,7 @@ def test_second_signal_aborts_at_once(base_config, tiny_model_dir, tmp_path):
 
 
 def test_fit_and_close_releases_then_exits_143(base_config, tiny_model_dir, tmp_path):
-    from luffy_pool.launcher import fit_and_close
+    from luffy_pool.run.launcher import fit_and_close
 
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
     real_step = trainer.train_step
@@ -418,8 +418,8 @@ def test_disk_full_says_no_space_left_with_the_folder_and_leaves_no_partial_dir(
                                                                                tmp_path, monkeypatch):
     import errno
 
-    from luffy_pool import checkpointing
-    from luffy_pool.checkpointing import CheckpointSaveError
+    from luffy_pool.run import checkpointing
+    from luffy_pool.run.checkpointing import CheckpointSaveError
 
     trainer, worker = make_trainer(base_config, tiny_model_dir, tmp_path, steps=2)
     trainer.fit()  # step 2 published

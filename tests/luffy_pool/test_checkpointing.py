@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.checkpointing import CheckpointUnusableError, TrainerCheckpointer, read_data_order
-from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
+from luffy_pool.run.checkpointing import CheckpointUnusableError, TrainerCheckpointer, read_data_order
+from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer, StepOutput
 from verl.utils.checkpoint import layout
 from verl.utils.dataset.sampler import ResumableRandomSampler
 from verl.workers.checkpoint_mixin import CheckpointMixin
 from verl.workers.config_sections import WorkerSections
-from luffy_pool.config_compose import compose_config
+from luffy_pool.config.compose import compose_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

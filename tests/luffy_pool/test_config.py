@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from luffy_pool.config_check import (
+from luffy_pool.config.check import (
     CONFIG_DIR,
     ConfigError,
     check_config,

@@ -1,12 +1,12 @@
-"""The config keys are declared once (luffy_pool/config_sections.py, verl/workers/config_sections.py) and the
+"""The config keys are declared once (luffy_pool/config/sections.py, verl/workers/config_sections.py) and the
 YAML keeps LUFFY's layout and defaults: both in step, every default valid under its own declaration."""
 import collections
 import os
 
 import pytest
 
-from luffy_pool.config_check import CONFIG_DIR, declared, open_dict_keys, schema_defaults, validate_config
-from luffy_pool.config_sections import ConfigSections
+from luffy_pool.config.check import CONFIG_DIR, declared, open_dict_keys, schema_defaults, validate_config
+from luffy_pool.config.sections import ConfigSections
 from verl.utils.config_schema import type_ok
 from verl.utils.config_section import DEFAULT_ONLY, declarations
 
@@ -42,8 +42,8 @@ def test_the_yaml_default_has_the_declared_type_and_satisfies_the_declaration(ke
 
 
 def test_value_lists_come_from_their_owners():
-    from luffy_pool import mix_core_alg
-    from luffy_pool.off_policy_pool import PREFIX_STRATEGIES
+    from luffy_pool.algorithm import mix_core_alg
+    from luffy_pool.rollout.off_policy_pool import PREFIX_STRATEGIES
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
     from verl.trainer.ppo.kl import KL_PENALTY_TYPES
     from verl.utils.tracking import SUPPORTED_BACKENDS
@@ -77,6 +77,6 @@ def _rl_configs() -> list:
 
 @pytest.mark.parametrize("name", _rl_configs())
 def test_tiny_cpu_configs_validate(name):
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.compose import compose_config
 
     assert validate_config(compose_config(["trainer.total_training_steps=3"], config_name=name)) == []

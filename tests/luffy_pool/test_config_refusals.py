@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from hydra import compose, initialize_config_dir
 
-from luffy_pool.config_check import CONFIG_DIR, declared, prepare_overrides, schema_defaults, schema_leaf_keys, validate_config
+from luffy_pool.config.check import CONFIG_DIR, declared, prepare_overrides, schema_defaults, schema_leaf_keys, validate_config
 from verl.utils.config_section import DEFAULT_ONLY
 
 # The keys accepted at their YAML default only, with their reason (declared with luffy=DEFAULT_ONLY).
@@ -51,7 +51,7 @@ def test_an_inert_key_away_from_its_default_is_refused_with_the_reason(key):
     ("trainer.resume_from_path=True", "'trainer.resume_from_path'=True is not supported: give a checkpoint path"),
 ])
 def test_not_shipped_parts_are_refused_by_name(override, expected):
-    from luffy_pool.config_check import ConfigError
+    from luffy_pool.config.check import ConfigError
 
     try:
         errors = _validate(override)

@@ -1,12 +1,12 @@
-"""luffy_pool/config_sections.py: typed trainer/data sections, in step with mix_ppo_trainer.yaml, loud on typos."""
+"""luffy_pool/config/sections.py: typed trainer/data sections, in step with mix_ppo_trainer.yaml, loud on typos."""
 import dataclasses
 import os
 import re
 
 import pytest
 
-from luffy_pool.config_check import optional_keys, schema_defaults
-from luffy_pool.config_sections import ConfigSections, DataSection, TrainerSection
+from luffy_pool.config.check import optional_keys, schema_defaults
+from luffy_pool.config.sections import ConfigSections, DataSection, TrainerSection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -94,7 +94,7 @@ def test_no_reader_restates_a_yaml_default_with_get():
                             "eval_scripts"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     found = [hit for path in files if path.endswith(".py") and path not in _OWN_PARSERS
              for hit in _config_get_calls(path)]
-    assert found == [], "read these through luffy_pool/config_sections.py or verl/workers/config_sections.py"
+    assert found == [], "read these through luffy_pool/config/sections.py or verl/workers/config_sections.py"
 
 
 def test_the_scan_finds_a_restated_default(tmp_path):
@@ -104,7 +104,7 @@ def test_the_scan_finds_a_restated_default(tmp_path):
 
 
 def test_driver_sections_hold_the_yaml_groups(compose_config):
-    from luffy_pool.config_sections import AlgorithmSection, KLControlSection, RayInitSection, SelfReplaySection
+    from luffy_pool.config.sections import AlgorithmSection, KLControlSection, RayInitSection, SelfReplaySection
 
     for cls, group in ((AlgorithmSection, "algorithm"), (KLControlSection, "algorithm.kl_ctrl"),
                        (RayInitSection, "ray_init"), (SelfReplaySection, "data.self_replay")):
@@ -124,7 +124,7 @@ def test_a_required_key_left_unset_stays_unset_without_raising(compose_config):
 
 
 def test_the_loss_section_is_a_subset_of_the_actor_keys_with_the_yaml_values(compose_config):
-    from luffy_pool.config_sections import LossSection
+    from luffy_pool.config.sections import LossSection
 
     actor_keys = {k.rsplit(".", 1)[1] for k in schema_defaults() if k.startswith("actor_rollout_ref.actor.")
                   and k.count(".") == 2}

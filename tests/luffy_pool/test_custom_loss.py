@@ -44,7 +44,7 @@ def _two_steps(tiny_model_dir, actor_group):
     """Two update_policy calls (one optimizer step each) of the LUFFY actor on a fixed tiny batch."""
     from transformers import AutoModelForCausalLM
 
-    from luffy_pool.mix_actor import MIXDataParallelPPOActor
+    from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
     from verl.protocol import DataProto
 
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def _two_steps(tiny_model_dir, actor_group):
 
 
 def test_a_registered_loss_with_its_own_knob_trains_two_steps_in_process(tiny_model_dir, compose_config):
-    from luffy_pool.config_check import validate_config
+    from luffy_pool.config.check import validate_config
 
     config = _config(compose_config, 0.5)
     assert not [e for e in validate_config(config) if "i26_pg_scale" in e]  # a key the loss declares is known
@@ -87,7 +87,7 @@ def test_a_registered_loss_with_its_own_knob_trains_two_steps_in_process(tiny_mo
 @pytest.mark.e2e
 def test_a_registered_loss_with_its_own_knob_trains_two_steps_end_to_end(tiny_model_dir, tiny_task_dir, tmp_path,
                                                                          ray_session, compose_config, luffy_overrides):
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2)
     config = compose_config(overrides + [f"{A}.use_off_policy_loss=False", f"{A}.policy_loss={LOSS}",

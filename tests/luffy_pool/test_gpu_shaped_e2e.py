@@ -52,7 +52,7 @@ try:
     cluster.wait_for_nodes()
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = compose(config_name="mix_ppo_trainer", overrides=overrides + [f"ray_init.address={cluster.address}"])
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
     trainer, close = build_trainer(config)
     try:
         reports = trainer.wg.device_report()

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from luffy_pool.config_check import validate_config
-from luffy_pool.preflight import MAX_CPU_RANKS_PER_CORE, cluster_capacity_problem
+from luffy_pool.config.check import validate_config
+from luffy_pool.run.preflight import MAX_CPU_RANKS_PER_CORE, cluster_capacity_problem
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 PATHS = ["actor_rollout_ref.model.path=/m", "data.train_files=/t.parquet", "data.val_files=null"]
@@ -103,7 +103,7 @@ def test_data_and_context_problems_exit_2_with_one_line_before_ray(case, tiny_mo
 def test_resolved_config_goes_to_a_file_not_the_console(compose_config, tmp_path):
     import yaml
 
-    from luffy_pool.main_mix_ppo import write_resolved_config
+    from luffy_pool.run.main_mix_ppo import write_resolved_config
 
     cfg = compose_config(PATHS + [f"trainer.default_local_dir={tmp_path / 'run'}"], "tiny_cpu_luffy")
     path = write_resolved_config(cfg)

@@ -1,11 +1,11 @@
-"""luffy_pool/launcher.py without Ray: device and CPU-binding choice, and that every exit path of
+"""luffy_pool/run/launcher.py without Ray: device and CPU-binding choice, and that every exit path of
 build_trainer / close releases what it built (the off-policy pool once replaced the Ray pool, so close() leaked the placement groups)."""
 import types
 
 import pytest
 
-from luffy_pool import launcher
-from luffy_pool.config_sections import ConfigSections
+from luffy_pool.run import launcher
+from luffy_pool.config.sections import ConfigSections
 
 S = ConfigSections.from_config  # the launcher's helpers take the run's sections
 
@@ -107,7 +107,7 @@ def test_a_failure_while_building_releases_everything_and_raises_the_original_er
     def broken(*args, **kwargs):
         raise RuntimeError("trainer construction failed")
 
-    monkeypatch.setattr("luffy_pool.mix_trainer.MIXRayPPOTrainer", broken)
+    monkeypatch.setattr("luffy_pool.trainer.mix_trainer.MIXRayPPOTrainer", broken)
     with pytest.raises(RuntimeError, match="trainer construction failed"):
         launcher.build_trainer(_cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path))
     assert fakes.pool.released and fakes.group.shut and FakeReward.closed
@@ -143,7 +143,7 @@ def test_a_bad_data_row_is_an_input_error_before_ray(fakes, compose_config, tiny
                                                      monkeypatch):
     import pandas as pd
 
-    from luffy_pool.preflight import InputError
+    from luffy_pool.run.preflight import InputError
 
     frame = pd.read_parquet(f"{tiny_task_dir}/train.parquet")
     frame.at[1, "reward_model"] = {"ground_truth": " ", "style": "rule"}
@@ -158,7 +158,7 @@ def test_a_bad_data_row_is_an_input_error_before_ray(fakes, compose_config, tiny
 
 def test_more_ranks_than_the_cluster_holds_are_refused_naming_what_it_has(fakes, compose_config, tiny_task_dir,
                                                                           tiny_model_dir, tmp_path):
-    from luffy_pool.preflight import PreflightError
+    from luffy_pool.run.preflight import PreflightError
 
     cfg = _cfg(compose_config, tiny_task_dir, tiny_model_dir, tmp_path, "trainer.n_gpus_per_node=4",
                "ray_init.address=auto")  # joined cluster: its 2 CPUs are real

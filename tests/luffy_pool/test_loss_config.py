@@ -8,10 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from luffy_pool.config_sections import LossSection
-from luffy_pool.loss_config import policy_loss_name, policy_loss_section
-from luffy_pool.mix_actor import MIXDataParallelPPOActor
-from luffy_pool.mix_core_alg import compute_token_on_off_policy_loss
+from luffy_pool.config.sections import LossSection
+from luffy_pool.algorithm.loss_config import policy_loss_name, policy_loss_section
+from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
+from luffy_pool.algorithm.mix_core_alg import compute_token_on_off_policy_loss
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss, register_policy_loss
 from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys
 
@@ -128,7 +128,7 @@ def test_a_loss_with_its_own_knob_gets_its_dataclass_built_from_the_actor_group(
 
 
 def test_the_checker_knows_the_keys_registered_losses_declare():
-    from luffy_pool.config_check import ConfigError, prepare_overrides
+    from luffy_pool.config.check import ConfigError, prepare_overrides
 
     with pytest.raises(ConfigError, match="i26_scale"):
         prepare_overrides([f"+{A}.i26_scale=2.0"])
@@ -146,7 +146,7 @@ def test_an_unknown_loss_name_fails_when_the_actor_is_built(compose_config):
 
 
 def test_policy_loss_with_luffys_switches_is_refused(compose_config):
-    from luffy_pool.config_check import validate_config
+    from luffy_pool.config.check import validate_config
 
     cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
                           f"{A}.policy_loss=vanilla", f"{A}.use_off_policy_loss=True"])
@@ -158,7 +158,7 @@ def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_ar
                                                                                           compose_config):
     """``python -m luffy_pool.main_mix_ppo actor_rollout_ref.model.external_lib=my_losses +...my_knob=...``: the
     checker imports the module first, so the knob its loss declares is a known key."""
-    from luffy_pool.config_check import ConfigError, prepare_overrides, validate_config
+    from luffy_pool.config.check import ConfigError, prepare_overrides, validate_config
 
     (tmp_path / "i26_user_losses.py").write_text(
         "from dataclasses import dataclass\n"

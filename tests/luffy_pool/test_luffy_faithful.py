@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from luffy_pool import mix_core_alg as mca
-from luffy_pool.config_check import validate_config
-from luffy_pool.config_compose import compose_config
-from luffy_pool.config_sections import LossSection
-from luffy_pool.off_policy_pool import logprobs_from_target_probs, unknown_behaviour_metrics
+from luffy_pool.algorithm import mix_core_alg as mca
+from luffy_pool.config.check import validate_config
+from luffy_pool.config.compose import compose_config
+from luffy_pool.config.sections import LossSection
+from luffy_pool.rollout.off_policy_pool import logprobs_from_target_probs, unknown_behaviour_metrics
 from verl.trainer.ppo import core_algos as ca
 from verl.trainer.ppo.kl import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.loss_inputs import PolicyLossInputs

@@ -21,8 +21,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from luffy_pool.config_sections import ConfigSections
-from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
+from luffy_pool.config.sections import ConfigSections
+from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer, StepOutput
 from verl.protocol import DataProto
 from verl.utils.batch_sizes import normalize_actor_batch_sizes, optimizer_steps_per_training_step
 from verl.workers.config_sections import WorkerSections

@@ -148,7 +148,7 @@ def test_scripts_are_valid_bash(script):
 
 
 def test_overrides_go_before_flags_when_handed_to_hydra():
-    from luffy_pool.main_mix_ppo import _argv_for_hydra
+    from luffy_pool.run.main_mix_ppo import _argv_for_hydra
 
     argv = ["a=1", "-m", "+b=2", "--config-name", "tiny_cpu_luffy", "--info"]
     assert _argv_for_hydra(argv, ["a=1", "+b=2"], ["a=1", "++b=2"]) == [
@@ -158,8 +158,8 @@ def test_overrides_go_before_flags_when_handed_to_hydra():
 def test_main_with_a_config_validates_before_importing_the_launcher():
     from hydra import compose, initialize_config_dir
 
-    from luffy_pool.config_check import CONFIG_DIR, ConfigError
-    from luffy_pool.main_mix_ppo import main
+    from luffy_pool.config.check import CONFIG_DIR, ConfigError
+    from luffy_pool.run.main_mix_ppo import main
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose("mix_ppo_trainer", overrides=PATHS + ["trainer.n_gpus_per_node=3"])

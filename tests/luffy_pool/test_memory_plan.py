@@ -9,7 +9,7 @@ import os
 import pytest
 
 from luffy_pool import memory_plan as mp
-from luffy_pool.config_compose import compose_config
+from luffy_pool.config.compose import compose_config
 from luffy_pool.memory_plan.__main__ import main as cli
 from luffy_pool.memory_plan.estimate import GiB, PlanInputs, build_plan, vllm_budget
 from luffy_pool.memory_plan.launch_script import script_overrides
@@ -213,7 +213,7 @@ def test_hook_without_a_model_shape_warns_or_stops_by_mode(monkeypatch, caplog):
 
 
 def test_memory_plan_key_is_checked():
-    from luffy_pool.config_check import ConfigError, check_config
+    from luffy_pool.config.check import ConfigError, check_config
 
     cfg = _run_config("trainer.memory_plan=sometimes")
     with pytest.raises(ConfigError, match="trainer.memory_plan"):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from luffy_pool.config_sections import ConfigSections
-from luffy_pool.mix_advantage import compute_mixed_advantage
+from luffy_pool.config.sections import ConfigSections
+from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
 
 EOS, PAD = 2, 0
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from luffy_pool import mix_core_alg as mca
+from luffy_pool.algorithm import mix_core_alg as mca
 from verl.trainer.ppo import core_algos as ca
 
 LN = math.log
@@ -273,7 +273,7 @@ def test_metrics_and_both_aggregations_by_hand():
 
 
 def _loss_section(compose_config, *overrides):
-    from luffy_pool.config_sections import LossSection
+    from luffy_pool.config.sections import LossSection
 
     cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
     return LossSection.from_actor_config(cfg.actor_rollout_ref.actor)

@@ -6,7 +6,7 @@ import ast
 import inspect
 import textwrap
 
-from luffy_pool import mix_trainer
+from luffy_pool.trainer import mix_trainer
 
 
 def _assigned_attributes(cls) -> dict[str, set[str]]:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from luffy_pool.config_sections import ConfigSections
-from luffy_pool.launcher import build_dataloader
-from luffy_pool.mix_trainer import MIXRayPPOTrainer
-from luffy_pool.off_policy_pool import OffPolicyPool, strip_right_padding
+from luffy_pool.config.sections import ConfigSections
+from luffy_pool.run.launcher import build_dataloader
+from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
+from luffy_pool.rollout.off_policy_pool import OffPolicyPool, strip_right_padding
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import collect_dp_compute_data_proto, dispatch_dp_compute_data_proto
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
@@ -50,9 +50,9 @@ class TwoRankGroup:
     world_size = 2
 
     def __init__(self, tokenizer):
-        from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
-        from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
-        from luffy_pool.config_compose import compose_config
+        from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
+        from luffy_pool.rollout.slot_plan import MixRolloutPlanner
+        from luffy_pool.config.compose import compose_config
         from verl.workers.config_sections import WorkerSections
         from verl.workers.rollout.tp_group import TPGeneration
 
@@ -81,7 +81,7 @@ def tokenizer(tiny_model_dir):
 @pytest.fixture(scope="module")
 def train_with_probs(tiny_task_dir, tokenizer, tmp_path_factory):
     """The tiny training parquet plus LUFFY's behaviour-probability column (0.5 on every target token and the EOS)."""
-    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
     frame = pd.read_parquet(f"{tiny_task_dir}/train.parquet")
     plain = RLHFDatasetWithTarget(f"{tiny_task_dir}/train.parquet", tokenizer, max_prompt_length=96, max_target_length=MAX_PREFIX)

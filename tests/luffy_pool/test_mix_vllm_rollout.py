@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.mix_vllm_rollout import (
+from luffy_pool.rollout.slot_plan import (
     SLOT_FULL,
     SLOT_ON,
     SLOT_PARTIAL,
@@ -348,8 +348,8 @@ def test_dataset_batch_through_sampler_pool_and_planner(tiny_model_dir, tiny_tas
 
     from transformers import AutoTokenizer
 
-    from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler
-    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+    from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ds = RLHFDatasetWithTarget(os.path.join(tiny_task_dir, "train.parquet"), tok, max_prompt_length=256, max_target_length=160)

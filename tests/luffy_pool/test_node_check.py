@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from luffy_pool.node_check import folder_fingerprint
+from luffy_pool.run.node_check import folder_fingerprint
 
 pytestmark = pytest.mark.e2e
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -22,7 +22,7 @@ CHILD = r'''
 import json, os, sys
 import ray
 from ray.cluster_utils import Cluster
-from luffy_pool.node_check import check_folders_on_every_node, read_on_node, MARKER_PREFIX
+from luffy_pool.run.node_check import check_folders_on_every_node, read_on_node, MARKER_PREFIX
 
 ckpt, model = sys.argv[1], sys.argv[2]
 node = {"num_cpus": 1, "object_store_memory": 96 << 20}

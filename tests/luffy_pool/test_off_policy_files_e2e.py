@@ -28,7 +28,7 @@ def test_two_steps_with_an_extra_trajectory_file_and_run_outputs(tiny_model_dir,
     from ray.util import placement_group_table
     from transformers import AutoTokenizer
 
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
     from verl.utils.checkpoint import layout
 
     extra = _extra_traces(tiny_task_dir, AutoTokenizer.from_pretrained(tiny_model_dir), str(tmp_path / "extra.parquet"))

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from luffy_pool.off_policy_pool import (
+from luffy_pool.rollout.off_policy_pool import (
     OffPolicyPool,
     PrefixRatioSampler,
     logprobs_from_target_probs,
@@ -132,7 +132,7 @@ def test_state_dict_resume_reproduces_the_next_draws():
 
 
 def test_from_rollout_config_reads_luffy_keys(compose_config):
-    from luffy_pool.config_sections import LuffyRolloutSection
+    from luffy_pool.config.sections import LuffyRolloutSection
 
     r = "actor_rollout_ref.rollout"
     cfg = compose_config([f"{r}.n=8", f"{r}.n_prefix=1", f"{r}.min_prefix_ratio=1.0", f"{r}.max_prefix_ratio=1.0",
@@ -204,7 +204,7 @@ def extra_file(tmp_path):
 
 
 def test_pool_loads_traces_and_counts_unmatched_prompt_ids(extra_file, caplog):
-    with caplog.at_level(logging.WARNING, logger="luffy_pool.off_policy_pool"):
+    with caplog.at_level(logging.WARNING, logger="luffy_pool.rollout.off_policy_pool"):
         pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 1, 7])
     assert pool.num_extra_traces == 3
     assert pool.unmatched_trace_count == 1 and pool.unmatched_prompt_ids == [99]

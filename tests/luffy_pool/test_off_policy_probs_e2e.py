@@ -13,8 +13,8 @@ def test_dataset_column_of_behaviour_probs_reaches_the_loss(tiny_model_dir, tiny
                                                              compose_config, luffy_overrides):
     from transformers import AutoTokenizer
 
-    from luffy_pool.launcher import build_trainer
-    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget
+    from luffy_pool.run.launcher import build_trainer
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     frame = pd.read_parquet(f"{tiny_task_dir}/train.parquet")

@@ -8,8 +8,8 @@ import time
 import pandas as pd
 import pytest
 
-from luffy_pool.config_check import ConfigError
-from luffy_pool.preflight import PreflightError, check_model_source, check_parquet, preflight
+from luffy_pool.config.check import ConfigError
+from luffy_pool.run.preflight import PreflightError, check_model_source, check_parquet, preflight
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_all_problems_are_reported_together_before_anything_loads(config, tmp_pa
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_load)
     _set(config, "actor_rollout_ref.model.path", str(tmp_path / "none"))
     _set(config, "data.val_files", str(tmp_path / "none.parquet"))
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     with pytest.raises(PreflightError) as err:
         build_trainer(config)

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from luffy_pool.replay_buffer import INDEX_FILE, TENSOR_FILE, SelfReplayBuffer
+from luffy_pool.replay.buffer import INDEX_FILE, TENSOR_FILE, SelfReplayBuffer
 
 
 def _lps(k, base=-0.5):

@@ -25,7 +25,7 @@ import time
 import pytest
 import torch
 
-from luffy_pool.checkpointing import read_data_order
+from luffy_pool.run.checkpointing import read_data_order
 from verl.utils.checkpoint import layout
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,7 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
     """
     from omegaconf import OmegaConf
 
-    from luffy_pool.launcher import build_trainer, fit_and_close
+    from luffy_pool.run.launcher import build_trainer, fit_and_close
 
     trainer, close = build_trainer(OmegaConf.load(config_path))
     ckpt = trainer.checkpointer

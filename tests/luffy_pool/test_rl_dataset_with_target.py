@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
 
 TRACE = "<think>\n1 + 2 = 3.\n</think>\nThe answer is \\boxed{3}."
 
@@ -253,7 +253,7 @@ def _long_rows():
 
 
 def test_long_traces_are_counted_at_load_with_one_warning_and_cut(tokenizer, tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="luffy_pool.rl_dataset_with_target"):
+    with caplog.at_level("WARNING", logger="luffy_pool.rollout.rl_dataset_with_target"):
         ds = RLHFDatasetWithTarget(_write(tmp_path, _long_rows()), tokenizer, max_prompt_length=64, max_target_length=24)
     warnings = [r.getMessage() for r in caplog.records if "longer than rollout.max_prefix_len" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("2 of 3 off-policy traces") and "truncate_off_policy=cut" in warnings[0]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from luffy_pool.config_sections import ConfigSections
-from luffy_pool.launcher import build_dataloader
-from luffy_pool.mix_trainer import MIXRayPPOTrainer
-from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.config.sections import ConfigSections
+from luffy_pool.run.launcher import build_dataloader
+from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
+from luffy_pool.run.outputs import dump_rollouts, rollout_records, validation_samples
 from verl.protocol import DataProto
 
 RESPONSE = 6

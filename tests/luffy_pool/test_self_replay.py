@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.replay_buffer import SelfReplayBuffer
-from luffy_pool.self_replay import SelfReplay, keep_successes, replay_into_failed_groups
+from luffy_pool.replay.buffer import SelfReplayBuffer
+from luffy_pool.replay.self_replay import SelfReplay, keep_successes, replay_into_failed_groups
 from verl.protocol import DataProto
 
 EOS, PAD, P, L = 2, 0, 2, 5
@@ -143,7 +143,7 @@ def test_apply_rewrites_failed_groups_before_the_log_prob_pass_and_keeps_its_suc
 
 
 def test_replay_is_built_only_when_enabled(compose_config):
-    from luffy_pool.config_sections import ConfigSections
+    from luffy_pool.config.sections import ConfigSections
 
     off = ConfigSections.from_config(compose_config([]))
     assert SelfReplay.from_sections(off, reward_fn=CountingReward(), tokenizer=_Tokens()) is None
@@ -180,7 +180,7 @@ def test_keep_successes_falls_back_to_engine_log_probs_then_unknown():
 
 # ---------------------------------------------------------------- config
 def test_self_replay_keys_are_documented_off_by_default_and_checked(compose_config):
-    from luffy_pool.config_check import validate_config
+    from luffy_pool.config.check import validate_config
 
     required = ["data.train_files=t.parquet", "data.val_files=v.parquet", "actor_rollout_ref.model.path=m"]
     cfg = compose_config(required)
@@ -229,8 +229,8 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
     from omegaconf import OmegaConf
     from torch.utils.data import DataLoader
 
-    from luffy_pool.checkpointing import TrainerCheckpointer
-    from luffy_pool.mix_trainer import MIXRayPPOTrainer, StepOutput
+    from luffy_pool.run.checkpointing import TrainerCheckpointer
+    from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer, StepOutput
     from verl.utils.dataset.sampler import ResumableRandomSampler
 
     class Scripted(MIXRayPPOTrainer):

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.e2e
 
 def test_self_replay_three_steps(tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
                                  luffy_overrides):
-    from luffy_pool.launcher import build_trainer
-    from luffy_pool.replay_buffer import SelfReplayBuffer
+    from luffy_pool.run.launcher import build_trainer
+    from luffy_pool.replay.buffer import SelfReplayBuffer
 
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf") + [
         "data.sample_target_ratio=0.0", "data.self_replay.enable=True", "data.self_replay.max_age=10",

@@ -9,7 +9,7 @@ from typing import List, Union
 
 from deepscaler.globals import THOUGHT_DELIMITER_END, THOUGHT_DELIMITER_START
 from deepscaler.rewards.math_reward import deepscaler_reward_fn
-from luffy_pool.main_mix_ppo import main, run
+from luffy_pool.run.main_mix_ppo import main, run
 from verl.workers.reward_manager.reward_manager import RewardManager as _RewardManager
 
 __all__ = ["RewardManager", "deepscaler_reward_fn_nothink", "main", "main_task", "run"]

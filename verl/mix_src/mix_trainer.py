@@ -1,4 +1,4 @@
-"""LUFFY's module path ``verl.mix_src.mix_trainer``: the trainer (``luffy_pool.mix_trainer``) and LUFFY's
+"""LUFFY's module path ``verl.mix_src.mix_trainer``: the trainer (``luffy_pool.trainer.mix_trainer``) and LUFFY's
 three ``DataProto`` helpers, as adapters over this package's functions:
 
 - ``apply_kl_penalty(data, kl_ctrl, kl_penalty)`` -> ``(data, metrics)``: KL-in-reward into
@@ -9,7 +9,7 @@ three ``DataProto`` helpers, as adapters over this package's functions:
 """
 from __future__ import annotations
 
-from luffy_pool.mix_trainer import MIXRayPPOTrainer
+from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.loss_inputs import AdvantageConfig, AdvantageInputs
 from verl.trainer.ppo.kl import apply_kl_penalty as _apply_kl_penalty

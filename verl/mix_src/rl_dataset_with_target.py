@@ -1,9 +1,9 @@
 """LUFFY's module path ``verl.mix_src.rl_dataset_with_target``: the training dataset with off-policy targets
-(``luffy_pool.rl_dataset_with_target``), its collate function, the resumable sampler
+(``luffy_pool.rollout.rl_dataset_with_target``), its collate function, the resumable sampler
 (``verl.utils.dataset.sampler``) and LUFFY's ``BufferedDataLoader``."""
 from __future__ import annotations
 
-from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
 from verl.utils.dataset.sampler import ResumableRandomSampler
 
 __all__ = ["BufferedDataLoader", "RLHFDatasetWithTarget", "ResumableRandomSampler", "collate_fn"]

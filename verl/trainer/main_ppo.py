@@ -17,7 +17,7 @@ ON_POLICY_DEFAULTS = [
 
 
 def main() -> None:
-    from luffy_pool.main_mix_ppo import main as mix_main
+    from luffy_pool.run.main_mix_ppo import main as mix_main
 
     sys.argv[1:1] = ON_POLICY_DEFAULTS
     mix_main()

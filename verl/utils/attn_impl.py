@@ -3,7 +3,7 @@
 ``auto`` means flash-attention 2 on CUDA when its package is importable, sdpa otherwise (CPU, or a GPU
 image without flash-attn): the fallback is announced once per process with the package's name, so a
 GPU user sees why decoding and packed training are slower. An explicit flash-attention choice whose
-package is missing is a configuration error; ``luffy_pool/preflight.py`` reports it before start-up
+package is missing is a configuration error; ``luffy_pool/run/preflight.py`` reports it before start-up
 (``missing_kernel_package``) instead of every rank raising ImportError while building its model.
 """
 from __future__ import annotations

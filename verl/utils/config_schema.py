@@ -1,6 +1,6 @@
 """Schema checks shared by the trainers' Hydra configs: a YAML file's defaults are the schema.
 
-The RL trainer (luffy_pool/config_check.py) and the SFT trainer (verl/trainer/sft/config.py) both
+The RL trainer (luffy_pool/config/check.py) and the SFT trainer (verl/trainer/sft/config.py) both
 flatten their config to dotted keys, check each value's type, name the closest valid key for a typo and
 check command-line overrides before Hydra composes them. The functions here do that for any schema; the
 keys and their types come from each trainer's declarations (verl/utils/config_section.py).

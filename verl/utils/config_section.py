@@ -3,7 +3,7 @@
 A section class mirrors one group of the trainer YAML. Each field is one key: its annotation is the type, and
 ``key(...)`` adds what the checker needs (allowed values, taken from the module that owns them; bounds; whether
 a LUFFY key acts, is accepted at its YAML default only, or refuses some values and why). The checker
-(luffy_pool/config_check.py) walks these declarations (``declarations``); nothing restates them in a table.
+(luffy_pool/config/check.py) walks these declarations (``declarations``); nothing restates them in a table.
 The values, defaults included, come from the composed config: the YAML gives every key its default and its
 comment (the key's documentation for users); a test keeps YAML and declarations in step.
 

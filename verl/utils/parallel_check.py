@@ -1,6 +1,6 @@
 """Config checks of the actor's parallel layout: Ulysses SP degree and HSDP ``fsdp_size`` against the world
 size, the attention kernel and the model's heads. Pure functions of the flattened config (dotted keys), so
-``luffy_pool/config_check.py`` reports every problem as one line before any worker starts.
+``luffy_pool/config/check.py`` reports every problem as one line before any worker starts.
 """
 from __future__ import annotations
 

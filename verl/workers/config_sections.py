@@ -4,7 +4,7 @@ actor and rollout engine read (verl/utils/config_section.py explains the declara
 Built once per worker (``WorkerSections.from_config``) from the composed config; every value comes from the
 YAML (luffy_pool/config/mix_ppo_trainer.yaml documents each key next to its default), none is restated here.
 The LUFFY method's own keys of these groups (prefix plan, off-policy loss) are declared in
-luffy_pool/config_sections.py, which extends these classes.
+luffy_pool/config/sections.py, which extends these classes.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class PolicyLossSection:
     """The actor keys every registered policy loss may read (verl/trainer/ppo/core_algos.py); the LUFFY losses
-    read more (luffy_pool.config_sections.LossSection). A view of the flat actor group."""
+    read more (luffy_pool.config.sections.LossSection). A view of the flat actor group."""
 
     policy_loss: str  # a name of POLICY_LOSS_REGISTRY or auto; a model.external_lib module may register more
     clip_ratio: float = key(bounds=POSITIVE)

@@ -51,7 +51,7 @@ NOT_PROVIDED = {
         "LUFFY's accuracy-rebatching trainer is not shipped; trainer.acc_rebatch=True is refused with that reason",
     "verl.mix_src.mix_vllm_rollout.MIXvLLMRollout":
         "engine wiring inside LUFFY's worker, built by the worker, not by scripts; the slot plan it implemented is "
-        "luffy_pool.mix_vllm_rollout (build_slot_plan, assemble_responses, MixRolloutPlanner)",
+        "luffy_pool.rollout.slot_plan (build_slot_plan, assemble_responses, MixRolloutPlanner)",
     "verl.mix_src.mix_vllm_rollout.unit_test": "a GPU smoke script of LUFFY's, not an API",
     "verl.mix_src.main_ppo_new_reward.main / main_task":
         "LUFFY's entry point of verl's plain PPO trainer; the same run here is verl.mix_src.main_mix_ppo with "

@@ -77,7 +77,7 @@ def test_explicit_flash_attention_without_its_package_fails_at_preflight_in_one_
         no_flash, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, tmp_path, name, dist):
     from omegaconf import OmegaConf
 
-    from luffy_pool.preflight import PreflightError, preflight
+    from luffy_pool.run.preflight import PreflightError, preflight
 
     cfg = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path / "out")))
     preflight(cfg)  # auto: fine

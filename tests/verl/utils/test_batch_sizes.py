@@ -42,7 +42,7 @@ def test_rank_batch_sizes_are_frozen_and_standalone_defaults_make_prompts_rows()
 
 
 def _worker_config(sp: int):
-    from luffy_pool.config_compose import compose_config
+    from luffy_pool.config.compose import compose_config
 
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return compose_config([f"{a}.ppo_mini_batch_size=8", f"{a}.ppo_micro_batch_size=4",
@@ -72,7 +72,7 @@ def test_actor_update_splits_by_the_rank_sizes_not_the_prompt_counts(monkeypatch
     from verl.workers.actor import dp_actor
 
     seen = {"micro_sizes": [], "losses": 0, "grads": []}
-    from luffy_pool.config_compose import actor_config
+    from luffy_pool.config.compose import actor_config
     from verl.workers.config_sections import ActorSection
 
     cfg = actor_config(ppo_mini_batch_size=1, ppo_micro_batch_size=1, use_dynamic_bsz=False,

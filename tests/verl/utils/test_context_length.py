@@ -27,7 +27,7 @@ def test_luffy_lengths_on_plain_qwen_math_fail_with_both_numbers():
 
 
 def test_build_trainer_fails_before_ray(tiny_model_dir, tiny_task_dir, tmp_path, compose_config, luffy_overrides):
-    from luffy_pool.launcher import build_trainer
+    from luffy_pool.run.launcher import build_trainer
 
     # the tiny model has 2048 positions
     config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) +

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from luffy_pool.config_sections import ConfigSections
-from luffy_pool.launcher import resolve_cpu_bind
+from luffy_pool.config.sections import ConfigSections
+from luffy_pool.run.launcher import resolve_cpu_bind
 
 S = ConfigSections.from_config
 from verl.utils.cpu_bind import bind_cpu_rank, cpu_slice

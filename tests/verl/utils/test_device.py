@@ -172,8 +172,8 @@ def test_two_nodes_two_fake_gpus_each():
 
 
 def test_engine_layout_and_bundle_choice(compose_config):
-    from luffy_pool.config_sections import ConfigSections
-    from luffy_pool.launcher import bundle_uses_gpu, engine_layout
+    from luffy_pool.config.sections import ConfigSections
+    from luffy_pool.run.launcher import bundle_uses_gpu, engine_layout
 
     S = ConfigSections.from_config
 

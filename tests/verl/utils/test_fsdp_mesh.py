@@ -7,7 +7,7 @@ from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before 
 
 from verl.utils.fsdp_mesh import fsdp_mesh_shape
 from tests.helpers.distributed_testing import run_gloo_ranks
-from luffy_pool.config_compose import actor_config
+from luffy_pool.config.compose import actor_config
 
 JOB_TIMEOUT_S = 300
 

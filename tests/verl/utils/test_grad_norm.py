@@ -96,7 +96,7 @@ def test_fsdp2_sharded_gradients_reduce_on_the_compute_device_and_match_torch():
 
 def test_the_actor_clips_through_it_when_given_a_device(monkeypatch):
     """dp_actor uses the device-side clip when the worker passes ``grad_norm_device`` (param_offload on GPU)."""
-    from luffy_pool.config_compose import actor_config
+    from luffy_pool.config.compose import actor_config
     from verl.utils import grad_norm as grad_norm_mod
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 

@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from luffy_pool.config_check import schema_defaults
-from luffy_pool.config_sections import LuffyActorSection, LuffyRolloutSection
+from luffy_pool.config.check import schema_defaults
+from luffy_pool.config.sections import LuffyActorSection, LuffyRolloutSection
 from verl.utils.config_section import build_section, declarations
 from verl.workers.config_sections import (ActorSection, FSDPSection, ModelSection, OptimSection, RefSection,
                                           RolloutSection, ShardingSection, WorkerSections)
@@ -84,7 +84,7 @@ def test_a_partial_group_names_the_missing_key():
 
 
 def test_actor_config_gives_a_full_group_and_refuses_unknown_names():
-    from luffy_pool.config_compose import actor_config
+    from luffy_pool.config.compose import actor_config
 
     group = actor_config(clip_ratio=0.3, optim__lr=0.5)
     s = ActorSection.from_actor_config(group)

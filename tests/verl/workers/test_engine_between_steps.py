@@ -50,7 +50,7 @@ def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(en
     (f"{ARR}.nccl_timeout", 0, "nccl_timeout"),
 ])
 def test_bad_values_are_refused_by_the_config_check(compose_config, key, value, needle):
-    from luffy_pool.config_check import ConfigError, check_config
+    from luffy_pool.config.check import ConfigError, check_config
 
     cfg = compose_config([f"{key}={value}", "data.train_files=a.parquet", "data.val_files=b.parquet",
                           f"{ARR}.model.path=/m"])

@@ -65,7 +65,7 @@ def _run(cfg):
 @pytest.mark.slow  # 4 forked gloo ranks, each building the worker
 def test_hsdp_sp2_offload_worker_matches_the_plain_layout(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides,
                                                          compose_config):
-    from luffy_pool.config_check import validate_config
+    from luffy_pool.config.check import validate_config
 
     base = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) + [
         "trainer.n_gpus_per_node=4", "actor_rollout_ref.model.use_remove_padding=False",

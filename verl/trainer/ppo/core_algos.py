@@ -5,7 +5,7 @@ One call shape per registry (verl/trainer/ppo/loss_inputs.py): a registered esti
 ``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, looked up with :func:`get_adv_estimator_fn`
 (``algorithm.adv_estimator``) and :func:`get_policy_loss_fn` (``actor.policy_loss``). verl's functions keep
 their names and arguments here (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...) for
-users' scripts. LUFFY's mixed estimator and token loss register themselves from ``luffy_pool.mix_core_alg``.
+users' scripts. LUFFY's mixed estimator and token loss register themselves from ``luffy_pool.algorithm.mix_core_alg``.
 KL helpers live in :mod:`verl.trainer.ppo.kl` and are re-exported here under their verl names.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _register(registry: dict[str, Callable[..., Any]], kind: str, name: str) -> 
 
 def _lookup(registry: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[..., Any]:
     if name not in registry:
-        hint = " ('grpo_split'/'luffy_token' register on `import luffy_pool.mix_core_alg`)"
+        hint = " ('grpo_split'/'luffy_token' register on `import luffy_pool.algorithm.mix_core_alg`)"
         raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}{hint}")
     return registry[name]
 

@@ -1,6 +1,6 @@
 """The rollout-engine interface every generation backend implements (HF ``generate``, vLLM).
 
-Engines work on token ids, not DataProto: the slot plan (``luffy_pool.mix_vllm_rollout``) decides
+Engines work on token ids, not DataProto: the slot plan (``luffy_pool.rollout.slot_plan``) decides
 what each engine call sees (prompt, or prompt ++ off-policy prefix) and assembles the padded response
 tensors afterwards, so the same plan runs on any backend. Weights arrive from the FSDP actor through a
 sharding manager calling ``update_weights``.

@@ -1,7 +1,7 @@
 """The data-parallel actor on a plain (unsharded) tiny model: log-probs, packing, update semantics."""
 import pytest
 import torch
-from luffy_pool.config_compose import actor_config
+from luffy_pool.config.compose import actor_config
 
 from verl.protocol import DataProto
 from verl.workers.actor.dp_actor import DataParallelPPOActor, NonFiniteLossError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from luffy_pool.config_compose import actor_config
+from luffy_pool.config.compose import actor_config
 
 from tests.helpers.distributed_testing import load_fully_sharded, run_gloo_ranks
 

@@ -3,7 +3,7 @@ import torch
 
 from tests.helpers.distributed_testing import run_gloo_ranks
 from verl.workers.actor.shared_prompt import group_rows_by_prompt, shared_prompt_logits
-from luffy_pool.config_compose import actor_config
+from luffy_pool.config.compose import actor_config
 
 
 def _model(path):

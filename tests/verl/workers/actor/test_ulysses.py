@@ -10,7 +10,7 @@ from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before 
 from verl.utils.parallel_check import check_heads
 from verl.utils.ulysses import pad_to_multiple
 from tests.helpers.distributed_testing import run_gloo_ranks
-from luffy_pool.config_compose import actor_config
+from luffy_pool.config.compose import actor_config
 
 JOB_TIMEOUT_S = 300
 TOL = 1e-5

@@ -43,9 +43,9 @@ def _tp_rank(rank, world, port):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from luffy_pool.config_compose import compose_config
-    from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
-    from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
+    from luffy_pool.rollout.slot_plan import MixRolloutPlanner
     from verl.protocol import DataProto
     from verl.workers.config_sections import WorkerSections
     from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec

@@ -151,7 +151,7 @@ def test_the_workers_full_rollout_group_overrides_every_engine_default(compose_c
     every key takes the YAML's value; a standalone engine differs from a run only in STANDALONE."""
     import dataclasses
 
-    from luffy_pool.config_check import schema_defaults
+    from luffy_pool.config.check import schema_defaults
 
     from verl.workers.config_sections import RolloutSection
     from verl.workers.rollout.config import STANDALONE, RolloutEngineConfig

@@ -14,7 +14,7 @@ import os
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from luffy_pool.config_sections import ConfigSections
+from luffy_pool.config.sections import ConfigSections
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
 from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
 from verl.utils.import_utils import import_external_libs
@@ -101,7 +101,7 @@ def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
 def build_dataloader(sections: ConfigSections, tokenizer):
     from torch.utils.data import DataLoader
 
-    from luffy_pool.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.dataset.sampler import build_sampler
 
@@ -132,7 +132,7 @@ def build_dataloader(sections: ConfigSections, tokenizer):
 
 def build_off_policy_pool(sections: ConfigSections, tokenizer, train_dataset):
     """The pool of extra off-policy traces (``data.off_policy_files``); None when only targets are used."""
-    from luffy_pool.off_policy_pool import OffPolicyPool
+    from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     d = sections.data
     files = list(d.off_policy_files or [])
@@ -165,7 +165,7 @@ def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_po
 def build_worker_group(config, sections: ConfigSections, device: str, total_training_steps: int):
     """The FSDP worker group on its resource pool; each worker gets the ``actor_rollout_ref`` group and the
     run's step count (the lr schedule's length), computed once by ``build_trainer``."""
-    from luffy_pool.mix_fsdp_worker import MIXActorRolloutRefWorker
+    from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     import ray
@@ -204,8 +204,8 @@ def build_trainer(config: DictConfig):
     """Everything ``fit`` needs; returns ``(trainer, close)`` where ``close()`` releases pools/trackers."""
     from transformers import AutoTokenizer
 
-    from luffy_pool.mix_trainer import MIXRayPPOTrainer
-    from luffy_pool.preflight import InputError, PreflightError, check_cluster_capacity, preflight
+    from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
+    from luffy_pool.run.preflight import InputError, PreflightError, check_cluster_capacity, preflight
     from verl.utils.context_length import check_model_context
     from verl.utils.logging_setup import setup_logging
     from verl.utils.tracking import Tracking
@@ -232,7 +232,7 @@ def build_trainer(config: DictConfig):
     started_locally = not (sections.ray_init.address or os.environ.get("RAY_ADDRESS"))
     init_ray(sections, world_size, sections.trainer.device)
     if int(sections.trainer.nnodes) > 1:
-        from luffy_pool.node_check import check_shared_folders
+        from luffy_pool.run.node_check import check_shared_folders
 
         check_shared_folders(config)  # D8: each node sees the driver's checkpoint and model folder
     device = resolve_driver_device(sections)
@@ -257,7 +257,7 @@ def build_trainer(config: DictConfig):
         wg, pool = build_worker_group(config, sections, device, total)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                            config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
-        from luffy_pool.checkpointing import TrainerCheckpointer
+        from luffy_pool.run.checkpointing import TrainerCheckpointer
 
         checkpointer = TrainerCheckpointer(config, sampler, sections=sections)
         # The off-policy pool (`off_policy_pool`, built with the data above) is not `pool`, the Ray resource
@@ -283,7 +283,7 @@ def fit_and_close(trainer, close) -> dict:
         metrics = trainer.fit()
     except BaseException as exc:
         # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
-        from luffy_pool.checkpointing import CheckpointUnusableError
+        from luffy_pool.run.checkpointing import CheckpointUnusableError
 
         from verl.utils.signals import AbortedBySignal
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from luffy_pool.off_policy_pool import strip_right_padding
+from luffy_pool.rollout.off_policy_pool import strip_right_padding
 from verl.utils.torch_functional import compute_position_id_with_mask, get_eos_mask
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
 

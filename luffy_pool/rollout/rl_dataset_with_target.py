@@ -21,7 +21,7 @@ import math
 import numpy as np
 import torch
 
-from luffy_pool.off_policy_pool import logprobs_from_target_probs
+from luffy_pool.rollout.off_policy_pool import logprobs_from_target_probs
 from verl.utils.dataset.collate import collate_fn
 from verl.utils.dataset.rl_dataset import RLHFDataset, _is_list
 

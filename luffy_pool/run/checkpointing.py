@@ -27,7 +27,7 @@ import shutil
 import time
 from typing import Any, Optional
 
-from luffy_pool.config_sections import ConfigSections
+from luffy_pool.config.sections import ConfigSections
 from verl.utils.checkpoint import layout, manifest
 from verl.utils.checkpoint.rng import capture_rng_state, restore_rng_state
 from verl.utils.checkpoint.safe_io import load_state, save_state

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from deepscaler.rewards import fail_success_values
-from luffy_pool.replay_buffer import SelfReplayBuffer
+from luffy_pool.replay.buffer import SelfReplayBuffer
 from verl.protocol import DataProto
 
 # The batch's behaviour log-probs (NaN = unknown), the one representation from dataset/rollout to the loss.
@@ -151,7 +151,7 @@ class SelfReplay:
     """The buffer plus what its two halves need (slots, success value, reward function, token ids).
 
     ``apply`` is the only call the training step makes; ``save``/``load`` are what the checkpointer uses
-    (``luffy_pool.checkpointing``: the buffer's JSON index + safetensors in ``self_replay/``).
+    (``luffy_pool.run.checkpointing``: the buffer's JSON index + safetensors in ``self_replay/``).
     """
 
     def __init__(self, buffer: SelfReplayBuffer, *, slots: int, success: float, reward_fn: Callable, tokenizer):

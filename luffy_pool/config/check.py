@@ -3,7 +3,7 @@
 It runs twice: on the command-line overrides before Hydra composes them (an unknown key is reported with
 the closest valid key instead of Hydra's struct error) and on the composed config before any worker
 starts. Every problem is one line that names the key. The key set, types, allowed values, bounds and refusals
-come from the declarations in luffy_pool/config_sections.py; the defaults from luffy_pool/config/mix_ppo_trainer.yaml.
+come from the declarations in luffy_pool/config/sections.py; the defaults from luffy_pool/config/mix_ppo_trainer.yaml.
 The rules between keys (``combinations``, ``_late_failures``, ``batch_sizes``) are code here.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig
 
-from luffy_pool.config_sections import ConfigSections
+from luffy_pool.config.sections import ConfigSections
 from verl.utils import config_schema
 from verl.trainer.ppo.loss_inputs import registered_loss_keys
 from verl.utils.batch_sizes import (
@@ -27,7 +27,7 @@ from verl.utils.batch_sizes import (
 from verl.utils.config_section import Declaration, declarations, refused_groups, value_errors
 from verl.utils.parallel_check import parallel_config_errors
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))  # the YAML files sit next to this module
 BASE_CONFIG_NAME = "mix_ppo_trainer"
 
 _A = "actor_rollout_ref.actor"

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from luffy_pool.config_sections import LuffyWorkerSections
-from luffy_pool.mix_actor import MIXDataParallelPPOActor
-from luffy_pool.mix_vllm_rollout import MixRolloutPlanner
+from luffy_pool.config.sections import LuffyWorkerSections
+from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
+from luffy_pool.rollout.slot_plan import MixRolloutPlanner
 from verl.protocol import DataProto, PerPart
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker

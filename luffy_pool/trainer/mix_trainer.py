@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from deepscaler.rewards import fail_success_values
-from luffy_pool.config_sections import ConfigSections
-from luffy_pool.mix_advantage import compute_mixed_advantage
-from luffy_pool.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
-from luffy_pool.run_outputs import dump_rollouts, rollout_records, validation_samples
-from luffy_pool.self_replay import SelfReplay
+from luffy_pool.config.sections import ConfigSections
+from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
+from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
+from luffy_pool.run.outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.replay.self_replay import SelfReplay
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
@@ -53,7 +53,7 @@ class StepOutput(NamedTuple):
 
 
 class MIXRayPPOTrainer:
-    """The LUFFY trainer. Collaborators are built by ``luffy_pool.launcher`` and injected here."""
+    """The LUFFY trainer. Collaborators are built by ``luffy_pool.run.launcher`` and injected here."""
 
     def __init__(self, config, tokenizer, actor_rollout_wg, reward_fn, val_reward_fn, train_dataloader,
                  val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None,
@@ -198,7 +198,7 @@ class MIXRayPPOTrainer:
             metrics.update(self._score(batch))
         if self.self_replay is None:
             batch = self._log_probs(batch, timing)
-        else:  # rewrites failed groups before the pass, keeps the successes after it (luffy_pool/self_replay.py)
+        else:  # rewrites failed groups before the pass, keeps the successes after it (luffy_pool/replay/self_replay.py)
             batch, stage = self.self_replay.apply(batch, self.global_steps, ratios,
                                                   lambda b: self._log_probs(b, timing), timing)
             metrics.update(stage)

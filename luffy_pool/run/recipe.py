@@ -4,7 +4,7 @@ A launch script is run, never re-implemented: ``script_command`` executes it wit
 shim that records the final command line (env defaults, ``exec`` chains to train.sh and trailing ``"$@"``
 all apply as they would on the cluster) and exits 0. ``Recipe`` then answers what the script switches on
 (SP, TP, gradient checkpointing, token budgets, ...) from the composed config, so the CPU rehearsal
-(``luffy_pool.rehearse``) and the GPU smoke check (``exp_scripts/gpu_smoke.py --recipe``) read one recipe
+(``luffy_pool.run.rehearse``) and the GPU smoke check (``exp_scripts/gpu_smoke.py --recipe``) read one recipe
 the same way.
 
 Discovery: a launch script is an ``exp_scripts/*.sh`` that runs ``"$PYTHON" -m ...`` itself or ``exec``s
@@ -123,8 +123,8 @@ class Recipe:
             from verl.trainer.sft.config import compose_sft_config
 
             return compose_sft_config(self.overrides)
-        from luffy_pool.config_check import prepare_overrides
-        from luffy_pool.config_compose import compose_config
+        from luffy_pool.config.check import prepare_overrides
+        from luffy_pool.config.compose import compose_config
 
         return compose_config(prepare_overrides([o for o in self.overrides if not o.startswith("-")]))
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from typing import Optional
 
-from luffy_pool.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, SFT_BATCH_KEYS, SFT_LENGTH_KEYS, Recipe, RecipeError,
+from luffy_pool.run.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, SFT_BATCH_KEYS, SFT_LENGTH_KEYS, Recipe, RecipeError,
                                divisible_heads, read_recipe, rehearsal_world)
 
 PROMPT_TOKENS = 32  # the tiny task's prompts (no system prompt) are <= 31 tokens with the chat template
@@ -180,7 +180,7 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
     code = 0
     if not dry_run:
         run_env = dict(base_env, **env)
-        run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                                               base_env.get("PYTHONPATH")]))
         code = subprocess.run(["bash", script, *overrides, *extra], env=run_env, timeout=timeout_s).returncode
     print("REHEARSAL " + json.dumps(dict(report, rc=code, overrides=overrides)), flush=True)

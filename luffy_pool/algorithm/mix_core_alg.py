@@ -164,7 +164,7 @@ def off_policy_weight(
 
 # ----------------------------------------------------------------------------------------------------
 # Losses (actor side): registered as fn(PolicyLossInputs, cfg) -> (loss, metrics); cfg is the actor's
-# LossSection (luffy_pool/config_sections.py). LUFFY's functions below keep its names and arguments.
+# LossSection (luffy_pool/config/sections.py). LUFFY's functions below keep its names and arguments.
 # ----------------------------------------------------------------------------------------------------
 def _token_loss(inputs: PolicyLossInputs, cfg, behaviour_probs: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
     """LUFFY's mixed token loss on probabilities (``behaviour_probs``: the behaviour policy's p per token, NaN =

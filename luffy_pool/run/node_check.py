@@ -108,7 +108,7 @@ def check_folders_on_every_node(checkpoint_dir: Optional[str], model_path: Optio
 
 def check_shared_folders(config) -> None:
     """Raise ``PreflightError`` when a node of the Ray cluster cannot see the run's checkpoint or model folder."""
-    from luffy_pool.preflight import PreflightError
+    from luffy_pool.run.preflight import PreflightError
 
     problems = check_folders_on_every_node(config.trainer.default_local_dir, config.actor_rollout_ref.model.path)
     if problems:

@@ -4,16 +4,16 @@ Off-policy tokens (``prefix_mask``) are weighted by the shaped probability f(p) 
 tokens keep the (optionally clipped / reshaped) importance ratio (docs/METHOD.md §1.9). With
 ``use_sft_multitask_loss`` off-policy rows get a plain NLL term instead (the "RL w/ SFT loss"
 baseline); with neither flag the plain verl PPO loss applies. The loss is looked up by name in the
-policy-loss registry and called as ``fn(PolicyLossInputs, cfg)`` (luffy_pool/loss_config.py gives the name and
+policy-loss registry and called as ``fn(PolicyLossInputs, cfg)`` (luffy_pool/algorithm/loss_config.py gives the name and
 ``cfg``). The adaptive entropy coefficient (``use_adaptive_temperature``) also lives here because it is LUFFY-only.
 """
 from __future__ import annotations
 
 import math
 
-from luffy_pool.config_sections import LossSection, LuffyActorSection
-from luffy_pool.loss_config import policy_loss_name, policy_loss_section
-from luffy_pool.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
+from luffy_pool.config.sections import LossSection, LuffyActorSection
+from luffy_pool.algorithm.loss_config import policy_loss_name, policy_loss_section
+from luffy_pool.algorithm.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -47,7 +47,7 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         return keys
 
     def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
-        """The registered loss ``policy_loss_name(config)`` on this micro-batch (luffy_pool/loss_config.py)."""
+        """The registered loss ``policy_loss_name(config)`` on this micro-batch (luffy_pool/algorithm/loss_config.py)."""
         cfg = self.loss_cfg
         inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro.get("old_log_probs"),
                                   advantages=micro.get("advantages"), response_mask=response_mask,

@@ -3,7 +3,7 @@
 ``SelfReplayBuffer`` keeps, per prompt id, correct on-policy responses with their behaviour log-probs
 (log-probs, NaN = unknown, as everywhere between the dataset and the loss) and the training step that
 produced them. When a later group of that prompt has no on-policy success, the trainer asks the buffer
-for a trace and puts it into the group's off-policy slot (``luffy_pool.self_replay``). Capacity (total
+for a trace and puts it into the group's off-policy slot (``luffy_pool.replay.self_replay``). Capacity (total
 and per prompt), eviction (oldest or seeded random) and a maximum age in steps bound what it keeps.
 
 Every random choice draws from a generator seeded by (seed, step, prompt id, insert counter), so the
@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from luffy_pool.off_policy_pool import TraceRecord, _prompt_key
+from luffy_pool.rollout.off_policy_pool import TraceRecord, _prompt_key
 
 EVICTIONS = ("oldest", "random")
 SELECTIONS = ("latest", "random")
@@ -87,7 +87,7 @@ class SelfReplayBuffer:
 
     @classmethod
     def from_config(cls, cfg, seed: int = 0) -> "SelfReplayBuffer":
-        """Build from ``data.self_replay`` (``luffy_pool.config_sections.SelfReplaySection``)."""
+        """Build from ``data.self_replay`` (``luffy_pool.config.sections.SelfReplaySection``)."""
         return cls(capacity=int(cfg.capacity), max_per_prompt=int(cfg.max_per_prompt), eviction=str(cfg.eviction),
                    max_age=cfg.max_age, selection=str(cfg.selection), seed=seed)
 

@@ -18,7 +18,7 @@ import uuid
 from typing import Optional
 from urllib.parse import urlparse
 
-from luffy_pool.config_check import ConfigError
+from luffy_pool.config.check import ConfigError
 from verl.utils.dataset.value_checks import prompt_is_blank
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -201,7 +201,7 @@ def check_attn_implementation(name: str, key: str = "actor_rollout_ref.model.att
 def preflight(config, sections=None) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files; ``sections``: the run's
     ``ConfigSections`` (built from ``config`` when a caller checks a config on its own)."""
-    from luffy_pool.config_sections import ConfigSections
+    from luffy_pool.config.sections import ConfigSections
 
     errors: list[str] = []
     sections = sections or ConfigSections.from_config(config)

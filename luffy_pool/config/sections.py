@@ -3,7 +3,7 @@
 ``ConfigSections`` mirrors the YAML's groups (data, actor_rollout_ref, reward_model, reward, algorithm, trainer,
 ray_init). Each field is one key: its type, allowed values (from the module that owns them), bounds and
 whether LUFFY's key acts, is accepted at its YAML default only, or refuses a value and why
-(verl/utils/config_section.key). luffy_pool/config_check.py derives the key set, types, value checks, refusals
+(verl/utils/config_section.key). luffy_pool/config/check.py derives the key set, types, value checks, refusals
 and closest-key suggestions from these fields; tests/luffy_pool/test_config_declarations.py keeps them and
 the YAML in step. The verl worker's keys are declared in verl/workers/config_sections.py; the LUFFY keys of
 those groups are declared here, in subclasses.
@@ -32,26 +32,26 @@ def _inert(why: str = _INERT):
 
 # Owners of the value lists (imported when a config is checked, not when this module loads).
 def _adv_estimators():
-    import luffy_pool.mix_core_alg  # noqa: F401 -- registers grpo_split
+    import luffy_pool.algorithm.mix_core_alg  # noqa: F401 -- registers grpo_split
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
     return tuple(ADV_ESTIMATOR_REGISTRY)
 
 
 def _off_policy_reshapes():
-    from luffy_pool.mix_core_alg import OFF_POLICY_RESHAPES
+    from luffy_pool.algorithm.mix_core_alg import OFF_POLICY_RESHAPES
 
     return OFF_POLICY_RESHAPES
 
 
 def _on_policy_reshapes():
-    from luffy_pool.mix_core_alg import ON_POLICY_RESHAPES
+    from luffy_pool.algorithm.mix_core_alg import ON_POLICY_RESHAPES
 
     return ON_POLICY_RESHAPES
 
 
 def _prefix_strategies():
-    from luffy_pool.off_policy_pool import PREFIX_STRATEGIES
+    from luffy_pool.rollout.off_policy_pool import PREFIX_STRATEGIES
 
     return PREFIX_STRATEGIES
 
@@ -121,14 +121,14 @@ class TrainerSection:
 
 @dataclass(frozen=True)
 class SelfReplaySection:
-    """``data.self_replay.*``: the buffer of the run's own correct rollouts (luffy_pool/replay_buffer.py)."""
+    """``data.self_replay.*``: the buffer of the run's own correct rollouts (luffy_pool/replay/buffer.py)."""
 
     enable: bool
     capacity: int = key(bounds=AT_LEAST_ONE)
     max_per_prompt: int = key(bounds=AT_LEAST_ONE)
-    eviction: str = key(choices=_from("luffy_pool.replay_buffer", "EVICTIONS"))
+    eviction: str = key(choices=_from("luffy_pool.replay.buffer", "EVICTIONS"))
     max_age: int = key(bounds=Bound(lambda v: v >= -1, "must be -1 (no limit) or >= 0"))
-    selection: str = key(choices=_from("luffy_pool.replay_buffer", "SELECTIONS"))
+    selection: str = key(choices=_from("luffy_pool.replay.buffer", "SELECTIONS"))
     slots: int = key(bounds=AT_LEAST_ONE)
 
 
@@ -149,10 +149,10 @@ class DataSection:
     seed: int = key()
     reward_impl_version: int = key()
     sample_target_ratio: float = key(bounds=UNIT)
-    sample_target_mode: str = key(choices=_from("luffy_pool.rl_dataset_with_target", "SAMPLE_TARGET_MODES"))
+    sample_target_mode: str = key(choices=_from("luffy_pool.rollout.rl_dataset_with_target", "SAMPLE_TARGET_MODES"))
     filter_overlong_prompts: bool = key()
     disable_truncation_advantage: bool = key()
-    truncate_off_policy: str = key(choices=_from("luffy_pool.rl_dataset_with_target", "TRUNCATE_OFF_POLICY"))
+    truncate_off_policy: str = key(choices=_from("luffy_pool.rollout.rl_dataset_with_target", "TRUNCATE_OFF_POLICY"))
     off_policy_files: Union[list, str] = key()
     off_policy_id_key: str = key()
     val_max_rows: Optional[int] = key(bounds=AT_LEAST_ONE)
@@ -174,7 +174,7 @@ class DataSection:
 
 @dataclass(frozen=True)
 class LossSection(PolicyLossSection):
-    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/loss_config.py,
+    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/algorithm/loss_config.py,
     mix_actor.py): the base loss keys plus LUFFY's. A view of the flat actor group (``actor.loss``)."""
 
     use_off_policy_loss: bool = key()
@@ -226,7 +226,7 @@ class LuffyActorSection(ActorSection):
 
 @dataclass(frozen=True)
 class LuffyRolloutSection(RolloutSection):
-    """``actor_rollout_ref.rollout`` with LUFFY's off-policy prefix plan (luffy_pool/off_policy_pool.py)."""
+    """``actor_rollout_ref.rollout`` with LUFFY's off-policy prefix plan (luffy_pool/rollout/off_policy_pool.py)."""
 
     max_prefix_len: int = key(bounds=AT_LEAST_ONE)
     prefix_share_across_samples: bool = key()

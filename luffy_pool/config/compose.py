@@ -11,7 +11,7 @@ import copy
 import functools
 from typing import Any, Sequence
 
-from luffy_pool.config_check import BASE_CONFIG_NAME, CONFIG_DIR
+from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = BASE_CONFIG_NAME):

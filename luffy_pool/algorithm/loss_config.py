@@ -8,7 +8,7 @@ with ``@register_policy_loss("name")`` (``config=<dataclass>`` for knobs of its 
 """
 from __future__ import annotations
 
-from luffy_pool.config_sections import LossSection
+from luffy_pool.config.sections import LossSection
 from verl.trainer.ppo.core_algos import get_policy_loss_config, get_policy_loss_fn
 from verl.utils.config_section import build_section
 

@@ -8,7 +8,7 @@ and the constant SFT prefix reward (``actor.use_sft_prefix_reward``).
 """
 from __future__ import annotations
 
-import luffy_pool.mix_core_alg as mix_alg  # registers grpo_split
+import luffy_pool.algorithm.mix_core_alg as mix_alg  # registers grpo_split
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.loss_inputs import AdvantageInputs
 
@@ -16,7 +16,7 @@ from verl.trainer.ppo.loss_inputs import AdvantageInputs
 def compute_mixed_advantage(sections, batch, uids, response_length: int, n_samples: int,
                             pad_token_id: int | None = None, eos_token_id: int | None = None):
     """Return ``(advantages, returns)`` ``[rows, L]`` for the merged batch (tensors in ``batch``); ``sections``
-    is the run's ``luffy_pool.config_sections.ConfigSections``."""
+    is the run's ``luffy_pool.config.sections.ConfigSections``."""
     algo = sections.algorithm
     rewards = batch["token_level_rewards"]
     response_mask = batch["attention_mask"][:, -response_length:]

@@ -1,0 +1,1 @@
+"""Config of a run: typed sections declared once, the checker derived from them, Hydra composition."""

@@ -1,0 +1,1 @@
+"""Self-replay: the run's own correct rollouts kept in a buffer and replayed into failed groups."""
