@@ -2,7 +2,7 @@
 
 ``python exp_scripts/probe_bad_input.py`` runs every case of ``exp_scripts/probe_bad_input_cases.py`` and
 ``probe_bad_input_faults.py`` (89, covering the input classes of docs/DESIGN.md §3: G3-G15, "Weak", "New user", "Load"; G1/G2
-need a multi-rank resume and are left to tests/luffy_pool/test_resume_e2e.py) and prints a table and the totals:
+need a multi-rank resume and are left to tests/luffy_pool/run/test_resume_e2e.py) and prints a table and the totals:
 
 - good: refused (or handled) with one line naming the key / file / row, exit code 2 for a CLI;
 - weak: refused, but late, with a traceback, a generic exception or a message that does not name the culprit;

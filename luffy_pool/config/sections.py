@@ -4,7 +4,7 @@
 ray_init). Each field is one key: its type, allowed values (from the module that owns them), bounds and
 whether LUFFY's key acts, is accepted at its YAML default only, or refuses a value and why
 (verl/utils/config_section.key). luffy_pool/config/check.py derives the key set, types, value checks, refusals
-and closest-key suggestions from these fields; tests/luffy_pool/test_config_declarations.py keeps them and
+and closest-key suggestions from these fields; tests/luffy_pool/config/test_config_declarations.py keeps them and
 the YAML in step. The verl worker's keys are declared in verl/workers/config_sections.py; the LUFFY keys of
 those groups are declared here, in subclasses.
 

@@ -28,7 +28,7 @@ from verl.utils.batch_sizes import normalize_actor_batch_sizes, optimizer_steps_
 from verl.workers.config_sections import WorkerSections
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 LUFFY_ENV = {"MODEL_PATH": "/models/qwen", "DATA_DIR": "/data"}
 
 

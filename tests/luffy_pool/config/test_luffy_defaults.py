@@ -5,7 +5,7 @@ import re
 
 from luffy_pool.config.check import schema_defaults
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 LUFFY_DEFAULTS = os.path.join(REPO, "tests", "data", "luffy_mix_ppo_trainer_defaults.json")
 
 

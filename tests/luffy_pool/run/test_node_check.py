@@ -16,7 +16,7 @@ import pytest
 from luffy_pool.run.node_check import folder_fingerprint
 
 pytestmark = pytest.mark.e2e
-REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 CHILD = r'''
 import json, os, sys

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 LUFFY_ENV = {"MODEL_PATH": "/models/qwen", "DATA_DIR": "/data", "PYTHON": sys.executable}
 PATHS = ["data.train_files=/d/train.parquet", "data.val_files=/d/valid.parquet", "actor_rollout_ref.model.path=/m"]
 

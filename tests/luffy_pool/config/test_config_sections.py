@@ -8,7 +8,7 @@ import pytest
 from luffy_pool.config.check import optional_keys, schema_defaults
 from luffy_pool.config.sections import ConfigSections, DataSection, TrainerSection
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _yaml_keys(section: str) -> set:

@@ -71,7 +71,7 @@ def _trainer(*args, cwd):
     import subprocess
     import sys
 
-    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     return subprocess.run([sys.executable, "-m", "luffy_pool.main_mix_ppo", "--config-name", "tiny_cpu_luffy", *args],
                           cwd=repo, capture_output=True, text=True, timeout=180, env=dict(os.environ))
 

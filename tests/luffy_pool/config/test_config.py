@@ -29,7 +29,7 @@ from verl.utils.batch_sizes import (
     rows_per_rank,
 )
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 
 # LUFFY's exp_scripts/train.sh override list (docs/METHOD.md §2.1), verbatim and in the script's order.

@@ -12,7 +12,7 @@ from verl.utils.config_section import DEFAULT_ONLY
 # The keys accepted at their YAML default only, with their reason (declared with luffy=DEFAULT_ONLY).
 INERT_KEYS = {k: d.why for k, d in declared().items() if d.luffy == DEFAULT_ONLY}
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 # Keys acted on by a sibling branch (i14b-parallel implements FSDP optimizer offload and HSDP); remove once merged.
 def _validate(*overrides):
     base = ["data.train_files=/d/t.parquet", "data.val_files=/d/v.parquet", "actor_rollout_ref.model.path=/m"]
