@@ -229,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if name == "sft":
                     grid_sft[lr] = run["hf_dir"]
                 ev = evaluate_model(run["hf_dir"], paths["val"], os.path.join(run_dir, "eval_val"),
-                                    **dict(eval_kw, eval_samples=args.eval_samples))
+                                    **dict(eval_kw, eval_samples=args.eval_samples, greedy=args.eval_samples <= 0))
                 add_eval_cpu(ev)
                 g["scores"][lr] = ev["sampled"]["accuracy"] if ev["sampled"] else ev["greedy"]["accuracy"]
                 g["cpu_s"] += run["cpu_s"]

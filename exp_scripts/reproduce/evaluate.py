@@ -82,13 +82,17 @@ def headline(summary: Mapping) -> dict:
 
 def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: int, eval_samples: int,
                    env: Mapping[str, str], rollout: str = "vllm", timeout_s: Optional[float] = None,
-                   reuse: bool = False) -> dict:
-    """``{"greedy": headline, "sampled": headline or None, "files": {"greedy": path[, "sampled": path]}}`` on
-    ``test_file`` (the per-sample output files give the per-problem scores of ``reproduce.stats``)."""
-    greedy_out = os.path.join(out_dir, "greedy.jsonl")
-    result = {"greedy": headline(run_eval(eval_command(model_dir, test_file, greedy_out, n=1, temperature=0.0,
-                                                       max_tokens=max_tokens, rollout=rollout), greedy_out, env, timeout_s, reuse)),
-              "sampled": None, "files": {"greedy": greedy_out}}
+                   reuse: bool = False, greedy: bool = True) -> dict:
+    """``{"greedy": headline or None, "sampled": headline or None, "files": {"greedy": path, "sampled": path}}`` on
+    ``test_file`` (the per-sample output files give the per-problem scores of ``reproduce.stats``); ``greedy=False``
+    skips greedy decoding (the learning-rate grid scores avg@k only)."""
+    result: dict = {"greedy": None, "sampled": None, "files": {}}
+    if greedy:
+        greedy_out = os.path.join(out_dir, "greedy.jsonl")
+        result["greedy"] = headline(run_eval(eval_command(model_dir, test_file, greedy_out, n=1, temperature=0.0,
+                                                          max_tokens=max_tokens, rollout=rollout),
+                                             greedy_out, env, timeout_s, reuse))
+        result["files"]["greedy"] = greedy_out
     if eval_samples > 0:
         sampled_out = os.path.join(out_dir, f"t0.6_n{eval_samples}.jsonl")
         result["sampled"] = headline(run_eval(eval_command(model_dir, test_file, sampled_out, n=eval_samples,
