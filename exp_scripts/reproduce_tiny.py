@@ -325,7 +325,7 @@ def write_report(out, args, settings, probe, start, grid_rec, methods, runs, ver
           f"On-policy reward = mean score of the policy's own samples over the first / last {args.window} steps "
           "(mean ± std over seeds); final entropy = mean over the last window; SFT has no on-policy samples.", "",
           f"## Learning-rate grid (validation avg@{k}, seed {args.grid_seed}; chosen in bold)", "",
-          S.grid_table(grid_rec), "",
+          S.grid_table(grid_rec), "", *S.grid_edge_notes(grid_rec), "",
           "## Start model", "",
           f"On-policy success on training prompts: {probe['correct']} of {probe['samples']} samples ({probe['rows']} "
           f"prompts x {probe['n']}, T={probe['temperature']}), pass rate {probe['accuracy']:.3f}.", "",

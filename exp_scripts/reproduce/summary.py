@@ -171,6 +171,18 @@ def grid_table(grids: Mapping[str, Mapping]) -> str:
     return "\n".join(lines)
 
 
+def grid_edge_notes(grids: Mapping[str, Mapping]) -> list[str]:
+    """One line per method whose chosen lr is the smallest or largest value of a grid of several."""
+    notes = []
+    for g in grids.values():
+        lrs = sorted(lr for lr in g["scores"])
+        if len(lrs) > 1 and g.get("chosen") in (lrs[0], lrs[-1]):
+            side = "largest" if g["chosen"] == lrs[-1] else "smallest"
+            notes.append(f"- {g['label']}: the chosen lr {g['chosen']:g} is the {side} value of the grid; a wider grid "
+                         "might score higher.")
+    return notes
+
+
 def plot_held_out(methods: Mapping[str, dict], start: Optional[Mapping], out_dir: str, k: int) -> Optional[str]:
     """``held_out.png``: in- and out-of-distribution avg@k per method (bars, 95 % interval) and greedy pass@1 (dots)."""
     import matplotlib

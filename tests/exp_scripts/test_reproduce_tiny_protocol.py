@@ -194,3 +194,5 @@ def test_results_json_schema(tmp_path):
     table = S.grid_table(grid)
     assert "**0.200**" in table and "| — |" in table
     assert S.main_table(methods).count("\n") == 1 + len(methods)
+    notes = S.grid_edge_notes({"sft": dict(grid["sft"], chosen=1e-3), "luffy": grid["luffy"]})
+    assert len(notes) == 1 and "1e-3" not in notes[0] and "0.001 is the largest value" in notes[0]
