@@ -278,7 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs[name].append(row)
 
     methods = {n: S.method_summary(METHODS[n].label, rs, grid_rec[n]) for n, rs in runs.items()}
-    verdicts = S.claims(runs, methods, probe)
+    verdicts = S.claims(runs, methods, probe, start_scores)
     plots_dir = os.path.join(out, "plots")
     plots = plot_seed_curves(curves, plots_dir, smooth=args.smooth) if curves else []
     bar = S.plot_held_out(methods, start, plots_dir, args.eval_samples)
@@ -289,7 +289,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "lr_grids": grids, "warm_start_recipe": WARM_SFT,
                 "seed_use": "tiny model / task: --seed; run seed s: RL data.seed=47+s, trainer.seed=1+s, "
                             "rollout.seed=s; SFT trainer.seed=47+s"}
-    md = write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, meter.cpu_source, plots)
+    md = write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, meter.cpu_source, plots,
+                      grids)
     say(f"done in {time.perf_counter() - t_all:.0f} s wall; CPU s: {cpu} (total {cpu['total'] / 60:.1f} CPU-min)")
     print(S.main_table(methods, start))
     print("\n".join(S.claims_markdown(verdicts, args.eval_samples)))
@@ -299,7 +300,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 1 if any(r.get("error") for rs in runs.values() for r in rs) else 0
 
 
-def write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, cpu_source, plots) -> str:
+def write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, cpu_source, plots,
+                 grids) -> str:
     k = args.eval_samples
     per_run = ["| method | seed | lr | final on-policy reward | reward change | final entropy | ID greedy | ID avg@k | "
                "OOD greedy | OOD avg@k | train CPU s |", "|" + "---|" * 11]
@@ -316,7 +318,8 @@ def write_report(out, args, settings, probe, start, grid_rec, methods, runs, ver
     md = ["# Tiny reproduction of LUFFY's claims (CPU)", "",
           f"`exp_scripts/reproduce_tiny.py{' --quick' if args.quick else ''}`: every method starts from the same model "
           f"({start['label']}), trains {args.steps} steps ({args.batch_size} prompts x {args.n}) at its own learning "
-          f"rate, chosen on {args.n_val} validation problems with seed {args.grid_seed}; then seeds "
+          f"rate, " + ("fixed by --method-lr (no grid: see the table)" if all(len(g) == 1 for g in grids.values()) else
+                       f"chosen on {args.n_val} validation problems with seed {args.grid_seed}") + "; then seeds "
           f"{', '.join(map(str, settings['seeds']))} at that lr. Held-out: {args.n_test} in-distribution problems "
           f"(two-digit addition) and {args.n_ood} out-of-distribution problems ({args.ood_variant}), greedy pass@1 "
           f"and avg@{k} at T=0.6. Intervals: 95 %, over seeds and problems (see *Intervals*).", "",

@@ -85,8 +85,24 @@ def paired(runs: Mapping[str, Sequence[Mapping]], a: str, b: str, split: str, me
     return d
 
 
-def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], probe: Mapping) -> dict:
-    """The three claims (module docstring): each part a paired difference with its interval and verdict."""
+def versus_start(runs: Mapping[str, Sequence[Mapping]], name: str, start_scores: Optional[Mapping], split: str,
+                 metric: str) -> Optional[dict]:
+    """``name − start model`` (the start's one score per problem stands against every seed), paired by problem."""
+    if name not in runs or not start_scores or metric not in start_scores.get(split, {}):
+        return None
+    xa = _matrix(runs[name], split, metric)
+    if xa is None:
+        return None
+    row = [start_scores[split][metric]["per_problem"][p] for p in sorted(start_scores[split][metric]["per_problem"])]
+    d = difference(xa, [row] * len(xa))
+    d["verdict"] = verdict(d)
+    return d
+
+
+def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], probe: Mapping,
+           start_scores: Optional[Mapping] = None) -> dict:
+    """The three claims (module docstring): each part a paired difference with its interval and verdict;
+    ``start_scores`` (the start model's per-problem scores) adds LUFFY − start model."""
     def ent(name):
         return [p["entropy_end"] for p in methods[name]["per_seed"]] if name in methods else []
 
@@ -97,6 +113,8 @@ def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], p
         "1_weak_start": {"start_pass_rate": probe["accuracy"], "weak_start": probe["accuracy"] < 0.05,
                          "luffy_minus_on_policy_id_avg": paired(runs, "luffy", "on_policy", "id", "avg"),
                          "luffy_minus_on_policy_id_greedy": paired(runs, "luffy", "on_policy", "id", "greedy"),
+                         "luffy_minus_start_id_avg": versus_start(runs, "luffy", start_scores, "id", "avg"),
+                         "on_policy_minus_start_id_avg": versus_start(runs, "on_policy", start_scores, "id", "avg"),
                          "on_policy_reward_change": methods.get("on_policy", {}).get("reward_change"),
                          "luffy_reward_change": methods.get("luffy", {}).get("reward_change")},
         "2_ood_vs_sft": {"luffy_minus_sft_ood_avg": paired(runs, "luffy", "sft", "ood", "avg"),
@@ -126,7 +144,9 @@ def claims_markdown(c: Mapping, k: int) -> list[str]:
         f"1. **From a weak start, LUFFY learns where on-policy RL cannot find rewards.** Start model's on-policy pass "
         f"rate {one['start_pass_rate']:.3f} ({'under' if one['weak_start'] else 'NOT under'} 5 %). Held-out "
         f"in-distribution avg@{k}, LUFFY − on-policy GRPO: {_diff_text(one['luffy_minus_on_policy_id_avg'])}; greedy "
-        f"pass@1: {_diff_text(one['luffy_minus_on_policy_id_greedy'])}. On-policy reward change over training "
+        f"pass@1: {_diff_text(one['luffy_minus_on_policy_id_greedy'])}. Against the start model (ID avg@{k}): LUFFY − "
+        f"start {_diff_text(one.get('luffy_minus_start_id_avg'))}; on-policy GRPO − start "
+        f"{_diff_text(one.get('on_policy_minus_start_id_avg'))}. On-policy reward change over training "
         f"(last − first window, mean ± std over seeds): on-policy GRPO {_ms(one['on_policy_reward_change'])}, LUFFY "
         f"{_ms(one['luffy_reward_change'])}.",
         f"2. **LUFFY beats SFT out of distribution and keeps exploring.** OOD avg@{k}, LUFFY − SFT: "

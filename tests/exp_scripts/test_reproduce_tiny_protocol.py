@@ -166,7 +166,10 @@ def _fake_runs():
 def test_claims_give_verdicts_and_mark_missing_methods():
     runs = _fake_runs()
     methods = {n: S.method_summary(n, rs, {"scores": {1e-4: 0.1}, "chosen": 1e-4, "label": n}) for n, rs in runs.items()}
-    c = S.claims(runs, methods, {"accuracy": 0.027})
+    start = {sp: {m: {"per_problem": dict(enumerate([1, 0, 0, 0]))} for m in ("greedy", "avg")} for sp in ("id", "ood")}
+    c = S.claims(runs, methods, {"accuracy": 0.027}, start)
+    assert c["1_weak_start"]["luffy_minus_start_id_avg"]["mean"] == pytest.approx(0.5)  # 0.75 - 0.25
+    assert c["1_weak_start"]["on_policy_minus_start_id_avg"]["mean"] == pytest.approx(0.0)
     assert c["1_weak_start"]["weak_start"] is True
     assert c["1_weak_start"]["luffy_minus_on_policy_id_avg"]["mean"] == pytest.approx(0.5)
     assert c["2_ood_vs_sft"]["luffy_minus_sft_ood_avg"]["verdict"] == "inconclusive"  # identical OOD scores
