@@ -22,7 +22,7 @@ CPU seconds of every process tree are measured from /proc. ``--reuse`` keeps fin
 
 ``--quick`` (under 10 CPU-minutes on a quiet machine): on-policy GRPO and LUFFY only, both at lr 1e-4 (no grid),
 3 seeds, 200 + 200 held-out problems: claim (1) only. Measured numbers are in README.md ("Baselines and the
-tiny reproduction") and docs/reproduce_tiny/results.md.
+tiny reproduction") and docs/reproduce_tiny_quick/results.md (--quick).
 """
 from __future__ import annotations
 
