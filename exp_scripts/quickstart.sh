@@ -11,7 +11,9 @@
 # SFT (verl/trainer/fsdp_sft_trainer.py) on data/warm.parquet, problems disjoint from train and test
 # ($QUICKSTART_WARM_STEPS steps, default 250: ~40 s, the base then solves ~65-85% of problems, so LUFFY's
 # on-policy reward has room to rise; 0 starts LUFFY from the random model); (4) the trainer
-# runs from the warm model; extra arguments are Hydra overrides, appended last.
+# runs from the warm model; extra arguments are Hydra overrides, appended last; (5) a short summary
+# (exp_scripts/quickstart_summary.py): steps, time, on-policy reward first vs last 10 steps, validation score
+# first vs last, and where the metrics file, the plots and the best checkpoint are.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -48,9 +50,18 @@ if [ "$WARM_STEPS" -gt 0 ]; then
   fi
 fi
 
-exec "$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
+# The jsonl tracker writes $OUT/checkpoints/metrics.jsonl for the summary (an override, not a YAML change).
+START=$(date +%s)
+"$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
     actor_rollout_ref.model.path="$BASE" \
     data.train_files="$OUT/data/train.parquet" \
     data.val_files="$OUT/data/test.parquet" \
     trainer.default_local_dir="$OUT/checkpoints" \
+    "trainer.logger=[console,jsonl]" \
     "$@"
+WALL=$(( $(date +%s) - START ))
+# No summary after a Hydra flag (--cfg job, --help, --info: nothing was trained) or without a metrics file.
+for arg in "$@"; do case "$arg" in -*) exit 0 ;; esac; done
+if [ -f "$OUT/checkpoints/metrics.jsonl" ]; then
+  "$VENV/bin/python" exp_scripts/quickstart_summary.py --run-dir "$OUT/checkpoints" --wall-s "$WALL"
+fi

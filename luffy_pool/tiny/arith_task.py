@@ -120,16 +120,20 @@ def write_task_parquets(
     seed: int = 0,
     system_prompt: str | None = SYSTEM_PROMPT,
     n_warm: int = 0,
+    n_val: int = 0,
 ) -> dict[str, str]:
     """Write ``train.parquet`` and ``test.parquet`` (disjoint problems) and return their paths.
 
     With ``n_warm > 0`` also ``warm.parquet``: problems disjoint from both, for warming a base model
-    with SFT (a stand-in for pretraining) before RL on ``train``.
+    with SFT (a stand-in for pretraining) before RL on ``train``. With ``n_val > 0`` also ``val.parquet``:
+    problems disjoint from all of them, for choosing hyper-parameters without touching ``test``. The
+    splits come from one seeded stream in the order train, test, warm, val, so adding a split never
+    changes the problems of the others.
     """
     import pandas as pd
 
     os.makedirs(out_dir, exist_ok=True)
-    need = n_train + n_test + n_warm
+    need = n_train + n_test + n_warm + n_val
     problems = make_problems(4 * need, level=level, ops=ops, seed=seed)
     seen, uniq = set(), []
     for p in problems:
@@ -142,13 +146,67 @@ def write_task_parquets(
     paths = {}
     splits = [("train", uniq[:n_train]), ("test", uniq[n_train : n_train + n_test])]
     if n_warm > 0:
-        splits.append(("warm", uniq[n_train + n_test : need]))
+        splits.append(("warm", uniq[n_train + n_test : n_train + n_test + n_warm]))
+    if n_val > 0:
+        splits.append(("val", uniq[n_train + n_test + n_warm : need]))
     for split, chunk in splits:
         rows = [problem_to_row(p, i, split, system_prompt) for i, p in enumerate(chunk)]
         path = os.path.join(out_dir, f"{split}.parquet")
         pd.DataFrame(rows).to_parquet(path, index=False)
         paths[split] = path
     return paths
+
+
+# Out-of-distribution variants of a level-2 task: problems the training data never shows, solved by the same kind
+# of trace. "more_digits": at least one operand has three digits (one more column and carry than in training);
+# "mixed_digits": one one-digit and one two-digit operand (a column with a missing digit).
+OOD_VARIANTS = {"more_digits": ((2, 3), (3, 3)), "mixed_digits": ((1, 2), (1, 2))}
+
+
+def make_ood_problems(n: int, variant: str = "more_digits", ops: Iterable[str] = ("+",), seed: int = 0,
+                      exclude: Iterable[tuple] = ()) -> list[ArithProblem]:
+    """``n`` distinct problems of an OOD variant (``OOD_VARIANTS``), none of them in ``exclude`` ((a, b, op) keys).
+
+    The operand digit counts are drawn from the variant's range and redrawn until the pair meets the
+    variant's rule (``more_digits``: the longer operand has 3 digits; ``mixed_digits``: the lengths differ).
+    """
+    if variant not in OOD_VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(OOD_VARIANTS)}, got {variant!r}")
+    (lo, hi), (need_lo, need_hi) = OOD_VARIANTS[variant]
+    rng, ops, seen = random.Random(seed), tuple(ops), set(exclude)
+    out: list[ArithProblem] = []
+    for _ in range(100 * n):
+        if len(out) == n:
+            break
+        da, db = rng.randint(lo, hi), rng.randint(lo, hi)
+        if not need_lo <= max(da, db) <= need_hi or (variant == "mixed_digits" and da == db):
+            continue
+        a = rng.randint(10 ** (da - 1) if da > 1 else 0, 10**da - 1)
+        b = rng.randint(10 ** (db - 1) if db > 1 else 0, 10**db - 1)
+        p = ArithProblem(a, b, rng.choice(ops), level=max(da, db))  # level here: the longer operand's digits
+        if (p.a, p.b, p.op) not in seen:
+            seen.add((p.a, p.b, p.op))
+            out.append(p)
+    if len(out) < n:
+        raise ValueError(f"OOD variant {variant} gave only {len(out)} distinct problems, asked for {n}")
+    return out
+
+
+def write_ood_parquet(path: str, n: int, variant: str = "more_digits", ops: Iterable[str] = ("+",), seed: int = 0,
+                      system_prompt: str | None = SYSTEM_PROMPT, exclude_files: Iterable[str] = ()) -> str:
+    """Write ``n`` OOD problems (split ``ood_<variant>``) to ``path``, disjoint from the problems in ``exclude_files``."""
+    import pandas as pd
+
+    exclude = set()
+    for file in exclude_files:
+        for row in pd.read_parquet(file).itertuples():
+            a, op, b = row.prompt[-1]["content"][len("What is "):-1].split(" ")
+            exclude.add((int(a), int(b), op))
+    problems = make_ood_problems(n, variant, ops=ops, seed=seed, exclude=exclude)
+    rows = [problem_to_row(p, i, f"ood_{variant}", system_prompt) for i, p in enumerate(problems)]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
 
 
 def tokenizer_corpus(n: int = 3000, seed: int = 1) -> list[str]:
