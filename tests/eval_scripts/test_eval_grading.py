@@ -70,6 +70,7 @@ def test_grader_exception_is_counted_not_hidden(monkeypatch):
     assert grade_text("</think>\\boxed{1}", "1", "rule", True).status == "error: RuntimeError"
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_process_pool_gives_the_same_grades_as_in_process():
     tasks = [(f"</think>\\boxed{{{i % 3}}}", "1", "rule", True, 10.0) for i in range(12)]
     serial = grade_many(tasks, workers=1)

@@ -131,6 +131,7 @@ def _yaml_of(proc: subprocess.CompletedProcess):
     return OmegaConf.create(proc.stdout)
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_rl_sft_loss_sh_composes_luffys_rl_with_sft_loss_run(tmp_path):
     cfg = _yaml_of(_script_config("train_rl_sft_loss.sh", {"ROOT": str(tmp_path)}))
     expected = dict(METHOD_KEYS["tiny_cpu_rl_sft_loss"])
@@ -141,11 +142,13 @@ def test_train_rl_sft_loss_sh_composes_luffys_rl_with_sft_loss_run(tmp_path):
         assert _get(cfg, key) == value, key
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_rl_sft_loss_sh_passes_extra_arguments_last(tmp_path):
     cfg = _yaml_of(_script_config("train_rl_sft_loss.sh", {"ROOT": str(tmp_path)}, "actor_rollout_ref.actor.sft_loss_coef=0.5"))
     assert cfg.actor_rollout_ref.actor.sft_loss_coef == 0.5
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_sft_rl_sh_composes_on_policy_grpo_from_the_sft_model_on_the_complement(tmp_path):
     sft = tmp_path / "sft_final"
     sft.mkdir()

@@ -2,6 +2,8 @@
 the config check, Ulysses aside until sequence parallelism is accepted there."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
@@ -21,6 +23,7 @@ def _compose(tmp_path, *args):
     return OmegaConf.create(proc.stdout)
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_16k_sh_sets_a_16k_context_with_sp_and_token_budgets(tmp_path):
     from omegaconf import OmegaConf
 
@@ -42,6 +45,7 @@ def test_train_16k_sh_sets_a_16k_context_with_sp_and_token_budgets(tmp_path):
     assert validate_config(cfg) == []  # SP=2 with a hub model id: heads are checked by the worker at start
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_16k_sh_passes_extra_arguments_last(tmp_path):
     cfg = _compose(tmp_path, "actor_rollout_ref.model.logprob_chunk_size=2048")
     assert cfg.actor_rollout_ref.model.logprob_chunk_size == 2048

@@ -69,6 +69,7 @@ def test_tiny_build_is_deterministic(tmp_path):
         assert json.load(fa) == json.load(fb)
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_cli_writes_model_and_data(tmp_path):
     out, data = tmp_path / "m", tmp_path / "d"
     subprocess.run([sys.executable, "-m", "luffy_pool.tiny", "--out", str(out), "--data", str(data), "--n-train", "8", "--n-test", "2"],

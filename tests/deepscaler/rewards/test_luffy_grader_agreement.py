@@ -63,11 +63,13 @@ def test_the_set_covers_the_benchmarks_and_answer_forms(rows):
         assert len({row["luffy"][grader] for row in rows}) >= 2, grader
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_rule_versions_agree_with_luffy_on_every_row(rows):
     bad = la.disagreements(rows, RULE_GRADERS)
     assert not any(bad.values()), _report(bad)
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_math_verify_graders_agree_with_luffy_on_a_stratified_sample(rows):
     sample = [row for row in rows if int(row["id"].split("/")[1]) % 16 == 0]
     assert len({row["variant"] for row in sample}) >= 35

@@ -300,6 +300,7 @@ def killable_run(config_path: str, model_dir: str, out_dir: str) -> None:
     trainer.fit()
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_sigkill_while_writing_a_checkpoint_leaves_previous_one_for_resume(base_config, tiny_model_dir, tmp_path):
     from omegaconf import OmegaConf
 

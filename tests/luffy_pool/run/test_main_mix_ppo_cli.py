@@ -47,6 +47,7 @@ def assert_luffy_values(cfg: dict, experiment="LUFFY_TEST", gpu_memory_utilizati
     assert cfg["algorithm"] == {**cfg["algorithm"], "adv_estimator": "grpo", "grpo_use_std": False}
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_sh_runs_luffys_list_through_the_verl_mix_src_alias():
     proc = run(["bash", "exp_scripts/train.sh", "--cfg", "job"], env=LUFFY_ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -67,6 +68,7 @@ def test_luffy_list_with_unquoted_logger_parses_through_luffy_pool_module():
     assert cfg["trainer"]["total_training_steps"] == 500  # extra arguments come last and win
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_on_policy_sh_turns_every_slot_on_policy_with_clip_active():
     proc = run(["bash", "exp_scripts/train_on_policy.sh", "--cfg", "job"], env=LUFFY_ENV)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -87,6 +89,7 @@ def test_unknown_keys_exit_nonzero_with_the_closest_key_before_hydra_runs():
     assert "Could not override" not in proc.stderr  # Hydra's own struct error never shows
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_bad_enum_value_stops_the_run_before_the_launcher(tmp_path):
     proc = trainer(*PATHS, "actor_rollout_ref.actor.off_policy_reshape=p_div_p_01", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -95,6 +98,7 @@ def test_bad_enum_value_stops_the_run_before_the_launcher(tmp_path):
     assert "launcher" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_multirun_runs_each_job_through_the_config_checks(tmp_path):
     proc = trainer(*PATHS[:1], "-m", "trainer.device=tpu,cpu", *PATHS[1:], f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -167,6 +171,7 @@ def test_main_with_a_config_validates_before_importing_the_launcher():
         main(cfg)
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_preflight_problems_exit_2_with_one_line_each_before_any_model_loads(tmp_path):
     proc = trainer(*PATHS, f"trainer.default_local_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}",
                    "trainer.device=cpu")

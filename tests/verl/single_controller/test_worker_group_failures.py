@@ -44,6 +44,7 @@ def pool(ray_session):
     pool.release()
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_killed_worker_raises_without_waiting_for_stuck_rank_then_check_alive_fails(pool):
     group = RayWorkerGroup(pool, RayClassWithInitArgs(FragileWorker), name_prefix="fragile")
     try:

@@ -59,6 +59,7 @@ def test_a_missing_module_is_one_error_naming_the_key():
         import_external_libs("no_such_luffy_module_xyz")
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_worker_imports_external_lib_and_loads_the_custom_architecture(tmp_path, tiny_model_dir, compose_config):
     libs = tmp_path / "libs"
     libs.mkdir()

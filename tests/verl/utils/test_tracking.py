@@ -90,6 +90,7 @@ def test_console_skips_non_scalar_values(capsys):
     assert capsys.readouterr().out.strip() == "step:1 - x:1.0000"
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_wandb_offline_writes_run_under_log_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -56,6 +56,7 @@ def test_former_hang_is_now_refused_in_process_and_counted_as_unparseable(pool):
     assert (stats.timeout_count, stats.unparseable_count, stats.worker_restarts) == (0, 1, 0)
 
 
+@pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_hung_item_scores_zero_within_the_timeout_and_the_worker_is_replaced():
     with ScoringPool(hangs_on_marker_rows, num_workers=2, timeout_s=3.0) as pool:
         pool.wait_ready()
