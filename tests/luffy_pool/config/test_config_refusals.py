@@ -70,3 +70,23 @@ def test_use_off_policy_probs_needs_the_off_policy_loss_only():
     errors = _validate("actor_rollout_ref.actor.use_off_policy_probs=True")
     assert errors == ["'actor_rollout_ref.actor.use_off_policy_probs'=True needs 'actor_rollout_ref.actor.use_off_policy_loss'"
                       "=True (the behaviour probabilities only enter the off-policy loss)"]
+
+
+# LUFFY keys that no shipped code path acts on: each is declared refused (luffy=DEFAULT_ONLY or refuse={...}) in
+# luffy_pool/config/sections.py or verl/workers/config_sections.py, so a value that would ask for the missing
+# feature stops the run with its reason instead of being ignored.
+UNREAD_LUFFY_KEYS = {
+    "data.return_raw_input_ids": "True", "data.return_raw_chat": "True", "data.filter_targets": "True",
+    "data.filter_accuracy": "True", "data.accuracy_lower_bound": "0.3", "data.accuracy_upper_bound": "0.5",
+    "data.add_tgt_with_acc": "True", "data.add_tgt_acc_upper_bound": "0.3", "actor_rollout_ref.hybrid_engine": "False",
+    "actor_rollout_ref.actor.fsdp_config.grad_offload": "True", "actor_rollout_ref.actor.off_policy_loss_impl": "seq",
+    "actor_rollout_ref.actor.use_sft_reward": "True", "actor_rollout_ref.actor.off_policy_cliprange": "0.5",
+    "actor_rollout_ref.actor.use_off_policy_clip": "True", "actor_rollout_ref.actor.debug": "True",
+}
+
+
+@pytest.mark.parametrize("key", sorted(UNREAD_LUFFY_KEYS))
+def test_a_luffy_key_no_code_acts_on_is_refused_away_from_its_default(key):
+    errors = _validate(f"{key}={UNREAD_LUFFY_KEYS[key]}")
+    assert any(f"'{key}'=" in e and "is not supported" in e for e in errors), errors
+    assert not [e for e in _validate() if key in e]  # its YAML default is accepted
