@@ -38,6 +38,12 @@ def _adv_estimators():
     return tuple(ADV_ESTIMATOR_REGISTRY)
 
 
+def _kl_controllers():
+    from verl.trainer.ppo.kl import KL_CONTROLLER_TYPES
+
+    return KL_CONTROLLER_TYPES
+
+
 def _off_policy_reshapes():
     from luffy_pool.algorithm.mix_core_alg import OFF_POLICY_RESHAPES
 
@@ -254,7 +260,7 @@ class LuffyWorkerSections(WorkerSections):
 class KLControlSection:
     """``algorithm.kl_ctrl``: the KL-in-reward controller."""
 
-    type: str = key(choices=("fixed", "adaptive"))
+    type: str = key(choices=_kl_controllers)
     kl_coef: float = key(bounds=NON_NEGATIVE)
     target_kl: float = key()
     horizon: int = key()

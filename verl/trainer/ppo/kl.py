@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 KL_PENALTY_TYPES = ("kl", "abs", "mse", "low_var_kl")
+KL_CONTROLLER_TYPES = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str = "kl") -> torch.Tensor:
@@ -92,7 +93,7 @@ def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLCont
         if target_kl is None or horizon is None:
             raise ValueError("algorithm.kl_ctrl.type=adaptive needs kl_ctrl.target_kl and kl_ctrl.horizon")
         return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
-    raise ValueError(f"unknown algorithm.kl_ctrl.type {ctrl_type!r}; valid: ['fixed', 'adaptive']")
+    raise ValueError(f"unknown algorithm.kl_ctrl.type {ctrl_type!r}; valid: {list(KL_CONTROLLER_TYPES)}")
 
 
 def apply_kl_penalty(
