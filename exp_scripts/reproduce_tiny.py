@@ -38,7 +38,7 @@ for _path in (HERE, REPO):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from reproduce.evaluate import evaluate_model, probe_on_policy_success  # noqa: E402
+from reproduce.evaluate import evaluate_model  # noqa: E402
 from reproduce.methods import METHODS, RunSettings, parse_methods  # noqa: E402
 from reproduce.runner import WARM_SFT, Meter, child_env, train_method, training_summary, warm_start  # noqa: E402
 from reproduce.seeds_report import plot_seed_curves  # noqa: E402
@@ -46,8 +46,9 @@ from reproduce.stats import choose_lr, problem_scores  # noqa: E402
 from reproduce import summary as S  # noqa: E402
 from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 
-# --quick: claim (1) only; no grid: both methods at 1e-4, the one lr of the issue's measurements (LUFFY rose, GRPO flat).
-QUICK = {"methods": "on_policy,luffy", "method_lr": ["on_policy=1e-4", "luffy=1e-4"], "n_test": 200, "n_ood": 200,
+# --quick: claim (1) only, at the learning rates the default command's grid chose (docs/reproduce_tiny/results.md);
+# fewer held-out problems (its own, smaller splits), the same steps, batch and seeds.
+QUICK = {"methods": "on_policy,luffy", "method_lr": ["on_policy=1e-4", "luffy=1e-4"], "n_test": 200, "n_ood": 100,
          "n_val": 64, "out": os.path.join(REPO, "outputs", "reproduce_tiny_quick")}
 
 
@@ -58,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=os.path.join(REPO, "outputs", "reproduce_tiny"), help="output folder")
     ap.add_argument("--methods", default="claims",
                     help=f"claims (the four the paper's claims need), main, all, or a comma list of {', '.join(METHODS)}")
-    ap.add_argument("--lr-grid", default="1e-4,3e-4,1e-3", help="learning rates tried for every method (seed --grid-seed)")
+    ap.add_argument("--lr-grid", default="3e-5,1e-4,3e-4", help="learning rates tried for every RL method (seed --grid-seed)")
+    ap.add_argument("--sft-lr-grid", default="3e-4,1e-3,3e-3",
+                    help="learning rates tried for SFT (its loss is not the RL methods': the grid is centred on its own scale)")
     ap.add_argument("--method-lr", action="append", default=[], metavar="NAME=LR",
                     help="fix a method's learning rate instead of searching the grid (repeatable)")
     ap.add_argument("--grid-seed", type=int, default=0, help="run seed of the learning-rate grid")
@@ -66,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warm-steps", type=int, default=160,
                     help="SFT steps of the warm start on the disjoint warm split (0 = start from the random model)")
     ap.add_argument("--n-warm", type=int, default=2048, help="problems of the warm split (disjoint from the others)")
-    ap.add_argument("--steps", type=int, default=100, help="training steps of every method (SFT: optimizer steps)")
+    ap.add_argument("--steps", type=int, default=50, help="training steps of every method (SFT: optimizer steps)")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per RL step = traces per SFT step")
     ap.add_argument("--mini-batches", type=int, default=1, help="optimizer updates per RL step (LUFFY: 2)")
     ap.add_argument("--n", type=int, default=8, help="group size (LUFFY: 1 teacher trace + n-1 own samples)")
@@ -115,19 +118,30 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def lr_grids(names: Sequence[str], grid_text: str, fixed: Sequence[str]) -> dict[str, list[float]]:
-    """Per method the learning rates to try: ``--lr-grid`` (sorted, distinct), or the one ``--method-lr`` value."""
+def parse_grid(flag: str, text: str) -> list[float]:
     try:
-        grid = sorted({float(x) for x in grid_text.split(",") if x.strip()})
+        grid = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"{flag}: expected a comma list of numbers, got {text!r}") from None
+    if not grid or min(grid) <= 0:
+        raise ValueError(f"{flag}: expected positive learning rates, got {text!r}")
+    return grid
+
+
+def lr_grids(names: Sequence[str], grid_text: str, fixed: Sequence[str], sft_grid_text: Optional[str] = None
+             ) -> dict[str, list[float]]:
+    """Per method the learning rates to try: ``--lr-grid`` for RL methods, ``--sft-lr-grid`` for SFT (sorted,
+    distinct), or the one ``--method-lr`` value."""
+    grid = parse_grid("--lr-grid", grid_text)
+    sft_grid = parse_grid("--sft-lr-grid", sft_grid_text) if sft_grid_text is not None else grid
+    try:
         fixed_lr = {k.strip(): float(v) for k, v in (item.split("=", 1) for item in fixed)}
     except ValueError:
-        raise ValueError(f"--lr-grid / --method-lr: expected numbers, got {grid_text!r} / {list(fixed)}") from None
-    if not grid or min(grid) <= 0:
-        raise ValueError(f"--lr-grid: expected positive learning rates, got {grid_text!r}")
+        raise ValueError(f"--method-lr: expected NAME=LR, got {list(fixed)}") from None
     unknown = sorted(set(fixed_lr) - set(names))
     if unknown:
         raise ValueError(f"--method-lr: {unknown} not among --methods {list(names)}")
-    return {n: [fixed_lr[n]] if n in fixed_lr else grid for n in names}
+    return {n: [fixed_lr[n]] if n in fixed_lr else (sft_grid if METHODS[n].kind == "sft" else grid) for n in names}
 
 
 def prepare_task(args, out: str) -> dict:
@@ -172,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         names = parse_methods({"claims": "on_policy,luffy,luffy_no_shaping,sft"}.get(args.methods, args.methods))
         seeds = parse_seeds(args.seeds)
-        grids = lr_grids(names, args.lr_grid, args.method_lr)
+        grids = lr_grids(names, args.lr_grid, args.method_lr, args.sft_lr_grid)
     except ValueError as exc:
         build_parser().error(str(exc))
     names.sort(key=lambda n: METHODS[n].kind != "sft")  # SFT first: SFT then RL starts from its model
@@ -193,15 +207,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start_label = f"Start model ({args.warm_steps} warm SFT steps)"
         say(f"warm start: {args.warm_steps} SFT steps ({meter.cpu['warm_start']:.0f} CPU s)")
     eval_kw = dict(max_tokens=args.eval_max_tokens, env=env, rollout=args.rollout, timeout_s=args.run_timeout, reuse=args.reuse)
-    probe = probe_on_policy_success(start_model, paths["train"], os.path.join(out, "start_model", "eval"), n=args.n,
-                                    rows=args.probe_rows, **dict(eval_kw, max_tokens=args.response_length))
-    say(f"start model: {probe['correct']} of {probe['samples']} on-policy samples correct: pass rate {probe['accuracy']:.3f}")
+    # One process scores the start model: the on-policy probe on training prompts, then the held-out files.
     start_ev = evaluate_model(start_model, paths["eval"], os.path.join(out, "start_model", "eval"),
-                              eval_samples=args.eval_samples, **eval_kw)
+                              eval_samples=args.eval_samples, **eval_kw,
+                              probe=dict(train_file=paths["train"], n=args.n, rows=args.probe_rows,
+                                         max_tokens=args.response_length))
+    probe = start_ev["probe"]
+    say(f"start model: {probe['correct']} of {probe['samples']} on-policy samples correct: pass rate {probe['accuracy']:.3f}")
     start_scores = split_scores(start_ev, args.n_test)
     start = {"label": start_label, **{sp: {m: S.interval([list(v["per_problem"].values())])
                                           for m, v in start_scores[sp].items()} for sp in S.SPLITS}}
-    meter.cpu["start_model"] = probe["cpu_s"] + start_ev["cpu_s"]
+    meter.cpu["start_model"] = start_ev["cpu_s"]
 
     def settings_for(seed: int, lr: float) -> RunSettings:
         return RunSettings(model_dir=start_model, train_file=paths["train"], test_file=paths["val"], steps=args.steps,

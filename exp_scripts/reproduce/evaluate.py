@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 GENERATE = os.path.join(REPO, "eval_scripts", "generate_vllm.py")
+EVAL_BATCH = os.path.join(HERE, "eval_batch.py")
 
 
 def summary_file(output_file: str) -> str:
@@ -40,36 +40,42 @@ def eval_command(model_dir: str, input_file: str, output_file: str, *, n: int, t
     return cmd
 
 
-def run_eval(cmd: list[str], output_file: str, env: Mapping[str, str], timeout_s: Optional[float] = None,
-             reuse: bool = False) -> dict:
-    """Run one generate_vllm.py command (log next to ``output_file``) and return its JSON summary.
+def run_evals(calls: Sequence[tuple[list[str], str]], env: Mapping[str, str], timeout_s: Optional[float] = None,
+              reuse: bool = False, log_path: Optional[str] = None) -> list[dict]:
+    """Run generate_vllm.py commands ``(cmd, output_file)`` in one process (``reproduce/eval_batch.py``) and
+    return their JSON summaries, each with the ``cpu_s`` it used.
 
-    ``reuse``: when the summary of exactly this command exists (``<output stem>.cmd.json``), return it.
+    ``reuse``: a command whose summary exists for exactly that command (``<output stem>.cmd.json``) is not run.
     """
-    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
-    cmd_file = os.path.splitext(output_file)[0] + ".cmd.json"
-    if reuse and os.path.exists(cmd_file) and os.path.exists(summary_file(output_file)):
-        with open(cmd_file) as f:
-            same = json.load(f) == list(cmd)
-        if same:
-            with open(summary_file(output_file)) as f:
-                return json.load(f)
-    log_path = os.path.splitext(output_file)[0] + ".log"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=REPO, timeout=timeout_s)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"evaluation failed (exit {proc.returncode}); see {log_path}")
-    with open(summary_file(output_file)) as f:
-        summary = json.load(f)
-    # One process (the in-process engine): its rusage is its CPU time.
-    summary["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    with open(summary_file(output_file), "w") as f:
-        json.dump(summary, f, indent=1)
-    with open(cmd_file, "w") as f:
-        json.dump(list(cmd), f)
-    return summary
+    todo = []
+    for cmd, output_file in calls:
+        os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+        cmd_file = os.path.splitext(output_file)[0] + ".cmd.json"
+        done = reuse and os.path.exists(cmd_file) and os.path.exists(summary_file(output_file))
+        if done:
+            with open(cmd_file) as f:
+                done = json.load(f) == list(cmd)
+        if not done:
+            todo.append((cmd, output_file, cmd_file))
+    if todo:
+        first = todo[0][1]
+        log_path = log_path or os.path.splitext(first)[0] + ".log"
+        calls_file = os.path.splitext(first)[0] + ".calls.json"
+        with open(calls_file, "w") as f:
+            json.dump([list(cmd[2:]) for cmd, _, _ in todo], f, indent=1)  # cmd = [python, generate_vllm.py, ...]
+        with open(log_path, "w") as log:
+            proc = subprocess.run([sys.executable, EVAL_BATCH, calls_file], stdout=log, stderr=subprocess.STDOUT,
+                                  env=dict(env), cwd=REPO, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"evaluation failed (exit {proc.returncode}); see {log_path}")
+        for cmd, _, cmd_file in todo:
+            with open(cmd_file, "w") as f:
+                json.dump(list(cmd), f)
+    summaries = []
+    for _, output_file in calls:
+        with open(summary_file(output_file)) as f:
+            summaries.append(json.load(f))
+    return summaries
 
 
 def headline(summary: Mapping) -> dict:
@@ -82,33 +88,41 @@ def headline(summary: Mapping) -> dict:
 
 def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: int, eval_samples: int,
                    env: Mapping[str, str], rollout: str = "vllm", timeout_s: Optional[float] = None,
-                   reuse: bool = False, greedy: bool = True) -> dict:
-    """``{"greedy": headline or None, "sampled": headline or None, "files": {"greedy": path, "sampled": path}}`` on
-    ``test_file`` (the per-sample output files give the per-problem scores of ``reproduce.stats``); ``greedy=False``
-    skips greedy decoding (the learning-rate grid scores avg@k only)."""
-    result: dict = {"greedy": None, "sampled": None, "files": {}}
+                   reuse: bool = False, greedy: bool = True, probe: Optional[dict] = None) -> dict:
+    """``{"greedy": headline or None, "sampled": headline or None, "probe": headline or None, "files": {...},
+    "cpu_s"}`` on ``test_file``, all in one process (the per-sample output files give the per-problem scores of
+    ``reproduce.stats``); ``greedy=False`` skips greedy decoding (the learning-rate grid scores avg@k only).
+
+    ``probe``: also sample the training prompts at the rollout temperature, ``probe_command``'s keywords.
+    """
+    calls: dict[str, tuple[list[str], str]] = {}
+    if probe is not None:
+        calls["probe"] = probe_command(model_dir, out_dir, rollout=rollout, **probe)
     if greedy:
-        greedy_out = os.path.join(out_dir, "greedy.jsonl")
-        result["greedy"] = headline(run_eval(eval_command(model_dir, test_file, greedy_out, n=1, temperature=0.0,
-                                                          max_tokens=max_tokens, rollout=rollout),
-                                             greedy_out, env, timeout_s, reuse))
-        result["files"]["greedy"] = greedy_out
+        out = os.path.join(out_dir, "greedy.jsonl")
+        calls["greedy"] = (eval_command(model_dir, test_file, out, n=1, temperature=0.0, max_tokens=max_tokens,
+                                        rollout=rollout), out)
     if eval_samples > 0:
-        sampled_out = os.path.join(out_dir, f"t0.6_n{eval_samples}.jsonl")
-        result["sampled"] = headline(run_eval(eval_command(model_dir, test_file, sampled_out, n=eval_samples,
-                                                           temperature=0.6, max_tokens=max_tokens, rollout=rollout),
-                                              sampled_out, env, timeout_s, reuse))
+        out = os.path.join(out_dir, f"t0.6_n{eval_samples}.jsonl")
+        calls["sampled"] = (eval_command(model_dir, test_file, out, n=eval_samples, temperature=0.6,
+                                         max_tokens=max_tokens, rollout=rollout), out)
+    summaries = run_evals(list(calls.values()), env, timeout_s, reuse, log_path=os.path.join(out_dir, "eval.log"))
+    result: dict = {"greedy": None, "sampled": None, "probe": None,
+                    "files": {name: out for name, (_, out) in calls.items()}}
+    for name, summary in zip(calls, summaries):
+        result[name] = headline(summary)
+    if result["sampled"]:
         result["sampled"]["k"] = eval_samples
-        result["files"]["sampled"] = sampled_out
-    result["cpu_s"] = sum(h["cpu_s"] for h in (result["greedy"], result["sampled"]) if h)
+    if result["probe"]:
+        result["probe"].update(temperature=probe.get("temperature", 1.0), rows=probe["rows"], n=probe["n"])
+    result["cpu_s"] = sum(h["cpu_s"] for h in (result["greedy"], result["sampled"], result["probe"]) if h)
     return result
 
 
-def probe_on_policy_success(model_dir: str, train_file: str, out_dir: str, *, n: int, rows: int, max_tokens: int,
-                            env: Mapping[str, str], rollout: str = "vllm", temperature: float = 1.0,
-                            timeout_s: Optional[float] = None, reuse: bool = False) -> dict:
-    """Sample ``n`` responses for the first ``rows`` training prompts at the rollout temperature and grade them."""
+def probe_command(model_dir: str, out_dir: str, *, train_file: str, n: int, rows: int, max_tokens: int,
+                  rollout: str = "vllm", temperature: float = 1.0) -> tuple[list[str], str]:
+    """The start-model probe: ``n`` responses for the first ``rows`` training prompts at the rollout temperature
+    (how on-policy GRPO first sees them)."""
     out = os.path.join(out_dir, f"train_t{temperature:g}_n{n}.jsonl")
-    cmd = eval_command(model_dir, train_file, out, n=n, temperature=temperature, max_tokens=max_tokens,
-                       rollout=rollout, max_rows=rows)
-    return {**headline(run_eval(cmd, out, env, timeout_s, reuse)), "temperature": temperature, "rows": rows, "n": n}
+    return eval_command(model_dir, train_file, out, n=n, temperature=temperature, max_tokens=max_tokens,
+                        rollout=rollout, max_rows=rows), out

@@ -79,11 +79,13 @@ def test_choose_lr_breaks_ties_towards_the_smaller_lr_and_skips_failed_runs():
         choose_lr({1e-4: None})
 
 
-def test_lr_grids_give_every_method_the_grid_unless_fixed():
+def test_lr_grids_give_every_method_the_grid_of_its_kind_unless_fixed():
     from reproduce_tiny import lr_grids
 
     grids = lr_grids(["sft", "luffy"], "3e-4,1e-4,1e-3,1e-4", ["luffy=2e-4"])
     assert grids == {"sft": [1e-4, 3e-4, 1e-3], "luffy": [2e-4]}
+    grids = lr_grids(["sft", "luffy", "on_policy"], "1e-4,3e-5", ["luffy=2e-4"], "3e-3,1e-3")
+    assert grids == {"sft": [1e-3, 3e-3], "luffy": [2e-4], "on_policy": [3e-5, 1e-4]}
     with pytest.raises(ValueError, match="not among"):
         lr_grids(["sft"], "1e-4", ["luffy=1e-4"])
     with pytest.raises(ValueError, match="positive"):
@@ -98,8 +100,9 @@ def test_quick_changes_defaults_but_explicit_flags_win():
     assert parse_args(["--quick", "--n-test", "7"]).n_test == 7
     full = parse_args([])
     assert full.methods == "claims" and full.n_test >= 500 and full.n_ood >= 500 and full.eval_samples >= 4
-    grid = sorted(float(x) for x in full.lr_grid.split(","))
-    assert len(grid) >= 3 and grid[-1] / grid[0] >= 10
+    for text in (full.lr_grid, full.sft_lr_grid):  # the protocol: at least 3 values spanning 10x
+        grid = sorted(float(x) for x in text.split(","))
+        assert len(grid) >= 3 and grid[-1] / grid[0] >= 10 - 1e-9  # 3e-4 / 3e-5 is 9.999... in floats
 
 
 # ------------------------------------------------------------------------------ OOD split

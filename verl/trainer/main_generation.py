@@ -153,57 +153,53 @@ class VLLMGenerator:
 
 
 class HFGenerator:
-    """transformers ``generate`` in batches of ``batch_size`` prompts (left padding), on GPU when present."""
+    """The trainer's HF rollout engine (``HFRollout``: the lean KV-cache decoder for Llama-family models, the
+    generic ``model(...)`` loop otherwise) over a plain HF folder, on GPU when present.
+
+    ``batch_size`` prompts (their ``n`` samples each) per decode batch. One sampling generator seeded with
+    ``seed`` per ``generate`` call. Measured on the tiny CPU model (500 prompts x 4 at T=0.6): 4.2 CPU s, against
+    11-12 CPU s for transformers ``generate`` at any batch size (``verl/workers/rollout/kv_decoder.py``).
+    """
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0, batch_size: int = 16):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from verl.workers.rollout.hf_rollout import HFRollout
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if dtype == "auto":
-            dtype = "bfloat16" if self.device == "cuda" else "float32"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.model = model.to(self.device).eval()
+        self.engine = HFRollout(model_path, config={"dtype": dtype, "hf_micro_batch_size": batch_size},
+                                device=self.device)
+        self.model = self.engine.model
         self.seed, self.batch_size = seed, batch_size
-        self.eos_id = self.tokenizer.eos_token_id
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        self.eos_ids = set(self.engine.eos_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_ids.add(int(self.tokenizer.eos_token_id))
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingArgs) -> list[list[Completion]]:
-        import torch
+        from verl.workers.rollout.base import SamplingSpec
 
-        torch.manual_seed(self.seed)
-        results: list[list[Completion]] = []
-        for start in range(0, len(prompt_ids), self.batch_size):
-            batch = prompt_ids[start:start + self.batch_size]
-            width = max(len(ids) for ids in batch)
-            input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for ids in batch], device=self.device)
-            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=self.device)
-            greedy = sampling.temperature <= 0
-            extra = {} if greedy else dict(temperature=sampling.temperature, top_p=sampling.top_p,
-                                           top_k=sampling.top_k if sampling.top_k > 0 else None)
-            # Like vLLM: generation stops at the end of the model's context.
-            max_new = max(1, min(sampling.max_tokens, self.max_model_len - width))
-            with torch.no_grad():
-                out = self.model.generate(input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
-                                          max_new_tokens=max_new, num_return_sequences=sampling.n,
-                                          eos_token_id=self.eos_id, pad_token_id=self.pad_id,
-                                          output_scores=sampling.logprobs, return_dict_in_generate=True, **extra)
-            sequences = out.sequences
-            generated = sequences[:, width:].tolist()
-            token_lps = None
-            if sampling.logprobs:  # scores = the processed logits each token was sampled from (after warpers)
-                scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)
-                token_lps = scores.gather(-1, sequences[:, width:].unsqueeze(-1)).squeeze(-1).tolist()
-            for i in range(len(batch)):
-                rows = range(i * sampling.n, (i + 1) * sampling.n)
-                results.append([self._completion(generated[r], token_lps[r] if token_lps else None) for r in rows])
-        return results
+        n = sampling.n
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        # Like vLLM: generation stops at the end of the model's context.
+        caps = [max(1, min(sampling.max_tokens, self.max_model_len - len(ids))) for ids in rows]
+        spec = SamplingSpec(temperature=max(0.0, float(sampling.temperature)), top_p=float(sampling.top_p),
+                            top_k=int(sampling.top_k) if sampling.top_k > 0 else -1, seed=self.seed,
+                            return_logprobs=bool(sampling.logprobs))
+        # ``batch_size`` counts prompts; the engine's micro-batch counts rows (a prompt's n samples share a prefill).
+        self.engine.config = dataclasses.replace(self.engine.config, hf_micro_batch_size=max(1, self.batch_size * n))
+        out = self.engine.generate_token_ids(rows, caps, spec)
+        lps = out.logprobs
+        return [[self._completion(out.token_ids[r], lps[r] if lps is not None else None) for r in range(i * n, (i + 1) * n)]
+                for i in range(len(prompt_ids))]
 
     def _completion(self, ids: list[int], logprobs: Optional[list[float]] = None) -> Completion:
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id) + 1]
+        ids = list(ids)
+        stop = next((k for k, t in enumerate(ids) if t in self.eos_ids), None)
+        if stop is not None:
+            ids = ids[: stop + 1]
             reason = "stop"
         else:
             reason = "length"
