@@ -202,3 +202,51 @@ def test_results_json_schema(tmp_path):
     assert S.main_table(methods).count("\n") == 1 + len(methods)
     notes = S.grid_edge_notes({"sft": dict(grid["sft"], chosen=1e-3), "luffy": grid["luffy"]})
     assert len(notes) == 1 and "1e-3" not in notes[0] and "0.001 is the largest value" in notes[0]
+
+
+# ------------------------------------------------------------------------------ evaluation in one process
+def test_run_evals_runs_the_missing_commands_in_one_process_and_reuses_finished_ones(tmp_path, monkeypatch):
+    import subprocess
+
+    from reproduce import evaluate as E
+
+    started = []
+
+    def fake_run(cmd, stdout, stderr, env, cwd, timeout):  # stands in for eval_batch.py: writes each summary
+        assert cmd[1] == E.EVAL_BATCH
+        calls = json.load(open(cmd[2]))
+        started.append(calls)
+        for call in calls:
+            out = call[call.index("--output_file") + 1]
+            with open(E.summary_file(out), "w") as f:
+                json.dump({"accuracy": 0.5, "samples": 2, "per_source": {}, "mean_response_tokens": 3.0,
+                           "cpu_s": 1.5, "out": out}, f)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(E.subprocess, "run", fake_run)
+    outs = [str(tmp_path / "ev" / f"{name}.jsonl") for name in ("greedy", "sampled")]
+    calls = [(E.eval_command("m", "in.parquet", out, n=1 + i, temperature=0.6 * i, max_tokens=8, rollout="hf"), out)
+             for i, out in enumerate(outs)]
+    first = E.run_evals(calls, env={}, reuse=True)
+    assert len(started) == 1 and len(started[0]) == 2  # both commands, one process
+    assert [s["out"] for s in first] == outs and all(os.path.exists(os.path.splitext(o)[0] + ".cmd.json") for o in outs)
+    # Reuse: nothing runs again; a changed command runs alone.
+    assert E.run_evals(calls, env={}, reuse=True) == first and len(started) == 1
+    changed = [calls[0], (calls[1][0][:-2] + ["--seed", "7"], calls[1][1])]
+    E.run_evals(changed, env={}, reuse=True)
+    assert len(started) == 2 and [c[c.index("--output_file") + 1] for c in started[1]] == [outs[1]]
+    # Without reuse every command runs.
+    E.run_evals(calls, env={}, reuse=False)
+    assert len(started) == 3 and len(started[2]) == 2
+
+
+def test_run_evals_names_the_log_when_the_batch_fails(tmp_path, monkeypatch):
+    import subprocess
+
+    from reproduce import evaluate as E
+
+    monkeypatch.setattr(E.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2))
+    out = str(tmp_path / "greedy.jsonl")
+    with pytest.raises(RuntimeError, match=r"exit 2\); see .*eval\.log"):
+        E.run_evals([(E.eval_command("m", "in.parquet", out, n=1, temperature=0, max_tokens=8), out)], env={},
+                    log_path=str(tmp_path / "eval.log"))

@@ -100,3 +100,35 @@ def test_vllm_engine_arguments_for_cpu_and_gpu():
     gpu = vllm_engine_kwargs("m", gpu_count=8, tensor_parallel_size=2, kv_cache_gb=20, gpu_memory_utilization=0.5)
     assert (gpu["tensor_parallel_size"], gpu["kv_cache_memory_bytes"], gpu["gpu_memory_utilization"]) == (
         2, 20 * 2**30, 0.5)
+
+
+def test_hf_generator_runs_the_rollout_engine_with_n_samples_seeded_and_greedy_equal_to_transformers(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.trainer.main_generation import HFGenerator
+
+    gen = HFGenerator(tiny_model_dir, dtype="float32", seed=5, batch_size=2)
+    assert gen.engine.kv_decoder is not None  # the tiny Qwen2 model takes the lean decode loop
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [tok(f"<|im_start|>user\nWhat is {a} + 3?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+               for a in (2, 41, 7)]
+    sampled = SamplingArgs(n=3, temperature=0.6, max_tokens=12, logprobs=True)
+    out = gen.generate(prompts, sampled)
+    assert [len(c) for c in out] == [3, 3, 3]
+    for comps in out:
+        for c in comps:
+            assert 1 <= c.num_tokens <= 12 and len(c.logprobs) == c.num_tokens and all(lp <= 0 for lp in c.logprobs)
+            assert c.finish_reason == ("stop" if c.token_ids[-1] in gen.eos_ids else "length")
+    again = gen.generate(prompts, sampled)  # one seeded generator per call: the same samples
+    assert [[c.token_ids for c in comps] for comps in again] == [[c.token_ids for c in comps] for comps in out]
+    # Greedy: the same ids as transformers' own generate on the same weights.
+    greedy = gen.generate(prompts, SamplingArgs(n=1, temperature=0.0, max_tokens=10))
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for ids, comps in zip(prompts, greedy):
+        with torch.no_grad():
+            seq = ref.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+        if tok.eos_token_id in seq:
+            seq = seq[: seq.index(tok.eos_token_id) + 1]
+        assert list(comps[0].token_ids) == seq
