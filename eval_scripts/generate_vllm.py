@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="auto", help="auto = bf16 on GPU, fp32 on CPU")
     ap.add_argument("--max_model_len", type=int, default=None, help="engine context (default: the model's)")
     ap.add_argument("--kv_cache_gb", type=float, default=None, help="KV cache GiB (CPU default 0.25)")
-    ap.add_argument("--hf_batch_size", type=int, default=16, help="prompts per HF generate call")
+    ap.add_argument("--hf_batch_size", type=int, default=16, help="prompts per HF decode batch (their n samples share one prompt prefill)")
     ap.add_argument("--overlong_prompts", choices=("error", "skip"), default="skip",
                     help="a prompt longer than the context: grade it wrong and count it (skip), or stop (error)")
     add_bool_arg(ap, "--export_checkpoint", default=False,

@@ -47,6 +47,8 @@ from reproduce.stats import choose_lr, problem_scores  # noqa: E402
 from reproduce import summary as S  # noqa: E402
 from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 
+# The probe samples the start model as on-policy GRPO first would: at the tiny configs' rollout temperature.
+ROLLOUT_TEMPERATURE = 1.0
 # --quick: claim (1) only. Its budget goes into fewer, longer runs: no grid (both methods at 1e-4, the lr of the issue's
 # measurement), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID + 100 OOD problems).
 QUICK = {"methods": "on_policy,luffy", "method_lr": ["on_policy=1e-4", "luffy=1e-4"], "steps": 100, "seeds": "1,2",
@@ -212,7 +214,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start_ev = evaluate_model(start_model, paths["eval"], os.path.join(out, "start_model", "eval"),
                               eval_samples=args.eval_samples, **eval_kw,
                               probe=dict(train_file=paths["train"], n=args.n, rows=args.probe_rows,
-                                         max_tokens=args.response_length))
+                                         max_tokens=args.response_length, temperature=ROLLOUT_TEMPERATURE))
     probe = start_ev["probe"]
     say(f"start model: {probe['correct']} of {probe['samples']} on-policy samples correct: pass rate {probe['accuracy']:.3f}")
     start_scores = split_scores(start_ev, args.n_test)

@@ -153,43 +153,49 @@ def test_unknown_method_on_the_command_line_exits_with_a_usage_error(tmp_path):
 def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_models_and_reuses_runs(tmp_path):
     out = tmp_path / "reproduce"
     env = dict(os.environ, RAY_ADDRESS="")
-    # on-policy GRPO searches a 2-value grid (seed 0, validation split); LUFFY + self-replay has a fixed lr.
-    cmd = [sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "on_policy,luffy_replay",
-           "--lr-grid", "1e-4,3e-4", "--method-lr", "luffy_replay=1e-4", "--seeds", "1",
+    # SFT searches a 2-value grid (seed 0, validation split: the grid loop is the same for every kind, and an SFT
+    # run costs a quarter of an RL one); LUFFY + self-replay has a fixed lr and draws the RL curves.
+    cmd = [sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "sft,luffy_replay",
+           "--sft-lr-grid", "1e-4,3e-4", "--method-lr", "luffy_replay=1e-4", "--seeds", "1",
            "--warm-steps", "2", "--n-warm", "32", "--steps", "2", "--val-every", "1", "--batch-size", "2", "--n", "4",
            "--n-train", "16", "--n-val", "4", "--n-test", "4", "--n-ood", "3", "--eval-samples", "2",
            "--probe-rows", "2", "--window", "1", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert [(m["name"], m["seed"]) for m in results["runs"]] == [("on_policy", 1), ("luffy_replay", 1)]
+    assert [(m["name"], m["seed"]) for m in results["runs"]] == [("sft", 1), ("luffy_replay", 1)]
     assert results["probe"]["samples"] == 2 * 4 and results["start"]["label"].startswith("Start model (2 warm")
-    grid = results["grid"]["on_policy"]
+    assert results["probe"]["temperature"] == 1.0 and results["cpu_s"]["start_model"] > 0
+    grid = results["grid"]["sft"]
     assert set(grid["scores"]) == {"0.0001", "0.0003"} and grid["chosen"] in (1e-4, 3e-4)
     assert results["grid"]["luffy_replay"]["scores"] == {"0.0001": "fixed"}
     for lr in ("0.0001", "0.0003"):
-        assert (out / "grid" / "on_policy" / f"lr{lr}" / "eval_val" / "t0.6_n2.summary.json").exists()
-    for method in ("on_policy", "luffy_replay"):
+        assert (out / "grid" / "sft" / f"lr{lr}" / "eval_val" / "t0.6_n2.summary.json").exists()
+    run = out / "seed1" / "luffy_replay"
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then every step
+    assert "replay/size" in rows[-1]
+    for method in ("sft", "luffy_replay"):
         run = out / "seed1" / method
-        rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
-        assert [r["step"] for r in rows] == [0, 1, 2]  # validation before training, then every step
         assert (run / "final" / "config.json").exists()
+        # greedy and sampled scores of a model come from one process (reproduce/eval_batch.py)
         assert (run / "eval" / "greedy.summary.json").exists() and (run / "eval" / "t0.6_n2.summary.json").exists()
+        assert (run / "eval" / "eval.log").exists()
         summary = results["methods"][method]
         for split, n in (("id", 4), ("ood", 3)):
             assert summary[split]["avg"]["problems"] == n and 0 <= summary[split]["avg"]["lo"] <= summary[split]["avg"]["hi"] <= 1
-    assert all(r["cpu_s"] > 0 for r in results["runs"])
-    assert "replay/size" in json.loads(open(out / "seed1" / "luffy_replay" / "metrics.jsonl").readlines()[-1])
+    assert all(r["cpu_s"] > 0 and r["eval_cpu_s"] > 0 for r in results["runs"])
     md = (out / "results.md").read_text()
     assert "## Claims" in md and "| LUFFY + self-replay | 0.0001 | 1 |" in md and "## Learning-rate grid" in md
     for name in ("reward", "held_out_accuracy", "entropy", "held_out"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
     assert f"results: {out}/results.md" in proc.stdout
     # A second call with --reuse trains and evaluates nothing again and reports the same numbers.
-    stamp = (out / "seed1" / "on_policy" / "metrics.jsonl").stat().st_mtime
+    stamps = {p: p.stat().st_mtime for p in (out / "seed1" / "luffy_replay" / "metrics.jsonl",
+                                             out / "seed1" / "sft" / "eval" / "greedy.jsonl")}
     again = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert (out / "seed1" / "on_policy" / "metrics.jsonl").stat().st_mtime == stamp
+    assert {p: p.stat().st_mtime for p in stamps} == stamps
     assert json.loads((out / "results.json").read_text())["methods"] == results["methods"]
 
 
