@@ -25,6 +25,12 @@ def kl_estimators():
     return KL_PENALTY_TYPES
 
 
+def metric_aggregations():
+    from verl.utils.step_metrics import METRIC_AGGREGATIONS
+
+    return METRIC_AGGREGATIONS
+
+
 def step_impls():
     from verl.utils.optim import STEP_IMPLS
 
@@ -140,6 +146,7 @@ class ActorSection:
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key()
     on_nonfinite: str = key(choices=("skip", "stop"))
+    metric_aggregation: str = key(choices=metric_aggregations)
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)
     fsdp_config: FSDPSection = nested(FSDPSection)

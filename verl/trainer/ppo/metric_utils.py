@@ -111,7 +111,9 @@ def compute_throughput_metrics(total_tokens: int, step_seconds: float, n_devices
 
 
 def reduce_metrics(metrics: dict[str, list]) -> dict[str, float]:
-    """Mean of each metric list (the worker returns lists per micro-batch)."""
+    """Mean of each metric list. The actor's lists hold one value per step (token means, already reduced over the
+    micro-batches and ranks), one per optimizer step (``pg_loss``, ``grad_norm``), or, with
+    ``actor.metric_aggregation=micro_batch_mean``, one per micro-batch (LUFFY); see verl/utils/step_metrics.py."""
     out = {}
     for k, v in metrics.items():
         arr = np.asarray(v, dtype=np.float64)

@@ -8,7 +8,8 @@ micro-batch gradients and clips the global grad norm. The loss itself is a hook
 
 Gradient accumulation follows verl/LUFFY (docs/METHOD.md §1.9): each micro-batch loss is divided by
 ``gradient_accumulation = mini / micro`` rows after normalisation, even when dynamic batching makes
-a different number of micro-batches; FSDP then averages over data-parallel ranks.
+a different number of micro-batches; FSDP then averages over data-parallel ranks. The step's metrics do not
+depend on the micro-batching (token means over the step, ``actor.metric_aggregation``, verl/utils/step_metrics.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.workers.config_sections import ActorSection
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
+from verl.utils.step_metrics import StepMetrics
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits, masked_mean
 
 logger = logging.getLogger(__name__)
@@ -259,7 +261,8 @@ class DataParallelPPOActor:
                              "on-policy mini-batch (ppo_epochs=1, one mini-batch per rank)")
         mini_size = sizes.ppo_mini_rows
         grad_accum = sizes.gradient_accumulation
-        metrics: dict[str, list] = {}
+        # metrics reduced over the whole step (verl/utils/step_metrics.py); the loss name picks each metric's tokens
+        step_metrics = StepMetrics(cfg.metric_aggregation, getattr(self, "policy_loss", "vanilla"), grad_accum)
         for _epoch in range(cfg.ppo_epochs):
             for mini in data.select(batch_keys=keys).split(mini_size):
                 micro_batches, _ = self._micro_batches(mini, keys, sizes.ppo_micro_rows, cfg.use_dynamic_bsz,
@@ -277,11 +280,10 @@ class DataParallelPPOActor:
                         pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
                         loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
                         (loss / grad_accum).backward()
-                    for k, v in mb_metrics.items():
-                        metrics.setdefault(k, []).append(v)
-                grad_norm = self._optimizer_step()
-                metrics.setdefault("actor/grad_norm", []).append(grad_norm)
+                    step_metrics.add_micro_batch(mb_metrics, response_mask, mb.get("prefix_mask"))
+                step_metrics.end_mini_batch(self._optimizer_step())
         self.actor_optimizer.zero_grad(set_to_none=True)
+        metrics = step_metrics.result(self.dp_group)
         metrics["actor/nonfinite_skips"] = [self.nonfinite_skips]
         return metrics
 

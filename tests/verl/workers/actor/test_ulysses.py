@@ -224,7 +224,9 @@ def _update_job(rank, world, port, sp, checkpointing=False):
     model = fsdp_utils.apply_fsdp2(model, build_fsdp_mesh("cpu", world, -1),
                                    fsdp_utils.mixed_precision_policy(device="cpu"))
     # SGD: the weight change is the gradient itself (AdamW would amplify float noise on near-zero grads).
-    actor = DataParallelPPOActor(cfg(4, 4), model, torch.optim.SGD(model.parameters(), lr=0.5), ulysses_group=group)
+    # dp_group = all ranks, as the worker passes it: the step's metrics are reduced over every rank's rows
+    actor = DataParallelPPOActor(cfg(4, 4), model, torch.optim.SGD(model.parameters(), lr=0.5), ulysses_group=group,
+                                 dp_group=dist.group.WORLD)
     metrics = actor.update_policy(data([rank // sp]))
     full = dict(fsdp_utils.iter_full_params(model))
 
@@ -234,7 +236,8 @@ def _update_job(rank, world, port, sp, checkpointing=False):
     ref = reference.state_dict()
     result = {"weights": max((full[n] - ref[n]).abs().max().item() for n in full),
               "moved": max((ref[n] - _tiny_model(1).state_dict()[n]).abs().max().item() for n in ref),
-              "pg_loss": metrics["actor/pg_loss"], "ref_pg_loss": ref_metrics["actor/pg_loss"][rank // sp],
+              "pg_loss": metrics["actor/pg_loss"], "ref_pg_loss": ref_metrics["actor/pg_loss"],
+              "entropy": metrics["actor/entropy_loss"], "ref_entropy": ref_metrics["actor/entropy_loss"],
               "grad_norm": metrics["actor/grad_norm"][0], "ref_grad_norm": ref_metrics["actor/grad_norm"][0]}
     dist.destroy_process_group()
     return result
@@ -315,7 +318,10 @@ def test_sp2_fsdp_update_equals_a_plain_data_parallel_update(runs, name, world):
         r = runs[f"{name}_rank{rank}"]
         assert r["moved"] > 1e-3
         assert r["weights"] < TOL, r
-        assert r["pg_loss"][0] == pytest.approx(r["ref_pg_loss"], abs=TOL)
+        # the loss the optimizer saw (mean over the ranks, as FSDP averages their gradients) and the token-mean
+        # entropy over all ranks' rows equal the single process's on the union of the rows
+        assert r["pg_loss"] == pytest.approx(r["ref_pg_loss"], abs=TOL)
+        assert r["entropy"] == pytest.approx(r["ref_entropy"], abs=TOL)
         assert r["grad_norm"] == pytest.approx(r["ref_grad_norm"], abs=TOL)
 
 
