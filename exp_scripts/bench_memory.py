@@ -112,7 +112,7 @@ def phases(args) -> list[str]:
 
 
 def _sp_rank(rank, world, port, args, mode, phase):
-    """One rank of the SP group (``tests.helpers.distributed_testing.run_gloo_ranks``): its own peak."""
+    """One rank of the SP group (``verl.utils.gloo_ranks.run_gloo_ranks``): its own peak."""
     import torch.distributed as dist
 
     from verl.utils.fsdp_mesh import build_ulysses_mesh
