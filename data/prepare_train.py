@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "--source luffy, where True only reports what it would drop)")
     add_bool_arg(ap, "--drop_failed", default=False, help="--source luffy --verify True: also drop the failing rows")
     ap.add_argument("--val_dir", default=None, help="folder with LUFFY's valid*.parquet (its data/ folder, e.g. "
-                    "../shared/data/benchmarks): each is validated and written next to --output")
+                    "data/benchmarks): each is validated and written next to --output")
     ap.add_argument("--num_workers", type=int, default=1, help="grading processes")
     ap.add_argument("--question_column", default=None, help="default: problem (openr1) / question (gsm8k)")
     ap.add_argument("--trace_column", default=None, help=f"openr1 traces (default: first of {TRACE_COLUMN_CANDIDATES})")

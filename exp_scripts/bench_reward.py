@@ -16,7 +16,7 @@ import random
 import re
 import time
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "benchmarks", "valid.parquet")
+DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "data", "benchmarks", "valid.parquet")
 
 FILLER = ("We set up the problem carefully, check the constraints, and simplify step by step. "
           "Substituting back confirms the intermediate values. ") * 6

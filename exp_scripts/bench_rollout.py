@@ -96,6 +96,7 @@ def make_actor_class():
                     for p in trainer.parameters():
                         p.add_(torch.randn_like(p) * 1e-3)
                 start = time.perf_counter()
+                manager.sync_weights()
                 with manager:
                     entered = time.perf_counter()
                     self.engine.generate_token_ids(prompts, max_tokens, spec)

@@ -248,7 +248,8 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
             print(f"[gpu_smoke] {rollout} step {step}: {json.dumps(steps[-1])}", flush=True)
         after = worker.actor_weight_fingerprint()
         param_dtype = worker._param_dtype(config.actor_rollout_ref.actor.fsdp_config)
-        with worker.sharding_manager:  # one more sync of the trained weights, then compare
+        worker.update_weights()  # one more push of the trained weights, then compare
+        with worker.sharding_manager:
             same, detail = engine_matches_actor(worker, rollout, param_dtype)
         checks = {
             "weights_changed": abs(after - before) > 1e-12 * max(1.0, abs(before)),

@@ -27,7 +27,7 @@ import json
 import os
 import time
 
-DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 GRADERS = ("math_verify", "rule")
 
 

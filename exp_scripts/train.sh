@@ -26,7 +26,7 @@ if [ "${RAY_STOP:-0}" = "1" ]; then
   ray stop
 fi
 
-# LUFFY's trainer, beyond its override list (REVIEW E2): its verl scheduler runs the first update at lr 0
+# LUFFY's trainer, beyond its override list: its verl scheduler runs the first update at lr 0
 # (warmup factor step/max(1, warmup) with 0 warmup steps) and its loop stops when the step counter reaches
 # the total, so it makes total-1 updates. These switches reproduce both (pass =False to train every step at
 # full lr); they go after LUFFY's list and before the extra arguments, which still win.

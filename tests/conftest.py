@@ -25,17 +25,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-SHARED_DATA = os.environ.get(
-    "LUFFY_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-)
-
 
 @pytest.fixture(scope="session")
-def shared_data_dir() -> str:
-    path = os.path.abspath(SHARED_DATA)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"shared data not found at {path}; set LUFFY_SHARED_DATA")
-    return path
+def repo_data_dir() -> str:
+    """The real data the repository ships (data/benchmarks, data/gsm8k; sources in data/README.md)."""
+    return os.path.join(_ROOT, "data")
 
 
 @pytest.fixture(scope="session")

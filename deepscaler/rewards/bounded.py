@@ -11,7 +11,9 @@ guard refused something and that did not grade the answer correct comes back wit
 Nested wrapped calls share the outermost budget. math-verify and latex2sympy are imported (and the
 guards installed) before the clock starts, and the first wrapped call of a process warms the graders
 (``warm_graders``: parser construction, regex compilation, SymPy's caches) without a budget, so the
-first grade in a process costs what later ones cost.
+first grade in a process costs what later ones cost. Which grades warm them is the scorers' business:
+``selection`` registers its routine with ``set_warm_routine`` (importing any ``deepscaler.rewards`` module
+imports the package, hence ``selection``, first).
 """
 from __future__ import annotations
 
@@ -33,15 +35,9 @@ logger = logging.getLogger(__name__)
 _warm_lock = threading.RLock()
 _warm_state = threading.local()
 _warmed = False
-# Responses that walk every parser path once: LaTeX fractions, roots and powers (latex2sympy's ANTLR
-# parser, built lazily), plain numbers, a wrong answer (the rule grader's simplify), text without a box.
-_WARM_SAMPLES = (
-    ("The answer is $\\boxed{\\frac{1}{2}}$.", "0.5"),
-    ("So $x = \\boxed{2\\sqrt{3}+x^{2}}$.", "x^2 + 2\\sqrt{3}"),
-    ("Final: \\boxed{42}", "41"),
-    ("The result is 7.", "7"),
-    ("$\\boxed{\\dfrac{\\pi}{4}}$", "\\frac{\\pi}{4}"),
-)
+# What warming grades: set by ``selection`` (the layer that knows every grader) when the package is imported,
+# so this bottom layer never imports the scorers it wraps.
+_warm_routine = None
 
 
 def bounded(fn):
@@ -66,12 +62,18 @@ def bounded(fn):
     return wrapper
 
 
+def set_warm_routine(routine) -> None:
+    """``routine(limits)`` grades a few samples with every grader; ``warm_graders`` runs it once per process."""
+    global _warm_routine
+    _warm_routine = routine
+
+
 def warm_graders() -> float:
     """Grade a few samples with every grader once per process, outside any budget; returns the seconds
     it took (0 when already warm). Called by the first bounded call; the scoring workers and the eval
     call it at start-up. Other threads wait for it; nested calls from the warming thread skip it."""
     global _warmed
-    if _warmed or getattr(_warm_state, "active", False):
+    if _warmed or getattr(_warm_state, "active", False) or _warm_routine is None:
         return 0.0
     with _warm_lock:
         if _warmed:
@@ -80,13 +82,7 @@ def warm_graders() -> float:
         start = time.perf_counter()
         try:
             install_guards()
-            from deepscaler.rewards.selection import score_response
-
-            unbounded = GuardLimits(time_budget_s=600.0)
-            for version in (3, 1):  # math-verify's path and the deepscaler rule grader's
-                for text, truth in _WARM_SAMPLES:
-                    score_response("warmup", "<think>\nwarm up\n</think>\n" + text, truth, None, version, "any",
-                                   limits=unbounded)
+            _warm_routine(GuardLimits(time_budget_s=600.0))
         except Exception as exc:  # noqa: BLE001 - warming is an optimisation; grading reports real errors
             logger.warning("grader warm-up failed (%s: %s); the first grades pay the cold start", type(exc).__name__, exc)
         finally:

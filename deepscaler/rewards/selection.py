@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from deepscaler.rewards.bounded import bounded
+from deepscaler.rewards.bounded import bounded, set_warm_routine, warm_graders
 from deepscaler.rewards.gsm8k_warning import warn_gsm8k_boxed
 from deepscaler.rewards.math_utils.input_guard import GuardLimits
 from deepscaler.rewards.math_reward import IMPL1_VALUES, BINARY_VALUES, deepscaler_score, deepscaler_score_nothink
@@ -142,8 +142,6 @@ class ScorerSpec:
 
     def warm_up(self) -> None:
         """Run both graders once so regexes and the LaTeX parser exist before real items arrive."""
-        from deepscaler.rewards.bounded import warm_graders
-
         warm_graders()
         sample = "<think>\nwarm up\n</think>\nThe answer is $\\boxed{\\frac{1}{2}}$."
         score_response("warmup", sample, "0.5", None, 3, "any")
@@ -152,3 +150,24 @@ class ScorerSpec:
     def score(self, data_source: str, solution_str: str, ground_truth, extra_info=None) -> ScoreResult:
         return score_response(data_source, solution_str, ground_truth, extra_info,
                               self.reward_impl_version, self.grader, limits=self.limits)
+
+
+# Responses that walk every parser path once: LaTeX fractions, roots and powers (latex2sympy's ANTLR
+# parser, built lazily), plain numbers, a wrong answer (the rule grader's simplify), text without a box.
+_WARM_SAMPLES = (
+    ("The answer is $\\boxed{\\frac{1}{2}}$.", "0.5"),
+    ("So $x = \\boxed{2\\sqrt{3}+x^{2}}$.", "x^2 + 2\\sqrt{3}"),
+    ("Final: \\boxed{42}", "41"),
+    ("The result is 7.", "7"),
+    ("$\\boxed{\\dfrac{\\pi}{4}}$", "\\frac{\\pi}{4}"),
+)
+
+
+def _warm_every_grader(limits: GuardLimits) -> None:
+    """``bounded.warm_graders``' routine: math-verify's path (version 3) and the deepscaler rule grader's (1)."""
+    for version in (3, 1):
+        for text, truth in _WARM_SAMPLES:
+            score_response("warmup", "<think>\nwarm up\n</think>\n" + text, truth, None, version, "any", limits=limits)
+
+
+set_warm_routine(_warm_every_grader)

@@ -5,8 +5,8 @@ The config is ``mix_ppo_trainer.yaml`` with LUFFY's loss settings made purely on
 update) per step, no reference model, no validation, no checkpoint. A step ends when the trainer hands
 its metrics to the tracker, so the step time is the wall time between two ``tracker.log`` calls
 (everything the driver does per step); verl's own ``timing_s/*`` are kept next to it. The worker
-group's ``generate_sequences`` is wrapped to keep the per-rank ``rollout_stats`` (engine time, weight
-sync) that the trainer drops.
+group's ``generate_sequences`` is wrapped to keep the per-rank ``rollout_stats`` (engine time)
+that the trainer drops; the weight push is its own stage (``timing_s/update_weights``).
 """
 from __future__ import annotations
 

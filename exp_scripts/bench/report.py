@@ -13,7 +13,7 @@ import math
 from bench.common import headline_line, median, ratio, summarize, timed_steps
 
 # Phases the trainer times inside ``timing_s/step``, in step order.
-PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
+PHASES = ("update_weights", "gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -65,16 +65,16 @@ def phase_breakdown(result: dict) -> dict[str, float]:
     out["outside timing_s/step (driver logging, metrics)"] = median(
         s["wall_s"] - s["metrics"].get("timing_s/step", math.nan) for s in steps)
     # rollout_workers holds every rank's timings (a DataProto PerPart value); the slowest rank bounds gen.
-    for key in ("timing_s/generate_worker", "timing_s/weight_sync"):
-        values = [max(w.get(key, math.nan) for w in s["rollout_workers"]) for s in steps if s.get("rollout_workers")]
-        if values:
-            out[f"slowest rank {key} (sync + engine)" if key.endswith("worker") else f"slowest rank {key}"] = median(values)
+    values = [max(w.get("timing_s/generate_worker", math.nan) for w in s["rollout_workers"])
+              for s in steps if s.get("rollout_workers")]
+    if values:  # the weight push is its own stage (timing_s/update_weights, the slowest rank's timing_s/weight_sync)
+        out["slowest rank timing_s/generate_worker (engine)"] = median(values)
     spreads = [max(w["timing_s/generate_worker"] for w in s["rollout_workers"])
                - min(w["timing_s/generate_worker"] for w in s["rollout_workers"])
                for s in steps if len(s.get("rollout_workers") or []) > 1]
     if spreads:
         out["gen: slowest minus fastest rank"] = median(spreads)
-    worker_gen = out.get("slowest rank timing_s/generate_worker (sync + engine)")
+    worker_gen = out.get("slowest rank timing_s/generate_worker (engine)")
     if worker_gen is not None and "timing_s/gen" in out:
         out["gen outside the slowest rank's worker call (driver, Ray)"] = out["timing_s/gen"] - worker_gen
     if "timing_s/update_actor_worker" in out and "timing_s/update_actor" in out:

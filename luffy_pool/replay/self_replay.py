@@ -1,28 +1,29 @@
-"""Self-replay, the one stage object the training step calls: ``SelfReplay.apply`` around the log-prob pass.
+"""Self-replay: two stages of the training step, one on each side of the old/ref log-prob pass.
 
-With ``data.self_replay.enable`` ``MIXRayPPOTrainer.train_step`` hands the scored rollout and its
-old/ref log-prob stage to ``SelfReplay.apply``, which runs three things in this order:
+With ``data.self_replay.enable`` ``MIXRayPPOTrainer.train_step`` calls, in this order:
 
-* before the pass, ``replay_into_failed_groups``: in every group none of whose on-policy rows
-  succeeded, up to ``data.self_replay.slots`` rows are rewritten with a trace the policy itself produced
-  at an earlier step (``SelfReplayBuffer.sample``): first the group's off-policy slots that hold no trace
-  (prefix ratio > 0 but nothing in the pool), then its last on-policy rows. A rewritten row is an
-  off-policy row like a teacher trace (``prefix_mask`` on every token, trace ++ EOS), regraded by the
-  reward function, and carries the recorded behaviour log-probs as ``behaviour_log_probs`` so the loss weights it
-  by p / π_behaviour (``actor.use_off_policy_probs``). Rows whose behaviour is unknown hold NaN there, so
-  the loss keeps its configured shaping for them (dataset targets, for instance). It must come first:
-  the pass computes the actor's old (and reference) log-probs of the rows as rewritten, which the KL
-  penalty and the update read.
-* the pass itself (the trainer's stage, given as a callable);
-* after the pass, ``keep_successes``: every on-policy row that succeeded goes into the buffer with its
-  behaviour log-probs (the actor's recomputed ``old_log_probs``, else the engine's), which exist only
-  once the pass has run. Sampling and expiry (before) therefore always see the buffer as the previous
+* ``SelfReplay.fill_failed_groups`` before the pass (``replay_into_failed_groups``): in every group none
+  of whose on-policy rows succeeded, up to ``data.self_replay.slots`` rows are rewritten with a trace the
+  policy itself produced at an earlier step (``SelfReplayBuffer.sample``): first the group's off-policy
+  slots that hold no trace (prefix ratio > 0 but nothing in the pool), then its last on-policy rows. A
+  rewritten row is an off-policy row like a teacher trace (``prefix_mask`` on every token, trace ++ EOS),
+  regraded by the reward function, and carries the recorded behaviour log-probs as ``behaviour_log_probs``
+  so the loss weights it by p / π_behaviour (``actor.use_off_policy_probs``). Rows whose behaviour is
+  unknown hold NaN there, so the loss keeps its configured shaping for them (dataset targets, for
+  instance). It must come first: the pass computes the actor's old (and reference) log-probs of the rows
+  as rewritten, which the KL penalty and the update read.
+* the pass itself (the trainer's own stage);
+* ``SelfReplay.keep_successes`` after the pass: every on-policy row that succeeded goes into the buffer
+  with its behaviour log-probs (the actor's recomputed ``old_log_probs``, else the engine's), which exist
+  only once the pass has run. Sampling and expiry (before) therefore always see the buffer as the previous
   step left it.
+
+Each stage gets what it needs as arguments (the batch, the step, the drawn ratios); neither calls back
+into the trainer.
 """
 from __future__ import annotations
 
 import math
-import time
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
@@ -148,10 +149,11 @@ def keep_successes(batch: DataProto, buffer: SelfReplayBuffer, step: int, *, suc
 
 
 class SelfReplay:
-    """The buffer plus what its two halves need (slots, success value, reward function, token ids).
+    """The buffer plus what its two stages need (slots, success value, reward function, token ids).
 
-    ``apply`` is the only call the training step makes; ``save``/``load`` are what the checkpointer uses
-    (``luffy_pool.run.checkpointing``: the buffer's JSON index + safetensors in ``self_replay/``).
+    ``fill_failed_groups`` and ``keep_successes`` are the two calls the training step makes; ``save``/``load``
+    are what the checkpointer uses (``luffy_pool.run.checkpointing``: the buffer's JSON index + safetensors
+    in ``self_replay/``).
     """
 
     def __init__(self, buffer: SelfReplayBuffer, *, slots: int, success: float, reward_fn: Callable, tokenizer):
@@ -159,7 +161,7 @@ class SelfReplay:
         self.slots = int(slots)
         self.success = float(success)
         self.reward_fn = reward_fn
-        self.tokenizer = tokenizer  # read at apply time: EOS and pad ids
+        self.tokenizer = tokenizer  # read at call time: EOS and pad ids
 
     @classmethod
     def from_sections(cls, sections, *, reward_fn: Callable, tokenizer) -> Optional["SelfReplay"]:
@@ -171,24 +173,17 @@ class SelfReplay:
         return cls(SelfReplayBuffer.from_config(cfg, seed=int(sections.trainer.seed)), slots=cfg.slots,
                    success=success, reward_fn=reward_fn, tokenizer=tokenizer)
 
-    def apply(self, batch: DataProto, step: int, prefix_ratios, log_probs: Callable[[DataProto], DataProto],
-              timing: dict) -> tuple[DataProto, dict]:
-        """Fill failed groups, run ``log_probs`` (old/ref pass) on the rewritten batch, keep its successes.
-
-        ``batch`` is the scored rollout (``token_level_scores``), ``prefix_ratios`` ``[B, n]`` the ratios
-        drawn for it. Returns the batch ``log_probs`` returned and the ``replay/*`` metrics; the filling's
-        seconds go to ``timing["replay"]`` (the pass times itself).
-        """
-        t0 = time.perf_counter()
-        metrics = replay_into_failed_groups(
+    def fill_failed_groups(self, batch: DataProto, step: int, prefix_ratios) -> dict:
+        """Before the log-prob pass: rewrite rows of the failed groups of ``batch`` (the scored rollout,
+        ``token_level_scores``) in place; ``prefix_ratios`` ``[B, n]`` are the ratios drawn for it."""
+        return replay_into_failed_groups(
             batch, self.buffer, step, slots=self.slots, success=self.success, reward_fn=self.reward_fn,
             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
             prefix_ratios=prefix_ratios)
-        timing["replay"] = timing.get("replay", 0.0) + time.perf_counter() - t0
-        batch = log_probs(batch)
-        metrics.update(keep_successes(batch, self.buffer, step, success=self.success,
-                                      eos_token_id=self.tokenizer.eos_token_id))
-        return batch, metrics
+
+    def keep_successes(self, batch: DataProto, step: int) -> dict:
+        """After the log-prob pass: put the step's successful on-policy rows into the buffer."""
+        return keep_successes(batch, self.buffer, step, success=self.success, eos_token_id=self.tokenizer.eos_token_id)
 
     def save(self, directory: str) -> list[str]:
         return self.buffer.save(directory)

@@ -1,1 +1,1 @@
-"""Running a job: entry point, launcher, pre-flight, checkpoints, run outputs, recipes and rehearsals."""
+"""Running a job: entry point, launcher, pre-flight, checkpoints, recipes and rehearsals."""

@@ -243,11 +243,6 @@ class TrainerCheckpointer:
         return True
 
     # ------------------------------------------------------------------ resume
-    def resolve_resume_dir(self) -> Optional[str]:
-        """The ``global_step_<N>`` directory resume would try first, or None to start fresh."""
-        candidates = self.resume_candidates()
-        return candidates[0] if candidates else None
-
     def resume_candidates(self) -> list[str]:
         """Step directories to try, in order; empty to start fresh.
 

@@ -31,7 +31,7 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AU
 
 
 def resolve_driver_device(sections: ConfigSections) -> str:
-    """The workers' device kind, from the joined Ray cluster's GPUs (A11: not from this process's CUDA;
+    """The workers' device kind, from the joined Ray cluster's GPUs (not from this process's CUDA:
     each worker then picks its own GPU index, ``verl.utils.device``). Call after ``init_ray``."""
     import ray
 
@@ -234,7 +234,7 @@ def build_trainer(config: DictConfig):
     if int(sections.trainer.nnodes) > 1:
         from luffy_pool.run.node_check import check_shared_folders
 
-        check_shared_folders(config)  # D8: each node sees the driver's checkpoint and model folder
+        check_shared_folders(config)  # each node must see the driver's checkpoint and model folder
     device = resolve_driver_device(sections)
     check_cluster_capacity(sections, bundle_uses_gpu(sections, device), started_locally)
     from luffy_pool.memory_plan import check_run as check_memory_plan

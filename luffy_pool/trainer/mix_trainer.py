@@ -1,10 +1,11 @@
 """LUFFY's driver loop: sample prompts, roll out both pools, reward, advantage, update, validate.
 
 Runs on the Ray driver (the single controller). ``train_step`` is a row of named stages, each returning
-its metrics: rollout (draw prefix ratios, generate on-policy + off-policy slots) -> score (reward every
-row) -> log-probs (old, ref; with ``data.self_replay`` the ``SelfReplay`` stage runs around this pass)
--> advantages (KL in reward, group advantage) -> update (balance rows across ranks, update the actor)
--> step metrics. ``fit`` adds validation every ``trainer.test_freq`` steps and checkpoints every
+its metrics: update_weights (push the actor's weights into the rollout engines) -> rollout (draw prefix
+ratios, generate on-policy + off-policy slots) -> score (reward every row) -> [replay: fill failed groups
+with the run's own traces, ``data.self_replay``] -> log-probs (old, ref) -> [replay: keep this step's
+successes] -> advantages (KL in reward, group advantage) -> update (balance rows across ranks, update the
+actor) -> step metrics. ``fit`` adds validation every ``trainer.test_freq`` steps and checkpoints every
 ``trainer.save_freq``. The driver owns every decision that must agree across ranks (ratios, uids,
 advantages, order).
 """
@@ -22,7 +23,7 @@ from deepscaler.rewards import fail_success_values
 from luffy_pool.config.sections import ConfigSections
 from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
-from luffy_pool.run.outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
 from luffy_pool.replay.self_replay import SelfReplay
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
@@ -30,10 +31,12 @@ from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_m
                                            compute_timing_metrics, reduce_metrics)
 from verl.utils.seqlen_balancing import get_group_balanced_partitions, get_seqlen_balanced_partitions, log_seqlen_unbalance
 from verl.utils.signals import GracefulStop, stop_on_signal
+from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC  # update_weights' answer
 
 logger = logging.getLogger(__name__)
 
 GEN_KEYS = ("input_ids", "attention_mask", "position_ids")
+GENERATE_WORKER_METRIC = "timing_s/generate_worker"  # in each rank's rollout_stats
 LOG_PROB_KEYS = ["responses", "input_ids", "attention_mask", "position_ids"]
 
 
@@ -191,17 +194,19 @@ class MIXRayPPOTrainer:
         if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
             self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
         metrics: dict = {}
+        with _timer("update_weights", timing):
+            metrics.update(self._update_weights())
         with _timer("gen", timing):
             batch, ratios, stage = self._rollout(batch)
         metrics.update(stage)
         with _timer("reward", timing):
             metrics.update(self._score(batch))
-        if self.self_replay is None:
-            batch = self._log_probs(batch, timing)
-        else:  # rewrites failed groups before the pass, keeps the successes after it (luffy_pool/replay/self_replay.py)
-            batch, stage = self.self_replay.apply(batch, self.global_steps, ratios,
-                                                  lambda b: self._log_probs(b, timing), timing)
-            metrics.update(stage)
+        if self.self_replay is not None:  # the pass must see the rewritten rows (luffy_pool/replay/self_replay.py)
+            with _timer("replay", timing):
+                metrics.update(self.self_replay.fill_failed_groups(batch, self.global_steps, ratios))
+        batch = self._log_probs(batch, timing)
+        if self.self_replay is not None:  # kept with the behaviour log-probs the pass computed
+            metrics.update(self.self_replay.keep_successes(batch, self.global_steps))
         with _timer("adv", timing):
             batch, stage = self._advantages(batch)
         metrics.update(stage)
@@ -209,6 +214,13 @@ class MIXRayPPOTrainer:
         stage, prompt_tokens, response_tokens = self._step_metrics(batch)
         metrics.update(stage)
         return StepOutput(metrics, prompt_tokens, response_tokens)
+
+    def _update_weights(self) -> dict:
+        """Push the actor's current weights into every rank's rollout engine; needed before each generation
+        (the engines sleep after one). ``timing_s/weight_sync``: the slowest rank's push."""
+        per_rank = self.wg.update_weights()
+        values = [float(r[WEIGHT_SYNC_METRIC]) for r in per_rank if r.get(WEIGHT_SYNC_METRIC) is not None]
+        return {WEIGHT_SYNC_METRIC: max(values)} if values else {}
 
     def _score(self, batch: DataProto) -> dict:
         """Reward every row: ``token_level_scores`` (the score on the last response token); the reward metrics."""
@@ -279,10 +291,9 @@ class MIXRayPPOTrainer:
         gen_batch.meta_info["global_steps"] = self.global_steps
         gen_out = self.wg.generate_sequences(gen_batch)
         per_rank = gen_out.meta_info.pop("rollout_stats", None) or []
-        for key in ("timing_s/weight_sync", "timing_s/generate_worker"):
-            values = [float(st[key]) for st in per_rank if st.get(key) is not None]
-            if values:  # the slowest rank bounds the phase
-                metrics[key] = max(values)
+        values = [float(st[GENERATE_WORKER_METRIC]) for st in per_rank if st.get(GENERATE_WORKER_METRIC) is not None]
+        if values:  # the slowest rank bounds the phase
+            metrics[GENERATE_WORKER_METRIC] = max(values)
         if "tgt_input_ids" in gen_out.batch.keys():
             gen_out.pop(batch_keys=["tgt_input_ids"])  # [B·n, max_prefix_len]: not needed past the rollout
         # Deterministic uids: a resumed run must see exactly the same groups as an uninterrupted one.
@@ -375,6 +386,7 @@ class MIXRayPPOTrainer:
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
             gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.world_size)
+            self._update_weights()  # every generation gets a fresh push (the engines slept after the last)
             gen_out = self.wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)

@@ -1,7 +1,7 @@
 """LUFFY's hybrid-engine worker: the FSDP actor plus dual-pool generation.
 
 ``generate_sequences`` receives this rank's prompts with their off-policy traces and the prefix
-ratios the driver drew, pushes the current actor weights into the rollout engine, and runs the slot
+ratios the driver drew and, on the weights the driver's ``update_weights`` call just pushed, runs the slot
 plan (``mix_vllm_rollout``): full-trace slots are built without the engine, partial prefixes are
 continued by it, on-policy slots are plain generation. ``generate_validation`` is its own call: plain
 samples at ``val_temperature``.
@@ -67,11 +67,9 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
                 b["input_ids"], b["attention_mask"], b.get("tgt_input_ids"), b["prefix_ratios"],
                 prompt_position_ids=b["position_ids"], behaviour_log_probs=b.get("behaviour_log_probs"))
 
-        with self.sharding_manager:
-            t_sync = self.sharding_manager.last_sync_s
+        with self.sharding_manager:  # wakes the engine (refused without a push since the last generation)
             tensors, meta = self.tp_generation.run({k: b[k] for k in b.keys()}, generate)
 
         meta.pop("prefix_ratios", None)  # the driver already holds the ratios it drew
-        meta["timing_s/weight_sync"] = t_sync
         meta["timing_s/generate_worker"] = time.perf_counter() - t0
         return DataProto.from_dict(tensors=tensors, meta_info={"rollout_stats": PerPart([meta])})

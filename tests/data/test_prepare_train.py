@@ -33,8 +33,8 @@ def test_gsm8k_trace_removes_calculator_notes_and_answer_line():
                      "The answer is \\boxed{1072}.")
 
 
-def test_gsm8k_first_50_rows_give_a_valid_training_parquet(tmp_path, shared_data_dir, tiny_model_dir):
-    src = os.path.join(shared_data_dir, "gsm8k", "train.jsonl")
+def test_gsm8k_first_50_rows_give_a_valid_training_parquet(tmp_path, repo_data_dir, tiny_model_dir):
+    src = os.path.join(repo_data_dir, "gsm8k", "train.jsonl")
     out = str(tmp_path / "gsm8k.parquet")
     result = main(["--source", "gsm8k", "--input", src, "--output", out, "--max_rows", "50"])
     assert result["summary"]["read"] == 50 and result["summary"]["written"] == 50  # every GSM8K trace verifies
@@ -67,10 +67,10 @@ def test_gsm8k_first_50_rows_give_a_valid_training_parquet(tmp_path, shared_data
     assert tok.decode(target_ids).startswith("Natalia sold 48/2 = 24 clips")
 
 
-def test_token_limit_drops_long_traces_and_counts_them(tmp_path, shared_data_dir, tiny_model_dir):
+def test_token_limit_drops_long_traces_and_counts_them(tmp_path, repo_data_dir, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    src = os.path.join(shared_data_dir, "gsm8k", "train.jsonl")
+    src = os.path.join(repo_data_dir, "gsm8k", "train.jsonl")
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     traces = [gsm8k_trace(r["answer"])[0] for r in read_records(src, 30)]
     lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in traces]
@@ -118,9 +118,9 @@ def test_split_name_labels_the_printed_output(tmp_path, capsys):
     assert f"test: {out} (4 rows)" in printed and "train:" not in printed
 
 
-def test_val_fraction_writes_a_problem_disjoint_val_file(tmp_path, shared_data_dir):
+def test_val_fraction_writes_a_problem_disjoint_val_file(tmp_path, repo_data_dir):
     out = str(tmp_path / "g.parquet")
-    result = main(["--source", "gsm8k", "--input", os.path.join(shared_data_dir, "gsm8k", "train.jsonl"),
+    result = main(["--source", "gsm8k", "--input", os.path.join(repo_data_dir, "gsm8k", "train.jsonl"),
                    "--output", out, "--max_rows", "40", "--val_fraction", "0.25", "--no_system_prompt"])
     train, val = read_records(out), read_records(result["paths"]["val"])
     assert len(train) + len(val) == 40 and 3 <= len(val) <= 20
@@ -180,7 +180,7 @@ def test_malformed_input_gives_one_line_error_naming_file_row_and_column(case, t
 
 
 @pytest.mark.e2e
-def test_gsm8k_parquet_trains_two_luffy_steps(shared_data_dir, tiny_model_dir, tmp_path, ray_session, compose_config,
+def test_gsm8k_parquet_trains_two_luffy_steps(repo_data_dir, tiny_model_dir, tmp_path, ray_session, compose_config,
                                               luffy_overrides):
     """prepare_train.py turns GSM8K into a training parquet that main_mix_ppo trains on for 2 steps."""
     import json
@@ -189,7 +189,7 @@ def test_gsm8k_parquet_trains_two_luffy_steps(shared_data_dir, tiny_model_dir, t
     from luffy_pool.run.launcher import build_trainer
 
     out = tmp_path / "gsm8k.parquet"
-    prepare_main(["--source", "gsm8k", "--input", f"{shared_data_dir}/gsm8k/train.jsonl", "--output", str(out),
+    prepare_main(["--source", "gsm8k", "--input", f"{repo_data_dir}/gsm8k/train.jsonl", "--output", str(out),
                   "--max_rows", "24", "--no_system_prompt"])
     overrides = luffy_overrides(tiny_model_dir, str(tmp_path), str(tmp_path / "run"), steps=2) + [
         f"data.train_files={out}", "data.val_files=null", "data.max_prompt_length=384", "trainer.test_freq=-1"]
@@ -242,11 +242,11 @@ def test_luffy_source_regrading_reports_what_it_would_drop(tmp_path):
     assert [r["extra_info"]["index"] for r in read_records(out)] == [17, 90]  # kept rows keep LUFFY's indices
 
 
-def test_luffy_source_writes_luffys_validation_parquets(tmp_path, shared_data_dir):
+def test_luffy_source_writes_luffys_validation_parquets(tmp_path, repo_data_dir):
     from verl.utils.data_format import write_records
 
     src = write_records(_luffy_rows(), str(tmp_path / "openr1.parquet"))
-    bench = os.path.join(shared_data_dir, "benchmarks")
+    bench = os.path.join(repo_data_dir, "benchmarks")
     result = main(["--source", "luffy", "--input", src, "--output", str(tmp_path / "data" / "openr1.parquet"),
                    "--val_dir", bench])
     names = sorted(n for n in os.listdir(bench) if n.startswith("valid"))

@@ -112,10 +112,10 @@ def test_reusing_a_decoded_file_of_the_wrong_size_is_an_error(tmp_path, capsys):
     assert code == 2 and "has 1 samples, expected 7" in capsys.readouterr().err
 
 
-def test_hf_backend_generates_and_grades(tmp_path, tiny_model_dir, shared_data_dir):
+def test_hf_backend_generates_and_grades(tmp_path, tiny_model_dir, repo_data_dir):
     out = str(tmp_path / "hf.jsonl")
     summary = generate_vllm.run(build_parser().parse_args([
-        "--model_path", tiny_model_dir, "--input_file", os.path.join(shared_data_dir, "benchmarks", "valid.parquet"),
+        "--model_path", tiny_model_dir, "--input_file", os.path.join(repo_data_dir, "benchmarks", "valid.parquet"),
         "--output_file", out, "--backend", "hf", "--max_rows", "2", "--max_rows_per_source", "--n", "2",
         "--max_new_tokens", "8"]))
     assert summary["rows"] == 10 and summary["samples"] == 20
@@ -127,9 +127,9 @@ def test_hf_backend_generates_and_grades(tmp_path, tiny_model_dir, shared_data_d
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_on_60_benchmark_rows_then_collect_results(tmp_path, tiny_model_dir, shared_data_dir, capsys):
+def test_vllm_on_60_benchmark_rows_then_collect_results(tmp_path, tiny_model_dir, repo_data_dir, capsys):
     # valid.all.parquet is the file with all six benchmarks (valid.parquet has no AIME25).
-    src = os.path.join(shared_data_dir, "benchmarks", "valid.all.parquet")
+    src = os.path.join(repo_data_dir, "benchmarks", "valid.all.parquet")
     out = str(tmp_path / "evals" / "tiny.jsonl")
     summary = generate_vllm.run(build_parser().parse_args([
         "--model_path", tiny_model_dir, "--input_file", src, "--output_file", out, "--max_rows", "10",

@@ -1,67 +1,15 @@
-"""Test support for multi-rank code on one machine: run a function on N gloo ranks, collect what each returns.
+"""Test support for multi-rank code on one machine.
 
-Used by the test suite (FSDP, HSDP, Ulysses, weight-sync, checkpoint, dynamic-batch, TP-group tests) as
-``tests.helpers.distributed_testing`` and by ``exp_scripts/bench_memory.py --sp`` (both run from a checkout).
-It is not part of the installed package.
+``run_gloo_ranks`` lives in the package (``verl.utils.gloo_ranks``; a benchmark uses it too) and is re-exported
+here for the tests; ``load_fully_sharded`` is the tests' own.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import tempfile
-import time
-
 import torch
-import torch.multiprocessing as mp
 
+from verl.utils.gloo_ranks import run_gloo_ranks
 
-def free_port() -> int:
-    """A TCP port on the loopback that nothing is listening on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank, fn, world, port, result_dir, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    result = fn(rank, world, port, *args)
-    torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
-
-
-def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method: str = "fork") -> list:
-    """Run ``fn(rank, world, port, *args)`` on ``world`` ranks; return what each rank returned, in rank order.
-
-    Each rank starts with MASTER_ADDR/MASTER_PORT (``port``), RANK, WORLD_SIZE, LOCAL_RANK and
-    LOCAL_WORLD_SIZE set and one torch thread, so ``dist.init_process_group("gloo")`` (or
-    ``fsdp_utils.init_distributed``) joins the group; ``fn`` joins and leaves it itself. A return value
-    must be ``torch.save``-able (None is fine). Fails with the rank's error when a rank raises, and with
-    TimeoutError (after killing the ranks) past ``timeout_s``.
-
-    ``start_method``: "fork" (default) lets the ranks inherit the already imported torch/transformers
-    (~15 s per child saved on a busy 2-core box); "spawn" gives fresh interpreters, for ranks that must
-    not inherit the parent's state: one that measures its own memory (a forked child starts with the
-    parent's resident pages), or one that starts a vLLM engine of its own.
-    """
-    if torch.distributed.is_initialized():
-        # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
-        # (init_distributed then skips joining their own group) and run as world 1 on a shared gloo context.
-        torch.distributed.destroy_process_group()
-    result_dir = tempfile.mkdtemp(prefix="gloo_ranks_")
-    try:
-        ctx = mp.start_processes(_rank_main, args=(fn, world, free_port(), result_dir, args), nprocs=world,
-                                 join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                for proc in ctx.processes:
-                    proc.kill()
-                raise TimeoutError(f"{fn.__name__} did not finish in {timeout_s:g} s")
-        return [torch.load(os.path.join(result_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
-    finally:
-        shutil.rmtree(result_dir, ignore_errors=True)
+__all__ = ["load_fully_sharded", "run_gloo_ranks"]
 
 
 def load_fully_sharded(model_dir: str, mesh):

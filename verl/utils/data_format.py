@@ -30,7 +30,6 @@ THINK_OPEN = "<think>\n"
 THINK_CLOSE = "</think>"
 
 TRAINING_COLUMNS = ("data_source", "prompt", "target", "ability", "reward_model", "extra_info")
-EVAL_COLUMNS = ("data_source", "prompt", "reward_model")
 TABLE_EXTENSIONS = (".parquet", ".jsonl", ".json")
 
 

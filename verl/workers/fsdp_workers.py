@@ -4,7 +4,7 @@ The driver talks to it through registered methods (``init_model`` to all ranks, 
 ``DP_COMPUTE_PROTO``: each rank gets its chunk of the batch). The actor is an HF causal LM sharded with
 ``fully_shard`` over all ranks of the group (gloo on CPU, NCCL on GPU), trained with AdamW and a
 warmup scheduler; the rollout engine (vLLM or HF ``generate``) receives the current weights through
-the sharding manager before every generation. Checkpointing lives in ``verl.utils.checkpoint``.
+the sharding manager when the driver calls ``update_weights`` (before every generation). Checkpointing lives in ``verl.utils.checkpoint``.
 """
 from __future__ import annotations
 
@@ -182,11 +182,21 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         sync = self.sections.rollout
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
-                                      # A9: the run's parameter dtype (bf16 on GPU by default), not fp32 masters
+                                      # the run's parameter dtype (bf16 on GPU by default), not fp32 masters
                                       sync_dtype=self._param_dtype(self.sections.actor.fsdp_config),
                                       base_seed=1000 + int(sync.seed), device=self.device,
                                       packed_gather=bool(sync.weight_sync_packed))
         return rollout, manager
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_weights(self) -> dict:
+        """Push the actor's current weights into this rank's rollout engine: the step's stage before every
+        generation (all ranks together: the gathers are collectives). Returns this rank's push seconds."""
+        if not self._is_rollout:
+            raise RuntimeError(f"update_weights called on a worker with role {self.role!r} (no rollout engine)")
+        from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC
+
+        return {WEIGHT_SYNC_METRIC: self.sharding_manager.sync_weights()}
 
     @property
     def rollout_tp_size(self) -> int:

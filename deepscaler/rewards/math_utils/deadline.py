@@ -79,12 +79,6 @@ def check_deadline() -> None:
         raise GradeWallTimeout()
 
 
-def remaining_s() -> float | None:
-    """CPU seconds left in the calling thread's budget (None outside one)."""
-    budget = getattr(_local, "budget", None)
-    return None if budget is None else budget[0] - _cpu_now(budget[2])
-
-
 def _set_async_exc(thread_id: int, exc_type) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
                                                ctypes.py_object(exc_type) if exc_type is not None else None)

@@ -244,13 +244,6 @@ def check_text(text: str, limits: GuardLimits | None = None) -> str | None:
     return None
 
 
-def require_expression(s: str, limits: GuardLimits | None = None) -> None:
-    """Raise ``UnparseableInput`` when ``check_expression`` rejects ``s``."""
-    reason = check_expression(s, limits)
-    if reason is not None:
-        raise UnparseableInput(reason)
-
-
 def note_rejection(reason: str) -> None:
     """Record that a guard refused an input in this thread (read back with ``rejections``)."""
     _local.rejections = getattr(_local, "rejections", 0) + 1

@@ -1,6 +1,6 @@
 """Table test of the rule-based grader on answers shaped like the benchmark ground truths.
 
-Ground truths are copied from ../shared/data/benchmarks (AIME, AMC, MATH-500, Minerva, OlympiadBench,
+Ground truths are copied from data/benchmarks (AIME, AMC, MATH-500, Minerva, OlympiadBench,
 ARC-c/GPQA letters); predictions are equivalent forms and near misses. Each case is a full response
 graded through ``grade(..., grader="rule", split_think=True)``.
 """

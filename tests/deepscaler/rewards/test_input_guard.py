@@ -47,12 +47,12 @@ def test_ordinary_answers_pass(text):
     assert check_expression(text) is None
 
 
-def test_every_benchmark_ground_truth_passes_the_guard(shared_data_dir):
+def test_every_benchmark_ground_truth_passes_the_guard(repo_data_dir):
     import pandas as pd
 
     gts = set()
     for name in ("valid.all.parquet", "valid.arc_c.parquet", "valid.gpqa.parquet"):
-        frame = pd.read_parquet(os.path.join(shared_data_dir, "benchmarks", name))
+        frame = pd.read_parquet(os.path.join(repo_data_dir, "benchmarks", name))
         gts |= {str(r["ground_truth"]) for r in frame["reward_model"]}
     rejected = {gt: check_expression(gt) for gt in gts if check_expression(gt) is not None}
     assert len(gts) > 1000 and rejected == {}

@@ -75,7 +75,7 @@ def test_the_actor_calls_luffys_token_loss_with_the_mapped_arguments(compose_con
 
 
 def test_use_ppo_kl_loss_also_applies_to_the_plain_ppo_loss(compose_config):
-    """Review B8: the |ppo_kl| term used to be added only in the mixed-loss path."""
+    """The |ppo_kl| term used to be added only in the mixed-loss path."""
     cfg = _actor_cfg(compose_config, f"{A}.use_ppo_kl_loss=True", f"{A}.ppo_kl_loss_coef=0.5")
     micro, log_prob, mask = _micro()
     loss, metrics = _actor(cfg).compute_policy_loss(micro, log_prob, None, mask)

@@ -116,30 +116,23 @@ class _Tokens:
     eos_token_id, pad_token_id = EOS, PAD
 
 
-def test_apply_rewrites_failed_groups_before_the_log_prob_pass_and_keeps_its_successes_after():
-    """The step's one call: the pass sees the replayed rows, and the buffer keeps this step's success with the
-    old log-probs the pass computed (a trace kept this step is not replayed in the same step)."""
+def test_the_two_stages_rewrite_failed_groups_before_the_pass_and_keep_its_successes_after():
+    """The step's two calls around its log-prob pass: the pass sees the replayed rows, and the buffer keeps this
+    step's success with the old log-probs the pass computed (a trace kept this step is not replayed in it)."""
     buf = SelfReplayBuffer()
     buf.insert(10, [9, 4], [-0.5, -1.0, -0.25], step=1)
     replay = SelfReplay(buf, slots=1, success=1.0, reward_fn=CountingReward(), tokenizer=_Tokens())
     # g0 (prompt 10) fails everywhere -> its last row gets the kept trace; g1 (prompt 11) has one success.
     batch = _batch([[3, EOS], [3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, EOS]], [0, 0, 0, 0, 1, 0],
                    [10, 10, 10, 11, 11, 11])
-    seen = {}
-
-    def log_probs(b):
-        seen["responses"] = b.batch["responses"].clone()
-        seen["buffer_size"] = len(buf)
-        b.batch["old_log_probs"] = torch.full(b.batch["responses"].shape, -0.75)
-        return b
-
-    timing = {}
-    out, m = replay.apply(batch, 3, np.zeros((2, 3)), log_probs, timing)
-    assert seen["responses"][2].tolist() == [9, 4, EOS, PAD, PAD]  # the pass ran on the rewritten row
-    assert seen["buffer_size"] == 1  # nothing of this step was kept before the pass
-    assert m["replay/used"] == 1 and m["replay/inserted"] == 1 and m["replay/size"] == 2
+    before = replay.fill_failed_groups(batch, 3, np.zeros((2, 3)))
+    assert batch.batch["responses"][2].tolist() == [9, 4, EOS, PAD, PAD]  # rewritten in place, before the pass
+    assert before["replay/used"] == 1 and len(buf) == 1  # nothing of this step is kept before the pass
+    batch.batch["old_log_probs"] = torch.full(batch.batch["responses"].shape, -0.75)  # what the pass adds
+    after = replay.keep_successes(batch, 3)
+    assert after["replay/inserted"] == 1 and after["replay/size"] == 2
     assert buf.entries(11)[0].token_ids == [9] and buf.entries(11)[0].logprobs == [-0.75, -0.75]
-    assert out is batch and set(timing) == {"replay"} and timing["replay"] >= 0.0
+    assert not set(before) & set(after)  # the step's replay/* metrics come from one stage each
 
 
 def test_replay_is_built_only_when_enabled(compose_config):

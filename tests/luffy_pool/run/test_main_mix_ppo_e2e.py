@@ -47,6 +47,8 @@ def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir
         assert 0.0 < r["actor/off_policy_prob"] < 1.0
         # the slowest rank's worker call (max over both ranks' rollout_stats) fits inside the driver's gen phase
         assert 0.0 < r["timing_s/generate_worker"] <= r["timing_s/gen"]
+        # the weight push is the step's own stage before gen: the slowest rank's push fits inside it
+        assert 0.0 < r["timing_s/weight_sync"] <= r["timing_s/update_weights"]
 
 
 def test_cli_runs_luffy_overrides_end_to_end(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides):

@@ -35,9 +35,16 @@ class ScriptedEngine(BaseRollout):
 
 
 class _NoSync:
-    last_sync_s = 0.0
+    """The sharding manager's two calls without weights: the push is counted, entering checks it came first."""
+
+    pushes = 0
+
+    def sync_weights(self):
+        self.pushes += 1
+        return 0.0
 
     def __enter__(self):
+        assert self.pushes, "generation before the update_weights stage"
         return self
 
     def __exit__(self, *exc):
@@ -62,8 +69,12 @@ class TwoRankGroup:
         worker.planner = MixRolloutPlanner(ScriptedEngine(tokenizer.eos_token_id), n=N, response_length=RESPONSE, pad_token_id=tokenizer.pad_token_id,
                                            eos_token_id=tokenizer.eos_token_id, sampling=SamplingSpec())
         worker.sharding_manager = _NoSync()
+        worker._is_rollout, worker.role = True, "actor_rollout"
         worker.tp_generation = TPGeneration.create(0, 1, 1)
         self.worker, self.sent = worker, None
+
+    def update_weights(self) -> list:
+        return [self.worker.update_weights()]  # ONE_TO_ALL: one answer per rank (both ranks share this worker)
 
     def generate_sequences(self, gen_batch: DataProto) -> DataProto:
         self.sent = {k: (tuple(v.shape), v.dtype) for k, v in gen_batch.batch.items()}
@@ -110,7 +121,9 @@ def _rollout(trainer):
     batch = DataProto.from_single_dict(trainer._next_batch())
     targets = [strip_right_padding(row, trainer.tokenizer.pad_token_id) for row in batch.batch["tgt_input_ids"].tolist()]
     ids = list(batch.non_tensor_batch["index"])
+    pushed = trainer._update_weights()  # the step's stage before its rollout
     out, _, metrics = trainer._rollout(batch)
+    assert pushed == {"timing_s/weight_sync": 0.0} and trainer.wg.worker.sharding_manager.pushes == 1
     return out, metrics, targets, ids
 
 

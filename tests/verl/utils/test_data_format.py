@@ -83,8 +83,8 @@ def test_numeric_ground_truth_becomes_a_string():
         "ground_truth": "72", "style": "rule"}
 
 
-def test_real_benchmark_parquet_validates(shared_data_dir):
-    rows = read_eval_table(os.path.join(shared_data_dir, "benchmarks", "valid.parquet"))
+def test_real_benchmark_parquet_validates(repo_data_dir):
+    rows = read_eval_table(os.path.join(repo_data_dir, "benchmarks", "valid.parquet"))
     assert len(rows) == 2019
     assert {r["data_source"] for r in rows} == {"aime", "amc", "math", "minerva", "olympiad_bench"}
     assert rows[0]["ground_truth"] == "204" and rows[0]["index"] == 0 and rows[0]["row"] == 0

@@ -41,7 +41,7 @@ def test_index_is_position_of_ray_id_in_visible_list():
 
 
 def test_local_rank_seven_on_a_node_uses_cuda_zero():
-    # the situation of A1: node-local rank 7, Ray gave it GPU 7 and narrowed the visible list
+    # a multi-GPU node: node-local rank 7, Ray gave it GPU 7 and narrowed the visible list
     env = {"LOCAL_RANK": "7", "RAY_LOCAL_RANK": "7", "CUDA_VISIBLE_DEVICES": "7", "WG_BACKEND": "ray"}
     plan = plan_worker_device("auto", env, ["7"], cuda_available=True, cuda_count=1)
     assert plan == DevicePlan("cuda", 0, {"LOCAL_RANK": "0"})

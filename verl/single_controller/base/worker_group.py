@@ -37,14 +37,6 @@ class ResourcePool:
     def world_size(self) -> int:
         return sum(self._store)
 
-    def local_world_size_list(self) -> list:
-        """LOCAL_WORLD_SIZE of every rank, in rank order."""
-        return [count for count in self._store for _ in range(count)]
-
-    def local_rank_list(self) -> list:
-        """LOCAL_RANK of every rank, in rank order."""
-        return [local for count in self._store for local in range(count)]
-
     def __len__(self) -> int:
         return len(self._store)
 

@@ -1,9 +1,15 @@
-"""The hybrid engine's switch from training to generation and back, as a context manager.
+"""The hybrid engine's weight push and its switch from training to generation and back.
 
-Entering streams the actor's current weights (FSDP2 DTensors gathered one tensor at a time, in
-byte-bounded buckets) into the rollout engine, resets its prefix cache and swaps in the generation
-RNG stream; leaving saves that stream, restores the trainer's RNG, puts the engine to sleep (GPU)
-and the module back into train mode. Every rank must enter together: the gathers are collectives.
+Two steps, in this order before every generation (the driver names the first as its ``update_weights``
+stage, the worker's method of that name):
+
+* ``sync_weights`` streams the actor's current weights (FSDP2 DTensors gathered one tensor at a time, in
+  byte-bounded buckets) into the rollout engine, waking its weights first. Every rank must call it
+  together: the gathers are collectives.
+* entering the manager (``with manager:``) wakes the engine's cache and swaps in the generation RNG
+  stream; leaving saves that stream, restores the trainer's RNG, puts the engine to sleep (GPU) and the
+  module back into train mode. Entering without a push since the last generation is refused, so no
+  generation runs on stale (or, after a deep sleep, discarded) weights.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ def _set_rng_states(states: dict) -> None:
 
 
 class FSDPShardingManager:
-    """Weight sync + RNG + memory choreography around one generation phase.
+    """Weight push (``sync_weights``), then RNG + memory choreography around one generation phase (the context).
 
     Args:
         module: the actor (``fully_shard``-ed HF model or a plain ``nn.Module``).
@@ -84,6 +90,7 @@ class FSDPShardingManager:
         self.last_sync_s: Optional[float] = None
         self.last_sync_buckets = 0
         self._trainer_rng: Optional[dict] = None
+        self._pushed = False  # weights pushed since the last generation
         self._cuda_rng = device == "cuda"
         self._generation_rng = self._initial_generation_rng(base_seed + self.dp_rank)
         if rollout is not None and world_size == 1 and hasattr(rollout, "set_weight_source"):
@@ -123,10 +130,13 @@ class FSDPShardingManager:
             self.rollout.after_weight_update()
         self.last_sync_s = time.perf_counter() - start
         self.last_sync_buckets = buckets
+        self._pushed = True
         return self.last_sync_s
 
     def __enter__(self) -> "FSDPShardingManager":
-        self.sync_weights()
+        if not self._pushed:
+            raise RuntimeError("generation without a weight push since the last one: call sync_weights() first "
+                               "(the driver's update_weights stage)")
         if self.rollout is not None:
             self.rollout.wake_up()
         self._trainer_rng = _get_rng_states(self._cuda_rng)
@@ -134,6 +144,7 @@ class FSDPShardingManager:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self._pushed = False  # the actor trains before the next generation
         self._generation_rng = _get_rng_states(self._cuda_rng)
         if self._trainer_rng is not None:
             _set_rng_states(self._trainer_rng)

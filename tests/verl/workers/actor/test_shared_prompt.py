@@ -76,7 +76,7 @@ def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_
 
 
 def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir, grouped_prompt_batch):
-    """A6: with activation checkpointing on (the full config's default) the shared-prompt actor's update runs
+    """With activation checkpointing on (the full config's default) the shared-prompt actor's update runs
     (transformers drops the cache there, so the training forward is the padded one) and gives the gradients of
     a model without checkpointing; the no-grad log-prob pass still shares the prompt."""
     from verl.protocol import DataProto

@@ -77,12 +77,14 @@ def _tp_rank(rank, world, port):
     worker.planner = MixRolloutPlanner(engine, n=2, response_length=3, pad_token_id=0, eos_token_id=1,
                                        sampling=SamplingSpec())
     worker.sharding_manager = FSDPShardingManager(module, engine, rank=rank, world_size=world, tp_size=2)
+    worker._is_rollout, worker.role = True, "actor_rollout"
     worker.tp_generation = TPGeneration.create(rank, world, worker.rollout_tp_size)
     # rank r's prompts end in 100 + 10 r + i, so every response row names the prompt it came from
     ids = torch.tensor([[5, 6, 100 + 10 * rank + i] for i in range(2)])
     mask = torch.ones_like(ids)
     prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1,
                                            "prefix_ratios": torch.zeros(2, 2)}, meta_info={"global_steps": 3})
+    worker.update_weights()  # the driver's stage before every generation (all ranks: the gathers are collectives)
     out = worker.generate_sequences(prompts)
     record = {"calls": engine.calls, "responses": out.batch["responses"].tolist(),
               "weights_full": sorted(engine.pushed) == sorted(full)

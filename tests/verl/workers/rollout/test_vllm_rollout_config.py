@@ -123,7 +123,7 @@ def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(engine_recorder, t
 
 @pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_reload_api_check_passes_on_the_pinned_vllm_and_names_a_missing_api(monkeypatch):
-    """A10: the weight sync's reload API is checked before an engine is built."""
+    """The weight sync's reload API is checked before an engine is built."""
     from vllm.v1.worker.gpu_worker import Worker
 
     from verl.workers.rollout.vllm_rollout.compat import check_reload_api, missing_reload_api

@@ -1,4 +1,5 @@
-"""The hybrid-engine context: call order, buckets, RNG streams, and FSDP2 actors feeding real engines."""
+"""The hybrid engine's weight push and generation context: call order, buckets, RNG streams, the push-first rule,
+and FSDP2 actors feeding real engines."""
 import pytest
 import torch
 from torch import nn
@@ -38,16 +39,32 @@ def two_linears():
     return nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))  # fp32: weight 400 B, bias 40 B
 
 
-def test_entering_pushes_bucketed_weights_then_wakes_and_leaving_sleeps():
+def test_the_push_streams_bucketed_weights_then_entering_wakes_and_leaving_sleeps():
     rollout = RecordingRollout()
     model = two_linears()
     model.eval()
-    with FSDPShardingManager(model, rollout, bucket_bytes=450) as manager:
-        assert rollout.calls == ["wake_up", "update_weights", "update_weights", "after_weight_update", "wake_up"]
-    assert rollout.calls[-1] == "sleep"
+    manager = FSDPShardingManager(model, rollout, bucket_bytes=450)
+    manager.sync_weights()
+    assert rollout.calls == ["wake_up", "update_weights", "update_weights", "after_weight_update"]
+    with manager:
+        assert rollout.calls[4:] == ["wake_up"]
+    assert rollout.calls[5:] == ["sleep"]
     assert [[n for n, _ in b] for b in rollout.buckets] == [["0.weight", "0.bias"], ["1.weight", "1.bias"]]
     assert model.training
     assert manager.last_sync_buckets == 2 and manager.metrics["timing_s/weight_sync"] >= 0
+
+
+def test_generation_without_a_push_since_the_last_one_is_refused():
+    rollout = RecordingRollout()
+    manager = FSDPShardingManager(two_linears(), rollout)
+    with pytest.raises(RuntimeError, match="without a weight push"):
+        manager.__enter__()
+    manager.sync_weights()
+    with manager:
+        pass
+    with pytest.raises(RuntimeError, match="call sync_weights"):  # one push serves one generation
+        manager.__enter__()
+    assert rollout.calls.count("sleep") == 1 and rollout.calls.count("after_weight_update") == 1
 
 
 def test_sync_dtype_casts_what_is_pushed():
@@ -76,6 +93,7 @@ def test_generation_rng_is_per_data_parallel_rank_and_continues_across_steps():
         manager = FSDPShardingManager(model, RecordingRollout(), rank=rank, world_size=4, tp_size=2)
         draws = []
         for _ in range(steps):
+            manager.sync_weights()
             with manager:
                 draws.append(torch.rand(3))
         return draws
@@ -95,6 +113,7 @@ def test_generation_rng_is_per_data_parallel_rank_and_continues_across_steps():
 
 def test_a_rank_without_an_engine_still_streams_and_times_the_sync():
     manager = FSDPShardingManager(two_linears(), None, bucket_bytes=100)
+    manager.sync_weights()
     with manager:
         pass
     assert not manager.owns_engine and manager.last_sync_buckets == 4
@@ -139,6 +158,7 @@ def _hf_engine_on_rank0_job(rank, world, port, model_dir):
     rollout = HFRollout(model_dir) if is_engine_owner(rank, tp_size=2) else None  # one engine for the pair
     manager = FSDPShardingManager(actor, rollout, bucket_bytes=60_000, rank=rank, world_size=world, tp_size=2)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    manager.sync_weights()
     with manager:
         got = rollout.generate_token_ids(prompts, [10, 10], SamplingSpec(temperature=0.0, ignore_eos=True)
                                          ).token_ids if rollout else None
@@ -176,6 +196,7 @@ def _vllm_engine_per_rank_job(rank, world, port, model_dir):
         logits = actor(torch.tensor([seq])).logits[0, :-1]
     actor_lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq[1:])[:, None])[:, 0]
     manager = FSDPShardingManager(actor, rollout, bucket_bytes=100_000, rank=rank, world_size=world)
+    manager.sync_weights()
     with manager:
         out = rollout.llm.generate([TokensPrompt(prompt_token_ids=seq)],
                                    SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),

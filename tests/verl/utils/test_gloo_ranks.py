@@ -1,5 +1,5 @@
-"""The shared gloo-ranks runner: every rank joins one group, return values come back in rank order, and a
-failing or hanging rank fails the call."""
+"""verl.utils.gloo_ranks, the gloo-ranks runner of the tests and bench_memory: every rank joins one group, return
+values come back in rank order, and a failing or hanging rank fails the call."""
 import os
 import time
 
@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import ProcessRaisedException
 
-from tests.helpers.distributed_testing import run_gloo_ranks
+from verl.utils.gloo_ranks import run_gloo_ranks
 
 
 def _sum_of_ranks(rank, world, port, offset):

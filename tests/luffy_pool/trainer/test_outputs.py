@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from luffy_pool.config.sections import ConfigSections
 from luffy_pool.run.launcher import build_dataloader
 from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
-from luffy_pool.run.outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
 from verl.protocol import DataProto
 
 RESPONSE = 6
@@ -67,6 +67,10 @@ class FixedResponsesGroup:
 
     def __init__(self, tokenizer, n_val):
         self.tokenizer, self.n_val, self.calls = tokenizer, n_val, []
+
+    def update_weights(self):
+        self.calls.append("update_weights")
+        return [{"timing_s/weight_sync": 0.0}]
 
     def generate_validation(self, gen_batch):
         self.calls.append(len(gen_batch))
@@ -138,5 +142,6 @@ def test_val_only_validates_once_and_trains_nothing(compose_config, tiny_model_d
     trainer, tracker, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
                                        "+trainer.val_only=True", "+trainer.val_before_train=False")
     metrics = trainer.fit()
-    assert trainer.global_steps == 0 and group.calls == [5]  # one validation call, no training step
+    # one validation call after its weight push, no training step
+    assert trainer.global_steps == 0 and group.calls == ["update_weights", 5]
     assert metrics["val/avg_score"] == pytest.approx(0.5) and tracker.metrics == [(0, metrics)]
