@@ -154,7 +154,8 @@ def chord_mixed_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]
     metrics: dict = {}
     if n_usual > 0:
         usual = FamilyLossInputs(log_prob=inputs.log_prob[~expert], old_log_prob=inputs.old_log_prob[~expert],
-                                 advantages=inputs.advantages[~expert], response_mask=inputs.response_mask[~expert])
+                                 advantages=inputs.advantages[~expert],
+                                 response_mask=inputs.response_mask[~expert])
         grpo_loss, grpo_metrics = dual_clip_ppo_loss(usual, cfg)
         grpo_loss = grpo_loss * n_usual * w_usual
         metrics.update({f"usual/{k}": v * n_usual * w_usual for k, v in grpo_metrics.items()})

@@ -35,12 +35,12 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 import torch
 
-from luffy_pool.algorithm.family.common import masked_mean_plain
+from luffy_pool.algorithm.family.common import (aggregate, clipped_on_losses, masked_mean_plain,
+                                                shape_off_ratio)
 from luffy_pool.algorithm.family.registry import FamilyLossInputs, register
 
 WEIGHTINGS = ("linear", "normal", "sqrt", "linear_clip")
 TRAJECTORY_METRICS = ("ent", "ppl")
-_SHAPING = {"p_div_p_0.1": 0.1, "p_div_p_0.3": 0.3, "p_div_p_0.5": 0.5}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,29 +267,15 @@ def exgrpo_token_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict
     accepted."""
     if inputs.prefix_mask is None:
         raise ValueError("the exgrpo_token loss needs inputs.prefix_mask (the replayed tokens)")
-    if cfg.off_policy_reshape != "no_reshape" and cfg.off_policy_reshape not in _SHAPING:
-        raise ValueError(f"exgrpo_token supports off_policy_reshape in {['no_reshape', *_SHAPING]}, "
-                         f"got {cfg.off_policy_reshape!r}")
-    log_prob, old_log_prob, adv, eos_mask = inputs.log_prob, inputs.old_log_prob, inputs.advantages, inputs.response_mask
+    log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
+    adv, eos_mask = inputs.advantages, inputs.response_mask
     prefix = inputs.prefix_mask.bool()
     log_ratio = log_prob - old_log_prob
     ppo_kl = masked_mean_plain(-log_ratio, eos_mask)
     ratio = torch.exp(log_ratio)
-    on_losses = -adv * ratio
-    on_mask = (~prefix) * eos_mask
-    if cfg.loss_remove_clip:
-        on_clipfrac = torch.tensor(0.0)
-    else:
-        upper = max(cfg.clip_upper_bound, 1.0 + cfg.clip_ratio)
-        on_losses2 = -adv * torch.clamp(ratio, 1.0 - cfg.clip_ratio, upper)
-        on_clipfrac = masked_mean_plain(torch.gt(on_losses2, on_losses).float(), eos_mask)
-        on_losses = torch.max(on_losses, on_losses2)
-    on_pg_loss = masked_mean_plain(on_losses, on_mask)
-
-    off_ratio = torch.exp(log_ratio)
-    if cfg.off_policy_reshape in _SHAPING:
-        gamma = _SHAPING[cfg.off_policy_reshape]
-        off_ratio = off_ratio / (off_ratio + gamma)
+    on_losses, on_clipfrac = clipped_on_losses(adv, ratio, ratio, eos_mask, cfg)
+    on_pg_loss = masked_mean_plain(on_losses, (~prefix) * eos_mask)
+    off_ratio = shape_off_ratio(torch.exp(log_ratio), cfg.off_policy_reshape, "exgrpo_token")
     off_mask = prefix * eos_mask
     if cfg.off_policy_max_clip is not None:
         off_ratio = torch.clamp(off_ratio, max=cfg.off_policy_max_clip)
@@ -305,10 +291,7 @@ def exgrpo_token_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict
         keep = (torch.exp(log_prob) <= cfg.all_max_clip).float()
         eos_mask = eos_mask * keep
         pg_losses = pg_losses * keep
-    if cfg.loss_remove_token_mean:
-        pg_loss = (pg_losses * eos_mask).sum() / eos_mask.shape[-1]
-    else:
-        pg_loss = masked_mean_plain(pg_losses, eos_mask)
+    pg_loss = aggregate(pg_losses, eos_mask, cfg.loss_remove_token_mean)
     return pg_loss, {
         "off_pg_loss": zero if torch.isnan(off_pg_loss) else off_pg_loss.detach(),
         "on_pg_loss": on_pg_loss.detach(),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from luffy_pool.algorithm.family.common import masked_mean_plain
+from luffy_pool.algorithm.family.common import aggregate, masked_mean_plain
 from luffy_pool.algorithm.family.registry import FamilyLossInputs, register
 
 STRATEGIES = ("switch", "soft")
@@ -74,10 +74,7 @@ def hpt_policy_loss(old_log_prob, log_prob, advantages, mask, clip_ratio: float,
     losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
     if not loss_remove_clip:
         losses = torch.max(losses, losses2)
-    if loss_remove_token_mean:
-        pg_loss = (losses * mask).sum() / mask.shape[-1]
-    else:
-        pg_loss = masked_mean_plain(losses, mask)
+    pg_loss = aggregate(losses, mask, loss_remove_token_mean)
     # their clipfrac compares against the already-clipped losses
     pg_clipfrac = masked_mean_plain(torch.gt(losses2, losses).float(), mask)
     return pg_loss, pg_clipfrac, ppo_kl

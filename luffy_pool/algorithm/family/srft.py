@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from luffy_pool.algorithm.family.common import masked_mean_plain
+from luffy_pool.algorithm.family.common import (aggregate, clipped_on_losses, masked_mean_plain,
+                                                shape_off_ratio)
 from luffy_pool.algorithm.family.registry import FamilyLossInputs, register, require
 
 SRFT_TYPES = ("paper", "exp", "classic_rl", "minus_old")
-_SHAPING = {"p_div_p_0.1": 0.1, "p_div_p_0.3": 0.3, "p_div_p_0.5": 0.5}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class SrftConfig:
     loss_remove_clip: bool = True
 
 
-def srft_coefficients(entropy: torch.Tensor, mask: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def srft_coefficients(entropy: torch.Tensor, mask: torch.Tensor,
+                      cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row ``(H, w_SFT = 0.5·e^{−H}, a_pos = 0.1·e^{H})`` from the token entropies (detached)."""
     h = masked_mean_plain(entropy, mask, axis=-1).detach()
     return h, cfg.sft_weight_scale * torch.exp(-1 * h), cfg.rl_pos_weight_scale * torch.exp(h)
@@ -50,9 +51,8 @@ def srft_token_loss(inputs: FamilyLossInputs, on_coef: torch.Tensor, correct: to
     """Their ``compute_token_on_off_policy_srft_loss`` for the options the SRFT script uses."""
     if cfg.srft_type not in SRFT_TYPES:
         raise ValueError(f"unknown srft_type {cfg.srft_type!r}; valid: {list(SRFT_TYPES)}")
-    if cfg.off_policy_reshape != "no_reshape" and cfg.off_policy_reshape not in _SHAPING:
-        raise ValueError(f"srft supports off_policy_reshape in {['no_reshape', *_SHAPING]}, got {cfg.off_policy_reshape!r}")
-    log_prob, old_log_prob, adv, eos_mask = inputs.log_prob, inputs.old_log_prob, inputs.advantages, inputs.response_mask
+    log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
+    adv, eos_mask = inputs.advantages, inputs.response_mask
     prefix = inputs.prefix_mask.bool()
     log_ratio = log_prob - old_log_prob
     ppo_kl = masked_mean_plain(-log_ratio, eos_mask)
@@ -60,27 +60,15 @@ def srft_token_loss(inputs: FamilyLossInputs, on_coef: torch.Tensor, correct: to
     on_adv = torch.where(correct.unsqueeze(-1).expand_as(adv), on_coef.view(-1, 1).expand_as(adv),
                          torch.tensor(-1.0, device=adv.device, dtype=adv.dtype).expand_as(adv))
     base = {"exp": torch.exp(log_prob), "classic_rl": ratio, "minus_old": log_ratio}.get(cfg.srft_type, log_prob)
-    on_losses = -on_adv * base
-    if cfg.loss_remove_clip:
-        on_clipfrac = torch.tensor(0.0)
-    else:
-        upper = max(cfg.clip_upper_bound, 1.0 + cfg.clip_ratio)
-        on_losses2 = -on_adv * torch.clamp(log_prob, 1.0 - cfg.clip_ratio, upper)
-        on_clipfrac = masked_mean_plain(torch.gt(on_losses2, on_losses).float(), eos_mask)
-        on_losses = torch.max(on_losses, on_losses2)
+    # their "clip" clamps the log-prob itself (quirk kept; the script turns it off)
+    on_losses, on_clipfrac = clipped_on_losses(on_adv, base, log_prob, eos_mask, cfg)
     on_pg_loss = masked_mean_plain(on_losses, (~prefix) * eos_mask)
-    off_ratio = torch.exp(log_prob)
-    if cfg.off_policy_reshape in _SHAPING:
-        gamma = _SHAPING[cfg.off_policy_reshape]
-        off_ratio = off_ratio / (off_ratio + gamma)
+    off_ratio = shape_off_ratio(torch.exp(log_prob), cfg.off_policy_reshape, "srft")
     off_losses = -adv * off_ratio
     off_pg_loss = masked_mean_plain(off_losses, prefix * eos_mask)
     prefix_f = prefix.float()
     pg_losses = off_losses * prefix_f + on_losses * (1 - prefix_f)
-    if cfg.loss_remove_token_mean:
-        pg_loss = (pg_losses * eos_mask).sum() / eos_mask.shape[-1]
-    else:
-        pg_loss = masked_mean_plain(pg_losses, eos_mask)
+    pg_loss = aggregate(pg_losses, eos_mask, cfg.loss_remove_token_mean)
     zero = torch.tensor(0.0)
     return {"pg_loss": pg_loss, "off_pg_loss": zero if torch.isnan(off_pg_loss) else off_pg_loss.detach(),
             "on_pg_loss": on_pg_loss.detach(), "on_pg_clipfrac": on_clipfrac, "ppo_kl": ppo_kl.detach()}

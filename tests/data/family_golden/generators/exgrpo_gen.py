@@ -11,12 +11,14 @@ Usage: python exgrpo_gen.py GIT_DIR WORK_DIR OUT_DIR
 """
 import os
 import random
-import subprocess
 import sys
 import types
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _authors  # noqa: E402
 
 git_dir, work, out_dir = sys.argv[1:4]
 COMMIT = "01f4ae066249e6965ce0d5512ccdf99a12895c74"
@@ -24,11 +26,7 @@ SRC = "ExGRPO/exgrpo/verl/verl"
 
 
 def extract(path, dest):
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    text = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{COMMIT}:{SRC}/{path}"], check=True,
-                          capture_output=True, text=True).stdout
-    with open(dest, "w") as f:
-        f.write(text)
+    _authors.write(dest, _authors.show(git_dir, COMMIT, f"{SRC}/{path}"))
 
 
 pkg = os.path.join(work, "exgrpo_authors")

@@ -10,11 +10,13 @@ Usage: python hpt_srft_gen.py GIT_DIR WORK_DIR OUT_DIR
 """
 import ast
 import os
-import subprocess
 import sys
 import types
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _authors  # noqa: E402
 
 git_dir, work, out_dir = sys.argv[1:4]
 COMMIT = "ae332f5fa4dc8b4c3d3cd77ebc9cff3a3abab2d0"
@@ -22,14 +24,10 @@ V = "hpt/verl/verl"
 
 
 def show(path):
-    return subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{COMMIT}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return _authors.show(git_dir, COMMIT, path)
 
 
-def write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+write = _authors.write
 
 
 root = os.path.join(work, "hpt_verl")

@@ -7,10 +7,12 @@ lines of ``actor.py`` ``sft_update_policy`` restated (``loss = sft_loss − entr
 Usage: python relift_gen.py GIT_DIR WORK_DIR OUT_DIR
 """
 import os
-import subprocess
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _authors  # noqa: E402
 
 git_dir, work, out_dir = sys.argv[1:4]
 COMMIT = "eb95454f45eb84bf8f8efa3728f4839548426f5f"
@@ -18,14 +20,10 @@ V = "relift/verl/verl"
 
 
 def show(path):
-    return subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{COMMIT}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return _authors.show(git_dir, COMMIT, path)
 
 
-def write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+write = _authors.write
 
 
 root = os.path.join(work, "relift_verl")

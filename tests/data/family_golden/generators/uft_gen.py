@@ -10,7 +10,6 @@ Usage: python uft_gen.py GIT_DIR WORK_DIR OUT_DIR
 """
 import ast
 import os
-import subprocess
 import sys
 import textwrap
 import types
@@ -19,13 +18,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _authors  # noqa: E402
+
 git_dir, work, out_dir = sys.argv[1:4]
 COMMIT = "ad3c8ec7d258d4e4cf3f359dd75925d0f127a520"
 
 
 def show(path):
-    return subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{COMMIT}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return _authors.show(git_dir, COMMIT, path)
+
+
+write = _authors.write
 
 
 os.makedirs(os.path.join(work, "uft_verl"), exist_ok=True)
