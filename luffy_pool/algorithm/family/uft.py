@@ -4,13 +4,16 @@ annealed by a cosine over the first ``T_hint`` steps, and a small NLL on the hin
 Mirrors liumy2010/UFT (commit ad3c8ec7): ``verl/utils/dataset/rl_dataset.py`` ``RLHFDataset.__getitem__``
 (hint sampling) -> :func:`hint_probability`, :func:`cut_points`, :func:`stage_index`,
 :func:`sample_hint`; ``verl/utils/torch_functional.py`` ``tokenize_and_postprocess_data`` ->
-:func:`tokenize_with_hint`. METHODS_SPEC §6.
+:func:`tokenize_with_hint`; the hint cross-entropy lines of ``verl/workers/actor/dp_actor.py``
+``update_policy`` (with their ``masked_mean``, denominator clamped to ≥ 1e-6) -> :func:`hint_nll_loss`.
+METHODS_SPEC §6.
 
 Quirks kept: at most 5 segments whatever the solution length, cut points ``round(j/m·n)`` with Python's
 round-half-to-even; the hint length is a sum of ``m`` Bernoulli(p) draws made with ``rng.choice([0, 1],
 p=[1−p, p], size=m)`` (same numpy stream as theirs); ``t`` starts at 1 and ``p(T_hint) = p_low``, 0 after;
 the hint is tokenised separately and concatenated after the prompt (not tokenised jointly); the hint mask
 marks the positions whose *next* token is a hint token (``[−h−1:−1]``), padded and truncated with the ids.
+The hint NLL clamps the (temperature-divided) prompt logits to [−100, 100] and is 0 without hint tokens.
 Fixed: a row whose hint list is empty gets no hint (theirs divides by zero).
 :func:`split_solution` is ours: a lossless pre-processor cutting a full solution into line segments.
 """
@@ -135,3 +138,16 @@ def split_solution(solution: str) -> list[str]:
         else:
             segments.append(line)
     return segments
+
+
+def hint_nll_loss(prompt_logits: torch.Tensor, prompt_ids: torch.Tensor, hint_mask: torch.Tensor) -> torch.Tensor:
+    """UFT's hint term (β = ``hint_sft_coef`` multiplies it outside): the mean over hint positions of the
+    cross-entropy of the next prompt token under ``clamp(prompt_logits, ±100)``. ``prompt_logits`` [B, P, V]
+    (already divided by the temperature), ``prompt_ids`` and ``hint_mask`` [B, P] as :func:`tokenize_with_hint`
+    returns them; 0 when no position is a hint position."""
+    vocab = prompt_logits.shape[-1]
+    logits = torch.clamp(prompt_logits[:, :-1, :].reshape(-1, vocab), min=-100, max=100)
+    labels = prompt_ids[:, 1:].reshape(-1).to(logits.device)
+    losses = F.cross_entropy(logits, labels, reduction="none")
+    mask = hint_mask[:, :-1].reshape(-1)
+    return (losses * mask).sum() / torch.clamp(mask.sum(), min=1e-6)

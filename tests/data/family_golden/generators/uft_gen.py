@@ -84,5 +84,30 @@ for truncation, max_length in [("left", 12), ("right", 12), ("right", 40)]:
         left_pad=True, truncation=truncation, hint_prompt="12 + 30 = 42. So 42.")
     out.setdefault("tokenize", []).append({"truncation": truncation, "max_length": max_length, "input_ids": ids,
                                            "attention_mask": mask, "hint_ids": hint_ids, "hint_mask": hint_mask})
+# the hint cross-entropy lines of verl/workers/actor/dp_actor.py update_policy, restated, with their masked_mean
+loss_fct = torch.nn.CrossEntropyLoss(reduction="none")
+g = torch.Generator().manual_seed(31)
+for rows, width, vocab_size in ((3, 20, 64), (2, 12, 50), (4, 16, 64)):
+    # hint on the last `h` prompt tokens: the mask layout tokenize_and_postprocess_data builds
+    input_ids = torch.randint(0, vocab_size, (rows, width), generator=g)
+    hint_mask_full = torch.zeros(rows, width, dtype=torch.long)
+    for r in range(rows):
+        h = int(torch.randint(0, width // 2, (1,), generator=g))
+        if h and r != rows - 1:  # the last row carries no hint
+            hint_mask_full[r, -h - 1:-1] = 1
+    prompt_logits = torch.randn(rows, width, vocab_size, generator=g) * 60.0
+    pl = prompt_logits.clone().requires_grad_(True)
+    hint_mask = hint_mask_full[:, :-1]
+    shift_logits = pl[:, :-1, :].contiguous()
+    shift_labels = input_ids[:, 1:].contiguous()  # their input_ids[:, 1:-response_length] with no response here
+    shift_logits = shift_logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1)
+    shift_logits_clamp = torch.clamp(shift_logits, min=-100, max=100)
+    sft_loss = loss_fct(shift_logits_clamp, shift_labels)
+    sft_loss = verl_F.masked_mean(sft_loss, hint_mask.reshape(-1))
+    sft_loss.backward()
+    out.setdefault("hint_nll", []).append({"prompt_logits": prompt_logits, "input_ids": input_ids,
+                                           "hint_mask": hint_mask_full, "loss": sft_loss.detach(),
+                                           "grad": pl.grad.clone()})
 torch.save(out, os.path.join(out_dir, "uft_golden.pt"))
 print("wrote", len(out["items"]), len(out["tokenize"]))

@@ -10,7 +10,8 @@ from transformers import AutoTokenizer
 
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.uft import (
-    UftConfig, cut_points, hint_probability, sample_hint, split_solution, stage_index, tokenize_with_hint)
+    UftConfig, cut_points, hint_nll_loss, hint_probability, sample_hint, split_solution, stage_index,
+    tokenize_with_hint)
 
 DATA = os.path.join(os.path.dirname(__file__), "../../../data/family_golden")
 GOLDEN = torch.load(os.path.join(DATA, "uft_golden.pt"), weights_only=False)
@@ -43,6 +44,27 @@ def test_truncation_equals_authors(tokenizer):
                                  tokenizer.pad_token_id, left_pad=True, truncation=case["truncation"])
         for ours, key in zip(got, ("input_ids", "attention_mask", "hint_ids", "hint_mask")):
             assert torch.equal(ours, case[key]), (case["truncation"], key)
+
+
+@pytest.mark.parametrize("i", range(len(GOLDEN["hint_nll"])))
+def test_hint_nll_equals_authors(i):
+    case = GOLDEN["hint_nll"][i]
+    logits = case["prompt_logits"].clone().requires_grad_(True)
+    loss = hint_nll_loss(logits, case["input_ids"], case["hint_mask"])
+    loss.backward()
+    assert torch.equal(loss.detach(), case["loss"])
+    assert torch.equal(logits.grad, case["grad"])
+
+
+def test_hint_nll_by_hand():
+    # one row, prompt [1, 1, 2] whose last two tokens are the hint: tokenize_with_hint's mask is [1, 1, 0]
+    # (positions 0 and 1 predict them)
+    logits = torch.zeros(1, 3, 4)
+    logits[0, 0, 1] = 200.0  # clamped to 100
+    mask = torch.tensor([[1, 1, 0]])
+    want = (-torch.log_softmax(torch.tensor([0.0, 100.0, 0.0, 0.0]), 0)[1] + torch.log(torch.tensor(4.0))) / 2
+    assert float(hint_nll_loss(logits, torch.tensor([[1, 1, 2]]), mask)) == pytest.approx(float(want))
+    assert float(hint_nll_loss(logits, torch.tensor([[1, 1, 2]]), torch.zeros(1, 3))) == 0.0
 
 
 def test_spec_hand_values():
