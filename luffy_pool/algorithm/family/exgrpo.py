@@ -3,7 +3,11 @@
 Mirrors ElliottYan/LUFFY (commit 01f4ae06), ``ExGRPO/exgrpo/verl/verl/mix_src/``:
 ``experience/weighted_bucket_sampler.py`` ``WeightedBucketSampler`` -> :func:`bucket_weights`,
 :func:`bucket_probabilities`, :func:`sample_from_buckets`; ``experience/experience_helpers.py``
-``sample_experience_uids`` -> :func:`sample_experience_uids`, ``compute_postcal_metrics`` ->
+``sample_experience_uids`` -> :func:`sample_experience_uids`; the batch-mixing arithmetic of
+``experience/experience_collate_fn.py`` ``ExperienceMixCollateFn.__call__`` -> :func:`eligible_uids`,
+:func:`experience_count`; the collection, retirement and phase rules inlined in ``mix_trainer_experience.py``
+``fit`` and ``experience_trainer_ops.collect_experience_entries`` -> :func:`collect_group`, :func:`retire_group`,
+:func:`switch_to_mixed`; ``compute_postcal_metrics`` ->
 :func:`trajectory_metric_original` (and :func:`trajectory_metric_paper`), ``select_best_experiences`` ->
 :func:`select_best`; ``experience/experience_bucket_manager.py`` ``ExperienceBucketManager`` ->
 :class:`BucketManager`; ``experience/experience_trainer_ops.py`` ``replace_recorded_old_log_probs`` ->
@@ -119,6 +123,43 @@ def sample_experience_uids(bucket_manager: Optional["BucketManager"], valid_uids
         if buckets:
             return sample_from_buckets(buckets, n_exp, n_rollout, method, np_rng, py_rng)
     return py_rng.sample(list(valid_uids), n_exp)
+
+
+def eligible_uids(pool: dict[Hashable, Sequence[Any]], skip_uids: set, sample_range: str = "all") -> list:
+    """Pool ids (insertion order) not retired and with at least one stored trace, cut to the oldest
+    (``first_half``) or newest (``last_half``) half, or ``all``."""
+    uids = [uid for uid in pool if uid not in skip_uids and len(pool[uid]) > 0]
+    half = len(uids) // 2
+    if sample_range == "first_half":
+        return uids[:half]
+    if sample_range == "last_half":
+        return uids[half:]
+    if sample_range == "all":
+        return uids
+    raise ValueError(f"unknown exp_sample_range {sample_range!r}; valid: ['all', 'first_half', 'last_half']")
+
+
+def experience_count(batch_size: int, experience_ratio: float, n_eligible: int) -> int:
+    """Replayed prompts in a mixed batch: ``min(n_eligible, int(batch_size · experience_ratio))``; the batch is
+    completed with the first ``batch_size − n`` freshly drawn prompts (the rest are dropped this step)."""
+    return min(n_eligible, int(batch_size * experience_ratio))
+
+
+def collect_group(num_success: int, group_size: int, lbound: int = 0, rbound: int = 7) -> bool:
+    """Whether a mixed-phase group's successes enter the pool: not all ``group_size`` correct and
+    ``lbound < num_success ≤ rbound`` (a replayed row counts as one of them, Q3)."""
+    return num_success != group_size and lbound < num_success <= rbound
+
+
+def retire_group(num_success: int, group_size: int) -> bool:
+    """All rollouts correct: the question leaves the dataset and the pool (checked in warm-up too)."""
+    return num_success == group_size
+
+
+def switch_to_mixed(is_mixed: bool, solved_ratio: float, start_solved_ratio: float = 0.35) -> bool:
+    """The phase after a step: mixed once the share of correct responses in the batch exceeds
+    ``start_solved_ratio`` (strictly), and mixed for good."""
+    return is_mixed or solved_ratio > start_solved_ratio
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import torch
 
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.exgrpo import (
-    BucketManager, ExgrpoLossConfig, bucket_probabilities, bucket_weight, exgrpo_token_loss, sample_experience_uids,
-    sample_from_buckets, select_best, swap_recorded_log_probs, trajectory_metric_original, trajectory_metric_paper)
+    BucketManager, ExgrpoLossConfig, bucket_probabilities, bucket_weight, collect_group, eligible_uids,
+    experience_count, exgrpo_token_loss, retire_group, sample_experience_uids, sample_from_buckets, select_best,
+    swap_recorded_log_probs, switch_to_mixed, trajectory_metric_original, trajectory_metric_paper)
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/exgrpo_golden.pt"),
@@ -146,3 +147,17 @@ def test_registered_and_refuses_unknown_reshape():
         exgrpo_token_loss(FamilyLossInputs(log_prob=torch.zeros(1, 1), old_log_prob=torch.zeros(1, 1),
                                            advantages=torch.zeros(1, 1), response_mask=torch.ones(1, 1),
                                            prefix_mask=torch.ones(1, 1)), ExgrpoLossConfig(off_policy_reshape="logp"))
+
+
+def test_batch_mixing_and_bookkeeping_rules_by_hand():
+    pool = {4: ["t"], 9: [], 2: ["t", "u"], 7: ["t"], 5: ["t"], 3: ["t"]}
+    assert eligible_uids(pool, {7}) == [4, 2, 5, 3]
+    assert eligible_uids(pool, {7}, "first_half") == [4, 2]
+    assert eligible_uids(pool, {7}, "last_half") == [5, 3]
+    with pytest.raises(ValueError, match="exp_sample_range"):
+        eligible_uids(pool, set(), "middle")
+    assert experience_count(128, 0.5, 1000) == 64 and experience_count(128, 0.5, 10) == 10
+    assert experience_count(5, 0.5, 9) == 2  # int(2.5)
+    assert [collect_group(k, 8) for k in range(9)] == [False] + [True] * 7 + [False]
+    assert [retire_group(k, 8) for k in (7, 8)] == [False, True]
+    assert not switch_to_mixed(False, 0.35) and switch_to_mixed(False, 0.36) and switch_to_mixed(True, 0.0)
