@@ -161,3 +161,9 @@ def test_batch_mixing_and_bookkeeping_rules_by_hand():
     assert [collect_group(k, 8) for k in range(9)] == [False] + [True] * 7 + [False]
     assert [retire_group(k, 8) for k in (7, 8)] == [False, True]
     assert not switch_to_mixed(False, 0.35) and switch_to_mixed(False, 0.36) and switch_to_mixed(True, 0.0)
+
+
+def test_spec_hand_values_shaping():
+    from luffy_pool.algorithm.family.common import shaped
+    got = shaped(torch.tensor([0.01, 0.1, 0.5, 1.0, 2.0], dtype=torch.float64)).tolist()
+    assert got == pytest.approx([0.090909, 0.5, 0.833333, 0.909091, 0.952381], abs=1e-6)
