@@ -15,10 +15,11 @@ from verl.trainer.ppo.loss_inputs import AdvantageConfig, AdvantageInputs, Polic
 
 
 def _batch():
-    lp = torch.log(torch.tensor([[0.5, 0.3, 0.8, 0.2], [0.6, 0.35, 0.9, 0.15], [0.4, 0.7, 0.25, 0.5]]))
-    old = torch.log(torch.tensor([[0.4, 0.3, 0.7, 0.5], [0.4, 0.45, 0.85, 0.3], [0.5, 0.6, 0.3, 0.5]]))
-    adv = torch.tensor([[0.875] * 4, [-0.125] * 4, [0.5] * 4])
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    """3 rows x 4 tokens of seeded probabilities: row 0 a full trace, row 1 on-policy, row 2 a 2-token prefix."""
+    g = torch.Generator().manual_seed(35)
+    lp, old = (0.05 + 0.9 * torch.rand(2, 3, 4, generator=g)).log()
+    adv = torch.tensor([0.875, -0.125, 0.5]).unsqueeze(-1).expand(3, 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0] * 4, [1.0, 1.0, 1.0, 0.0]])
     prefix = torch.tensor([[True, True, True, False], [False] * 4, [True, True, False, False]])
     return old, lp, adv, mask, prefix
 
