@@ -1,16 +1,15 @@
-"""LUFFY's mixed-policy algorithm: the group advantage over on- and off-policy rows, its
-post-processing, the token-level on/off-policy loss with policy shaping f(p) = p/(p+γ), the SFT
-multi-task loss, and the adaptive entropy coefficient (docs/METHOD.md §1.7, §1.9).
+"""LUFFY's mixed-policy algorithm as registered ``fn(inputs, cfg)`` functions: the group advantage over on- and
+off-policy rows, the token-level on/off-policy loss with policy shaping f(p) = p/(p+γ), the SFT multi-task loss,
+and the adaptive entropy coefficient (docs/METHOD.md §1.7, §1.9).
 
-Names and keyword arguments follow LUFFY's ``mix_src/mix_core_alg.py`` so its users recognise them.
-Importing this module registers ``grpo_split`` (advantage) and ``luffy_token`` / ``sft_multitask``
-(policy losses) in the registries of :mod:`verl.trainer.ppo.core_algos`.
+Importing this module registers ``grpo_split`` (advantage) and ``luffy_token`` / ``sft_multitask`` (policy
+losses, selected under ``policy_loss=auto`` by ``use_off_policy_loss`` / ``use_sft_multitask_loss``) in the
+registries of :mod:`verl.trainer.ppo.core_algos`. LUFFY's own signatures (``compute_token_on_off_policy_loss``,
+``compute_grpo_outcome_advantage_split``, ...) are thin aliases of these in ``verl.mix_src.mix_core_alg``.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from verl.trainer.ppo.core_algos import (
     aggregate_token_loss,
     broadcast_sequence_advantage,
     clipped_pg_losses,
+    finish_advantage,
     group_normalized_scores,
     ppo_clip_loss,
     register_adv_est,
@@ -38,70 +38,22 @@ _SHAPING_GAMMA = {"p_div_p_0.1": 0.1, "p_div_p_0.3": 0.3, "p_div_p_0.5": 0.5}
 # ----------------------------------------------------------------------------------------------------
 # Advantage (driver side)
 # ----------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def compute_grpo_outcome_advantage_split(
-    token_level_rewards: torch.Tensor,
-    eos_mask: torch.Tensor,
-    index: Sequence[Any],
-    on_policy_mask: torch.Tensor,
-    epsilon: float = 1e-6,
-    use_std: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO with statistics from the on-policy rows of each group only (docs/METHOD.md §1.7 ``grpo_split``).
-
-    μ_G, σ_G (unbiased) over rows with ``on_policy_mask`` True (= no prefix token); one such row →
-    μ=0, σ=1; σ=0 → 1. Every row, off-policy ones included, gets ``(s_i − μ_G)/(σ_G + ε)``, or
-    ``s_i − μ_G`` without ``use_std``. A group with no on-policy row raises ValueError.
-    """
-    seq_adv = group_normalized_scores(
-        sequence_scores(token_level_rewards), index, epsilon, use_std,
-        stats_mask=on_policy_mask.bool(), zero_std_as_one=True,
-    )
-    return broadcast_sequence_advantage(seq_adv, eos_mask)
-
-
 @register_adv_est("grpo_split")
+@torch.no_grad()
 def grpo_split_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """``grpo_split``: :func:`compute_grpo_outcome_advantage_split` with ``cfg.grpo_use_std``."""
+    """``grpo_split``: GRPO with statistics from the on-policy rows of each group only (docs/METHOD.md §1.7).
+
+    μ_G, σ_G (unbiased) over rows with ``inputs.on_policy_mask`` True (= no prefix token); one such row →
+    μ=0, σ=1; σ=0 → 1. Every row, off-policy ones included, gets ``(s_i − μ_G)/(σ_G + ε)``, or ``s_i − μ_G``
+    without ``cfg.grpo_use_std``; then LUFFY's post-processing (``cfg.mixed``). A group with no on-policy row
+    raises ValueError.
+    """
     if inputs.on_policy_mask is None:
         raise ValueError("adv_estimator='grpo_split' needs on_policy_mask (the rows without prefix tokens)")
-    return compute_grpo_outcome_advantage_split(inputs.token_level_rewards, inputs.response_mask, inputs.index,
-                                                inputs.on_policy_mask, use_std=cfg.grpo_use_std)
-
-
-def apply_prefix_reward_weights(
-    advantages: torch.Tensor, prefix_mask: torch.Tensor, alpha: float = 1.0, beta: float = 1.0
-) -> torch.Tensor:
-    """Post-processing step 1: ``A ← A·(α·P + β·¬P)`` token-wise (``prefix_reward_weight_alpha/beta``)."""
-    prefix = prefix_mask.bool()
-    return advantages * (alpha * prefix.to(advantages.dtype) + beta * (~prefix).to(advantages.dtype))
-
-
-def zero_truncated_advantages(
-    advantages: torch.Tensor,
-    responses: torch.Tensor,
-    pad_token_id: int,
-    eos_token_id: int | Sequence[int],
-    max_response_length: int,
-) -> torch.Tensor:
-    """Post-processing step 2 (``data.disable_truncation_advantage``): A = 0 for truncated rows.
-
-    A row is truncated when it has ``>= max_response_length`` non-pad tokens and no EOS token.
-    """
-    eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
-                           device=responses.device)
-    response_length = (responses != pad_token_id).sum(dim=-1)
-    no_eos = ~torch.isin(responses, eos_ids).any(dim=-1)
-    truncated = (response_length >= max_response_length) & no_eos
-    return advantages.masked_fill(truncated.unsqueeze(-1), 0.0)
-
-
-def apply_sft_prefix_reward(
-    advantages: torch.Tensor, prefix_mask: torch.Tensor, sft_prefix_reward_weight: float, n_samples: int
-) -> torch.Tensor:
-    """Post-processing step 3 (``actor.use_sft_prefix_reward``, LUFFY requires ``n_prefix=-1``):
-    ``A := sft_prefix_reward_weight / n_samples`` at every prefix token."""
-    return advantages.masked_fill(prefix_mask.bool(), sft_prefix_reward_weight / n_samples)
+    seq_adv = group_normalized_scores(sequence_scores(inputs.token_level_rewards), inputs.index,
+                                      use_std=cfg.grpo_use_std, epsilon=cfg.epsilon,
+                                      stats_mask=inputs.on_policy_mask.bool(), zero_std_as_one=True)
+    return finish_advantage(*broadcast_sequence_advantage(seq_adv, inputs.response_mask), inputs, cfg)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -113,8 +65,7 @@ def _shaped(prob: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 def on_policy_ratio(
-    log_prob: torch.Tensor, old_log_prob: torch.Tensor, reshape: str = "no_reshape",
-    weight: float = 1.0, pow_exp: float = 0.5,
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, reshape: str, weight: float, pow_exp: float
 ) -> torch.Tensor:
     """On-policy ratio ρ for ``on_policy_reshape`` (d = ℓ − ℓ_old, w = weight, e = pow_exp).
 
@@ -138,9 +89,7 @@ def on_policy_ratio(
     raise ValueError(f"unknown on_policy_reshape {reshape!r}; valid: {list(ON_POLICY_RESHAPES)}")
 
 
-def off_policy_weight(
-    log_prob: torch.Tensor, reshape: str = "no_reshape", weight: float = 1.0, pow_exp: float = 0.5
-) -> torch.Tensor:
+def off_policy_weight(log_prob: torch.Tensor, reshape: str, weight: float, pow_exp: float) -> torch.Tensor:
     """Off-policy weight f(p) for ``off_policy_reshape`` (p = exp(ℓ), behaviour prob taken as 1).
 
     ``no_reshape``: p; ``logp``: w·ℓ; ``p_logp``: p + w·ℓ; ``square_root``: √p; ``pow``: p^e;
@@ -164,11 +113,22 @@ def off_policy_weight(
 
 # ----------------------------------------------------------------------------------------------------
 # Losses (actor side): registered as fn(PolicyLossInputs, cfg) -> (loss, metrics); cfg is the actor's
-# LossSection (luffy_pool/config/sections.py). LUFFY's functions below keep its names and arguments.
+# LossSection (luffy_pool/config/sections.py).
 # ----------------------------------------------------------------------------------------------------
-def _token_loss(inputs: PolicyLossInputs, cfg, behaviour_probs: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
-    """LUFFY's mixed token loss on probabilities (``behaviour_probs``: the behaviour policy's p per token, NaN =
-    unknown, or None); :func:`luffy_token_loss` documents the math."""
+@register_policy_loss("luffy_token", auto_switch="use_off_policy_loss")
+def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
+    """LUFFY's mixed token loss ``L = P·c·L_off + (1−P)·L_on`` (docs/METHOD.md §1.9), aggregated over ``m``.
+
+    On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio` with ``on_policy_reshape*``), with the PPO clip
+    ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` (ε = ``clip_ratio``) unless ``loss_remove_clip``.
+    Off-policy: ``L_off = −A·f(p)`` (:func:`off_policy_weight` with ``off_policy_reshape*``), or
+    ``f = p/(π_b + 1e-6)`` with ``π_b = exp(behaviour_log_probs)`` when the inputs carry them (tokens whose
+    behaviour is NaN, unknown, keep ``f(p)``); ``f`` is then clamped to ``[off_policy_min_clip,
+    off_policy_max_clip]`` (-1 = off). No old log-prob, no trust region. ``c = off_policy_loss_coef`` (1 in
+    LUFFY). ``all_max_clip`` (-1 = off) drops tokens with ``p > all_max_clip`` from the loss. Aggregation:
+    ``Σ L·m / width`` if ``loss_remove_token_mean``, else ``Σ L·m / Σ m``. Metrics over an empty token set
+    are 0; ``on_pg_clipfrac`` is over all valid tokens (as LUFFY); ``off_pg_loss`` is before ``c``.
+    """
     log_prob, old_log_prob, advantages = inputs.log_prob, inputs.old_log_prob, inputs.advantages
     if inputs.prefix_mask is None:
         raise ValueError("the luffy_token loss needs prefix_mask (the off-policy tokens)")
@@ -189,13 +149,15 @@ def _token_loss(inputs: PolicyLossInputs, cfg, behaviour_probs: torch.Tensor | N
 
     shaped = off_policy_weight(log_prob, cfg.off_policy_reshape, cfg.off_policy_reshape_weight,
                                cfg.off_policy_reshape_pow_exp)
-    if behaviour_probs is None:
+    behaviour = inputs.behaviour_log_probs
+    if behaviour is None:
         off_ratio = shaped
     else:
-        if behaviour_probs.shape != log_prob.shape:
+        if behaviour.shape != log_prob.shape:
             raise ValueError(
-                f"behaviour probs shape {tuple(behaviour_probs.shape)} != log_prob shape {tuple(log_prob.shape)}"
+                f"behaviour probs shape {tuple(behaviour.shape)} != log_prob shape {tuple(log_prob.shape)}"
             )
+        behaviour_probs = behaviour.exp().to(log_prob.dtype)
         # NaN = behaviour unknown (e.g. a dataset target next to self-replayed traces): the configured shaping.
         unknown = torch.isnan(behaviour_probs)
         importance = prob / (torch.where(unknown, torch.ones_like(behaviour_probs), behaviour_probs) + 1e-6)
@@ -236,104 +198,12 @@ def _token_loss(inputs: PolicyLossInputs, cfg, behaviour_probs: torch.Tensor | N
     }
 
 
-@register_policy_loss("luffy_token")
-def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
-    """LUFFY's mixed token loss ``L = P·c·L_off + (1−P)·L_on`` (docs/METHOD.md §1.9), aggregated over ``m``.
-
-    On-policy: ``L_on = −A·ρ`` (:func:`on_policy_ratio` with ``on_policy_reshape*``), with the PPO clip
-    ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))`` (ε = ``clip_ratio``) unless ``loss_remove_clip``.
-    Off-policy: ``L_off = −A·f(p)`` (:func:`off_policy_weight` with ``off_policy_reshape*``), or
-    ``f = p/(π_b + 1e-6)`` with ``π_b = exp(behaviour_log_probs)`` when the inputs carry them (tokens whose
-    behaviour is NaN, unknown, keep ``f(p)``); ``f`` is then clamped to ``[off_policy_min_clip,
-    off_policy_max_clip]`` (-1 = off). No old log-prob, no trust region. ``c = off_policy_loss_coef`` (1 in
-    LUFFY). ``all_max_clip`` (-1 = off) drops tokens with ``p > all_max_clip`` from the loss. Aggregation:
-    ``Σ L·m / width`` if ``loss_remove_token_mean``, else ``Σ L·m / Σ m``. Metrics over an empty token set
-    are 0; ``on_pg_clipfrac`` is over all valid tokens (as LUFFY); ``off_pg_loss`` is before ``c``.
-    """
-    behaviour = inputs.behaviour_log_probs
-    return _token_loss(inputs, cfg, None if behaviour is None else behaviour.exp().to(inputs.log_prob.dtype))
-
-
-@dataclass(frozen=True)
-class _TokenLossArgs:
-    """LUFFY's token-loss keyword arguments under the actor keys :func:`luffy_token_loss` reads."""
-
-    clip_ratio: float
-    clip_upper_bound: float
-    off_policy_max_clip: float | None
-    off_policy_min_clip: float | None
-    all_max_clip: float | None
-    off_policy_reshape: str
-    off_policy_reshape_weight: float
-    off_policy_reshape_pow_exp: float
-    on_policy_reshape: str
-    on_policy_reshape_weight: float
-    on_policy_reshape_pow_exp: float
-    loss_remove_token_mean: bool
-    loss_remove_clip: bool
-    off_policy_loss_coef: float = 1.0
-
-
-def compute_token_on_off_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    eos_mask: torch.Tensor,
-    cliprange: float,
-    clip_upper_bound: float,
-    prefix_mask: torch.Tensor,
-    off_cliprange: float | None = None,
-    off_normalize: bool = False,
-    off_abs_cliprange: float | None = None,
-    off_max_clip: float | None = None,
-    off_min_clip: float | None = None,
-    all_max_clip: float | None = None,
-    off_policy_reshape: str = "no_reshape",
-    off_policy_reshape_weight: float = 1.0,
-    off_policy_reshape_pow_exp: float = 0.5,
-    on_policy_reshape: str = "no_reshape",
-    on_policy_reshape_weight: float = 1.0,
-    on_policy_reshape_pow_exp: float = 0.5,
-    target_probs: torch.Tensor | None = None,
-    loss_remove_token_mean: bool = False,
-    loss_remove_clip: bool = False,
-) -> dict[str, torch.Tensor]:
-    """LUFFY's signature of :func:`luffy_token_loss` (LUFFY compatibility, for users' scripts).
-
-    ``eos_mask`` is the response mask; ``target_probs`` the behaviour *probabilities* (NaN = unknown) and
-    ``off_max_clip`` / ``off_min_clip`` / ``all_max_clip`` the clamps (None or -1 = off). Returns LUFFY's dict:
-    ``pg_loss``, the loss's metrics, and ``off_pg_clipfrac``, which is always 0 (the token loss never clips
-    off-policy tokens; kept because LUFFY returns it). ``off_cliprange`` is accepted and unused, as in
-    LUFFY; ``off_normalize`` and ``off_abs_cliprange`` belong to LUFFY's unwired sequence-level loss and are
-    rejected.
-    """
-    if off_normalize:
-        raise ValueError("off_policy_normalize=True is only meaningful for LUFFY's sequence-level loss, "
-                         "which is not implemented; the token loss (off_policy_loss_impl=token) needs False")
-    if clamp_bound(off_abs_cliprange) is not None:
-        raise ValueError("off_abs_cliprange is not supported by the token-level on/off-policy loss")
-    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                              response_mask=eos_mask, prefix_mask=prefix_mask)
-    cfg = _TokenLossArgs(
-        clip_ratio=cliprange, clip_upper_bound=clip_upper_bound, off_policy_max_clip=off_max_clip,
-        off_policy_min_clip=off_min_clip, all_max_clip=all_max_clip, off_policy_reshape=off_policy_reshape,
-        off_policy_reshape_weight=off_policy_reshape_weight, off_policy_reshape_pow_exp=off_policy_reshape_pow_exp,
-        on_policy_reshape=on_policy_reshape, on_policy_reshape_weight=on_policy_reshape_weight,
-        on_policy_reshape_pow_exp=on_policy_reshape_pow_exp, loss_remove_token_mean=loss_remove_token_mean,
-        loss_remove_clip=loss_remove_clip)
-    pg_loss, metrics = _token_loss(inputs, cfg, target_probs)
-    out = {"pg_loss": pg_loss, "off_pg_loss": metrics.pop("off_pg_loss"), "on_pg_loss": metrics.pop("on_pg_loss"),
-           "off_pg_clipfrac": torch.zeros((), device=log_prob.device)}
-    out.update(metrics)
-    return out
-
-
 def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> torch.Tensor:
     """Negative log-likelihood token mean ``masked_mean(−ℓ, m)``; 0 when there is no valid token."""
     return verl_F.masked_mean_or_zero(-log_prob, eos_mask)
 
 
-@register_policy_loss("sft_multitask")
+@register_policy_loss("sft_multitask", auto_switch="use_sft_multitask_loss")
 def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
     """RL + SFT multi-task loss (``use_sft_multitask_loss``, docs/METHOD.md §1.9 "Other actor-side paths").
 
@@ -352,37 +222,6 @@ def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dic
                          advantages=inputs.advantages[on_rows], response_mask=inputs.response_mask[on_rows]), cfg)
     return cfg.sft_loss_coef * sft_loss + on_pg_loss, {
         "sft_loss": sft_loss, "on_pg_loss": on_pg_loss, "pg_clipfrac": on["pg_clipfrac"], "ppo_kl": on["ppo_kl"]}
-
-
-@dataclass(frozen=True)
-class _SftMultitaskArgs:
-    """The keyword arguments of :func:`compute_sft_multitask_loss` under the actor keys the loss reads."""
-
-    clip_ratio: float
-    sft_loss_coef: float
-    loss_remove_token_mean: bool
-    loss_remove_clip: bool
-
-
-def compute_sft_multitask_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    eos_mask: torch.Tensor,
-    prefix_mask: torch.Tensor,
-    cliprange: float,
-    sft_loss_coef: float = 1.0,
-    loss_remove_token_mean: bool = False,
-    loss_remove_clip: bool = False,
-) -> dict[str, torch.Tensor]:
-    """Keyword form of :func:`sft_multitask_loss` (``eos_mask`` = the response mask) -> ``{pg_loss, sft_loss,
-    on_pg_loss, pg_clipfrac, ppo_kl}``."""
-    pg_loss, metrics = sft_multitask_loss(
-        PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=eos_mask,
-                         prefix_mask=prefix_mask),
-        _SftMultitaskArgs(clip_ratio=cliprange, sft_loss_coef=sft_loss_coef,
-                          loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip))
-    return {"pg_loss": pg_loss, **metrics}
 
 
 # ----------------------------------------------------------------------------------------------------

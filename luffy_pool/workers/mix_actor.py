@@ -1,39 +1,31 @@
-"""LUFFY's actor update: the mixed on/off-policy token loss on top of the data-parallel actor.
+"""LUFFY's actor: the data-parallel actor plus what LUFFY adds around the policy loss.
 
-Off-policy tokens (``prefix_mask``) are weighted by the shaped probability f(p) = p/(p+γ); on-policy
-tokens keep the (optionally clipped / reshaped) importance ratio (docs/METHOD.md §1.9). With
-``use_sft_multitask_loss`` off-policy rows get a plain NLL term instead (the "RL w/ SFT loss"
-baseline); with neither flag the plain verl PPO loss applies. The loss is looked up by name in the
-policy-loss registry and called as ``fn(PolicyLossInputs, cfg)`` (luffy_pool/algorithm/loss_config.py gives the name and
-``cfg``). The adaptive entropy coefficient (``use_adaptive_temperature``) also lives here because it is LUFFY-only.
+The loss itself is selected and called by the base actor (``actor.policy_loss``; under ``auto`` LUFFY's switches
+choose ``luffy_token`` (use_off_policy_loss), ``sft_multitask`` (use_sft_multitask_loss) or ``vanilla``;
+docs/METHOD.md §1.9). This class adds the tensors LUFFY's losses read (``prefix_mask``, and the behaviour
+log-probs with ``use_off_policy_probs``), the ``use_ppo_kl_loss`` term, and the adaptive entropy coefficient
+(``use_adaptive_temperature``), which are LUFFY-only.
 """
 from __future__ import annotations
 
 import math
 
-from luffy_pool.config.sections import LossSection, LuffyActorSection
-from luffy_pool.algorithm.loss_config import policy_loss_name, policy_loss_section
 from luffy_pool.algorithm.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
-from verl.trainer.ppo.core_algos import get_policy_loss_fn
-from verl.trainer.ppo.loss_inputs import PolicyLossInputs
+from luffy_pool.config.sections import LuffyActorSection
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
 
 class MIXDataParallelPPOActor(DataParallelPPOActor):
     """Data-parallel actor whose loss understands ``prefix_mask`` (off-policy tokens)."""
 
+    section_cls = LuffyActorSection
+
     def __init__(self, config, actor_module, actor_optimizer=None, **kw):
         super().__init__(config, actor_module, actor_optimizer, **kw)
-        section = self.update_config
-        # the loss view of the actor section (the worker's, built at start), else built from ``config``
-        self.loss_cfg = loss = section.loss if isinstance(section, LuffyActorSection) else LossSection.from_actor_config(config)
-        if loss.use_off_policy_loss and loss.use_sft_multitask_loss:
-            raise ValueError("actor.use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True")
-        self.policy_loss = policy_loss_name(loss)
-        # the loss's own section, built once; an unknown name fails here, naming the registered ones
-        self.policy_loss_cfg = policy_loss_section(config, self.policy_loss, loss)
-        self.policy_loss_fn = get_policy_loss_fn(self.policy_loss)
         self.adaptive_entropy = None
+        if self.update_config is None:  # a log-prob-only actor: no loss
+            return
+        self.loss_cfg = loss = self.update_config.loss
         if loss.use_adaptive_temperature or loss.use_adaptive_temperature_fixed:
             self.adaptive_entropy = AdaptiveEntropyCoeff(
                 entropy_coeff=loss.entropy_coeff, target_entropy=loss.adaptive_temperature_target_entropy,
@@ -46,25 +38,15 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
             keys.append("behaviour_log_probs")
         return keys
 
-    def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
-        """The registered loss ``policy_loss_name(config)`` on this micro-batch (luffy_pool/algorithm/loss_config.py)."""
-        cfg = self.loss_cfg
-        inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro.get("old_log_probs"),
-                                  advantages=micro.get("advantages"), response_mask=response_mask,
-                                  prefix_mask=micro.get("prefix_mask"),
-                                  behaviour_log_probs=micro.get("behaviour_log_probs") if cfg.use_off_policy_probs
-                                  else None)
-        pg_loss, out = self.policy_loss_fn(inputs, self.policy_loss_cfg)
-        metrics = {f"actor/{k}": v.item() for k, v in out.items()}
-        raw_pg_loss = pg_loss
-        if cfg.use_ppo_kl_loss:
-            if "ppo_kl" not in out:
-                raise ValueError(f"actor.use_ppo_kl_loss=True but policy loss {self.policy_loss!r} returns no 'ppo_kl'")
-            ppo_kl_loss = out["ppo_kl"].abs()
-            pg_loss = pg_loss + cfg.ppo_kl_loss_coef * ppo_kl_loss
-            metrics["actor/ppo_kl_loss"] = ppo_kl_loss.item()
-        metrics["actor/pg_loss"] = raw_pg_loss.item()
-        return pg_loss, metrics
+    def extra_policy_loss(self, loss_metrics, metrics):
+        """``use_ppo_kl_loss``: ``ppo_kl_loss_coef·|ppo_kl|`` of the registered loss's ``ppo_kl``."""
+        if not self.loss_cfg.use_ppo_kl_loss:
+            return None
+        if "ppo_kl" not in loss_metrics:
+            raise ValueError(f"actor.use_ppo_kl_loss=True but policy loss {self.policy_loss!r} returns no 'ppo_kl'")
+        ppo_kl_loss = loss_metrics["ppo_kl"].abs()
+        metrics["actor/ppo_kl_loss"] = ppo_kl_loss.item()
+        return self.loss_cfg.ppo_kl_loss_coef * ppo_kl_loss
 
     def entropy_coeff(self, entropy_value) -> float:
         if self.adaptive_entropy is None:

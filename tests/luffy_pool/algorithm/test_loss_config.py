@@ -1,5 +1,5 @@
-"""The config-to-loss mapping and the policy-loss registry driving the LUFFY actor (no if/elif on flags): every
-loss is ``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, ``cfg`` its own section."""
+"""The config-to-loss mapping and the policy-loss registry driving both actors (one dispatch, no if/elif on flags):
+every loss is ``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, ``cfg`` its own section."""
 import math
 import sys
 from dataclasses import dataclass
@@ -9,11 +9,12 @@ import torch
 from omegaconf import OmegaConf
 
 from luffy_pool.config.sections import LossSection
-from luffy_pool.algorithm.loss_config import policy_loss_name, policy_loss_section
 from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
-from luffy_pool.algorithm.mix_core_alg import compute_token_on_off_policy_loss
-from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss, register_policy_loss
-from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys
+from verl.mix_src.mix_core_alg import compute_token_on_off_policy_loss
+from verl.trainer.ppo.core_algos import (POLICY_LOSS_REGISTRY, compute_policy_loss, policy_loss_config,
+                                         register_policy_loss)
+from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys, resolve_policy_loss
+from verl.workers.actor.dp_actor import DataParallelPPOActor
 
 A = "actor_rollout_ref.actor"
 # LUFFY's train.sh actor keys (docs/METHOD.md §2.1) on top of the YAML defaults.
@@ -26,8 +27,14 @@ def _actor_cfg(compose_config, *overrides):
     return cfg.actor_rollout_ref.actor
 
 
-def _actor(cfg):
-    return MIXDataParallelPPOActor(cfg, torch.nn.Linear(1, 1))
+def _actor(cfg, cls=MIXDataParallelPPOActor):
+    module = torch.nn.Linear(1, 1)
+    return cls(cfg, module, torch.optim.SGD(module.parameters(), lr=0.0))
+
+
+def _loss_cfg(actor_cfg, name):
+    """The ``cfg`` the actor calls the loss ``name`` with."""
+    return policy_loss_config(name, actor_cfg, LossSection.from_actor_config(actor_cfg))
 
 
 def _micro():
@@ -41,14 +48,44 @@ def _micro():
 
 
 def test_auto_picks_the_loss_luffys_switches_select(compose_config):
-    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config))) == "vanilla"
-    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config, *LUFFY_ACTOR))) == "luffy_token"
-    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True"))) == "sft_multitask"
-    assert policy_loss_name(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss"))) == "my_loss"
+    assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config))) == "vanilla"
+    assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, *LUFFY_ACTOR))) == "luffy_token"
+    assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True"))) == "sft_multitask"
+    assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss"))) == "my_loss"
+    both = LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_off_policy_loss=True",
+                                                    f"{A}.use_sft_multitask_loss=True"))
+    with pytest.raises(ValueError, match="use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True"):
+        resolve_policy_loss(both)
+
+
+def test_both_actors_select_the_loss_through_the_registry(compose_config):
+    """One dispatch: verl's actor and LUFFY's resolve, look up and call the loss the same way; the base actor's
+    section has no LUFFY switch, so ``auto`` is ``vanilla`` there, as in verl."""
+    luffy = _actor(_actor_cfg(compose_config, *LUFFY_ACTOR))
+    base = _actor(_actor_cfg(compose_config, *LUFFY_ACTOR), cls=DataParallelPPOActor)
+    assert (luffy.policy_loss, base.policy_loss) == ("luffy_token", "vanilla")
+    assert luffy.policy_loss_fn is POLICY_LOSS_REGISTRY["luffy_token"] and base.policy_loss_fn is POLICY_LOSS_REGISTRY["vanilla"]
+
+    @register_policy_loss("i35_test_prefix_tokens")
+    def prefix_tokens(inputs, cfg):
+        """A loss of the base keys only that reports the prefix tokens it was handed."""
+        return cfg.clip_ratio * inputs.log_prob.sum(), {"prefix_tokens": inputs.prefix_mask.sum().float()}
+
+    try:
+        named = _actor(_actor_cfg(compose_config, f"{A}.policy_loss=i35_test_prefix_tokens"), cls=DataParallelPPOActor)
+        micro, log_prob, mask = _micro()
+        # the base actor hands the loss the micro-batch's prefix_mask as LUFFY's does
+        loss, metrics = named.compute_policy_loss(micro, log_prob, None, mask)
+        assert loss.item() == pytest.approx(0.2 * log_prob.sum().item()) and metrics["actor/prefix_tokens"] == 3.0
+        assert metrics["actor/pg_loss"] == loss.item()
+    finally:
+        POLICY_LOSS_REGISTRY.pop("i35_test_prefix_tokens")
+    with pytest.raises(ValueError, match=r"unknown policy loss 'vanila'.*'vanilla'"):
+        _actor(_actor_cfg(compose_config, f"{A}.policy_loss=vanila"), cls=DataParallelPPOActor)
 
 
 def test_a_builtin_loss_reads_the_actor_loss_section_with_luffys_values(compose_config):
-    cfg = policy_loss_section(_actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10",
+    cfg = _loss_cfg(_actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10",
                                          f"{A}.sft_loss_coef=0.5"), "luffy_token")
     assert isinstance(cfg, LossSection)
     assert (cfg.clip_ratio, cfg.clip_upper_bound, cfg.loss_remove_token_mean, cfg.loss_remove_clip) == (0.2, 1.0, True, True)
@@ -117,10 +154,10 @@ def test_a_loss_with_its_own_knob_gets_its_dataclass_built_from_the_actor_group(
 
     try:
         assert "i26_scale" in registered_loss_keys()
-        loss_cfg = policy_loss_section(_actor_cfg(compose_config, f"{A}.policy_loss=i26_test_scaled",
+        loss_cfg = _loss_cfg(_actor_cfg(compose_config, f"{A}.policy_loss=i26_test_scaled",
                                                   f"+{A}.i26_scale=3.0", f"{A}.clip_ratio=0.3"), "i26_test_scaled")
         assert loss_cfg == _ScaledKnobs(clip_ratio=0.3, i26_scale=3.0)
-        assert policy_loss_section(_actor_cfg(compose_config), "i26_test_scaled").i26_scale == 1.0  # its default
+        assert _loss_cfg(_actor_cfg(compose_config), "i26_test_scaled").i26_scale == 1.0  # its default
     finally:
         POLICY_LOSS_REGISTRY.pop("i26_test_scaled")
         POLICY_LOSS_CONFIGS.pop("i26_test_scaled")
@@ -175,7 +212,7 @@ def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_ar
         assert prepare_overrides(overrides)[-1] == f"++{A}.i26_user_knob=2.0"
         cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
         assert not [e for e in validate_config(cfg) if "i26_user_knob" in e]
-        assert policy_loss_section(cfg.actor_rollout_ref.actor, "i26_user_loss").i26_user_knob == 2.0
+        assert _loss_cfg(cfg.actor_rollout_ref.actor, "i26_user_loss").i26_user_knob == 2.0
         with pytest.raises(ConfigError, match="could not be imported"):
             prepare_overrides([f"{lib}=no_such_module_i26"])
     finally:

@@ -15,6 +15,7 @@ from luffy_pool.config.check import validate_config
 from luffy_pool.config.compose import compose_config
 from luffy_pool.config.sections import LossSection
 from luffy_pool.rollout.off_policy_pool import logprobs_from_target_probs, unknown_behaviour_metrics
+from verl.mix_src.mix_core_alg import compute_token_on_off_policy_loss
 from verl.trainer.ppo import core_algos as ca
 from verl.trainer.ppo.kl import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.loss_inputs import PolicyLossInputs
@@ -114,6 +115,6 @@ def test_luffy_token_loss_reads_clip_upper_bound_as_luffy():
     old, log_prob, adv, mask = _case()
     prefix = torch.zeros(2, 3, dtype=torch.bool)
     kw = dict(cliprange=0.2, prefix_mask=prefix, off_cliprange=0.2)
-    wide = mca.compute_token_on_off_policy_loss(old, log_prob, adv, mask, clip_upper_bound=1.5, **kw)["pg_loss"]
-    narrow = mca.compute_token_on_off_policy_loss(old, log_prob, adv, mask, clip_upper_bound=1.0, **kw)["pg_loss"]
+    wide = compute_token_on_off_policy_loss(old, log_prob, adv, mask, clip_upper_bound=1.5, **kw)["pg_loss"]
+    narrow = compute_token_on_off_policy_loss(old, log_prob, adv, mask, clip_upper_bound=1.0, **kw)["pg_loss"]
     assert wide.item() < narrow.item()  # ratios 1.35 / 1.49 clipped at 1.5 instead of 1.2

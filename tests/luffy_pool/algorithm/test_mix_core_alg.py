@@ -1,7 +1,14 @@
 """LUFFY's mixed advantage, post-processing, token on/off-policy loss, SFT losses and adaptive entropy
-coefficient, pinned with hand-computed values and autograd of direct formulas (docs/METHOD.md §1.7, §1.9, §8 items 3-4)."""
+coefficient, pinned with hand-computed values and autograd of direct formulas (docs/METHOD.md §1.7, §1.9, §8 items 3-4).
+
+The registered functions are called as ``fn(inputs, cfg)``: ``cfg`` is the actor's loss section of the YAML with
+the knobs a test sets (YAML key names), or ``AdvantageConfig`` for the estimator. LUFFY's signatures are tested
+against these in tests/verl/mix_src/test_mix_core_alg_aliases.py.
+"""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import pytest
@@ -9,8 +16,23 @@ import torch
 
 from luffy_pool.algorithm import mix_core_alg as mca
 from verl.trainer.ppo import core_algos as ca
+from verl.trainer.ppo.loss_inputs import AdvantageConfig, AdvantageInputs, MixedAdvantageConfig, PolicyLossInputs
 
 LN = math.log
+
+
+@functools.lru_cache(maxsize=1)
+def _yaml_loss_section():
+    from luffy_pool.config.compose import actor_config
+    from luffy_pool.config.sections import LossSection
+
+    return LossSection.from_actor_config(actor_config())
+
+
+def _cfg(**knobs):
+    """The YAML's actor loss section with ``knobs`` (actor key names) replaced; no checks, so a bad value reaches
+    the loss."""
+    return dataclasses.replace(_yaml_loss_section(), **knobs)
 
 
 def _scalar_case(log_prob: float, old_log_prob: float, adv: float, prefix: bool):
@@ -19,11 +41,14 @@ def _scalar_case(log_prob: float, old_log_prob: float, adv: float, prefix: bool)
     return torch.tensor([[old_log_prob]]), lp, torch.tensor([[adv]]), torch.ones(1, 1), torch.tensor([[prefix]])
 
 
-def _token_loss(old, lp, adv, mask, prefix, **kwargs):
-    kwargs.setdefault("cliprange", 0.2)
-    kwargs.setdefault("clip_upper_bound", 1.0)
-    kwargs.setdefault("off_cliprange", 0.2)
-    return mca.compute_token_on_off_policy_loss(old, lp, adv, mask, prefix_mask=prefix, **kwargs)
+def _token_loss(old, lp, adv, mask, prefix, target_probs=None, **knobs):
+    """``luffy_token`` on these tensors (``target_probs``: behaviour probabilities, given to the loss as their
+    log) -> ``{pg_loss, **metrics}``; clip_ratio 0.2 and clip_upper_bound 1.0 as the YAML."""
+    behaviour = None if target_probs is None else target_probs.log()
+    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix,
+                              behaviour_log_probs=behaviour)
+    pg_loss, metrics = ca.get_policy_loss_fn("luffy_token")(inputs, _cfg(**knobs))
+    return {"pg_loss": pg_loss, **metrics}
 
 
 # ---------------------------------------------------------------- registration
@@ -31,6 +56,7 @@ def test_importing_mix_core_alg_registers_estimator_and_losses():
     assert ca.get_adv_estimator_fn("grpo_split") is mca.grpo_split_advantage
     assert ca.get_policy_loss_fn("luffy_token") is mca.luffy_token_loss
     assert ca.get_policy_loss_fn("sft_multitask") is mca.sft_multitask_loss
+    assert ca.POLICY_LOSS_SWITCHES == {"luffy_token": "use_off_policy_loss", "sft_multitask": "use_sft_multitask_loss"}
 
 
 # ---------------------------------------------------------------- grpo_split
@@ -40,15 +66,21 @@ def _group(scores, width=2):
     return rewards, torch.ones(len(scores), width)
 
 
+def _split(rewards, mask, index, on, use_std=True):
+    """The registered ``grpo_split`` estimator (no post-processing)."""
+    return ca.get_adv_estimator_fn("grpo_split")(AdvantageInputs(rewards, mask, index, on_policy_mask=on),
+                                                 AdvantageConfig(grpo_use_std=use_std))
+
+
 def test_grpo_split_statistics_exclude_off_policy_rows():
     # row 0 off-policy (score 1); on-policy rows score 1, 0, 0: mu_on = 1/3
     rewards, mask = _group([1, 1, 0, 0])
     on = torch.tensor([False, True, True, True])
-    adv, returns = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u"] * 4, on, use_std=False)
+    adv, returns = _split(rewards, mask, ["u"] * 4, on, use_std=False)
     assert torch.allclose(adv[:, 0], torch.tensor([2 / 3, 2 / 3, -1 / 3, -1 / 3]))
     assert torch.equal(adv, returns)
     # with std: unbiased sigma_on = sqrt((4/9 + 1/9 + 1/9)/2) = sqrt(1/3) = 0.577350
-    adv, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u"] * 4, on, use_std=True)
+    adv, _ = _split(rewards, mask, ["u"] * 4, on, use_std=True)
     assert torch.allclose(adv[:, 0], torch.tensor([1.154700, 1.154700, -0.577350, -0.577350]), atol=1e-5)
 
 
@@ -56,56 +88,75 @@ def test_grpo_split_zero_std_becomes_one_and_off_rows_get_score_minus_mean():
     # on-policy rows all 0 -> mu 0, sigma 0 -> 1; off row: (1 - 0)/(1 + 1e-6)
     rewards, mask = _group([1, 0, 0, 0])
     on = torch.tensor([False, True, True, True])
-    adv, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u"] * 4, on)
+    adv, _ = _split(rewards, mask, ["u"] * 4, on)
     assert torch.allclose(adv[:, 0], torch.tensor([1 / (1 + 1e-6), 0.0, 0.0, 0.0]))
 
 
 def test_grpo_split_single_on_policy_row_uses_mean_zero_std_one():
     rewards, mask = _group([1.0, 0.5])
-    adv, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, ["u", "u"], torch.tensor([False, True]),
-                                                      use_std=False)
+    adv, _ = _split(rewards, mask, ["u", "u"], torch.tensor([False, True]), use_std=False)
     assert torch.allclose(adv[:, 0], torch.tensor([1.0, 0.5]))
 
 
 def test_grpo_split_equals_grpo_when_every_row_is_on_policy():
     rewards, mask = _group([1, 0, 1, 1, 0, 0])
     index = ["a", "a", "a", "b", "b", "b"]
-    split, _ = mca.compute_grpo_outcome_advantage_split(rewards, mask, index, torch.ones(6, dtype=torch.bool))
-    plain, _ = ca.compute_grpo_outcome_advantage(rewards, mask, index)
+    split, _ = _split(rewards, mask, index, torch.ones(6, dtype=torch.bool))
+    plain, _ = ca.get_adv_estimator_fn("grpo")(AdvantageInputs(rewards, mask, index), AdvantageConfig())
     assert torch.allclose(split, plain)
 
 
 def test_grpo_split_group_without_on_policy_row_is_an_error():
     rewards, mask = _group([1, 0])
     with pytest.raises(ValueError, match="group 'lonely' has no row"):
-        mca.compute_grpo_outcome_advantage_split(rewards, mask, ["lonely"] * 2, torch.tensor([False, False]))
+        _split(rewards, mask, ["lonely"] * 2, torch.tensor([False, False]))
 
 
 # ---------------------------------------------------------------- advantage post-processing
+def _finish(adv, prefix, alpha=1.0, beta=1.0, truncation=False, sft_prefix_advantage=None, responses=None,
+            eos_token_id=2):
+    """LUFFY's post-processing as every registered estimator ends (``core_algos.finish_advantage``)."""
+    inputs = AdvantageInputs(torch.zeros_like(adv), torch.ones_like(adv), None, prefix_mask=prefix,
+                             responses=responses, pad_token_id=0, eos_token_id=eos_token_id)
+    mixed = MixedAdvantageConfig(prefix_reward_weight_alpha=alpha, prefix_reward_weight_beta=beta,
+                                 disable_truncation_advantage=truncation, sft_prefix_advantage=sft_prefix_advantage)
+    out, returns = ca.finish_advantage(adv, adv, inputs, AdvantageConfig(mixed=mixed))
+    assert returns is adv  # returns are never post-processed
+    return out
+
+
 def test_prefix_reward_weights_scale_prefix_and_non_prefix_tokens():
     adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
     prefix = torch.tensor([[True, False], [False, False]])
     # alpha 0.5 on prefix tokens, beta 2 elsewhere
-    out = mca.apply_prefix_reward_weights(adv, prefix, alpha=0.5, beta=2.0)
+    out = _finish(adv, prefix, alpha=0.5, beta=2.0)
     assert torch.equal(out, torch.tensor([[0.5, 2.0], [4.0, 4.0]]))
 
 
 def test_truncated_rows_without_eos_get_zero_advantage():
     adv = torch.ones(3, 3)
     responses = torch.tensor([[5, 6, 7], [5, 2, 0], [5, 6, 0]])
+    no_prefix = torch.zeros(3, 3, dtype=torch.bool)
     # row 0: 3 non-pad tokens (= max length) and no EOS -> zeroed; row 1 has EOS; row 2 is short
-    out = mca.zero_truncated_advantages(adv, responses, pad_token_id=0, eos_token_id=2, max_response_length=3)
+    out = _finish(adv, no_prefix, truncation=True, responses=responses)
     assert torch.equal(out, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
     # with 7 also an EOS id, row 0 ended properly
-    out = mca.zero_truncated_advantages(adv, responses, pad_token_id=0, eos_token_id=[2, 7], max_response_length=3)
+    out = _finish(adv, no_prefix, truncation=True, responses=responses, eos_token_id=[2, 7])
     assert torch.equal(out, torch.ones(3, 3))
 
 
 def test_sft_prefix_reward_sets_prefix_tokens_to_weight_over_n():
     adv = torch.tensor([[-0.5, -0.5, -0.5]])
-    out = mca.apply_sft_prefix_reward(adv, torch.tensor([[True, True, False]]), sft_prefix_reward_weight=1.0,
-                                      n_samples=8)
+    # sft_prefix_reward_weight 1.0 over n = 8 responses
+    out = _finish(adv, torch.tensor([[True, True, False]]), sft_prefix_advantage=1.0 / 8)
     assert torch.equal(out, torch.tensor([[0.125, 0.125, -0.5]]))
+
+
+def test_without_mixed_knobs_the_estimator_output_is_verls():
+    adv = torch.tensor([[1.0, -2.0]])
+    inputs = AdvantageInputs(torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), None)
+    out, returns = ca.finish_advantage(adv, adv, inputs, AdvantageConfig())
+    assert out is adv and returns is adv  # not even masked: verl's estimators mask themselves
 
 
 # ---------------------------------------------------------------- token loss: one token by hand
@@ -228,7 +279,7 @@ def test_on_policy_clip_upper_is_max_of_bound_and_one_plus_eps():
     lp = torch.log(torch.tensor([[0.75, 0.5]])).requires_grad_(True)
     old = torch.log(torch.tensor([[0.5, 0.5]]))
     adv, mask, prefix = torch.ones(1, 2), torch.ones(1, 2), torch.tensor([[False, True]])
-    out = _token_loss(old, lp, adv, mask, prefix)  # upper = max(1.0, 1.2) = 1.2
+    out = _token_loss(old, lp, adv, mask, prefix)  # upper = max(1.0, 1.2) = 1.2 (YAML's clip_ratio, clip_upper_bound)
     # L_on = max(-1.5, -1.2) = -1.2 (clipped, zero grad); L_off = -0.5; token mean -0.85
     assert out["on_pg_loss"].item() == pytest.approx(-1.2)
     assert out["pg_loss"].item() == pytest.approx(-0.85)
@@ -261,7 +312,6 @@ def test_metrics_and_both_aggregations_by_hand():
     assert out["off_ratio_mean"].item() == pytest.approx(f.mean().item())
     assert out["off_pg_loss"].item() == pytest.approx(-f.mean().item())
     assert out["on_pg_loss"].item() == pytest.approx(1.0)
-    assert out["off_pg_clipfrac"].item() == 0.0
     # ppo_kl = mean(l_old - l): row0 ln(0.9/0.5) + ln(0.9/0.25), row1 0 -> /4
     assert out["ppo_kl"].item() == pytest.approx((LN(1.8) + LN(3.6)) / 4, abs=1e-6)
     # token mean: (-0.833333 - 0.714286 + 1 + 1)/4 = 0.113095; sum / width 2 = 0.226190
@@ -296,10 +346,9 @@ def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_con
     assert half.item() == pytest.approx((-0.5 * f.sum() + 2).item() / 4, abs=1e-6)
     assert half_m["off_pg_loss"].item() == luffy_m["off_pg_loss"].item()  # the metric is the term before c
     assert half_m["on_pg_loss"].item() == luffy_m["on_pg_loss"].item()
-    # the default is LUFFY's loss exactly: the same value as LUFFY's signature gives
-    direct = mca.compute_token_on_off_policy_loss(old, lp, inputs.advantages, inputs.response_mask, cliprange=0.2,
-                                                  clip_upper_bound=1.0, prefix_mask=inputs.prefix_mask,
-                                                  off_policy_reshape="p_div_p_0.1")
+    # the default is LUFFY's loss exactly: the same value as with the term's coefficient left out
+    direct = _token_loss(old, lp, inputs.advantages, inputs.response_mask, inputs.prefix_mask,
+                         off_policy_reshape="p_div_p_0.1")
     assert torch.equal(luffy, direct["pg_loss"])
 
 
@@ -307,8 +356,8 @@ def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_con
 def test_batches_without_off_or_without_on_tokens_are_finite(has_prefix):
     old, lp, adv, mask, _ = _mixed_batch()
     prefix = torch.full_like(mask, has_prefix, dtype=torch.bool)
-    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_max_clip=0.9,
-                      off_min_clip=0.05)
+    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=0.9,
+                      off_policy_min_clip=0.05)
     for key, value in out.items():
         assert torch.isfinite(value).all(), key
     empty_side = ["on_pg_loss", "on_policy_prob"] if has_prefix else [
@@ -357,13 +406,14 @@ def test_nan_target_probs_keep_the_configured_shaping_per_token():
 def test_off_policy_max_and_min_clip():
     # p_div_p_0.1 at p = 0.5 gives 0.833333
     old, lp, adv, mask, prefix = _scalar_case(LN(0.5), 0.0, 1.0, prefix=True)
-    capped = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_max_clip=0.5)
+    capped = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=0.5)
     assert capped["pg_loss"].item() == pytest.approx(-0.5) and capped["off_ratio_max_clip_frac"].item() == 1.0
     (grad,) = torch.autograd.grad(capped["pg_loss"], lp)
     assert grad.item() == 0.0
-    floored = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_min_clip=0.9)
+    floored = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_min_clip=0.9)
     assert floored["pg_loss"].item() == pytest.approx(-0.9) and floored["off_ratio_min_clip_frac"].item() == 1.0
-    off = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_max_clip=-1, off_min_clip=-1)
+    off = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=-1,
+                      off_policy_min_clip=-1)
     assert off["pg_loss"].item() == pytest.approx(-0.5 / 0.6)
     assert off["off_ratio_max_clip_frac"].item() == 0.0 and off["off_ratio_min_clip_frac"].item() == 0.0
 
@@ -385,10 +435,6 @@ def test_bad_options_are_rejected_with_valid_names():
         _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.2")
     with pytest.raises(ValueError, match=r"unknown on_policy_reshape 'p_div_p_0.3'.*'p_div_p_0.5'"):
         _token_loss(old, lp, adv, mask, prefix, on_policy_reshape="p_div_p_0.3")
-    with pytest.raises(ValueError, match="off_policy_normalize"):
-        _token_loss(old, lp, adv, mask, prefix, off_normalize=True)
-    with pytest.raises(ValueError, match="off_abs_cliprange"):
-        _token_loss(old, lp, adv, mask, prefix, off_abs_cliprange=0.5)
 
 
 # ---------------------------------------------------------------- SFT losses
@@ -410,10 +456,16 @@ def test_sft_pure_loss_is_token_mean_nll():
     assert mca.compute_sft_pure_loss(lp[:0], torch.ones(0, 3)).item() == 0.0
 
 
+def _sft_multitask(old, lp, adv, mask, prefix, **knobs):
+    """``sft_multitask`` on these tensors -> ``{pg_loss, **metrics}``."""
+    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix)
+    pg_loss, metrics = ca.get_policy_loss_fn("sft_multitask")(inputs, _cfg(**knobs))
+    return {"pg_loss": pg_loss, **metrics}
+
+
 def test_sft_multitask_combines_sft_on_off_rows_with_ppo_on_on_rows():
     old, lp, adv, mask, prefix = _sft_batch()
-    out = mca.compute_sft_multitask_loss(old, lp, adv, mask, prefix, cliprange=0.2, sft_loss_coef=2.0,
-                                         loss_remove_clip=True)
+    out = _sft_multitask(old, lp, adv, mask, prefix, clip_ratio=0.2, sft_loss_coef=2.0, loss_remove_clip=True)
     # sft = 1.039721 on row 0 (whole row, not just the prefix token); pg_on = -1.2 (token mean of 2)
     assert out["sft_loss"].item() == pytest.approx(1.0397208)
     assert out["on_pg_loss"].item() == pytest.approx(-1.2)
@@ -422,7 +474,7 @@ def test_sft_multitask_combines_sft_on_off_rows_with_ppo_on_on_rows():
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
     # row 0: 2 * (-1/2) per valid token; row 1: -1.2/2 per valid token
     assert torch.allclose(grad, torch.tensor([[-1.0, -1.0, 0.0], [-0.6, -0.6, 0.0]]), atol=1e-6)
-    clipped = mca.compute_sft_multitask_loss(old, lp, adv, mask, prefix, cliprange=0.1, loss_remove_token_mean=True)
+    clipped = _sft_multitask(old, lp, adv, mask, prefix, clip_ratio=0.1, sft_loss_coef=1.0, loss_remove_token_mean=True)
     # clip at 1.1: on rows -1.1 per token, sum -2.2 over width 3
     assert clipped["on_pg_loss"].item() == pytest.approx(-2.2 / 3) and clipped["pg_clipfrac"].item() == 1.0
 
@@ -432,7 +484,7 @@ def test_sft_multitask_with_only_one_kind_of_row_is_finite(all_off):
     old, lp, adv, mask, _ = _sft_batch()
     prefix = torch.zeros_like(mask, dtype=torch.bool)
     prefix[:, 0] = all_off
-    out = mca.compute_sft_multitask_loss(old, lp, adv, mask, prefix, cliprange=0.2)
+    out = _sft_multitask(old, lp, adv, mask, prefix, clip_ratio=0.2)
     assert (out["on_pg_loss"] if all_off else out["sft_loss"]).item() == 0.0
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
     assert torch.isfinite(grad).all() and torch.isfinite(out["pg_loss"])

@@ -1,4 +1,6 @@
-"""Hand-computed checks of the registered advantage estimators, the PPO loss, aggregation and KL."""
+"""Hand-computed checks of the registered advantage estimators, the PPO loss, aggregation and KL, called as
+``fn(inputs, cfg)``; verl's signatures (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...) keep one
+equality test each."""
 from __future__ import annotations
 
 import inspect
@@ -20,6 +22,18 @@ def _outcome_rewards(scores: list[float], lengths: list[int], width: int) -> tup
         rewards[row, length - 1] = score
         mask[row, :length] = 1
     return rewards, mask
+
+
+def _grpo(rewards, mask, index, use_std=True):
+    return ca.get_adv_estimator_fn("grpo")(AdvantageInputs(rewards, mask, index), AdvantageConfig(grpo_use_std=use_std))
+
+
+def _ppo(old, log_prob, adv, mask, clip_ratio=0.2, loss_remove_token_mean=False, loss_remove_clip=False):
+    """The registered ``vanilla`` loss -> ``(pg_loss, pg_clipfrac, ppo_kl)``."""
+    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask)
+    pg_loss, metrics = ca.get_policy_loss_fn("vanilla")(inputs, ca.PPOClipConfig(
+        clip_ratio=clip_ratio, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip))
+    return pg_loss, metrics["pg_clipfrac"], metrics["ppo_kl"]
 
 
 # ---------------------------------------------------------------- registries
@@ -64,7 +78,7 @@ def test_grpo_worked_example_without_std(k):
     # e.g. k=0: +7/8 for the trace, -1/8 for each failure; k=7: all zero.
     scores = [1.0] * (k + 1) + [0.0] * (7 - k)
     rewards, mask = _outcome_rewards(scores, lengths=[3, 2, 4, 1, 4, 2, 3, 4], width=4)
-    adv, returns = ca.compute_grpo_outcome_advantage(rewards, mask, np.array(["u"] * 8, dtype=object), use_std=False)
+    adv, returns = _grpo(rewards, mask, np.array(["u"] * 8, dtype=object), use_std=False)
     expected_rows = torch.tensor([(7 - k) / 8] * (k + 1) + [-(k + 1) / 8] * (7 - k))
     assert torch.allclose(adv, expected_rows.unsqueeze(-1) * mask, atol=1e-7)
     assert torch.equal(adv, returns)
@@ -73,14 +87,14 @@ def test_grpo_worked_example_without_std(k):
 def test_grpo_groups_by_uid_even_when_interleaved():
     # uid a: scores 1, 0 -> mean 1/2 -> +-1/2; uid b: 1, 1, 0 -> mean 2/3 -> 1/3, 1/3, -2/3
     rewards, mask = _outcome_rewards([1, 1, 0, 1, 0], [1] * 5, width=1)
-    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["a", "b", "a", "b", "b"], use_std=False)
+    adv, _ = _grpo(rewards, mask, ["a", "b", "a", "b", "b"], use_std=False)
     assert torch.allclose(adv.squeeze(-1), torch.tensor([0.5, 1 / 3, -0.5, 1 / 3, -2 / 3]))
 
 
 def test_grpo_with_std_uses_unbiased_std_plus_epsilon():
     # scores 1,0,0: mean 1/3, deviations 2/3,-1/3,-1/3, unbiased var (4/9+1/9+1/9)/2 = 1/3, std 0.577350
     rewards, mask = _outcome_rewards([1, 0, 0], [2, 2, 2], width=2)
-    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["g"] * 3)
+    adv, _ = _grpo(rewards, mask, ["g"] * 3)
     std = math.sqrt(1 / 3) + 1e-6
     assert torch.allclose(adv[:, 0], torch.tensor([2 / 3 / std, -1 / 3 / std, -1 / 3 / std]), rtol=1e-6)
     # 1.154699, -0.577350, -0.577350 to the printed precision
@@ -89,29 +103,29 @@ def test_grpo_with_std_uses_unbiased_std_plus_epsilon():
 
 def test_grpo_single_row_group_uses_mean_zero_std_one():
     rewards, mask = _outcome_rewards([0.7], [2], width=3)
-    with_std, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["solo"])
-    without_std, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["solo"], use_std=False)
+    with_std, _ = _grpo(rewards, mask, ["solo"])
+    without_std, _ = _grpo(rewards, mask, ["solo"], use_std=False)
     assert torch.allclose(with_std, torch.tensor([[0.7 / (1 + 1e-6)] * 2 + [0.0]]))
     assert torch.allclose(without_std, torch.tensor([[0.7, 0.7, 0.0]]))
 
 
 def test_grpo_zero_std_group_gives_zero_advantage():
     rewards, mask = _outcome_rewards([1, 1], [1, 1], width=1)
-    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, ["g", "g"])
+    adv, _ = _grpo(rewards, mask, ["g", "g"])
     assert torch.equal(adv, torch.zeros(2, 1))
 
 
 def test_grpo_rejects_index_of_wrong_length():
     rewards, mask = _outcome_rewards([1, 0], [1, 1], width=1)
     with pytest.raises(ValueError, match="index has 1 entries but the batch has 2 rows"):
-        ca.compute_grpo_outcome_advantage(rewards, mask, ["g"])
+        _grpo(rewards, mask, ["g"])
 
 
 # ---------------------------------------------------------------- REINFORCE, REINFORCE++, GAE
 def test_reinforce_broadcasts_raw_score():
     rewards = torch.tensor([[0.0, 0.0, 2.0], [0.0, 1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv, returns = ca.compute_reinforce_outcome_advantage(rewards, mask)
+    adv, returns = ca.get_adv_estimator_fn("reinforce")(AdvantageInputs(rewards, mask, None), AdvantageConfig())
     assert torch.equal(adv, torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 0.0]]))
     assert torch.equal(returns, adv)
 
@@ -119,7 +133,8 @@ def test_reinforce_broadcasts_raw_score():
 def test_reinforce_plus_plus_discounts_then_whitens():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv, returns = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    adv, returns = ca.get_adv_estimator_fn("reinforce_plus_plus")(AdvantageInputs(rewards, mask, None),
+                                                                  AdvantageConfig(gamma=0.5))
     # returns: row0 [0.25, 0.5, 1], row1 [0.5, 1, 0]
     assert torch.allclose(returns, torch.tensor([[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]]))
     # valid values 0.25,0.5,1,0.5,1: mean 0.65, squared deviations sum 0.45, unbiased var 0.1125,
@@ -134,18 +149,40 @@ def test_gae_three_tokens_by_hand():
     mask = torch.ones(1, 3)
     # gamma=lam=1: delta = [0.1, 0.1, 0.3] -> A = [0.5, 0.4, 0.3], returns = A + V = [1, 1, 1];
     # whitened: mean 0.4, unbiased std 0.1 -> [1, 0, -1]
-    adv, returns = ca.compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=1.0)
+    gae = ca.get_adv_estimator_fn("gae")
+    inputs = AdvantageInputs(rewards, mask, None, values=values)
+    adv, returns = gae(inputs, AdvantageConfig(gamma=1.0, lam=1.0))
     assert torch.allclose(returns, torch.ones(1, 3))
     assert torch.allclose(adv, torch.tensor([[1.0, 0.0, -1.0]]), atol=1e-5)
     # gamma=0.9, lam=0.5: delta2 = 0.3, delta1 = 0.9*0.7-0.6 = 0.03, delta0 = 0.9*0.6-0.5 = 0.04;
     # A2 = 0.3, A1 = 0.03 + 0.45*0.3 = 0.165, A0 = 0.04 + 0.45*0.165 = 0.11425
-    _, returns = ca.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.5)
+    _, returns = gae(inputs, AdvantageConfig(gamma=0.9, lam=0.5))
     assert torch.allclose(returns, torch.tensor([[0.61425, 0.765, 1.0]]))
 
 
 def test_gae_without_critic_values_is_a_clear_error():
     with pytest.raises(ValueError, match="needs critic values"):
-        ca.compute_gae_advantage_return(torch.zeros(1, 2), None, torch.ones(1, 2))
+        ca.get_adv_estimator_fn("gae")(AdvantageInputs(torch.zeros(1, 2), torch.ones(1, 2), None), AdvantageConfig())
+
+
+def test_verls_estimator_signatures_are_the_registered_estimators():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7], [0.1, 0.2, 0.3], [0.0, 0.4, 0.2]])
+    index = ["a", "a", "b"]
+    pairs = [
+        (ca.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-3, use_std=True),
+         ("grpo", AdvantageInputs(rewards, mask, index), AdvantageConfig(epsilon=1e-3))),
+        (ca.compute_reinforce_outcome_advantage(rewards, mask),
+         ("reinforce", AdvantageInputs(rewards, mask, None), AdvantageConfig())),
+        (ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.7),
+         ("reinforce_plus_plus", AdvantageInputs(rewards, mask, None), AdvantageConfig(gamma=0.7))),
+        (ca.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.5),
+         ("gae", AdvantageInputs(rewards, mask, None, values=values), AdvantageConfig(gamma=0.9, lam=0.5))),
+    ]
+    for (adv, returns), (name, inputs, cfg) in pairs:
+        expected_adv, expected_returns = ca.get_adv_estimator_fn(name)(inputs, cfg)
+        assert torch.equal(adv, expected_adv) and torch.equal(returns, expected_returns), name
 
 
 # ---------------------------------------------------------------- PPO loss and aggregation
@@ -164,7 +201,7 @@ def test_policy_loss_clipped_token_mean_by_hand():
     # -A*clip(r, 0.8, max(1.0, 1.2)): [-1.2, -0.8, -1.1], [1.2, 0.8, .]
     # max:          [-1.2, -0.5, -1.1], [1.5, 0.8, .] -> sum -0.5 over 5 tokens = -0.1
     # clipped larger at (0,0) and (1,1) -> 2/5
-    pg_loss, clipfrac, ppo_kl = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2)
+    pg_loss, clipfrac, ppo_kl = _ppo(old, log_prob, adv, mask)
     assert pg_loss.item() == pytest.approx(-0.1, abs=1e-6)
     assert clipfrac.item() == pytest.approx(0.4)
     # ppo_kl = mean(-ln r) = -(ln1.5 + ln0.5 + ln1.1 + ln1.5 + ln0.5)/5 = 0.0960108
@@ -177,14 +214,14 @@ def test_policy_loss_clipped_token_mean_by_hand():
 
 def test_policy_loss_remove_token_mean_divides_by_width():
     old, log_prob, adv, mask = _ppo_case()
-    pg_loss, _, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_token_mean=True)
+    pg_loss, _, _ = _ppo(old, log_prob, adv, mask, loss_remove_token_mean=True)
     assert pg_loss.item() == pytest.approx(-0.5 / 3, abs=1e-6)
 
 
 def test_policy_loss_remove_clip_and_no_clip_upper_bound():
     old, log_prob, adv, mask = _ppo_case()
     # no clip: -1.5-0.5-1.1+1.5+0.5 = -1.1 over 5 -> -0.22, clipfrac 0
-    pg_loss, clipfrac, _ = ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, loss_remove_clip=True)
+    pg_loss, clipfrac, _ = _ppo(old, log_prob, adv, mask, loss_remove_clip=True)
     assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0
     # LUFFY's compute_policy_loss has no clip_upper_bound (docs/DESIGN.md §1 item 5): the key acts in its off-policy loss only.
     assert list(inspect.signature(ca.compute_policy_loss).parameters) == [
@@ -196,7 +233,8 @@ def test_policy_loss_remove_clip_and_no_clip_upper_bound():
 def test_the_registered_ppo_loss_is_verls_compute_policy_loss_on_the_inputs_object():
     old, log_prob, adv, mask = _ppo_case()
     inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask)
-    pg_loss, metrics = ca.ppo_clip_loss(inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=True))
+    pg_loss, metrics = ca.ppo_clip_loss(inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=True,
+                                                                 loss_remove_clip=False))
     verl_form = ca.compute_policy_loss(old, log_prob, adv, mask, 0.2, loss_remove_token_mean=True)
     assert torch.equal(pg_loss, verl_form[0]) and sorted(metrics) == ["pg_clipfrac", "ppo_kl"]
     assert torch.equal(metrics["pg_clipfrac"], verl_form[1]) and torch.equal(metrics["ppo_kl"], verl_form[2])
@@ -222,6 +260,9 @@ def test_kl_penalty_estimators_by_hand():
     assert ca.kl_penalty(ref, logprob, "abs").item() == pytest.approx(0.5)
     assert ca.kl_penalty(logprob, ref, "mse").item() == pytest.approx(0.125)
     assert ca.kl_penalty(logprob, ref, "low_var_kl").item() == pytest.approx(0.1065307, abs=1e-6)
+    # verl >= 0.4's names: k1 = kl, k2 = mse, k3 = low_var_kl
+    for alias, name in (("k1", "kl"), ("k2", "mse"), ("k3", "low_var_kl")):
+        assert torch.equal(ca.kl_penalty(logprob, ref, alias), ca.kl_penalty(logprob, ref, name))
     # d = -20: exp(20) - 21 is clamped to 10
     assert ca.kl_penalty(torch.tensor([-20.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
 
@@ -229,7 +270,7 @@ def test_kl_penalty_estimators_by_hand():
 def test_kl_penalty_rejects_full_and_unknown():
     with pytest.raises(ValueError, match="full"):
         ca.kl_penalty(torch.zeros(1), torch.zeros(1), "full")
-    with pytest.raises(ValueError, match=r"unknown kl_penalty 'k9'.*low_var_kl"):
+    with pytest.raises(ValueError, match=r"unknown kl_penalty 'k9'.*low_var_kl.*'k1', 'k2', 'k3'"):
         ca.kl_penalty(torch.zeros(1), torch.zeros(1), "k9")
 
 

@@ -1,12 +1,14 @@
 """Advantage estimators and the PPO policy loss, as pure tensor functions registered by name.
 
 One call shape per registry (verl/trainer/ppo/loss_inputs.py): a registered estimator is
-``fn(AdvantageInputs, algorithm_section) -> (advantages, returns)`` and a registered policy loss
-``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, looked up with :func:`get_adv_estimator_fn`
-(``algorithm.adv_estimator``) and :func:`get_policy_loss_fn` (``actor.policy_loss``). verl's functions keep
-their names and arguments here (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...) for
-users' scripts. LUFFY's mixed estimator and token loss register themselves from ``luffy_pool.algorithm.mix_core_alg``.
-KL helpers live in :mod:`verl.trainer.ppo.kl` and are re-exported here under their verl names.
+``fn(AdvantageInputs, AdvantageConfig) -> (advantages, returns)`` and computes the whole advantage, LUFFY's
+post-processing included (:func:`finish_advantage`); a registered policy loss is ``fn(PolicyLossInputs, cfg) ->
+(loss, metrics)``. Both actors select theirs with :func:`resolve_policy_loss` / :func:`get_policy_loss_fn` /
+:func:`policy_loss_config` (``actor.policy_loss``), the trainer with :func:`get_adv_estimator_fn`
+(``algorithm.adv_estimator``). verl's functions keep their names and arguments here as thin aliases over the
+registered ones (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...), with verl's ``agg_loss`` /
+``compute_entropy_loss``, for users' scripts. LUFFY's estimator and losses register themselves from
+``luffy_pool.algorithm.mix_core_alg``. KL helpers live in :mod:`verl.trainer.ppo.kl`, re-exported here.
 """
 from __future__ import annotations
 
@@ -25,12 +27,19 @@ from verl.trainer.ppo.kl import (  # noqa: F401  (re-exported: verl/LUFFY call t
     get_kl_controller,
     kl_penalty,
 )
-from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, AdvantageInputs, PolicyLossInputs
+from verl.trainer.ppo.loss_inputs import (  # noqa: F401  (resolve_policy_loss re-exported for the actors)
+    GRPO_EPSILON,
+    POLICY_LOSS_CONFIGS,
+    POLICY_LOSS_SWITCHES,
+    AdvantageConfig,
+    AdvantageInputs,
+    PolicyLossInputs,
+    resolve_policy_loss,
+)
 from verl.utils import torch_functional as verl_F
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., Any]] = {}
 POLICY_LOSS_REGISTRY: dict[str, Callable[..., Any]] = {}
-GRPO_EPSILON = 1e-6  # the ε of (s − μ)/(σ + ε), verl's and LUFFY's
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -66,13 +75,16 @@ def get_adv_estimator_fn(name: str) -> Callable[..., Any]:
     return _lookup(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
-def register_policy_loss(name: str, config: Optional[type] = None) -> Callable[[Callable], Callable]:
+def register_policy_loss(name: str, config: Optional[type] = None,
+                         auto_switch: Optional[str] = None) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(PolicyLossInputs, cfg) -> (loss, metrics)`` as ``actor.policy_loss`` = ``name``.
 
     ``config``: a frozen dataclass of the loss's own knobs; the actor then builds ``cfg`` from its
     ``actor_rollout_ref.actor`` group with it (a field with a default may be absent from the YAML and set
     with ``+actor_rollout_ref.actor.<field>=...``). Without it ``cfg`` is the actor's loss section.
-    ``metrics`` maps names to scalar tensors (logged as ``actor/<name>``; ``ppo_kl`` feeds ``use_ppo_kl_loss``).
+    ``auto_switch``: a boolean actor key that selects this loss under ``policy_loss=auto``
+    (:func:`resolve_policy_loss`). ``metrics`` maps names to scalar tensors (logged as ``actor/<name>``;
+    ``ppo_kl`` feeds ``use_ppo_kl_loss``).
     """
     if config is not None and not is_dataclass(config):
         raise TypeError(f"register_policy_loss({name!r}, config=...) needs a dataclass, got {config!r}")
@@ -82,6 +94,8 @@ def register_policy_loss(name: str, config: Optional[type] = None) -> Callable[[
         register(fn)
         if config is not None:
             POLICY_LOSS_CONFIGS[name] = config
+        if auto_switch is not None:
+            POLICY_LOSS_SWITCHES[name] = auto_switch
         return fn
 
     return decorator
@@ -97,9 +111,20 @@ def get_policy_loss_config(name: str) -> Optional[type]:
     return POLICY_LOSS_CONFIGS.get(name)
 
 
+def policy_loss_config(name: str, actor_cfg, loss_section):
+    """The ``cfg`` the loss ``name`` is called with: its registered knob dataclass built from the
+    ``actor_rollout_ref.actor`` group ``actor_cfg``, else the actor's ``loss_section``. An unknown name raises
+    ValueError naming the registered ones."""
+    from verl.utils.config_section import build_section
+
+    get_policy_loss_fn(name)
+    knobs = get_policy_loss_config(name)
+    return loss_section if knobs is None else build_section(knobs, actor_cfg, "actor_rollout_ref.actor")
+
+
 # ----------------------------------------------------------------------------------------------------
-# Advantage estimators: verl's functions (explicit arguments), each registered through a two-line adapter
-# that reads the inputs object and the algorithm section.
+# Advantage estimators: each registered function computes the whole advantage (its own math, then LUFFY's
+# post-processing when ``cfg.mixed`` is set); verl's functions (explicit arguments) are aliases of them.
 # ----------------------------------------------------------------------------------------------------
 def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
     """Outcome score per sequence: ``s_i = Σ_t token_level_rewards[i, t]`` (shape ``[bs]``)."""
@@ -109,8 +134,8 @@ def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
 def group_normalized_scores(
     scores: torch.Tensor,
     index: Sequence[Any],
-    epsilon: float = GRPO_EPSILON,
-    use_std: bool = True,
+    epsilon: float,
+    use_std: bool,
     stats_mask: torch.Tensor | None = None,
     zero_std_as_one: bool = False,
 ) -> torch.Tensor:
@@ -150,112 +175,176 @@ def broadcast_sequence_advantage(
     return advantages, advantages
 
 
-@torch.no_grad()
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    eos_mask: torch.Tensor,
-    index: Sequence[Any],
-    epsilon: float = GRPO_EPSILON,
-    use_std: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (docs/METHOD.md §1.7): every row of the uid group is in the statistics.
+def truncated_rows(responses: torch.Tensor, pad_token_id: int, eos_token_id, max_response_length: int) -> torch.Tensor:
+    """``[rows]`` True where a response has ``>= max_response_length`` non-pad tokens and no EOS token
+    (``eos_token_id``: an int or a list of ints)."""
+    eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
+                           device=responses.device)
+    response_length = (responses != pad_token_id).sum(dim=-1)
+    return (response_length >= max_response_length) & ~torch.isin(responses, eos_ids).any(dim=-1)
 
-    ``A_i = (s_i − μ_G)/(σ_G + ε)`` with unbiased σ, or ``s_i − μ_G`` when ``use_std=False``
-    (LUFFY: ``grpo_use_std=False``); a group of one row uses μ=0, σ=1. ``index`` holds the uid per row;
-    ``eos_mask`` is the response mask (verl's name).
-    """
-    seq_adv = group_normalized_scores(sequence_scores(token_level_rewards), index, epsilon, use_std)
-    return broadcast_sequence_advantage(seq_adv, eos_mask)
+
+def finish_advantage(advantages: torch.Tensor, returns: torch.Tensor, inputs: AdvantageInputs,
+                     cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """LUFFY's post-processing (``cfg.mixed``, :class:`~verl.trainer.ppo.loss_inputs.MixedAdvantageConfig`, in its
+    order: α/β prefix weights, zero on truncated rows, the SFT prefix advantage, times the response mask); the
+    advantage unchanged when ``cfg.mixed`` is None. Returns are never post-processed."""
+    mixed = cfg.mixed
+    if mixed is None:
+        return advantages, returns
+    if inputs.prefix_mask is None:
+        raise ValueError("the mixed advantage post-processing needs prefix_mask (the off-policy tokens)")
+    prefix = inputs.prefix_mask.bool()
+    dtype = advantages.dtype
+    alpha, beta = mixed.prefix_reward_weight_alpha, mixed.prefix_reward_weight_beta
+    advantages = advantages * (alpha * prefix.to(dtype) + beta * (~prefix).to(dtype))
+    if mixed.disable_truncation_advantage:
+        cut = truncated_rows(inputs.responses, inputs.pad_token_id, inputs.eos_token_id, inputs.response_mask.shape[-1])
+        advantages = advantages.masked_fill(cut.unsqueeze(-1), 0.0)
+    if mixed.sft_prefix_advantage is not None:
+        advantages = advantages.masked_fill(prefix, mixed.sft_prefix_advantage)
+    return advantages * inputs.response_mask.to(dtype), returns
 
 
 @register_adv_est("grpo")
-def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """``grpo``: :func:`compute_grpo_outcome_advantage` with ``cfg.grpo_use_std``."""
-    return compute_grpo_outcome_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index,
-                                          use_std=cfg.grpo_use_std)
-
-
 @torch.no_grad()
-def compute_reinforce_outcome_advantage(
-    token_level_rewards: torch.Tensor, eos_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain REINFORCE: the raw sequence score as advantage, no baseline: ``A[i, t] = s_i·m[i, t]``."""
-    return broadcast_sequence_advantage(sequence_scores(token_level_rewards), eos_mask)
+def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grpo`` (docs/METHOD.md §1.7): every row of the uid group is in the statistics.
+
+    ``A_i = (s_i − μ_G)/(σ_G + ε)`` with unbiased σ, or ``s_i − μ_G`` when ``cfg.grpo_use_std`` is False
+    (LUFFY: ``grpo_use_std=False``); a group of one row uses μ=0, σ=1; ``A[i, t] = A_i·m[i, t]``.
+    """
+    seq_adv = group_normalized_scores(sequence_scores(inputs.token_level_rewards), inputs.index,
+                                      use_std=cfg.grpo_use_std, epsilon=cfg.epsilon)
+    return finish_advantage(*broadcast_sequence_advantage(seq_adv, inputs.response_mask), inputs, cfg)
 
 
 @register_adv_est("reinforce")
-def reinforce_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reinforce``: :func:`compute_reinforce_outcome_advantage` (no knob)."""
-    return compute_reinforce_outcome_advantage(inputs.token_level_rewards, inputs.response_mask)
-
-
 @torch.no_grad()
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, eos_mask: torch.Tensor, gamma: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted return ``G_t = r_t + γ·G_{t+1}`` (reset past the mask), whitened over
-    all valid tokens of the batch: ``A = masked_whiten(G, m)·m``; returns = G."""
-    returns = torch.zeros_like(token_level_rewards)
-    running = torch.zeros_like(token_level_rewards[:, 0])
-    for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * eos_mask[:, t]
-    advantages = verl_F.masked_whiten(returns, eos_mask) * eos_mask
-    return advantages, returns
+def reinforce_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reinforce``: the raw sequence score as advantage, no baseline: ``A[i, t] = s_i·m[i, t]``."""
+    advantages, returns = broadcast_sequence_advantage(sequence_scores(inputs.token_level_rewards),
+                                                       inputs.response_mask)
+    return finish_advantage(advantages, returns, inputs, cfg)
 
 
 @register_adv_est("reinforce_plus_plus")
-def reinforce_plus_plus_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reinforce_plus_plus``: :func:`compute_reinforce_plus_plus_outcome_advantage` with ``cfg.gamma``."""
-    return compute_reinforce_plus_plus_outcome_advantage(inputs.token_level_rewards, inputs.response_mask, cfg.gamma)
-
-
 @torch.no_grad()
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor | None,
-    eos_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (needs a critic's ``values``).
+def reinforce_plus_plus_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reinforce_plus_plus``: discounted return ``G_t = r_t + γ·G_{t+1}`` (γ = ``cfg.gamma``, reset past the
+    mask), whitened over all valid tokens of the batch: ``A = masked_whiten(G, m)·m``; returns = G."""
+    rewards, mask = inputs.token_level_rewards, inputs.response_mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + cfg.gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    advantages = verl_F.masked_whiten(returns, mask) * mask
+    return finish_advantage(advantages, returns, inputs, cfg)
+
+
+@register_adv_est("gae")
+@torch.no_grad()
+def gae_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gae``: generalised advantage estimation on a critic's ``inputs.values`` (γ, λ = ``cfg.gamma``, ``cfg.lam``).
 
     ``δ_t = r_t + γ·V_{t+1} − V_t`` (V beyond the last column = 0), ``Â_t = δ_t + γλ·Â_{t+1}``,
     returns ``= Â + V``; advantages are then whitened over valid tokens. Both are multiplied by the mask.
     """
+    rewards, values, mask = inputs.token_level_rewards, inputs.values, inputs.response_mask
     if values is None:
         raise ValueError("adv_estimator='gae' needs critic values; configure a critic or use grpo/reinforce")
-    next_advantage = torch.zeros_like(token_level_rewards[:, 0])
+    gamma, lam = cfg.gamma, cfg.lam
+    next_advantage = torch.zeros_like(rewards[:, 0])
     reversed_advantages = []
-    length = token_level_rewards.shape[1]
+    length = rewards.shape[1]
     for t in reversed(range(length)):
         next_value = values[:, t + 1] if t < length - 1 else torch.zeros_like(values[:, t])
-        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
         next_advantage = delta + gamma * lam * next_advantage
         reversed_advantages.append(next_advantage)
     advantages = torch.stack(reversed_advantages[::-1], dim=1)
-    returns = (advantages + values) * eos_mask
-    advantages = verl_F.masked_whiten(advantages, eos_mask) * eos_mask
-    return advantages, returns
+    returns = (advantages + values) * mask
+    advantages = verl_F.masked_whiten(advantages, mask) * mask
+    return finish_advantage(advantages, returns, inputs, cfg)
 
 
-@register_adv_est("gae")
-def gae_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gae``: :func:`compute_gae_advantage_return` with ``cfg.gamma``, ``cfg.lam`` and the critic's values."""
-    return compute_gae_advantage_return(inputs.token_level_rewards, inputs.values, inputs.response_mask,
-                                        cfg.gamma, cfg.lam)
+# verl's signatures (``eos_mask`` = the response mask), for users' scripts: each builds the inputs and the knobs
+# and calls the registered estimator above.
+def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor, index: Sequence[Any],
+                                   epsilon: float = GRPO_EPSILON, use_std: bool = True):
+    """verl's signature of :func:`grpo_advantage` -> ``(advantages, returns)``."""
+    return grpo_advantage(AdvantageInputs(token_level_rewards, eos_mask, index),
+                          AdvantageConfig(grpo_use_std=use_std, epsilon=epsilon))
+
+
+def compute_reinforce_outcome_advantage(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor):
+    """verl's signature of :func:`reinforce_advantage` -> ``(advantages, returns)``."""
+    return reinforce_advantage(AdvantageInputs(token_level_rewards, eos_mask, None), AdvantageConfig())
+
+
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor,
+                                                  gamma: float = 1.0):
+    """verl's signature of :func:`reinforce_plus_plus_advantage` -> ``(advantages, returns)``."""
+    return reinforce_plus_plus_advantage(AdvantageInputs(token_level_rewards, eos_mask, None),
+                                         AdvantageConfig(gamma=gamma))
+
+
+def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor | None,
+                                 eos_mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0):
+    """verl's signature of :func:`gae_advantage` -> ``(advantages, returns)``."""
+    return gae_advantage(AdvantageInputs(token_level_rewards, eos_mask, None, values=values),
+                         AdvantageConfig(gamma=gamma, lam=lam))
 
 
 # ----------------------------------------------------------------------------------------------------
 # Policy loss and aggregation
 # ----------------------------------------------------------------------------------------------------
 def aggregate_token_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_remove_token_mean: bool) -> torch.Tensor:
-    """LUFFY's aggregation: ``Σ L·m / L_width`` (``L_width`` = response tensor width) when
-    ``loss_remove_token_mean``, else the token mean ``Σ L·m / Σ m`` (0 for an empty mask)."""
+    """LUFFY's aggregation: ``Σ L·m / L_width`` (``L_width`` = response tensor width; verl's
+    ``seq-mean-token-sum-norm``) when ``loss_remove_token_mean``, else the token mean ``Σ L·m / Σ m`` (0 for an
+    empty mask, where verl's ``token-mean`` gives NaN)."""
     if loss_remove_token_mean:
         return (loss_mat * mask).sum() / mask.shape[-1]
     return verl_F.masked_mean_or_zero(loss_mat, mask)
+
+
+AGG_LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, dp_size: int = 1,
+             batch_num_tokens: Optional[int] = None, global_batch_size: Optional[int] = None,
+             loss_scale_factor: Optional[int] = None) -> torch.Tensor:
+    """verl's ``agg_loss``: the loss matrix ``[bs, L]`` to a scalar by ``loss_agg_mode`` (for users' losses).
+
+    ``token-mean``: ``Σ L·m / N·dp`` (N = ``batch_num_tokens``, default Σ m); ``seq-mean-token-sum``: the mean
+    over rows with a valid token of ``Σ_t L·m`` (``global_batch_size`` rows if given, times dp);
+    ``seq-mean-token-mean``: the same mean of ``Σ_t L·m / (Σ_t m + 1e-8)``; ``seq-mean-token-sum-norm``:
+    ``Σ L·m / loss_scale_factor`` (default the width L). This project's own losses use
+    :func:`aggregate_token_loss` (LUFFY's two modes)."""
+    if loss_agg_mode == "token-mean":
+        tokens = loss_mask.sum() if batch_num_tokens is None else batch_num_tokens
+        return verl_F.masked_sum(loss_mat, loss_mask) / tokens * dp_size
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        return (loss_mat * loss_mask).sum() / scale
+    if loss_agg_mode not in AGG_LOSS_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {list(AGG_LOSS_MODES)}")
+    row_sums = (loss_mat * loss_mask).sum(dim=-1)
+    row_tokens = loss_mask.sum(dim=-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        row_sums = row_sums / (row_tokens + 1e-8)
+    rows_with_tokens = (row_tokens > 0).float()  # fully masked rows are left out of the mean
+    rows = rows_with_tokens.sum() if global_batch_size is None else global_batch_size
+    return verl_F.masked_sum(row_sums, rows_with_tokens) / rows * dp_size
+
+
+def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
+                         loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """verl's ``compute_entropy_loss``: the per-token entropy of ``logits`` ``[bs, L, V]`` aggregated by
+    :func:`agg_loss`."""
+    return agg_loss(verl_F.entropy_from_logits(logits), response_mask, loss_agg_mode)
 
 
 def clipped_pg_losses(
@@ -281,11 +370,11 @@ def clipped_pg_losses(
 @dataclass(frozen=True)
 class PPOClipConfig:
     """The knobs of the ``vanilla`` loss outside a composed run (:func:`compute_policy_loss`); a run passes its
-    actor section, which has the same names."""
+    actor's loss section, which has the same names."""
 
     clip_ratio: float
-    loss_remove_token_mean: bool = False
-    loss_remove_clip: bool = False
+    loss_remove_token_mean: bool
+    loss_remove_clip: bool
 
 
 @register_policy_loss("vanilla")

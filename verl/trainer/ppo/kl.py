@@ -14,6 +14,7 @@ from verl.utils import torch_functional as verl_F
 
 __all__ = [
     "KL_PENALTY_TYPES",
+    "KL_PENALTY_ALIASES",
     "kl_penalty",
     "FixedKLController",
     "AdaptiveKLController",
@@ -22,6 +23,9 @@ __all__ = [
 ]
 
 KL_PENALTY_TYPES = ("kl", "abs", "mse", "low_var_kl")
+# verl >= 0.4's names for the same estimators (Schulman's k1/k2/k3), accepted by kl_penalty() for users' scripts;
+# the YAML keys (kl_loss_type, algorithm.kl_penalty) take the names above.
+KL_PENALTY_ALIASES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 KL_CONTROLLER_TYPES = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 
 
@@ -29,9 +33,10 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     """Per-token KL estimate between the policy (``logprob``) and the reference (``ref_logprob``).
 
     With ``d = logprob − ref_logprob``:
-    ``kl``: d; ``abs``: |d|; ``mse``: d²/2; ``low_var_kl`` (Schulman's k3):
+    ``kl`` (``k1``): d; ``abs``: |d|; ``mse`` (``k2``): d²/2; ``low_var_kl`` (``k3``, Schulman's k3):
     ``clamp(exp(−d) + d − 1, −10, 10)``. ``full`` needs full-vocabulary distributions and is rejected.
     """
+    kl_penalty = KL_PENALTY_ALIASES.get(kl_penalty, kl_penalty)
     diff = logprob - ref_logprob
     if kl_penalty == "kl":
         return diff
@@ -45,7 +50,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     if kl_penalty == "full":
         raise ValueError("kl_penalty='full' needs full-vocabulary log-probs, which the rollout does not keep; "
                          f"use one of {list(KL_PENALTY_TYPES)}")
-    raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: {list(KL_PENALTY_TYPES)}")
+    raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: {list(KL_PENALTY_TYPES) + list(KL_PENALTY_ALIASES)}")
 
 
 class FixedKLController:

@@ -5,8 +5,10 @@ A registered policy loss is ``fn(inputs: PolicyLossInputs, cfg) -> (loss, metric
 attribute, so a misspelt knob raises AttributeError instead of silently keeping a default: for a loss the
 section its registration declares (``register_policy_loss(name, config=<frozen dataclass>)``, built from
 the ``actor_rollout_ref.actor`` group) or the actor's loss section; for an estimator the ``algorithm``
-section (``gamma``, ``lam``, ``grpo_use_std``). This module holds no torch code, so the config checker can
-ask which keys the registered losses declare (:func:`registered_loss_keys`) without importing torch.
+section (``gamma``, ``lam``, ``grpo_use_std``) with LUFFY's post-processing (:class:`AdvantageConfig`). This module
+holds no torch code, so the config checker can ask which keys the registered losses declare
+(:func:`registered_loss_keys`) and which loss ``policy_loss=auto`` selects (:func:`resolve_policy_loss`) without
+importing torch.
 """
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from typing import Any, Optional
 
 # loss name -> the frozen dataclass of its own knobs (only losses registered with ``config=``).
 POLICY_LOSS_CONFIGS: dict[str, type] = {}
+# loss name -> the boolean actor key that selects it under ``policy_loss=auto`` (only losses registered with
+# ``auto_switch=``: LUFFY's use_off_policy_loss -> luffy_token, use_sft_multitask_loss -> sft_multitask).
+POLICY_LOSS_SWITCHES: dict[str, str] = {}
+GRPO_EPSILON = 1e-6  # the ε of (s − μ)/(σ + ε), verl's and LUFFY's
+AUTO_FALLBACK_LOSS = "vanilla"  # what ``auto`` selects when no switch is on: verl's PPO clip loss
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,9 @@ class AdvantageInputs:
 
     ``token_level_rewards`` and ``response_mask`` are ``[rows, response_length]``; ``index`` holds the group
     (uid) of each row; ``on_policy_mask`` ``[rows]`` is True for rows without prefix tokens; ``values`` are
-    a critic's values (None without a critic).
+    a critic's values (None without a critic). LUFFY's post-processing (:class:`MixedAdvantageConfig`) also
+    reads ``prefix_mask`` ``[rows, response_length]`` (the off-policy tokens) and, for truncated rows,
+    ``responses`` with the tokenizer's ``pad_token_id`` / ``eos_token_id`` (an int or a list of ints).
     """
 
     token_level_rewards: Any
@@ -48,21 +57,55 @@ class AdvantageInputs:
     index: Any
     on_policy_mask: Optional[Any] = None
     values: Optional[Any] = None
+    prefix_mask: Optional[Any] = None
+    responses: Optional[Any] = None
+    pad_token_id: Optional[int] = None
+    eos_token_id: Optional[Any] = None
+
+
+@dataclass(frozen=True)
+class MixedAdvantageConfig:
+    """LUFFY's post-processing of the group advantage, applied in this order by every registered estimator
+    (docs/METHOD.md §1.7): ``A ← A·(α·P + β·¬P)`` (``rollout.prefix_reward_weight_alpha/beta``, P = prefix
+    token), ``A = 0`` on truncated rows (``data.disable_truncation_advantage``), ``A = sft_prefix_advantage`` on
+    prefix tokens (``actor.sft_prefix_reward_weight / rollout.n`` with ``actor.use_sft_prefix_reward``, else
+    None), then ``A·m``. Built from the run's sections by ``luffy_pool.algorithm.mix_advantage``."""
+
+    prefix_reward_weight_alpha: float
+    prefix_reward_weight_beta: float
+    disable_truncation_advantage: bool
+    sft_prefix_advantage: Optional[float]
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """The estimator knobs outside a composed run (verl's and LUFFY's ``compute_advantage(...)`` arguments);
-    a run passes its ``algorithm`` section, which has the same names."""
+    """What a registered estimator reads: the ``algorithm`` knobs (defaults = verl's ``compute_*`` arguments,
+    equal to the YAML's), the ε of ``(s − μ)/(σ + ε)``, and LUFFY's post-processing (``mixed``; None = the
+    estimator's advantage as verl returns it)."""
 
     gamma: float = 1.0
     lam: float = 1.0
     grpo_use_std: bool = True
+    epsilon: float = GRPO_EPSILON
+    mixed: Optional[MixedAdvantageConfig] = None
 
 
 def clamp_bound(value: Optional[float]) -> Optional[float]:
     """A clamp bound as a loss uses it: LUFFY's configs write -1 for "no clamp"; None means the same."""
     return None if value is None or value == -1 else value
+
+
+def resolve_policy_loss(loss_cfg) -> str:
+    """The loss ``actor.policy_loss`` names, or with ``auto`` the one whose ``auto_switch`` key is True on
+    ``loss_cfg`` (a section without that key has it off), else ``vanilla``. Two switches on raise ValueError."""
+    name = loss_cfg.policy_loss or "auto"
+    if name != "auto":
+        return str(name)
+    chosen = [loss for loss, switch in POLICY_LOSS_SWITCHES.items() if getattr(loss_cfg, switch, False)]
+    if len(chosen) > 1:
+        keys = " and ".join(f"actor.{POLICY_LOSS_SWITCHES[loss]}" for loss in chosen)
+        raise ValueError(f"{keys} cannot both be True (policy_loss=auto selects one loss)")
+    return chosen[0] if chosen else AUTO_FALLBACK_LOSS
 
 
 def registered_loss_keys() -> set[str]:

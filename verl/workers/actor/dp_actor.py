@@ -3,8 +3,10 @@
 The worker hands this class its chunk of the batch (a DataProto). ``compute_log_prob`` runs a no-grad
 forward in micro-batches (fixed size, or by token budget with ``use_dynamic_bsz``); ``update_policy``
 splits the chunk into mini-batches (one optimizer step each, ``ppo_epochs`` passes), accumulates
-micro-batch gradients and clips the global grad norm. The loss itself is a hook
-(``compute_policy_loss``) so the LUFFY actor can swap in the mixed on/off-policy loss.
+micro-batch gradients and clips the global grad norm. The policy loss is the one registered as
+``actor.policy_loss`` (``auto``: the loss whose switch key is on, else ``vanilla``; verl/trainer/ppo/loss_inputs.py),
+called as ``fn(PolicyLossInputs, cfg)`` with whatever loss tensors the micro-batch carries; the LUFFY actor only
+adds tensors (``loss_input_keys``) and terms (``extra_policy_loss``).
 
 Gradient accumulation follows verl/LUFFY (docs/METHOD.md §1.9): each micro-batch loss is divided by
 ``gradient_accumulation = mini / micro`` rows after normalisation, even when dynamic batching makes
@@ -76,6 +78,8 @@ class DataParallelPPOActor:
             None = a standalone actor (one rank, one response per prompt: the config's prompts are rows).
     """
 
+    section_cls = ActorSection  # the typed actor group a caller without a ``section`` gets built from ``config``
+
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
                  use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
                  shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None,
@@ -87,7 +91,13 @@ class DataParallelPPOActor:
         if actor_optimizer is None:
             self.update_config = None
         else:
-            self.update_config = section if section is not None else ActorSection.from_actor_config(config)
+            self.update_config = section if section is not None else self.section_cls.from_actor_config(config)
+            # The loss, once: its name (an unknown one fails here, naming the registered ones), function and cfg
+            # (its registered knob dataclass built from ``config``, else the actor's loss section).
+            loss = self.update_config.loss
+            self.policy_loss = core_algos.resolve_policy_loss(loss)
+            self.policy_loss_fn = core_algos.get_policy_loss_fn(self.policy_loss)
+            self.policy_loss_cfg = core_algos.policy_loss_config(self.policy_loss, config, loss)
         self.batch_sizes = batch_sizes
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
@@ -221,12 +231,23 @@ class DataParallelPPOActor:
         return keys
 
     def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask):
-        """verl's PPO loss on all rows; returns (loss before accumulation scaling, metrics)."""
-        cfg = self.update_config
+        """The registered loss ``self.policy_loss`` on this micro-batch (``prefix_mask`` / ``behaviour_log_probs``
+        when ``loss_input_keys`` loaded them), plus :meth:`extra_policy_loss`; returns (loss before accumulation
+        scaling, metrics: the loss's own as ``actor/<name>`` and ``actor/pg_loss``, the registered loss's value)."""
         inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"],
-                                  advantages=micro["advantages"], response_mask=response_mask)
-        pg_loss, out = core_algos.get_policy_loss_fn("vanilla")(inputs, cfg)  # reads clip_ratio, loss_remove_*
-        return pg_loss, {"actor/pg_loss": pg_loss.item(), **{f"actor/{k}": v.item() for k, v in out.items()}}
+                                  advantages=micro["advantages"], response_mask=response_mask,
+                                  prefix_mask=micro.get("prefix_mask"),
+                                  behaviour_log_probs=micro.get("behaviour_log_probs"))
+        pg_loss, out = self.policy_loss_fn(inputs, self.policy_loss_cfg)
+        metrics = {f"actor/{k}": v.item() for k, v in out.items()}
+        metrics["actor/pg_loss"] = pg_loss.item()
+        extra = self.extra_policy_loss(out, metrics)
+        return (pg_loss if extra is None else pg_loss + extra), metrics
+
+    def extra_policy_loss(self, loss_metrics: dict, metrics: dict):
+        """A term added to the policy loss from the loss's metric tensors (None: none; LUFFY's actor adds
+        ``use_ppo_kl_loss``'s |ppo_kl|); may log into ``metrics``."""
+        return None
 
     def entropy_coeff(self, entropy_value: torch.Tensor) -> float:
         return self.update_config.entropy_coeff
