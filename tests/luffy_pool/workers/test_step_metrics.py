@@ -132,7 +132,9 @@ def _direct_metrics(model_dir, response_tokens, rows_of_micro_batches):
     model = _model(model_dir)
     b = _batch(model, response_tokens)
     lp = _direct_log_probs(model, b)
-    cfg = MIXDataParallelPPOActor(_cfg(8, 2, False, 64, "token_weighted"), model).policy_loss_cfg
+    # the loss cfg the actor builds (an actor with an optimizer: a log-prob-only one carries no loss)
+    cfg = MIXDataParallelPPOActor(_cfg(8, 2, False, 64, "token_weighted"), model,
+                                  torch.optim.SGD(model.parameters(), lr=0.0)).policy_loss_cfg
     mask = b["attention_mask"][:, -RESP:].float()
 
     def metrics(rows):
