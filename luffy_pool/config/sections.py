@@ -266,9 +266,28 @@ class KLControlSection:
     horizon: int = key()
 
 
+# Until the engines return sampling log-probs to the trainer and the policy loss takes weights, every non-null
+# correction is refused (no key parsed and then ignored).
+_NO_ROLLOUT_CORRECTION = Bound(
+    lambda v: False, "the training rollouts do not return the engine's sampling log-probs yet and the policy loss "
+    "takes no importance weights or rejection mask (verl/trainer/ppo/rollout_corr.py); leave it null",
+    template="'{key}'={value!r} is not supported: {message}")
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionSection:
+    """``algorithm.rollout_correction``: verl's truncated IS weights and rejection for the rollout/trainer
+    mismatch (verl/trainer/ppo/rollout_corr.py; cross-key rule: its ``config_errors``)."""
+
+    rollout_is: Optional[str] = key(bounds=_NO_ROLLOUT_CORRECTION)
+    rollout_is_threshold: float = key(bounds=POSITIVE)
+    rollout_rs: Optional[str] = key(bounds=_NO_ROLLOUT_CORRECTION)
+    rollout_rs_threshold: Union[str, float, None] = key()
+
+
 @dataclass(frozen=True)
 class AlgorithmSection:
-    """``algorithm.*``: the advantage estimator and KL-in-reward."""
+    """``algorithm.*``: the advantage estimator, KL-in-reward and rollout correction."""
 
     gamma: float
     lam: float = _inert("only GAE reads it, and gae needs a critic, which is not shipped")
@@ -278,6 +297,7 @@ class AlgorithmSection:
     kl_penalty: str = key(choices=kl_estimators)
     surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
+    rollout_correction: RolloutCorrectionSection = nested(RolloutCorrectionSection)
 
 
 @dataclass(frozen=True)

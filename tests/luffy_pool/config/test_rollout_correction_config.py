@@ -1,0 +1,47 @@
+"""algorithm.rollout_correction and actor_rollout_ref.rollout.calculate_log_probs: verl's keys with verl's
+defaults, refused away from off until the engines return sampling log-probs and the loss takes the weights."""
+import pytest
+from omegaconf import OmegaConf
+
+from luffy_pool.config.check import validate_config
+from luffy_pool.config.sections import ConfigSections
+from verl.trainer.ppo.rollout_corr import config_errors
+
+RC = "algorithm.rollout_correction"
+CALC = "actor_rollout_ref.rollout.calculate_log_probs"
+PATHS = ["data.train_files=/d/t.parquet", "data.val_files=/d/v.parquet", "actor_rollout_ref.model.path=/m"]
+
+
+def _getter(cfg):
+    return lambda key: OmegaConf.select(cfg, key)
+
+
+def test_defaults_are_verls_and_pass_the_cross_key_rule(compose_config):
+    cfg = compose_config(PATHS)
+    sections = ConfigSections.from_config(cfg)
+    rc = sections.algorithm.rollout_correction
+    assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold) == (None, 2.0, None, None)
+    assert sections.actor_rollout_ref.rollout.calculate_log_probs is False
+    assert validate_config(cfg) == []
+    assert config_errors(_getter(cfg)) == []
+
+
+@pytest.mark.parametrize("override, words", [
+    (f"{RC}.rollout_is=token", f"'{RC}.rollout_is'='token' is not supported: the training rollouts do not return"),
+    (f"{RC}.rollout_is=sequence", f"'{RC}.rollout_is'='sequence' is not supported"),
+    (f"{RC}.rollout_rs=token_k1", f"'{RC}.rollout_rs'='token_k1' is not supported"),
+    (f"{CALC}=True", f"'{CALC}'=True is not supported: the training rollouts do not request"),
+    (f"{RC}.rollout_is_threshold=0.0", f"'{RC}.rollout_is_threshold'=0.0 must be > 0"),
+])
+def test_a_correction_is_refused_naming_the_missing_piece(compose_config, override, words):
+    errors = validate_config(compose_config(PATHS + [override]))
+    assert len(errors) == 1 and errors[0].startswith(words), errors
+
+
+def test_the_cross_key_rule_reads_the_composed_config(compose_config):
+    errors = config_errors(_getter(compose_config(PATHS + [f"{RC}.rollout_is=token"])))
+    assert errors == [f"'{RC}.rollout_is'='token' needs '{CALC}'=True (the weights compare the engine's sampling "
+                      "log-probs with the actor's); set it or set the correction to null"]
+    cfg = compose_config(PATHS + [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold='0.5_2'", f"{CALC}=True"])
+    assert OmegaConf.select(cfg, f"{RC}.rollout_rs_threshold") == "0.5_2"  # quoted: a string, not 0.52
+    assert config_errors(_getter(cfg)) == []
