@@ -241,7 +241,7 @@ def build_trainer(config: DictConfig):
 
     # GPU runs: the per-rank memory plan from the device's real memory, printed once before any worker loads
     # the model; trainer.memory_plan=error stops here naming the phase and the keys to change.
-    check_memory_plan(config, device)
+    check_memory_plan(sections, device)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     tracker = None
 
