@@ -444,6 +444,12 @@ class ConfigSections:
         if replay.enable and replay.slots > r.n:
             errors.append(f"'data.self_replay.slots'={replay.slots} exceeds '{_R}.n'={r.n} "
                           "(a group has only n rows to replace)")
+        if data.dataloader_num_workers > 0 and self.trainer.save_freq > 0:
+            # Worker processes prefetch, so the sampler's cursor runs ahead of the batches trained on and a resume
+            # would silently skip prompts.
+            errors.append(f"'data.dataloader_num_workers'={data.dataloader_num_workers} with 'trainer.save_freq'="
+                          f"{self.trainer.save_freq}: the saved sampler position would be ahead of training; use "
+                          "dataloader_num_workers=0 to checkpoint")
         for rollout_key, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
             if getattr(r, rollout_key) != getattr(data, data_key):
                 errors.append(f"'{_R}.{rollout_key}'={getattr(r, rollout_key)} must equal 'data.{data_key}'="

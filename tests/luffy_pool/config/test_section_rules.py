@@ -66,6 +66,14 @@ def test_a_rule_on_its_section_is_one_line_naming_the_keys(sections, path, chang
     assert errors and errors[0].startswith(expected) and all("\n" not in e for e in errors), errors
 
 
+def test_prefetching_dataloader_workers_are_refused_only_when_the_run_saves(sections):
+    workers = _with(sections, "data", dataloader_num_workers=2)
+    assert workers.validate() == []  # save_freq=-1: nothing is saved, prefetching is fine
+    assert _with(workers, "trainer", save_freq=5).validate() == [
+        "'data.dataloader_num_workers'=2 with 'trainer.save_freq'=5: the saved sampler position would be ahead of "
+        "training; use dataloader_num_workers=0 to checkpoint"]
+
+
 def test_the_rules_between_groups_sit_on_their_parent(sections):
     # actor x ref: on the worker sections; actor x algorithm and rollout x data: on the run's sections
     kl = _with(sections, "actor_rollout_ref.actor", use_kl_loss=True)
