@@ -454,7 +454,20 @@ class ConfigSections:
             if getattr(r, rollout_key) != getattr(data, data_key):
                 errors.append(f"'{_R}.{rollout_key}'={getattr(r, rollout_key)} must equal 'data.{data_key}'="
                               f"{getattr(data, data_key)} (leave it as the ${{data.{data_key}}} interpolation)")
-        return errors + self._layout_errors()
+        return errors + self._context_errors() + self._layout_errors()
+
+    def _context_errors(self) -> list[str]:
+        """Prompt + response within the model's positions, when its config.json is on disk (else the launcher's
+        pre-flight checks it once the model is resolved)."""
+        from verl.utils.context_length import context_length_error
+        from verl.utils.parallel_check import local_model_config
+
+        model = self.workers.model
+        hf = local_model_config(model.path, model.override_config)
+        limit = None if hf is None else hf.get("max_position_embeddings")
+        problem = context_length_error(self.data.max_prompt_length, self.data.max_response_length,
+                                       None if limit is None else int(limit), model.path)
+        return [problem] if problem else []
 
     def _layout_errors(self) -> list[str]:
         """Token budgets hold one sequence; batch sizes, HSDP shards and vLLM TP split over the world's ranks."""

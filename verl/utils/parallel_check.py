@@ -1,6 +1,7 @@
 """The model's attention heads against the Ulysses SP degree: the worker's check (``check_heads``) and the
 config checker's (``WorkerSections.validate`` reads a local model's heads with ``local_model_heads``), so a
-layout whose heads do not split is one line naming the key before any worker starts.
+layout whose heads do not split is one line naming the key before any worker starts. ``local_model_config``
+also gives the checker the model's position limit (``ConfigSections.validate``).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def check_heads(num_heads: int, num_kv_heads: int, sp_size: int) -> None:
         raise ValueError(problem)
 
 
-def local_model_heads(path: Optional[str], overrides: Mapping[str, Any]) -> Optional[tuple[int, int]]:
-    """(attention heads, kv heads) from the config.json of a local HF folder or a cached hub id (else None)."""
+def local_model_config(path: Optional[str], overrides: Optional[Mapping[str, Any]] = None) -> Optional[dict]:
+    """The config.json of a local HF folder or a cached hub id, with ``model.override_config`` applied (None when
+    neither is on disk: the launcher's pre-flight reads it once the model is resolved)."""
     if not isinstance(path, str):
         return None
     config = os.path.join(path, "config.json")
@@ -43,7 +45,13 @@ def local_model_heads(path: Optional[str], overrides: Mapping[str, Any]) -> Opti
     with open(config) as f:
         cfg = json.load(f)
     cfg.update(overrides or {})
-    heads = cfg.get("num_attention_heads")
+    return cfg
+
+
+def local_model_heads(path: Optional[str], overrides: Optional[Mapping[str, Any]] = None) -> Optional[tuple[int, int]]:
+    """(attention heads, kv heads) from ``local_model_config`` (None when it is not on disk or names none)."""
+    cfg = local_model_config(path, overrides)
+    heads = None if cfg is None else cfg.get("num_attention_heads")
     if not isinstance(heads, int):
         return None
     return heads, int(cfg.get("num_key_value_heads") or heads)

@@ -74,6 +74,19 @@ def test_prefetching_dataloader_workers_are_refused_only_when_the_run_saves(sect
         "training; use dataloader_num_workers=0 to checkpoint"]
 
 
+def test_prompt_and_response_must_fit_a_local_models_positions(sections, tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 600}))
+    local = _with(sections, "actor_rollout_ref.model", path=str(tmp_path))
+    assert local.validate() == [f"data.max_prompt_length (512) + data.max_response_length (512) = 1024 exceeds "
+                                f"max_position_embeddings (600) of {tmp_path}; use a long-context model (e.g. "
+                                "Elliott/Qwen2.5-Math-7B-16k-think) or shorter lengths"]
+    longer = _with(local, "actor_rollout_ref.model", override_config={"max_position_embeddings": 2048})
+    assert longer.validate() == []
+    assert sections.validate() == []  # no config.json on disk (/m): the launcher's pre-flight checks it later
+
+
 def test_the_rules_between_groups_sit_on_their_parent(sections):
     # actor x ref: on the worker sections; actor x algorithm and rollout x data: on the run's sections
     kl = _with(sections, "actor_rollout_ref.actor", use_kl_loss=True)
