@@ -25,9 +25,9 @@ def sections():
     return ConfigSections.from_config(_compose(prepare_overrides(BASE)))
 
 
-def _with(sections, path: str, **changes):
-    """``sections`` with the section at dotted ``path`` (attribute names) replaced by a copy with ``changes``."""
-    head, _, rest = path.partition(".")
+def _with(sections, where: str, **changes):
+    """``sections`` with the section at dotted ``where`` (attribute names) replaced by a copy with ``changes``."""
+    head, _, rest = where.partition(".")
     sub = getattr(sections, head)
     new = _with(sub, rest, **changes) if rest else dataclasses.replace(sub, **changes)
     return dataclasses.replace(sections, **{head: new})
