@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import MISSING
 from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig
@@ -184,14 +185,20 @@ class _Checker:
 
     def loss_knobs(self) -> None:
         """The knobs of registered losses (``register_policy_loss(name, config=<dataclass>)``) against their
-        dataclass's declarations; a knob only a loss other than the selected one reads is refused away from its
-        default (the YAML's, else the dataclass's), so it cannot look set while nothing reads it."""
+        dataclass's declarations; a knob the selected loss does not read is refused away from its default (the
+        YAML's, else the dataclass's), so it cannot look set while nothing reads it. A loss without a knob
+        dataclass reads the actor's loss section (``LossSection``): its keys stay free then."""
         from luffy_pool.algorithm.loss_config import policy_loss_name
+        from luffy_pool.config.sections import LossSection
+        from verl.trainer.ppo.core_algos import get_policy_loss_config
 
         schema, selected = schema_defaults(), policy_loss_name(self.sections.actor.loss)
         owners = loss_knob_owners()
+        read = set() if get_policy_loss_config(selected) else {d.key for d in declarations(LossSection, f"{_A}.")}
         for key, knobs in owners.items():
             if key not in self.values:
+                if any(name == selected and d.default is MISSING for name, d in knobs):
+                    self.fail(f"Missing config key '{key}': the policy loss {selected!r} reads it; add +{key}=...")
                 continue
             value, d = self.values[key], knobs[0][1]
             problem = config_schema.value_error(key, value, d.types)
@@ -201,7 +208,7 @@ class _Checker:
             default = schema.get(key, d.default)
             for line in value_errors(d, value, default):
                 self.fail(line)
-            if key in declared() or selected in (name for name, _ in knobs):
+            if key in read or selected in (name for name, _ in knobs):
                 continue
             if value != default:
                 names = " / ".join(name for name, _ in knobs)

@@ -102,7 +102,7 @@ class TrainerSection:
     critic_warmup: int = key(bounds=NON_NEGATIVE)
     default_hdfs_dir: Optional[str] = key()
     default_local_dir: str = key()
-    resume_mode: str = key()  # auto | disable | resume_path | a .../global_step_N path (config_check's rule)
+    resume_mode: str = key()  # auto | disable | resume_path | a .../global_step_N path (validate())
     # LUFFY's `resume_from_path: False` means "no path"; True names no checkpoint.
     resume_from_path: Union[str, bool, None] = key(refuse={True: "give a checkpoint path, or False / null for none"})
     max_optim_to_keep: int = key(bounds=AT_LEAST_ONE)

@@ -180,6 +180,55 @@ def test_a_knob_of_another_loss_is_refused_away_from_its_default_only():
     assert _errors(f"+{A}.a1_scale=1.0") == []
 
 
+@pytest.fixture
+def yaml_key_knob_loss():
+    """A loss whose knob dataclass declares a YAML key (off_policy_max_clip), registered for one test only."""
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+    from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        off_policy_max_clip: float
+
+    register_policy_loss("a1_test_yaml_knob_loss", config=Knobs)(_a1_loss)
+    yield "a1_test_yaml_knob_loss"
+    POLICY_LOSS_REGISTRY.pop("a1_test_yaml_knob_loss")
+    POLICY_LOSS_CONFIGS.pop("a1_test_yaml_knob_loss")
+
+
+def test_a_yaml_key_that_only_another_losss_knobs_read_is_refused_away_from_the_yaml_default(yaml_key_knob_loss):
+    _register()
+    knob = f"{A}.off_policy_max_clip"
+    # the selected loss (a1_test_knob_loss) reads only its own dataclass: the YAML default passes, another value not
+    selected = [f"{A}.use_off_policy_loss=False", f"{A}.policy_loss=a1_test_knob_loss"]
+    assert _errors(*selected) == []
+    assert _errors(*selected, f"{knob}=2.0") == [
+        f"'{knob}'=2.0 is a knob of the policy loss {yaml_key_knob_loss}, but '{A}.policy_loss' selects "
+        "'a1_test_knob_loss'; remove it or select that loss"]
+    # LUFFY's luffy_token has no knob dataclass: it reads the loss section, which holds the key
+    assert _errors(f"{A}.use_off_policy_loss=True", f"{knob}=2.0") == []
+    assert _errors(f"{A}.use_off_policy_loss=False", f"{A}.policy_loss={yaml_key_knob_loss}", f"{knob}=2.0") == []
+
+
+def test_a_required_knob_of_the_selected_loss_must_be_set():
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+    from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS
+
+    @dataclasses.dataclass(frozen=True)
+    class Knobs:
+        a1_required_knob: float
+
+    register_policy_loss("a1_test_required_knob_loss", config=Knobs)(_a1_loss)
+    try:
+        selected = [f"{A}.use_off_policy_loss=False", f"{A}.policy_loss=a1_test_required_knob_loss"]
+        assert _errors(*selected) == [f"Missing config key '{A}.a1_required_knob': the policy loss "
+                                      f"'a1_test_required_knob_loss' reads it; add +{A}.a1_required_knob=..."]
+        assert _errors(*selected, f"+{A}.a1_required_knob=0.5") == []
+    finally:
+        POLICY_LOSS_REGISTRY.pop("a1_test_required_knob_loss")
+        POLICY_LOSS_CONFIGS.pop("a1_test_required_knob_loss")
+
+
 # ------------------------------------------------------------------------- every shipped config passes
 def _recipes():
     from luffy_pool.run.recipe import discover_launch_scripts
