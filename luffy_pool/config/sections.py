@@ -437,6 +437,8 @@ class ConfigSections:
         if a.use_sft_multitask_loss and self.algorithm.adv_estimator != "grpo_split":
             errors.append(f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
                           f"(on-policy advantages without the off-policy rows), got {self.algorithm.adv_estimator!r}")
+        # kl_ctrl.kl_coef > 0 without a reference is accepted, as in LUFFY: there is no ref_log_prob, so the
+        # KL-in-reward term is absent (beta = 0, critic/kl_coeff logs 0; verl/trainer/ppo/kl.apply_kl_penalty).
         replay = data.self_replay
         if replay.enable and not (a.use_off_policy_loss and a.use_off_policy_probs):
             errors.append(f"'data.self_replay.enable'=True needs '{_A}.use_off_policy_loss'=True and "
@@ -502,7 +504,7 @@ class ConfigSections:
             errors.append(str(exc))
         for group, section, enabled in ((_R, w.rollout, True), (_REF, w.ref, w.ref.use_ref)):
             micro = section.log_prob_micro_batch_size
-            if enabled and not section.log_prob_use_dynamic_bsz and (micro is None or micro < world // sp):
+            if enabled and sp >= 1 and not section.log_prob_use_dynamic_bsz and (micro is None or micro < world // sp):
                 errors.append(f"'{group}.log_prob_micro_batch_size'={micro} must be >= the {world // sp} "
                               "data-parallel ranks (or enable log_prob_use_dynamic_bsz)")
         if w.rollout.name == "vllm" and world % w.rollout.tensor_model_parallel_size:

@@ -26,7 +26,8 @@ from luffy_pool.memory_plan.report import render, suggestions
 from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape
 
 __all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "plan_for_sections",
-           "render", "suggestions", "parse_gpu_memory", "device_memory_bytes", "check_run", "MemoryPlanError", "CARD_BYTES", "MODES"]
+           "render", "suggestions", "parse_gpu_memory", "device_memory_bytes", "check_run", "MemoryPlanError",
+           "CARD_BYTES", "MODES"]
 
 logger = logging.getLogger(__name__)
 MODES = ("warn", "error", "off")

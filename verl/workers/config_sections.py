@@ -148,7 +148,7 @@ class ActorSection:
     kl_loss_type: str = key(choices=kl_estimators)
     ppo_epochs: int = key(bounds=AT_LEAST_ONE)
     shuffle: bool = key()
-    ulysses_sequence_parallel_size: int = key()
+    ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     on_nonfinite: str = key(choices=("skip", "stop"))
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)
@@ -175,7 +175,7 @@ class RefSection:
     log_prob_micro_batch_size: Optional[int]
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int = key(bounds=AT_LEAST_ONE)
-    ulysses_sequence_parallel_size: int = key()
+    ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     fsdp_config: ShardingSection = nested(ShardingSection)
 
 
