@@ -238,6 +238,10 @@ def predicted_bytes(args, phase: str) -> int:
     """luffy_pool.memory_plan's estimate of what ``run_child(args, "ours", phase)`` measures: the phase's
     lines minus those resident before it (parameters, AdamW moments), for this one-process fp32 CPU actor
     (no FSDP shards or gathers, no CUDA context), padded rows, response tokens scored."""
+    import dataclasses
+
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.config.sections import ConfigSections
     from luffy_pool.memory_plan.estimate import PlanInputs, build_plan
     from luffy_pool.memory_plan.shapes import shape_from_dict
 
@@ -245,12 +249,15 @@ def predicted_bytes(args, phase: str) -> int:
     batch = make_batch(args.rows, args.width, args.tokens, 8)
     scored = int(batch["attention_mask"][:, -batch["responses"].shape[1]:].sum())
     positions = args.rows * args.width
-    inputs = PlanInputs(world=1, nodes=1, fsdp=False, device="cpu", param_dtype_bytes=4,
-                        gradient_checkpointing=args.checkpointing, logprob_chunk_size=args.chunk,
-                        update_tokens=positions, old_logprob_tokens=positions, ref_logprob_tokens=positions,
-                        # the bench's optimizer: build_adamw's default step_impl (auto: fused on CPU)
-                        update_scored_tokens=scored, logprob_scored_tokens=scored, step_impl="auto",
-                        response_positions=args.rows * batch["responses"].shape[1])
+    yaml = PlanInputs.from_sections(ConfigSections.from_config(compose_config(["actor_rollout_ref.model.path=bench"])), "cpu")
+    # This process's actor: one rank, no SP, no reference, nothing offloaded; the rest as the bench measures it.
+    inputs = dataclasses.replace(yaml, world=1, nodes=1, sp=1, use_ref=False, actor_param_offload=False,
+                                 optimizer_offload=False, fsdp=False, device="cpu", param_dtype_bytes=4,
+                                 gradient_checkpointing=args.checkpointing, logprob_chunk_size=args.chunk,
+                                 update_tokens=positions, old_logprob_tokens=positions, ref_logprob_tokens=positions,
+                                 # the bench's optimizer: build_adamw's default step_impl (auto: fused on CPU)
+                                 update_scored_tokens=scored, logprob_scored_tokens=scored, step_impl="auto",
+                                 response_positions=args.rows * batch["responses"].shape[1])
     plan = build_plan(inputs, shape, None)
     names = ("update: forward/backward", "update: optimizer step") if phase == "update" else ("log-prob: old (actor)",)
     resident = ("actor fp32 params", "AdamW moments")

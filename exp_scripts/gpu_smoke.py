@@ -207,7 +207,7 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     if cuda:  # the memory plan of this config, printed as a run prints it; per phase next to the peak
         from luffy_pool.memory_plan import check_run
 
-        plan = check_run(config, "cuda")
+        plan = check_run(sections, "cuda")
         plan_gb = {p.name: round(p.total / 2**30, 2) for p in plan.phases} if plan is not None else None
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

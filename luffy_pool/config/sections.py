@@ -20,6 +20,10 @@ from verl.utils.config_section import (AT_LEAST_ONE, DEFAULT_ONLY, NON_NEGATIVE,
                                        Bound, build_section, key, nested, not_shipped, view)
 from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections, kl_estimators
 
+_A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+# No model has this many positions; the model-specific limit is checked at pre-flight (check_model_context).
+MAX_RESPONSE_LENGTH = 1 << 20
+
 _INERT = "the key is inert in LUFFY (read by no code path)"
 _ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
 _RM_ONLY = "it is only used by model-based reward workers, which are not shipped"
@@ -36,6 +40,13 @@ def _adv_estimators():
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
     return tuple(ADV_ESTIMATOR_REGISTRY)
+
+
+def _policy_losses():
+    import luffy_pool.algorithm.mix_core_alg  # noqa: F401 -- registers luffy_token, sft_multitask
+    from verl.workers.config_sections import policy_losses
+
+    return policy_losses()
 
 
 def _kl_controllers():
@@ -91,7 +102,7 @@ class TrainerSection:
     critic_warmup: int = key(bounds=NON_NEGATIVE)
     default_hdfs_dir: Optional[str] = key()
     default_local_dir: str = key()
-    resume_mode: str = key()  # auto | disable | resume_path | a .../global_step_N path (config_check's rule)
+    resume_mode: str = key()  # auto | disable | resume_path | a .../global_step_N path (validate())
     # LUFFY's `resume_from_path: False` means "no path"; True names no checkpoint.
     resume_from_path: Union[str, bool, None] = key(refuse={True: "give a checkpoint path, or False / null for none"})
     max_optim_to_keep: int = key(bounds=AT_LEAST_ONE)
@@ -117,6 +128,14 @@ class TrainerSection:
     @classmethod
     def from_config(cls, config) -> "TrainerSection":
         return build_section(cls, config.trainer, "trainer")
+
+    def validate(self) -> list[str]:
+        mode, errors = self.resume_mode, []
+        if mode not in ("auto", "disable", "resume_path") and "global_step_" not in mode:
+            errors.append(f"'trainer.resume_mode'={mode!r} must be auto, disable, resume_path or a .../global_step_N path")
+        if mode == "resume_path" and not self.resume_from_path:
+            errors.append("'trainer.resume_mode'=resume_path needs 'trainer.resume_from_path'")
+        return errors
 
     def total_steps(self, batches_per_epoch: int) -> int:
         """The run's training steps: ``total_training_steps``, else epochs x batches per epoch."""
@@ -177,12 +196,19 @@ class DataSection:
     def from_config(cls, config) -> "DataSection":
         return build_section(cls, config.data, "data")
 
+    def validate(self) -> list[str]:
+        if self.max_response_length > MAX_RESPONSE_LENGTH:
+            return [f"'data.max_response_length'={self.max_response_length} is beyond any model context "
+                    f"(> {MAX_RESPONSE_LENGTH} tokens)"]
+        return []
+
 
 @dataclass(frozen=True)
 class LossSection(PolicyLossSection):
     """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/algorithm/loss_config.py,
     mix_actor.py): the base loss keys plus LUFFY's. A view of the flat actor group (``actor.loss``)."""
 
+    policy_loss: str = key(choices=_policy_losses)  # the registry's names (LUFFY's losses registered) or auto
     use_off_policy_loss: bool = key()
     use_sft_multitask_loss: bool = key()
     use_off_policy_probs: bool = key()
@@ -213,6 +239,21 @@ class LossSection(PolicyLossSection):
         """From the ``actor_rollout_ref.actor`` group itself (what the actor worker holds)."""
         return build_section(cls, actor_cfg, "actor_rollout_ref.actor")
 
+    def validate(self) -> list[str]:
+        """LUFFY's loss switches: one loss at a time, chosen by the switches (policy_loss=auto) or by name."""
+        errors = []
+        if self.use_sft_multitask_loss and self.use_off_policy_loss:
+            errors.append(f"'{_A}.use_sft_multitask_loss'=True cannot be combined with '{_A}.use_off_policy_loss'=True")
+        if self.policy_loss != "auto" and (self.use_off_policy_loss or self.use_sft_multitask_loss):
+            errors.append(f"'{_A}.policy_loss'={self.policy_loss!r} conflicts with LUFFY's loss switches "
+                          "(use_off_policy_loss / use_sft_multitask_loss); set policy_loss=auto or turn the switches off")
+        if self.use_off_policy_probs and not self.use_off_policy_loss:
+            errors.append(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True (the behaviour "
+                          "probabilities only enter the off-policy loss)")
+        if self.use_adaptive_temperature_fixed and not self.use_adaptive_temperature:
+            errors.append(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
+        return errors
+
 
 @dataclass(frozen=True)
 class LuffyActorSection(ActorSection):
@@ -237,7 +278,7 @@ class LuffyRolloutSection(RolloutSection):
     max_prefix_len: int = key(bounds=AT_LEAST_ONE)
     prefix_share_across_samples: bool = key()
     prefix_strategy: str = key(choices=_prefix_strategies)
-    n_prefix: int = key()  # -1 or [0, n]: config_check's rule
+    n_prefix: int = key()  # -1 or [0, n]: validate()
     min_prefix_ratio: float = key(bounds=UNIT)
     max_prefix_ratio: float = key(bounds=UNIT)
     prefix_steps: int = key(bounds=AT_LEAST_ONE)
@@ -247,6 +288,23 @@ class LuffyRolloutSection(RolloutSection):
     prefix_linear_max_var: float = _inert()
     prefix_reward_strategy: str = _inert()
 
+    def validate(self) -> list[str]:
+        """The prefix plan's rules (luffy_pool/rollout/off_policy_pool.PrefixRatioSampler draws from it unchecked)."""
+        errors, n, n_prefix = [], self.n, self.n_prefix
+        if n_prefix != -1 and not 0 <= n_prefix <= n:
+            errors.append(f"'{_R}.n_prefix'={n_prefix} must be -1 (all slots) or in [0, rollout.n={n}]")
+        if self.prefix_strategy == "linear" and not self.prefix_share_across_samples:
+            errors.append(f"'{_R}.prefix_strategy'=linear needs '{_R}.prefix_share_across_samples'=True (as in LUFFY: "
+                          f"one shared ratio per step); use prefix_strategy=random or add "
+                          f"{_R}.prefix_share_across_samples=True")
+        if self.prefix_strategy == "fixed" and self.prefix_share_across_samples:
+            errors.append(f"'{_R}.prefix_strategy'=fixed cannot be combined with '{_R}.prefix_share_across_samples'=True"
+                          " (as in LUFFY: fixed gives each slot its own ratio); set prefix_share_across_samples=False")
+        if self.min_prefix_ratio > self.max_prefix_ratio:
+            errors.append(f"'{_R}.min_prefix_ratio'={self.min_prefix_ratio} exceeds "
+                          f"'{_R}.max_prefix_ratio'={self.max_prefix_ratio}")
+        return errors
+
 
 @dataclass(frozen=True)
 class LuffyWorkerSections(WorkerSections):
@@ -254,6 +312,12 @@ class LuffyWorkerSections(WorkerSections):
 
     actor: LuffyActorSection = nested(LuffyActorSection)
     rollout: LuffyRolloutSection = nested(LuffyRolloutSection)
+
+    def validate(self) -> list[str]:
+        errors = super().validate()
+        if self.actor.use_sft_prefix_reward and self.rollout.n_prefix != -1:
+            errors.append(f"'{_A}.use_sft_prefix_reward'=True needs '{_R}.n_prefix'=-1, got {self.rollout.n_prefix}")
+        return errors
 
 
 @dataclass(frozen=True)
@@ -264,6 +328,11 @@ class KLControlSection:
     kl_coef: float = key(bounds=NON_NEGATIVE)
     target_kl: float = key()
     horizon: int = key()
+
+    def validate(self) -> list[str]:
+        if self.type == "adaptive" and not self.horizon > 0:
+            return ["'algorithm.kl_ctrl.horizon' must be > 0 with algorithm.kl_ctrl.type=adaptive"]
+        return []
 
 
 # Until the engines return sampling log-probs to the trainer and the policy loss takes weights, every non-null
@@ -324,6 +393,13 @@ class OrmSection:
     max_failure_rate: float = key(bounds=UNIT)
     on_failure: str = key(choices=_from("deepscaler.rewards.orm", "ON_FAILURE"))
 
+    def validate(self) -> list[str]:
+        missing = [k for k in ("base_url", "model") if self.enable and not getattr(self, k)]
+        if missing:
+            return [f"'reward.orm.enable'=True needs {' and '.join(f'reward.orm.{k}' for k in missing)} "
+                    "(the judge's OpenAI-compatible endpoint and model name)"]
+        return []
+
 
 @dataclass(frozen=True)
 class RewardSection:
@@ -373,6 +449,88 @@ class ConfigSections:
     @classmethod
     def from_config(cls, config) -> "ConfigSections":
         return build_section(cls, config, "")
+
+    def validate(self) -> list[str]:
+        """Rules between groups: the loss against the estimator, self-replay against the loss and group size,
+        the engine's lengths and the token budgets against the data's, and the layout against the world size."""
+        errors, a, r, data = [], self.actor, self.workers.rollout, self.data
+        if a.use_sft_multitask_loss and self.algorithm.adv_estimator != "grpo_split":
+            errors.append(f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
+                          f"(on-policy advantages without the off-policy rows), got {self.algorithm.adv_estimator!r}")
+        # kl_ctrl.kl_coef > 0 without a reference is accepted, as in LUFFY: there is no ref_log_prob, so the
+        # KL-in-reward term is absent (beta = 0, critic/kl_coeff logs 0; verl/trainer/ppo/kl.apply_kl_penalty).
+        replay = data.self_replay
+        if replay.enable and not (a.use_off_policy_loss and a.use_off_policy_probs):
+            errors.append(f"'data.self_replay.enable'=True needs '{_A}.use_off_policy_loss'=True and "
+                          f"'{_A}.use_off_policy_probs'=True (replayed traces are weighted by their behaviour log-probs)")
+        if replay.enable and replay.slots > r.n:
+            errors.append(f"'data.self_replay.slots'={replay.slots} exceeds '{_R}.n'={r.n} "
+                          "(a group has only n rows to replace)")
+        if data.dataloader_num_workers > 0 and self.trainer.save_freq > 0:
+            # Worker processes prefetch, so the sampler's cursor runs ahead of the batches trained on and a resume
+            # would silently skip prompts.
+            errors.append(f"'data.dataloader_num_workers'={data.dataloader_num_workers} with 'trainer.save_freq'="
+                          f"{self.trainer.save_freq}: the saved sampler position would be ahead of training; use "
+                          "dataloader_num_workers=0 to checkpoint")
+        for rollout_key, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
+            if getattr(r, rollout_key) != getattr(data, data_key):
+                errors.append(f"'{_R}.{rollout_key}'={getattr(r, rollout_key)} must equal 'data.{data_key}'="
+                              f"{getattr(data, data_key)} (leave it as the ${{data.{data_key}}} interpolation)")
+        return errors + self._context_errors() + self._layout_errors()
+
+    def _context_errors(self) -> list[str]:
+        """Prompt + response within the model's positions, when its config.json is on disk (else the launcher's
+        pre-flight checks it once the model is resolved)."""
+        from verl.utils.context_length import context_length_error
+        from verl.utils.parallel_check import local_model_config
+
+        model = self.workers.model
+        hf = local_model_config(model.path, model.override_config)
+        limit = None if hf is None else hf.get("max_position_embeddings")
+        problem = context_length_error(self.data.max_prompt_length, self.data.max_response_length,
+                                       None if limit is None else int(limit), model.path)
+        return [problem] if problem else []
+
+    def _layout_errors(self) -> list[str]:
+        """Token budgets hold one sequence; batch sizes, HSDP shards and vLLM TP split over the world's ranks."""
+        from verl.utils.batch_sizes import (BatchSizeError, normalize_actor_batch_sizes,
+                                            optimizer_steps_per_training_step, rows_per_rank)
+
+        errors, w, a = [], self.workers, self.actor
+        world, n, sp = self.trainer.nnodes * self.trainer.n_gpus_per_node, w.rollout.n, a.ulysses_sequence_parallel_size
+        longest = self.data.max_prompt_length + self.data.max_response_length
+        budgets = ((_A, "ppo_max_token_len_per_gpu", "use_dynamic_bsz", a.ppo_max_token_len_per_gpu, a.use_dynamic_bsz),
+                   (_R, "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz",
+                    w.rollout.log_prob_max_token_len_per_gpu, w.rollout.log_prob_use_dynamic_bsz),
+                   (_REF, "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz",
+                    w.ref.log_prob_max_token_len_per_gpu, w.ref.use_ref and w.ref.log_prob_use_dynamic_bsz))
+        for group, budget_key, switch, budget, dynamic in budgets:
+            # A micro-batch holds at least one whole sequence; an SP rank holds 1/sp of it (dp_actor).
+            if dynamic and budget * sp < longest:
+                errors.append(f"'{group}.{budget_key}'={budget} is below one sequence: data.max_prompt_length + "
+                              f"data.max_response_length = {longest} tokens{f' (/ Ulysses SP {sp})' if sp > 1 else ''}; "
+                              f"raise it or set {group}.{switch}=False")
+        fsdp_size = a.fsdp_config.fsdp_size
+        if fsdp_size > 0 and world % fsdp_size:
+            errors.append(f"'{_A}.fsdp_config.fsdp_size'={fsdp_size} must divide the world size {world} (trainer.nnodes"
+                          " * trainer.n_gpus_per_node), or be -1 to shard over all ranks")
+        sizes = {k: getattr(a, k) for k in ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")}
+        try:
+            rows_per_rank(self.data.train_batch_size, n, world)
+            per_rank = normalize_actor_batch_sizes(sizes, n, world, sp)
+            optimizer_steps_per_training_step(self.data.train_batch_size, n, world,
+                                              per_rank["ppo_mini_batch_size_per_rank"], a.ppo_epochs, sp)
+        except BatchSizeError as exc:
+            errors.append(str(exc))
+        for group, section, enabled in ((_R, w.rollout, True), (_REF, w.ref, w.ref.use_ref)):
+            micro = section.log_prob_micro_batch_size
+            if enabled and sp >= 1 and not section.log_prob_use_dynamic_bsz and (micro is None or micro < world // sp):
+                errors.append(f"'{group}.log_prob_micro_batch_size'={micro} must be >= the {world // sp} "
+                              "data-parallel ranks (or enable log_prob_use_dynamic_bsz)")
+        if w.rollout.name == "vllm" and world % w.rollout.tensor_model_parallel_size:
+            errors.append(f"'{_R}.tensor_model_parallel_size'={w.rollout.tensor_model_parallel_size} must divide the "
+                          f"world size {world} (trainer.nnodes * trainer.n_gpus_per_node)")
+        return errors
 
     @property
     def workers(self) -> LuffyWorkerSections:

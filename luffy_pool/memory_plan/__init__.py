@@ -5,7 +5,7 @@ Offline (a laptop, no GPU, no data)::
     python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80
     python -m luffy_pool.memory_plan --gpu-memory 141 -- actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B ...
 
-At the start of a GPU run ``luffy_pool.run.launcher`` calls ``check_run(config, device)`` before the workers
+At the start of a GPU run ``luffy_pool.run.launcher`` calls ``check_run(sections, device)`` before the workers
 load the model: the plan from the device's real memory (``torch.cuda.mem_get_info``) is printed once,
 and ``trainer.memory_plan`` decides what a phase over the device's memory does (``error``: stop naming
 the phase, its estimate and the keys that bring it under; ``warn``: say so and go on; ``off``).
@@ -25,8 +25,9 @@ from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, PlanIn
 from luffy_pool.memory_plan.report import render, suggestions
 from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape
 
-__all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "render", "suggestions",
-           "parse_gpu_memory", "device_memory_bytes", "check_run", "MemoryPlanError", "CARD_BYTES", "MODES"]
+__all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "plan_for_sections",
+           "render", "suggestions", "parse_gpu_memory", "device_memory_bytes", "check_run", "MemoryPlanError",
+           "CARD_BYTES", "MODES"]
 
 logger = logging.getLogger(__name__)
 MODES = ("warn", "error", "off")
@@ -53,18 +54,24 @@ def parse_gpu_memory(text: str) -> int:
     return CARD_BYTES.get(int(value), int(value * GiB)) if value == int(value) else int(value * GiB)
 
 
-def plan_for_config(config, device_bytes: Optional[int], device: str = "cuda", model_config: Optional[str] = None) -> Plan:
-    """The plan of a composed config (model shape from ``actor_rollout_ref.model.path`` or ``model_config``)."""
-    from omegaconf import OmegaConf
-
-    shape = model_shape(str(OmegaConf.select(config, "actor_rollout_ref.model.path", default="")), model_config)
-    override = OmegaConf.select(config, "actor_rollout_ref.model.override_config", default=None) or {}
-    if override:  # a few shape fields may be overridden at load time
+def plan_for_sections(sections, device_bytes: Optional[int], device: str = "cuda",
+                      model_config: Optional[str] = None) -> Plan:
+    """The plan of a run's ``ConfigSections`` (model shape from ``actor_rollout_ref.model.path`` or ``model_config``)."""
+    model = sections.workers.model
+    shape = model_shape(str(model.path), model_config)
+    if model.override_config:  # a few shape fields may be overridden at load time
         import dataclasses
 
         known = {f.name for f in dataclasses.fields(shape)}
-        shape = dataclasses.replace(shape, **{k: v for k, v in dict(override).items() if k in known})
-    return build_plan(PlanInputs.from_config(config, device=device), shape, device_bytes)
+        shape = dataclasses.replace(shape, **{k: v for k, v in dict(model.override_config).items() if k in known})
+    return build_plan(PlanInputs.from_sections(sections, device=device), shape, device_bytes)
+
+
+def plan_for_config(config, device_bytes: Optional[int], device: str = "cuda", model_config: Optional[str] = None) -> Plan:
+    """``plan_for_sections`` of a composed (Hydra) config, for the command line."""
+    from luffy_pool.config.sections import ConfigSections
+
+    return plan_for_sections(ConfigSections.from_config(config), device_bytes, device, model_config)
 
 
 def device_memory_bytes() -> int:
@@ -97,15 +104,14 @@ def over_budget_message(plan: Plan) -> list[str]:
     return lines
 
 
-def check_run(config, device: str) -> Optional[Plan]:
-    """Print the run's plan once and act on ``trainer.memory_plan`` (GPU runs only; None otherwise)."""
-    from omegaconf import OmegaConf
-
-    mode = str(OmegaConf.select(config, "trainer.memory_plan", default="warn"))
+def check_run(sections, device: str) -> Optional[Plan]:
+    """Print the run's plan once and act on ``trainer.memory_plan`` (GPU runs only; None otherwise); ``sections``
+    is the run's ``ConfigSections``."""
+    mode = sections.trainer.memory_plan
     if mode == "off" or device != "cuda":
         return None
     try:
-        plan = plan_for_config(config, device_memory_bytes(), device="cuda")
+        plan = plan_for_sections(sections, device_memory_bytes(), device="cuda")
     except (FileNotFoundError, ValueError, KeyError) as exc:  # no shape for this model: a plan cannot be made
         if mode == "error":
             raise MemoryPlanError([f"memory plan: {exc} (trainer.memory_plan=warn starts without a plan)"]) from None

@@ -1,6 +1,6 @@
 """Per-rank device memory of every phase of a LUFFY step, from the config and the model's shape.
 
-``PlanInputs.from_config(config, shape)`` reads the keys that drive memory; ``build_plan(inputs,
+``PlanInputs.from_sections(sections, device)`` reads the keys that drive memory; ``build_plan(inputs,
 device_bytes)`` returns a ``Plan``: phases (rollout, the old and ref log-prob passes, the update's
 forward/backward and its optimizer step), each a list of lines ``(what, bytes, config key)`` that add
 up to the phase's peak on one rank. All ranks of this project's layout hold the same shards, so one
@@ -52,44 +52,46 @@ _A, _R, _REF, _M = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "act
 
 @dataclasses.dataclass(frozen=True)
 class PlanInputs:
-    """The keys that drive memory (field name -> config key in ``KEY_OF``)."""
+    """What drives memory, read from the run's sections (``from_sections``); no key has a default here, each
+    comes from the config (the YAML gives every key its default). Only the CPU benchmark's measurement knobs
+    (scored tokens, ``fsdp=False``) have defaults: they are no config key."""
 
     world: int
     nodes: int
-    fsdp_size: int = -1
-    sp: int = 1
-    tp: int = 1
-    param_dtype_bytes: int = 2
-    gpu_memory_utilization: float = 0.5
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 1024
-    enforce_eager: bool = True
-    free_cache_engine: bool = True
-    rollout_dtype_bytes: int = 2
-    weight_sync_bucket_mb: int = 256
-    max_prompt_length: int = 512
-    max_response_length: int = 512
-    n: int = 1
-    actor_param_offload: bool = False
-    optimizer_offload: bool = False
-    use_ref: bool = False
-    ref_param_offload: bool = False
-    gradient_checkpointing: bool = True
-    logprob_chunk_size: int = 1024
-    update_tokens: int = 16384        # tokens per rank of one update micro-batch
-    old_logprob_tokens: int = 16384   # ... of one old-log-prob micro-batch
-    ref_logprob_tokens: int = 16384
+    fsdp_size: int
+    sp: int
+    tp: int
+    param_dtype_bytes: int
+    gpu_memory_utilization: float
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enforce_eager: bool
+    free_cache_engine: bool
+    rollout_dtype_bytes: int
+    weight_sync_bucket_mb: int
+    max_prompt_length: int
+    max_response_length: int
+    n: int
+    actor_param_offload: bool
+    optimizer_offload: bool
+    use_ref: bool
+    ref_param_offload: bool
+    gradient_checkpointing: bool
+    logprob_chunk_size: int
+    update_tokens: int        # tokens per rank of one update micro-batch
+    old_logprob_tokens: int   # ... of one old-log-prob micro-batch
+    ref_logprob_tokens: int
+    update_budget_key: str    # the key that bounds each of those micro-batches
+    old_budget_key: str
+    ref_budget_key: str
+    step_impl: str
+    device: str
     # Positions the LM head scores (response tokens); None = every token of the micro-batch (the GPU plan's
     # bound: a packed micro-batch may be all response). The padded CPU benchmark sets them.
     update_scored_tokens: Optional[int] = None
     logprob_scored_tokens: Optional[int] = None
     response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
-    update_budget_key: str = f"{_A}.ppo_max_token_len_per_gpu"
-    old_budget_key: str = f"{_R}.log_prob_max_token_len_per_gpu"
-    ref_budget_key: str = f"{_REF}.log_prob_max_token_len_per_gpu"
-    step_impl: str = "auto"
     fsdp: bool = True                 # False: one plain module (the CPU benchmark): no shards, no gathers
-    device: str = "cuda"
 
     @property
     def max_len(self) -> int:
@@ -100,59 +102,49 @@ class PlanInputs:
         return self.world if self.fsdp_size in (-1, 0, None) else int(self.fsdp_size)
 
     @classmethod
-    def from_config(cls, config, device: str = "cuda") -> "PlanInputs":
-        """Read the composed (Hydra) config; ``device`` is what the run computes on."""
-        from omegaconf import OmegaConf
-
-        def get(key, default=None):
-            value = OmegaConf.select(config, key, default=default)
-            return default if value is None else value
-
-        world = int(get("trainer.nnodes", 1)) * int(get("trainer.n_gpus_per_node", 1))
-        sp = int(get(f"{_A}.ulysses_sequence_parallel_size", 1))
-        n = int(get(f"{_R}.n", 1))
-        prompt, response = int(get("data.max_prompt_length")), int(get("data.max_response_length"))
+    def from_sections(cls, sections, device: str) -> "PlanInputs":
+        """Read the run's ``ConfigSections`` (luffy_pool/config/sections.py); ``device`` is what the run computes on."""
+        w, data, trainer = sections.workers, sections.data, sections.trainer
+        actor, rollout, ref, model = w.actor, w.rollout, w.ref, w.model
+        world, sp, n = trainer.nnodes * trainer.n_gpus_per_node, actor.ulysses_sequence_parallel_size, rollout.n
         dp = max(1, world // sp)
-        width = prompt + response
+        width = data.max_prompt_length + data.max_response_length
 
-        def tokens(dynamic_key: str, budget_key: str, micro_key: str, micro_per_gpu: Optional[int] = None) -> int:
+        def tokens(dynamic: bool, budget: int, micro: Optional[int], micro_per_gpu: Optional[int] = None) -> int:
             # Dynamic: a micro-batch holds up to the budget per rank, but one row is never split (SP: 1/sp
             # of it per rank). Fixed: rows per rank x the padded width, 1/sp per rank.
-            if bool(get(dynamic_key, False)):
-                return max(int(get(budget_key)), math.ceil(width / sp))
-            rows = micro_per_gpu if micro_per_gpu else max(1, int(get(micro_key)) * n // dp)
+            if dynamic:
+                return max(budget, math.ceil(width / sp))
+            rows = micro_per_gpu if micro_per_gpu else max(1, micro * n // dp)
             return math.ceil(rows * width / sp)
 
-        pdtype = str(get(f"{_A}.fsdp_config.param_dtype", "auto"))
+        pdtype = actor.fsdp_config.param_dtype
         pbytes = (2 if device == "cuda" else 4) if pdtype == "auto" else DTYPE_BYTES[pdtype]
-        rdtype = str(get(f"{_R}.dtype", "bfloat16"))
         return cls(
-            world=world, nodes=int(get("trainer.nnodes", 1)), fsdp_size=int(get(f"{_A}.fsdp_config.fsdp_size", -1)),
-            sp=sp, tp=int(get(f"{_R}.tensor_model_parallel_size", 1)), param_dtype_bytes=pbytes,
-            gpu_memory_utilization=float(get(f"{_R}.gpu_memory_utilization", 0.5)),
-            max_num_batched_tokens=int(get(f"{_R}.max_num_batched_tokens", 8192)),
-            max_num_seqs=int(get(f"{_R}.max_num_seqs", 1024)), enforce_eager=bool(get(f"{_R}.enforce_eager", True)),
-            free_cache_engine=bool(get(f"{_R}.free_cache_engine", True)),
-            rollout_dtype_bytes=DTYPE_BYTES.get(rdtype, 2), weight_sync_bucket_mb=int(get(f"{_R}.weight_sync_bucket_mb", 256)),
-            max_prompt_length=prompt, max_response_length=response, n=n,
-            actor_param_offload=bool(get(f"{_A}.fsdp_config.param_offload", False)),
-            optimizer_offload=bool(get(f"{_A}.fsdp_config.optimizer_offload", False)),
-            use_ref=bool(get(f"{_REF}.use_ref", False)), ref_param_offload=bool(get(f"{_REF}.fsdp_config.param_offload", False)),
-            gradient_checkpointing=bool(get(f"{_M}.enable_gradient_checkpointing", True)),
-            logprob_chunk_size=int(get(f"{_M}.logprob_chunk_size", 1024)),
-            update_tokens=tokens(f"{_A}.use_dynamic_bsz", f"{_A}.ppo_max_token_len_per_gpu", f"{_A}.ppo_micro_batch_size",
-                                 get(f"{_A}.ppo_micro_batch_size_per_gpu")),
-            old_logprob_tokens=tokens(f"{_R}.log_prob_use_dynamic_bsz", f"{_R}.log_prob_max_token_len_per_gpu",
-                                      f"{_R}.log_prob_micro_batch_size"),
+            world=world, nodes=trainer.nnodes, fsdp_size=actor.fsdp_config.fsdp_size, sp=sp,
+            tp=rollout.tensor_model_parallel_size, param_dtype_bytes=pbytes,
+            gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_batched_tokens=rollout.max_num_batched_tokens,
+            max_num_seqs=rollout.max_num_seqs, enforce_eager=rollout.enforce_eager,
+            free_cache_engine=rollout.free_cache_engine,
+            rollout_dtype_bytes=DTYPE_BYTES.get(rollout.dtype, 2),  # auto: the model's dtype, bf16 for these models
+            weight_sync_bucket_mb=rollout.weight_sync_bucket_mb, max_prompt_length=data.max_prompt_length,
+            max_response_length=data.max_response_length, n=n, actor_param_offload=actor.fsdp_config.param_offload,
+            optimizer_offload=actor.fsdp_config.optimizer_offload, use_ref=ref.use_ref,
+            ref_param_offload=ref.fsdp_config.param_offload, gradient_checkpointing=model.enable_gradient_checkpointing,
+            logprob_chunk_size=model.logprob_chunk_size,
+            update_tokens=tokens(actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu, actor.ppo_micro_batch_size,
+                                 actor.ppo_micro_batch_size_per_gpu),
+            old_logprob_tokens=tokens(rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu,
+                                      rollout.log_prob_micro_batch_size),
             # The reference pass uses the rollout's micro-batch rows (the worker copies them) and its own budget.
-            ref_logprob_tokens=tokens(f"{_REF}.log_prob_use_dynamic_bsz", f"{_REF}.log_prob_max_token_len_per_gpu",
-                                      f"{_R}.log_prob_micro_batch_size"),
-            update_budget_key=(f"{_A}.ppo_max_token_len_per_gpu" if get(f"{_A}.use_dynamic_bsz") else f"{_A}.ppo_micro_batch_size"),
-            old_budget_key=(f"{_R}.log_prob_max_token_len_per_gpu" if get(f"{_R}.log_prob_use_dynamic_bsz")
+            ref_logprob_tokens=tokens(ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
+                                      rollout.log_prob_micro_batch_size),
+            update_budget_key=f"{_A}.ppo_max_token_len_per_gpu" if actor.use_dynamic_bsz else f"{_A}.ppo_micro_batch_size",
+            old_budget_key=(f"{_R}.log_prob_max_token_len_per_gpu" if rollout.log_prob_use_dynamic_bsz
                             else f"{_R}.log_prob_micro_batch_size"),
-            ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if get(f"{_REF}.log_prob_use_dynamic_bsz")
+            ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if ref.log_prob_use_dynamic_bsz
                             else f"{_R}.log_prob_micro_batch_size"),
-            step_impl=str(get(f"{_A}.optim.step_impl", "auto")), device=device)
+            step_impl=actor.optim.step_impl, device=device)
 
 
 @dataclasses.dataclass

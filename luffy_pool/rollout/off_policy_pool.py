@@ -36,7 +36,8 @@ class PrefixRatioSampler:
 
     Deviations from LUFFY, all where LUFFY crashes or is undefined: ``fixed`` with one prefix slot
     gives ``[min_prefix_ratio]`` (LUFFY divides by zero); ``global_step < 1`` is rejected (LUFFY's
-    windows would silently pick the last one); ratio bounds must lie in [0, 1].
+    windows would silently pick the last one). The keys' bounds and the rules between them are checked
+    before the run starts (``LuffyRolloutSection.validate``); this class draws from them unchecked.
     """
 
     def __init__(
@@ -51,27 +52,6 @@ class PrefixRatioSampler:
         prefix_linear_max_ratio: float = 0.8,
         seed: int = 0,
     ):
-        if n < 1:
-            raise ValueError(f"rollout.n must be >= 1, got {n}")
-        if prefix_strategy not in PREFIX_STRATEGIES:
-            raise ValueError(f"unknown rollout.prefix_strategy {prefix_strategy!r}; valid: {', '.join(PREFIX_STRATEGIES)}")
-        if n_prefix < -1:
-            raise ValueError(f"rollout.n_prefix must be -1 (all n slots) or >= 0, got {n_prefix}")
-        if n_prefix > n:
-            raise ValueError(f"rollout.n_prefix={n_prefix} must be <= rollout.n={n}")
-        if not 0.0 <= min_prefix_ratio <= max_prefix_ratio <= 1.0:
-            raise ValueError(
-                "need 0 <= rollout.min_prefix_ratio <= rollout.max_prefix_ratio <= 1, got "
-                f"min_prefix_ratio={min_prefix_ratio}, max_prefix_ratio={max_prefix_ratio}"
-            )
-        if not 0.0 <= prefix_linear_max_ratio <= 1.0:
-            raise ValueError(f"rollout.prefix_linear_max_ratio must be in [0, 1], got {prefix_linear_max_ratio}")
-        if prefix_steps <= 0:
-            raise ValueError(f"rollout.prefix_steps must be > 0, got {prefix_steps}")
-        if prefix_strategy == "linear" and not prefix_share_across_samples:
-            raise ValueError("rollout.prefix_strategy='linear' needs rollout.prefix_share_across_samples=True (as in LUFFY)")
-        if prefix_strategy == "fixed" and prefix_share_across_samples:
-            raise ValueError("rollout.prefix_strategy='fixed' cannot be combined with rollout.prefix_share_across_samples=True (as in LUFFY)")
         self.n = n
         self.n_prefix = n_prefix
         self.min_prefix_ratio = float(min_prefix_ratio)

@@ -88,15 +88,14 @@ class TrainerCheckpointer:
     """Driver-side checkpoint policy for ``MIXRayPPOTrainer`` (``trainer.*`` keys of the config).
 
     Args:
-        config: the full run config; reads ``trainer.default_local_dir``, ``resume_mode``,
+        sections: the run's ``ConfigSections``; reads ``trainer.default_local_dir``, ``resume_mode``,
             ``resume_from_path``, ``max_optim_to_keep``, ``max_actor_ckpt_to_keep``, ``checkpoint_checksums``,
-            ``save_hf_on_save``, ``save_freq``, ``actor.checkpoint.contents`` and ``data.dataloader_num_workers``.
+            ``save_hf_on_save``, ``default_hdfs_dir`` and ``actor.checkpoint.contents`` (the checker has
+            refused the combinations that cannot checkpoint, ``ConfigSections.validate``).
         sampler: the training DataLoader's resumable sampler (``state_dict``/``load_state_dict``).
-        sections: the run's ``ConfigSections`` (built from ``config`` when not given).
     """
 
-    def __init__(self, config, sampler, sections: Optional[ConfigSections] = None):
-        sections = sections or ConfigSections.from_config(config)  # the launcher passes the run's sections
+    def __init__(self, sections: ConfigSections, sampler):
         t = sections.trainer
         self.root = os.path.abspath(str(t.default_local_dir))
         self.resume_mode = str(t.resume_mode)
@@ -114,13 +113,6 @@ class TrainerCheckpointer:
         self.save_hf_on_save = bool(t.save_hf_on_save)
         self.mirror_root = t.default_hdfs_dir or None  # second copy of each checkpoint (local path or URL)
         self.sampler = sampler
-        workers = int(sections.data.dataloader_num_workers or 0)
-        save_freq = t.save_freq
-        if workers > 0 and save_freq is not None and int(save_freq) > 0:
-            # Worker processes prefetch, so the sampler's cursor runs ahead of the batches trained on
-            # and a resume would silently skip prompts.
-            raise ValueError(f"data.dataloader_num_workers={workers} with trainer.save_freq={save_freq}: the saved "
-                             f"sampler position would be ahead of training; use dataloader_num_workers=0 to checkpoint")
         if sampler is None or not hasattr(sampler, "state_dict"):
             raise TypeError(f"TrainerCheckpointer needs the resumable training sampler, got {type(sampler).__name__}")
 

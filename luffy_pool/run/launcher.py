@@ -241,7 +241,7 @@ def build_trainer(config: DictConfig):
 
     # GPU runs: the per-rank memory plan from the device's real memory, printed once before any worker loads
     # the model; trainer.memory_plan=error stops here naming the phase and the keys to change.
-    check_memory_plan(config, device)
+    check_memory_plan(sections, device)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     tracker = None
 
@@ -259,7 +259,7 @@ def build_trainer(config: DictConfig):
                            config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
         from luffy_pool.run.checkpointing import TrainerCheckpointer
 
-        checkpointer = TrainerCheckpointer(config, sampler, sections=sections)
+        checkpointer = TrainerCheckpointer(sections, sampler)
         # The off-policy pool (`off_policy_pool`, built with the data above) is not `pool`, the Ray resource
         # pool that close() releases (mixing the two up once leaked the placement groups).
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,

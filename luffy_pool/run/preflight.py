@@ -211,12 +211,11 @@ def preflight(config, sections=None) -> None:
             errors.append(check_writable_dir(str(value), key))
     if t.default_hdfs_dir:  # the checkpoint mirror is written after every save
         errors.append(check_mirror_dir(str(t.default_hdfs_dir)))
-    orm = config.reward.orm
+    orm, model = sections.reward.orm, sections.workers.model
     if orm.enable and orm.cache_path:
         errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))
-    model = str(config.actor_rollout_ref.model.path)
-    errors.append(check_model_source(model, "actor_rollout_ref.model.path"))
-    errors.append(check_attn_implementation(str(config.actor_rollout_ref.model.attn_implementation)))
+    errors.append(check_model_source(str(model.path), "actor_rollout_ref.model.path"))
+    errors.append(check_attn_implementation(str(model.attn_implementation)))
     if d.tokenizer:
         errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))
     base = (d.prompt_key, "data_source", "reward_model")

@@ -10,6 +10,7 @@ import pytest
 
 from luffy_pool import memory_plan as mp
 from luffy_pool.config.compose import compose_config
+from luffy_pool.config.sections import ConfigSections
 from luffy_pool.memory_plan.__main__ import main as cli
 from luffy_pool.memory_plan.estimate import GiB, PlanInputs, build_plan, vllm_budget
 from luffy_pool.memory_plan.launch_script import script_overrides
@@ -82,9 +83,17 @@ def test_model_shape_from_a_folder_the_fallback_table_or_a_clear_error(tmp_path)
 
 
 # ---------------------------------------------------------------------- vLLM's rule
+def _inputs(**changes) -> PlanInputs:
+    """The YAML's plan inputs (every value from the composed config) with ``changes``."""
+    import dataclasses
+
+    sections = ConfigSections.from_config(compose_config(["actor_rollout_ref.model.path=m"]))
+    return dataclasses.replace(PlanInputs.from_sections(sections, device="cuda"), **changes)
+
+
 def test_vllm_takes_utilisation_times_total_memory_and_the_kv_cache_is_what_is_left():
     shape = model_shape(LUFFY_MODEL)
-    inputs = PlanInputs(world=8, nodes=1, tp=2, gpu_memory_utilization=0.8, max_num_batched_tokens=8192)
+    inputs = _inputs(world=8, nodes=1, tp=2, gpu_memory_utilization=0.8, max_num_batched_tokens=8192)
     total = int(79.2 * GiB)
     vb = vllm_budget(inputs, shape, total)
     assert vb["requested"] == math.ceil(0.8 * total)  # vllm/v1/worker/utils.py request_memory
@@ -98,8 +107,8 @@ def test_vllm_takes_utilisation_times_total_memory_and_the_kv_cache_is_what_is_l
 
 
 def test_an_engine_that_cannot_hold_one_sequence_is_reported():
-    plan = build_plan(PlanInputs(world=8, nodes=1, tp=1, gpu_memory_utilization=0.2, max_prompt_length=1024,
-                                 max_response_length=15360), model_shape(LUFFY_MODEL), int(79.2 * GiB))
+    plan = build_plan(_inputs(world=8, nodes=1, tp=1, gpu_memory_utilization=0.2, max_prompt_length=1024,
+                              max_response_length=15360), model_shape(LUFFY_MODEL), int(79.2 * GiB))
     assert any("refuses to start" in n for n in plan.notes)
     assert any("gpu_memory_utilization=" in s for s in mp.suggestions(plan))
 
@@ -175,7 +184,8 @@ def test_gpu_memory_argument():
 
 # ---------------------------------------------------------------------- the start-of-run hook
 def _run_config(*extra):
-    return compose_config(script_overrides(TRAIN, list(extra), env=_env()))
+    """The run's sections, as the launcher builds them before calling the hook."""
+    return ConfigSections.from_config(compose_config(script_overrides(TRAIN, list(extra), env=_env())))
 
 
 def test_hook_error_mode_stops_naming_phase_estimate_and_keys(monkeypatch, capsys):
@@ -215,7 +225,7 @@ def test_hook_without_a_model_shape_warns_or_stops_by_mode(monkeypatch, caplog):
 def test_memory_plan_key_is_checked():
     from luffy_pool.config.check import ConfigError, check_config
 
-    cfg = _run_config("trainer.memory_plan=sometimes")
+    cfg = compose_config(script_overrides(TRAIN, ["trainer.memory_plan=sometimes"], env=_env()))
     with pytest.raises(ConfigError, match="trainer.memory_plan"):
         check_config(cfg)
     assert compose_config(["actor_rollout_ref.model.path=m"]).trainer.memory_plan == "warn"

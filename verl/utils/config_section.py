@@ -9,6 +9,10 @@ comment (the key's documentation for users); a test keeps YAML and declarations 
 
 ``nested(cls)`` is a sub-group (``actor.fsdp_config``), ``view(cls)`` a sub-view read from the same flat group
 (the actor's loss keys). A plain field with a default is an optional key absent from the YAML (``+key``).
+
+A rule between keys is a ``validate(self) -> list[str]`` method of the section that owns all its keys (the
+smallest group holding them; a rule between groups sits on their parent), one line per problem naming the
+keys; ``rule_errors(sections)`` runs every section's rules, and the checker calls it before any worker starts.
 """
 from __future__ import annotations
 
@@ -88,6 +92,7 @@ class Declaration:
     refuse: dict
     optional: bool  # absent from the YAML, added with `+`
     open_dict: bool
+    default: Any = MISSING  # an optional key's default (the field's); the YAML gives every other key its own
 
     def allowed(self) -> Optional[tuple]:
         """The allowed values (the owner's list, less the refused ones), or None when any value of the type goes."""
@@ -123,10 +128,10 @@ def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
             continue
         meta = f.metadata
         types = meta.get("types") or _types_of(hints[f.name])
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
         yield Declaration(key=f"{prefix}{f.name}", types=types, choices=meta.get("choices"), bounds=meta.get("bounds"),
                           luffy=meta.get("luffy", ACTS), why=meta.get("why"), refuse=meta.get("refuse") or {},
-                          optional=f.default is not MISSING or f.default_factory is not MISSING,
-                          open_dict=bool(meta.get("open_dict")))
+                          optional=default is not MISSING, open_dict=bool(meta.get("open_dict")), default=default)
 
 
 def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
@@ -157,6 +162,17 @@ def refused_groups(cls, prefix: str = "") -> dict[str, str]:
         if sub is not None:
             found.update(refused_groups(sub, prefix if f.metadata.get("flat") else f"{prefix}{f.name}."))
     return found
+
+
+def rule_errors(section) -> list[str]:
+    """The lines of every ``validate()`` of ``section`` and its sub-sections (sub-sections first)."""
+    errors = []
+    for f in fields(section):
+        if f.metadata.get("section") is not None and getattr(section, f.name) is not None:
+            errors += rule_errors(getattr(section, f.name))
+    if hasattr(type(section), "validate"):  # the class's own rules (not a view's, reached through __getattr__)
+        errors += section.validate()
+    return errors
 
 
 def build_section(cls, section, name: str):

@@ -3,7 +3,9 @@
 A run whose ``data.max_prompt_length + data.max_response_length`` exceeds the model's
 ``max_position_embeddings`` would otherwise fail (or silently degrade) only when the engine is built or
 the first long sample arrives: plain Qwen2.5-Math-7B has 4096 positions, LUFFY's 1024 + 8192 needs the
-``-16k-think`` variant. The check reads only the model's config, on the driver, before Ray starts.
+``-16k-think`` variant. The check reads only the model's config, on the driver, before Ray starts: the config
+checker when the model's config.json is on disk (``ConfigSections.validate``), else the launcher's pre-flight once
+the model is resolved (``check_model_context``).
 """
 from __future__ import annotations
 
@@ -19,14 +21,21 @@ def max_positions(hf_config: Any, override_config: Optional[Mapping[str, Any]] =
     return None if value is None else int(value)
 
 
-def check_context_length(prompt_length: int, response_length: int, limit: Optional[int], model: str) -> None:
-    """Raise one line naming both numbers when ``prompt_length + response_length > limit``."""
+def context_length_error(prompt_length: int, response_length: int, limit: Optional[int], model: str) -> Optional[str]:
+    """One line naming both numbers when ``prompt_length + response_length > limit`` (else None)."""
     total = int(prompt_length) + int(response_length)
     if limit is not None and total > limit:
-        raise ValueError(
-            f"data.max_prompt_length ({prompt_length}) + data.max_response_length ({response_length}) = {total} "
-            f"exceeds max_position_embeddings ({limit}) of {model}; use a long-context model (e.g. "
-            f"{LONG_CONTEXT_HINT}) or shorter lengths")
+        return (f"data.max_prompt_length ({prompt_length}) + data.max_response_length ({response_length}) = {total} "
+                f"exceeds max_position_embeddings ({limit}) of {model}; use a long-context model (e.g. "
+                f"{LONG_CONTEXT_HINT}) or shorter lengths")
+    return None
+
+
+def check_context_length(prompt_length: int, response_length: int, limit: Optional[int], model: str) -> None:
+    """``context_length_error`` as a ValueError."""
+    problem = context_length_error(prompt_length, response_length, limit, model)
+    if problem:
+        raise ValueError(problem)
 
 
 def check_model_context(model, max_prompt_length: int, max_response_length: int) -> None:

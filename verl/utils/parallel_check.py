@@ -1,6 +1,7 @@
-"""Config checks of the actor's parallel layout: Ulysses SP degree and HSDP ``fsdp_size`` against the world
-size, the attention kernel and the model's heads. Pure functions of the flattened config (dotted keys), so
-``luffy_pool/config/check.py`` reports every problem as one line before any worker starts.
+"""The model's attention heads against the Ulysses SP degree: the worker's check (``check_heads``) and the
+config checker's (``WorkerSections.validate`` reads a local model's heads with ``local_model_heads``), so a
+layout whose heads do not split is one line naming the key before any worker starts. ``local_model_config``
+also gives the checker the model's position limit (``ConfigSections.validate``).
 """
 from __future__ import annotations
 
@@ -8,24 +9,29 @@ import json
 import os
 from typing import Any, Mapping, Optional
 
-_A = "actor_rollout_ref.actor"
-_REF = "actor_rollout_ref.ref"
-SP_KEY = f"{_A}.ulysses_sequence_parallel_size"
-FSDP_SIZE_KEY = f"{_A}.fsdp_config.fsdp_size"
+SP_KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+
+
+def sp_heads_error(num_heads: int, num_kv_heads: int, sp_size: int) -> Optional[str]:
+    """Heads must split over the SP ranks; kv heads must split too, or be fewer and repeat evenly (GQA)."""
+    if num_heads % sp_size:
+        return f"'{SP_KEY}'={sp_size} must divide the model's num_attention_heads={num_heads}"
+    if num_kv_heads % sp_size and sp_size % num_kv_heads:
+        return (f"'{SP_KEY}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
+                f"the other (kv heads are split over, or repeated across, the SP ranks)")
+    return None
 
 
 def check_heads(num_heads: int, num_kv_heads: int, sp_size: int) -> None:
-    """Heads must split over the SP ranks; kv heads must split too, or be fewer and repeat evenly (GQA)."""
-    key = SP_KEY
-    if num_heads % sp_size:
-        raise ValueError(f"'{key}'={sp_size} must divide the model's num_attention_heads={num_heads}")
-    if num_kv_heads % sp_size and sp_size % num_kv_heads:
-        raise ValueError(f"'{key}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
-                         f"the other (kv heads are split over, or repeated across, the SP ranks)")
+    """``sp_heads_error`` as a ValueError (the worker's check when it builds the SP model)."""
+    problem = sp_heads_error(num_heads, num_kv_heads, sp_size)
+    if problem:
+        raise ValueError(problem)
 
 
-def _local_model_heads(path: Optional[str], overrides: Mapping[str, Any]) -> Optional[tuple[int, int]]:
-    """(attention heads, kv heads) from the config.json of a local HF folder or a cached hub id (else None)."""
+def local_model_config(path: Optional[str], overrides: Optional[Mapping[str, Any]] = None) -> Optional[dict]:
+    """The config.json of a local HF folder or a cached hub id, with ``model.override_config`` applied (None when
+    neither is on disk: the launcher's pre-flight reads it once the model is resolved)."""
     if not isinstance(path, str):
         return None
     config = os.path.join(path, "config.json")
@@ -39,34 +45,13 @@ def _local_model_heads(path: Optional[str], overrides: Mapping[str, Any]) -> Opt
     with open(config) as f:
         cfg = json.load(f)
     cfg.update(overrides or {})
-    heads = cfg.get("num_attention_heads")
+    return cfg
+
+
+def local_model_heads(path: Optional[str], overrides: Optional[Mapping[str, Any]] = None) -> Optional[tuple[int, int]]:
+    """(attention heads, kv heads) from ``local_model_config`` (None when it is not on disk or names none)."""
+    cfg = local_model_config(path, overrides)
+    heads = None if cfg is None else cfg.get("num_attention_heads")
     if not isinstance(heads, int):
         return None
     return heads, int(cfg.get("num_key_value_heads") or heads)
-
-
-def parallel_config_errors(get) -> list[str]:
-    """One line per problem; ``get(key, default)`` reads the flattened config."""
-    errors = []
-    world = get("trainer.nnodes", 1) * get("trainer.n_gpus_per_node", 1)
-    sp = get(SP_KEY, 1)
-    ref_sp = get(f"{_REF}.ulysses_sequence_parallel_size", sp)
-    if ref_sp != sp:
-        errors.append(f"'{_REF}.ulysses_sequence_parallel_size'={ref_sp} must equal '{SP_KEY}'={sp} (actor and "
-                      f"reference share one worker and its SP groups)")
-    fsdp_size = get(FSDP_SIZE_KEY, -1)
-    if isinstance(fsdp_size, int) and fsdp_size > 0 and world % fsdp_size:
-        errors.append(f"'{FSDP_SIZE_KEY}'={fsdp_size} must divide the world size {world} (trainer.nnodes * "
-                      f"trainer.n_gpus_per_node), or be -1 to shard over all ranks")
-    if not isinstance(sp, int) or sp <= 1:
-        return errors
-    if get("actor_rollout_ref.model.attn_implementation", "auto") == "eager":
-        errors.append(f"'{SP_KEY}'={sp} needs sdpa or flash attention; "
-                      f"'actor_rollout_ref.model.attn_implementation'=eager is not supported with it")
-    heads = _local_model_heads(get("actor_rollout_ref.model.path"), get("actor_rollout_ref.model.override_config", {}))
-    if heads is not None:
-        try:
-            check_heads(heads[0], heads[1], sp)
-        except ValueError as exc:
-            errors.append(f"{exc} (from {get('actor_rollout_ref.model.path')}/config.json)")
-    return errors

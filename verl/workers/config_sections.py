@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from verl.utils.config_section import (AT_LEAST_ONE, NON_NEGATIVE, OFF_OR_POSITIVE, OPEN_UNIT, POSITIVE, UNIT, Bound,
-                                       build_section, key, nested, view)
+from verl.utils.config_section import (AT_LEAST_ONE, DEFAULT_ONLY, NON_NEGATIVE, OFF_OR_POSITIVE, OPEN_UNIT, POSITIVE,
+                                       UNIT, Bound, build_section, key, nested, view)
 
 # Dtype names the FSDP modules accept (verl/workers/fsdp_workers.py maps them to torch dtypes).
 DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
@@ -35,6 +35,14 @@ def step_impls():
     from verl.utils.optim import STEP_IMPLS
 
     return STEP_IMPLS
+
+
+def policy_losses():
+    """``auto`` and the names of ``POLICY_LOSS_REGISTRY`` (a ``model.external_lib`` module imported before the
+    check may have registered more)."""
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    return ("auto",) + tuple(POLICY_LOSS_REGISTRY)
 
 
 def _engine(name: str):
@@ -100,8 +108,10 @@ class OptimSection:
     lr_warmup_steps_ratio: float = key(bounds=UNIT)
     warmup_style: str = key(choices=("constant", "cosine"))
     min_lr_ratio: Optional[float] = key(bounds=UNIT)
-    # The launcher passes the run's step count to the worker (``total_training_steps``); a standalone actor sets it here.
-    total_training_steps: int = key()
+    # The launcher passes the run's step count to the worker (``total_training_steps``); a standalone actor (tests,
+    # benchmarks, built without the checker) sets it here.
+    total_training_steps: int = key(luffy=DEFAULT_ONLY, why="a run passes its own step count to the workers; set "
+                                                             "trainer.total_training_steps or trainer.total_epochs")
     weight_decay: float = key(bounds=NON_NEGATIVE)
     betas: list = key(bounds=BETAS)
     zero_lr_first_step: bool = key()
@@ -120,7 +130,7 @@ class PolicyLossSection:
     """The actor keys every registered policy loss may read (verl/trainer/ppo/core_algos.py); the LUFFY losses
     read more (luffy_pool.config.sections.LossSection). A view of the flat actor group."""
 
-    policy_loss: str  # a name of POLICY_LOSS_REGISTRY or auto; a model.external_lib module may register more
+    policy_loss: str = key(choices=policy_losses)
     clip_ratio: float = key(bounds=POSITIVE)
     entropy_coeff: float = key(bounds=NON_NEGATIVE)
     loss_remove_token_mean: bool = key()
@@ -144,7 +154,7 @@ class ActorSection:
     kl_loss_type: str = key(choices=kl_estimators)
     ppo_epochs: int = key(bounds=AT_LEAST_ONE)
     shuffle: bool = key()
-    ulysses_sequence_parallel_size: int = key()
+    ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     on_nonfinite: str = key(choices=("skip", "stop"))
     metric_aggregation: str = key(choices=metric_aggregations)
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
@@ -172,7 +182,7 @@ class RefSection:
     log_prob_micro_batch_size: Optional[int]
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int = key(bounds=AT_LEAST_ONE)
-    ulysses_sequence_parallel_size: int = key()
+    ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     fsdp_config: ShardingSection = nested(ShardingSection)
 
 
@@ -250,4 +260,28 @@ class WorkerSections:
     def from_config(cls, arr_cfg) -> "WorkerSections":
         """From the ``actor_rollout_ref`` group (what the driver hands each worker)."""
         return build_section(cls, arr_cfg, "actor_rollout_ref")
+
+    def validate(self) -> list[str]:
+        """Rules between the actor, reference and model keys: one worker holds actor and reference, so they share
+        its Ulysses SP groups; SP needs an attention kernel that takes sharded heads, and a local model's heads
+        must split over the SP ranks; the KL loss needs the reference policy."""
+        from verl.utils.parallel_check import local_model_heads, sp_heads_error
+
+        errors, sp, sp_key = [], self.actor.ulysses_sequence_parallel_size, f"{_A}.ulysses_sequence_parallel_size"
+        if self.ref.ulysses_sequence_parallel_size != sp:
+            errors.append(f"'{_REF}.ulysses_sequence_parallel_size'={self.ref.ulysses_sequence_parallel_size} must "
+                          f"equal '{sp_key}'={sp} (actor and reference share one worker and its SP groups)")
+        if sp > 1 and self.model.attn_implementation == "eager":
+            errors.append(f"'{sp_key}'={sp} needs sdpa or flash attention; "
+                          f"'{_M}.attn_implementation'=eager is not supported with it")
+        heads = local_model_heads(self.model.path, self.model.override_config) if sp > 1 else None
+        if heads is not None and sp_heads_error(*heads, sp):
+            errors.append(f"{sp_heads_error(*heads, sp)} (from {self.model.path}/config.json)")
+        if self.actor.use_kl_loss and not self.ref.use_ref:
+            errors.append(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "
+                          f"LUFFY's actor fails reading ref_log_prob); add {_A}.use_kl_loss=False to train without one")
+        return errors
+
+
+_M, _A, _REF, _R = (f"actor_rollout_ref.{g}" for g in ("model", "actor", "ref", "rollout"))
 

@@ -245,7 +245,10 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
     sampler = ResumableRandomSampler(10, seed=47)
     loader = DataLoader(list(range(10)), batch_size=4, sampler=sampler, drop_last=True,
                         collate_fn=lambda rows: {"index": np.asarray(rows)})
-    trainer = Scripted(cfg, None, _FileWorkers(), None, None, loader, checkpointer=TrainerCheckpointer(cfg, sampler))
+    from luffy_pool.config.sections import ConfigSections
+
+    trainer = Scripted(cfg, None, _FileWorkers(), None, None, loader,
+                       checkpointer=TrainerCheckpointer(ConfigSections.from_config(cfg), sampler))
     trainer.picks = []
     return trainer
 

@@ -43,7 +43,7 @@ def test_hub_id_resolves_offline_to_the_cache_snapshot(offline_cache):
 
 def test_preflight_and_head_check_accept_a_cached_hub_id(offline_cache):
     from luffy_pool.run.preflight import check_model_source
-    from verl.utils.parallel_check import _local_model_heads
+    from verl.utils.parallel_check import local_model_heads as _local_model_heads
 
     repo, _ = offline_cache
     assert check_model_source(repo, "actor_rollout_ref.model.path") is None
