@@ -227,10 +227,8 @@ class _Checker:
 def _selected_loss(loss) -> Optional[str]:
     """The loss the actor will run (``policy_loss``, or under ``auto`` the one LUFFY's switches select); None when
     two switches are on."""
-    try:  # the one loss dispatch (issue 35 item 3) resolves it in verl; before it lands, luffy_pool's loss_config
-        from verl.trainer.ppo.loss_inputs import resolve_policy_loss
-    except ImportError:  # remove with luffy_pool/algorithm/loss_config.py
-        from luffy_pool.algorithm.loss_config import policy_loss_name as resolve_policy_loss
+    from verl.trainer.ppo.loss_inputs import resolve_policy_loss
+
     try:
         return resolve_policy_loss(loss)
     except ValueError:

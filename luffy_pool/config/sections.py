@@ -205,8 +205,8 @@ class DataSection:
 
 @dataclass(frozen=True)
 class LossSection(PolicyLossSection):
-    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/algorithm/loss_config.py,
-    mix_actor.py): the base loss keys plus LUFFY's. A view of the flat actor group (``actor.loss``)."""
+    """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/algorithm/mix_core_alg.py,
+    verl/trainer/ppo/loss_inputs.py): the base loss keys plus LUFFY's. A view of the flat actor group (``actor.loss``)."""
 
     policy_loss: str = key(choices=_policy_losses)  # the registry's names (LUFFY's losses registered) or auto
     use_off_policy_loss: bool = key()
