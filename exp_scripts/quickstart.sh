@@ -14,11 +14,36 @@
 # runs from the warm model; extra arguments are Hydra overrides, appended last; (5) a short summary
 # (exp_scripts/quickstart_summary.py): steps, time, on-policy reward first vs last 10 steps, validation score
 # first vs last, and where the metrics file, the plots and the best checkpoint are.
+# Signals: each step runs as a child that gets the TERM/INT/HUP this script's own process receives (a container
+# whose PID 1 is this bash, `kill -TERM <pid>`, Ctrl-C), so the trainer saves its step and the script exits with
+# its code (143 after SIGTERM, 130 after Ctrl-C) without printing the summary.
+# LUFFY_VENV [.venv]: the virtual environment whose python runs every step.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 VENV=${LUFFY_VENV:-.venv}
 OUT=$(mkdir -p "${QUICKSTART_DIR:-outputs/quickstart}" && cd "${QUICKSTART_DIR:-outputs/quickstart}" && pwd)
+
+# Run "$@" in its own process group (so a terminal's Ctrl-C reaches it once, through the trap, not twice) and
+# forward the signals this script receives; `wait` returns early when a trap runs, so wait again until the child
+# has exited and return its exit code.
+run_forwarding() {
+  local pid rc
+  set -m
+  "$@" </dev/null &
+  pid=$!
+  set +m
+  trap "kill -TERM $pid 2>/dev/null || true" TERM
+  trap "kill -INT $pid 2>/dev/null || true" INT
+  trap "kill -HUP $pid 2>/dev/null || true" HUP
+  while :; do
+    rc=0
+    wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  trap - TERM INT HUP
+  return "$rc"
+}
 
 if [ "${SKIP_SETUP:-0}" != "1" ]; then
   bash exp_scripts/setup_venv.sh
@@ -33,7 +58,7 @@ export TOKENIZERS_PARALLELISM=false
 
 if [ ! -f "$OUT/model/config.json" ] || [ ! -f "$OUT/data/train.parquet" ] || [ ! -f "$OUT/data/test.parquet" ] \
     || [ ! -f "$OUT/data/warm.parquet" ]; then
-  "$VENV/bin/python" -m luffy_pool.tiny --out "$OUT/model" --data "$OUT/data" --n-warm 2048
+  run_forwarding "$VENV/bin/python" -m luffy_pool.tiny --out "$OUT/model" --data "$OUT/data" --n-warm 2048
 fi
 
 WARM_STEPS=${QUICKSTART_WARM_STEPS:-250}
@@ -42,7 +67,7 @@ if [ "$WARM_STEPS" -gt 0 ]; then
   BASE="$OUT/warm_sft_$WARM_STEPS/final"
   if [ ! -f "$BASE/config.json" ]; then
     echo "quickstart: warm-starting the tiny model with $WARM_STEPS SFT steps on $OUT/data/warm.parquet -> $BASE"
-    OMP_NUM_THREADS=2 "$VENV/bin/python" -m verl.trainer.fsdp_sft_trainer \
+    run_forwarding env OMP_NUM_THREADS=2 "$VENV/bin/python" -m verl.trainer.fsdp_sft_trainer \
         data.train_files="$OUT/data/warm.parquet" model.path="$OUT/model" data.max_length=160 \
         data.train_batch_size=32 data.micro_batch_size_per_gpu=32 optim.lr=3e-3 \
         trainer.total_training_steps="$WARM_STEPS" trainer.device=cpu "trainer.logger=[jsonl]" \
@@ -52,13 +77,16 @@ fi
 
 # The jsonl tracker writes $OUT/checkpoints/metrics.jsonl for the summary (an override, not a YAML change).
 START=$(date +%s)
-"$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
+RC=0
+run_forwarding "$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
     actor_rollout_ref.model.path="$BASE" \
     data.train_files="$OUT/data/train.parquet" \
     data.val_files="$OUT/data/test.parquet" \
     trainer.default_local_dir="$OUT/checkpoints" \
     "trainer.logger=[console,jsonl]" \
-    "$@"
+    "$@" || RC=$?
+# A stopped (143/130) or failed run ends here with the trainer's exit code.
+[ "$RC" -eq 0 ] || exit "$RC"
 WALL=$(( $(date +%s) - START ))
 # No summary after a Hydra flag (--cfg job, --help, --info: nothing was trained) or without a metrics file.
 for arg in "$@"; do case "$arg" in -*) exit 0 ;; esac; done

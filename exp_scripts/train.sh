@@ -39,8 +39,10 @@ LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.sto
 # (9 %). `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; README "Memory plan".
 MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.75)
 
+# exec: the trainer takes over this script's process, so a SIGTERM sent to it (a container whose PID 1 is this
+# bash, Slurm, kill) reaches the trainer, which saves its step and exits 143.
 set -x
-"$PYTHON" -m verl.mix_src.main_mix_ppo \
+exec "$PYTHON" -m verl.mix_src.main_mix_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files=$DATA_DIR/openr1.parquet \
     data.val_files=$DATA_DIR/valid.parquet \

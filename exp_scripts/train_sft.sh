@@ -31,8 +31,10 @@ NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 OUT_DIR=${OUT_DIR:-checkpoints/$WANDB_PROJECT/$EXP_NAME}
 PYTHON=${PYTHON:-python3}
 
+# exec: torchrun takes over this script's process, so a SIGTERM sent to it (a container whose PID 1 is this bash,
+# Slurm, kill) reaches torchrun, which stops the ranks (the SFT trainer keeps only its save_freq checkpoints).
 set -x
-"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC_PER_NODE" \
+exec "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC_PER_NODE" \
     -m verl.trainer.fsdp_sft_trainer \
     data.train_files="$TRAIN_FILES" \
     data.val_files="$VAL_FILES" \

@@ -22,7 +22,7 @@ from typing import Optional
 
 from luffy_pool.config.check import ConfigError
 from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, PlanInputs, build_plan
-from luffy_pool.memory_plan.report import render, suggestions
+from luffy_pool.memory_plan.report import render, rollout_rows_per_engine, suggestions
 from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape
 
 __all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "plan_for_sections",
@@ -118,7 +118,8 @@ def check_run(sections, device: str) -> Optional[Plan]:
         logger.warning("memory plan skipped: %s", exc)
         return None
     print("[luffy_pool] " + render(plan, "memory plan (luffy_pool.memory_plan, trainer.memory_plan="
-                                   f"{mode})").replace("\n", "\n[luffy_pool] "), flush=True)
+                                   f"{mode})", rows_per_engine=rollout_rows_per_engine(config)).replace(
+        "\n", "\n[luffy_pool] "), flush=True)
     problems = over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []
     if problems and mode == "error":
         raise MemoryPlanError(problems)

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from luffy_pool.memory_plan import GiB, HEADROOM_FRACTION, over_budget_message, parse_gpu_memory, plan_for_config, render
+from luffy_pool.memory_plan.report import rollout_rows_per_engine
 
 
 def parse_args(argv):
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
         return 2
     title = f"memory plan of {args.script or 'the composed config'} on a {args.gpu_memory} GB GPU " \
             f"({device_bytes / GiB:.1f} GiB)"
-    print(render(plan, title))
+    print(render(plan, title, rows_per_engine=rollout_rows_per_engine(config)))
     bad = plan.over(HEADROOM_FRACTION) or any("refuse" in n or "raises" in n for n in plan.notes)
     if bad:
         for line in over_budget_message(plan) or [f"memory plan: less than {HEADROOM_FRACTION:.0%} headroom"]:

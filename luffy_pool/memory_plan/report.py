@@ -1,7 +1,8 @@
 """The plan as a table, and the one or two config changes that bring an over-budget phase under.
 
 ``render(plan)`` prints per rank: each phase's total and its lines (GiB, what, the key that drives it),
-then the peak, the device's memory and the headroom. ``suggestions(plan)`` tries single key changes
+then the peak, the device's memory and the headroom; the KV cache in tokens against the sequences that can be
+live at once (``kv_demand_line``). ``suggestions(plan)`` tries single key changes
 (lower ``gpu_memory_utilization``, optimizer / parameter offload, a smaller token budget, the chunked LM
 head, gradient checkpointing) on the plan's own inputs and returns those after which every phase that
 was over fits with the 5 % margin, as ``key=value`` overrides.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, build_plan
 
@@ -21,7 +23,40 @@ def gib(n: int) -> str:
     return f"{n / GiB:7.2f}"
 
 
-def render(plan: Plan, title: str = "") -> str:
+def rollout_rows_per_engine(config) -> Optional[int]:
+    """Sequences one vLLM engine generates per training step: ``train_batch_size x n`` over the engines (each
+    of the world / TP engines generates the prompts of its TP group); None when the config does not say."""
+    from omegaconf import OmegaConf
+
+    def get(key):
+        return OmegaConf.select(config, key, default=None)
+
+    batch, n, tp = get("data.train_batch_size"), get(f"{_R}.n"), get(f"{_R}.tensor_model_parallel_size") or 1
+    world = (get("trainer.nnodes") or 1) * (get("trainer.n_gpus_per_node") or 1)
+    if not batch or not n:
+        return None
+    return math.ceil(int(batch) * int(n) / max(1, int(world) // int(tp)))
+
+
+def kv_demand_line(plan: Plan, rows_per_engine: Optional[int] = None) -> Optional[str]:
+    """H10: the KV cache (tokens) against what can be live at once, ``min(max_num_seqs, the step's rows per engine)``
+    sequences of the full prompt + response length. Over the cache vLLM preempts and recomputes: slower, not fatal."""
+    i = plan.inputs
+    if not plan.kv_cache_tokens:
+        return None
+    live = i.max_num_seqs if rows_per_engine is None else min(i.max_num_seqs, rows_per_engine)
+    why = f"max_num_seqs {i.max_num_seqs}" if rows_per_engine is None else \
+        f"min(max_num_seqs {i.max_num_seqs}, {rows_per_engine} rollout rows per engine)"
+    demand = live * i.max_len
+    ratio = demand / plan.kv_cache_tokens
+    verdict = "fits" if demand <= plan.kv_cache_tokens else \
+        (f"{ratio:.1f}x the cache: at most {plan.kv_cache_tokens // max(1, i.max_len)} run at full length, vLLM "
+         "preempts and recomputes the rest (slower, not fatal)")
+    return (f"vLLM KV demand: {live} live sequences ({why}) x {i.max_len:,} tokens = {demand:,} tokens vs "
+            f"{plan.kv_cache_tokens:,} in the cache: {verdict}")
+
+
+def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -> str:
     i, s = plan.inputs, plan.shape
     out = []
     if title:
@@ -39,6 +74,7 @@ def render(plan: Plan, title: str = "") -> str:
     if plan.kv_cache_bytes:
         out.append(f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
                    f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)")
+        out.append(kv_demand_line(plan, rows_per_engine))
     out += [f"note: {n}" for n in plan.notes]
     peak = plan.peak
     out.append(f"peak: {peak.name} {peak.total / GiB:.2f} GiB")

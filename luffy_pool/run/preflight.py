@@ -197,6 +197,14 @@ def check_attn_implementation(name: str, key: str = "actor_rollout_ref.model.att
             f"(pip install {dist}, or set {key}=auto to fall back to sdpa)")
 
 
+def check_trackers(sections) -> list[str]:
+    """The trackers of ``trainer.logger`` can start here (wandb: a login or WANDB_MODE=offline/disabled, and its
+    server answers): otherwise the run would fail only after every rank has loaded the model."""
+    from verl.utils.tracking import tracker_problems
+
+    return tracker_problems(sections.trainer.logger)
+
+
 # ---------------------------------------------------------------------- all of it
 def preflight(config, sections=None) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files; ``sections``: the run's
@@ -225,6 +233,7 @@ def preflight(config, sections=None) -> None:
         errors += check_parquet(path, "data.val_files", base, d.prompt_key)
     for path in _files(d.off_policy_files):
         errors += check_parquet(path, "data.off_policy_files", (d.off_policy_id_key, "trace"))
+    errors += check_trackers(sections)
     errors = [e for e in errors if e]
     if errors:
         raise PreflightError(errors)

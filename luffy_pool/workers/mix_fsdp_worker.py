@@ -37,7 +37,8 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
                 pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
                 sampling=sampling, n_val=rcfg.n_val, val_temperature=val_temperature)
             # Ranks of one vLLM TP group generate the same prompts with the same seed (docs/DESIGN.md §2 item 2).
-            self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size)
+            self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size,
+                                                     timeout_s=self.sections.nccl_timeout)
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -9,7 +9,8 @@ the logged config: string fields named like a secret (``api_key``, ``hf_token``,
 equal to a key/token environment variable are masked, and so is a key inside a URL (``https://key@host``,
 ``https://user:pass@host``, ``?api_key=...``); ordinary keys (``ppo_max_token_len_per_gpu``) and a
 tokenizer's special tokens (``pad_token``, ``eos_token``) are not. ``masked_yaml(config)`` is the form
-to print.
+to print. ``tracker_problems(backends)`` says before start-up why a backend could not start (wandb: no package,
+no login, an unreachable server, unless ``WANDB_MODE`` is offline or disabled).
 """
 from __future__ import annotations
 
@@ -210,6 +211,98 @@ class Tracking:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+# ---------------------------------------------------------------------- pre-flight (before any model loads)
+WANDB_DEFAULT_URL = "https://api.wandb.ai"
+TRACKER_PROBE_TIMEOUT_S = 3.0
+_WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
+
+
+def _truthy(value: Optional[str]) -> bool:
+    return str(value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _wandb_settings(env) -> dict:
+    """The ``[default]`` section of wandb's user settings file (``wandb login --host`` writes base_url there)."""
+    import configparser
+
+    folder = env.get("WANDB_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".config", "wandb")
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(os.path.join(folder, "settings"))
+    except configparser.Error:
+        return {}
+    return dict(parser["default"]) if parser.has_section("default") else {}
+
+
+def _netrc_has_key(host: str, env) -> Optional[str]:
+    """The netrc file that holds a password for ``host`` (where ``wandb login`` stores the key), else None."""
+    import netrc
+
+    paths = [env["NETRC"]] if env.get("NETRC") else [os.path.join(os.path.expanduser("~"), n) for n in (".netrc", "_netrc")]
+    for path in paths:
+        try:
+            creds = netrc.netrc(path).authenticators(host)
+        except (OSError, netrc.NetrcParseError):
+            continue
+        if creds and creds[2]:
+            return path
+    return None
+
+
+def _reachable(url: str, timeout_s: float) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "", port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def wandb_problem(env=None, timeout_s: float = TRACKER_PROBE_TIMEOUT_S) -> Optional[str]:
+    """Why ``wandb.init`` would fail here, or None: the package, then (unless ``WANDB_MODE`` is offline/disabled)
+    a login (``WANDB_API_KEY``, the settings file's api_key or a netrc entry for the server) and a server that
+    answers. Without a login wandb refuses to start in a job (no terminal to ask on), after every rank has loaded."""
+    import importlib.util
+
+    env = os.environ if env is None else env
+    fix = "set WANDB_MODE=offline (sync later with `wandb sync`) or WANDB_MODE=disabled, or drop wandb from trainer.logger"
+    if importlib.util.find_spec("wandb") is None:
+        return "trainer.logger includes wandb, but the wandb package is not installed (pip install wandb, or drop wandb from trainer.logger)"
+    mode = str(env.get("WANDB_MODE", "")).strip().lower()
+    if mode in _WANDB_LOCAL_MODES or _truthy(env.get("WANDB_DISABLED")) or _truthy(env.get("WANDB_OFFLINE")):
+        return None
+    settings = _wandb_settings(env)
+    url = (env.get("WANDB_BASE_URL") or settings.get("base_url") or WANDB_DEFAULT_URL).rstrip("/")
+    from urllib.parse import urlparse
+
+    host = urlparse(url).netloc
+    if not (env.get("WANDB_API_KEY") or settings.get("api_key") or _netrc_has_key(host, env)):
+        return (f"trainer.logger includes wandb, but wandb has no login for {url} here (no WANDB_API_KEY, no api_key in "
+                f"wandb's settings, no {host} entry in ~/.netrc): run `wandb login`, or {fix}")
+    if not _reachable(url, timeout_s):
+        return f"trainer.logger includes wandb, but the wandb server {url} is unreachable (offline?): {fix}"
+    return None
+
+
+def tracker_problems(backends, env=None) -> list[str]:
+    """One line per configured tracker that cannot start here (checked at pre-flight, before any model loads)."""
+    backends = [backends] if isinstance(backends, str) else list(backends or [])
+    problems = []  # an unknown name is refused by the config check already
+    if "wandb" in backends:
+        problems.append(wandb_problem(env))
+    if "tensorboard" in backends:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            problems.append("trainer.logger includes tensorboard, but the tensorboard package is not installed "
+                            "(pip install tensorboard, or drop tensorboard from trainer.logger)")
+    return [p for p in problems if p]
 
 
 def format_generations_table(samples: list[dict], step: int, width: int = 60) -> str:

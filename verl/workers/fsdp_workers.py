@@ -96,9 +96,12 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
-        self.device_mesh = build_fsdp_mesh(self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size))
+        timeout_s = self.sections.nccl_timeout  # H6: every sub-group of the meshes too, not only the world group
+        self.device_mesh = build_fsdp_mesh(self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size),
+                                           timeout_s=timeout_s)
         # Ulysses SP: groups of consecutive ranks share rows and split positions (verl/utils/ulysses.py).
-        sp_mesh = build_ulysses_mesh(self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size))
+        sp_mesh = build_ulysses_mesh(self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size),
+                                     timeout_s=timeout_s)
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
         # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
         # collectives, whatever the HSDP / SP layout (docs/DESIGN.md §2 item 3).

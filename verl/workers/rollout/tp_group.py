@@ -7,6 +7,11 @@ generation the TP group all-gathers its chunks (in TP-rank order), every rank ge
 prompts with the seed of its data-parallel rank, and afterwards each rank keeps the rows of its own
 prompts. With t = 1 everything here is the identity. Weights: every TP rank pushes the full tensors to
 its engine, which keeps its own shard (``FSDPShardingManager`` with an engine on every rank).
+
+Timeouts (``actor_rollout_ref.nccl_timeout``): the TP groups are created with it, and the groups vLLM makes
+for itself inside the worker (its world, TP, PP, ... coordinators, device and CPU groups) get the world
+group's timeout once the engine is built (``apply_world_timeout_to_vllm_groups``); torch would give them its
+10-minute NCCL default.
 """
 from __future__ import annotations
 
@@ -52,20 +57,66 @@ class TPLayout:
         return f"{self.dp_size} DP group(s) x TP {self.tp_size}"
 
 
-def build_tp_group(layout: TPLayout) -> Any:
+def build_tp_group(layout: TPLayout, timeout_s: Optional[float] = None) -> Any:
     """This rank's TP process group (None for TP 1). Every rank creates every group: ``new_group`` is
-    collective over the whole world, so all ranks must call it for each group in the same order."""
+    collective over the whole world, so all ranks must call it for each group in the same order.
+    ``timeout_s``: the groups' collective timeout (None: torch's default)."""
     if layout.tp_size == 1:
         return None
+    import datetime
+
     import torch.distributed as dist
 
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=float(timeout_s))
     mine = None
     for dp in range(layout.dp_size):
         ranks = list(range(dp * layout.tp_size, (dp + 1) * layout.tp_size))
-        group = dist.new_group(ranks)
+        group = dist.new_group(ranks, timeout=timeout)
         if layout.rank in ranks:
             mine = group
     return mine
+
+
+def group_timeout_s(group: Any) -> Optional[float]:
+    """The collective timeout (seconds) a process group's backend was given, None when it cannot be read."""
+    try:
+        backend = group._get_backend(group._device_types[0])
+        return backend.options._timeout.total_seconds()
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+
+
+def vllm_process_groups() -> list[Any]:
+    """Every process group vLLM's parallel state holds in this process (device and CPU group of each
+    coordinator that exists); empty when vLLM was never imported here."""
+    import sys
+
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    if state is None:
+        return []
+    groups = []
+    for value in list(vars(state).values()):
+        if isinstance(value, state.GroupCoordinator):
+            groups += [g for g in (getattr(value, "device_group", None), getattr(value, "cpu_group", None)) if g is not None]
+    return groups
+
+
+def apply_world_timeout_to_vllm_groups() -> Optional[float]:
+    """Give vLLM's process groups the world group's timeout (the worker's ``nccl_timeout``); returns it."""
+    import torch.distributed as dist
+
+    from verl.utils.fsdp_mesh import set_group_timeout
+
+    if not dist.is_initialized():
+        return None
+    timeout_s = group_timeout_s(dist.group.WORLD)
+    if timeout_s is None:
+        import logging
+
+        logging.getLogger(__name__).warning("the world group's timeout cannot be read: vLLM's process groups keep "
+                                            "torch's default timeout")
+    set_group_timeout(vllm_process_groups(), timeout_s)
+    return timeout_s
 
 
 def gather_rows(tensors: dict[str, torch.Tensor], group: Any, tp_size: int) -> dict[str, torch.Tensor]:
@@ -99,9 +150,9 @@ class TPGeneration:
         self.group = group
 
     @classmethod
-    def create(cls, rank: int, world_size: int, tp_size: int) -> "TPGeneration":
+    def create(cls, rank: int, world_size: int, tp_size: int, timeout_s: Optional[float] = None) -> "TPGeneration":
         layout = TPLayout(rank, world_size, tp_size)
-        return cls(layout, build_tp_group(layout))
+        return cls(layout, build_tp_group(layout, timeout_s))
 
     def run(self, tensors: dict[str, torch.Tensor],
             generate: Callable[[dict[str, torch.Tensor]], Any]) -> tuple[dict[str, torch.Tensor], dict]:

@@ -198,7 +198,11 @@ class VLLMRollout(BaseRollout):
             _unique_cpu_shm_names()
 
         with _protect_process_state():
-            return LLM(**self.engine_kwargs)
+            llm = LLM(**self.engine_kwargs)
+        from verl.workers.rollout.tp_group import apply_world_timeout_to_vllm_groups
+
+        apply_world_timeout_to_vllm_groups()  # H6: vLLM's own groups get nccl_timeout, not torch's 10 min
+        return llm
 
     @property
     def weight_transport(self) -> str:
