@@ -39,6 +39,15 @@ LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.sto
 # (9 %). `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; README "Memory plan".
 MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.75)
 
+# Rollout speed (docs/ROLLOUT_GRAPHS.md): CUDA graphs on (LUFFY ran vLLM 0.6 eager because its
+# sleep mode needed it; vLLM 0.32 keeps the graphs valid across sleep/wake and the in-place weight reload), the
+# engine slept at level 2 between rollouts (weights dropped, overwritten by the next push), and prefix caching so
+# the n=8 samples of a prompt share its KV blocks. Capture sizes: vLLM's default list, up to
+# min(2 x max_num_seqs, 512, max_num_batched_tokens) = 512 tokens here, covers every decode batch this script makes
+# (128 x 8 rows / 4 engines = 256 live sequences per engine). Pass enforce_eager=True for LUFFY's eager engine.
+ROLLOUT_SPEED=(actor_rollout_ref.rollout.enforce_eager=False actor_rollout_ref.rollout.free_cache_engine=True
+               actor_rollout_ref.rollout.sleep_level=2 actor_rollout_ref.rollout.enable_prefix_caching=True)
+
 # exec: the trainer takes over this script's process, so a SIGTERM sent to it (a container whose PID 1 is this
 # bash, Slurm, kill) reaches the trainer, which saves its step and exits 143.
 set -x
@@ -104,4 +113,4 @@ exec "$PYTHON" -m verl.mix_src.main_mix_ppo \
     trainer.max_optim_to_keep=2 \
     data.shuffle=True \
     trainer.default_hdfs_dir=null \
-    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "$@"
+    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "${ROLLOUT_SPEED[@]}" "$@"

@@ -33,6 +33,7 @@ import dataclasses
 import math
 from typing import Optional
 
+from luffy_pool.memory_plan.graph_pool import engine_graph_pool_bytes
 from luffy_pool.memory_plan.shapes import ModelShape
 
 GiB = 2**30
@@ -40,9 +41,8 @@ GiB = 2**30
 # Hopper), and NCCL's buffers per communicator this rank joins.
 CUDA_CONTEXT_BYTES = 1 * GiB
 NCCL_BYTES_PER_GROUP = GiB // 4
-# vLLM's non-torch memory during its profile run, and its CUDA-graph pool (enforce_eager=False).
+# vLLM's non-torch memory during its profile run (its CUDA-graph pool: memory_plan/graph_pool.py).
 VLLM_NON_TORCH_BYTES = GiB // 2
-VLLM_CUDA_GRAPH_BYTES = GiB
 HEADROOM_FRACTION = 0.05
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
 
@@ -237,9 +237,10 @@ def vllm_budget(i: PlanInputs, s: ModelShape, total: int) -> dict:
     act = i.max_num_batched_tokens * i.rollout_dtype_bytes * (2 * h + (q + 2 * kv) // i.tp
                                                               + 2 * s.intermediate_size // i.tp)
     act += min(i.max_num_seqs, i.max_num_batched_tokens) * s.vocab_size * 4 * 2
-    non_torch = VLLM_NON_TORCH_BYTES + (0 if i.enforce_eager else VLLM_CUDA_GRAPH_BYTES)
+    graphs = engine_graph_pool_bytes(i, s)  # 0 with enforce_eager (memory_plan/graph_pool.py)
+    non_torch = VLLM_NON_TORCH_BYTES + graphs
     kv_bytes = requested - weights - act - non_torch
-    return dict(requested=requested, weights=weights, activation=act, non_torch=non_torch, kv=kv_bytes,
+    return dict(requested=requested, weights=weights, activation=act, non_torch=non_torch, graphs=graphs, kv=kv_bytes,
                 kv_tokens=kv_cache_tokens(s, kv_bytes, i.rollout_dtype_bytes, i.tp))
 
 
@@ -290,7 +291,7 @@ def _sleeping_engine(i: PlanInputs, vb: Optional[dict]) -> list[Line]:
     if not i.free_cache_engine:
         return [Line("vLLM engine awake (weights + KV, not released)", vb["requested"], f"{_R}.free_cache_engine")]
     if not i.enforce_eager:
-        return [Line("vLLM CUDA graphs kept while asleep (estimate)", VLLM_CUDA_GRAPH_BYTES, f"{_R}.enforce_eager")]
+        return [Line("vLLM CUDA graphs kept while asleep (estimate)", vb["graphs"], f"{_R}.enforce_eager")]
     return []
 
 

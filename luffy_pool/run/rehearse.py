@@ -42,6 +42,12 @@ KEPT_ON_CPU = {
         "vLLM-CPU cannot split a seeded request's prefill over engine steps (torch's CPU Generator has no offset: "
         "vllm/v1/worker/gpu_model_runner.py _bookkeeping_sync), so the scheduler budget keeps the script's value",
 }
+# GPU-only switch values a script may set, and what the CPU run does instead (printed with the replacements).
+GPU_ONLY = {
+    ("actor_rollout_ref.rollout.enforce_eager", "false"):
+        "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
+        "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs; torch.compile would add ~2 min of start-up)",
+}
 CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
                 "HF_HUB_OFFLINE": "1"}
@@ -112,6 +118,7 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
                  "now": data_dir + " (tiny arithmetic task)"},
         "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
         "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
+        "gpu_only": {f"{k}={v}": why for (k, v), why in GPU_ONLY.items() if str(recipe.get(k)).lower() == v},
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
@@ -147,6 +154,8 @@ def print_report(report: dict, overrides: list[str]) -> None:
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items()))
     for key, why in r["kept"].items():
         print(f"  not scaled: {key}: {why}")
+    for switch, why in r["gpu_only"].items():
+        print(f"  WARNING GPU-only switch, not in effect on cpu: {switch}: {why}")
     print(f"  batch sizes (rows) / {r['batch_factor']}: "
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["batches"].items()))
     w = r["world"]

@@ -55,3 +55,16 @@ def test_gpu_smoke_recipe_train_sh_small_on_cpu(tmp_path):
     assert sw["gradient_checkpointing"] and sw["dynamic_bsz"] and sw["ref_param_offload"] and sw["remove_padding"]
     assert sw["token_factor"] > 1 and sw["tp"] == 2  # budgets scaled by one factor; TP printed, not run on 1 device
     assert any(s["kl_to_ref"] > 0 for s in r["steps"])  # the reference pass ran (its KL to the trained actor)
+
+
+def test_graphs_measurement_on_cpu_says_graphs_are_a_gpu_feature(capsys):
+    """``graphs_vs_eager`` on cpu builds no engine: it prints why there is no eager/graphs ratio and passes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_smoke", os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"))
+    gpu_smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_smoke)
+    result = gpu_smoke.graphs_vs_eager("no-model-needed", "cpu")
+    out = capsys.readouterr().out
+    assert result == {"ok": True, "skipped": gpu_smoke.GRAPHS_ON_CPU}
+    assert "CUDA graphs are a GPU feature" in out and "no eager/graphs ratio on cpu" in out

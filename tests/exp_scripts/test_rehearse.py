@@ -61,6 +61,19 @@ def test_heads_and_world_divide_by_sp_and_tp():
         assert world >= 4 and world % sp == world % tp == 0
 
 
+def test_plan_names_the_gpu_only_graphs_switch_train_sh_sets(tmp_path, capsys):
+    from luffy_pool.run.rehearse import plan, print_report
+
+    _, overrides, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path))
+    assert list(report["gpu_only"]) == ["actor_rollout_ref.rollout.enforce_eager=false"]
+    assert not any("enforce_eager" in o for o in overrides)  # not overridden: the CPU engine builder runs it eager
+    print_report(report, overrides)
+    assert "WARNING GPU-only switch, not in effect on cpu: actor_rollout_ref.rollout.enforce_eager=false" \
+        in capsys.readouterr().out
+    eager = read_recipe(os.path.join(EXP, "train.sh"), args=("actor_rollout_ref.rollout.enforce_eager=True",))
+    assert plan(eager, str(tmp_path))[2]["gpu_only"] == {}  # LUFFY's eager engine: nothing to warn about
+
+
 def test_plan_scales_every_length_by_one_factor(tmp_path):
     from luffy_pool.run.rehearse import KEPT_ON_CPU, plan
 
