@@ -156,7 +156,16 @@ class InProcessGroup:
         self.worker = worker
 
     def __getattr__(self, name):
-        return getattr(self.worker, name)
+        from verl.single_controller.base.decorator import Dispatch, get_registered_method
+
+        attr = getattr(self.worker, name)
+        spec = get_registered_method(getattr(type(self.worker), name, None))
+        if spec is None or spec.dispatch_mode not in (Dispatch.ONE_TO_ALL, Dispatch.ALL_TO_ALL):
+            return attr
+
+        def one_answer_per_rank(*args, **kwargs):  # what a Ray group of one rank returns
+            return [attr(*args, **kwargs)]
+        return one_answer_per_rank
 
 
 def full_actor_params(worker) -> dict:
