@@ -4,6 +4,8 @@
 validation (same YAML, same override grammar). ``actor_config(**values)`` is one composed
 ``actor_rollout_ref.actor`` group with some values set: a standalone actor (tests, memory benchmarks)
 then reads every key at its YAML default, as a run would, instead of a hand-made partial dict.
+``worker_sections(overrides)`` and ``rollout_section(**values)`` are the typed sections a worker, a rollout
+engine, the prefix sampler or the planner built on their own take (a run's launcher builds them once).
 """
 from __future__ import annotations
 
@@ -41,3 +43,47 @@ def actor_config(**values: Any):
             raise KeyError(f"actor_rollout_ref.actor.{key} is not a key of {BASE_CONFIG_NAME}.yaml")
         OmegaConf.update(group, key, value, merge=False)
     return group
+
+
+def worker_sections(overrides: Sequence[str] = ()):
+    """The typed ``actor_rollout_ref`` sections (``LuffyWorkerSections``) of the YAML composed with ``overrides``
+    (Hydra override strings): what a run's launcher hands its workers, for a worker built on its own."""
+    from luffy_pool.config.sections import LuffyWorkerSections
+
+    return LuffyWorkerSections.from_config(compose_config(overrides).actor_rollout_ref)
+
+
+@functools.lru_cache(maxsize=1)
+def _base_rollout_group() -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose_config().actor_rollout_ref.rollout, resolve=True)
+
+
+def rollout_section(**values: Any):
+    """The ``actor_rollout_ref.rollout`` section (``LuffyRolloutSection``) of the YAML with ``values`` set: the
+    config of a rollout engine, prefix sampler or planner built on its own (tests, scripts, benchmarks). Every
+    other key keeps its YAML default, as in a run; each value set is checked against its declaration (type,
+    allowed values, bounds) and an unknown name raises, naming it."""
+    from omegaconf import OmegaConf
+
+    from luffy_pool.config.sections import LuffyRolloutSection
+    from verl.utils.config_section import build_section, declarations, value_errors
+
+    prefix = "actor_rollout_ref.rollout."
+    group = copy.deepcopy(_base_rollout_group())
+    declared = {d.key: d for d in declarations(LuffyRolloutSection, prefix)}
+    errors = []
+    for name, value in values.items():
+        d = declared.get(prefix + name)
+        if d is None or name not in group:
+            raise KeyError(f"{prefix}{name} is not a key of {BASE_CONFIG_NAME}.yaml")
+        wrong_type = not isinstance(value, d.types) or (isinstance(value, bool) and bool not in d.types)
+        if wrong_type and not (float in d.types and type(value) is int):  # an int is a valid float, as in the YAML
+            errors.append(f"'{d.key}'={value!r} must be of type {'/'.join(t.__name__ for t in d.types)}")
+        else:
+            errors.extend(value_errors(d, value, group[name]))
+        group[name] = value
+    if errors:
+        raise ValueError("; ".join(errors))
+    return build_section(LuffyRolloutSection, OmegaConf.create(group), prefix[:-1])

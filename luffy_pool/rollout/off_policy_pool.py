@@ -34,64 +34,34 @@ class PrefixRatioSampler:
     ``draw(B, global_step)`` returns ``[B, n]``: row b holds the ratios of prompt b's n slots, in the
     interleaved slot order of the rollout (slot ``b·n + j``). ``step = global_step − 1``.
 
-    Deviations from LUFFY, all where LUFFY crashes or is undefined: ``fixed`` with one prefix slot
-    gives ``[min_prefix_ratio]`` (LUFFY divides by zero); ``global_step < 1`` is rejected (LUFFY's
-    windows would silently pick the last one); ratio bounds must lie in [0, 1].
+    Every key comes from ``rollout``, the typed ``actor_rollout_ref.rollout`` section (``LuffyRolloutSection``:
+    n, n_prefix, min/max_prefix_ratio, prefix_strategy, prefix_share_across_samples, prefix_steps,
+    prefix_linear_max_ratio); the sampler has no defaults of its own, and the config checker has checked the
+    values and their combinations before the run (bounds, n_prefix in [-1, n], min <= max ratio, linear needs
+    shared ratios). Deviations from LUFFY, all where LUFFY crashes or is undefined: ``fixed`` with one prefix
+    slot gives ``[min_prefix_ratio]`` (LUFFY divides by zero); ``global_step < 1`` is rejected (LUFFY's windows
+    would silently pick the last one).
     """
 
-    def __init__(
-        self,
-        n: int,
-        n_prefix: int = -1,
-        min_prefix_ratio: float = 0.0,
-        max_prefix_ratio: float = 1.0,
-        prefix_strategy: str = "random",
-        prefix_share_across_samples: bool = False,
-        prefix_steps: int = 1000,
-        prefix_linear_max_ratio: float = 0.8,
-        seed: int = 0,
-    ):
-        if n < 1:
-            raise ValueError(f"rollout.n must be >= 1, got {n}")
-        if prefix_strategy not in PREFIX_STRATEGIES:
-            raise ValueError(f"unknown rollout.prefix_strategy {prefix_strategy!r}; valid: {', '.join(PREFIX_STRATEGIES)}")
-        if n_prefix < -1:
-            raise ValueError(f"rollout.n_prefix must be -1 (all n slots) or >= 0, got {n_prefix}")
-        if n_prefix > n:
-            raise ValueError(f"rollout.n_prefix={n_prefix} must be <= rollout.n={n}")
-        if not 0.0 <= min_prefix_ratio <= max_prefix_ratio <= 1.0:
-            raise ValueError(
-                "need 0 <= rollout.min_prefix_ratio <= rollout.max_prefix_ratio <= 1, got "
-                f"min_prefix_ratio={min_prefix_ratio}, max_prefix_ratio={max_prefix_ratio}"
-            )
-        if not 0.0 <= prefix_linear_max_ratio <= 1.0:
-            raise ValueError(f"rollout.prefix_linear_max_ratio must be in [0, 1], got {prefix_linear_max_ratio}")
-        if prefix_steps <= 0:
-            raise ValueError(f"rollout.prefix_steps must be > 0, got {prefix_steps}")
-        if prefix_strategy == "linear" and not prefix_share_across_samples:
-            raise ValueError("rollout.prefix_strategy='linear' needs rollout.prefix_share_across_samples=True (as in LUFFY)")
-        if prefix_strategy == "fixed" and prefix_share_across_samples:
+    def __init__(self, rollout: Any, seed: int):
+        # TODO(a1-rules): this rule moves to LuffyRolloutSection.validate (run by check_config before Ray starts).
+        if rollout.prefix_strategy == "fixed" and rollout.prefix_share_across_samples:
             raise ValueError("rollout.prefix_strategy='fixed' cannot be combined with rollout.prefix_share_across_samples=True (as in LUFFY)")
-        self.n = n
-        self.n_prefix = n_prefix
-        self.min_prefix_ratio = float(min_prefix_ratio)
-        self.max_prefix_ratio = float(max_prefix_ratio)
-        self.prefix_strategy = prefix_strategy
-        self.prefix_share_across_samples = bool(prefix_share_across_samples)
-        self.prefix_steps = prefix_steps
-        self.prefix_linear_max_ratio = float(prefix_linear_max_ratio)
+        self.n = rollout.n
+        self.n_prefix = rollout.n_prefix
+        self.min_prefix_ratio = rollout.min_prefix_ratio
+        self.max_prefix_ratio = rollout.max_prefix_ratio
+        self.prefix_strategy = rollout.prefix_strategy
+        self.prefix_share_across_samples = rollout.prefix_share_across_samples
+        self.prefix_steps = rollout.prefix_steps
+        self.prefix_linear_max_ratio = rollout.prefix_linear_max_ratio
         self.seed = seed
         self._rng = np.random.default_rng(seed)
 
     @classmethod
-    def from_rollout_config(cls, rollout: Any, seed: int = 0) -> "PrefixRatioSampler":
-        """Build from the rollout section (``verl.workers.config_sections.RolloutSection``: LUFFY key names,
-        values from the YAML)."""
-        return cls(n=int(rollout.n), n_prefix=int(rollout.n_prefix), min_prefix_ratio=float(rollout.min_prefix_ratio),
-                   max_prefix_ratio=float(rollout.max_prefix_ratio), prefix_strategy=str(rollout.prefix_strategy),
-                   prefix_share_across_samples=bool(rollout.prefix_share_across_samples),
-                   prefix_steps=int(rollout.prefix_steps), prefix_linear_max_ratio=float(rollout.prefix_linear_max_ratio),
-                   seed=seed)
+    def from_rollout_config(cls, rollout: Any, seed: int) -> "PrefixRatioSampler":
+        """The trainer's spelling of the constructor: ``rollout`` is the run's rollout section."""
+        return cls(rollout, seed)
 
     # -- schedule pieces -------------------------------------------------------------------------
     def window_index(self, step: int) -> int:

@@ -5,6 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from verl.workers.rollout.base import SamplingSpec
 from verl.workers.sharding_manager import FSDPShardingManager
+from tests.helpers.engine_config import engine_section
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -20,9 +21,8 @@ def engine(tiny_model_dir):
     torch.manual_seed(1234)
     rng_before = torch.get_rng_state()
     # LUFFY's load_format: the engine starts with random weights; every test pushes what it needs.
-    rollout = VLLMRollout(tiny_model_dir, {"prompt_length": 256, "response_length": 256, "dtype": "float32",
-                                           "seed": 0, "cpu_kv_cache_bytes": 64 * 2**20,
-                                           "load_format": "dummy_dtensor"})
+    rollout = VLLMRollout(tiny_model_dir, engine_section(prompt_length=256, response_length=256, dtype="float32", seed=0,
+                                                           cpu_kv_cache_bytes=64 * 2**20, load_format="dummy_dtensor"))
     side_effects = {"set_num_threads_restored": torch.set_num_threads is set_num_threads,
                     "rng_restored": torch.equal(torch.get_rng_state(), rng_before)}
     yield rollout, side_effects
