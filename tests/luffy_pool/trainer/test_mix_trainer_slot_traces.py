@@ -52,15 +52,16 @@ class TwoRankGroup:
     def __init__(self, tokenizer):
         from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
         from luffy_pool.rollout.slot_plan import MixRolloutPlanner
-        from luffy_pool.config.compose import compose_config
+        from luffy_pool.config.compose import compose_config, rollout_section
         from verl.workers.config_sections import WorkerSections
         from verl.workers.rollout.tp_group import TPGeneration
 
         worker = MIXActorRolloutRefWorker.__new__(MIXActorRolloutRefWorker)
         worker.sections = WorkerSections.from_config(compose_config([
             "actor_rollout_ref.rollout.seed=0", "actor_rollout_ref.rollout.name=hf"]).actor_rollout_ref)
-        worker.planner = MixRolloutPlanner(ScriptedEngine(tokenizer.eos_token_id), n=N, response_length=RESPONSE, pad_token_id=tokenizer.pad_token_id,
-                                           eos_token_id=tokenizer.eos_token_id, sampling=SamplingSpec())
+        worker.planner = MixRolloutPlanner(ScriptedEngine(tokenizer.eos_token_id),
+                                           rollout_section(n=N, response_length=RESPONSE, n_val=1),
+                                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         worker.sharding_manager = _NoSync()
         worker.tp_generation = TPGeneration.create(0, 1, 1)
         self.worker, self.sent = worker, None
