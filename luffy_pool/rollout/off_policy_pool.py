@@ -227,9 +227,21 @@ class OffPolicyPool:
     Prefix slots (ratio > 0) of a prompt take its candidates round-robin. ``selection='target_first'``
     orders them [dataset target, extras in a seeded shuffle]; ``'shuffle'`` shuffles all of them. The
     shuffle is seeded by (seed, global_step, prompt id), so it needs no state to resume.
+
+    The run's keys (``prompt_id_key`` = data.off_policy_id_key, ``truncate`` = data.truncate_off_policy,
+    ``max_trace_length`` = rollout.max_prefix_len, ``seed`` = trainer.seed) have no defaults here: a pool with
+    extra files takes them from the run's sections (``from_sections``, the launcher) or from its caller; a
+    targets-only pool (no files) reads none of them.
     """
 
     SELECTIONS = ("target_first", "shuffle")
+
+    @classmethod
+    def from_sections(cls, sections, extra_trace_files, **kwargs) -> "OffPolicyPool":
+        """The run's pool: its keys from the typed sections (``ConfigSections``); ``kwargs`` the rest."""
+        d = sections.data
+        return cls(extra_trace_files, prompt_id_key=d.off_policy_id_key, truncate=d.truncate_off_policy,
+                   max_trace_length=sections.workers.rollout.max_prefix_len, seed=sections.trainer.seed, **kwargs)
 
     def __init__(
         self,
@@ -237,7 +249,7 @@ class OffPolicyPool:
         *,
         known_prompt_ids: Optional[Sequence[Any]] = None,
         tokenizer=None,
-        prompt_id_key: str = "index",
+        prompt_id_key: Optional[str] = None,
         trace_key: str = "trace",
         token_ids_key: str = "token_ids",
         logprobs_key: str = "logprobs",
@@ -246,16 +258,19 @@ class OffPolicyPool:
         strip_think_prefix: bool = False,
         use_dataset_target: bool = True,
         selection: str = "target_first",
-        seed: int = 0,
-        truncate: str = "cut",
+        seed: Optional[int] = None,
+        truncate: Optional[str] = None,
     ):
-        if truncate not in ("cut", "drop"):
-            raise ValueError(f"data.truncate_off_policy must be cut or drop, got {truncate!r}")
+        files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
+        missing = [k for k, v in (("prompt_id_key", prompt_id_key), ("max_trace_length", max_trace_length),
+                                  ("seed", seed), ("truncate", truncate)) if v is None]
+        if files and missing:
+            raise TypeError(f"OffPolicyPool with extra_trace_files needs {', '.join(missing)} (the run's keys; "
+                            "OffPolicyPool.from_sections takes them from the config)")
         self.truncate = truncate
         self.long_trace_count = 0
         if selection not in self.SELECTIONS:
             raise ValueError(f"unknown pool selection {selection!r}; valid: {', '.join(self.SELECTIONS)}")
-        files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
         if files and known_prompt_ids is None:
             raise ValueError("OffPolicyPool: extra_trace_files need known_prompt_ids (the training rows' extra_info.index)")
         self.tokenizer = tokenizer

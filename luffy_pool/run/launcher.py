@@ -135,12 +135,8 @@ def build_off_policy_pool(sections: ConfigSections, tokenizer, train_dataset):
     files = list(d.off_policy_files or [])
     if not files:
         return None
-    return OffPolicyPool(files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
-                         prompt_id_key=d.off_policy_id_key,
-                         max_trace_length=sections.workers.rollout.max_prefix_len,
-                         strip_think_prefix=train_dataset.generation_prompt_opens_think,
-                         seed=int(sections.trainer.seed),
-                         truncate=d.truncate_off_policy)
+    return OffPolicyPool.from_sections(sections, files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
+                                       strip_think_prefix=train_dataset.generation_prompt_opens_think)
 
 
 def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_policy_pool) -> None:

@@ -17,6 +17,8 @@ from luffy_pool.rollout.off_policy_pool import (
     strip_right_padding,
 )
 
+from tests.helpers.sections import pool_of
+
 PAD = 0
 
 
@@ -220,7 +222,7 @@ def extra_file(tmp_path):
 
 def test_pool_loads_traces_and_counts_unmatched_prompt_ids(extra_file, caplog):
     with caplog.at_level(logging.WARNING, logger="luffy_pool.rollout.off_policy_pool"):
-        pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 1, 7])
+        pool = pool_of(extra_file, known_prompt_ids=[0, 1, 7])
     assert pool.num_extra_traces == 3
     assert pool.unmatched_trace_count == 1 and pool.unmatched_prompt_ids == [99]
     assert "1 extra trace(s) match no training prompt" in caplog.text
@@ -232,26 +234,26 @@ def test_pool_loads_traces_and_counts_unmatched_prompt_ids(extra_file, caplog):
 def test_pool_missing_column_names_file_and_column(tmp_path):
     path = _write(tmp_path, "bad.parquet", [{"index": 0, "text": "x"}])
     with pytest.raises(ValueError, match=r"bad\.parquet: missing column 'trace'"):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_logprob_length_mismatch_names_row_and_column(tmp_path):
     path = _write(tmp_path, "lp.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2], "logprobs": [-0.1, -0.2]},
                                             {"index": 0, "trace": "y", "token_ids": [1, 2], "logprobs": [-0.1, -0.1, -0.1, -0.1]}])
     with pytest.raises(ValueError, match=r"lp\.parquet: row 1: column 'logprobs' has 4 values for 2 trace tokens"):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_rejects_probabilities_in_the_logprobs_column(tmp_path):
     path = _write(tmp_path, "p.parquet", [{"index": 0, "trace": "x", "token_ids": [1], "logprobs": [0.7]}])
     with pytest.raises(ValueError, match="positive values"):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_without_token_ids_needs_a_tokenizer(tmp_path):
     path = _write(tmp_path, "t.parquet", [{"index": 0, "trace": "x"}])
     with pytest.raises(ValueError, match="pass tokenizer="):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_tokenizes_trace_text_and_strips_think(tmp_path, tiny_model_dir):
@@ -259,13 +261,13 @@ def test_pool_tokenizes_trace_text_and_strips_think(tmp_path, tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     path = _write(tmp_path, "t.parquet", [{"index": 3, "trace": "<think>\n1 + 2 = 3.\n</think>\n\\boxed{3}"}])
-    pool = OffPolicyPool(path, known_prompt_ids=[3], tokenizer=tok, strip_think_prefix=True)
+    pool = pool_of(path, known_prompt_ids=[3], tokenizer=tok, strip_think_prefix=True)
     assert pool.extra_traces_for(3)[0].token_ids == tok("1 + 2 = 3.\n</think>\n\\boxed{3}", add_special_tokens=False)["input_ids"]
 
 
 def test_extra_files_require_known_prompt_ids(extra_file):
     with pytest.raises(ValueError, match="known_prompt_ids"):
-        OffPolicyPool(extra_file)
+        pool_of(extra_file)
 
 
 def test_slot_traces_without_extras_spreads_the_dataset_target_over_the_slots():
@@ -302,7 +304,7 @@ def test_slot_traces_same_shape_and_values_with_or_without_extra_files(extra_fil
     lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")], [-0.1, -0.2, float("nan"), float("nan")]])  # float32, as the dataset's
     ratios = np.array([[1.0, 0.5, 0.0], [0.2, 0.0, 1.0]])
     plain = OffPolicyPool().slot_traces([5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)
-    pooled = OffPolicyPool(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
+    pooled = pool_of(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
         [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)  # extras are for prompt 0 only
     assert plain.tgt_input_ids.shape == pooled.tgt_input_ids.shape == (2, 3, 3)
     assert plain.behaviour_log_probs.shape == pooled.behaviour_log_probs.shape == (2, 3, 4)
@@ -318,7 +320,7 @@ def test_slot_traces_reject_targets_that_are_not_b_by_t():
 
 
 def test_slot_traces_target_first_then_extras_round_robin(extra_file):
-    pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 7], seed=1)
+    pool = pool_of(extra_file, known_prompt_ids=[0, 7], seed=1)
     tgt = torch.tensor([[11, 12, PAD, PAD], [13, PAD, PAD, PAD]])
     target_lp = torch.full((2, 5), float("nan"))
     target_lp[0, :3] = torch.tensor([-0.5, -0.6, -0.7])
@@ -349,7 +351,7 @@ def test_slot_traces_target_first_then_extras_round_robin(extra_file):
 
 
 def test_slot_traces_are_reproducible_per_step(extra_file):
-    pool = OffPolicyPool(extra_file, known_prompt_ids=[0], selection="shuffle", seed=3)
+    pool = pool_of(extra_file, known_prompt_ids=[0], selection="shuffle", seed=3)
     tgt = torch.tensor([[11, PAD, PAD]])
     ratios = np.ones((1, 3))
     first = pool.slot_traces([0], tgt, ratios, global_step=2, pad_token_id=PAD)
@@ -362,7 +364,7 @@ def test_slot_traces_are_reproducible_per_step(extra_file):
 
 def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tmp_path):
     path = _write(tmp_path, "long.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0, -5.0]}])
-    pool = OffPolicyPool(path, known_prompt_ids=[0], use_dataset_target=False)
+    pool = pool_of(path, known_prompt_ids=[0], use_dataset_target=False)
     out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), global_step=1, pad_token_id=PAD)
     assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
     assert out.behaviour_log_probs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.behaviour_log_probs[0, 0, 3].item())
@@ -377,7 +379,7 @@ def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tm
 def test_pool_refuses_bad_values_naming_row_and_column(tmp_path, row, message):
     path = _write(tmp_path, "bad.parquet", [{"index": 0, "trace": "x", **row}])
     with pytest.raises(ValueError, match=r"bad\.parquet: row 0: " + message):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_refuses_token_ids_beyond_the_vocabulary(tmp_path, tiny_model_dir):
@@ -387,4 +389,4 @@ def test_pool_refuses_token_ids_beyond_the_vocabulary(tmp_path, tiny_model_dir):
     path = _write(tmp_path, "oov.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 99999]}])
     with pytest.raises(ValueError, match=rf"oov\.parquet: row 0: column 'token_ids': token id 99999 at position 1 is "
                                          rf"outside the tokenizer's vocabulary \[0, {len(tok)}\)"):
-        OffPolicyPool(path, known_prompt_ids=[0], tokenizer=tok)
+        pool_of(path, known_prompt_ids=[0], tokenizer=tok)

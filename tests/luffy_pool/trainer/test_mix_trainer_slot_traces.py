@@ -152,7 +152,8 @@ def test_with_extra_files_the_workers_get_the_same_shapes(compose_config, tiny_m
     extra = tmp_path / "extra.parquet"
     pd.DataFrame([{"index": i, "trace": "", "token_ids": [40 + i % 5, 41, 42], "logprobs": [-0.25] * 4} for i in ids]) \
         .to_parquet(extra, index=False)
-    pool = OffPolicyPool(str(extra), known_prompt_ids=ids, tokenizer=tokenizer, max_trace_length=MAX_PREFIX)
+    pool = OffPolicyPool(str(extra), known_prompt_ids=ids, tokenizer=tokenizer, max_trace_length=MAX_PREFIX,
+                         prompt_id_key="index", seed=0, truncate="cut")  # the run's keys, as the YAML sets them
     trainer, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs, pool)
     out, metrics, targets, prompt_ids = _rollout(trainer)
     eos = tokenizer.eos_token_id

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, Qwen2ForCausalLM  # noqa: F401  (
 
 from verl.utils import fsdp_utils
 from tests.helpers.distributed_testing import run_gloo_ranks
-from tests.helpers.engine_config import engine_section
+from tests.helpers.sections import engine_section
 
 JOB_TIMEOUT_S = 240
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from verl.workers.rollout.base import SamplingSpec
 from verl.workers.rollout.config import engine_config
 from verl.workers.rollout.hf_rollout import HFRollout, filter_logits
-from tests.helpers.engine_config import engine_section
+from tests.helpers.sections import engine_section
 
 GREEDY = SamplingSpec(temperature=0.0, return_logprobs=True)
 

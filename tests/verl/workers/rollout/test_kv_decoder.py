@@ -7,7 +7,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from verl.workers.rollout.base import SamplingSpec
 from verl.workers.rollout.hf_rollout import HFRollout, inverse_cdf_sample
 from verl.workers.rollout.kv_decoder import KVDecoder, supports
-from tests.helpers.engine_config import engine_section
+from tests.helpers.sections import engine_section
 
 GREEDY = SamplingSpec(temperature=0.0, return_logprobs=True)
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, max_position_embeddings=128)

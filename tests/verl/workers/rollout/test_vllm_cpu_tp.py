@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tests.helpers.distributed_testing import run_gloo_ranks
-from tests.helpers.engine_config import engine_section
+from tests.helpers.sections import engine_section
 
 
 def _rank(rank, world, port, model_dir):

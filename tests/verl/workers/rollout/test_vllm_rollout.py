@@ -5,7 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from verl.workers.rollout.base import SamplingSpec
 from verl.workers.sharding_manager import FSDPShardingManager
-from tests.helpers.engine_config import engine_section
+from tests.helpers.sections import engine_section
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")

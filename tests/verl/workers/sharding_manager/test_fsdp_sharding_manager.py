@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM  # noqa: F401  (imported once, bef
 from verl.workers.rollout.base import BaseRollout, GenerationOutput
 from verl.workers.sharding_manager import FSDPShardingManager, is_engine_owner
 from tests.helpers.distributed_testing import run_gloo_ranks
-from tests.helpers.engine_config import engine_section
+from tests.helpers.sections import engine_section
 
 JOB_TIMEOUT_S = 300
 
