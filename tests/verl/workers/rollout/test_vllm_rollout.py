@@ -129,7 +129,11 @@ def test_bucketed_push_equals_whole_push(engine, reference, long_sequence):
 def test_safetensors_bytes_transport_for_out_of_process_workers_gives_the_same_weights(
         engine, reference, long_sequence, monkeypatch, hf_logprobs):
     rollout, _ = engine
-    monkeypatch.setattr(rollout.config, "weight_transport", "bytes")
+    import dataclasses
+
+    from verl.workers.rollout.config import engine_config
+
+    monkeypatch.setattr(rollout, "config", engine_config(dataclasses.replace(rollout.config.section, weight_transport="bytes")))
     assert rollout.weight_transport == "bytes"
     trained = _one_sgd_step(reference, long_sequence)
     push(rollout, reference)
