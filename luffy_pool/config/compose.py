@@ -4,8 +4,8 @@
 validation (same YAML, same override grammar). ``actor_config(**values)`` is one composed
 ``actor_rollout_ref.actor`` group with some values set: a standalone actor (tests, memory benchmarks)
 then reads every key at its YAML default, as a run would, instead of a hand-made partial dict.
-``worker_sections(overrides)`` and ``rollout_section(**values)`` are the typed sections a worker, a rollout
-engine, the prefix sampler or the planner built on their own take (a run's launcher builds them once).
+``rollout_section(**values)`` is the typed rollout section a rollout engine, the prefix sampler or the planner
+built on their own take (a run's launcher builds every section once, ``ConfigSections.from_config``).
 """
 from __future__ import annotations
 
@@ -45,14 +45,6 @@ def actor_config(**values: Any):
     return group
 
 
-def worker_sections(overrides: Sequence[str] = ()):
-    """The typed ``actor_rollout_ref`` sections (``LuffyWorkerSections``) of the YAML composed with ``overrides``
-    (Hydra override strings): what a run's launcher hands its workers, for a worker built on its own."""
-    from luffy_pool.config.sections import LuffyWorkerSections
-
-    return LuffyWorkerSections.from_config(compose_config(overrides).actor_rollout_ref)
-
-
 @functools.lru_cache(maxsize=1)
 def _base_rollout_group() -> dict:
     from omegaconf import OmegaConf
@@ -68,6 +60,7 @@ def rollout_section(**values: Any):
     from omegaconf import OmegaConf
 
     from luffy_pool.config.sections import LuffyRolloutSection
+    from verl.utils.config_schema import value_error
     from verl.utils.config_section import build_section, declarations, value_errors
 
     prefix = "actor_rollout_ref.rollout."
@@ -78,11 +71,8 @@ def rollout_section(**values: Any):
         d = declared.get(prefix + name)
         if d is None or name not in group:
             raise KeyError(f"{prefix}{name} is not a key of {BASE_CONFIG_NAME}.yaml")
-        wrong_type = not isinstance(value, d.types) or (isinstance(value, bool) and bool not in d.types)
-        if wrong_type and not (float in d.types and type(value) is int):  # an int is a valid float, as in the YAML
-            errors.append(f"'{d.key}'={value!r} must be of type {'/'.join(t.__name__ for t in d.types)}")
-        else:
-            errors.extend(value_errors(d, value, group[name]))
+        wrong_type = value_error(d.key, value, d.types)  # the checker's type rule (an int is a float, a bool neither)
+        errors.extend([wrong_type] if wrong_type else value_errors(d, value, group[name]))
         group[name] = value
     if errors:
         raise ValueError("; ".join(errors))

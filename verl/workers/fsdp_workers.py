@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
@@ -61,7 +62,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     def __init__(self, sections: WorkerSections, role: str, device: str = "auto",
                  total_training_steps: Optional[int] = None, policy_loss_knobs: Optional[dict] = None):
         """``sections``: the typed ``actor_rollout_ref`` group, built once by the launcher
-        (``ConfigSections.from_config``; a worker on its own: ``luffy_pool.config.compose.worker_sections``).
+        (``ConfigSections.from_config``; a worker on its own: ``WorkerSections.from_config`` of a composed config).
         ``total_training_steps``: the run's step count, the lr schedule's length (an actor role needs it).
         ``policy_loss_knobs``: the values of the selected loss's own knob dataclass, when it registered one."""
         super().__init__()
