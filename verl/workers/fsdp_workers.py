@@ -59,7 +59,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
     actor_cls = DataParallelPPOActor
     sections_cls = WorkerSections  # the typed view of actor_rollout_ref (a method's worker extends it with its keys)
 
-    def __init__(self, sections: WorkerSections, role: str, device: str = "auto",
+    def __init__(self, sections: WorkerSections, role: str, device: str,
                  total_training_steps: Optional[int] = None, policy_loss_knobs: Optional[dict] = None):
         """``sections``: the typed ``actor_rollout_ref`` group, built once by the launcher
         (``ConfigSections.from_config``; a worker on its own: ``WorkerSections.from_config`` of a composed config).
