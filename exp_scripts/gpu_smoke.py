@@ -220,9 +220,12 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         plan_gb = {p.name: round(p.total / 2**30, 2) for p in plan.phases} if plan is not None else None
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    role = "actor_rollout_ref" if config.actor_rollout_ref.ref.use_ref else "actor_rollout"
-    worker = MIXActorRolloutRefWorker(config.actor_rollout_ref, role=role, device=args.device,
-                                      total_training_steps=args.steps)
+    from luffy_pool.run.launcher import policy_loss_knobs
+
+    role = "actor_rollout_ref" if sections.workers.ref.use_ref else "actor_rollout"
+    # the worker's arguments as the launcher builds them (launcher.build_worker_group)
+    worker = MIXActorRolloutRefWorker(sections.workers, role=role, device=args.device, total_training_steps=args.steps,
+                                      policy_loss_knobs=policy_loss_knobs(config, sections))
     worker.init_model()
     init_s = time.perf_counter() - t0
     pushed_dtypes: set = set()

@@ -82,7 +82,17 @@ def _pool(ctx: Context, rows: list[dict], tokenizer: bool = True):
     from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = _parquet(ctx, rows, "extra.parquet")
-    return lambda: OffPolicyPool(path, known_prompt_ids=[0, 1], tokenizer=ctx.tokenizer if tokenizer else None)
+    return lambda: OffPolicyPool.from_sections(_sections(), path, known_prompt_ids=[0, 1],
+                                               tokenizer=ctx.tokenizer if tokenizer else None)
+
+
+def _sections():
+    """The run's typed config of the shipped YAML (the off-policy pool's keys at their defaults)."""
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.config.sections import ConfigSections
+
+    return ConfigSections.from_config(compose_config(["data.train_files=x", "data.val_files=null",
+                                                      "actor_rollout_ref.model.path=m"]))
 
 
 def _jsonl(ctx: Context, records: list[Any], name: str = "in.jsonl", raw: bytes | None = None) -> str:
@@ -232,7 +242,8 @@ def _(ctx: Context) -> Outcome:
     from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = _parquet(ctx, [{"index": 0, "text": "x"}], "extra.parquet")
-    return expect_refusal(lambda: OffPolicyPool(path, known_prompt_ids=[0]), "extra.parquet", "trace")
+    return expect_refusal(lambda: OffPolicyPool.from_sections(_sections(), path, known_prompt_ids=[0]), "extra.parquet",
+                          "trace")
 
 
 @case("offpolicy_garbage_file", "extra", "off-policy file is not parquet")
@@ -241,7 +252,7 @@ def _(ctx: Context) -> Outcome:
 
     path = os.path.join(ctx.tmp("garbage"), "extra.parquet")
     open(path, "wb").write(b"\x00garbage" * 50)
-    return expect_refusal(lambda: OffPolicyPool(path, known_prompt_ids=[0]), "extra.parquet")
+    return expect_refusal(lambda: OffPolicyPool.from_sections(_sections(), path, known_prompt_ids=[0]), "extra.parquet")
 
 
 @case("offpolicy_null_logprobs_cell", "extra", "off-policy file: a null logprobs cell (unknown) keeps working")

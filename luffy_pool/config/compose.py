@@ -4,6 +4,8 @@
 validation (same YAML, same override grammar). ``actor_config(**values)`` is one composed
 ``actor_rollout_ref.actor`` group with some values set: a standalone actor (tests, memory benchmarks)
 then reads every key at its YAML default, as a run would, instead of a hand-made partial dict.
+``rollout_section(**values)`` is the typed rollout section a rollout engine, the prefix sampler or the planner
+built on their own take (a run's launcher builds every section once, ``ConfigSections.from_config``).
 """
 from __future__ import annotations
 
@@ -41,3 +43,37 @@ def actor_config(**values: Any):
             raise KeyError(f"actor_rollout_ref.actor.{key} is not a key of {BASE_CONFIG_NAME}.yaml")
         OmegaConf.update(group, key, value, merge=False)
     return group
+
+
+@functools.lru_cache(maxsize=1)
+def _base_rollout_group() -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose_config().actor_rollout_ref.rollout, resolve=True)
+
+
+def rollout_section(**values: Any):
+    """The ``actor_rollout_ref.rollout`` section (``LuffyRolloutSection``) of the YAML with ``values`` set: the
+    config of a rollout engine, prefix sampler or planner built on its own (tests, scripts, benchmarks). Every
+    other key keeps its YAML default, as in a run; each value set is checked against its declaration (type,
+    allowed values, bounds) and an unknown name raises, naming it."""
+    from omegaconf import OmegaConf
+
+    from luffy_pool.config.sections import LuffyRolloutSection
+    from verl.utils.config_schema import value_error
+    from verl.utils.config_section import build_section, declarations, value_errors
+
+    prefix = "actor_rollout_ref.rollout."
+    group = copy.deepcopy(_base_rollout_group())
+    declared = {d.key: d for d in declarations(LuffyRolloutSection, prefix)}
+    errors = []
+    for name, value in values.items():
+        d = declared.get(prefix + name)
+        if d is None or name not in group:
+            raise KeyError(f"{prefix}{name} is not a key of {BASE_CONFIG_NAME}.yaml")
+        wrong_type = value_error(d.key, value, d.types)  # the checker's type rule (an int is a float, a bool neither)
+        errors.extend([wrong_type] if wrong_type else value_errors(d, value, group[name]))
+        group[name] = value
+    if errors:
+        raise ValueError("; ".join(errors))
+    return build_section(LuffyRolloutSection, OmegaConf.create(group), prefix[:-1])

@@ -34,44 +34,31 @@ class PrefixRatioSampler:
     ``draw(B, global_step)`` returns ``[B, n]``: row b holds the ratios of prompt b's n slots, in the
     interleaved slot order of the rollout (slot ``b·n + j``). ``step = global_step − 1``.
 
-    Deviations from LUFFY, all where LUFFY crashes or is undefined: ``fixed`` with one prefix slot
-    gives ``[min_prefix_ratio]`` (LUFFY divides by zero); ``global_step < 1`` is rejected (LUFFY's
-    windows would silently pick the last one). The keys' bounds and the rules between them are checked
-    before the run starts (``LuffyRolloutSection.validate``); this class draws from them unchecked.
+    Every key comes from ``rollout``, the typed ``actor_rollout_ref.rollout`` section (``LuffyRolloutSection``:
+    n, n_prefix, min/max_prefix_ratio, prefix_strategy, prefix_share_across_samples, prefix_steps,
+    prefix_linear_max_ratio); the sampler has no defaults of its own, and the config checker has checked the
+    values and their combinations before the run (the declarations' bounds and ``LuffyRolloutSection.validate``:
+    n_prefix in [-1, n], min <= max ratio, linear needs shared ratios, fixed refuses shared ratios). Deviations from LUFFY, all where LUFFY crashes or is undefined: ``fixed`` with one prefix
+    slot gives ``[min_prefix_ratio]`` (LUFFY divides by zero); ``global_step < 1`` is rejected (LUFFY's windows
+    would silently pick the last one).
     """
 
-    def __init__(
-        self,
-        n: int,
-        n_prefix: int = -1,
-        min_prefix_ratio: float = 0.0,
-        max_prefix_ratio: float = 1.0,
-        prefix_strategy: str = "random",
-        prefix_share_across_samples: bool = False,
-        prefix_steps: int = 1000,
-        prefix_linear_max_ratio: float = 0.8,
-        seed: int = 0,
-    ):
-        self.n = n
-        self.n_prefix = n_prefix
-        self.min_prefix_ratio = float(min_prefix_ratio)
-        self.max_prefix_ratio = float(max_prefix_ratio)
-        self.prefix_strategy = prefix_strategy
-        self.prefix_share_across_samples = bool(prefix_share_across_samples)
-        self.prefix_steps = prefix_steps
-        self.prefix_linear_max_ratio = float(prefix_linear_max_ratio)
+    def __init__(self, rollout: Any, seed: int):
+        self.n = rollout.n
+        self.n_prefix = rollout.n_prefix
+        self.min_prefix_ratio = rollout.min_prefix_ratio
+        self.max_prefix_ratio = rollout.max_prefix_ratio
+        self.prefix_strategy = rollout.prefix_strategy
+        self.prefix_share_across_samples = rollout.prefix_share_across_samples
+        self.prefix_steps = rollout.prefix_steps
+        self.prefix_linear_max_ratio = rollout.prefix_linear_max_ratio
         self.seed = seed
         self._rng = np.random.default_rng(seed)
 
     @classmethod
-    def from_rollout_config(cls, rollout: Any, seed: int = 0) -> "PrefixRatioSampler":
-        """Build from the rollout section (``verl.workers.config_sections.RolloutSection``: LUFFY key names,
-        values from the YAML)."""
-        return cls(n=int(rollout.n), n_prefix=int(rollout.n_prefix), min_prefix_ratio=float(rollout.min_prefix_ratio),
-                   max_prefix_ratio=float(rollout.max_prefix_ratio), prefix_strategy=str(rollout.prefix_strategy),
-                   prefix_share_across_samples=bool(rollout.prefix_share_across_samples),
-                   prefix_steps=int(rollout.prefix_steps), prefix_linear_max_ratio=float(rollout.prefix_linear_max_ratio),
-                   seed=seed)
+    def from_rollout_config(cls, rollout: Any, seed: int) -> "PrefixRatioSampler":
+        """The trainer's spelling of the constructor: ``rollout`` is the run's rollout section."""
+        return cls(rollout, seed)
 
     # -- schedule pieces -------------------------------------------------------------------------
     def window_index(self, step: int) -> int:
@@ -237,9 +224,21 @@ class OffPolicyPool:
     Prefix slots (ratio > 0) of a prompt take its candidates round-robin. ``selection='target_first'``
     orders them [dataset target, extras in a seeded shuffle]; ``'shuffle'`` shuffles all of them. The
     shuffle is seeded by (seed, global_step, prompt id), so it needs no state to resume.
+
+    The run's keys (``prompt_id_key`` = data.off_policy_id_key, ``truncate`` = data.truncate_off_policy,
+    ``max_trace_length`` = rollout.max_prefix_len, ``seed`` = trainer.seed) have no defaults here: a pool with
+    extra files takes them from the run's sections (``from_sections``, the launcher) or from its caller; a
+    targets-only pool (no files) reads none of them.
     """
 
     SELECTIONS = ("target_first", "shuffle")
+
+    @classmethod
+    def from_sections(cls, sections, extra_trace_files, **kwargs) -> "OffPolicyPool":
+        """The run's pool: its keys from the typed sections (``ConfigSections``); ``kwargs`` the rest."""
+        d = sections.data
+        return cls(extra_trace_files, prompt_id_key=d.off_policy_id_key, truncate=d.truncate_off_policy,
+                   max_trace_length=sections.workers.rollout.max_prefix_len, seed=sections.trainer.seed, **kwargs)
 
     def __init__(
         self,
@@ -247,7 +246,7 @@ class OffPolicyPool:
         *,
         known_prompt_ids: Optional[Sequence[Any]] = None,
         tokenizer=None,
-        prompt_id_key: str = "index",
+        prompt_id_key: Optional[str] = None,
         trace_key: str = "trace",
         token_ids_key: str = "token_ids",
         logprobs_key: str = "logprobs",
@@ -256,16 +255,19 @@ class OffPolicyPool:
         strip_think_prefix: bool = False,
         use_dataset_target: bool = True,
         selection: str = "target_first",
-        seed: int = 0,
-        truncate: str = "cut",
+        seed: Optional[int] = None,
+        truncate: Optional[str] = None,
     ):
-        if truncate not in ("cut", "drop"):
-            raise ValueError(f"data.truncate_off_policy must be cut or drop, got {truncate!r}")
+        files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
+        missing = [k for k, v in (("prompt_id_key", prompt_id_key), ("max_trace_length", max_trace_length),
+                                  ("seed", seed), ("truncate", truncate)) if v is None]
+        if files and missing:
+            raise TypeError(f"OffPolicyPool with extra_trace_files needs {', '.join(missing)} (the run's keys; "
+                            "OffPolicyPool.from_sections takes them from the config)")
         self.truncate = truncate
         self.long_trace_count = 0
         if selection not in self.SELECTIONS:
             raise ValueError(f"unknown pool selection {selection!r}; valid: {', '.join(self.SELECTIONS)}")
-        files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
         if files and known_prompt_ids is None:
             raise ValueError("OffPolicyPool: extra_trace_files need known_prompt_ids (the training rows' extra_info.index)")
         self.tokenizer = tokenizer

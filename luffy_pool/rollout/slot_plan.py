@@ -18,7 +18,7 @@ import torch
 
 from luffy_pool.rollout.off_policy_pool import strip_right_padding
 from verl.utils.torch_functional import compute_position_id_with_mask, get_eos_mask
-from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
+from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec, sampling_from_config
 
 SLOT_ON = "on"  # plain generation from the prompt
 SLOT_PARTIAL = "partial"  # engine continues prompt ++ prefix; the prefix is part of the response
@@ -266,33 +266,22 @@ def assemble_responses(
 class MixRolloutPlanner:
     """Runs slot plans on a ``BaseRollout`` engine: one engine call per rollout, only for needed slots.
 
-    Training: ``n`` slots per prompt, ratios from the driver, ``sampling`` (LUFFY: temperature 1.0,
-    top_p 1, top_k −1). Validation: ``n_val`` on-policy slots per prompt sampled at
-    ``val_temperature`` (LUFFY's "greedy" validation really samples at 0.6, docs/METHOD.md §1.2).
+    Training: ``n`` slots per prompt, ratios from the driver, sampled as the rollout section says (LUFFY:
+    temperature 1.0, top_p 1, top_k −1; ``do_sample=False``: greedy). Validation: ``n_val`` on-policy slots
+    per prompt sampled at ``val_temperature`` (LUFFY's "greedy" validation really samples at 0.6,
+    docs/METHOD.md §1.2). Every value comes from ``rollout``, the typed ``actor_rollout_ref.rollout`` section
+    (``RolloutSection``; the config checker has checked it); the planner has no defaults of its own.
     """
 
-    def __init__(
-        self,
-        engine: BaseRollout,
-        *,
-        n: int,
-        response_length: int,
-        pad_token_id: int,
-        eos_token_id: int,
-        sampling: Optional[SamplingSpec] = None,
-        n_val: int = 1,
-        val_temperature: float = 0.6,
-    ):
-        if n < 1 or n_val < 1:
-            raise ValueError(f"rollout.n and rollout.n_val must be >= 1, got n={n}, n_val={n_val}")
+    def __init__(self, engine: BaseRollout, rollout, *, pad_token_id: int, eos_token_id: int):
         self.engine = engine
-        self.n = n
-        self.n_val = n_val
-        self.response_length = response_length
+        self.n = rollout.n
+        self.n_val = rollout.n_val
+        self.response_length = rollout.response_length
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
-        self.sampling = sampling or SamplingSpec()
-        self.val_temperature = val_temperature
+        # ``sampling.seed`` is set per step by the worker (a resumed run samples what an uninterrupted one would).
+        self.sampling, self.val_temperature = sampling_from_config(rollout)
 
     def run(self, plan: SlotPlan, sampling: SamplingSpec) -> RolloutBatch:
         """Send the plan's engine requests (if any) in one call and assemble all slots."""

@@ -8,15 +8,16 @@ once here (``ConfigSections.from_config``) and handed to every helper; the compo
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from typing import Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from luffy_pool.config.sections import ConfigSections
 from verl.utils.cpu_bind import ENV_VAR as CPU_BIND_ENV
-from verl.utils.cpu_bind import MODES as CPU_BIND_MODES
 from verl.utils.import_utils import import_external_libs
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,6 @@ def resolve_driver_device(sections: ConfigSections) -> str:
 def bundle_uses_gpu(sections: ConfigSections, device: str) -> bool:
     """``trainer.bundle_resources``: whether each rank's placement bundle reserves one Ray GPU."""
     mode = sections.trainer.bundle_resources
-    if mode not in ("auto", "gpu", "cpu"):
-        raise ValueError(f"trainer.bundle_resources must be auto, gpu or cpu, got {mode!r}")
     if mode == "cpu" and device == "cuda":
         raise ValueError("trainer.bundle_resources=cpu with trainer.device=cuda: a CUDA rank needs a GPU bundle")
     return device == "cuda" if mode == "auto" else mode == "gpu"
@@ -64,8 +63,6 @@ def resolve_cpu_bind(sections: ConfigSections, device: str) -> str:
     """``trainer.cpu_bind`` for the workers: ``auto`` binds CPU ranks to their own cores, except with
     vLLM rollout, whose CPU backend binds its threads itself (VLLM_CPU_OMP_THREADS_BIND)."""
     mode = sections.trainer.cpu_bind
-    if mode not in CPU_BIND_MODES:
-        raise ValueError(f"trainer.cpu_bind must be one of {CPU_BIND_MODES}, got {mode!r}")
     rollout = sections.workers.rollout.name
     return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" else "none"
 
@@ -138,12 +135,8 @@ def build_off_policy_pool(sections: ConfigSections, tokenizer, train_dataset):
     files = list(d.off_policy_files or [])
     if not files:
         return None
-    return OffPolicyPool(files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
-                         prompt_id_key=d.off_policy_id_key,
-                         max_trace_length=sections.workers.rollout.max_prefix_len,
-                         strip_think_prefix=train_dataset.generation_prompt_opens_think,
-                         seed=int(sections.trainer.seed),
-                         truncate=d.truncate_off_policy)
+    return OffPolicyPool.from_sections(sections, files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
+                                       strip_think_prefix=train_dataset.generation_prompt_opens_think)
 
 
 def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_policy_pool) -> None:
@@ -162,9 +155,21 @@ def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_po
                      "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False")
 
 
+def policy_loss_knobs(config, sections: ConfigSections) -> Optional[dict]:
+    """The selected policy loss's own knobs, for the workers: the values of the dataclass a registered loss declares
+    (``register_policy_loss(name, config=...)``), built once here from the actor group, where a knob may be a ``+``
+    key the sections do not declare; None for a loss that reads the actor's loss section."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_config, policy_loss_config, resolve_policy_loss
+
+    name = resolve_policy_loss(sections.actor.loss)
+    if get_policy_loss_config(name) is None:
+        return None
+    return dataclasses.asdict(policy_loss_config(name, config.actor_rollout_ref.actor, sections.actor.loss))
+
+
 def build_worker_group(config, sections: ConfigSections, device: str, total_training_steps: int):
-    """The FSDP worker group on its resource pool; each worker gets the ``actor_rollout_ref`` group and the
-    run's step count (the lr schedule's length), computed once by ``build_trainer``."""
+    """The FSDP worker group on its resource pool; each worker gets the typed ``actor_rollout_ref`` sections built
+    once by ``build_trainer``, the run's step count (the lr schedule's length) and the loss's own knobs."""
     from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
@@ -174,8 +179,9 @@ def build_worker_group(config, sections: ConfigSections, device: str, total_trai
     pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes),
                            use_gpu=bundle_uses_gpu(sections, device), max_colocate_count=1, name_prefix="luffy_pool")
     role = "actor_rollout_ref" if sections.workers.ref.use_ref else "actor_rollout"
-    cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), config=config.actor_rollout_ref, role=role, device=device,
-                               total_training_steps=int(total_training_steps))
+    cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), sections=sections.workers, role=role, device=device,
+                               total_training_steps=int(total_training_steps),
+                               policy_loss_knobs=policy_loss_knobs(config, sections))
     cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device)}}})
     print(f"[luffy_pool] {engine_layout(sections)}; device {device}", flush=True)  # the run's shape, on the console
     wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")

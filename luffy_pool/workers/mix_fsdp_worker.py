@@ -18,7 +18,6 @@ from luffy_pool.rollout.slot_plan import MixRolloutPlanner
 from verl.protocol import DataProto, PerPart
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.rollout.base import sampling_from_config
 from verl.workers.rollout.tp_group import TPGeneration
 
 
@@ -30,12 +29,8 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
     def init_model(self):
         super().init_model()
         if self._is_rollout:
-            rcfg = self.sections.rollout
-            sampling, val_temperature = sampling_from_config(rcfg)  # do_sample=False: greedy
-            self.planner = MixRolloutPlanner(
-                self.rollout, n=rcfg.n, response_length=rcfg.response_length,
-                pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-                sampling=sampling, n_val=rcfg.n_val, val_temperature=val_temperature)
+            self.planner = MixRolloutPlanner(self.rollout, self.sections.rollout, pad_token_id=self.tokenizer.pad_token_id,
+                                             eos_token_id=self.tokenizer.eos_token_id)
             # Ranks of one vLLM TP group generate the same prompts with the same seed (docs/DESIGN.md §2 item 2).
             self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size,
                                                      timeout_s=self.sections.nccl_timeout)

@@ -11,7 +11,7 @@ import torch
 
 from data import prepare_off_policy
 from eval_scripts import generate_vllm
-from luffy_pool.rollout.off_policy_pool import OffPolicyPool
+from tests.helpers.sections import pool_of
 from verl.utils.data_format import DataFormatError, run_cli
 
 EOS = 2
@@ -45,7 +45,7 @@ def test_correct_samples_become_pool_rows_with_the_eos_log_prob_last(tmp_path):
     assert frame["index"].tolist() == [3, 4]
     assert [list(x) for x in frame["token_ids"]] == [[5, 6], [8, 9]]
     assert [list(x) for x in frame["logprobs"]] == [[-0.1, -0.2, -0.3], [-0.6, -0.7]]
-    pool = OffPolicyPool(out, known_prompt_ids=[3, 4], pad_token_id=0)
+    pool = pool_of(out, known_prompt_ids=[3, 4], pad_token_id=0)
     (trace,) = pool.extra_traces_for(3)
     assert trace.token_ids == [5, 6] and trace.logprobs == [-0.1, -0.2, -0.3]
 
@@ -97,7 +97,7 @@ def test_hf_generation_log_probs_are_the_sampling_distribution_and_reach_the_poo
     stats = prepare_off_policy.convert(out, traces, keep="all")
     assert stats["written"] >= 1 and stats["prompts"] <= 3
     ids = pd.read_parquet(train)["extra_info"].map(lambda e: e["index"]).tolist()
-    pool = OffPolicyPool(traces, known_prompt_ids=ids, pad_token_id=tok.pad_token_id)
+    pool = pool_of(traces, known_prompt_ids=ids, pad_token_id=tok.pad_token_id)
     assert pool.num_extra_traces == stats["written"] and pool.unmatched_trace_count == 0
     first = samples[0]
     (rec,) = [r for r in pool.extra_traces_for(first["index"]) if r.source.endswith(":0")]

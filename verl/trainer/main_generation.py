@@ -165,12 +165,14 @@ class HFGenerator:
         import torch
         from transformers import AutoTokenizer
 
+        from luffy_pool.config.compose import rollout_section
         from verl.workers.rollout.hf_rollout import HFRollout
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.engine = HFRollout(model_path, config={"dtype": dtype, "hf_micro_batch_size": batch_size},
-                                device=self.device)
+        # The trainer's rollout section (its YAML defaults) with this generator's dtype and batch.
+        self.section = rollout_section(dtype=dtype, hf_micro_batch_size=batch_size)
+        self.engine = HFRollout(model_path, self.section, device=self.device)
         self.model = self.engine.model
         self.seed, self.batch_size = seed, batch_size
         self.eos_ids = set(self.engine.eos_ids)
@@ -180,6 +182,7 @@ class HFGenerator:
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingArgs) -> list[list[Completion]]:
         from verl.workers.rollout.base import SamplingSpec
+        from verl.workers.rollout.config import engine_config
 
         n = sampling.n
         rows = [ids for ids in prompt_ids for _ in range(n)]
@@ -189,7 +192,7 @@ class HFGenerator:
                             top_k=int(sampling.top_k) if sampling.top_k > 0 else -1, seed=self.seed,
                             return_logprobs=bool(sampling.logprobs))
         # ``batch_size`` counts prompts; the engine's micro-batch counts rows (a prompt's n samples share a prefill).
-        self.engine.config = dataclasses.replace(self.engine.config, hf_micro_batch_size=max(1, self.batch_size * n))
+        self.engine.config = engine_config(dataclasses.replace(self.section, hf_micro_batch_size=max(1, self.batch_size * n)))
         out = self.engine.generate_token_ids(rows, caps, spec)
         lps = out.logprobs
         return [[self._completion(out.token_ids[r], lps[r] if lps is not None else None) for r in range(i * n, (i + 1) * n)]

@@ -16,7 +16,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
@@ -50,23 +49,32 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# The actor keys verl/utils/batch_sizes.py turns into rows per rank.
+BATCH_SIZE_KEYS = ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
+
+
 class ActorRolloutRefWorker(CheckpointMixin, Worker):
     """One rank of the hybrid engine. ``role`` is actor / rollout / ref / actor_rollout / actor_rollout_ref."""
 
     actor_cls = DataParallelPPOActor
     sections_cls = WorkerSections  # the typed view of actor_rollout_ref (a method's worker extends it with its keys)
 
-    def __init__(self, config: DictConfig, role: str, device: str = "auto", total_training_steps: Optional[int] = None):
+    def __init__(self, sections: WorkerSections, role: str, device: str,
+                 total_training_steps: Optional[int] = None, policy_loss_knobs: Optional[dict] = None):
+        """``sections``: the typed ``actor_rollout_ref`` group, built once by the launcher
+        (``ConfigSections.from_config``; a worker on its own: ``WorkerSections.from_config`` of a composed config).
+        ``total_training_steps``: the run's step count, the lr schedule's length (an actor role needs it).
+        ``policy_loss_knobs``: the values of the selected loss's own knob dataclass, when it registered one."""
         super().__init__()
         from verl.utils.logging_setup import setup_logging
 
         setup_logging()  # third-party noise off in this worker's console output
-        self.config = config
-        # Typed view of every key this worker reads, built once (verl/workers/config_sections.py).
-        self.sections = self.sections_cls.from_config(config)
-        # The run's step count (the lr schedule's length), computed once by the launcher; a standalone worker
-        # takes actor.optim.total_training_steps.
+        if not isinstance(sections, self.sections_cls):
+            raise TypeError(f"{type(self).__name__} takes the typed actor_rollout_ref sections "
+                            f"({self.sections_cls.__name__}), got {type(sections).__name__}")
+        self.sections = sections
         self.total_training_steps = total_training_steps
+        self.policy_loss_knobs = policy_loss_knobs
         self.role = role
         # Chosen here from what Ray made visible to this process (verl/utils/device.py), not on the driver.
         self.device_plan = configure_worker_device(device)
@@ -83,7 +91,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         # Rows per rank (docs/METHOD.md §1.9), in their own fields: the config keys keep counting prompts. The
         # rollout's log-prob size serves the reference pass too (LUFFY's worker copies it there).
         s = self.sections
-        self.batch_sizes = rank_batch_sizes(config.actor, s.rollout.n, self.world_size,
+        batch_keys = {k: getattr(s.actor, k) for k in BATCH_SIZE_KEYS}
+        self.batch_sizes = rank_batch_sizes(batch_keys, s.rollout.n, self.world_size,
                                             s.actor.ulysses_sequence_parallel_size,
                                             log_prob_micro_batch_size=s.rollout.log_prob_micro_batch_size)
 
@@ -150,19 +159,19 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         ocfg = self.sections.actor.optim
         optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=tuple(ocfg.betas), weight_decay=ocfg.weight_decay,
                                 step_impl=ocfg.step_impl)
-        total = int(self.total_training_steps if self.total_training_steps is not None else ocfg.total_training_steps)
+        if self.total_training_steps is None:
+            raise ValueError("the actor's lr schedule needs the run's total_training_steps (the launcher passes it to "
+                             "each worker; a worker built on its own passes it too)")
+        total = int(self.total_training_steps)
         warmup = int(ocfg.lr_warmup_steps_ratio * max(total, 0))
         zero_first = bool(ocfg.zero_lr_first_step)
-        style = ocfg.warmup_style
-        if style == "constant":
-            scheduler = get_constant_schedule_with_warmup(optimizer, warmup, zero_lr_first_step=zero_first)
-        elif style == "cosine":
+        if ocfg.warmup_style == "cosine":  # else constant (the declaration allows those two)
             if total <= 0:
-                raise ValueError("actor.optim.warmup_style=cosine needs actor.optim.total_training_steps > 0")
+                raise ValueError(f"actor.optim.warmup_style=cosine needs a run of > 0 training steps, got {total}")
             scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.min_lr_ratio or 0.0,
-                                                        zero_lr_first_step=zero_first)
+                                                        zero_lr_first_step=zero_first)  # YAML: null = 0.0
         else:
-            raise ValueError(f"actor.optim.warmup_style must be constant or cosine, got {style!r}")
+            scheduler = get_constant_schedule_with_warmup(optimizer, warmup, zero_lr_first_step=zero_first)
         return optimizer, scheduler
 
     def _build_rollout(self):
@@ -170,17 +179,14 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.workers.sharding_manager import FSDPShardingManager
 
         rcfg = self.sections.rollout  # the engine's config is built from the section (verl/workers/rollout/config.py)
-        name = self.sections.rollout.name
-        if name == "hf":
+        if rcfg.name == "hf":  # else vllm (the declaration allows those two)
             from verl.workers.rollout.hf_rollout import HFRollout
 
             rollout = HFRollout(self.sections.model.path, rcfg, device=self.device)
-        elif name == "vllm":
+        else:
             from verl.workers.rollout.vllm_rollout import VLLMRollout
 
             rollout = VLLMRollout(self.sections.model.path, rcfg, device=self.device)
-        else:
-            raise ValueError(f"actor_rollout_ref.rollout.name must be 'vllm' or 'hf', got {name!r}")
         tp = self.rollout_tp_size
         sync = self.sections.rollout
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
@@ -239,7 +245,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
                 self.actor_optimizer, compute, enabled=bool(s.actor.fsdp_config.optimizer_offload))
             from verl.utils.grad_norm import grad_norm_device
 
-            self.actor = self.actor_cls(self.config.actor, self.actor_module, self.actor_optimizer,
+            # The actor reads its keys from the section; from ``config`` only a registered loss's own knobs.
+            self.actor = self.actor_cls(self.policy_loss_knobs, self.actor_module, self.actor_optimizer,
                                         use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
                                         logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
                                         dp_group=self.dp_group, batch_sizes=self.batch_sizes, section=s.actor,
@@ -249,7 +256,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(s.ref.fsdp_config, trainable=False)
-            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module, None, use_remove_padding=use_rmpad,
+            self.ref_policy = DataParallelPPOActor(None, self.ref_module, None, use_remove_padding=use_rmpad,
                                                    shared_prompt_forward=share, device=self.device,
                                                    logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
                                                    dp_group=self.dp_group)

@@ -91,7 +91,10 @@ def test_a_registered_loss_with_its_own_knob_trains_two_steps_end_to_end(tiny_mo
 
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2)
     config = compose_config(overrides + [f"{A}.use_off_policy_loss=False", f"{A}.policy_loss={LOSS}",
-                                         f"+{A}.i26_pg_scale=0.5", f"actor_rollout_ref.model.external_lib={__name__}"])
+                                         f"+{A}.i26_pg_scale=0.5", f"actor_rollout_ref.model.external_lib={__name__}",
+                                         # one entry per micro-batch for both losses (the token-weighted step
+                                         # logs pg_loss as the optimizer's sum), so the factor holds entry by entry
+                                         f"{A}.metric_aggregation=micro_batch_mean"])
     trainer, close = build_trainer(config)
     try:
         trainer.fit()

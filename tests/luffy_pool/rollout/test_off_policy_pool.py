@@ -17,14 +17,23 @@ from luffy_pool.rollout.off_policy_pool import (
     strip_right_padding,
 )
 
+from tests.helpers.sections import pool_of
+
 PAD = 0
+
+
+def sampler_of(seed: int = 0, **values):
+    """The sampler of the YAML's rollout section with ``values`` set (every other key at its YAML default)."""
+    from luffy_pool.config.compose import rollout_section
+
+    return PrefixRatioSampler(rollout_section(**values), seed)
 
 
 # ----------------------------------------------------------------------------------------------------
 # PrefixRatioSampler
 # ----------------------------------------------------------------------------------------------------
 def test_luffy_default_gives_one_full_trace_slot_per_prompt():
-    sampler = PrefixRatioSampler(n=8, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0)
+    sampler = sampler_of(n=8, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0)
     ratios = sampler.draw(batch_size=3, global_step=1)
     assert ratios.shape == (3, 8)
     assert ratios.tolist() == [[1.0] + [0.0] * 7] * 3
@@ -32,7 +41,7 @@ def test_luffy_default_gives_one_full_trace_slot_per_prompt():
 
 
 def test_random_all_slots_are_iid_uniform_from_the_seeded_generator():
-    sampler = PrefixRatioSampler(n=4, n_prefix=-1, min_prefix_ratio=0.2, max_prefix_ratio=0.6, seed=5)
+    sampler = sampler_of(n=4, n_prefix=-1, min_prefix_ratio=0.2, max_prefix_ratio=0.6, seed=5)
     ratios = sampler.draw(batch_size=2, global_step=7)
     expected = np.random.default_rng(5).uniform(0.2, 0.6, size=(2, 4))
     np.testing.assert_array_equal(ratios, expected)
@@ -40,23 +49,23 @@ def test_random_all_slots_are_iid_uniform_from_the_seeded_generator():
 
 
 def test_random_first_k_slots_then_zeros():
-    sampler = PrefixRatioSampler(n=5, n_prefix=2, min_prefix_ratio=0.1, max_prefix_ratio=0.9, seed=3)
+    sampler = sampler_of(n=5, n_prefix=2, min_prefix_ratio=0.1, max_prefix_ratio=0.9, seed=3)
     ratios = sampler.draw(batch_size=4, global_step=1)
     np.testing.assert_array_equal(ratios[:, :2], np.random.default_rng(3).uniform(0.1, 0.9, size=(4, 2)))
     assert (ratios[:, 2:] == 0.0).all()
 
 
 def test_n_prefix_zero_without_sharing_gives_no_prefix():
-    sampler = PrefixRatioSampler(n=4, n_prefix=0)
+    sampler = sampler_of(n=4, n_prefix=0)
     assert (sampler.draw(3, 1) == 0.0).all()
 
 
 def test_fixed_is_evenly_spaced_with_n_prefix_minus_one_denominator():
-    all_slots = PrefixRatioSampler(n=5, n_prefix=-1, min_prefix_ratio=0.0, max_prefix_ratio=1.0, prefix_strategy="fixed")
+    all_slots = sampler_of(n=5, n_prefix=-1, min_prefix_ratio=0.0, max_prefix_ratio=1.0, prefix_strategy="fixed")
     assert all_slots.draw(2, 1).tolist() == [[0.0, 0.25, 0.5, 0.75, 1.0]] * 2
-    three = PrefixRatioSampler(n=6, n_prefix=3, min_prefix_ratio=0.2, max_prefix_ratio=0.8, prefix_strategy="fixed")
+    three = sampler_of(n=6, n_prefix=3, min_prefix_ratio=0.2, max_prefix_ratio=0.8, prefix_strategy="fixed")
     np.testing.assert_allclose(three.draw(1, 1), [[0.2, 0.5, 0.8, 0.0, 0.0, 0.0]])
-    one = PrefixRatioSampler(n=3, n_prefix=1, min_prefix_ratio=0.4, max_prefix_ratio=0.9, prefix_strategy="fixed")
+    one = sampler_of(n=3, n_prefix=1, min_prefix_ratio=0.4, max_prefix_ratio=0.9, prefix_strategy="fixed")
     assert one.draw(1, 1).tolist() == [[0.4, 0.0, 0.0]]  # LUFFY divides by zero here
 
 
@@ -65,7 +74,7 @@ def test_fixed_is_evenly_spaced_with_n_prefix_minus_one_denominator():
     [(1, 0.8), (26, 0.8 * 0.75), (51, 0.4), (101, 0.0), (500, 0.0)],
 )
 def test_linear_shared_schedule_decays_to_zero_at_prefix_steps(global_step, expected):
-    sampler = PrefixRatioSampler(
+    sampler = sampler_of(
         n=4, n_prefix=2, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=100, prefix_linear_max_ratio=0.8
     )
     ratios = sampler.draw(batch_size=2, global_step=global_step)
@@ -74,12 +83,12 @@ def test_linear_shared_schedule_decays_to_zero_at_prefix_steps(global_step, expe
 
 @pytest.mark.parametrize("n_prefix", [0, -1])
 def test_shared_ratio_goes_to_all_slots_when_n_prefix_not_positive(n_prefix):
-    sampler = PrefixRatioSampler(n=3, n_prefix=n_prefix, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=10)
+    sampler = sampler_of(n=3, n_prefix=n_prefix, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=10)
     np.testing.assert_allclose(sampler.draw(1, 6), [[0.4, 0.4, 0.4]])  # 0.8 * (1 - 5/10)
 
 
 def test_shared_random_draws_one_ratio_per_prompt():
-    sampler = PrefixRatioSampler(n=4, n_prefix=3, min_prefix_ratio=0.3, max_prefix_ratio=0.7, prefix_share_across_samples=True, seed=9)
+    sampler = sampler_of(n=4, n_prefix=3, min_prefix_ratio=0.3, max_prefix_ratio=0.7, prefix_share_across_samples=True, seed=9)
     ratios = sampler.draw(batch_size=3, global_step=1)
     per_prompt = np.random.default_rng(9).uniform(0.3, 0.7, size=3)
     np.testing.assert_array_equal(ratios[:, :3], np.repeat(per_prompt[:, None], 3, axis=1))
@@ -91,7 +100,7 @@ def test_shared_random_draws_one_ratio_per_prompt():
     [(0, 0), (10, 0), (10.5, 1), (11, 1), (20, 1), (55, 5), (91, 9), (100, 9), (101, 9), (5000, 9)],
 )
 def test_window_index_boundaries_belong_to_the_earlier_window(step, window):
-    sampler = PrefixRatioSampler(n=2, prefix_strategy="linear_max", prefix_steps=100)
+    sampler = sampler_of(n=2, prefix_strategy="linear_max", prefix_steps=100)
     assert sampler.window_index(step) == window
 
 
@@ -108,24 +117,24 @@ def test_window_index_boundaries_belong_to_the_earlier_window(step, window):
     ],
 )
 def test_window_strategies_draw_uniform_below_the_window_bound(strategy, global_step, hi):
-    sampler = PrefixRatioSampler(n=4, n_prefix=-1, prefix_strategy=strategy, prefix_steps=100, prefix_linear_max_ratio=0.8, seed=2)
+    sampler = sampler_of(n=4, n_prefix=-1, prefix_strategy=strategy, prefix_steps=100, prefix_linear_max_ratio=0.8, seed=2)
     assert sampler.window_upper_bound(global_step - 1) == pytest.approx(hi)
     ratios = sampler.draw(batch_size=5, global_step=global_step)
     np.testing.assert_allclose(ratios, np.random.default_rng(2).uniform(0.0, hi, size=(5, 4)))
 
 
 def test_window_strategy_with_n_prefix_fills_first_slots_only():
-    sampler = PrefixRatioSampler(n=4, n_prefix=1, prefix_strategy="reverse_linear", prefix_steps=10, seed=1)
+    sampler = sampler_of(n=4, n_prefix=1, prefix_strategy="reverse_linear", prefix_steps=10, seed=1)
     ratios = sampler.draw(batch_size=3, global_step=2)  # step 1 -> window 0 -> U(0, 0.08)
     assert ((ratios[:, 0] >= 0) & (ratios[:, 0] <= 0.08)).all() and (ratios[:, 1:] == 0).all()
 
 
 def test_state_dict_resume_reproduces_the_next_draws():
-    sampler = PrefixRatioSampler(n=3, seed=11)
+    sampler = sampler_of(n=3, seed=11)
     sampler.draw(2, 1)
     state = sampler.state_dict()
     expected = [sampler.draw(2, 2), sampler.draw(2, 3)]
-    resumed = PrefixRatioSampler(n=3, seed=999)
+    resumed = sampler_of(n=3, seed=999)
     resumed.load_state_dict(state)
     for step, want in zip((2, 3), expected):
         np.testing.assert_array_equal(resumed.draw(2, step), want)
@@ -143,9 +152,30 @@ def test_from_rollout_config_reads_luffy_keys(compose_config):
     assert (sampler.min_prefix_ratio, sampler.max_prefix_ratio, sampler.seed) == (1.0, 1.0, 4)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["min_prefix_ratio=0.8", "max_prefix_ratio=0.2"], "min_prefix_ratio'=0.8 exceeds"),
+        (["prefix_strategy=cosine"], "random, fixed, linear, linear_max, reverse_linear"),
+        (["n_prefix=9"], "n_prefix'=9 must be -1 (all slots) or in [0, rollout.n=8]"),
+        (["n_prefix=-2"], "n_prefix'=-2 must be -1"),
+        (["prefix_strategy=linear"], "prefix_share_across_samples'=True"),
+        (["prefix_steps=0"], "prefix_steps'=0"),
+        (["max_prefix_ratio=1.5"], "max_prefix_ratio'=1.5"),
+    ],
+)
+def test_invalid_prefix_config_is_refused_by_the_checker_with_the_key_named(compose_config, overrides, message):
+    """The sampler holds no rules of its own: the config checker refuses these before any worker starts."""
+    from luffy_pool.config.check import validate_config
+
+    base = ["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", "actor_rollout_ref.rollout.n=8"]
+    errors = validate_config(compose_config(base + [f"actor_rollout_ref.rollout.{o}" for o in overrides]))
+    assert len(errors) == 1 and message in errors[0], errors
+
+
 def test_draw_rejects_step_zero():
     with pytest.raises(ValueError, match="from 1"):
-        PrefixRatioSampler(n=2).draw(1, 0)
+        sampler_of(n=2).draw(1, 0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -187,7 +217,7 @@ def extra_file(tmp_path):
 
 def test_pool_loads_traces_and_counts_unmatched_prompt_ids(extra_file, caplog):
     with caplog.at_level(logging.WARNING, logger="luffy_pool.rollout.off_policy_pool"):
-        pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 1, 7])
+        pool = pool_of(extra_file, known_prompt_ids=[0, 1, 7])
     assert pool.num_extra_traces == 3
     assert pool.unmatched_trace_count == 1 and pool.unmatched_prompt_ids == [99]
     assert "1 extra trace(s) match no training prompt" in caplog.text
@@ -199,26 +229,26 @@ def test_pool_loads_traces_and_counts_unmatched_prompt_ids(extra_file, caplog):
 def test_pool_missing_column_names_file_and_column(tmp_path):
     path = _write(tmp_path, "bad.parquet", [{"index": 0, "text": "x"}])
     with pytest.raises(ValueError, match=r"bad\.parquet: missing column 'trace'"):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_logprob_length_mismatch_names_row_and_column(tmp_path):
     path = _write(tmp_path, "lp.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2], "logprobs": [-0.1, -0.2]},
                                             {"index": 0, "trace": "y", "token_ids": [1, 2], "logprobs": [-0.1, -0.1, -0.1, -0.1]}])
     with pytest.raises(ValueError, match=r"lp\.parquet: row 1: column 'logprobs' has 4 values for 2 trace tokens"):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_rejects_probabilities_in_the_logprobs_column(tmp_path):
     path = _write(tmp_path, "p.parquet", [{"index": 0, "trace": "x", "token_ids": [1], "logprobs": [0.7]}])
     with pytest.raises(ValueError, match="positive values"):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_without_token_ids_needs_a_tokenizer(tmp_path):
     path = _write(tmp_path, "t.parquet", [{"index": 0, "trace": "x"}])
     with pytest.raises(ValueError, match="pass tokenizer="):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_tokenizes_trace_text_and_strips_think(tmp_path, tiny_model_dir):
@@ -226,13 +256,13 @@ def test_pool_tokenizes_trace_text_and_strips_think(tmp_path, tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     path = _write(tmp_path, "t.parquet", [{"index": 3, "trace": "<think>\n1 + 2 = 3.\n</think>\n\\boxed{3}"}])
-    pool = OffPolicyPool(path, known_prompt_ids=[3], tokenizer=tok, strip_think_prefix=True)
+    pool = pool_of(path, known_prompt_ids=[3], tokenizer=tok, strip_think_prefix=True)
     assert pool.extra_traces_for(3)[0].token_ids == tok("1 + 2 = 3.\n</think>\n\\boxed{3}", add_special_tokens=False)["input_ids"]
 
 
 def test_extra_files_require_known_prompt_ids(extra_file):
     with pytest.raises(ValueError, match="known_prompt_ids"):
-        OffPolicyPool(extra_file)
+        pool_of(extra_file)
 
 
 def test_slot_traces_without_extras_spreads_the_dataset_target_over_the_slots():
@@ -269,7 +299,7 @@ def test_slot_traces_same_shape_and_values_with_or_without_extra_files(extra_fil
     lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")], [-0.1, -0.2, float("nan"), float("nan")]])  # float32, as the dataset's
     ratios = np.array([[1.0, 0.5, 0.0], [0.2, 0.0, 1.0]])
     plain = OffPolicyPool().slot_traces([5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)
-    pooled = OffPolicyPool(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
+    pooled = pool_of(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
         [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)  # extras are for prompt 0 only
     assert plain.tgt_input_ids.shape == pooled.tgt_input_ids.shape == (2, 3, 3)
     assert plain.behaviour_log_probs.shape == pooled.behaviour_log_probs.shape == (2, 3, 4)
@@ -285,7 +315,7 @@ def test_slot_traces_reject_targets_that_are_not_b_by_t():
 
 
 def test_slot_traces_target_first_then_extras_round_robin(extra_file):
-    pool = OffPolicyPool(extra_file, known_prompt_ids=[0, 7], seed=1)
+    pool = pool_of(extra_file, known_prompt_ids=[0, 7], seed=1)
     tgt = torch.tensor([[11, 12, PAD, PAD], [13, PAD, PAD, PAD]])
     target_lp = torch.full((2, 5), float("nan"))
     target_lp[0, :3] = torch.tensor([-0.5, -0.6, -0.7])
@@ -316,7 +346,7 @@ def test_slot_traces_target_first_then_extras_round_robin(extra_file):
 
 
 def test_slot_traces_are_reproducible_per_step(extra_file):
-    pool = OffPolicyPool(extra_file, known_prompt_ids=[0], selection="shuffle", seed=3)
+    pool = pool_of(extra_file, known_prompt_ids=[0], selection="shuffle", seed=3)
     tgt = torch.tensor([[11, PAD, PAD]])
     ratios = np.ones((1, 3))
     first = pool.slot_traces([0], tgt, ratios, global_step=2, pad_token_id=PAD)
@@ -329,7 +359,7 @@ def test_slot_traces_are_reproducible_per_step(extra_file):
 
 def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tmp_path):
     path = _write(tmp_path, "long.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0, -5.0]}])
-    pool = OffPolicyPool(path, known_prompt_ids=[0], use_dataset_target=False)
+    pool = pool_of(path, known_prompt_ids=[0], use_dataset_target=False)
     out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), global_step=1, pad_token_id=PAD)
     assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
     assert out.behaviour_log_probs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.behaviour_log_probs[0, 0, 3].item())
@@ -344,7 +374,7 @@ def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tm
 def test_pool_refuses_bad_values_naming_row_and_column(tmp_path, row, message):
     path = _write(tmp_path, "bad.parquet", [{"index": 0, "trace": "x", **row}])
     with pytest.raises(ValueError, match=r"bad\.parquet: row 0: " + message):
-        OffPolicyPool(path, known_prompt_ids=[0])
+        pool_of(path, known_prompt_ids=[0])
 
 
 def test_pool_refuses_token_ids_beyond_the_vocabulary(tmp_path, tiny_model_dir):
@@ -354,4 +384,4 @@ def test_pool_refuses_token_ids_beyond_the_vocabulary(tmp_path, tiny_model_dir):
     path = _write(tmp_path, "oov.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 99999]}])
     with pytest.raises(ValueError, match=rf"oov\.parquet: row 0: column 'token_ids': token id 99999 at position 1 is "
                                          rf"outside the tokenizer's vocabulary \[0, {len(tok)}\)"):
-        OffPolicyPool(path, known_prompt_ids=[0], tokenizer=tok)
+        pool_of(path, known_prompt_ids=[0], tokenizer=tok)

@@ -16,6 +16,7 @@ from luffy_pool.rollout.slot_plan import (
     assemble_responses,
     build_slot_plan,
 )
+from luffy_pool.config.compose import rollout_section
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
 
 PAD, EOS = 0, 2
@@ -76,7 +77,7 @@ def test_full_trace_slot_is_target_plus_eos_and_skips_engine():
     prompts, mask = _prompt_batch()
     ratios = np.array([[1.0] + [0.0] * 7])
     engine = CountingEngine(reply=[21, 22, EOS])
-    planner = MixRolloutPlanner(engine, n=8, response_length=8, pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(engine, rollout_section(n=8, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
     out = planner.generate(prompts, mask, per_slot(TGT, 8), ratios).tensors
 
     assert out["responses"][0].tolist() == [11, 12, 13, 14, EOS, PAD, PAD, PAD]
@@ -99,7 +100,7 @@ def test_full_trace_slot_is_target_plus_eos_and_skips_engine():
 def test_ratio_zero_everywhere_marks_no_prefix_token():
     prompts, mask = _prompt_batch()
     engine = CountingEngine(reply=[21, EOS])
-    planner = MixRolloutPlanner(engine, n=8, response_length=8, pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(engine, rollout_section(n=8, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
     batch = planner.generate(prompts, mask, per_slot(TGT, 8), np.zeros((1, 8)))
     assert not batch.tensors["prefix_mask"].any()
     assert batch.meta_info["num_engine_requests"] == 8 and batch.meta_info["num_on_policy_slots"] == 8
@@ -131,7 +132,7 @@ def test_full_trace_longer_than_l_is_truncated_without_eos():
     prompts, mask = _prompt_batch()
     tgt = torch.tensor([list(range(40, 50))])
     engine = CountingEngine()
-    planner = MixRolloutPlanner(engine, n=1, response_length=6, pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(engine, rollout_section(n=1, response_length=6, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
     out = planner.generate(prompts, mask, per_slot(tgt, 1), np.array([[1.0]])).tensors
     assert out["responses"][0].tolist() == [40, 41, 42, 43, 44, 45]
     assert out["prefix_mask"][0].all() and out["response_mask"][0].tolist() == [1] * 6
@@ -164,7 +165,7 @@ def test_meta_info_counts_slot_kinds_and_engine_tokens():
     tgt = torch.tensor([[11, 12, 13], [14, PAD, PAD]])
     ratios = np.array([[1.0, 0.5, 0.0], [1.0, 0.0, 0.0]])
     engine = CountingEngine(reply=[21, EOS])
-    planner = MixRolloutPlanner(engine, n=3, response_length=8, pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(engine, rollout_section(n=3, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
     batch = planner.generate(prompts, mask, per_slot(tgt, 3), ratios)
     assert batch.meta_info == {
         "prefix_ratios": [1.0, 0.5, 0.0, 1.0, 0.0, 0.0],
@@ -223,8 +224,8 @@ def test_validation_repeats_n_val_without_prefix_at_val_temperature():
     prompts, mask = _prompt_batch()
     engine = CountingEngine(reply=[21, EOS])
     planner = MixRolloutPlanner(
-        engine, n=8, response_length=4, pad_token_id=PAD, eos_token_id=EOS,
-        sampling=SamplingSpec(temperature=1.0, top_p=0.9, top_k=5), n_val=2, val_temperature=0.6,
+        engine, rollout_section(n=8, response_length=4, temperature=1.0, top_p=0.9, top_k=5, n_val=2, val_temperature=0.6),
+        pad_token_id=PAD, eos_token_id=EOS,
     )
     batch = planner.generate_validation(prompts, mask)
     requests, max_tokens, sampling = engine.calls[0]
@@ -266,7 +267,7 @@ def test_training_rollout_rejects_per_prompt_targets_with_the_expected_shape():
     """One shape from the pool to the rollout: [B, T] targets must go through OffPolicyPool.slot_traces first."""
     prompts, mask = _prompt_batch()
     engine = CountingEngine()
-    planner = MixRolloutPlanner(engine, n=4, response_length=4, pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(engine, rollout_section(n=4, response_length=4, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
     with pytest.raises(ValueError) as err:
         planner.generate(prompts, mask, TGT, np.array([[1.0, 0.0, 0.0, 0.0]]))
     assert str(err.value) == "tgt_input_ids must be per-slot traces [B=1, n=4, T] (OffPolicyPool.slot_traces), got (1, 6)"
@@ -275,7 +276,7 @@ def test_training_rollout_rejects_per_prompt_targets_with_the_expected_shape():
 
 def test_training_rollout_requires_driver_ratios():
     prompts, mask = _prompt_batch()
-    planner = MixRolloutPlanner(CountingEngine(), n=2, response_length=4, pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(CountingEngine(), rollout_section(n=2, response_length=4, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
     with pytest.raises(ValueError, match="drawn on the driver"):
         planner.generate(prompts, mask, TGT, None)
 
@@ -323,7 +324,7 @@ def test_plan_matches_luffy_after_masking(pad, eos):
     ratios = np.array([[1.0, 0.5, 0.0, 0.9], [1.0, 0.3, 0.0, 0.0], [1.0, 0.0, 0.95, 0.2], [0.7, 1.0, 0.0, 0.0]])
 
     engine = CountingEngine(eos=eos)
-    planner = MixRolloutPlanner(engine, n=n, response_length=length, pad_token_id=pad, eos_token_id=eos)
+    planner = MixRolloutPlanner(engine, rollout_section(n=n, response_length=length, n_val=1), pad_token_id=pad, eos_token_id=eos)
     ours = planner.generate(prompts, mask, per_slot(tgt, n), ratios).tensors
     ref_responses, ref_mask, ref_prefix_mask = luffy_reference(prompts, tgt, ratios, pad, eos, length)
 
@@ -354,11 +355,11 @@ def test_dataset_batch_through_sampler_pool_and_planner(tiny_model_dir, tiny_tas
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ds = RLHFDatasetWithTarget(os.path.join(tiny_task_dir, "train.parquet"), tok, max_prompt_length=256, max_target_length=160)
     batch = collate_fn([ds[i] for i in range(2)])
-    sampler = PrefixRatioSampler(n=4, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0, seed=0)
+    sampler = PrefixRatioSampler(rollout_section(n=4, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0), seed=0)
     ratios = sampler.draw(2, global_step=1)
     traces = OffPolicyPool(tokenizer=tok).slot_traces(batch["index"], batch["tgt_input_ids"], ratios, global_step=1)
     engine = CountingEngine(reply=[tok.eos_token_id], eos=tok.eos_token_id)
-    planner = MixRolloutPlanner(engine, n=4, response_length=200, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    planner = MixRolloutPlanner(engine, rollout_section(n=4, response_length=200, n_val=1), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     out = planner.generate(batch["input_ids"], batch["attention_mask"], traces.tgt_input_ids, ratios,
                            prompt_position_ids=batch["position_ids"]).tensors
 

@@ -80,9 +80,10 @@ def test_driver_device_and_cpu_binding(compose_config, tiny_task_dir, tiny_model
     assert launcher.resolve_cpu_bind(S(cfg), "cpu") == "auto" and launcher.resolve_cpu_bind(S(cfg), "cuda") == "none"
     cfg.actor_rollout_ref.rollout.name = "vllm"  # vLLM's CPU backend binds its own threads
     assert launcher.resolve_cpu_bind(S(cfg), "cpu") == "none"
-    cfg.trainer.cpu_bind = "always"
-    with pytest.raises(ValueError, match="trainer.cpu_bind"):
-        launcher.resolve_cpu_bind(S(cfg), "cpu")
+    cfg.trainer.cpu_bind = "always"  # a bad mode is the checker's to refuse, before the launcher runs
+    from luffy_pool.config.check import validate_config
+
+    assert any("trainer.cpu_bind" in e and "'always'" in e for e in validate_config(cfg))
 
 
 def test_release_worker_group_frees_workers_and_placement_groups():
@@ -187,3 +188,44 @@ def test_a_gpu_run_over_its_memory_plan_stops_before_any_worker_loads_the_model(
     _, close = launcher.build_trainer(cfg)
     close()
     assert built == ["cuda"]
+
+
+def test_the_workers_arguments_cross_to_ray_processes(compose_config):
+    """The worker gets the typed sections (frozen dataclasses), the step count and the loss's knob values, not the
+    raw config: all of them survive Ray's serialisation unchanged, and a raw config group is refused."""
+    import cloudpickle
+
+    from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
+    from verl.workers.rollout.config import engine_config
+
+    config = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m"])
+    sections = S(config)
+    workers = cloudpickle.loads(cloudpickle.dumps(sections.workers))
+    assert workers == sections.workers and workers.actor.clip_ratio == config.actor_rollout_ref.actor.clip_ratio
+    engine = engine_config(sections.workers.rollout)
+    assert cloudpickle.loads(cloudpickle.dumps(engine)) == engine
+    assert launcher.policy_loss_knobs(config, sections) is None  # luffy_token reads the actor's loss section
+    with pytest.raises(TypeError, match="takes the typed actor_rollout_ref sections"):
+        MIXActorRolloutRefWorker(config.actor_rollout_ref, role="actor", device="cpu")
+
+
+def test_a_registered_losss_knobs_are_built_once_for_the_workers(compose_config):
+    from dataclasses import dataclass
+
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_CONFIGS, POLICY_LOSS_REGISTRY, register_policy_loss
+
+    @dataclass(frozen=True)
+    class Knobs:
+        clip_ratio: float
+        a2_scale: float = 1.0
+
+    name = "a2_test_knob_loss"
+    register_policy_loss(name, config=Knobs)(lambda inputs, cfg: None)
+    try:
+        A = "actor_rollout_ref.actor"
+        config = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
+                                 f"{A}.policy_loss={name}", f"+{A}.a2_scale=0.25", f"{A}.clip_ratio=0.3"])
+        assert launcher.policy_loss_knobs(config, S(config)) == {"clip_ratio": 0.3, "a2_scale": 0.25}
+    finally:
+        POLICY_LOSS_REGISTRY.pop(name)
+        POLICY_LOSS_CONFIGS.pop(name)

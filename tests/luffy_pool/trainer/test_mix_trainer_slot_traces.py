@@ -59,15 +59,16 @@ class TwoRankGroup:
     def __init__(self, tokenizer):
         from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
         from luffy_pool.rollout.slot_plan import MixRolloutPlanner
-        from luffy_pool.config.compose import compose_config
+        from luffy_pool.config.compose import compose_config, rollout_section
         from verl.workers.config_sections import WorkerSections
         from verl.workers.rollout.tp_group import TPGeneration
 
         worker = MIXActorRolloutRefWorker.__new__(MIXActorRolloutRefWorker)
         worker.sections = WorkerSections.from_config(compose_config([
             "actor_rollout_ref.rollout.seed=0", "actor_rollout_ref.rollout.name=hf"]).actor_rollout_ref)
-        worker.planner = MixRolloutPlanner(ScriptedEngine(tokenizer.eos_token_id), n=N, response_length=RESPONSE, pad_token_id=tokenizer.pad_token_id,
-                                           eos_token_id=tokenizer.eos_token_id, sampling=SamplingSpec())
+        worker.planner = MixRolloutPlanner(ScriptedEngine(tokenizer.eos_token_id),
+                                           rollout_section(n=N, response_length=RESPONSE, n_val=1),
+                                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         worker.sharding_manager = _NoSync()
         worker._is_rollout, worker.role = True, "actor_rollout"
         worker.tp_generation = TPGeneration.create(0, 1, 1)
@@ -164,7 +165,8 @@ def test_with_extra_files_the_workers_get_the_same_shapes(compose_config, tiny_m
     extra = tmp_path / "extra.parquet"
     pd.DataFrame([{"index": i, "trace": "", "token_ids": [40 + i % 5, 41, 42], "logprobs": [-0.25] * 4} for i in ids]) \
         .to_parquet(extra, index=False)
-    pool = OffPolicyPool(str(extra), known_prompt_ids=ids, tokenizer=tokenizer, max_trace_length=MAX_PREFIX)
+    pool = OffPolicyPool(str(extra), known_prompt_ids=ids, tokenizer=tokenizer, max_trace_length=MAX_PREFIX,
+                         prompt_id_key="index", seed=0, truncate="cut")  # the run's keys, as the YAML sets them
     trainer, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs, pool)
     out, metrics, targets, prompt_ids = _rollout(trainer)
     eos = tokenizer.eos_token_id

@@ -58,11 +58,13 @@ def test_worker_keeps_the_prompt_counts_and_carries_rows_per_rank(monkeypatch, s
     for k, v in dict(RANK="0", WORLD_SIZE="4", LOCAL_RANK="0", LOCAL_WORLD_SIZE="4").items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(ActorRolloutRefWorker, "_init_distributed", lambda self: None)
-    cfg = _worker_config(sp)
-    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref", device="cpu")
+    from verl.workers.config_sections import WorkerSections
+
+    sections = WorkerSections.from_config(_worker_config(sp))
+    worker = ActorRolloutRefWorker(sections, role="actor_rollout_ref", device="cpu")
     b = worker.batch_sizes
     assert (b.ppo_mini_rows, b.ppo_micro_rows, b.gradient_accumulation, b.log_prob_micro_rows) == expected
-    assert OmegaConf.to_container(worker.config) == OmegaConf.to_container(_worker_config(sp))  # nothing rewritten
+    assert worker.sections == sections  # nothing rewritten
     assert (worker.sections.actor.ppo_mini_batch_size, worker.sections.rollout.n) == (8, 3)  # still prompts
     for section in (worker.sections.rollout, worker.sections.ref):  # the rollout's size serves the ref pass too
         assert worker._log_prob_meta(section)["micro_batch_size"] == expected[3]

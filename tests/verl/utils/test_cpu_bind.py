@@ -44,13 +44,15 @@ def test_bind_pins_a_process_to_its_slice_and_none_leaves_it():
 
 def test_launcher_resolves_the_mode_for_the_workers(compose_config):
     def cfg(bind="auto", rollout="hf"):
-        config = compose_config([f"actor_rollout_ref.rollout.name={rollout}"])
-        config.trainer.cpu_bind = bind  # after composing: a bad value must reach the launcher's own check
+        config = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
+                                 f"actor_rollout_ref.rollout.name={rollout}"])
+        config.trainer.cpu_bind = bind  # after composing: a bad value is the checker's to refuse
         return config
 
     assert resolve_cpu_bind(S(cfg()), "cpu") == "auto"
     assert resolve_cpu_bind(S(cfg(rollout="vllm")), "cpu") == "none"  # vLLM's CPU backend binds its own threads
     assert resolve_cpu_bind(S(cfg()), "cuda") == "none"
     assert resolve_cpu_bind(S(cfg(bind="none")), "cpu") == "none"
-    with pytest.raises(ValueError, match="trainer.cpu_bind must be one of .*got 'yes'"):
-        resolve_cpu_bind(S(cfg(bind="yes")), "cpu")
+    from luffy_pool.config.check import validate_config
+
+    assert any("trainer.cpu_bind" in e and "'yes'" in e for e in validate_config(cfg(bind="yes")))

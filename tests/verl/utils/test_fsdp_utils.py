@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, Qwen2ForCausalLM  # noqa: F401  (
 
 from verl.utils import fsdp_utils
 from tests.helpers.distributed_testing import run_gloo_ranks
+from tests.helpers.sections import engine_section
 
 JOB_TIMEOUT_S = 240
 
@@ -64,7 +65,7 @@ def _two_rank_job(rank, world, port, model_dir):
     batch = torch.randint(3, 300, (2, 24), generator=torch.Generator().manual_seed(rank))
     actor(input_ids=batch, labels=batch).loss.backward()
     opt.step()
-    rollout = HFRollout(model_dir)
+    rollout = HFRollout(model_dir, engine_section())
     for bucket in fsdp_utils.iter_buckets(fsdp_utils.iter_full_params(actor), 50_000):
         rollout.update_weights(bucket)
     rollout.after_weight_update()

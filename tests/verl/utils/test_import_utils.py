@@ -43,9 +43,10 @@ WORKER_SCRIPT = textwrap.dedent('''
         print("WITHOUT_LIB: loaded")
     except Exception as exc:
         print("WITHOUT_LIB: refused", type(exc).__name__)
+    from verl.workers.config_sections import WorkerSections
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
-    worker = ActorRolloutRefWorker(cfg, role="actor", device="cpu")
-    module = worker._build_module(cfg.actor.fsdp_config, trainable=False)
+    worker = ActorRolloutRefWorker(WorkerSections.from_config(cfg), role="actor", device="cpu")
+    module = worker._build_module(worker.sections.actor.fsdp_config, trainable=False)
     print("BUILT:", " ".join(c.__name__ for c in type(module).__mro__))  # FSDP2 subclasses the model's class
 ''')
 

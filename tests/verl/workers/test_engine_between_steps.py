@@ -18,7 +18,9 @@ def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_th
     rollout_cfg = compose_config([f"{ARR}.rollout.tensor_model_parallel_size=1"]).actor_rollout_ref.rollout
     assert rollout_cfg.sleep_level == 2 and rollout_cfg.free_cache_engine
     engine = engine_recorder()
-    rollout = VLLMRollout(tiny_model_dir, rollout_cfg, device="cuda", engine=engine)
+    from verl.workers.config_sections import RolloutSection
+
+    rollout = VLLMRollout(tiny_model_dir, RolloutSection.from_rollout_config(rollout_cfg), device="cuda", engine=engine)
     rollout.sleep()
     rollout.wake_up_weights()  # the sharding manager's sync: weights back (empty at level 2), then the push
     rollout.wake_up()
@@ -39,7 +41,9 @@ def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(en
         def collective_rpc(self, *args, **kwargs):
             return [0]
 
-    rollout = VLLMRollout(tiny_model_dir, {}, device="cuda", engine=Engine())
+    from luffy_pool.config.compose import rollout_section
+
+    rollout = VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1), device="cuda", engine=Engine())
     rollout.update_weights([("model.norm.weight", torch.ones(4))])
     with pytest.raises(RuntimeError, match="weight sync incomplete: .* checkpoint tensors were not pushed"):
         rollout.after_weight_update()

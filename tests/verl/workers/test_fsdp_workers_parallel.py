@@ -42,8 +42,11 @@ def _job(rank, world, port, cfg_yaml):
     calls = []
     all_to_all = ulysses._all_to_all
     ulysses._all_to_all = lambda *a, **k: calls.append(1) or all_to_all(*a, **k)  # proves the SP path ran
+    from verl.workers.config_sections import WorkerSections
+
     cfg = OmegaConf.create(cfg_yaml)
-    worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor", device="cpu")
+    worker = ActorRolloutRefWorker(WorkerSections.from_config(cfg.actor_rollout_ref), role="actor", device="cpu",
+                                   total_training_steps=1)
     worker.init_model()
     chunk = _batch(worker.actor_module.config.vocab_size).chunk(world)[rank]
     before = worker.compute_log_prob(chunk).batch["old_log_probs"]

@@ -20,7 +20,10 @@ def _job(rank, world, port, cfg, out_path):
 
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-    worker = ActorRolloutRefWorker(OmegaConf.create(cfg).actor_rollout_ref, role="ref", device="cpu")
+    from verl.workers.config_sections import WorkerSections
+
+    worker = ActorRolloutRefWorker(WorkerSections.from_config(OmegaConf.create(cfg).actor_rollout_ref), role="ref",
+                                   device="cpu")
     worker.init_model()
     ids = torch.randint(3, worker.ref_module.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -12,12 +12,12 @@ fused projections, shared-prompt prefill, a few ops per layer) and the generic o
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
-from verl.workers.rollout.config import RolloutEngineConfig, parse_rollout_config
+from verl.workers.rollout.config import RolloutEngineConfig, engine_config
 
 _GREEDY_EPS = 1e-5
 
@@ -90,13 +90,13 @@ class HFRollout(BaseRollout):
     def __init__(
         self,
         model_path: str,
-        config: Optional[Mapping[str, Any]] = None,
+        config: Any,
         device: str = "cpu",
         model: Optional[torch.nn.Module] = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.config: RolloutEngineConfig = parse_rollout_config(config)
+        self.config: RolloutEngineConfig = engine_config(config)  # the rollout section (RolloutSection)
         self.device = torch.device(device)
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(

@@ -6,7 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verl.workers.rollout.base import SamplingSpec
+from verl.workers.rollout.config import engine_config
 from verl.workers.rollout.hf_rollout import HFRollout, filter_logits
+from tests.helpers.sections import engine_section
 
 GREEDY = SamplingSpec(temperature=0.0, return_logprobs=True)
 
@@ -26,14 +28,14 @@ def test_filter_logits_hand_computed():
 
 
 def test_greedy_matches_hf_generate_with_per_row_caps_and_skipped_rows(tiny_model_dir, check_capped_greedy):
-    check_capped_greedy(HFRollout(tiny_model_dir, {"micro_batch_size": 2}))
+    check_capped_greedy(HFRollout(tiny_model_dir, engine_section(hf_micro_batch_size=2)))
 
 
 def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_dir, prompts):
-    rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 1})
+    rollout = HFRollout(tiny_model_dir, engine_section(hf_micro_batch_size=1))
     caps = [7, 2, 9, 4, 5, 3]
     one_by_one = rollout.generate_token_ids(prompts, caps, GREEDY)
-    rollout.config.hf_micro_batch_size = 8
+    rollout.config = engine_config(engine_section(hf_micro_batch_size=8))
     batched = rollout.generate_token_ids(prompts, caps, GREEDY)
     assert batched.token_ids == one_by_one.token_ids
     assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
@@ -41,7 +43,7 @@ def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_
 
 
 def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, reference, prompts, hf_greedy):
-    rollout = HFRollout(tiny_model_dir)
+    rollout = HFRollout(tiny_model_dir, engine_section())
     full = hf_greedy(reference, prompts[0], 8)
     stop = full[2]
     rollout.eos_ids = {stop}
@@ -52,7 +54,7 @@ def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, ref
 
 
 def test_sampled_logprobs_are_temperature_scaled_logprobs_of_the_model(tiny_model_dir, reference, prompts, hf_logprobs):
-    rollout = HFRollout(tiny_model_dir)
+    rollout = HFRollout(tiny_model_dir, engine_section())
     spec = SamplingSpec(temperature=0.7, seed=5, return_logprobs=True, ignore_eos=True)
     out = rollout.generate_token_ids(prompts[:3], [12, 12, 12], spec)
     for prompt, ids, lps in zip(prompts, out.token_ids, out.logprobs):
@@ -60,7 +62,7 @@ def test_sampled_logprobs_are_temperature_scaled_logprobs_of_the_model(tiny_mode
 
 
 def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, prompts):
-    rollout = HFRollout(tiny_model_dir)
+    rollout = HFRollout(tiny_model_dir, engine_section())
     spec = SamplingSpec(temperature=1.0, seed=11, ignore_eos=True)
     first = rollout.generate_token_ids(prompts, [20] * len(prompts), spec)
     again = rollout.generate_token_ids(prompts, [20] * len(prompts), spec)
@@ -71,7 +73,7 @@ def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, pr
 
 
 def test_pushed_weights_drive_generation(tiny_model_dir, prompts, hf_greedy):
-    rollout = HFRollout(tiny_model_dir)
+    rollout = HFRollout(tiny_model_dir, engine_section())
     trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in trained.parameters():
@@ -86,7 +88,7 @@ def test_pushed_weights_drive_generation(tiny_model_dir, prompts, hf_greedy):
 
 
 def test_bad_pushes_fail_with_the_tensor_name(tiny_model_dir):
-    rollout = HFRollout(tiny_model_dir)
+    rollout = HFRollout(tiny_model_dir, engine_section())
     with pytest.raises(KeyError, match="model.nope.weight"):
         rollout.update_weights([("model.nope.weight", torch.zeros(1))])
     with pytest.raises(ValueError, match="model.norm.weight"):
@@ -100,7 +102,7 @@ def test_tied_embeddings_are_covered_by_pushing_either_name():
     cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True)
     torch.manual_seed(0)
-    rollout = HFRollout("unused", model=Qwen2ForCausalLM(cfg))
+    rollout = HFRollout("unused", engine_section(), model=Qwen2ForCausalLM(cfg))
     source = Qwen2ForCausalLM(cfg)
     pushed = [(k, v) for k, v in source.state_dict().items() if k != "lm_head.weight"]
     rollout.update_weights(pushed)
@@ -117,7 +119,7 @@ def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, p
                               f"actor_rollout_ref.rollout.do_sample={do_sample}"])
         return RolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout)
 
-    rollout = HFRollout(tiny_model_dir, {"micro_batch_size": 8})
+    rollout = HFRollout(tiny_model_dir, engine_section(hf_micro_batch_size=8))
     caps = [8] * len(prompts)
 
     def run(cfg, seed):

@@ -7,6 +7,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from verl.workers.rollout.base import SamplingSpec
 from verl.workers.rollout.hf_rollout import HFRollout, inverse_cdf_sample
 from verl.workers.rollout.kv_decoder import KVDecoder, supports
+from tests.helpers.sections import engine_section
 
 GREEDY = SamplingSpec(temperature=0.0, return_logprobs=True)
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, max_position_embeddings=128)
@@ -40,7 +41,8 @@ def prompts():
 
 
 def _pair(model):
-    return HFRollout("unused", {"hf_decoder": "generic"}, model=model), HFRollout("unused", {"hf_decoder": "kv"}, model=model)
+    return (HFRollout("unused", engine_section(hf_decoder="generic"), model=model),
+            HFRollout("unused", engine_section(hf_decoder="kv"), model=model))
 
 
 @pytest.mark.parametrize("name", ["qwen2_gqa", "llama_mqa", "llama_mha_bias", "llama_mlp_bias", "qwen3_qk_norm"])
@@ -72,7 +74,7 @@ def test_rows_stop_at_eos_and_leave_the_batch(models, prompts, extra_eos):
 
 
 def test_decode_needs_a_positive_cap_per_row(models, prompts):
-    kv = HFRollout("unused", {"hf_decoder": "kv"}, model=models["qwen2_gqa"])
+    kv = HFRollout("unused", engine_section(hf_decoder="kv"), model=models["qwen2_gqa"])
     kv.kv_decoder.refresh(0)
     with pytest.raises(ValueError, match="every cap must be >= 1"):
         kv.kv_decoder.decode(prompts[:2], [3, 0], 0, torch.tensor([1]), False, lambda logits: (logits.argmax(-1), logits[:, 0]))
@@ -80,21 +82,21 @@ def test_decode_needs_a_positive_cap_per_row(models, prompts):
 
 def test_weight_push_rebuilds_the_fused_projections(models, prompts):
     model = models["llama_mqa"]
-    kv = HFRollout("unused", {"hf_decoder": "kv"}, model=model)
+    kv = HFRollout("unused", engine_section(hf_decoder="kv"), model=model)
     before = kv.generate_token_ids(prompts, [6] * len(prompts), GREEDY)
     torch.manual_seed(5)
     other = LlamaForCausalLM(model.config)
     kv.update_weights(other.state_dict().items())
     kv.after_weight_update()
     after = kv.generate_token_ids(prompts, [6] * len(prompts), GREEDY)
-    reference = HFRollout("unused", {"hf_decoder": "generic"}, model=other).generate_token_ids(
+    reference = HFRollout("unused", engine_section(hf_decoder="generic"), model=other).generate_token_ids(
         prompts, [6] * len(prompts), GREEDY)
     assert after.token_ids == reference.token_ids != before.token_ids
 
 
 def test_seeded_sampling_reproducible_and_logprobs_are_the_models(models, prompts):
     model = models["qwen2_gqa"]
-    kv = HFRollout("unused", {"hf_decoder": "kv"}, model=model)
+    kv = HFRollout("unused", engine_section(hf_decoder="kv"), model=model)
     spec = SamplingSpec(temperature=0.8, seed=3, return_logprobs=True, ignore_eos=True)
     a = kv.generate_token_ids(prompts, [8] * len(prompts), spec)
     assert a.token_ids == kv.generate_token_ids(prompts, [8] * len(prompts), spec).token_ids
@@ -109,13 +111,13 @@ def test_unsupported_layouts_are_named_and_auto_falls_back():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=32, n_layer=1, n_head=2, n_positions=64))
     ok, why = supports(gpt2)
     assert not ok and "gpt2" in why
-    assert HFRollout("unused", {"hf_decoder": "auto"}, model=gpt2).kv_decoder is None
+    assert HFRollout("unused", engine_section(hf_decoder="auto"), model=gpt2).kv_decoder is None
     with pytest.raises(ValueError, match="hf_decoder=kv: model_type 'gpt2'"):
-        HFRollout("unused", {"hf_decoder": "kv"}, model=gpt2)
+        HFRollout("unused", engine_section(hf_decoder="kv"), model=gpt2)
     with pytest.raises(ValueError, match="cannot drive"):
         KVDecoder(gpt2)
-    with pytest.raises(ValueError, match="hf_decoder must be auto, kv or generic"):
-        HFRollout("unused", {"hf_decoder": "fast"}, model=gpt2)
+    with pytest.raises(ValueError, match="hf_decoder.*'fast'"):  # refused with the section, before any engine
+        engine_section(hf_decoder="fast")
 
 
 def test_inverse_cdf_sample_frequencies_and_zero_mass():
@@ -133,8 +135,9 @@ def test_inverse_cdf_sample_frequencies_and_zero_mass():
 
 
 def test_yaml_hf_keys_reach_the_engine_config():
-    from verl.workers.rollout.config import parse_rollout_config
+    from luffy_pool.config.compose import rollout_section
+    from verl.workers.rollout.config import engine_config
 
-    cfg = parse_rollout_config({"hf_micro_batch_size": 7, "hf_decoder": "generic"})
+    cfg = engine_config(rollout_section(hf_micro_batch_size=7, hf_decoder="generic"))
     assert cfg.hf_micro_batch_size == 7 and cfg.hf_decoder == "generic"
-    assert parse_rollout_config({}).hf_decoder == "auto"
+    assert engine_config(rollout_section()).hf_decoder == "auto"  # the YAML's default

@@ -43,7 +43,7 @@ def _tp_rank(rank, world, port):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from luffy_pool.config.compose import compose_config
+    from luffy_pool.config.compose import compose_config, rollout_section
     from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
     from luffy_pool.rollout.slot_plan import MixRolloutPlanner
     from verl.protocol import DataProto
@@ -74,8 +74,8 @@ def _tp_rank(rank, world, port):
     worker.sections = WorkerSections.from_config(compose_config([
         "actor_rollout_ref.rollout.seed=7", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
         "actor_rollout_ref.rollout.name=vllm"]).actor_rollout_ref)
-    worker.planner = MixRolloutPlanner(engine, n=2, response_length=3, pad_token_id=0, eos_token_id=1,
-                                       sampling=SamplingSpec())
+    worker.planner = MixRolloutPlanner(engine, rollout_section(n=2, response_length=3, n_val=1), pad_token_id=0,
+                                       eos_token_id=1)
     worker.sharding_manager = FSDPShardingManager(module, engine, rank=rank, world_size=world, tp_size=2)
     worker._is_rollout, worker.role = True, "actor_rollout"
     worker.tp_generation = TPGeneration.create(rank, world, worker.rollout_tp_size)

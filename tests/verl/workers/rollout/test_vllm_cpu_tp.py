@@ -12,6 +12,7 @@ import os
 import pytest
 
 from tests.helpers.distributed_testing import run_gloo_ranks
+from tests.helpers.sections import engine_section
 
 
 def _rank(rank, world, port, model_dir):
@@ -24,8 +25,8 @@ def _rank(rank, world, port, model_dir):
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     layout = TPLayout(rank, world, 2)
-    engine = VLLMRollout(model_dir, {"tensor_model_parallel_size": 2, "prompt_length": 16, "response_length": 8,
-                                     "load_format": "auto", "dtype": "float32"}, device="cpu")
+    engine = VLLMRollout(model_dir, engine_section(tensor_model_parallel_size=2, prompt_length=16, response_length=8,
+                                                   load_format="auto", dtype="float32"), device="cpu")
     prompts = [[5, 6, 7, 8 + layout.dp_rank], [9, 10, 11]]
     first = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=1.0, seed=100 + layout.dp_rank))
     from safetensors.torch import load_file

@@ -5,6 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from verl.workers.rollout.base import SamplingSpec
 from verl.workers.sharding_manager import FSDPShardingManager
+from tests.helpers.sections import engine_section
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -20,9 +21,8 @@ def engine(tiny_model_dir):
     torch.manual_seed(1234)
     rng_before = torch.get_rng_state()
     # LUFFY's load_format: the engine starts with random weights; every test pushes what it needs.
-    rollout = VLLMRollout(tiny_model_dir, {"prompt_length": 256, "response_length": 256, "dtype": "float32",
-                                           "seed": 0, "cpu_kv_cache_bytes": 64 * 2**20,
-                                           "load_format": "dummy_dtensor"})
+    rollout = VLLMRollout(tiny_model_dir, engine_section(prompt_length=256, response_length=256, dtype="float32", seed=0,
+                                                           cpu_kv_cache_bytes=64 * 2**20, load_format="dummy_dtensor"))
     side_effects = {"set_num_threads_restored": torch.set_num_threads is set_num_threads,
                     "rng_restored": torch.equal(torch.get_rng_state(), rng_before)}
     yield rollout, side_effects
@@ -129,7 +129,11 @@ def test_bucketed_push_equals_whole_push(engine, reference, long_sequence):
 def test_safetensors_bytes_transport_for_out_of_process_workers_gives_the_same_weights(
         engine, reference, long_sequence, monkeypatch, hf_logprobs):
     rollout, _ = engine
-    monkeypatch.setattr(rollout.config, "weight_transport", "bytes")
+    import dataclasses
+
+    from verl.workers.rollout.config import engine_config
+
+    monkeypatch.setattr(rollout, "config", engine_config(dataclasses.replace(rollout.config.section, weight_transport="bytes")))
     assert rollout.weight_transport == "bytes"
     trained = _one_sgd_step(reference, long_sequence)
     push(rollout, reference)

