@@ -213,6 +213,14 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
     if refused is not None:
         report["model"]["was"] = f"the script's default, which it refused here ({refused})"
     real_config = use_model_config(report, model_config)
+    if real_config is not None:
+        from luffy_pool.tiny.model_config import refusal
+
+        why = refusal(real_config, report["model"]["real_config"])
+        if why:
+            print(f"rehearse: refused: {why}", flush=True)
+            print("REHEARSAL " + json.dumps(dict(report, rc=2, refused=why)), flush=True)
+            return 2
     print_report(report, overrides)
     build_inputs(report, real_config=real_config)
     code = 0
@@ -237,8 +245,14 @@ def main(argv=None) -> int:
                     help="the real model's config.json: the tiny model is it with only sizes shrunk "
                          "(default: the config of the script's model when local or in the HF cache)")
     args = ap.parse_args(argv)
-    return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
-                    model_config=args.model_config)
+    from luffy_pool.tiny.model_config import ModelConfigError
+
+    try:
+        return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
+                        model_config=args.model_config)
+    except ModelConfigError as exc:
+        print(f"rehearse: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

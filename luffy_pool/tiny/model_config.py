@@ -141,6 +141,26 @@ def shrink_config(real: dict, kv_heads: int, vocab_size: int, specials: list[int
     return tiny, {"kept": kept, "shrunk": shrunk, "tokens": {k: [real.get(k), v] for k, v in tokens.items()}}
 
 
+MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def refusal(real: dict, source: str = "config.json") -> str | None:
+    """Why a training run of this architecture cannot start here (one line), or None.
+
+    MoE: transformers 5 builds each MoE layer's experts as fused parameters (``experts.gate_up_proj``) from
+    one checkpoint tensor per expert; the RL worker's meta-device shard loader (verl/utils/meta_init.py)
+    reads tensors by name and cannot do that conversion, so the workers would fail loading the model.
+    (The actor's forward/update, the chunked head and the HF rollout's generic loop do run such a model:
+    tests/luffy_pool/tiny/test_model_matrix.py.)
+    """
+    experts = next((int(real[f]) for f in MOE_FIELDS if real.get(f)), 0)
+    if experts:
+        return (f"{source}: {real.get('model_type')} is a mixture of experts ({experts} experts): its experts are fused "
+                "by transformers on load from per-expert checkpoint tensors, which the meta-device shard loader "
+                "(verl/utils/meta_init.py) cannot read; MoE training is not supported yet")
+    return None
+
+
 def describe(record: dict) -> list[str]:
     """Report lines: the real fields kept, those shrunk (real -> tiny), the special-token mapping."""
     kept = ", ".join(record["kept"])
