@@ -78,6 +78,10 @@ def test_shrunk_model_keeps_the_real_architecture(model_dirs, name):
         assert model.lm_head.weight is model.model.embed_tokens.weight
     else:
         assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    # the memory plan's shape of the same config.json counts exactly the model's parameters
+    from luffy_pool.memory_plan.shapes import model_shape
+
+    assert model_shape(path).params == sum(p.numel() for p in model.parameters())
     attn = model.model.layers[0].self_attn
     assert hasattr(attn, "q_norm") == real["model_type"].startswith("qwen3")
     assert (attn.q_proj.bias is not None) == (real["model_type"] == "qwen2")  # Qwen2's qkv bias
