@@ -20,8 +20,9 @@ from verl.workers.rollout.base import SamplingSpec
 from verl.workers.rollout.hf_rollout import HFRollout
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "model_configs")
+# Qwen3-4B-Base: tied embeddings with q/k norms, and hidden (2560) != heads x head_dim (32 x 128)
 DENSE = ["Qwen--Qwen2.5-Math-7B", "Qwen--Qwen2.5-Math-1.5B", "meta-llama--Llama-3.1-8B", "Qwen--Qwen3-8B-Base",
-         "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B", "Qwen--Qwen3-8B"]
+         "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B", "Qwen--Qwen3-8B", "Qwen--Qwen3-4B-Base"]
 MOE = "Qwen--Qwen3-30B-A3B-Base"
 ALL = DENSE + [MOE]
 
@@ -142,6 +143,25 @@ def test_rollout_decoder_greedy_equals_transformers_generate(model_dirs, name):
     assert out.token_ids == ref_ids
     for a, b in zip(out.logprobs, ref_lps):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+
+
+def test_sliding_window_model_falls_back_to_the_generic_loop_with_the_reason():
+    """Mistral applies ``sliding_window`` without a use_sliding_window switch: the lean loop (full attention)
+    must not drive it; the generic loop then equals generate past the window."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from verl.workers.rollout.kv_decoder import supports
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=1, sliding_window=4)).eval()
+    ok, why = supports(model)
+    assert not ok and why == "sliding-window attention (sliding_window=4)"
+    engine = HFRollout("unused", {"hf_decoder": "auto"}, model=model)
+    assert engine.kv_decoder is None
+    prompts = _prompts(64)
+    out = engine.generate_token_ids(prompts, [10] * 3, SamplingSpec(temperature=0.0, return_logprobs=True, ignore_eos=True))
+    assert out.token_ids == _generate(model, prompts, 10)[0]
 
 
 def _batch(vocab, rows=4, prompt=5, resp=6):
