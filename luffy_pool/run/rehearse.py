@@ -125,9 +125,7 @@ def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict
     """The real config.json the tiny model is shrunk from: ``--model-config FILE``, else the one the script's
     model resolved to (a local folder or the HF cache); None when there is none (then only model_type is
     kept). Its model_type replaces the guessed family in ``report``."""
-    from luffy_pool.tiny.model_config import read_model_config
-
-    from luffy_pool.tiny.model_config import ModelConfigError
+    from luffy_pool.tiny.model_config import ModelConfigError, read_model_config
 
     m = report["model"]
     path = model_config or (m["family_from"] if os.path.isfile(m["family_from"]) else None)
