@@ -27,14 +27,38 @@ class ModelShape:
     head_dim: int
     max_position_embeddings: int = 0
     source: str = ""
+    qkv_bias: bool = True  # Qwen2 always; Llama/Qwen3 per ``attention_bias``
+    qk_norm: bool = False  # Qwen3: an RMSNorm of head_dim on q and on k
+    mlp_bias: bool = False
+    # MoE (Qwen3-MoE / Qwen2-MoE field names): experts per MoE layer, routed per token, their width, the
+    # shared expert's width, and how many of the layers are MoE layers (the others are dense MLPs).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_layers: int = 0
+
+    def _attn_params(self) -> int:
+        h, hd = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
+        bias = (q + 2 * kv) if self.qkv_bias else 0
+        return h * q + 2 * h * kv + q * h + bias + (2 * hd if self.qk_norm else 0)
+
+    def _dense_mlp_params(self, width: int) -> int:
+        return 3 * self.hidden_size * width + ((2 * width + self.hidden_size) if self.mlp_bias else 0)
+
+    def _moe_mlp_params(self) -> int:
+        h = self.hidden_size
+        shared = self.shared_expert_intermediate_size
+        experts = self.num_experts * self._dense_mlp_params(self.moe_intermediate_size)
+        return experts + h * self.num_experts + ((self._dense_mlp_params(shared) + h) if shared else 0)
 
     @property
     def layer_params(self) -> int:
-        """Parameters of one decoder layer (q/k/v with biases as Qwen2, o, gate/up/down, two norms)."""
-        h, hd = self.hidden_size, self.head_dim
-        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-        attn = h * q + q + 2 * (h * kv + kv) + q * h
-        return attn + 3 * h * self.intermediate_size + 2 * h
+        """Parameters of one decoder layer (the largest: an MoE layer holds every expert): attention (q/k/v
+        biases as the architecture has them, Qwen3's q/k norms), the MLP or the experts + router, two norms."""
+        mlp = self._moe_mlp_params() if self.moe_layers else self._dense_mlp_params(self.intermediate_size)
+        return self._attn_params() + mlp + 2 * self.hidden_size
 
     @property
     def embed_params(self) -> int:
@@ -42,8 +66,18 @@ class ModelShape:
 
     @property
     def params(self) -> int:
+        """All parameters; a tied head shares the embedding (no separate lm_head weight)."""
         head = 0 if self.tie_word_embeddings else self.embed_params
-        return self.num_hidden_layers * self.layer_params + self.embed_params + head + self.hidden_size
+        dense_layers = self.num_hidden_layers - self.moe_layers
+        body = (self.num_hidden_layers * (self._attn_params() + 2 * self.hidden_size)
+                + dense_layers * self._dense_mlp_params(self.intermediate_size) + self.moe_layers * self._moe_mlp_params())
+        return body + self.embed_params + head + self.hidden_size
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: only its routed experts; dense models: ``params``)."""
+        idle = self.num_experts - self.num_experts_per_tok
+        return self.params - self.moe_layers * idle * self._dense_mlp_params(self.moe_intermediate_size)
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
         """K and V of every layer for one token on one TP shard (vLLM splits KV heads over TP, >= 1 each)."""
@@ -57,32 +91,52 @@ def shape_from_dict(cfg: dict, source: str) -> ModelShape:
     try:
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        model_type = str(cfg.get("model_type", ""))
         return ModelShape(hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]),
-                          num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=heads,
+                          num_hidden_layers=layers, num_attention_heads=heads,
                           num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                           vocab_size=int(cfg["vocab_size"]), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                           head_dim=int(cfg.get("head_dim") or hidden // heads),
-                          max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), source=source)
+                          max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), source=source,
+                          **_architecture(cfg, model_type, layers))
     except KeyError as exc:
         raise ValueError(f"{source}: model config has no {exc.args[0]!r} field") from None
 
 
+def _architecture(cfg: dict, model_type: str, layers: int) -> dict:
+    """Biases, q/k norms and MoE sizes of an HF config (none without a model_type: Qwen2's, the defaults)."""
+    if not model_type:
+        return {}
+    out = {"qkv_bias": model_type.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+           "qk_norm": model_type.startswith("qwen3"), "mlp_bias": bool(cfg.get("mlp_bias", False))}
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if experts:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = set(cfg.get("mlp_only_layers") or [])
+        out.update(num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+                   moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+                   shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+                   moe_layers=sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0))
+    return out
+
+
 # FALLBACK only, for hub ids not in the HF cache (an offline laptop): values as in each model's published
 # config.json. A model folder or a cached config always wins; the plan names the source it used.
-_QWEN25_MATH_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+_QWEN25_MATH_7B = dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
 KNOWN_SHAPES: dict[str, dict] = {
     # LUFFY's model: Qwen2.5-Math-7B with rope_theta raised for 16k positions.
     "Elliott/Qwen2.5-Math-7B-16k-think": dict(_QWEN25_MATH_7B, max_position_embeddings=16384),
     "Qwen/Qwen2.5-Math-7B": dict(_QWEN25_MATH_7B, max_position_embeddings=4096),
     "Qwen/Qwen2.5-7B-Instruct": dict(_QWEN25_MATH_7B, max_position_embeddings=32768),
-    "Qwen/Qwen2.5-Math-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+    "Qwen/Qwen2.5-Math-1.5B": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                    num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                                    tie_word_embeddings=True, max_position_embeddings=4096),
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                                        tie_word_embeddings=True, max_position_embeddings=32768),
-    "meta-llama/Llama-3.1-8B-Instruct": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    "meta-llama/Llama-3.1-8B-Instruct": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                              tie_word_embeddings=False, max_position_embeddings=131072),
 }

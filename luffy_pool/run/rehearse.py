@@ -4,8 +4,10 @@ The launch script itself runs, with every switch it sets. Only what cannot exist
 replaced, through the environment the script reads (MODEL_PATH, DATA_DIR, PYTHON, NPROC_PER_NODE) and
 Hydra overrides appended after the script's own (its ``"$@"``, so they win), and the list is printed:
 
-- the model: a tiny random model of the script's architecture family (luffy_pool.tiny), with head and
-  kv-head counts that SP and TP divide;
+- the model: the real model's config.json (``--model-config FILE``, or the script's model when its config is
+  local or in the HF cache) with only its sizes shrunk and every other field kept (luffy_pool.tiny.model_config:
+  tied embeddings, rope scaling, biases, q/k norms, ...; the report lists the fields kept and shrunk), heads
+  and kv heads that SP and TP divide; without a config, a tiny random model of the script's family;
 - the data: the tiny arithmetic task as the files the script expects (openr1.parquet, valid.parquet,
   openr1.complement.parquet);
 - lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
@@ -126,15 +128,48 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
     return env, overrides, report
 
 
-def build_inputs(report: dict, seed: int = 0) -> None:
-    """The tiny model and task data the plan names."""
+def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict]:
+    """The real config.json the tiny model is shrunk from: ``--model-config FILE``, else the one the script's
+    model resolved to (a local folder or the HF cache); None when there is none (then only model_type is
+    kept). Its model_type replaces the guessed family in ``report``."""
+    from luffy_pool.tiny.model_config import ModelConfigError, read_model_config
+
+    m = report["model"]
+    path = model_config or (m["family_from"] if os.path.isfile(m["family_from"]) else None)
+    if path is None:
+        return None
+    try:
+        real = read_model_config(path)
+    except ModelConfigError:
+        if model_config:
+            raise
+        return None  # a found file that is no HF config (the placeholder of a script that refused its model)
+    m["model_type"], m["family_from"], m["real_config"] = real["model_type"], os.path.abspath(path), os.path.abspath(path)
+    return real
+
+
+def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None) -> None:
+    """The tiny model and task data the plan names (the real config shrunk when given)."""
     from luffy_pool.tiny import TinyModelSpec, build_tiny_model, write_task_parquets
 
     m = report["model"]
     hidden = m["num_attention_heads"] * HEAD_DIM
     spec = TinyModelSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
                          num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
-    build_tiny_model(m["now"], spec)
+    build_tiny_model(m["now"], spec, model_config=real_config)
+    if real_config is not None:
+        from luffy_pool.tiny.model_config import describe
+
+        with open(os.path.join(m["now"], "tiny_config_record.json")) as f:
+            m["config_fields"] = json.load(f)
+        with open(os.path.join(m["now"], "config.json")) as f:
+            m["num_attention_heads"] = json.load(f)["num_attention_heads"]
+        print(f"  model config {m['real_config']}:")
+        for line in describe(m["config_fields"]):
+            print(f"    {line}")
+    else:
+        print(f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
+              "(pass --model-config FILE with the model's config.json)")
     data_dir = report["data"]["now"].split(" ")[0]
     paths = write_task_parquets(data_dir, n_train=64, n_test=16, level=2, seed=seed, system_prompt=None)
     # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
@@ -166,7 +201,7 @@ def print_report(report: dict, overrides: list[str]) -> None:
 
 
 def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int = 2, extra: tuple = (),
-             dry_run: bool = False, timeout_s: Optional[float] = None) -> int:
+             dry_run: bool = False, timeout_s: Optional[float] = None, model_config: Optional[str] = None) -> int:
     work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
     os.makedirs(work, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_STOP", "CUDA_VISIBLE_DEVICES")}
@@ -184,8 +219,17 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
     env, overrides, report = plan(recipe, work, ranks, steps)
     if refused is not None:
         report["model"]["was"] = f"the script's default, which it refused here ({refused})"
+    real_config = use_model_config(report, model_config)
+    if real_config is not None:
+        from luffy_pool.tiny.model_config import refusal
+
+        why = refusal(real_config, report["model"]["real_config"])
+        if why:
+            print(f"rehearse: refused: {why}", flush=True)
+            print("REHEARSAL " + json.dumps(dict(report, rc=2, refused=why)), flush=True)
+            return 2
     print_report(report, overrides)
-    build_inputs(report)
+    build_inputs(report, real_config=real_config)
     code = 0
     if not dry_run:
         run_env = dict(base_env, **env)
@@ -204,8 +248,18 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=4, help="ranks (rounded up to a multiple of lcm(SP, TP))")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dry-run", action="store_true", help="print the plan and build the inputs, do not train")
+    ap.add_argument("--model-config", default=None, metavar="FILE",
+                    help="the real model's config.json: the tiny model is it with only sizes shrunk "
+                         "(default: the config of the script's model when local or in the HF cache)")
     args = ap.parse_args(argv)
-    return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run)
+    from luffy_pool.tiny.model_config import ModelConfigError
+
+    try:
+        return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
+                        model_config=args.model_config)
+    except ModelConfigError as exc:
+        print(f"rehearse: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -23,10 +23,17 @@ def main(argv=None) -> None:
         if f.type in ("int", int):
             ap.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=getattr(spec, f.name))
     ap.add_argument("--no-think", action="store_true", help="generation prompt does not open <think>")
+    ap.add_argument("--model-config", default=None, metavar="FILE",
+                    help="a real model's config.json: shrink only its sizes, keep every other field (model_config.py)")
     args = ap.parse_args(argv)
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec) if f.type in ("int", int)}
     spec = TinyModelSpec(**kw, think=not args.no_think)
-    build_tiny_model(args.out, spec)
+    real = None
+    if args.model_config:
+        from luffy_pool.tiny.model_config import read_model_config
+
+        real = read_model_config(args.model_config)
+    build_tiny_model(args.out, spec, model_config=real)
     print(f"tiny model written to {args.out}")
     if args.data:
         paths = write_task_parquets(args.data, args.n_train, args.n_test, level=args.level, ops=tuple(args.ops), seed=spec.seed, n_warm=args.n_warm)

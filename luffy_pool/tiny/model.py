@@ -69,14 +69,22 @@ def build_tokenizer(out_dir: str | None = None, vocab_size: int = 512, think: bo
     return hf_tok
 
 
-def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None) -> str:
-    """Write tokenizer + a randomly initialised causal LM of ``spec.model_type`` (Qwen2 by default) to ``out_dir`` and return it."""
+def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None, model_config: dict | None = None) -> str:
+    """Write tokenizer + a randomly initialised causal LM of ``spec.model_type`` (Qwen2 by default) to ``out_dir`` and return it.
+
+    With ``model_config`` (a real model's config.json as a dict) the model is that config shrunk
+    (``luffy_pool.tiny.model_config``: sizes only, kv heads ``spec.num_key_value_heads``, every other field
+    kept), saved in bfloat16 like the published checkpoints; ``tiny_config_record.json`` lists the fields
+    kept and shrunk.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     spec = spec or TinyModelSpec()
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer(out_dir, vocab_size=spec.vocab_size, think=spec.think)
+    if model_config is not None:
+        return _build_from_real_config(out_dir, spec, model_config, tok)
     cfg = AutoConfig.for_model(
         spec.model_type,
         vocab_size=len(tok),
@@ -97,4 +105,29 @@ def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None) -> str:
     model.save_pretrained(out_dir)
     with open(os.path.join(out_dir, "tiny_spec.json"), "w") as f:
         json.dump(dataclasses.asdict(spec), f, indent=1)
+    return out_dir
+
+
+def _build_from_real_config(out_dir: str, spec: TinyModelSpec, real: dict, tok) -> str:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from luffy_pool.tiny.model_config import shrink_config
+
+    specials = [tok.eos_token_id, tok.pad_token_id, tok.convert_tokens_to_ids("<|im_start|>")]
+    tiny, record = shrink_config(real, spec.num_key_value_heads, len(tok), specials, layers=spec.num_hidden_layers)
+    fields = {k: v for k, v in tiny.items() if k not in ("model_type", "architectures", "transformers_version")}
+    cfg = AutoConfig.for_model(tiny["model_type"], **fields)
+    if "architectures" in tiny:
+        cfg.architectures = tiny["architectures"]
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    eos = tiny.get("eos_token_id", tok.eos_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=tiny.get("bos_token_id"))
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "tiny_spec.json"), "w") as f:
+        json.dump(dataclasses.asdict(spec), f, indent=1)
+    with open(os.path.join(out_dir, "tiny_config_record.json"), "w") as f:
+        json.dump(record, f, indent=1)
     return out_dir

@@ -176,6 +176,40 @@ def empty_model(hf_config, dtype: torch.dtype = torch.float32, attn_implementati
         return AutoModelForCausalLM.from_config(hf_config, **kwargs)
 
 
+def _shared_parameters(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """(owner module, name) groups of each parameter registered in more than one place (tied embeddings)."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None:
+                owners.setdefault(id(param), []).append((sub, name))
+    return [group for group in owners.values() if len(group) > 1]
+
+
+def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
+    """``to_empty`` gives each owner of a meta parameter its own new storage, untying tied embeddings of an
+    unsharded module (lm_head then has no checkpoint tensor and would stay uninitialised). Give every
+    owner the first owner's parameter again; a group still shared (FSDP2 keeps its tie) is left alone."""
+    for (first, first_name), *rest in groups:
+        param = first._parameters[first_name]
+        for sub, name in rest:
+            if sub._parameters[name] is not param:
+                sub._parameters[name] = param
+
+
+def _refuse_converted_layout(model_dir: str, missing: list[str], entries: dict) -> None:
+    """One line when the module's parameters are a conversion of the checkpoint's (transformers 5 fuses a
+    MoE layer's experts into ``experts.gate_up_proj``/``down_proj`` on load; checkpoints keep one tensor per
+    expert): reading tensors by name cannot build them."""
+    for name in missing:
+        prefix = name.rsplit(".", 1)[0] + "."
+        per_expert = [k for k in entries if k.startswith(prefix)]
+        if per_expert:
+            raise ValueError(f"{model_dir}: parameter {name!r} is built by transformers from {len(per_expert)} checkpoint "
+                             f"tensors ({per_expert[0]}, ...); meta-device init reads tensors by name and does not "
+                             f"support this layout (MoE experts)")
+
+
 def materialize(module: nn.Module, model_dir: str, device: str) -> nn.Module:
     """Allocate the (sharded) meta parameters on ``device`` and read each local shard from ``model_dir``.
 
@@ -185,10 +219,13 @@ def materialize(module: nn.Module, model_dir: str, device: str) -> nn.Module:
     entries = checkpoint_entries(model_dir)
     missing = [n for n, _ in module.named_parameters() if n not in entries]
     if missing:
+        _refuse_converted_layout(model_dir, missing, entries)
         raise KeyError(f"{model_dir}: checkpoint has no tensor for parameters {missing[:5]}"
                        f"{' ...' if len(missing) > 5 else ''}")
     buffers = {n: b.clone() for n, b in module.named_buffers()}
+    shared = _shared_parameters(module)
     module.to_empty(device=device)
+    _retie(shared)
     with torch.no_grad():
         for name, buf in module.named_buffers():
             buf.copy_(buffers[name])

@@ -42,8 +42,10 @@ def supports(model: torch.nn.Module) -> tuple[bool, str]:
         return False, f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return False, f"hidden_act {cfg.hidden_act!r} (only silu)"
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-        return False, "sliding-window attention"
+    # Qwen2 gates its window with use_sliding_window; Mistral has no such switch: a set sliding_window applies.
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    if window:
+        return False, f"sliding-window attention (sliding_window={window})"
     layer_types = getattr(cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         return False, f"layer types {sorted(set(layer_types))} (only full_attention)"
