@@ -199,6 +199,10 @@ class _Checker:
         get = self.get
         for msg in parallel_config_errors(get):  # Ulysses SP and HSDP layout (verl/utils/parallel_check.py)
             self.fail(msg)
+        from verl.trainer.ppo.rollout_corr import config_errors as rollout_corr_errors  # torch: imported when run
+
+        for msg in rollout_corr_errors(get):  # algorithm.rollout_correction needs rollout.calculate_log_probs
+            self.fail(msg)
         if get(f"{_A}.use_sft_multitask_loss"):
             if get(f"{_A}.use_off_policy_loss"):
                 self.fail(f"'{_A}.use_sft_multitask_loss'=True cannot be combined with '{_A}.use_off_policy_loss'=True")

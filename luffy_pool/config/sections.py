@@ -266,22 +266,14 @@ class KLControlSection:
     horizon: int = key()
 
 
-# Until the engines return sampling log-probs to the trainer and the policy loss takes weights, every non-null
-# correction is refused (no key parsed and then ignored).
-_NO_ROLLOUT_CORRECTION = Bound(
-    lambda v: False, "the training rollouts do not return the engine's sampling log-probs yet and the policy loss "
-    "takes no importance weights or rejection mask (verl/trainer/ppo/rollout_corr.py); leave it null",
-    template="'{key}'={value!r} is not supported: {message}")
-
-
 @dataclass(frozen=True)
 class RolloutCorrectionSection:
     """``algorithm.rollout_correction``: verl's truncated IS weights and rejection for the rollout/trainer
     mismatch (verl/trainer/ppo/rollout_corr.py; cross-key rule: its ``config_errors``)."""
 
-    rollout_is: Optional[str] = key(bounds=_NO_ROLLOUT_CORRECTION)
+    rollout_is: Optional[str] = key(bounds=Bound(lambda v: v in ("token", "sequence"), "must be null, token or sequence"))
     rollout_is_threshold: float = key(bounds=POSITIVE)
-    rollout_rs: Optional[str] = key(bounds=_NO_ROLLOUT_CORRECTION)
+    rollout_rs: Optional[str] = key()  # comma-separated options: checked by rollout_corr.config_errors
     rollout_rs_threshold: Union[str, float, None] = key()
 
 
