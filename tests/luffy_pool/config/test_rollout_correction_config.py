@@ -48,6 +48,15 @@ def test_a_correction_with_the_engine_log_probs_is_accepted(compose_config, over
     assert validate_config(compose_config(PATHS + overrides)) == []
 
 
+def test_raw_engine_log_probs_are_refused_away_from_temperature_one(compose_config):
+    on = [f"{CALC}=True", f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"]
+    assert validate_config(compose_config(PATHS + on + ["actor_rollout_ref.rollout.temperature=1.0"])) == []
+    errors = validate_config(compose_config(PATHS + on + ["actor_rollout_ref.rollout.temperature=0.7"]))
+    assert errors == [f"'{RC}' needs 'actor_rollout_ref.rollout.logprobs_mode'=processed_logprobs at "
+                      "'actor_rollout_ref.rollout.temperature'=0.7 (raw log-probs ignore the temperature the actor's "
+                      "old log-probs divide by)"]
+
+
 def test_rejection_without_its_threshold_is_refused(compose_config):
     errors = validate_config(compose_config(PATHS + [f"{CALC}=True", f"{RC}.rollout_rs=seq_mean_k3"]))
     assert errors == [f"'{RC}.rollout_rs'='seq_mean_k3': rollout_rs_threshold must be set when rollout_rs is"]
