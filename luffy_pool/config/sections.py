@@ -271,7 +271,8 @@ class RolloutCorrectionSection:
     """``algorithm.rollout_correction``: verl's truncated IS weights and rejection for the rollout/trainer
     mismatch (verl/trainer/ppo/rollout_corr.py; cross-key rule: its ``config_errors``)."""
 
-    rollout_is: Optional[str] = key(bounds=Bound(lambda v: v in ("token", "sequence"), "must be null, token or sequence"))
+    rollout_is: Optional[str] = key(bounds=Bound(lambda v: v in ("token", "sequence"),
+                                                 "must be null, token or sequence"))
     rollout_is_threshold: float = key(bounds=POSITIVE)
     rollout_rs: Optional[str] = key()  # comma-separated options: checked by rollout_corr.config_errors
     rollout_rs_threshold: Union[str, float, None] = key()
