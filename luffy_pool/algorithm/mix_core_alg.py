@@ -126,7 +126,8 @@ def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]
     behaviour is NaN, unknown, keep ``f(p)``); ``f`` is then clamped to ``[off_policy_min_clip,
     off_policy_max_clip]`` (-1 = off). No old log-prob, no trust region. ``c = off_policy_loss_coef`` (1 in
     LUFFY). ``all_max_clip`` (-1 = off) drops tokens with ``p > all_max_clip`` from the loss. Aggregation:
-    ``Σ L·m / width`` if ``loss_remove_token_mean``, else ``Σ L·m / Σ m``. Metrics over an empty token set
+    ``Σ L·m / width`` if ``loss_remove_token_mean``, else ``Σ L·m / Σ m``. With rollout correction ``L_on`` is
+    multiplied by ``inputs.rollout_is_weights`` (``on_pg_loss`` after it). Metrics over an empty token set
     are 0; ``on_pg_clipfrac`` is over all valid tokens (as LUFFY); ``off_pg_loss`` is before ``c``.
     """
     log_prob, old_log_prob, advantages = inputs.log_prob, inputs.old_log_prob, inputs.advantages
@@ -145,6 +146,8 @@ def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]
     )
     on_pg_losses, on_pg_clipfrac = clipped_pg_losses(advantages, ratio, valid, cfg.clip_ratio, cfg.clip_upper_bound,
                                                      cfg.loss_remove_clip)
+    if inputs.rollout_is_weights is not None:  # rollout correction: on-policy tokens only (prefix tokens: shaping)
+        on_pg_losses = on_pg_losses * inputs.rollout_is_weights
     on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
 
     shaped = off_policy_weight(log_prob, cfg.off_policy_reshape, cfg.off_policy_reshape_weight,
@@ -219,7 +222,9 @@ def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dic
     sft_loss = compute_sft_pure_loss(inputs.log_prob[off_rows], inputs.response_mask[off_rows])
     on_pg_loss, on = ppo_clip_loss(
         PolicyLossInputs(log_prob=inputs.log_prob[on_rows], old_log_prob=inputs.old_log_prob[on_rows],
-                         advantages=inputs.advantages[on_rows], response_mask=inputs.response_mask[on_rows]), cfg)
+                         advantages=inputs.advantages[on_rows], response_mask=inputs.response_mask[on_rows],
+                         rollout_is_weights=None if inputs.rollout_is_weights is None
+                         else inputs.rollout_is_weights[on_rows]), cfg)
     return cfg.sft_loss_coef * sft_loss + on_pg_loss, {
         "sft_loss": sft_loss, "on_pg_loss": on_pg_loss, "pg_clipfrac": on["pg_clipfrac"], "ppo_kl": on["ppo_kl"]}
 

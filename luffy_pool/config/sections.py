@@ -13,6 +13,7 @@ Build once where the run starts (``ConfigSections.from_config``) and pass it dow
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -335,22 +336,15 @@ class KLControlSection:
         return []
 
 
-# Until the engines return sampling log-probs to the trainer and the policy loss takes weights, every non-null
-# correction is refused (no key parsed and then ignored).
-_NO_ROLLOUT_CORRECTION = Bound(
-    lambda v: False, "the training rollouts do not return the engine's sampling log-probs yet and the policy loss "
-    "takes no importance weights or rejection mask (verl/trainer/ppo/rollout_corr.py); leave it null",
-    template="'{key}'={value!r} is not supported: {message}")
-
-
 @dataclass(frozen=True)
 class RolloutCorrectionSection:
     """``algorithm.rollout_correction``: verl's truncated IS weights and rejection for the rollout/trainer
     mismatch (verl/trainer/ppo/rollout_corr.py; cross-key rule: its ``config_errors``)."""
 
-    rollout_is: Optional[str] = key(bounds=_NO_ROLLOUT_CORRECTION)
+    rollout_is: Optional[str] = key(bounds=Bound(lambda v: v in ("token", "sequence"),
+                                                 "must be null, token or sequence"))
     rollout_is_threshold: float = key(bounds=POSITIVE)
-    rollout_rs: Optional[str] = key(bounds=_NO_ROLLOUT_CORRECTION)
+    rollout_rs: Optional[str] = key()  # comma-separated options: checked by rollout_corr.config_errors
     rollout_rs_threshold: Union[str, float, None] = key()
 
 
@@ -476,6 +470,10 @@ class ConfigSections:
             if getattr(r, rollout_key) != getattr(data, data_key):
                 errors.append(f"'{_R}.{rollout_key}'={getattr(r, rollout_key)} must equal 'data.{data_key}'="
                               f"{getattr(data, data_key)} (leave it as the ${{data.{data_key}}} interpolation)")
+        from verl.trainer.ppo.rollout_corr import config_errors as rollout_corr_errors  # torch: imported when checked
+
+        # algorithm.rollout_correction needs the engine's log-probs (rollout.calculate_log_probs) and their mode
+        errors += rollout_corr_errors(lambda dotted: functools.reduce(getattr, dotted.split("."), self))
         return errors + self._context_errors() + self._layout_errors()
 
     def _context_errors(self) -> list[str]:

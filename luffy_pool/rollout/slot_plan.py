@@ -320,5 +320,6 @@ class MixRolloutPlanner:
             prompt_ids, prompt_attention_mask, None, None, self.pad_token_id, self.eos_token_id,
             self.response_length, n=self.n_val, prompt_position_ids=prompt_position_ids,
         )
-        sampling = dataclasses.replace(self.sampling, temperature=self.val_temperature, top_p=1.0, top_k=-1)
+        sampling = dataclasses.replace(self.sampling, temperature=self.val_temperature, top_p=1.0, top_k=-1,
+                                       return_logprobs=False)  # no correction on validation samples
         return self.run(plan, sampling)

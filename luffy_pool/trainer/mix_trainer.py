@@ -4,10 +4,10 @@ Runs on the Ray driver (the single controller). ``train_step`` is a row of named
 its metrics: update_weights (push the actor's weights into the rollout engines) -> rollout (draw prefix
 ratios, generate on-policy + off-policy slots) -> score (reward every row) -> [replay: fill failed groups
 with the run's own traces, ``data.self_replay``] -> log-probs (old, ref) -> [replay: keep this step's
-successes] -> advantages (KL in reward, group advantage) -> update (balance rows across ranks, update the
-actor) -> step metrics. ``fit`` adds validation every ``trainer.test_freq`` steps and checkpoints every
-``trainer.save_freq``. The driver owns every decision that must agree across ranks (ratios, uids,
-advantages, order).
+successes] -> [rollout correction: IS weights / rejection, ``algorithm.rollout_correction``] -> advantages (KL
+in reward, group advantage) -> update (balance rows across ranks, update the actor) -> step metrics. ``fit``
+adds validation every ``trainer.test_freq`` steps and checkpoints every ``trainer.save_freq``. The driver
+owns every decision that must agree across ranks (ratios, uids, advantages, order).
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from luffy_pool.config.sections import ConfigSections
 from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
 from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction
+from luffy_pool.trainer.rollout_correction import enabled as rollout_correction_enabled
 from luffy_pool.replay.self_replay import SelfReplay
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
@@ -83,6 +85,8 @@ class MIXRayPPOTrainer:
         self.kl_ctrl = get_kl_controller(s.algorithm.kl_ctrl)
         self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=tokenizer)  # None when off
         self.use_ref = s.workers.ref.use_ref
+        rc = s.algorithm.rollout_correction
+        self.rollout_correction = rc if rollout_correction_enabled(rc) else None
         self.world_size = self.wg.world_size
         self.global_steps = 0
         self.total_training_steps = int(total_training_steps) if total_training_steps is not None else \
@@ -207,6 +211,9 @@ class MIXRayPPOTrainer:
         batch = self._log_probs(batch, timing)
         if self.self_replay is not None:  # kept with the behaviour log-probs the pass computed
             metrics.update(self.self_replay.keep_successes(batch, self.global_steps))
+        if self.rollout_correction is not None:  # IS weights / rejection on the on-policy tokens (verl's place)
+            with _timer("rollout_corr", timing):
+                metrics.update(apply_rollout_correction(batch, self.rollout_correction, self.response_length))
         with _timer("adv", timing):
             batch, stage = self._advantages(batch)
         metrics.update(stage)
@@ -268,8 +275,11 @@ class MIXRayPPOTrainer:
         """False only when ``actor.recompute_old_log_prob=auto`` and the update is a single on-policy
         mini-batch per rank without a reference model: then the actor's first forward equals the pass."""
         actor = self.sections.workers.actor
-        if self.sections.actor.recompute_old_log_prob != "auto" or self.use_ref or self.self_replay is not None:
-            return True  # self-replay records the old log-probs as the behaviour of the kept successes
+        if (self.sections.actor.recompute_old_log_prob != "auto" or self.use_ref or self.self_replay is not None
+                or self.rollout_correction is not None):
+            # self-replay records the old log-probs as the behaviour of the kept successes; rollout correction
+            # compares them with the engine's before the update
+            return True
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
         return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
 
@@ -330,6 +340,10 @@ class MIXRayPPOTrainer:
             keys.append("ref_log_prob")
         if "behaviour_log_probs" in batch.batch.keys():
             keys.append("behaviour_log_probs")
+        rc = self.rollout_correction
+        if rc is not None:  # the weights, and the loss mask less the rejected tokens
+            keys += [IS_WEIGHTS_KEY] if rc.rollout_is is not None else []
+            keys += ["response_mask"] if rc.rollout_rs is not None else []
         return keys
 
     def _advantages(self, batch: DataProto) -> tuple[DataProto, dict]:

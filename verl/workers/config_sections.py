@@ -228,9 +228,7 @@ class RolloutSection:
     weight_sync_packed: bool = key()
     weight_transport: str = key(choices=_engine("WEIGHT_TRANSPORTS"))
     logprobs_mode: str = key(choices=_engine("LOGPROBS_MODES"))
-    calculate_log_probs: bool = key(refuse={True: "the training rollouts do not request the engine's sampling "
-                                                  "log-probs yet (verl/workers/rollout/base.sampling_from_config) "
-                                                  "and no loss reads them; leave it False"})
+    calculate_log_probs: bool = key()
     max_engine_restarts: int = key(bounds=NON_NEGATIVE)
     max_model_len: Optional[int] = key(bounds=AT_LEAST_ONE)
 

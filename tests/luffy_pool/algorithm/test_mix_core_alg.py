@@ -518,3 +518,40 @@ def test_adaptive_entropy_coeff_clip_state_and_fixed_variant():
     assert fixed.update(0.4) == {"actor/entropy_coeff": pytest.approx(0.0005)}
     with pytest.raises(ValueError, match="entropy_coeff > 0"):
         mca.AdaptiveEntropyCoeff(entropy_coeff=0.0, target_entropy=0.2)
+
+
+# ---------------------------------------------------------------- rollout correction weights
+def test_luffy_token_weights_only_the_on_policy_terms_by_hand():
+    # row 0: two on-policy tokens, ratio 1 (inside the clip); row 1: one prefix token p = 0.5, one on-policy token
+    old = torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.5]]))
+    lp = old.clone().requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    mask, prefix = torch.ones(2, 2), torch.tensor([[False, False], [True, False]])
+    weights = torch.tensor([[2.0, 0.5], [9.0, 1.5]])  # 9.0 on the prefix token must not act
+    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix,
+                              rollout_is_weights=weights)
+    cfg = _cfg(off_policy_reshape="p_div_p_0.1")
+    pg_loss, metrics = ca.get_policy_loss_fn("luffy_token")(inputs, cfg)
+    # on: -A*1*w = [-2.0, -0.5], [., -3.0]; off (LUFFY's p/(p+0.1) at p=0.5): -2 * 0.5/0.6 = -5/3
+    assert pg_loss.item() == pytest.approx((-2.0 - 0.5 - 5.0 / 3.0 - 3.0) / 4, abs=1e-6)
+    assert metrics["on_pg_loss"].item() == pytest.approx((-2.0 - 0.5 - 3.0) / 3, abs=1e-6)
+    assert metrics["off_pg_loss"].item() == pytest.approx(-5.0 / 3.0, abs=1e-6)
+    unweighted = ca.get_policy_loss_fn("luffy_token")(dataclasses.replace(inputs, rollout_is_weights=None), cfg)
+    assert unweighted[1]["off_pg_loss"].item() == metrics["off_pg_loss"].item()
+
+
+def test_luffy_token_and_sft_multitask_with_unit_weights_are_bit_for_bit_unweighted():
+    torch.manual_seed(1)
+    old, adv = torch.randn(4, 6) - 1.5, torch.randn(4, 6)
+    lp = old + 0.2 * torch.randn(4, 6)
+    mask = torch.ones(4, 6)
+    mask[1, 4:] = 0
+    prefix = torch.zeros(4, 6, dtype=torch.bool)
+    prefix[2, :3] = True
+    prefix[3] = True
+    for name in ("luffy_token", "sft_multitask"):
+        base = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix)
+        plain = ca.get_policy_loss_fn(name)(base, _cfg())
+        unit = ca.get_policy_loss_fn(name)(dataclasses.replace(base, rollout_is_weights=torch.ones(4, 6)), _cfg())
+        assert torch.equal(plain[0], unit[0]), name
+        assert all(torch.equal(plain[1][k], unit[1][k]) for k in plain[1]), name

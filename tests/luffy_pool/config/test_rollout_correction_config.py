@@ -1,5 +1,5 @@
 """algorithm.rollout_correction and actor_rollout_ref.rollout.calculate_log_probs: verl's keys with verl's
-defaults, refused away from off until the engines return sampling log-probs and the loss takes the weights."""
+defaults; a correction without the engine's sampling log-probs is refused naming both keys."""
 import pytest
 from omegaconf import OmegaConf
 
@@ -27,15 +27,39 @@ def test_defaults_are_verls_and_pass_the_cross_key_rule(compose_config):
 
 
 @pytest.mark.parametrize("override, words", [
-    (f"{RC}.rollout_is=token", f"'{RC}.rollout_is'='token' is not supported: the training rollouts do not return"),
-    (f"{RC}.rollout_is=sequence", f"'{RC}.rollout_is'='sequence' is not supported"),
-    (f"{RC}.rollout_rs=token_k1", f"'{RC}.rollout_rs'='token_k1' is not supported"),
-    (f"{CALC}=True", f"'{CALC}'=True is not supported: the training rollouts do not request"),
+    (f"{RC}.rollout_is=token", f"'{RC}.rollout_is'='token' needs '{CALC}'=True"),
+    (f"{RC}.rollout_is=sequence", f"'{RC}.rollout_is'='sequence' needs '{CALC}'=True"),
+    (f"{RC}.rollout_is=tokens {CALC}=True", f"'{RC}.rollout_is'='tokens' must be null, token or sequence"),
+    (f"{RC}.rollout_rs=token_k1 {RC}.rollout_rs_threshold=2.0", f"'{RC}.rollout_rs'='token_k1' needs '{CALC}'=True"),
     (f"{RC}.rollout_is_threshold=0.0", f"'{RC}.rollout_is_threshold'=0.0 must be > 0"),
 ])
-def test_a_correction_is_refused_naming_the_missing_piece(compose_config, override, words):
-    errors = validate_config(compose_config(PATHS + [override]))
+def test_a_bad_correction_is_refused_naming_the_keys(compose_config, override, words):
+    errors = validate_config(compose_config(PATHS + override.split()))
     assert len(errors) == 1 and errors[0].startswith(words), errors
+
+
+@pytest.mark.parametrize("overrides", [
+    [f"{CALC}=True"],
+    [f"{CALC}=True", f"{RC}.rollout_is=token"],
+    [f"{CALC}=True", f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=5.0"],
+    [f"{CALC}=True", f"{RC}.rollout_rs='token_k1,seq_max_k2'", f"{RC}.rollout_rs_threshold='2.0,0.01'"],
+])
+def test_a_correction_with_the_engine_log_probs_is_accepted(compose_config, overrides):
+    assert validate_config(compose_config(PATHS + overrides)) == []
+
+
+def test_raw_engine_log_probs_are_refused_away_from_temperature_one(compose_config):
+    on = [f"{CALC}=True", f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"]
+    assert validate_config(compose_config(PATHS + on + ["actor_rollout_ref.rollout.temperature=1.0"])) == []
+    errors = validate_config(compose_config(PATHS + on + ["actor_rollout_ref.rollout.temperature=0.7"]))
+    assert errors == [f"'{RC}' needs 'actor_rollout_ref.rollout.logprobs_mode'=processed_logprobs at "
+                      "'actor_rollout_ref.rollout.temperature'=0.7 (raw log-probs ignore the temperature the actor's "
+                      "old log-probs divide by)"]
+
+
+def test_rejection_without_its_threshold_is_refused(compose_config):
+    errors = validate_config(compose_config(PATHS + [f"{CALC}=True", f"{RC}.rollout_rs=seq_mean_k3"]))
+    assert errors == [f"'{RC}.rollout_rs'='seq_mean_k3': rollout_rs_threshold must be set when rollout_rs is"]
 
 
 def test_the_cross_key_rule_reads_the_composed_config(compose_config):

@@ -308,3 +308,44 @@ def test_apply_kl_penalty_with_ref_subtracts_beta_kl():
     rewards, metrics = ca.apply_kl_penalty(scores, old, ref, mask, ca.FixedKLController(0.1), "kl")
     assert torch.allclose(rewards, torch.tensor([[-0.05, 0.0, 1.0]]))
     assert metrics["critic/kl"] == pytest.approx(0.25) and metrics["critic/kl_coeff"] == 0.1
+
+
+# ---------------------------------------------------------------- rollout correction weights
+def _weighted_ppo(old, log_prob, adv, mask, weights, loss_remove_token_mean=False):
+    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask,
+                              rollout_is_weights=weights)
+    return ca.get_policy_loss_fn("vanilla")(inputs, ca.PPOClipConfig(
+        clip_ratio=0.2, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=False))
+
+
+def test_policy_loss_multiplies_token_terms_by_rollout_is_weights_by_hand():
+    old, log_prob, adv, mask = _ppo_case()
+    weights = torch.tensor([[2.0, 0.5, 1.0], [0.25, 1.0, 7.0]])  # 7.0 sits on padding: masked out
+    # token terms (test above): [-1.2, -0.5, -1.1], [1.5, 0.8, .] times w:
+    # [-2.4, -0.25, -1.1], [0.375, 0.8, .] -> sum -2.575 over 5 tokens = -0.515; over width 3: -2.575 / 3
+    pg_loss, metrics = _weighted_ppo(old, log_prob, adv, mask, weights)
+    assert pg_loss.item() == pytest.approx(-0.515, abs=1e-6)
+    assert _weighted_ppo(old, log_prob.detach(), adv, mask, weights, True)[0].item() == pytest.approx(-2.575 / 3,
+                                                                                                    abs=1e-6)
+    # the weights are constants: the gradient of each unclipped term is scaled by its weight
+    pg_loss.backward()
+    expected_grad = torch.tensor([[0.0, -0.5 * 0.5 / 5, -1.1 / 5], [1.5 * 0.25 / 5, 0.0, 0.0]])
+    assert torch.allclose(log_prob.grad, expected_grad, atol=1e-6)
+    # clipfrac and ppo_kl describe the ratio, not the weights
+    assert metrics["pg_clipfrac"].item() == pytest.approx(0.4)
+
+
+def test_policy_loss_with_unit_weights_is_bit_for_bit_the_unweighted_loss():
+    torch.manual_seed(0)
+    old, adv = torch.randn(4, 7) - 2.0, torch.randn(4, 7)
+    mask = (torch.rand(4, 7) > 0.3).float()
+    for remove_token_mean in (False, True):
+        lp_a, lp_b = (old + 0.3 * torch.randn(4, 7)).requires_grad_(True), None
+        lp_b = lp_a.detach().clone().requires_grad_(True)
+        plain = _weighted_ppo(old, lp_a, adv, mask, None, remove_token_mean)
+        unit = _weighted_ppo(old, lp_b, adv, mask, torch.ones(4, 7), remove_token_mean)
+        assert torch.equal(plain[0], unit[0])
+        assert all(torch.equal(plain[1][k], unit[1][k]) for k in plain[1])
+        plain[0].backward()
+        unit[0].backward()
+        assert torch.equal(lp_a.grad, lp_b.grad)

@@ -382,7 +382,8 @@ def ppo_clip_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict[str
     """PPO clipped surrogate -> ``(pg_loss, {pg_clipfrac, ppo_kl})``.
 
     ``ρ = exp(ℓ − ℓ_old)``, ``L = max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε))`` (ε = ``cfg.clip_ratio``), or ``L = −A·ρ``
-    with ``cfg.loss_remove_clip`` (clipfrac 0). Aggregated by :func:`aggregate_token_loss`. No
+    with ``cfg.loss_remove_clip`` (clipfrac 0), times ``inputs.rollout_is_weights`` per token when given (rollout
+    correction). Aggregated by :func:`aggregate_token_loss`. No
     ``clip_upper_bound``: LUFFY's plain PPO and SFT-multitask paths have none; only its off-policy token loss
     reads that key. ``pg_clipfrac`` = share of valid tokens where the clipped term is larger;
     ``ppo_kl = masked_mean(ℓ_old − ℓ)``.
@@ -392,6 +393,8 @@ def ppo_clip_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict[str
     ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, mask)
     pg_losses, pg_clipfrac = clipped_pg_losses(inputs.advantages, torch.exp(log_ratio), mask, cfg.clip_ratio,
                                                remove_clip=cfg.loss_remove_clip)
+    if inputs.rollout_is_weights is not None:  # rollout correction (verl: pg_losses * rollout_is_weights)
+        pg_losses = pg_losses * inputs.rollout_is_weights
     pg_loss = aggregate_token_loss(pg_losses, mask, cfg.loss_remove_token_mean)
     return pg_loss, {"pg_clipfrac": pg_clipfrac, "ppo_kl": ppo_kl}
 

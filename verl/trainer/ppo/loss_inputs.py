@@ -22,6 +22,9 @@ POLICY_LOSS_CONFIGS: dict[str, type] = {}
 POLICY_LOSS_SWITCHES: dict[str, str] = {}
 GRPO_EPSILON = 1e-6  # the ε of (s − μ)/(σ + ε), verl's and LUFFY's
 AUTO_FALLBACK_LOSS = "vanilla"  # what ``auto`` selects when no switch is on: verl's PPO clip loss
+# Losses that multiply their on-policy token terms by ``PolicyLossInputs.rollout_is_weights`` (rollout correction,
+# algorithm.rollout_correction.rollout_is); the actor refuses the weights for any other loss rather than drop them.
+ROLLOUT_IS_LOSSES: set[str] = {"vanilla", "luffy_token", "sft_multitask"}
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,10 @@ class PolicyLossInputs:
 
     ``response_mask`` marks valid response tokens; ``prefix_mask`` the off-policy (prefix) tokens;
     ``behaviour_log_probs`` the log-probs of the policy that wrote the off-policy tokens (NaN = unknown),
-    present only with ``actor.use_off_policy_probs``. A loss that needs an absent tensor says so.
+    present only with ``actor.use_off_policy_probs``; ``rollout_is_weights`` the truncated importance weights
+    pi_old / pi_rollout of rollout correction (1 on off-policy tokens), present only with
+    ``algorithm.rollout_correction.rollout_is`` (losses in :data:`ROLLOUT_IS_LOSSES` multiply their per-token
+    on-policy terms by them before aggregation, as verl). A loss that needs an absent tensor says so.
     """
 
     log_prob: Any
@@ -39,6 +45,7 @@ class PolicyLossInputs:
     response_mask: Any
     prefix_mask: Optional[Any] = None
     behaviour_log_probs: Optional[Any] = None
+    rollout_is_weights: Optional[Any] = None
 
 
 @dataclass(frozen=True)

@@ -223,18 +223,26 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 
 
 CALCULATE_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
+LOGPROBS_MODE = "actor_rollout_ref.rollout.logprobs_mode"
+TEMPERATURE = "actor_rollout_ref.rollout.temperature"
 _RC = "algorithm.rollout_correction"
 
 
 def config_errors(get: Callable[[str], object]) -> list[str]:
     """The cross-key rules of ``algorithm.rollout_correction`` on a dotted-key getter (luffy_pool/config/check):
-    IS or rejection need the engine's sampling log-probs, and rejection needs valid options and thresholds."""
+    IS or rejection need the engine's sampling log-probs (under the temperature the actor uses), and rejection
+    needs valid options and thresholds."""
     errors = []
     rollout_is, rollout_rs = get(f"{_RC}.rollout_is"), get(f"{_RC}.rollout_rs")
     for name, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
         if value is not None and not get(CALCULATE_LOG_PROBS):
             errors.append(f"'{_RC}.{name}'={value!r} needs '{CALCULATE_LOG_PROBS}'=True (the weights compare the "
                           "engine's sampling log-probs with the actor's); set it or set the correction to null")
+    mode, temperature = get(LOGPROBS_MODE), get(TEMPERATURE)
+    if (rollout_is is not None or rollout_rs is not None) and mode == "raw_logprobs" and temperature not in (None, 1.0):
+        # raw_logprobs are of the unscaled logits; the actor's old log-probs are of logits / temperature
+        errors.append(f"'{_RC}' needs '{LOGPROBS_MODE}'=processed_logprobs at '{TEMPERATURE}'={temperature} (raw "
+                      "log-probs ignore the temperature the actor's old log-probs divide by)")
     if rollout_rs is not None:
         try:
             parse_rs_thresholds(parse_rs_options(rollout_rs), get(f"{_RC}.rollout_rs_threshold"))

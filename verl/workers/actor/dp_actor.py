@@ -27,7 +27,7 @@ from verl.protocol import DataProto
 from verl.workers.actor.response_head import response_logprobs, supports_scoring_head
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.loss_inputs import PolicyLossInputs
+from verl.trainer.ppo.loss_inputs import ROLLOUT_IS_LOSSES, PolicyLossInputs
 from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.workers.config_sections import ActorSection
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
@@ -225,7 +225,9 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ loss hook
     def loss_input_keys(self) -> list[str]:
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
+        # rollout_is_weights / response_mask arrive only with rollout correction (IS weights / rejection mask)
+        keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages",
+                "rollout_is_weights", "response_mask"]
         if self.update_config.use_kl_loss:
             keys.append("ref_log_prob")
         return keys
@@ -237,7 +239,11 @@ class DataParallelPPOActor:
         inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"],
                                   advantages=micro["advantages"], response_mask=response_mask,
                                   prefix_mask=micro.get("prefix_mask"),
-                                  behaviour_log_probs=micro.get("behaviour_log_probs"))
+                                  behaviour_log_probs=micro.get("behaviour_log_probs"),
+                                  rollout_is_weights=micro.get("rollout_is_weights"))
+        if inputs.rollout_is_weights is not None and self.policy_loss not in ROLLOUT_IS_LOSSES:
+            raise ValueError(f"algorithm.rollout_correction.rollout_is: policy loss {self.policy_loss!r} does not take "
+                             f"rollout_is_weights (those that do: {', '.join(sorted(ROLLOUT_IS_LOSSES))})")
         pg_loss, out = self.policy_loss_fn(inputs, self.policy_loss_cfg)
         metrics = {f"actor/{k}": v.item() for k, v in out.items()}
         metrics["actor/pg_loss"] = pg_loss.item()
@@ -291,7 +297,10 @@ class DataParallelPPOActor:
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 for mb in micro_batches:
                     mb = {k: v.to(self.device) for k, v in mb.items()}
-                    response_mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
+                    if "response_mask" in mb:  # rollout correction's rejection removed tokens from the loss
+                        response_mask = mb["response_mask"].float()
+                    else:
+                        response_mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
                     with report_oom(mb, "update_policy"):
                         entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
                         if "old_log_probs" not in mb:

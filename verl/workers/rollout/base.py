@@ -31,10 +31,13 @@ def sampling_from_config(rcfg) -> tuple[SamplingSpec, float]:
     (``verl.workers.config_sections.RolloutSection``, or the ``actor_rollout_ref.rollout`` group itself).
 
     ``do_sample=False`` makes every rollout greedy (temperature 0: argmax), training and validation alike.
+    ``calculate_log_probs=True`` asks the engine for each sampled token's log-prob (the batch's
+    ``rollout_log_probs``, read by algorithm.rollout_correction).
     """
     greedy = not rcfg.do_sample
     spec = SamplingSpec(temperature=0.0 if greedy else float(rcfg.temperature), top_p=float(rcfg.top_p),
-                        top_k=int(rcfg.top_k), ignore_eos=bool(rcfg.ignore_eos))
+                        top_k=int(rcfg.top_k), ignore_eos=bool(rcfg.ignore_eos),
+                        return_logprobs=bool(rcfg.calculate_log_probs))
     return spec, 0.0 if greedy else float(rcfg.val_temperature)
 
 
@@ -43,7 +46,7 @@ class GenerationOutput:
     """One engine call's result, aligned with its input list."""
 
     token_ids: list[list[int]]  # generated ids only (no prompt), EOS included when emitted
-    logprobs: Optional[list[list[float]]] = None  # engine log-prob of each generated id (diagnostics only)
+    logprobs: Optional[list[list[float]]] = None  # engine log-prob of each generated id (rollout correction)
 
 
 class BaseRollout(abc.ABC):

@@ -143,3 +143,48 @@ def test_oom_names_the_micro_batch_token_count(tiny_model_dir, monkeypatch):
         actor.update_policy(data)
     with pytest.raises(torch.OutOfMemoryError, match=r"compute_log_prob: .* 18 valid tokens"):
         actor.compute_log_prob(data)
+
+
+def test_rollout_correction_weights_and_rejected_mask_reach_the_loss(tiny_model_dir):
+    """Unit weights and an unrejected mask give today's step bit for bit; real weights and a rejection give the
+    manual SGD step on sum(-A * r * w * m') / sum(m') per micro-batch (m' = the rejected mask)."""
+    b = _batch(_model(tiny_model_dir).config.vocab_size)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5]).unsqueeze(-1).expand(-1, 6).contiguous()
+    mask = b["attention_mask"][:, -6:]
+    with torch.no_grad():
+        old = _direct_log_probs(_model(tiny_model_dir), b)
+
+    def step(extra):
+        model = _model(tiny_model_dir)
+        actor = DataParallelPPOActor(_cfg(), model, torch.optim.SGD(model.parameters(), lr=0.1))
+        tensors = {**b, "old_log_probs": old, "advantages": adv, **extra}
+        metrics = actor.update_policy(DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0}))
+        return [p.detach().clone() for p in model.parameters()], metrics
+
+    plain, plain_metrics = step({})
+    unit, unit_metrics = step({"rollout_is_weights": torch.ones(4, 6), "response_mask": mask.clone()})
+    assert all(torch.equal(a, c) for a, c in zip(plain, unit))
+    assert plain_metrics["actor/pg_loss"] == unit_metrics["actor/pg_loss"]
+
+    weights = torch.linspace(0.5, 2.0, 24).reshape(4, 6)
+    rejected = mask.clone()
+    rejected[0, -1] = rejected[2, 1] = 0
+    _, metrics = step({"rollout_is_weights": weights, "response_mask": rejected})
+    ref_model = _model(tiny_model_dir)
+    total = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        lp = _direct_log_probs(ref_model, {k: v[rows] for k, v in b.items()})
+        m = rejected[rows].float()
+        total = total + ((-adv[rows] * torch.exp(lp - old[rows]) * weights[rows]) * m).sum() / m.sum() / 2
+    assert metrics["actor/pg_loss"] == pytest.approx([total.item()], abs=1e-6)
+
+
+def test_rollout_is_weights_are_refused_by_a_loss_that_ignores_them(tiny_model_dir, monkeypatch):
+    model = _model(tiny_model_dir)
+    b = _batch(model.config.vocab_size)
+    actor = DataParallelPPOActor(_cfg(), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    monkeypatch.setattr(actor, "policy_loss", "some_new_loss")
+    data = DataProto.from_dict(tensors={**b, "old_log_probs": torch.zeros(4, 6), "advantages": torch.zeros(4, 6),
+                                        "rollout_is_weights": torch.ones(4, 6)}, meta_info={"temperature": 1.0})
+    with pytest.raises(ValueError, match="policy loss 'some_new_loss' does not take rollout_is_weights"):
+        actor.update_policy(data)

@@ -114,9 +114,10 @@ def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, p
     from verl.workers.config_sections import RolloutSection
     from verl.workers.rollout.base import sampling_from_config
 
-    def rcfg(do_sample):  # the worker's typed rollout section, from the composed config
+    def rcfg(do_sample, calculate_log_probs=False):  # the worker's typed rollout section, from the composed config
         cfg = compose_config(["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.ignore_eos=True",
-                              f"actor_rollout_ref.rollout.do_sample={do_sample}"])
+                              f"actor_rollout_ref.rollout.do_sample={do_sample}",
+                              f"actor_rollout_ref.rollout.calculate_log_probs={calculate_log_probs}"])
         return RolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout)
 
     rollout = HFRollout(tiny_model_dir, engine_section(hf_micro_batch_size=8))
@@ -133,3 +134,10 @@ def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, p
     assert greedy[0] == greedy[1] == [hf_greedy(reference, p, 8) for p in prompts]
     assert sampling_from_config(rcfg(False))[1] == 0.0  # validation greedy too
     assert sampling_from_config(rcfg(True))[1] == 0.6
+    # calculate_log_probs asks the engine for the sampled tokens' log-probs (rollout correction reads them)
+    assert sampling_from_config(rcfg(True))[0].return_logprobs is False
+    spec, _ = sampling_from_config(rcfg(True, calculate_log_probs=True))
+    spec.seed = 1
+    assert spec.return_logprobs is True
+    out = rollout.generate_token_ids(prompts, caps, spec)
+    assert out.token_ids == sampled[0] and [len(lp) for lp in out.logprobs] == [len(t) for t in out.token_ids]
