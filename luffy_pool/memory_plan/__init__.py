@@ -118,7 +118,7 @@ def check_run(sections, device: str) -> Optional[Plan]:
         logger.warning("memory plan skipped: %s", exc)
         return None
     print("[luffy_pool] " + render(plan, "memory plan (luffy_pool.memory_plan, trainer.memory_plan="
-                                   f"{mode})", rows_per_engine=rollout_rows_per_engine(config)).replace(
+                                   f"{mode})", rows_per_engine=rollout_rows_per_engine(sections)).replace(
         "\n", "\n[luffy_pool] "), flush=True)
     problems = over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []
     if problems and mode == "error":

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from luffy_pool.memory_plan import GiB, HEADROOM_FRACTION, over_budget_message, parse_gpu_memory, plan_for_config, render
+from luffy_pool.config.sections import ConfigSections
 from luffy_pool.memory_plan.report import rollout_rows_per_engine
 
 
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
         return 2
     title = f"memory plan of {args.script or 'the composed config'} on a {args.gpu_memory} GB GPU " \
             f"({device_bytes / GiB:.1f} GiB)"
-    print(render(plan, title, rows_per_engine=rollout_rows_per_engine(config)))
+    print(render(plan, title, rows_per_engine=rollout_rows_per_engine(ConfigSections.from_config(config))))
     bad = plan.over(HEADROOM_FRACTION) or any("refuse" in n or "raises" in n for n in plan.notes)
     if bad:
         for line in over_budget_message(plan) or [f"memory plan: less than {HEADROOM_FRACTION:.0%} headroom"]:

@@ -23,19 +23,12 @@ def gib(n: int) -> str:
     return f"{n / GiB:7.2f}"
 
 
-def rollout_rows_per_engine(config) -> Optional[int]:
+def rollout_rows_per_engine(sections) -> int:
     """Sequences one vLLM engine generates per training step: ``train_batch_size x n`` over the engines (each
-    of the world / TP engines generates the prompts of its TP group); None when the config does not say."""
-    from omegaconf import OmegaConf
-
-    def get(key):
-        return OmegaConf.select(config, key, default=None)
-
-    batch, n, tp = get("data.train_batch_size"), get(f"{_R}.n"), get(f"{_R}.tensor_model_parallel_size") or 1
-    world = (get("trainer.nnodes") or 1) * (get("trainer.n_gpus_per_node") or 1)
-    if not batch or not n:
-        return None
-    return math.ceil(int(batch) * int(n) / max(1, int(world) // int(tp)))
+    of the world / TP engines generates the prompts of its TP group); ``sections`` is the run's ConfigSections."""
+    rollout, trainer = sections.workers.rollout, sections.trainer
+    engines = max(1, trainer.nnodes * trainer.n_gpus_per_node // rollout.tensor_model_parallel_size)
+    return math.ceil(sections.data.train_batch_size * rollout.n / engines)
 
 
 def kv_demand_line(plan: Plan, rows_per_engine: Optional[int] = None) -> Optional[str]:
@@ -74,7 +67,9 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
     if plan.kv_cache_bytes:
         out.append(f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
                    f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)")
-        out.append(kv_demand_line(plan, rows_per_engine))
+        demand = kv_demand_line(plan, rows_per_engine)
+        if demand is not None:  # a cache of 0 tokens (the engine does not fit) has no demand to compare
+            out.append(demand)
     out += [f"note: {n}" for n in plan.notes]
     peak = plan.peak
     out.append(f"peak: {peak.name} {peak.total / GiB:.2f} GiB")

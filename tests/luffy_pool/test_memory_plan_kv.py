@@ -9,6 +9,7 @@ import os
 
 from luffy_pool import memory_plan as mp
 from luffy_pool.config.compose import compose_config
+from luffy_pool.config.sections import ConfigSections
 from luffy_pool.memory_plan.__main__ import main as cli
 from luffy_pool.memory_plan.launch_script import script_overrides
 from luffy_pool.memory_plan.report import kv_demand_line, rollout_rows_per_engine
@@ -22,10 +23,14 @@ def _config(*extra):
     return compose_config(script_overrides(TRAIN_16K, list(extra), env=env))
 
 
+def _sections(*extra):
+    return ConfigSections.from_config(_config(*extra))
+
+
 def test_rows_per_engine_are_the_steps_rows_over_the_tp_engines():
-    assert rollout_rows_per_engine(_config()) == 128 * 8 // (8 // 2)
-    assert rollout_rows_per_engine(_config("actor_rollout_ref.rollout.tensor_model_parallel_size=1")) == 128 * 8 // 8
-    assert rollout_rows_per_engine(_config("data.train_batch_size=6", "trainer.n_gpus_per_node=4")) == 6 * 8 // 2
+    assert rollout_rows_per_engine(_sections()) == 128 * 8 // (8 // 2)
+    assert rollout_rows_per_engine(_sections("actor_rollout_ref.rollout.tensor_model_parallel_size=1")) == 128 * 8 // 8
+    assert rollout_rows_per_engine(_sections("data.train_batch_size=6", "trainer.n_gpus_per_node=4")) == 6 * 8 // 2
 
 
 def test_train_16k_kv_demand_is_over_the_cache_and_says_what_vllm_does(capsys):

@@ -277,12 +277,12 @@ def wandb_problem(env=None, timeout_s: float = TRACKER_PROBE_TIMEOUT_S) -> Optio
     mode = str(env.get("WANDB_MODE", "")).strip().lower()
     if mode in _WANDB_LOCAL_MODES or _truthy(env.get("WANDB_DISABLED")) or _truthy(env.get("WANDB_OFFLINE")):
         return None
-    settings = _wandb_settings(env)
-    url = (env.get("WANDB_BASE_URL") or settings.get("base_url") or WANDB_DEFAULT_URL).rstrip("/")
+    wandb_settings = _wandb_settings(env)
+    url = (env.get("WANDB_BASE_URL") or wandb_settings.get("base_url") or WANDB_DEFAULT_URL).rstrip("/")
     from urllib.parse import urlparse
 
     host = urlparse(url).netloc
-    if not (env.get("WANDB_API_KEY") or settings.get("api_key") or _netrc_has_key(host, env)):
+    if not (env.get("WANDB_API_KEY") or wandb_settings.get("api_key") or _netrc_has_key(host, env)):
         return (f"trainer.logger includes wandb, but wandb has no login for {url} here (no WANDB_API_KEY, no api_key in "
                 f"wandb's settings, no {host} entry in ~/.netrc): run `wandb login`, or {fix}")
     if not _reachable(url, timeout_s):

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from luffy_pool.config.compose import actor_config
+from luffy_pool.config.compose import actor_config, rollout_section
 from luffy_pool.tiny import TinyModelSpec, build_tiny_model
 
 from verl.protocol import DataProto
@@ -127,7 +127,7 @@ def _generate(model, prompts, new):
 @pytest.mark.parametrize("name", ALL)
 def test_rollout_decoder_greedy_equals_transformers_generate(model_dirs, name):
     model = _load(model_dirs(name))
-    engine = HFRollout("unused", {"hf_decoder": "auto"}, model=model)
+    engine = HFRollout("unused", rollout_section(hf_decoder="auto"), model=model)
     from verl.workers.rollout.kv_decoder import supports
 
     ok, why = supports(model)
@@ -157,7 +157,7 @@ def test_sliding_window_model_falls_back_to_the_generic_loop_with_the_reason():
                                              num_attention_heads=2, num_key_value_heads=1, sliding_window=4)).eval()
     ok, why = supports(model)
     assert not ok and why == "sliding-window attention (sliding_window=4)"
-    engine = HFRollout("unused", {"hf_decoder": "auto"}, model=model)
+    engine = HFRollout("unused", rollout_section(hf_decoder="auto"), model=model)
     assert engine.kv_decoder is None
     prompts = _prompts(64)
     out = engine.generate_token_ids(prompts, [10] * 3, SamplingSpec(temperature=0.0, return_logprobs=True, ignore_eos=True))
