@@ -38,6 +38,12 @@ def _adv_estimators():
     return tuple(ADV_ESTIMATOR_REGISTRY)
 
 
+def _methods():
+    from luffy_pool.methods import method_names
+
+    return method_names()
+
+
 def _kl_controllers():
     from verl.trainer.ppo.kl import KL_CONTROLLER_TYPES
 
@@ -267,8 +273,39 @@ class KLControlSection:
 
 
 @dataclass(frozen=True)
+class HptSection:
+    """``algorithm.hpt``: HPT's gate (luffy_pool/methods/hpt.py)."""
+
+    switch_gate: int = key(bounds=NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
+class SrftSection:
+    """``algorithm.srft``: SRFT's entropy weights (luffy_pool/methods/srft.py)."""
+
+    srft_type: str = key(choices=_from("luffy_pool.algorithm.family.srft", "SRFT_TYPES"))
+    sft_weight_scale: float = key(bounds=NON_NEGATIVE)
+    rl_pos_weight_scale: float = key(bounds=NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
+class ChordSection:
+    """``algorithm.chord``: CHORD's μ schedule and SFT term (luffy_pool/methods/chord.py)."""
+
+    mu_warmup_steps: int = key(bounds=NON_NEGATIVE)
+    mu_decay_steps: int = key(bounds=NON_NEGATIVE)
+    mu_peak: float = key(bounds=UNIT)
+    mu_valley: float = key(bounds=UNIT)
+    enable_phi_function: bool = key()
+    clip_ratio_c: float = key(bounds=POSITIVE)
+    use_token_level_loss_in_sft: bool = key()
+
+
+@dataclass(frozen=True)
 class AlgorithmSection:
-    """``algorithm.*``: the advantage estimator and KL-in-reward."""
+    """``algorithm.*``: the training method, the advantage estimator and KL-in-reward."""
+
+    method: str = key(choices=_methods)
 
     gamma: float
     lam: float = _inert("only GAE reads it, and gae needs a critic, which is not shipped")
@@ -278,6 +315,9 @@ class AlgorithmSection:
     kl_penalty: str = key(choices=kl_estimators)
     surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
+    hpt: HptSection = nested(HptSection)
+    srft: SrftSection = nested(SrftSection)
+    chord: ChordSection = nested(ChordSection)
 
 
 @dataclass(frozen=True)
