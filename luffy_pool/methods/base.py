@@ -13,6 +13,7 @@ A method (``algorithm.method``) declares, in one small module registered here:
   to the actor with the step index so the loss can build its knob dataclass (luffy_pool/methods/losses.py).
 - ``before_update``: an optional driver stage after the advantage, ``fn(batch, sections) -> metrics``, that adds
   per-row tensors the loss reads (HPT's per-group switch ``loss_row_mask``, SRFT's ``row_scores``).
+- ``needs_demonstration``: every train row needs its ``data.target_key`` (luffy_pool/run/preflight.py).
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class Method:
     replaces: Mapping[str, Any] = field(default_factory=dict)
     knobs: Optional[str] = None
     before_update: Optional[Callable[..., dict]] = None
+    # every train row must carry a demonstration (data.target_key not null), checked before Ray starts
+    needs_demonstration: bool = False
 
 
 def register_method(method: Method) -> Method:

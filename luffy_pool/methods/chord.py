@@ -17,4 +17,4 @@ A = "actor_rollout_ref.actor"
 CHORD = register_method(Method(
     name="chord", mechanism="(1 − μ(t))·GRPO + μ(t)·φ-weighted SFT on expert rows, μ cosine-decayed",
     requires={f"{A}.policy_loss": "chord", "algorithm.adv_estimator": "grpo_split", **FULL_DEMO_ROW},
-    replaces={f"{A}.use_off_policy_loss": False}, knobs="chord"))
+    replaces={f"{A}.use_off_policy_loss": False}, needs_demonstration=True, knobs="chord"))

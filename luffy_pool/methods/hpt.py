@@ -51,4 +51,4 @@ def hpt_gate(batch, sections) -> dict:
 HPT = register_method(Method(
     name="hpt", mechanism="per group: SFT on the demonstration if its rollouts have <= switch_gate successes, else RL",
     requires={f"{A}.policy_loss": "hpt_sft", "algorithm.adv_estimator": "grpo_split", **FULL_DEMO_ROW},
-    replaces={f"{A}.use_off_policy_loss": False}, knobs="hpt", before_update=hpt_gate))
+    replaces={f"{A}.use_off_policy_loss": False}, needs_demonstration=True, knobs="hpt", before_update=hpt_gate))

@@ -23,4 +23,4 @@ def row_scores(batch, sections) -> dict:
 SRFT = register_method(Method(
     name="srft", mechanism="entropy-weighted SFT + shaped off-policy PG on the demo + sign-weighted on-policy PG",
     requires={f"{A}.policy_loss": "srft", f"{A}.off_policy_reshape": "p_div_p_0.1", **FULL_DEMO_ROW},
-    replaces={f"{A}.use_off_policy_loss": False}, knobs="srft", before_update=row_scores))
+    replaces={f"{A}.use_off_policy_loss": False}, needs_demonstration=True, knobs="srft", before_update=row_scores))

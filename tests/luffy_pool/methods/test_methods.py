@@ -212,3 +212,40 @@ def test_a_family_loss_without_the_method_meta_says_so():
 
     with pytest.raises(ValueError, match="needs the update's meta_info\\['method'\\]"):
         family_policy_loss(_stub_actor("chord", None), *_micro())
+
+
+# ---------------------------------------------------------------- data checks before Ray
+@pytest.mark.parametrize("method,refused", [("hpt", True), ("srft", True), ("chord", True), ("luffy", False),
+                                            ("grpo", False)])
+def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):
+    import pandas as pd
+
+    from luffy_pool.run.preflight import check_demonstrations
+
+    path = str(tmp_path / "train.parquet")
+    pd.DataFrame({"prompt": ["a", "b", "c"], "target": [[{"content": "x"}], None, [{"content": "y"}]]}).to_parquet(path)
+    problem = check_demonstrations(path, "target", method)
+    if refused:
+        assert problem == (f"data.train_files: {path}: row 1: column 'target' is null, but algorithm.method={method} "
+                           "trains on every prompt's demonstration")
+    else:
+        assert problem is None
+
+
+def test_a_missing_demonstration_column_is_refused_before_ray_naming_file_and_column(tmp_path, compose_config,
+                                                                                    luffy_overrides, tiny_model_dir):
+    import pandas as pd
+
+    from luffy_pool.run.launcher import build_trainer
+    from luffy_pool.run.preflight import PreflightError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = {"prompt": [[{"role": "user", "content": "1+1"}]], "data_source": ["t"],
+            "reward_model": [{"ground_truth": "2", "style": "rule"}]}
+    pd.DataFrame(rows).to_parquet(data / "train.parquet")
+    pd.DataFrame(rows).to_parquet(data / "test.parquet")
+    config = compose_config(luffy_overrides(tiny_model_dir, str(data), str(tmp_path / "out"), steps=2)
+                            + ["algorithm.method=srft"])
+    with pytest.raises(PreflightError, match=f"data.train_files: {data}/train.parquet: missing column 'target'"):
+        build_trainer(config)
