@@ -50,7 +50,10 @@ def _srft_cfg(knobs: dict, meta: dict, loss, actor) -> SrftConfig:
 
 
 def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
-    """Trinity's per-type weights from this rank's mini-batch: ``expert_share`` of its rows are expert rows."""
+    """Trinity's per-type weights for this rank's mini-batch (``expert_share`` of its rows are expert rows), so
+    each term is the per-row mean of its type over the mini-batch. Our actor divides every micro-batch loss by
+    ``gradient_accumulation``, with or without dynamic batch size, which is Trinity's fixed-size case
+    (``use_dynamic_bsz=False``: ``w_type = gradient_accumulation / rows_of_type``)."""
     from verl.utils.batch_sizes import rank_batch_sizes
 
     sizes = actor.batch_sizes if actor.batch_sizes is not None else rank_batch_sizes(actor.config)
@@ -59,8 +62,8 @@ def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
     return ChordConfig(mu_warmup_steps=knobs["mu_warmup_steps"], mu_decay_steps=knobs["mu_decay_steps"],
                        mu_peak=knobs["mu_peak"], mu_valley=knobs["mu_valley"],
                        enable_phi_function=knobs["enable_phi_function"], clip_range=loss.clip_ratio,
-                       clip_ratio_c=knobs["clip_ratio_c"], use_dynamic_bsz=actor.update_config.use_dynamic_bsz,
-                       ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=sizes.ppo_micro_rows,
+                       clip_ratio_c=knobs["clip_ratio_c"], use_dynamic_bsz=False,
+                       ppo_mini_batch_size=sizes.gradient_accumulation, ppo_micro_batch_size_per_gpu=1,
                        ngpus_trainer=1, train_batch_size_usual=max(1, mini - expert), train_batch_size_expert=expert,
                        use_token_level_loss_in_sft=knobs["use_token_level_loss_in_sft"])
 

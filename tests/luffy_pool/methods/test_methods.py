@@ -153,9 +153,17 @@ def test_the_step_reaches_chords_mu(step, mu):
     meta = {"name": "chord", "knobs": CHORD_MU, "step": step, "expert_share": 0.25}
     loss, metrics = family_policy_loss(_stub_actor("chord", meta), *_micro())
     assert metrics["actor/mu"] == pytest.approx(mu, abs=1e-6)  # METHODS_SPEC §10 CHORD-μ values
-    # one expert row of four, mini-batch of 4 rows: each term is the per-row mean of its type
-    usual, expert = metrics["actor/usual/pg_loss"], metrics["actor/expert/sft_loss"]
-    assert loss.item() == pytest.approx((1 - mu) * usual + mu * expert, rel=1e-5)
+    # one expert row of four in a one-micro-batch mini-batch: each term is the mean over its own rows
+    from luffy_pool.algorithm.family.chord import ChordConfig, dual_clip_ppo_loss, sft_plain_loss
+    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+
+    micro, log_prob, _, mask = _micro()
+    part = {name: FamilyLossInputs(log_prob=log_prob[rows], old_log_prob=micro["old_log_probs"][rows],
+                                   advantages=micro["advantages"][rows], response_mask=mask[rows])
+            for name, rows in (("usual", [0, 1, 2]), ("expert", [3]))}
+    usual, _ = dual_clip_ppo_loss(part["usual"], ChordConfig(clip_range=0.2))
+    expert, _ = sft_plain_loss(part["expert"], ChordConfig())
+    assert loss.item() == pytest.approx((1 - mu) * usual.item() + mu * expert.item(), rel=1e-5)
 
 
 def test_update_meta_sends_the_knobs_and_a_zero_based_step():
