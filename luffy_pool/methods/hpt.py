@@ -3,8 +3,8 @@ group's on-policy rollouts have at most ``algorithm.hpt.switch_gate`` successes,
 
 Slot plan: LUFFY's (``n − 1`` on-policy rollouts + one full demonstration row per group), so the verify rollouts
 are the group's ``n − 1`` on-policy rows (the authors roll out ``n_verify = 8`` and then add the demo row:
-``rollout.n = 9`` is their plan; exp_scripts/train_hpt.sh keeps n = 8, 7 verify rollouts). The gate (:func:`hpt_gate`, the family's ``hpt_switch`` block) runs on the
-driver after the advantage and writes ``loss_row_mask``: 1 on the rows the authors keep (the demo row of a
+``rollout.n = 9`` is their plan; exp_scripts/train_hpt.sh keeps n = 8, 7 verify rollouts). The gate
+(:func:`hpt_gate`, the family's ``hpt_switch`` block) runs on the driver after the advantage and writes ``loss_row_mask``: 1 on the rows the authors keep (the demo row of a
 switched group; the rollouts otherwise), 0 on the rows they drop; the ``hpt_sft`` loss masks the dropped rows
 out, which equals removing them (its RL term is a sum / L, its SFT term a mean over the kept demo tokens).
 The advantage is ``grpo_split`` (over the on-policy rows only, as the authors' over the 8 kept rollouts).
