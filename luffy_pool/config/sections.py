@@ -48,6 +48,10 @@ def _policy_losses():
     from verl.workers.config_sections import policy_losses
 
     return policy_losses()
+def _methods():
+    from luffy_pool.methods import method_names
+
+    return method_names()
 
 
 def _kl_controllers():
@@ -349,8 +353,39 @@ class RolloutCorrectionSection:
 
 
 @dataclass(frozen=True)
+class HptSection:
+    """``algorithm.hpt``: HPT's gate (luffy_pool/methods/hpt.py)."""
+
+    switch_gate: int = key(bounds=NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
+class SrftSection:
+    """``algorithm.srft``: SRFT's entropy weights (luffy_pool/methods/srft.py)."""
+
+    srft_type: str = key(choices=_from("luffy_pool.algorithm.family.srft", "SRFT_TYPES"))
+    sft_weight_scale: float = key(bounds=NON_NEGATIVE)
+    rl_pos_weight_scale: float = key(bounds=NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
+class ChordSection:
+    """``algorithm.chord``: CHORD's μ schedule and SFT term (luffy_pool/methods/chord.py)."""
+
+    mu_warmup_steps: int = key(bounds=NON_NEGATIVE)
+    mu_decay_steps: int = key(bounds=NON_NEGATIVE)
+    mu_peak: float = key(bounds=UNIT)
+    mu_valley: float = key(bounds=UNIT)
+    enable_phi_function: bool = key()
+    clip_ratio_c: float = key(bounds=POSITIVE)
+    use_token_level_loss_in_sft: bool = key()
+
+
+@dataclass(frozen=True)
 class AlgorithmSection:
-    """``algorithm.*``: the advantage estimator, KL-in-reward and rollout correction."""
+    """``algorithm.*``: the training method, the advantage estimator, KL-in-reward and rollout correction."""
+
+    method: str = key(choices=_methods)
 
     gamma: float
     lam: float = _inert("only GAE reads it, and gae needs a critic, which is not shipped")
@@ -361,6 +396,9 @@ class AlgorithmSection:
     surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
     rollout_correction: RolloutCorrectionSection = nested(RolloutCorrectionSection)
+    hpt: HptSection = nested(HptSection)
+    srft: SrftSection = nested(SrftSection)
+    chord: ChordSection = nested(ChordSection)
 
 
 @dataclass(frozen=True)

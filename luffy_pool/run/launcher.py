@@ -210,6 +210,7 @@ def build_trainer(config: DictConfig):
     """Everything ``fit`` needs; returns ``(trainer, close)`` where ``close()`` releases pools/trackers."""
     from transformers import AutoTokenizer
 
+    from luffy_pool.methods import apply_method
     from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
     from luffy_pool.run.preflight import InputError, PreflightError, check_cluster_capacity, preflight
     from verl.utils.context_length import check_model_context
@@ -218,6 +219,10 @@ def build_trainer(config: DictConfig):
     from verl.workers.reward_manager import RewardManager
 
     setup_logging()
+    try:  # algorithm.method sets the keys it needs (luffy_pool/methods/); a contradicting one is refused
+        apply_method(config)
+    except ValueError as exc:
+        raise PreflightError([str(exc)]) from None
     sections = ConfigSections.from_config(config)  # the one typed view of the run, passed down from here
     preflight(config, sections)  # folders, model and data files: one line per problem before anything loads
     try:

@@ -41,6 +41,12 @@ def write_resolved_config(config: DictConfig) -> Optional[str]:
 
 def run(config: DictConfig) -> dict:
     """Validate, resolve and save the config (its path is printed), then train through Ray; returns the final metrics."""
+    from luffy_pool.methods import apply_method
+
+    try:  # algorithm.method sets the keys it needs before they are checked (luffy_pool/methods/base.py)
+        apply_method(config)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
     check_config(config)
     OmegaConf.resolve(config)
     path = write_resolved_config(config)

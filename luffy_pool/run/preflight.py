@@ -205,6 +205,29 @@ def check_trackers(sections) -> list[str]:
     return tracker_problems(sections.trainer.logger)
 
 
+def check_demonstrations(path: str, target_key: str, method_name: str) -> Optional[str]:
+    """A method that trains on every prompt's demonstration (``Method.needs_demonstration``: hpt, srft, chord)
+    refuses a train row whose ``target_key`` is null (LUFFY allows it: that prompt gets no off-policy slot); the
+    first such row, naming file, row and column. Missing files and columns are ``check_parquet``'s."""
+    import pyarrow.parquet as pq
+
+    from luffy_pool.methods import get_method
+
+    method = get_method(method_name)
+    if not method.needs_demonstration or not os.path.isfile(path):
+        return None
+    try:
+        column = pq.ParquetFile(path).read(columns=[target_key]).column(target_key)
+    except Exception:  # noqa: BLE001 - unreadable file or missing column: check_parquet says so
+        return None
+    nulls = column.is_null()
+    if not nulls.to_pylist().count(True):
+        return None
+    row = nulls.to_pylist().index(True)
+    return (f"data.train_files: {path}: row {row}: column {target_key!r} is null, but algorithm.method={method.name} "
+            f"trains on every prompt's demonstration")
+
+
 # ---------------------------------------------------------------------- all of it
 def preflight(config, sections=None) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files; ``sections``: the run's
@@ -229,6 +252,7 @@ def preflight(config, sections=None) -> None:
     base = (d.prompt_key, "data_source", "reward_model")
     for path in _files(d.train_files):
         errors += check_parquet(path, "data.train_files", base + (d.target_key,), d.prompt_key)
+        errors.append(check_demonstrations(path, d.target_key, sections.algorithm.method))
     for path in _files(d.val_files):
         errors += check_parquet(path, "data.val_files", base, d.prompt_key)
     for path in _files(d.off_policy_files):

@@ -22,6 +22,7 @@ import torch
 from deepscaler.rewards import fail_success_values
 from luffy_pool.config.sections import ConfigSections
 from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
+from luffy_pool.methods import get_method
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
 from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
 from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction
@@ -84,6 +85,7 @@ class MIXRayPPOTrainer:
         self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(s.trainer.seed))
         self.kl_ctrl = get_kl_controller(s.algorithm.kl_ctrl)
         self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=tokenizer)  # None when off
+        self.method = get_method(s.algorithm.method)  # luffy_pool/methods/: its driver stage and loss knobs
         self.use_ref = s.workers.ref.use_ref
         rc = s.algorithm.rollout_correction
         self.rollout_correction = rc if rollout_correction_enabled(rc) else None
@@ -217,6 +219,8 @@ class MIXRayPPOTrainer:
         with _timer("adv", timing):
             batch, stage = self._advantages(batch)
         metrics.update(stage)
+        if self.method.before_update is not None:  # e.g. HPT's per-group gate (luffy_pool/methods/)
+            metrics.update(self.method.before_update(batch, self.sections))
         metrics.update(self._update(batch, timing))
         stage, prompt_tokens, response_tokens = self._step_metrics(batch)
         metrics.update(stage)
@@ -255,7 +259,12 @@ class MIXRayPPOTrainer:
             metrics.update(self._balance_batch(batch))
         if self.sections.trainer.critic_warmup <= self.global_steps - 1:
             with _timer("update_actor", timing):
-                update = self.wg.update_actor(batch.select(batch_keys=self._update_keys(batch)))
+                update_batch = batch.select(batch_keys=self._update_keys(batch))
+                if self.method.knobs is not None:  # the family loss's knobs and step (luffy_pool/methods/losses.py)
+                    from luffy_pool.methods.losses import update_meta
+
+                    update_batch.meta_info["method"] = update_meta(self.method, self.sections, self.global_steps)
+                update = self.wg.update_actor(update_batch)
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
         return metrics
 
@@ -344,6 +353,7 @@ class MIXRayPPOTrainer:
         if rc is not None:  # the weights, and the loss mask less the rejected tokens
             keys += [IS_WEIGHTS_KEY] if rc.rollout_is is not None else []
             keys += ["response_mask"] if rc.rollout_rs is not None else []
+        keys += [k for k in ("loss_row_mask", "row_scores") if k in batch.batch.keys()]  # algorithm.method's
         return keys
 
     def _advantages(self, batch: DataProto) -> tuple[DataProto, dict]:

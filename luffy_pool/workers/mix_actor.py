@@ -12,6 +12,7 @@ import math
 
 from luffy_pool.algorithm.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
 from luffy_pool.config.sections import LuffyActorSection
+from luffy_pool.methods.losses import FAMILY_LOSSES, family_policy_loss  # also registers hpt_sft / srft / chord
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
 
@@ -23,6 +24,7 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
     def __init__(self, config, actor_module, actor_optimizer=None, **kw):
         super().__init__(config, actor_module, actor_optimizer, **kw)
         self.adaptive_entropy = None
+        self.method_meta = None  # algorithm.method's knobs and step, sent with each update (family losses)
         if self.update_config is None:  # a log-prob-only actor: no loss
             return
         self.loss_cfg = loss = self.update_config.loss
@@ -36,7 +38,17 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         keys = super().loss_input_keys() + ["prefix_mask"]
         if self.loss_cfg.use_off_policy_probs:
             keys.append("behaviour_log_probs")
-        return keys
+        # per-row tensors of algorithm.method's driver stage (HPT's gate, SRFT's scores); loaded when present
+        return keys + ["loss_row_mask", "row_scores"]
+
+    def update_policy(self, data):
+        self.method_meta = data.meta_info.get("method")
+        return super().update_policy(data)
+
+    def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
+        if self.policy_loss in FAMILY_LOSSES:  # the family's losses read entropies, gate masks and the step
+            return family_policy_loss(self, micro, log_prob, entropy, response_mask)
+        return super().compute_policy_loss(micro, log_prob, entropy, response_mask)
 
     def extra_policy_loss(self, loss_metrics, metrics):
         """``use_ppo_kl_loss``: ``ppo_kl_loss_coef·|ppo_kl|`` of the registered loss's ``ppo_kl``."""

@@ -22,8 +22,12 @@ def test_every_block_is_registered_with_its_knobs():
             config()  # every knob has the authors' default
 
 
-def test_family_losses_stay_out_of_the_trainer_registry_until_wired():
-    assert not set(registry.names("loss")) & set(POLICY_LOSS_REGISTRY)
+def test_the_losses_algorithm_method_wires_are_the_same_functions_in_the_trainer_registry():
+    import luffy_pool.methods.losses  # noqa: F401 -- registers hpt_sft / srft / chord for the actor's dispatch
+
+    wired = {"hpt_sft", "srft", "chord"}
+    assert set(registry.names("loss")) & set(POLICY_LOSS_REGISTRY) == wired
+    assert all(POLICY_LOSS_REGISTRY[name] is registry.get("loss", name) for name in wired)
 
 
 def test_inputs_extend_policy_loss_inputs():

@@ -1,0 +1,259 @@
+"""The method selector and the compositions of hpt / srft / chord / grpo, without Ray: which keys a method sets
+and refuses, HPT's gate on the group's success count, and that the knobs, masks and step reach the family loss."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+A = "actor_rollout_ref.actor"
+
+
+@pytest.fixture
+def tiny_config(compose_config, luffy_overrides, tmp_path):
+    def make(*extra):
+        return compose_config(luffy_overrides("m", "d", str(tmp_path), steps=2) + list(extra))
+    return make
+
+
+def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with_the_list():
+    from luffy_pool.methods import get_method, method_names
+
+    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord"}
+    with pytest.raises(ValueError, match=r"algorithm.method='exgrpo' is not implemented; valid: \['chord', 'grpo', "):
+        get_method("exgrpo")
+
+
+def test_config_check_refuses_an_unknown_method(compose_config):
+    from luffy_pool.config.check import validate_config
+
+    errors = validate_config(compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
+                                             "algorithm.method=relift"]))
+    assert any("algorithm.method" in e and "relift" in e for e in errors), errors
+
+
+def test_luffy_changes_nothing(tiny_config):
+    from omegaconf import OmegaConf
+
+    from luffy_pool.methods import apply_method
+
+    config = tiny_config()
+    before = OmegaConf.to_container(config)
+    assert apply_method(config).name == "luffy"
+    assert OmegaConf.to_container(config) == before
+
+
+@pytest.mark.parametrize("method,loss,adv", [("hpt", "hpt_sft", "grpo_split"), ("srft", "srft", "grpo"),
+                                             ("chord", "chord", "grpo_split"), ("grpo", "vanilla", "grpo")])
+def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tiny_config, method, loss, adv):
+    from luffy_pool.config.check import validate_config
+    from luffy_pool.methods import apply_method
+
+    config = tiny_config(f"algorithm.method={method}")
+    apply_method(config)
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert (actor.policy_loss, config.algorithm.adv_estimator, actor.use_off_policy_loss) == (loss, adv, False)
+    assert rollout.n_prefix == (0 if method == "grpo" else 1)
+    apply_method(config)  # idempotent
+    assert not [e for e in validate_config(config) if "policy_loss" in e or "method" in e]
+
+
+def test_a_value_contradicting_the_method_is_refused_naming_both_keys(tiny_config):
+    from luffy_pool.methods import apply_method
+
+    config = tiny_config("algorithm.method=hpt", f"{A}.policy_loss=vanilla")
+    with pytest.raises(ValueError) as exc:
+        apply_method(config)
+    msg = str(exc.value)
+    assert "\n" not in msg and "algorithm.method=hpt" in msg and f"{A}.policy_loss='vanilla'" in msg
+    config = tiny_config("algorithm.method=chord", "actor_rollout_ref.rollout.n_prefix=2")
+    with pytest.raises(ValueError, match="algorithm.method=chord sets actor_rollout_ref.rollout.n_prefix=1"):
+        apply_method(config)
+
+
+def test_the_trainer_cli_refuses_a_contradiction_in_one_line(tiny_config):
+    from luffy_pool.config.check import ConfigError
+    from luffy_pool.run.main_mix_ppo import run
+
+    with pytest.raises(ConfigError, match="algorithm.method=srft sets actor_rollout_ref.actor.off_policy_reshape"):
+        run(tiny_config("algorithm.method=srft", f"{A}.off_policy_reshape=p_div_p_0.3"))
+
+
+# ---------------------------------------------------------------- HPT's gate
+def _group_batch(scores, demo):
+    """A DataProto of groups: ``scores[g]`` and ``demo[g]`` per row of group g (score on the last token)."""
+    from verl.protocol import DataProto
+
+    flat_scores = [s for g in scores for s in g]
+    flat_demo = [d for g in demo for d in g]
+    rows, width = len(flat_scores), 3
+    tls = torch.zeros(rows, width)
+    tls[:, -1] = torch.tensor(flat_scores, dtype=torch.float32)
+    prefix = torch.zeros(rows, width, dtype=torch.bool)
+    prefix[torch.tensor(flat_demo)] = True
+    uids = np.array([f"p{g}" for g, grp in enumerate(scores) for _ in grp], dtype=object)
+    return DataProto.from_dict(tensors={"token_level_scores": tls, "prefix_mask": prefix}, non_tensors={"uid": uids})
+
+
+def _sections(switch_gate=0, reward_impl_version=3):
+    return SimpleNamespace(algorithm=SimpleNamespace(hpt=SimpleNamespace(switch_gate=switch_gate)),
+                           data=SimpleNamespace(reward_impl_version=reward_impl_version))
+
+
+def test_hpt_gate_picks_the_demonstration_when_the_group_has_no_success():
+    from luffy_pool.methods.hpt import hpt_gate
+
+    # group 0: no success among its rollouts -> SFT on the demo row; group 1: one success -> RL on its rollouts
+    batch = _group_batch(scores=[[0, 0, 0, 1], [1, 0, 0, 1]], demo=[[False, False, False, True]] * 2)
+    metrics = hpt_gate(batch, _sections(switch_gate=0))
+    assert batch.batch["loss_row_mask"].tolist() == [0, 0, 0, 1, 1, 1, 1, 0]
+    assert metrics == {"hpt/sft_group_fraction": 0.5, "hpt/mean_successes": 0.5}
+    # gate 2 (the authors' Llama setting): one success is still SFT
+    hpt_gate(batch, _sections(switch_gate=2))
+    assert batch.batch["loss_row_mask"].tolist() == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+# ---------------------------------------------------------------- knobs, masks and step reach the loss
+def _stub_actor(policy_loss, meta, **loss_keys):
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.utils.batch_sizes import RankBatchSizes
+
+    import luffy_pool.methods.losses  # noqa: F401 -- registers the family losses
+
+    loss = dict(clip_ratio=0.2, loss_remove_token_mean=True, loss_remove_clip=True, sft_loss_coef=1.0,
+                off_policy_reshape="p_div_p_0.1", clip_upper_bound=1.0)
+    loss.update(loss_keys)
+    return SimpleNamespace(
+        policy_loss=policy_loss, policy_loss_fn=get_policy_loss_fn(policy_loss), method_meta=meta,
+        update_config=SimpleNamespace(loss=SimpleNamespace(**loss), use_dynamic_bsz=False),
+        batch_sizes=RankBatchSizes(ppo_mini_rows=4, ppo_micro_rows=4, gradient_accumulation=1), config=None,
+        extra_policy_loss=lambda out, metrics: None)
+
+
+def _micro(rows=4, width=3, demo_rows=(3,), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    log_prob = -torch.rand(rows, width, generator=g) - 0.05
+    prefix = torch.zeros(rows, width, dtype=torch.bool)
+    prefix[list(demo_rows)] = True
+    micro = {"old_log_probs": log_prob + 0.1 * torch.randn(rows, width, generator=g),
+             "advantages": torch.tensor([1.0, -0.5, 0.5, -1.0][:rows]).unsqueeze(-1).expand(rows, width).contiguous(),
+             "prefix_mask": prefix}
+    entropy = torch.rand(rows, width, generator=g)
+    return micro, log_prob, entropy, torch.ones(rows, width)
+
+
+CHORD_MU = {"mu_warmup_steps": 0, "mu_decay_steps": 200, "mu_peak": 0.9, "mu_valley": 0.05,
+            "enable_phi_function": False, "clip_ratio_c": 3.0, "use_token_level_loss_in_sft": True}
+
+
+@pytest.mark.parametrize("step,mu", [(0, 0.9), (50, 0.775520), (100, 0.475), (199, 0.050052), (400, 0.05)])
+def test_the_step_reaches_chords_mu(step, mu):
+    from luffy_pool.methods.losses import family_policy_loss
+
+    meta = {"name": "chord", "knobs": CHORD_MU, "step": step, "expert_share": 0.25}
+    loss, metrics = family_policy_loss(_stub_actor("chord", meta), *_micro())
+    assert metrics["actor/mu"] == pytest.approx(mu, abs=1e-6)  # METHODS_SPEC §10 CHORD-μ values
+    # one expert row of four in a one-micro-batch mini-batch: each term is the mean over its own rows
+    from luffy_pool.algorithm.family.chord import ChordConfig, dual_clip_ppo_loss, sft_plain_loss
+    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+
+    micro, log_prob, _, mask = _micro()
+    part = {name: FamilyLossInputs(log_prob=log_prob[rows], old_log_prob=micro["old_log_probs"][rows],
+                                   advantages=micro["advantages"][rows], response_mask=mask[rows])
+            for name, rows in (("usual", [0, 1, 2]), ("expert", [3]))}
+    usual, _ = dual_clip_ppo_loss(part["usual"], ChordConfig(clip_range=0.2))
+    expert, _ = sft_plain_loss(part["expert"], ChordConfig())
+    assert loss.item() == pytest.approx((1 - mu) * usual.item() + mu * expert.item(), rel=1e-5)
+
+
+def test_update_meta_sends_the_knobs_and_a_zero_based_step():
+    from luffy_pool.methods import get_method
+    from luffy_pool.methods.losses import update_meta
+
+    sections = SimpleNamespace(algorithm=SimpleNamespace(chord=SimpleNamespace(**CHORD_MU)),
+                               workers=SimpleNamespace(rollout=SimpleNamespace(n=8, n_prefix=1)))
+    from dataclasses import make_dataclass
+    sections.algorithm.chord = make_dataclass("C", list(CHORD_MU))(**CHORD_MU)
+    meta = update_meta(get_method("chord"), sections, global_steps=1)
+    assert meta == {"name": "chord", "knobs": CHORD_MU, "step": 0, "expert_share": 0.125}
+
+
+def test_hpt_rows_the_gate_dropped_count_as_removed():
+    """Masking a row out of the hpt_sft loss equals the authors' removing it from the batch."""
+    from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss
+    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.methods.losses import family_policy_loss
+
+    micro, log_prob, entropy, mask = _micro(rows=4, demo_rows=(2, 3))
+    micro["loss_row_mask"] = torch.tensor([1.0, 1.0, 0.0, 1.0])  # row 2 (a demo row of an RL group) dropped
+    meta = {"name": "hpt", "knobs": {"switch_gate": 0}, "step": 0, "expert_share": 0.25}
+    loss, metrics = family_policy_loss(_stub_actor("hpt_sft", meta), micro, log_prob, entropy, mask)
+    keep = [0, 1, 3]
+    kept = FamilyLossInputs(log_prob=log_prob[keep], old_log_prob=micro["old_log_probs"][keep],
+                            advantages=micro["advantages"][keep], response_mask=mask[keep],
+                            prefix_mask=micro["prefix_mask"][keep])
+    expected, _ = hpt_sft_loss(kept, HptConfig(loss_remove_token_mean=True, loss_remove_clip=True))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["actor/sft_loss"] == pytest.approx(float(-log_prob[3].mean()), rel=1e-6)
+
+
+def test_srft_correct_rows_come_from_the_row_scores():
+    from luffy_pool.methods.losses import family_policy_loss
+
+    micro, log_prob, entropy, mask = _micro()
+    meta = {"name": "srft", "knobs": {"srft_type": "paper", "sft_weight_scale": 0.5, "rl_pos_weight_scale": 0.1},
+            "step": 0, "expert_share": 0.25}
+    actor = _stub_actor("srft", meta)
+    micro["row_scores"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    loss_a, _ = family_policy_loss(actor, dict(micro), log_prob, entropy, mask)
+    micro["row_scores"] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    loss_b, metrics = family_policy_loss(actor, dict(micro), log_prob, entropy, mask)
+    # row 0 correct: its on-policy weight is 0.1·e^{H_0} instead of −1 (sum / width, width 3)
+    h0 = entropy[0].mean()
+    delta = (-(0.1 * torch.exp(h0)) * log_prob[0]).sum() / 3 - (1.0 * log_prob[0]).sum() / 3
+    assert (loss_a - loss_b).item() == pytest.approx(delta.item(), rel=1e-5)
+    assert metrics["actor/srft/H"] == pytest.approx(float(entropy.mean(-1).mean()), rel=1e-6)
+
+
+def test_a_family_loss_without_the_method_meta_says_so():
+    from luffy_pool.methods.losses import family_policy_loss
+
+    with pytest.raises(ValueError, match="needs the update's meta_info\\['method'\\]"):
+        family_policy_loss(_stub_actor("chord", None), *_micro())
+
+
+# ---------------------------------------------------------------- data checks before Ray
+@pytest.mark.parametrize("method,refused", [("hpt", True), ("srft", True), ("chord", True), ("luffy", False),
+                                            ("grpo", False)])
+def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):
+    import pandas as pd
+
+    from luffy_pool.run.preflight import check_demonstrations
+
+    path = str(tmp_path / "train.parquet")
+    pd.DataFrame({"prompt": ["a", "b", "c"], "target": [[{"content": "x"}], None, [{"content": "y"}]]}).to_parquet(path)
+    problem = check_demonstrations(path, "target", method)
+    if refused:
+        assert problem == (f"data.train_files: {path}: row 1: column 'target' is null, but algorithm.method={method} "
+                           "trains on every prompt's demonstration")
+    else:
+        assert problem is None
+
+
+def test_a_missing_demonstration_column_is_refused_before_ray_naming_file_and_column(tmp_path, compose_config,
+                                                                                    luffy_overrides, tiny_model_dir):
+    import pandas as pd
+
+    from luffy_pool.run.launcher import build_trainer
+    from luffy_pool.run.preflight import PreflightError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = {"prompt": [[{"role": "user", "content": "1+1"}]], "data_source": ["t"],
+            "reward_model": [{"ground_truth": "2", "style": "rule"}]}
+    pd.DataFrame(rows).to_parquet(data / "train.parquet")
+    pd.DataFrame(rows).to_parquet(data / "test.parquet")
+    config = compose_config(luffy_overrides(tiny_model_dir, str(data), str(tmp_path / "out"), steps=2)
+                            + ["algorithm.method=srft"])
+    with pytest.raises(PreflightError, match=f"data.train_files: {data}/train.parquet: missing column 'target'"):
+        build_trainer(config)
