@@ -19,6 +19,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from typing import Iterator, Optional, Union
@@ -247,12 +248,10 @@ class FSDPSFTTrainer:
                 if self.val_dataset is not None and (last or (cfg.test_freq > 0 and step % cfg.test_freq == 0)):
                     metrics.update(self.validate())
                 saved = self.save(step, final=last, stopping=bool(stopped_by) and bool(cfg.save_on_signal))
-                if stopped_by:
-                    logger.warning("stop signal %d: step %d done, saved %s", stopped_by, step, saved or "nothing")
-                    if self.rank == 0:
-                        print(f"SFT stopped by signal {stopped_by} after step {step}/{self.total_steps}; saved: "
-                              f"{', '.join(saved) or 'nothing (trainer.save_on_signal=False)'}", file=sys.stderr,
-                              flush=True)
+                if stopped_by and self.rank == 0:
+                    print(f"SFT stopped by signal {stopped_by} ({signal.Signals(stopped_by).name}) after step {step}/"
+                          f"{self.total_steps}; saved: {', '.join(saved) or 'nothing (trainer.save_on_signal=False)'}; "
+                          f"exit code {exit_code(stopped_by)}", file=sys.stderr, flush=True)
                 self.history.append({"step": step, **metrics})
                 if tracker is not None:
                     with tqdm.external_write_mode():  # console lines above the bar, not through it
