@@ -11,7 +11,8 @@ packing and resuming from a mid-run checkpoint (the run writes HF folders, not o
 Stop signals: SIGTERM/SIGINT on any rank (torchrun forwards its own to every rank; the launch script runs
 torchrun through ``verl.trainer.sft.launch``) let the step in progress finish; the ranks agree on the stop
 after each step, write that step's HF folder (``trainer.save_on_signal``) and exit 128 + signal. A second
-signal aborts at once (verl/utils/signals.py).
+signal aborts at once (verl/utils/signals.py); a repeat of the first within 2 s counts as the same one
+(``SFTStop``).
 """
 from __future__ import annotations
 
