@@ -31,10 +31,12 @@ NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 OUT_DIR=${OUT_DIR:-checkpoints/$WANDB_PROJECT/$EXP_NAME}
 PYTHON=${PYTHON:-python3}
 
-# exec: torchrun takes over this script's process, so a SIGTERM sent to it (a container whose PID 1 is this bash,
-# Slurm, kill) reaches torchrun, which stops the ranks (the SFT trainer keeps only its save_freq checkpoints).
+# exec: the launcher (torchrun, verl/trainer/sft/launch.py) takes over this script's process, so a SIGTERM or
+# SIGINT sent to it (a container whose PID 1 is this bash, Slurm, kill) reaches torchrun, which forwards it to
+# every rank: the step in progress finishes, its HF folder is written to $OUT_DIR/global_step_<N>/huggingface,
+# and the script exits 143 (130 for SIGINT). torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT [1800] s for that.
 set -x
-exec "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC_PER_NODE" \
+exec "$PYTHON" -m verl.trainer.sft.launch --standalone --nproc_per_node "$NPROC_PER_NODE" \
     -m verl.trainer.fsdp_sft_trainer \
     data.train_files="$TRAIN_FILES" \
     data.val_files="$VAL_FILES" \

@@ -201,7 +201,7 @@ def read_recipe(script: str, env: Optional[dict] = None, args: Sequence[str] = (
     argv = script_command(script, env, args=args)
     launcher: dict[str, str] = {}
     rest = list(argv)
-    if rest[:2] == ["-m", "torch.distributed.run"]:
+    if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "verl.trainer.sft.launch"]):  # launch.py: torchrun + exit codes
         rest = rest[2:]
         while rest and rest[0] != "-m":
             flag = rest.pop(0)

@@ -7,6 +7,12 @@ step takes ``data.train_batch_size`` rows, accumulates gradients over micro-batc
 one token mean over the whole global batch (verl/trainer/sft/loss.py), clips and applies AdamW. The HF
 folders it writes (``<default_local_dir>/final``) start the "SFT then RL" baseline. Left out: sequence
 packing and resuming from a mid-run checkpoint (the run writes HF folders, not optimizer state).
+
+Stop signals: SIGTERM/SIGINT on any rank (torchrun forwards its own to every rank; the launch script runs
+torchrun through ``verl.trainer.sft.launch``) let the step in progress finish; the ranks agree on the stop
+after each step, write that step's HF folder (``trainer.save_on_signal``) and exit 128 + signal. A second
+signal aborts at once (verl/utils/signals.py); a repeat of the first within 2 s counts as the same one
+(``SFTStop``).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from typing import Iterator, Optional, Union
@@ -26,11 +33,27 @@ from verl.trainer.sft.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, batch
                                      check_sft_config, compose_sft_config)
 from verl.trainer.sft.dataset import (SFTDataset, epoch_batches, loss_token_count, pad_micro_batch, rank_slice,
                                       strided_shard)
+from verl.utils.signals import GracefulStop, exit_code
 
 __all__ = ["FSDPSFTTrainer", "run_sft", "compose_sft_config", "sft_process_group", "main"]
 
 logger = logging.getLogger(__name__)
 CONFIG_ERROR_EXIT_CODE = 2
+
+
+class SFTStop(GracefulStop):
+    """``GracefulStop`` that takes a repeat of the first signal within ``DUPLICATE_S`` as the same request:
+    Slurm's scancel signals every process of the job, so a rank gets the signal itself and once more from
+    torchrun, milliseconds apart; only a later one is a person's second signal (abort now)."""
+
+    DUPLICATE_S = 2.0
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum == signum and time.monotonic() - self._first_at < self.DUPLICATE_S:
+            return
+        if self.signum is None:
+            self._first_at = time.monotonic()
+        super()._handle(signum, frame)
 
 
 @contextlib.contextmanager
@@ -159,18 +182,25 @@ class FSDPSFTTrainer:
         total_nll, total_tokens = self._all_reduce_sum([nll_sum, tokens])
         return {"val/loss": total_nll / max(total_tokens, 1.0), "val/tokens": int(total_tokens)}
 
-    def save(self, step: int, final: bool) -> list[str]:
-        """HF folders for this step: global_step_<step>/huggingface on save_freq, final after the last step."""
+    def save(self, step: int, final: bool, stopping: bool = False) -> list[str]:
+        """HF folders for this step: global_step_<step>/huggingface on save_freq or when stopping on a signal,
+        final after the last step."""
         from verl.trainer.sft.fsdp_model import save_hf_folder
 
         freq = self.config.trainer.save_freq
         dirs = [os.path.join(self.out_dir, "final")] if final else []
-        if freq > 0 and step % freq == 0:
+        if (freq > 0 and step % freq == 0) or stopping:
             dirs.insert(0, os.path.join(self.out_dir, f"global_step_{step}", "huggingface"))
         if dirs:
             save_hf_folder(self.model, dirs, self.config.model.path, self.tokenizer,
                            trust_remote_code=self.config.model.trust_remote_code)
         return dirs
+
+    def _agreed_stop_signal(self, stop: "GracefulStop") -> int:
+        """The stop signal any rank got so far (0: none); every rank must call, all get the same answer."""
+        flag = torch.tensor([float(stop.signum or 0)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
 
     # ------------------------------------------------------------------ loop
     def _global_batches(self) -> Iterator[tuple[int, list[int]]]:
@@ -186,7 +216,8 @@ class FSDPSFTTrainer:
             epoch += 1
 
     def fit(self) -> dict:
-        """Train for ``total_steps``; returns ``{final_model_dir, metrics, history}`` (same on every rank)."""
+        """Train for ``total_steps``; returns ``{final_model_dir, metrics, history, signal}`` (same on every rank;
+        ``signal``: the stop signal that ended the run early after saving, else None)."""
         from tqdm import tqdm
 
         from verl.utils.tracking import Tracking
@@ -204,16 +235,24 @@ class FSDPSFTTrainer:
                    file=sys.stderr)
         line_every = max(1, self.total_steps // 10) if show and bar.disable else 0
         metrics: dict = {}
+        stopped_by = None
+        stop = SFTStop(what="the current SFT step")
         try:
+            stop.__enter__()
             for step, (epoch, rows) in enumerate(self._global_batches(), start=1):
                 start = time.perf_counter()
                 metrics = self.train_step(rows)
                 metrics.update({"train/epoch": epoch, "timing_s/step": time.perf_counter() - start})
                 metrics["perf/tokens_per_s"] = metrics["train/seq_tokens"] / max(metrics["timing_s/step"], 1e-9)
                 last = step == self.total_steps
+                stopped_by = self._agreed_stop_signal(stop) or None
                 if self.val_dataset is not None and (last or (cfg.test_freq > 0 and step % cfg.test_freq == 0)):
                     metrics.update(self.validate())
-                self.save(step, final=last)
+                saved = self.save(step, final=last, stopping=bool(stopped_by) and bool(cfg.save_on_signal))
+                if stopped_by and self.rank == 0:
+                    print(f"SFT stopped by signal {stopped_by} ({signal.Signals(stopped_by).name}) after step {step}/"
+                          f"{self.total_steps}; saved: {', '.join(saved) or 'nothing (trainer.save_on_signal=False)'}; "
+                          f"exit code {exit_code(stopped_by)}", file=sys.stderr, flush=True)
                 self.history.append({"step": step, **metrics})
                 if tracker is not None:
                     with tqdm.external_write_mode():  # console lines above the bar, not through it
@@ -223,11 +262,15 @@ class FSDPSFTTrainer:
                 if line_every and (step % line_every == 0 or last):
                     print(f"SFT step {step}/{self.total_steps}: loss {metrics['train/loss']:.4f}", file=sys.stderr,
                           flush=True)
+                if stopped_by:
+                    break
         finally:
+            stop.__exit__(None, None, None)
             bar.close()
             if tracker is not None:
                 tracker.finish()
-        return {"final_model_dir": os.path.join(self.out_dir, "final"), "metrics": metrics, "history": self.history}
+        return {"final_model_dir": os.path.join(self.out_dir, "final"), "metrics": metrics, "history": self.history,
+                "signal": stopped_by}
 
 
 def _prepare(config: Union[DictConfig, dict]) -> DictConfig:
@@ -245,13 +288,18 @@ def run_sft(config: Union[DictConfig, dict]) -> dict:
     ``{"final_model_dir": <HF folder>, "metrics": <last step's metrics>, "history": [per-step metrics]}``.
 
     ``config``: a composed config, e.g. ``compose_sft_config(["model.path=...", "data.train_files=..."])``.
+    A stop signal ends the run after the step in progress (saved) with ``SystemExit(128 + signal)``, once the
+    process group is released.
     """
     from verl.trainer.sft.fsdp_model import resolve_device
 
     config = _prepare(config)
     device = resolve_device(config.trainer.device)
     with sft_process_group(device):
-        return FSDPSFTTrainer(config, device).fit()
+        result = FSDPSFTTrainer(config, device).fit()
+    if result["signal"]:
+        raise SystemExit(exit_code(result["signal"]))
+    return result
 
 
 # ---------------------------------------------------------------------- command line

@@ -83,6 +83,7 @@ class SFTTrainerSection:
     total_training_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
     default_local_dir: str = key()
     save_freq: int = key(bounds=_OFF_OR_AT_LEAST_ONE)
+    save_on_signal: bool = key()
     test_freq: int = key(bounds=_OFF_OR_AT_LEAST_ONE)
     logger: Union[list, str] = key(choices=_loggers)
     project_name: str = key()

@@ -1,8 +1,10 @@
 """The SFT model side: an HF causal LM sharded with FSDP2, its AdamW + warm-up schedule, and HF export.
 
-Every rank loads the base weights in fp32 (master weights), optionally turns on gradient checkpointing,
-and shards each decoder layer and the root with ``fully_shard`` (verl/utils/fsdp_utils.py); compute runs
-in ``param_dtype`` (bf16 on GPU). Export gathers the full state dict on rank 0 and writes a
+The model is built as the RL worker builds its actor (verl/workers/fsdp_workers.py): parameters on the meta
+device, optional gradient checkpointing, each decoder layer and the root sharded with ``fully_shard``
+(verl/utils/fsdp_utils.py), then each rank allocates and reads from the checkpoint only its own shards in
+fp32 (master weights; verl/utils/meta_init.py), so no rank ever holds the whole model. Compute runs in
+``param_dtype`` (bf16 on GPU). Export gathers the full state dict on rank 0 and writes a
 ``save_pretrained`` folder (weights in the base checkpoint's dtype, plus tokenizer and generation config)
 that the RL trainer takes as ``actor_rollout_ref.model.path``.
 """
@@ -43,25 +45,25 @@ def _param_dtype(name: str, device: str) -> torch.dtype:
 
 def build_fsdp_model(model_cfg, device: str, mesh) -> torch.nn.Module:
     """Base weights from ``model_cfg.path`` as an FSDP2-sharded, trainable module on ``device``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from verl.utils.meta_init import empty_model, materialize
 
     remote = bool(model_cfg.trust_remote_code)
     hf_config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=remote)
     hf_config.use_cache = False
-    module = AutoModelForCausalLM.from_pretrained(
-        model_cfg.path, config=hf_config, dtype=torch.float32,
-        attn_implementation=resolve_attn_implementation(model_cfg.attn_implementation, device),
-        trust_remote_code=remote)
+    module = empty_model(hf_config, torch.float32, resolve_attn_implementation(model_cfg.attn_implementation, device),
+                         trust_remote_code=remote)
     if model_cfg.enable_gradient_checkpointing:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     fsdp_cfg = model_cfg.fsdp_config
     offload = cpu_offload_policy(bool(fsdp_cfg.param_offload), device)
-    if offload is None:
-        module.to(device)  # with CPU offload the shards stay in host memory
-    return apply_fsdp2(
+    module = apply_fsdp2(
         module, mesh,
         mp_policy=mixed_precision_policy(_param_dtype(fsdp_cfg.param_dtype, device), fsdp_cfg.reduce_dtype, device),
         reshard_after_forward=bool(fsdp_cfg.reshard_after_forward), offload_policy=offload)
+    # with CPU offload the shards live in host memory; FSDP2 copies them to the GPU per layer
+    return materialize(module, model_cfg.path, "cpu" if offload is not None else device)
 
 
 def build_optimizer(module: torch.nn.Module, optim_cfg, total_steps: int):
