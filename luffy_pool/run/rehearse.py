@@ -15,13 +15,20 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
 - the world: 4 ranks, or the smallest multiple of lcm(SP, TP) above it; 2 training steps;
 - trackers offline (WANDB_MODE=offline) and outputs in the rehearsal folder.
 
+Two options share fixed costs between rehearsals (the test suite rehearses every script this way):
+``--cache DIR`` keeps each tiny model (per family and head layout) and the task data once in DIR and copies
+them into the rehearsal folder; ``--ray-address ADDR`` lets an RL script join a running Ray instance
+(RAY_ADDRESS, as on a cluster) instead of starting its own. Both are printed with the replacements.
+
 The last line is ``REHEARSAL {json}`` (script, exit code, the replacements). Exit code: the script's.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,10 +82,13 @@ def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
     return {k: max(1, v // factor) for k, v in values.items()}
 
 
-def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dict, list[str], dict]:
+def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
+         ray_address: Optional[str] = None) -> tuple[dict, list[str], dict]:
     """(environment, trailing overrides, replacements report) for rehearsing ``recipe`` in ``work``."""
     model_dir, data_dir, out_dir = (os.path.join(work, d) for d in ("model", "data", "out"))
     env = {"MODEL_PATH": model_dir, "DATA_DIR": data_dir, "PYTHON": sys.executable, **CPU_SAFE_ENV}
+    if ray_address and recipe.kind == "rl":  # the launcher joins RAY_ADDRESS (launcher.init_ray), as on a cluster
+        env["RAY_ADDRESS"] = ray_address
     sp, tp = recipe.sp, recipe.tp
     world = rehearsal_world(sp, tp, ranks)
     if recipe.kind == "sft":
@@ -115,25 +125,55 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
+        "ray": env.get("RAY_ADDRESS", "a local instance of its own" if recipe.kind == "rl" else "none (torchrun)"),
     }
     return env, overrides, report
 
 
-def build_inputs(report: dict, seed: int = 0) -> None:
-    """The tiny model and task data the plan names."""
-    from luffy_pool.tiny import TinyModelSpec, build_tiny_model, write_task_parquets
+DATA_ROWS = {"n_train": 64, "n_test": 16, "level": 2}
 
+
+def _cached(cache: Optional[str], kind: str, key: dict, dest: str, build) -> None:
+    """``build(folder)`` into ``dest``; with ``cache``, once per ``key`` into the cache, then copied to ``dest``."""
+    if not cache:
+        build(dest)
+        return
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    entry = os.path.join(cache, f"{kind}-{digest}")
+    if not os.path.isdir(entry):
+        tmp = tempfile.mkdtemp(prefix=f".{kind}-", dir=cache)
+        build(tmp)
+        try:
+            os.rename(tmp, entry)  # atomic: a concurrent rehearsal that built the same entry first wins
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(entry, dest, dirs_exist_ok=True)
+
+
+def build_inputs(report: dict, seed: int = 0, cache: Optional[str] = None) -> None:
+    """The tiny model and task data the plan names (``cache``: built once per model spec / data set there)."""
     m = report["model"]
     hidden = m["num_attention_heads"] * HEAD_DIM
-    spec = TinyModelSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
-                         num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
-    build_tiny_model(m["now"], spec)
-    data_dir = report["data"]["now"].split(" ")[0]
-    paths = write_task_parquets(data_dir, n_train=64, n_test=16, level=2, seed=seed, system_prompt=None)
-    # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
-    for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
-        with open(paths[src], "rb") as f, open(os.path.join(data_dir, dst), "wb") as g:
-            g.write(f.read())
+    spec = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
+                num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
+
+    def model(folder: str) -> None:
+        from luffy_pool.tiny import TinyModelSpec, build_tiny_model
+
+        build_tiny_model(folder, TinyModelSpec(**spec))
+
+    def data(folder: str) -> None:
+        from luffy_pool.tiny import write_task_parquets
+
+        paths = write_task_parquets(folder, **DATA_ROWS, seed=seed, system_prompt=None)
+        # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
+        for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
+            shutil.copyfile(paths[src], os.path.join(folder, dst))
+
+    if cache:
+        os.makedirs(cache, exist_ok=True)
+    _cached(cache, "model", spec, m["now"], model)
+    _cached(cache, "data", dict(DATA_ROWS, seed=seed), report["data"]["now"].split(" ")[0], data)
 
 
 def print_report(report: dict, overrides: list[str]) -> None:
@@ -152,12 +192,13 @@ def print_report(report: dict, overrides: list[str]) -> None:
     w = r["world"]
     print(f"  device:  cuda -> {r['device']};  world: {w['was']} -> {w['now']} ranks (SP {w['sp']}, TP {w['tp']}); "
           f"steps: {r['steps']}")
-    print(f"  trackers: {r['trackers']};  outputs: {r['outputs']}")
+    print(f"  trackers: {r['trackers']};  outputs: {r['outputs']};  ray: {r['ray']}")
     print("  appended overrides: " + " ".join(overrides), flush=True)
 
 
 def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int = 2, extra: tuple = (),
-             dry_run: bool = False, timeout_s: Optional[float] = None) -> int:
+             dry_run: bool = False, timeout_s: Optional[float] = None, cache: Optional[str] = None,
+             ray_address: Optional[str] = None) -> int:
     work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
     os.makedirs(work, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_STOP", "CUDA_VISIBLE_DEVICES")}
@@ -172,11 +213,11 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
         with open(os.path.join(work, "model", "config.json"), "w") as f:
             f.write("{}")
         recipe = read_recipe(script, dict(base_env, MODEL_PATH=os.path.join(work, "model")))
-    env, overrides, report = plan(recipe, work, ranks, steps)
+    env, overrides, report = plan(recipe, work, ranks, steps, ray_address)
     if refused is not None:
         report["model"]["was"] = f"the script's default, which it refused here ({refused})"
     print_report(report, overrides)
-    build_inputs(report)
+    build_inputs(report, cache=cache and os.path.abspath(cache))
     code = 0
     if not dry_run:
         run_env = dict(base_env, **env)
@@ -195,8 +236,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=4, help="ranks (rounded up to a multiple of lcm(SP, TP))")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dry-run", action="store_true", help="print the plan and build the inputs, do not train")
+    ap.add_argument("--cache", default=None,
+                    help="folder keeping the tiny models and task data between rehearsals (built once per spec)")
+    ap.add_argument("--ray-address", default=None,
+                    help="an RL script joins this running Ray instance (RAY_ADDRESS) instead of starting its own")
     args = ap.parse_args(argv)
-    return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run)
+    return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
+                    cache=args.cache, ray_address=args.ray_address)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 Unit part (quick loop): reading a script through its own command line, discovery, the plan's scaled
 lengths and divisible heads. e2e part: ``bash exp_scripts/rehearse.sh <script>`` for every script that
 ``discover_launch_scripts`` finds (a script added later is rehearsed without editing this file), each
-checked for exit code 0 and two logged training steps with finite losses.
+checked for exit code 0 and two logged training steps with finite losses. The rehearsals share what is
+not theirs to check: the tiny models and task data (``--cache``: built once per model spec) and one Ray
+instance the RL scripts join (``--ray-address``, as a run joins a cluster); each script still starts its
+own driver and workers.
 """
 from __future__ import annotations
 
@@ -88,18 +91,73 @@ def test_plan_scales_every_length_by_one_factor(tmp_path):
     assert switched <= allowed, switched - allowed
 
 
+def test_cache_builds_inputs_once_per_spec_and_copies_them(tmp_path, monkeypatch):
+    import luffy_pool.tiny as tiny
+    from luffy_pool.run.rehearse import build_inputs
+
+    built = []
+
+    def fake_model(folder, spec):
+        built.append(("model", spec.num_attention_heads))
+        os.makedirs(folder, exist_ok=True)
+        open(os.path.join(folder, "config.json"), "w").write(json.dumps({"heads": spec.num_attention_heads}))
+
+    monkeypatch.setattr(tiny, "build_tiny_model", fake_model)
+    cache = str(tmp_path / "cache")
+
+    def report(work, heads):
+        return {"model": {"now": str(tmp_path / work / "model"), "num_attention_heads": heads, "num_key_value_heads": 2,
+                          "model_type": "qwen2"}, "data": {"now": str(tmp_path / work / "data") + " (tiny arithmetic task)"}}
+
+    for work, heads in (("a", 4), ("b", 4), ("c", 8)):
+        build_inputs(report(work, heads), cache=cache)
+    assert built == [("model", 4), ("model", 8)]  # one build per spec, the second rehearsal of a spec copies
+    assert json.load(open(tmp_path / "b" / "model" / "config.json")) == {"heads": 4}
+    assert json.load(open(tmp_path / "c" / "model" / "config.json")) == {"heads": 8}
+    for work in "abc":  # the data set is built once and every rehearsal gets the files LUFFY's scripts read
+        assert {"openr1.parquet", "valid.parquet", "openr1.complement.parquet"} <= set(os.listdir(tmp_path / work / "data"))
+    assert sorted(n.split("-")[0] for n in os.listdir(cache)) == ["data", "model", "model"]
+
+
+def test_plan_joins_a_given_ray_for_rl_scripts_only(tmp_path):
+    from luffy_pool.run.rehearse import plan
+
+    env, _, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path), ray_address="10.0.0.1:6379")
+    assert env["RAY_ADDRESS"] == report["ray"] == "10.0.0.1:6379"
+    env, _, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path))
+    assert "RAY_ADDRESS" not in env and report["ray"] == "a local instance of its own"
+    env, _, report = plan(read_recipe(os.path.join(EXP, "train_sft.sh")), str(tmp_path), ray_address="10.0.0.1:6379")
+    assert "RAY_ADDRESS" not in env and report["ray"].startswith("none")
+
+
 STEP_LINE = re.compile(r"^step:(\d+) - (.*)$", re.M)
+
+
+def _rehearsal_env() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def shared_inputs(tmp_path_factory):
+    """(input cache folder, address of one Ray instance) shared by the rehearsals of this module."""
+    from luffy_pool.run.rehearse import CPU_SAFE_ENV
+    from tests.helpers.shared_ray import SharedRay
+
+    with SharedRay(num_cpus=8, env=dict(_rehearsal_env(), **CPU_SAFE_ENV), cwd=REPO) as ray:
+        yield str(tmp_path_factory.mktemp("rehearsal_cache")), ray.address
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("script", SCRIPTS, ids=[os.path.basename(s) for s in SCRIPTS])
-def test_rehearse_launch_script(script, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", str(tmp_path)], env=env,
+def test_rehearse_launch_script(script, tmp_path, shared_inputs):
+    cache, ray_address = shared_inputs
+    proc = subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", str(tmp_path), "--cache", cache,
+                           "--ray-address", ray_address], env=_rehearsal_env(),
                           capture_output=True, text=True, timeout=1400, cwd=str(tmp_path))
     out = proc.stdout
     lines = [line for line in out.splitlines() if line.startswith("REHEARSAL ")]
@@ -109,7 +167,9 @@ def test_rehearse_launch_script(script, tmp_path):
     assert "replaced (cannot exist here)" in out  # the list is printed before the script runs
     steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - ")) for m in STEP_LINE.finditer(out)}
     assert sorted(steps) == [1, 2], out[-3000:]
-    if read_recipe(script, dict(os.environ, MODEL_PATH=report["model"]["now"])).kind == "sft":
+    kind = read_recipe(script, dict(os.environ, MODEL_PATH=report["model"]["now"])).kind
+    assert report["ray"] == (ray_address if kind == "rl" else "none (torchrun)")
+    if kind == "sft":
         # the SFT trainer writes its final HF folder (what train_sft_rl.sh starts from)
         assert os.path.isfile(os.path.join(report["outputs"], "out", "final", "config.json"))
         return
