@@ -31,6 +31,9 @@ class SharedRay:
         env.pop("RAY_ADDRESS", None)
         env.setdefault("RAY_AUTH_MODE", "disabled")
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray would start num_cpus idle task workers for the keeper (its first driver): nobody runs tasks
+        # on them, and each costs a Python start-up. The drivers' actors get workers of their own.
+        env["RAY_prestart_worker_first_driver"] = "0"
         self.proc = subprocess.Popen([sys.executable, "-c", _KEEPER.format(num_cpus=int(num_cpus))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
         watchdog = threading.Timer(timeout_s, self.proc.kill)  # a keeper that never comes up fails the fixture
