@@ -6,7 +6,7 @@ lengths and divisible heads. e2e part: ``bash exp_scripts/rehearse.sh <script>``
 checked for exit code 0 and two logged training steps with finite losses. The rehearsals share what is
 not theirs to check: the tiny models and task data (``--cache``: built once per model spec) and one Ray
 instance the RL scripts join (``--ray-address``, as a run joins a cluster); each script still starts its
-own driver and workers.
+own driver and workers. Two rehearsals run at a time (``Rehearsals``).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -140,25 +141,55 @@ def _rehearsal_env() -> dict:
     return env
 
 
+class Rehearsals:
+    """Runs the selected rehearsals two at a time, in test order, from the first request on.
+
+    A rehearsal leaves part of the 2 cores idle (its driver's start-up is one process; the workers'
+    collectives wait on each other), so the next script's rehearsal starts while this one runs. Each keeps its own folder, driver and workers; the two share the input cache and Ray instance."""
+
+    def __init__(self, scripts, folders, cache: str, ray_address: str, jobs: int = 2):
+        self.folders = folders
+        self.pool = ThreadPoolExecutor(jobs)
+        self.futures = {s: self.pool.submit(self._run, s, folders[s], cache, ray_address) for s in scripts}
+
+    @staticmethod
+    def _run(script, work, cache, ray_address):
+        return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", work, "--cache", cache,
+                               "--ray-address", ray_address], env=_rehearsal_env(),
+                              capture_output=True, text=True, timeout=1400, cwd=work)
+
+    def result(self, script):
+        return self.futures[script].result(), self.folders[script]
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.fixture(scope="module")
-def shared_inputs(tmp_path_factory):
-    """(input cache folder, address of one Ray instance) shared by the rehearsals of this module."""
+def rehearsals(request, tmp_path_factory):
+    """The rehearsals of the selected scripts, sharing an input cache and one Ray instance."""
     from luffy_pool.run.rehearse import CPU_SAFE_ENV
     from tests.helpers.shared_ray import SharedRay
 
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_rehearse_launch_script"] or SCRIPTS
+    folders = {s: str(tmp_path_factory.mktemp("rehearse_" + os.path.basename(s).replace(".", "_"))) for s in selected}
+    cache = str(tmp_path_factory.mktemp("rehearsal_cache"))
     with SharedRay(num_cpus=8, env=dict(_rehearsal_env(), **CPU_SAFE_ENV), cwd=REPO) as ray:
-        yield str(tmp_path_factory.mktemp("rehearsal_cache")), ray.address
+        runs = Rehearsals(selected, folders, cache, ray.address)
+        try:
+            yield runs, ray.address
+        finally:
+            runs.close()
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("script", SCRIPTS, ids=[os.path.basename(s) for s in SCRIPTS])
-def test_rehearse_launch_script(script, tmp_path, shared_inputs):
-    cache, ray_address = shared_inputs
-    proc = subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", str(tmp_path), "--cache", cache,
-                           "--ray-address", ray_address], env=_rehearsal_env(),
-                          capture_output=True, text=True, timeout=1400, cwd=str(tmp_path))
+def test_rehearse_launch_script(script, rehearsals):
+    runs, ray_address = rehearsals
+    proc, _ = runs.result(script)
     out = proc.stdout
     lines = [line for line in out.splitlines() if line.startswith("REHEARSAL ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{out[-4000:]}\n{proc.stderr[-6000:]}"
