@@ -32,7 +32,8 @@ the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
 
 ``--predict [--sizes ROWSxWIDTHxTOKENSxLAYERS,...] [--checkpointing]`` instead measures ours at each size
 and prints it next to ``luffy_pool.memory_plan``'s prediction of the same quantity (the plan's lines of
-that phase minus the resident ones), and the largest relative error.
+that phase minus the resident ones), and the largest relative error. ``--jobs 2`` runs the two phase
+processes of a size at once (each still measures its own peak).
 """
 from __future__ import annotations
 
@@ -68,10 +69,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="predicted (luffy_pool.memory_plan) vs measured peak of ours at the sizes of --sizes")
     p.add_argument("--sizes", default="2x512x256x2,4x1024x512x2,4x2048x1024x4",
                    help="--predict: ROWSxWIDTHxTOKENSxLAYERS,... (three or more)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="--predict: phase processes run at once (each measures its own peak; default 1)")
     p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.rows < 1 or args.layers < 1 or args.chunk < 1 or args.sp < 1:
-        p.error("--rows, --layers, --chunk and --sp must be >= 1")
+    if args.rows < 1 or args.layers < 1 or args.chunk < 1 or args.sp < 1 or args.jobs < 1:
+        p.error("--rows, --layers, --chunk, --sp and --jobs must be >= 1")
     if args.sp > 1 and QWEN2_SHAPE["num_attention_heads"] % args.sp:
         p.error(f"--sp {args.sp} must divide the model's {QWEN2_SHAPE['num_attention_heads']} attention heads")
     if not 8 <= args.width or not 2 <= args.tokens <= args.width:
@@ -275,17 +278,29 @@ def parse_sizes(text: str) -> list[tuple[int, int, int, int]]:
     return sizes
 
 
-def measure_vs_predict(args, env=None) -> list[dict]:
-    """One row per phase at ``args``' size: measured peak (its own process) and the plan's prediction."""
+def measure_vs_predict(args, env=None, jobs: int = 1) -> list[dict]:
+    """One row per phase at ``args``' size: measured peak (its own process) and the plan's prediction.
+    ``jobs`` > 1 runs that many phase processes at once: each measures its own peak RSS, so only the
+    phases' seconds (not reported here) depend on it."""
     env = env or dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
                       PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    procs: dict[str, subprocess.Popen] = {}
     rows = []
-    for phase in PHASES:
-        proc = subprocess.run(_child_cmd(args, "ours", phase), env=env, capture_output=True, text=True, cwd=REPO)
+    pending = list(PHASES)
+    while pending or procs:
+        while pending and len(procs) < max(1, jobs):
+            phase = pending.pop(0)
+            procs[phase] = subprocess.Popen(_child_cmd(args, "ours", phase), env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+        phase = next(iter(procs))  # finish in start order: the rows keep PHASES' order
+        proc = procs.pop(phase)
+        out, err = proc.communicate()
         if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
+            for other in procs.values():
+                other.kill()
+            print(err[-3000:], file=sys.stderr)
             raise SystemExit(f"ours {phase} failed (exit {proc.returncode})")
-        measured = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
+        measured = json.loads(out.strip().splitlines()[-1])["peak_bytes"]
         rows.append({"phase": phase, "measured": measured, "predicted": predicted_bytes(args, phase)})
     return rows
 
@@ -300,7 +315,7 @@ def predict_main(args) -> int:
     worst = 0.0
     for rows, width, tokens, layers in sizes:
         sized = argparse.Namespace(**{**vars(args), "rows": rows, "width": width, "tokens": tokens, "layers": layers})
-        for r in measure_vs_predict(sized):
+        for r in measure_vs_predict(sized, jobs=args.jobs):
             ratio = r["predicted"] / r["measured"]
             worst = max(worst, abs(ratio - 1))
             print(f"{rows:>4} {width:>5} {tokens:>6} {layers:>6}  {r['phase']:8} {r['predicted'] / mib:13.0f} "

@@ -2,7 +2,8 @@
 
 Same tiny model (built by ``luffy_pool.tiny`` and SFT-warmed so it can stop by itself), same work per
 step (8 prompts x 8 samples, up to 64 new tokens, one optimizer update), same grader. Each contender
-runs sequentially in its own subprocess (threads, Ray and imports cannot interfere): ours through Ray
+runs sequentially in its own subprocess (threads, Ray and imports cannot interfere; ``--jobs 2`` overlaps
+them, for a smoke run of the plumbing only): ours through Ray
 + FSDP2 + the chosen rollout at each ``--ranks`` value, TRL and the floor at each ``--baseline-threads``
 value; both the fixed-length case (every completion exactly 64 tokens) and the natural-stop case.
 Prints median seconds/step after warm-up, tokens/s, foreign CPU load, our phase breakdown and verl's
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -86,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="before each contender, wait up to this many seconds for the machine to go quiet")
     p.add_argument("--quiet-threshold", type=float, default=0.5, help="busy cores counted as quiet")
     p.add_argument("--child-timeout", type=float, default=1800.0)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="contender runs at once (default 1). More is for smoke runs that check the plumbing: "
+                        "overlapping runs share the cores, so their timings are not comparable")
     p.add_argument("--out", default=os.path.join(REPO, "outputs", "bench_step"))
     p.add_argument("--child", choices=("prepare",) + CONTENDERS, help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
@@ -97,6 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--steps must be >= 1")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
     if "trl" in args.contenders and args.child is None:
         try:
             import trl  # noqa: F401
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
           f"mean {lengths['natural']['natural_mean_len']:.1f} tokens, max {lengths['natural']['natural_max_len']}, "
           f"stop rate {lengths['natural']['natural_stop_rate']:.0%}); prompts <= {prep['max_prompt_tokens']} tokens",
           flush=True)
-    runs = []
+    tasks = []
     for round_index, case in ((k, c) for k in range(args.rounds) for c in args.cases):
         for contender, ranks, threads, engine in contender_plan(args):
             spec = BenchSpec(contender=contender, case=case, model_dir=prep["model_dirs"][case], task_dir=prep["task_dir"],
@@ -203,19 +210,32 @@ def main(argv=None) -> int:
                              warmup=args.warmup, steps=args.steps, lr=args.lr, threads=threads, ranks=ranks,
                              rollout=engine or args.rollout[0], rollout_dtype=args.rollout_dtype,
                              reward_workers=args.reward_workers, ours_overrides=args.ours_override)
-            waited, busy = wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 \
-                else wait_for_quiet(0.0)
             tag = f"{case}_{spec.label}".replace("[", "_").replace("]", "").replace(",", "_")
             if args.rounds > 1:
                 tag += f"_round{round_index + 1}"
-            print(f"-> {case} {spec.label}" + (f" round {round_index + 1}/{args.rounds}" if args.rounds > 1 else "")
-                  + f": machine busy {busy:.2f} cores before start (waited {waited:.0f} s)", flush=True)
-            t0 = time.perf_counter()
-            result, log_path = run_child(contender, spec.to_json(), tag, args.out, work_dir, threads, args.child_timeout)
-            runs.append({"case": case, "contender": contender, "label": spec.label, "round": round_index,
-                         "busy_before": busy,
-                         "threads_env": child_env(contender, threads)["OMP_NUM_THREADS"], "log": log_path,
-                         "result": result, "child_wall_s": time.perf_counter() - t0})
+            tasks.append((round_index, case, contender, threads, spec, tag))
+
+    def run_task(task) -> dict:
+        round_index, case, contender, threads, spec, tag = task
+        if args.jobs > 1:  # the other runs keep the machine busy: nothing to wait for or to report
+            waited, busy = 0.0, float("nan")
+        else:
+            waited, busy = wait_for_quiet(args.wait_quiet, args.quiet_threshold) if args.wait_quiet > 0 \
+                else wait_for_quiet(0.0)
+        print(f"-> {case} {spec.label}" + (f" round {round_index + 1}/{args.rounds}" if args.rounds > 1 else "")
+              + f": machine busy {busy:.2f} cores before start (waited {waited:.0f} s)", flush=True)
+        t0 = time.perf_counter()
+        result, log_path = run_child(contender, spec.to_json(), tag, args.out, work_dir, threads, args.child_timeout)
+        return {"case": case, "contender": contender, "label": spec.label, "round": round_index,
+                "busy_before": busy, "threads_env": child_env(contender, threads)["OMP_NUM_THREADS"], "log": log_path,
+                "result": result, "child_wall_s": time.perf_counter() - t0}
+
+    if args.jobs > 1:
+        print(f"--jobs {args.jobs}: contender runs overlap; their timings are not comparable (a smoke run)", flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            runs = list(pool.map(run_task, tasks))  # in plan order
+    else:
+        runs = [run_task(task) for task in tasks]
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("child")}, "prepare": prep,
                    "runs": runs, "total_s": time.perf_counter() - t_start}, f, indent=1)

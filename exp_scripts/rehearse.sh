@@ -5,6 +5,8 @@
 # the trackers (offline) are replaced, and the rehearsal prints that list before the script runs.
 #
 # Usage: bash exp_scripts/rehearse.sh exp_scripts/train_16k.sh [--work DIR] [--dry-run] [key=value ...]
+#          [--cache DIR]        keep the tiny models / task data in DIR between rehearsals (built once per spec)
+#          [--ray-address ADDR] an RL script joins this running Ray (RAY_ADDRESS) instead of starting its own
 # Uses $LUFFY_VENV (default .venv) for Python. Exit code: the launch script's.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -12,6 +12,9 @@ for _k, _v in {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "WANDB_MODE": "offline",
+    # A Ray instance started for a test (ray_session, or a trainer subprocess's own) would start idle task
+    # workers for its first driver, ~3 CPU-s per start; the trainers run actors, which get workers of their own.
+    "RAY_prestart_worker_first_driver": "0",
 }.items():
     os.environ.setdefault(_k, _v)
 

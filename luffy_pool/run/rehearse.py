@@ -17,13 +17,20 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
 - the world: 4 ranks, or the smallest multiple of lcm(SP, TP) above it; 2 training steps;
 - trackers offline (WANDB_MODE=offline) and outputs in the rehearsal folder.
 
+Two options share fixed costs between rehearsals (the test suite rehearses every script this way):
+``--cache DIR`` keeps each tiny model (per family and head layout) and the task data once in DIR and copies
+them into the rehearsal folder; ``--ray-address ADDR`` lets an RL script join a running Ray instance
+(RAY_ADDRESS, as on a cluster) instead of starting its own. Both are printed with the replacements.
+
 The last line is ``REHEARSAL {json}`` (script, exit code, the replacements). Exit code: the script's.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,10 +90,13 @@ def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
     return {k: max(1, v // factor) for k, v in values.items()}
 
 
-def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dict, list[str], dict]:
+def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
+         ray_address: Optional[str] = None) -> tuple[dict, list[str], dict]:
     """(environment, trailing overrides, replacements report) for rehearsing ``recipe`` in ``work``."""
     model_dir, data_dir, out_dir = (os.path.join(work, d) for d in ("model", "data", "out"))
     env = {"MODEL_PATH": model_dir, "DATA_DIR": data_dir, "PYTHON": sys.executable, **CPU_SAFE_ENV}
+    if ray_address and recipe.kind == "rl":  # the launcher joins RAY_ADDRESS (launcher.init_ray), as on a cluster
+        env["RAY_ADDRESS"] = ray_address
     sp, tp = recipe.sp, recipe.tp
     world = rehearsal_world(sp, tp, ranks)
     if recipe.kind == "sft":
@@ -124,8 +134,12 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2) -> tuple[dic
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
+        "ray": env.get("RAY_ADDRESS", "a local instance of its own" if recipe.kind == "rl" else "none (torchrun)"),
     }
     return env, overrides, report
+
+
+DATA_ROWS = {"n_train": 64, "n_test": 16, "level": 2}
 
 
 def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict]:
@@ -148,15 +162,47 @@ def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict
     return real
 
 
-def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None) -> None:
-    """The tiny model and task data the plan names (the real config shrunk when given)."""
-    from luffy_pool.tiny import TinyModelSpec, build_tiny_model, write_task_parquets
+def _cached(cache: Optional[str], kind: str, key: dict, dest: str, build) -> None:
+    """``build(folder)`` into ``dest``; with ``cache``, once per ``key`` into the cache, then copied to ``dest``."""
+    if not cache:
+        build(dest)
+        return
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    entry = os.path.join(cache, f"{kind}-{digest}")
+    if not os.path.isdir(entry):
+        tmp = tempfile.mkdtemp(prefix=f".{kind}-", dir=cache)
+        build(tmp)
+        try:
+            os.rename(tmp, entry)  # atomic: a concurrent rehearsal that built the same entry first wins
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(entry, dest, dirs_exist_ok=True)
 
+
+def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None, cache: Optional[str] = None) -> None:
+    """The tiny model and task data the plan names (the real config shrunk when given; ``cache``: built once per
+    model spec / data set there)."""
     m = report["model"]
     hidden = m["num_attention_heads"] * HEAD_DIM
-    spec = TinyModelSpec(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
-                         num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
-    build_tiny_model(m["now"], spec, model_config=real_config)
+    spec = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
+                num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
+
+    def model(folder: str) -> None:
+        from luffy_pool.tiny import TinyModelSpec, build_tiny_model
+
+        build_tiny_model(folder, TinyModelSpec(**spec), model_config=real_config)
+
+    def data(folder: str) -> None:
+        from luffy_pool.tiny import write_task_parquets
+
+        paths = write_task_parquets(folder, **DATA_ROWS, seed=seed, system_prompt=None)
+        # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
+        for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
+            shutil.copyfile(paths[src], os.path.join(folder, dst))
+
+    if cache:
+        os.makedirs(cache, exist_ok=True)
+    _cached(cache, "model", dict(spec, real_config=real_config), m["now"], model)  # the real config is in the key
     if real_config is not None:
         from luffy_pool.tiny.model_config import describe
 
@@ -170,12 +216,7 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
     else:
         print(f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
               "(pass --model-config FILE with the model's config.json)")
-    data_dir = report["data"]["now"].split(" ")[0]
-    paths = write_task_parquets(data_dir, n_train=64, n_test=16, level=2, seed=seed, system_prompt=None)
-    # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
-    for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
-        with open(paths[src], "rb") as f, open(os.path.join(data_dir, dst), "wb") as g:
-            g.write(f.read())
+    _cached(cache, "data", dict(DATA_ROWS, seed=seed), report["data"]["now"].split(" ")[0], data)
 
 
 def print_report(report: dict, overrides: list[str]) -> None:
@@ -196,12 +237,13 @@ def print_report(report: dict, overrides: list[str]) -> None:
     w = r["world"]
     print(f"  device:  cuda -> {r['device']};  world: {w['was']} -> {w['now']} ranks (SP {w['sp']}, TP {w['tp']}); "
           f"steps: {r['steps']}")
-    print(f"  trackers: {r['trackers']};  outputs: {r['outputs']}")
+    print(f"  trackers: {r['trackers']};  outputs: {r['outputs']};  ray: {r['ray']}")
     print("  appended overrides: " + " ".join(overrides), flush=True)
 
 
 def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int = 2, extra: tuple = (),
-             dry_run: bool = False, timeout_s: Optional[float] = None, model_config: Optional[str] = None) -> int:
+             dry_run: bool = False, timeout_s: Optional[float] = None, model_config: Optional[str] = None,
+             cache: Optional[str] = None, ray_address: Optional[str] = None) -> int:
     work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
     os.makedirs(work, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_STOP", "CUDA_VISIBLE_DEVICES")}
@@ -216,7 +258,7 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
         with open(os.path.join(work, "model", "config.json"), "w") as f:
             f.write("{}")
         recipe = read_recipe(script, dict(base_env, MODEL_PATH=os.path.join(work, "model")))
-    env, overrides, report = plan(recipe, work, ranks, steps)
+    env, overrides, report = plan(recipe, work, ranks, steps, ray_address)
     if refused is not None:
         report["model"]["was"] = f"the script's default, which it refused here ({refused})"
     real_config = use_model_config(report, model_config)
@@ -229,7 +271,7 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
             print("REHEARSAL " + json.dumps(dict(report, rc=2, refused=why)), flush=True)
             return 2
     print_report(report, overrides)
-    build_inputs(report, real_config=real_config)
+    build_inputs(report, real_config=real_config, cache=cache and os.path.abspath(cache))
     code = 0
     if not dry_run:
         run_env = dict(base_env, **env)
@@ -251,12 +293,16 @@ def main(argv=None) -> int:
     ap.add_argument("--model-config", default=None, metavar="FILE",
                     help="the real model's config.json: the tiny model is it with only sizes shrunk "
                          "(default: the config of the script's model when local or in the HF cache)")
+    ap.add_argument("--cache", default=None,
+                    help="folder keeping the tiny models and task data between rehearsals (built once per spec)")
+    ap.add_argument("--ray-address", default=None,
+                    help="an RL script joins this running Ray instance (RAY_ADDRESS) instead of starting its own")
     args = ap.parse_args(argv)
     from luffy_pool.tiny.model_config import ModelConfigError
 
     try:
         return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
-                        model_config=args.model_config)
+                        model_config=args.model_config, cache=args.cache, ray_address=args.ray_address)
     except ModelConfigError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,8 @@ def test_arguments_are_checked():
         bench_memory.parse_args(["--tokens", "5000", "--width", "1024"])
     with pytest.raises(SystemExit):
         bench_memory.parse_args(["--chunk", "0"])
+    with pytest.raises(SystemExit):
+        bench_memory.parse_args(["--jobs", "0"])
     args = bench_memory.parse_args([])
     assert (args.rows, args.width, args.tokens, args.chunk) == (4, 1024, 256, 1024)
 
@@ -66,7 +68,10 @@ def test_prediction_covers_what_the_bench_measures_and_grows_with_tokens_and_lay
 def test_memory_plan_predicts_the_measured_peaks_within_25_percent(extra):
     # the plan checked against measurement (peak RSS above resident, each phase in its own process),
     # at a small size: 2 rows x 512 positions, 256 real tokens each, 2 layers, the LM head in chunks of 256.
+    # The two phase processes (one thread each) run at once: each measures its own peak.
     args = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--layers", "2",
                                     "--chunk", "256", "--threads", "1", *extra])
-    for row in bench_memory.measure_vs_predict(args):
+    rows = bench_memory.measure_vs_predict(args, jobs=2)
+    assert [row["phase"] for row in rows] == list(bench_memory.PHASES)
+    for row in rows:
         assert abs(row["predicted"] / row["measured"] - 1) <= 0.25, row

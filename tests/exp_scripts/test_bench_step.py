@@ -185,6 +185,14 @@ def test_trl_config_consumes_8x8_completions_per_optimizer_step_and_pins_length_
     assert "generation_kwargs" not in natural
 
 
+def test_jobs_default_to_one_run_at_a_time_and_zero_is_refused():
+    import bench_step
+
+    assert bench_step.parse_args(["--contenders", "ours,floor"]).jobs == 1
+    with pytest.raises(SystemExit):
+        bench_step.parse_args(["--contenders", "ours,floor", "--jobs", "0"])
+
+
 def test_spec_rejects_unknown_contender_and_zero_warmup():
     with pytest.raises(ValueError, match="contender"):
         _spec(contender="deepspeed")
@@ -209,7 +217,8 @@ def test_benchmark_runs_every_contender_and_ends_with_the_headline(tmp_path):
         print("trl not installed (pip install -r requirements-bench.txt): TRL contender left out of this smoke run")
     cmd = [sys.executable, os.path.join(EXP, "bench_step.py"), "--rollout", "hf", "--ranks", "2",
            "--baseline-threads", "1", "--contenders", contenders, "--warmup", "1", "--steps", "1", "--prompts", "2",
-           "--samples", "2", "--max-new-tokens", "8", "--sft-steps", "3", "--out", str(tmp_path)]
+           "--samples", "2", "--max-new-tokens", "8", "--sft-steps", "3", "--out", str(tmp_path),
+           "--jobs", "2"]  # two runs at once: this smoke run checks the plumbing, not the timings
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()

@@ -3,7 +3,10 @@
 Unit part (quick loop): reading a script through its own command line, discovery, the plan's scaled
 lengths and divisible heads. e2e part: ``bash exp_scripts/rehearse.sh <script>`` for every script that
 ``discover_launch_scripts`` finds (a script added later is rehearsed without editing this file), each
-checked for exit code 0 and two logged training steps with finite losses.
+checked for exit code 0 and two logged training steps with finite losses. The rehearsals share what is
+not theirs to check: the tiny models and task data (``--cache``: built once per model spec) and one Ray
+instance the RL scripts join (``--ray-address``, as a run joins a cluster); each script still starts its
+own driver and workers. Two rehearsals run at a time (``Rehearsals``).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -101,19 +105,104 @@ def test_plan_scales_every_length_by_one_factor(tmp_path):
     assert switched <= allowed, switched - allowed
 
 
+def test_cache_builds_inputs_once_per_spec_and_copies_them(tmp_path, monkeypatch):
+    import luffy_pool.tiny as tiny
+    from luffy_pool.run.rehearse import build_inputs
+
+    built = []
+
+    def fake_model(folder, spec, model_config=None):
+        built.append(("model", spec.num_attention_heads))
+        os.makedirs(folder, exist_ok=True)
+        open(os.path.join(folder, "config.json"), "w").write(json.dumps({"heads": spec.num_attention_heads}))
+
+    monkeypatch.setattr(tiny, "build_tiny_model", fake_model)
+    cache = str(tmp_path / "cache")
+
+    def report(work, heads):
+        return {"model": {"now": str(tmp_path / work / "model"), "num_attention_heads": heads, "num_key_value_heads": 2,
+                          "model_type": "qwen2", "was": "the script's model"}, "data": {"now": str(tmp_path / work / "data") + " (tiny arithmetic task)"}}
+
+    for work, heads in (("a", 4), ("b", 4), ("c", 8)):
+        build_inputs(report(work, heads), cache=cache)
+    assert built == [("model", 4), ("model", 8)]  # one build per spec, the second rehearsal of a spec copies
+    assert json.load(open(tmp_path / "b" / "model" / "config.json")) == {"heads": 4}
+    assert json.load(open(tmp_path / "c" / "model" / "config.json")) == {"heads": 8}
+    for work in "abc":  # the data set is built once and every rehearsal gets the files LUFFY's scripts read
+        assert {"openr1.parquet", "valid.parquet", "openr1.complement.parquet"} <= set(os.listdir(tmp_path / work / "data"))
+    assert sorted(n.split("-")[0] for n in os.listdir(cache)) == ["data", "model", "model"]
+
+
+def test_plan_joins_a_given_ray_for_rl_scripts_only(tmp_path):
+    from luffy_pool.run.rehearse import plan
+
+    env, _, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path), ray_address="10.0.0.1:6379")
+    assert env["RAY_ADDRESS"] == report["ray"] == "10.0.0.1:6379"
+    env, _, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path))
+    assert "RAY_ADDRESS" not in env and report["ray"] == "a local instance of its own"
+    env, _, report = plan(read_recipe(os.path.join(EXP, "train_sft.sh")), str(tmp_path), ray_address="10.0.0.1:6379")
+    assert "RAY_ADDRESS" not in env and report["ray"].startswith("none")
+
+
 STEP_LINE = re.compile(r"^step:(\d+) - (.*)$", re.M)
+
+
+def _rehearsal_env() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+class Rehearsals:
+    """Runs the selected rehearsals two at a time, in test order, from the first request on.
+
+    A rehearsal leaves part of the 2 cores idle (its driver's start-up is one process; the workers'
+    collectives wait on each other), so the next script's rehearsal starts while this one runs. Each keeps its own folder, driver and workers; the two share the input cache and Ray instance."""
+
+    def __init__(self, scripts, folders, cache: str, ray_address: str, jobs: int = 2):
+        self.folders = folders
+        self.pool = ThreadPoolExecutor(jobs)
+        self.futures = {s: self.pool.submit(self._run, s, folders[s], cache, ray_address) for s in scripts}
+
+    @staticmethod
+    def _run(script, work, cache, ray_address):
+        return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", work, "--cache", cache,
+                               "--ray-address", ray_address], env=_rehearsal_env(),
+                              capture_output=True, text=True, timeout=1400, cwd=work)
+
+    def result(self, script):
+        return self.futures[script].result(), self.folders[script]
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def rehearsals(request, tmp_path_factory):
+    """The rehearsals of the selected scripts, sharing an input cache and one Ray instance."""
+    from luffy_pool.run.rehearse import CPU_SAFE_ENV
+    from tests.helpers.shared_ray import SharedRay
+
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_rehearse_launch_script"] or SCRIPTS
+    folders = {s: str(tmp_path_factory.mktemp("rehearse_" + os.path.basename(s).replace(".", "_"))) for s in selected}
+    cache = str(tmp_path_factory.mktemp("rehearsal_cache"))
+    with SharedRay(num_cpus=8, env=dict(_rehearsal_env(), **CPU_SAFE_ENV), cwd=REPO) as ray:
+        runs = Rehearsals(selected, folders, cache, ray.address)
+        try:
+            yield runs, ray.address
+        finally:
+            runs.close()
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("script", SCRIPTS, ids=[os.path.basename(s) for s in SCRIPTS])
-def test_rehearse_launch_script(script, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=1400, cwd=str(tmp_path))
+def test_rehearse_launch_script(script, rehearsals):
+    runs, ray_address = rehearsals
+    proc, _ = runs.result(script)
     out = proc.stdout
     lines = [line for line in out.splitlines() if line.startswith("REHEARSAL ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{out[-4000:]}\n{proc.stderr[-6000:]}"
@@ -122,7 +211,9 @@ def test_rehearse_launch_script(script, tmp_path):
     assert "replaced (cannot exist here)" in out  # the list is printed before the script runs
     steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - ")) for m in STEP_LINE.finditer(out)}
     assert sorted(steps) == [1, 2], out[-3000:]
-    if read_recipe(script, dict(os.environ, MODEL_PATH=report["model"]["now"])).kind == "sft":
+    kind = read_recipe(script, dict(os.environ, MODEL_PATH=report["model"]["now"])).kind
+    assert report["ray"] == (ray_address if kind == "rl" else "none (torchrun)")
+    if kind == "sft":
         # the SFT trainer writes its final HF folder (what train_sft_rl.sh starts from)
         assert os.path.isfile(os.path.join(report["outputs"], "out", "final", "config.json"))
         return

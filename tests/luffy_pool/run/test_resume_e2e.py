@@ -11,6 +11,7 @@ ranks -> fit) on an 8-prompt task with 4 prompts per step, so an epoch is 2 step
 It must end with the same per-step prompts and (fp32, same world size) the same weights as an
 uninterrupted run. A 2-rank checkpoint is also resumed on 1 rank. A run sent SIGTERM in the middle of
 step 3 finishes and saves that step, releases Ray and exits 143; its resume matches the same run.
+The interrupted chain runs at the same time as the reference chain (``all_runs``).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -186,21 +188,9 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
-    from luffy_pool.tiny import write_task_parquets
-
-    root = tmp_path_factory.mktemp("resume_e2e")
-    task = str(root / "task")
-    write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
-    mk = lambda name, extra=(): _config(compose_config, luffy_overrides, tiny_model_dir, task,  # noqa: E731
-                                        str(root / name), root / f"{name}.yaml", extra)
-    ref_cfg, run_cfg = mk("ref"), mk("run")
-    out = {"root": root, "ref": root / "ref", "run": root / "run", "after_save_kill": {}}
-
-    ref = Driver(ref_cfg, str(root / "ref_result"), str(root / "ref.log"))
-    ref.finish()
-
+def _interrupted_chain(root, run_cfg) -> dict:
+    """SIGKILL while the step-4 checkpoint is written, resume, SIGKILL in step 5, resume to the end."""
+    out = {}
     first = Driver(run_cfg, str(root / "run_result1"), str(root / "run1.log"), hang_in_save_step=4)
     first.wait_for("SAVE_WRITTEN 4")
     first.kill()
@@ -218,12 +208,66 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
 
     third = Driver(run_cfg, str(root / "run_result3"), str(root / "run3.log"))
     third.finish()
+    return out
 
+
+def _sigterm_chain(root, cfg) -> dict:
+    """SIGTERM in the middle of step 3 (the run saves that step, releases Ray, exits 143), then resume."""
+    first = Driver(cfg, str(root / "term_result1"), str(root / "term1.log"), signal_in_step=3)
+    try:
+        first.wait_for("STEP_START 3")
+        ray_procs = _descendants(first.proc.pid)
+        first.proc.send_signal(signal.SIGTERM)
+        for line in first.proc.stdout:
+            first.log.write(line)
+        rc = first.proc.wait(timeout=600)
+        first.log.close()
+        deadline = time.monotonic() + 60
+        alive = ray_procs
+        while alive and time.monotonic() < deadline:
+            time.sleep(1)
+            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
+        out = {"rc": rc, "tracker": layout.read_tracker(str(root / "term")), "left_alive": len(alive),
+               "published": [s for s, _ in layout.list_step_dirs(str(root / "term"))]}
+    finally:
+        if first.proc.poll() is None:
+            first.kill()
+    second = Driver(cfg, str(root / "term_result2"), str(root / "term2.log"))
+    second.finish()
+    return out
+
+
+@pytest.fixture(scope="module")
+def all_runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
+    """Every driver of this module. Two independent chains run at once (each driver is one process tree with
+    its own Ray; the kill points are markers, not timers, so the overlap changes no outcome): the
+    uninterrupted reference, its 1-rank resume, then the SIGTERM run and its resume; and the SIGKILLed run
+    with its two resumes. Each driver alone leaves part of the 2 cores idle (start-up, Ray, the driver)."""
+    from luffy_pool.tiny import write_task_parquets
+
+    root = tmp_path_factory.mktemp("resume_e2e")
+    task = str(root / "task")
+    write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
+    mk = lambda name, extra=(): _config(compose_config, luffy_overrides, tiny_model_dir, task,  # noqa: E731
+                                        str(root / name), root / f"{name}.yaml", extra)
+    ref_cfg, run_cfg, term_cfg = mk("ref"), mk("run"), mk("term")
     one_cfg = mk("one_rank", ["trainer.n_gpus_per_node=1", f"trainer.resume_mode={root / 'ref' / 'global_step_4'}",
                               "trainer.total_training_steps=5"])
-    one = Driver(one_cfg, str(root / "one_result"), str(root / "one.log"), dump_after_resume=True)
-    one.finish()
-    return out
+
+    def reference_chain() -> dict:
+        Driver(ref_cfg, str(root / "ref_result"), str(root / "ref.log")).finish()
+        Driver(one_cfg, str(root / "one_result"), str(root / "one.log"), dump_after_resume=True).finish()
+        return _sigterm_chain(root, term_cfg)
+
+    with ThreadPoolExecutor(2) as pool:
+        interrupted, reference = pool.submit(_interrupted_chain, root, run_cfg), pool.submit(reference_chain)
+        out = {"root": root, "ref": root / "ref", "run": root / "run", **interrupted.result()}
+        return out, reference.result()
+
+
+@pytest.fixture(scope="module")
+def runs(all_runs):
+    return all_runs[0]
 
 
 def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one_for_resume(runs):
@@ -264,32 +308,8 @@ def test_two_rank_checkpoint_resumes_on_one_rank(runs):
 
 # ---------------------------------------------------------------------- SIGTERM
 @pytest.fixture(scope="module")
-def sigterm_run(runs, tiny_model_dir, compose_config, luffy_overrides):
-    root = runs["root"]
-    cfg = _config(compose_config, luffy_overrides, tiny_model_dir, str(root / "task"), str(root / "term"),
-                  root / "term.yaml")
-    first = Driver(cfg, str(root / "term_result1"), str(root / "term1.log"), signal_in_step=3)
-    try:
-        first.wait_for("STEP_START 3")
-        ray_procs = _descendants(first.proc.pid)
-        first.proc.send_signal(signal.SIGTERM)
-        for line in first.proc.stdout:
-            first.log.write(line)
-        rc = first.proc.wait(timeout=600)
-        first.log.close()
-        deadline = time.monotonic() + 60
-        alive = ray_procs
-        while alive and time.monotonic() < deadline:
-            time.sleep(1)
-            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
-        out = {"rc": rc, "tracker": layout.read_tracker(str(root / "term")), "left_alive": len(alive),
-               "published": [s for s, _ in layout.list_step_dirs(str(root / "term"))]}
-    finally:
-        if first.proc.poll() is None:
-            first.kill()
-    second = Driver(cfg, str(root / "term_result2"), str(root / "term2.log"))
-    second.finish()
-    return out
+def sigterm_run(all_runs):
+    return all_runs[1]
 
 
 def test_sigterm_mid_step_saves_that_step_releases_ray_and_exits_143(sigterm_run, runs):
