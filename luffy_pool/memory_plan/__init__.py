@@ -22,7 +22,7 @@ from typing import Optional
 
 from luffy_pool.config.check import ConfigError
 from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, PlanInputs, build_plan
-from luffy_pool.memory_plan.report import render, rollout_rows_per_engine, suggestions
+from luffy_pool.memory_plan.report import render, suggestions
 from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape
 
 __all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "plan_for_sections",
@@ -104,6 +104,15 @@ def over_budget_message(plan: Plan) -> list[str]:
     return lines
 
 
+def _rows_per_engine(sections) -> int:
+    """``report.rollout_rows_per_engine`` from the run's sections: train_batch_size x n over the world / TP engines."""
+    import math
+
+    t, r = sections.trainer, sections.workers.rollout
+    engines = max(1, t.nnodes * t.n_gpus_per_node // max(1, r.tensor_model_parallel_size))
+    return math.ceil(sections.data.train_batch_size * r.n / engines)
+
+
 def check_run(sections, device: str) -> Optional[Plan]:
     """Print the run's plan once and act on ``trainer.memory_plan`` (GPU runs only; None otherwise); ``sections``
     is the run's ``ConfigSections``."""
@@ -118,7 +127,7 @@ def check_run(sections, device: str) -> Optional[Plan]:
         logger.warning("memory plan skipped: %s", exc)
         return None
     print("[luffy_pool] " + render(plan, "memory plan (luffy_pool.memory_plan, trainer.memory_plan="
-                                   f"{mode})", rows_per_engine=rollout_rows_per_engine(config)).replace(
+                                   f"{mode})", rows_per_engine=_rows_per_engine(sections)).replace(
         "\n", "\n[luffy_pool] "), flush=True)
     problems = over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []
     if problems and mode == "error":

@@ -92,6 +92,12 @@ class PlanInputs:
     logprob_scored_tokens: Optional[int] = None
     response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
     fsdp: bool = True                 # False: one plain module (the CPU benchmark): no shards, no gathers
+    # REVIEW H1: why the actor keeps padded rows ("" = packed with flash-attn's varlen kernel; "auto": only when
+    # flash-attn does not import on the workers), the update's dynamic budget (0 = fixed micro-batches) and its
+    # rows per rank of one mini-batch.
+    padded_attention: str = ""
+    update_budget: int = 0
+    update_mini_rows: int = 0
 
     @property
     def max_len(self) -> int:
@@ -144,7 +150,45 @@ class PlanInputs:
                             else f"{_R}.log_prob_micro_batch_size"),
             ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if ref.log_prob_use_dynamic_bsz
                             else f"{_R}.log_prob_micro_batch_size"),
-            step_impl=actor.optim.step_impl, device=device)
+            step_impl=actor.optim.step_impl, device=device,
+            padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
+            update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
+            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp))
+
+
+def _padded_attention(use_remove_padding: bool, attn_implementation: str, device: str) -> str:
+    """Why the actor's forward keeps padded rows (dp_actor packs only with a flash-attention varlen kernel)."""
+    if not use_remove_padding:
+        return f"{_M}.use_remove_padding=False"
+    if attn_implementation == "auto":
+        return "auto" if device == "cuda" else f"{_M}.attn_implementation=auto on {device} (sdpa)"
+    if "flash" not in attn_implementation:
+        return f"{_M}.attn_implementation={attn_implementation}"
+    return ""
+
+
+def padded_update_note(i: "PlanInputs") -> Optional[str]:
+    """H1: what the update costs at the padded width when remove-padding is off (sdpa / eager, or the key off):
+    dynamic micro-batches then hold ``floor(budget / width)`` whole padded rows (dp_actor._micro_batches)."""
+    if not i.padded_attention or not i.update_budget:
+        return None
+    width, budget = i.max_len, i.update_budget * i.sp
+    rows = budget // width
+    if i.padded_attention == "auto":
+        head = (f"if flash-attn does not import on the workers, {_M}.attn_implementation=auto falls back to sdpa "
+                "and remove-padding is off")
+    else:
+        head = f"remove-padding is off ({i.padded_attention})"
+    key = f"{_A}.ppo_max_token_len_per_gpu"
+    # "refuse" marks a certain failure (memory_plan/__init__.over_budget_message stops the run on it).
+    verdict = "the first update would stop on it" if i.padded_attention == "auto" else "the update refuses it"
+    if rows < 1:
+        return (f"{head}: one padded row is {width:,} positions > {key}={i.update_budget:,}"
+                f"{f' x SP {i.sp}' if i.sp > 1 else ''}; {verdict} -> set {key}>={math.ceil(width / i.sp)}")
+    micro = math.ceil(i.update_mini_rows / rows)
+    return (f"{head}: the update's dynamic micro-batches hold {rows} padded rows x {width:,} = {rows * width:,} "
+            f"positions ({key}={i.update_budget:,}{f' x SP {i.sp}' if i.sp > 1 else ''}), {micro} forward/backward "
+            f"passes per mini-batch of {i.update_mini_rows} rows per rank, each computing at the full width")
 
 
 @dataclasses.dataclass
@@ -404,6 +448,9 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
         if free_at_start < vb["requested"]:
             notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
                          f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
+    padded = padded_update_note(i)
+    if padded and "refuses" in padded:  # a certain failure; the other cases are an information line (report.render)
+        notes.append(padded)
     phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb))
     if i.use_ref:
         phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))
