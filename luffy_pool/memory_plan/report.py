@@ -74,7 +74,9 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
     if plan.kv_cache_bytes:
         out.append(f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
                    f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)")
-        out.append(kv_demand_line(plan, rows_per_engine))
+        demand = kv_demand_line(plan, rows_per_engine)
+        if demand:  # None when the cache holds no token (an engine that refuses to start: its note says so)
+            out.append(demand)
     padded = padded_update_note(i)
     if padded and padded not in plan.notes:
         out.append(f"attention: {padded}")
