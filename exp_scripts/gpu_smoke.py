@@ -18,8 +18,10 @@ the sync time, and a last line ``GPU_SMOKE {json}``. Exit code 0 = all checks pa
 the CPU rehearsal) and runs its switches at these shapes: gradient checkpointing, remove padding, dynamic
 batch sizes with its token budgets (scaled by its prompt length over this run's), the reference with its
 offload setting (the reference is switched on to exercise it: LUFFY's train.sh offloads a reference that
-use_ref=False leaves unused), its parameter dtype (bf16 on cuda), its log-prob chunk and its engine (vLLM).
-SP and TP need more than one device: they are printed, and rehearsed by exp_scripts/rehearse.sh.
+use_ref=False leaves unused), its parameter dtype (bf16 on cuda), its log-prob chunk and its engine (vLLM) with the recipe's rollout keys
+(gpu_memory_utilization, enforce_eager, sleep_level, free_cache_engine, prefix caching; max_num_batched_tokens and
+max_num_seqs scaled), checked against the built engine's own config. SP and TP need more than one rank (this smoke
+is one process): they are printed, and rehearsed by exp_scripts/rehearse.sh.
 
 Needs torch, transformers, tensordict, omegaconf, hydra-core (+ vllm for the vLLM part).
 """
@@ -135,7 +137,25 @@ def recipe_overrides(script: str, small: bool) -> tuple[list, dict]:
            "actor_rollout_ref.ref.use_ref=True",
            f"actor_rollout_ref.ref.fsdp_config.param_offload={sw['ref_param_offload']}",
            f"{a}fsdp_config.param_dtype={sw['param_dtype']}"]
-    return out, dict(sw, token_factor=factor, script=script)
+    roll = rollout_keys(recipe, factor, prompt + (48 if small else 512))
+    out += [f"{r}{k}={v}" for k, v in roll.items()]
+    return out, dict(sw, token_factor=factor, script=script, rollout_keys=roll)
+
+
+def rollout_keys(recipe, factor: int, max_len: int) -> dict:
+    """The recipe's rollout keys, carried (REVIEW H8): its memory share, eager/graphs, sleep level, cache
+    release and prefix caching as written; its token budgets scaled by the run's one factor (never below one
+    full sequence of this run, which vLLM needs without chunked prefill; rows at most the budget, as vLLM asks).
+    TP stays 1 here: this smoke is one process on one device (``main`` prints the recipe's TP)."""
+    r = "actor_rollout_ref.rollout."
+    batched = max(max_len, int(recipe.get(r + "max_num_batched_tokens")) // factor)
+    return {"gpu_memory_utilization": float(recipe.get(r + "gpu_memory_utilization")),
+            "enforce_eager": bool(recipe.get(r + "enforce_eager")),
+            "free_cache_engine": bool(recipe.get(r + "free_cache_engine")),
+            "sleep_level": int(recipe.get(r + "sleep_level")),
+            "enable_prefix_caching": bool(recipe.get(r + "enable_prefix_caching")),
+            "max_num_batched_tokens": batched,
+            "max_num_seqs": min(int(recipe.get(r + "max_num_seqs")), batched)}
 
 
 def compose(overrides_list: list):
@@ -273,6 +293,7 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         }
         if switches is not None:
             checks.update(recipe_checks(worker, switches, args.device))
+            checks.update(engine_rollout_checks(worker, switches["rollout_keys"], args.device))
         result = {"engine": rollout, "recipe": switches, "init_s": round(init_s, 2), "steps": steps, "checks": checks,
                   "engine_check": detail, "sync_dtypes": sorted(pushed_dtypes), "param_dtype": str(param_dtype),
                   "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else
@@ -286,6 +307,23 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         if cuda:
             torch.cuda.empty_cache()
     return result
+
+
+def engine_rollout_checks(worker, keys: dict, device: str) -> dict:
+    """The built vLLM engine runs the recipe's rollout keys (read back from vLLM's own config). On CPU the engine
+    is always eager and sizes its KV cache in bytes, so only the scheduler's budgets are compared there."""
+    llm = getattr(worker.rollout, "llm", None)
+    if llm is None:  # the HF engine has none of these keys
+        return {}
+    vc = llm.llm_engine.vllm_config
+    seen = {"max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": vc.scheduler_config.max_num_seqs,
+            "sleep_level": worker.rollout.config.sleep_level,
+            "enable_prefix_caching": bool(vc.cache_config.enable_prefix_caching)}
+    if device == "cuda":
+        seen.update(gpu_memory_utilization=vc.cache_config.gpu_memory_utilization,
+                    enforce_eager=bool(vc.model_config.enforce_eager))
+    return {"recipe_rollout_keys": all(seen[k] == keys[k] for k in seen)}
 
 
 def recipe_checks(worker, switches: dict, device: str) -> dict:

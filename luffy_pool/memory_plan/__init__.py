@@ -6,7 +6,8 @@ Offline (a laptop, no GPU, no data)::
     python -m luffy_pool.memory_plan --gpu-memory 141 -- actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B ...
 
 At the start of a GPU run ``luffy_pool.run.launcher`` calls ``check_run(sections, device)`` before the workers
-load the model: the plan from the device's real memory (``torch.cuda.mem_get_info``) is printed once,
+load the model: the plan from the device's real memory (``torch.cuda.mem_get_info`` in a one-shot Ray task on a
+GPU: the driver opens no CUDA context) is printed once,
 and ``trainer.memory_plan`` decides what a phase over the device's memory does (``error``: stop naming
 the phase, its estimate and the keys that bring it under; ``warn``: say so and go on; ``off``).
 
@@ -75,21 +76,29 @@ def plan_for_config(config, device_bytes: Optional[int], device: str = "cuda", m
 
 
 def device_memory_bytes() -> int:
-    """Total memory of one GPU the workers will use: this process's CUDA device when it has one, else one
-    Ray task on a GPU of the cluster (the driver may run on a CPU-only head node)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info()[1])
+    """Total memory of one GPU the workers will use, asked on a GPU of the Ray cluster: a one-shot task
+    (``max_calls=1``: its process exits, and its CUDA context with it). The driver itself opens no CUDA context
+    (REVIEW H3: one on GPU 0 costs that rank ~0.5-1 GiB for the whole run). A process without Ray (gpu_smoke's
+    in-process ranks, which compute on this process's GPU anyway) asks its own device."""
     import ray
 
-    @ray.remote(num_gpus=1)
+    if not ray.is_initialized():
+        import torch
+
+        return int(torch.cuda.mem_get_info()[1])
+    return int(ray.get(_device_total_task().remote(), timeout=600))
+
+
+def _device_total_task():
+    import ray
+
+    @ray.remote(num_gpus=1, max_calls=1)
     def _total() -> int:
         import torch as t
 
         return int(t.cuda.mem_get_info()[1])
 
-    return int(ray.get(_total.remote(), timeout=600))
+    return _total
 
 
 def over_budget_message(plan: Plan) -> list[str]:

@@ -23,9 +23,17 @@ Where the numbers come from:
   The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
 - AdamW's step: temporaries by ``optim.step_impl`` (foreach: one fp32 copy of the shard; for_loop: two
   of the largest tensor; fused: none).
-- CUDA context and NCCL buffers: fixed estimates (``CUDA_CONTEXT_BYTES``, ``NCCL_BYTES_PER_GROUP``).
-Not modelled: the CUDA caching allocator's fragmentation (reserved above allocated); the 5 % headroom the
-plan asks for is the margin for it.
+- CUDA context: a fixed estimate (``CUDA_CONTEXT_BYTES``).
+- NCCL (REVIEW H3): ``NCCL_BYTES_PER_COMMUNICATOR`` for each communicator the trainer side of a rank joins
+  (``nccl_communicators``: the world/FSDP group, HSDP's shard and replicate groups, Ulysses SP, the rollout TP
+  group of ``tp_group.py``). Published measurements: 0.5-0.7 GB per communicator on A100, 1.1-1.6 GB on H100
+  with NVLS (NVLink SHARP buffers); the default 1.5 GiB is the H100+NVLS upper end, 0.75 GiB when the plan's
+  environment sets ``NCCL_NVLS_ENABLE=0``. vLLM's own TP communicator is created after vLLM's start-up memory
+  snapshot, so its profile counts it as non-torch memory inside ``gpu_memory_utilization`` (no line here).
+- Allocator fragmentation: ``FRAGMENTATION_FRACTION`` of the trainer's tensors of a phase (reserved above
+  allocated in torch's caching allocator; AdamW's lazily allocated state lands in freed activation segments).
+  The launcher runs the workers with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (vLLM's advice; its
+  sleep-mode pool turns the flag off around itself), which keeps it small; the 5 % headroom stays on top.
 """
 from __future__ import annotations
 
@@ -40,7 +48,9 @@ GiB = 2**30
 # Estimates, not measurements: torch's CUDA context + cuBLAS/cuDNN workspaces per process (0.5-1 GiB on
 # Hopper), and NCCL's buffers per communicator this rank joins.
 CUDA_CONTEXT_BYTES = 1 * GiB
-NCCL_BYTES_PER_GROUP = GiB // 4
+NCCL_BYTES_PER_COMMUNICATOR = 3 * GiB // 2     # H100 with NVLS, upper end (1.6 GB measured)
+NCCL_BYTES_PER_COMMUNICATOR_NO_NVLS = 3 * GiB // 4  # A100 / NCCL_NVLS_ENABLE=0 (0.5-0.7 GB measured)
+FRAGMENTATION_FRACTION = 0.03
 # vLLM's non-torch memory during its profile run (its CUDA-graph pool: memory_plan/graph_pool.py).
 VLLM_NON_TORCH_BYTES = GiB // 2
 HEADROOM_FRACTION = 0.05
@@ -92,6 +102,12 @@ class PlanInputs:
     logprob_scored_tokens: Optional[int] = None
     response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
     fsdp: bool = True                 # False: one plain module (the CPU benchmark): no shards, no gathers
+    # REVIEW H1: why the actor keeps padded rows ("" = packed with flash-attn's varlen kernel; "auto": only when
+    # flash-attn does not import on the workers), the update's dynamic budget (0 = fixed micro-batches) and its
+    # rows per rank of one mini-batch.
+    padded_attention: str = ""
+    update_budget: int = 0
+    update_mini_rows: int = 0
 
     @property
     def max_len(self) -> int:
@@ -144,7 +160,45 @@ class PlanInputs:
                             else f"{_R}.log_prob_micro_batch_size"),
             ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if ref.log_prob_use_dynamic_bsz
                             else f"{_R}.log_prob_micro_batch_size"),
-            step_impl=actor.optim.step_impl, device=device)
+            step_impl=actor.optim.step_impl, device=device,
+            padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
+            update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
+            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp))
+
+
+def _padded_attention(use_remove_padding: bool, attn_implementation: str, device: str) -> str:
+    """Why the actor's forward keeps padded rows (dp_actor packs only with a flash-attention varlen kernel)."""
+    if not use_remove_padding:
+        return f"{_M}.use_remove_padding=False"
+    if attn_implementation == "auto":
+        return "auto" if device == "cuda" else f"{_M}.attn_implementation=auto on {device} (sdpa)"
+    if "flash" not in attn_implementation:
+        return f"{_M}.attn_implementation={attn_implementation}"
+    return ""
+
+
+def padded_update_note(i: "PlanInputs") -> Optional[str]:
+    """H1: what the update costs at the padded width when remove-padding is off (sdpa / eager, or the key off):
+    dynamic micro-batches then hold ``floor(budget / width)`` whole padded rows (dp_actor._micro_batches)."""
+    if not i.padded_attention or not i.update_budget:
+        return None
+    width, budget = i.max_len, i.update_budget * i.sp
+    rows = budget // width
+    if i.padded_attention == "auto":
+        head = (f"if flash-attn does not import on the workers, {_M}.attn_implementation=auto falls back to sdpa "
+                "and remove-padding is off")
+    else:
+        head = f"remove-padding is off ({i.padded_attention})"
+    key = f"{_A}.ppo_max_token_len_per_gpu"
+    # "refuse" marks a certain failure (memory_plan/__init__.over_budget_message stops the run on it).
+    verdict = "the first update would stop on it" if i.padded_attention == "auto" else "the update refuses it"
+    if rows < 1:
+        return (f"{head}: one padded row is {width:,} positions > {key}={i.update_budget:,}"
+                f"{f' x SP {i.sp}' if i.sp > 1 else ''}; {verdict} -> set {key}>={math.ceil(width / i.sp)}")
+    micro = math.ceil(i.update_mini_rows / rows)
+    return (f"{head}: the update's dynamic micro-batches hold {rows} padded rows x {width:,} = {rows * width:,} "
+            f"positions ({key}={i.update_budget:,}{f' x SP {i.sp}' if i.sp > 1 else ''}), {micro} forward/backward "
+            f"passes per mini-batch of {i.update_mini_rows} rows per rank, each computing at the full width")
 
 
 @dataclasses.dataclass
@@ -276,13 +330,43 @@ def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, gra
     return lines
 
 
+def nccl_communicators(i: PlanInputs) -> list[str]:
+    """The NCCL communicators the trainer side of one rank joins (vLLM's own are inside its budget)."""
+    names = ["world (FSDP)"] if i.world > 1 else []
+    if i.shard_group != i.world:
+        names += ["HSDP shard", "HSDP replicate"]
+    if i.sp > 1:
+        names.append("Ulysses SP")
+    if i.tp > 1:
+        names.append("rollout TP (weight sync, prompts)")
+    return names
+
+
+def nccl_bytes_per_communicator(environ=None) -> int:
+    import os
+
+    env = os.environ if environ is None else environ
+    return NCCL_BYTES_PER_COMMUNICATOR_NO_NVLS if env.get("NCCL_NVLS_ENABLE", "") == "0" else NCCL_BYTES_PER_COMMUNICATOR
+
+
 def _runtime_lines(i: PlanInputs) -> list[Line]:
     if i.device != "cuda":
         return []
-    groups = 1 + (i.tp > 1) + (i.sp > 1) + 2 * (i.shard_group != i.world)
-    return [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-"),
-            Line(f"NCCL buffers, {groups} communicator(s) (estimate)", groups * NCCL_BYTES_PER_GROUP,
-                 f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size")]
+    comms, per = nccl_communicators(i), nccl_bytes_per_communicator()
+    lines = [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-")]
+    if comms:
+        lines.append(Line(f"NCCL, {len(comms)} communicator(s) x {per / GiB:.2f} GiB: {', '.join(comms)} (estimate)",
+                          len(comms) * per, f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size"))
+    return lines
+
+
+def _fragmentation(i: PlanInputs, lines: list[Line]) -> list[Line]:
+    """The caching allocator's margin over the trainer's tensors of a phase (not vLLM's pool, not fixed costs)."""
+    if i.device != "cuda":
+        return []
+    torch_bytes = sum(ln.bytes for ln in lines if not ln.what.startswith(("vLLM", "CUDA", "NCCL")))
+    return [Line(f"allocator fragmentation margin ({FRAGMENTATION_FRACTION:.0%} of the trainer's tensors, "
+                 "expandable_segments)", int(FRAGMENTATION_FRACTION * torch_bytes), "-")]
 
 
 def _sleeping_engine(i: PlanInputs, vb: Optional[dict]) -> list[Line]:
@@ -340,7 +424,7 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
         lines.append(Line(f"{what} (> one layer's working set, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
     else:
         lines.append(Line(f"one layer's working set (> {what}, {hb / GiB:.2f} GiB)", layer, budget_key))
-    return Phase(name, lines)
+    return Phase(name, lines + _fragmentation(i, lines))
 
 
 def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phase]:
@@ -365,7 +449,7 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
         fb.append(Line(f"{what} (> {layer_what}, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
     else:
         fb.append(Line(f"{layer_what} (> {what}, {hb / GiB:.2f} GiB)", layer, ck))
-    phases = [Phase("update: forward/backward", fb)]
+    phases = [Phase("update: forward/backward", fb + _fragmentation(i, fb))]
     if not i.actor_param_offload:  # with param_offload AdamW steps on the host
         f = i.shard_group if i.fsdp else 1
         impl = i.step_impl if i.step_impl != "auto" else ("foreach" if i.device == "cuda" else "fused")
@@ -373,7 +457,7 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
         # sqrt and its division by the bias correction (two fp32 copies of the largest, the embedding); fused: none.
         temps = {"fused": 0, "for_loop": 2 * 4 * s.embed_params // f}.get(impl, 4 * s.params // f)
         step = list(base) + [Line(f"AdamW step temporaries ({impl})", temps, f"{_A}.optim.step_impl")]
-        phases.append(Phase("update: optimizer step", step))
+        phases.append(Phase("update: optimizer step", step + _fragmentation(i, step)))
     return phases
 
 
@@ -394,7 +478,7 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
                     Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
                     Line("actor -> engine weight-sync bucket", 2 * i.weight_sync_bucket_mb * 2**20,
                          f"{_R}.weight_sync_bucket_mb")]
-        phases.append(Phase("rollout (vLLM awake)", rollout))
+        phases.append(Phase("rollout (vLLM awake)", rollout + _fragmentation(i, rollout)))
         per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
         if vb["kv"] < i.max_len * per_token:
             notes.append(f"vLLM: KV cache {vb['kv'] / GiB:.2f} GiB holds {vb['kv_tokens']} tokens < one "
@@ -404,6 +488,9 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
         if free_at_start < vb["requested"]:
             notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
                          f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
+    padded = padded_update_note(i)
+    if padded and "refuses" in padded:  # a certain failure; the other cases are an information line (report.render)
+        notes.append(padded)
     phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb))
     if i.use_ref:
         phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))

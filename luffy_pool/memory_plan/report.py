@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, build_plan
+from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, build_plan, padded_update_note
 
 _A, _R, _REF, _M = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
                     "actor_rollout_ref.model")
@@ -68,8 +68,11 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
         out.append(f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
                    f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)")
         demand = kv_demand_line(plan, rows_per_engine)
-        if demand is not None:  # a cache of 0 tokens (the engine does not fit) has no demand to compare
+        if demand:  # None when the cache holds no token (an engine that refuses to start: its note says so)
             out.append(demand)
+    padded = padded_update_note(i)
+    if padded and padded not in plan.notes:
+        out.append(f"attention: {padded}")
     out += [f"note: {n}" for n in plan.notes]
     peak = plan.peak
     out.append(f"peak: {peak.name} {peak.total / GiB:.2f} GiB")

@@ -67,6 +67,19 @@ def resolve_cpu_bind(sections: ConfigSections, device: str) -> str:
     return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" else "none"
 
 
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def worker_alloc_env(device: str, environ=None) -> dict:
+    """GPU workers run torch's allocator with ``expandable_segments:True`` (REVIEW H3: AdamW's lazily allocated
+    state otherwise fragments the segments the KV cache wakes into; vLLM's advice, and vLLM 0.32's sleep-mode pool
+    turns the flag off around itself), unless the user set ``PYTORCH_CUDA_ALLOC_CONF``: theirs is passed on."""
+    if device != "cuda":
+        return {}
+    env = os.environ if environ is None else environ
+    return {ALLOC_CONF_ENV: env.get(ALLOC_CONF_ENV) or "expandable_segments:True"}
+
+
 def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
     """Join ``ray_init.address`` / ``RAY_ADDRESS`` when given, else start a private local instance."""
     import ray
@@ -182,7 +195,8 @@ def build_worker_group(config, sections: ConfigSections, device: str, total_trai
     cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), sections=sections.workers, role=role, device=device,
                                total_training_steps=int(total_training_steps),
                                policy_loss_knobs=policy_loss_knobs(config, sections))
-    cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device)}}})
+    cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device),
+                                                     **worker_alloc_env(device)}}})
     print(f"[luffy_pool] {engine_layout(sections)}; device {device}", flush=True)  # the run's shape, on the console
     wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
     try:

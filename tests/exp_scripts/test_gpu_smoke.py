@@ -54,6 +54,10 @@ def test_gpu_smoke_recipe_train_sh_small_on_cpu(tmp_path):
     sw = r["recipe"]
     assert sw["gradient_checkpointing"] and sw["dynamic_bsz"] and sw["ref_param_offload"] and sw["remove_padding"]
     assert sw["token_factor"] > 1 and sw["tp"] == 2  # budgets scaled by one factor; TP printed, not run on 1 device
+    # H8: the recipe's rollout keys, carried and read back from the built engine (budgets only on CPU)
+    keys = sw["rollout_keys"]
+    assert keys["gpu_memory_utilization"] == 0.75 and keys["sleep_level"] == 2 and not keys["enforce_eager"]
+    assert keys["max_num_batched_tokens"] == 8192 // sw["token_factor"] and r["checks"]["recipe_rollout_keys"]
     assert any(s["kl_to_ref"] > 0 for s in r["steps"])  # the reference pass ran (its KL to the trained actor)
 
 

@@ -149,7 +149,7 @@ def test_d5_luffys_utilisation_leaves_under_five_percent_and_the_fix_is_named(ca
     out = capsys.readouterr().out
     assert rc == 1 and "under the 5% margin" in out
     rollout = float(next(ln for ln in out.splitlines() if ln.startswith("rollout (vLLM awake)")).split()[-1])
-    assert 75 <= rollout <= 77.5
+    assert 78 <= rollout <= 79.2  # ~76 before NCCL was counted per communicator (2 x 1.5 GiB) with a 3 % margin
     assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.75" in out
 
 
@@ -168,7 +168,8 @@ def test_plan_follows_the_keys_it_names():
     base = _plan(TRAIN, 80)
     off = _plan(TRAIN, 80, "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True")
     saved = base.phase("rollout (vLLM awake)").total - off.phase("rollout (vLLM awake)").total
-    assert saved == 8 * base.shape.params // 8  # two fp32 moments of a 1/8 shard
+    frag = [ln.bytes for p in (base, off) for ln in p.phase("rollout (vLLM awake)").lines if "fragmentation" in ln.what]
+    assert saved == 8 * base.shape.params // 8 + frag[0] - frag[1]  # two fp32 moments of a 1/8 shard, and their margin
     hsdp = _plan(TRAIN, 80, "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=8")
     assert hsdp.inputs.shard_group == 8 and hsdp.inputs.world == 16
     no_ckpt = _plan(TRAIN, 80, "actor_rollout_ref.model.enable_gradient_checkpointing=False")

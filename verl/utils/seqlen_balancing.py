@@ -20,6 +20,7 @@ __all__ = [
     "log_seqlen_unbalance",
     "rearrange_micro_batches_indices",
     "rearrange_micro_batches",
+    "padded_micro_batches_indices",
     "get_reverse_idx",
 ]
 
@@ -183,6 +184,43 @@ def rearrange_micro_batches_indices(
             "the token budget is too small for this mini-batch"
         )
     return get_seqlen_balanced_partitions(seq_lens, num_micro_batches, equal_size=False)
+
+
+def padded_micro_batches_indices(n_rows: int, width: int, max_token_len: int, dp_group: Any = None,
+                                 key: str = "ppo_max_token_len_per_gpu") -> list[list[int]]:
+    """Dynamic micro-batches for a forward that keeps the padding (no varlen attention: sdpa/eager).
+
+    Such a micro-batch computes ``rows x width`` positions whatever its valid tokens, so the budget counts
+    padded positions: ``floor(max_token_len / width)`` rows each, in row order, split as evenly as the
+    count allows. The count is all-reduced to the maximum over ``dp_group`` as in
+    :func:`rearrange_micro_batches_indices`; a larger count only makes micro-batches smaller. ValueError
+    naming ``key`` when one padded row alone is over the budget.
+    """
+    if n_rows < 1:
+        raise ValueError("padded_micro_batches_indices: no rows")
+    rows_per_micro = max_token_len // width
+    if rows_per_micro < 1:
+        raise ValueError(
+            f"one padded row has {width} positions > {key}={max_token_len}: without remove-padding (no "
+            f"flash-attn varlen kernel) a micro-batch computes at the full width; set {key}>={width}")
+    num_micro_batches = math.ceil(n_rows / rows_per_micro)
+    if dp_group is not None:
+        import torch.distributed as dist
+
+        count = torch.tensor([num_micro_batches], dtype=torch.long, device=_collective_device(dp_group))
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=dp_group)
+        num_micro_batches = int(count.item())
+    if num_micro_batches > n_rows:
+        raise ValueError(
+            f"{num_micro_batches} micro-batches (max over ranks) but only {n_rows} rows on this rank; "
+            "the token budget is too small for this mini-batch")
+    base, extra = divmod(n_rows, num_micro_batches)
+    groups, start = [], 0
+    for g in range(num_micro_batches):
+        size = base + (1 if g < extra else 0)
+        groups.append(list(range(start, start + size)))
+        start += size
+    return groups
 
 
 def rearrange_micro_batches(batch: Any, max_token_len: int, dp_group: Any = None) -> tuple[list[Any], list[list[int]]]:

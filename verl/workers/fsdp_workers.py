@@ -134,9 +134,10 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         from verl.utils.import_utils import import_external_libs
 
         import_external_libs(mcfg.external_lib)  # registers a custom architecture before AutoConfig reads it
-        from verl.utils.attn_impl import resolve_attn_implementation
+        from verl.utils.attn_impl import require_kernel, resolve_attn_implementation
 
         attn = resolve_attn_implementation(mcfg.attn_implementation, self.device)  # auto: sdpa without flash-attn
+        require_kernel(attn)  # a flash-attn built for another torch/CUDA fails here, not after a rollout (H2)
         hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.trust_remote_code)
         for k, v in (mcfg.override_config or {}).items():
             setattr(hf_config, k, v)

@@ -30,7 +30,7 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.loss_inputs import ROLLOUT_IS_LOSSES, PolicyLossInputs
 from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.workers.config_sections import ActorSection
-from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches_indices
+from verl.utils.seqlen_balancing import get_reverse_idx, padded_micro_batches_indices, rearrange_micro_batches_indices
 from verl.utils.step_metrics import StepMetrics
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits, masked_mean
 
@@ -103,9 +103,13 @@ class DataParallelPPOActor:
         self.actor_optimizer = actor_optimizer
         self.use_remove_padding = use_remove_padding and self._has_varlen_attention(actor_module)
         if use_remove_padding and not self.use_remove_padding:
-            logger.info("model.use_remove_padding ignored: attention %r has no varlen kernel, and packing into one "
-                        "row would make sdpa/eager build a dense mask over all tokens (quadratic); using padded rows",
-                        getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
+            # WARNING: on a GPU this is the flash-attn-missing fallback; dynamic micro-batches then count padded
+            # positions (_micro_batches), so the same token budget runs more, smaller micro-batches.
+            logger.warning("model.use_remove_padding ignored: attention %r has no varlen kernel (flash-attn, pip "
+                           "install flash-attn, provides it), and packing into one row would make sdpa/eager build a "
+                           "dense mask over all tokens (quadratic); using padded rows, dynamic micro-batches budget "
+                           "rows x padded width",
+                           getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
         # Ulysses SP group (ulysses_forward.py): ranks of the group hold the same rows, 1/sp of the positions each.
         self.ulysses_group = ulysses_group if ulysses_group is not None and dist.get_world_size(ulysses_group) > 1 else None
         if self.ulysses_group is not None:
@@ -191,7 +195,11 @@ class DataParallelPPOActor:
             # The budget is per rank; an SP rank holds 1/sp of each row's tokens (verl scales it the same way).
             if self.ulysses_group is not None:
                 max_token_len = max_token_len * dist.get_world_size(self.ulysses_group)
-            groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
+            if self.use_remove_padding:
+                groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
+            else:  # padded rows compute at the full width: budget rows x width, not valid tokens (REVIEW H1)
+                groups = padded_micro_batches_indices(len(seq_lens), batch["attention_mask"].size(-1), max_token_len,
+                                                      dp_group=self.dp_group)
             flat = [i for g in groups for i in g]
             micro = [{k: batch[k][g] for k in keys} for g in groups]
             return micro, get_reverse_idx(flat)

@@ -31,6 +31,9 @@ def _uneven_rank(rank, world_size, port, model_dir):
                        grad_clip=1.0, use_kl_loss=False)
     actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-3),
                                  dp_group=mesh.get_group("dp"))
+    # The valid-token budget (flash-attn's packed path) is the one whose counts differ by rank; sdpa turns packing
+    # off and padded rows of one width give every rank the same count by construction (REVIEW H1).
+    actor.use_remove_padding = True
     seq, resp = 20, 6
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(3, model.config.vocab_size, (4, seq), generator=g)
