@@ -94,13 +94,12 @@ def model_family(name: str) -> tuple[str, str]:
     HF cache, else a hint in the name, else qwen2 (LUFFY's models are Qwen2.5)."""
     config = os.path.join(os.path.expanduser(name), "config.json")
     if not os.path.isfile(config):
-        try:
-            from huggingface_hub import try_to_load_from_cache
+        # the workers' own resolution (verl/utils/model_source.py): the id's snapshot in the hub cache
+        # (HF_HUB_CACHE, else HF_HOME/hub), found through refs/main, never the network
+        from verl.utils.model_source import cached_snapshot, is_local_path
 
-            cached = try_to_load_from_cache(name, "config.json")
-            config = cached if isinstance(cached, str) else config
-        except Exception:  # noqa: BLE001 - not a valid repo id: no cache entry
-            pass
+        snapshot = None if is_local_path(name) else cached_snapshot(name)
+        config = os.path.join(snapshot, "config.json") if snapshot else config
     if os.path.isfile(config):
         with open(config) as f:
             model_type = json.load(f).get("model_type")
@@ -159,10 +158,15 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
                  + [f"trainer.total_training_steps={steps + stop_early}"] + outputs)
     family, found = model_family(recipe.model_path)
     heads, kv = divisible_heads(sp, tp)
+    from verl.utils.model_source import hub_cache_dir
+
+    cache_dir = os.path.abspath(hub_cache_dir())
     report = {
         "script": recipe.script,
         "model": {"was": recipe.model_path, "now": model_dir, "model_type": family, "family_from": found,
-                  "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": HEAD_DIM},
+                  "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": HEAD_DIM,
+                  # the hub id resolved through this cache folder (its snapshot's config.json), as the workers do
+                  "hub_cache": cache_dir if os.path.abspath(found).startswith(cache_dir + os.sep) else None},
         "data": {"was": recipe.values.get("data.train_files", recipe.values.get("data.val_files")),
                  "now": data_dir + " (tiny arithmetic task)"},
         "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
@@ -262,6 +266,8 @@ def print_report(report: dict, overrides: list[str]) -> None:
     m = r["model"]
     print(f"  model:   {m['was']} -> tiny random {m['model_type']} ({m['num_attention_heads']} heads, "
           f"{m['num_key_value_heads']} kv heads; family from {m['family_from']}) at {m['now']}")
+    if m.get("hub_cache"):
+        print(f"  model id {m['was']} resolved through the hub cache {m['hub_cache']} (refs/main -> snapshot)")
     print(f"  data:    {r['data']['was']} -> {r['data']['now']}")
     print(f"  lengths and token budgets / {r['length_factor']}: "
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items()))
