@@ -5,7 +5,7 @@ replaced, through the environment the script reads (MODEL_PATH, DATA_DIR, PYTHON
 Hydra overrides appended after the script's own (its ``"$@"``, so they win), and the list is printed:
 
 - the model: the real model's config.json (``--model-config FILE``, or the script's model when its config is
-  local or in the HF cache) with only its sizes shrunk and every other field kept (luffy_pool.tiny.model_config:
+  local or in the hub cache, resolved as the workers do: verl/utils/model_source.py) with only its sizes shrunk and every other field kept (luffy_pool.tiny.model_config:
   tied embeddings, rope scaling, biases, q/k norms, ...; the report lists the fields kept and shrunk), heads
   and kv heads that SP and TP divide; without a config, a tiny random model of the script's family;
 - the data: the tiny arithmetic task as the files the script expects (openr1.parquet, valid.parquet,
@@ -13,7 +13,10 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
 - lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
   every ratio the script sets between them holds (e.g. train_16k.sh: a full row fits SP x the update
   budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor;
-- the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU);
+- the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU); each switch of the
+  composed config (the script's overrides and the YAML defaults it keeps) that the CPU turns off or makes a
+  no-op is a WARNING line and a ``gpu_only`` entry (GPU_ONLY: CUDA graphs, remove padding, flash-attn, the
+  bf16 of ``param_dtype=auto``, sleep/wake);
 - the world: 4 ranks, or the smallest multiple of lcm(SP, TP) above it; 2 training steps;
 - trackers offline (WANDB_MODE=offline) and outputs in the rehearsal folder.
 
@@ -57,7 +60,7 @@ GPU_ONLY = {
         "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
         "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs; torch.compile would add ~2 min of start-up)",
     ("actor_rollout_ref.model.use_remove_padding", "true"):
-        "silently off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
+        "off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
         "_has_varlen_attention); the packed forward and its flash-attn varlen path are not exercised",
     ("actor_rollout_ref.model.attn_implementation", "auto"):
         "picks flash_attention_2 on cuda (when flash-attn imports) and sdpa on cpu (verl/utils/attn_impl.py "
