@@ -2,7 +2,8 @@
 # Rehearse a shipped launch script on CPU for 2 steps with every switch it sets (luffy_pool/run/rehearse.py):
 # only the model (tiny random model of the same family, heads divisible by SP and TP), the data (tiny task),
 # lengths / token budgets (one factor), the device (cpu, gloo, sdpa), the world (4 ranks or SP x TP) and
-# the trackers (offline) are replaced, and the rehearsal prints that list before the script runs.
+# the trackers (offline) are replaced, and the rehearsal prints that list before the script runs, with a WARNING
+# line for each switch of the script the CPU turns off (graphs, remove padding, flash-attn, bf16, sleep/wake).
 #
 # Usage: bash exp_scripts/rehearse.sh exp_scripts/train_16k.sh [--work DIR] [--dry-run] [key=value ...]
 #          [--cache DIR]        keep the tiny models / task data in DIR between rehearsals (built once per spec)

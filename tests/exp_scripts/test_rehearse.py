@@ -69,13 +69,13 @@ def test_plan_names_the_gpu_only_graphs_switch_train_sh_sets(tmp_path, capsys):
     from luffy_pool.run.rehearse import plan, print_report
 
     _, overrides, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path))
-    assert list(report["gpu_only"]) == ["actor_rollout_ref.rollout.enforce_eager=false"]
+    assert list(report["gpu_only"])[0] == "actor_rollout_ref.rollout.enforce_eager=false"  # the others: test_rehearse_warnings.py
     assert not any("enforce_eager" in o for o in overrides)  # not overridden: the CPU engine builder runs it eager
     print_report(report, overrides)
     assert "WARNING GPU-only switch, not in effect on cpu: actor_rollout_ref.rollout.enforce_eager=false" \
         in capsys.readouterr().out
     eager = read_recipe(os.path.join(EXP, "train.sh"), args=("actor_rollout_ref.rollout.enforce_eager=True",))
-    assert plan(eager, str(tmp_path))[2]["gpu_only"] == {}  # LUFFY's eager engine: nothing to warn about
+    assert not any("enforce_eager" in k for k in plan(eager, str(tmp_path))[2]["gpu_only"])  # LUFFY's eager engine
 
 
 def test_plan_scales_every_length_by_one_factor(tmp_path):
