@@ -111,3 +111,18 @@ def test_lr_schedule_change_rule(style, ratio, step, refused):
     optim = SimpleNamespace(warmup_style=style, lr_warmup_steps_ratio=ratio)
     assert (lr_schedule_change_problem(optim, 4, 6, step) is not None) is refused
     assert lr_schedule_change_problem(optim, 6, 6, step) is None and lr_schedule_change_problem(optim, None, 6, step) is None
+
+
+def test_a_refused_resume_ends_the_run_with_its_own_line(caplog):
+    from luffy_pool.run.launcher import fit_and_close
+
+    def fit():
+        raise ResumeRefusedError("cannot resume step 4 with trainer.total_training_steps=6: ...")
+
+    closed = []
+    trainer = SimpleNamespace(fit=fit, global_steps=0, checkpointer=SimpleNamespace(
+        last_good_checkpoint=lambda: "/run/global_step_4", refused_summary=lambda: ""))
+    with pytest.raises(ResumeRefusedError, match="total_training_steps=6"):
+        fit_and_close(trainer, lambda: closed.append(True))
+    assert closed == [True]
+    assert "training failed" not in caplog.text  # not reported as a failed step with a checkpoint to resume
