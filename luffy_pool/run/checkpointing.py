@@ -7,7 +7,9 @@ controller, driver RNG, last validation) and, with ``data.self_replay``, ``self_
 then does ``latest_checkpointed_iteration.txt`` move to N. A crash at any point leaves the previous
 checkpoint as the one ``resume_mode=auto`` picks. Resume restores everything so step N+1 sees the
 same prompts, prefix ratios and rollout seeds as an uninterrupted run (also right after an epoch's
-last batch, and on a different number of ranks, where DCP reshards).
+last batch, and on a different number of ranks, where DCP reshards). A larger
+``trainer.total_training_steps`` on resume continues to the new total; it is refused in one line when the
+actor's lr schedule is sized by the total (cosine, or a warmup still running) since the lr would jump.
 
 Integrity and safety: ``data.pt`` holds only tensors and plain data and is read with ``weights_only``
 (``safe_io``); every step directory carries a ``manifest.json`` (sizes and sha256 of all its files),
@@ -43,6 +45,35 @@ REPLAY_DIR = "self_replay"  # the self-replay buffer (data.self_replay): JSON in
 
 class CheckpointUnusableError(RuntimeError):
     """No checkpoint that resume may use: each tried one is named with its bad file."""
+
+
+class ResumeRefusedError(ValueError):
+    """The run's config cannot continue this checkpoint consistently (not a bad checkpoint: never skipped)."""
+
+
+def lr_schedule_change_problem(optim, saved_total: Optional[int], total: int, step: int) -> Optional[str]:
+    """None when a checkpoint of a ``saved_total``-step run resumed at ``step`` into a ``total``-step run keeps
+    the lr the uninterrupted schedule gives, else the one-line refusal.
+
+    The worker builds its scheduler from the new total and loads only the step counter, so the lr after the
+    resume is the new schedule at ``step``: the same as before for a constant lr past its warmup (LUFFY's
+    default), a jump for a cosine decay or a warmup whose length moves while it is still running.
+    """
+    if saved_total is None or int(saved_total) == int(total):
+        return None
+    old, new = int(saved_total), int(total)
+    why = None
+    if optim.warmup_style == "cosine":
+        why = "actor.optim.warmup_style=cosine decays over it, so the lr would jump"
+    else:
+        w_old, w_new = (int(optim.lr_warmup_steps_ratio * t) for t in (old, new))
+        if w_old != w_new and step < max(w_old, w_new):
+            why = (f"actor.optim.lr_warmup_steps_ratio={optim.lr_warmup_steps_ratio} sizes the warmup by it "
+                   f"({w_old} -> {w_new} steps, still running at step {step})")
+    if why is None:
+        return None
+    return (f"cannot resume step {step} with trainer.total_training_steps={new}: the checkpoint's run had {old} and "
+            f"{why}; keep {old}, or use warmup_style=constant with its warmup done")
 
 
 class CheckpointSaveError(OSError):
@@ -107,6 +138,7 @@ class TrainerCheckpointer:
         self.checksums = bool(t.checkpoint_checksums)
         contents = sections.workers.actor.checkpoint.contents
         self.need_optim = "optimizer" in list(contents)
+        self.optim = sections.workers.actor.optim  # the lr schedule a changed total_training_steps would resize
         self.extra_states: dict[str, Any] = {}
         self.last_saved_step: Optional[int] = None  # saved or resumed from by this process
         self.refused: dict[str, str] = {}  # step dir -> why resume refused it (never reported as "last good")
@@ -323,10 +355,15 @@ class TrainerCheckpointer:
                 if problem is not None:
                     raise CheckpointUnusableError(problem)
                 data = self._read_data_state(step_dir)
+                refused = lr_schedule_change_problem(self.optim, data.get("total_training_steps"),
+                                                     int(getattr(trainer, "total_training_steps", 0)),
+                                                     layout.parse_step_dir(step_dir))
+                if refused is not None:
+                    raise ResumeRefusedError(refused)
                 trainer.wg.load_checkpoint(os.path.join(step_dir, layout.ACTOR_DIR))
             except BaseException as exc:  # noqa: BLE001 - every failure is named and either skipped or re-raised
-                if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-                    raise
+                if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, ResumeRefusedError)):
+                    raise  # a config that cannot continue this run is no reason to fall back to an older checkpoint
                 line = _one_line(exc)
                 self.refused[os.path.abspath(step_dir)] = line
                 if not fallback:

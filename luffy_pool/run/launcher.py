@@ -308,12 +308,12 @@ def fit_and_close(trainer, close) -> dict:
         metrics = trainer.fit()
     except BaseException as exc:
         # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
-        from luffy_pool.run.checkpointing import CheckpointUnusableError
+        from luffy_pool.run.checkpointing import CheckpointUnusableError, ResumeRefusedError
 
         from verl.utils.signals import AbortedBySignal
 
-        if isinstance(exc, (CheckpointUnusableError, AbortedBySignal)):
-            raise  # its message already names every checkpoint tried / the signal and the exit code
+        if isinstance(exc, (CheckpointUnusableError, ResumeRefusedError, AbortedBySignal)):
+            raise  # its message already names every checkpoint tried / the config key / the signal and exit code
         last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
         refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
         logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps, last or "none",
