@@ -45,6 +45,7 @@ def _adv_estimators():
 
 def _policy_losses():
     import luffy_pool.algorithm.mix_core_alg  # noqa: F401 -- registers luffy_token, sft_multitask
+    import luffy_pool.methods.losses  # noqa: F401 -- registers the methods' losses (hpt_sft, srft, chord)
     from verl.workers.config_sections import policy_losses
 
     return policy_losses()

@@ -354,8 +354,8 @@ class TrainerCheckpointer:
                 problem = self.verify(step_dir)
                 if problem is not None:
                     raise CheckpointUnusableError(problem)
-                data = self._read_data_state(step_dir)
-                refused = lr_schedule_change_problem(self.optim, data.get("total_training_steps"),
+                state = self._read_data_state(step_dir)  # the checkpoint's data.pt, not config
+                refused = lr_schedule_change_problem(self.optim, state.get("total_training_steps"),
                                                      int(getattr(trainer, "total_training_steps", 0)),
                                                      layout.parse_step_dir(step_dir))
                 if refused is not None:
@@ -371,11 +371,11 @@ class TrainerCheckpointer:
                 problems.append(f"{os.path.basename(step_dir)}: {line}")
                 logger.error("checkpoint %s is not usable: %s; trying the previous one", step_dir, line)
                 continue
-            self._apply_data_state(trainer, data, step_dir)
+            self._apply_data_state(trainer, state, step_dir)
             step = layout.parse_step_dir(step_dir)
             self.last_saved_step = step
             total = int(getattr(trainer, "total_training_steps", step))
-            saved_ws, ws = data.get("world_size"), getattr(trainer, "world_size", None)
+            saved_ws, ws = state.get("world_size"), getattr(trainer, "world_size", None)
             logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws,
                            ws, step + 1, total, "; nothing left to train" if step >= total else "")
             return step
