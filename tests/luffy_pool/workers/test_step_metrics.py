@@ -89,10 +89,11 @@ def test_equal_response_lengths_two_mini_batches_log_the_same_metrics_for_every_
     """Every row has 6 response tokens: the optimizer sees the same loss for every cut (token mean per
     micro-batch / grad accum), so every actor/* metric, pg_loss and grad_norm included, must agree."""
     runs = {cut: _train(tiny_model_dir, [RESP] * 8, 4, cut[0], cut[1], 22) for cut in CUTS}
-    # the cuts differ: 4 x 1 row, 2 x 2 rows in order (11+11 | 9+9 tokens), 2 x 2 balanced rows (11+9 | 11+9)
+    # the cuts: 4 x 1 row, 2 x 2 rows in order (11+11 | 9+9 tokens); the token budget gives the same rows here
     assert [c for c in runs[(1, False)][1]] == [[11, 11, 9, 9]] * 2
     assert [c for c in runs[(2, False)][1]] == [[22, 18]] * 2
-    assert [c for c in runs[(2, True)][1]] == [[20, 20]] * 2
+    # sdpa has no varlen kernel: the token budget counts padded positions and cuts whole rows in order (H1)
+    assert [c for c in runs[(2, True)][1]] == [[22, 18]] * 2
     reference = runs[(1, False)][0]
     assert len(reference["actor/grad_norm"]) == 2 and len(reference["actor/pg_loss"]) == 2  # one per optimizer step
     keys = {k for k in reference if k.startswith("actor/")}
@@ -118,7 +119,7 @@ def test_luffys_setting_one_micro_batch_and_token_budget_micro_batches_log_the_s
     lengths = [6, 2, 5, 3, 6, 4, 2, 6]
     one, one_cut = _train(tiny_model_dir, lengths, 8, 8, False, 30, **LUFFY_LOSS)
     budget, budget_cut = _train(tiny_model_dir, lengths, 8, 8, True, 30, **LUFFY_LOSS)
-    assert one_cut == [[66]] and budget_cut == [[23, 23, 20]]
+    assert one_cut == [[66]] and budget_cut == [[18, 14, 20, 14]]  # padded budget (sdpa, H1): 4 micro-batches
     assert set(one) == set(budget)
     for k in one:
         assert budget[k] == pytest.approx(one[k], abs=1e-5), k
@@ -154,7 +155,7 @@ def test_unequal_lengths_token_means_over_the_step_and_the_loss_the_optimizer_sa
     per_micro, whole = _direct_metrics(tiny_model_dir, lengths, [[2 * j, 2 * j + 1] for j in range(4)])
     assert per_micro[1]["off_policy_prob"] == 0 and per_micro[2]["off_policy_prob"] == 0  # no off-policy token
     runs = {cut: _train(tiny_model_dir, lengths, 8, cut[0], cut[1], 30) for cut in CUTS}
-    assert runs[(2, True)][1] == [[23, 23, 20]]  # a token budget of 30: 3 micro-batches of 3, 3 and 2 rows
+    assert runs[(2, True)][1] == [[18, 14, 20, 14]]  # a budget of 30 padded positions (sdpa, H1): 4 x 2 rows
     for cut, (metrics, _) in runs.items():
         for k in ("off_policy_prob", "on_policy_prob", "off_pg_loss", "on_pg_loss", "ppo_kl", "pg_clipfrac",
                   "off_ratio_mean"):
