@@ -16,6 +16,7 @@ from luffy_pool.algorithm.mix_core_alg import (  # noqa: F401  (LUFFY's names; A
     compute_sft_pure_loss,
     grpo_split_advantage,
     luffy_token_loss,
+    sft_multitask_loss,
 )
 from verl.trainer.ppo.loss_inputs import AdvantageConfig, AdvantageInputs, PolicyLossInputs, clamp_bound
 
@@ -29,6 +30,7 @@ LUFFY_LOSS_ARGS = {
     "off_policy_reshape_pow_exp": "off_policy_reshape_pow_exp", "on_policy_reshape": "on_policy_reshape",
     "on_policy_reshape_weight": "on_policy_reshape_weight", "on_policy_reshape_pow_exp": "on_policy_reshape_pow_exp",
     "loss_remove_token_mean": "loss_remove_token_mean", "loss_remove_clip": "loss_remove_clip",
+    "sft_loss_coef": "sft_loss_coef",
 }
 
 
@@ -102,3 +104,17 @@ def compute_token_on_off_policy_loss(
            "off_pg_clipfrac": torch.zeros((), device=log_prob.device)}
     out.update(metrics)
     return out
+
+
+def compute_sft_multitask_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                               eos_mask: torch.Tensor, prefix_mask: torch.Tensor, cliprange: Optional[float] = None,
+                               sft_loss_coef: Optional[float] = None, loss_remove_token_mean: Optional[bool] = None,
+                               loss_remove_clip: Optional[bool] = None) -> dict[str, torch.Tensor]:
+    """The keyword form of the ``sft_multitask`` loss (importable here before the one dispatch) -> ``{pg_loss,
+    sft_loss, on_pg_loss, pg_clipfrac, ppo_kl}``; an argument left out takes the YAML's value."""
+    cfg = luffy_loss_section(cliprange=cliprange, sft_loss_coef=sft_loss_coef,
+                             loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip)
+    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
+                              response_mask=eos_mask, prefix_mask=prefix_mask)
+    pg_loss, metrics = sft_multitask_loss(inputs, cfg)
+    return {"pg_loss": pg_loss, **metrics}

@@ -71,3 +71,22 @@ def test_grpo_outcome_advantage_split_is_the_registered_grpo_split():
         expected = get_adv_estimator_fn("grpo_split")(AdvantageInputs(rewards, mask, index, on_policy_mask=on),
                                                       AdvantageConfig(grpo_use_std=use_std, epsilon=1e-3))
         assert torch.equal(adv, expected[0]) and torch.equal(returns, expected[1])
+
+
+def test_compute_sft_multitask_loss_alias_equals_the_registered_loss():
+    import torch
+
+    from luffy_pool.algorithm.mix_core_alg import sft_multitask_loss
+    from verl.mix_src.mix_core_alg import compute_sft_multitask_loss, luffy_loss_section
+    from verl.trainer.ppo.loss_inputs import PolicyLossInputs
+
+    g = torch.Generator().manual_seed(3)
+    old, new, adv = (torch.randn(4, 5, generator=g) for _ in range(3))
+    mask = torch.ones(4, 5)
+    prefix = torch.zeros(4, 5, dtype=torch.bool)
+    prefix[0] = True
+    out = compute_sft_multitask_loss(old, new, adv, mask, prefix, cliprange=0.2, sft_loss_coef=0.5)
+    cfg = luffy_loss_section(cliprange=0.2, sft_loss_coef=0.5)
+    loss, metrics = sft_multitask_loss(PolicyLossInputs(log_prob=new, old_log_prob=old, advantages=adv,
+                                                        response_mask=mask, prefix_mask=prefix), cfg)
+    assert torch.equal(out["pg_loss"], loss) and set(out) == {"pg_loss", *metrics}
