@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 
@@ -25,6 +26,32 @@ from luffy_pool.run.recipe import discover_launch_scripts, divisible_heads, read
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXP = os.path.join(REPO, "exp_scripts")
 SCRIPTS = discover_launch_scripts(EXP)
+LLAMA = os.path.join(REPO, "tests", "data", "model_configs", "meta-llama--Llama-3.1-8B.json")
+# The world each rehearsal runs on. train.sh and train_16k.sh set the parallel layouts (vLLM TP 2; SP 2 x TP 2):
+# they rehearse on 4 ranks, two DP groups of that layout (the weight sync reaches two engines, SP groups sit
+# inside DP). A script built on them changes no parallel key (test_scripts_built_on_train_sh_keep_its_layout),
+# so its rehearsal checks its own switches on the smallest world that holds the layout: 2 ranks (40 % of the
+# CPU of a 4-rank rehearsal, measured on train.sh: 64 s against 107 s).
+LAYOUT_RANKS = {"train.sh": 4, "train_16k.sh": 4}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One rehearsal: a launch script, the extra arguments of rehearse.sh, and its world."""
+
+    id: str
+    script: str
+    args: tuple = ()
+
+    @property
+    def ranks(self) -> int:
+        return LAYOUT_RANKS.get(os.path.basename(self.script), 2)
+
+
+# every discovered script, and train.sh once more on the real Llama-3.1-8B config shrunk (llama3 rope scaling,
+# distinct bos/eos, no qkv bias: tests/exp_scripts/test_rehearse_model_config.py checks the shrinking itself)
+CASES = [Case(os.path.basename(s), s) for s in SCRIPTS] + [
+    Case("train.sh@Llama-3.1-8B", os.path.join(EXP, "train.sh"), ("--model-config", LLAMA))]
 
 
 def test_discovery_finds_every_shipped_launch_script_and_no_helper():
@@ -158,21 +185,22 @@ class Rehearsals:
     """Runs the selected rehearsals two at a time, in test order, from the first request on.
 
     A rehearsal leaves part of the 2 cores idle (its driver's start-up is one process; the workers'
-    collectives wait on each other), so the next script's rehearsal starts while this one runs. Each keeps its own folder, driver and workers; the two share the input cache and Ray instance."""
+    collectives wait on each other), so the next script's rehearsal starts while this one runs. Each keeps its
+    own folder, driver and workers; the two share the input cache and Ray instance."""
 
-    def __init__(self, scripts, folders, cache: str, ray_address: str, jobs: int = 2):
+    def __init__(self, cases, folders, cache: str, ray_address: str, jobs: int = 2):
         self.folders = folders
         self.pool = ThreadPoolExecutor(jobs)
-        self.futures = {s: self.pool.submit(self._run, s, folders[s], cache, ray_address) for s in scripts}
+        self.futures = {c.id: self.pool.submit(self._run, c, folders[c.id], cache, ray_address) for c in cases}
 
     @staticmethod
-    def _run(script, work, cache, ray_address):
-        return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), script, "--work", work, "--cache", cache,
-                               "--ray-address", ray_address], env=_rehearsal_env(),
-                              capture_output=True, text=True, timeout=1400, cwd=work)
+    def _run(case, work, cache, ray_address):
+        return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), case.script, *case.args, "--work", work,
+                               "--ranks", str(case.ranks), "--cache", cache, "--ray-address", ray_address],
+                              env=_rehearsal_env(), capture_output=True, text=True, timeout=1400, cwd=work)
 
-    def result(self, script):
-        return self.futures[script].result(), self.folders[script]
+    def result(self, case):
+        return self.futures[case.id].result(), self.folders[case.id]
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -180,13 +208,13 @@ class Rehearsals:
 
 @pytest.fixture(scope="module")
 def rehearsals(request, tmp_path_factory):
-    """The rehearsals of the selected scripts, sharing an input cache and one Ray instance."""
+    """The rehearsals of the selected cases, sharing an input cache and one Ray instance."""
     from luffy_pool.run.rehearse import CPU_SAFE_ENV
     from tests.helpers.shared_ray import SharedRay
 
-    selected = [item.callspec.params["script"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_rehearse_launch_script"] or SCRIPTS
-    folders = {s: str(tmp_path_factory.mktemp("rehearse_" + os.path.basename(s).replace(".", "_"))) for s in selected}
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_rehearse_launch_script"] or CASES
+    folders = {c.id: str(tmp_path_factory.mktemp("rehearse_" + re.sub(r"\W", "_", c.id))) for c in selected}
     cache = str(tmp_path_factory.mktemp("rehearsal_cache"))
     with SharedRay(num_cpus=8, env=dict(_rehearsal_env(), **CPU_SAFE_ENV), cwd=REPO) as ray:
         runs = Rehearsals(selected, folders, cache, ray.address)
@@ -196,18 +224,32 @@ def rehearsals(request, tmp_path_factory):
             runs.close()
 
 
+def test_scripts_built_on_train_sh_keep_its_layout():
+    """The 2-rank rehearsals (LAYOUT_RANKS) rest on this: a script that is not a layout script sets the
+    parallel layout of train.sh (SP 1, vLLM TP 2) or none (SFT)."""
+    base = read_recipe(os.path.join(EXP, "train.sh"))
+    for case in CASES:
+        r = read_recipe(case.script, dict(os.environ, MODEL_PATH="org/model"))
+        if case.ranks == 2 and r.kind == "rl":
+            assert (r.sp, r.tp) == (base.sp, base.tp), case.id
+        assert rehearsal_world(r.sp, r.tp, case.ranks) == case.ranks, case.id  # the world holds the layout
+
+
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("script", SCRIPTS, ids=[os.path.basename(s) for s in SCRIPTS])
-def test_rehearse_launch_script(script, rehearsals):
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_rehearse_launch_script(case, rehearsals):
     runs, ray_address = rehearsals
-    proc, _ = runs.result(script)
+    proc, _ = runs.result(case)
+    script = case.script
     out = proc.stdout
     lines = [line for line in out.splitlines() if line.startswith("REHEARSAL ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{out[-4000:]}\n{proc.stderr[-6000:]}"
     report = json.loads(lines[-1][len("REHEARSAL "):])
-    assert report["rc"] == 0 and report["steps"] == 2
+    assert report["rc"] == 0 and report["steps"] == 2 and report["world"]["now"] == case.ranks
+    if case.args:  # the real config shrunk: Llama-3.1-8B's fields reach the tiny model
+        assert report["model"]["model_type"] == "llama" and "rope_scaling" in report["model"]["config_fields"]["kept"]
     assert "replaced (cannot exist here)" in out  # the list is printed before the script runs
     steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - ")) for m in STEP_LINE.finditer(out)}
     assert sorted(steps) == [1, 2], out[-3000:]

@@ -5,6 +5,7 @@ and ``exp_scripts/bench_memory.py --sp`` use it: a CPU stand-in for a multi-devi
 """
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -44,8 +45,16 @@ def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method
         torch.distributed.destroy_process_group()
     result_dir = tempfile.mkdtemp(prefix="gloo_ranks_")
     try:
-        ctx = mp.start_processes(_rank_main, args=(fn, world, find_free_port("127.0.0.1"), result_dir, args), nprocs=world,
-                                 join=False, start_method=start_method)
+        # A forked rank must never garbage-collect what it inherited: a collection in the child runs finalizers
+        # of the parent's objects (Ray/gRPC clients, thread pools) whose native state did not survive the fork,
+        # and aborts the rank (seen as SIGABRT "Garbage-collecting" inside transformers' loader thread pool).
+        # Frozen objects sit in the permanent generation the child's collector skips; the parent unfreezes.
+        gc.freeze()
+        try:
+            ctx = mp.start_processes(_rank_main, args=(fn, world, find_free_port("127.0.0.1"), result_dir, args),
+                                     nprocs=world, join=False, start_method=start_method)
+        finally:
+            gc.unfreeze()
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=2):
             if time.monotonic() > deadline:
