@@ -26,16 +26,18 @@ OUT=$(mkdir -p "${QUICKSTART_DIR:-outputs/quickstart}" && cd "${QUICKSTART_DIR:-
 
 # Run "$@" in its own process group (so a terminal's Ctrl-C reaches it once, through the trap, not twice) and
 # forward the signals this script receives; `wait` returns early when a trap runs, so wait again until the child
-# has exited and return its exit code.
+# has exited and return its exit code. The traps are set before the child starts: a signal that arrives before
+# `pid` is known is held and sent as soon as it is (a signal between the fork and the trap lines was lost).
 run_forwarding() {
-  local pid rc
+  local pid="" pending="" rc
+  trap 'if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; else pending=TERM; fi' TERM
+  trap 'if [ -n "$pid" ]; then kill -INT "$pid" 2>/dev/null || true; else pending=INT; fi' INT
+  trap 'if [ -n "$pid" ]; then kill -HUP "$pid" 2>/dev/null || true; else pending=HUP; fi' HUP
   set -m
   "$@" </dev/null &
   pid=$!
   set +m
-  trap "kill -TERM $pid 2>/dev/null || true" TERM
-  trap "kill -INT $pid 2>/dev/null || true" INT
-  trap "kill -HUP $pid 2>/dev/null || true" HUP
+  if [ -n "$pending" ]; then kill -"$pending" "$pid" 2>/dev/null || true; fi
   while :; do
     rc=0
     wait "$pid" || rc=$?
