@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Create/reuse .venv in the repo root, then run the test suite. Extra args go to pytest
 # (e.g. `bash tests/run.sh -m "not e2e"` for the quick loop).
+# Two pytest-xdist workers, one test file each at a time (--dist loadfile: a module's fixtures, e.g. the shared
+# rehearsal pool, are built once): the 2 cores stay busy while one test waits on a start-up or a collective.
+# LUFFY_TEST_WORKERS=0 runs in one process; a later -n in the arguments wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash exp_scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${LUFFY_TEST_WORKERS:-2}" --dist loadfile "$@"
