@@ -1,0 +1,164 @@
+"""The restart policy of automatic recovery (luffy_pool/run/recovery.py): classification, counting, capacity
+wait, resume mode, and the launcher's fit loop with a recovery. Pure logic: no Ray cluster, no workers."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import ray.exceptions as rex
+
+from luffy_pool.run import recovery as rec
+from luffy_pool.run.checkpointing import CheckpointUnusableError
+from verl.utils.ray_utils import WorkerGroupError
+from verl.utils.signals import AbortedBySignal
+
+DEAD = "The actor died unexpectedly before finishing this task.\n\tclass_name: W\n\tip: 10.0.0.7\n" \
+       "Worker exits unexpectedly by a signal. SIGKILL"
+
+
+def _group_error(failures: dict, **kw) -> WorkerGroupError:
+    return WorkerGroupError("actor_rollout", "update_actor", failures, **kw)
+
+
+def test_a_dead_rank_in_a_worker_group_call_is_a_recoverable_worker_death_naming_its_node():
+    exc = _group_error({1: rex.RayActorError(None, DEAD), 0: RuntimeError("Connection closed by peer [10.0.0.7]:4")})
+    failure = rec.classify_failure(exc)
+    assert (failure.cause, failure.recoverable, failure.node) == (rec.WORKER_DIED, True, "10.0.0.7")
+
+
+@pytest.mark.parametrize("exc, cause", [
+    (rex.NodeDiedError("node 3f2a died"), rec.NODE_DIED),
+    (rex.OutOfMemoryError("Task was killed due to the node running low on memory"), rec.OOM_KILLED),
+    (rex.RayActorError(None, "The actor died unexpectedly: the OS killed it (out of memory)"), rec.OOM_KILLED),
+    (_group_error({}, pending_ranks=[0, 1], timed_out=True, timeout_s=60.0), rec.COLLECTIVE_TIMEOUT),
+    (_group_error({0: RuntimeError("[gloo] Connection reset by peer")}), rec.COLLECTIVE_TIMEOUT),
+    (_group_error({0: RuntimeError("Watchdog caught collective operation timeout: WorkNCCL(...)")}),
+     rec.COLLECTIVE_TIMEOUT),
+])
+def test_lost_processes_nodes_and_collectives_are_recoverable(exc, cause):
+    failure = rec.classify_failure(exc)
+    assert failure.cause == cause and failure.recoverable
+
+
+@pytest.mark.parametrize("exc", [
+    ValueError("data.train_batch_size=3 is not divisible"),
+    _group_error({0: KeyError("responses"), 1: KeyError("responses")}),  # the program is wrong on every rank
+    rex.RayActorError(None, "The actor died because of an error raised in its creation task", actor_init_failed=True),
+    CheckpointUnusableError("cannot resume from global_step_2: manifest.json missing"),
+    AbortedBySignal(15, "second stop signal"),
+    KeyboardInterrupt(),
+])
+def test_config_and_user_errors_signals_and_bad_checkpoints_are_not_recoverable(exc):
+    assert not rec.classify_failure(exc).recoverable
+
+
+def test_the_same_cause_at_the_same_step_restarts_max_restarts_times_then_ends():
+    policy = rec.RestartPolicy(max_restarts=2)
+    died = rec.Failure(rec.WORKER_DIED, True, "x")
+    assert [policy.decide(died, 5).attempt for _ in range(2)] == [1, 2]
+    stop = policy.decide(died, 5)
+    assert not stop.restart and "worker_died at step 5" in stop.reason and "trainer.max_restarts=2" in stop.reason
+    # another step, or another cause at the same step, is counted on its own
+    assert policy.decide(died, 6).restart and policy.decide(rec.Failure(rec.NODE_DIED, True, "y"), 5).restart
+    assert policy.total == 4
+
+
+def test_max_restarts_zero_and_unrecoverable_failures_never_restart():
+    assert not rec.RestartPolicy(0).decide(rec.Failure(rec.WORKER_DIED, True, "x"), 1).restart
+    decision = rec.RestartPolicy(3).decide(rec.Failure("ValueError", False, "bad key"), 1)
+    assert not decision.restart and "not recoverable" in decision.reason
+
+
+def test_resume_mode_of_a_restart():
+    assert rec.restart_resume_mode("disable", saved_or_resumed=True) == "auto"
+    assert rec.restart_resume_mode("disable", saved_or_resumed=False) == "disable"  # step 1 again
+    assert rec.restart_resume_mode("/ck/global_step_4", saved_or_resumed=False) == "/ck/global_step_4"
+
+
+GPU_NODE = {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}
+
+
+def test_capacity_needs_a_node_of_its_own_per_node_group():
+    groups, bundle = rec.world_shape(2, 2, use_gpu=True)
+    assert (groups, bundle) == ([2, 2], {"CPU": 1.0, "GPU": 1.0})
+    assert rec.can_host([GPU_NODE, GPU_NODE], groups, bundle)
+    assert not rec.can_host([GPU_NODE, dict(GPU_NODE, Alive=False)], groups, bundle)
+    assert not rec.can_host([{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 4.0}}], groups, bundle)  # one node
+    assert not rec.can_host([GPU_NODE, {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}}], groups, bundle)
+    assert rec.can_host([{"Alive": True, "Resources": {"CPU": 2.0}}], *rec.world_shape(1, 2, use_gpu=False))
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s
+
+
+def test_wait_for_capacity_waits_until_the_node_returns():
+    clock = FakeClock()
+    listings = iter([[GPU_NODE]] * 3 + [[GPU_NODE, GPU_NODE]])
+    waited = rec.wait_for_capacity([2, 2], {"CPU": 1.0, "GPU": 1.0}, 60, lambda: next(listings), clock=clock,
+                                   sleep=clock.sleep, poll_s=5)
+    assert waited == 15.0
+
+
+def test_wait_for_capacity_gives_up_after_restart_wait_s_naming_the_keys():
+    clock = FakeClock()
+    with pytest.raises(rec.CapacityTimeout, match=r"trainer.restart_wait_s=12 s.*trainer.nnodes"):
+        rec.wait_for_capacity([2, 2], {"CPU": 1.0, "GPU": 1.0}, 12, lambda: [GPU_NODE], clock=clock,
+                              sleep=clock.sleep, poll_s=5)
+    assert clock.now == 12.0
+
+
+def test_wait_for_capacity_returns_at_once_on_a_stop_signal():
+    clock = FakeClock()
+    assert rec.wait_for_capacity([2, 2], {"CPU": 1.0}, 60, lambda: [], clock=clock, sleep=clock.sleep,
+                                 should_stop=lambda: True) == -1.0
+
+
+def test_restart_line_names_cause_node_step_and_steps_lost():
+    line = rec.restart_line(rec.Failure(rec.WORKER_DIED, True, "rank 1 died", "10.0.0.7"), step=5, resume_step=4,
+                            attempt=1, max_restarts=3, total=1)
+    assert line.startswith("restart 1 of 3 (trainer.max_restarts) for worker_died at step 5 (node 10.0.0.7)")
+    assert "resuming from step 4, 1 step(s) lost" in line
+
+
+# ---------------------------------------------------------------------- the launcher's loop
+class FakeTrainer:
+    def __init__(self, fail: bool, name: str):
+        self.fail, self.name, self.global_steps, self.checkpointer = fail, name, 3, None
+        self.stop = SimpleNamespace(signum=None, requested=False)
+
+    def fit(self):
+        if self.fail:
+            raise _group_error({1: rex.RayActorError(None, DEAD)})
+        return {"trainer": self.name}
+
+
+def test_fit_and_close_continues_with_the_rebuilt_trainer_and_closes_each_run():
+    from luffy_pool.run.launcher import fit_and_close
+
+    closed = []
+
+    class OneRestart:
+        def restart(self, trainer, close, exc):
+            assert rec.classify_failure(exc).cause == rec.WORKER_DIED
+            close()
+            return FakeTrainer(False, "second"), lambda: closed.append("second")
+
+    metrics = fit_and_close(FakeTrainer(True, "first"), lambda **_: closed.append("first"), OneRestart())
+    assert metrics == {"trainer": "second"} and closed == ["first", "second"]
+
+
+def test_fit_and_close_without_recovery_ends_on_a_dead_worker():
+    from luffy_pool.run.launcher import fit_and_close
+
+    closed = []
+    with pytest.raises(WorkerGroupError):
+        fit_and_close(FakeTrainer(True, "only"), lambda: closed.append(1))
+    assert closed == [1]
