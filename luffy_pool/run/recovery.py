@@ -179,13 +179,14 @@ class CapacityTimeout(RuntimeError):
 def wait_for_capacity(process_on_nodes: list, bundle: dict, wait_s: float, nodes_fn: Callable[[], list],
                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                       poll_s: float = 2.0, should_stop: Callable[[], bool] = lambda: False) -> float:
-    """Poll ``nodes_fn()`` until :func:`can_host` holds; returns the seconds waited. Raises
+    """Poll ``nodes_fn()`` until :func:`can_host` holds; returns the seconds waited (0.0: it could at once). Raises
     :class:`CapacityTimeout` naming the keys after ``wait_s``; returns early (-1) when ``should_stop()``."""
-    start = clock()
+    start, first = clock(), True
     while True:
         nodes = nodes_fn()
         if can_host(nodes, process_on_nodes, bundle):
-            return clock() - start
+            return 0.0 if first else clock() - start
+        first = False
         if should_stop():
             return -1.0
         waited = clock() - start
