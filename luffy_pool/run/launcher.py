@@ -313,12 +313,15 @@ def run_ppo(config: DictConfig) -> dict:
 
 
 def recovery_for(config: DictConfig, sections: ConfigSections):
-    """``trainer.max_restarts > 0``: the ``Recovery`` that restarts a run whose worker or node died; else None."""
+    """``trainer.max_restarts > 0``: the ``Recovery`` that restarts a run whose worker or node died; else None.
+    Call after ``build_trainer`` (Ray joined)."""
     if int(sections.trainer.max_restarts) <= 0:
         return None
     from luffy_pool.run.recovery import Recovery
 
-    return Recovery(config, sections, rebuild=build_trainer)
+    # Ray is up (build_trainer joined it): the bundle a restart waits for is the one the pool asked for.
+    return Recovery(config, sections, rebuild=build_trainer,
+                    use_gpu=bundle_uses_gpu(sections, resolve_driver_device(sections)))
 
 
 def fit_and_close(trainer, close, recovery=None) -> dict:

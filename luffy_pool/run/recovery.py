@@ -34,10 +34,11 @@ RECOVERABLE = (WORKER_DIED, NODE_DIED, OOM_KILLED, COLLECTIVE_TIMEOUT)
 
 # A surviving rank's view of a lost peer (gloo / NCCL / torch.distributed), and of a collective that timed out.
 _PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "econnreset",
-              "socket closed", "ncclremoteerror", "remote process exited", "connection refused")
+              "socket closed", "ncclremoteerror", "remote process exited")
 _TIMEOUT = ("collective operation timeout", "watchdog caught collective", "timed out", "timeout", "disttimeouterror",
             "distbackenderror")
-_MEMORY_KILL = ("out of memory", "oom", "low on memory", "memory monitor", "outofmemoryerror")
+# In a dead actor's message only: the process was killed for memory (a CUDA OOM raised in a rank is not a kill).
+_MEMORY_KILL = re.compile(r"out of memory|\boom\b|oom.kill|low on memory|memory monitor|outofmemoryerror")
 _IP_RE = re.compile(r"\bip:\s*([0-9a-fA-F.:]+)")
 
 
@@ -102,7 +103,7 @@ def classify_failure(exc: BaseException) -> Failure:
         lowered = text.lower()
         if "node" in lowered and ("died" in lowered or "dead" in lowered) and "actor died" not in lowered:
             return Failure(NODE_DIED, True, text, node)
-        if any(k in lowered for k in _MEMORY_KILL):
+        if _MEMORY_KILL.search(lowered):
             return Failure(OOM_KILLED, True, text, node)
         return Failure(WORKER_DIED, True, text, node)
     if any(getattr(e, "timed_out", False) for e in chain):  # a worker-group call past its call_timeout_s
@@ -145,11 +146,24 @@ class RestartPolicy:
         return Decision(True, done + 1)
 
 
-def restart_resume_mode(original: str, saved_or_resumed: bool) -> str:
-    """``trainer.resume_mode`` of the rebuilt run: ``auto`` (the newest checkpoint under default_local_dir, which
-    this run wrote or resumed from) once the run has a checkpoint, else the run's own mode (``disable`` trains
-    from step 1 again; a named checkpoint is named again)."""
-    return "auto" if saved_or_resumed else str(original)
+def restart_resume_mode(original: str, in_root: bool) -> str:
+    """``trainer.resume_mode`` of the rebuilt run: ``auto`` (the newest intact checkpoint under default_local_dir)
+    once the run's checkpoint is there (``saved_in_root``), else the run's own mode (``disable`` trains from step 1
+    again; a checkpoint named by path is named again)."""
+    return "auto" if in_root else str(original)
+
+
+def saved_in_root(ckpt) -> bool:
+    """Whether the checkpoint this process last saved or resumed from is the one ``resume_mode=auto`` finds under
+    ``default_local_dir`` (its tracker names it); a run resumed from a folder elsewhere and not saved since is not."""
+    from verl.utils.checkpoint import layout
+
+    if ckpt is None or ckpt.last_saved_step is None:
+        return False
+    try:
+        return layout.read_tracker(ckpt.root) == int(ckpt.last_saved_step)
+    except ValueError:  # an unreadable tracker: auto could not use it either
+        return False
 
 
 def world_shape(nnodes: int, per_node: int, use_gpu: bool) -> tuple[list, dict]:
@@ -211,8 +225,9 @@ class Recovery:
     """The launcher's half: ``restart(trainer, close, exc)`` -> ``(trainer, close)`` of the rebuilt run, or None
     when the failure ends the run (the caller re-raises it)."""
 
-    def __init__(self, config, sections, rebuild: Callable, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, poll_s: float = 2.0):
+    def __init__(self, config, sections, rebuild: Callable, use_gpu: bool, nodes_fn: Optional[Callable] = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 poll_s: float = 2.0):
         t = sections.trainer
         self.config = copy.deepcopy(config)  # the run as it started; each rebuild starts from a copy
         self.original_resume_mode = str(t.resume_mode)
@@ -220,12 +235,11 @@ class Recovery:
         self.wait_s = float(t.restart_wait_s)
         self.nnodes, self.per_node = int(t.nnodes), int(t.n_gpus_per_node)
         self.rebuild = rebuild  # build_trainer(config, tracker=...)
+        self.world = world_shape(self.nnodes, self.per_node, use_gpu)  # (node groups, bundle) a restart waits for
+        self.nodes_fn = nodes_fn  # None: ray.nodes
         self.clock, self.sleep, self.poll_s = clock, sleep, poll_s
 
     def restart(self, trainer, close, exc: BaseException):
-        import ray
-
-        from luffy_pool.run.launcher import bundle_uses_gpu, resolve_driver_device
         from verl.utils.signals import AbortedBySignal, GracefulStop, exit_code
 
         if trainer.stop.requested:  # a stop signal came first: the run ends as the signal asked
@@ -243,11 +257,13 @@ class Recovery:
         logger.warning("%s", restart_line(failure, step, resume_step, decision.attempt, self.policy.max_restarts,
                                           self.policy.total))
         close(keep_tracker=True)  # kill the remaining workers, free their placement groups and the reward pool
-        sections = trainer.sections
-        process_on_nodes, bundle = world_shape(self.nnodes, self.per_node,
-                                               bundle_uses_gpu(sections, resolve_driver_device(sections)))
+        process_on_nodes, bundle = self.world
+        if self.nodes_fn is None:
+            import ray
+
+            self.nodes_fn = ray.nodes
         config = copy.deepcopy(self.config)
-        config.trainer.resume_mode = restart_resume_mode(self.original_resume_mode, saved is not None)
+        config.trainer.resume_mode = restart_resume_mode(self.original_resume_mode, saved_in_root(ckpt))
 
         def stopped(signum: int):
             message = (f"stopped by signal {signum} during a restart; the newest checkpoint is step {resume_step}; "
@@ -256,7 +272,7 @@ class Recovery:
             return AbortedBySignal(signum, message)
 
         with GracefulStop(what="the restart") as stop:  # SIGTERM while waiting or rebuilding ends the run at once
-            waited = wait_for_capacity(process_on_nodes, bundle, self.wait_s, ray.nodes, clock=self.clock,
+            waited = wait_for_capacity(process_on_nodes, bundle, self.wait_s, self.nodes_fn, clock=self.clock,
                                        sleep=self.sleep, poll_s=self.poll_s, should_stop=lambda: stop.requested)
             if stop.requested:
                 raise stopped(stop.signum)

@@ -40,9 +40,15 @@ def test_lost_processes_nodes_and_collectives_are_recoverable(exc, cause):
     assert failure.cause == cause and failure.recoverable
 
 
+def test_a_model_name_containing_oom_is_no_memory_kill():
+    exc = rex.RayActorError(None, "The actor died unexpectedly: BloomForCausalLM worker exited with code 1")
+    assert rec.classify_failure(exc).cause == rec.WORKER_DIED
+
+
 @pytest.mark.parametrize("exc", [
     ValueError("data.train_batch_size=3 is not divisible"),
     _group_error({0: KeyError("responses"), 1: KeyError("responses")}),  # the program is wrong on every rank
+    _group_error({0: RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")}),  # the config's, not a kill
     rex.RayActorError(None, "The actor died because of an error raised in its creation task", actor_init_failed=True),
     CheckpointUnusableError("cannot resume from global_step_2: manifest.json missing"),
     AbortedBySignal(15, "second stop signal"),
@@ -69,10 +75,18 @@ def test_max_restarts_zero_and_unrecoverable_failures_never_restart():
     assert not decision.restart and "not recoverable" in decision.reason
 
 
-def test_resume_mode_of_a_restart():
-    assert rec.restart_resume_mode("disable", saved_or_resumed=True) == "auto"
-    assert rec.restart_resume_mode("disable", saved_or_resumed=False) == "disable"  # step 1 again
-    assert rec.restart_resume_mode("/ck/global_step_4", saved_or_resumed=False) == "/ck/global_step_4"
+def test_resume_mode_of_a_restart(tmp_path):
+    from verl.utils.checkpoint import layout
+
+    assert rec.restart_resume_mode("disable", in_root=True) == "auto"
+    assert rec.restart_resume_mode("disable", in_root=False) == "disable"  # step 1 again
+    assert rec.restart_resume_mode("/ck/global_step_4", in_root=False) == "/ck/global_step_4"
+    ckpt = SimpleNamespace(root=str(tmp_path), last_saved_step=None)
+    assert not rec.saved_in_root(ckpt) and not rec.saved_in_root(None)
+    ckpt.last_saved_step = 4  # resumed from a folder elsewhere, nothing saved here yet
+    assert not rec.saved_in_root(ckpt)
+    layout.write_tracker(str(tmp_path), 4)
+    assert rec.saved_in_root(ckpt)
 
 
 GPU_NODE = {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}
@@ -162,3 +176,70 @@ def test_fit_and_close_without_recovery_ends_on_a_dead_worker():
     with pytest.raises(WorkerGroupError):
         fit_and_close(FakeTrainer(True, "only"), lambda: closed.append(1))
     assert closed == [1]
+
+
+# ---------------------------------------------------------------------- Recovery.restart with fakes
+def _recovery(rebuilt: list, nodes_fn, max_restarts=1, resume_mode="disable"):
+    from omegaconf import OmegaConf
+
+    t = SimpleNamespace(resume_mode=resume_mode, max_restarts=max_restarts, restart_wait_s=30, nnodes=1,
+                        n_gpus_per_node=2)
+
+    def rebuild(config, tracker):
+        rebuilt.append((config.trainer.resume_mode, tracker))
+        return FakeTrainer(False, "rebuilt"), lambda **kw: rebuilt.append(("closed", kw))
+
+    clock = FakeClock()
+    return rec.Recovery(OmegaConf.create({"trainer": {"resume_mode": resume_mode}}), SimpleNamespace(trainer=t),
+                        rebuild, use_gpu=False, nodes_fn=nodes_fn, clock=clock, sleep=clock.sleep, poll_s=1)
+
+
+def _failed_trainer(tmp_path, saved_step):
+    from verl.utils.checkpoint import layout
+
+    trainer = FakeTrainer(True, "first")
+    trainer.tracker = "the-tracker"
+    if saved_step is not None:
+        layout.write_tracker(str(tmp_path), saved_step)
+    trainer.checkpointer = SimpleNamespace(root=str(tmp_path), last_saved_step=saved_step)
+    return trainer
+
+
+CPU_NODE = [{"Alive": True, "Resources": {"CPU": 4.0}}]
+
+
+def test_restart_closes_the_workers_keeps_the_tracker_and_resumes_auto(tmp_path, caplog):
+    rebuilt, closes = [], []
+    recovery = _recovery(rebuilt, lambda: CPU_NODE)
+    trainer = _failed_trainer(tmp_path, saved_step=2)
+    exc = _group_error({1: rex.RayActorError(None, DEAD)})
+    new, _close = recovery.restart(trainer, lambda **kw: closes.append(kw), exc)
+    assert closes == [{"keep_tracker": True}] and rebuilt == [("auto", "the-tracker")]
+    assert new.pending_metrics == {rec.RESTARTS_METRIC: 1, rec.STEPS_LOST_METRIC: 1}  # failed in step 3, saved 2
+    assert "restart 1 of 1 (trainer.max_restarts) for worker_died at step 3 (node 10.0.0.7)" in caplog.text
+    assert recovery.restart(trainer, lambda **kw: None, exc) is None  # the same failure at the same step again
+
+
+def test_restart_without_a_checkpoint_keeps_the_run_s_resume_mode(tmp_path):
+    rebuilt = []
+    new, _ = _recovery(rebuilt, lambda: CPU_NODE).restart(_failed_trainer(tmp_path, None), lambda **kw: None,
+                                                          rex.NodeDiedError("node died"))
+    assert rebuilt == [("disable", "the-tracker")] and new.pending_metrics[rec.STEPS_LOST_METRIC] == 3
+
+
+def test_sigterm_while_waiting_for_capacity_exits_143_without_rebuilding(tmp_path):
+    import os
+    import signal
+
+    rebuilt, calls = [], []
+
+    def nodes():  # the cluster never has room; the first look brings a SIGTERM
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return []
+
+    with pytest.raises(AbortedBySignal) as err:
+        _recovery(rebuilt, nodes).restart(_failed_trainer(tmp_path, 2), lambda **kw: None,
+                                          _group_error({1: rex.RayActorError(None, DEAD)}))
+    assert err.value.code == 143 and rebuilt == [] and "newest checkpoint is step 2" in str(err.value)
