@@ -309,7 +309,12 @@ def run_ppo(config: DictConfig) -> dict:
     """Train LUFFY (or a baseline expressed in the same config) and return the last step's metrics."""
     original = copy.deepcopy(config)  # a restart rebuilds the run as it was handed over
     trainer, close = build_trainer(config)
-    return fit_and_close(trainer, close, recovery_for(original, trainer.sections))
+    try:
+        recovery = recovery_for(original, trainer.sections)
+    except BaseException:
+        close()
+        raise
+    return fit_and_close(trainer, close, recovery)
 
 
 def recovery_for(config: DictConfig, sections: ConfigSections):
