@@ -348,7 +348,7 @@ def fit_and_close(trainer, close, recovery=None) -> dict:
                 from verl.utils.signals import AbortedBySignal
 
                 if isinstance(exc, (CheckpointUnusableError, ResumeRefusedError, AbortedBySignal)):
-                    raise  # its message already names every checkpoint tried / the config key / the signal and exit code
+                    raise  # its message already names every checkpoint tried / the config key / the signal, exit code
                 last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
                 refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
                 logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps,

@@ -205,7 +205,8 @@ def wait_for_capacity(process_on_nodes: list, bundle: dict, wait_s: float, nodes
             return -1.0
         waited = clock() - start
         if waited >= wait_s:
-            alive = [{k: v for k, v in (n.get("Resources") or {}).items() if k in bundle} for n in nodes if n.get("Alive")]
+            alive = [{k: v for k, v in (n.get("Resources") or {}).items() if k in bundle}
+                     for n in nodes if n.get("Alive")]
             raise CapacityTimeout(
                 f"the Ray cluster cannot host {len(process_on_nodes)} node group(s) of {max(process_on_nodes)} rank(s) "
                 f"x {bundle} (alive nodes: {alive}) after waiting trainer.restart_wait_s={wait_s:g} s; add nodes, "

@@ -65,7 +65,8 @@ class Driver:
     """A driver subprocess; a thread copies its output to ``log_path`` as it comes (two drivers run at once)."""
 
     def __init__(self, config_path: str, log_path: str, go_file: str = ""):
-        code = f"import sys; sys.path.insert(0, {HERE!r}); import test_recovery_e2e as t; t.drive({config_path!r}, {go_file!r})"
+        code = (f"import sys; sys.path.insert(0, {HERE!r}); import test_recovery_e2e as t; "
+                f"t.drive({config_path!r}, {go_file!r})")
         self.log_path, self.lines, self.cond = log_path, [], threading.Condition()
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=dict(os.environ, RAY_ADDRESS="", PYTHONUNBUFFERED="1"),
@@ -145,8 +146,8 @@ def test_kill_9_of_a_worker_restarts_resumes_and_matches_an_uninterrupted_resume
 
     task = str(tmp_path / "task")
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
-    run_cfg = _config(compose_config, luffy_overrides, tiny_model_dir, task, str(tmp_path / "run"), tmp_path / "run.yaml")
-    ref_cfg = _config(compose_config, luffy_overrides, tiny_model_dir, task, str(tmp_path / "ref"), tmp_path / "ref.yaml")
+    run_cfg, ref_cfg = (_config(compose_config, luffy_overrides, tiny_model_dir, task, str(tmp_path / name),
+                                tmp_path / f"{name}.yaml") for name in ("run", "ref"))
     go = str(tmp_path / "go")
     started = time.monotonic()
     run = Driver(run_cfg, str(tmp_path / "run.log"), go_file=go)
