@@ -272,6 +272,7 @@ def build_trainer(config: DictConfig, tracker=None):
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
     wg = pool = None
     open_parts = {"reward", "workers", "tracker"}
+    own_tracker = tracker is None  # a restart's build that fails leaves the run's tracker to the run
 
     def close(keep_tracker: bool = False):
         if "reward" in open_parts:
@@ -300,7 +301,7 @@ def build_trainer(config: DictConfig, tracker=None):
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
                                    off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total)
     except BaseException:
-        close()
+        close(keep_tracker=not own_tracker)
         raise
     return trainer, close
 

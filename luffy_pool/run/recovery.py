@@ -273,13 +273,25 @@ class Recovery:
             return AbortedBySignal(signum, message)
 
         with GracefulStop(what="the restart") as stop:  # SIGTERM while waiting or rebuilding ends the run at once
-            waited = wait_for_capacity(process_on_nodes, bundle, self.wait_s, self.nodes_fn, clock=self.clock,
-                                       sleep=self.sleep, poll_s=self.poll_s, should_stop=lambda: stop.requested)
-            if stop.requested:
-                raise stopped(stop.signum)
-            if waited > 0:
-                logger.warning("the Ray cluster can host the world again after %.0f s", waited)
-            new_trainer, new_close = self.rebuild(config, tracker=trainer.tracker)
+            while True:
+                waited = wait_for_capacity(process_on_nodes, bundle, self.wait_s, self.nodes_fn, clock=self.clock,
+                                           sleep=self.sleep, poll_s=self.poll_s, should_stop=lambda: stop.requested)
+                if stop.requested:
+                    raise stopped(stop.signum)
+                if waited > 0:
+                    logger.warning("the Ray cluster can host the world again after %.0f s", waited)
+                try:
+                    new_trainer, new_close = self.rebuild(config, tracker=trainer.tracker)
+                    break
+                except Exception as again:  # noqa: BLE001 - e.g. a node lost while the new workers start
+                    if stop.requested:
+                        raise stopped(stop.signum) from again
+                    failure = classify_failure(again)
+                    decision = self.policy.decide(failure, step)
+                    if not decision.restart:
+                        raise
+                    logger.warning("%s", restart_line(failure, step, resume_step, decision.attempt,
+                                                      self.policy.max_restarts, self.policy.total))
             if stop.requested:
                 new_close(keep_tracker=True)  # the caller's close() finishes the tracker
                 raise stopped(stop.signum)

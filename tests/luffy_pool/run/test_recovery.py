@@ -243,3 +243,28 @@ def test_sigterm_while_waiting_for_capacity_exits_143_without_rebuilding(tmp_pat
         _recovery(rebuilt, nodes).restart(_failed_trainer(tmp_path, 2), lambda **kw: None,
                                           _group_error({1: rex.RayActorError(None, DEAD)}))
     assert err.value.code == 143 and rebuilt == [] and "newest checkpoint is step 2" in str(err.value)
+
+
+def test_a_worker_lost_while_the_rebuild_starts_counts_as_another_restart(tmp_path):
+    rebuilt, attempts = [], []
+    recovery = _recovery(rebuilt, lambda: CPU_NODE, max_restarts=2)
+    plain_rebuild = recovery.rebuild
+
+    def flaky_rebuild(config, tracker):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise _group_error({0: rex.RayActorError(None, DEAD)})
+        return plain_rebuild(config, tracker)
+
+    recovery.rebuild = flaky_rebuild
+    new, _ = recovery.restart(_failed_trainer(tmp_path, 2), lambda **kw: None,
+                              _group_error({1: rex.RayActorError(None, DEAD)}))
+    assert len(attempts) == 2 and new.pending_metrics[rec.RESTARTS_METRIC] == 2
+    # a rebuild that keeps losing a worker spends the budget, then the run ends with that failure
+    always = _recovery([], lambda: CPU_NODE, max_restarts=2)
+    always.rebuild = lambda config, tracker: attempts.append(1) or (_ for _ in ()).throw(
+        _group_error({0: rex.RayActorError(None, DEAD)}))
+    attempts.clear()
+    with pytest.raises(WorkerGroupError):
+        always.restart(_failed_trainer(tmp_path, 2), lambda **kw: None, rex.RayActorError(None, DEAD))
+    assert len(attempts) == 2 and always.policy.total == 2
