@@ -186,7 +186,7 @@ def can_host(nodes: Iterable[dict], process_on_nodes: list, bundle: dict) -> boo
     return True
 
 
-class CapacityTimeout(RuntimeError):
+class CapacityTimeout(TimeoutError):
     """The cluster could not host the world within ``trainer.restart_wait_s``."""
 
 
