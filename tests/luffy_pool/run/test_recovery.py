@@ -201,7 +201,8 @@ def _failed_trainer(tmp_path, saved_step):
     trainer.tracker = "the-tracker"
     if saved_step is not None:
         layout.write_tracker(str(tmp_path), saved_step)
-    trainer.checkpointer = SimpleNamespace(root=str(tmp_path), last_saved_step=saved_step)
+    trainer.checkpointer = SimpleNamespace(root=str(tmp_path), last_saved_step=saved_step,
+                                           last_good_checkpoint=lambda: None, refused_summary=lambda: "")
     return trainer
 
 
@@ -268,3 +269,21 @@ def test_a_worker_lost_while_the_rebuild_starts_counts_as_another_restart(tmp_pa
     with pytest.raises(WorkerGroupError):
         always.restart(_failed_trainer(tmp_path, 2), lambda **kw: None, rex.RayActorError(None, DEAD))
     assert len(attempts) == 2 and always.policy.total == 2
+
+
+def test_a_stop_signal_still_ends_a_recovering_run_with_its_exit_code(tmp_path):
+    from luffy_pool.run.launcher import fit_and_close
+
+    stopped = FakeTrainer(False, "stopped")
+    stopped.stop.signum = 15  # fit returned after SIGTERM (its step saved)
+    rebuilt, closed = [], []
+    with pytest.raises(SystemExit) as err:
+        fit_and_close(stopped, lambda **kw: closed.append(kw), _recovery(rebuilt, lambda: CPU_NODE))
+    assert err.value.code == 143 and closed == [{}] and rebuilt == []
+
+    # a pod's SIGTERM reaches the workers too: the step they die in is not restarted once a stop was asked
+    dying = _failed_trainer(tmp_path, 2)
+    dying.stop.signum, dying.stop.requested = 15, True
+    with pytest.raises(WorkerGroupError):
+        fit_and_close(dying, lambda **kw: closed.append(kw), _recovery(rebuilt, lambda: CPU_NODE))
+    assert rebuilt == []
