@@ -98,6 +98,50 @@ def _(ctx: Context) -> Outcome:
     return Outcome("bad", "accepted") if problem is None else Outcome("good", problem[:150])
 
 
+# ------------------------------------------------------------------------------------ lost workers (issue #34 item 3)
+_DEAD_RANK = "The actor died unexpectedly before finishing this task.\n\tip: 10.0.0.7\nkilled by SIGKILL"
+
+
+@case("restart_cluster_too_small", "extra", "a restart whose cluster stays too small gives up naming the keys")
+def _(ctx: Context) -> Outcome:
+    from luffy_pool.run.recovery import wait_for_capacity, world_shape
+
+    clock = [0.0]
+    groups, bundle = world_shape(nnodes=2, per_node=8, use_gpu=True)
+    one_node = [{"Alive": True, "Resources": {"CPU": 64.0, "GPU": 8.0}}]
+    try:
+        wait_for_capacity(groups, bundle, 30, lambda: one_node, clock=lambda: clock[0],
+                          sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    except Exception as exc:  # noqa: BLE001
+        return judge_exception(exc, ("trainer.restart_wait_s", "trainer.nnodes", "trainer.n_gpus_per_node"))
+    return Outcome("bad", "returned although one node cannot host two node groups")
+
+
+@case("restart_same_failure_twice", "extra", "the same lost worker at the same step ends the run with its cause")
+def _(ctx: Context) -> Outcome:
+    import ray.exceptions as rex
+
+    from luffy_pool.run.recovery import RestartPolicy, classify_failure
+
+    policy = RestartPolicy(max_restarts=1)
+    failure = classify_failure(rex.RayActorError(None, _DEAD_RANK))
+    first, second = policy.decide(failure, 7), policy.decide(failure, 7)
+    if not first.restart or second.restart:
+        return Outcome("bad", f"restart decisions {first.restart}, {second.restart} (want True, False)")
+    missing = [n for n in ("worker_died", "step 7", "trainer.max_restarts=1") if n not in second.reason]
+    return Outcome("weak" if missing else "good", f"{second.reason[:150]}" + (f"; missing {missing}" if missing else ""))
+
+
+@case("restart_not_for_config_error", "extra", "a config error in a worker is not restarted")
+def _(ctx: Context) -> Outcome:
+    from luffy_pool.run.recovery import classify_failure
+    from verl.utils.ray_utils import WorkerGroupError
+
+    exc = WorkerGroupError("actor_rollout", "update_actor", {0: ValueError("ppo_micro_batch_size must divide")})
+    failure = classify_failure(exc)
+    return Outcome("bad" if failure.recoverable else "good", f"{failure.cause}: recoverable={failure.recoverable}")
+
+
 # ------------------------------------------------------------------------------------ signals, secrets (Weak)
 @case("second_sigterm", "Weak", "a second SIGTERM while stopping: documented exit code, no traceback", timeout_s=90)
 def _(ctx: Context) -> Outcome:

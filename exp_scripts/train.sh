@@ -48,6 +48,11 @@ MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.75)
 ROLLOUT_SPEED=(actor_rollout_ref.rollout.enforce_eager=False actor_rollout_ref.rollout.free_cache_engine=True
                actor_rollout_ref.rollout.sleep_level=2 actor_rollout_ref.rollout.enable_prefix_caching=True)
 
+# Recovery (README "Preemption, checkpoints, failures"): a worker process or node lost mid-run (actor or node dead,
+# OOM-kill, collective timeout) restarts the workers and resumes from the newest checkpoint, up to 3 times for the
+# same cause at the same step; a restart waits up to trainer.restart_wait_s for the cluster to host the world again.
+RECOVERY=(trainer.max_restarts=3)
+
 # exec: the trainer takes over this script's process, so a SIGTERM sent to it (a container whose PID 1 is this
 # bash, Slurm, kill) reaches the trainer, which saves its step and exits 143.
 set -x
@@ -113,4 +118,4 @@ exec "$PYTHON" -m verl.mix_src.main_mix_ppo \
     trainer.max_optim_to_keep=2 \
     data.shuffle=True \
     trainer.default_hdfs_dir=null \
-    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "${ROLLOUT_SPEED[@]}" "$@"
+    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "${ROLLOUT_SPEED[@]}" "${RECOVERY[@]}" "$@"

@@ -115,6 +115,8 @@ class TrainerSection:
     max_actor_ckpt_to_keep: Optional[int] = key(bounds=AT_LEAST_ONE)
     checkpoint_checksums: bool = key()
     save_on_signal: bool = key()
+    max_restarts: int = key(bounds=NON_NEGATIVE)
+    restart_wait_s: int = key(bounds=NON_NEGATIVE)
     balance_batch: bool = key()
     seed: int = key()
     save_hf_on_save: bool = key()

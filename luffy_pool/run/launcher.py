@@ -8,6 +8,7 @@ once here (``ConfigSections.from_config``) and handed to every helper; the compo
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -220,8 +221,9 @@ def release_worker_group(wg, pool) -> None:
         pool.release()
 
 
-def build_trainer(config: DictConfig):
-    """Everything ``fit`` needs; returns ``(trainer, close)`` where ``close()`` releases pools/trackers."""
+def build_trainer(config: DictConfig, tracker=None):
+    """Everything ``fit`` needs; returns ``(trainer, close)`` where ``close()`` releases pools/trackers (each once;
+    ``close(keep_tracker=True)`` leaves the tracker open). ``tracker``: one to continue (a restart), not a new one."""
     from transformers import AutoTokenizer
 
     from luffy_pool.methods import apply_method
@@ -268,20 +270,28 @@ def build_trainer(config: DictConfig):
     # the model; trainer.memory_plan=error stops here naming the phase and the keys to change.
     check_memory_plan(sections, device)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
-    tracker = None
-
     wg = pool = None
+    open_parts = {"reward", "workers", "tracker"}
+    own_tracker = tracker is None  # a restart's build that fails leaves the run's tracker to the run
 
-    def close():
-        reward_fn.close()
-        if tracker is not None:
-            tracker.finish()
-        release_worker_group(wg, pool)
+    def close(keep_tracker: bool = False):
+        if "reward" in open_parts:
+            open_parts.discard("reward")
+            reward_fn.close()
+        if "tracker" in open_parts and not keep_tracker:
+            open_parts.discard("tracker")
+            if tracker is not None:
+                tracker.finish()
+        if "workers" in open_parts:
+            open_parts.discard("workers")
+            release_worker_group(wg, pool)
 
     try:
         wg, pool = build_worker_group(config, sections, device, total)
-        tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
-                           config=OmegaConf.to_container(config, resolve=True), log_dir=config.trainer.default_local_dir)
+        if tracker is None:
+            tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
+                               config=OmegaConf.to_container(config, resolve=True),
+                               log_dir=config.trainer.default_local_dir)
         from luffy_pool.run.checkpointing import TrainerCheckpointer
 
         checkpointer = TrainerCheckpointer(sections, sampler)
@@ -291,34 +301,60 @@ def build_trainer(config: DictConfig):
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
                                    off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total)
     except BaseException:
-        close()
+        close(keep_tracker=not own_tracker)
         raise
     return trainer, close
 
 
 def run_ppo(config: DictConfig) -> dict:
     """Train LUFFY (or a baseline expressed in the same config) and return the last step's metrics."""
+    original = copy.deepcopy(config)  # a restart rebuilds the run as it was handed over
     trainer, close = build_trainer(config)
-    return fit_and_close(trainer, close)
-
-
-def fit_and_close(trainer, close) -> dict:
-    """``trainer.fit()``, then release Ray/trackers; stopped by SIGTERM/SIGINT -> SystemExit(128 + signal)."""
     try:
-        metrics = trainer.fit()
-    except BaseException as exc:
-        # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
-        from luffy_pool.run.checkpointing import CheckpointUnusableError, ResumeRefusedError
-
-        from verl.utils.signals import AbortedBySignal
-
-        if isinstance(exc, (CheckpointUnusableError, ResumeRefusedError, AbortedBySignal)):
-            raise  # its message already names every checkpoint tried / the config key / the signal and exit code
-        last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
-        refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
-        logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps, last or "none",
-                     " (trainer.resume_mode=auto continues from it)" if last else "", refused)
+        recovery = recovery_for(original, trainer.sections)
+    except BaseException:
+        close()
         raise
+    return fit_and_close(trainer, close, recovery)
+
+
+def recovery_for(config: DictConfig, sections: ConfigSections):
+    """``trainer.max_restarts > 0``: the ``Recovery`` that restarts a run whose worker or node died; else None.
+    Call after ``build_trainer`` (Ray joined)."""
+    if int(sections.trainer.max_restarts) <= 0:
+        return None
+    from luffy_pool.run.recovery import Recovery
+
+    # Ray is up (build_trainer joined it): the bundle a restart waits for is the one the pool asked for.
+    return Recovery(config, sections, rebuild=build_trainer,
+                    use_gpu=bundle_uses_gpu(sections, resolve_driver_device(sections)))
+
+
+def fit_and_close(trainer, close, recovery=None) -> dict:
+    """``trainer.fit()``, then release Ray/trackers; stopped by SIGTERM/SIGINT -> SystemExit(128 + signal).
+    With a ``recovery`` (``trainer.max_restarts``) a lost worker or node rebuilds the run and fits again."""
+    try:
+        while True:
+            try:
+                metrics = trainer.fit()
+                break
+            except BaseException as exc:
+                restarted = recovery.restart(trainer, close, exc) if recovery is not None else None
+                if restarted is not None:
+                    trainer, close = restarted
+                    continue
+                # The exception (a worker's error names worker, rank and method) propagates: exit code != 0.
+                from luffy_pool.run.checkpointing import CheckpointUnusableError, ResumeRefusedError
+
+                from verl.utils.signals import AbortedBySignal
+
+                if isinstance(exc, (CheckpointUnusableError, ResumeRefusedError, AbortedBySignal)):
+                    raise  # its message already names every checkpoint tried / the config key / the signal, exit code
+                last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
+                refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
+                logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps,
+                             last or "none", " (trainer.resume_mode=auto continues from it)" if last else "", refused)
+                raise
     finally:
         close()
     signum = getattr(getattr(trainer, "stop", None), "signum", None)

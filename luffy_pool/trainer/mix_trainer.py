@@ -96,6 +96,7 @@ class MIXRayPPOTrainer:
         self._data_iter = None
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
+        self.pending_metrics: dict = {}  # logged with the next step (a restart's trainer/restarts, steps_lost)
 
     # ------------------------------------------------------------------ resumable state
     def state_dict(self) -> dict:
@@ -165,6 +166,8 @@ class MIXRayPPOTrainer:
             metrics.update(compute_timing_metrics(timing, out.prompt_tokens, out.response_tokens))
             metrics.update(compute_throughput_metrics(out.prompt_tokens + out.response_tokens, timing["step"],
                                                       self.world_size))
+            metrics.update(self.pending_metrics)
+            self.pending_metrics = {}
             self._log(metrics, step=self.global_steps)
             bar.update(1)
             last = metrics

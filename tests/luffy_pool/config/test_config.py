@@ -268,6 +268,8 @@ def test_suggestion_falls_back_to_the_last_segment():
     (f"{A}.use_kl_loss=True", f"'{A}.use_kl_loss'=True needs 'actor_rollout_ref.ref.use_ref'=True"),
     (f"{R}.prefix_strategy=linear", f"'{R}.prefix_strategy'=linear needs '{R}.prefix_share_across_samples'=True"),
     ("trainer.resume_mode=latest", "'trainer.resume_mode'='latest' must be auto, disable, resume_path"),
+    ("trainer.max_restarts=-1", "'trainer.max_restarts'=-1 must be >= 0"),
+    ("trainer.restart_wait_s=1.5", "'trainer.restart_wait_s' must be int, got 1.5"),
     ("data.val_files=???", "'data.val_files' is required"),
 ])
 def test_bad_value_is_one_line_naming_the_key(luffy_config, override, expected):
