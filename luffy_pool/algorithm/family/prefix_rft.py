@@ -31,10 +31,10 @@ from luffy_pool.algorithm.family.registry import FamilyLossInputs, register, req
 class PrefixRftConfig:
     """Prefix-RFT's knobs (YAML ``algorithm.prefix_rft``) and the actor's loss keys the loss reads."""
 
-    ratio_start: float
-    ratio_end: float
-    decay_steps: int
-    prefix_entropy_top_frac: float
+    ratio_start: float = 0.95
+    ratio_end: float = 0.05
+    decay_steps: int = 500  # YAML null = the run's total steps; 500 = the family's 7B scripts' length
+    prefix_entropy_top_frac: float = 0.2
     clip_ratio: float = 0.2
     clip_upper_bound: float = 1.0
     loss_remove_token_mean: bool = True

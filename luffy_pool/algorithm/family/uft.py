@@ -157,11 +157,11 @@ def hint_nll_loss(prompt_logits: torch.Tensor, prompt_ids: torch.Tensor, hint_ma
 class UftLossConfig:
     """The UFT loss's knobs: β (``hint_sft_coef``) and the actor's PPO clip and aggregation."""
 
-    hint_sft_coef: float
-    clip_ratio: float
-    clip_upper_bound: float
-    loss_remove_token_mean: bool
-    loss_remove_clip: bool
+    hint_sft_coef: float = 0.001
+    clip_ratio: float = 0.2
+    clip_upper_bound: float = 1.0
+    loss_remove_token_mean: bool = False  # UFT's verl: token mean
+    loss_remove_clip: bool = False
 
 
 @register("loss", "uft", config=UftLossConfig)
