@@ -1,5 +1,5 @@
 """Add UFT's hint column to a training table: each row's solution (``target``, LUFFY's one assistant message)
-cut into line segments (``luffy_pool.algorithm.family.uft.split_solution``: lossless, blank lines stay with the
+cut into line segments (``luffy_pool.methods.uft.add_hints`` with ``split_solution``: lossless, blank lines stay with the
 line before), written as a list of strings under ``--hint_key`` (``algorithm.uft.hint_key``, default ``hint``).
 ``algorithm.method=uft`` draws each step's hint as the first segments of that list. Every other column is kept.
 A row without a solution gets an empty list (no hint). The solution text is used as it is (a leading
@@ -16,29 +16,8 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory
     sys.path.insert(0, _REPO_ROOT)
 
-from luffy_pool.algorithm.family.uft import split_solution  # noqa: E402
+from luffy_pool.methods.uft import add_hints  # noqa: E402
 from verl.utils.data_format import DataFormatError, read_records, run_cli, write_records  # noqa: E402
-
-
-def solution_text(target, path: str, row: int, target_key: str) -> str:
-    """The solution of one row: a string, or the ``content`` of the first message of a list; '' when null."""
-    if target is None:
-        return ""
-    if isinstance(target, str):
-        return target
-    if isinstance(target, (list, tuple)) and target and isinstance(target[0], dict) and "content" in target[0]:
-        return str(target[0]["content"])
-    raise DataFormatError(path, f"expected a string or a list of messages, got {target!r:.60}", row, target_key)
-
-
-def add_hints(records: Sequence[dict], path: str, target_key: str = "target", hint_key: str = "hint") -> list[dict]:
-    """``records`` with ``hint_key`` = the segments of each row's solution (``target_key``)."""
-    out = []
-    for row, rec in enumerate(records):
-        if target_key not in rec:
-            raise DataFormatError(path, f"no column {target_key!r} to cut into hint segments", row, target_key)
-        out.append({**rec, hint_key: split_solution(solution_text(rec[target_key], path, row, target_key))})
-    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -20,12 +20,14 @@ global step and the draw's RNG is saved in the checkpoint. KL and entropy as the
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 
 from luffy_pool.methods.base import Method, register_method
+from verl.utils.data_format import DataFormatError
 
 A = "actor_rollout_ref.actor"
 PREPARE = "python data/prepare_uft_hints.py"
@@ -101,6 +103,30 @@ class UftHintSampler:
                              f"not algorithm.method=uft's; resume it with the method it was trained with")
         self.rng.set_state({"bit_generator": "MT19937", "has_gauss": state["has_gauss"], "gauss": state["gauss"],
                             "state": {"key": np.asarray(state["key"], dtype=np.uint32), "pos": state["pos"]}})
+
+
+def solution_text(target, path: str, row: int, target_key: str) -> str:
+    """The solution of one row: a string, or the ``content`` of the first message of a list; '' when null."""
+    if target is None:
+        return ""
+    if isinstance(target, str):
+        return target
+    if isinstance(target, (list, tuple)) and target and isinstance(target[0], dict) and "content" in target[0]:
+        return str(target[0]["content"])
+    raise DataFormatError(path, f"expected a string or a list of messages, got {target!r:.60}", row, target_key)
+
+
+def add_hints(records: Sequence[dict], path: str, target_key: str = "target", hint_key: str = "hint") -> list[dict]:
+    """``records`` with ``hint_key`` = the segments of each row's solution (``target_key``); data/prepare_uft_hints.py
+    and the CPU rehearsal write UFT's train files with it."""
+    from luffy_pool.algorithm.family.uft import split_solution
+
+    out = []
+    for row, rec in enumerate(records):
+        if target_key not in rec:
+            raise DataFormatError(path, f"no column {target_key!r} to cut into hint segments", row, target_key)
+        out.append({**rec, hint_key: split_solution(solution_text(rec[target_key], path, row, target_key))})
+    return out
 
 
 def check_hint_column(path: str, sections) -> Optional[str]:

@@ -95,7 +95,8 @@ def test_input_check_names_file_row_and_column(tmp_path):
 
 
 def test_preprocessor_cuts_each_solution_into_segments_losslessly(tmp_path):
-    from data.prepare_uft_hints import add_hints, main
+    from data.prepare_uft_hints import main
+    from luffy_pool.methods.uft import add_hints
     from verl.utils.data_format import read_records, write_records
 
     rows = [{"prompt": "q", "target": [{"role": "assistant", "content": "x = 1\n\ny = 2\nanswer 3"}]},
