@@ -1,9 +1,9 @@
 """Add UFT's hint column to a training table: each row's solution (``target``, LUFFY's one assistant message)
-cut into line segments (``luffy_pool.methods.uft.add_hints`` with ``split_solution``: lossless, blank lines stay with the
-line before), written as a list of strings under ``--hint_key`` (``algorithm.uft.hint_key``, default ``hint``).
+cut into line segments (``luffy_pool.methods.uft.add_hints`` with ``split_solution``: lossless, blank lines stay
+with the line before), written as a list of strings under ``--hint_key`` (``algorithm.uft.hint_key``, default ``hint``).
 ``algorithm.method=uft`` draws each step's hint as the first segments of that list. Every other column is kept.
-A row without a solution gets an empty list (no hint). The solution text is used as it is (a leading
-``<think>`` stays: the hint starts the response as the demonstration would).
+A row without a solution gets an empty list (no hint). A leading ``<think>\n`` stays in the first segment; the
+trainer drops it after a prompt whose template already opens the think block, as it does for the demonstration.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft``, ``chord``, ``prefix_rft`` and ``uft`` registered in
+"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft``, ``chord``, ``prefix_rft`` and ``uft``
+registered in
 ``POLICY_LOSS_REGISTRY``, and how the LUFFY actor calls them (:func:`family_policy_loss`).
 
 Their knobs live in the method's YAML group ``algorithm.<method>`` (the driver's config, not the actor group the

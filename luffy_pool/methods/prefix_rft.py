@@ -57,7 +57,8 @@ class PrefixRftSampler:
 
     def load_state_dict(self, state) -> None:
         if state.get("kind") != self.KIND:
-            raise ValueError(f"the checkpoint's prefix-ratio sampler is {state.get('kind', 'LUFFY PrefixRatioSampler')!r}, "
+            kind = state.get("kind", "LUFFY PrefixRatioSampler")
+            raise ValueError(f"the checkpoint's prefix-ratio sampler is {kind!r}, "
                              f"not algorithm.method=prefix_rft's; resume it with the method it was trained with")
 
 

@@ -31,6 +31,7 @@ from verl.utils.data_format import DataFormatError
 
 A = "actor_rollout_ref.actor"
 PREPARE = "python data/prepare_uft_hints.py"
+THINK_OPEN = "<think>\n"  # a solution's opening, which the LUFFY model's template already ends with
 
 
 class UftHintSampler:
@@ -53,14 +54,22 @@ class UftHintSampler:
                         hint_sft_coef=k.hint_sft_coef)
         return cls(sections.workers.rollout.n, cfg, k.hint_key, tokenizer, seed)
 
-    def hint_ids(self, segments, global_step: int) -> tuple[list[int], float]:
-        """The token ids of one prompt's hint at ``global_step`` and the share of its segments used."""
+    def hint_ids(self, segments, global_step: int, prompt_opens_think: bool = False) -> tuple[list[int], float]:
+        """The token ids of one prompt's hint at ``global_step`` and the share of its segments used. A hint
+        opening ``<think>\n`` after a prompt that already ends with it loses it, as the dataset's demonstration."""
         from luffy_pool.algorithm.family.uft import sample_hint
 
         segments = None if segments is None else [str(s) for s in segments]
         text, share = sample_hint(segments, global_step, self.cfg, self.rng)
+        if prompt_opens_think and text.startswith(THINK_OPEN):
+            text = text[len(THINK_OPEN):]
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
         return ids, share
+
+    def _opens_think(self, batch) -> list[bool]:
+        """Per row: the prompt ends with ``<think>\n`` (the LUFFY model's template; rl_dataset_with_target.py)."""
+        ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"].bool()
+        return [self.tokenizer.decode(ids[b][mask[b]][-8:].tolist()).endswith(THINK_OPEN) for b in range(len(ids))]
 
     def draw_batch(self, batch, global_step: int) -> tuple[np.ndarray, dict]:
         from luffy_pool.algorithm.family.uft import hint_probability
@@ -68,14 +77,16 @@ class UftHintSampler:
         if global_step < 1:
             raise ValueError(f"global_step counts training steps from 1, got {global_step}")
         if self.hint_key not in batch.non_tensor_batch:
-            raise ValueError(f"algorithm.method=uft: the batch has no column {self.hint_key!r} (algorithm.uft.hint_key)")
+            raise ValueError(f"algorithm.method=uft: the batch has no column {self.hint_key!r} "
+                             f"(algorithm.uft.hint_key)")
         targets = batch.batch["tgt_input_ids"]
         width, pad = targets.shape[1], self.tokenizer.pad_token_id
         hints = torch.full_like(targets, pad)
         ratios = np.zeros((len(batch), self.n), dtype=np.float64)
         shares, lengths, cut = [], [], 0
+        opens_think = self._opens_think(batch)
         for b, segments in enumerate(batch.non_tensor_batch[self.hint_key]):
-            ids, share = self.hint_ids(segments, global_step)
+            ids, share = self.hint_ids(segments, global_step, opens_think[b])
             cut += len(ids) > width
             ids = ids[:width]
             if ids:
@@ -99,7 +110,8 @@ class UftHintSampler:
 
     def load_state_dict(self, state) -> None:
         if state.get("kind") != self.KIND:
-            raise ValueError(f"the checkpoint's prefix-ratio sampler is {state.get('kind', 'LUFFY PrefixRatioSampler')!r}, "
+            kind = state.get("kind", "LUFFY PrefixRatioSampler")
+            raise ValueError(f"the checkpoint's prefix-ratio sampler is {kind!r}, "
                              f"not algorithm.method=uft's; resume it with the method it was trained with")
         self.rng.set_state({"bit_generator": "MT19937", "has_gauss": state["has_gauss"], "gauss": state["gauss"],
                             "state": {"key": np.asarray(state["key"], dtype=np.uint32), "pos": state["pos"]}})
@@ -118,14 +130,18 @@ def solution_text(target, path: str, row: int, target_key: str) -> str:
 
 def add_hints(records: Sequence[dict], path: str, target_key: str = "target", hint_key: str = "hint") -> list[dict]:
     """``records`` with ``hint_key`` = the segments of each row's solution (``target_key``); data/prepare_uft_hints.py
-    and the CPU rehearsal write UFT's train files with it."""
+    and the CPU rehearsal write UFT's train files with it. A first segment that is only ``<think>\n`` joins the
+    next one (it is not a step of the solution; the sampler drops it after a prompt that opens the think block)."""
     from luffy_pool.algorithm.family.uft import split_solution
 
     out = []
     for row, rec in enumerate(records):
         if target_key not in rec:
             raise DataFormatError(path, f"no column {target_key!r} to cut into hint segments", row, target_key)
-        out.append({**rec, hint_key: split_solution(solution_text(rec[target_key], path, row, target_key))})
+        segments = split_solution(solution_text(rec[target_key], path, row, target_key))
+        if len(segments) > 1 and segments[0] == THINK_OPEN:
+            segments = [segments[0] + segments[1]] + segments[2:]
+        out.append({**rec, hint_key: segments})
     return out
 
 
@@ -140,7 +156,8 @@ def check_hint_column(path: str, sections) -> Optional[str]:
     names = pq.ParquetFile(path).schema_arrow.names
     if key not in names:
         return (f"data.train_files: {path}: no column {key!r} (algorithm.uft.hint_key), which algorithm.method=uft "
-                f"draws its hints from; cut the solutions into segments with `{PREPARE} --input {path} --output OUT.parquet`")
+                f"draws its hints from; cut the solutions into segments with "
+                f"`{PREPARE} --input {path} --output OUT.parquet`")
     for row, value in enumerate(pq.ParquetFile(path).read(columns=[key]).column(key).to_pylist()):
         if value is not None and not (isinstance(value, list) and all(isinstance(s, str) for s in value)):
             return (f"data.train_files: {path}: row {row}: column {key!r} must be a list of strings (hint segments), "

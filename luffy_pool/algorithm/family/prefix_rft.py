@@ -71,8 +71,8 @@ def prefix_entropy_mask(entropy: torch.Tensor, prefix_mask: torch.Tensor, respon
 
 @register("loss", "prefix_rft", config=PrefixRftConfig)
 def prefix_rft_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
-    """Dr.GRPO's PPO-clip loss ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))``, ``ρ = π_θ/π_old``,
-    over the continuation tokens and the entropy-selected prefix tokens (:func:`prefix_entropy_mask`),
+    """Dr.GRPO's PPO-clip loss ``max(−A·ρ, −A·clip(ρ, 1−ε, max(clip_upper_bound, 1+ε)))``,
+    ``ρ = π_θ/π_old``, over the continuation tokens and the entropy-selected prefix tokens (:func:`prefix_entropy_mask`),
     aggregated ``Σ L·m / L`` (``loss_remove_token_mean``, Dr.GRPO) or as a token mean. Metrics: the kept share
     of prefix tokens, the clip fraction, ``ppo_kl`` over the kept tokens, the prefix tokens' mean entropy."""
     entropy = require(inputs, "entropy", "prefix_rft")

@@ -22,9 +22,14 @@ class CharTokenizer:
     def __call__(self, text, add_special_tokens=False):
         return {"input_ids": [ord(c) for c in text]}
 
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
 
-def _batch(hints, width=32):
+
+def _batch(hints, width=32, prompt="q?"):
+    ids = torch.tensor([[0] * 2 + [ord(c) for c in prompt]] * len(hints))
     return DataProto.from_single_dict({"tgt_input_ids": torch.zeros(len(hints), width, dtype=torch.long),
+                                       "input_ids": ids, "attention_mask": (ids > 0).long(),
                                        "hint": np.array(hints + [None], dtype=object)[:-1]})
 
 
@@ -45,6 +50,15 @@ def test_every_slot_of_a_prompt_starts_with_exactly_its_hint():
     assert metrics["uft/hint_share"] == 0.5 and metrics["uft/hint_tokens"] == len(hint) / 2
 
 
+def test_a_hint_opening_the_think_block_after_a_prompt_that_opens_it_drops_it():
+    think = ["<think>\nab\n", "cd"]
+    for prompt, expected in (("q?<think>\n", "ab\ncd"), ("q?", "<think>\nab\ncd")):
+        batch = _batch([think], prompt=prompt)
+        ratios, _ = _sampler("stage").draw_batch(batch, global_step=1)
+        assert batch.batch["tgt_input_ids"][0, :len(expected)].tolist() == [ord(c) for c in expected]
+        assert ratios[0, 0] == pytest.approx((len(expected) + 0.5) / (len(expected) + 1))
+
+
 def test_past_t_hint_no_prompt_gets_a_hint_and_the_cosine_probability_is_logged():
     ratios, metrics = _sampler().draw_batch(_batch([SEGMENTS] * 4), global_step=301)
     assert not ratios.any() and metrics["uft/hint_probability"] == 0.0
@@ -63,9 +77,11 @@ def test_the_draw_resumes_from_its_checkpointed_rng():
     uninterrupted = _sampler()
     uninterrupted.draw_batch(_batch([SEGMENTS] * 8), global_step=40)
     state = uninterrupted.state_dict()
-    assert all(isinstance(v, (int, float, str, list)) for v in state.values())  # plain data (weights_only load)
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # the checkpoint's data.pt is read back with weights_only
     resumed = _sampler(seed=123)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     a, b = _batch([SEGMENTS] * 8), _batch([SEGMENTS] * 8)
     assert np.array_equal(uninterrupted.draw_batch(a, 41)[0], resumed.draw_batch(b, 41)[0])
     assert torch.equal(a.batch["tgt_input_ids"], b.batch["tgt_input_ids"])
@@ -100,13 +116,14 @@ def test_preprocessor_cuts_each_solution_into_segments_losslessly(tmp_path):
     from verl.utils.data_format import read_records, write_records
 
     rows = [{"prompt": "q", "target": [{"role": "assistant", "content": "x = 1\n\ny = 2\nanswer 3"}]},
-            {"prompt": "r", "target": None}]
+            {"prompt": "r", "target": None}, {"prompt": "s", "target": "<think>\nx\n</think>\n"}]
     out = add_hints(rows, "in.parquet")
     assert out[0]["hint"] == ["x = 1\n\n", "y = 2\n", "answer 3"] and out[1]["hint"] == []
+    assert out[2]["hint"] == ["<think>\nx\n", "</think>\n"]  # the opening alone is no step
     assert out[0]["target"] == rows[0]["target"]
-    write_records(rows, str(tmp_path / "in.parquet"))
+    write_records(rows[:2], str(tmp_path / "in.parquet"))  # one type per parquet column: the message lists
     main(["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out.parquet")])
-    assert [list(r["hint"]) for r in read_records(str(tmp_path / "out.parquet"))] == [out[0]["hint"], []]
+    assert [list(r["hint"]) for r in read_records(str(tmp_path / "out.parquet"))] == [h["hint"] for h in out[:2]]
     assert check_hint_column(str(tmp_path / "out.parquet"), _sections()) is None
 
 
