@@ -50,6 +50,6 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         assert all(r["rollout/engine_tokens"] > 0 for r in rows)
     if method == "uft":  # p(t) of UFT's cosine at t = 1, 2 (T_hint = 300)
         assert [r["uft/hint_probability"] for r in rows] == pytest.approx([0.949975, 0.949901], abs=1e-6)
-        assert any(r["uft/hint_share"] > 0 for r in rows)
+        assert any(r["uft/hint_share"] > 0 and r["actor/uft/hint_nll"] > 0 for r in rows)
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)
