@@ -19,7 +19,7 @@ import torch
 
 from luffy_pool.algorithm.family.chord import ChordConfig, chord_mixed_loss
 from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss
-from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, decay_steps_of, prefix_rft_loss
+from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, prefix_rft_loss
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 from luffy_pool.algorithm.family.srft import SrftConfig, srft_loss
 from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
@@ -74,9 +74,7 @@ def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
 
 def _prefix_rft_cfg(knobs: dict, meta: dict, loss, actor) -> PrefixRftConfig:
     """The loss reads only the entropy share and the actor's clip / aggregation (the schedule is the driver's)."""
-    return PrefixRftConfig(ratio_start=knobs["ratio_start"], ratio_end=knobs["ratio_end"],
-                           decay_steps=decay_steps_of(knobs["decay_steps"], meta["step"] + 1),
-                           prefix_entropy_top_frac=knobs["prefix_entropy_top_frac"], clip_ratio=loss.clip_ratio,
+    return PrefixRftConfig(prefix_entropy_top_frac=knobs["prefix_entropy_top_frac"], clip_ratio=loss.clip_ratio,
                            clip_upper_bound=loss.clip_upper_bound, loss_remove_token_mean=loss.loss_remove_token_mean,
                            loss_remove_clip=loss.loss_remove_clip)
 
