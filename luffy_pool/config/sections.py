@@ -385,6 +385,29 @@ class ChordSection:
 
 
 @dataclass(frozen=True)
+class PrefixRftSection:
+    """``algorithm.prefix_rft``: Prefix-RFT's prefix schedule and entropy mask (luffy_pool/methods/prefix_rft.py)."""
+
+    ratio_start: float = key(bounds=UNIT)
+    ratio_end: float = key(bounds=UNIT)
+    decay_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
+    prefix_entropy_top_frac: float = key(bounds=UNIT)
+
+
+@dataclass(frozen=True)
+class UftSection:
+    """``algorithm.uft``: UFT's hint schedule and hint NLL (luffy_pool/methods/uft.py)."""
+
+    hint_key: str = key()
+    schedule: str = key(choices=_from("luffy_pool.algorithm.family.uft", "SCHEDULES"))
+    total_training_steps_hint: int = key(bounds=AT_LEAST_ONE)
+    lower_prob: float = key(bounds=UNIT)
+    upper_prob: float = key(bounds=UNIT)
+    max_segments: int = key(bounds=AT_LEAST_ONE)
+    hint_sft_coef: float = key(bounds=NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
 class AlgorithmSection:
     """``algorithm.*``: the training method, the advantage estimator, KL-in-reward and rollout correction."""
 
@@ -402,6 +425,8 @@ class AlgorithmSection:
     hpt: HptSection = nested(HptSection)
     srft: SrftSection = nested(SrftSection)
     chord: ChordSection = nested(ChordSection)
+    prefix_rft: PrefixRftSection = nested(PrefixRftSection)
+    uft: UftSection = nested(UftSection)
 
 
 @dataclass(frozen=True)

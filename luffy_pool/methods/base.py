@@ -14,6 +14,12 @@ A method (``algorithm.method``) declares, in one small module registered here:
 - ``before_update``: an optional driver stage after the advantage, ``fn(batch, sections) -> metrics``, that adds
   per-row tensors the loss reads (HPT's per-group switch ``loss_row_mask``, SRFT's ``row_scores``).
 - ``needs_demonstration``: every train row needs its ``data.target_key`` (luffy_pool/run/preflight.py).
+- ``ratio_sampler``: an optional slot plan of its own, ``fn(sections, seed=, total_steps=, tokenizer=) -> sampler``
+  replacing LUFFY's ``PrefixRatioSampler``; ``sampler.draw_batch(batch, global_step) -> (ratios [B, n], metrics)``
+  may rewrite the batch's per-prompt traces ``tgt_input_ids`` (UFT's hints), and its ``state_dict`` is saved
+  with the trainer's (Prefix-RFT's cosine prefix ratio, UFT's hint draws).
+- ``check_train_file``: an optional input check ``fn(path, sections) -> error line or None`` run on every train
+  file before Ray starts (UFT's hint column).
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ class Method:
     before_update: Optional[Callable[..., dict]] = None
     # every train row must carry a demonstration (data.target_key not null), checked before Ray starts
     needs_demonstration: bool = False
+    ratio_sampler: Optional[Callable[..., Any]] = None
+    check_train_file: Optional[Callable[..., Optional[str]]] = None
 
 
 def register_method(method: Method) -> Method:

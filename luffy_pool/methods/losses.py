@@ -1,4 +1,5 @@
-"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft`` and ``chord`` registered in
+"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft``, ``chord``, ``prefix_rft`` and ``uft``
+registered in
 ``POLICY_LOSS_REGISTRY``, and how the LUFFY actor calls them (:func:`family_policy_loss`).
 
 Their knobs live in the method's YAML group ``algorithm.<method>`` (the driver's config, not the actor group the
@@ -18,11 +19,14 @@ import torch
 
 from luffy_pool.algorithm.family.chord import ChordConfig, chord_mixed_loss
 from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss
+from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, prefix_rft_loss
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 from luffy_pool.algorithm.family.srft import SrftConfig, srft_loss
+from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-for _name, _fn in (("hpt_sft", hpt_sft_loss), ("srft", srft_loss), ("chord", chord_mixed_loss)):
+for _name, _fn in (("hpt_sft", hpt_sft_loss), ("srft", srft_loss), ("chord", chord_mixed_loss),
+                   ("prefix_rft", prefix_rft_loss), ("uft", uft_loss)):
     register_policy_loss(_name)(_fn)
 
 
@@ -68,8 +72,22 @@ def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
                        use_token_level_loss_in_sft=knobs["use_token_level_loss_in_sft"])
 
 
+def _prefix_rft_cfg(knobs: dict, meta: dict, loss, actor) -> PrefixRftConfig:
+    """The loss reads only the entropy share and the actor's clip / aggregation (the schedule is the driver's)."""
+    return PrefixRftConfig(prefix_entropy_top_frac=knobs["prefix_entropy_top_frac"], clip_ratio=loss.clip_ratio,
+                           clip_upper_bound=loss.clip_upper_bound, loss_remove_token_mean=loss.loss_remove_token_mean,
+                           loss_remove_clip=loss.loss_remove_clip)
+
+
+def _uft_cfg(knobs: dict, meta: dict, loss, actor) -> UftLossConfig:
+    return UftLossConfig(hint_sft_coef=knobs["hint_sft_coef"], clip_ratio=loss.clip_ratio,
+                         clip_upper_bound=loss.clip_upper_bound, loss_remove_token_mean=loss.loss_remove_token_mean,
+                         loss_remove_clip=loss.loss_remove_clip)
+
+
 # loss name -> builder of its knob dataclass from (method knobs, update meta, actor loss section, actor)
-FAMILY_LOSSES: dict[str, Callable] = {"hpt_sft": _hpt_cfg, "srft": _srft_cfg, "chord": _chord_cfg}
+FAMILY_LOSSES: dict[str, Callable] = {"hpt_sft": _hpt_cfg, "srft": _srft_cfg, "chord": _chord_cfg,
+                                      "prefix_rft": _prefix_rft_cfg, "uft": _uft_cfg}
 
 
 def family_policy_loss(actor, micro: dict, log_prob, entropy, response_mask):

@@ -228,6 +228,14 @@ def check_demonstrations(path: str, target_key: str, method_name: str) -> Option
             f"trains on every prompt's demonstration")
 
 
+def check_method_inputs(path: str, sections) -> Optional[str]:
+    """The method's own input check of a train file (``Method.check_train_file``: UFT's hint column), if any."""
+    from luffy_pool.methods import get_method
+
+    check = get_method(sections.algorithm.method).check_train_file
+    return None if check is None else check(path, sections)
+
+
 # ---------------------------------------------------------------------- all of it
 def preflight(config, sections=None) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files; ``sections``: the run's
@@ -253,6 +261,7 @@ def preflight(config, sections=None) -> None:
     for path in _files(d.train_files):
         errors += check_parquet(path, "data.train_files", base + (d.target_key,), d.prompt_key)
         errors.append(check_demonstrations(path, d.target_key, sections.algorithm.method))
+        errors.append(check_method_inputs(path, sections))
     for path in _files(d.val_files):
         errors += check_parquet(path, "data.val_files", base, d.prompt_key)
     for path in _files(d.off_policy_files):

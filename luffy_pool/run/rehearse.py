@@ -9,7 +9,7 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
   tied embeddings, rope scaling, biases, q/k norms, ...; the report lists the fields kept and shrunk), heads
   and kv heads that SP and TP divide; without a config, a tiny random model of the script's family;
 - the data: the tiny arithmetic task as the files the script expects (openr1.parquet, valid.parquet,
-  openr1.complement.parquet);
+  openr1.complement.parquet, and openr1.uft.parquet with UFT's hint column);
 - lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
   every ratio the script sets between them holds (e.g. train_16k.sh: a full row fits SP x the update
   budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor;
@@ -184,6 +184,7 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
 
 
 DATA_ROWS = {"n_train": 64, "n_test": 16, "level": 2}
+UFT_TRAIN_FILE = "openr1.uft.parquet"  # openr1.parquet with UFT's hint column (exp_scripts/train_uft.sh)
 
 
 def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict]:
@@ -243,6 +244,11 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
         # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
         for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
             shutil.copyfile(paths[src], os.path.join(folder, dst))
+        # exp_scripts/train_uft.sh's train file: the hint segments data/prepare_uft_hints.py cuts from the solutions
+        from luffy_pool.methods.uft import add_hints
+        from verl.utils.data_format import read_records, write_records
+
+        write_records(add_hints(read_records(paths["train"]), paths["train"]), os.path.join(folder, UFT_TRAIN_FILE))
 
     if cache:
         os.makedirs(cache, exist_ok=True)
@@ -260,7 +266,7 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
     else:
         print(f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
               "(pass --model-config FILE with the model's config.json)")
-    _cached(cache, "data", dict(DATA_ROWS, seed=seed), report["data"]["now"].split(" ")[0], data)
+    _cached(cache, "data", dict(DATA_ROWS, seed=seed, uft=UFT_TRAIN_FILE), report["data"]["now"].split(" ")[0], data)
 
 
 def print_report(report: dict, overrides: list[str]) -> None:

@@ -93,6 +93,9 @@ class MIXRayPPOTrainer:
         self.global_steps = 0
         self.total_training_steps = int(total_training_steps) if total_training_steps is not None else \
             s.trainer.total_steps(len(self.train_dataloader))
+        if self.method.ratio_sampler is not None:  # the method's own slot plan (prefix_rft's schedule, uft's hints)
+            self.ratio_sampler = self.method.ratio_sampler(s, seed=int(s.trainer.seed),
+                                                           total_steps=self.total_training_steps, tokenizer=tokenizer)
         self._data_iter = None
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
@@ -303,7 +306,11 @@ class MIXRayPPOTrainer:
         if "tgt_truncated" in batch.batch.keys():  # traces cut to rollout.max_prefix_len (data.truncate_off_policy)
             metrics["batch/off_policy_truncated"] = int(batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum())
         bsz = len(batch)
-        ratios = self.ratio_sampler.draw(bsz, self.global_steps)
+        if self.method.ratio_sampler is None:
+            ratios = self.ratio_sampler.draw(bsz, self.global_steps)
+        else:  # may rewrite the prompts' traces (uft's hints)
+            ratios, method_metrics = self.ratio_sampler.draw_batch(batch, self.global_steps)
+            metrics.update(method_metrics)
         gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS if k in batch.batch.keys()])
         if "tgt_input_ids" in batch.batch.keys():
             extra_slots = self._attach_slot_traces(gen_batch, batch, ratios)

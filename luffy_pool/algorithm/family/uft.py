@@ -151,3 +151,39 @@ def hint_nll_loss(prompt_logits: torch.Tensor, prompt_ids: torch.Tensor, hint_ma
     losses = F.cross_entropy(logits, labels, reduction="none")
     mask = hint_mask[:, :-1].reshape(-1)
     return (losses * mask).sum() / torch.clamp(mask.sum(), min=1e-6)
+
+
+@dataclass(frozen=True)
+class UftLossConfig:
+    """The UFT loss's knobs: β (``hint_sft_coef``) and the actor's PPO clip and aggregation."""
+
+    hint_sft_coef: float = 0.001
+    clip_ratio: float = 0.2
+    clip_upper_bound: float = 1.0
+    loss_remove_token_mean: bool = False  # UFT's verl: token mean
+    loss_remove_clip: bool = False
+
+
+@register("loss", "uft", config=UftLossConfig)
+def uft_loss(inputs, cfg) -> tuple[torch.Tensor, dict]:
+    """UFT's actor loss with the hint as the response's prefix tokens (``prefix_mask``): PPO-clip GRPO on the
+    continuation tokens (the hint tokens take no policy gradient, as UFT's hint is prompt) plus
+    ``β·mean_{hint tokens}(−ℓ_t)``, the mean over the micro-batch's hint tokens with the denominator clamped to
+    ≥ 1e-6 as :func:`hint_nll_loss` (0 without hint tokens). ``ℓ_t`` is the actor's temperature-divided
+    log-prob of the hint token, the same value UFT's shifted prompt logits give, without their ±100 clamp."""
+    from luffy_pool.algorithm.family.common import aggregate, clipped_on_losses, masked_mean_plain
+
+    if inputs.prefix_mask is None:
+        raise ValueError("the uft loss needs inputs.prefix_mask (the hint tokens)")
+    valid = inputs.response_mask.to(inputs.log_prob.dtype)
+    hint = inputs.prefix_mask.to(valid.dtype) * valid
+    cont = valid - hint
+    log_ratio = inputs.log_prob - inputs.old_log_prob
+    ratio = torch.exp(log_ratio)
+    losses, clipfrac = clipped_on_losses(inputs.advantages, ratio, ratio, cont, cfg)
+    zero = torch.zeros((), dtype=valid.dtype, device=valid.device)
+    pg_loss = aggregate(losses, cont, cfg.loss_remove_token_mean) if cont.sum() > 0 else zero
+    hint_nll = (-inputs.log_prob * hint).sum() / torch.clamp(hint.sum(), min=1e-6)
+    return pg_loss + cfg.hint_sft_coef * hint_nll, {
+        "uft/pg_loss": pg_loss, "uft/hint_nll": hint_nll, "pg_clipfrac": clipfrac if cont.sum() > 0 else zero,
+        "ppo_kl": masked_mean_plain(-log_ratio, cont) if cont.sum() > 0 else zero}

@@ -19,7 +19,7 @@ def tiny_config(compose_config, luffy_overrides, tmp_path):
 def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with_the_list():
     from luffy_pool.methods import get_method, method_names
 
-    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord"}
+    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord", "prefix_rft", "uft"}
     with pytest.raises(ValueError, match=r"algorithm.method='exgrpo' is not implemented; valid: \['chord', 'grpo', "):
         get_method("exgrpo")
 
@@ -44,7 +44,8 @@ def test_luffy_changes_nothing(tiny_config):
 
 
 @pytest.mark.parametrize("method,loss,adv", [("hpt", "hpt_sft", "grpo_split"), ("srft", "srft", "grpo"),
-                                             ("chord", "chord", "grpo_split"), ("grpo", "vanilla", "grpo")])
+                                             ("chord", "chord", "grpo_split"), ("grpo", "vanilla", "grpo"),
+                                             ("prefix_rft", "prefix_rft", "grpo"), ("uft", "uft", "grpo")])
 def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tiny_config, method, loss, adv):
     from luffy_pool.config.check import validate_config
     from luffy_pool.methods import apply_method
@@ -215,6 +216,29 @@ def test_srft_correct_rows_come_from_the_row_scores():
     assert metrics["actor/srft/H"] == pytest.approx(float(entropy.mean(-1).mean()), rel=1e-6)
 
 
+def test_prefix_rft_and_uft_losses_read_their_knobs_and_the_actors_clip_keys():
+    from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, prefix_rft_loss
+    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
+    from luffy_pool.methods.losses import family_policy_loss
+
+    micro, log_prob, entropy, mask = _micro()
+    inputs = FamilyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"], advantages=micro["advantages"],
+                              response_mask=mask, prefix_mask=micro["prefix_mask"], entropy=entropy)
+    knobs = {"ratio_start": 0.95, "ratio_end": 0.05, "decay_steps": None, "prefix_entropy_top_frac": 0.4}
+    meta = {"name": "prefix_rft", "knobs": knobs, "step": 3, "expert_share": 0.25}
+    loss, metrics = family_policy_loss(_stub_actor("prefix_rft", meta, loss_remove_clip=False), dict(micro), log_prob,
+                                       entropy, mask)
+    expected, _ = prefix_rft_loss(inputs, PrefixRftConfig(prefix_entropy_top_frac=0.4, loss_remove_clip=False))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["actor/prefix_rft/kept_prefix_share"] == pytest.approx(2 / 3)  # ceil(0.4 * 3) of the demo row
+    meta = {"name": "uft", "knobs": {"hint_sft_coef": 0.5}, "step": 0, "expert_share": 0.25}
+    loss, metrics = family_policy_loss(_stub_actor("uft", meta), dict(micro), log_prob, entropy, mask)
+    expected, _ = uft_loss(inputs, UftLossConfig(hint_sft_coef=0.5, loss_remove_token_mean=True, loss_remove_clip=True))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["actor/uft/hint_nll"] == pytest.approx(float(-log_prob[3].mean()), rel=1e-6)
+
+
 def test_a_family_loss_without_the_method_meta_says_so():
     from luffy_pool.methods.losses import family_policy_loss
 
@@ -224,7 +248,7 @@ def test_a_family_loss_without_the_method_meta_says_so():
 
 # ---------------------------------------------------------------- data checks before Ray
 @pytest.mark.parametrize("method,refused", [("hpt", True), ("srft", True), ("chord", True), ("luffy", False),
-                                            ("grpo", False)])
+                                            ("grpo", False), ("prefix_rft", True), ("uft", False)])
 def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):
     import pandas as pd
 

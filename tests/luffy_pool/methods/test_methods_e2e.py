@@ -13,9 +13,12 @@ METHOD_METRICS = {
     "srft": ("srft/correct_fraction", "actor/srft/H", "actor/srft/sft_coef", "actor/srft/on_coef", "actor/off_pg_loss"),
     "chord": ("actor/mu", "actor/expert/sft_phi_loss", "actor/usual/pg_loss", "actor/loss"),
     "grpo": ("actor/pg_clipfrac", "actor/ppo_kl"),
+    "prefix_rft": ("prefix_rft/prefix_ratio", "actor/prefix_rft/kept_prefix_share", "actor/pg_clipfrac"),
+    "uft": ("uft/hint_probability", "uft/hint_share", "actor/uft/hint_nll", "actor/uft/pg_loss"),
 }
-# grpo: the tiny LUFFY overrides give one demonstration slot per group; grpo replaces it (n_prefix=0)
-NO_OFF_POLICY_SLOT = {"grpo": True}
+# the tiny LUFFY overrides give one full demonstration slot per group; grpo replaces it (n_prefix=0), prefix_rft's
+# and uft's prefix slots are partial (a share < 1 of the demonstration, the hint), continued by the policy
+NO_FULL_TRACE_SLOT = {"grpo", "prefix_rft", "uft"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -23,6 +26,12 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
                                  luffy_overrides, fit_with_fingerprints):
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2)
     overrides = [o for o in overrides if not o.startswith("trainer.test_freq")] + ["trainer.test_freq=-1"]
+    if method == "uft":  # its hint segments, cut from the demonstrations by the pre-processor
+        from data.prepare_uft_hints import main as prepare_hints
+
+        prepare_hints(["--input", f"{tiny_task_dir}/train.parquet", "--output", str(tmp_path / "train_hints.parquet")])
+        overrides = [o for o in overrides if not o.startswith("data.train_files")] + [
+            f"data.train_files={tmp_path}/train_hints.parquet"]
     config = compose_config(overrides + [f"algorithm.method={method}"])
     trainer, before, _, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
@@ -33,8 +42,14 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         for key in METHOD_METRICS[method]:
             assert key in r, (method, key)
             assert math.isfinite(r[key]), (method, key, r[key])
-        assert r["rollout/full_trace_slots"] == (0 if NO_OFF_POLICY_SLOT.get(method) else 4)
+        assert r["rollout/full_trace_slots"] == (0 if method in NO_FULL_TRACE_SLOT else 4)
     if method == "chord":  # CHORD-phi defaults: mu constant 0.1
         assert [r["actor/mu"] for r in rows] == pytest.approx([0.1, 0.1])
+    if method == "prefix_rft":  # cosine over the run's 2 steps: 0.95, then half-way 0.5
+        assert [r["prefix_rft/prefix_ratio"] for r in rows] == pytest.approx([0.95, 0.5])
+        assert all(r["rollout/engine_tokens"] > 0 for r in rows)
+    if method == "uft":  # p(t) of UFT's cosine at t = 1, 2 (T_hint = 300)
+        assert [r["uft/hint_probability"] for r in rows] == pytest.approx([0.949975, 0.949901], abs=1e-6)
+        assert any(r["uft/hint_share"] > 0 and r["actor/uft/hint_nll"] > 0 for r in rows)
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)

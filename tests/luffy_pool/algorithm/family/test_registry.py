@@ -12,8 +12,8 @@ from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 
 def test_every_block_is_registered_with_its_knobs():
     assert registry.names("loss") == ["chord", "chord_ppo", "chord_sft", "chord_sft_is", "chord_sft_phi",
-                                      "exgrpo_token", "hpt_sft", "relift_sft", "srft"]
-    assert registry.names("schedule") == ["chord_mu", "uft_hint"]
+                                      "exgrpo_token", "hpt_sft", "prefix_rft", "relift_sft", "srft", "uft"]
+    assert registry.names("schedule") == ["chord_mu", "prefix_rft_ratio", "uft_hint"]
     assert registry.names("gate") == ["hpt_switch"]
     for kind in registry.KINDS:
         for name in registry.names(kind):
@@ -25,7 +25,7 @@ def test_every_block_is_registered_with_its_knobs():
 def test_the_losses_algorithm_method_wires_are_the_same_functions_in_the_trainer_registry():
     import luffy_pool.methods.losses  # noqa: F401 -- registers hpt_sft / srft / chord for the actor's dispatch
 
-    wired = {"hpt_sft", "srft", "chord"}
+    wired = {"hpt_sft", "srft", "chord", "prefix_rft", "uft"}
     assert set(registry.names("loss")) & set(POLICY_LOSS_REGISTRY) == wired
     assert all(POLICY_LOSS_REGISTRY[name] is registry.get("loss", name) for name in wired)
 

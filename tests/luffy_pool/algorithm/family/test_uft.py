@@ -87,3 +87,29 @@ def test_empty_hint_and_splitter():
     assert registry.get("schedule", "uft_hint") is hint_probability
     with pytest.raises(ValueError, match="schedule"):
         sample_hint(["a"], 1, UftConfig(schedule="linear"), np.random.RandomState(0))
+
+
+def test_uft_loss_is_grpo_on_the_continuation_plus_beta_hint_nll():
+    """Hand values: row 0 has a 2-token hint (log-probs −2, −1: NLL 1.5) and one continuation token (ratio
+    e^−0.1, A = 0.5), row 1 no hint and two tokens at ratio 1 with A = −0.5. Token mean over the 3 continuation
+    tokens (−0.5·e^−0.1 + 0.5 + 0.5)/3 = 0.182527, plus 0.001·1.5."""
+    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
+
+    log_prob = torch.tensor([[-2.0, -1.0, -0.5, -0.7], [-0.1, -0.2, -0.3, -0.4]], requires_grad=True)
+    inputs = FamilyLossInputs(
+        log_prob=log_prob, old_log_prob=torch.tensor([[-2.0, -1.0, -0.4, -0.7], [-0.1, -0.2, -0.3, -0.4]]),
+        advantages=torch.tensor([[0.5] * 4, [-0.5] * 4]), response_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0.]]),
+        prefix_mask=torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool))
+    loss, metrics = uft_loss(inputs, UftLossConfig())
+    assert loss.item() == pytest.approx(0.184027, abs=1e-6)
+    assert metrics["uft/hint_nll"].item() == pytest.approx(1.5) and metrics["uft/pg_loss"].item() == pytest.approx(
+        0.182527, abs=1e-6)
+    loss.backward()
+    assert log_prob.grad[0, :2].tolist() == pytest.approx([-0.0005, -0.0005])  # only β·NLL reaches the hint
+    assert log_prob.grad[0, 3] == 0.0 and log_prob.grad[1, 2:].tolist() == [0.0, 0.0]
+    # no hint anywhere: the NLL term is 0, the loss is the PG term alone
+    no_hint = FamilyLossInputs(log_prob=log_prob.detach(), old_log_prob=inputs.old_log_prob, advantages=inputs.advantages,
+                               response_mask=inputs.response_mask, prefix_mask=torch.zeros(2, 4, dtype=torch.bool))
+    value, metrics = uft_loss(no_hint, UftLossConfig(hint_sft_coef=1.0))
+    assert metrics["uft/hint_nll"].item() == 0.0 and value.item() == pytest.approx(metrics["uft/pg_loss"].item())
