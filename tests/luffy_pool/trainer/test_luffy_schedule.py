@@ -126,7 +126,7 @@ class _CountingTrainer(MIXRayPPOTrainer):
         self.config, self.sections = config, ConfigSections.from_config(config)
         self.checkpointer, self.tracker, self.val_dataset = None, None, None
         self.global_steps, self.total_training_steps, self.world_size = 0, total, 1
-        self.updates = []
+        self.updates, self.pending_metrics = [], {}
 
     def _next_batch(self):
         return {}
