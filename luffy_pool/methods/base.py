@@ -14,6 +14,10 @@ A method (``algorithm.method``) declares, in one small module registered here:
 - ``before_update``: an optional driver stage after the advantage, ``fn(batch, sections) -> metrics``, that adds
   per-row tensors the loss reads (HPT's per-group switch ``loss_row_mask``, SRFT's ``row_scores``).
 - ``needs_demonstration``: every train row needs its ``data.target_key`` (luffy_pool/run/preflight.py).
+- ``stage``: an optional driver stage with state across steps, ``fn(trainer) -> stage`` built once by the trainer;
+  the stage has ``before_rollout(batch)`` (the step's prompts, before the rollout takes their targets),
+  ``after_update(batch, timing) -> metrics`` and ``state_dict`` / ``load_state_dict`` (saved in the checkpoint's
+  ``data.pt``; ReLIFT's hard-question buffer and interleaved SFT step).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ class Method:
     before_update: Optional[Callable[..., dict]] = None
     # every train row must carry a demonstration (data.target_key not null), checked before Ray starts
     needs_demonstration: bool = False
+    stage: Optional[Callable[..., Any]] = None
 
 
 def register_method(method: Method) -> Method:
