@@ -13,9 +13,13 @@ METHOD_METRICS = {
     "srft": ("srft/correct_fraction", "actor/srft/H", "actor/srft/sft_coef", "actor/srft/on_coef", "actor/off_pg_loss"),
     "chord": ("actor/mu", "actor/expert/sft_phi_loss", "actor/usual/pg_loss", "actor/loss"),
     "grpo": ("actor/pg_clipfrac", "actor/ppo_kl"),
+    "relift": ("relift/hard_questions", "relift/buffer_size", "relift/sft_rows", "actor/pg_clipfrac"),
 }
+# relift: a buffer of 2 demonstrations (one per rank), so the SFT stage runs within the 2 steps
+METHOD_OVERRIDES = {"relift": ["algorithm.relift.sft_data_size=2", "algorithm.relift.sft_mini_batch_size=2",
+                               "algorithm.relift.sft_micro_batch_size=1"]}
 # grpo: the tiny LUFFY overrides give one demonstration slot per group; grpo replaces it (n_prefix=0)
-NO_OFF_POLICY_SLOT = {"grpo": True}
+NO_OFF_POLICY_SLOT = {"grpo": True, "relift": True}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -23,7 +27,7 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
                                  luffy_overrides, fit_with_fingerprints):
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2)
     overrides = [o for o in overrides if not o.startswith("trainer.test_freq")] + ["trainer.test_freq=-1"]
-    config = compose_config(overrides + [f"algorithm.method={method}"])
+    config = compose_config(overrides + [f"algorithm.method={method}"] + METHOD_OVERRIDES.get(method, []))
     trainer, before, _, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     assert trainer.method.name == method
@@ -38,3 +42,9 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         assert [r["actor/mu"] for r in rows] == pytest.approx([0.1, 0.1])
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)
+    if method == "relift":  # every SFT stage takes 2 rows off the buffer; its metrics come with it
+        sft = [r for r in rows if r["relift/sft_rows"]]
+        assert sft and all(r["relift/sft_rows"] == 2 and math.isfinite(r["actor/sft_loss"]) for r in sft)
+        assert all(("actor/sft_loss" in r) == bool(r["relift/sft_rows"]) for r in rows)
+        added = [r["relift/hard_questions"] for r in rows]
+        assert rows[-1]["relift/buffer_size"] == sum(added) - 2 * len(sft)
