@@ -408,6 +408,29 @@ class UftSection:
 
 
 @dataclass(frozen=True)
+class ReliftSection:
+    """``algorithm.relift``: ReLIFT's hard-question buffer and interleaved SFT stage (luffy_pool/methods/relift.py)."""
+
+    sft_data_size: int = key(bounds=Bound(lambda v: v == -1 or v > 0, "must be -1 (off) or > 0"))
+    sft_mini_batch_size: int = key(bounds=POSITIVE)
+    sft_micro_batch_size: int = key(bounds=POSITIVE)
+    sft_epochs: int = key(bounds=POSITIVE)
+    sft_lr: float = key(bounds=POSITIVE)
+    sft_grad_clip: float = key(bounds=POSITIVE)
+    sft_entropy_coeff: float = key()
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.sft_data_size > 0 and self.sft_data_size % self.sft_mini_batch_size:  # theirs asserts both
+            errors.append(f"'algorithm.relift.sft_data_size'={self.sft_data_size} must be a multiple of "
+                          f"'algorithm.relift.sft_mini_batch_size'={self.sft_mini_batch_size}")
+        if self.sft_mini_batch_size % self.sft_micro_batch_size:
+            errors.append(f"'algorithm.relift.sft_mini_batch_size'={self.sft_mini_batch_size} must be a multiple of "
+                          f"'algorithm.relift.sft_micro_batch_size'={self.sft_micro_batch_size}")
+        return errors
+
+
+@dataclass(frozen=True)
 class AlgorithmSection:
     """``algorithm.*``: the training method, the advantage estimator, KL-in-reward and rollout correction."""
 
@@ -427,6 +450,7 @@ class AlgorithmSection:
     chord: ChordSection = nested(ChordSection)
     prefix_rft: PrefixRftSection = nested(PrefixRftSection)
     uft: UftSection = nested(UftSection)
+    relift: ReliftSection = nested(ReliftSection)
 
 
 @dataclass(frozen=True)

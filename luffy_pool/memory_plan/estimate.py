@@ -21,6 +21,10 @@ Where the numbers come from:
   fp32, q/k/v, rotary inputs, attention output, the four MLP tensors), at the micro-batch's tokens per
   rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits.
   The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
+- ReLIFT (``algorithm.method=relift``): its SFT stage's own AdamW, two more fp32 moments per shard, on the device
+  when ``optimizer_offload`` is off (both optimizers' moments in every phase), else only during its stage (then
+  the RL moments are on the host); the stage's forward/backward at ``sft_micro_batch_size`` padded rows of
+  prompt + demonstration (``rollout.max_prefix_len``) per rank.
 - AdamW's step: temporaries by ``optim.step_impl`` (foreach: one fp32 copy of the shard; for_loop: two
   of the largest tensor; fused: none).
 - CUDA context: a fixed estimate (``CUDA_CONTEXT_BYTES``).
@@ -108,6 +112,9 @@ class PlanInputs:
     padded_attention: str = ""
     update_budget: int = 0
     update_mini_rows: int = 0
+    # ReLIFT's interleaved SFT stage: its own AdamW (0 tokens = no such stage) and tokens per rank of its micro-batch
+    sft_optimizer: bool = False
+    sft_tokens: int = 0
 
     @property
     def max_len(self) -> int:
@@ -163,7 +170,16 @@ class PlanInputs:
             step_impl=actor.optim.step_impl, device=device,
             padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
-            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp))
+            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp), **_sft_stage(sections, sp))
+
+
+def _sft_stage(sections, sp: int) -> dict:
+    """ReLIFT's SFT stage: its optimizer, and its micro-batch (padded prompt + demonstration rows) per rank."""
+    relift = getattr(sections.algorithm, "relift", None)
+    if sections.algorithm.method != "relift" or relift is None or relift.sft_data_size == -1:
+        return {}
+    width = sections.data.max_prompt_length + sections.workers.rollout.max_prefix_len
+    return {"sft_optimizer": True, "sft_tokens": math.ceil(relift.sft_micro_batch_size * width / sp)}
 
 
 def _padded_attention(use_remove_padding: bool, attn_implementation: str, device: str) -> str:
@@ -315,7 +331,9 @@ def cpu_kv_cache_bytes(cpu_kv_cache_bytes_key: int, environ=None) -> int:
     return int(space) * GiB if space != "" else int(cpu_kv_cache_bytes_key)
 
 
-def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool) -> list[Line]:
+def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool,
+                 sft_on_device: Optional[bool] = None) -> list[Line]:
+    """``sft_on_device``: ReLIFT's SFT AdamW moments on the device (None: as the RL optimizer's)."""
     f = i.shard_group if i.fsdp else 1
     lines = []
     if not i.actor_param_offload:
@@ -325,6 +343,9 @@ def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, gra
         if optimizer_on_device:
             key = f"{_A}.fsdp_config.optimizer_offload"
             lines.append(Line(f"AdamW moments (2 x fp32) / {f}", 8 * s.params // f, key))
+        if i.sft_optimizer and (optimizer_on_device if sft_on_device is None else sft_on_device):
+            lines.append(Line(f"ReLIFT SFT AdamW moments (2 x fp32) / {f}", 8 * s.params // f,
+                              f"{_A}.fsdp_config.optimizer_offload"))
     if i.use_ref and not i.ref_param_offload:
         lines.append(Line(f"ref fp32 params / {f}", 4 * s.params // f, f"{_REF}.fsdp_config.param_offload"))
     return lines
@@ -427,9 +448,17 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
     return Phase(name, lines + _fragmentation(i, lines))
 
 
-def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phase]:
-    a, t = i.param_dtype_bytes, i.update_tokens
-    base = _state_lines(i, s, optimizer_on_device=True, grads=True) + _runtime_lines(i) + _sleeping_engine(i, vb)
+def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: bool = False) -> list[Phase]:
+    """The RL update's phases, or with ``sft_stage`` ReLIFT's SFT stage's (its optimizer on the device, the RL
+    one's where offloading leaves it; fixed micro-batches of padded rows)."""
+    a, t = i.param_dtype_bytes, (i.sft_tokens if sft_stage else i.update_tokens)
+    offload = i.optimizer_offload
+    state = (_state_lines(i, s, optimizer_on_device=not offload, grads=True, sft_on_device=True) if sft_stage
+             else _state_lines(i, s, optimizer_on_device=True, grads=True, sft_on_device=not offload))
+    base = state + _runtime_lines(i) + _sleeping_engine(i, vb)
+    name = "ReLIFT SFT stage" if sft_stage else "update"
+    budget_key = "algorithm.relift.sft_micro_batch_size" if sft_stage else i.update_budget_key
+    scored = None if sft_stage else i.update_scored_tokens
     fb = list(base) + _gathered(i, s, grads=True)
     ck = f"{_M}.enable_gradient_checkpointing"
     saved, work = layer_saved_bytes(s, a), layer_working_bytes(s, a)
@@ -440,16 +469,16 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
     else:
         fb.append(Line(f"saved activations, {L} layers x {t} tokens", L * t * saved, ck))
         layer, layer_what = t * work, "a layer's backward working set"
-    fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), i.update_budget_key))
+    fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), budget_key))
     fb += _ulysses_lines(i, s, t)
-    hb, what = head_bytes(s, i.update_scored_tokens or t, i.logprob_chunk_size, a, backward=True, positions=t,
-                          response_positions=i.response_positions)
+    hb, what = head_bytes(s, scored or t, i.logprob_chunk_size, a, backward=True, positions=t,
+                          response_positions=None if sft_stage else i.response_positions)
     # Backward runs the head first, then the layers one by one: the larger transient is the peak.
     if hb >= layer:
         fb.append(Line(f"{what} (> {layer_what}, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
     else:
         fb.append(Line(f"{layer_what} (> {what}, {hb / GiB:.2f} GiB)", layer, ck))
-    phases = [Phase("update: forward/backward", fb + _fragmentation(i, fb))]
+    phases = [Phase(f"{name}: forward/backward", fb + _fragmentation(i, fb))]
     if not i.actor_param_offload:  # with param_offload AdamW steps on the host
         f = i.shard_group if i.fsdp else 1
         impl = i.step_impl if i.step_impl != "auto" else ("foreach" if i.device == "cuda" else "fused")
@@ -457,7 +486,7 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict]) -> list[Phas
         # sqrt and its division by the bias correction (two fp32 copies of the largest, the embedding); fused: none.
         temps = {"fused": 0, "for_loop": 2 * 4 * s.embed_params // f}.get(impl, 4 * s.params // f)
         step = list(base) + [Line(f"AdamW step temporaries ({impl})", temps, f"{_A}.optim.step_impl")]
-        phases.append(Phase("update: optimizer step", step + _fragmentation(i, step)))
+        phases.append(Phase(f"{name}: optimizer step", step + _fragmentation(i, step)))
     return phases
 
 
@@ -495,6 +524,8 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
     if i.use_ref:
         phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))
     phases += update_phases(i, s, vb)
+    if i.sft_optimizer:
+        phases += update_phases(i, s, vb, sft_stage=True)
     plan = Plan(i, s, phases, device_bytes, notes=notes)
     if vb is not None:
         plan.kv_cache_bytes, plan.kv_cache_tokens = vb["kv"], vb["kv_tokens"]

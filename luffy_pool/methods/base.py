@@ -20,6 +20,10 @@ A method (``algorithm.method``) declares, in one small module registered here:
   with the trainer's (Prefix-RFT's cosine prefix ratio, UFT's hint draws).
 - ``check_train_file``: an optional input check ``fn(path, sections) -> error line or None`` run on every train
   file before Ray starts (UFT's hint column).
+- ``stage``: an optional driver stage with state across steps, ``fn(trainer) -> stage`` built once by the trainer;
+  the stage has ``before_rollout(batch)`` (the step's prompts, before the rollout takes their targets),
+  ``after_update(batch, timing) -> metrics`` and ``state_dict`` / ``load_state_dict`` (saved in the checkpoint's
+  ``data.pt``; ReLIFT's hard-question buffer and interleaved SFT step).
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class Method:
     needs_demonstration: bool = False
     ratio_sampler: Optional[Callable[..., Any]] = None
     check_train_file: Optional[Callable[..., Optional[str]]] = None
+    stage: Optional[Callable[..., Any]] = None
 
 
 def register_method(method: Method) -> Method:

@@ -206,7 +206,7 @@ def check_trackers(sections) -> list[str]:
 
 
 def check_demonstrations(path: str, target_key: str, method_name: str) -> Optional[str]:
-    """A method that trains on every prompt's demonstration (``Method.needs_demonstration``: hpt, srft, chord)
+    """A method that trains on every prompt's demonstration (``Method.needs_demonstration``: hpt, srft, chord, relift)
     refuses a train row whose ``target_key`` is null (LUFFY allows it: that prompt gets no off-policy slot); the
     first such row, naming file, row and column. Missing files and columns are ``check_parquet``'s."""
     import pyarrow.parquet as pq

@@ -41,6 +41,11 @@ RL_BATCH_KEYS = (
     "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.max_num_seqs",  # vLLM: concurrent rows (<= max_num_batched_tokens)
 )
+# A method's own batch sizes in rows (algorithm.<method>), scaled with the RL batch when the recipe selects it.
+RL_METHOD_BATCH_KEYS = {
+    "relift": ("algorithm.relift.sft_data_size", "algorithm.relift.sft_mini_batch_size",
+               "algorithm.relift.sft_micro_batch_size"),
+}
 SFT_LENGTH_KEYS = ("data.max_length",)
 SFT_BATCH_KEYS = ("data.train_batch_size",)
 

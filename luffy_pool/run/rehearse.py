@@ -12,7 +12,8 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
   openr1.complement.parquet, and openr1.uft.parquet with UFT's hint column);
 - lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
   every ratio the script sets between them holds (e.g. train_16k.sh: a full row fits SP x the update
-  budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor;
+  budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor (with the
+  selected method's own, recipe.RL_METHOD_BATCH_KEYS: ReLIFT's SFT buffer and batches);
 - the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU); each switch of the
   composed config (the script's overrides and the YAML defaults it keeps) that the CPU turns off or makes a
   no-op is a WARNING line and a ``gpu_only`` entry (GPU_ONLY: CUDA graphs, remove padding, flash-attn, the
@@ -39,8 +40,8 @@ import sys
 import tempfile
 from typing import Optional
 
-from luffy_pool.run.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, SFT_BATCH_KEYS, SFT_LENGTH_KEYS, Recipe, RecipeError,
-                               divisible_heads, read_recipe, rehearsal_world)
+from luffy_pool.run.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, RL_METHOD_BATCH_KEYS, SFT_BATCH_KEYS, SFT_LENGTH_KEYS,
+                               Recipe, RecipeError, divisible_heads, read_recipe, rehearsal_world)
 
 PROMPT_TOKENS = 32  # the tiny task's prompts (no system prompt) are <= 31 tokens with the chat template
 SFT_ROW_TOKENS = 512  # the SFT max_length a rehearsal scales to (tiny rows are < 80 tokens)
@@ -147,7 +148,8 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     else:
         lengths = recipe.scalable(k for k in RL_LENGTH_KEYS if k not in KEPT_ON_CPU)
-        batches = recipe.scalable(RL_BATCH_KEYS)
+        # a method's own batch sizes too (ReLIFT's SFT buffer: its stage runs within the 2 steps)
+        batches = recipe.scalable(RL_BATCH_KEYS + RL_METHOD_BATCH_KEYS.get(str(recipe.get("algorithm.method")), ()))
         len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
         batch_factor = max(1, batches.get("data.train_batch_size", TRAIN_ROWS) // TRAIN_ROWS)
         device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]

@@ -100,6 +100,8 @@ class MIXRayPPOTrainer:
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
         self.pending_metrics: dict = {}  # logged with the next step (a restart's trainer/restarts, steps_lost)
+        # a method's driver stage with state across steps (ReLIFT's buffer + SFT stage), saved with the checkpoint
+        self.method_stage = self.method.stage(self) if self.method.stage is not None else None
 
     # ------------------------------------------------------------------ resumable state
     def state_dict(self) -> dict:
@@ -206,6 +208,8 @@ class MIXRayPPOTrainer:
         if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
             self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
         metrics: dict = {}
+        if self.method_stage is not None:  # sees the prompts with their targets, before the rollout takes them
+            self.method_stage.before_rollout(batch)
         with _timer("update_weights", timing):
             metrics.update(self._update_weights())
         with _timer("gen", timing):
@@ -228,6 +232,8 @@ class MIXRayPPOTrainer:
         if self.method.before_update is not None:  # e.g. HPT's per-group gate (luffy_pool/methods/)
             metrics.update(self.method.before_update(batch, self.sections))
         metrics.update(self._update(batch, timing))
+        if self.method_stage is not None:  # e.g. ReLIFT's interleaved SFT stage (luffy_pool/methods/relift.py)
+            metrics.update(self.method_stage.after_update(batch, timing))
         stage, prompt_tokens, response_tokens = self._step_metrics(batch)
         metrics.update(stage)
         return StepOutput(metrics, prompt_tokens, response_tokens)

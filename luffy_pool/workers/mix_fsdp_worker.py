@@ -4,7 +4,8 @@
 ratios the driver drew and, on the weights the driver's ``update_weights`` call just pushed, runs the slot
 plan (``mix_vllm_rollout``): full-trace slots are built without the engine, partial prefixes are
 continued by it, on-policy slots are plain generation. ``generate_validation`` is its own call: plain
-samples at ``val_temperature``.
+samples at ``val_temperature``. ``init_sft_optimizer`` / ``sft_update_actor``: ReLIFT's interleaved SFT stage
+with its own optimizer (luffy_pool/workers/interleaved_sft.py), built when the driver's method asks for it.
 """
 from __future__ import annotations
 
@@ -35,6 +36,40 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
             self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size,
                                                      timeout_s=self.sections.nccl_timeout)
         return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_sft_optimizer(self, knobs: dict) -> bool:
+        """Build the interleaved SFT stage's own AdamW (``knobs``: an ``InterleavedSftConfig`` as a dict); it is
+        saved and loaded with the checkpoint from now on (call before any resume)."""
+        from luffy_pool.workers.interleaved_sft import OPTIMIZER_NAME, InterleavedSftConfig, build_sft_optimizer
+        from verl.utils.offload import OptimizerOffload
+
+        if not self._is_actor:
+            raise RuntimeError(f"init_sft_optimizer called on a worker with role {self.role!r} (no actor)")
+        self.sft_config = InterleavedSftConfig(**knobs)
+        self.sft_optimizer = build_sft_optimizer(self.actor_module, self.sft_config,
+                                                 self.sections.actor.optim.step_impl)
+        # offloaded between SFT stages like the RL optimizer (fsdp_config.optimizer_offload)
+        self.sft_optimizer_offload = OptimizerOffload(self.sft_optimizer, self.optimizer_offload.compute_device,
+                                                      enabled=bool(self.sections.actor.fsdp_config.optimizer_offload))
+        self.extra_optimizers = {OPTIMIZER_NAME: (self.sft_optimizer, self.sft_optimizer_offload)}
+        self._checkpoint_manager = None  # rebuilt with the new optimizer on the next save / load
+        return True
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def sft_update_actor(self, data: DataProto) -> DataProto:
+        """One interleaved SFT stage on this rank's demonstration rows; returns its metric lists."""
+        from luffy_pool.workers.interleaved_sft import sft_update
+        from verl.utils.ulysses import gather_data_in_group
+
+        if getattr(self, "sft_optimizer", None) is None:
+            raise RuntimeError("sft_update_actor before init_sft_optimizer (the driver builds it at start)")
+        t0 = time.perf_counter()
+        data = gather_data_in_group(data, self.ulysses_group)
+        with self.sft_optimizer_offload.on_compute_device():
+            metrics = sft_update(self.actor, self.sft_optimizer, data, self.sft_config)
+        metrics["timing_s/sft_update_worker"] = [time.perf_counter() - t0]
+        return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

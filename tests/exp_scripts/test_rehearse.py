@@ -261,3 +261,6 @@ def test_rehearse_launch_script(case, rehearsals):
         return
     for metrics in steps.values():
         assert math.isfinite(float(metrics["actor/pg_loss"])) and math.isfinite(float(metrics["actor/grad_norm"]))
+    if os.path.basename(script) == "train_relift.sh":  # its scaled SFT buffer fills: the SFT stage ran and was saved
+        actor = os.path.join(report["outputs"], "out", "global_step_2", "actor")
+        assert json.load(open(os.path.join(actor, "checkpoint_meta.json")))["extra_optimizers"] == {"sft": True}

@@ -176,6 +176,20 @@ def test_plan_follows_the_keys_it_names():
     assert no_ckpt.phase("update: forward/backward").total > base.phase("update: forward/backward").total + 20 * GiB
 
 
+def test_relift_plans_its_sft_optimizer_and_its_stage():
+    plan = _plan(os.path.join(ROOT, "exp_scripts", "train_relift.sh"), 80)
+    assert all(p.total <= 0.95 * plan.device_bytes for p in plan.phases) and not plan.notes
+    sft = lambda phase: [ln.bytes for ln in plan.phase(phase).lines if ln.what.startswith("ReLIFT SFT AdamW")]  # noqa: E731
+    moments = 8 * plan.shape.params // 8  # two fp32 moments of a 1/8 shard
+    # the script offloads both optimizers: the SFT one is on the device in its own stage only
+    assert sft("ReLIFT SFT stage: optimizer step") == [moments] and sft("rollout (vLLM awake)") == []
+    assert sft("update: forward/backward") == []
+    plan = _plan(os.path.join(ROOT, "exp_scripts", "train_relift.sh"), 80,
+                 "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False")
+    assert sft("rollout (vLLM awake)") == [moments] and sft("update: optimizer step") == [moments]
+    assert not [p for p in _plan(TRAIN, 80).phases if p.name.startswith("ReLIFT")]
+
+
 def test_gpu_memory_argument():
     assert mp.parse_gpu_memory("80") == int(79.2 * GiB) and mp.parse_gpu_memory("141") == int(140.4 * GiB)
     assert mp.parse_gpu_memory("79.2GiB") == int(79.2 * GiB) and mp.parse_gpu_memory("85GB") == 85 * 10**9

@@ -2,7 +2,8 @@
 
 Mixed into ``ActorRolloutRefWorker``; it reads the worker's ``actor_module`` (FSDP2 HF model),
 ``actor_optimizer``, ``lr_scheduler``, ``tokenizer`` and, when present, the actor's adaptive entropy
-coefficient and non-finite-step counter, and delegates the I/O to ``FSDPCheckpointManager``. All
+coefficient and non-finite-step counter, and its ``extra_optimizers`` (name -> (optimizer, offload): a method's
+second optimizer, e.g. ReLIFT's SFT AdamW), and delegates the I/O to ``FSDPCheckpointManager``. All
 three methods are collectives: the group calls them on every rank (``Dispatch.ONE_TO_ALL``).
 """
 from __future__ import annotations
@@ -46,9 +47,10 @@ class CheckpointMixin:
         if actor is not None and hasattr(actor, "nonfinite_skips"):
             extras["nonfinite_skips"] = AttributeState(actor, "nonfinite_skips")
         contents = tuple(self.sections.actor.checkpoint.contents)  # actor.checkpoint.contents
+        extra_optimizers = {name: opt for name, (opt, _offload) in getattr(self, "extra_optimizers", {}).items()}
         manager = FSDPCheckpointManager(self.actor_module, self.actor_optimizer, getattr(self, "lr_scheduler", None),
                                         tokenizer=getattr(self, "tokenizer", None), extra_states=extras,
-                                        contents=contents)
+                                        contents=contents, extra_optimizers=extra_optimizers)
         self._checkpoint_manager = manager
         return manager
 
@@ -72,8 +74,13 @@ class CheckpointMixin:
     def _optimizer_on_compute_device(self):
         """DCP reads and writes the optimizer state where training keeps it; offloaded state (optimizer_offload)
         comes back for the call and leaves again after it."""
-        offload = getattr(self, "optimizer_offload", None)
-        return offload.on_compute_device() if offload is not None else contextlib.nullcontext()
+        offloads = [getattr(self, "optimizer_offload", None)]
+        offloads += [offload for _opt, offload in getattr(self, "extra_optimizers", {}).values()]
+        stack = contextlib.ExitStack()
+        for offload in offloads:
+            if offload is not None:
+                stack.enter_context(offload.on_compute_device())
+        return stack
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, path: str) -> str:

@@ -4,7 +4,8 @@ rollouts all failed, taken from a newest-first buffer once it holds ``sft_data_s
 Mirrors TheRoadQaQ/ReLIFT (commit eb95454f), ``relift/verl/verl/relift/``: ``core_algos.py``
 ``compute_sft_loss`` and the loss lines of ``actor.py`` ``sft_update_policy`` -> :func:`relift_sft_loss`;
 the hard-question test, buffer prepend and SFT trigger inlined in ``trainer.py`` ``fit`` ->
-:func:`hard_question_uids`, :class:`HardBuffer`. METHODS_SPEC §2.
+:func:`hard_question_uids`, :class:`HardBuffer`; ``trainer.py`` ``replace_response_in_batch`` ->
+:func:`demonstration_batch`. METHODS_SPEC §2.
 
 Quirks kept: the SFT loss is the plain token mean ``Σ(−ℓ)·m/Σm`` minus ``entropy_coeff`` × the token-mean
 entropy (a bonus), per micro-batch (the actor divides by the accumulation steps); the buffer keeps one row
@@ -83,3 +84,24 @@ class HardBuffer:
             raise ValueError(f"checkpointed buffer has sft_data_size {state['sft_data_size']}, "
                              f"this run {self.sft_data_size}")
         self.rows = list(state["rows"])
+
+
+def demonstration_batch(prompt_ids: torch.Tensor, prompt_attention_mask: torch.Tensor,
+                        prompt_position_ids: torch.Tensor, tgt_input_ids: torch.Tensor, pad_token_id: int,
+                        eos_token_id: int) -> dict[str, torch.Tensor]:
+    """The SFT rows of ReLIFT's ``replace_response_in_batch``: response := the demonstration with EOS written at
+    its first pad position (over its last token when it fills the width), attention up to and including the
+    first EOS, positions continuing from the prompt's last one. Prompts left-padded ``[B, P]``, demonstrations
+    right-padded ``[B, T]`` -> ``input_ids / attention_mask / position_ids [B, P + T]``, ``responses [B, T]``."""
+    from verl.utils.torch_functional import get_eos_mask
+
+    responses = tgt_input_ids.clone()
+    width = responses.size(1)
+    lengths = (responses != pad_token_id).sum(dim=1)
+    responses[torch.arange(len(responses)), torch.where(lengths < width, lengths, width - 1)] = eos_token_id
+    response_mask = get_eos_mask(responses, eos_token_id, dtype=prompt_attention_mask.dtype)
+    steps = torch.arange(1, width + 1, device=responses.device).expand(len(responses), width)
+    return {"input_ids": torch.cat([prompt_ids, responses], dim=-1),
+            "attention_mask": torch.cat([prompt_attention_mask, response_mask], dim=-1),
+            "position_ids": torch.cat([prompt_position_ids, prompt_position_ids[:, -1:] + steps], dim=-1),
+            "responses": responses}

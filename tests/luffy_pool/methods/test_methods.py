@@ -19,7 +19,7 @@ def tiny_config(compose_config, luffy_overrides, tmp_path):
 def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with_the_list():
     from luffy_pool.methods import get_method, method_names
 
-    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord", "prefix_rft", "uft"}
+    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord", "prefix_rft", "uft", "relift"}
     with pytest.raises(ValueError, match=r"algorithm.method='exgrpo' is not implemented; valid: \['chord', 'grpo', "):
         get_method("exgrpo")
 
@@ -28,8 +28,8 @@ def test_config_check_refuses_an_unknown_method(compose_config):
     from luffy_pool.config.check import validate_config
 
     errors = validate_config(compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
-                                             "algorithm.method=relift"]))
-    assert any("algorithm.method" in e and "relift" in e for e in errors), errors
+                                             "algorithm.method=bread"]))
+    assert any("algorithm.method" in e and "bread" in e for e in errors), errors
 
 
 def test_luffy_changes_nothing(tiny_config):
@@ -45,7 +45,8 @@ def test_luffy_changes_nothing(tiny_config):
 
 @pytest.mark.parametrize("method,loss,adv", [("hpt", "hpt_sft", "grpo_split"), ("srft", "srft", "grpo"),
                                              ("chord", "chord", "grpo_split"), ("grpo", "vanilla", "grpo"),
-                                             ("prefix_rft", "prefix_rft", "grpo"), ("uft", "uft", "grpo")])
+                                             ("prefix_rft", "prefix_rft", "grpo"), ("uft", "uft", "grpo"),
+                                             ("relift", "vanilla", "grpo")])
 def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tiny_config, method, loss, adv):
     from luffy_pool.config.check import validate_config
     from luffy_pool.methods import apply_method
@@ -54,7 +55,7 @@ def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tin
     apply_method(config)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (actor.policy_loss, config.algorithm.adv_estimator, actor.use_off_policy_loss) == (loss, adv, False)
-    assert rollout.n_prefix == (0 if method == "grpo" else 1)
+    assert rollout.n_prefix == (0 if method in ("grpo", "relift") else 1)
     apply_method(config)  # idempotent
     assert not [e for e in validate_config(config) if "policy_loss" in e or "method" in e]
 
@@ -247,8 +248,8 @@ def test_a_family_loss_without_the_method_meta_says_so():
 
 
 # ---------------------------------------------------------------- data checks before Ray
-@pytest.mark.parametrize("method,refused", [("hpt", True), ("srft", True), ("chord", True), ("luffy", False),
-                                            ("grpo", False), ("prefix_rft", True), ("uft", False)])
+@pytest.mark.parametrize("method,refused", [("hpt", True), ("srft", True), ("chord", True), ("relift", True),
+                                            ("luffy", False), ("grpo", False), ("prefix_rft", True), ("uft", False)])
 def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):
     import pandas as pd
 

@@ -15,10 +15,14 @@ METHOD_METRICS = {
     "grpo": ("actor/pg_clipfrac", "actor/ppo_kl"),
     "prefix_rft": ("prefix_rft/prefix_ratio", "actor/prefix_rft/kept_prefix_share", "actor/pg_clipfrac"),
     "uft": ("uft/hint_probability", "uft/hint_share", "actor/uft/hint_nll", "actor/uft/pg_loss"),
+    "relift": ("relift/hard_questions", "relift/buffer_size", "relift/sft_rows", "actor/pg_clipfrac"),
 }
-# the tiny LUFFY overrides give one full demonstration slot per group; grpo replaces it (n_prefix=0), prefix_rft's
-# and uft's prefix slots are partial (a share < 1 of the demonstration, the hint), continued by the policy
-NO_FULL_TRACE_SLOT = {"grpo", "prefix_rft", "uft"}
+# relift: a buffer of 2 demonstrations (one per rank), so the SFT stage runs within the 2 steps
+METHOD_OVERRIDES = {"relift": ["algorithm.relift.sft_data_size=2", "algorithm.relift.sft_mini_batch_size=2",
+                               "algorithm.relift.sft_micro_batch_size=1"]}
+# the tiny LUFFY overrides give one full demonstration slot per group; grpo and relift replace it (n_prefix=0),
+# prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint), continued by the policy
+NO_FULL_TRACE_SLOT = {"grpo", "relift", "prefix_rft", "uft"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -32,7 +36,7 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         prepare_hints(["--input", f"{tiny_task_dir}/train.parquet", "--output", str(tmp_path / "train_hints.parquet")])
         overrides = [o for o in overrides if not o.startswith("data.train_files")] + [
             f"data.train_files={tmp_path}/train_hints.parquet"]
-    config = compose_config(overrides + [f"algorithm.method={method}"])
+    config = compose_config(overrides + [f"algorithm.method={method}"] + METHOD_OVERRIDES.get(method, []))
     trainer, before, _, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     assert trainer.method.name == method
@@ -53,3 +57,9 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         assert any(r["uft/hint_share"] > 0 and r["actor/uft/hint_nll"] > 0 for r in rows)
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)
+    if method == "relift":  # every SFT stage takes 2 rows off the buffer; its metrics come with it
+        sft = [r for r in rows if r["relift/sft_rows"]]
+        assert sft and all(r["relift/sft_rows"] == 2 and math.isfinite(r["actor/sft_loss"]) for r in sft)
+        assert all(("actor/sft_loss" in r) == bool(r["relift/sft_rows"]) for r in rows)
+        added = [r["relift/hard_questions"] for r in rows]
+        assert rows[-1]["relift/buffer_size"] == sum(added) - 2 * len(sft)

@@ -144,11 +144,16 @@ class FSDPCheckpointManager:
         tokenizer: written into ``huggingface/`` by rank 0.
         extra_states: name -> object with ``state_dict``/``load_state_dict`` saved in the extra file.
         contents: subset of ``model``, ``optimizer``, ``extra`` to save and load.
+        extra_optimizers: name -> a second optimizer over the same model (ReLIFT's SFT AdamW), saved with
+            ``optimizer`` under ``optim_<name>/`` by DCP (resharded like the first) once it has state; an optimizer
+            that never stepped is recorded as unused in the metadata and comes back fresh (DCP would initialise
+            its state with a zero step, which changes its first real step's bias correction).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler=None,
                  tokenizer=None, extra_states: Optional[Mapping[str, Any]] = None,
-                 contents: Iterable[str] = VALID_CONTENTS):
+                 contents: Iterable[str] = VALID_CONTENTS,
+                 extra_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None):
         contents = tuple(contents)
         bad = [c for c in contents if c not in VALID_CONTENTS]
         if bad:
@@ -160,6 +165,7 @@ class FSDPCheckpointManager:
         self.lr_scheduler = lr_scheduler
         self.tokenizer = tokenizer
         self.extra_states = dict(extra_states or {})
+        self.extra_optimizers = dict(extra_optimizers or {})
         self.contents = contents
         self.saved_paths: list[str] = []
 
@@ -194,6 +200,10 @@ class FSDPCheckpointManager:
             if "optimizer" in self.contents:
                 dcp.save(get_optimizer_state_dict(self.model, self.optimizer),
                          storage_writer=self._writer(layout.OPTIM_DIR, local_path))
+                for name, used in self._extra_optimizers_used().items():
+                    if used:  # every rank stepped it together, so every rank agrees
+                        dcp.save(get_optimizer_state_dict(self.model, self.extra_optimizers[name]),
+                                 storage_writer=self._writer(layout.extra_optim_dir(name), local_path))
         if "extra" in self.contents:
             path = os.path.join(local_path, layout.extra_state_file(self.world_size, self.rank))
             save_state(path, self._extra_state())  # plain data only: resume loads it with weights_only
@@ -204,6 +214,8 @@ class FSDPCheckpointManager:
         if self.rank == 0:
             meta = {"format_version": FORMAT_VERSION, "global_step": global_step, "world_size": self.world_size,
                     "contents": list(self.contents), "hf_weights": bool(save_hf), "torch_version": torch.__version__}
+            if self.extra_optimizers and "optimizer" in self.contents:
+                meta["extra_optimizers"] = self._extra_optimizers_used()
             layout.write_file_atomic(os.path.join(local_path, layout.META_FILE), json.dumps(meta, indent=2) + "\n")
         _fsync_tree(local_path)  # DCP syncs its shards; torch.save and save_pretrained do not
         _barrier()
@@ -220,6 +232,9 @@ class FSDPCheckpointManager:
         seconds = time.perf_counter() - t0
         return {"seconds": seconds, "bytes": layout.dir_size_bytes(local_path) if self.rank == 0 else 0,
                 "rank": self.rank, "files": files}
+
+    def _extra_optimizers_used(self) -> dict[str, bool]:
+        return {name: bool(opt.state) for name, opt in self.extra_optimizers.items()}
 
     def _writer(self, sub: str, local_path: str):
         import torch.distributed.checkpoint as dcp
@@ -289,6 +304,15 @@ class FSDPCheckpointManager:
             with _quiet_single_process_dcp():
                 dcp_load(optim_state, os.path.join(local_path, layout.OPTIM_DIR))
             set_optimizer_state_dict(self.model, self.optimizer, optim_state)
+            saved_used = meta.get("extra_optimizers", {})
+            for name, opt in self.extra_optimizers.items():
+                if not saved_used[name]:  # never stepped when saved: fresh, as an uninterrupted run has it
+                    opt.state.clear()
+                    continue
+                extra_state = get_optimizer_state_dict(self.model, opt)
+                with _quiet_single_process_dcp():
+                    dcp_load(extra_state, os.path.join(local_path, layout.extra_optim_dir(name)))
+                set_optimizer_state_dict(self.model, opt, extra_state)
         try:
             if extra is not None:
                 self._apply_extra(*extra)
@@ -318,6 +342,17 @@ class FSDPCheckpointManager:
                 raise FileNotFoundError(f"{local_path} has no optimizer state ({layout.OPTIM_DIR}/); saved contents "
                                         f"were {saved_contents}")
             load_dcp_metadata(os.path.join(local_path, layout.OPTIM_DIR, ".metadata"))
+            saved_used = meta.get("extra_optimizers", {})
+            for name in self.extra_optimizers:
+                if name not in saved_used:
+                    raise KeyError(f"{local_path} has no state of the {name!r} optimizer (saved: {sorted(saved_used)}); "
+                                   f"was the checkpoint written by a run of another algorithm.method?")
+                sub = layout.extra_optim_dir(name)
+                if saved_used[name] and not os.path.isdir(os.path.join(local_path, sub)):
+                    raise FileNotFoundError(f"{local_path} has no {sub}/ although its metadata says the {name!r} "
+                                            f"optimizer was saved")
+                if saved_used[name]:
+                    load_dcp_metadata(os.path.join(local_path, sub, ".metadata"))
         if "extra" in self.contents and "extra" in saved_contents:
             return self._read_extra(local_path, int(meta["world_size"]))
         return None

@@ -9,6 +9,7 @@ LUFFY's layout (docs/METHOD.md §5.7) with DCP shards in place of per-rank pickl
         actor/
           model/      .metadata, __<r>_0.distcp    # torch.distributed.checkpoint (reshardable)
           optim/      .metadata, __<r>_0.distcp
+          optim_<name>/                        # a second optimizer's shards (ReLIFT's SFT AdamW), once it stepped
           extra_state_world_size_<W>_rank_<r>.pt   # lr scheduler, RNG states, actor extras
           huggingface/                         # config + tokenizer (+ weights with save_hf)
           checkpoint_meta.json
@@ -31,6 +32,7 @@ TRASH_PREFIX = ".trash_"
 ACTOR_DIR = "actor"
 MODEL_DIR = "model"
 OPTIM_DIR = "optim"
+EXTRA_OPTIM_PREFIX = "optim_"  # optim_<name>: an extra optimizer's DCP shards (FSDPCheckpointManager extra_optimizers)
 HF_DIR = "huggingface"
 META_FILE = "checkpoint_meta.json"
 DATA_FILE = "data.pt"
@@ -42,6 +44,10 @@ _STEP_DIR_RE = re.compile(rf"^{STEP_DIR_PREFIX}(\d+)$")
 
 def step_dir_name(step: int) -> str:
     return f"{STEP_DIR_PREFIX}{int(step)}"
+
+
+def extra_optim_dir(name: str) -> str:
+    return f"{EXTRA_OPTIM_PREFIX}{name}"
 
 
 def extra_state_file(world_size: int, rank: int) -> str:
@@ -163,8 +169,10 @@ def prune_sharded_states(root: str, keep: Optional[int], current_step: int) -> l
     steps = [(s, p) for s, p in list_step_dirs(root) if s <= current_step]
     removed = []
     for _step, path in steps[: max(0, len(steps) - int(keep))]:
-        for sub in (MODEL_DIR, OPTIM_DIR):
-            shard_dir = os.path.join(path, ACTOR_DIR, sub)
+        actor = os.path.join(path, ACTOR_DIR)
+        extra = sorted(d for d in os.listdir(actor) if d.startswith(EXTRA_OPTIM_PREFIX)) if os.path.isdir(actor) else []
+        for sub in (MODEL_DIR, OPTIM_DIR, *extra):
+            shard_dir = os.path.join(actor, sub)
             if os.path.isdir(shard_dir):
                 shutil.rmtree(shard_dir)
                 removed.append(shard_dir)
