@@ -94,7 +94,6 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         rc = s.algorithm.rollout_correction
         self.rollout_correction = rc if rollout_correction_enabled(rc) else None
         self.world_size = self.wg.world_size
-        self.gen_world_size = self.gen_wg.world_size  # the ranks that generate (the actor's with the hybrid engine)
         self.global_steps = 0
         self.total_training_steps = int(total_training_steps) if total_training_steps is not None else \
             s.trainer.total_steps(len(self.train_dataloader))

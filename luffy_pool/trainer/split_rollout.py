@@ -26,11 +26,24 @@ def _add_time(timing: dict, name: str, t0: float) -> None:
 class SplitRolloutMixin:
     """Split-engine stages of ``MIXRayPPOTrainer`` (``rollout_wg`` None: the hybrid engine, nothing here runs)."""
 
+    # The hybrid engine's values (also what a trainer built without __init__, e.g. a test double, reads).
+    rollout_wg = None
+    pipeline = None
+    split_ranks = 0
+
     def init_split(self, rollout_wg) -> None:
         self.rollout_wg = rollout_wg
-        self.gen_wg = rollout_wg if rollout_wg is not None else self.wg  # the group that generates
         self.split_ranks = rollout_wg.world_size if rollout_wg is not None else 0
         self.pipeline = RolloutPipeline(self.sections.trainer.rollout_pipeline) if rollout_wg is not None else None
+
+    @property
+    def gen_wg(self):
+        """The group that generates: the split engines', else the actor's."""
+        return self.rollout_wg if self.rollout_wg is not None else self.wg
+
+    @property
+    def gen_world_size(self) -> int:
+        return self.rollout_wg.world_size if self.rollout_wg is not None else self.world_size
 
     def push_to_engines(self) -> dict:
         """Every actor rank gathers, its rank 0 broadcasts, every rollout rank receives: started together, then
