@@ -13,8 +13,6 @@ from __future__ import annotations
 import time
 
 from luffy_pool.trainer.rollout_pipeline import PendingRollout, RolloutPipeline, staleness
-from verl.protocol import DataProto
-from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC
 
 STALENESS_METRIC = "rollout/staleness"
 
@@ -49,6 +47,7 @@ class SplitRolloutMixin:
         """Every actor rank gathers, its rank 0 broadcasts, every rollout rank receives: started together, then
         waited for. ``timing_s/weight_sync``: the slowest engine's receive."""
         from verl.utils.ray_utils import get_ranked
+        from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC
 
         refs = list(self.wg.send_weights()) + list(self.rollout_wg.receive_weights())
         out = get_ranked(refs, list(range(len(refs))), group_name="weight_group",
@@ -58,6 +57,8 @@ class SplitRolloutMixin:
 
     def _launch_generation(self, step: int, timing: dict) -> PendingRollout:
         """Draw step ``step``'s batch, push the actor's current weights and start the engines on it (a future)."""
+        from verl.protocol import DataProto
+
         rewind = {"sampler": self.train_dataloader.sampler.state_dict(),
                   "ratio_sampler": self.ratio_sampler.state_dict()}
         batch = DataProto.from_single_dict(self._next_batch())

@@ -65,3 +65,40 @@ def test_staleness_refuses_a_version_the_step_cannot_have(step, version):
 def test_an_unknown_pipeline_is_refused_by_its_key():
     with pytest.raises(ValueError, match="trainer.rollout_pipeline='two_step_off'"):
         RolloutPipeline("two_step_off")
+
+
+class _State:
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+class _Future:
+    waited = False
+
+    def get(self):
+        self.waited = True
+
+
+def test_a_save_with_a_batch_in_flight_waits_for_it_and_rewinds_both_samplers():
+    from types import SimpleNamespace
+
+    from luffy_pool.trainer.split_rollout import SplitRolloutMixin
+
+    trainer = SplitRolloutMixin()
+    sampler, ratios, future = _State(8), _State("rng@step4"), _Future()
+    trainer.train_dataloader, trainer.ratio_sampler = SimpleNamespace(sampler=sampler), ratios
+    trainer.pipeline, trainer._data_iter = RolloutPipeline("one_step_off"), iter([])
+    rewind = {"sampler": sampler.state_dict(), "ratio_sampler": ratios.state_dict()}
+    sampler.value, ratios.value = 12, "rng@step5"  # what drawing step 5's batch moved
+    trainer.pipeline.put(PendingRollout(step=5, version=3, handle={"future": future}, rewind=rewind))
+    trainer.drop_in_flight()
+    assert future.waited and trainer.pipeline.pending is None
+    assert (sampler.value, ratios.value, trainer._data_iter) == (8, "rng@step4", None)  # step 5 is drawn again
+    trainer.drop_in_flight()  # nothing in flight: nothing to do
+    assert SplitRolloutMixin().pipeline is None  # the hybrid engine's default

@@ -32,13 +32,10 @@ SENDER = 0  # the actor's rank 0 is rank 0 of the weight group; rollout rank r i
 def free_address() -> tuple[str, int]:
     """This node's IP and a free TCP port: where the weight group's store listens (on the actor's rank 0)."""
     import socket
+    import sys
 
-    try:
-        import ray
-
-        host = ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray (tests): loopback
-        host = "127.0.0.1"
+    ray = sys.modules.get("ray")  # a worker has imported it; outside Ray (tests) the loopback serves
+    host = ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return host, int(s.getsockname()[1])
