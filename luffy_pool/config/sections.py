@@ -95,6 +95,7 @@ class TrainerSection:
     bundle_resources: str = key(choices=("auto", "gpu", "cpu"))
     cpu_bind: str = key(choices=_from("verl.utils.cpu_bind", "MODES"))
     memory_plan: str = key(choices=_from("luffy_pool.memory_plan", "MODES"))
+    rollout_pipeline: str = key(choices=("sync", "one_step_off"))  # needs hybrid_engine=False (ConfigSections)
     total_epochs: int = key(bounds=AT_LEAST_ONE)
     total_training_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
     stop_one_step_early: bool = key()
@@ -564,7 +565,20 @@ class ConfigSections:
 
         # algorithm.rollout_correction needs the engine's log-probs (rollout.calculate_log_probs) and their mode
         errors += rollout_corr_errors(lambda dotted: functools.reduce(getattr, dotted.split("."), self))
-        return errors + self._context_errors() + self._layout_errors()
+        return errors + self._context_errors() + self._layout_errors() + self._pipeline_errors()
+
+    def _pipeline_errors(self) -> list[str]:
+        """``trainer.rollout_pipeline`` against the placement: one_step_off overlaps generation with training, which
+        needs the engines on ranks of their own; the split engines each take a whole share of the prompts."""
+        errors, w = [], self.workers
+        if self.trainer.rollout_pipeline == "one_step_off" and w.hybrid_engine:
+            errors.append("'trainer.rollout_pipeline'=one_step_off needs 'actor_rollout_ref.hybrid_engine'=False (the "
+                          f"rollout engines on their own '{_R}.n_gpus_per_node' ranks, generating while the actor trains)")
+        ranks = w.rollout_world_size
+        if ranks and self.data.train_batch_size % ranks:
+            errors.append(f"'data.train_batch_size'={self.data.train_batch_size} must split evenly over the {ranks} "
+                          f"rollout ranks ('{_R}.nnodes' * '{_R}.n_gpus_per_node')")
+        return errors
 
     def _context_errors(self) -> list[str]:
         """Prompt + response within the model's positions, when its config.json is on disk (else the launcher's

@@ -115,6 +115,9 @@ class PlanInputs:
     # ReLIFT's interleaved SFT stage: its own AdamW (0 tokens = no such stage) and tokens per rank of its micro-batch
     sft_optimizer: bool = False
     sft_tokens: int = 0
+    # actor_rollout_ref.hybrid_engine=False: the engines have GPUs of their own (the rollout phase holds no actor
+    # state, the trainer's phases no sleeping engine); set by from_sections, False for a hand-built plan.
+    split_engines: bool = False
 
     @property
     def max_len(self) -> int:
@@ -170,7 +173,8 @@ class PlanInputs:
             step_impl=actor.optim.step_impl, device=device,
             padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
-            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp), **_sft_stage(sections, sp))
+            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp), split_engines=not w.hybrid_engine,
+            **_sft_stage(sections, sp))
 
 
 def _sft_stage(sections, sp: int) -> dict:
@@ -358,8 +362,10 @@ def nccl_communicators(i: PlanInputs) -> list[str]:
         names += ["HSDP shard", "HSDP replicate"]
     if i.sp > 1:
         names.append("Ulysses SP")
-    if i.tp > 1:
+    if i.tp > 1 and not i.split_engines:
         names.append("rollout TP (weight sync, prompts)")
+    if i.split_engines:
+        names.append("weight group (rank 0 -> engines)")
     return names
 
 
@@ -498,7 +504,13 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
     if i.device == "cuda":
         total = device_bytes or 80 * GiB
         vb = vllm_budget(i, s, total)
-        rollout = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False) + _runtime_lines(i)
+        if i.split_engines:  # an engine's own GPU: no actor shards; its communicators are TP and the weight group
+            rollout = [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-")]
+            comms = (i.tp > 1) + 1
+            rollout.append(Line(f"NCCL, {comms} communicator(s): weight group{', rollout TP' if i.tp > 1 else ''} "
+                                "(estimate)", comms * nccl_bytes_per_communicator(), f"{_R}.tensor_model_parallel_size"))
+        else:
+            rollout = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False) + _runtime_lines(i)
         ukey = f"{_R}.gpu_memory_utilization"
         rollout += [Line(f"vLLM weights / TP {i.tp}", vb["weights"], f"{_R}.tensor_model_parallel_size"),
                     Line(f"vLLM activation peak at {i.max_num_batched_tokens} batched tokens (estimate)",
@@ -507,25 +519,31 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
                     Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
                     Line("actor -> engine weight-sync bucket", 2 * i.weight_sync_bucket_mb * 2**20,
                          f"{_R}.weight_sync_bucket_mb")]
-        phases.append(Phase("rollout (vLLM awake)", rollout + _fragmentation(i, rollout)))
+        phases.append(Phase("rollout (vLLM awake)" + (", its own GPUs" if i.split_engines else ""),
+                            rollout + _fragmentation(i, rollout)))
         per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
         if vb["kv"] < i.max_len * per_token:
             notes.append(f"vLLM: KV cache {vb['kv'] / GiB:.2f} GiB holds {vb['kv_tokens']} tokens < one "
                          f"{i.max_len}-token sequence; vLLM refuses to start -> raise {ukey}")
         # At engine start the actor's fp32 shards are already on the device (built first in init_model).
-        free_at_start = total - (0 if i.actor_param_offload else 4 * s.params // i.shard_group) - CUDA_CONTEXT_BYTES
+        actor_on_gpu = not (i.actor_param_offload or i.split_engines)
+        free_at_start = total - (4 * s.params // i.shard_group if actor_on_gpu else 0) - CUDA_CONTEXT_BYTES
         if free_at_start < vb["requested"]:
             notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
                          f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
+    if i.split_engines:
+        vb_trainer = None  # the trainer's GPUs hold no engine
+    else:
+        vb_trainer = vb
     padded = padded_update_note(i)
     if padded and "refuses" in padded:  # a certain failure; the other cases are an information line (report.render)
         notes.append(padded)
-    phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb))
+    phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb_trainer))
     if i.use_ref:
-        phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))
-    phases += update_phases(i, s, vb)
+        phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb_trainer))
+    phases += update_phases(i, s, vb_trainer)
     if i.sft_optimizer:
-        phases += update_phases(i, s, vb, sft_stage=True)
+        phases += update_phases(i, s, vb_trainer, sft_stage=True)
     plan = Plan(i, s, phases, device_bytes, notes=notes)
     if vb is not None:
         plan.kv_cache_bytes, plan.kv_cache_tokens = vb["kv"], vb["kv_tokens"]

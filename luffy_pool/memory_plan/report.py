@@ -27,7 +27,8 @@ def rollout_rows_per_engine(sections) -> int:
     """Sequences one vLLM engine generates per training step: ``train_batch_size x n`` over the engines (each
     of the world / TP engines generates the prompts of its TP group); ``sections`` is the run's ConfigSections."""
     rollout, trainer = sections.workers.rollout, sections.trainer
-    engines = max(1, trainer.nnodes * trainer.n_gpus_per_node // rollout.tensor_model_parallel_size)
+    ranks = sections.workers.rollout_world_size or trainer.nnodes * trainer.n_gpus_per_node  # split engines: their own
+    engines = max(1, ranks // rollout.tensor_model_parallel_size)
     return math.ceil(sections.data.train_batch_size * rollout.n / engines)
 
 

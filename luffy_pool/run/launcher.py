@@ -53,11 +53,16 @@ def bundle_uses_gpu(sections: ConfigSections, device: str) -> bool:
 
 def engine_layout(sections: ConfigSections) -> str:
     """One line naming the FSDP world and the rollout engines' DP x TP layout."""
-    t = sections.trainer
+    t, r = sections.trainer, sections.workers.rollout
     world = int(t.nnodes) * int(t.n_gpus_per_node)
-    tp = int(sections.workers.rollout.tensor_model_parallel_size)
-    return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
-            f"{world // max(tp, 1)} DP group(s) x TP {tp}")
+    tp = int(r.tensor_model_parallel_size)
+    if sections.workers.hybrid_engine:
+        return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
+                f"{world // max(tp, 1)} DP group(s) x TP {tp}")
+    engines = sections.workers.rollout_world_size
+    return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); split rollout engines on their own "
+            f"{engines} rank(s) ({r.nnodes} node(s) x {r.n_gpus_per_node}): {engines // max(tp, 1)} DP group(s) x TP "
+            f"{tp}; rollout_pipeline {t.rollout_pipeline}")
 
 
 def resolve_cpu_bind(sections: ConfigSections, device: str) -> str:
@@ -65,7 +70,9 @@ def resolve_cpu_bind(sections: ConfigSections, device: str) -> str:
     vLLM rollout, whose CPU backend binds its threads itself (VLLM_CPU_OMP_THREADS_BIND)."""
     mode = sections.trainer.cpu_bind
     rollout = sections.workers.rollout.name
-    return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" else "none"
+    # Split engines: both groups number their local ranks from 0, so auto would pin two processes to one core.
+    split = not sections.workers.hybrid_engine
+    return "auto" if mode == "auto" and device == "cpu" and rollout != "vllm" and not split else "none"
 
 
 ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
@@ -183,23 +190,54 @@ def policy_loss_knobs(config, sections: ConfigSections) -> Optional[dict]:
 
 def build_worker_group(config, sections: ConfigSections, device: str, total_training_steps: int):
     """The FSDP worker group on its resource pool; each worker gets the typed ``actor_rollout_ref`` sections built
-    once by ``build_trainer``, the run's step count (the lr schedule's length) and the loss's own knobs."""
+    once by ``build_trainer``, the run's step count (the lr schedule's length) and the loss's own knobs. With
+    ``hybrid_engine=False`` this group trains only (role actor / actor_ref); ``build_rollout_group`` adds the engines."""
+    t = sections.trainer
+    use_ref = sections.workers.ref.use_ref
+    if sections.workers.hybrid_engine:
+        role = "actor_rollout_ref" if use_ref else "actor_rollout"
+    else:
+        role = "actor_ref" if use_ref else "actor"
+    print(f"[luffy_pool] {engine_layout(sections)}; device {device}", flush=True)  # the run's shape, on the console
+    return _start_group(sections, device, role, int(t.nnodes), int(t.n_gpus_per_node), "luffy_pool", "actor_rollout",
+                        total_training_steps=int(total_training_steps),
+                        policy_loss_knobs=policy_loss_knobs(config, sections))
+
+
+def build_rollout_group(sections: ConfigSections, device: str):
+    """``hybrid_engine=False``: the rollout engines' own worker group (role rollout) on
+    ``rollout.nnodes x rollout.n_gpus_per_node`` ranks."""
+    r = sections.workers.rollout
+    return _start_group(sections, device, "rollout", int(r.nnodes), int(r.n_gpus_per_node), "luffy_pool_rollout",
+                        "rollout")
+
+
+def connect_weight_group(actor_wg, rollout_wg) -> None:
+    """Join the actor's rank 0 and every rollout rank into the weight push's broadcast group (all at once: the
+    rendezvous blocks until each member arrived)."""
+    from verl.utils.ray_utils import get_ranked
+
+    host, port = actor_wg.weight_group_address()
+    refs = actor_wg.join_weight_group(host, port, rollout_wg.world_size)
+    refs2 = rollout_wg.join_weight_group(host, port, rollout_wg.world_size)
+    get_ranked(list(refs) + list(refs2), list(range(len(refs) + len(refs2))), group_name="weight_group",
+               method_name="join_weight_group")
+
+
+def _start_group(sections: ConfigSections, device: str, role: str, nnodes: int, per_node: int, pool_name: str,
+                 group_name: str, **init_kwargs):
     from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     import ray
 
-    t = sections.trainer
-    pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes),
-                           use_gpu=bundle_uses_gpu(sections, device), max_colocate_count=1, name_prefix="luffy_pool")
-    role = "actor_rollout_ref" if sections.workers.ref.use_ref else "actor_rollout"
+    pool = RayResourcePool(process_on_nodes=[per_node] * nnodes,
+                           use_gpu=bundle_uses_gpu(sections, device), max_colocate_count=1, name_prefix=pool_name)
     cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), sections=sections.workers, role=role, device=device,
-                               total_training_steps=int(total_training_steps),
-                               policy_loss_knobs=policy_loss_knobs(config, sections))
+                               **init_kwargs)
     cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device),
                                                      **worker_alloc_env(device)}}})
-    print(f"[luffy_pool] {engine_layout(sections)}; device {device}", flush=True)  # the run's shape, on the console
-    wg = RayWorkerGroup(pool, cls, name_prefix="actor_rollout")
+    wg = RayWorkerGroup(pool, cls, name_prefix=group_name)
     try:
         wg.init_model()
     except BaseException:
@@ -246,7 +284,7 @@ def build_trainer(config: DictConfig, tracker=None):
         check_model_context(sections.workers.model, sections.data.max_prompt_length, sections.data.max_response_length)
     except ValueError as exc:
         raise PreflightError([str(exc)]) from None
-    world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node)
+    world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node) + sections.workers.rollout_world_size
     import_external_libs(sections.workers.model.external_lib)  # a custom tokenizer may need it too
     tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or sections.workers.model.path)
     try:  # every data file is checked as it loads: a bad row is one line naming file, row and column (rc 2)
@@ -270,7 +308,7 @@ def build_trainer(config: DictConfig, tracker=None):
     # the model; trainer.memory_plan=error stops here naming the phase and the keys to change.
     check_memory_plan(sections, device)
     reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
-    wg = pool = None
+    wg = pool = rollout_wg = rollout_pool = None
     open_parts = {"reward", "workers", "tracker"}
     own_tracker = tracker is None  # a restart's build that fails leaves the run's tracker to the run
 
@@ -284,10 +322,14 @@ def build_trainer(config: DictConfig, tracker=None):
                 tracker.finish()
         if "workers" in open_parts:
             open_parts.discard("workers")
+            release_worker_group(rollout_wg, rollout_pool)
             release_worker_group(wg, pool)
 
     try:
         wg, pool = build_worker_group(config, sections, device, total)
+        if not sections.workers.hybrid_engine:  # the engines on their own ranks, fed over the weight group
+            rollout_wg, rollout_pool = build_rollout_group(sections, device)
+            connect_weight_group(wg, rollout_wg)
         if tracker is None:
             tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
                                config=OmegaConf.to_container(config, resolve=True),
@@ -299,7 +341,8 @@ def build_trainer(config: DictConfig, tracker=None):
         # pool that close() releases (mixing the two up once leaked the placement groups).
         trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
                                    collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
-                                   off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total)
+                                   off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total,
+                                   rollout_wg=rollout_wg)
     except BaseException:
         close(keep_tracker=not own_tracker)
         raise

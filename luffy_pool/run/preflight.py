@@ -274,19 +274,27 @@ def preflight(config, sections=None) -> None:
 
 # ---------------------------------------------------------------------- the Ray cluster (after init_ray)
 def cluster_capacity_problem(nnodes: int, per_node: int, use_gpu: bool, resources: dict, num_nodes: int,
-                             cores: float) -> Optional[str]:
-    """Whether ``nnodes x per_node`` rank bundles fit the cluster; ``cores`` = the CPUs that really exist."""
+                             cores: float, rollout_shape: Optional[tuple] = None) -> Optional[str]:
+    """Whether ``nnodes x per_node`` rank bundles (plus, on split resources, the rollout engines' own
+    ``rollout_shape = (nnodes, per_node)``) fit the cluster; ``cores`` = the CPUs that really exist."""
     world = nnodes * per_node
     gpus, cpus = resources.get("GPU", 0.0), resources.get("CPU", 0.0)
     has = f"the Ray cluster has {gpus:g} GPU(s) and {cores:g} CPU(s) on {num_nodes} node(s)"
     shape = f"trainer.nnodes x trainer.n_gpus_per_node = {nnodes} x {per_node} = {world} ranks"
+    lower = "trainer.n_gpus_per_node / trainer.nnodes"
+    if rollout_shape is not None:  # hybrid_engine=False: the engines' ranks are bundles of their own
+        r_nodes, r_per_node = rollout_shape
+        world += r_nodes * r_per_node
+        shape += (f" + actor_rollout_ref.rollout.nnodes x actor_rollout_ref.rollout.n_gpus_per_node = {r_nodes} x "
+                  f"{r_per_node} rollout ranks = {world} ranks")
+        lower += " or actor_rollout_ref.rollout.n_gpus_per_node / actor_rollout_ref.rollout.nnodes"
     if use_gpu and gpus < world:
-        return f"{shape} need {world} GPUs, but {has}; lower trainer.n_gpus_per_node / trainer.nnodes"
+        return f"{shape} need {world} GPUs, but {has}; lower {lower}"
     if cpus < world:
         return f"{shape} need {world} CPU bundles, but {has}"
     if not use_gpu and world > MAX_CPU_RANKS_PER_CORE * max(cores, 1):
         return (f"{shape} on CPU, but {has} (at most {MAX_CPU_RANKS_PER_CORE} ranks per core make progress); "
-                "lower trainer.n_gpus_per_node")
+                f"lower {lower}")
     return None
 
 
@@ -303,6 +311,9 @@ def check_cluster_capacity(sections, use_gpu: bool, started_locally: bool) -> No
         alive = []
     # A local instance is started with num_cpus >= the world size, so its CPU count says nothing: use the cores.
     cores = float(os.cpu_count() or 1) if started_locally else resources.get("CPU", 0.0)
-    problem = cluster_capacity_problem(int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive) or 1, cores)
+    r = sections.workers.rollout
+    split = None if sections.workers.hybrid_engine else (int(r.nnodes), int(r.n_gpus_per_node))
+    problem = cluster_capacity_problem(int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive) or 1, cores,
+                                       rollout_shape=split)
     if problem:
         raise PreflightError([problem])

@@ -153,6 +153,11 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
         len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
         batch_factor = max(1, batches.get("data.train_batch_size", TRAIN_ROWS) // TRAIN_ROWS)
         device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]
+        if str(recipe.get("actor_rollout_ref.hybrid_engine")).lower() == "false":
+            # split engines: the same process count, half training ranks and half rollout ranks of their own
+            world = rehearsal_world(sp, tp, max(1, ranks // 2))
+            device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}",
+                      "actor_rollout_ref.rollout.nnodes=1", f"actor_rollout_ref.rollout.n_gpus_per_node={world}"]
         if recipe.get("actor_rollout_ref.model.attn_implementation") not in ("auto", "sdpa", "eager"):
             device.append("actor_rollout_ref.model.attn_implementation=sdpa")
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]

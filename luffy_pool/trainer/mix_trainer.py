@@ -7,7 +7,9 @@ with the run's own traces, ``data.self_replay``] -> log-probs (old, ref) -> [rep
 successes] -> [rollout correction: IS weights / rejection, ``algorithm.rollout_correction``] -> advantages (KL
 in reward, group advantage) -> update (balance rows across ranks, update the actor) -> step metrics. ``fit``
 adds validation every ``trainer.test_freq`` steps and checkpoints every ``trainer.save_freq``. The driver
-owns every decision that must agree across ranks (ratios, uids, advantages, order).
+owns every decision that must agree across ranks (ratios, uids, advantages, order). With
+``actor_rollout_ref.hybrid_engine=False`` the engines are a worker group of their own (``rollout_wg``) and the
+split step of ``luffy_pool.trainer.split_rollout`` replaces the first two stages (``trainer.rollout_pipeline``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validatio
 from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction
 from luffy_pool.trainer.rollout_correction import enabled as rollout_correction_enabled
 from luffy_pool.replay.self_replay import SelfReplay
+from luffy_pool.trainer.split_rollout import SplitRolloutMixin
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
@@ -58,12 +61,12 @@ class StepOutput(NamedTuple):
     response_tokens: int
 
 
-class MIXRayPPOTrainer:
+class MIXRayPPOTrainer(SplitRolloutMixin):
     """The LUFFY trainer. Collaborators are built by ``luffy_pool.run.launcher`` and injected here."""
 
     def __init__(self, config, tokenizer, actor_rollout_wg, reward_fn, val_reward_fn, train_dataloader,
                  val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None,
-                 sections=None, total_training_steps=None):
+                 sections=None, total_training_steps=None, rollout_wg=None):
         self.config = config
         self.tokenizer = tokenizer
         self.wg = actor_rollout_wg
@@ -79,6 +82,7 @@ class MIXRayPPOTrainer:
         self.off_policy_pool = off_policy_pool if off_policy_pool is not None else OffPolicyPool(tokenizer=tokenizer)
         # The run's typed sections and step count, from the launcher (built here when a caller starts a run itself).
         self.sections = s = sections or ConfigSections.from_config(config)
+        self.init_split(rollout_wg)  # split engines (hybrid_engine=False): their group and the pipeline; else None
         rcfg = s.workers.rollout
         self.n = rcfg.n
         self.response_length = s.data.max_response_length
@@ -165,17 +169,18 @@ class MIXRayPPOTrainer:
             self.global_steps += 1
             timing: dict[str, float] = {}
             with _timer("step", timing):
-                out = self.train_step(self._next_batch(), timing)
+                out = self.train_step(self._next_batch(), timing) if self.pipeline is None else self.split_step(timing)
                 metrics = out.metrics
                 self._validate_and_save(metrics, timing, is_last=self.global_steps >= last_step)
             metrics.update(compute_timing_metrics(timing, out.prompt_tokens, out.response_tokens))
             metrics.update(compute_throughput_metrics(out.prompt_tokens + out.response_tokens, timing["step"],
-                                                      self.world_size))
+                                                      self.world_size + self.split_ranks))
             metrics.update(self.pending_metrics)
             self.pending_metrics = {}
             self._log(metrics, step=self.global_steps)
             bar.update(1)
             last = metrics
+        self.drop_in_flight()  # split engines: a batch still generating is waited for and un-drawn
         if self.checkpointer is not None and self.stop.save_requested(self.sections.trainer.save_on_signal):
             self.checkpointer.save_if_unsaved(self)  # the signal came between two steps
         bar.close()
@@ -190,6 +195,7 @@ class MIXRayPPOTrainer:
             if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
                 self.checkpointer.maybe_save_best(self, metrics)
         if self.checkpointer is not None and (self._due(t.save_freq, is_last) or self.stop.save_requested(t.save_on_signal)):
+            self.drop_in_flight()  # the saved sampler cursor must point at the batch after this step
             with _timer("save_checkpoint", timing):
                 self.checkpointer.save(self, metrics)
 
@@ -215,6 +221,10 @@ class MIXRayPPOTrainer:
         with _timer("gen", timing):
             batch, ratios, stage = self._rollout(batch)
         metrics.update(stage)
+        return self._train_on(batch, ratios, metrics, timing)
+
+    def _train_on(self, batch: DataProto, ratios, metrics: dict, timing: dict) -> StepOutput:
+        """The stages after the rollout: reward, [replay], log-probs, [rollout correction], advantages, update."""
         with _timer("reward", timing):
             metrics.update(self._score(batch))
         if self.self_replay is not None:  # the pass must see the rewritten rows (luffy_pool/replay/self_replay.py)
@@ -241,6 +251,8 @@ class MIXRayPPOTrainer:
     def _update_weights(self) -> dict:
         """Push the actor's current weights into every rank's rollout engine; needed before each generation
         (the engines sleep after one). ``timing_s/weight_sync``: the slowest rank's push."""
+        if self.rollout_wg is not None:  # split engines: over the weight group
+            return self.push_to_engines()
         per_rank = self.wg.update_weights()
         values = [float(r[WEIGHT_SYNC_METRIC]) for r in per_rank if r.get(WEIGHT_SYNC_METRIC) is not None]
         return {WEIGHT_SYNC_METRIC: max(values)} if values else {}
@@ -308,23 +320,33 @@ class MIXRayPPOTrainer:
         """Generate the B·n slots of this step and merge them with the prompts' non-tensor data.
 
         Returns the merged batch, the prefix ratios ``[B, n]`` drawn for it and the rollout metrics."""
+        batch, gen_batch, ratios, metrics = self._prepare_rollout(batch, self.global_steps)
+        return self._merge_rollout(batch, self.wg.generate_sequences(gen_batch), ratios, metrics, self.global_steps)
+
+    def _prepare_rollout(self, batch: DataProto, step: int) -> tuple[DataProto, DataProto, np.ndarray, dict]:
+        """Draw step ``step``'s prefix ratios and build the engines' input (prompts, slot traces, ratios)."""
         metrics: dict = {}
         if "tgt_truncated" in batch.batch.keys():  # traces cut to rollout.max_prefix_len (data.truncate_off_policy)
             metrics["batch/off_policy_truncated"] = int(batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum())
         bsz = len(batch)
         if self.method.ratio_sampler is None:
-            ratios = self.ratio_sampler.draw(bsz, self.global_steps)
+            ratios = self.ratio_sampler.draw(bsz, step)
         else:  # may rewrite the prompts' traces (uft's hints)
-            ratios, method_metrics = self.ratio_sampler.draw_batch(batch, self.global_steps)
+            ratios, method_metrics = self.ratio_sampler.draw_batch(batch, step)
             metrics.update(method_metrics)
         gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS if k in batch.batch.keys()])
         if "tgt_input_ids" in batch.batch.keys():
-            extra_slots = self._attach_slot_traces(gen_batch, batch, ratios)
+            extra_slots = self._attach_slot_traces(gen_batch, batch, ratios, step)
             if self.off_policy_pool.has_extra_traces:
                 metrics["rollout/extra_trace_slots"] = extra_slots
         gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
-        gen_batch.meta_info["global_steps"] = self.global_steps
-        gen_out = self.wg.generate_sequences(gen_batch)
+        gen_batch.meta_info["global_steps"] = step
+        return batch, gen_batch, ratios, metrics
+
+    def _merge_rollout(self, batch: DataProto, gen_out: DataProto, ratios, metrics: dict, step: int
+                       ) -> tuple[DataProto, np.ndarray, dict]:
+        """The engines' rows merged with the prompts' non-tensor data (uids of step ``step``), and the metrics."""
+        bsz = len(batch)
         per_rank = gen_out.meta_info.pop("rollout_stats", None) or []
         values = [float(st[GENERATE_WORKER_METRIC]) for st in per_rank if st.get(GENERATE_WORKER_METRIC) is not None]
         if values:  # the slowest rank bounds the phase
@@ -332,7 +354,7 @@ class MIXRayPPOTrainer:
         if "tgt_input_ids" in gen_out.batch.keys():
             gen_out.pop(batch_keys=["tgt_input_ids"])  # [B·n, max_prefix_len]: not needed past the rollout
         # Deterministic uids: a resumed run must see exactly the same groups as an uninterrupted one.
-        batch.non_tensor_batch["uid"] = np.array([f"step{self.global_steps}-p{i}" for i in range(bsz)], dtype=object)
+        batch.non_tensor_batch["uid"] = np.array([f"step{step}-p{i}" for i in range(bsz)], dtype=object)
         batch = batch.repeat(repeat_times=self.n, interleave=True)
         batch = batch.union(gen_out)
         engine_tokens = (batch.batch["response_mask"].bool() & ~batch.batch["prefix_mask"]).sum().item()
@@ -341,7 +363,7 @@ class MIXRayPPOTrainer:
         metrics["rollout/full_trace_slots"] = int((np.asarray(ratios) >= 1.0).sum())
         return batch, ratios, metrics
 
-    def _attach_slot_traces(self, gen_batch: DataProto, batch: DataProto, ratios) -> int:
+    def _attach_slot_traces(self, gen_batch: DataProto, batch: DataProto, ratios, step: int) -> int:
         """Move the dataset's per-prompt targets ``tgt_input_ids [B, T]`` (and their behaviour log-probs
         ``behaviour_log_probs [B, T + 1]``, NaN = unknown) out of ``batch`` and put the per-slot traces of the
         off-policy pool into ``gen_batch``: ``tgt_input_ids [B, n, T]``, ``behaviour_log_probs [B, n, T + 1]``
@@ -349,7 +371,7 @@ class MIXRayPPOTrainer:
         keys = [k for k in ("tgt_input_ids", "behaviour_log_probs") if k in batch.batch.keys()]
         targets = batch.pop(batch_keys=keys).batch
         slot = self.off_policy_pool.slot_traces(
-            list(batch.non_tensor_batch["index"]), targets["tgt_input_ids"], ratios, self.global_steps,
+            list(batch.non_tensor_batch["index"]), targets["tgt_input_ids"], ratios, step,
             pad_token_id=self.tokenizer.pad_token_id,
             behaviour_log_probs=targets["behaviour_log_probs"] if "behaviour_log_probs" in keys else None)
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
@@ -418,16 +440,16 @@ class MIXRayPPOTrainer:
         """
         n_val = int(self.sections.workers.rollout.n_val)
         chunk = int(self.sections.data.val_batch_size or len(self.val_dataset))
-        chunk = max(chunk, self.world_size)
+        chunk = max(chunk, self.gen_world_size)
         scores_by_source: dict[str, list[float]] = {}
         n_log, samples = int(self.sections.trainer.val_generations_to_log or 0), []
         for start in range(0, len(self.val_dataset), chunk):
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
-            gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.world_size)
+            gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.gen_world_size)
             self._update_weights()  # every generation gets a fresh push (the engines slept after the last)
-            gen_out = self.wg.generate_validation(gen_batch)
+            gen_out = self.gen_wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)
             batch = batch.repeat(repeat_times=n_val, interleave=True).union(gen_out)

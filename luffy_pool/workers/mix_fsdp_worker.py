@@ -77,6 +77,12 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         optional ``behaviour_log_probs [B_rank, n, T + 1]``) and prefix ratios; returns B_rank·n rows."""
         return self._generate(prompts, validate=False)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def generate_sequences_async(self, prompts: DataProto) -> DataProto:
+        """``generate_sequences`` answered as a future: the split engines' call, so the driver can launch batch N+1
+        and train on batch N meanwhile (``trainer.rollout_pipeline=one_step_off``)."""
+        return self._generate(prompts, validate=False)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_validation(self, prompts: DataProto) -> DataProto:
         """Validation rollout of this rank's prompts: n_val plain samples each at val_temperature (B_rank·n_val rows)."""

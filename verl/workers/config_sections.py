@@ -231,6 +231,8 @@ class RolloutSection:
     calculate_log_probs: bool = key()
     max_engine_restarts: int = key(bounds=NON_NEGATIVE)
     max_model_len: Optional[int] = key(bounds=AT_LEAST_ONE)
+    nnodes: int = key(bounds=AT_LEAST_ONE)  # the engines' own ranks with hybrid_engine=False (WorkerSections)
+    n_gpus_per_node: int = key(bounds=NON_NEGATIVE)
 
     @classmethod
     def from_rollout_config(cls, rollout_cfg) -> "RolloutSection":
@@ -246,8 +248,7 @@ class RolloutSection:
 class WorkerSections:
     """``actor_rollout_ref``: everything one ``ActorRolloutRefWorker`` reads, built once from that group."""
 
-    hybrid_engine: bool = key(refuse={False: "actor, rollout and ref share one worker per rank (the only mode "
-                                             "LUFFY runs)"})
+    hybrid_engine: bool = key()  # False: rollout engines on their own ranks (rollout.nnodes x n_gpus_per_node)
     nccl_timeout: int = key(bounds=AT_LEAST_ONE)  # seconds, the process group's collective timeout
     model: ModelSection = nested(ModelSection)
     actor: ActorSection = nested(ActorSection)
@@ -275,10 +276,31 @@ class WorkerSections:
         heads = local_model_heads(self.model.path, self.model.override_config) if sp > 1 else None
         if heads is not None and sp_heads_error(*heads, sp):
             errors.append(f"{sp_heads_error(*heads, sp)} (from {self.model.path}/config.json)")
+        errors += self._placement_errors()
         if self.actor.use_kl_loss and not self.ref.use_ref:
             errors.append(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "
                           f"LUFFY's actor fails reading ref_log_prob); add {_A}.use_kl_loss=False to train without one")
         return errors
+
+    @property
+    def rollout_world_size(self) -> int:
+        """Ranks of the rollout engines' own worker group (0 with the hybrid engine: they share the actor's)."""
+        return 0 if self.hybrid_engine else int(self.rollout.nnodes) * int(self.rollout.n_gpus_per_node)
+
+    def _placement_errors(self) -> list[str]:
+        """The split placement's keys: rollout ranks of their own exactly when the hybrid engine is off."""
+        n, nodes = self.rollout.n_gpus_per_node, self.rollout.nnodes
+        if self.hybrid_engine and (n != 0 or nodes != 1):
+            return [f"'{_R}.n_gpus_per_node'={n} / '{_R}.nnodes'={nodes} place the rollout engines on ranks of their "
+                    f"own, which needs 'actor_rollout_ref.hybrid_engine'=False (with True they share the actor's ranks;"
+                    f" keep 0 / 1)"]
+        if not self.hybrid_engine and n < 1:
+            return [f"'actor_rollout_ref.hybrid_engine'=False needs '{_R}.n_gpus_per_node' >= 1 (the rollout engines' "
+                    f"own ranks per node), got {n}"]
+        if not self.hybrid_engine and self.rollout.name == "vllm" and self.rollout_world_size % self.rollout.engine_ranks:
+            return [f"'{_R}.tensor_model_parallel_size'={self.rollout.tensor_model_parallel_size} must divide the "
+                    f"rollout ranks {self.rollout_world_size} ('{_R}.nnodes' * '{_R}.n_gpus_per_node')"]
+        return []
 
 
 _M, _A, _REF, _R = (f"actor_rollout_ref.{g}" for g in ("model", "actor", "ref", "rollout"))

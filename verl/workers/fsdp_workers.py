@@ -26,6 +26,7 @@ from verl.utils.ulysses import gather_data_in_group, local_rows
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.checkpoint_mixin import CheckpointMixin
 from verl.workers.config_sections import ShardingSection, WorkerSections
+from verl.workers.split_weights import SplitWeightsMixin
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,9 @@ def resolve_device(device: str) -> str:
 BATCH_SIZE_KEYS = ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
 
 
-class ActorRolloutRefWorker(CheckpointMixin, Worker):
-    """One rank of the hybrid engine. ``role`` is actor / rollout / ref / actor_rollout / actor_rollout_ref."""
+class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
+    """One rank of the hybrid engine. ``role`` is actor / rollout / ref / actor_rollout / actor_rollout_ref, or on
+    split resources (``hybrid_engine=False``) actor / actor_ref for the training group and rollout for the engines'."""
 
     actor_cls = DataParallelPPOActor
     sections_cls = WorkerSections  # the typed view of actor_rollout_ref (a method's worker extends it with its keys)
@@ -79,15 +81,19 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         # Chosen here from what Ray made visible to this process (verl/utils/device.py), not on the driver.
         self.device_plan = configure_worker_device(device)
         self.device = self.device_plan.device
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
+        # A split engine's rank (hybrid_engine=False): no actor module; weights arrive over the weight group.
+        self._engine_only = self._is_rollout and not (self._is_actor or self._is_ref)
         if self.device == "cpu":
             from verl.utils.cpu_bind import ENV_VAR, bind_cpu_rank
 
             bind_cpu_rank(os.environ.get(ENV_VAR, "none"), int(os.environ.get("LOCAL_RANK", 0)),
                           int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         self._init_distributed()
+        if self._engine_only:  # batch sizes count the training ranks, not the engines'
+            return
         # Rows per rank (docs/METHOD.md §1.9), in their own fields: the config keys keep counting prompts. The
         # rollout's log-prob size serves the reference pass too (LUFFY's worker copies it there).
         s = self.sections
@@ -102,6 +108,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             backend = "nccl" if self.device == "cuda" else "gloo"
             dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size,
                                     timeout=datetime.timedelta(seconds=self.sections.nccl_timeout))
+        if self._engine_only:  # no FSDP module: its meshes would only constrain the engines' rank count
+            self.ulysses_group, self.dp_group = None, dist.group.WORLD
+            return
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
@@ -179,6 +188,8 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         """Rollout engine for this rank and the sharding manager that feeds it the actor's weights."""
         from verl.workers.sharding_manager import FSDPShardingManager
 
+        from verl.workers.sharding_manager.collective_sync import SplitRolloutManager
+
         rcfg = self.sections.rollout  # the engine's config is built from the section (verl/workers/rollout/config.py)
         if rcfg.name == "hf":  # else vllm (the declaration allows those two)
             from verl.workers.rollout.hf_rollout import HFRollout
@@ -190,6 +201,9 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
             rollout = VLLMRollout(self.sections.model.path, rcfg, device=self.device)
         tp = self.rollout_tp_size
         sync = self.sections.rollout
+        if self._engine_only:  # the actor's rank 0 broadcasts the weights (join_weight_group / receive_weights)
+            return rollout, SplitRolloutManager(rollout, None, rank=self.rank, world_size=self.world_size, tp_size=tp,
+                                                base_seed=1000 + int(sync.seed), device=self.device)
         manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
                                       rank=self.rank, world_size=self.world_size, tp_size=tp,
                                       # the run's parameter dtype (bf16 on GPU by default), not fp32 masters
@@ -234,7 +248,7 @@ class ActorRolloutRefWorker(CheckpointMixin, Worker):
         use_rmpad = s.model.use_remove_padding
         share = bool(s.model.shared_prompt_forward)
         chunk = int(s.model.logprob_chunk_size)
-        if self._is_actor or self._is_rollout:
+        if self._is_actor or (self._is_rollout and not self._engine_only):
             self.actor_module = self._build_module(s.actor.fsdp_config, trainable=self._is_actor)
         if self._is_actor:
             self.actor_optimizer, self.lr_scheduler = self._build_optimizer(self.actor_module)

@@ -250,7 +250,12 @@ def test_suggestion_falls_back_to_the_last_segment():
     (f"{A}.ulysses_sequence_parallel_size=3", f"{A}.ulysses_sequence_parallel_size=3 must divide the world size 8"),
     (f"{A}.fsdp_config.fsdp_size=3", f"'{A}.fsdp_config.fsdp_size'=3 must divide the world size 8"),
     ("reward_model.enable=True", "'reward_model.enable'=True is not supported"),
-    ("actor_rollout_ref.hybrid_engine=False", "'actor_rollout_ref.hybrid_engine'=False is not supported"),
+    ("actor_rollout_ref.hybrid_engine=False", "'actor_rollout_ref.hybrid_engine'=False needs "
+                                              "'actor_rollout_ref.rollout.n_gpus_per_node' >= 1"),
+    ("trainer.rollout_pipeline=one_step_off", "'trainer.rollout_pipeline'=one_step_off needs "
+                                              "'actor_rollout_ref.hybrid_engine'=False"),
+    ("actor_rollout_ref.rollout.n_gpus_per_node=2", "'actor_rollout_ref.rollout.n_gpus_per_node'=2 / "
+                                                    "'actor_rollout_ref.rollout.nnodes'=1 place the rollout engines"),
     ("trainer.acc_rebatch=True", "'trainer.acc_rebatch'=True is not supported (LUFFY's accuracy-rebatching"),
     (f"{R}.prefix_reward_strategy=none", f"'{R}.prefix_reward_strategy'='none' is not supported (the key is inert"),
     ("trainer.nnodes=1.5", "'trainer.nnodes' must be int, got 1.5"),

@@ -47,7 +47,8 @@ def test_an_inert_key_away_from_its_default_is_refused_with_the_reason(key):
     ("reward_model.model.path=/rm", "'reward_model.model.path': model-based reward workers are not shipped; use reward.*"),
     ("reward_model.enable=True", "'reward_model.enable'=True is not supported: model-based reward workers"),
     ("algorithm.lam=0.95", "'algorithm.lam'=0.95 is not supported (only GAE reads it"),
-    ("actor_rollout_ref.hybrid_engine=False", "'actor_rollout_ref.hybrid_engine'=False is not supported"),
+    ("actor_rollout_ref.hybrid_engine=False", "'actor_rollout_ref.hybrid_engine'=False needs "
+                                              "'actor_rollout_ref.rollout.n_gpus_per_node' >= 1"),
     ("trainer.resume_from_path=True", "'trainer.resume_from_path'=True is not supported: give a checkpoint path"),
 ])
 def test_not_shipped_parts_are_refused_by_name(override, expected):
@@ -78,7 +79,7 @@ def test_use_off_policy_probs_needs_the_off_policy_loss_only():
 UNREAD_LUFFY_KEYS = {
     "data.return_raw_input_ids": "True", "data.return_raw_chat": "True", "data.filter_targets": "True",
     "data.filter_accuracy": "True", "data.accuracy_lower_bound": "0.3", "data.accuracy_upper_bound": "0.5",
-    "data.add_tgt_with_acc": "True", "data.add_tgt_acc_upper_bound": "0.3", "actor_rollout_ref.hybrid_engine": "False",
+    "data.add_tgt_with_acc": "True", "data.add_tgt_acc_upper_bound": "0.3",
     "actor_rollout_ref.actor.fsdp_config.grad_offload": "True", "actor_rollout_ref.actor.off_policy_loss_impl": "seq",
     "actor_rollout_ref.actor.use_sft_reward": "True", "actor_rollout_ref.actor.off_policy_cliprange": "0.5",
     "actor_rollout_ref.actor.use_off_policy_clip": "True", "actor_rollout_ref.actor.debug": "True",

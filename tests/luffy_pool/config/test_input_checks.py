@@ -66,6 +66,17 @@ def test_cluster_capacity_names_what_the_cluster_has(nnodes, per_node, use_gpu, 
     assert MAX_CPU_RANKS_PER_CORE >= 2
 
 
+def test_split_engines_count_their_own_ranks_and_name_both_keys():
+    # 4 training + 4 rollout GPUs on a 4-GPU node: refused, naming both groups' keys
+    problem = cluster_capacity_problem(1, 4, True, {"CPU": 16.0, "GPU": 4.0}, 1, 16, rollout_shape=(1, 4))
+    assert problem == ("trainer.nnodes x trainer.n_gpus_per_node = 1 x 4 = 4 ranks + actor_rollout_ref.rollout.nnodes x "
+                       "actor_rollout_ref.rollout.n_gpus_per_node = 1 x 4 rollout ranks = 8 ranks need 8 GPUs, but the "
+                       "Ray cluster has 4 GPU(s) and 16 CPU(s) on 1 node(s); lower trainer.n_gpus_per_node / "
+                       "trainer.nnodes or actor_rollout_ref.rollout.n_gpus_per_node / actor_rollout_ref.rollout.nnodes")
+    assert cluster_capacity_problem(1, 4, True, {"CPU": 16.0, "GPU": 8.0}, 1, 16, rollout_shape=(1, 4)) is None
+    assert cluster_capacity_problem(1, 1, False, {"CPU": 2.0}, 1, 2, rollout_shape=(1, 1)) is None  # 1 + 1 CPU ranks
+
+
 def _trainer(*args, cwd):
     import os
     import subprocess

@@ -89,3 +89,18 @@ def test_the_driver_plan_never_touches_torch_cuda(monkeypatch, capsys):
 def test_the_device_query_is_a_one_shot_gpu_task():
     opts = mp._device_total_task()._default_options
     assert opts["num_gpus"] == 1 and opts["max_calls"] == 1
+
+
+def test_split_engines_plan_each_side_without_the_other():
+    """train_async.sh: the engines' GPUs hold no actor state, the trainer's no sleeping engine."""
+    colocated = mp.plan_for_config(_config(TRAIN), mp.parse_gpu_memory("80"))
+    split = mp.plan_for_config(_config(os.path.join(ROOT, "exp_scripts", "train_async.sh")), mp.parse_gpu_memory("80"))
+    assert split.inputs.split_engines and split.inputs.world == 4
+    rollout = split.phase("rollout (vLLM awake), its own GPUs")
+    assert not any(ln.what.startswith(("actor fp32", "AdamW", "ref fp32")) for ln in rollout.lines)
+    assert "weight group" in _nccl_line(split, "rollout (vLLM awake), its own GPUs").what
+    assert estimate.nccl_communicators(split.inputs) == ["world (FSDP)", "weight group (rank 0 -> engines)"]
+    for name in ("log-prob: old (actor)", "update: forward/backward"):
+        assert not any(ln.what.startswith("vLLM") for ln in split.phase(name).lines)
+    # 0.85 of the engines' own GPU instead of 0.75 of a shared one: a larger KV cache
+    assert split.kv_cache_tokens > colocated.kv_cache_tokens

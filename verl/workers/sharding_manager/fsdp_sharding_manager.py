@@ -93,7 +93,7 @@ class FSDPShardingManager:
         self._pushed = False  # weights pushed since the last generation
         self._cuda_rng = device == "cuda"
         self._generation_rng = self._initial_generation_rng(base_seed + self.dp_rank)
-        if rollout is not None and world_size == 1 and hasattr(rollout, "set_weight_source"):
+        if module is not None and rollout is not None and world_size == 1 and hasattr(rollout, "set_weight_source"):
             # Lets a rebuilt engine re-read the weights; only safe without cross-rank collectives.
             rollout.set_weight_source(lambda: iter_full_params(self.module, self.sync_dtype))
 
@@ -151,6 +151,7 @@ class FSDPShardingManager:
             self._trainer_rng = None
         if self.rollout is not None:
             self.rollout.sleep()
-        self.module.train()
+        if self.module is not None:  # None on a split engine's rank (collective_sync.SplitRolloutManager)
+            self.module.train()
         if self.device == "cuda" and torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -1,0 +1,104 @@
+"""trainer.rollout_pipeline's bookkeeping: policy versions and staleness, when one_step_off prefetches, and that a
+batch in flight is never carried over a checkpoint or a resume (it is regenerated from the restored weights)."""
+import pytest
+
+from luffy_pool.trainer.rollout_pipeline import PendingRollout, RolloutPipeline, staleness
+
+
+def _schedule(mode, last_step, save_freq=-1, resume_at=0):
+    """Replays the split step's decisions (luffy_pool/trainer/split_rollout.py) for steps resume_at+1 .. last_step:
+    returns {step: (version that generated its batch, staleness)}."""
+    pipe, out = RolloutPipeline(mode), {}
+    for step in range(resume_at + 1, last_step + 1):
+        pending = pipe.take(step)
+        if pending is None:  # generated now, from the weights after step - 1 updates
+            pending = PendingRollout(step=step, version=step - 1)
+        out[step] = (pending.version, staleness(step, pending.version))
+        save_due = save_freq > 0 and (step % save_freq == 0 or step == last_step)
+        if pipe.should_prefetch(step, last_step, save_due, stopping=False):
+            pipe.put(PendingRollout(step=step + 1, version=step - 1))  # launched before update `step`
+    assert pipe.pending is None  # nothing left in flight after the last step
+    return out
+
+
+def test_sync_generates_every_batch_from_the_latest_weights():
+    assert _schedule("sync", 4) == {1: (0, 0), 2: (1, 0), 3: (2, 0), 4: (3, 0)}
+
+
+def test_one_step_off_trains_on_batches_one_update_stale_after_the_first():
+    assert _schedule("one_step_off", 4) == {1: (0, 0), 2: (0, 1), 3: (1, 1), 4: (2, 1)}
+
+
+def test_no_prefetch_past_a_save_so_the_batch_after_it_comes_from_the_saved_weights():
+    run = _schedule("one_step_off", 6, save_freq=3)
+    assert run[4] == (3, 0)  # step 3 is saved: step 4's batch is generated after update 3
+    assert run[5] == (3, 1)
+    # a run resumed from the step-3 checkpoint makes the same decisions from there
+    assert _schedule("one_step_off", 6, save_freq=3, resume_at=3) == {s: run[s] for s in (4, 5, 6)}
+
+
+def test_take_refuses_a_batch_launched_for_another_step_and_put_keeps_one():
+    pipe = RolloutPipeline("one_step_off")
+    pipe.put(PendingRollout(step=3, version=1))
+    with pytest.raises(RuntimeError, match="still in flight"):
+        pipe.put(PendingRollout(step=4, version=2))
+    assert not pipe.should_prefetch(2, 10, save_after_step=False, stopping=False)  # one already in flight
+    with pytest.raises(RuntimeError, match="for step 3, not step 2"):
+        pipe.take(2)
+
+
+def test_drop_forgets_the_batch_in_flight_and_stop_prevents_a_new_one():
+    pipe = RolloutPipeline("one_step_off")
+    pending = PendingRollout(step=5, version=3, rewind={"sampler": {"cursor": 8}})
+    pipe.put(pending)
+    assert pipe.drop() is pending and pipe.take(5) is None
+    assert not pipe.should_prefetch(5, 10, save_after_step=False, stopping=True)
+    assert not RolloutPipeline("sync").should_prefetch(5, 10, save_after_step=False, stopping=False)
+
+
+@pytest.mark.parametrize("step,version", [(0, 0), (3, 3), (3, -1)])
+def test_staleness_refuses_a_version_the_step_cannot_have(step, version):
+    with pytest.raises(ValueError, match=f"step {step}"):
+        staleness(step, version)
+
+
+def test_an_unknown_pipeline_is_refused_by_its_key():
+    with pytest.raises(ValueError, match="trainer.rollout_pipeline='two_step_off'"):
+        RolloutPipeline("two_step_off")
+
+
+class _State:
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+class _Future:
+    waited = False
+
+    def get(self):
+        self.waited = True
+
+
+def test_a_save_with_a_batch_in_flight_waits_for_it_and_rewinds_both_samplers():
+    from types import SimpleNamespace
+
+    from luffy_pool.trainer.split_rollout import SplitRolloutMixin
+
+    trainer = SplitRolloutMixin()
+    sampler, ratios, future = _State(8), _State("rng@step4"), _Future()
+    trainer.train_dataloader, trainer.ratio_sampler = SimpleNamespace(sampler=sampler), ratios
+    trainer.pipeline, trainer._data_iter = RolloutPipeline("one_step_off"), iter([])
+    rewind = {"sampler": sampler.state_dict(), "ratio_sampler": ratios.state_dict()}
+    sampler.value, ratios.value = 12, "rng@step5"  # what drawing step 5's batch moved
+    trainer.pipeline.put(PendingRollout(step=5, version=3, handle={"future": future}, rewind=rewind))
+    trainer.drop_in_flight()
+    assert future.waited and trainer.pipeline.pending is None
+    assert (sampler.value, ratios.value, trainer._data_iter) == (8, "rng@step4", None)  # step 5 is drawn again
+    trainer.drop_in_flight()  # nothing in flight: nothing to do
+    assert SplitRolloutMixin().pipeline is None  # the hybrid engine's default

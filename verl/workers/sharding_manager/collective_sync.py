@@ -1,0 +1,133 @@
+"""Split placement's weight push (``actor_rollout_ref.hybrid_engine=False``): actor -> rollout engines over a
+collective group of their own.
+
+With the hybrid engine each rank pushes the actor's weights into its own engine in-process
+(``fsdp_sharding_manager``). On split resources the engines live in another Ray worker group, so the weights
+cross processes: every actor rank takes part in gathering the FSDP shards into full tensors (the same
+byte-bounded buckets, ``iter_full_param_buckets``), and the actor's rank 0 broadcasts each bucket to the rollout
+ranks over a process group that joins exactly those 1 + R processes (gloo on CPU, NCCL on GPU; built from a
+``TCPStore`` at an address the driver hands both groups, since each group's default process group is its own).
+Only rank 0 sends: the other actor ranks hold the same full tensors after the gather, so making them members
+would only copy the bytes again.
+
+Wire format per bucket: an int64 header length, the pickled header (name, shape, dtype, bytes of each tensor;
+None ends the push), then the bucket's tensors as one flat uint8 buffer, so a bucket costs three broadcasts
+whatever its tensor count.
+"""
+from __future__ import annotations
+
+import datetime
+import pickle
+import time
+from typing import Iterable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from verl.workers.sharding_manager.fsdp_sharding_manager import FSDPShardingManager
+
+SENDER = 0  # the actor's rank 0 is rank 0 of the weight group; rollout rank r is 1 + r
+
+
+def free_address() -> tuple[str, int]:
+    """This node's IP and a free TCP port: where the weight group's store listens (on the actor's rank 0)."""
+    import socket
+    import sys
+
+    ray = sys.modules.get("ray")  # a worker has imported it; outside Ray (tests) the loopback serves
+    host = ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return host, int(s.getsockname()[1])
+
+
+class WeightGroup:
+    """One member of the actor -> engines broadcast group (``rank`` 0 sends, the others receive)."""
+
+    def __init__(self, pg, rank: int, size: int, device: torch.device) -> None:
+        self.pg, self.rank, self.size, self.device = pg, rank, size, device
+
+    @classmethod
+    def join(cls, host: str, port: int, rank: int, size: int, device: str, timeout_s: float) -> "WeightGroup":
+        """Rendezvous of all ``size`` members (blocks until every one joined); ``device`` picks gloo or NCCL."""
+        timeout = datetime.timedelta(seconds=float(timeout_s))
+        store = dist.TCPStore(host, int(port), size, is_master=rank == SENDER, timeout=timeout)
+        if device == "cuda":
+            pg = dist.ProcessGroupNCCL(dist.PrefixStore("weights", store), rank, size)
+            dev = torch.device("cuda", torch.cuda.current_device())
+        else:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("weights", store), rank, size, timeout)
+            dev = torch.device("cpu")
+        return cls(pg, rank, size, dev)
+
+    def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = SENDER
+        self.pg.broadcast([tensor], opts).wait()
+        return tensor
+
+    def _send_header(self, header) -> None:
+        raw = torch.frombuffer(bytearray(pickle.dumps(header)), dtype=torch.uint8).to(self.device)
+        self._broadcast(torch.tensor([raw.numel()], dtype=torch.int64, device=self.device))
+        self._broadcast(raw)
+
+    def _recv_header(self):
+        length = self._broadcast(torch.zeros(1, dtype=torch.int64, device=self.device))
+        raw = self._broadcast(torch.empty(int(length.item()), dtype=torch.uint8, device=self.device))
+        return pickle.loads(raw.cpu().numpy().tobytes())  # the header comes from the actor's rank 0 of this run
+
+    def send(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> int:
+        """Broadcast every bucket, then the end mark; returns the bucket count. Sender only."""
+        if self.rank != SENDER:
+            raise RuntimeError(f"weight group rank {self.rank} cannot send (rank {SENDER} is the actor's rank 0)")
+        count = 0
+        for bucket in buckets:
+            flat = [t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]
+            self._send_header([(name, tuple(t.shape), str(t.dtype).split(".")[-1], f.numel())
+                               for (name, t), f in zip(bucket, flat)])
+            self._broadcast(torch.cat(flat).to(self.device) if flat else torch.empty(0, dtype=torch.uint8))
+            count += 1
+        self._send_header(None)
+        return count
+
+    def receive(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The buckets rank 0 sends, as ``(name, tensor)`` lists, until its end mark. Receivers only."""
+        while True:
+            header = self._recv_header()
+            if header is None:
+                return
+            buf = self._broadcast(torch.empty(sum(h[3] for h in header), dtype=torch.uint8, device=self.device))
+            out, offset = [], 0
+            for name, shape, dtype, nbytes in header:
+                # clone: a slice may start at an offset the target dtype's view refuses (mixed dtypes)
+                out.append((name, buf[offset:offset + nbytes].clone().view(getattr(torch, dtype)).reshape(shape)))
+                offset += nbytes
+            yield out
+
+
+class SplitRolloutManager(FSDPShardingManager):
+    """The rollout rank's side of the split engine: the same RNG / sleep choreography around a generation as the
+    hybrid manager, but ``sync_weights`` receives the actor's buckets over the weight group instead of gathering
+    them from a local FSDP module (the rollout ranks hold none)."""
+
+    def __init__(self, rollout, group: Optional[WeightGroup] = None, **kwargs) -> None:
+        super().__init__(None, rollout, **kwargs)
+        self.group = group
+
+    def sync_weights(self) -> float:
+        if self.group is None:
+            raise RuntimeError("the rollout ranks have not joined the weight group (the launcher's join_weight_group)")
+        start = time.perf_counter()
+        if self.rollout is not None:
+            getattr(self.rollout, "wake_up_weights", self.rollout.wake_up)()
+        buckets = 0
+        for bucket in self.group.receive():
+            if self.rollout is not None:
+                self.rollout.update_weights(bucket)
+            buckets += 1
+        if self.rollout is not None:
+            self.rollout.after_weight_update()
+        self.last_sync_s = time.perf_counter() - start
+        self.last_sync_buckets = buckets
+        self._pushed = True
+        return self.last_sync_s

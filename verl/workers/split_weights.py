@@ -1,0 +1,75 @@
+"""The worker methods of the split engine's weight push (``actor_rollout_ref.hybrid_engine=False``).
+
+The driver asks the actor's rank 0 for an address (``weight_group_address``), then has the actor group and the
+rollout group join one broadcast group together (``join_weight_group``: actor rank 0 is its rank 0, rollout rank r
+its rank 1 + r; the other actor ranks stay out). Each push is ``send_weights`` on every actor rank (all gather the
+FSDP shards; rank 0 broadcasts) called together with ``receive_weights`` on every rollout rank. The calls return
+Ray futures (``blocking=False``) so the driver can start both sides before waiting on either:
+``verl.workers.sharding_manager.collective_sync`` has the wire format.
+"""
+from __future__ import annotations
+
+import time
+
+from verl.single_controller.base.decorator import Dispatch, register
+
+
+class SplitWeightsMixin:
+    """Adds the split weight push to ``ActorRolloutRefWorker`` (roles actor / actor_ref send, rollout receives)."""
+
+    weight_group = None
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def weight_group_address(self) -> tuple:
+        """(host, free port) on this rank's node: where the weight group's store listens (actor rank 0)."""
+        from verl.workers.sharding_manager.collective_sync import free_address
+
+        return free_address()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_group(self, host: str, port: int, rollout_ranks: int) -> bool:
+        """Join the actor -> engines broadcast group; returns whether this rank is a member."""
+        from verl.workers.sharding_manager.collective_sync import WeightGroup
+
+        if self._is_rollout:
+            group_rank = 1 + self.rank
+        elif self.rank == 0:
+            group_rank = 0
+        else:
+            return False
+        self.weight_group = WeightGroup.join(host, port, group_rank, 1 + int(rollout_ranks), self.device,
+                                             timeout_s=self.sections.nccl_timeout)
+        if self._is_rollout:
+            self.sharding_manager.group = self.weight_group
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send_weights(self) -> dict:
+        """Gather the actor's full weights bucket by bucket (every actor rank: collectives); rank 0 broadcasts each
+        to the engines. Returns this rank's seconds and bucket count."""
+        from verl.utils.fsdp_gather import iter_full_param_buckets
+        from verl.utils.fsdp_utils import iter_buckets, iter_full_params
+
+        if not self._is_actor or self._is_rollout:
+            raise RuntimeError(f"send_weights called on a worker with role {self.role!r} (the split actor sends)")
+        t0 = time.perf_counter()
+        rcfg = self.sections.rollout
+        dtype, size = self._param_dtype(self.sections.actor.fsdp_config), int(rcfg.weight_sync_bucket_mb) << 20
+        if rcfg.weight_sync_packed:
+            buckets = iter_full_param_buckets(self.actor_module, dtype, size)
+        else:
+            buckets = iter_buckets(iter_full_params(self.actor_module, dtype), size)
+        if self.weight_group is not None:
+            count = self.weight_group.send(buckets)
+        else:
+            count = sum(1 for _ in buckets)  # this rank's part of the gathers
+        return {"seconds": time.perf_counter() - t0, "buckets": count}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self) -> dict:
+        """Receive the actor's buckets into this rank's engine (the split engine's push before a generation)."""
+        from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC
+
+        if not self._engine_only:
+            raise RuntimeError(f"receive_weights called on a worker with role {self.role!r} (split engines receive)")
+        return {WEIGHT_SYNC_METRIC: self.sharding_manager.sync_weights()}
