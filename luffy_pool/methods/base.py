@@ -14,6 +14,11 @@ A method (``algorithm.method``) declares, in one small module registered here:
 - ``before_update``: an optional driver stage after the advantage, ``fn(batch, sections) -> metrics``, that adds
   per-row tensors the loss reads (HPT's per-group switch ``loss_row_mask``, SRFT's ``row_scores``).
 - ``needs_demonstration``: every train row needs its ``data.target_key`` (luffy_pool/run/preflight.py).
+- ``driver``: an optional class built with the trainer, ``driver(trainer)``, for a method with state across steps
+  and stages around the rollout (ExGRPO's experience pool: luffy_pool/methods/exgrpo.py lists its calls); its
+  ``state_dict`` is saved with every checkpoint.
+- ``needs_question_ids``: the method keys state by question id (the dataset's ``index``), so the train files'
+  ids must be unique (luffy_pool/run/preflight.py).
 """
 from __future__ import annotations
 
@@ -40,6 +45,10 @@ class Method:
     before_update: Optional[Callable[..., dict]] = None
     # every train row must carry a demonstration (data.target_key not null), checked before Ray starts
     needs_demonstration: bool = False
+    # stateful driver stages (see the module docstring), built as driver(trainer)
+    driver: Optional[Callable[..., Any]] = None
+    # state keyed by question id: train rows need unique ids (extra_info.index or the row position)
+    needs_question_ids: bool = False
 
 
 def register_method(method: Method) -> Method:

@@ -1,4 +1,4 @@
-"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft`` and ``chord`` registered in
+"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft``, ``chord`` and ``exgrpo`` registered in
 ``POLICY_LOSS_REGISTRY``, and how the LUFFY actor calls them (:func:`family_policy_loss`).
 
 Their knobs live in the method's YAML group ``algorithm.<method>`` (the driver's config, not the actor group the
@@ -17,12 +17,14 @@ from collections.abc import Callable
 import torch
 
 from luffy_pool.algorithm.family.chord import ChordConfig, chord_mixed_loss
+from luffy_pool.algorithm.family.exgrpo import ExgrpoLossConfig, exgrpo_token_loss
 from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 from luffy_pool.algorithm.family.srft import SrftConfig, srft_loss
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-for _name, _fn in (("hpt_sft", hpt_sft_loss), ("srft", srft_loss), ("chord", chord_mixed_loss)):
+for _name, _fn in (("hpt_sft", hpt_sft_loss), ("srft", srft_loss), ("chord", chord_mixed_loss),
+                   ("exgrpo", exgrpo_token_loss)):
     register_policy_loss(_name)(_fn)
 
 
@@ -68,8 +70,24 @@ def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
                        use_token_level_loss_in_sft=knobs["use_token_level_loss_in_sft"])
 
 
+def _off(value):
+    """LUFFY's clamp keys: -1 (or null) is off."""
+    return None if value is None or float(value) == -1 else float(value)
+
+
+def _exgrpo_cfg(knobs: dict, meta: dict, loss, actor) -> ExgrpoLossConfig:
+    """ExGRPO's trainer sends ``loss_remove_clip`` only in the mixed phase and forces PPO clip in warm-up
+    (``meta["mixed"]``, luffy_pool/methods/exgrpo.py)."""
+    return ExgrpoLossConfig(clip_ratio=loss.clip_ratio, clip_upper_bound=loss.clip_upper_bound,
+                            loss_remove_clip=bool(loss.loss_remove_clip and meta.get("mixed", False)),
+                            loss_remove_token_mean=loss.loss_remove_token_mean,
+                            off_policy_reshape=loss.off_policy_reshape, off_policy_max_clip=_off(loss.off_policy_max_clip),
+                            off_policy_min_clip=_off(loss.off_policy_min_clip), all_max_clip=_off(loss.all_max_clip))
+
+
 # loss name -> builder of its knob dataclass from (method knobs, update meta, actor loss section, actor)
-FAMILY_LOSSES: dict[str, Callable] = {"hpt_sft": _hpt_cfg, "srft": _srft_cfg, "chord": _chord_cfg}
+FAMILY_LOSSES: dict[str, Callable] = {"hpt_sft": _hpt_cfg, "srft": _srft_cfg, "chord": _chord_cfg,
+                                      "exgrpo": _exgrpo_cfg}
 
 
 def family_policy_loss(actor, micro: dict, log_prob, entropy, response_mask):
