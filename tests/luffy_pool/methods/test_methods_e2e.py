@@ -13,9 +13,13 @@ METHOD_METRICS = {
     "srft": ("srft/correct_fraction", "actor/srft/H", "actor/srft/sft_coef", "actor/srft/on_coef", "actor/off_pg_loss"),
     "chord": ("actor/mu", "actor/expert/sft_phi_loss", "actor/usual/pg_loss", "actor/loss"),
     "grpo": ("actor/pg_clipfrac", "actor/ppo_kl"),
+    # the random tiny model solves nothing, so ExGRPO stays in its on-policy warm-up here (its mixed phase and
+    # pool: tests/luffy_pool/run/test_exgrpo_resume_e2e.py)
+    "exgrpo": ("exgrpo/solved_ratio", "exgrpo/mixed", "exgrpo/pool_questions", "actor/on_pg_loss",
+               "actor/on_pg_clipfrac", "actor/ppo_kl"),
 }
-# grpo: the tiny LUFFY overrides give one demonstration slot per group; grpo replaces it (n_prefix=0)
-NO_OFF_POLICY_SLOT = {"grpo": True}
+# grpo, exgrpo: the tiny LUFFY overrides give one demonstration slot per group; both replace it (n_prefix=0)
+NO_OFF_POLICY_SLOT = {"grpo": True, "exgrpo": True}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -38,3 +42,6 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         assert [r["actor/mu"] for r in rows] == pytest.approx([0.1, 0.1])
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)
+    if method == "exgrpo":  # nothing solved: warm-up throughout, nothing collected, no question replayed
+        assert [(r["exgrpo/mixed"], r["exgrpo/pool_questions"], r["exgrpo/replayed_questions"]) for r in rows] == \
+            [(0.0, 0, 0), (0.0, 0, 0)]
