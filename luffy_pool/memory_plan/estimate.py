@@ -108,6 +108,9 @@ class PlanInputs:
     padded_attention: str = ""
     update_budget: int = 0
     update_mini_rows: int = 0
+    # A method's extra actor forward ("" = none): ExGRPO's trajectory metric (entropy or log-probs of the stored
+    # trajectories of the replayed questions) runs through the old-log-prob pass, micro-batched by its keys.
+    metric_pass: str = ""
 
     @property
     def max_len(self) -> int:
@@ -163,7 +166,15 @@ class PlanInputs:
             step_impl=actor.optim.step_impl, device=device,
             padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
-            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp))
+            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp),
+            metric_pass=_metric_pass(sections.algorithm))
+
+
+def _metric_pass(algorithm) -> str:
+    """The name of the method's extra actor forward, "" when it has none."""
+    if algorithm.method == "exgrpo" and algorithm.exgrpo.traj_metric != "random":
+        return f"log-prob: ExGRPO trajectory {algorithm.exgrpo.traj_metric} (actor)"
+    return ""
 
 
 def _padded_attention(use_remove_padding: bool, attn_implementation: str, device: str) -> str:
@@ -494,6 +505,8 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
     phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb))
     if i.use_ref:
         phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb))
+    if i.metric_pass:  # same pass and micro-batches as the old log-probs (prompt + trajectory rows of width P + L)
+        phases.append(logprob_phase(i, s, i.metric_pass, i.old_logprob_tokens, i.old_budget_key, vb))
     phases += update_phases(i, s, vb)
     plan = Plan(i, s, phases, device_bytes, notes=notes)
     if vb is not None:

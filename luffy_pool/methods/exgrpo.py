@@ -70,7 +70,7 @@ class ExgrpoDriver:
             batch = batch.select_idxs(plan.fresh)
         self.replays = {}
         if not plan.replay:
-            return batch, {"exgrpo/replayed_questions": 0}
+            return batch, {"exgrpo/replayed_questions": 0, "exgrpo/metric_forward_rows": 0}
         missing = [uid for uid in plan.replay if uid not in self.positions]
         if missing:
             raise ValueError(f"ExGRPO: question id {missing[0]!r} of the experience pool is not in data.train_files "
@@ -82,55 +82,64 @@ class ExgrpoDriver:
             replay.pop(batch_keys=drop)
         first = len(batch)
         batch = DataProto.concat([batch, replay])
-        forward_rows = 0
+        # one actor forward over the candidates of every question that needs it (original: of every replayed
+        # question, in draw order, since the authors' mask quirk depends on the whole list of candidates)
+        scored = [(first + i, uid) for i, uid in enumerate(plan.replay)
+                  if self.pool.needs_metric(uid) or (self.knobs.metric_impl == "original"
+                                                     and self.knobs.traj_metric != "random")]
+        values = self._trajectory_metrics(batch, [(row, tr) for row, uid in scored for tr in self.pool.pool[uid]])
+        per_uid, at = {}, 0
+        for _, uid in scored:
+            per_uid[uid] = values[at:at + len(self.pool.pool[uid])]
+            at += len(self.pool.pool[uid])
         for i, uid in enumerate(plan.replay):
-            metrics = None
-            if self.pool.needs_metric(uid):
-                metrics = self._trajectory_metrics(batch, first + i, self.pool.pool[uid])
-                forward_rows += len(metrics)
-            self.replays[first + i] = self.pool.pool[uid][self.pool.choose(uid, metrics)]
-        return batch, {"exgrpo/replayed_questions": len(plan.replay), "exgrpo/metric_forward_rows": forward_rows}
+            self.replays[first + i] = self.pool.pool[uid][self.pool.choose(uid, per_uid.get(uid))]
+        return batch, {"exgrpo/replayed_questions": len(plan.replay), "exgrpo/metric_forward_rows": len(values)}
 
-    def _candidates(self, batch, row: int, trajectories):
-        """The candidate rows of one question as the actor's log-prob pass takes them, and the mask to average:
-        ``paper``: prompt ++ trace ++ EOS as the rollout's full-trace slot; ``original``: the authors' frame."""
+    def _candidates(self, batch, candidates):
+        """The rows the actor's log-prob pass takes for ``candidates`` ``[(batch row of the prompt, trajectory)]``,
+        and what the metric averages over: ``paper``: prompt ++ trace ++ EOS as the rollout's full-trace slot, and
+        its response mask; ``original``: the authors' frame (prompt ++ trajectory ++ EOS left-padded to P + L, the
+        last L positions as the response), and the trajectories ++ EOS right-padded to L (their mask source)."""
         from luffy_pool.rollout.slot_plan import assemble_responses, build_slot_plan
         from verl.utils.torch_functional import compute_position_id_with_mask
 
         t, tok = batch.batch, self.trainer.tokenizer
-        L, c = self.trainer.response_length, len(trajectories)
+        L, c = self.trainer.response_length, len(candidates)
         pad, eos = tok.pad_token_id, tok.eos_token_id
-        width = max(len(tr.token_ids) for tr in trajectories)
-        traces = torch.full((c, width), pad, dtype=torch.long)
-        for i, tr in enumerate(trajectories):
-            traces[i, :len(tr.token_ids)] = torch.tensor(tr.token_ids)
+        rows = [row for row, _ in candidates]
         if self.knobs.metric_impl == "paper":
-            plan = build_slot_plan(t["input_ids"][row:row + 1].repeat(c, 1), t["attention_mask"][row:row + 1].repeat(c, 1),
-                                   traces.unsqueeze(1), np.ones((c, 1)), pad, eos, L,
-                                   prompt_position_ids=t["position_ids"][row:row + 1].repeat(c, 1))
+            width = max(len(tr.token_ids) for _, tr in candidates)
+            traces = torch.full((c, width), pad, dtype=torch.long)
+            for i, (_, tr) in enumerate(candidates):
+                traces[i, :len(tr.token_ids)] = torch.tensor(tr.token_ids)
+            plan = build_slot_plan(t["input_ids"][rows], t["attention_mask"][rows], traces.unsqueeze(1),
+                                   np.ones((c, 1)), pad, eos, L, prompt_position_ids=t["position_ids"][rows])
             out = assemble_responses(plan, []).tensors
             return {k: out[k] for k in LOG_PROB_KEYS}, out["response_mask"]
-        prompt = t["input_ids"][row][t["attention_mask"][row].bool()].tolist()
         total = t["input_ids"].shape[1] + L
         ids = torch.full((c, total), pad, dtype=torch.long)
         mask = torch.zeros((c, total), dtype=torch.long)
         right = torch.full((c, L), pad, dtype=torch.long)
-        for i, tr in enumerate(trajectories):
-            seq = (prompt + tr.token_ids)[-total:]
+        for i, (row, tr) in enumerate(candidates):
+            trajectory = tr.token_ids + [eos]
+            seq = (t["input_ids"][row][t["attention_mask"][row].bool()].tolist() + trajectory)[-total:]
             ids[i, total - len(seq):] = torch.tensor(seq)
             mask[i, total - len(seq):] = 1
-            right[i, :min(L, len(tr.token_ids))] = torch.tensor(tr.token_ids[:L])
+            right[i, :min(L, len(trajectory))] = torch.tensor(trajectory[:L])
         tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask),
                    "responses": ids[:, -L:]}
         return tensors, right
 
-    def _trajectory_metrics(self, batch, row: int, trajectories) -> list[float]:
-        """One value per stored trajectory of the question at ``row`` (``traj_metric`` ent / ppl under the current
-        actor; ``metric_impl`` paper / original)."""
+    def _trajectory_metrics(self, batch, candidates) -> list[float]:
+        """One value per candidate ``(prompt row, trajectory)`` (``traj_metric`` ent / ppl under the current actor;
+        ``metric_impl`` paper / original); no forward for none."""
         from luffy_pool.algorithm.family.exgrpo import trajectory_metric_original, trajectory_metric_paper
         from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 
-        tensors, mask = self._candidates(batch, row, trajectories)
+        if not candidates:
+            return []
+        tensors, mask = self._candidates(batch, candidates)
         data, pad = pad_dataproto_to_divisor(DataProto.from_dict(tensors=tensors), self.trainer.world_size)
         out = unpad_dataproto(self.trainer.wg.compute_log_prob(data), pad).batch
         kind = self.knobs.traj_metric

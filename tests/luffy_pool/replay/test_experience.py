@@ -158,24 +158,27 @@ def test_attach_puts_each_replayed_trajectory_in_slot_0_with_its_recorded_log_pr
 @pytest.mark.parametrize("impl", ["paper", "original"])
 def test_candidate_rows_for_the_entropy_forward(impl):
     """paper: the full-trace slot the rollout builds (trace ++ EOS after the prompt); original: the authors' frame
-    (prompt ++ trajectory left-padded, the last L positions as the 'response', the right-padded trajectory as mask
-    source)."""
+    (prompt ++ trajectory ++ EOS left-padded, the last L positions as the 'response', the right-padded trajectory
+    ++ EOS as mask source). Candidates of two prompts in one batch."""
     from verl.protocol import DataProto
 
     driver = _driver({})
     driver.knobs = knobs(metric_impl=impl)
-    batch = DataProto.from_dict(tensors={"input_ids": torch.tensor([[PAD, 8, 9]]),
-                                         "attention_mask": torch.tensor([[0, 1, 1]]),
-                                         "position_ids": torch.tensor([[0, 0, 1]])})
-    trajs = [Trajectory([5, 6], [0.0] * 3), Trajectory([5, 6, 7, 3], [0.0] * 5)]
-    tensors, mask = driver._candidates(batch, 0, trajs)
+    batch = DataProto.from_dict(tensors={"input_ids": torch.tensor([[PAD, 8, 9], [7, 7, 7]]),
+                                         "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
+                                         "position_ids": torch.tensor([[0, 0, 1], [0, 1, 2]])})
+    candidates = [(0, Trajectory([5, 6], [0.0] * 3)), (0, Trajectory([5, 6, 7, 3], [0.0] * 5)),
+                  (1, Trajectory([4], [0.0] * 2))]
+    tensors, mask = driver._candidates(batch, candidates)
     if impl == "paper":
-        assert tensors["responses"].tolist() == [[5, 6, EOS, PAD, PAD, PAD], [5, 6, 7, 3, EOS, PAD]]
-        assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]]
-        assert tensors["input_ids"][0, :3].tolist() == [PAD, 8, 9]
+        assert tensors["responses"].tolist() == [[5, 6, EOS, PAD, PAD, PAD], [5, 6, 7, 3, EOS, PAD],
+                                                 [4, EOS, PAD, PAD, PAD, PAD]]
+        assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]]
+        assert tensors["input_ids"][:, :3].tolist() == [[PAD, 8, 9], [PAD, 8, 9], [7, 7, 7]]
         assert tensors["position_ids"][1].tolist() == [0, 0, 1, 2, 3, 4, 5, 6, 7]
     else:
-        assert tensors["input_ids"].tolist() == [[PAD] * 5 + [8, 9, 5, 6], [PAD] * 3 + [8, 9, 5, 6, 7, 3]]
-        assert tensors["responses"].tolist() == [[PAD, PAD, 8, 9, 5, 6], [8, 9, 5, 6, 7, 3]]
-        assert mask.tolist() == [[5, 6, PAD, PAD, PAD, PAD], [5, 6, 7, 3, PAD, PAD]]
-        assert tensors["position_ids"][0].tolist()[-4:] == [0, 1, 2, 3]
+        assert tensors["input_ids"].tolist() == [[PAD] * 4 + [8, 9, 5, 6, EOS], [PAD] * 2 + [8, 9, 5, 6, 7, 3, EOS],
+                                                 [PAD] * 4 + [7, 7, 7, 4, EOS]]
+        assert tensors["responses"].tolist() == [[PAD, 8, 9, 5, 6, EOS], [9, 5, 6, 7, 3, EOS], [PAD, 7, 7, 7, 4, EOS]]
+        assert mask.tolist() == [[5, 6, EOS, PAD, PAD, PAD], [5, 6, 7, 3, EOS, PAD], [4, EOS, PAD, PAD, PAD, PAD]]
+        assert tensors["position_ids"][0].tolist()[-5:] == [0, 1, 2, 3, 4]
