@@ -118,9 +118,9 @@ class MIXRayPPOTrainer:
             self.kl_ctrl.value = float(state["kl_coef"])
         self.last_val_metrics = dict(state.get("last_val_metrics") or {})
         if self.method_driver is not None:
-            saved = state.get("method_state")
-            if saved is not None and saved.get("method") == self.method.name:
-                self.method_driver.load_state_dict(saved["state"])
+            state_saved = state.get("method_state")
+            if state_saved is not None and state_saved["method"] == self.method.name:
+                self.method_driver.load_state_dict(state_saved["state"])
             else:  # a checkpoint of another method (or of none): this method's state starts empty
                 logger.warning("the checkpoint holds no algorithm.method=%s state; it starts empty", self.method.name)
         self._data_iter = None
