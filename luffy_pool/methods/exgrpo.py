@@ -24,7 +24,10 @@ Driver stages (:class:`ExgrpoDriver`, called by luffy_pool/trainer/mix_trainer.p
 State (pool, buckets, retired set, phase, the pool's RNGs) travels in the trainer's ``state_dict`` into the
 checkpoint's ``data.pt`` (plain data and tensors, manifest-checked, ``weights_only``). The self-replay pool stays a
 separate option (luffy_pool/replay/experience.py says why); ``data.self_replay.enable=True`` is refused with it.
-Not reproduced: the authors' ``skip_grad_bound=500`` step skip.
+Fixed against the authors' code: the phase is saved and restored (theirs re-enters the mixed phase on resume only
+after step 2 with a non-empty pool, Q6); trajectories are token ids, so the recorded log-probs stay aligned (Q2).
+Differences: retired questions are passed over when a batch is drawn rather than filtered out of the dataset at
+each epoch start (the same questions train); not reproduced: the authors' ``skip_grad_bound=500`` step skip.
 """
 from __future__ import annotations
 
