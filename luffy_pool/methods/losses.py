@@ -81,7 +81,8 @@ def _exgrpo_cfg(knobs: dict, meta: dict, loss, actor) -> ExgrpoLossConfig:
     return ExgrpoLossConfig(clip_ratio=loss.clip_ratio, clip_upper_bound=loss.clip_upper_bound,
                             loss_remove_clip=bool(loss.loss_remove_clip and meta.get("mixed", False)),
                             loss_remove_token_mean=loss.loss_remove_token_mean,
-                            off_policy_reshape=loss.off_policy_reshape, off_policy_max_clip=_off(loss.off_policy_max_clip),
+                            off_policy_reshape=loss.off_policy_reshape,
+                            off_policy_max_clip=_off(loss.off_policy_max_clip),
                             off_policy_min_clip=_off(loss.off_policy_min_clip), all_max_clip=_off(loss.all_max_clip))
 
 

@@ -200,7 +200,8 @@ class ExperiencePool:
     def load_state_dict(self, state: dict) -> None:
         if int(state.get("version", -1)) != STATE_VERSION:
             raise ValueError(f"ExGRPO experience state version {state.get('version')!r}, expected {STATE_VERSION}")
-        self.pool = {uid: [Trajectory(ids.tolist(), lps.tolist()) for ids, lps in trajs] for uid, trajs in state["pool"]}
+        self.pool = {uid: [Trajectory(ids.tolist(), lps.tolist()) for ids, lps in trajs]
+                     for uid, trajs in state["pool"]}
         self.buckets = BucketManager()
         self.buckets.load_state_dict(state["buckets"])
         self.retired = set(state["retired"])

@@ -308,7 +308,7 @@ class MIXRayPPOTrainer:
         actor = self.sections.workers.actor
         if (self.sections.actor.recompute_old_log_prob != "auto" or self.use_ref or self.self_replay is not None
                 or self.rollout_correction is not None or self.method_driver is not None):
-            # self-replay (and ExGRPO) record the old log-probs as the behaviour of the kept successes; rollout correction
+            # self-replay and ExGRPO record the old log-probs of the successes they keep; rollout correction
             # compares them with the engine's before the update
             return True
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size

@@ -101,4 +101,5 @@ def test_exgrpo_kill_and_resume_matches_the_uninterrupted_run(runs):
     keys = [k for k in ref[3] if k.startswith("exgrpo/") or k in ("actor/pg_loss", "actor/off_ratio_mean")]
     for step in (3, 4):
         assert {k: run[step][k] for k in keys} == pytest.approx({k: ref[step][k] for k in keys}, rel=1e-6, abs=1e-7)
-    assert _max_diff(_hf_weights(runs / "ref_result" / "final_hf"), _hf_weights(runs / "run_result2" / "final_hf")) <= 1e-6
+    ref_w, run_w = _hf_weights(runs / "ref_result" / "final_hf"), _hf_weights(runs / "run_result2" / "final_hf")
+    assert _max_diff(ref_w, run_w) <= 1e-6
