@@ -143,7 +143,10 @@ class ExgrpoDriver:
         if not candidates:
             return []
         tensors, mask = self._candidates(batch, candidates)
-        data, pad = pad_dataproto_to_divisor(DataProto.from_dict(tensors=tensors), self.trainer.world_size)
+        # the plain forward on every rank (verl/workers/actor/dp_actor.py compute_log_prob): candidates are no
+        # GRPO groups, so prompts repeat on some ranks' micro-batches and not on others'
+        data = DataProto.from_dict(tensors=tensors, meta_info={"shared_prompt_forward": False})
+        data, pad = pad_dataproto_to_divisor(data, self.trainer.world_size)
         out = unpad_dataproto(self.trainer.wg.compute_log_prob(data), pad).batch
         kind = self.knobs.traj_metric
         values = (out["old_entropy"] if kind == "ent" else out["old_log_probs"]).float()
