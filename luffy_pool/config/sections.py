@@ -357,6 +357,23 @@ class RolloutCorrectionSection:
 
 
 @dataclass(frozen=True)
+class ExgrpoSection:
+    """``algorithm.exgrpo``: ExGRPO's experience pool, batch mix and phase switch (luffy_pool/methods/exgrpo.py)."""
+
+    start_solved_ratio: float = key(bounds=UNIT)
+    experience_ratio: float = key(bounds=UNIT)
+    lbound: int = key(bounds=NON_NEGATIVE)
+    rbound: int = key(bounds=NON_NEGATIVE)
+    bucket_weighting: str = key(choices=("normal", "linear", "sqrt", "linear_clip", "uniform"))
+    traj_metric: str = key(choices=("ent", "ppl", "random"))
+    traj_select: str = key(choices=("argmin", "argmax"))
+    sample_range: str = key(choices=("all", "first_half", "last_half"))
+    is_correct: bool = key()
+    metric_impl: str = key(choices=("paper", "original"))
+    retire_all_correct: bool = key()
+
+
+@dataclass(frozen=True)
 class HptSection:
     """``algorithm.hpt``: HPT's gate (luffy_pool/methods/hpt.py)."""
 
@@ -446,6 +463,7 @@ class AlgorithmSection:
     surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
     rollout_correction: RolloutCorrectionSection = nested(RolloutCorrectionSection)
+    exgrpo: ExgrpoSection = nested(ExgrpoSection)
     hpt: HptSection = nested(HptSection)
     srft: SrftSection = nested(SrftSection)
     chord: ChordSection = nested(ChordSection)

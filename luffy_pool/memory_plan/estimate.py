@@ -118,6 +118,9 @@ class PlanInputs:
     # actor_rollout_ref.hybrid_engine=False: the engines have GPUs of their own (the rollout phase holds no actor
     # state, the trainer's phases no sleeping engine); set by from_sections, False for a hand-built plan.
     split_engines: bool = False
+    # A method's extra actor forward ("" = none): ExGRPO's trajectory metric (entropy or log-probs of the stored
+    # trajectories of the replayed questions) runs through the old-log-prob pass, micro-batched by its keys.
+    metric_pass: str = ""
 
     @property
     def max_len(self) -> int:
@@ -174,7 +177,7 @@ class PlanInputs:
             padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
             update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp), split_engines=not w.hybrid_engine,
-            **_sft_stage(sections, sp))
+            metric_pass=_metric_pass(sections.algorithm), **_sft_stage(sections, sp))
 
 
 def _sft_stage(sections, sp: int) -> dict:
@@ -184,6 +187,13 @@ def _sft_stage(sections, sp: int) -> dict:
         return {}
     width = sections.data.max_prompt_length + sections.workers.rollout.max_prefix_len
     return {"sft_optimizer": True, "sft_tokens": math.ceil(relift.sft_micro_batch_size * width / sp)}
+
+
+def _metric_pass(algorithm) -> str:
+    """The name of the method's extra actor forward, "" when it has none."""
+    if algorithm.method == "exgrpo" and algorithm.exgrpo.traj_metric != "random":
+        return f"log-prob: ExGRPO trajectory {algorithm.exgrpo.traj_metric} (actor)"
+    return ""
 
 
 def _padded_attention(use_remove_padding: bool, attn_implementation: str, device: str) -> str:
@@ -541,6 +551,8 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
     phases.append(logprob_phase(i, s, "log-prob: old (actor)", i.old_logprob_tokens, i.old_budget_key, vb_trainer))
     if i.use_ref:
         phases.append(logprob_phase(i, s, "log-prob: ref", i.ref_logprob_tokens, i.ref_budget_key, vb_trainer))
+    if i.metric_pass:  # same pass and micro-batches as the old log-probs (prompt + trajectory rows of width P + L)
+        phases.append(logprob_phase(i, s, i.metric_pass, i.old_logprob_tokens, i.old_budget_key, vb_trainer))
     phases += update_phases(i, s, vb_trainer)
     if i.sft_optimizer:
         phases += update_phases(i, s, vb_trainer, sft_stage=True)

@@ -2,7 +2,7 @@
 (luffy_pool/methods/base.py) plus its YAML group ``algorithm.<name>``. Importing this package registers the
 shipped ones; ``method_names()`` is the value list of ``algorithm.method``."""
 from luffy_pool.methods.base import METHODS, Method, apply_method, get_method, register_method  # noqa: F401
-from luffy_pool.methods import chord, grpo, hpt, luffy, prefix_rft, relift, srft, uft  # noqa: F401,E402 -- registration
+from luffy_pool.methods import chord, exgrpo, grpo, hpt, luffy, prefix_rft, relift, srft, uft  # noqa: F401,E402 -- registration
 
 
 def method_names() -> tuple[str, ...]:

@@ -24,6 +24,11 @@ A method (``algorithm.method``) declares, in one small module registered here:
   the stage has ``before_rollout(batch)`` (the step's prompts, before the rollout takes their targets),
   ``after_update(batch, timing) -> metrics`` and ``state_dict`` / ``load_state_dict`` (saved in the checkpoint's
   ``data.pt``; ReLIFT's hard-question buffer and interleaved SFT step).
+- ``driver``: an optional class built with the trainer, ``driver(trainer)``, for a method with state across steps
+  and stages around the rollout (ExGRPO's experience pool: luffy_pool/methods/exgrpo.py lists its calls); its
+  ``state_dict`` is saved with every checkpoint.
+- ``needs_question_ids``: the method keys state by question id (the dataset's ``index``), so the train files'
+  ids must be unique (luffy_pool/run/preflight.py).
 """
 from __future__ import annotations
 
@@ -53,6 +58,10 @@ class Method:
     ratio_sampler: Optional[Callable[..., Any]] = None
     check_train_file: Optional[Callable[..., Optional[str]]] = None
     stage: Optional[Callable[..., Any]] = None
+    # stateful driver stages (see the module docstring), built as driver(trainer)
+    driver: Optional[Callable[..., Any]] = None
+    # state keyed by question id: train rows need unique ids (extra_info.index or the row position)
+    needs_question_ids: bool = False
 
 
 def register_method(method: Method) -> Method:

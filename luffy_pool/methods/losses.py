@@ -1,5 +1,5 @@
-"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft``, ``chord``, ``prefix_rft`` and ``uft``
-registered in
+"""The family's losses in the actor's one dispatch: ``hpt_sft``, ``srft``, ``chord``, ``prefix_rft``, ``uft`` and
+``exgrpo`` registered in
 ``POLICY_LOSS_REGISTRY``, and how the LUFFY actor calls them (:func:`family_policy_loss`).
 
 Their knobs live in the method's YAML group ``algorithm.<method>`` (the driver's config, not the actor group the
@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from luffy_pool.algorithm.family.chord import ChordConfig, chord_mixed_loss
+from luffy_pool.algorithm.family.exgrpo import ExgrpoLossConfig, exgrpo_token_loss
 from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss
 from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, prefix_rft_loss
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
@@ -26,7 +27,7 @@ from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 for _name, _fn in (("hpt_sft", hpt_sft_loss), ("srft", srft_loss), ("chord", chord_mixed_loss),
-                   ("prefix_rft", prefix_rft_loss), ("uft", uft_loss)):
+                   ("prefix_rft", prefix_rft_loss), ("uft", uft_loss), ("exgrpo", exgrpo_token_loss)):
     register_policy_loss(_name)(_fn)
 
 
@@ -85,9 +86,25 @@ def _uft_cfg(knobs: dict, meta: dict, loss, actor) -> UftLossConfig:
                          loss_remove_clip=loss.loss_remove_clip)
 
 
+def _off(value):
+    """LUFFY's clamp keys: -1 (or null) is off."""
+    return None if value is None or float(value) == -1 else float(value)
+
+
+def _exgrpo_cfg(knobs: dict, meta: dict, loss, actor) -> ExgrpoLossConfig:
+    """ExGRPO's trainer sends ``loss_remove_clip`` only in the mixed phase and forces PPO clip in warm-up
+    (``meta["mixed"]``, luffy_pool/methods/exgrpo.py)."""
+    return ExgrpoLossConfig(clip_ratio=loss.clip_ratio, clip_upper_bound=loss.clip_upper_bound,
+                            loss_remove_clip=bool(loss.loss_remove_clip and meta.get("mixed", False)),
+                            loss_remove_token_mean=loss.loss_remove_token_mean,
+                            off_policy_reshape=loss.off_policy_reshape,
+                            off_policy_max_clip=_off(loss.off_policy_max_clip),
+                            off_policy_min_clip=_off(loss.off_policy_min_clip), all_max_clip=_off(loss.all_max_clip))
+
+
 # loss name -> builder of its knob dataclass from (method knobs, update meta, actor loss section, actor)
 FAMILY_LOSSES: dict[str, Callable] = {"hpt_sft": _hpt_cfg, "srft": _srft_cfg, "chord": _chord_cfg,
-                                      "prefix_rft": _prefix_rft_cfg, "uft": _uft_cfg}
+                                      "prefix_rft": _prefix_rft_cfg, "uft": _uft_cfg, "exgrpo": _exgrpo_cfg}
 
 
 def family_policy_loss(actor, micro: dict, log_prob, entropy, response_mask):

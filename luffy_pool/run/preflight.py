@@ -236,6 +236,49 @@ def check_method_inputs(path: str, sections) -> Optional[str]:
     return None if check is None else check(path, sections)
 
 
+def check_question_ids(paths: list[str], method_name: str) -> Optional[str]:
+    """A method that keeps state per question (``Method.needs_question_ids``: exgrpo) needs one id per train row:
+    ``extra_info.index`` on every row, unique over all train files, or on none (then the row position is the id,
+    as the authors' ``dataframe_uid``). The first row without one, or repeating one, naming file, row and column."""
+    import pyarrow.parquet as pq
+
+    from luffy_pool.methods import get_method
+
+    method = get_method(method_name)
+    if not method.needs_question_ids:
+        return None
+    ids: list[tuple[str, int, object]] = []  # (file, row, index or None)
+    for path in paths:
+        if not os.path.isfile(path):
+            continue
+        try:
+            schema = pq.ParquetFile(path).schema_arrow
+            if "extra_info" not in schema.names:
+                ids += [(path, row, None) for row in range(pq.ParquetFile(path).metadata.num_rows)]
+                continue
+            infos = pq.ParquetFile(path).read(columns=["extra_info"]).column("extra_info").to_pylist()
+        except Exception:  # noqa: BLE001 - unreadable file: check_parquet says so
+            return None
+        ids += [(path, row, info.get("index") if isinstance(info, dict) else None) for row, info in enumerate(infos)]
+    with_id = [i for i in ids if i[2] is not None]
+    if not with_id:
+        return None
+    need = f"algorithm.method={method.name} keys its experience by question id"
+    if len(with_id) != len(ids):
+        path, row, _ = next(i for i in ids if i[2] is None)
+        first = with_id[0]
+        return (f"data.train_files: {path}: row {row}: column 'extra_info.index' is missing, but {first[0]} row "
+                f"{first[1]} has one; {need}: give every row an index or none (the row position is used then)")
+    seen: dict = {}
+    for path, row, value in with_id:
+        value = value if isinstance(value, (int, str)) else repr(value)
+        if value in seen:
+            return (f"data.train_files: {path}: row {row}: column 'extra_info.index' repeats {value!r} of "
+                    f"{seen[value][0]} row {seen[value][1]}; {need}, so the ids must be unique")
+        seen[value] = (path, row)
+    return None
+
+
 # ---------------------------------------------------------------------- all of it
 def preflight(config, sections=None) -> None:
     """Raise ``PreflightError`` listing every problem with the run's folders and files; ``sections``: the run's
@@ -262,6 +305,7 @@ def preflight(config, sections=None) -> None:
         errors += check_parquet(path, "data.train_files", base + (d.target_key,), d.prompt_key)
         errors.append(check_demonstrations(path, d.target_key, sections.algorithm.method))
         errors.append(check_method_inputs(path, sections))
+    errors.append(check_question_ids(list(_files(d.train_files)), sections.algorithm.method))
     for path in _files(d.val_files):
         errors += check_parquet(path, "data.val_files", base, d.prompt_key)
     for path in _files(d.off_policy_files):

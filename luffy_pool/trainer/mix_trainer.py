@@ -2,7 +2,8 @@
 
 Runs on the Ray driver (the single controller). ``train_step`` is a row of named stages, each returning
 its metrics: update_weights (push the actor's weights into the rollout engines) -> rollout (draw prefix
-ratios, generate on-policy + off-policy slots) -> score (reward every row) -> [replay: fill failed groups
+ratios, generate on-policy + off-policy slots; ``Method.driver`` methods such as ExGRPO compose the prompts and
+fill the slots first, luffy_pool/methods/exgrpo.py) -> score (reward every row) -> [replay: fill failed groups
 with the run's own traces, ``data.self_replay``] -> log-probs (old, ref) -> [replay: keep this step's
 successes] -> [rollout correction: IS weights / rejection, ``algorithm.rollout_correction``] -> advantages (KL
 in reward, group advantage) -> update (balance rows across ranks, update the actor) -> step metrics. ``fit``
@@ -90,6 +91,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         self.kl_ctrl = get_kl_controller(s.algorithm.kl_ctrl)
         self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=tokenizer)  # None when off
         self.method = get_method(s.algorithm.method)  # luffy_pool/methods/: its driver stage and loss knobs
+        # a method's stateful stages (ExGRPO's experience pool), saved with the checkpoint; None for the others
+        self.method_driver = self.method.driver(self) if self.method.driver is not None else None
         self.use_ref = s.workers.ref.use_ref
         rc = s.algorithm.rollout_correction
         self.rollout_correction = rc if rollout_correction_enabled(rc) else None
@@ -111,9 +114,12 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
     def state_dict(self) -> dict:
         """The driver-side state a resume restores (the checkpointer adds the data sampler and RNGs)."""
         value = getattr(self.kl_ctrl, "value", None)
-        return {"ratio_sampler": self.ratio_sampler.state_dict(),
-                "kl_coef": float(value) if value is not None else None,
-                "last_val_metrics": dict(self.last_val_metrics or {})}
+        state = {"ratio_sampler": self.ratio_sampler.state_dict(),
+                 "kl_coef": float(value) if value is not None else None,
+                 "last_val_metrics": dict(self.last_val_metrics or {})}
+        if self.method_driver is not None:
+            state["method_state"] = {"method": self.method.name, "state": self.method_driver.state_dict()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned; the next batch comes from the restored sampler position."""
@@ -121,6 +127,12 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if state.get("kl_coef") is not None and hasattr(self.kl_ctrl, "value"):
             self.kl_ctrl.value = float(state["kl_coef"])
         self.last_val_metrics = dict(state.get("last_val_metrics") or {})
+        if self.method_driver is not None:
+            state_saved = state.get("method_state")
+            if state_saved is not None and state_saved["method"] == self.method.name:
+                self.method_driver.load_state_dict(state_saved["state"])
+            else:  # a checkpoint of another method (or of none): this method's state starts empty
+                logger.warning("the checkpoint holds no algorithm.method=%s state; it starts empty", self.method.name)
         self._data_iter = None
 
     # ------------------------------------------------------------------ schedule
@@ -211,9 +223,13 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
     def train_step(self, batch_dict: dict, timing: dict) -> StepOutput:
         """One update as named stages; each returns its metrics, ``timing`` collects the seconds per stage."""
         batch = DataProto.from_single_dict(batch_dict)
+        metrics: dict = {}
+        if self.method_driver is not None:  # e.g. ExGRPO: part of the prompts replaced by experience questions
+            with _timer("method_compose", timing):
+                batch, stage = self.method_driver.compose(batch)
+            metrics.update(stage)
         if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
             self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
-        metrics: dict = {}
         if self.method_stage is not None:  # sees the prompts with their targets, before the rollout takes them
             self.method_stage.before_rollout(batch)
         with _timer("update_weights", timing):
@@ -233,6 +249,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         batch = self._log_probs(batch, timing)
         if self.self_replay is not None:  # kept with the behaviour log-probs the pass computed
             metrics.update(self.self_replay.keep_successes(batch, self.global_steps))
+        if self.method_driver is not None:  # ExGRPO: collect/retire with the old log-probs, then the recorded swap
+            metrics.update(self.method_driver.after_log_probs(batch))
         if self.rollout_correction is not None:  # IS weights / rejection on the on-policy tokens (verl's place)
             with _timer("rollout_corr", timing):
                 metrics.update(apply_rollout_correction(batch, self.rollout_correction, self.response_length))
@@ -244,6 +262,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         metrics.update(self._update(batch, timing))
         if self.method_stage is not None:  # e.g. ReLIFT's interleaved SFT stage (luffy_pool/methods/relift.py)
             metrics.update(self.method_stage.after_update(batch, timing))
+        if self.method_driver is not None:  # ExGRPO: retired questions leave the pool; the phase switch
+            metrics.update(self.method_driver.end_step(batch))
         stage, prompt_tokens, response_tokens = self._step_metrics(batch)
         metrics.update(stage)
         return StepOutput(metrics, prompt_tokens, response_tokens)
@@ -288,6 +308,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
                     from luffy_pool.methods.losses import update_meta
 
                     update_batch.meta_info["method"] = update_meta(self.method, self.sections, self.global_steps)
+                    if self.method_driver is not None:
+                        self.method_driver.update_meta(update_batch.meta_info["method"])
                 update = self.wg.update_actor(update_batch)
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
         return metrics
@@ -309,8 +331,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         mini-batch per rank without a reference model: then the actor's first forward equals the pass."""
         actor = self.sections.workers.actor
         if (self.sections.actor.recompute_old_log_prob != "auto" or self.use_ref or self.self_replay is not None
-                or self.rollout_correction is not None):
-            # self-replay records the old log-probs as the behaviour of the kept successes; rollout correction
+                or self.rollout_correction is not None or self.method_driver is not None):
+            # self-replay and ExGRPO record the old log-probs of the successes they keep; rollout correction
             # compares them with the engine's before the update
             return True
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
@@ -335,6 +357,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             ratios, method_metrics = self.ratio_sampler.draw_batch(batch, step)
             metrics.update(method_metrics)
         gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS if k in batch.batch.keys()])
+        if self.method_driver is not None:  # ExGRPO: its replayed trajectories fill slot 0 of their prompts
+            ratios = self.method_driver.attach(gen_batch, bsz, self.n)
         if "tgt_input_ids" in batch.batch.keys():
             extra_slots = self._attach_slot_traces(gen_batch, batch, ratios, step)
             if self.off_policy_pool.has_extra_traces:

@@ -19,9 +19,9 @@ def tiny_config(compose_config, luffy_overrides, tmp_path):
 def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with_the_list():
     from luffy_pool.methods import get_method, method_names
 
-    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord", "prefix_rft", "uft", "relift"}
-    with pytest.raises(ValueError, match=r"algorithm.method='exgrpo' is not implemented; valid: \['chord', 'grpo', "):
-        get_method("exgrpo")
+    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord", "prefix_rft", "uft", "relift", "exgrpo"}
+    with pytest.raises(ValueError, match=r"algorithm.method='bread' is not implemented; valid: \['chord', 'exgrpo', "):
+        get_method("bread")
 
 
 def test_config_check_refuses_an_unknown_method(compose_config):
@@ -46,7 +46,7 @@ def test_luffy_changes_nothing(tiny_config):
 @pytest.mark.parametrize("method,loss,adv", [("hpt", "hpt_sft", "grpo_split"), ("srft", "srft", "grpo"),
                                              ("chord", "chord", "grpo_split"), ("grpo", "vanilla", "grpo"),
                                              ("prefix_rft", "prefix_rft", "grpo"), ("uft", "uft", "grpo"),
-                                             ("relift", "vanilla", "grpo")])
+                                             ("relift", "vanilla", "grpo"), ("exgrpo", "exgrpo", "grpo")])
 def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tiny_config, method, loss, adv):
     from luffy_pool.config.check import validate_config
     from luffy_pool.methods import apply_method
@@ -55,7 +55,7 @@ def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tin
     apply_method(config)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (actor.policy_loss, config.algorithm.adv_estimator, actor.use_off_policy_loss) == (loss, adv, False)
-    assert rollout.n_prefix == (0 if method in ("grpo", "relift") else 1)
+    assert rollout.n_prefix == (0 if method in ("grpo", "relift", "exgrpo") else 1)  # exgrpo: slots get a trace when replayed
     apply_method(config)  # idempotent
     assert not [e for e in validate_config(config) if "policy_loss" in e or "method" in e]
 
@@ -245,6 +245,69 @@ def test_a_family_loss_without_the_method_meta_says_so():
 
     with pytest.raises(ValueError, match="needs the update's meta_info\\['method'\\]"):
         family_policy_loss(_stub_actor("chord", None), *_micro())
+
+
+def test_exgrpo_clips_in_warm_up_and_not_in_the_mixed_phase():
+    """The trainer sends the phase with the knobs (``meta["mixed"]``); the loss is exgrpo_token_loss with
+    ``loss_remove_clip`` only when mixed (the authors force PPO clip in warm-up)."""
+    from luffy_pool.algorithm.family.exgrpo import ExgrpoLossConfig, exgrpo_token_loss
+    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.methods.losses import family_policy_loss
+
+    micro, log_prob, entropy, mask = _micro()
+    micro["old_log_probs"] = log_prob - torch.tensor([0.5, -0.5, 0.5, -0.3]).unsqueeze(-1)  # ratios far outside 1 ± 0.2
+    inputs = FamilyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"], advantages=micro["advantages"],
+                              response_mask=mask, prefix_mask=micro["prefix_mask"])
+    for mixed in (False, True):
+        meta = {"name": "exgrpo", "knobs": {}, "step": 0, "expert_share": 0.0, "mixed": mixed}
+        loss, metrics = family_policy_loss(_stub_actor("exgrpo", meta, off_policy_max_clip=-1, off_policy_min_clip=-1,
+                                                       all_max_clip=-1), micro, log_prob, entropy, mask)
+        expected, _ = exgrpo_token_loss(inputs, ExgrpoLossConfig(loss_remove_clip=mixed))
+        assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+        assert (metrics["actor/on_pg_clipfrac"] > 0) == (not mixed)
+
+
+def test_exgrpo_refuses_self_replay_in_one_line(tiny_config):
+    from luffy_pool.methods import apply_method
+
+    with pytest.raises(ValueError, match="algorithm.method=exgrpo sets data.self_replay.enable=False"):
+        apply_method(tiny_config("algorithm.method=exgrpo", "data.self_replay.enable=True"))
+
+
+@pytest.mark.parametrize("indexes,problem", [
+    (None, None),  # no extra_info: the row position is the id
+    ([3, 1, 2], None),
+    ([3, None, 2], "row 1: column 'extra_info.index' is missing, but {a} row 0 has one"),
+    ([3, 1, 3], "row 2: column 'extra_info.index' repeats 3 of {a} row 0"),
+])
+def test_exgrpo_needs_one_question_id_per_row(tmp_path, indexes, problem):
+    import pandas as pd
+
+    from luffy_pool.run.preflight import check_question_ids
+
+    a = str(tmp_path / "a.parquet")
+    frame = pd.DataFrame({"prompt": ["x", "y", "z"]})
+    if indexes is not None:
+        frame["extra_info"] = [{"index": i} if i is not None else {"split": "train"} for i in indexes]
+    frame.to_parquet(a)
+    got = check_question_ids([a], "exgrpo")
+    if problem is None:
+        assert got is None
+    else:
+        assert got.startswith(f"data.train_files: {a}: {problem.format(a=a)}") and "algorithm.method=exgrpo" in got
+    assert check_question_ids([a], "luffy") is None
+
+
+def test_exgrpo_question_ids_must_be_unique_across_train_files(tmp_path):
+    import pandas as pd
+
+    from luffy_pool.run.preflight import check_question_ids
+
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    pd.DataFrame({"prompt": ["x"], "extra_info": [{"index": 0}]}).to_parquet(a)
+    pd.DataFrame({"prompt": ["y"], "extra_info": [{"index": 0}]}).to_parquet(b)
+    assert check_question_ids([a, b], "exgrpo").startswith(f"data.train_files: {b}: row 0: column 'extra_info.index' "
+                                                          f"repeats 0 of {a} row 0")
 
 
 # ---------------------------------------------------------------- data checks before Ray

@@ -16,13 +16,17 @@ METHOD_METRICS = {
     "prefix_rft": ("prefix_rft/prefix_ratio", "actor/prefix_rft/kept_prefix_share", "actor/pg_clipfrac"),
     "uft": ("uft/hint_probability", "uft/hint_share", "actor/uft/hint_nll", "actor/uft/pg_loss"),
     "relift": ("relift/hard_questions", "relift/buffer_size", "relift/sft_rows", "actor/pg_clipfrac"),
+    # the random tiny model solves nothing, so ExGRPO stays in its on-policy warm-up here (its mixed phase and
+    # pool: tests/luffy_pool/run/test_exgrpo_resume_e2e.py)
+    "exgrpo": ("exgrpo/solved_ratio", "exgrpo/mixed", "exgrpo/pool_questions", "actor/on_pg_loss",
+               "actor/on_pg_clipfrac", "actor/ppo_kl"),
 }
 # relift: a buffer of 2 demonstrations (one per rank), so the SFT stage runs within the 2 steps
 METHOD_OVERRIDES = {"relift": ["algorithm.relift.sft_data_size=2", "algorithm.relift.sft_mini_batch_size=2",
                                "algorithm.relift.sft_micro_batch_size=1"]}
-# the tiny LUFFY overrides give one full demonstration slot per group; grpo and relift replace it (n_prefix=0),
-# prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint), continued by the policy
-NO_FULL_TRACE_SLOT = {"grpo", "relift", "prefix_rft", "uft"}
+# the tiny LUFFY overrides give one full demonstration slot per group; grpo, relift and exgrpo replace it
+# (n_prefix=0), prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint)
+NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -63,3 +67,6 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         assert all(("actor/sft_loss" in r) == bool(r["relift/sft_rows"]) for r in rows)
         added = [r["relift/hard_questions"] for r in rows]
         assert rows[-1]["relift/buffer_size"] == sum(added) - 2 * len(sft)
+    if method == "exgrpo":  # nothing solved: warm-up throughout, nothing collected, no question replayed
+        assert [(r["exgrpo/mixed"], r["exgrpo/pool_questions"], r["exgrpo/replayed_questions"]) for r in rows] == \
+            [(0.0, 0, 0), (0.0, 0, 0)]

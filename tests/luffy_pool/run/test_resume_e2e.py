@@ -38,17 +38,23 @@ STEPS = 6
 
 # ---------------------------------------------------------------------- the driver (child process)
 def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_after_resume: bool = False,
-          hang_in_step: int = -1, signal_in_step: int = -1) -> None:
+          hang_in_step: int = -1, signal_in_step: int = -1, prepare: str = "") -> None:
     """Run ``fit`` like ``main_mix_ppo`` does, with step markers the parent can kill on.
 
     ``signal_in_step``: that step waits until the parent's stop signal has arrived, then runs; the run
-    ends through ``fit_and_close`` like ``run_ppo`` (exit code 128 + signal).
+    ends through ``fit_and_close`` like ``run_ppo`` (exit code 128 + signal). ``prepare``: ``"module:function"``
+    (a module of this folder) called with the built trainer before ``fit`` (before any resume).
     """
+    import importlib
+
     from omegaconf import OmegaConf
 
     from luffy_pool.run.launcher import build_trainer, fit_and_close
 
     trainer, close = build_trainer(OmegaConf.load(config_path))
+    if prepare:
+        module, function = prepare.split(":")
+        getattr(importlib.import_module(module), function)(trainer)
     ckpt = trainer.checkpointer
     assert ckpt is not None, "the launcher must build a TrainerCheckpointer"
     real_step, real_save, real_resume = trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume

@@ -100,7 +100,7 @@ def _trainer(compose_config, *overrides):
     sections = ConfigSections.from_config(compose_config(PATHS + list(overrides)))
     trainer = object.__new__(MIXRayPPOTrainer)
     rc = sections.algorithm.rollout_correction
-    trainer.sections, trainer.use_ref, trainer.self_replay = sections, False, None
+    trainer.sections, trainer.use_ref, trainer.self_replay, trainer.method_driver = sections, False, None, None
     trainer.n, trainer.world_size = sections.workers.rollout.n, 2
     trainer.rollout_correction = rc if enabled(rc) else None  # as __init__
     return trainer

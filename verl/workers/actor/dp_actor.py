@@ -216,13 +216,21 @@ class DataParallelPPOActor:
             data, keys, data.meta_info["micro_batch_size"], data.meta_info["use_dynamic_bsz"],
             data.meta_info.get("max_token_len", 0))
         log_probs, entropies = [], []
-        for mb in micro_batches:
-            mb = {k: v.to(self.device) for k, v in mb.items()}
-            with report_oom(mb, "compute_log_prob"):
-                ent, lp = self._forward_micro_batch(mb, temperature, calculate_entropy)
-            log_probs.append(lp.cpu())
-            if ent is not None:
-                entropies.append(ent.cpu())
+        # Rows that are not GRPO groups (ExGRPO's trajectory candidates) ask for the plain forward: the shared-prompt
+        # forward makes two model calls only where a prompt repeats, so ranks could run different numbers of
+        # FSDP forwards and wait on each other's all-gathers for ever.
+        shared, self.shared_prompt_forward = self.shared_prompt_forward, \
+            self.shared_prompt_forward and data.meta_info.get("shared_prompt_forward", True)
+        try:
+            for mb in micro_batches:
+                mb = {k: v.to(self.device) for k, v in mb.items()}
+                with report_oom(mb, "compute_log_prob"):
+                    ent, lp = self._forward_micro_batch(mb, temperature, calculate_entropy)
+                log_probs.append(lp.cpu())
+                if ent is not None:
+                    entropies.append(ent.cpu())
+        finally:
+            self.shared_prompt_forward = shared
         log_probs = torch.cat(log_probs)
         entropy = torch.cat(entropies) if entropies else None
         if rev is not None:

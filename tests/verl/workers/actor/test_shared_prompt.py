@@ -147,3 +147,27 @@ def test_two_call_forward_under_fsdp2_gives_the_padded_gradients(tiny_model_dir,
     """FSDP2 sees two forwards of the root before one backward; the reduced gradients must not change."""
     diffs = dict(enumerate(run_gloo_ranks(_fsdp_rank, 2, tiny_model_dir, grouped_prompt_batch, timeout_s=240)))
     assert max(diffs.values()) < 1e-5, diffs
+
+
+def test_a_log_prob_pass_can_ask_for_the_plain_forward(tiny_model_dir, grouped_prompt_batch, monkeypatch):
+    """``meta_info["shared_prompt_forward"]=False`` (ExGRPO's trajectory candidates, whose prompts repeat on some ranks
+    only): no shared pass for that call, the same log-probs, and the actor's setting back afterwards."""
+    import verl.workers.actor.dp_actor as dp_actor
+    from verl.protocol import DataProto
+
+    model = _model(tiny_model_dir)
+    ids, mask, pos = grouped_batch(grouped_prompt_batch, model.config.vocab_size)
+    b = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -7:]}
+    actor = dp_actor.DataParallelPPOActor(actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=12,
+                                                       use_dynamic_bsz=False), model, shared_prompt_forward=True)
+    meta = {"temperature": 0.7, "micro_batch_size": 12, "use_dynamic_bsz": False, "max_token_len": 64}
+    shared, _ = actor.compute_log_prob(DataProto.from_dict(tensors=b, meta_info=dict(meta)))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the shared-prompt forward ran")
+
+    monkeypatch.setattr(dp_actor, "shared_prompt_logits", refuse)
+    plain, _ = actor.compute_log_prob(DataProto.from_dict(tensors=b, meta_info={**meta, "shared_prompt_forward": False}))
+    assert actor.shared_prompt_forward is True
+    valid = mask[:, -7:].bool()
+    assert torch.allclose(plain[valid], shared[valid], atol=1e-5)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# ExGRPO (arXiv 2510.02245, algorithm.method=exgrpo; luffy_pool/methods/exgrpo.py): on-policy GRPO until the
+# batch's share of correct responses passes 0.35, then half of each batch's prompts are questions replayed from
+# the run's own successes (bucket-sampled by success count, N(k; 4, 1)), each with its lowest-entropy stored
+# trajectory as one full-trace slot beside 7 fresh rollouts, weighted by f(pi_theta / pi_recorded), f(w) = w/(w+0.1).
+# Mirrors ElliottYan/LUFFY ExGRPO/exp_scripts/run_exgrpo.sh for Qwen2.5-Math-7B (METHODS_SPEC §1.2), which is
+# LUFFY's train.sh list plus the experience keys and 701 steps: lr 1e-6, batch 128, mini 64, dynamic bsz,
+# response 8192, n=8, entropy 0.001, no KL, unclipped on-policy loss in the mixed phase (PPO clip in warm-up),
+# sum/8192 aggregation, Dr.GRPO advantages over the 8 rows, reward v3, save every 50 steps.
+# The dataset's target column is ignored (ExGRPO uses no external traces); rollout.n_prefix=1 of train.sh is replaced
+# by the method (0: slots get a trace only when a question is replayed).
+# Not reproduced: their skip_grad_bound=500 step skip (grad clip stays 1.0); their vllm_exp rollout is our one
+# rollout with per-slot traces. Their MODEL_PATH is left for the user to set (the backbone): here the base model
+# Qwen/Qwen2.5-Math-7B.
+#
+# Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
+#          bash exp_scripts/train_exgrpo.sh [key=value ...]
+# Env variables as exp_scripts/train.sh (EXP_NAME default ExGRPO, WANDB_PROJECT exgrpo); extra arguments are Hydra
+# overrides, appended last.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+export ROOT=${ROOT:-$(dirname "$HERE")}
+export DATA_DIR=${DATA_DIR:-$ROOT/data}
+export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B}
+export EXP_NAME=${EXP_NAME:-ExGRPO}
+export WANDB_PROJECT=${WANDB_PROJECT:-exgrpo}
+# algorithm.method=exgrpo sets policy_loss=exgrpo and turns LUFFY's use_off_policy_loss off.
+exec bash "$HERE/train.sh" \
+    algorithm.method=exgrpo \
+    algorithm.exgrpo.traj_metric=ent \
+    algorithm.exgrpo.traj_select=argmin \
+    algorithm.exgrpo.sample_range=all \
+    algorithm.exgrpo.bucket_weighting=normal \
+    algorithm.exgrpo.experience_ratio=0.5 \
+    algorithm.exgrpo.start_solved_ratio=0.35 \
+    algorithm.exgrpo.is_correct=True \
+    algorithm.exgrpo.lbound=0 \
+    algorithm.exgrpo.rbound=7 \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.actor.loss_remove_clip=True \
+    actor_rollout_ref.actor.loss_remove_token_mean=True \
+    algorithm.grpo_use_std=False \
+    trainer.total_training_steps=701 \
+    "$@"

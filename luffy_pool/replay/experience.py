@@ -1,0 +1,221 @@
+"""ExGRPO's experience pool on the driver: what it stores, how a step's batch is composed from it, and what a step
+adds to it (``algorithm.method=exgrpo``, METHODS_SPEC §1; the pure rules are luffy_pool/algorithm/family/exgrpo.py).
+
+``ExperiencePool`` holds, per question id (the dataset's ``index``: ``extra_info.index`` or the row position), the
+successful trajectories of partially solved groups with the per-token log-probs the actor recomputed for them at
+that step (``old_log_probs``, the ones ExGRPO records), plus the bucket map (question -> latest success count),
+the retired set and the phase (warm-up / mixed). Every call is tensors and plain data in, decisions out; the
+trainer glue that draws prompts from the dataset and runs the entropy forward is luffy_pool/methods/exgrpo.py.
+
+Relation to the self-replay pool (luffy_pool/replay/self_replay.py, ``data.self_replay``): it stays a distinct
+option, and the two are refused together. Self-replay rewrites rows of groups with *no* success after generation,
+with capacity, eviction and age limits and RNG-free choices; ExGRPO stores successes of *partially* solved groups
+without a cap, replaces whole prompts *before* generation with questions drawn by success-count bucket, picks the
+lowest-entropy trajectory under the current actor, retires solved questions and switches phase. Sharing one store
+would change both methods' numbers; what they do share is the trace format (response tokens without the EOS,
+log-probs of tokens ++ EOS) and the full-trace slot of the rollout (luffy_pool/rollout/slot_plan.py).
+
+Trajectories are kept as token ids, not re-tokenised text, so the recorded log-prob vector always lines up with
+the replayed tokens (the authors' quirk Q2 cannot occur). Randomness (bucket multinomial, ``random.sample``,
+``random`` trajectory choice) comes from the pool's own seeded ``numpy.random.RandomState`` and ``random.Random``,
+saved with the checkpoint in :meth:`ExperiencePool.state_dict`.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Hashable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from luffy_pool.algorithm.family.exgrpo import (BucketManager, collect_group, eligible_uids, experience_count,
+                                                retire_group, sample_experience_uids, swap_recorded_log_probs,
+                                                switch_to_mixed)
+
+STATE_VERSION = 1
+# the authors filter retired questions out of the dataset only while it keeps more than batch + 20 of them
+# (mix_trainer_experience.py fit, per epoch)
+RETIRE_FILTER_MARGIN = 20
+
+
+def question_key(value: Any) -> Hashable:
+    """A dataset ``index`` as a plain, checkpointable dict key (numpy scalars -> Python)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (int, str)):
+        return value
+    return str(value)
+
+
+@dataclass
+class Trajectory:
+    """One stored success: response tokens without the trailing EOS and the recorded log-probs of tokens ++ EOS
+    (NaN for an EOS the response never sampled: a response cut at the length limit)."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a step's prompts are made: ``fresh`` positions of the drawn batch to keep (in order), then ``replay``
+    question ids, each replayed with ``chosen``-th stored trajectory (filled in by :meth:`ExperiencePool.choose`)."""
+
+    fresh: list[int]
+    replay: list[Hashable]
+
+
+class ExperiencePool:
+    """ExGRPO's driver state (see the module docstring). ``knobs`` is the ``algorithm.exgrpo`` section;
+    ``n`` the group size (``rollout.n``); ``success`` the reward value of a correct response."""
+
+    def __init__(self, knobs, *, n: int, batch_size: int, dataset_size: int, success: float, seed: int):
+        self.knobs = knobs
+        self.n = int(n)
+        self.batch_size = int(batch_size)
+        self.dataset_size = int(dataset_size)
+        self.success = float(success)
+        self.pool: dict[Hashable, list[Trajectory]] = {}
+        self.buckets = BucketManager()
+        self.retired: set = set()
+        self.mixed = False
+        self.np_rng = np.random.RandomState(seed)
+        self.py_rng = random.Random(seed)
+
+    # ------------------------------------------------------------------ batch composition
+    def plan(self, drawn_ids: Sequence[Any]) -> BatchPlan:
+        """The step's prompts from the sampler's drawn batch (``drawn_ids``: their question ids, in order).
+
+        Warm-up: the drawn batch. Mixed: ``n_exp = min(#eligible, ⌊B·experience_ratio⌋)`` questions sampled by
+        bucket (:func:`sample_experience_uids`) and the first ``B − n_exp`` drawn prompts. Retired questions are
+        passed over among the drawn ones (while the dataset keeps more than ``B + 20`` unretired questions, the
+        authors' per-epoch filter done at draw time), refilled from the later drawn prompts; the batch keeps its size.
+        """
+        keys = [question_key(v) for v in drawn_ids]
+        n_exp, replay = 0, []
+        if self.mixed:
+            eligible = eligible_uids(self.pool, self.retired, self.knobs.sample_range)
+            n_exp = experience_count(self.batch_size, self.knobs.experience_ratio, len(eligible))
+            method = self.knobs.bucket_weighting if self.knobs.bucket_weighting != "uniform" else None
+            replay = sample_experience_uids(self.buckets, eligible, n_exp, self.n, method, self.np_rng, self.py_rng)
+        want = len(keys) - len(replay)
+        order = list(range(len(keys)))
+        if self.retired and self.dataset_size - len(self.retired) > self.batch_size + RETIRE_FILTER_MARGIN:
+            live = [i for i in order if keys[i] not in self.retired]
+            order = live + [i for i in order if keys[i] in self.retired]
+        return BatchPlan(fresh=sorted(order[:want]), replay=list(replay))
+
+    def choose(self, uid: Hashable, metrics: Optional[Sequence[float]]) -> int:
+        """Index of the stored trajectory of ``uid`` to replay: ``traj_metric=random`` a uniform draw, else
+        ``traj_select`` (argmin/argmax) of ``metrics`` (one per stored trajectory)."""
+        from luffy_pool.algorithm.family.exgrpo import select_best
+
+        candidates = self.pool[uid]
+        if self.knobs.traj_metric == "random":
+            return self.py_rng.randrange(len(candidates))
+        if len(candidates) == 1:
+            return 0
+        return select_best(list(metrics), self.knobs.traj_select)
+
+    def needs_metric(self, uid: Hashable) -> bool:
+        """Whether choosing among ``uid``'s trajectories needs the actor's forward (entropy / log-probs)."""
+        return self.knobs.traj_metric != "random" and len(self.pool[uid]) > 1
+
+    # ------------------------------------------------------------------ after the step's log-prob pass
+    def observe(self, question_ids: Sequence[Any], group_ids: Sequence[Any], scores: torch.Tensor,
+                responses: torch.Tensor, response_mask: torch.Tensor, old_log_probs: torch.Tensor,
+                eos_token_id: int) -> dict:
+        """Per group (rows sharing a ``group_ids`` value, all of one question): ``k`` = correct rows (the replayed
+        row counts, Q3). All correct: the question retires (warm-up too). Mixed phase and ``lbound < k ≤ rbound``:
+        each correct row's response joins the question's pool unless the same tokens are stored already, with its
+        ``old_log_probs`` as the recorded log-probs, and the question moves to bucket ``k``."""
+        groups: dict[Any, list[int]] = {}
+        for row, g in enumerate(group_ids):
+            groups.setdefault(g, []).append(row)
+        correct = (scores == self.success)
+        valid = response_mask.sum(-1)
+        added = retired = collected = 0
+        for rows in groups.values():
+            uid = question_key(question_ids[rows[0]])
+            k = int(correct[rows].sum())
+            if self.knobs.retire_all_correct and retire_group(k, len(rows)):
+                self.retired.add(uid)
+                retired += 1
+            if not (self.mixed and collect_group(k, len(rows), self.knobs.lbound, self.knobs.rbound)):
+                continue
+            collected += 1
+            stored = self.pool.setdefault(uid, [])
+            for row in rows:
+                length = int(valid[row])
+                if not bool(correct[row]) or length == 0:
+                    continue
+                tokens = responses[row, :length].tolist()
+                lps = old_log_probs[row, :length].double().tolist()
+                if tokens[-1] == eos_token_id:
+                    tokens = tokens[:-1]
+                else:
+                    lps = lps + [math.nan]
+                if not tokens or any(t.token_ids == tokens for t in stored):
+                    continue
+                stored.append(Trajectory(tokens, lps))
+                added += 1
+            self.buckets.update_bucket(uid, k)
+        return {"exgrpo/collected_groups": collected, "exgrpo/added_trajectories": added,
+                "exgrpo/retired_groups": retired}
+
+    def end_step(self, scores: torch.Tensor) -> dict:
+        """After the update: drop retired questions from the pool and buckets, then switch to the mixed phase
+        when the share of correct responses in the batch exceeds ``start_solved_ratio``."""
+        for uid in [u for u in self.pool if u in self.retired]:
+            del self.pool[uid]
+        self.buckets.cleanup_consistency(self.pool)
+        solved = float((scores == self.success).float().mean()) if scores.numel() else 0.0
+        self.mixed = switch_to_mixed(self.mixed, solved, self.knobs.start_solved_ratio)
+        out = {"exgrpo/solved_ratio": solved, "exgrpo/mixed": float(self.mixed),
+               "exgrpo/pool_questions": len(self.pool),
+               "exgrpo/pool_trajectories": sum(len(v) for v in self.pool.values()),
+               "exgrpo/retired_questions": len(self.retired)}
+        out.update({f"exgrpo/{k}": v for k, v in self.buckets.get_bucket_stats().items()})
+        return out
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        """Tensors and plain data only (``data.pt`` is read with ``weights_only``); insertion orders kept."""
+        np_state = self.np_rng.get_state()
+        return {
+            "version": STATE_VERSION,
+            "pool": [(uid, [(torch.tensor(t.token_ids, dtype=torch.long),
+                             torch.tensor(t.log_probs, dtype=torch.float64)) for t in trajs])
+                     for uid, trajs in self.pool.items()],
+            "buckets": self.buckets.state_dict(),
+            "retired": sorted(self.retired, key=repr),
+            "mixed": bool(self.mixed),
+            "np_rng": [np_state[0], torch.from_numpy(np.asarray(np_state[1]).astype(np.int64)), int(np_state[2]),
+                       int(np_state[3]), float(np_state[4])],
+            "py_rng": [self.py_rng.getstate()[0], list(self.py_rng.getstate()[1]), self.py_rng.getstate()[2]],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state.get("version", -1)) != STATE_VERSION:
+            raise ValueError(f"ExGRPO experience state version {state.get('version')!r}, expected {STATE_VERSION}")
+        self.pool = {uid: [Trajectory(ids.tolist(), lps.tolist()) for ids, lps in trajs]
+                     for uid, trajs in state["pool"]}
+        self.buckets = BucketManager()
+        self.buckets.load_state_dict(state["buckets"])
+        self.retired = set(state["retired"])
+        self.mixed = bool(state["mixed"])
+        name, keys, pos, has_gauss, cached = state["np_rng"]
+        self.np_rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+        version, internal, gauss = state["py_rng"]
+        self.py_rng.setstate((version, tuple(internal), gauss))
+
+
+def recorded_old_log_probs(old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
+                           prefix_mask: torch.Tensor) -> torch.Tensor:
+    """``old_log_probs`` with each replayed row's recorded log-probs (its ``behaviour_log_probs``, NaN outside the
+    trace read as 0, the authors' right padding) in place of the actor's, as ExGRPO's ``exp_is_correct=True``."""
+    off_rows = prefix_mask.bool().any(-1)
+    recorded = torch.nan_to_num(behaviour_log_probs.to(old_log_probs.dtype), nan=0.0) * off_rows.unsqueeze(-1)
+    return swap_recorded_log_probs(old_log_probs, recorded, off_rows)
