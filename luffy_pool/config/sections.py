@@ -592,6 +592,14 @@ class ConfigSections:
         if self.trainer.rollout_pipeline == "one_step_off" and w.hybrid_engine:
             errors.append("'trainer.rollout_pipeline'=one_step_off needs 'actor_rollout_ref.hybrid_engine'=False (the "
                           f"rollout engines on their own '{_R}.n_gpus_per_node' ranks, generating while the actor trains)")
+        if self.trainer.rollout_pipeline == "one_step_off":
+            from luffy_pool.methods import get_method
+
+            method = get_method(self.algorithm.method)
+            if method.driver is not None or method.stage is not None:  # their state assumes a batch drawn after the last update
+                errors.append(f"'algorithm.method'={method.name} keeps state between its steps (experience pool or SFT "
+                              "buffer) that the next batch is drawn from, so it needs 'trainer.rollout_pipeline'=sync "
+                              "(one_step_off draws batch N+1 before update N)")
         ranks = w.rollout_world_size
         if ranks and self.data.train_batch_size % ranks:
             errors.append(f"'data.train_batch_size'={self.data.train_batch_size} must split evenly over the {ranks} "

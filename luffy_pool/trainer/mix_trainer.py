@@ -222,22 +222,26 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
     # ------------------------------------------------------------------ one step
     def train_step(self, batch_dict: dict, timing: dict) -> StepOutput:
         """One update as named stages; each returns its metrics, ``timing`` collects the seconds per stage."""
-        batch = DataProto.from_single_dict(batch_dict)
         metrics: dict = {}
-        if self.method_driver is not None:  # e.g. ExGRPO: part of the prompts replaced by experience questions
-            with _timer("method_compose", timing):
-                batch, stage = self.method_driver.compose(batch)
-            metrics.update(stage)
-        if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
-            self.checkpointer.record_data_order(self.global_steps, batch.non_tensor_batch["index"])
-        if self.method_stage is not None:  # sees the prompts with their targets, before the rollout takes them
-            self.method_stage.before_rollout(batch)
+        batch = self._start_batch(DataProto.from_single_dict(batch_dict), self.global_steps, metrics, timing)
         with _timer("update_weights", timing):
             metrics.update(self._update_weights())
         with _timer("gen", timing):
             batch, ratios, stage = self._rollout(batch)
         metrics.update(stage)
         return self._train_on(batch, ratios, metrics, timing)
+
+    def _start_batch(self, batch: DataProto, step: int, metrics: dict, timing: dict) -> DataProto:
+        """The step's prompts as the method makes them (colocated and split engines alike), recorded for resume."""
+        if self.method_driver is not None:  # e.g. ExGRPO: part of the prompts replaced by experience questions
+            with _timer("method_compose", timing):
+                batch, stage = self.method_driver.compose(batch)
+            metrics.update(stage)
+        if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
+            self.checkpointer.record_data_order(step, batch.non_tensor_batch["index"])
+        if self.method_stage is not None:  # sees the prompts with their targets, before the rollout takes them
+            self.method_stage.before_rollout(batch)
+        return batch
 
     def _train_on(self, batch: DataProto, ratios, metrics: dict, timing: dict) -> StepOutput:
         """The stages after the rollout: reward, [replay], log-probs, [rollout correction], advantages, update."""

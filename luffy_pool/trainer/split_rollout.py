@@ -61,11 +61,10 @@ class SplitRolloutMixin:
 
         rewind = {"sampler": self.train_dataloader.sampler.state_dict(),
                   "ratio_sampler": self.ratio_sampler.state_dict()}
-        batch = DataProto.from_single_dict(self._next_batch())
-        if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
-            self.checkpointer.record_data_order(step, batch.non_tensor_batch["index"])
+        metrics: dict = {}
+        batch = self._start_batch(DataProto.from_single_dict(self._next_batch()), step, metrics, timing)
         t0 = time.perf_counter()
-        metrics = self._update_weights()
+        metrics.update(self._update_weights())
         _add_time(timing, "update_weights", t0)
         batch, gen_batch, ratios, stage = self._prepare_rollout(batch, step)
         metrics.update(stage)

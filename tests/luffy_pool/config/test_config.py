@@ -254,6 +254,9 @@ def test_suggestion_falls_back_to_the_last_segment():
                                               "'actor_rollout_ref.rollout.n_gpus_per_node' >= 1"),
     ("trainer.rollout_pipeline=one_step_off", "'trainer.rollout_pipeline'=one_step_off needs "
                                               "'actor_rollout_ref.hybrid_engine'=False"),
+    ("trainer.rollout_pipeline=one_step_off actor_rollout_ref.hybrid_engine=False "
+     "actor_rollout_ref.rollout.n_gpus_per_node=4 trainer.n_gpus_per_node=4 algorithm.method=relift",
+     "'algorithm.method'=relift keeps state between its steps (experience pool or SFT buffer)"),
     ("actor_rollout_ref.rollout.n_gpus_per_node=2", "'actor_rollout_ref.rollout.n_gpus_per_node'=2 / "
                                                     "'actor_rollout_ref.rollout.nnodes'=1 place the rollout engines"),
     ("trainer.acc_rebatch=True", "'trainer.acc_rebatch'=True is not supported (LUFFY's accuracy-rebatching"),
