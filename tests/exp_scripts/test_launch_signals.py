@@ -60,11 +60,17 @@ def _stub(tmp_path, name="python"):
     return path
 
 
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_and_signal(cmd, env, out, sig, timeout=60):
     """Start ``cmd`` (a new session, like a container's PID 1: no terminal, nothing else in its group), wait for
     the stand-in trainer, send ``sig`` to the script's own pid only; (rc, started, ckpt, script pid, output)."""
+    # SIGINT at its default in the script, as under a terminal or a container's init: a pytest-xdist worker ignores
+    # SIGINT, its children inherit that, and bash can neither trap nor reset a signal ignored on entry
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     started = out / "started.json"
     try:
         deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -23,6 +24,18 @@ def _rank_main(rank, fn, world, port, result_dir, args):
     torch.set_num_threads(1)
     result = fn(rank, world, port, *args)
     torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
+
+
+def _forget_vllm_groups() -> None:
+    """Drop vLLM's group coordinators (module globals of vllm.distributed.parallel_state) over the default group just
+    destroyed: the next in-process engine of this process would reuse them and fail with "not initialized in the
+    world group map" (seen when a test after these ranks starts an engine in the same pytest worker)."""
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    if state is None:
+        return
+    for name, value in list(vars(state).items()):
+        if isinstance(value, state.GroupCoordinator):
+            setattr(state, name, None)
 
 
 def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method: str = "fork") -> list:
@@ -43,6 +56,7 @@ def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method
         # An in-process vLLM engine of an earlier test leaves a world-1 group here; forked ranks would inherit it
         # (init_distributed then skips joining their own group) and run as world 1 on a shared gloo context.
         torch.distributed.destroy_process_group()
+        _forget_vllm_groups()
     result_dir = tempfile.mkdtemp(prefix="gloo_ranks_")
     try:
         # A forked rank must never garbage-collect what it inherited: a collection in the child runs finalizers
