@@ -1,7 +1,7 @@
 """Probe of bad input, faults and the new user's path: each case is judged by what the user sees.
 
 ``python exp_scripts/probe_bad_input.py`` runs every case of ``exp_scripts/probe_bad_input_cases.py`` and
-``probe_bad_input_faults.py`` (89, covering the input classes of docs/DESIGN.md §3: G3-G15, "Weak", "New user", "Load"; G1/G2
+``probe_bad_input_faults.py`` (91, covering the input classes of docs/DESIGN.md §3: G3-G15, "Weak", "New user", "Load"; G1/G2
 need a multi-rank resume and are left to tests/luffy_pool/run/test_resume_e2e.py) and prints a table and the totals:
 
 - good: refused (or handled) with one line naming the key / file / row, exit code 2 for a CLI;
