@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import pickle
-import time
 from typing import Iterable, Iterator, Optional
 
 import torch
@@ -117,17 +116,8 @@ class SplitRolloutManager(FSDPShardingManager):
     def sync_weights(self) -> float:
         if self.group is None:
             raise RuntimeError("the rollout ranks have not joined the weight group (the launcher's join_weight_group)")
-        start = time.perf_counter()
-        if self.rollout is not None:
-            getattr(self.rollout, "wake_up_weights", self.rollout.wake_up)()
-        buckets = 0
-        for bucket in self.group.receive():
-            if self.rollout is not None:
-                self.rollout.update_weights(bucket)
-            buckets += 1
-        if self.rollout is not None:
-            self.rollout.after_weight_update()
-        self.last_sync_s = time.perf_counter() - start
-        self.last_sync_buckets = buckets
-        self._pushed = True
-        return self.last_sync_s
+        return super().sync_weights()
+
+    def _weight_buckets(self):
+        """The actor's buckets, received over the weight group (this rank holds no FSDP module)."""
+        return self.group.receive()

@@ -118,11 +118,7 @@ class FSDPShardingManager:
         if self.rollout is not None:
             getattr(self.rollout, "wake_up_weights", self.rollout.wake_up)()
         buckets = 0
-        if self.packed_gather:  # one collective per bucket (fsdp_gather.py)
-            buckets_iter = iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes)
-        else:
-            buckets_iter = iter_buckets(iter_full_params(self.module, self.sync_dtype), self.bucket_bytes)
-        for bucket in buckets_iter:
+        for bucket in self._weight_buckets():
             if self.rollout is not None:
                 self.rollout.update_weights(bucket)
             buckets += 1
@@ -132,6 +128,12 @@ class FSDPShardingManager:
         self.last_sync_buckets = buckets
         self._pushed = True
         return self.last_sync_s
+
+    def _weight_buckets(self):
+        """The full weights in buckets, gathered from this rank's FSDP shards (every rank takes part)."""
+        if self.packed_gather:  # one collective per bucket (fsdp_gather.py)
+            return iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes)
+        return iter_buckets(iter_full_params(self.module, self.sync_dtype), self.bucket_bytes)
 
     def __enter__(self) -> "FSDPShardingManager":
         if not self._pushed:
