@@ -10,16 +10,18 @@ between two). A resume replaces that start with the checkpoint's state. 8 train 
 (``rbound=3`` = n − 1): each step replays 2 bucket-sampled questions (their replayed row graded correct, the 3 fresh
 ones failing: bucket 1) and keeps the first 2 drawn prompts; the pool's RNGs decide which questions.
 
-Timeline: the reference runs steps 1-4 (checkpoints 2 and 4); the other run is SIGKILLed inside step 3 (after the
-step-2 checkpoint), then resumes from step 2 and trains 3 and 4. Both chains run at once, as in test_resume_e2e.
+Timeline (one driver chain; ``resume_hooks``: a run configured for 5 steps writes its weights when step 5 begins,
+then waits): the first driver trains steps 1-4 uninterrupted (the reference; checkpoints 2 and 4) and is SIGKILLed
+inside step 5; the second resumes from its step-2 checkpoint (``resume_mode`` names it: ``auto`` would take step 4),
+trains 3 and 4 again and stops at the same point.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -28,12 +30,13 @@ from luffy_pool.run.checkpointing import read_data_order
 from verl.utils.checkpoint import layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the drivers import this module by name too
+from resume_hooks import DUMP_DIR, dump_and_hang_in_last_step  # noqa: E402
 from test_resume_e2e import Driver, _config, _hf_weights, _max_diff  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 4
-PREPARE = "test_exgrpo_resume_e2e:seed_pool"
+STEPS = 4  # compared; the runs are configured for one more step, inside which they stop (resume_hooks)
+PREPARE = "test_exgrpo_resume_e2e:seed_pool_then_stop_in_the_last_step"
 
 
 def seed_pool(trainer) -> None:
@@ -53,8 +56,13 @@ def seed_pool(trainer) -> None:
     pool.mixed = True
 
 
-def _metrics(root) -> dict[int, dict]:
-    return {m["step"]: m for m in (json.loads(line) for line in open(root / "metrics.jsonl") if line.strip())}
+def seed_pool_then_stop_in_the_last_step(trainer) -> None:
+    seed_pool(trainer)
+    dump_and_hang_in_last_step(trainer)
+
+
+def _metrics(path) -> dict[int, dict]:
+    return {m["step"]: m for m in (json.loads(line) for line in open(path) if line.strip())}
 
 
 @pytest.fixture(scope="module")
@@ -65,24 +73,19 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     task = str(root / "task")
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
     # rbound = n - 1 with the tiny run's n = 4 (the authors' 7 is for n = 8)
-    extra = ["algorithm.method=exgrpo", "algorithm.exgrpo.rbound=3", f"trainer.total_training_steps={STEPS}"]
-    mk = lambda name: _config(compose_config, luffy_overrides, tiny_model_dir, task, str(root / name),  # noqa: E731
-                              root / f"{name}.yaml", extra)
-    ref_cfg, run_cfg = mk("ref"), mk("run")
-
-    def interrupted():
-        first = Driver(run_cfg, str(root / "run_result1"), str(root / "run1.log"), hang_in_step=3, prepare=PREPARE)
-        first.wait_for("STEP_START 3")  # step 2's checkpoint is published before step 3 starts
-        first.kill()
-        Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"), prepare=PREPARE).finish()
-
-    def reference():
-        Driver(ref_cfg, str(root / "ref_result"), str(root / "ref.log"), prepare=PREPARE).finish()
-
-    with ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(interrupted), pool.submit(reference)]
-        for job in jobs:
-            job.result()
+    extra = ["algorithm.method=exgrpo", "algorithm.exgrpo.rbound=3", f"trainer.total_training_steps={STEPS + 1}"]
+    mk = lambda name, more=(): _config(compose_config, luffy_overrides, tiny_model_dir, task,  # noqa: E731
+                                       str(root / "run"), root / f"{name}.yaml", [*extra, *more])
+    first_cfg, resume_cfg = mk("run"), mk("resume", [f"trainer.resume_mode={root / 'run' / 'global_step_2'}"])
+    first = Driver(first_cfg, str(root / "run_result1"), str(root / "run1.log"), prepare=PREPARE)
+    first.wait_for(f"DUMPED {STEPS}")  # steps 1-4 trained (checkpoints 2 and 4 published), step 5 begun
+    first.kill()
+    # the uninterrupted steps as the first driver left them (the resumed driver appends to these files)
+    shutil.copy(root / "run" / "metrics.jsonl", root / "ref_metrics.jsonl")
+    (root / "ref_order.json").write_text(json.dumps(read_data_order(str(root / "run"))))
+    second = Driver(resume_cfg, str(root / "run_result2"), str(root / "run2.log"), prepare=PREPARE)
+    second.wait_for(f"DUMPED {STEPS}")
+    second.kill()
     return root
 
 
@@ -91,15 +94,18 @@ def test_exgrpo_kill_and_resume_matches_the_uninterrupted_run(runs):
     data = torch.load(runs / "run" / "global_step_2" / layout.DATA_FILE, weights_only=True)
     state = data["method_state"]
     assert state["method"] == "exgrpo" and state["state"]["mixed"] and len(state["state"]["pool"]) == 8
-    ref, run = _metrics(runs / "ref"), _metrics(runs / "run")
+    ref, run = _metrics(runs / "ref_metrics.jsonl"), _metrics(runs / "run" / "metrics.jsonl")
+    assert sorted(ref) == sorted(run) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         m = ref[step]
         assert m["exgrpo/replayed_questions"] == 2 and m["rollout/full_trace_slots"] == 2, (step, m)
         assert m["exgrpo/mixed"] == 1.0 and math.isfinite(m["actor/off_ratio_mean"]) and m["actor/off_ratio_mean"] > 0
     assert sum(ref[s]["exgrpo/metric_forward_rows"] for s in ref) > 0, "the entropy forward must have chosen"
-    assert read_data_order(str(runs / "run")) == read_data_order(str(runs / "ref"))
+    ref_order = {int(k): v for k, v in json.loads((runs / "ref_order.json").read_text()).items()}
+    assert sorted(ref_order) == list(range(1, STEPS + 1))
+    assert read_data_order(str(runs / "run")) == ref_order
     keys = [k for k in ref[3] if k.startswith("exgrpo/") or k in ("actor/pg_loss", "actor/off_ratio_mean")]
     for step in (3, 4):
         assert {k: run[step][k] for k in keys} == pytest.approx({k: ref[step][k] for k in keys}, rel=1e-6, abs=1e-7)
-    ref_w, run_w = _hf_weights(runs / "ref_result" / "final_hf"), _hf_weights(runs / "run_result2" / "final_hf")
+    ref_w, run_w = _hf_weights(runs / "run_result1" / DUMP_DIR), _hf_weights(runs / "run_result2" / DUMP_DIR)
     assert _max_diff(ref_w, run_w) <= 1e-6
