@@ -1,17 +1,19 @@
-"""End to end: a LUFFY run survives SIGKILL of its driver and loses nothing.
+"""End to end: a LUFFY run survives SIGKILL and SIGTERM of its driver and loses nothing.
 
 Every run is a separate driver process (Hydra config -> launcher -> its own Ray instance with 2 FSDP
-ranks -> fit) on an 8-prompt task with 4 prompts per step, so an epoch is 2 steps and every checkpoint
-(save_freq=2) sits on an epoch boundary. Timeline of the interrupted run:
+ranks -> fit) on an 8-prompt task with 4 prompts per step, so an epoch is 2 steps and every periodic
+checkpoint (save_freq=2) sits on an epoch boundary. Timeline of the interrupted run (one chain of drivers
+on one checkpoint folder):
 
 1. SIGKILL while the step-4 checkpoint is being written -> step 2 stays the checkpoint resume uses;
-2. resume from step 2 (epoch boundary) -> trains 3, 4; SIGKILL during step 5;
-3. resume from step 4 -> trains 5, 6.
+2. resume from step 2 (epoch boundary) -> trains 3; SIGTERM in the middle of step 3: the run finishes and
+   saves that step, releases Ray and exits 143;
+3. resume from step 3 (mid-epoch) -> trains 4 (checkpoint), SIGKILL during step 5;
+4. resume from step 4 -> trains 5, 6.
 
 It must end with the same per-step prompts and (fp32, same world size) the same weights as an
-uninterrupted run. A 2-rank checkpoint is also resumed on 1 rank. A run sent SIGTERM in the middle of
-step 3 finishes and saves that step, releases Ray and exits 143; its resume matches the same run.
-The interrupted chain runs at the same time as the reference chain (``all_runs``).
+uninterrupted run. A 2-rank checkpoint is also resumed on 1 rank. The interrupted chain runs at the same
+time as the reference chain (``runs``).
 """
 from __future__ import annotations
 
@@ -194,8 +196,31 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+def _sigterm_mid_step(driver: "Driver", step: int, ckpt_root) -> dict:
+    """SIGTERM ``driver`` (started with ``signal_in_step=step``) once it is in that step; what it left behind."""
+    try:
+        driver.wait_for(f"STEP_START {step}")
+        ray_procs = _descendants(driver.proc.pid)
+        driver.proc.send_signal(signal.SIGTERM)
+        for line in driver.proc.stdout:
+            driver.log.write(line)
+        rc = driver.proc.wait(timeout=600)
+        driver.log.close()
+        deadline = time.monotonic() + 60
+        alive = ray_procs
+        while alive and time.monotonic() < deadline:
+            time.sleep(1)
+            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
+        return {"rc": rc, "tracker": layout.read_tracker(str(ckpt_root)), "left_alive": len(alive),
+                "published": [s for s, _ in layout.list_step_dirs(str(ckpt_root))]}
+    finally:
+        if driver.proc.poll() is None:
+            driver.kill()
+
+
 def _interrupted_chain(root, run_cfg) -> dict:
-    """SIGKILL while the step-4 checkpoint is written, resume, SIGKILL in step 5, resume to the end."""
+    """SIGKILL while the step-4 checkpoint is written; resume, SIGTERM in step 3; resume, SIGKILL in step 5;
+    resume to the end (module docstring). One chain: each resume starts from what the previous stop left."""
     out = {}
     first = Driver(run_cfg, str(root / "run_result1"), str(root / "run1.log"), hang_in_save_step=4)
     first.wait_for("SAVE_WRITTEN 4")
@@ -203,52 +228,26 @@ def _interrupted_chain(root, run_cfg) -> dict:
     out["after_save_kill"] = {"tracker": layout.read_tracker(str(root / "run")),
                               "published": [s for s, _ in layout.list_step_dirs(str(root / "run"))],
                               "tmp_exists": (root / "run" / ".tmp_global_step_4").is_dir()}
+    out["sigterm"] = _sigterm_mid_step(Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"),
+                                              signal_in_step=3), 3, root / "run")
 
     # Killed inside step 5 (fast tiny steps could otherwise finish step 5 and 6 before a timed kill).
-    second = Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"), hang_in_step=5)
-    second.wait_for("RESUMED_AT")
-    second.wait_for("STEP_START 5")
+    third = Driver(run_cfg, str(root / "run_result3"), str(root / "run3.log"), hang_in_step=5)
+    third.wait_for("RESUMED_AT")
+    third.wait_for("STEP_START 5")
     time.sleep(0.5)
-    second.kill()
-    out["order_after_second"] = read_data_order(str(root / "run"))
+    third.kill()
 
-    third = Driver(run_cfg, str(root / "run_result3"), str(root / "run3.log"))
-    third.finish()
-    return out
-
-
-def _sigterm_chain(root, cfg) -> dict:
-    """SIGTERM in the middle of step 3 (the run saves that step, releases Ray, exits 143), then resume."""
-    first = Driver(cfg, str(root / "term_result1"), str(root / "term1.log"), signal_in_step=3)
-    try:
-        first.wait_for("STEP_START 3")
-        ray_procs = _descendants(first.proc.pid)
-        first.proc.send_signal(signal.SIGTERM)
-        for line in first.proc.stdout:
-            first.log.write(line)
-        rc = first.proc.wait(timeout=600)
-        first.log.close()
-        deadline = time.monotonic() + 60
-        alive = ray_procs
-        while alive and time.monotonic() < deadline:
-            time.sleep(1)
-            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
-        out = {"rc": rc, "tracker": layout.read_tracker(str(root / "term")), "left_alive": len(alive),
-               "published": [s for s, _ in layout.list_step_dirs(str(root / "term"))]}
-    finally:
-        if first.proc.poll() is None:
-            first.kill()
-    second = Driver(cfg, str(root / "term_result2"), str(root / "term2.log"))
-    second.finish()
+    Driver(run_cfg, str(root / "run_result4"), str(root / "run4.log")).finish()
     return out
 
 
 @pytest.fixture(scope="module")
-def all_runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
+def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     """Every driver of this module. Two independent chains run at once (each driver is one process tree with
     its own Ray; the kill points are markers, not timers, so the overlap changes no outcome): the
-    uninterrupted reference, its 1-rank resume, then the SIGTERM run and its resume; and the SIGKILLed run
-    with its two resumes. Each driver alone leaves part of the 2 cores idle (start-up, Ray, the driver)."""
+    uninterrupted reference and its 1-rank resume; and the interrupted run with its three resumes. Each
+    driver alone leaves part of the 2 cores idle (start-up, Ray, the driver)."""
     from luffy_pool.tiny import write_task_parquets
 
     root = tmp_path_factory.mktemp("resume_e2e")
@@ -256,24 +255,18 @@ def all_runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
     mk = lambda name, extra=(): _config(compose_config, luffy_overrides, tiny_model_dir, task,  # noqa: E731
                                         str(root / name), root / f"{name}.yaml", extra)
-    ref_cfg, run_cfg, term_cfg = mk("ref"), mk("run"), mk("term")
+    ref_cfg, run_cfg = mk("ref"), mk("run")
     one_cfg = mk("one_rank", ["trainer.n_gpus_per_node=1", f"trainer.resume_mode={root / 'ref' / 'global_step_4'}",
                               "trainer.total_training_steps=5"])
 
-    def reference_chain() -> dict:
+    def reference_chain() -> None:
         Driver(ref_cfg, str(root / "ref_result"), str(root / "ref.log")).finish()
         Driver(one_cfg, str(root / "one_result"), str(root / "one.log"), dump_after_resume=True).finish()
-        return _sigterm_chain(root, term_cfg)
 
     with ThreadPoolExecutor(2) as pool:
         interrupted, reference = pool.submit(_interrupted_chain, root, run_cfg), pool.submit(reference_chain)
-        out = {"root": root, "ref": root / "ref", "run": root / "run", **interrupted.result()}
-        return out, reference.result()
-
-
-@pytest.fixture(scope="module")
-def runs(all_runs):
-    return all_runs[0]
+        reference.result()
+        return {"root": root, "ref": root / "ref", "run": root / "run", **interrupted.result()}
 
 
 def test_sigkill_while_writing_a_checkpoint_leaves_the_previous_one_for_resume(runs):
@@ -286,17 +279,18 @@ def test_resume_from_an_epoch_boundary_trains_the_remaining_steps(runs):
     data = torch.load(runs["run"] / "global_step_2" / layout.DATA_FILE, weights_only=False)
     assert data["sampler"]["perm_index"] == 8, "step 2 ends epoch 1 (8 prompts, 4 per step)"
     log = open(runs["root"] / "run2.log").read()
-    assert "STEP_START 3" in log and "STEP_START 4" in log
+    assert "STEP_START 3" in log and runs["sigterm"]["tracker"] == 3  # step 3 trained and saved after the resume
 
 
 def test_kill_during_step_5_then_resume_matches_an_uninterrupted_run(runs):
-    assert "RESUMED_AT 4" in open(runs["root"] / "run3.log").read()
+    assert "STEP_START 5" in open(runs["root"] / "run3.log").read()
+    assert "RESUMED_AT 4" in open(runs["root"] / "run4.log").read()
     ref_order, run_order = read_data_order(str(runs["ref"])), read_data_order(str(runs["run"]))
     assert sorted(ref_order) == list(range(1, STEPS + 1))
     assert run_order == ref_order
     assert layout.read_tracker(str(runs["run"])) == STEPS
     ref_w = _hf_weights(runs["root"] / "ref_result" / "final_hf")
-    run_w = _hf_weights(runs["root"] / "run_result3" / "final_hf")
+    run_w = _hf_weights(runs["root"] / "run_result4" / "final_hf")
     assert _max_diff(ref_w, run_w) <= 1e-6
     metrics = [json.loads(line) for line in open(runs["run"] / "metrics.jsonl") if line.strip()]
     assert [m["step"] for m in metrics if "checkpoint/size_mb" in m][-1] == STEPS
@@ -312,23 +306,21 @@ def test_two_rank_checkpoint_resumes_on_one_rank(runs):
     assert layout.read_tracker(str(runs["root"] / "one_rank")) == 5
 
 
-# ---------------------------------------------------------------------- SIGTERM
-@pytest.fixture(scope="module")
-def sigterm_run(all_runs):
-    return all_runs[1]
-
-
-def test_sigterm_mid_step_saves_that_step_releases_ray_and_exits_143(sigterm_run, runs):
-    assert sigterm_run["rc"] == 143, f"see {runs['root'] / 'term1.log'}"
+# ---------------------------------------------------------------------- SIGTERM (link 2 of the interrupted chain)
+def test_sigterm_mid_step_saves_that_step_releases_ray_and_exits_143(runs):
+    sigterm_run = runs["sigterm"]
+    assert sigterm_run["rc"] == 143, f"see {runs['root'] / 'run2.log'}"
     assert sigterm_run["tracker"] == 3 and sigterm_run["published"] == [2, 3]
     assert sigterm_run["left_alive"] == 0, "the Ray processes of the stopped driver must exit with it"
-    log = open(runs["root"] / "term1.log").read()
+    log = open(runs["root"] / "run2.log").read()
     assert "received SIGTERM" in log and "STEP_START 4" not in log and "Traceback" not in log
 
 
-def test_resume_after_sigterm_matches_an_uninterrupted_run(sigterm_run, runs):
-    log = open(runs["root"] / "term2.log").read()
-    assert "RESUMED_AT 3" in log and "STEP_START 3" not in log
-    assert read_data_order(str(runs["root"] / "term")) == read_data_order(str(runs["ref"]))
+def test_resume_after_sigterm_matches_an_uninterrupted_run(runs):
+    # the resume from the SIGTERM checkpoint (step 3, mid-epoch) trains on from step 4; the chain's end (links
+    # 3 and 4) has the uninterrupted run's prompts and weights (test_kill_during_step_5_then_resume_...)
+    log = open(runs["root"] / "run3.log").read()
+    assert "RESUMED_AT 3" in log and "STEP_START 3" not in log and "STEP_START 4" in log
+    assert read_data_order(str(runs["run"])) == read_data_order(str(runs["ref"]))
     ref_w = _hf_weights(runs["root"] / "ref_result" / "final_hf")
-    assert _max_diff(ref_w, _hf_weights(runs["root"] / "term_result2" / "final_hf")) <= 1e-6
+    assert _max_diff(ref_w, _hf_weights(runs["root"] / "run_result4" / "final_hf")) <= 1e-6
