@@ -1,6 +1,6 @@
-"""End to end: an ExGRPO run (``algorithm.method=exgrpo``) killed with SIGKILL resumes (``resume_mode=auto``) into
-the same steps as the uninterrupted run from the same checkpoint: the same prompts and replayed questions per step,
-the same pool metrics and the same weights.
+"""End to end: an ExGRPO run (``algorithm.method=exgrpo``) killed with SIGKILL resumes from its checkpoint into the
+same steps as the uninterrupted run from that checkpoint: the same prompts and replayed questions per step, the same
+pool metrics and the same weights.
 
 The random tiny model solves nothing, so its own warm-up would never end and nothing would enter the pool. Each
 driver therefore starts (before ``fit``, so before any resume) with the pool as if a warm-up had ended and
