@@ -57,9 +57,10 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
         getattr(importlib.import_module(module), function)(trainer)
     ckpt = trainer.checkpointer
     assert ckpt is not None, "the launcher must build a TrainerCheckpointer"
-    real_step, real_save, real_resume = trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume
+    real_step, real_split_step = trainer.train_step, trainer.split_step
+    real_save, real_resume = trainer.wg.save_checkpoint, ckpt.maybe_resume
 
-    def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
+    def step_start():
         print(f"STEP_START {trainer.global_steps}", flush=True)
         if trainer.global_steps == hang_in_step:  # the step has begun (its data drawn); the parent kills us here
             time.sleep(3600)
@@ -67,7 +68,14 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
             deadline = time.monotonic() + 600
             while not trainer.stop.requested and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+    def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
+        step_start()
         return real_step(batch_dict, timing)
+
+    def split_step(timing):  # split engines (hybrid_engine=False): fit's step, which draws its own data
+        step_start()
+        return real_split_step(timing)
 
     def save(local_path, global_step=None, **kw):
         out = real_save(local_path, global_step=global_step, **kw)
@@ -83,7 +91,8 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
             trainer.wg.save_hf_model(os.path.join(result_dir, "after_resume_hf"))
         return step_no
 
-    trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume = step, save, resume
+    trainer.train_step, trainer.split_step = step, split_step
+    trainer.wg.save_checkpoint, ckpt.maybe_resume = save, resume
     if signal_in_step > 0:
         fit_and_close(trainer, close)  # raises SystemExit(128 + signal) after the stop
         print("DRIVER_DONE", flush=True)
@@ -164,6 +173,21 @@ class Driver:
                     pass
         self.log.close()
 
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 600) -> tuple[int, int]:
+        """Send ``sig`` and let the driver wind down -> (its exit code, how many of the processes it had started
+        are still alive 60 s after it exited)."""
+        started = _descendants(self.proc.pid)
+        self.proc.send_signal(sig)
+        for line in self.proc.stdout:
+            self.log.write(line)
+        rc = self.proc.wait(timeout=timeout_s)
+        self.log.close()
+        deadline, alive = time.monotonic() + 60, started
+        while alive and time.monotonic() < deadline:
+            time.sleep(1)
+            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
+        return rc, len(alive)
+
     def finish(self, timeout_s: float = 1200) -> None:
         self.wait_for("DRIVER_DONE", timeout_s)
         for line in self.proc.stdout:
@@ -222,18 +246,8 @@ def _sigterm_chain(root, cfg) -> dict:
     first = Driver(cfg, str(root / "term_result1"), str(root / "term1.log"), signal_in_step=3)
     try:
         first.wait_for("STEP_START 3")
-        ray_procs = _descendants(first.proc.pid)
-        first.proc.send_signal(signal.SIGTERM)
-        for line in first.proc.stdout:
-            first.log.write(line)
-        rc = first.proc.wait(timeout=600)
-        first.log.close()
-        deadline = time.monotonic() + 60
-        alive = ray_procs
-        while alive and time.monotonic() < deadline:
-            time.sleep(1)
-            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
-        out = {"rc": rc, "tracker": layout.read_tracker(str(root / "term")), "left_alive": len(alive),
+        rc, left_alive = first.stop(signal.SIGTERM)
+        out = {"rc": rc, "tracker": layout.read_tracker(str(root / "term")), "left_alive": left_alive,
                "published": [s for s, _ in layout.list_step_dirs(str(root / "term"))]}
     finally:
         if first.proc.poll() is None:
