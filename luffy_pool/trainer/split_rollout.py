@@ -6,8 +6,8 @@ for this step (``trainer.rollout_pipeline=one_step_off``: during the previous st
 the pipeline allows (``RolloutPipeline.should_prefetch``), launches the next step's generation on the current
 weights, then waits for this batch's rows and hands them to the training stages (``MIXRayPPOTrainer._train_on``), so
 generating N+1 overlaps training on N. A launch waits for nothing (the push and the generation are queued on the
-workers, which run each caller's calls in order). ``drop_in_flight`` waits for a batch still generating and rewinds the data
-and prefix-ratio samplers to before it, before a checkpoint is written or the run ends.
+workers, which run each caller's calls in order). ``drop_in_flight`` waits for a batch still generating and rewinds
+the data and prefix-ratio samplers to before it, before a checkpoint is written or the run ends.
 """
 from __future__ import annotations
 

@@ -110,8 +110,8 @@ class SplitRolloutManager(FSDPShardingManager):
     them from a local FSDP module (the rollout ranks hold none). The engine never sleeps: its GPUs are its own, so a
     sleep would free nothing the actor could use and each wake-up would map the KV cache again (and drop the prefix
     cache) between generations that follow each other (verl's one_step_off_policy manager does not sleep either).
-    Its wake-ups are then no-ops (it starts awake); the memory plan's split rollout phase counts the engine awake with the receive
-    bucket."""
+    Its wake-ups are then no-ops (it starts awake); the memory plan's split rollout phase counts the engine awake with
+    the receive bucket."""
 
     sleep_after_generation = False
 
