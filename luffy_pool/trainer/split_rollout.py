@@ -2,12 +2,13 @@
 the actor group trains, the weights cross over the weight group (``verl/workers/split_weights.py``).
 
 ``split_step`` replaces the hybrid step's first two stages (update_weights -> rollout): it takes the batch launched
-for this step (``trainer.rollout_pipeline=one_step_off``: during the previous step) or launches it now, and, when
-the pipeline allows (``RolloutPipeline.should_prefetch``), launches the next step's generation on the current
-weights, then waits for this batch's rows and hands them to the training stages (``MIXRayPPOTrainer._train_on``), so
-generating N+1 overlaps training on N. A launch waits for nothing (the push and the generation are queued on the
-workers, which run each caller's calls in order). ``drop_in_flight`` waits for a batch still generating and rewinds
-the data and prefix-ratio samplers to before it, before a checkpoint is written or the run ends.
+for this step (``trainer.rollout_pipeline=one_step_off``: during the previous step) or launches it now, waits for
+its rows, and, when the pipeline allows (``RolloutPipeline.should_prefetch``), launches the next step's generation on
+the current weights, then hands this batch to the training stages (``MIXRayPPOTrainer._train_on``), so generating N+1
+overlaps training on N. A launch waits for nothing (the push and the generation are queued on the workers, which
+run each caller's calls in order): the push runs while the driver scores. ``drop_in_flight`` waits for a batch still
+generating and rewinds the data and prefix-ratio samplers to before it, before a checkpoint is written or the run
+ends.
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ class SplitRolloutMixin:
 
     def _launch_generation(self, step: int, timing: dict) -> PendingRollout:
         """Draw step ``step``'s batch, push the actor's current weights and start the engines on it, all without
-        waiting: Ray runs each actor's calls in the order they were made, so the engines receive once the generation
-        they are running ends and generate right after, and the actor sends before any later call (its update)."""
+        waiting: Ray runs each worker's calls in the order they were made, so the engines generate after receiving
+        and the actor sends before any later call (its update). Called when the engines are idle."""
         from verl.protocol import DataProto
 
         rewind = {"sampler": self.train_dataloader.sampler.state_dict(),
@@ -85,30 +86,25 @@ class SplitRolloutMixin:
         return PendingRollout(step=step, version=self.global_steps - 1, rewind=rewind, metrics=metrics,
                               handle={"future": future, "push": push, "batch": batch, "ratios": ratios})
 
-    def _wait_for(self, pending: PendingRollout):
-        """The batch's rows, once generated; its push's metric joins the batch's metrics."""
-        gen_out = pending.handle["future"].get()
-        pending.metrics.update(self._push_metrics(pending.handle.get("push") or []))
-        return gen_out
-
     def split_step(self, timing: dict):
         """One training step on split engines; returns ``_train_on``'s ``StepOutput``.
 
-        With one_step_off the next batch is launched before waiting for this one: its push and generation queue
-        behind this batch's generation on the engines, so they start the moment it ends, while the driver merges
-        and scores this batch (no round trip through the driver between two generations)."""
+        With one_step_off the next batch is launched once this one is generated (as verl's one_step_off_policy: no
+        collective of the push ever waits on a generation), and without waiting for its push, so the push runs while
+        the driver scores this batch; the actor's update is queued behind its send."""
         step = self.global_steps
         pending = self.pipeline.take(step)
         if pending is None:  # sync mode, the first step, after a resume or a checkpoint: generate it now
             pending = self._launch_generation(step, timing)
+        t0 = time.perf_counter()
+        gen_out = pending.handle["future"].get()  # with one_step_off, mostly generated while the last step trained
+        _add_time(timing, "gen", t0)
         t = self.sections.trainer
         last = self.last_step()
         save_due = self.checkpointer is not None and self._due(t.save_freq, step >= last)
         if self.pipeline.should_prefetch(step, last, save_due, self.stop.requested):
             self.pipeline.put(self._launch_generation(step + 1, timing))
-        t0 = time.perf_counter()
-        gen_out = self._wait_for(pending)  # with one_step_off, mostly generated while the last step trained
-        _add_time(timing, "gen", t0)
+        pending.metrics.update(self._push_metrics(pending.handle["push"]))  # done: the engines generated after it
         batch, ratios, metrics = self._merge_rollout(pending.handle["batch"], gen_out, pending.handle["ratios"],
                                                      pending.metrics, step)
         metrics[STALENESS_METRIC] = staleness(step, pending.version)
@@ -121,7 +117,8 @@ class SplitRolloutMixin:
         pending = self.pipeline.drop() if self.pipeline is not None else None
         if pending is None:
             return
-        self._wait_for(pending)
+        pending.handle["future"].get()
+        self._push_metrics(pending.handle.get("push") or [])  # its errors, if any, surface here
         self.train_dataloader.sampler.load_state_dict(pending.rewind["sampler"])
         self.ratio_sampler.load_state_dict(pending.rewind["ratio_sampler"])
         self._data_iter = None
