@@ -8,9 +8,10 @@ HF rollout, CPU ranks as Ray actors), each ``--warmup`` + ``--steps`` training s
 - ``one_step_off``: the same split, batch N+1 generated while the actor trains on batch N.
 
 Per mode it prints the mean step time over the steps after the warm-up (``timing_s/step``, per seed and the seeds'
-mean) and the on-policy reward (``batch/on_solved``: success rate of the on-policy rows) over the last 10 steps;
-the last line is ``one_step_off/split_sync = R1; one_step_off/colocated = R2`` (ratios of mean step times). The
-split pair isolates what the pipeline buys; against colocated, ranks that each do both jobs leave little to
+mean), its per-phase seconds (the driver's wait for its batch, the engine's generation, the actor's update, the
+weight push, the reward) and the on-policy reward (``batch/on_solved``: success rate of the on-policy rows) over the
+last 10 steps; the last line is ``one_step_off/split_sync = R1; one_step_off/colocated = R2`` (ratios of mean step
+times). The split pair isolates what the pipeline buys; against colocated, ranks that each do both jobs leave little to
 overlap on a 2-core machine.
 
 Usage: python exp_scripts/bench_async.py [--steps 30] [--warmup 2] [--seeds 3] [--model DIR] [--data DIR]
@@ -39,6 +40,10 @@ MODES = {
 }
 REWARD_KEY = "batch/on_solved"
 REWARD_WINDOW = 10
+# Per-phase seconds printed per mode (means over the timed steps): the driver's wait for its batch, the engine's
+# generation, the actor's update, the weight push and the driver's reward.
+PHASES = ("timing_s/gen", "timing_s/generate_worker", "timing_s/update_actor", "timing_s/weight_sync",
+          "timing_s/reward")
 
 
 def inputs(args) -> tuple[str, str]:
@@ -86,11 +91,14 @@ def run_mode(mode: str, seed: int, args, model: str, data: str) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], warmup: int) -> tuple[float, float, list[float]]:
-    """(mean step seconds after the warm-up, on-policy reward over the last 10 steps, the reward curve)."""
-    timed = [r["timing_s/step"] for r in rows if r["step"] > warmup]
+def summarise(rows: list[dict], warmup: int) -> tuple[float, float, list[float], dict]:
+    """(mean step seconds after the warm-up, on-policy reward over the last 10 steps, the reward curve, the
+    per-phase mean seconds after the warm-up)."""
+    timed_rows = [r for r in rows if r["step"] > warmup]
     curve = [float(r[REWARD_KEY]) for r in rows]
-    return statistics.fmean(timed), statistics.fmean(curve[-REWARD_WINDOW:]), curve
+    phases = {k: statistics.fmean(r.get(k, 0.0) for r in timed_rows) for k in PHASES}
+    return (statistics.fmean(r["timing_s/step"] for r in timed_rows), statistics.fmean(curve[-REWARD_WINDOW:]), curve,
+            phases)
 
 
 def _spread(values: list[float]) -> str:
@@ -115,19 +123,22 @@ def main(argv=None) -> int:
         ap.error(f"--modes: unknown {unknown}; valid: {', '.join(MODES)}")
     os.makedirs(args.work, exist_ok=True)
     model, data = inputs(args)
-    results: dict[str, dict[str, list]] = {m: {"step_s": [], "reward": [], "curves": []} for m in modes}
+    results: dict[str, dict[str, list]] = {m: {"step_s": [], "reward": [], "curves": [], "phases": []} for m in modes}
     for seed in range(1, args.seeds + 1):  # seeds outermost: a drift in the machine's load hits every mode alike
         for mode in modes:
-            step_s, reward, curve = summarise(run_mode(mode, seed, args, model, data), args.warmup)
+            step_s, reward, curve, phases = summarise(run_mode(mode, seed, args, model, data), args.warmup)
             results[mode]["step_s"].append(step_s)
             results[mode]["reward"].append(reward)
             results[mode]["curves"].append(curve)
+            results[mode]["phases"].append(phases)
     with open(os.path.join(args.work, "results.json"), "w") as f:
         json.dump({"args": vars(args), "results": results}, f, indent=1)
     for mode in modes:
         r = results[mode]
         print(f"{mode}: step {_spread(r['step_s'])} s over {args.steps} steps x {args.seeds} seed(s); "
               f"{REWARD_KEY} last {REWARD_WINDOW} steps {_spread(r['reward'])}")
+        print("  phases, s per step: " + ", ".join(
+            f"{k.split('/', 1)[1]} {statistics.fmean(p[k] for p in r['phases']):.3f}" for k in PHASES))
         for seed, curve in enumerate(r["curves"], start=1):
             print(f"  seed {seed} {REWARD_KEY} curve: " + " ".join(f"{v:.2f}" for v in curve))
     mean = {m: statistics.fmean(results[m]["step_s"]) for m in modes}

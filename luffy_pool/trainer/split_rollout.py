@@ -3,10 +3,12 @@ the actor group trains, the weights cross over the weight group (``verl/workers/
 
 ``split_step`` replaces the hybrid step's first two stages (update_weights -> rollout): it takes the batch launched
 for this step (``trainer.rollout_pipeline=one_step_off``: during the previous step) or launches it now, waits for
-its rows, and, when the pipeline allows (``RolloutPipeline.should_prefetch``), launches the next step's generation
-on the current weights before handing this batch to the training stages (``MIXRayPPOTrainer._train_on``), so
-generating N+1 overlaps training on N. ``drop_in_flight`` waits for a batch still generating and rewinds the data
-and prefix-ratio samplers to before it, before a checkpoint is written or the run ends.
+its rows, and, when the pipeline allows (``RolloutPipeline.should_prefetch``), launches the next step's generation on
+the current weights, then hands this batch to the training stages (``MIXRayPPOTrainer._train_on``), so generating N+1
+overlaps training on N. A launch waits for nothing (the push and the generation are queued on the workers, which
+run each caller's calls in order): the push runs while the driver scores. ``drop_in_flight`` waits for a batch still
+generating and rewinds the data and prefix-ratio samplers to before it, before a checkpoint is written or the run
+ends.
 """
 from __future__ import annotations
 
@@ -43,20 +45,31 @@ class SplitRolloutMixin:
     def gen_world_size(self) -> int:
         return self.rollout_wg.world_size if self.rollout_wg is not None else self.world_size
 
-    def push_to_engines(self) -> dict:
-        """Every actor rank gathers, its rank 0 broadcasts, every rollout rank receives: started together, then
-        waited for. ``timing_s/weight_sync``: the slowest engine's receive."""
+    def _start_push(self) -> list:
+        """Every actor rank gathers, its rank 0 broadcasts, every rollout rank receives: started together, not
+        waited for; returns the refs (actor ranks first)."""
+        return list(self.wg.send_weights()) + list(self.rollout_wg.receive_weights())
+
+    def _push_metrics(self, refs: list) -> dict:
+        """Waits for a push's refs; ``timing_s/weight_sync``: the slowest engine's receive."""
         from verl.utils.ray_utils import get_ranked
         from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC
 
-        refs = list(self.wg.send_weights()) + list(self.rollout_wg.receive_weights())
+        if not refs:
+            return {}
         out = get_ranked(refs, list(range(len(refs))), group_name="weight_group",
                          method_name="send_weights / receive_weights")
         values = [float(r[WEIGHT_SYNC_METRIC]) for r in out[self.wg.world_size:]]
         return {WEIGHT_SYNC_METRIC: max(values)} if values else {}
 
+    def push_to_engines(self) -> dict:
+        """A push waited for (the ``update_weights`` stage outside a launch, e.g. before validation)."""
+        return self._push_metrics(self._start_push())
+
     def _launch_generation(self, step: int, timing: dict) -> PendingRollout:
-        """Draw step ``step``'s batch, push the actor's current weights and start the engines on it (a future)."""
+        """Draw step ``step``'s batch, push the actor's current weights and start the engines on it, all without
+        waiting: Ray runs each worker's calls in the order they were made, so the engines generate after receiving
+        and the actor sends before any later call (its update). Called when the engines are idle."""
         from verl.protocol import DataProto
 
         rewind = {"sampler": self.train_dataloader.sampler.state_dict(),
@@ -64,17 +77,21 @@ class SplitRolloutMixin:
         metrics: dict = {}
         batch = self._start_batch(DataProto.from_single_dict(self._next_batch()), step, metrics, timing)
         t0 = time.perf_counter()
-        metrics.update(self._update_weights())
+        push = self._start_push()
         _add_time(timing, "update_weights", t0)
         batch, gen_batch, ratios, stage = self._prepare_rollout(batch, step)
         metrics.update(stage)
         future = self.rollout_wg.generate_sequences_async(gen_batch)
-        # The weights just pushed have seen the updates of steps 1 .. global_steps - 1.
+        # The weights pushed have seen the updates of steps 1 .. global_steps - 1 (the actor sends before it updates).
         return PendingRollout(step=step, version=self.global_steps - 1, rewind=rewind, metrics=metrics,
-                              handle={"future": future, "batch": batch, "ratios": ratios})
+                              handle={"future": future, "push": push, "batch": batch, "ratios": ratios})
 
     def split_step(self, timing: dict):
-        """One training step on split engines; returns ``_train_on``'s ``StepOutput``."""
+        """One training step on split engines; returns ``_train_on``'s ``StepOutput``.
+
+        With one_step_off the next batch is launched once this one is generated (as verl's one_step_off_policy: no
+        collective of the push ever waits on a generation), and without waiting for its push, so the push runs while
+        the driver scores this batch; the actor's update is queued behind its send."""
         step = self.global_steps
         pending = self.pipeline.take(step)
         if pending is None:  # sync mode, the first step, after a resume or a checkpoint: generate it now
@@ -82,14 +99,15 @@ class SplitRolloutMixin:
         t0 = time.perf_counter()
         gen_out = pending.handle["future"].get()  # with one_step_off, mostly generated while the last step trained
         _add_time(timing, "gen", t0)
-        batch, ratios, metrics = self._merge_rollout(pending.handle["batch"], gen_out, pending.handle["ratios"],
-                                                     pending.metrics, step)
-        metrics[STALENESS_METRIC] = staleness(step, pending.version)
         t = self.sections.trainer
         last = self.last_step()
         save_due = self.checkpointer is not None and self._due(t.save_freq, step >= last)
         if self.pipeline.should_prefetch(step, last, save_due, self.stop.requested):
             self.pipeline.put(self._launch_generation(step + 1, timing))
+        pending.metrics.update(self._push_metrics(pending.handle["push"]))  # done: the engines generated after it
+        batch, ratios, metrics = self._merge_rollout(pending.handle["batch"], gen_out, pending.handle["ratios"],
+                                                     pending.metrics, step)
+        metrics[STALENESS_METRIC] = staleness(step, pending.version)
         return self._train_on(batch, ratios, metrics, timing)
 
     def drop_in_flight(self) -> None:
@@ -100,6 +118,7 @@ class SplitRolloutMixin:
         if pending is None:
             return
         pending.handle["future"].get()
+        self._push_metrics(pending.handle.get("push") or [])  # its errors, if any, surface here
         self.train_dataloader.sampler.load_state_dict(pending.rewind["sampler"])
         self.ratio_sampler.load_state_dict(pending.rewind["ratio_sampler"])
         self._data_iter = None

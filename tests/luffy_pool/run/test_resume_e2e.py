@@ -59,9 +59,10 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
         getattr(importlib.import_module(module), function)(trainer)
     ckpt = trainer.checkpointer
     assert ckpt is not None, "the launcher must build a TrainerCheckpointer"
-    real_step, real_save, real_resume = trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume
+    real_step, real_split_step = trainer.train_step, trainer.split_step
+    real_save, real_resume = trainer.wg.save_checkpoint, ckpt.maybe_resume
 
-    def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
+    def step_start():
         print(f"STEP_START {trainer.global_steps}", flush=True)
         if trainer.global_steps == hang_in_step:  # the step has begun (its data drawn); the parent kills us here
             time.sleep(3600)
@@ -69,7 +70,14 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
             deadline = time.monotonic() + 600
             while not trainer.stop.requested and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+    def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
+        step_start()
         return real_step(batch_dict, timing)
+
+    def split_step(timing):  # split engines (hybrid_engine=False): fit's step, which draws its own data
+        step_start()
+        return real_split_step(timing)
 
     def save(local_path, global_step=None, **kw):
         out = real_save(local_path, global_step=global_step, **kw)
@@ -85,7 +93,8 @@ def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_a
             trainer.wg.save_hf_model(os.path.join(result_dir, "after_resume_hf"))
         return step_no
 
-    trainer.train_step, trainer.wg.save_checkpoint, ckpt.maybe_resume = step, save, resume
+    trainer.train_step, trainer.split_step = step, split_step
+    trainer.wg.save_checkpoint, ckpt.maybe_resume = save, resume
     if signal_in_step > 0:
         fit_and_close(trainer, close)  # raises SystemExit(128 + signal) after the stop
         print("DRIVER_DONE", flush=True)
@@ -166,6 +175,21 @@ class Driver:
                     pass
         self.log.close()
 
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 600) -> tuple[int, int]:
+        """Send ``sig`` and let the driver wind down -> (its exit code, how many of the processes it had started
+        are still alive 60 s after it exited)."""
+        started = _descendants(self.proc.pid)
+        self.proc.send_signal(sig)
+        for line in self.proc.stdout:
+            self.log.write(line)
+        rc = self.proc.wait(timeout=timeout_s)
+        self.log.close()
+        deadline, alive = time.monotonic() + 60, started
+        while alive and time.monotonic() < deadline:
+            time.sleep(1)
+            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
+        return rc, len(alive)
+
     def finish(self, timeout_s: float = 1200) -> None:
         self.wait_for("DRIVER_DONE", timeout_s)
         for line in self.proc.stdout:
@@ -200,18 +224,8 @@ def _sigterm_mid_step(driver: "Driver", step: int, ckpt_root) -> dict:
     """SIGTERM ``driver`` (started with ``signal_in_step=step``) once it is in that step; what it left behind."""
     try:
         driver.wait_for(f"STEP_START {step}")
-        ray_procs = _descendants(driver.proc.pid)
-        driver.proc.send_signal(signal.SIGTERM)
-        for line in driver.proc.stdout:
-            driver.log.write(line)
-        rc = driver.proc.wait(timeout=600)
-        driver.log.close()
-        deadline = time.monotonic() + 60
-        alive = ray_procs
-        while alive and time.monotonic() < deadline:
-            time.sleep(1)
-            alive = [(pid, t) for pid, t in alive if t is not None and _proc_start_time(pid) == t]
-        return {"rc": rc, "tracker": layout.read_tracker(str(ckpt_root)), "left_alive": len(alive),
+        rc, left_alive = driver.stop(signal.SIGTERM)
+        return {"rc": rc, "tracker": layout.read_tracker(str(ckpt_root)), "left_alive": left_alive,
                 "published": [s for s, _ in layout.list_step_dirs(str(ckpt_root))]}
     finally:
         if driver.proc.poll() is None:

@@ -107,7 +107,13 @@ class WeightGroup:
 class SplitRolloutManager(FSDPShardingManager):
     """The rollout rank's side of the split engine: the same RNG / sleep choreography around a generation as the
     hybrid manager, but ``sync_weights`` receives the actor's buckets over the weight group instead of gathering
-    them from a local FSDP module (the rollout ranks hold none)."""
+    them from a local FSDP module (the rollout ranks hold none). The engine never sleeps: its GPUs are its own, so a
+    sleep would free nothing the actor could use and each wake-up would map the KV cache again (and drop the prefix
+    cache) between generations that follow each other (verl's one_step_off_policy manager does not sleep either).
+    Its wake-ups are then no-ops (it starts awake); the memory plan's split rollout phase counts the engine awake with
+    the receive bucket."""
+
+    sleep_after_generation = False
 
     def __init__(self, rollout, group: Optional[WeightGroup] = None, **kwargs) -> None:
         super().__init__(None, rollout, **kwargs)

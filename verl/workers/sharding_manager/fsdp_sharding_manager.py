@@ -62,6 +62,8 @@ class FSDPShardingManager:
             (LUFFY: 1000 + dp rank) and continues across steps.
     """
 
+    sleep_after_generation = True  # the colocated engine gives its GPU memory back to the actor between steps
+
     def __init__(
         self,
         module: nn.Module,
@@ -151,7 +153,7 @@ class FSDPShardingManager:
         if self._trainer_rng is not None:
             _set_rng_states(self._trainer_rng)
             self._trainer_rng = None
-        if self.rollout is not None:
+        if self.rollout is not None and self.sleep_after_generation:
             self.rollout.sleep()
         if self.module is not None:  # None on a split engine's rank (collective_sync.SplitRolloutManager)
             self.module.train()
