@@ -125,11 +125,12 @@ def train_sft(settings: RunSettings, run_dir: str, meter: Meter) -> tuple[str, f
 
 
 def train_rl(config_name: str, settings: RunSettings, run_dir: str, meter: Meter,
-             model_dir: Optional[str] = None) -> tuple[str, float, float]:
-    """One RL run through ``reproduce/run_rl.py``; returns (final HF folder, wall s, CPU s)."""
+             model_dir: Optional[str] = None, extra: Sequence[str] = ()) -> tuple[str, float, float]:
+    """One RL run through ``reproduce/run_rl.py`` (``extra``: the method's own overrides, last); returns (final HF
+    folder, wall s, CPU s)."""
     hf_dir = os.path.join(run_dir, "final")
     cmd = [sys.executable, RUN_RL, "--config-name", config_name, "--hf-out", hf_dir,
-           "--result", os.path.join(run_dir, "run_result.json"), *rl_overrides(settings, run_dir, model_dir)]
+           "--result", os.path.join(run_dir, "run_result.json"), *rl_overrides(settings, run_dir, model_dir), *extra]
     fresh_dir(run_dir, meter, cmd)
     wall, cpu = meter.run(cmd, os.path.join(run_dir, "train.log"), "training")
     return hf_dir, wall, cpu
@@ -154,5 +155,6 @@ def train_method(name: str, settings: RunSettings, run_dir: str, meter: Meter,
         return {"hf_dir": hf_dir, "wall_s": wall, "cpu_s": cpu, "metrics_file": None}
     if method.kind == "sft_rl" and not sft_model:
         raise RuntimeError("SFT then RL needs the SFT run of the same seed (add sft to --methods)")
-    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter, sft_model)
+    extra = method.extra(settings) if method.extra else ()
+    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter, sft_model, extra)
     return {"hf_dir": hf_dir, "wall_s": wall, "cpu_s": cpu, "metrics_file": os.path.join(run_dir, "metrics.jsonl")}

@@ -125,6 +125,25 @@ def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], p
     }
 
 
+def family_claims(runs: Mapping[str, Sequence[Mapping]], labels: Mapping[str, str],
+                  start_scores: Optional[Mapping] = None) -> dict:
+    """Per method of ``labels`` other than on-policy GRPO and SFT (LUFFY and its family): the question LUFFY's first
+    claim asks of each, paired as the claims are: method − on-policy GRPO and method − start model on the held-out
+    in-distribution avg@k, and method − SFT out of distribution."""
+    return {name: {"label": label,
+                   "minus_on_policy_id_avg": paired(runs, name, "on_policy", "id", "avg"),
+                   "minus_start_id_avg": versus_start(runs, name, start_scores, "id", "avg"),
+                   "minus_sft_ood_avg": paired(runs, name, "sft", "ood", "avg")}
+            for name, label in labels.items() if name not in ("on_policy", "sft") and name in runs}
+
+
+def family_markdown(f: Mapping, k: int) -> list[str]:
+    """One bullet per method of ``family_claims``."""
+    return [f"- **{v['label']}**: ID avg@{k} − on-policy GRPO {_diff_text(v['minus_on_policy_id_avg'])}; − start model "
+            f"{_diff_text(v['minus_start_id_avg'])}; OOD avg@{k} − SFT {_diff_text(v['minus_sft_ood_avg'])}."
+            for v in f.values()]
+
+
 def _diff_text(d: Optional[Mapping]) -> str:
     if not d:
         return "not measured (a method of the comparison was not run)"

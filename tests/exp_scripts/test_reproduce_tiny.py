@@ -28,7 +28,25 @@ def _settings(**kw) -> RunSettings:
 # ------------------------------------------------------------------------------ methods
 def test_parse_methods_all_is_every_method_in_table_order():
     assert parse_methods("all") == ["on_policy", "rl_sft_loss", "sft", "sft_rl", "luffy_no_shaping", "luffy",
-                                    "luffy_replay"]
+                                    "luffy_replay", "hpt", "srft", "chord", "exgrpo", "relift", "uft", "prefix_rft"]
+
+
+def test_parse_methods_family_is_the_family_beside_grpo_luffy_and_sft():
+    assert parse_methods("family") == ["sft", "on_policy", "luffy", "hpt", "srft", "chord", "exgrpo", "relift", "uft",
+                                       "prefix_rft"]
+    assert parse_methods("claims") == ["on_policy", "luffy", "luffy_no_shaping", "sft"]
+
+
+def test_family_methods_select_their_method_and_rescale_only_batch_and_length_tied_knobs():
+    s = _settings(batch_size=8, lr=1e-4, steps=50)
+    for name in ("hpt", "srft", "chord", "exgrpo", "prefix_rft"):
+        assert METHODS[name].config_name == "tiny_cpu_luffy" and METHODS[name].extra(s) == [f"algorithm.method={name}"]
+    assert METHODS["relift"].extra(s) == [
+        "algorithm.method=relift", "algorithm.relift.sft_data_size=8", "algorithm.relift.sft_mini_batch_size=8",
+        "algorithm.relift.sft_micro_batch_size=4", "algorithm.relift.sft_lr=0.0001"]
+    assert METHODS["uft"].extra(s) == ["algorithm.method=uft", "algorithm.uft.total_training_steps_hint=30"]
+    assert METHODS["uft"].train_split == "train_hints"
+    assert {n for n, m in METHODS.items() if m.train_split != "train"} == {"uft"}
 
 
 def test_parse_methods_main_is_the_central_comparison():
@@ -68,8 +86,11 @@ def test_shared_overrides_compose_a_valid_config_for_every_rl_method(name, compo
     from luffy_pool.config.check import check_config, prepare_overrides
 
     s = _settings(steps=7, batch_size=6, n=4, lr=3e-4, rollout="hf")
-    cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final")), METHODS[name].config_name)
+    extra = METHODS[name].extra(s) if METHODS[name].extra else []
+    cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final") + extra),
+                         METHODS[name].config_name)
     check_config(cfg)
+    assert cfg.algorithm.method == (name if METHODS[name].extra else "luffy")
     assert cfg.trainer.total_training_steps == 7 and cfg.data.train_batch_size == 6
     assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.actor_rollout_ref.actor.optim.lr == 3e-4
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 3
