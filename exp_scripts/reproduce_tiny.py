@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-timeout", type=float, default=None, help="seconds before one training/eval process is stopped")
     ap.add_argument("--reuse", action="store_true", help="keep runs and evaluations already finished in --out with "
                                                           "the same command (resume a partial run)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: report the runs and evaluations already finished in --out with the same command "
+                         "(results.md is marked partial and lists what is missing; the same command with --reuse "
+                         "finishes it)")
     return ap
 
 
@@ -255,7 +259,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     env = child_env()
-    meter = Meter(env, args.run_timeout, reuse=args.reuse)
+    meter = Meter(env, args.run_timeout, reuse=args.reuse, only_finished=args.report_only)
     t_all = time.perf_counter()
 
     def say(msg: str) -> None:
@@ -268,7 +272,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         start_model = warm_start(paths["model"], paths["warm"], args.warm_steps, os.path.join(out, "warm_start"), meter)
         start_label = f"Start model ({args.warm_steps} warm SFT steps)"
         say(f"warm start: {args.warm_steps} SFT steps ({meter.cpu['warm_start']:.0f} CPU s)")
-    eval_kw = dict(max_tokens=args.eval_max_tokens, env=env, rollout=args.rollout, timeout_s=args.run_timeout, reuse=args.reuse)
+    eval_kw = dict(max_tokens=args.eval_max_tokens, env=env, rollout=args.rollout, timeout_s=args.run_timeout,
+                   reuse=args.reuse or args.report_only, only_finished=args.report_only)
     # One process scores the start model: the on-policy probe on training prompts, then the held-out files.
     start_ev = evaluate_model(start_model, paths["eval"], os.path.join(out, "start_model", "eval"),
                               eval_samples=args.eval_samples, **eval_kw,
@@ -371,6 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         verdicts["family"] = S.family_claims(runs, {n: METHODS[n].label for n in runs if n == "luffy" or n in FAMILY},
                                              start_scores)
     plots_dir = os.path.join(out, "plots")
+    os.makedirs(plots_dir, exist_ok=True)  # no curve to plot (a partial report) still gets its bar plot
     plots = plot_seed_curves(curves, plots_dir, smooth=args.smooth) if curves else []
     bar = S.plot_held_out(methods, start, plots_dir, args.eval_samples)
     plots += [bar] if bar else []
@@ -408,6 +414,21 @@ def command_flags(args) -> str:
     return " --quick" if args.quick else (f" --preset {args.preset}" if args.preset else "")
 
 
+def partial_lines(grid_rec, runs) -> list[str]:
+    """A report with runs missing (``--report-only`` while the runs go on, or failures) says so before any number."""
+    grid_missing = [f"{g['label']} lr {lr:g}" for g in grid_rec.values() for lr, v in g["scores"].items() if v is None]
+    seed_missing = [f"{r['label']} seed {r['seed']}" for rs in runs.values() for r in rs if r.get("error")]
+    not_run = [g["label"] for n, g in grid_rec.items() if g.get("chosen") is None]
+    if not (grid_missing or seed_missing or not_run):
+        return []
+    return ["## PARTIAL RESULTS", "",
+            "Not every run of this command had finished (or succeeded) when this report was written: the verdicts below "
+            "use only the finished runs, and a comparison missing a method or a seed is marked as such. Missing: " +
+            "; ".join(filter(None, [("grid " + ", ".join(grid_missing)) if grid_missing else "",
+                                    ("final runs " + ", ".join(seed_missing)) if seed_missing else "",
+                                    ("no lr chosen for " + ", ".join(not_run)) if not_run else ""])) + ".", ""]
+
+
 def regime_lines(args, probe) -> list[str]:
     """The no-reward preset's statement of its regime (none for the other commands)."""
     if args.preset != "no_reward":
@@ -442,7 +463,7 @@ def write_report(out, args, settings, probe, start, grid_rec, methods, runs, ver
           f"{', '.join(map(str, settings['seeds']))} at that lr. Held-out: {args.n_test} in-distribution problems "
           f"(two-digit addition) and {args.n_ood} out-of-distribution problems ({args.ood_variant}), greedy pass@1 "
           f"and avg@{k} at T=0.6. Intervals: 95 %, over seeds and problems (see *Intervals*).", "",
-          *regime_lines(args, probe), "## Claims", "", *S.claims_markdown(verdicts, k), "",
+          *partial_lines(grid_rec, runs), *regime_lines(args, probe), "## Claims", "", *S.claims_markdown(verdicts, k), "",
           *(["## LUFFY and its family against on-policy GRPO, the start model and SFT", "",
              *S.family_markdown(verdicts["family"], k), "", *FAMILY_KNOBS, ""] if verdicts.get("family") else []),
           "## Results (mean over seeds [95 % interval])", "", S.main_table(methods, start), "",

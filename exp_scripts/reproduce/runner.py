@@ -51,8 +51,10 @@ class Meter:
     summarised by a last call over everything).
     """
 
-    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False):
-        self.env, self.timeout_s, self.reuse = env, timeout_s, reuse
+    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False,
+                 only_finished: bool = False):
+        # only_finished (--report-only): reuse finished runs and run nothing (a partial report of a run in progress)
+        self.env, self.timeout_s, self.reuse, self.only_finished = env, timeout_s, reuse or only_finished, only_finished
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
         self.cpu_source = "proc"
@@ -94,6 +96,8 @@ def fresh_dir(path: str, meter: Optional["Meter"] = None, cmd: Optional[Sequence
     ``meter`` may reuse the finished run of ``cmd`` there."""
     if meter is not None and cmd is not None and meter.finished(path, cmd) is not None:
         return path
+    if meter is not None and meter.only_finished:  # never clear a folder another process may still be writing
+        raise RuntimeError(f"not run yet: {path} (--report-only)")
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(path)
@@ -156,5 +160,7 @@ def train_method(name: str, settings: RunSettings, run_dir: str, meter: Meter,
     if method.kind == "sft_rl" and not sft_model:
         raise RuntimeError("SFT then RL needs the SFT run of the same seed (add sft to --methods)")
     extra = method.extra(settings) if method.extra else ()
-    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter, sft_model, extra)
+    # Only SFT-then-RL starts from the SFT model; every other RL method from the shared start (settings.model_dir).
+    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter,
+                                 sft_model if method.kind == "sft_rl" else None, extra)
     return {"hf_dir": hf_dir, "wall_s": wall, "cpu_s": cpu, "metrics_file": os.path.join(run_dir, "metrics.jsonl")}

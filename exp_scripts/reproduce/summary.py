@@ -74,10 +74,13 @@ def _matrix(runs: Sequence[Mapping], split: str, metric: str) -> Optional[list]:
 
 
 def paired(runs: Mapping[str, Sequence[Mapping]], a: str, b: str, split: str, metric: str) -> Optional[dict]:
-    """``a − b`` on one split and metric, paired by seed position and problem; None when either is missing."""
+    """``a − b`` on one split and metric, paired by seed and problem over the seeds both finished; None when either
+    is missing."""
     if a not in runs or b not in runs:
         return None
-    xa, xb = _matrix(runs[a], split, metric), _matrix(runs[b], split, metric)
+    common = ({r["seed"] for r in runs[a] if not r.get("error")} & {r["seed"] for r in runs[b] if not r.get("error")})
+    xa = _matrix([r for r in runs[a] if r["seed"] in common], split, metric) if common else None
+    xb = _matrix([r for r in runs[b] if r["seed"] in common], split, metric) if common else None
     if xa is None or xb is None or len(xa) != len(xb):
         return None
     d = difference(xa, xb)

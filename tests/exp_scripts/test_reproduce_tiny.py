@@ -290,3 +290,42 @@ def test_cpu_sampler_counts_a_child_process_tree(tmp_path):
                                            str(tmp_path), timeout_s=60)
     assert code == 0 and source in ("proc", "rusage")
     assert cpu >= 0.9  # parent 0.4 s + grandchild-level child 0.6 s (minus at most a sampling interval each)
+
+
+# ------------------------------------------------------------------------------ start model, partial reports
+def test_only_sft_then_rl_starts_from_the_sft_model(monkeypatch, tmp_path):
+    from reproduce import runner
+
+    starts = {}
+    monkeypatch.setattr(runner, "train_rl", lambda config, s, run_dir, meter, model_dir=None, extra=(): (
+        starts.__setitem__(config, model_dir) or (run_dir, 1.0, 1.0)))
+    for name in ("on_policy", "luffy", "hpt", "sft_rl"):
+        runner.train_method(name, _settings(), str(tmp_path / name), meter=None, sft_model="/sft/final")
+    assert starts == {"tiny_cpu_on_policy": None, "tiny_cpu_luffy": None, "tiny_cpu_sft_rl": "/sft/final"}
+
+
+def test_report_only_never_clears_an_unfinished_run_folder(tmp_path):
+    from reproduce.runner import Meter, fresh_dir
+
+    run = tmp_path / "grid" / "luffy" / "lr1e-4"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text("step:3")  # another process is still training here
+    with pytest.raises(RuntimeError, match=r"not run yet: .*lr1e-4 \(--report-only\)"):
+        fresh_dir(str(run), Meter({}, None, only_finished=True), ["python", "train"])
+    assert (run / "train.log").read_text() == "step:3"
+    (run / "done.json").write_text(json.dumps({"cmd": ["python", "train"], "wall_s": 1.0, "cpu_s": 2.0}))
+    meter = Meter({}, None, only_finished=True)
+    assert fresh_dir(str(run), meter, ["python", "train"]) == str(run)
+    assert meter.run(["python", "train"], str(run / "train.log"), "training") == (1.0, 2.0)
+
+
+def test_a_report_with_missing_runs_says_partial_first():
+    from reproduce_tiny import partial_lines
+
+    grid = {"luffy": {"label": "LUFFY", "scores": {1e-4: 0.1, 3e-5: None}, "chosen": 1e-4},
+            "hpt": {"label": "HPT", "scores": {1e-4: None}, "chosen": None}}
+    runs = {"luffy": [{"label": "LUFFY", "seed": 1}, {"label": "LUFFY", "seed": 2, "error": "not run yet"}]}
+    text = "\n".join(partial_lines(grid, runs))
+    assert text.startswith("## PARTIAL RESULTS") and "grid LUFFY lr 3e-05, HPT lr 0.0001" in text
+    assert "final runs LUFFY seed 2" in text and "no lr chosen for HPT" in text
+    assert partial_lines({"luffy": dict(grid["luffy"], scores={1e-4: 0.1})}, {"luffy": runs["luffy"][:1]}) == []
