@@ -209,7 +209,8 @@ def grid_table(grids: Mapping[str, Mapping]) -> str:
             s = g["scores"].get(lr, "n/a")
             cell = "—" if s is None else (s if isinstance(s, str) else f"{s:.3f}")
             cells.append(f"**{cell}**" if lr == g["chosen"] and len(g["scores"]) > 1 else cell)
-        lines.append(f"| {g['label']} | " + " | ".join(cells) + f" | {g['chosen']:g} |")
+        chosen = "—" if g.get("chosen") is None else f"{g['chosen']:g}"  # every grid run failed or is missing
+        lines.append(f"| {g['label']} | " + " | ".join(cells) + f" | {chosen} |")
     return "\n".join(lines)
 
 

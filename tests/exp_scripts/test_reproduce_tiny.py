@@ -329,3 +329,6 @@ def test_a_report_with_missing_runs_says_partial_first():
     assert text.startswith("## PARTIAL RESULTS") and "grid LUFFY lr 3e-05, HPT lr 0.0001" in text
     assert "final runs LUFFY seed 2" in text and "no lr chosen for HPT" in text
     assert partial_lines({"luffy": dict(grid["luffy"], scores={1e-4: 0.1})}, {"luffy": runs["luffy"][:1]}) == []
+    from reproduce.summary import grid_table
+
+    assert grid_table(grid).splitlines()[-1] == "| HPT | n/a | — | — |"  # no lr chosen: its row still prints
