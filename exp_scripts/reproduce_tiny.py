@@ -28,13 +28,16 @@ docs/reproduce_tiny_quick/results.md.
 ``--methods family``: LUFFY's family (issue #32: HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, each
 ``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>``, reproduce/methods.py) beside on-policy GRPO, LUFFY and SFT.
 
-``--preset no_reward`` (issue #32 item 5; within 60 CPU-minutes, measured: docs/reproduce_tiny_no_reward/): the
+``--preset no_reward`` (issue #32 item 5; sized for 60 CPU-minutes; a partial run: docs/reproduce_tiny_no_reward/): the
 regime of LUFFY's first claim, where on-policy RL finds no reward at all. The same task with a shorter warm start
 (``NO_REWARD['warm_steps']`` SFT steps instead of 160): the start model solves under 1 % of its on-policy samples on
 training prompts (probed on ``--probe-rows`` prompts x n; the script stops with an error when the probe reaches 1 %),
 while every teacher trace of the training split solves its problem (checked and printed). Defaults: ``--methods
 family``, RL lr grid 3e-5 / 1e-4 and SFT 1e-4 / 3e-4 / 1e-3 on 128 validation problems, fresh seeds 1, 2, 200 ID +
 200 OOD held-out problems; every other setting and the protocol as the default command. Flags given explicitly win.
+
+``--report-only``: run nothing, report what is finished in ``--out`` (a run still going on elsewhere, or cut short),
+marked PARTIAL with the missing runs listed.
 """
 from __future__ import annotations
 
