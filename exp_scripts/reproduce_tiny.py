@@ -24,6 +24,20 @@ CPU seconds of every process tree are measured from /proc. ``--reuse`` keeps fin
 200 + 100 held-out problems: claim (1) only. The default command stays under 30 CPU-minutes (it prints its CPU
 total). Measured numbers: README.md ("Baselines and the tiny reproduction"), docs/reproduce_tiny/results.md and
 docs/reproduce_tiny_quick/results.md.
+
+``--methods family``: LUFFY's family (issue #32: HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, each
+``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>``, reproduce/methods.py) beside on-policy GRPO, LUFFY and SFT.
+
+``--preset no_reward`` (issue #32 item 5; sized for 60 CPU-minutes; a partial run: docs/reproduce_tiny_no_reward/): the
+regime of LUFFY's first claim, where on-policy RL finds no reward at all. The same task with a shorter warm start
+(``NO_REWARD['warm_steps']`` SFT steps instead of 160): the start model solves under 1 % of its on-policy samples on
+training prompts (probed on ``--probe-rows`` prompts x n; the script stops with an error when the probe reaches 1 %),
+while every teacher trace of the training split solves its problem (checked and printed). Defaults: ``--methods
+family``, RL lr grid 3e-5 / 1e-4 and SFT 1e-4 / 3e-4 / 1e-3 on 128 validation problems, fresh seeds 1, 2, 200 ID +
+200 OOD held-out problems; every other setting and the protocol as the default command. Flags given explicitly win.
+
+``--report-only``: run nothing, report what is finished in ``--out`` (a run still going on elsewhere, or cut short),
+marked PARTIAL with the missing runs listed.
 """
 from __future__ import annotations
 
@@ -40,7 +54,7 @@ for _path in (HERE, REPO):
         sys.path.insert(0, _path)
 
 from reproduce.evaluate import evaluate_model  # noqa: E402
-from reproduce.methods import METHODS, RunSettings, parse_methods  # noqa: E402
+from reproduce.methods import FAMILY, METHODS, RunSettings, parse_methods  # noqa: E402
 from reproduce.runner import WARM_SFT, Meter, child_env, train_method, training_summary, warm_start  # noqa: E402
 from reproduce.seeds_report import plot_seed_curves  # noqa: E402
 from reproduce.stats import choose_lr, problem_scores  # noqa: E402
@@ -53,15 +67,30 @@ ROLLOUT_TEMPERATURE = 1.0
 # measurement), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID + 100 OOD problems).
 QUICK = {"methods": "on_policy,luffy", "method_lr": ["on_policy=1e-4", "luffy=1e-4"], "steps": 100, "seeds": "1,2",
          "n_test": 200, "n_ood": 100, "n_val": 64, "out": os.path.join(REPO, "outputs", "reproduce_tiny_quick")}
+# --preset no_reward: the start model finds (almost) no reward on-policy (module docstring). Sized for 60 CPU-minutes
+# with the family's 10 methods: 2 RL learning rates (the two the default run chose: 3e-5 GRPO, 1e-4 LUFFY), SFT's 3
+# (its runs cost ~10 CPU-s), 2 fresh seeds, 200 + 200 held-out problems, 128 validation problems; the probe takes 128
+# prompts (1,024 samples) so that 1 % is 10 samples.
+NO_REWARD = {"methods": "family", "warm_steps": 100, "lr_grid": "3e-5,1e-4", "sft_lr_grid": "1e-4,3e-4,1e-3",
+             "seeds": "1,2", "n_test": 200, "n_ood": 200, "n_val": 128, "probe_rows": 128,
+             "out": os.path.join(REPO, "outputs", "reproduce_tiny_no_reward")}
+# The no-reward regime's bound on the start model's on-policy pass rate on training prompts.
+NO_REWARD_MAX_PASS = 0.01
+PRESETS = {"quick": QUICK, "no_reward": NO_REWARD}
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python exp_scripts/reproduce_tiny.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"the under-10-CPU-minute preset: {QUICK}")
+    ap.add_argument("--preset", choices=("no_reward",), default=None,
+                    help=f"no_reward: the regime where on-policy RL finds no reward (start model's on-policy pass rate "
+                         f"< {NO_REWARD_MAX_PASS:.0%}, checked; the family beside GRPO, LUFFY and SFT; within 60 "
+                         f"CPU-minutes): {NO_REWARD}")
     ap.add_argument("--out", default=os.path.join(REPO, "outputs", "reproduce_tiny"), help="output folder")
     ap.add_argument("--methods", default="claims",
-                    help=f"claims (the four the paper's claims need), main, all, or a comma list of {', '.join(METHODS)}")
+                    help="claims (the four the paper's claims need), family (LUFFY's family beside GRPO, LUFFY and "
+                         f"SFT), main, all, or a comma list of {', '.join(METHODS)}")
     ap.add_argument("--lr-grid", default="1e-5,3e-5,1e-4", help="learning rates tried for every RL method (seed --grid-seed)")
     ap.add_argument("--sft-lr-grid", default="1e-4,3e-4,1e-3",
                     help="learning rates tried for SFT (its loss is not the RL methods': the grid is centred on its own scale)")
@@ -99,16 +128,47 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-timeout", type=float, default=None, help="seconds before one training/eval process is stopped")
     ap.add_argument("--reuse", action="store_true", help="keep runs and evaluations already finished in --out with "
                                                           "the same command (resume a partial run)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: report the runs and evaluations already finished in --out with the same command "
+                         "(results.md is marked partial and lists what is missing; the same command with --reuse "
+                         "finishes it)")
     return ap
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    """``--quick`` changes the defaults only: flags given explicitly still win."""
+    """``--quick`` / ``--preset NAME`` change the defaults only: flags given explicitly still win."""
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--quick" in argv:
-        ap.set_defaults(**{**QUICK, "method_lr": list(QUICK["method_lr"])})  # a copy: --method-lr appends to it
+    preset = ap.parse_known_args(argv)[0]
+    if preset.quick and preset.preset:
+        ap.error(f"--quick and --preset {preset.preset}: choose one")
+    chosen = PRESETS.get("quick" if preset.quick else preset.preset)
+    if chosen is not None:
+        ap.set_defaults(**{**chosen, "method_lr": list(chosen.get("method_lr", []))})  # a copy: --method-lr appends
     return ap.parse_args(argv)
+
+
+def check_no_reward(probe: dict, limit: float = NO_REWARD_MAX_PASS) -> None:
+    """The no-reward preset's precondition: ValueError unless the start model's on-policy pass rate is under ``limit``."""
+    if not probe.get("samples"):
+        raise ValueError("--preset no_reward: the start-model probe drew no samples (--probe-rows)")
+    if probe["accuracy"] >= limit:
+        raise ValueError(f"--preset no_reward: the start model solves {probe['correct']} of {probe['samples']} on-policy "
+                         f"samples of training prompts ({probe['accuracy']:.2%}), not under {limit:.0%}: this is not the "
+                         f"no-reward regime (fewer --warm-steps, or a harder --level)")
+
+
+def trace_pass_rate(train_file: str) -> dict:
+    """How many teacher traces of ``train_file`` solve their problem, graded as evaluation grades (math-verify on
+    the answer after ``</think>``): ``{"correct", "rows", "accuracy"}``."""
+    import pandas as pd
+
+    from eval_scripts.grading import grade_text
+
+    rows = pd.read_parquet(train_file)
+    ok = sum(grade_text(r.target[0]["content"], r.reward_model["ground_truth"], "math_verify", split_think=True).correct
+             for r in rows.itertuples())
+    return {"correct": int(ok), "rows": len(rows), "accuracy": ok / len(rows) if len(rows) else 0.0}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -147,7 +207,7 @@ def lr_grids(names: Sequence[str], grid_text: str, fixed: Sequence[str], sft_gri
     return {n: [fixed_lr[n]] if n in fixed_lr else (sft_grid if METHODS[n].kind == "sft" else grid) for n in names}
 
 
-def prepare_task(args, out: str) -> dict:
+def prepare_task(args, out: str, names: Sequence[str] = ()) -> dict:
     """Build the tiny model and write the splits; returns their paths (``eval``: test + OOD in one file)."""
     import pandas as pd
 
@@ -166,6 +226,12 @@ def prepare_task(args, out: str) -> dict:
     # One eval file, ID rows first: one generate_vllm.py call per model and temperature scores both.
     paths["eval"] = os.path.join(data, "eval_id_ood.parquet")
     pd.concat([pd.read_parquet(paths["test"]), pd.read_parquet(paths["ood"])], ignore_index=True).to_parquet(paths["eval"])
+    if any(METHODS[n].train_split == "train_hints" for n in names):  # UFT: the train split with its hint column
+        from luffy_pool.methods.uft import add_hints
+        from verl.utils.data_format import read_records, write_records
+
+        paths["train_hints"] = os.path.join(data, "train_hints.parquet")
+        write_records(add_hints(read_records(paths["train"]), paths["train"], "target", "hint"), paths["train_hints"])
     paths["model"] = build_tiny_model(os.path.join(out, "model"), TinyModelSpec(seed=args.seed))
     return paths
 
@@ -187,7 +253,7 @@ def split_scores(ev: dict, n_test: int) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        names = parse_methods({"claims": "on_policy,luffy,luffy_no_shaping,sft"}.get(args.methods, args.methods))
+        names = parse_methods(args.methods)
         seeds = parse_seeds(args.seeds)
         grids = lr_grids(names, args.lr_grid, args.method_lr, args.sft_lr_grid)
     except ValueError as exc:
@@ -196,20 +262,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     env = child_env()
-    meter = Meter(env, args.run_timeout, reuse=args.reuse)
+    meter = Meter(env, args.run_timeout, reuse=args.reuse, only_finished=args.report_only)
     t_all = time.perf_counter()
 
     def say(msg: str) -> None:
         print(f"[reproduce_tiny {time.perf_counter() - t_all:6.0f}s] {msg}", flush=True)
 
-    paths = prepare_task(args, out)
+    paths = prepare_task(args, out, names)
     say(f"task: {args.n_train} train / {args.n_val} val / {args.n_test} test / {args.n_ood} OOD ({args.ood_variant}) in {out}/data")
     start_model, start_label = paths["model"], "Random model"
     if args.warm_steps > 0:
         start_model = warm_start(paths["model"], paths["warm"], args.warm_steps, os.path.join(out, "warm_start"), meter)
         start_label = f"Start model ({args.warm_steps} warm SFT steps)"
         say(f"warm start: {args.warm_steps} SFT steps ({meter.cpu['warm_start']:.0f} CPU s)")
-    eval_kw = dict(max_tokens=args.eval_max_tokens, env=env, rollout=args.rollout, timeout_s=args.run_timeout, reuse=args.reuse)
+    eval_kw = dict(max_tokens=args.eval_max_tokens, env=env, rollout=args.rollout, timeout_s=args.run_timeout,
+                   reuse=args.reuse or args.report_only, only_finished=args.report_only)
     # One process scores the start model: the on-policy probe on training prompts, then the held-out files.
     start_ev = evaluate_model(start_model, paths["eval"], os.path.join(out, "start_model", "eval"),
                               eval_samples=args.eval_samples, **eval_kw,
@@ -217,13 +284,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                          max_tokens=args.response_length, temperature=ROLLOUT_TEMPERATURE))
     probe = start_ev["probe"]
     say(f"start model: {probe['correct']} of {probe['samples']} on-policy samples correct: pass rate {probe['accuracy']:.3f}")
+    traces = trace_pass_rate(paths["train"])
+    probe["traces"] = traces
+    say(f"teacher traces: {traces['correct']} of {traces['rows']} training problems solved ({traces['accuracy']:.3f})")
+    if args.preset == "no_reward":
+        try:
+            check_no_reward(probe)
+        except ValueError as exc:
+            print(f"reproduce_tiny: ERROR: {exc}", file=sys.stderr, flush=True)
+            return 2
+        say(f"no-reward regime: on-policy pass rate {probe['accuracy']:.2%} < {NO_REWARD_MAX_PASS:.0%}")
     start_scores = split_scores(start_ev, args.n_test)
     start = {"label": start_label, **{sp: {m: S.interval([list(v["per_problem"].values())])
                                           for m, v in start_scores[sp].items()} for sp in S.SPLITS}}
     meter.cpu["start_model"] = start_ev["cpu_s"]
 
-    def settings_for(seed: int, lr: float) -> RunSettings:
-        return RunSettings(model_dir=start_model, train_file=paths["train"], test_file=paths["val"], steps=args.steps,
+    def settings_for(name: str, seed: int, lr: float) -> RunSettings:
+        return RunSettings(model_dir=start_model, train_file=paths[METHODS[name].train_split], test_file=paths["val"], steps=args.steps,
                            batch_size=args.batch_size, n=args.n, response_length=args.response_length,
                            max_prompt_length=args.max_prompt_length, lr=lr, rollout=args.rollout, ranks=args.ranks,
                            seed=seed, val_every=args.val_every, mini_batches=args.mini_batches)
@@ -244,7 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_dir = os.path.join(out, "grid", name, f"lr{lr:g}")
             try:
                 sft_model = grid_sft.get(grid_rec.get("sft", {}).get("chosen"))
-                run = train_method(name, settings_for(args.grid_seed, lr), run_dir, meter, sft_model)
+                run = train_method(name, settings_for(name, args.grid_seed, lr), run_dir, meter, sft_model)
                 if name == "sft":
                     grid_sft[lr] = run["hf_dir"]
                 ev = evaluate_model(run["hf_dir"], paths["val"], os.path.join(run_dir, "eval_val"),
@@ -275,7 +352,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_dir = os.path.join(out, f"seed{seed}", name)
             row = {"name": name, "label": METHODS[name].label, "seed": seed, "lr": lr}
             try:
-                run = train_method(name, settings_for(seed, lr), run_dir, meter, sft_seed_model)
+                run = train_method(name, settings_for(name, seed, lr), run_dir, meter, sft_seed_model)
                 if name == "sft":
                     sft_seed_model = run["hf_dir"]
                 row.update(wall_s=run["wall_s"], cpu_s=run["cpu_s"], metrics_file=run["metrics_file"])
@@ -298,7 +375,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     methods = {n: S.method_summary(METHODS[n].label, rs, grid_rec[n]) for n, rs in runs.items()}
     verdicts = S.claims(runs, methods, probe, start_scores)
+    if any(n in FAMILY for n in runs):  # LUFFY and each family method against GRPO, the start model and SFT
+        verdicts["family"] = S.family_claims(runs, {n: METHODS[n].label for n in runs if n == "luffy" or n in FAMILY},
+                                             start_scores)
     plots_dir = os.path.join(out, "plots")
+    os.makedirs(plots_dir, exist_ok=True)  # no curve to plot (a partial report) still gets its bar plot
     plots = plot_seed_curves(curves, plots_dir, smooth=args.smooth) if curves else []
     bar = S.plot_held_out(methods, start, plots_dir, args.eval_samples)
     plots += [bar] if bar else []
@@ -313,10 +394,53 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     say(f"done in {time.perf_counter() - t_all:.0f} s wall; CPU s: {cpu} (total {cpu['total'] / 60:.1f} CPU-min)")
     print(S.main_table(methods, start))
     print("\n".join(S.claims_markdown(verdicts, args.eval_samples)))
+    if verdicts.get("family"):
+        print("\n".join(S.family_markdown(verdicts["family"], args.eval_samples)))
     print(f"results: {md}")
     for path in plots:
         print(f"plot: {path}")
     return 1 if any(r.get("error") for rs in runs.values() for r in rs) else 0
+
+
+# results.md of a run with the family: the knobs changed from the authors' values, and why (reproduce/methods.py).
+FAMILY_KNOBS = [
+    "Family knobs: the authors' defaults (luffy_pool/config/mix_ppo_trainer.yaml, `algorithm.<method>`) except three "
+    "tied to the authors' batch or run length, rescaled to this run's (`reproduce/methods.py` `family_overrides`): "
+    "ReLIFT's `sft_data_size` and `sft_mini_batch_size` = the batch (theirs: 128 = their batch: one SFT step once a "
+    "batch's worth of hard questions is buffered) and `sft_lr` = the run's RL lr (theirs: 1e-6, equal to their RL lr; "
+    "1e-6 does nothing to the tiny model); UFT's `total_training_steps_hint` = 0.6 x steps (theirs: 300 of 500 steps). "
+    "Prefix-RFT's cosine decays over the run (its default). ExGRPO keeps its warm-up rule (on-policy until a step "
+    "solves > 35 %), so in the no-reward regime it trains as on-policy GRPO for as long as that holds."]
+
+
+def command_flags(args) -> str:
+    return " --quick" if args.quick else (f" --preset {args.preset}" if args.preset else "")
+
+
+def partial_lines(grid_rec, runs) -> list[str]:
+    """A report with runs missing (``--report-only`` while the runs go on, or failures) says so before any number."""
+    grid_missing = [f"{g['label']} lr {lr:g}" for g in grid_rec.values() for lr, v in g["scores"].items() if v is None]
+    seed_missing = [f"{r['label']} seed {r['seed']}" for rs in runs.values() for r in rs if r.get("error")]
+    not_run = [g["label"] for n, g in grid_rec.items() if g.get("chosen") is None]
+    if not (grid_missing or seed_missing or not_run):
+        return []
+    return ["## PARTIAL RESULTS", "",
+            "Not every run of this command had finished (or succeeded) when this report was written: the verdicts below "
+            "use only the finished runs, and a comparison missing a method or a seed is marked as such. Missing: " +
+            "; ".join(filter(None, [("grid " + ", ".join(grid_missing)) if grid_missing else "",
+                                    ("final runs " + ", ".join(seed_missing)) if seed_missing else "",
+                                    ("no lr chosen for " + ", ".join(not_run)) if not_run else ""])) + ".", ""]
+
+
+def regime_lines(args, probe) -> list[str]:
+    """The no-reward preset's statement of its regime (none for the other commands)."""
+    if args.preset != "no_reward":
+        return []
+    return ["## Regime: on-policy RL finds no reward", "",
+            f"`--preset no_reward`: the start model ({args.warm_steps} warm SFT steps instead of 160) solves "
+            f"{probe['correct']} of {probe['samples']} on-policy samples of training prompts ({probe['accuracy']:.2%}, "
+            f"under {NO_REWARD_MAX_PASS:.0%}, checked before any training), while the teacher traces solve "
+            f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems.", ""]
 
 
 def write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, cpu_source, plots,
@@ -335,14 +459,16 @@ def write_report(out, args, settings, probe, start, grid_rec, methods, runs, ver
             per_run.append(f"| {r['label']} | {r['seed']} | {r['lr']:g} | " +
                            " | ".join("—" if v is None else f"{v:.3f}" for v in cells) + f" | {r['cpu_s']:.0f} |")
     md = ["# Tiny reproduction of LUFFY's claims (CPU)", "",
-          f"`exp_scripts/reproduce_tiny.py{' --quick' if args.quick else ''}`: every method starts from the same model "
+          f"`exp_scripts/reproduce_tiny.py{command_flags(args)}`: every method starts from the same model "
           f"({start['label']}), trains {args.steps} steps ({args.batch_size} prompts x {args.n}) at its own learning "
           f"rate, " + ("fixed by --method-lr (no grid: see the table)" if all(len(g) == 1 for g in grids.values()) else
                        f"chosen on {args.n_val} validation problems with seed {args.grid_seed}") + "; then seeds "
           f"{', '.join(map(str, settings['seeds']))} at that lr. Held-out: {args.n_test} in-distribution problems "
           f"(two-digit addition) and {args.n_ood} out-of-distribution problems ({args.ood_variant}), greedy pass@1 "
           f"and avg@{k} at T=0.6. Intervals: 95 %, over seeds and problems (see *Intervals*).", "",
-          "## Claims", "", *S.claims_markdown(verdicts, k), "",
+          *partial_lines(grid_rec, runs), *regime_lines(args, probe), "## Claims", "", *S.claims_markdown(verdicts, k), "",
+          *(["## LUFFY and its family against on-policy GRPO, the start model and SFT", "",
+             *S.family_markdown(verdicts["family"], k), "", *FAMILY_KNOBS, ""] if verdicts.get("family") else []),
           "## Results (mean over seeds [95 % interval])", "", S.main_table(methods, start), "",
           f"On-policy reward = mean score of the policy's own samples over the first / last {args.window} steps "
           "(mean ± std over seeds); final entropy = mean over the last window; SFT has no on-policy samples.", "",
@@ -350,7 +476,8 @@ def write_report(out, args, settings, probe, start, grid_rec, methods, runs, ver
           S.grid_table(grid_rec), "", *S.grid_edge_notes(grid_rec), "",
           "## Start model", "",
           f"On-policy success on training prompts: {probe['correct']} of {probe['samples']} samples ({probe['rows']} "
-          f"prompts x {probe['n']}, T={probe['temperature']}), pass rate {probe['accuracy']:.3f}.", "",
+          f"prompts x {probe['n']}, T={probe['temperature']}), pass rate {probe['accuracy']:.3f}. Teacher traces: "
+          f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems solved.", "",
           "## Out-of-distribution problems", "",
           f"`{args.ood_variant}` (luffy_pool/tiny/arith_task.py `OOD_VARIANTS`): additions whose operand lengths never "
           "occur in training (train, warm start, validation and test are all two-digit + two-digit), solved by the same "

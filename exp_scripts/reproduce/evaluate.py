@@ -41,11 +41,12 @@ def eval_command(model_dir: str, input_file: str, output_file: str, *, n: int, t
 
 
 def run_evals(calls: Sequence[tuple[list[str], str]], env: Mapping[str, str], timeout_s: Optional[float] = None,
-              reuse: bool = False, log_path: Optional[str] = None) -> list[dict]:
+              reuse: bool = False, log_path: Optional[str] = None, only_finished: bool = False) -> list[dict]:
     """Run generate_vllm.py commands ``(cmd, output_file)`` in one process (``reproduce/eval_batch.py``) and
     return their JSON summaries, each with the ``cpu_s`` it used.
 
     ``reuse``: a command whose summary exists for exactly that command (``<output stem>.cmd.json``) is not run.
+    ``only_finished``: run nothing; RuntimeError when a command has no such summary (a partial report).
     """
     todo = []
     for cmd, output_file in calls:
@@ -57,6 +58,8 @@ def run_evals(calls: Sequence[tuple[list[str], str]], env: Mapping[str, str], ti
                 done = json.load(f) == list(cmd)
         if not done:
             todo.append((cmd, output_file, cmd_file))
+    if todo and only_finished:
+        raise RuntimeError(f"not evaluated yet: {todo[0][1]} (--report-only)")
     if todo:
         first = todo[0][1]
         log_path = log_path or os.path.splitext(first)[0] + ".log"
@@ -88,7 +91,8 @@ def headline(summary: Mapping) -> dict:
 
 def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: int, eval_samples: int,
                    env: Mapping[str, str], rollout: str = "vllm", timeout_s: Optional[float] = None,
-                   reuse: bool = False, greedy: bool = True, probe: Optional[dict] = None) -> dict:
+                   reuse: bool = False, greedy: bool = True, probe: Optional[dict] = None,
+                   only_finished: bool = False) -> dict:
     """``{"greedy": headline or None, "sampled": headline or None, "probe": headline or None, "files": {...},
     "cpu_s"}`` on ``test_file``, all in one process (the per-sample output files give the per-problem scores of
     ``reproduce.stats``); ``greedy=False`` skips greedy decoding (the learning-rate grid scores avg@k only).
@@ -106,7 +110,8 @@ def evaluate_model(model_dir: str, test_file: str, out_dir: str, *, max_tokens: 
         out = os.path.join(out_dir, f"t0.6_n{eval_samples}.jsonl")
         calls["sampled"] = (eval_command(model_dir, test_file, out, n=eval_samples, temperature=0.6,
                                          max_tokens=max_tokens, rollout=rollout), out)
-    summaries = run_evals(list(calls.values()), env, timeout_s, reuse, log_path=os.path.join(out_dir, "eval.log"))
+    summaries = run_evals(list(calls.values()), env, timeout_s, reuse, log_path=os.path.join(out_dir, "eval.log"),
+                          only_finished=only_finished)
     result: dict = {"greedy": None, "sampled": None, "probe": None,
                     "files": {name: out for name, (_, out) in calls.items()}}
     for name, summary in zip(calls, summaries):

@@ -1,14 +1,18 @@
-"""The methods of LUFFY's comparison (docs/METHOD.md §6) as tiny CPU runs, and the overrides every run shares.
+"""The methods of LUFFY's comparison (docs/METHOD.md §6) and of its family (issue #32) as tiny CPU runs, and the
+overrides every run shares.
 
 A method is a name, a label for the table, how it trains (``rl``: one trainer run; ``sft``: the SFT
 trainer; ``sft_rl``: the SFT model, then an RL run) and its config in ``luffy_pool/config``. The shared
 settings (model, data, steps, batch, lengths, learning rate, seeds) are applied to every method the same
-way, so the methods differ only in what their config files say.
+way, so the methods differ only in what their config files say. A family method (HPT, SRFT, CHORD, ExGRPO,
+ReLIFT, UFT, Prefix-RFT) is ``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>`` (its knobs: the authors'
+defaults in mix_ppo_trainer.yaml) plus ``extra``: the few knobs whose authors' value is tied to their batch or run
+length, rescaled to this run's (``family_overrides``); UFT trains on the train split with its hint column.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +21,9 @@ class Method:
     label: str  # table and legend name
     kind: str  # rl | sft | sft_rl
     config_name: str  # luffy_pool/config/<config_name>.yaml (for sft_rl: its RL part)
+    # overrides of this method on top of the shared ones, from the run's settings (family methods: family_overrides)
+    extra: Optional[Callable[["RunSettings"], list[str]]] = None
+    train_split: str = "train"  # which split file it trains on (UFT: "train_hints", the train split + hint column)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -30,15 +37,46 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 )}
 # The paper's central comparison: what the weak-start regime is measured with.
 MAIN_METHODS = ("on_policy", "luffy", "luffy_no_shaping", "sft", "luffy_replay")
+# The four LUFFY's three claims need.
+CLAIMS_METHODS = ("on_policy", "luffy", "luffy_no_shaping", "sft")
+
+
+def family_overrides(name: str) -> Callable[["RunSettings"], list[str]]:
+    """``algorithm.method=<name>`` and the knobs whose authors' value is tied to their batch or run length, rescaled
+    to this run's (results.md of ``--preset no_reward`` lists them): ReLIFT's SFT stage fires once a step's batch of
+    hard questions is buffered (theirs: 128 of a 128-prompt batch) and trains at the RL lr (theirs: 1e-6 both);
+    UFT's hint anneals over 0.6 of the run (theirs: T_hint 300 of 500 steps). Every other knob: the authors'."""
+    def extra(s: "RunSettings") -> list[str]:
+        out = [f"algorithm.method={name}"]
+        if name == "relift":
+            out += [f"algorithm.relift.sft_data_size={s.batch_size}", f"algorithm.relift.sft_mini_batch_size={s.batch_size}",
+                    f"algorithm.relift.sft_micro_batch_size={s.sft_micro_batch_size}", f"algorithm.relift.sft_lr={s.lr}"]
+        if name == "uft":
+            out += [f"algorithm.uft.total_training_steps_hint={max(1, round(0.6 * s.steps))}"]
+        return out
+
+    return extra
+
+
+# LUFFY's family (issue #32, luffy_pool/methods/): the tiny LUFFY config with algorithm.method=<name>.
+FAMILY = {"hpt": "HPT", "srft": "SRFT", "chord": "CHORD-φ", "exgrpo": "ExGRPO", "relift": "ReLIFT", "uft": "UFT",
+          "prefix_rft": "Prefix-RFT"}
+METHODS.update({name: Method(name, label, "rl", "tiny_cpu_luffy", family_overrides(name),
+                             "train_hints" if name == "uft" else "train") for name, label in FAMILY.items()})
+# --methods family: the family beside on-policy GRPO, LUFFY and SFT.
+FAMILY_METHODS = ("sft", "on_policy", "luffy", *FAMILY)
+KEYWORDS = {"all": METHODS, "main": MAIN_METHODS, "claims": CLAIMS_METHODS, "family": FAMILY_METHODS}
 
 
 def parse_methods(text: str) -> list[str]:
-    """``"all"``, ``"main"`` or a comma list of method names -> names in the order given, each once."""
-    keyword = {"all": list(METHODS), "main": list(MAIN_METHODS)}.get(text.strip())
-    names = keyword if keyword is not None else [n.strip() for n in text.split(",") if n.strip()]
+    """A keyword of ``KEYWORDS`` (all, main, claims, family) or a comma list of method names -> names in the order
+    given, each once."""
+    keyword = KEYWORDS.get(text.strip())
+    names = list(keyword) if keyword is not None else [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown:
-        raise ValueError(f"--methods: unknown method(s) {unknown}; valid: all, main or a comma list of {list(METHODS)}")
+        raise ValueError(f"--methods: unknown method(s) {unknown}; valid: {', '.join(KEYWORDS)} or a comma list of "
+                         f"{list(METHODS)}")
     if not names:
         raise ValueError("--methods: no method given")
     return list(dict.fromkeys(names))

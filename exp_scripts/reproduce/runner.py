@@ -51,8 +51,10 @@ class Meter:
     summarised by a last call over everything).
     """
 
-    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False):
-        self.env, self.timeout_s, self.reuse = env, timeout_s, reuse
+    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False,
+                 only_finished: bool = False):
+        # only_finished (--report-only): reuse finished runs and run nothing (a partial report of a run in progress)
+        self.env, self.timeout_s, self.reuse, self.only_finished = env, timeout_s, reuse or only_finished, only_finished
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
         self.cpu_source = "proc"
@@ -94,6 +96,8 @@ def fresh_dir(path: str, meter: Optional["Meter"] = None, cmd: Optional[Sequence
     ``meter`` may reuse the finished run of ``cmd`` there."""
     if meter is not None and cmd is not None and meter.finished(path, cmd) is not None:
         return path
+    if meter is not None and meter.only_finished:  # never clear a folder another process may still be writing
+        raise RuntimeError(f"not run yet: {path} (--report-only)")
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(path)
@@ -125,11 +129,12 @@ def train_sft(settings: RunSettings, run_dir: str, meter: Meter) -> tuple[str, f
 
 
 def train_rl(config_name: str, settings: RunSettings, run_dir: str, meter: Meter,
-             model_dir: Optional[str] = None) -> tuple[str, float, float]:
-    """One RL run through ``reproduce/run_rl.py``; returns (final HF folder, wall s, CPU s)."""
+             model_dir: Optional[str] = None, extra: Sequence[str] = ()) -> tuple[str, float, float]:
+    """One RL run through ``reproduce/run_rl.py`` (``extra``: the method's own overrides, last); returns (final HF
+    folder, wall s, CPU s)."""
     hf_dir = os.path.join(run_dir, "final")
     cmd = [sys.executable, RUN_RL, "--config-name", config_name, "--hf-out", hf_dir,
-           "--result", os.path.join(run_dir, "run_result.json"), *rl_overrides(settings, run_dir, model_dir)]
+           "--result", os.path.join(run_dir, "run_result.json"), *rl_overrides(settings, run_dir, model_dir), *extra]
     fresh_dir(run_dir, meter, cmd)
     wall, cpu = meter.run(cmd, os.path.join(run_dir, "train.log"), "training")
     return hf_dir, wall, cpu
@@ -154,5 +159,8 @@ def train_method(name: str, settings: RunSettings, run_dir: str, meter: Meter,
         return {"hf_dir": hf_dir, "wall_s": wall, "cpu_s": cpu, "metrics_file": None}
     if method.kind == "sft_rl" and not sft_model:
         raise RuntimeError("SFT then RL needs the SFT run of the same seed (add sft to --methods)")
-    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter, sft_model)
+    extra = method.extra(settings) if method.extra else ()
+    # Only SFT-then-RL starts from the SFT model; every other RL method from the shared start (settings.model_dir).
+    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter,
+                                 sft_model if method.kind == "sft_rl" else None, extra)
     return {"hf_dir": hf_dir, "wall_s": wall, "cpu_s": cpu, "metrics_file": os.path.join(run_dir, "metrics.jsonl")}

@@ -74,10 +74,13 @@ def _matrix(runs: Sequence[Mapping], split: str, metric: str) -> Optional[list]:
 
 
 def paired(runs: Mapping[str, Sequence[Mapping]], a: str, b: str, split: str, metric: str) -> Optional[dict]:
-    """``a − b`` on one split and metric, paired by seed position and problem; None when either is missing."""
+    """``a − b`` on one split and metric, paired by seed and problem over the seeds both finished; None when either
+    is missing."""
     if a not in runs or b not in runs:
         return None
-    xa, xb = _matrix(runs[a], split, metric), _matrix(runs[b], split, metric)
+    common = ({r["seed"] for r in runs[a] if not r.get("error")} & {r["seed"] for r in runs[b] if not r.get("error")})
+    xa = _matrix([r for r in runs[a] if r["seed"] in common], split, metric) if common else None
+    xb = _matrix([r for r in runs[b] if r["seed"] in common], split, metric) if common else None
     if xa is None or xb is None or len(xa) != len(xb):
         return None
     d = difference(xa, xb)
@@ -123,6 +126,25 @@ def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], p
         "3_shaping": {"luffy_minus_no_shaping_id_avg": paired(runs, "luffy", "luffy_no_shaping", "id", "avg"),
                       "luffy_minus_no_shaping_ood_avg": paired(runs, "luffy", "luffy_no_shaping", "ood", "avg")},
     }
+
+
+def family_claims(runs: Mapping[str, Sequence[Mapping]], labels: Mapping[str, str],
+                  start_scores: Optional[Mapping] = None) -> dict:
+    """Per method of ``labels`` other than on-policy GRPO and SFT (LUFFY and its family): the question LUFFY's first
+    claim asks of each, paired as the claims are: method − on-policy GRPO and method − start model on the held-out
+    in-distribution avg@k, and method − SFT out of distribution."""
+    return {name: {"label": label,
+                   "minus_on_policy_id_avg": paired(runs, name, "on_policy", "id", "avg"),
+                   "minus_start_id_avg": versus_start(runs, name, start_scores, "id", "avg"),
+                   "minus_sft_ood_avg": paired(runs, name, "sft", "ood", "avg")}
+            for name, label in labels.items() if name not in ("on_policy", "sft") and name in runs}
+
+
+def family_markdown(f: Mapping, k: int) -> list[str]:
+    """One bullet per method of ``family_claims``."""
+    return [f"- **{v['label']}**: ID avg@{k} − on-policy GRPO {_diff_text(v['minus_on_policy_id_avg'])}; − start model "
+            f"{_diff_text(v['minus_start_id_avg'])}; OOD avg@{k} − SFT {_diff_text(v['minus_sft_ood_avg'])}."
+            for v in f.values()]
 
 
 def _diff_text(d: Optional[Mapping]) -> str:
@@ -187,7 +209,8 @@ def grid_table(grids: Mapping[str, Mapping]) -> str:
             s = g["scores"].get(lr, "n/a")
             cell = "—" if s is None else (s if isinstance(s, str) else f"{s:.3f}")
             cells.append(f"**{cell}**" if lr == g["chosen"] and len(g["scores"]) > 1 else cell)
-        lines.append(f"| {g['label']} | " + " | ".join(cells) + f" | {g['chosen']:g} |")
+        chosen = "—" if g.get("chosen") is None else f"{g['chosen']:g}"  # every grid run failed or is missing
+        lines.append(f"| {g['label']} | " + " | ".join(cells) + f" | {chosen} |")
     return "\n".join(lines)
 
 

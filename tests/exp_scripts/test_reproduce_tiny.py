@@ -28,7 +28,25 @@ def _settings(**kw) -> RunSettings:
 # ------------------------------------------------------------------------------ methods
 def test_parse_methods_all_is_every_method_in_table_order():
     assert parse_methods("all") == ["on_policy", "rl_sft_loss", "sft", "sft_rl", "luffy_no_shaping", "luffy",
-                                    "luffy_replay"]
+                                    "luffy_replay", "hpt", "srft", "chord", "exgrpo", "relift", "uft", "prefix_rft"]
+
+
+def test_parse_methods_family_is_the_family_beside_grpo_luffy_and_sft():
+    assert parse_methods("family") == ["sft", "on_policy", "luffy", "hpt", "srft", "chord", "exgrpo", "relift", "uft",
+                                       "prefix_rft"]
+    assert parse_methods("claims") == ["on_policy", "luffy", "luffy_no_shaping", "sft"]
+
+
+def test_family_methods_select_their_method_and_rescale_only_batch_and_length_tied_knobs():
+    s = _settings(batch_size=8, lr=1e-4, steps=50)
+    for name in ("hpt", "srft", "chord", "exgrpo", "prefix_rft"):
+        assert METHODS[name].config_name == "tiny_cpu_luffy" and METHODS[name].extra(s) == [f"algorithm.method={name}"]
+    assert METHODS["relift"].extra(s) == [
+        "algorithm.method=relift", "algorithm.relift.sft_data_size=8", "algorithm.relift.sft_mini_batch_size=8",
+        "algorithm.relift.sft_micro_batch_size=4", "algorithm.relift.sft_lr=0.0001"]
+    assert METHODS["uft"].extra(s) == ["algorithm.method=uft", "algorithm.uft.total_training_steps_hint=30"]
+    assert METHODS["uft"].train_split == "train_hints"
+    assert {n for n, m in METHODS.items() if m.train_split != "train"} == {"uft"}
 
 
 def test_parse_methods_main_is_the_central_comparison():
@@ -68,8 +86,11 @@ def test_shared_overrides_compose_a_valid_config_for_every_rl_method(name, compo
     from luffy_pool.config.check import check_config, prepare_overrides
 
     s = _settings(steps=7, batch_size=6, n=4, lr=3e-4, rollout="hf")
-    cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final")), METHODS[name].config_name)
+    extra = METHODS[name].extra(s) if METHODS[name].extra else []
+    cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final") + extra),
+                         METHODS[name].config_name)
     check_config(cfg)
+    assert cfg.algorithm.method == (name if METHODS[name].extra else "luffy")
     assert cfg.trainer.total_training_steps == 7 and cfg.data.train_batch_size == 6
     assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.actor_rollout_ref.actor.optim.lr == 3e-4
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 3
@@ -269,3 +290,45 @@ def test_cpu_sampler_counts_a_child_process_tree(tmp_path):
                                            str(tmp_path), timeout_s=60)
     assert code == 0 and source in ("proc", "rusage")
     assert cpu >= 0.9  # parent 0.4 s + grandchild-level child 0.6 s (minus at most a sampling interval each)
+
+
+# ------------------------------------------------------------------------------ start model, partial reports
+def test_only_sft_then_rl_starts_from_the_sft_model(monkeypatch, tmp_path):
+    from reproduce import runner
+
+    starts = {}
+    monkeypatch.setattr(runner, "train_rl", lambda config, s, run_dir, meter, model_dir=None, extra=(): (
+        starts.__setitem__(config, model_dir) or (run_dir, 1.0, 1.0)))
+    for name in ("on_policy", "luffy", "hpt", "sft_rl"):
+        runner.train_method(name, _settings(), str(tmp_path / name), meter=None, sft_model="/sft/final")
+    assert starts == {"tiny_cpu_on_policy": None, "tiny_cpu_luffy": None, "tiny_cpu_sft_rl": "/sft/final"}
+
+
+def test_report_only_never_clears_an_unfinished_run_folder(tmp_path):
+    from reproduce.runner import Meter, fresh_dir
+
+    run = tmp_path / "grid" / "luffy" / "lr1e-4"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text("step:3")  # another process is still training here
+    with pytest.raises(RuntimeError, match=r"not run yet: .*lr1e-4 \(--report-only\)"):
+        fresh_dir(str(run), Meter({}, None, only_finished=True), ["python", "train"])
+    assert (run / "train.log").read_text() == "step:3"
+    (run / "done.json").write_text(json.dumps({"cmd": ["python", "train"], "wall_s": 1.0, "cpu_s": 2.0}))
+    meter = Meter({}, None, only_finished=True)
+    assert fresh_dir(str(run), meter, ["python", "train"]) == str(run)
+    assert meter.run(["python", "train"], str(run / "train.log"), "training") == (1.0, 2.0)
+
+
+def test_a_report_with_missing_runs_says_partial_first():
+    from reproduce_tiny import partial_lines
+
+    grid = {"luffy": {"label": "LUFFY", "scores": {1e-4: 0.1, 3e-5: None}, "chosen": 1e-4},
+            "hpt": {"label": "HPT", "scores": {1e-4: None}, "chosen": None}}
+    runs = {"luffy": [{"label": "LUFFY", "seed": 1}, {"label": "LUFFY", "seed": 2, "error": "not run yet"}]}
+    text = "\n".join(partial_lines(grid, runs))
+    assert text.startswith("## PARTIAL RESULTS") and "grid LUFFY lr 3e-05, HPT lr 0.0001" in text
+    assert "final runs LUFFY seed 2" in text and "no lr chosen for HPT" in text
+    assert partial_lines({"luffy": dict(grid["luffy"], scores={1e-4: 0.1})}, {"luffy": runs["luffy"][:1]}) == []
+    from reproduce.summary import grid_table
+
+    assert grid_table(grid).splitlines()[-1] == "| HPT | n/a | — | — |"  # no lr chosen: its row still prints

@@ -105,6 +105,43 @@ def test_quick_changes_defaults_but_explicit_flags_win():
         assert len(grid) >= 3 and grid[-1] / grid[0] >= 10 - 1e-9  # 3e-4 / 3e-5 is 9.999... in floats
 
 
+def test_no_reward_preset_changes_defaults_and_refuses_to_combine_with_quick(capsys):
+    from reproduce_tiny import NO_REWARD, parse_args
+
+    a = parse_args(["--preset", "no_reward"])
+    assert (a.preset, a.methods, a.warm_steps, a.seeds, a.n_test, a.n_ood) == ("no_reward", "family", 100, "1,2", 200, 200)
+    assert a.lr_grid == NO_REWARD["lr_grid"] and a.probe_rows == 128 and a.out.endswith("reproduce_tiny_no_reward")
+    assert a.steps == parse_args([]).steps and a.level == 2  # the task and run length are the default command's
+    assert parse_args(["--preset", "no_reward", "--warm-steps", "60", "--methods", "claims"]).warm_steps == 60
+    with pytest.raises(SystemExit):
+        parse_args(["--quick", "--preset", "no_reward"])
+    assert "choose one" in capsys.readouterr().err
+
+
+def test_no_reward_check_refuses_a_start_model_that_finds_one_percent():
+    from reproduce_tiny import check_no_reward
+
+    check_no_reward({"correct": 10, "samples": 1025, "accuracy": 10 / 1025})
+    with pytest.raises(ValueError, match=r"solves 11 of 1024 .*\(1\.07%\), not under 1%"):
+        check_no_reward({"correct": 11, "samples": 1024, "accuracy": 11 / 1024})
+    with pytest.raises(ValueError, match="not under 1%"):
+        check_no_reward({"correct": 1, "samples": 100, "accuracy": 0.01})  # the bound itself is refused
+    with pytest.raises(ValueError, match="no samples"):
+        check_no_reward({"correct": 0, "samples": 0, "accuracy": 0.0})
+
+
+def test_teacher_traces_of_the_task_solve_their_problems_and_a_wrong_one_is_counted(tmp_path):
+    from luffy_pool.tiny import write_task_parquets
+    from reproduce_tiny import trace_pass_rate
+
+    train = write_task_parquets(str(tmp_path), n_train=6, n_test=1)["train"]
+    assert trace_pass_rate(train) == {"correct": 6, "rows": 6, "accuracy": 1.0}
+    df = pd.read_parquet(train)
+    df.at[0, "reward_model"] = {"ground_truth": "-1", "style": "rule"}
+    df.to_parquet(train)
+    assert trace_pass_rate(train)["correct"] == 5
+
+
 # ------------------------------------------------------------------------------ OOD split
 def test_ood_problems_are_outside_the_training_lengths_and_disjoint(tmp_path):
     from luffy_pool.tiny.arith_task import make_ood_problems, write_ood_parquet
@@ -180,6 +217,20 @@ def test_claims_give_verdicts_and_mark_missing_methods():
     assert c["3_shaping"]["luffy_minus_no_shaping_id_avg"] is None  # LUFFY w/o shaping not run
     text = "\n".join(S.claims_markdown(c, 4))
     assert "not measured" in text and "**inconclusive**" in text
+
+
+def test_family_claims_pair_each_method_with_grpo_start_and_sft():
+    runs = _fake_runs()
+    runs["hpt"] = [_run(s, [1, 1, 0, 0], [0, 0, 0, 0]) for s in (1, 2, 3)]
+    start = {sp: {m: {"per_problem": dict(enumerate([1, 0, 0, 0]))} for m in ("greedy", "avg")} for sp in ("id", "ood")}
+    f = S.family_claims(runs, {"luffy": "LUFFY", "hpt": "HPT", "on_policy": "GRPO", "relift": "ReLIFT"}, start)
+    assert list(f) == ["luffy", "hpt"]  # GRPO is the reference, ReLIFT was not run
+    assert f["hpt"]["minus_on_policy_id_avg"]["mean"] == pytest.approx(0.25)  # 0.5 - 0.25
+    assert f["hpt"]["minus_start_id_avg"]["mean"] == pytest.approx(0.25)
+    assert f["hpt"]["minus_sft_ood_avg"]["mean"] == pytest.approx(-0.25)
+    assert f["luffy"]["minus_on_policy_id_avg"]["mean"] == pytest.approx(0.5)
+    lines = S.family_markdown(f, 4)
+    assert len(lines) == 2 and lines[1].startswith("- **HPT**: ID avg@4 − on-policy GRPO **")
 
 
 def test_results_json_schema(tmp_path):
