@@ -21,7 +21,9 @@ offload setting (the reference is switched on to exercise it: LUFFY's train.sh o
 use_ref=False leaves unused), its parameter dtype (bf16 on cuda), its log-prob chunk and its engine (vLLM) with the recipe's rollout keys
 (gpu_memory_utilization, enforce_eager, sleep_level, free_cache_engine, prefix caching; max_num_batched_tokens and
 max_num_seqs scaled), checked against the built engine's own config. SP and TP need more than one rank (this smoke
-is one process): they are printed, and rehearsed by exp_scripts/rehearse.sh.
+is one process): when the machine has the GPUs for the recipe's SP x TP (sp_tp_ranks), the recipe then runs 2 steps
+through ``exp_scripts/rehearse.sh --device cuda`` on that many GPUs (NCCL, its SP and vLLM TP groups, the weight
+sync between them; tiny model and lengths); with fewer GPUs that is printed and skipped.
 
 Needs torch, transformers, tensordict, omegaconf, hydra-core (+ vllm for the vLLM part).
 """
@@ -427,6 +429,41 @@ def engines(choice: str) -> list:
     return ["hf", "vllm"]
 
 
+def sp_tp_ranks(sp: int, tp: int, gpus: int) -> int:
+    """GPUs for the recipe's SP x TP rehearsal (two DP groups when the machine has them, as the CPU rehearsal
+    runs), 0 when there is no parallel layout to check or too few GPUs to hold it."""
+    from math import lcm
+
+    from luffy_pool.run.recipe import rehearsal_world
+
+    need = lcm(sp, tp)
+    if need == 1 or gpus < need:
+        return 0
+    return min(rehearsal_world(sp, tp, 4), gpus // need * need)
+
+
+def run_sp_tp(script: str, sp: int, tp: int, gpus: int, work: str) -> dict:
+    """The recipe rehearsed on ``sp_tp_ranks`` GPUs: {"ranks", "rc", "steps"}; {"skipped": why} without them."""
+    import re
+    import subprocess
+
+    ranks = sp_tp_ranks(sp, tp, gpus)
+    if not ranks:
+        from math import lcm
+
+        why = "no SP/TP in the recipe" if sp * tp == 1 else f"SP {sp} x TP {tp} needs {lcm(sp, tp)} GPUs, {gpus} seen"
+        print(f"[gpu_smoke] SP/TP rehearsal skipped: {why}", flush=True)
+        return {"skipped": why}
+    cmd = ["bash", os.path.join(ROOT, "exp_scripts", "rehearse.sh"), script, "--device", "cuda", "--ranks", str(ranks),
+           "--work", work]
+    print(f"[gpu_smoke] SP {sp} x TP {tp} on {ranks} GPUs: {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    steps = sorted({int(m) for m in re.findall(r"^step:(\d+) - ", proc.stdout, re.M)})
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:] + proc.stderr[-3000:], flush=True)
+    return {"ranks": ranks, "rc": proc.returncode, "steps": steps}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     single_rank_env()
@@ -454,10 +491,14 @@ def main(argv=None) -> int:
               f"(the recipe's SP {recipe.sp} x TP {recipe.tp}: bash exp_scripts/rehearse.sh {args.recipe})", flush=True)
     results = [run_engine(e, args, model_dir, task_dir, os.path.join(work, e)) for e in chosen]
     graphs = graphs_vs_eager(model_dir, args.device) if "vllm" in chosen else None
-    ok = all(all(r["checks"].values()) for r in results) and (graphs is None or graphs["ok"])
+    sp_tp = None
+    if args.recipe and args.device == "cuda":
+        sp_tp = run_sp_tp(args.recipe, recipe.sp, recipe.tp, torch.cuda.device_count(), os.path.join(work, "sp_tp"))
+    ok = (all(all(r["checks"].values()) for r in results) and (graphs is None or graphs["ok"])
+          and (sp_tp is None or "skipped" in sp_tp or (sp_tp["rc"] == 0 and sp_tp["steps"] == [1, 2])))
     summary = {"ok": ok, "device": args.device, "small": args.small, "recipe": args.recipe, "total_s": round(time.perf_counter() - t_all, 1),
                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "results": results,
-               "graphs": graphs}
+               "graphs": graphs, "sp_tp": sp_tp}
     for r in results:
         failed = [k for k, v in r["checks"].items() if not v]
         if r.get("memory_plan_gb"):

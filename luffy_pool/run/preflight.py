@@ -135,6 +135,31 @@ def check_model_source(name: str, key: str, need_config: bool = True) -> Optiona
     return None
 
 
+def check_model_architecture(name: str, key: str) -> Optional[str]:
+    """A model the workers cannot train, named before Ray starts (mixture of experts: why in
+    luffy_pool.tiny.model_config.refusal); None when it trains or its config is not readable here yet."""
+    import json
+
+    from luffy_pool.tiny.model_config import refusal
+
+    path = os.path.expanduser(name)
+    config = os.path.join(path, "config.json") if os.path.isdir(path) else None
+    if config is None and not _looks_like_path(name):
+        from verl.utils.model_source import cached_snapshot
+
+        snapshot = cached_snapshot(name)
+        config = os.path.join(snapshot, "config.json") if snapshot else None
+    if not config or not os.path.isfile(config):
+        return None
+    try:
+        with open(config) as f:
+            real = json.load(f)
+    except (OSError, ValueError):
+        return None  # the workers' own load names a config that does not parse
+    why = refusal(real, config) if isinstance(real, dict) else None
+    return f"{key}={name}: {why}" if why else None
+
+
 # ---------------------------------------------------------------------- data files
 def check_parquet(path: str, key: str, columns: tuple[str, ...], prompt_key: Optional[str] = None) -> list[str]:
     """Readable parquet with ``columns``, at least one row, and (with ``prompt_key``) no blank prompt."""
@@ -296,7 +321,8 @@ def preflight(config, sections=None) -> None:
     orm, model = sections.reward.orm, sections.workers.model
     if orm.enable and orm.cache_path:
         errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))
-    errors.append(check_model_source(str(model.path), "actor_rollout_ref.model.path"))
+    errors.append(check_model_source(str(model.path), "actor_rollout_ref.model.path")
+                  or check_model_architecture(str(model.path), "actor_rollout_ref.model.path"))
     errors.append(check_attn_implementation(str(model.attn_implementation)))
     if d.tokenizer:
         errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))

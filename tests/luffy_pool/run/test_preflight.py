@@ -146,3 +146,20 @@ def test_all_problems_are_reported_together_before_anything_loads(config, tmp_pa
     assert len(err.value.errors) == 2
     assert err.value.errors[0].startswith("actor_rollout_ref.model.path=")
     assert err.value.errors[1].startswith("data.val_files: ")
+
+
+def test_a_mixture_of_experts_model_is_refused_before_ray_starts(config, tmp_path, tiny_model_dir):
+    """Issue #34: Qwen3-30B-A3B (MoE) is refused at pre-flight with the reason, in one line naming the key."""
+    import json
+    import shutil
+
+    model = tmp_path / "qwen3_moe"
+    shutil.copytree(tiny_model_dir, model)
+    real = os.path.join(os.path.dirname(__file__), "..", "..", "data", "model_configs", "Qwen--Qwen3-30B-A3B-Base.json")
+    shutil.copy(real, model / "config.json")
+    errors = _errors(_set(config, "actor_rollout_ref.model.path", str(model)))
+    assert len(errors) == 1 and errors[0].startswith(f"actor_rollout_ref.model.path={model}: ")
+    assert "mixture of experts (128 experts)" in errors[0] and "not supported" in errors[0]
+    with open(model / "config.json", "w") as f:  # the same folder with a dense config passes
+        json.dump(json.load(open(os.path.join(tiny_model_dir, "config.json"))), f)
+    preflight(config)
