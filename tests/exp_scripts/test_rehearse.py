@@ -42,7 +42,8 @@ class Case:
 
     id: str
     script: str
-    args: tuple = ()
+    args: tuple = ()  # rehearse.sh options
+    overrides: tuple = ()  # Hydra overrides appended to the script's (right after the script: argparse positionals)
     resume: bool = False  # a second rehearsal resumes from the first one's step-1 checkpoint and trains step 2
 
     @property
@@ -85,8 +86,8 @@ def _case(script: str, config) -> Case:
     label = base if config == own_config(script) else f"{base}@{config.split('--', 1)[1]}"
     # the 16k models also resume (SP 2 x TP 2 shards written by 4 ranks, read by 4 new ones)
     resume = base in RESUMED
-    return Case(label, script, ("--model-config", os.path.join(CONFIGS, config + ".json"))
-                + (("trainer.save_freq=1",) if resume else ()), resume)
+    return Case(label, script, ("--model-config", os.path.join(CONFIGS, config + ".json")),
+                ("trainer.save_freq=1",) if resume else (), resume)
 
 
 CASES = [_case(s, MATRIX.get(os.path.basename(s)) or own_config(s)) for s in SCRIPTS] + [
@@ -253,8 +254,8 @@ class Rehearsals:
     @staticmethod
     def _run(case, work, cache, ray_address):
         def rehearse(folder, *extra):
-            return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), case.script, *case.args, *extra,
-                                   "--work", folder, "--ranks", str(case.ranks), "--cache", cache,
+            return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), case.script, *case.overrides, *extra,
+                                   *case.args, "--work", folder, "--ranks", str(case.ranks), "--cache", cache,
                                    "--ray-address", ray_address],
                                   env=_rehearsal_env(), capture_output=True, text=True, timeout=1400, cwd=work)
 
