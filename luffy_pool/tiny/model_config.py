@@ -5,8 +5,9 @@ train: tied embeddings (Qwen2.5-Math-1.5B), Llama-3.1's ``llama3`` rope scaling,
 rope_theta, attention/MLP biases, sliding-window keys, MoE routing. ``shrink_config`` copies the real
 config and changes only:
 
-- layers to ``layers``; heads to what SP and TP divide (``kv_heads`` given by the caller, query heads
-  keeping the real query-per-kv ratio up to ``MAX_GROUPS``); ``head_dim`` to ``HEAD_DIM``; hidden size to
+- layers to ``layers``; heads to what SP and TP divide (``kv_heads`` given by the caller, ``GROUPS`` query
+  heads per kv head when the real model has grouped-query attention, one when it has none); ``head_dim`` to
+  ``HEAD_DIM``; hidden size to
   heads x head_dim times the real ``hidden / (heads x head_dim)`` (Qwen3-MoE's 0.5 is kept); intermediate
   size to twice the hidden size;
 - the vocabulary to the tiny tokenizer's length, and the special-token ids onto its special tokens
@@ -25,7 +26,10 @@ import math
 from typing import Any
 
 HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
-MAX_GROUPS = 8  # query heads per kv head kept from the real model up to this
+# Query heads per kv head of a GQA model. The real factor (Qwen2.5-Math-7B 7, Llama-3.1-8B 4) changes no code
+# path (repeat_kv and vLLM's GQA take any factor) but sets the size: 7 made the 7B's tiny model 14 heads,
+# hidden 448, ~12x the weights per layer of 4 heads, and its rehearsals several times slower (issue #35).
+GROUPS = 2
 LAYERS = 2
 MOE_EXPERTS, MOE_ACTIVE = 4, 2
 # Fields that name how big the model is; everything else is architecture and is copied verbatim.
@@ -110,7 +114,7 @@ def shrink_config(real: dict, kv_heads: int, vocab_size: int, specials: list[int
         raise ModelConfigError(f"{source}: no {exc.args[0]!r} field") from None
     real_kv = int(real.get("num_key_value_heads") or real_heads)
     real_head_dim = int(real.get("head_dim") or real_hidden // real_heads)
-    groups = real_heads // real_kv if real_heads % real_kv == 0 and real_heads // real_kv <= MAX_GROUPS else 2
+    groups = 1 if real_heads == real_kv else GROUPS  # GQA kept (q > kv) at its smallest factor
     heads = kv_heads * groups
     # Qwen3-MoE's hidden (2048) is half its heads x head_dim (32 x 128): keep that ratio, the decoder must not
     # assume hidden == heads x head_dim.

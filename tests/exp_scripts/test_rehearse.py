@@ -249,7 +249,9 @@ class Rehearsals:
     def __init__(self, cases, folders, cache: str, ray_address: str, jobs: int = 2):
         self.folders = folders
         self.pool = ThreadPoolExecutor(jobs)
-        self.futures = {c.id: self.pool.submit(self._run, c, folders[c.id], cache, ray_address) for c in cases}
+        # the longest first (a resume leg, then 4 ranks): the last one left running would otherwise be the longest
+        order = sorted(cases, key=lambda c: (not c.resume, -c.ranks))
+        self.futures = {c.id: self.pool.submit(self._run, c, folders[c.id], cache, ray_address) for c in order}
 
     @staticmethod
     def _run(case, work, cache, ray_address):
