@@ -89,8 +89,9 @@ class _Watchdog:
 
     def __init__(self):
         self._cv = threading.Condition(threading.Lock())
-        # thread id -> [cpu deadline, wall deadline, clock, last fire as (cpu, wall) or None, times fired]
+        # thread id -> [cpu deadline, wall deadline, clock, last fire as (cpu, wall) or None, times fired, disarmed]
         self._armed: dict[int, list] = {}
+        self._firing: int | None = None  # the thread the watchdog is raising in right now (see disarm)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -103,22 +104,30 @@ class _Watchdog:
     def arm(self, thread_id: int, budget: tuple) -> None:
         with self._cv:
             self._ensure_thread()
-            self._armed[thread_id] = [*budget, None, 0]
+            self._armed[thread_id] = [*budget, None, 0, False]
             self._cv.notify()
 
     def disarm(self, thread_id: int) -> None:
-        with self._cv:
-            entry = self._armed.pop(thread_id, None)
-            if entry is not None and entry[3] is not None:
-                # Fired but maybe not yet delivered: withdraw it so it cannot hit the caller later.
-                _set_async_exc(thread_id, None)
+        """Stop watching ``thread_id`` (called by that thread) and withdraw an exception fired but not delivered.
+
+        Takes no lock: the exception fired at this thread can land at any bytecode in here, and a lock taken
+        here would then stay taken (it did, under load: a timeout landed in ``Condition.__enter__`` right
+        after the acquire, and every later grade in the process hung). Every step is idempotent, so a caller
+        that catches the exception calls it again (``_disarm``)."""
+        entry = self._armed.get(thread_id)
+        if entry is not None:
+            entry[5] = True  # the watchdog fires at no disarmed entry ...
+        while self._firing == thread_id:  # ... and one it is firing at right now is withdrawn after the fire
+            time.sleep(0.0002)
+        self._armed.pop(thread_id, None)
+        _set_async_exc(thread_id, None)
 
     def _run(self) -> None:
         with self._cv:
             while True:
                 now = time.monotonic()
                 next_wait = None
-                for thread_id, entry in self._armed.items():
+                for thread_id, entry in list(self._armed.items()):  # a copy: callers disarm without the lock
                     try:
                         wait = self._visit(thread_id, entry, now)
                     except OSError:  # the thread is gone; its caller disarms it
@@ -126,10 +135,11 @@ class _Watchdog:
                     next_wait = wait if next_wait is None else min(next_wait, wait)
                 self._cv.wait(None if next_wait is None else max(0.002, next_wait))
 
-    @staticmethod
-    def _visit(thread_id: int, entry: list, now: float) -> float:
+    def _visit(self, thread_id: int, entry: list, now: float) -> float:
         """Fire (or fire again) at one armed thread when due; return the wall seconds until it may be due."""
         cpu_deadline, wall_deadline, clock, last_fire = entry[:4]
+        if entry[5]:
+            return REFIRE_WALL_S
         cpu = _cpu_now(clock)
         if last_fire is not None:
             cpu_since, wall_since = cpu - last_fire[0], now - last_fire[1]
@@ -138,20 +148,39 @@ class _Watchdog:
         elif cpu < cpu_deadline and now < wall_deadline:
             # A thread gains at most one CPU second per wall second, so nothing can be due sooner.
             return min(cpu_deadline - cpu, wall_deadline - now)
-        entry[3], entry[4] = (cpu, now), entry[4] + 1
-        _set_async_exc(thread_id, GradeTimeout if cpu >= cpu_deadline else GradeWallTimeout)
+        # Dekker-style with disarm: mark the thread as being fired at, then look at its flag; disarm sets its
+        # flag, then waits while it is being fired at. Either this sees the flag or disarm sees the mark.
+        self._firing = thread_id
+        try:
+            if entry[5]:
+                return REFIRE_WALL_S
+            entry[3], entry[4] = (cpu, now), entry[4] + 1
+            _set_async_exc(thread_id, GradeTimeout if cpu >= cpu_deadline else GradeWallTimeout)
+        finally:
+            self._firing = None
         return min(REFIRE_CPU_S, REFIRE_WALL_S)
 
     def _after_fork(self) -> None:
         # The child has no watchdog thread and no armed callers; start afresh on first use.
         self._cv = threading.Condition(threading.Lock())
         self._armed = {}
+        self._firing = None
         self._thread = None
 
 
 _WATCHDOG = _Watchdog()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WATCHDOG._after_fork)
+
+
+def _disarm(thread_id: int) -> None:
+    """``_WATCHDOG.disarm``, again if the fired exception lands inside it (it is idempotent)."""
+    while True:
+        try:
+            _WATCHDOG.disarm(thread_id)
+            return
+        except GradeTimeout:
+            continue
 
 
 def run_with_budget(fn: Callable[[], T], budget_s: float | None,
@@ -175,10 +204,10 @@ def run_with_budget(fn: Callable[[], T], budget_s: float | None,
             return FINISHED, fn()
         finally:
             _local.budget = None
-            _WATCHDOG.disarm(thread_id)
+            _disarm(thread_id)
     except GradeTimeout as exc:
         _local.budget = None
-        _WATCHDOG.disarm(thread_id)
+        _disarm(thread_id)
         return (WALL_TIMEOUT if isinstance(exc, GradeWallTimeout) else CPU_TIMEOUT), None
 
 

@@ -138,3 +138,30 @@ def test_no_second_timeout_reaches_the_caller_after_a_timed_out_call():
     assert status == CPU_TIMEOUT
     _spin_cpu(0.3)  # several re-fire periods: a late exception would raise here
     assert run_with_budget(lambda: 7, 1.0) == (FINISHED, 7)
+
+
+def test_a_timeout_that_lands_while_the_call_disarms_never_leaves_the_watchdog_locked():
+    """Budgets so small that the watchdog fires while the call is finishing and disarming: under load a
+    timeout once landed right after disarm acquired the watchdog's lock, and every later grade in that
+    process hung. Every call must still return, with either status, and leave nothing pending."""
+    from deepscaler.rewards.math_utils import deadline
+
+    def hammer(box, i):
+        statuses = set()
+        for k in range(400):
+            status, value = deadline.run_with_budget(lambda: sum(range((k % 5) * 4000)), 1e-6)
+            assert status in (FINISHED, CPU_TIMEOUT) and (value is None) == (status == CPU_TIMEOUT)
+            statuses.add(status)
+        box[i] = statuses
+
+    box = {}
+    threads = [threading.Thread(target=hammer, args=(box, i), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a call hung: the watchdog's lock was left taken"
+    assert len(box) == 4 and CPU_TIMEOUT in set().union(*box.values())
+    assert not deadline._WATCHDOG._armed  # every call disarmed
+    assert call_with_deadline(lambda: 7, 1.0) == (True, 7)  # and the next grade runs normally
+    time.sleep(0.1)  # no late exception arrives after the calls returned

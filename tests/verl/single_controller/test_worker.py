@@ -65,3 +65,33 @@ def test_default_backend_is_gloo_without_cuda():
     import torch
 
     assert default_dist_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def test_rendezvous_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones(monkeypatch, tmp_path):
+    """Outgoing connections take their local ports from the ephemeral range, so a port picked there could be
+    taken again before rank 0 listens on it (EADDRINUSE seen on a busy machine)."""
+    import socket
+
+    from verl.single_controller.base import worker as w
+
+    low = w._ephemeral_low()
+    if low is not None and low - w.RENDEZVOUS_PORT_LOW >= 1024:
+        for _ in range(20):
+            port = w.find_free_port("127.0.0.1")
+            assert w.RENDEZVOUS_PORT_LOW <= port < low
+    # a taken port is never returned: every candidate but one is held by a listener
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    rng = tmp_path / "range"
+    rng.write_text(f"{w.RENDEZVOUS_PORT_LOW + 2048}\t60999\n")
+    monkeypatch.setattr(w, "_EPHEMERAL_RANGE", str(rng))
+    tries = iter([taken, taken, w.RENDEZVOUS_PORT_LOW + 7])
+    monkeypatch.setattr("random.SystemRandom.randrange", lambda self, a, b: next(tries))
+    monkeypatch.setattr(w, "_bindable", lambda addr, port, real=w._bindable: port != taken and real(addr, port))
+    assert w.find_free_port("127.0.0.1") == w.RENDEZVOUS_PORT_LOW + 7
+    held.close()
+    # no readable range: the OS picks
+    monkeypatch.setattr(w, "_EPHEMERAL_RANGE", str(tmp_path / "missing"))
+    assert 0 < w.find_free_port("127.0.0.1") < 65536

@@ -35,8 +35,44 @@ def _node_ip() -> str:
     return "127.0.0.1"
 
 
+# Rendezvous ports come from below the kernel's ephemeral range and above Ray's worker ports (10002-19999 by
+# default). A port the OS hands out for bind(0) lies inside the ephemeral range, where every outgoing connection
+# (Ray opens hundreds) takes its local port too: between our pick and rank 0's TCPStore listen, one of those
+# took it twice on a busy machine (EADDRINUSE at worker start). Nothing outside the range gets a port unasked.
+RENDEZVOUS_PORT_LOW = 20000
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        with open(_EPHEMERAL_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(addr: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((addr, port))
+        except OSError:
+            return False
+        return True
+
+
 def find_free_port(addr: str = "") -> int:
-    """A TCP port that is free on ``addr`` right now (the OS picks it)."""
+    """A TCP port that is free on ``addr`` right now: a random one between ``RENDEZVOUS_PORT_LOW`` and the
+    ephemeral range where the kernel says where that range starts and leaves 1024+ ports below it, else
+    one the OS picks."""
+    import random
+
+    low = _ephemeral_low()
+    if low is not None and low - RENDEZVOUS_PORT_LOW >= 1024:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(RENDEZVOUS_PORT_LOW, low)
+            if _bindable(addr, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((addr, 0))
         return int(sock.getsockname()[1])
