@@ -54,3 +54,32 @@ def test_a_hanging_rank_is_killed_at_the_timeout():
     with pytest.raises(TimeoutError, match="_rank_zero_hangs did not finish in 3 s"):
         run_gloo_ranks(_rank_zero_hangs, 2, timeout_s=3)
     assert time.monotonic() - start < 30
+
+
+def _mesh_fails_on_the_first_start(rank, world, port, marker):
+    if rank == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer [127.0.0.1]:52122")
+    return port
+
+
+def _fails_every_time(rank, world, port, marker):
+    with open(marker, "a") as f:
+        f.write(f"{rank}\n")
+    if rank == 1:
+        raise ValueError("a bug of the rank's own")
+
+
+@pytest.mark.slow  # forks gloo ranks
+def test_a_failed_mesh_connect_starts_the_ranks_again_once_on_a_new_port(tmp_path, capfd):
+    ports = run_gloo_ranks(_mesh_fails_on_the_first_start, 2, str(tmp_path / "failed_once"))
+    assert len(set(ports)) == 1  # both ranks of the second start, on one port
+    assert "gloo could not connect its ranks" in capfd.readouterr().err
+
+
+@pytest.mark.slow  # forks gloo ranks
+def test_any_other_rank_error_is_not_retried(tmp_path):
+    marker = tmp_path / "starts"
+    with pytest.raises(ProcessRaisedException, match="a bug of the rank's own"):
+        run_gloo_ranks(_fails_every_time, 2, str(marker))
+    assert marker.read_text().split().count("1") == 1  # the failing rank started once, not twice
