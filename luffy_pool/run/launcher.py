@@ -24,6 +24,8 @@ from verl.utils.import_utils import import_external_libs
 logger = logging.getLogger(__name__)
 
 # Env every worker process gets (docs/CPU_STACK.md §5.3: thread collapse on 2 cores; §4: Ray token auth).
+STARTUP_GC_HOOK = "verl.utils.startup_gc.pause_for_startup"  # Ray imports and calls it in each worker process
+
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
               # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
@@ -100,7 +102,9 @@ def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
     # CPU_BIND_ENV goes with the worker group (build_worker_group): the device is known only after joining.
     ray_cfg = sections.ray_init
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
-    kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
+    # Every worker process of the run imports its class with the collector paused; the worker's constructor
+    # ends that start-up (verl/utils/startup_gc.py).
+    kwargs = {"runtime_env": {"env_vars": env, "worker_process_setup_hook": STARTUP_GC_HOOK}, "include_dashboard": False}
     inline_bytes = ray_cfg.max_direct_call_object_size
     if address:
         if inline_bytes is not None:
@@ -111,6 +115,9 @@ def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
     num_cpus = ray_cfg.num_cpus
     if num_cpus is None and device != "cuda":
         num_cpus = max(os.cpu_count() or 1, world_size)  # each CPU rank's bundle asks for one CPU
+    # The instance this run starts would begin with num_cpus idle task workers (Ray's first-driver prestart): the run
+    # starts actors, each in a process of its own, so those idle workers would only cost a Python start-up each.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     if inline_bytes is not None:  # a positive int (config_check)
         kwargs["_system_config"] = {"max_direct_call_object_size": int(inline_bytes)}
     ray.init(address="local", num_cpus=num_cpus, **kwargs)
@@ -376,6 +383,9 @@ def recovery_for(config: DictConfig, sections: ConfigSections):
 def fit_and_close(trainer, close, recovery=None) -> dict:
     """``trainer.fit()``, then release Ray/trackers; stopped by SIGTERM/SIGINT -> SystemExit(128 + signal).
     With a ``recovery`` (``trainer.max_restarts``) a lost worker or node rebuilds the run and fits again."""
+    from verl.utils.startup_gc import end_startup
+
+    end_startup()  # the driver's start-up (paused by its entry point) ends where training begins
     try:
         while True:
             try:

@@ -123,7 +123,9 @@ class Worker:
         return instance
 
     def __init__(self) -> None:
-        pass
+        from verl.utils.startup_gc import end_startup
+
+        end_startup()  # the class and its modules are imported: the process's start-up GC pause (if any) ends here
 
     # ------------------------------------------------------------------ identity
     @property

@@ -182,6 +182,12 @@ class VLLMRollout(BaseRollout):
 
     # ----------------------------------------------------------------------------------- engine
     def _build_engine(self):
+        from verl.utils.startup_gc import startup_without_gc
+
+        with startup_without_gc():  # vLLM's import and start-up: no garbage, five collections of the whole heap
+            return self._start_engine()
+
+    def _start_engine(self):
         from vllm import LLM
 
         from verl.utils.logging_setup import setup_logging
