@@ -24,7 +24,6 @@ from verl.utils.import_utils import import_external_libs
 logger = logging.getLogger(__name__)
 
 # Env every worker process gets (docs/CPU_STACK.md §5.3: thread collapse on 2 cores; §4: Ray token auth).
-STARTUP_GC_HOOK = "verl.utils.startup_gc.pause_for_startup"  # Ray imports and calls it in each worker process
 
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
@@ -102,9 +101,7 @@ def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
     # CPU_BIND_ENV goes with the worker group (build_worker_group): the device is known only after joining.
     ray_cfg = sections.ray_init
     address = ray_cfg.address or os.environ.get("RAY_ADDRESS")
-    # Every worker process of the run imports its class with the collector paused; the worker's constructor
-    # ends that start-up (verl/utils/startup_gc.py).
-    kwargs = {"runtime_env": {"env_vars": env, "worker_process_setup_hook": STARTUP_GC_HOOK}, "include_dashboard": False}
+    kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
     inline_bytes = ray_cfg.max_direct_call_object_size
     if address:
         if inline_bytes is not None:

@@ -37,6 +37,12 @@ class ProbeWorker(Worker):
         return {"rank": self.rank, "world_size": self.world_size, "tag": tag, "pid": os.getpid(),
                 "env": {k: os.environ.get(k) for k in ENV_KEYS}}
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def collector(self):
+        import gc
+
+        return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def echo(self, value):
         return (self.rank, value)
@@ -119,6 +125,13 @@ def test_ranks_see_group_environment(group):
     assert env0["WG_PREFIX"] == "probe" and env0["WG_BACKEND"] == "ray"
     assert env0["OMP_NUM_THREADS"] == "1" and env1["PROBE_FLAG"] == "on"
     assert info[0]["pid"] != info[1]["pid"] and {i["tag"] for i in info} == {"hello"}
+
+
+def test_each_rank_imported_its_class_with_the_collector_paused_and_has_it_back(group):
+    """The group's setup hook paused the collector before the class was imported; Worker.__init__ froze what the
+    start-up built and gave automatic collection back (verl/utils/startup_gc.py)."""
+    for rank in group.collector():
+        assert rank["enabled"] and rank["frozen"] > 100_000, rank  # torch alone is several 100k objects
 
 
 def test_all_to_all_splits_per_rank_lists_else_broadcasts(group):

@@ -64,8 +64,11 @@ def test_a_pause_nobody_ends_gives_the_collector_back_after_its_limit():
     assert out.stdout.strip() == "enabled", out.stderr
 
 
-def test_the_launcher_pauses_every_worker_process_of_a_run():
-    from luffy_pool.run import launcher
+def test_every_worker_actor_is_started_with_the_pause_as_its_setup_hook():
+    from ray._private import ray_constants
 
-    module, name = launcher.STARTUP_GC_HOOK.rsplit(".", 1)
-    assert getattr(sys.modules.get(module) or __import__(module, fromlist=[name]), name) is startup_gc.pause_for_startup
+    from verl.single_controller.ray import base
+
+    assert base.SETUP_HOOK_ENV == ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR  # the variable Ray's worker reads
+    module, name = base.STARTUP_GC_HOOK.rsplit(".", 1)
+    assert getattr(__import__(module, fromlist=[name]), name) is startup_gc.pause_for_startup

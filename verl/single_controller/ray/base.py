@@ -23,6 +23,14 @@ from verl.single_controller.base.worker import Worker, find_free_port
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 from verl.utils.ray_utils import WorkerGroupError, get_ranked
 
+# Each worker process imports its class (torch, transformers, ...) with the cyclic collector paused
+# (verl/utils/startup_gc.py). Ray turns a runtime env's worker_process_setup_hook into this variable for the
+# worker process; set per actor it reaches exactly the group's processes (a job-level hook would reach every task
+# process of the job, and a driver that joins a running Ray, as the tests' shared session does, sets none).
+SETUP_HOOK_ENV = getattr(__import__("ray._private.ray_constants", fromlist=["x"]), "WORKER_PROCESS_SETUP_HOOK_ENV_VAR",
+                         "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR")
+STARTUP_GC_HOOK = "verl.utils.startup_gc.pause_for_startup"
+
 __all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "unwrap_ray_actor_class"]
 
 
@@ -174,7 +182,9 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         """Start one actor in ``placement_group[bundle_index]`` with ``env_vars`` on top of the user's."""
         options = dict(self._options)
         runtime_env = dict(options.pop("runtime_env", {}) or {})
-        merged_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        # STARTUP_GC_HOOK: Ray calls it in the actor's process before the class is imported (a runtime env's
+        # worker_process_setup_hook, given per actor through the variable Ray reads it from); Worker.__init__ ends it.
+        merged_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), SETUP_HOOK_ENV: STARTUP_GC_HOOK}
         merged_env.update(runtime_env.get("env_vars", {}) or {})
         merged_env.update(env_vars)
         runtime_env["env_vars"] = merged_env
