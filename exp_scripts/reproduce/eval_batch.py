@@ -17,6 +17,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+if __name__ == "__main__":  # its own process: it imports without the collector (verl/utils/startup_gc.py)
+    from verl.utils.startup_gc import pause_for_startup
+
+    pause_for_startup()
 
 
 def main(argv=None) -> int:
@@ -28,6 +32,9 @@ def main(argv=None) -> int:
         calls = json.load(f)
     from eval_scripts.generate_vllm import build_parser, main as generate_main, summary_path
     from verl.utils.data_format import run_cli
+    from verl.utils.startup_gc import end_startup
+
+    end_startup()
 
     used = 0.0
     for call in calls:

@@ -16,6 +16,12 @@ import sys
 import time
 from typing import Optional, Sequence
 
+if __name__ == "__main__":  # its own process: it imports without the collector (verl/utils/startup_gc.py)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from verl.utils.startup_gc import pause_for_startup
+
+    pause_for_startup()
+
 
 def compose_run_config(config_name: str, overrides: Sequence[str]):
     """The composed, validated and resolved trainer config, as ``python -m luffy_pool.main_mix_ppo`` builds it."""
@@ -39,6 +45,9 @@ def train_and_export(config, hf_out: str) -> dict:
     start = time.perf_counter()
     trainer, close = build_trainer(config)
     try:
+        from verl.utils.startup_gc import end_startup
+
+        end_startup()
         last = trainer.fit()
         trainer.wg.save_hf_model(os.path.abspath(hf_out))
     finally:

@@ -16,6 +16,11 @@ signal aborts at once (verl/utils/signals.py); a repeat of the first within 2 s 
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # a trainer rank's own process: it imports without the collector (verl/utils/startup_gc.py)
+    from verl.utils.startup_gc import pause_for_startup
+
+    pause_for_startup()
+
 import contextlib
 import logging
 import math
@@ -296,7 +301,11 @@ def run_sft(config: Union[DictConfig, dict]) -> dict:
     config = _prepare(config)
     device = resolve_device(config.trainer.device)
     with sft_process_group(device):
-        result = FSDPSFTTrainer(config, device).fit()
+        trainer = FSDPSFTTrainer(config, device)
+        from verl.utils.startup_gc import end_startup
+
+        end_startup()  # model and data are built: a rank started by the command line collects again from here
+        result = trainer.fit()
     if result["signal"]:
         raise SystemExit(exit_code(result["signal"]))
     return result
