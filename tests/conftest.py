@@ -28,6 +28,16 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from verl.utils.startup_gc import end_startup, pause_for_startup  # noqa: E402 (needs _ROOT on sys.path)
+
+# Collection imports every test module (torch, transformers, vLLM, Ray: ~20 CPU-s in each xdist worker) with the
+# cyclic collector paused; what it built is frozen when collection ends (verl/utils/startup_gc.py).
+pause_for_startup()
+
+
+def pytest_collection_finish(session):
+    end_startup()
+
 
 @pytest.fixture(scope="session")
 def repo_data_dir() -> str:
