@@ -24,7 +24,6 @@ from verl.utils.import_utils import import_external_libs
 logger = logging.getLogger(__name__)
 
 # Env every worker process gets (docs/CPU_STACK.md §5.3: thread collapse on 2 cores; §4: Ray token auth).
-
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
               # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Callable, Optional
 
 import ray
+from ray._private import ray_constants
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -27,8 +28,7 @@ from verl.utils.ray_utils import WorkerGroupError, get_ranked
 # (verl/utils/startup_gc.py). Ray turns a runtime env's worker_process_setup_hook into this variable for the
 # worker process; set per actor it reaches exactly the group's processes (a job-level hook would reach every task
 # process of the job, and a driver that joins a running Ray, as the tests' shared session does, sets none).
-SETUP_HOOK_ENV = getattr(__import__("ray._private.ray_constants", fromlist=["x"]), "WORKER_PROCESS_SETUP_HOOK_ENV_VAR",
-                         "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR")
+SETUP_HOOK_ENV = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 STARTUP_GC_HOOK = "verl.utils.startup_gc.pause_for_startup"
 
 __all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "unwrap_ray_actor_class"]
