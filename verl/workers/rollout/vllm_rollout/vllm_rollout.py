@@ -200,8 +200,12 @@ class VLLMRollout(BaseRollout):
         from verl.workers.rollout.vllm_rollout.compat import check_reload_api
 
         check_reload_api()  # fail before the engine starts, not at the first weight push
-        if self.device == "cpu" and self.config.tensor_model_parallel_size > 1:
-            _unique_cpu_shm_names()
+        if self.device == "cpu":
+            from verl.workers.rollout.vllm_rollout.cpu_eager import run_compiled_helpers_eager
+
+            run_compiled_helpers_eager()  # enforce_eager does not reach vLLM's compiled helpers
+            if self.config.tensor_model_parallel_size > 1:
+                _unique_cpu_shm_names()
 
         with _protect_process_state():
             llm = LLM(**self.engine_kwargs)
