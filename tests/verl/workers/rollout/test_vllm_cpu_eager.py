@@ -38,10 +38,14 @@ def test_vllms_masking_helper_runs_unwrapped_and_gives_the_hand_computed_masks()
     from torch._dynamo.utils import counters
 
     vpe = importlib.import_module("vllm.model_executor.layers.vocab_parallel_embedding")
-    compiled = vpe.get_masked_input_and_mask
+    found = vpe.get_masked_input_and_mask
+    # vLLM's decorated helper (an engine built earlier in this process may have unwrapped it already)
+    original = getattr(found, "_torchdynamo_orig_callable", found)
     try:
+        vpe.get_masked_input_and_mask = torch.compile(original, dynamic=True)
         assert "vllm.model_executor.layers.vocab_parallel_embedding.get_masked_input_and_mask" in \
             cpu_eager.run_compiled_helpers_eager()
+        assert vpe.get_masked_input_and_mask is original
         frames = counters["frames"]["total"]
         # TP rank 1 of 2 over a vocabulary of 10 (no padding, no added vocabulary): it owns ids 5..9
         ids = torch.tensor([0, 4, 5, 7, 9])
@@ -49,4 +53,4 @@ def test_vllms_masking_helper_runs_unwrapped_and_gives_the_hand_computed_masks()
         assert masked.tolist() == [0, 0, 0, 2, 4] and mask.tolist() == [True, True, False, False, False]
         assert counters["frames"]["total"] == frames  # ran as plain torch: dynamo traced nothing
     finally:
-        vpe.get_masked_input_and_mask = compiled
+        vpe.get_masked_input_and_mask = found
