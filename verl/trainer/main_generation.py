@@ -127,6 +127,9 @@ class VLLMGenerator:
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not gpu_count:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            from verl.workers.rollout.vllm_rollout.cpu_model_inspect import inspect_models_in_process
+
+            inspect_models_in_process()  # no second interpreter on a cold model-info cache
         from vllm import LLM
 
         # processed_logprobs: --logprobs returns the distribution actually sampled (after temperature), as the rollout.

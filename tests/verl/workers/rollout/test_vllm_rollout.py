@@ -55,6 +55,12 @@ def test_building_the_engine_leaves_thread_control_and_rng_to_the_caller(engine)
     assert side_effects == {"set_num_threads_restored": True, "rng_restored": True}
 
 
+def test_the_cpu_engine_inspects_its_model_class_in_process(engine):
+    from vllm.model_executor.models import registry
+
+    assert getattr(registry._run_in_subprocess, "luffy_in_process", False)  # cpu_model_inspect.py
+
+
 def test_greedy_matches_hf_with_per_row_caps_and_skipped_rows(engine, reference, check_capped_greedy):
     rollout, _ = engine
     push(rollout, reference)

@@ -203,7 +203,10 @@ class VLLMRollout(BaseRollout):
         if self.device == "cpu":
             from verl.workers.rollout.vllm_rollout.cpu_eager import run_compiled_helpers_eager
 
+            from verl.workers.rollout.vllm_rollout.cpu_model_inspect import inspect_models_in_process
+
             run_compiled_helpers_eager()  # enforce_eager does not reach vLLM's compiled helpers
+            inspect_models_in_process()  # no second interpreter on a cold model-info cache
             if self.config.tensor_model_parallel_size > 1:
                 _unique_cpu_shm_names()
 
