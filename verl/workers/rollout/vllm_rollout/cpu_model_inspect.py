@@ -4,15 +4,14 @@ Before vLLM builds a model it reads facts about the architecture's class (``_Mod
 support, ...) through ``vllm.model_executor.models.registry._run_in_subprocess``: a new ``python -m
 vllm.model_executor.models.registry`` that imports torch and vLLM again, so that the parent never initialises
 CUDA. The answer is cached on disk by the model file's hash (``$VLLM_CACHE_ROOT/modelinfos``), so the cost falls
-on each architecture's first engine on a machine, and on every rank that starts at once on a fresh one: in a CI
-run of the suite on a new machine, 10 such interpreters ran at 9.5-11 CPU-s each (8 TP ranks of concurrent
-rehearsals missed the cache together). A CPU engine has no CUDA to protect and has imported what the model
+on each architecture's first engine on a machine, and on every rank that starts at once on a fresh one (CI's
+case): in the first suite run on a new machine, 10 such interpreters ran at 9.5-11 CPU-s each (8 TP ranks of
+concurrent rehearsals missed the cache together). A CPU engine has no CUDA to protect and has imported what the model
 module needs already, so on device cpu the inspection runs in-process (same function, same cache file).
-GPU engines keep vLLM's subprocess (this module is called only for ``device == 'cpu'``).
+GPU engines keep vLLM's subprocess (the rollout engine calls this only for ``device == 'cpu'``, the eval generator
+only without a GPU).
 """
 from __future__ import annotations
-
-import importlib
 
 
 def _in_process(fn):
@@ -25,7 +24,7 @@ _in_process.luffy_in_process = True
 def inspect_models_in_process() -> bool:
     """Route vLLM's model-class inspection through this process; False when this vLLM has no such hook."""
     try:
-        registry = importlib.import_module("vllm.model_executor.models.registry")
+        from vllm.model_executor.models import registry
     except ImportError:
         return False
     if not callable(getattr(registry, "_run_in_subprocess", None)):

@@ -202,7 +202,6 @@ class VLLMRollout(BaseRollout):
         check_reload_api()  # fail before the engine starts, not at the first weight push
         if self.device == "cpu":
             from verl.workers.rollout.vllm_rollout.cpu_eager import run_compiled_helpers_eager
-
             from verl.workers.rollout.vllm_rollout.cpu_model_inspect import inspect_models_in_process
 
             run_compiled_helpers_eager()  # enforce_eager does not reach vLLM's compiled helpers
