@@ -54,3 +54,29 @@ def test_vllms_masking_helper_runs_unwrapped_and_gives_the_hand_computed_masks()
         assert counters["frames"]["total"] == frames  # ran as plain torch: dynamo traced nothing
     finally:
         vpe.get_masked_input_and_mask = found
+
+
+@pytest.mark.vllm
+def test_the_sampled_tokens_rank_counter_runs_unwrapped_where_the_sampler_calls_it():
+    """Rollout correction asks the engine for log-probs; vLLM's sampler then ranks the sampled tokens with a
+    compiled helper it imported by name, so both bindings are replaced."""
+    from torch._dynamo.utils import counters
+
+    logprobs_ops = importlib.import_module("vllm.v1.sample.ops.logprobs")
+    sampler = importlib.import_module("vllm.v1.sample.sampler")
+    found = {m: m.batched_count_greater_than for m in (logprobs_ops, sampler)}
+    original = getattr(found[sampler], "_torchdynamo_orig_callable", found[sampler])
+    try:
+        compiled = torch.compile(original)
+        logprobs_ops.batched_count_greater_than = sampler.batched_count_greater_than = compiled
+        replaced = cpu_eager.run_compiled_helpers_eager()
+        assert {"vllm.v1.sample.ops.logprobs.batched_count_greater_than",
+                "vllm.v1.sample.sampler.batched_count_greater_than"} <= set(replaced)
+        assert sampler.batched_count_greater_than is original and logprobs_ops.batched_count_greater_than is original
+        frames = counters["frames"]["total"]
+        x = torch.tensor([[0.1, 0.5, 0.3], [1.0, 2.0, 3.0]])
+        assert sampler.batched_count_greater_than(x, torch.tensor([[0.3], [3.0]])).tolist() == [2, 1]
+        assert counters["frames"]["total"] == frames
+    finally:
+        for module, helper in found.items():
+            module.batched_count_greater_than = helper

@@ -36,14 +36,29 @@ def _rank(rank, world, port, model_dir):
     engine.update_weights(list({**weights, "model.embed_tokens.weight": new_embed}.items()))
     engine.after_weight_update()
     shard = engine.llm.collective_rpc("weight_sums", args=(["model.embed_tokens.weight"],))[0]
-    second = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=0.0))
+    second = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=0.0, return_logprobs=True))
     from torch._dynamo.utils import counters
 
     frames = counters["frames"]["total"]  # frames dynamo traced: the CPU engine runs eager (cpu_eager.py)
+    import torch
+    from transformers import AutoModelForCausalLM
+    from vllm.distributed.parallel_state import get_tp_group
+
+    # the TP group's reductions (vLLM's shared memory, else cpu_tp_sockets.py's mesh) give HF's log-probs
+    reducer = type(get_tp_group().device_communicator.dist_module).__name__
+    has_shm = hasattr(torch.ops._C, "init_shm_manager")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    hf.get_input_embeddings().weight.data.copy_(new_embed)
+    hf_logprobs = []
+    with torch.no_grad():
+        for prompt, tokens in zip(prompts, second.token_ids):
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+            hf_logprobs.append(logits.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist())
     engine.shutdown()
     dist.destroy_process_group()
     return {"first": first.token_ids, "second": second.token_ids, "embed_shard_sum": shard["model.embed_tokens.weight"],
-            "embed_full_sum": float(new_embed.double().sum()), "dynamo_frames": frames}
+            "embed_full_sum": float(new_embed.double().sum()), "dynamo_frames": frames, "reducer": reducer,
+            "has_shm": has_shm, "logprobs": second.logprobs, "hf_logprobs": hf_logprobs}
 
 
 @pytest.mark.vllm
@@ -58,5 +73,9 @@ def test_two_dp_groups_of_tp_two_on_vllm_cpu(tiny_model_dir):
         assert total == pytest.approx(recs[a]["embed_full_sum"], rel=1e-5, abs=1e-3)
         assert recs[a]["embed_shard_sum"] != pytest.approx(recs[b]["embed_shard_sum"])  # different halves
     assert recs[0]["first"] != recs[2]["first"]  # DP groups: different prompts and seeds
+    for r in recs:  # without vLLM's shared-memory kernels (AVX2 builds) the TP sums go over the socket mesh
+        assert r["reducer"] == ("_CPUSHMDistributed" if r["has_shm"] else "TPSocketMesh")
+        for engine_lp, hf_lp in zip(r["logprobs"], r["hf_logprobs"]):
+            assert engine_lp == pytest.approx(hf_lp, abs=1e-4)
     # the vocab-parallel embedding's masking helper ran unwrapped: no frame went through dynamo / inductor
     assert [r["dynamo_frames"] for r in recs] == [0, 0, 0, 0]

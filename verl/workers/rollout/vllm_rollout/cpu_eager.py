@@ -17,8 +17,12 @@ import logging
 logger = logging.getLogger(__name__)
 
 # (module, function) of vLLM's compiled helpers a CPU engine of this project reaches (dense decoder models,
-# tensor parallel vocabulary embedding). A helper that a vLLM release drops or stops compiling is skipped.
-COMPILED_HELPERS = (("vllm.model_executor.layers.vocab_parallel_embedding", "get_masked_input_and_mask"),)
+# tensor parallel vocabulary embedding, the sampled tokens' log-probs of rollout correction: the sampler imports
+# that one by name, so its module's binding is replaced too). A helper that a vLLM release drops or stops
+# compiling is skipped.
+COMPILED_HELPERS = (("vllm.model_executor.layers.vocab_parallel_embedding", "get_masked_input_and_mask"),
+                    ("vllm.v1.sample.ops.logprobs", "batched_count_greater_than"),
+                    ("vllm.v1.sample.sampler", "batched_count_greater_than"))
 
 
 def run_compiled_helpers_eager() -> list[str]:

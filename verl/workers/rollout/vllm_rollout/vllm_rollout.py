@@ -213,7 +213,11 @@ class VLLMRollout(BaseRollout):
             llm = LLM(**self.engine_kwargs)
         from verl.workers.rollout.tp_group import apply_world_timeout_to_vllm_groups
 
-        apply_world_timeout_to_vllm_groups()  # H6: vLLM's own groups get nccl_timeout, not torch's 10 min
+        timeout_s = apply_world_timeout_to_vllm_groups()  # H6: vLLM's own groups get nccl_timeout, not torch's 10 min
+        if self.device == "cpu" and self.config.tensor_model_parallel_size > 1:
+            from verl.workers.rollout.vllm_rollout.cpu_tp_sockets import use_socket_mesh_for_tp
+
+            use_socket_mesh_for_tp(timeout_s)  # gloo costs ~1 ms of CPU per decode-step reduction
         return llm
 
     @property
