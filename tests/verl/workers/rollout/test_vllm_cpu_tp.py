@@ -54,11 +54,13 @@ def _rank(rank, world, port, model_dir):
         for prompt, tokens in zip(prompts, second.token_ids):
             logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
             hf_logprobs.append(logits.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist())
+    mesh = get_tp_group().device_communicator.dist_module
     engine.shutdown()
+    closed = not getattr(mesh, "peers", None)  # the shutdown closed the mesh's sockets
     dist.destroy_process_group()
     return {"first": first.token_ids, "second": second.token_ids, "embed_shard_sum": shard["model.embed_tokens.weight"],
             "embed_full_sum": float(new_embed.double().sum()), "dynamo_frames": frames, "reducer": reducer,
-            "has_shm": has_shm, "logprobs": second.logprobs, "hf_logprobs": hf_logprobs}
+            "has_shm": has_shm, "logprobs": second.logprobs, "hf_logprobs": hf_logprobs, "closed": closed}
 
 
 @pytest.mark.vllm
@@ -74,7 +76,7 @@ def test_two_dp_groups_of_tp_two_on_vllm_cpu(tiny_model_dir):
         assert recs[a]["embed_shard_sum"] != pytest.approx(recs[b]["embed_shard_sum"])  # different halves
     assert recs[0]["first"] != recs[2]["first"]  # DP groups: different prompts and seeds
     for r in recs:  # without vLLM's shared-memory kernels (AVX2 builds) the TP sums go over the socket mesh
-        assert r["reducer"] == ("_CPUSHMDistributed" if r["has_shm"] else "TPSocketMesh")
+        assert r["reducer"] == ("_CPUSHMDistributed" if r["has_shm"] else "TPSocketMesh") and r["closed"]
         for engine_lp, hf_lp in zip(r["logprobs"], r["hf_logprobs"]):
             assert engine_lp == pytest.approx(hf_lp, abs=1e-4)
     # the vocab-parallel embedding's masking helper ran unwrapped: no frame went through dynamo / inductor

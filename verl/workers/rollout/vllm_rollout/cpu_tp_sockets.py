@@ -177,3 +177,14 @@ def use_socket_mesh_for_tp(timeout_s: Optional[float]) -> bool:
     comm.dist_module = mesh
     logger.debug("vLLM-CPU TP group of %d ranks reduces over a socket mesh", coordinator.world_size)
     return True
+
+
+def close_socket_mesh_for_tp() -> None:
+    """Before the engine's teardown: close this rank's mesh (vLLM destroys its groups with the engine)."""
+    import sys
+
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    comm = getattr(getattr(state, "_TP", None), "device_communicator", None)
+    if isinstance(getattr(comm, "dist_module", None), TPSocketMesh):
+        comm.dist_module.close()
+        comm.dist_module = dist

@@ -231,6 +231,10 @@ class VLLMRollout(BaseRollout):
         """Stop the engine and free its memory; the caller's default process group survives."""
         if getattr(self, "llm", None) is None:
             return
+        if self.device == "cpu":
+            from verl.workers.rollout.vllm_rollout.cpu_tp_sockets import close_socket_mesh_for_tp
+
+            close_socket_mesh_for_tp()
         with _keep_default_process_group():
             self.llm.llm_engine.engine_core.shutdown()
         self.llm = None  # vLLM's own teardown already ran gc
