@@ -41,6 +41,14 @@ def _collectives(rank, world, port):
     mesh.all_reduce(top, op=dist.ReduceOp.MAX, group=dist.group.WORLD)  # not a sum: torch.distributed's
     out["max"] = float(top)
     out["barrier_is_torch"] = mesh.barrier is dist.barrier
+    mesh.group = dist.group.WORLD  # as use_socket_mesh_for_tp sets it: the TP group the mesh stands for
+    other, calls, real = dist.new_group(list(range(world))), [], dist.all_reduce
+    dist.all_reduce = lambda *a, **k: calls.append(k.get("group")) or real(*a, **k)
+    y, z = torch.ones(3), torch.ones(3)
+    mesh.all_reduce(y, group=other)  # a call naming another group goes to torch.distributed
+    mesh.all_reduce(z, group=dist.group.WORLD)  # its own group: the mesh
+    dist.all_reduce = real
+    out["routing"] = (len(calls) == 1 and calls[0] is other, y.tolist(), z.tolist())
     mesh.close()
     dist.destroy_process_group()
     return out
@@ -58,6 +66,7 @@ def test_mesh_sums_and_gathers_equal_gloo_in_the_same_bits_on_every_rank():
     for r in ranks:
         assert torch.equal(r["gather"]["mesh"], r["gather"]["gloo"])
         assert r["max"] == 2.0 and r["barrier_is_torch"]
+        assert r["routing"] == (True, [3.0] * 3, [3.0] * 3)
 
 
 def _two_ranks_equal_gloo_exactly(rank, world, port):
@@ -108,3 +117,27 @@ def test_a_silent_peer_times_out_and_a_dead_one_is_named():
     assert len(errors) == 2
     assert "no progress with TP rank(s) [1] for 0.5 s" in errors[0]
     assert "TP rank 1 closed its connection" in errors[1]
+
+
+def _rank_one_cannot_connect(rank, world, port):
+    import socket
+
+    import torch.distributed as dist
+
+    from verl.workers.rollout.vllm_rollout.cpu_tp_sockets import connect_mesh
+
+    if rank == 1:  # as when two ranks share a host name but not a network namespace
+        def refused(*args, **kwargs):
+            raise ConnectionRefusedError("connection refused")
+
+        socket.create_connection = refused
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = connect_mesh(dist.group.WORLD, 60)
+    x = torch.ones(4) * (rank + 1)
+    dist.all_reduce(x)  # the group still works over torch.distributed
+    dist.destroy_process_group()
+    return mesh is None, x.tolist()
+
+
+def test_when_one_rank_cannot_connect_every_rank_keeps_torch_distributed():
+    assert run_gloo_ranks(_rank_one_cannot_connect, 2, timeout_s=300) == [(True, [3.0] * 4)] * 2

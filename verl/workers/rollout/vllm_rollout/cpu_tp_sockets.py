@@ -35,10 +35,15 @@ class TPSocketMesh:
         self.rank, self.world_size, self.peers = rank, world_size, peers
         self.timeout_s = timeout_s
         self.selector = selectors.DefaultSelector()
+        self.group: Any = None  # the process group the mesh stands for; a call naming another goes to torch
+
+    def _ours(self, group: Any, async_op: bool, *tensors: torch.Tensor) -> bool:
+        return (not async_op and (group is None or self.group is None or group is self.group)
+                and all(t.is_contiguous() for t in tensors))
 
     # ------------------------------------------------------------------ what vLLM's communicator calls
     def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False):
-        if async_op or (op is not None and op != dist.ReduceOp.SUM) or not tensor.is_contiguous():
+        if not self._ours(group, async_op, tensor) or (op is not None and op != dist.ReduceOp.SUM):
             return dist.all_reduce(tensor, **({} if op is None else {"op": op}), group=group, async_op=async_op)
         parts = self._exchange(tensor)
         total = parts[0].clone()
@@ -49,7 +54,7 @@ class TPSocketMesh:
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None,
                                async_op: bool = False):
-        if async_op or not tensor.is_contiguous() or not output.is_contiguous():
+        if not self._ours(group, async_op, tensor, output):
             return dist.all_gather_into_tensor(output, tensor, group=group, async_op=async_op)
         parts = self._exchange(tensor)
         output.view(self.world_size, *tensor.shape).copy_(torch.stack(parts))
@@ -117,9 +122,9 @@ class TPSocketMesh:
 
 
 def connect_mesh(cpu_group: Any, timeout_s: Optional[float]) -> Optional[TPSocketMesh]:
-    """Collective over ``cpu_group`` (every rank calls it): a mesh when all of the group's ranks run on this
-    host, else None on every rank. Ranks exchange their listening ports over the group, connect upwards and
-    accept from below."""
+    """Collective over ``cpu_group`` (every rank calls it): a mesh when all of the group's ranks run on this host
+    and reach each other over loopback, else None on every rank (the group keeps torch.distributed). Ranks
+    exchange their listening ports over the group, connect to every lower rank and accept every higher one."""
     rank, world = dist.get_rank(cpu_group), dist.get_world_size(cpu_group)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -127,17 +132,27 @@ def connect_mesh(cpu_group: Any, timeout_s: Optional[float]) -> Optional[TPSocke
     me = (socket.gethostname(), listener.getsockname()[1])
     everyone: list = [None] * world
     dist.all_gather_object(everyone, me, group=cpu_group)
-    if len({host for host, _ in everyone}) != 1:
-        listener.close()
-        return None
     peers: dict[int, socket.socket] = {}
+    reached = len({host for host, _ in everyone}) == 1
+    if reached:
+        try:
+            for peer in range(rank):  # say who we are; the connection waits in the peer's listen backlog
+                sock = socket.create_connection(("127.0.0.1", everyone[peer][1]), timeout=timeout_s)
+                peers[peer] = sock
+                sock.sendall(_RANK.pack(rank))
+        except OSError as err:  # e.g. ranks with one host name in separate network namespaces
+            reached = False
+            logger.warning("vLLM-CPU TP rank %d cannot reach its peers over loopback (%s): the TP group keeps "
+                           "torch.distributed", rank, err)
+    verdicts: list = [None] * world
+    dist.all_gather_object(verdicts, reached, group=cpu_group)  # before anyone accepts: no one waits in vain
     try:
-        for peer in range(rank):  # connect to every lower rank, say who we are
-            sock = socket.create_connection(("127.0.0.1", everyone[peer][1]), timeout=timeout_s)
-            sock.sendall(_RANK.pack(rank))
-            peers[peer] = sock
+        if not all(verdicts):
+            for sock in peers.values():
+                sock.close()
+            return None
         listener.settimeout(timeout_s)
-        for _ in range(rank + 1, world):  # accept every higher rank
+        for _ in range(rank + 1, world):  # already connected (backlog): accept returns at once
             sock, _ = listener.accept()
             sock.settimeout(timeout_s)
             peers[_RANK.unpack(_recv_exact(sock, _RANK.size))[0]] = sock
@@ -174,6 +189,7 @@ def use_socket_mesh_for_tp(timeout_s: Optional[float]) -> bool:
     mesh = connect_mesh(coordinator.cpu_group, timeout_s)
     if mesh is None:
         return False
+    mesh.group = comm.device_group
     comm.dist_module = mesh
     logger.debug("vLLM-CPU TP group of %d ranks reduces over a socket mesh", coordinator.world_size)
     return True
