@@ -3,7 +3,6 @@ sums and gathers equal gloo's, every rank holds the same bits, large tensors do 
 torch.distributed, and a silent or dead peer is an error naming its rank."""
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -97,17 +96,21 @@ def _silent_then_dead_peer(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = connect_mesh(dist.group.WORLD, 0.5)
     errors = []
+
+    def reduce_on_rank_0():
+        try:
+            mesh.all_reduce(torch.ones(8))
+        except RuntimeError as err:
+            errors.append(str(err))
+
     if rank == 0:
-        for wait_s in (0.0, 2.5):  # rank 1 first stays silent past the timeout, then (at 2 s) closes its sockets
-            time.sleep(wait_s)
-            try:
-                mesh.all_reduce(torch.ones(8))
-            except RuntimeError as err:
-                errors.append(str(err))
-    else:
-        time.sleep(2.0)
-        mesh.close()
+        reduce_on_rank_0()  # rank 1 stays silent (it waits in the barrier below)
     dist.barrier()
+    if rank == 1:
+        mesh.close()  # then rank 1's sockets close
+    dist.barrier()
+    if rank == 0:
+        reduce_on_rank_0()
     dist.destroy_process_group()
     return errors
 
