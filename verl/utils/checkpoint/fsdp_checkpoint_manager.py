@@ -64,8 +64,9 @@ class CheckpointLoadError(RuntimeError):
 
 def _agree_on_failure(local_path: str, exc: Optional[BaseException]) -> None:
     """Every rank learns every rank's verdict; any refusal raises on all ranks (no rank is left waiting).
-    Without a process group the rank's own exception is raised as it is."""
-    if not _dist_ready():
+    Without a process group, or in a group of one rank (no one to tell), the rank's own exception is raised as it
+    is."""
+    if not _dist_ready() or dist.get_world_size() == 1:
         if exc is not None:
             raise exc
         return

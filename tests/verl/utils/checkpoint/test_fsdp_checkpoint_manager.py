@@ -325,3 +325,29 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line_naming_both(tmp_pa
         pytest.raises(ValueError, check_model_matches, {k: tuple(v.shape) for k, v in saved.state_dict().items()},
                       {k: tuple(v.shape) for k, v in Tiny(1, 4).state_dict().items()}, "ck", "m").value)
     FSDPCheckpointManager(Tiny(2, 4), contents=("model",)).load_checkpoint(str(tmp_path / "actor"))  # same shape: loads
+
+
+def _load_in_a_one_rank_group(rank, world, port, path):
+    import torch.distributed as dist
+
+    from verl.utils.checkpoint import FSDPCheckpointManager
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = torch.nn.Linear(2, 2)
+    try:
+        FSDPCheckpointManager(model, torch.optim.AdamW(model.parameters())).load_checkpoint(path)
+        return None
+    except Exception as exc:  # noqa: BLE001 - its type is what the test checks
+        return type(exc).__name__, str(exc)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_one_rank_group_raises_the_ranks_own_error(tmp_path):
+    """No one to agree with: the refusal keeps its type, as without a process group (a group of one is what an
+    in-process vLLM engine leaves in a test worker)."""
+    actor = tmp_path / "actor"
+    actor.mkdir()
+    (actor / layout.META_FILE).write_text(json.dumps({"world_size": 1, "contents": ["model", "optimizer", "extra"]}))
+    name, message = run_gloo_ranks(_load_in_a_one_rank_group, 1, str(actor), timeout_s=300)[0]
+    assert name == "FileNotFoundError" and "max_optim_to_keep" in message
