@@ -18,6 +18,7 @@ import logging
 import selectors
 import socket
 import struct
+import sys
 from typing import Any, Optional
 
 import torch
@@ -197,8 +198,6 @@ def use_socket_mesh_for_tp(timeout_s: Optional[float]) -> bool:
 
 def close_socket_mesh_for_tp() -> None:
     """Before the engine's teardown: close this rank's mesh (vLLM destroys its groups with the engine)."""
-    import sys
-
     state = sys.modules.get("vllm.distributed.parallel_state")
     comm = getattr(getattr(state, "_TP", None), "device_communicator", None)
     if isinstance(getattr(comm, "dist_module", None), TPSocketMesh):
