@@ -127,6 +127,23 @@ def test_ranks_see_group_environment(group):
     assert info[0]["pid"] != info[1]["pid"] and {i["tag"] for i in info} == {"hello"}
 
 
+def test_rendezvous_on_the_drivers_own_node_starts_no_probe_task(group, monkeypatch):
+    """Rank 0's node is the driver's: MASTER_ADDR/PORT are picked here, without a Ray task (a worker process)."""
+    import socket
+
+    from verl.single_controller.ray import base
+
+    def no_task(*args, **kwargs):
+        raise AssertionError("a probe task was started for the driver's own node")
+
+    monkeypatch.setattr(base.ray, "remote", no_task)
+    pg = group.resource_pool.get_placement_groups(strategy="STRICT_PACK")[0]
+    addr, port = group._pick_rendezvous(pg)
+    assert addr == ray.util.get_node_ip_address() and isinstance(port, int) and port > 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, port))  # the port it chose is free
+
+
 def test_each_rank_imported_its_class_with_the_collector_paused_and_has_it_back(group):
     """The group's setup hook paused the collector before the class was imported; Worker.__init__ froze what the
     start-up built and gave automatic collection back (verl/utils/startup_gc.py)."""

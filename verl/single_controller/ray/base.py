@@ -261,6 +261,10 @@ class RayWorkerGroup(WorkerGroup):
         torch.distributed inside ``__init__`` and all actors can start in parallel.
         """
         node_id = placement_group_table(rank_zero_pg)["bundles_to_node_id"][0]
+        if node_id == ray.get_runtime_context().get_node_id():
+            # Rank 0 lands on this driver's node (every single-node run): pick here. A probe task would start a
+            # Ray task worker, a Python interpreter of its own (~2 CPU-s), only to bind one port.
+            return _node_ip_and_free_port()
         probe = ray.remote(num_cpus=0)(_node_ip_and_free_port).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
         try:
