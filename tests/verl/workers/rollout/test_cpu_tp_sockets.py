@@ -3,7 +3,6 @@ sums and gathers equal gloo's, every rank holds the same bits, large tensors do 
 torch.distributed, and a silent or dead peer is an error naming its rank."""
 from __future__ import annotations
 
-
 import torch
 
 from tests.helpers.distributed_testing import run_gloo_ranks
