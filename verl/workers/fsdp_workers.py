@@ -52,6 +52,7 @@ def resolve_device(device: str) -> str:
 
 # The actor keys verl/utils/batch_sizes.py turns into rows per rank.
 BATCH_SIZE_KEYS = ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
+ROLLOUT_ROLES = ("rollout", "actor_rollout", "actor_rollout_ref")
 
 
 class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
@@ -60,6 +61,16 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
 
     actor_cls = DataParallelPPOActor
     sections_cls = WorkerSections  # the typed view of actor_rollout_ref (a method's worker extends it with its keys)
+
+    @classmethod
+    def fork_preload(cls, sections: WorkerSections, role: str, device: str = "cuda", *_args, **_kwargs) -> list:
+        """The modules a rank imports before its first step; with LUFFY_FORK_WORKERS=1 its process is forked from
+        one that imported them (verl/single_controller/ray/worker_zygote.py; a name vLLM moved is skipped there)."""
+        modules = [cls.__module__]
+        if role in ROLLOUT_ROLES and sections.rollout.name == "vllm":
+            modules += ["verl.workers.rollout.vllm_rollout", "vllm.entrypoints.llm", "vllm.model_executor.model_loader"]
+            modules += ["vllm.v1.worker.cpu_worker"] if device == "cpu" else []
+        return modules
 
     def __init__(self, sections: WorkerSections, role: str, device: str,
                  total_training_steps: Optional[int] = None, policy_loss_knobs: Optional[dict] = None):
@@ -82,7 +93,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         self.device_plan = configure_worker_device(device)
         self.device = self.device_plan.device
         self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
-        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ROLLOUT_ROLES
         self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         # A split engine's rank (hybrid_engine=False): no actor module; weights arrive over the weight group.
         self._engine_only = self._is_rollout and not (self._is_actor or self._is_ref)

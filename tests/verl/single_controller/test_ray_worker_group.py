@@ -238,3 +238,35 @@ def test_call_timeout_raises_instead_of_waiting(group):
     finally:
         group.call_timeout_s = None
     assert group.sleep(0) == [0, 1]
+
+
+def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environment(ray_session):
+    """LUFFY_FORK_WORKERS=1 (tests/run.sh sets it): both ranks are forked from one process that imported the
+    worker's module (verl/single_controller/ray/worker_zygote.py); each still sees its own rank's environment,
+    joins gloo and had its start-up collector pause."""
+    from verl.single_controller.ray.base import FORK_WORKERS_ENV
+
+    def parent(pid):
+        with open(f"/proc/{pid}/status") as f:
+            ppid = int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            return ppid, f.read().replace(b"\0", b" ").decode()
+
+    before = os.environ.get(FORK_WORKERS_ENV)
+    os.environ[FORK_WORKERS_ENV] = "1"
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="forked_pool")
+    try:
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(ProbeWorker, scale=2), name_prefix="forked")
+    finally:
+        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+    try:
+        info = wg.whoami("forked")
+        (z0, cmd0), (z1, _) = (parent(i["pid"]) for i in info)
+        assert z0 == z1 and "worker_zygote.py --serve" in cmd0 and f"--preload {ProbeWorker.__module__}" in cmd0
+        assert [(i["env"]["RANK"], i["env"]["MASTER_PORT"]) for i in info] == [("0", str(wg.master_port)),
+                                                                              ("1", str(wg.master_port))]
+        assert wg.all_reduce_rank_plus_one() == [("gloo", "gloo", 3.0), ("gloo", "gloo", 3.0)]
+        assert all(rank["enabled"] and rank["frozen"] > 100_000 for rank in wg.collector())
+    finally:
+        wg.shutdown()
+        pool.release()
