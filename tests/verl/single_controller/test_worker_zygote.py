@@ -154,3 +154,30 @@ def test_the_fsdp_worker_preloads_vllm_only_for_its_vllm_rollout_roles():
     mods = ActorRolloutRefWorker.fork_preload(vllm, "actor_rollout_ref", "cpu")
     assert "vllm.entrypoints.llm" in mods and "vllm.v1.worker.cpu_worker" in mods
     assert "vllm.v1.worker.cpu_worker" not in ActorRolloutRefWorker.fork_preload(vllm, "rollout", "cuda")
+
+
+def test_the_switch_and_a_failing_preload_hint(monkeypatch):
+    from verl.single_controller.ray.base import FORK_WORKERS_ENV, RayClassWithInitArgs, fork_workers_enabled
+
+    for value, on in (("1", True), ("true", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv(FORK_WORKERS_ENV, value)
+        assert fork_workers_enabled() is on, value
+    monkeypatch.delenv(FORK_WORKERS_ENV)
+    assert not fork_workers_enabled()  # off unless asked for
+
+    class Plain:
+        pass
+
+    class Hinted:
+        @classmethod
+        def fork_preload(cls, size, name="x"):
+            return ["json", f"{name}.{size}"]
+
+    class Broken:
+        @classmethod
+        def fork_preload(cls, size):
+            raise KeyError(size)
+
+    assert RayClassWithInitArgs(Plain)._fork_preload() == [__name__]
+    assert RayClassWithInitArgs(Hinted, 3, name="m")._fork_preload() == ["json", "m.3"]
+    assert RayClassWithInitArgs(Broken, 3)._fork_preload() == [__name__]  # a hint that fails: the module only

@@ -8,6 +8,7 @@ actor, wait (never forever: a failed or dead rank ends the wait, see ``verl.util
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import random
 import string
@@ -24,6 +25,7 @@ from verl.single_controller.base.worker import Worker, find_free_port
 from verl.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 from verl.utils.ray_utils import WorkerGroupError, get_ranked
 
+logger = logging.getLogger(__name__)
 # Each worker process imports its class (torch, transformers, ...) with the cyclic collector paused
 # (verl/utils/startup_gc.py). Ray turns a runtime env's worker_process_setup_hook into this variable for the
 # worker process; set per actor it reaches exactly the group's processes (a job-level hook would reach every task
@@ -33,6 +35,10 @@ STARTUP_GC_HOOK = "verl.utils.startup_gc.pause_for_startup"
 # LUFFY_FORK_WORKERS=1: every rank is forked from a process that imported its worker class's module once
 # (worker_zygote.py); the ranks' import time (6-14 CPU-s each) is paid once per node and environment.
 FORK_WORKERS_ENV = "LUFFY_FORK_WORKERS"
+
+
+def fork_workers_enabled() -> bool:
+    return os.environ.get(FORK_WORKERS_ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def zygote_executable(modules: str) -> str:
@@ -186,6 +192,18 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         """Extra ``.options(...)`` for every actor (e.g. ``runtime_env``, ``max_concurrency``)."""
         self._options.update(options)
 
+    def _fork_preload(self) -> list:
+        """What a forked rank's zygote imports: the class's ``fork_preload`` for these arguments, else its module."""
+        preload = getattr(self.user_cls, "fork_preload", None)
+        if preload is None:
+            return [self.user_cls.__module__]
+        try:
+            return list(preload(*self.args, **self.kwargs))
+        except Exception as err:  # a hint only: the rank imports what it needs either way
+            logger.warning("%s.fork_preload failed (%r): its zygote imports %s only", self.user_cls.__name__, err,
+                           self.user_cls.__module__)
+            return [self.user_cls.__module__]
+
     def set_additional_resource(self, resources: dict) -> None:
         self._additional_resource = dict(resources)
 
@@ -200,10 +218,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         merged_env.update(runtime_env.get("env_vars", {}) or {})
         merged_env.update(env_vars)
         runtime_env["env_vars"] = merged_env
-        if os.environ.get(FORK_WORKERS_ENV, "0") not in ("", "0", "false", "False") and "py_executable" not in runtime_env:
-            preload = getattr(self.user_cls, "fork_preload", None)
-            modules = preload(*self.args, **self.kwargs) if preload else [self.user_cls.__module__]
-            runtime_env["py_executable"] = zygote_executable(",".join(modules))
+        if fork_workers_enabled() and "py_executable" not in runtime_env:
+            runtime_env["py_executable"] = zygote_executable(",".join(self._fork_preload()))
         actor_options = {"num_cpus": num_cpus, "runtime_env": runtime_env,
                          "scheduling_strategy": PlacementGroupSchedulingStrategy(
                              placement_group=placement_group, placement_group_bundle_index=bundle_index)}
