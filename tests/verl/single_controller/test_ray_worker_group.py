@@ -255,8 +255,11 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
     before = os.environ.get(FORK_WORKERS_ENV)
     os.environ[FORK_WORKERS_ENV] = "1"
     pool = RayResourcePool([2], use_gpu=False, name_prefix="forked_pool")
+    worker_cls = RayClassWithInitArgs(ProbeWorker, scale=2)
+    # the module group's environment: where tests/run.sh forks that group too, its zygote serves this one
+    worker_cls.update_options({"runtime_env": {"env_vars": {"PROBE_FLAG": "on"}}})
     try:
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(ProbeWorker, scale=2), name_prefix="forked")
+        wg = RayWorkerGroup(pool, worker_cls, name_prefix="forked")
     finally:
         os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
     try:
