@@ -181,3 +181,17 @@ def test_the_switch_and_a_failing_preload_hint(monkeypatch):
     assert RayClassWithInitArgs(Plain)._fork_preload() == [__name__]
     assert RayClassWithInitArgs(Hinted, 3, name="m")._fork_preload() == ["json", "m.3"]
     assert RayClassWithInitArgs(Broken, 3)._fork_preload() == [__name__]  # a hint that fails: the module only
+
+
+def test_the_socket_sits_in_a_folder_only_this_user_can_enter(monkeypatch):
+    folder = os.path.dirname(worker_zygote.socket_path("k"))
+    info = os.stat(folder)
+    assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
+    # a folder someone else owns is refused (the client then starts its worker plainly)
+    other = os.getuid() + 4_000_000
+    monkeypatch.setattr(worker_zygote.os, "getuid", lambda: other)
+    try:
+        with pytest.raises(PermissionError, match="not this user's alone"):
+            worker_zygote.socket_path("k")
+    finally:
+        os.rmdir(f"/tmp/luffy-zygote-{other}")

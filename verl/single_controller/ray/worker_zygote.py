@@ -14,8 +14,8 @@ starts its actors with ``runtime_env.py_executable`` set to this file, so Ray ru
 
 Anything that fails before the fork (no zygote, a failed import) falls back to exec'ing the worker as Ray would,
 so a run loses nothing. Environment variables a rank gets on its own (RANK, MASTER_PORT) are not part of the
-zygote's key: they are read at run time, not at import; every other variable is, the Ray job's id included. The worker's PID is the child's; the one Ray
-started is the client's.
+zygote's key: they are read at run time, not at import; every other variable is, the Ray job's id included. A
+zygote also exits after 300 s without a rank. The worker's PID is the child's; the one Ray started is the client's.
 """
 from __future__ import annotations
 
@@ -43,12 +43,20 @@ def zygote_key(env: dict, preload: str, raylet_pid: int) -> str:
 
 
 def socket_path(key: str) -> str:
-    return os.path.join("/tmp", f"luffy-zygote-{key}.sock")  # AF_UNIX paths are short: not under Ray's session dir
+    """The zygote's socket, in a folder only this user can enter (the client hands it its environment and stdio).
+    AF_UNIX paths are short (108 bytes): not under Ray's session folder."""
+    folder = os.path.join("/tmp", f"luffy-zygote-{os.getuid()}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    info = os.stat(folder)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{folder} is not this user's alone (mode {oct(info.st_mode & 0o777)})")
+    return os.path.join(folder, f"{key}.sock")
 
 
 def _send(sock: socket.socket, payload: dict, fds: list) -> None:
     data = json.dumps(payload).encode()
-    sock.sendmsg([struct.pack("!I", len(data))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+    rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))
+    sock.sendmsg([struct.pack("!I", len(data))], [rights])
     sock.sendall(data)
 
 
@@ -117,7 +125,7 @@ def _log_path(key: str) -> str:
     """The zygote's output goes next to the workers' logs of its Ray session, where `ray logs` finds it."""
     args = dict(a[2:].split("=", 1) for a in sys.argv if a.startswith("--") and "=" in a)
     logs = os.path.join(args.get("temp-dir", "/tmp/ray"), args.get("session-name", "session_latest"), "logs")
-    return os.path.join(logs if os.path.isdir(logs) else "/tmp", f"luffy-zygote-{key}.log")
+    return os.path.join(logs, f"luffy-zygote-{key}.log") if os.path.isdir(logs) else socket_path(key)[:-5] + ".log"
 
 
 def client(argv: list) -> None:
@@ -125,8 +133,8 @@ def client(argv: list) -> None:
     if argv[:1] == ["--preload"]:
         preload, argv = argv[1], argv[2:]
     key = zygote_key(dict(os.environ), preload, os.getppid())  # Ray's raylet started this process
-    path = socket_path(key)
     try:
+        path = socket_path(key)
         sock = _connect(path, preload, key)
         _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
         child = int(_readline(sock))
