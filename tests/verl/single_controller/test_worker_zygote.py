@@ -76,13 +76,13 @@ def _cmdline_or_empty(pid: int) -> str:
         return ""
 
 
-def test_key_leaves_out_what_each_rank_gets_on_its_own():
+def test_key_leaves_out_what_each_rank_and_job_gets_on_its_own():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "RANK": "0", "MASTER_PORT": "1234", "RAY_JOB_ID": "01000000"}
     same = dict(base, RANK="3", MASTER_PORT="999", LOCAL_RANK="1")
     key = worker_zygote.zygote_key
     assert key(base, "m", 7) == key(same, "m", 7)
-    # Ray's core library keeps the job id it was loaded with: a zygote serves one job
-    assert key(base, "m", 7) != key(dict(base, RAY_JOB_ID="02000000"), "m", 7)
+    # Ray is not preloaded (each child loads it with its job's id): a zygote serves every job of its raylet
+    assert key(base, "m", 7) == key(dict(base, RAY_JOB_ID="02000000"), "m", 7)
     assert key(base, "m", 7) != key(dict(base, OMP_NUM_THREADS="2"), "m", 7)
     assert key(base, "m", 7) != key(base, "m,vllm", 7) and key(base, "m", 7) != key(base, "m", 8)  # another raylet
 
@@ -104,6 +104,41 @@ def test_forked_worker_gets_the_clients_argv_env_folder_stdio_and_exit_code(run_
     assert a["path"][0] == os.path.dirname(script) and set(json.loads(plain.stdout)) <= set(a["path"])
     assert os.path.dirname(ZYGOTE) not in a["path"]
     assert a["random"] != b["random"]  # each child re-seeded, not the zygote's generator state
+
+
+# A module that, like vLLM's ray_utils, works without Ray; and a stand-in worker reporting what its child sees.
+TRIES_RAY = """
+try:
+    import ray
+    from ray import ObjectRef
+except ImportError:
+    ray = ObjectRef = None
+LOADS = globals().get("LOADS", 0) + 1
+"""
+RAY_SCRIPT = """
+import json, os, sys
+import tries_ray
+with open(f"/proc/{os.getppid()}/maps") as f:
+    zygote_has_ray = "_raylet" in f.read()
+print(json.dumps({"ppid": os.getppid(), "ray": tries_ray.ray is not None and tries_ray.ObjectRef is not None,
+                  "loads": tries_ray.LOADS, "zygote_has_ray": zygote_has_ray, "job": os.environ.get("RAY_JOB_ID"),
+                  "loaded_with_job": tries_ray.ray.__name__ == "ray" and "ray._raylet" in sys.modules}), flush=True)
+"""
+
+
+def test_ray_stays_out_of_the_zygote_and_each_child_imports_it_with_its_jobs_environment(run_client, tmp_path):
+    (tmp_path / "tries_ray.py").write_text(TRIES_RAY)
+    script = tmp_path / "ray_main.py"
+    script.write_text(RAY_SCRIPT)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    first, a = run_client(str(script), preload="tries_ray", env=dict(env, RAY_JOB_ID="01000000"))
+    second, b = run_client(str(script), preload="tries_ray", env=dict(env, RAY_JOB_ID="02000000"))
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    # two jobs, one zygote; it never loaded Ray's core library, so each child loads it with its own job id
+    assert a["ppid"] == b["ppid"] and "--serve" in _cmdline(a["ppid"]) and not a["zygote_has_ray"]
+    assert (a["job"], b["job"]) == ("01000000", "02000000")
+    # the module that found no Ray in the zygote was imported again in the child, and has Ray there
+    assert a["ray"] and b["ray"] and a["loads"] == b["loads"] == 2 and a["loaded_with_job"]
 
 
 def test_a_signal_ending_the_worker_ends_the_client_with_it(run_client, script):

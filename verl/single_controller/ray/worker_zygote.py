@@ -12,10 +12,17 @@ starts its actors with ``runtime_env.py_executable`` set to this file, so Ray ru
 * the client forwards the signals it gets to the child and exits with the child's status; the child exits when
   its client goes away (Ray killed it), and the zygote when its raylet is gone and no child is left.
 
+Ray itself stays out of the zygote, so one zygote serves every job of its raylet (each rehearsal of a recipe is a
+job of its own, and a vLLM preload is ~10 CPU-s): Ray's core library reads the job's id (``RAY_JOB_ID``) when it is
+loaded, so a worker must load it after it has its job's environment. While the zygote imports, ``import ray`` fails
+as if Ray were not installed; a module that tolerated that (vLLM's ``ray_utils``) is imported again in each child,
+once the child has its environment, and the child imports Ray itself (~0.2 CPU-s).
+
 Anything that fails before the fork (no zygote, a failed import) falls back to exec'ing the worker as Ray would,
-so a run loses nothing. Environment variables a rank gets on its own (RANK, MASTER_PORT) are not part of the
-zygote's key: they are read at run time, not at import; every other variable is, the Ray job's id included. A
-zygote also exits after 300 s without a rank. The worker's PID is the child's; the one Ray started is the client's.
+and a child that cannot re-import a module execs the worker plainly, so a run loses nothing. Environment variables
+a rank or a job gets on its own (RANK, MASTER_PORT, RAY_JOB_ID) are not part of the zygote's key: only Ray and the
+rank's own code read them; every other variable is. A zygote also exits after 300 s without a rank. The worker's
+PID is the child's; the one Ray started is the client's.
 """
 from __future__ import annotations
 
@@ -28,11 +35,12 @@ import struct
 import sys
 import time
 
-# Set per rank by the worker group and read after import, so the ranks of a job share a zygote. (RAY_JOB_ID is not
-# one of them: Ray's core library keeps the value it had when it was loaded, and a worker registers with that job.)
+# Set per rank by the worker group, or per job by Ray, and read only after the fork (Ray is not preloaded): ranks of
+# every job of a raylet with the same environment otherwise share a zygote.
 PER_PROCESS_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR",
-    "MASTER_PORT", "WG_PREFIX"})
+    "MASTER_PORT", "WG_PREFIX", "RAY_JOB_ID"})
+KEPT_OUT = ("ray",)  # packages the zygote never imports (see the module docstring)
 IDLE_EXIT_S = 300.0  # a zygote with no child and no request for this long exits (its raylet may live on)
 
 
@@ -157,7 +165,8 @@ def client(argv: list) -> None:
 
 # ---------------------------------------------------------------- zygote
 
-def _become_worker(conn: socket.socket, request: dict, fds: list, listener: socket.socket, others: list) -> None:
+def _become_worker(conn: socket.socket, request: dict, fds: list, listener: socket.socket, others: list,
+                   reimport: list) -> None:
     """In the forked child: take the client's stdio, environment and folder, then run Ray's worker as __main__."""
     import atexit
     import runpy
@@ -182,6 +191,7 @@ def _become_worker(conn: socket.socket, request: dict, fds: list, listener: sock
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python default_worker.py` has it
     _reseed()
+    _reimport(reimport, argv)
 
     def watch_client():  # Ray stops a worker by killing the process it started: the client
         try:
@@ -239,25 +249,64 @@ def serve(path: str, preload: str, raylet_pid: int) -> None:
                 pass
 
 
-def _preload(preload: str) -> dict:
-    """Imports the modules; returns what the imports set in the environment (vLLM's env_override does), which a
-    rank that imported them itself would have."""
+class _KeptOut:
+    """Makes ``import ray`` fail during the preload as it would without Ray installed; notes who tried."""
+
+    def __init__(self):
+        self.tried: list = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] not in KEPT_OUT:
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:  # the module whose code asked, past the import machinery
+            module = frame.f_globals.get("__name__", "")
+            if not module.startswith(("importlib", "_frozen_importlib")) and module.partition(".")[0] not in KEPT_OUT:
+                if module not in self.tried:
+                    self.tried.append(module)
+                break
+            frame = frame.f_back
+        raise ModuleNotFoundError(f"No module named {name!r} (kept out of the worker zygote)", name=name)
+
+
+def _preload(preload: str) -> tuple:
+    """Imports the modules without Ray. Returns what the imports set in the environment (vLLM's env_override does),
+    which a rank that imported them itself would have, and the modules that tried to import Ray (each child imports
+    them again, with Ray)."""
     import gc
     import importlib
 
     before = dict(os.environ)
-    for name in filter(None, preload.split(",")):
-        try:
-            importlib.import_module(name)
-        except Exception as err:  # the ranks import it themselves (and report the error where the run sees it)
-            print(f"worker_zygote: preloading {name} failed: {err!r}", file=sys.stderr, flush=True)
-    import ray._private.workers.default_worker  # noqa: F401  (Ray's own imports, under its __main__ guard)
-
+    kept_out = _KeptOut()
+    sys.meta_path.insert(0, kept_out)
+    try:
+        for name in filter(None, preload.split(",")):
+            try:
+                importlib.import_module(name)
+            except Exception as err:  # the ranks import it themselves (and report the error where the run sees it)
+                print(f"worker_zygote: preloading {name} failed: {err!r}", file=sys.stderr, flush=True)
+    finally:
+        sys.meta_path.remove(kept_out)
     gc.freeze()  # the imported objects stay out of the children's collections and their pages stay shared
-    return {k: v for k, v in os.environ.items() if before.get(k) != v}
+    reimport = [name for name in kept_out.tried if name in sys.modules]
+    return {k: v for k, v in os.environ.items() if before.get(k) != v}, reimport
 
 
-def _fork_on_request(listener: socket.socket, set_by_imports: dict, raylet_pid: int) -> None:
+def _reimport(names: list, argv: list) -> None:
+    """In the child, with its job's environment: import again the modules that found no Ray in the zygote. A module
+    that fails to is left half-initialised, so the worker then starts plainly (an exec, keeping this PID)."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.reload(sys.modules[name])
+        except Exception as err:  # noqa: BLE001
+            print(f"worker_zygote: re-importing {name} failed ({err!r}): starting the worker plainly",
+                  file=sys.stderr, flush=True)
+            _exec_plainly(argv)
+
+
+def _fork_on_request(listener: socket.socket, preloaded: tuple, raylet_pid: int) -> None:
     import select
 
     children: dict[int, socket.socket] = {}
@@ -273,8 +322,9 @@ def _fork_on_request(listener: socket.socket, set_by_imports: dict, raylet_pid: 
                 continue
             pid = os.fork()
             if pid == 0:
+                set_by_imports, reimport = preloaded
                 request["env"].update(set_by_imports)
-                _become_worker(conn, request, fds, listener, list(children.values()))
+                _become_worker(conn, request, fds, listener, list(children.values()), reimport)
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
