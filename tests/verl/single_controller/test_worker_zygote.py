@@ -184,8 +184,9 @@ def test_the_fsdp_worker_preloads_vllm_only_for_its_vllm_rollout_roles():
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     vllm, hf = (SimpleNamespace(rollout=SimpleNamespace(name=name)) for name in ("vllm", "hf"))  # all it reads
-    assert ActorRolloutRefWorker.fork_preload(hf, "actor_rollout_ref", "cpu") == ["verl.workers.fsdp_workers"]
-    assert ActorRolloutRefWorker.fork_preload(vllm, "actor", "cpu") == ["verl.workers.fsdp_workers"]
+    plain = ActorRolloutRefWorker.fork_preload(hf, "actor_rollout_ref", "cpu")
+    assert plain[0] == "verl.workers.fsdp_workers" and not any(name.startswith("vllm") for name in plain)
+    assert ActorRolloutRefWorker.fork_preload(vllm, "actor", "cpu") == plain
     mods = ActorRolloutRefWorker.fork_preload(vllm, "actor_rollout_ref", "cpu")
     assert "vllm.entrypoints.llm" in mods and "vllm.v1.worker.cpu_worker" in mods
     assert "vllm.v1.worker.cpu_worker" not in ActorRolloutRefWorker.fork_preload(vllm, "rollout", "cuda")
