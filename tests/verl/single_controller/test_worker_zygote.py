@@ -28,8 +28,8 @@ print("to stderr", file=sys.stderr, flush=True)
 action = sys.argv[1]
 if action == "sleep":
     time.sleep(60)
-if action == "term":
-    os.kill(os.getpid(), 15)
+if action in ("term", "kill"):
+    os.kill(os.getpid(), 15 if action == "term" else 9)
 sys.exit(int(action))
 """
 
@@ -141,9 +141,11 @@ def test_ray_stays_out_of_the_zygote_and_each_child_imports_it_with_its_jobs_env
     assert a["ray"] and b["ray"] and a["loads"] == b["loads"] == 2 and a["loaded_with_job"]
 
 
-def test_a_signal_ending_the_worker_ends_the_client_with_it(run_client, script):
-    proc, seen = run_client(script, "term")
-    assert proc.returncode == -signal.SIGTERM and "--serve" in _cmdline(seen["ppid"])
+@pytest.mark.parametrize("action, sig", [("term", signal.SIGTERM), ("kill", signal.SIGKILL)])
+def test_a_signal_ending_the_worker_ends_the_client_with_it(run_client, script, action, sig):
+    # SIGKILL is how Ray stops a worker group: the client must end the same way, without a traceback of its own
+    proc, seen = run_client(script, action)
+    assert proc.returncode == -sig and "--serve" in _cmdline(seen["ppid"]) and "Traceback" not in proc.stderr
 
 
 def test_killing_the_client_ends_its_worker(run_client, script, tmp_path):

@@ -158,7 +158,8 @@ def client(argv: list) -> None:
         os._exit(1)
     kind, _, value = status.partition(" ")
     if kind == "signal":
-        signal.signal(int(value), signal.SIG_DFL)
+        if int(value) not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(int(value), signal.SIG_DFL)
         os.kill(os.getpid(), int(value))
     os._exit(int(value) if kind == "exit" else 1)
 
