@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 bash exp_scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
-# Ranks forked from a process that imported their modules once per job (verl/single_controller/ray/worker_zygote.py):
-# a rank's imports are 6-14 CPU-s and the suite starts ~130 of them. LUFFY_FORK_WORKERS=0 starts each as Ray does.
+# Ranks forked from a process that imported their modules once per node and environment, for every job of that Ray
+# (verl/single_controller/ray/worker_zygote.py): a rank's imports are 6-14 CPU-s and the suite starts ~130 of them.
+# LUFFY_FORK_WORKERS=0 starts each as Ray does.
 export LUFFY_FORK_WORKERS=${LUFFY_FORK_WORKERS:-1}
 # Byte-compile the project once: with PYTHONDONTWRITEBYTECODE set (as on these machines) every process of the suite
 # (Ray workers, drivers, graders: hundreds) would otherwise compile the modules it imports again (~0.4 CPU-s each).

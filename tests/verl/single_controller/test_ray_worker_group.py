@@ -273,3 +273,67 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
     finally:
         wg.shutdown()
         pool.release()
+
+
+def _where(worker) -> tuple:
+    """Run in a rank (``__ray_call__``): its PID, its parent's PID and command, and the Ray job it registered with."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\0", b" ").decode()
+    return os.getpid(), os.getppid(), parent, ray.get_runtime_context().get_job_id()
+
+
+# A second driver: a job of its own on the same Ray, starting a forked group of the same class and environment.
+SECOND_JOB = r"""
+import json, os, sys
+import ray
+from verl.single_controller.base import Worker
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+def where(worker):
+    return os.getpid(), os.getppid(), ray.get_runtime_context().get_job_id()
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+pool = RayResourcePool([2], use_gpu=False, name_prefix="second_job_pool")
+wg = RayWorkerGroup(pool, RayClassWithInitArgs(Worker), name_prefix="second_job")
+ranks = ray.get([w.__ray_call__.remote(where) for w in wg.workers])
+print("RESULT " + json.dumps({"job": ray.get_runtime_context().get_job_id(), "ranks": ranks}), flush=True)
+"""
+
+
+@pytest.mark.e2e  # a second driver process (~4 s)
+def test_one_zygote_serves_two_jobs_and_each_rank_registers_with_its_own_job(ray_session, tmp_path):
+    """Ray stays out of the zygote (its core library reads the job id when loaded), so the ranks of another job on
+    this raylet fork from the same zygote, each registered with its own job; this job's ranks outlive the other's."""
+    import json
+    import subprocess
+
+    from verl.single_controller.ray.base import FORK_WORKERS_ENV
+
+    before = os.environ.get(FORK_WORKERS_ENV)
+    os.environ[FORK_WORKERS_ENV] = "1"
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="first_job_pool")
+    try:
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(Worker), name_prefix="first_job")
+    finally:
+        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+    try:
+        ours = ray.get([w.__ray_call__.remote(_where) for w in wg.workers])
+        script = tmp_path / "second_job.py"
+        script.write_text(SECOND_JOB)
+        env = dict(os.environ, **{FORK_WORKERS_ENV: "1"})
+        env.pop("RAY_ADDRESS", None)
+        proc = subprocess.run([sys.executable, str(script), ray.get_runtime_context().gcs_address], env=env,
+                              capture_output=True, text=True, timeout=300)
+        result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and result, proc.stdout[-3000:] + proc.stderr[-3000:]
+        theirs = json.loads(result[0][len("RESULT "):])
+        zygote = ours[0][1]
+        assert "worker_zygote.py --serve" in ours[0][2] and {r[1] for r in ours} == {zygote}
+        assert {ppid for _, ppid, _ in theirs["ranks"]} == {zygote}  # the other job's ranks: the same zygote
+        assert {r[3] for r in ours} == {ray.get_runtime_context().get_job_id()}
+        assert {job for _, _, job in theirs["ranks"]} == {theirs["job"]} != {ray.get_runtime_context().get_job_id()}
+        # that job has ended and Ray has stopped its workers; this job's ranks still answer
+        assert [r[0] for r in ray.get([w.__ray_call__.remote(_where) for w in wg.workers])] == [r[0] for r in ours]
+    finally:
+        wg.shutdown()
+        pool.release()

@@ -290,6 +290,10 @@ def _preload(preload: str) -> tuple:
         sys.meta_path.remove(kept_out)
     gc.freeze()  # the imported objects stay out of the children's collections and their pages stay shared
     reimport = [name for name in kept_out.tried if name in sys.modules]
+    for name in kept_out.tried:  # it needs Ray to import at all: whoever imported it may have kept a fallback
+        if name not in sys.modules and name not in preload.split(","):
+            print(f"worker_zygote: {name} cannot be imported without Ray; a module that imports it inside a try "
+                  "keeps its fallback in the forked ranks", file=sys.stderr, flush=True)
     return {k: v for k, v in os.environ.items() if before.get(k) != v}, reimport
 
 
