@@ -115,30 +115,39 @@ except ImportError:
     ray = ObjectRef = None
 LOADS = globals().get("LOADS", 0) + 1
 """
+PROBES_RAY = """
+import importlib.util
+FOUND = importlib.util.find_spec("ray") is not None
+LOADS = globals().get("LOADS", 0) + 1
+"""
 RAY_SCRIPT = """
 import json, os, sys
-import tries_ray
+import probes_ray, tries_ray
 with open(f"/proc/{os.getppid()}/maps") as f:
     zygote_has_ray = "_raylet" in f.read()
 print(json.dumps({"ppid": os.getppid(), "ray": tries_ray.ray is not None and tries_ray.ObjectRef is not None,
                   "loads": tries_ray.LOADS, "zygote_has_ray": zygote_has_ray, "job": os.environ.get("RAY_JOB_ID"),
-                  "loaded_with_job": tries_ray.ray.__name__ == "ray" and "ray._raylet" in sys.modules}), flush=True)
+                  "loaded_with_job": tries_ray.ray.__name__ == "ray" and "ray._raylet" in sys.modules,
+                  "probe": [probes_ray.FOUND, probes_ray.LOADS]}), flush=True)
 """
 
 
 def test_ray_stays_out_of_the_zygote_and_each_child_imports_it_with_its_jobs_environment(run_client, tmp_path):
     (tmp_path / "tries_ray.py").write_text(TRIES_RAY)
+    (tmp_path / "probes_ray.py").write_text(PROBES_RAY)
     script = tmp_path / "ray_main.py"
     script.write_text(RAY_SCRIPT)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    first, a = run_client(str(script), preload="tries_ray", env=dict(env, RAY_JOB_ID="01000000"))
-    second, b = run_client(str(script), preload="tries_ray", env=dict(env, RAY_JOB_ID="02000000"))
+    first, a = run_client(str(script), preload="probes_ray,tries_ray", env=dict(env, RAY_JOB_ID="01000000"))
+    second, b = run_client(str(script), preload="probes_ray,tries_ray", env=dict(env, RAY_JOB_ID="02000000"))
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     # two jobs, one zygote; it never loaded Ray's core library, so each child loads it with its own job id
     assert a["ppid"] == b["ppid"] and "--serve" in _cmdline(a["ppid"]) and not a["zygote_has_ray"]
     assert (a["job"], b["job"]) == ("01000000", "02000000")
     # the module that found no Ray in the zygote was imported again in the child, and has Ray there
     assert a["ray"] and b["ray"] and a["loads"] == b["loads"] == 2 and a["loaded_with_job"]
+    # asking whether Ray is installed is not importing it: the answer is yes, and that module is not imported again
+    assert a["probe"] == [True, 1]
 
 
 @pytest.mark.parametrize("action, sig", [("term", signal.SIGTERM), ("kill", signal.SIGKILL)])

@@ -251,7 +251,8 @@ def serve(path: str, preload: str, raylet_pid: int) -> None:
 
 
 class _KeptOut:
-    """Makes ``import ray`` fail during the preload as it would without Ray installed; notes who tried."""
+    """Makes ``import ray`` fail during the preload as it would without Ray installed; notes who tried. A probe
+    (``importlib.util.find_spec("ray")``) still finds it: Ray is installed, only loading it waits for the child."""
 
     def __init__(self):
         self.tried: list = []
@@ -259,14 +260,18 @@ class _KeptOut:
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] not in KEPT_OUT:
             return None
-        frame = sys._getframe(1)
+        frame, importing = sys._getframe(1), False
         while frame is not None:  # the module whose code asked, past the import machinery
             module = frame.f_globals.get("__name__", "")
-            if not module.startswith(("importlib", "_frozen_importlib")) and module.partition(".")[0] not in KEPT_OUT:
-                if module not in self.tried:
+            if module.startswith(("importlib", "_frozen_importlib")) or module.partition(".")[0] in KEPT_OUT:
+                importing = importing or frame.f_code.co_name == "_find_and_load"
+            else:
+                if importing and module not in self.tried:
                     self.tried.append(module)
                 break
             frame = frame.f_back
+        if not importing:
+            return None
         raise ModuleNotFoundError(f"No module named {name!r} (kept out of the worker zygote)", name=name)
 
 
