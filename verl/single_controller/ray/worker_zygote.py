@@ -240,7 +240,7 @@ def serve(path: str, preload: str, raylet_pid: int) -> None:
     listener.bind(path)
     listener.listen(64)  # clients wait in the backlog while the imports run
     try:
-        _fork_on_request(listener, _preload(preload), raylet_pid)
+        _fork_on_request(listener, *_preload(preload), raylet_pid)
     finally:
         listener.close()
         for leftover in (path, path + ".lock"):
@@ -283,10 +283,11 @@ def _preload(preload: str) -> tuple:
     import importlib
 
     before = dict(os.environ)
+    names = [name for name in preload.split(",") if name]
     kept_out = _KeptOut()
     sys.meta_path.insert(0, kept_out)
     try:
-        for name in filter(None, preload.split(",")):
+        for name in names:
             try:
                 importlib.import_module(name)
             except Exception as err:  # the ranks import it themselves (and report the error where the run sees it)
@@ -296,7 +297,7 @@ def _preload(preload: str) -> tuple:
     gc.freeze()  # the imported objects stay out of the children's collections and their pages stay shared
     reimport = [name for name in kept_out.tried if name in sys.modules]
     for name in kept_out.tried:  # it needs Ray to import at all: whoever imported it may have kept a fallback
-        if name not in sys.modules and name not in preload.split(","):
+        if name not in sys.modules and name not in names:
             print(f"worker_zygote: {name} cannot be imported without Ray; a module that imports it inside a try "
                   "keeps its fallback in the forked ranks", file=sys.stderr, flush=True)
     return {k: v for k, v in os.environ.items() if before.get(k) != v}, reimport
@@ -316,7 +317,7 @@ def _reimport(names: list, argv: list) -> None:
             _exec_plainly(argv)
 
 
-def _fork_on_request(listener: socket.socket, preloaded: tuple, raylet_pid: int) -> None:
+def _fork_on_request(listener: socket.socket, set_by_imports: dict, reimport: list, raylet_pid: int) -> None:
     import select
 
     children: dict[int, socket.socket] = {}
@@ -332,7 +333,6 @@ def _fork_on_request(listener: socket.socket, preloaded: tuple, raylet_pid: int)
                 continue
             pid = os.fork()
             if pid == 0:
-                set_by_imports, reimport = preloaded
                 request["env"].update(set_by_imports)
                 _become_worker(conn, request, fds, listener, list(children.values()), reimport)
             for fd in fds:
