@@ -16,8 +16,10 @@ overlap on a 2-core machine.
 
 Usage: python exp_scripts/bench_async.py [--steps 30] [--warmup 2] [--seeds 3] [--model DIR] [--data DIR]
          [--work DIR] [--modes colocated,split_sync,one_step_off] [key=value ...]
-``--model`` / ``--data`` default to the quickstart's SFT-warmed model and task (outputs/quickstart, built by
-exp_scripts/quickstart.sh); without them a random tiny model and a fresh task are built (its reward stays ~0).
+``--model`` / ``--data`` default to the quickstart's SFT-warmed model (outputs/quickstart/warm_sft_250/final) and its
+task (outputs/quickstart/data); when missing they are built as exp_scripts/quickstart.sh builds them (its inputs
+only: ``QUICKSTART_PREPARE_ONLY=1``, ~1 CPU-min). A random model solves nothing, so its reward curves stay at 0 and
+the lag's effect on learning is not measured: a run whose on-policy reward never leaves 0 in any mode exits 1.
 Trailing key=value pairs are appended to every run (e.g. data.train_batch_size=4 for a quick check).
 """
 from __future__ import annotations
@@ -46,21 +48,32 @@ PHASES = ("timing_s/gen", "timing_s/generate_worker", "timing_s/update_actor", "
           "timing_s/reward")
 
 
-def inputs(args) -> tuple[str, str]:
-    """The model and task folders: given, the quickstart's, or freshly built in the work folder."""
-    model = args.model or os.path.join(ROOT, "outputs", "quickstart", "model")
-    data = args.data or os.path.join(ROOT, "outputs", "quickstart", "data")
-    if os.path.isfile(os.path.join(model, "config.json")) and os.path.isfile(os.path.join(data, "train.parquet")):
-        return model, data
-    from luffy_pool.tiny import build_tiny_model, write_task_parquets
+QUICKSTART_DIR = os.path.join(ROOT, "outputs", "quickstart")
+WARM_MODEL = os.path.join(QUICKSTART_DIR, "warm_sft_250", "final")  # quickstart.sh's default QUICKSTART_WARM_STEPS
 
-    model, data = os.path.join(args.work, "model"), os.path.join(args.work, "data")
-    if not os.path.isfile(os.path.join(model, "config.json")):
-        print(f"[bench_async] no SFT-warmed model given: building a random tiny model in {model} (reward stays ~0)",
-              flush=True)
-        build_tiny_model(model)
-        write_task_parquets(data, n_train=512, n_test=64, level=2, seed=0)
+
+def inputs(args) -> tuple[str, str]:
+    """The model and task folders: given, or the quickstart's SFT-warmed model and task (built when missing)."""
+    model = args.model or WARM_MODEL
+    data = args.data or os.path.join(QUICKSTART_DIR, "data")
+    if not args.model and not args.data and not _ready(model, data):
+        print(f"[bench_async] building the quickstart's SFT-warmed model into {model} "
+              "(exp_scripts/quickstart.sh, QUICKSTART_PREPARE_ONLY=1)", flush=True)
+        env = dict(os.environ, QUICKSTART_PREPARE_ONLY="1", QUICKSTART_DIR=QUICKSTART_DIR, QUICKSTART_WARM_STEPS="250",
+                   SKIP_SETUP="1", LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+        subprocess.run(["bash", os.path.join(ROOT, "exp_scripts", "quickstart.sh")], cwd=ROOT, env=env, check=True)
+    if not _ready(model, data):
+        raise SystemExit(f"[bench_async] no model in {model} (config.json) or no task in {data} (train.parquet)")
     return model, data
+
+
+def _ready(model: str, data: str) -> bool:
+    return os.path.isfile(os.path.join(model, "config.json")) and os.path.isfile(os.path.join(data, "train.parquet"))
+
+
+def never_rewarded(results: dict) -> bool:
+    """True when no mode's on-policy reward left 0 at any step of any seed: the model solves nothing."""
+    return all(v == 0.0 for r in results.values() for curve in r["curves"] for v in curve)
 
 
 def run_mode(mode: str, seed: int, args, model: str, data: str) -> list[dict]:
@@ -145,6 +158,11 @@ def main(argv=None) -> int:
     if {"one_step_off", "split_sync", "colocated"} <= set(modes):
         print(f"one_step_off/split_sync = {mean['one_step_off'] / mean['split_sync']:.3f}; "
               f"one_step_off/colocated = {mean['one_step_off'] / mean['colocated']:.3f}")
+    if never_rewarded(results):
+        print(f"[bench_async] {REWARD_KEY} is 0 at every step of every mode: the model ({model}) solves nothing, so "
+              "these runs measure speed only, not the lag's effect on learning. Use a model that solves some "
+              "problems (the quickstart's SFT-warmed one: omit --model).", file=sys.stderr)
+        return 1
     return 0
 
 

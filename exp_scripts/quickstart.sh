@@ -77,8 +77,26 @@ if [ "$WARM_STEPS" -gt 0 ]; then
   fi
 fi
 
+# QUICKSTART_PREPARE_ONLY=1: stop here, with the model, the task and the warm model built (exp_scripts/bench_async.py
+# builds its default inputs this way).
+if [ "${QUICKSTART_PREPARE_ONLY:-0}" = "1" ]; then
+  echo "quickstart: inputs ready: model $BASE, data $OUT/data"
+  exit 0
+fi
+
 # The jsonl tracker writes $OUT/checkpoints/metrics.jsonl for the summary (an override, not a YAML change).
 START=$(date +%s)
+# The run this script starts writes where the last trainer.default_local_dir override says (Hydra: the last one
+# wins), relative to this folder; the summary reads that run's metrics file, and only when this run wrote it.
+RUN_DIR="$OUT/checkpoints"
+for arg in "$@"; do
+  case "$arg" in
+    trainer.default_local_dir=*|+trainer.default_local_dir=*|++trainer.default_local_dir=*) RUN_DIR="${arg#*=}" ;;
+  esac
+done
+case "$RUN_DIR" in /*) ;; *) RUN_DIR="$ROOT/$RUN_DIR" ;; esac
+STARTED_MARK=$(mktemp "${TMPDIR:-/tmp}/quickstart-start.XXXXXX")
+trap 'rm -f "$STARTED_MARK"' EXIT
 RC=0
 run_forwarding "$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_cpu_luffy \
     actor_rollout_ref.model.path="$BASE" \
@@ -92,6 +110,9 @@ run_forwarding "$VENV/bin/python" -m luffy_pool.main_mix_ppo --config-name tiny_
 WALL=$(( $(date +%s) - START ))
 # No summary after a Hydra flag (--cfg job, --help, --info: nothing was trained) or without a metrics file.
 for arg in "$@"; do case "$arg" in -*) exit 0 ;; esac; done
-if [ -f "$OUT/checkpoints/metrics.jsonl" ]; then
-  "$VENV/bin/python" exp_scripts/quickstart_summary.py --run-dir "$OUT/checkpoints" --wall-s "$WALL"
+if [ -f "$RUN_DIR/metrics.jsonl" ] && [ "$RUN_DIR/metrics.jsonl" -nt "$STARTED_MARK" ]; then
+  "$VENV/bin/python" exp_scripts/quickstart_summary.py --run-dir "$RUN_DIR" --wall-s "$WALL"
+else
+  echo "quickstart: no summary: this run wrote no metrics file in $RUN_DIR (the jsonl logger is off in" \
+       "trainer.logger, or the run trained no step)"
 fi

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help=f"the under-10-CPU-minute preset: {QUICK}")
     ap.add_argument("--preset", choices=("no_reward",), default=None,
                     help=f"no_reward: the regime where on-policy RL finds no reward (start model's on-policy pass rate "
-                         f"< {NO_REWARD_MAX_PASS:.0%}, checked; the family beside GRPO, LUFFY and SFT; within 60 "
+                         f"< {NO_REWARD_MAX_PASS * 100:.0f}%%, checked; the family beside GRPO, LUFFY and SFT; within 60 "
                          f"CPU-minutes): {NO_REWARD}")
     ap.add_argument("--out", default=os.path.join(REPO, "outputs", "reproduce_tiny"), help="output folder")
     ap.add_argument("--methods", default="claims",

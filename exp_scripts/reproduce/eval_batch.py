@@ -25,6 +25,9 @@ if __name__ == "__main__":  # its own process: it imports without the collector 
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in ("-h", "--help"):
+        print("usage: eval_batch.py CALLS.json\n\n" + (__doc__ or "").strip())
+        return 0
     if len(args) != 1:
         print("usage: eval_batch.py CALLS.json", file=sys.stderr)
         return 2
