@@ -16,6 +16,9 @@ from verl.trainer.ppo.core_algos import (POLICY_LOSS_REGISTRY, compute_policy_lo
 from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys, resolve_policy_loss
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
+
 A = "actor_rollout_ref.actor"
 # LUFFY's train.sh actor keys (docs/METHOD.md §2.1) on top of the YAML defaults.
 LUFFY_ACTOR = [f"{A}.use_off_policy_loss=True", f"{A}.off_policy_reshape=p_div_p_0.1", f"{A}.loss_remove_token_mean=True",

@@ -18,6 +18,9 @@ from verl.trainer.sft.dataset import (SFTDataset, epoch_batches, loss_token_coun
                                       strided_shard, truncate)
 from verl.trainer.sft.loss import masked_token_nll_sum, next_token_targets
 
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PROMPT = [{"role": "user", "content": "What is 1 + 2?"}]
 TRACE = "<think>\n1+2+0=3\n</think>\n\\boxed{3}"

@@ -9,9 +9,15 @@ from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.chord import (
     ChordConfig, chord_mixed_loss, mu_schedule, phi, sft_is_loss, sft_phi_loss)
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
+from tests.helpers.float_compare import assert_float_close
+
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/chord_golden.pt"),
                     weights_only=False)
+# float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
+# of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
 
 def test_mu_schedule_equals_trinity_bit_for_bit():
@@ -30,8 +36,8 @@ def test_sft_losses_equal_trinity(i):
     loss, _ = fn(FamilyLossInputs(log_prob=log_prob, old_log_prob=None, advantages=None,
                                   response_mask=case["mask"]), cfg)
     loss.backward()
-    assert torch.equal(loss.detach(), case["loss"])
-    assert torch.equal(log_prob.grad, case["grad"])  # φ / p are stop-gradient weights, as in Trinity
+    assert_float_close(loss.detach(), case["loss"], what="loss")
+    assert_float_close(log_prob.grad, case["grad"], what="grad")  # φ / p are stop-gradient weights, as in Trinity
 
 
 @pytest.mark.parametrize("i", range(len(GOLDEN["mixed"])))
@@ -43,8 +49,8 @@ def test_mixed_loss_equals_trinity(i):
         log_prob=log_prob, old_log_prob=case["old_log_prob"], advantages=case["advantages"],
         response_mask=case["mask"], expert_mask=case["expert_mask"], step=case["step"]), cfg)
     loss.backward()
-    assert torch.equal(loss.detach(), case["loss"])
-    assert torch.equal(log_prob.grad, case["grad"])
+    assert_float_close(loss.detach(), case["loss"], what="loss")
+    assert_float_close(log_prob.grad, case["grad"], what="grad")
     assert metrics["mu"] == case["metrics"]["mu"]
     for key, value in case["metrics"].items():
         if key.startswith(("usual/", "expert/")):

@@ -14,9 +14,15 @@ from luffy_pool.algorithm.family.exgrpo import (
     experience_count, exgrpo_token_loss, retire_group, sample_experience_uids, sample_from_buckets, select_best,
     swap_recorded_log_probs, switch_to_mixed, trajectory_metric_original, trajectory_metric_paper)
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
+from tests.helpers.float_compare import assert_float_close
+
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/exgrpo_golden.pt"),
                     weights_only=False)
+# float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
+# of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
 
 def _rngs(seed):
@@ -69,7 +75,8 @@ def test_bucket_manager_equals_authors_over_300_operations():
 def test_trajectory_metric_original_equals_authors(i):
     case = GOLDEN["metric"][i]
     ours = trajectory_metric_original(case["values"], case["responses"], case["pad_token_id"], case["kind"])
-    assert ours == pytest.approx(case["metrics"], nan_ok=True, rel=0, abs=0)
+    # means of float32 entropies (a reduction): within a few float32 ulps
+    assert ours == pytest.approx(case["metrics"], nan_ok=True, rel=1e-6, abs=1e-9)
     assert select_best(ours) == case["argmin"]
 
 
@@ -91,6 +98,7 @@ def test_trajectory_metric_paper_differs_from_original_as_q1_says():
 
 def test_swap_recorded_log_probs_equals_authors():
     case = GOLDEN["swap"][0]
+    # a row copy: order-free, exact
     assert torch.equal(swap_recorded_log_probs(case["old"], case["recorded"], case["off_rows"]), case["swapped"])
 
 
@@ -103,10 +111,10 @@ def test_loss_equals_authors(i):
         log_prob=log_prob, old_log_prob=case["old_log_prob"], advantages=case["advantages"],
         response_mask=case["mask"], prefix_mask=case["prefix_mask"]), cfg)
     loss.backward()
-    assert torch.equal(loss.detach(), case["ret"]["pg_loss"])
-    assert torch.equal(log_prob.grad, case["grad"])
+    assert_float_close(loss.detach(), case["ret"]["pg_loss"], what="pg_loss")
+    assert_float_close(log_prob.grad, case["grad"], what="grad")
     for key in ("off_pg_loss", "on_pg_loss", "on_pg_clipfrac", "ppo_kl", "off_ratio_mean"):
-        assert torch.equal(metrics[key], case["ret"][key]), key
+        assert_float_close(metrics[key], case["ret"][key], what=key)
 
 
 def test_spec_hand_values_bucket_probabilities():

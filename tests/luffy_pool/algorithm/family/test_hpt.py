@@ -8,9 +8,15 @@ import torch
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss, hpt_switch_gate
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
+from tests.helpers.float_compare import assert_float_close
+
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/hpt_srft_golden.pt"),
                     weights_only=False)
+# float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
+# of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
 
 @pytest.mark.parametrize("i", range(len(GOLDEN["gate"])))
@@ -34,12 +40,11 @@ def test_sft_loss_equals_authors(i):
         log_prob=log_prob, old_log_prob=case["old_log_prob"], advantages=case["advantages"],
         response_mask=case["mask"], prefix_mask=case["prefix_mask"]), HptConfig(**case["cfg"]))
     loss.backward()
-    assert torch.equal(loss.detach(), case["loss"])
-    assert torch.equal(log_prob.grad, case["grad"])
-    assert torch.equal(metrics["sft_loss"], case["sft_loss"], ) or (
-        torch.isnan(metrics["sft_loss"]) and torch.isnan(case["sft_loss"]))
-    assert torch.equal(metrics["pg_clipfrac"], case["pg_clipfrac"])
-    assert torch.equal(metrics["ppo_kl"], case["ppo_kl"])
+    assert_float_close(loss.detach(), case["loss"], what="loss")
+    assert_float_close(log_prob.grad, case["grad"], what="grad")
+    assert_float_close(metrics["sft_loss"], case["sft_loss"], what="sft_loss")  # NaN where theirs is NaN
+    assert_float_close(metrics["pg_clipfrac"], case["pg_clipfrac"], what="pg_clipfrac")
+    assert_float_close(metrics["ppo_kl"], case["ppo_kl"], what="ppo_kl")
 
 
 def test_hand_values_sft_switch():

@@ -8,9 +8,15 @@ import torch
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 from luffy_pool.algorithm.family.relift import HardBuffer, ReliftSftConfig, hard_question_uids, relift_sft_loss
+from tests.helpers.float_compare import assert_float_close
+
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/relift_golden.pt"),
                     weights_only=False)
+# float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
+# of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
 
 @pytest.mark.parametrize("i", range(len(GOLDEN["sft"])))
@@ -21,9 +27,9 @@ def test_sft_loss_equals_authors(i):
                                                      response_mask=case["mask"], entropy=case["entropy"]),
                                     ReliftSftConfig(entropy_coeff=case["entropy_coeff"]))
     loss.backward()
-    assert torch.equal(loss.detach(), case["loss"])
-    assert torch.equal(metrics["sft_loss"], case["sft_loss"])
-    assert torch.equal(log_prob.grad, case["grad"])
+    assert_float_close(loss.detach(), case["loss"], what="loss")
+    assert_float_close(metrics["sft_loss"], case["sft_loss"], what="sft_loss")
+    assert_float_close(log_prob.grad, case["grad"], what="grad")
 
 
 def test_hand_value_sft_loss():

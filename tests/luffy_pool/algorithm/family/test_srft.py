@@ -8,13 +8,15 @@ import torch
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 from luffy_pool.algorithm.family.srft import SrftConfig, srft_coefficients, srft_loss
+from tests.helpers.float_compare import assert_float_close
+
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/hpt_srft_golden.pt"),
                     weights_only=False)
-
-
-def _same(a, b):
-    return torch.equal(a, b) or (torch.isnan(a).all() and torch.isnan(b).all())
+# float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
+# of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
 
 @pytest.mark.parametrize("i", range(len(GOLDEN["srft"])))
@@ -26,11 +28,11 @@ def test_srft_loss_equals_authors(i):
         response_mask=case["mask"], prefix_mask=case["prefix_mask"], entropy=case["entropy"],
         correct_mask=case["correct_mask"]), SrftConfig(**case["cfg"]))
     loss.backward()
-    assert torch.equal(loss.detach(), case["loss"])
-    assert torch.equal(log_prob.grad, case["grad"])
-    assert _same(metrics["sft_loss"], case["sft_loss"])
+    assert_float_close(loss.detach(), case["loss"], what="loss")
+    assert_float_close(log_prob.grad, case["grad"], what="grad")
+    assert_float_close(metrics["sft_loss"], case["sft_loss"], what="sft_loss")  # NaN where theirs is NaN
     for key in ("off_pg_loss", "on_pg_loss", "on_pg_clipfrac", "ppo_kl"):
-        assert _same(metrics[key], case["ret"][key]), key
+        assert_float_close(metrics[key], case["ret"][key], what=key)
 
 
 def test_spec_hand_values_coefficients():

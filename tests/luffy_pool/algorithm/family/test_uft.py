@@ -12,9 +12,15 @@ from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.uft import (
     UftConfig, cut_points, hint_nll_loss, hint_probability, sample_hint, split_solution, stage_index,
     tokenize_with_hint)
+from tests.helpers.float_compare import assert_float_close
+
+# golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
+pytestmark = pytest.mark.golden
 
 DATA = os.path.join(os.path.dirname(__file__), "../../../data/family_golden")
 GOLDEN = torch.load(os.path.join(DATA, "uft_golden.pt"), weights_only=False)
+# float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
+# of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +58,8 @@ def test_hint_nll_equals_authors(i):
     logits = case["prompt_logits"].clone().requires_grad_(True)
     loss = hint_nll_loss(logits, case["input_ids"], case["hint_mask"])
     loss.backward()
-    assert torch.equal(loss.detach(), case["loss"])
-    assert torch.equal(logits.grad, case["grad"])
+    assert_float_close(loss.detach(), case["loss"], what="loss")
+    assert_float_close(logits.grad, case["grad"], what="grad")
 
 
 def test_hint_nll_by_hand():
