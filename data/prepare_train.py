@@ -142,9 +142,9 @@ class TraceFilter:
         self.summary, self.max_trace_tokens, self.grader, self.workers = summary, max_trace_tokens, grader, workers
         self.tokenizer = None
         if max_trace_tokens:
-            from transformers import AutoTokenizer
+            from verl.utils.tokenizer import hf_tokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            self.tokenizer = hf_tokenizer(tokenizer_path)
 
     def _too_long(self, traces: list[str]) -> list[bool]:
         if not self.tokenizer:

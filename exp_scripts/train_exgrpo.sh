@@ -10,8 +10,9 @@
 # The dataset's target column is ignored (ExGRPO uses no external traces); rollout.n_prefix=1 of train.sh is replaced
 # by the method (0: slots get a trace only when a question is replayed).
 # Not reproduced: their skip_grad_bound=500 step skip (grad clip stays 1.0); their vllm_exp rollout is our one
-# rollout with per-slot traces. Their MODEL_PATH is left for the user to set (the backbone): here the base model
-# Qwen/Qwen2.5-Math-7B.
+# rollout with per-slot traces. Their MODEL_PATH is left for the user to set (the backbone); for Qwen2.5-Math-7B they
+# use Elliott/Qwen2.5-Math-7B-16k-think (ElliottYan/LUFFY @ 01f4ae0, ExGRPO/README.md line 123): its 16k positions
+# hold the 1024 + 8192 tokens, where Qwen/Qwen2.5-Math-7B's 4,096 do not.
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_exgrpo.sh [key=value ...]
@@ -21,7 +22,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 export ROOT=${ROOT:-$(dirname "$HERE")}
 export DATA_DIR=${DATA_DIR:-$ROOT/data}
-export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B}
+export MODEL_PATH=${MODEL_PATH:-Elliott/Qwen2.5-Math-7B-16k-think}
 export EXP_NAME=${EXP_NAME:-ExGRPO}
 export WANDB_PROJECT=${WANDB_PROJECT:-exgrpo}
 # algorithm.method=exgrpo sets policy_loss=exgrpo and turns LUFFY's use_off_policy_loss off.

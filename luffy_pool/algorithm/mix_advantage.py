@@ -26,8 +26,9 @@ def advantage_config(sections, n_samples: int) -> AdvantageConfig:
 
 
 def compute_mixed_advantage(sections, batch, uids, response_length: int, n_samples: int,
-                            pad_token_id: int | None = None, eos_token_id: int | None = None):
-    """Return ``(advantages, returns)`` ``[rows, L]`` for the merged batch (tensors in ``batch``)."""
+                            pad_token_id: int | None = None, eos_token_id=None):
+    """Return ``(advantages, returns)`` ``[rows, L]`` for the merged batch (tensors in ``batch``); ``eos_token_id``: the
+    stop id, or every stop id the engines use (a response ending on one is not truncated)."""
     prefix_mask = batch["prefix_mask"]
     inputs = AdvantageInputs(token_level_rewards=batch["token_level_rewards"],
                              response_mask=batch["attention_mask"][:, -response_length:], index=uids,

@@ -560,6 +560,14 @@ class ConfigSections:
         if w.rollout.name == "vllm" and world % w.rollout.tensor_model_parallel_size:
             errors.append(f"'{_R}.tensor_model_parallel_size'={w.rollout.tensor_model_parallel_size} must divide the "
                           f"world size {world} (trainer.nnodes * trainer.n_gpus_per_node)")
+        tp = w.rollout.tensor_model_parallel_size
+        if w.rollout.name == "vllm" and tp > 1:  # a local model's heads against vLLM's TP split
+            from verl.utils.parallel_check import local_model_heads, tp_heads_error
+
+            heads = local_model_heads(w.model.path, w.model.override_config)
+            problem = tp_heads_error(*heads, tp) if heads is not None else None
+            if problem:
+                errors.append(f"{problem} (from {w.model.path}/config.json)")
         return errors
 
     @property

@@ -45,6 +45,8 @@ class SlotPlan:
     engine_max_tokens: list[int]  # L − len(prefix) for each engine slot
     tgt_input_ids: Optional[torch.Tensor]  # [B·n, T] trace of each slot (right-padded; input [B, n, T]), None in validation
     behaviour_log_probs: Optional[list[list[float]]]  # behaviour log-prob per prefix token (NaN = unknown)
+    # every id the engine stops on besides EOS (the model's generation_config eos ids: verl/utils/tokenizer.py)
+    stop_token_ids: tuple = ()
 
     @property
     def num_slots(self) -> int:
@@ -103,6 +105,7 @@ def build_slot_plan(
     *,
     n: Optional[int] = None,
     prompt_position_ids: Optional[torch.Tensor] = None,
+    stop_token_ids: Sequence[int] = (),
 ) -> SlotPlan:
     """Plan the ``B·n`` slots of one rollout (docs/METHOD.md §1.2 items 1-4).
 
@@ -185,6 +188,7 @@ def build_slot_plan(
         engine_max_tokens=engine_max_tokens,
         tgt_input_ids=tgt_out,
         behaviour_log_probs=prefix_lps if lp_rows is not None else None,
+        stop_token_ids=tuple(int(i) for i in stop_token_ids),
     )
 
 
@@ -217,13 +221,21 @@ def assemble_responses(
 
     responses = torch.full((num_slots, length), plan.pad_token_id, dtype=plan.prompts.dtype)
     prefix_mask = torch.zeros((num_slots, length), dtype=torch.bool)
+    lengths = torch.zeros(num_slots, dtype=torch.long)
     for k in range(num_slots):
         tokens = (plan.prefixes[k] + generated[k])[:length]
+        lengths[k] = len(tokens)
         if tokens:
             responses[k, : len(tokens)] = torch.tensor(tokens, dtype=responses.dtype)
         prefix_mask[k, : min(len(plan.prefixes[k]), length)] = True
 
-    response_mask = get_eos_mask(responses, plan.eos_token_id, dtype=plan.prompt_attention_mask.dtype)
+    # A response ends where the engine stopped: at its output's length (it stops on any of the model's stop ids,
+    # and an id it does not know is never a stop) and, within that, at the first stop id. An EOS-only mask would
+    # run a response that ended on another stop id (Qwen3's <|endoftext|>, Llama-3.1's <|eom_id|>) through the
+    # padding to full length.
+    stops = [plan.eos_token_id] + [i for i in plan.stop_token_ids if i != plan.eos_token_id]
+    within = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+    response_mask = (get_eos_mask(responses, stops, dtype=torch.bool) & within).to(plan.prompt_attention_mask.dtype)
     delta = torch.arange(1, length + 1, dtype=plan.prompt_position_ids.dtype).unsqueeze(0)
     response_position_ids = plan.prompt_position_ids[:, -1:] + delta
     tensors = {
@@ -273,13 +285,15 @@ class MixRolloutPlanner:
     (``RolloutSection``; the config checker has checked it); the planner has no defaults of its own.
     """
 
-    def __init__(self, engine: BaseRollout, rollout, *, pad_token_id: int, eos_token_id: int):
+    def __init__(self, engine: BaseRollout, rollout, *, pad_token_id: int, eos_token_id: int,
+                 stop_token_ids: Sequence[int] = ()):
         self.engine = engine
         self.n = rollout.n
         self.n_val = rollout.n_val
         self.response_length = rollout.response_length
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
+        self.stop_token_ids = tuple(stop_token_ids)
         # ``sampling.seed`` is set per step by the worker (a resumed run samples what an uninterrupted one would).
         self.sampling, self.val_temperature = sampling_from_config(rollout)
 
@@ -309,6 +323,7 @@ class MixRolloutPlanner:
         plan = build_slot_plan(
             prompt_ids, prompt_attention_mask, tgt_input_ids, prefix_ratios, self.pad_token_id, self.eos_token_id,
             self.response_length, behaviour_log_probs, n=self.n, prompt_position_ids=prompt_position_ids,
+            stop_token_ids=self.stop_token_ids,
         )
         return self.run(plan, self.sampling)
 
@@ -319,6 +334,7 @@ class MixRolloutPlanner:
         plan = build_slot_plan(
             prompt_ids, prompt_attention_mask, None, None, self.pad_token_id, self.eos_token_id,
             self.response_length, n=self.n_val, prompt_position_ids=prompt_position_ids,
+            stop_token_ids=self.stop_token_ids,
         )
         sampling = dataclasses.replace(self.sampling, temperature=self.val_temperature, top_p=1.0, top_k=-1,
                                        return_logprobs=False)  # no correction on validation samples

@@ -265,7 +265,7 @@ def release_worker_group(wg, pool) -> None:
 def build_trainer(config: DictConfig, tracker=None):
     """Everything ``fit`` needs; returns ``(trainer, close)`` where ``close()`` releases pools/trackers (each once;
     ``close(keep_tracker=True)`` leaves the tracker open). ``tracker``: one to continue (a restart), not a new one."""
-    from transformers import AutoTokenizer
+    from verl.utils.tokenizer import hf_tokenizer
 
     from luffy_pool.methods import apply_method
     from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
@@ -289,7 +289,7 @@ def build_trainer(config: DictConfig, tracker=None):
         raise PreflightError([str(exc)]) from None
     world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node) + sections.workers.rollout_world_size
     import_external_libs(sections.workers.model.external_lib)  # a custom tokenizer may need it too
-    tokenizer = AutoTokenizer.from_pretrained(sections.data.tokenizer or sections.workers.model.path)
+    tokenizer = hf_tokenizer(sections.data.tokenizer or sections.workers.model.path)
     try:  # every data file is checked as it loads: a bad row is one line naming file, row and column (rc 2)
         loader, sampler, val_dataset, collate = build_dataloader(sections, tokenizer)
         off_policy_pool = build_off_policy_pool(sections, tokenizer, loader.dataset)

@@ -249,11 +249,18 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
     hidden = m["num_attention_heads"] * HEAD_DIM
     spec = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
                 num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
+    # the real model's special tokens, stop ids and chat template, where its tokenizer_config.json lies beside
+    # its config (luffy_pool/tiny/model_tokens.py)
+    real_tokens = None
+    if real_config is not None:
+        from luffy_pool.tiny.model_tokens import read_real_tokens
+
+        real_tokens = read_real_tokens(m["real_config"])
 
     def model(folder: str) -> None:
         from luffy_pool.tiny import TinyModelSpec, build_tiny_model
 
-        build_tiny_model(folder, TinyModelSpec(**spec), model_config=real_config)
+        build_tiny_model(folder, TinyModelSpec(**spec), model_config=real_config, real_tokens=real_tokens)
 
     def data(folder: str) -> None:
         from luffy_pool.tiny import write_task_parquets
@@ -270,7 +277,8 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
 
     if cache:
         os.makedirs(cache, exist_ok=True)
-    _cached(cache, "model", dict(spec, real_config=real_config), m["now"], model)  # the real config is in the key
+    tokens_key = None if real_tokens is None else repr(real_tokens)
+    _cached(cache, "model", dict(spec, real_config=real_config, real_tokens=tokens_key), m["now"], model)
     if real_config is not None:
         from luffy_pool.tiny.model_config import describe
 
@@ -281,6 +289,14 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
         print(f"  model config {m['real_config']}:")
         for line in describe(m["config_fields"]):
             print(f"    {line}")
+        if real_tokens is not None:
+            m["real_tokens"] = real_tokens.source
+            with open(os.path.join(m["now"], "generation_config.json")) as f:
+                stops = json.load(f).get("eos_token_id")
+            print(f"    tokens from {real_tokens.source}: bos {real_tokens.bos!r}, eos {real_tokens.eos!r}, pad "
+                  f"{real_tokens.pad!r}, stop ids (tiny) {stops}, the model's chat template")
+        else:
+            print("    tokens: no tokenizer_config.json beside it: the tiny ChatML specials")
     else:
         print(f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
               "(pass --model-config FILE with the model's config.json)")

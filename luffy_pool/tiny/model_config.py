@@ -62,14 +62,20 @@ def read_model_config(path: str) -> dict:
     return cfg
 
 
-def map_token_ids(real: dict, specials: list[int]) -> dict[str, Any]:
+def map_token_ids(real: dict, specials: list[int], token_map: dict | None = None) -> dict[str, Any]:
     """Real special-token ids -> tiny ids, keeping which of them are equal.
 
     The distinct real ids, EOS first (in list order), then BOS, then PAD, take ``specials`` in order; the
     tiny tokenizer's specials are (EOS ``<|im_end|>``, ``<|endoftext|>``, ``<|im_start|>``), so the real EOS
     is the token the tiny chat template ends a turn with and generation stops on it. A real config with
     bos == eos (Qwen base models) keeps bos == eos; Llama-3.1's distinct bos/eos stay distinct.
+    With ``token_map`` (real id -> tiny id of the same special string: the tiny tokenizer carries the real
+    model's specials, luffy_pool/tiny/model_tokens.py) every id maps through it instead.
     """
+    if token_map is not None:
+        from luffy_pool.tiny.model_tokens import map_ids
+
+        return {f: map_ids(real[f], token_map, f"config.json {f}") for f in TOKEN_FIELDS if real.get(f) is not None}
     order: list[int] = []
     for field in TOKEN_FIELDS:
         value = real.get(field)
@@ -104,7 +110,7 @@ def _moe_sizes(real: dict, hidden: int) -> dict:
 
 
 def shrink_config(real: dict, kv_heads: int, vocab_size: int, specials: list[int], layers: int = LAYERS,
-                  source: str = "config.json") -> tuple[dict, dict]:
+                  source: str = "config.json", token_map: dict | None = None) -> tuple[dict, dict]:
     """(tiny config dict, ``{"kept": [fields], "shrunk": {field: [real, tiny]}, "tokens": ...}``)."""
     try:
         real_layers = int(real["num_hidden_layers"])
@@ -136,7 +142,7 @@ def shrink_config(real: dict, kv_heads: int, vocab_size: int, specials: list[int
     if isinstance(real.get("mlp_only_layers"), list):
         sizes["mlp_only_layers"] = [i for i in real["mlp_only_layers"] if i < layers]
     sizes.update(_moe_sizes(real, hidden))
-    tokens = map_token_ids(real, specials)
+    tokens = map_token_ids(real, specials, token_map)
     tiny = {k: v for k, v in real.items() if k not in DROPPED and k != "dtype"}
     tiny.update(sizes)
     tiny.update(tokens)

@@ -68,8 +68,12 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
     def __init__(self, config, tokenizer, actor_rollout_wg, reward_fn, val_reward_fn, train_dataloader,
                  val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None,
                  sections=None, total_training_steps=None, rollout_wg=None):
+        from verl.utils.tokenizer import stop_token_ids
+
         self.config = config
         self.tokenizer = tokenizer
+        # every id the engines stop on: a response ending on any of them is complete, not truncated
+        self.stop_token_ids = stop_token_ids(tokenizer)
         self.wg = actor_rollout_wg
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
@@ -437,7 +441,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         batch.batch["token_level_rewards"] = rewards
         adv, returns = compute_mixed_advantage(self.sections, batch.batch, batch.non_tensor_batch["uid"],
                                                self.response_length, self.n, pad_token_id=self.tokenizer.pad_token_id,
-                                               eos_token_id=self.tokenizer.eos_token_id)
+                                               eos_token_id=self.stop_token_ids)
         batch.batch["advantages"] = adv
         batch.batch["returns"] = returns
         metrics.update(unknown_behaviour_metrics(batch.batch, self.sections.actor.use_off_policy_probs))

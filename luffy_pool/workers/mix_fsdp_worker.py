@@ -31,7 +31,8 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         super().init_model()
         if self._is_rollout:
             self.planner = MixRolloutPlanner(self.rollout, self.sections.rollout, pad_token_id=self.tokenizer.pad_token_id,
-                                             eos_token_id=self.tokenizer.eos_token_id)
+                                             eos_token_id=self.tokenizer.eos_token_id,
+                                             stop_token_ids=self.stop_token_ids)
             # Ranks of one vLLM TP group generate the same prompts with the same seed (docs/DESIGN.md §2 item 2).
             self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size,
                                                      timeout_s=self.sections.nccl_timeout)

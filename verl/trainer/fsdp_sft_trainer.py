@@ -90,7 +90,7 @@ class FSDPSFTTrainer:
     """One SFT run over the default process group; build with a validated, resolved config, then ``fit()``."""
 
     def __init__(self, config: DictConfig, device: str):
-        from transformers import AutoTokenizer
+        from verl.utils.tokenizer import hf_tokenizer
 
         from verl.trainer.sft.fsdp_model import build_fsdp_model, build_optimizer
         from verl.utils.fsdp_utils import create_device_mesh
@@ -106,9 +106,7 @@ class FSDPSFTTrainer:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code)
-        if self.tokenizer.pad_token_id is None:  # padding is masked out; any id works
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer = hf_tokenizer(config.model.path, trust_remote_code=config.model.trust_remote_code)
         self.train_dataset = self._dataset(data.train_files)
         self.val_dataset = self._dataset(data.val_files) if data.val_files else None
         self.steps_per_epoch = len(epoch_batches(len(self.train_dataset), data.train_batch_size, 0, 0, shuffle=False))

@@ -166,13 +166,12 @@ class HFGenerator:
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0, batch_size: int = 16):
         import torch
-        from transformers import AutoTokenizer
-
         from luffy_pool.config.compose import rollout_section
+        from verl.utils.tokenizer import hf_tokenizer
         from verl.workers.rollout.hf_rollout import HFRollout
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = hf_tokenizer(model_path)
         # The trainer's rollout section (its YAML defaults) with this generator's dtype and batch.
         self.section = rollout_section(dtype=dtype, hf_micro_batch_size=batch_size)
         self.engine = HFRollout(model_path, self.section, device=self.device)

@@ -1,7 +1,8 @@
-"""The model's attention heads against the Ulysses SP degree: the worker's check (``check_heads``) and the
-config checker's (``WorkerSections.validate`` reads a local model's heads with ``local_model_heads``), so a
-layout whose heads do not split is one line naming the key before any worker starts. ``local_model_config``
-also gives the checker the model's position limit (``ConfigSections.validate``).
+"""The model's attention heads against the Ulysses SP degree and vLLM's TP degree: the worker's check
+(``check_heads``) and the config checker's (``WorkerSections.validate`` and ``ConfigSections`` read a local
+model's heads with ``local_model_heads``), so a layout whose heads do not split is one line naming the key before
+any worker starts. ``local_model_config`` also gives the checker the model's position limit
+(``ConfigSections.validate``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ def sp_heads_error(num_heads: int, num_kv_heads: int, sp_size: int) -> Optional[
     if num_kv_heads % sp_size and sp_size % num_kv_heads:
         return (f"'{SP_KEY}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
                 f"the other (kv heads are split over, or repeated across, the SP ranks)")
+    return None
+
+
+TP_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+def tp_heads_error(num_heads: int, num_kv_heads: int, tp_size: int) -> Optional[str]:
+    """vLLM splits query heads over its TP ranks and kv heads too, or replicates them when there are fewer kv heads
+    than ranks (vllm/model_executor/layers/linear.py QKVParallelLinear): both must divide evenly."""
+    if num_heads % tp_size:
+        return f"'{TP_KEY}'={tp_size} must divide the model's num_attention_heads={num_heads}"
+    if num_kv_heads % tp_size and tp_size % num_kv_heads:
+        return (f"'{TP_KEY}'={tp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide the other "
+                "(vLLM splits kv heads over its TP ranks, or replicates them)")
     return None
 
 

@@ -253,10 +253,11 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
             self.sections = dataclasses.replace(self.sections, model=dataclasses.replace(self.sections.model, path=local))
 
     def init_model(self):
-        from transformers import AutoTokenizer
+        from verl.utils.tokenizer import hf_tokenizer, stop_token_ids
 
         self._use_local_model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(self.sections.model.path)
+        self.tokenizer = hf_tokenizer(self.sections.model.path)
+        self.stop_token_ids = stop_token_ids(self.tokenizer, self.sections.model.path)
         s = self.sections
         use_rmpad = s.model.use_remove_padding
         share = bool(s.model.shared_prompt_forward)
