@@ -515,3 +515,5 @@ def _(ctx: Context) -> Outcome:
 
 # The checkpoint, signal, secret, new-user and load cases live in probe_bad_input_faults.py (registered on import).
 from exp_scripts import probe_bad_input_faults as _faults  # noqa: E402,F401
+# Real models' tokens, stop rules and sizes: probe_bad_input_models.py (registered on import).
+from exp_scripts import probe_bad_input_models as _models  # noqa: E402,F401

@@ -1,0 +1,106 @@
+"""Cases of ``exp_scripts/probe_bad_input.py`` for real models' tokens, stop rules and sizes (registered on import).
+
+What a first run on a model other than the tiny one meets: Llama-3.x defines no pad token, Qwen3 stops on two ids,
+a launch script's default model may be too short for the script's lengths, and vLLM's TP may not split the heads.
+Each case builds the tiny model with the real model's tokens from tests/data/model_configs where it needs one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from exp_scripts.probe_bad_input import Context, Outcome, expect_accepted, expect_refusal
+from exp_scripts.probe_bad_input_cases import case
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "tests", "data", "model_configs")
+
+
+def _tiny_with_real_tokens(ctx: Context, name: str) -> str:
+    from luffy_pool.tiny.model import TinyModelSpec, build_tiny_model
+    from luffy_pool.tiny.model_tokens import read_real_tokens
+
+    path = os.path.join(CONFIGS, name + ".json")
+    with open(path) as f:
+        real = json.load(f)
+    out = ctx.tmp(name.split("--")[-1])
+    build_tiny_model(out, TinyModelSpec(num_hidden_layers=1), model_config=real, real_tokens=read_real_tokens(path))
+    return out
+
+
+@case("llama_without_pad_token", "L4", "a Llama-3.1 tokenizer (no pad token) builds the RL dataset", timeout_s=120)
+def _(ctx: Context) -> Outcome:
+    import pandas as pd
+
+    from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
+    from verl.utils.tokenizer import hf_tokenizer
+
+    folder = _tiny_with_real_tokens(ctx, "meta-llama--Llama-3.1-8B")
+
+    def build():
+        tok = hf_tokenizer(folder)
+        if tok.pad_token != "<|finetune_right_pad_id|>":
+            return f"pad token {tok.pad_token!r}"
+        rows = pd.read_parquet(os.path.join(ctx.task_dir, "train.parquet")).head(4)
+        path = os.path.join(ctx.tmp("llama_data"), "train.parquet")
+        rows.to_parquet(path)
+        ds = RLHFDatasetWithTarget(path, tok, max_prompt_length=128, max_target_length=128)
+        return None if int(ds[0]["input_ids"][0]) == tok.pad_token_id else "prompt not left-padded with the pad id"
+
+    return expect_accepted(build)
+
+
+@case("qwen3_second_stop_id", "L3", "a Qwen3 response ending on <|endoftext|> (its second stop id) is masked there",
+      timeout_s=120)
+def _(ctx: Context) -> Outcome:
+    import numpy as np
+    import torch
+
+    from luffy_pool.rollout.slot_plan import assemble_responses, build_slot_plan
+    from verl.utils.tokenizer import hf_tokenizer, stop_token_ids
+
+    folder = _tiny_with_real_tokens(ctx, "Qwen--Qwen3-8B")
+    tok = hf_tokenizer(folder)
+    stops = stop_token_ids(tok, folder)
+    second = tok.convert_tokens_to_ids("<|endoftext|>")
+    plan = build_slot_plan(torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), None, np.zeros((1, 1)), tok.pad_token_id,
+                           tok.eos_token_id, 8, n=1, stop_token_ids=stops)
+    mask = assemble_responses(plan, [[7, 8, second]]).tensors["response_mask"][0].tolist()
+    if second not in stops:
+        return Outcome("bad", f"stop ids {stops} miss <|endoftext|>")
+    return Outcome("good", f"mask {mask}") if mask == [1, 1, 1, 0, 0, 0, 0, 0] else Outcome("bad", f"mask {mask}")
+
+
+def _script_config_problems(ctx: Context, script: str, config_name: str, *extra: str) -> list[str]:
+    from luffy_pool.config.check import prepare_overrides, validate_config
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.methods import apply_method
+    from luffy_pool.run.recipe import read_recipe
+
+    folder = ctx.tmp(config_name.split("--")[-1])
+    shutil.copyfile(os.path.join(CONFIGS, config_name + ".json"), os.path.join(folder, "config.json"))
+    env = dict(os.environ, MODEL_PATH=folder)
+    recipe = read_recipe(os.path.join(REPO, "exp_scripts", script), env, args=list(extra))
+    cfg = compose_config(prepare_overrides([a for a in recipe.overrides if "=" in a and not a.startswith("-")]))
+    apply_method(cfg)
+    return validate_config(cfg)
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+@case("script_too_long_for_model", "L5", "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
+      timeout_s=120)
+def _(ctx: Context) -> Outcome:
+    return expect_refusal(lambda: _raise(_script_config_problems(ctx, "train_exgrpo.sh", "Qwen--Qwen2.5-Math-7B")),
+                          "max_position_embeddings", "data.max_response_length")
+
+
+@case("vllm_tp_heads", "L5", "vLLM TP 8 on Qwen2.5-Math-7B's 28 heads", timeout_s=120)
+def _(ctx: Context) -> Outcome:
+    return expect_refusal(lambda: _raise(_script_config_problems(
+        ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think", "actor_rollout_ref.rollout.tensor_model_parallel_size=8")),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size", "num_attention_heads")
