@@ -480,7 +480,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
             gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.gen_world_size)
-            self._update_weights()  # every generation gets a fresh push (the engines slept after the last)
+            if start == 0 or self.rollout_wg is None:  # split engines never sleep: their one push serves every chunk
+                self._update_weights()  # hybrid: every generation gets a fresh push (the engines slept after the last)
             gen_out = self.gen_wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)

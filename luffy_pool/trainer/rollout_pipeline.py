@@ -12,6 +12,16 @@ prefetch past a step that will be saved or is the last, and when a signal asks f
 the batch is dropped and the data / prefix-ratio samplers are rewound to before it was drawn, so the saved cursor
 points at it. Either way the batch after a checkpoint is generated from the checkpoint's weights, in the
 uninterrupted run and in a run resumed from that checkpoint alike, and the two are equal from there.
+
+No weight push starts while a generation is in flight. The engines run their calls in order, so a push queued
+behind a generation would hold the actor's rank 0 in the broadcast for the whole generation (and past the weight
+group's collective timeout when it is long). A push outside a launch, i.e. the one before validation (``test_freq``
+need not fall on the steps that do not prefetch), first finishes the batch in flight: it waits for its rows and
+keeps them for its own step, whose staleness stays 1. Validation then scores the weights just trained, as in sync
+mode and on the hybrid engine (so ``maybe_save_best`` pairs a score with the weights it saves), at the cost of one
+push. The other choice, verl's (recipe/one_step_off_policy/ray_trainer.py ``fit`` at commit 0062357: ``_validate``
+on the engines' current weights, no push), would score the weights before the last update; and a validation
+generation queues behind the batch in flight either way, so the driver waits as long.
 """
 from __future__ import annotations
 
@@ -25,13 +35,15 @@ PIPELINES = ("sync", "one_step_off")
 class PendingRollout:
     """One launched generation: the step it is for and the policy version that generates it; ``handle`` holds
     what the trainer needs to finish it (its future, prompt rows, ratios, metrics); ``rewind`` the sampler states
-    from before its batch was drawn."""
+    from before its batch was drawn; ``output`` its generated rows once waited for before its step (None: the
+    engines may still be generating it)."""
 
     step: int
     version: int
     handle: Any = None
     rewind: Optional[dict] = None
     metrics: dict = field(default_factory=dict)
+    output: Any = None
 
 
 def staleness(step: int, version: int) -> int:
@@ -60,6 +72,11 @@ class RolloutPipeline:
         and not past the last step, a step whose checkpoint is due, or a requested stop (the batch after a
         checkpoint comes from the checkpoint's weights)."""
         return self.overlaps and self.pending is None and step < last_step and not save_after_step and not stopping
+
+    def to_finish_before_push(self) -> Optional[PendingRollout]:
+        """The batch whose generation the trainer must wait for before it starts a weight push (keeping its rows
+        in ``output``); None when the engines generate nothing, so a push starts on them at once."""
+        return self.pending if self.pending is not None and self.pending.output is None else None
 
     def put(self, pending: PendingRollout) -> None:
         if self.pending is not None:

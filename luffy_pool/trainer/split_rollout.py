@@ -6,9 +6,10 @@ for this step (``trainer.rollout_pipeline=one_step_off``: during the previous st
 its rows, and, when the pipeline allows (``RolloutPipeline.should_prefetch``), launches the next step's generation on
 the current weights, then hands this batch to the training stages (``MIXRayPPOTrainer._train_on``), so generating N+1
 overlaps training on N. A launch waits for nothing (the push and the generation are queued on the workers, which
-run each caller's calls in order): the push runs while the driver scores. ``drop_in_flight`` waits for a batch still
-generating and rewinds the data and prefix-ratio samplers to before it, before a checkpoint is written or the run
-ends.
+run each caller's calls in order): the push runs while the driver scores. No push starts while a generation is in
+flight (``finish_in_flight`` first: ``rollout_pipeline``'s docstring says why). ``drop_in_flight`` waits for a batch
+still generating and rewinds the data and prefix-ratio samplers to before it, before a checkpoint is written or the
+run ends.
 """
 from __future__ import annotations
 
@@ -47,8 +48,16 @@ class SplitRolloutMixin:
 
     def _start_push(self) -> list:
         """Every actor rank gathers, its rank 0 broadcasts, every rollout rank receives: started together, not
-        waited for; returns the refs (actor ranks first)."""
+        waited for; returns the refs (actor ranks first). A batch still generating is finished first: the engines
+        would receive only after it, and the actor's rank 0 would wait in the broadcast meanwhile."""
+        self.finish_in_flight()
         return list(self.wg.send_weights()) + list(self.rollout_wg.receive_weights())
+
+    def finish_in_flight(self) -> None:
+        """Wait for the batch generating (if any) and keep its rows for its own step (unlike ``drop_in_flight``)."""
+        pending = self.pipeline.to_finish_before_push() if self.pipeline is not None else None
+        if pending is not None:
+            pending.output = pending.handle["future"].get()
 
     def _push_metrics(self, refs: list) -> dict:
         """Waits for a push's refs; ``timing_s/weight_sync``: the slowest engine's receive."""
@@ -63,7 +72,8 @@ class SplitRolloutMixin:
         return {WEIGHT_SYNC_METRIC: max(values)} if values else {}
 
     def push_to_engines(self) -> dict:
-        """A push waited for (the ``update_weights`` stage outside a launch, e.g. before validation)."""
+        """A push waited for (the ``update_weights`` stage outside a launch, e.g. before validation), after the
+        batch in flight is finished."""
         return self._push_metrics(self._start_push())
 
     def _launch_generation(self, step: int, timing: dict) -> PendingRollout:
@@ -97,7 +107,9 @@ class SplitRolloutMixin:
         if pending is None:  # sync mode, the first step, after a resume or a checkpoint: generate it now
             pending = self._launch_generation(step, timing)
         t0 = time.perf_counter()
-        gen_out = pending.handle["future"].get()  # with one_step_off, mostly generated while the last step trained
+        gen_out = pending.output  # finished already when a push came between (validation)
+        if gen_out is None:  # with one_step_off, mostly generated while the last step trained
+            gen_out = pending.handle["future"].get()
         _add_time(timing, "gen", t0)
         t = self.sections.trainer
         last = self.last_step()
@@ -117,7 +129,8 @@ class SplitRolloutMixin:
         pending = self.pipeline.drop() if self.pipeline is not None else None
         if pending is None:
             return
-        pending.handle["future"].get()
+        if pending.output is None:
+            pending.handle["future"].get()
         self._push_metrics(pending.handle.get("push") or [])  # its errors, if any, surface here
         self.train_dataloader.sampler.load_state_dict(pending.rewind["sampler"])
         self.ratio_sampler.load_state_dict(pending.rewind["ratio_sampler"])

@@ -18,27 +18,33 @@ class SplitWeightsMixin:
     """Adds the split weight push to ``ActorRolloutRefWorker`` (roles actor / actor_ref send, rollout receives)."""
 
     weight_group = None
+    _weight_store = None  # actor rank 0: the store ``weight_group_address`` opened, until ``join_weight_group``
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def weight_group_address(self) -> tuple:
-        """(host, free port) on this rank's node: where the weight group's store listens (actor rank 0)."""
-        from verl.workers.sharding_manager.collective_sync import free_address
+        """(host, port) of the weight group's store, which this rank (actor rank 0) opens here and keeps listening:
+        the port is bound once, so no other process can take it before the members join."""
+        from verl.workers.sharding_manager.collective_sync import listen
 
-        return free_address()
+        host, port, self._weight_store = listen(self.sections.nccl_timeout)
+        return host, port
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_group(self, host: str, port: int, rollout_ranks: int) -> bool:
         """Join the actor -> engines broadcast group; returns whether this rank is a member."""
-        from verl.workers.sharding_manager.collective_sync import WeightGroup
+        from verl.workers.sharding_manager.collective_sync import WeightGroup, connect
 
+        timeout_s = self.sections.nccl_timeout
         if self._is_rollout:
-            group_rank = 1 + self.rank
+            group_rank, store = 1 + self.rank, connect(host, port, timeout_s)
         elif self.rank == 0:
-            group_rank = 0
+            if self._weight_store is None:
+                raise RuntimeError("join_weight_group on the actor's rank 0 before weight_group_address opened its "
+                                   "store")
+            group_rank, store, self._weight_store = 0, self._weight_store, None
         else:
             return False
-        self.weight_group = WeightGroup.join(host, port, group_rank, 1 + int(rollout_ranks), self.device,
-                                             timeout_s=self.sections.nccl_timeout)
+        self.weight_group = WeightGroup.join(store, group_rank, 1 + int(rollout_ranks), self.device, timeout_s)
         if self._is_rollout:
             self.sharding_manager.group = self.weight_group
         return True

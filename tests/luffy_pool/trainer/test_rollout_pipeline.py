@@ -102,3 +102,78 @@ def test_a_save_with_a_batch_in_flight_waits_for_it_and_rewinds_both_samplers():
     assert (sampler.value, ratios.value, trainer._data_iter) == (8, "rng@step4", None)  # step 5 is drawn again
     trainer.drop_in_flight()  # nothing in flight: nothing to do
     assert SplitRolloutMixin().pipeline is None  # the hybrid engine's default
+
+
+def test_a_push_must_first_finish_the_batch_in_flight_which_keeps_its_rows():
+    pipe = RolloutPipeline("one_step_off")
+    assert pipe.to_finish_before_push() is None  # engines idle: a push starts at once
+    pending = PendingRollout(step=3, version=1)
+    pipe.put(pending)
+    assert pipe.to_finish_before_push() is pending
+    pending.output = "rows of batch 3"
+    assert pipe.to_finish_before_push() is None  # finished: nothing ahead of a push on the engines
+    assert pipe.take(3).output == "rows of batch 3"  # its own step trains on it (staleness still 1)
+    assert staleness(3, pending.version) == 1
+
+
+class _Rows:
+    """A generation's future: ``get`` returns its rows and counts the waits."""
+
+    def __init__(self, rows):
+        self.rows, self.gets = rows, 0
+
+    def get(self):
+        self.gets += 1
+        return self.rows
+
+
+class _Actor:
+    def send_weights(self):
+        return ["send ref"]
+
+
+class _Engines:
+    def receive_weights(self):
+        return ["receive ref"]
+
+    def generate_sequences_async(self, prompts):
+        return _Rows(f"rows of {prompts}")
+
+    def generate_validation(self, prompts):
+        return f"scores of {prompts}"
+
+
+def test_validation_with_a_batch_in_flight_waits_for_it_before_the_push():
+    """What the split trainer sends its rollout group when validation comes on a step that prefetched (one_step_off,
+    test_freq off the save steps): the batch in flight is finished and kept, then the push, then validation."""
+    from luffy_pool.trainer.split_rollout import SplitRolloutMixin
+    from tests.helpers.rollout_calls import queued_behind_a_generation, record_rollout_calls
+
+    trainer = SplitRolloutMixin()
+    trainer.pipeline, trainer.wg, trainer.rollout_wg = RolloutPipeline("one_step_off"), _Actor(), _Engines()
+    events = record_rollout_calls(trainer)
+    future = trainer.rollout_wg.generate_sequences_async("batch 3")  # launched before update 2
+    trainer.pipeline.put(PendingRollout(step=3, version=1, handle={"future": future}))
+    assert trainer._start_push() == ["send ref", "receive ref"]  # validation's update_weights stage
+    trainer.rollout_wg.generate_validation("val prompts")
+    assert events == ["generate 1", "generated 1", "push", "validate"]
+    assert queued_behind_a_generation(events) == []
+    pending = trainer.pipeline.pending
+    assert pending.step == 3 and pending.output == "rows of batch 3"
+    trainer._start_push()  # the engines are idle now: no second wait
+    trainer.pipeline.pending.handle["push"] = []
+    trainer.train_dataloader = type("Loader", (), {"sampler": _State(8)})()
+    trainer.ratio_sampler, trainer._data_iter = _State("rng"), None
+    trainer.pipeline.pending.rewind = {"sampler": {"value": 4}, "ratio_sampler": {"value": "rng@3"}}
+    trainer.drop_in_flight()  # a save after it: the kept rows are dropped without another wait
+    assert future._future.gets == 1 and trainer.train_dataloader.sampler.value == 4
+
+
+def test_the_order_before_the_fix_is_flagged():
+    """The pushes issued for validation with batch 2 generating: the push and the validation queue behind it."""
+    from tests.helpers.rollout_calls import queued_behind_a_generation
+
+    before = ["push", "generate 1", "generated 1", "push", "generate 2", "push", "validate", "generated 2"]
+    assert queued_behind_a_generation(before) == [(5, "push"), (6, "validate")]
+    after = ["push", "generate 1", "generated 1", "push", "generate 2", "generated 2", "push", "validate"]
+    assert queued_behind_a_generation(after) == []

@@ -10,6 +10,11 @@ ranks over a process group that joins exactly those 1 + R processes (gloo on CPU
 Only rank 0 sends: the other actor ranks hold the same full tensors after the gather, so making them members
 would only copy the bytes again.
 
+The store's server is bound once, on a port the OS picks (``listen``: port 0), and kept open until the group is
+built from it: picking a free port by binding, closing and binding again later leaves a window in which another
+process on a shared node can take it. The group gets the run's ``actor_rollout_ref.nccl_timeout`` (gloo's
+``timeout`` argument, NCCL's ``Options._timeout``), not torch's default (10 min for NCCL).
+
 Wire format per bucket: an int64 header length, the pickled header (name, shape, dtype, bytes of each tensor;
 None ends the push), then the bucket's tensors as one flat uint8 buffer, so a bucket costs three broadcasts
 whatever its tensor count.
@@ -28,16 +33,41 @@ from verl.workers.sharding_manager.fsdp_sharding_manager import FSDPShardingMana
 SENDER = 0  # the actor's rank 0 is rank 0 of the weight group; rollout rank r is 1 + r
 
 
-def free_address() -> tuple[str, int]:
-    """This node's IP and a free TCP port: where the weight group's store listens (on the actor's rank 0)."""
-    import socket
+def node_host() -> str:
+    """This node's IP (what the other members connect to); outside Ray (tests) the loopback."""
     import sys
 
-    ray = sys.modules.get("ray")  # a worker has imported it; outside Ray (tests) the loopback serves
-    host = ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return host, int(s.getsockname()[1])
+    ray = sys.modules.get("ray")  # a worker has imported it
+    return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
+
+
+def listen(timeout_s: float) -> tuple[str, int, dist.TCPStore]:
+    """The weight group's store server (on the actor's rank 0): ``(host, port, store)``, bound once on a port the OS
+    picks; it serves the members that ``connect`` until the group is built from it (``WeightGroup.join``)."""
+    host = node_host()
+    store = dist.TCPStore(host, 0, None, is_master=True, timeout=_timedelta(timeout_s), wait_for_workers=False)
+    return host, int(store.port), store
+
+
+def connect(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """A member's client of the store ``listen`` opened on the actor's rank 0."""
+    return dist.TCPStore(host, int(port), None, is_master=False, timeout=_timedelta(timeout_s))
+
+
+def new_process_group(store, rank: int, size: int, device: str, timeout_s: float):
+    """The broadcast group over ``store`` with the collective timeout ``timeout_s`` (seconds): NCCL on ``cuda``,
+    gloo otherwise. A group built by its constructor gets no timeout from the run's world group."""
+    timeout = _timedelta(timeout_s)
+    prefixed = dist.PrefixStore("weights", store)
+    if device == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout  # the constructor's default is torch's 10 min, whatever the world group has
+        return dist.ProcessGroupNCCL(prefixed, rank, size, options)
+    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+
+
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(seconds))
 
 
 class WeightGroup:
@@ -47,16 +77,18 @@ class WeightGroup:
         self.pg, self.rank, self.size, self.device = pg, rank, size, device
 
     @classmethod
-    def join(cls, host: str, port: int, rank: int, size: int, device: str, timeout_s: float) -> "WeightGroup":
-        """Rendezvous of all ``size`` members (blocks until every one joined); ``device`` picks gloo or NCCL."""
-        timeout = datetime.timedelta(seconds=float(timeout_s))
-        store = dist.TCPStore(host, int(port), size, is_master=rank == SENDER, timeout=timeout)
-        if device == "cuda":
-            pg = dist.ProcessGroupNCCL(dist.PrefixStore("weights", store), rank, size)
-            dev = torch.device("cuda", torch.cuda.current_device())
-        else:
-            pg = dist.ProcessGroupGloo(dist.PrefixStore("weights", store), rank, size, timeout)
-            dev = torch.device("cpu")
+    def join(cls, store, rank: int, size: int, device: str, timeout_s: float) -> "WeightGroup":
+        """Rendezvous of all ``size`` members on ``store`` (rank 0: ``listen``'s, the others: ``connect``'s); blocks
+        until every one joined, at most ``timeout_s``; ``device`` picks gloo or NCCL."""
+        store.set(f"joined/{rank}", "1")
+        try:  # met here for both backends (NCCL alone would meet at its first broadcast)
+            store.wait([f"joined/{r}" for r in range(size)], _timedelta(timeout_s))
+        except dist.DistStoreError:
+            missing = [r for r in range(size) if not store.check([f"joined/{r}"])]
+            raise RuntimeError(f"weight group: ranks {missing} of {size} did not join within "
+                               f"actor_rollout_ref.nccl_timeout={timeout_s} s") from None
+        pg = new_process_group(store, rank, size, device, timeout_s)
+        dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         return cls(pg, rank, size, dev)
 
     def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
