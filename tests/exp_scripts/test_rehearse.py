@@ -62,7 +62,9 @@ MATRIX = {
     "train_hpt.sh": "Qwen--Qwen2.5-Math-1.5B",  # tied embeddings
     "train_srft.sh": "Qwen--Qwen3-8B-Base",  # qwen3: q/k norms, head_dim apart from hidden/heads
     "train_chord.sh": "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B",
-    "train_rl_sft_loss.sh": "meta-llama--Llama-3.1-8B",  # llama3 rope scaling, distinct bos/eos, no qkv bias
+    # llama3 rope scaling, distinct bos/eos, no qkv bias, and no pad token (its tokenizer_config.json beside it)
+    "train.sh": "meta-llama--Llama-3.1-8B",
+    "train_rl_sft_loss.sh": "Qwen--Qwen2.5-Math-7B",  # LUFFY's base model itself (4,096 positions; lengths shrunk)
 }
 EXTRA = [("train_16k.sh", "Qwen--Qwen3-8B")]
 # Qwen3 through train_16k.sh also resumes (SP 2 x TP 2 shards written by 4 ranks, read by 4 new ones). One resumed
@@ -197,7 +199,7 @@ def test_cache_builds_inputs_once_per_spec_and_copies_them(tmp_path, monkeypatch
 
     built = []
 
-    def fake_model(folder, spec, model_config=None):
+    def fake_model(folder, spec, model_config=None, real_tokens=None):
         built.append(("model", spec.num_attention_heads))
         os.makedirs(folder, exist_ok=True)
         open(os.path.join(folder, "config.json"), "w").write(json.dumps({"heads": spec.num_attention_heads}))

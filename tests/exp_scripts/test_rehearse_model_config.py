@@ -42,6 +42,19 @@ def test_dry_run_shrinks_the_real_config_and_lists_kept_fields(tmp_path):
     rope = tiny.get("rope_parameters") or tiny["rope_scaling"]
     assert rope["rope_type"] == "llama3" and rope["original_max_position_embeddings"] == 8192
     assert tiny["bos_token_id"] != tiny["eos_token_id"]  # Llama-3.1's are distinct; they stay distinct
+    # its published tokens: no pad token (the loader then takes <|finetune_right_pad_id|>), its chat template, its
+    # generation config's stop id
+    with open(os.path.join(m["now"], "tokenizer_config.json")) as f:
+        tok = json.load(f)
+    assert tok.get("pad_token") is None and tok["eos_token"] == "<|end_of_text|>"
+    with open(os.path.join(m["now"], "generation_config.json")) as f:
+        assert json.load(f)["eos_token_id"] == tiny["eos_token_id"]
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(m["now"]).apply_chat_template([{"role": "user", "content": "q"}],
+                                                                        tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")
+    assert "tokens from " in proc.stdout and "pad None" in proc.stdout
     # heads split over the recipe's TP (train.sh: vLLM TP 2)
     assert tiny["num_key_value_heads"] % report["world"]["tp"] == 0
 
