@@ -2,14 +2,16 @@
 
 With ``trainer.max_restarts > 0`` the launcher (``fit_and_close``) hands a failed ``fit`` to :class:`Recovery`:
 the failure is classified (:func:`classify_failure`); a recoverable one (a Ray actor or node died, the OS or
-Ray's memory monitor killed a rank, a collective timed out or lost its peer) is restarted unless the same cause
-at the same step has already been restarted ``max_restarts`` times (:class:`RestartPolicy`). A restart stops
-the remaining workers and frees their placement groups, waits up to ``trainer.restart_wait_s`` until the Ray
-cluster can host the world again (:func:`wait_for_capacity`: ``nnodes`` node groups of ``n_gpus_per_node``
-ranks, each on its own alive node), rebuilds the run with ``build_trainer`` (same tracker) and resumes from the
-newest checkpoint this run saved (``resume_mode=auto``), or as the run first started when it saved none
-(:func:`restart_resume_mode`). Each restart is one WARNING line and ``trainer/restarts`` /
-``trainer/steps_lost`` in the next step's metrics. A config or user error is never restarted.
+Ray's memory monitor killed a rank, a collective timed out or lost its peer) is restarted unless it replays: the
+same cause at a step no later than the one its last restart was for, or ``max_restarts`` restarts without
+progress (:class:`RestartPolicy`). A restart stops the remaining workers and frees their placement groups, waits
+up to ``trainer.restart_wait_s`` until the Ray cluster can host the world again (:func:`wait_for_capacity`:
+``nnodes`` node groups of ``n_gpus_per_node`` ranks, each on its own alive node, and with split engines
+(``hybrid_engine=False``) the rollout pool's ``rollout.nnodes`` groups of ``rollout.n_gpus_per_node`` too),
+rebuilds the run with ``build_trainer`` (same tracker) and resumes from the newest checkpoint this run saved
+(``resume_mode=auto``), or as the run first started when it saved none (:func:`restart_resume_mode`). Each
+restart is one WARNING line and ``trainer/restarts`` / ``trainer/steps_lost`` in the next step's metrics. A
+config or user error is never restarted.
 
 The policy, the classification and the capacity test are pure (time source and node listing injectable);
 only :class:`Recovery` touches Ray and the launcher.
@@ -118,32 +120,49 @@ def classify_failure(exc: BaseException) -> Failure:
 @dataclass
 class Decision:
     restart: bool
-    attempt: int  # this restart's number for its (cause, step); 0 when not restarting
+    attempt: int  # this restart's number since training last made progress; 0 when not restarting
     reason: str = ""
 
 
 @dataclass
 class RestartPolicy:
-    """How many times each (cause, step) was restarted; a failure restarts while its count is below
-    ``max_restarts`` (``trainer.max_restarts``; 0 = never)."""
+    """When a failure is restarted. A restart resumes from the newest checkpoint and replays the steps since, so
+    a deterministic failure (a bad batch, a kernel that always faults at one step) comes back at the same step:
+    the same cause at a step no later than the one its last restart was for ends the run (no step was completed
+    past it), whatever ``max_restarts`` says. Otherwise a failure restarts while fewer than ``max_restarts``
+    (``trainer.max_restarts``; 0 = never) restarts were made since the failing step last advanced (another cause
+    at the same step, or a worker lost while the rebuilt group starts, counts against it)."""
 
     max_restarts: int
-    counts: dict = field(default_factory=dict)
+    last_step: dict = field(default_factory=dict)  # cause -> the step its last restart was for
+    streak: int = 0  # restarts since the failing step last advanced
+    streak_step: Optional[int] = None  # the failing step of those restarts
     total: int = 0
 
-    def decide(self, failure: Failure, step: int) -> Decision:
+    def decide(self, failure: Failure, step: int, replay: bool = True) -> Decision:
+        """``replay=False``: a failure while the rebuilt run starts (no step replayed yet), counted against
+        ``max_restarts`` only."""
         if not failure.recoverable:
             return Decision(False, 0, f"{failure.cause} is not recoverable by a restart: {failure.detail}")
         if self.max_restarts <= 0:
             return Decision(False, 0, "trainer.max_restarts=0: no automatic restart")
-        key = (failure.cause, int(step))
-        done = self.counts.get(key, 0)
-        if done >= self.max_restarts:
-            return Decision(False, 0, f"{failure.cause} at step {step} again after {done} restart(s) there "
-                                      f"(trainer.max_restarts={self.max_restarts}): {failure.detail}")
-        self.counts[key] = done + 1
+        step = int(step)
+        last = self.last_step.get(failure.cause)
+        if replay and last is not None and step <= last:
+            return Decision(False, 0, f"{failure.cause} at step {step} again after the restart for it at step {last} "
+                                      f"(no step past it completed since, so it replays from the checkpoint; trainer."
+                                      f"max_restarts={self.max_restarts} restarts a cause again only at a later "
+                                      f"step): {failure.detail}")
+        if self.streak_step is None or step > self.streak_step:
+            self.streak, self.streak_step = 0, step  # training progressed since the last restart
+        if self.streak >= self.max_restarts:
+            return Decision(False, 0, f"{failure.cause} at step {step} after {self.streak} restart(s) there without "
+                                      f"progress (trainer.max_restarts={self.max_restarts}): {failure.detail}")
+        if replay:
+            self.last_step[failure.cause] = step
+        self.streak += 1
         self.total += 1
-        return Decision(True, done + 1)
+        return Decision(True, self.streak)
 
 
 def restart_resume_mode(original: str, in_root: bool) -> str:
@@ -172,18 +191,39 @@ def world_shape(nnodes: int, per_node: int, use_gpu: bool) -> tuple[list, dict]:
     return [int(per_node)] * int(nnodes), bundle
 
 
-def can_host(nodes: Iterable[dict], process_on_nodes: list, bundle: dict) -> bool:
-    """Whether alive nodes (``ray.nodes()`` rows) can hold every node group, each on a node of its own with
-    the group's resources (largest groups first onto the smallest node that fits)."""
-    free = sorted((dict(n.get("Resources") or {}) for n in nodes if n.get("Alive")),
-                  key=lambda r: tuple(r.get(k, 0.0) for k in sorted(bundle)))
-    for count in sorted(process_on_nodes, reverse=True):
-        fit = next((i for i, res in enumerate(free)
-                    if all(res.get(k, 0.0) >= v * count for k, v in bundle.items())), None)
-        if fit is None:
-            return False
-        free.pop(fit)
-    return True
+def _place(free: list, groups: list, bundle: dict) -> bool:
+    """Depth-first placement of ``groups`` = [(pool, ranks)] (largest first) onto ``free`` = [[resources, pools
+    placed there]]: a group needs ``ranks x bundle`` free on a node no other group of its pool uses. Nodes with
+    the same free resources and pools are tried once (a homogeneous cluster is a single path)."""
+    if not groups:
+        return True
+    (pool, count), rest = groups[0], groups[1:]
+    tried = set()
+    for node in sorted(free, key=lambda n: tuple(n[0].get(k, 0.0) for k in sorted(bundle))):  # best fit first
+        res, pools = node
+        sig = (tuple(sorted(res.items())), tuple(sorted(pools)))
+        if pool in pools or sig in tried or not all(res.get(k, 0.0) >= v * count for k, v in bundle.items()):
+            continue
+        tried.add(sig)
+        for k, v in bundle.items():
+            res[k] = res.get(k, 0.0) - v * count
+        pools.append(pool)
+        if _place(free, rest, bundle):
+            return True
+        pools.pop()
+        for k, v in bundle.items():
+            res[k] += v * count
+    return False
+
+
+def can_host(nodes: Iterable[dict], process_on_nodes: list, bundle: dict,
+             rollout_groups: Optional[list] = None) -> bool:
+    """Whether alive nodes (``ray.nodes()`` rows) can hold every node group, each on a node of its own with the
+    group's resources. ``rollout_groups``: the split rollout pool's node groups (same bundle), each on a node of
+    its own too but free to share a node with an actor group, as two resource pools' placement groups are."""
+    free = [[dict(n.get("Resources") or {}), []] for n in nodes if n.get("Alive")]
+    groups = [(0, int(c)) for c in process_on_nodes] + [(1, int(c)) for c in (rollout_groups or [])]
+    return _place(free, sorted(groups, key=lambda g: -g[1]), bundle)
 
 
 class CapacityTimeout(TimeoutError):
@@ -192,13 +232,15 @@ class CapacityTimeout(TimeoutError):
 
 def wait_for_capacity(process_on_nodes: list, bundle: dict, wait_s: float, nodes_fn: Callable[[], list],
                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                      poll_s: float = 2.0, should_stop: Callable[[], bool] = lambda: False) -> float:
-    """Poll ``nodes_fn()`` until :func:`can_host` holds; returns the seconds waited (0.0: it could at once). Raises
+                      poll_s: float = 2.0, should_stop: Callable[[], bool] = lambda: False,
+                      rollout_groups: Optional[list] = None) -> float:
+    """Poll ``nodes_fn()`` until :func:`can_host` holds (the actor's node groups and, with split engines, the
+    rollout pool's ``rollout_groups``); returns the seconds waited (0.0: it could at once). Raises
     :class:`CapacityTimeout` naming the keys after ``wait_s``; returns early (-1) when ``should_stop()``."""
     start, first = clock(), True
     while True:
         nodes = nodes_fn()
-        if can_host(nodes, process_on_nodes, bundle):
+        if can_host(nodes, process_on_nodes, bundle, rollout_groups):
             return 0.0 if first else clock() - start
         first = False
         if should_stop():
@@ -207,10 +249,16 @@ def wait_for_capacity(process_on_nodes: list, bundle: dict, wait_s: float, nodes
         if waited >= wait_s:
             alive = [{k: v for k, v in (n.get("Resources") or {}).items() if k in bundle}
                      for n in nodes if n.get("Alive")]
+            world = f"{len(process_on_nodes)} node group(s) of {max(process_on_nodes)} rank(s)"
+            keys = "trainer.nnodes / trainer.n_gpus_per_node"
+            if rollout_groups:
+                world += (f" + {len(rollout_groups)} rollout node group(s) of {max(rollout_groups)} rank(s) "
+                          f"(hybrid_engine=False)")
+                keys += " or actor_rollout_ref.rollout.nnodes / actor_rollout_ref.rollout.n_gpus_per_node"
             raise CapacityTimeout(
-                f"the Ray cluster cannot host {len(process_on_nodes)} node group(s) of {max(process_on_nodes)} rank(s) "
-                f"x {bundle} (alive nodes: {alive}) after waiting trainer.restart_wait_s={wait_s:g} s; add nodes, "
-                f"or lower trainer.nnodes / trainer.n_gpus_per_node and resume (trainer.max_restarts gave up)")
+                f"the Ray cluster cannot host {world} x {bundle} (alive nodes: {alive}) after waiting "
+                f"trainer.restart_wait_s={wait_s:g} s; add nodes, or lower {keys} and resume "
+                f"(trainer.max_restarts gave up)")
         sleep(min(poll_s, max(wait_s - waited, 0.0)))
 
 
@@ -237,6 +285,11 @@ class Recovery:
         self.nnodes, self.per_node = int(t.nnodes), int(t.n_gpus_per_node)
         self.rebuild = rebuild  # build_trainer(config, tracker=...)
         self.world = world_shape(self.nnodes, self.per_node, use_gpu)  # (node groups, bundle) a restart waits for
+        w = sections.workers
+        # Split engines (hybrid_engine=False) are a resource pool of their own (launcher.build_rollout_group),
+        # with the actor's bundle: the rebuilt run places both, so the wait asks for both.
+        self.rollout_groups = None if w.hybrid_engine else \
+            world_shape(int(w.rollout.nnodes), int(w.rollout.n_gpus_per_node), use_gpu)[0]
         self.nodes_fn = nodes_fn  # None: ray.nodes
         self.clock, self.sleep, self.poll_s = clock, sleep, poll_s
 
@@ -275,7 +328,8 @@ class Recovery:
         with GracefulStop(what="the restart") as stop:  # SIGTERM while waiting or rebuilding ends the run at once
             while True:
                 waited = wait_for_capacity(process_on_nodes, bundle, self.wait_s, self.nodes_fn, clock=self.clock,
-                                           sleep=self.sleep, poll_s=self.poll_s, should_stop=lambda: stop.requested)
+                                           sleep=self.sleep, poll_s=self.poll_s, should_stop=lambda: stop.requested,
+                                           rollout_groups=self.rollout_groups)
                 if stop.requested:
                     raise stopped(stop.signum)
                 if waited > 0:
@@ -287,8 +341,10 @@ class Recovery:
                     if stop.requested:
                         raise stopped(stop.signum) from again
                     failure = classify_failure(again)
-                    decision = self.policy.decide(failure, step)
+                    decision = self.policy.decide(failure, step, replay=False)  # no step ran: not a replay
                     if not decision.restart:
+                        if failure.recoverable:
+                            logger.error("no restart: %s", decision.reason)
                         raise
                     logger.warning("%s", restart_line(failure, step, resume_step, decision.attempt,
                                                       self.policy.max_restarts, self.policy.total))

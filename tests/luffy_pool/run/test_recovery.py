@@ -58,15 +58,42 @@ def test_config_and_user_errors_signals_and_bad_checkpoints_are_not_recoverable(
     assert not rec.classify_failure(exc).recoverable
 
 
-def test_the_same_cause_at_the_same_step_restarts_max_restarts_times_then_ends():
+def test_the_same_cause_at_the_same_step_after_a_restart_ends_the_run_naming_it():
+    policy = rec.RestartPolicy(max_restarts=3)
+    died = rec.Failure(rec.WORKER_DIED, True, "rank 1 died")
+    assert policy.decide(died, 5).attempt == 1
+    again = policy.decide(died, 5)  # resumed from the checkpoint, replayed, died at step 5 again: deterministic
+    assert not again.restart and "\n" not in again.reason
+    assert again.reason.startswith("worker_died at step 5 again after the restart for it at step 5")
+    assert again.reason.endswith(": rank 1 died")
+    assert not policy.decide(died, 4).restart  # earlier in the replay: still no step past 5 completed
+    assert policy.total == 1
+
+
+def test_the_same_cause_at_a_later_step_restarts_again():
+    policy = rec.RestartPolicy(max_restarts=1)
+    died = rec.Failure(rec.WORKER_DIED, True, "x")
+    assert [policy.decide(died, s).restart for s in (5, 6, 9)] == [True, True, True]  # progress before each
+    assert policy.decide(died, 9).restart is False and policy.total == 3
+
+
+def test_other_causes_at_one_step_restart_until_max_restarts_without_progress():
+    policy = rec.RestartPolicy(max_restarts=2)
+    causes = [rec.Failure(c, True, "x") for c in (rec.WORKER_DIED, rec.NODE_DIED, rec.OOM_KILLED)]
+    assert [policy.decide(f, 5).attempt for f in causes[:2]] == [1, 2]
+    stop = policy.decide(causes[2], 5)
+    assert not stop.restart and stop.reason.startswith("oom_killed at step 5 after 2 restart(s) there without "
+                                                       "progress (trainer.max_restarts=2)")
+    assert policy.decide(causes[2], 6).attempt == 1  # step 6 was reached: the count starts again
+
+
+def test_a_failure_while_the_rebuild_starts_is_no_replay_but_counts():
     policy = rec.RestartPolicy(max_restarts=2)
     died = rec.Failure(rec.WORKER_DIED, True, "x")
-    assert [policy.decide(died, 5).attempt for _ in range(2)] == [1, 2]
-    stop = policy.decide(died, 5)
-    assert not stop.restart and "worker_died at step 5" in stop.reason and "trainer.max_restarts=2" in stop.reason
-    # another step, or another cause at the same step, is counted on its own
-    assert policy.decide(died, 6).restart and policy.decide(rec.Failure(rec.NODE_DIED, True, "y"), 5).restart
-    assert policy.total == 4
+    assert policy.decide(died, 5).attempt == 1
+    assert policy.decide(died, 5, replay=False).attempt == 2  # the new group lost a rank before any step ran
+    assert not policy.decide(died, 5, replay=False).restart  # max_restarts=2 without progress
+    assert not policy.decide(died, 5).restart  # and the replayed step 5 is not restarted
 
 
 def test_max_restarts_zero_and_unrecoverable_failures_never_restart():
@@ -113,6 +140,22 @@ class FakeClock:
         self.now += s
 
 
+def test_split_engines_need_their_own_node_groups_beside_the_actor_s():
+    groups, bundle = rec.world_shape(1, 2, use_gpu=True)
+    rollout = rec.world_shape(1, 2, use_gpu=True)[0]
+    four = {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 4.0}}
+    assert rec.can_host([GPU_NODE], groups, bundle)  # the actor alone fits 2 GPUs
+    assert not rec.can_host([GPU_NODE], groups, bundle, rollout_groups=rollout)  # 2 + 2 ranks on 2 GPUs
+    assert rec.can_host([four], groups, bundle, rollout_groups=rollout)  # two pools may share a node
+    assert rec.can_host([GPU_NODE, GPU_NODE], groups, bundle, rollout_groups=rollout)
+    # 2 rollout groups need 2 nodes of their own: one 4-GPU node holds actor 2 + rollout 2, not rollout 2 + 2
+    assert not rec.can_host([four], groups, bundle, rollout_groups=[1, 1])
+    assert rec.can_host([four, {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}}], groups, bundle, [1, 1])
+    # best fit alone puts the actor's 4 on the 4-GPU node and strands the rollout's 2; actor 4 + rollout 2 on 6 fit
+    nodes = [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": g}} for g in (6.0, 4.0)]
+    assert rec.can_host(nodes, [4], bundle, rollout_groups=[2, 4])
+
+
 def test_wait_for_capacity_waits_until_the_node_returns():
     clock = FakeClock()
     listings = iter([[GPU_NODE]] * 3 + [[GPU_NODE, GPU_NODE]])
@@ -127,6 +170,16 @@ def test_wait_for_capacity_gives_up_after_restart_wait_s_naming_the_keys():
         rec.wait_for_capacity([2, 2], {"CPU": 1.0, "GPU": 1.0}, 12, lambda: [GPU_NODE], clock=clock,
                               sleep=clock.sleep, poll_s=5)
     assert clock.now == 12.0
+
+
+def test_wait_for_capacity_asks_for_the_split_rollout_pool_too():
+    clock = FakeClock()
+    with pytest.raises(rec.CapacityTimeout, match=r"\+ 1 rollout node group\(s\) of 2 rank\(s\).*"
+                                                  r"actor_rollout_ref.rollout.n_gpus_per_node"):
+        rec.wait_for_capacity([2], {"CPU": 1.0, "GPU": 1.0}, 10, lambda: [GPU_NODE], clock=clock, sleep=clock.sleep,
+                              poll_s=5, rollout_groups=[2])
+    assert rec.wait_for_capacity([2], {"CPU": 1.0, "GPU": 1.0}, 10, lambda: [GPU_NODE], clock=clock,
+                                 sleep=clock.sleep) == 0.0  # the actor alone fits at once
 
 
 def test_wait_for_capacity_returns_at_once_on_a_stop_signal():
@@ -179,19 +232,23 @@ def test_fit_and_close_without_recovery_ends_on_a_dead_worker():
 
 
 # ---------------------------------------------------------------------- Recovery.restart with fakes
-def _recovery(rebuilt: list, nodes_fn, max_restarts=1, resume_mode="disable"):
+def _recovery(rebuilt: list, nodes_fn, max_restarts=1, resume_mode="disable", split_engines=None, use_gpu=False):
     from omegaconf import OmegaConf
 
     t = SimpleNamespace(resume_mode=resume_mode, max_restarts=max_restarts, restart_wait_s=30, nnodes=1,
                         n_gpus_per_node=2)
+    r_nodes, r_per_node = split_engines or (1, 0)
+    workers = SimpleNamespace(hybrid_engine=split_engines is None,
+                              rollout=SimpleNamespace(nnodes=r_nodes, n_gpus_per_node=r_per_node))
 
     def rebuild(config, tracker):
         rebuilt.append((config.trainer.resume_mode, tracker))
         return FakeTrainer(False, "rebuilt"), lambda **kw: rebuilt.append(("closed", kw))
 
     clock = FakeClock()
-    return rec.Recovery(OmegaConf.create({"trainer": {"resume_mode": resume_mode}}), SimpleNamespace(trainer=t),
-                        rebuild, use_gpu=False, nodes_fn=nodes_fn, clock=clock, sleep=clock.sleep, poll_s=1)
+    return rec.Recovery(OmegaConf.create({"trainer": {"resume_mode": resume_mode}}),
+                        SimpleNamespace(trainer=t, workers=workers), rebuild, use_gpu=use_gpu, nodes_fn=nodes_fn,
+                        clock=clock, sleep=clock.sleep, poll_s=1)
 
 
 def _failed_trainer(tmp_path, saved_step):
@@ -218,7 +275,40 @@ def test_restart_closes_the_workers_keeps_the_tracker_and_resumes_auto(tmp_path,
     assert closes == [{"keep_tracker": True}] and rebuilt == [("auto", "the-tracker")]
     assert new.pending_metrics == {rec.RESTARTS_METRIC: 1, rec.STEPS_LOST_METRIC: 1}  # failed in step 3, saved 2
     assert "restart 1 of 1 (trainer.max_restarts) for worker_died at step 3 (node 10.0.0.7)" in caplog.text
+    caplog.clear()
     assert recovery.restart(trainer, lambda **kw: None, exc) is None  # the same failure at the same step again
+    stops = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(stops) == 1 and stops[0].startswith("no restart: worker_died at step 3 again after the restart for "
+                                                   "it at step 3") and "\n" not in stops[0]
+    assert len(rebuilt) == 1 and "restart 2" not in caplog.text
+
+
+def test_restart_after_progress_resumes_again(tmp_path):
+    rebuilt = []
+    recovery = _recovery(rebuilt, lambda: CPU_NODE)  # max_restarts=1
+    exc = _group_error({1: rex.RayActorError(None, DEAD)})
+    assert recovery.restart(_failed_trainer(tmp_path, saved_step=2), lambda **kw: None, exc) is not None
+    later = _failed_trainer(tmp_path, saved_step=6)
+    later.global_steps = 7  # the rebuilt run got past step 3 and then lost a worker again
+    new, _ = recovery.restart(later, lambda **kw: None, exc)
+    assert len(rebuilt) == 2 and new.pending_metrics == {rec.RESTARTS_METRIC: 2, rec.STEPS_LOST_METRIC: 1}
+
+
+def test_split_engines_restart_waits_for_the_rollout_pool_too(tmp_path):
+    rebuilt, listings = [], []
+    two_gpus = [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}]  # the actor's 1 x 2 ranks fit, 1 x 2 more not
+
+    def nodes():
+        listings.append(1)
+        return two_gpus if len(listings) <= 3 else [dict(two_gpus[0], Resources={"CPU": 8.0, "GPU": 4.0})]
+
+    recovery = _recovery(rebuilt, nodes, split_engines=(1, 2), use_gpu=True)
+    assert recovery.rollout_groups == [2]
+    new, _ = recovery.restart(_failed_trainer(tmp_path, 2), lambda **kw: None, rex.NodeDiedError("node died"))
+    assert len(listings) == 4 and recovery.clock.now == 3.0 and len(rebuilt) == 1  # waited for 4 GPUs, poll_s=1
+    hybrid = _recovery([], lambda: two_gpus, use_gpu=True)
+    assert hybrid.rollout_groups is None
+    assert hybrid.restart(_failed_trainer(tmp_path, 2), lambda **kw: None, rex.NodeDiedError("x")) is not None
 
 
 def test_restart_without_a_checkpoint_keeps_the_run_s_resume_mode(tmp_path):

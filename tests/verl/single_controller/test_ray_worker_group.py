@@ -252,6 +252,11 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
             return ppid, f.read().replace(b"\0", b" ").decode()
 
+    def zygote(pid):  # a rank's parent is its guard, the guard's the zygote (both run worker_zygote.py --serve)
+        guard, guard_cmd = parent(pid)
+        assert "worker_zygote.py --serve" in guard_cmd
+        return parent(guard)
+
     before = os.environ.get(FORK_WORKERS_ENV)
     os.environ[FORK_WORKERS_ENV] = "1"
     pool = RayResourcePool([2], use_gpu=False, name_prefix="forked_pool")
@@ -264,7 +269,7 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
         os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
     try:
         info = wg.whoami("forked")
-        (z0, cmd0), (z1, _) = (parent(i["pid"]) for i in info)
+        (z0, cmd0), (z1, _) = (zygote(i["pid"]) for i in info)
         assert z0 == z1 and "worker_zygote.py --serve" in cmd0 and f"--preload {ProbeWorker.__module__}" in cmd0
         assert [(i["env"]["RANK"], i["env"]["MASTER_PORT"]) for i in info] == [("0", str(wg.master_port)),
                                                                               ("1", str(wg.master_port))]
@@ -275,11 +280,57 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
         pool.release()
 
 
+def _hold_the_gil(worker, seconds: float) -> None:
+    """Run in a rank: a C call that keeps the GIL (ctypes.PyDLL), as a rank blocked in a CUDA call does."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(int(seconds))
+
+
+def test_ray_kill_of_a_forked_rank_holding_the_gil_is_a_hard_kill(ray_session):
+    """ray.kill of a forked rank blocked in a C call that keeps the GIL ends its process within seconds. Ray 2.60
+    SIGKILLs the PID the rank registered; where the process Ray started (the client) is killed instead, the rank's
+    guard and parent-death signal end it (tests/verl/single_controller/test_worker_zygote.py)."""
+    from verl.single_controller.ray.base import FORK_WORKERS_ENV
+
+    before = os.environ.get(FORK_WORKERS_ENV)
+    os.environ[FORK_WORKERS_ENV] = "1"
+    pool = RayResourcePool([1], use_gpu=False, name_prefix="stuck_pool")
+    try:
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(Worker), name_prefix="stuck")
+    finally:
+        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+    try:
+        rank = wg.workers[0]
+        pid, zygote, command, _ = ray.get(rank.__ray_call__.remote(_where))
+        assert "worker_zygote.py --serve" in command  # forked
+        rank.__ray_call__.remote(_hold_the_gil, 120)
+        time.sleep(1.0)  # into the call: from here no thread of the rank runs Python
+        ray.kill(rank)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}"):
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            assert time.monotonic() < deadline, "ray.kill left the forked rank running"
+            time.sleep(0.05)
+    finally:
+        wg.shutdown()
+        pool.release()
+
+
+def _zygote_of_this_rank() -> int:
+    """A forked rank's parent is its guard; the guard's parent is the zygote (worker_zygote.py)."""
+    with open(f"/proc/{os.getppid()}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+
+
 def _where(worker) -> tuple:
-    """Run in a rank (``__ray_call__``): its PID, its parent's PID and command, and the Ray job it registered with."""
-    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-        parent = f.read().replace(b"\0", b" ").decode()
-    return os.getpid(), os.getppid(), parent, ray.get_runtime_context().get_job_id()
+    """Run in a rank (``__ray_call__``): its PID, its zygote's PID and command, and the Ray job it registered with."""
+    zygote = _zygote_of_this_rank()
+    with open(f"/proc/{zygote}/cmdline", "rb") as f:
+        command = f.read().replace(b"\0", b" ").decode()
+    return os.getpid(), zygote, command, ray.get_runtime_context().get_job_id()
 
 
 # A second driver: a job of its own on the same Ray, starting a forked group of the same class and environment.
@@ -289,8 +340,10 @@ import ray
 from verl.single_controller.base import Worker
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-def where(worker):
-    return os.getpid(), os.getppid(), ray.get_runtime_context().get_job_id()
+def where(worker):  # the rank's PID, its zygote's (the parent of its guard) and its job
+    with open(f"/proc/{os.getppid()}/status") as f:
+        zygote = int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+    return os.getpid(), zygote, ray.get_runtime_context().get_job_id()
 
 ray.init(address=sys.argv[1], log_to_driver=False)
 pool = RayResourcePool([2], use_gpu=False, name_prefix="second_job_pool")
@@ -329,7 +382,7 @@ def test_one_zygote_serves_two_jobs_and_each_rank_registers_with_its_own_job(ray
         theirs = json.loads(result[0][len("RESULT "):])
         zygote = ours[0][1]
         assert "worker_zygote.py --serve" in ours[0][2] and {r[1] for r in ours} == {zygote}
-        assert {ppid for _, ppid, _ in theirs["ranks"]} == {zygote}  # the other job's ranks: the same zygote
+        assert {z for _, z, _ in theirs["ranks"]} == {zygote}  # the other job's ranks: the same zygote
         assert {r[3] for r in ours} == {ray.get_runtime_context().get_job_id()}
         assert {job for _, _, job in theirs["ranks"]} == {theirs["job"]} != {ray.get_runtime_context().get_job_id()}
         # that job has ended and Ray has stopped its workers; this job's ranks still answer

@@ -1,7 +1,8 @@
 """Fork-started workers (verl/single_controller/ray/worker_zygote.py): the client Ray executes hands its argv,
-environment, folder and stdio to a zygote that forked the worker; exit codes and signals come back, a child
-goes when its client goes, and a zygote that cannot start leaves the worker to start plainly. The part through
-Ray (a RayWorkerGroup with LUFFY_FORK_WORKERS=1): tests/verl/single_controller/test_ray_worker_group.py."""
+environment, folder and stdio to a zygote whose guard forked the worker; exit codes and signals come back, a
+child goes when its client goes (even holding the GIL), and a zygote that cannot start, or whose preload
+initialised CUDA, leaves the worker to start plainly; GPU ranks are never forked. The part through Ray (a
+RayWorkerGroup with LUFFY_FORK_WORKERS=1): tests/verl/single_controller/test_ray_worker_group.py."""
 from __future__ import annotations
 
 import json
@@ -21,13 +22,18 @@ ZYGOTE = worker_zygote.__file__
 SCRIPT = """
 import json, os, sys, time
 import random
-print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(),
+with open(f"/proc/{os.getppid()}/status") as f:  # the guard's parent: the zygote
+    zygote = int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "zygote": zygote, "argv": sys.argv, "cwd": os.getcwd(),
                   "rank": os.environ.get("RANK"), "shared": os.environ.get("SHARED"), "random": random.random(),
                   "path": sys.path, "preloaded": "email.mime.text" in sys.modules}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 action = sys.argv[1]
 if action == "sleep":
     time.sleep(60)
+if action == "stuck":  # a C call that keeps the GIL, as a rank blocked in a CUDA call does (PyDLL keeps it)
+    import ctypes
+    ctypes.PyDLL(None).sleep(60)
 if action in ("term", "kill"):
     os.kill(os.getpid(), 15 if action == "term" else 9)
 sys.exit(int(action))
@@ -37,6 +43,21 @@ sys.exit(int(action))
 def _cmdline(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode()
+
+
+def _wait_gone(pid: int, marker: str, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(f"/proc/{pid}") and marker in _cmdline_or_empty(pid) and _state(pid) != "Z":
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
 
 
 @pytest.fixture
@@ -57,8 +78,8 @@ def run_client(tmp_path, monkeypatch):
         proc = subprocess.run([sys.executable, ZYGOTE, "--preload", preload, *args], capture_output=True, text=True,
                               env=dict(os.environ, **(env or {})), cwd=cwd or str(tmp_path), timeout=120, **kwargs)
         seen = json.loads(proc.stdout.splitlines()[0]) if proc.stdout else None
-        if seen and "--serve" in _cmdline_or_empty(seen["ppid"]):
-            zygotes.add(seen["ppid"])
+        if seen and "--serve" in _cmdline_or_empty(seen.get("zygote", 0)):
+            zygotes.add(seen["zygote"])
         return proc, seen
 
     yield run
@@ -94,8 +115,9 @@ def test_forked_worker_gets_the_clients_argv_env_folder_stdio_and_exit_code(run_
     second, b = run_client(script, "0", env={"RANK": "1"})
     assert (first.returncode, second.returncode) == (3, 0)
     assert "to stderr" in first.stderr and "to stderr" in second.stderr  # the client's own stdio
-    # one zygote (the preload's imports done once) forked both; it is not the client
-    assert a["ppid"] == b["ppid"] and "--serve" in _cmdline(a["ppid"]) and a["preloaded"]
+    # one zygote (the preload's imports done once) forked both, each through a guard of its own; not the client
+    assert a["zygote"] == b["zygote"] and "--serve" in _cmdline(a["zygote"]) and a["preloaded"]
+    assert a["ppid"] != b["ppid"] and a["ppid"] not in (os.getpid(), a["zygote"])
     assert (a["rank"], b["rank"]) == ("0", "1") and a["shared"] == b["shared"] == os.environ["SHARED"]
     assert a["argv"] == [script, "3"] and a["cwd"] == str(folder) and b["cwd"] == str(tmp_path)
     # sys.path as `python script` has it (Ray's import adds its thirdparty folder), not the zygote's own folder
@@ -123,10 +145,13 @@ LOADS = globals().get("LOADS", 0) + 1
 RAY_SCRIPT = """
 import json, os, sys
 import probes_ray, tries_ray
-with open(f"/proc/{os.getppid()}/maps") as f:
+with open(f"/proc/{os.getppid()}/maps") as f:  # the guard's, a fork of the zygote's
     zygote_has_ray = "_raylet" in f.read()
-print(json.dumps({"ppid": os.getppid(), "ray": tries_ray.ray is not None and tries_ray.ObjectRef is not None,
-                  "loads": tries_ray.LOADS, "zygote_has_ray": zygote_has_ray, "job": os.environ.get("RAY_JOB_ID"),
+with open(f"/proc/{os.getppid()}/status") as f:
+    zygote = int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+print(json.dumps({"ppid": os.getppid(), "zygote": zygote,
+                  "ray": tries_ray.ray is not None and tries_ray.ObjectRef is not None, "loads": tries_ray.LOADS,
+                  "zygote_has_ray": zygote_has_ray, "job": os.environ.get("RAY_JOB_ID"),
                   "loaded_with_job": tries_ray.ray.__name__ == "ray" and "ray._raylet" in sys.modules,
                   "probe": [probes_ray.FOUND, probes_ray.LOADS]}), flush=True)
 """
@@ -142,7 +167,7 @@ def test_ray_stays_out_of_the_zygote_and_each_child_imports_it_with_its_jobs_env
     second, b = run_client(str(script), preload="probes_ray,tries_ray", env=dict(env, RAY_JOB_ID="02000000"))
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     # two jobs, one zygote; it never loaded Ray's core library, so each child loads it with its own job id
-    assert a["ppid"] == b["ppid"] and "--serve" in _cmdline(a["ppid"]) and not a["zygote_has_ray"]
+    assert a["zygote"] == b["zygote"] and "--serve" in _cmdline(a["zygote"]) and not a["zygote_has_ray"]
     assert (a["job"], b["job"]) == ("01000000", "02000000")
     # the module that found no Ray in the zygote was imported again in the child, and has Ray there
     assert a["ray"] and b["ray"] and a["loads"] == b["loads"] == 2 and a["loaded_with_job"]
@@ -154,20 +179,59 @@ def test_ray_stays_out_of_the_zygote_and_each_child_imports_it_with_its_jobs_env
 def test_a_signal_ending_the_worker_ends_the_client_with_it(run_client, script, action, sig):
     # SIGKILL is how Ray stops a worker group: the client must end the same way, without a traceback of its own
     proc, seen = run_client(script, action)
-    assert proc.returncode == -sig and "--serve" in _cmdline(seen["ppid"]) and "Traceback" not in proc.stderr
+    assert proc.returncode == -sig and "--serve" in _cmdline(seen["zygote"]) and "Traceback" not in proc.stderr
 
 
-def test_killing_the_client_ends_its_worker(run_client, script, tmp_path):
-    run_client(script, "0")  # the zygote is up
-    client = subprocess.Popen([sys.executable, ZYGOTE, "--preload", "email.mime.text", script, "sleep"],
-                              stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
+@pytest.mark.parametrize("action", ["sleep", "stuck"])
+def test_killing_the_client_ends_its_worker_even_one_holding_the_gil(run_client, script, tmp_path, action):
+    _, up = run_client(script, "0")  # the zygote is up
+    client = subprocess.Popen([sys.executable, ZYGOTE, "--preload", "email.mime.text", script, action],
+                              stdout=subprocess.PIPE, text=True, cwd=str(tmp_path), env=dict(os.environ))
     seen = json.loads(client.stdout.readline())
-    client.kill()  # Ray's SIGKILL of the process it started
+    assert seen["zygote"] == up["zygote"] and "--serve" in _cmdline(seen["ppid"])  # forked, through a guard
+    time.sleep(0.3)  # into the sleep: "stuck" holds the GIL from here on, no thread of the rank can run
+    client.kill()  # Ray's SIGKILL of the process it started (ray.kill)
     client.wait()
-    deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{seen['pid']}") and "worker_main" in _cmdline_or_empty(seen["pid"]):
-        assert time.monotonic() < deadline, "the forked worker outlived its client"
-        time.sleep(0.05)
+    _wait_gone(seen["pid"], "worker_main", "the forked worker outlived its client")
+    _wait_gone(seen["ppid"], "--serve", "the rank's guard outlived its client")
+
+
+def test_a_rank_dies_with_its_guard_by_the_parent_death_signal(run_client, script, tmp_path):
+    _, up = run_client(script, "0")
+    client = subprocess.Popen([sys.executable, ZYGOTE, "--preload", "email.mime.text", script, "stuck"],
+                              stdout=subprocess.PIPE, text=True, cwd=str(tmp_path), env=dict(os.environ))
+    try:
+        seen = json.loads(client.stdout.readline())
+        assert seen["zygote"] == up["zygote"] and "--serve" in _cmdline(seen["ppid"])
+        os.kill(seen["ppid"], signal.SIGKILL)  # the guard, killed before it could kill the rank itself
+        _wait_gone(seen["pid"], "worker_main", "the forked worker outlived its guard")
+        assert client.wait(timeout=30) == 1  # its zygote connection closed without a status
+    finally:
+        client.kill()
+
+
+PDEATHSIG_PARENT = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import worker_zygote
+if os.fork() == 0:
+    worker_zygote.set_parent_death_signal()
+    print(os.getpid(), flush=True)
+    import ctypes
+    ctypes.PyDLL(None).sleep(60)  # holding the GIL: no Python code of this child runs
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_set_parent_death_signal_kills_the_child_when_its_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", PDEATHSIG_PARENT, os.path.dirname(ZYGOTE)],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())  # printed once the signal is set
+    assert _state(child) in ("S", "R")
+    parent.kill()
+    parent.wait()
+    _wait_gone(child, "-c", "the child outlived its parent")
 
 
 def test_a_zygote_that_dies_while_importing_leaves_the_worker_to_start_plainly(run_client, script, tmp_path):
@@ -182,6 +246,80 @@ def test_a_zygote_that_dies_while_importing_leaves_the_worker_to_start_plainly(r
     assert os.path.exists(path)
     for leftover in (path, path + ".lock"):
         os.unlink(leftover)
+
+
+INITS_CUDA = """
+import torch
+torch.cuda.is_initialized = lambda: True  # what a module that touches the GPU at import time leaves behind
+"""
+
+
+def test_a_preload_that_initialised_cuda_forks_nothing_and_names_the_module(run_client, script, tmp_path):
+    (tmp_path / "inits_cuda.py").write_text(INITS_CUDA)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    preload = "email.mime.text,inits_cuda"
+    path = worker_zygote.socket_path(worker_zygote.zygote_key(dict(os.environ, **env), preload, os.getpid()))
+    try:
+        first, a = run_client(script, "4", preload=preload, env=env)
+        second, b = run_client(script, "0", preload=preload, env=env)
+        reason = "starting the worker plainly (preloading inits_cuda initialised CUDA (torch.cuda.is_initialized())"
+        for proc, seen, code in ((first, a, 4), (second, b, 0)):
+            assert proc.returncode == code and reason in proc.stderr, proc.stderr
+            assert seen["ppid"] == os.getpid()  # exec'd in place by the client Ray started: no zygote, no guard
+        # the zygote left its reason and went: the second rank read it without starting another
+        assert not os.path.exists(path) and os.path.exists(worker_zygote.refused_path(path))
+    finally:
+        for leftover in (worker_zygote.refused_path(path), path + ".lock"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
+def test_cuda_initialized_asks_torch_only_when_it_was_imported():
+    from types import SimpleNamespace
+
+    assert not worker_zygote.cuda_initialized({})  # torch never imported: nothing initialised CUDA
+    fake = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: True))
+    assert worker_zygote.cuda_initialized({"torch": fake})
+    assert not worker_zygote.cuda_initialized({"torch": SimpleNamespace()})  # a torch without its cuda module
+
+
+def test_gpu_ranks_start_as_ray_starts_them_with_one_line_saying_why(monkeypatch, caplog):
+    from verl.single_controller.ray import base
+
+    from types import SimpleNamespace
+
+    created = []
+
+    class FakeRemote:  # records the actor options create_actor hands to Ray
+        def options(self, **options):
+            created.append(options)
+            return SimpleNamespace(remote=lambda *a, **k: len(created))
+
+    monkeypatch.setenv(base.FORK_WORKERS_ENV, "1")
+    monkeypatch.setattr(base.ray, "remote", lambda cls: FakeRemote())
+    monkeypatch.setattr(base, "PlacementGroupSchedulingStrategy", lambda **kw: kw)
+
+    class Plain:
+        pass
+
+    def start(cls, num_gpus, options=None):
+        cls.update_options(options or {})
+        for rank in range(2):
+            cls.create_actor(None, rank, {"RANK": str(rank)}, num_cpus=1.0, num_gpus=num_gpus)
+        return [o["runtime_env"].get("py_executable") for o in created[-2:]]
+
+    assert start(base.RayClassWithInitArgs(Plain), 0.0) == [zygote_executable(__name__)] * 2  # CPU ranks: forked
+    with caplog.at_level("WARNING", logger=base.__name__):
+        assert start(base.RayClassWithInitArgs(Plain), 1.0) == [None, None]
+        assert start(base.RayClassWithInitArgs(Plain), 0.0, {"num_gpus": 0.5}) == [None, None]  # the options' ask
+        gpu_by_resource = base.RayClassWithInitArgs(Plain)
+        gpu_by_resource.set_additional_resource({"GPU": 1.0})
+        assert start(gpu_by_resource, 0.0) == [None, None]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and lines[0] == worker_zygote.gpu_refusal(1.0, "Plain")  # one per group, not per rank
+    assert lines[0].startswith("LUFFY_FORK_WORKERS is set, but the ranks of Plain ask for 1 GPU(s) each: they "
+                               "start as Ray starts them")
+    assert worker_zygote.gpu_refusal(0.0, "Plain") == ""
 
 
 def test_executable_names_this_interpreter_the_zygote_and_the_modules():

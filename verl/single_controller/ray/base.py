@@ -183,6 +183,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         super().__init__(cls, *args, **kwargs)
         self._options: dict = {}
         self._additional_resource: dict = {}
+        self._fork_refusal_logged = False
 
     @property
     def user_cls(self) -> type:
@@ -204,6 +205,19 @@ class RayClassWithInitArgs(ClassWithInitArgs):
                            self.user_cls.__module__)
             return [self.user_cls.__module__]
 
+    def _fork_executable(self, num_gpus: float) -> str:
+        """The zygote's executable for ranks asking ``num_gpus`` GPUs each; "" for GPU ranks, which start as Ray
+        starts them (worker_zygote.gpu_refusal; one log line per class)."""
+        from verl.single_controller.ray.worker_zygote import gpu_refusal
+
+        refusal = gpu_refusal(num_gpus, self.user_cls.__name__)
+        if not refusal:
+            return zygote_executable(",".join(self._fork_preload()))
+        if not self._fork_refusal_logged:
+            logger.warning("%s", refusal)
+            self._fork_refusal_logged = True
+        return ""
+
     def set_additional_resource(self, resources: dict) -> None:
         self._additional_resource = dict(resources)
 
@@ -219,7 +233,11 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         merged_env.update(env_vars)
         runtime_env["env_vars"] = merged_env
         if fork_workers_enabled() and "py_executable" not in runtime_env:
-            runtime_env["py_executable"] = zygote_executable(",".join(self._fork_preload()))
+            executable = self._fork_executable(float(options.get("num_gpus", num_gpus) or 0.0)
+                                               + float((options.get("resources") or self._additional_resource
+                                                        or {}).get("GPU", 0.0)))
+            if executable:
+                runtime_env["py_executable"] = executable
         actor_options = {"num_cpus": num_cpus, "runtime_env": runtime_env,
                          "scheduling_strategy": PlacementGroupSchedulingStrategy(
                              placement_group=placement_group, placement_group_bundle_index=bundle_index)}

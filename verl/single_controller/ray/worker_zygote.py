@@ -7,10 +7,22 @@ starts its actors with ``runtime_env.py_executable`` set to this file, so Ray ru
 
 * the client (this file run as a script, standard library only) connects to the zygote of its raylet and
   environment, starting it on first use, and hands over its argv, environment, working folder and stdio;
-* the zygote imported ``MODULE`` once; for each request it forks a child that takes the client's stdio,
-  environment and folder, re-seeds its random generators and runs Ray's ``default_worker.py`` as ``__main__``;
-* the client forwards the signals it gets to the child and exits with the child's status; the child exits when
-  its client goes away (Ray killed it), and the zygote when its raylet is gone and no child is left.
+* the zygote imported ``MODULE`` once; for each request it forks a guard, which forks the rank: a child that
+  takes the client's stdio, environment and folder, re-seeds its random generators and runs Ray's
+  ``default_worker.py`` as ``__main__``;
+* the client forwards the signals it gets to the rank and exits with the rank's status (the guard reports it);
+* the rank dies with its client, as a process Ray killed dies: the guard watches the client's connection and
+  SIGKILLs the rank when it closes, and the rank has the kernel's parent-death signal (``PR_SET_PDEATHSIG``,
+  SIGKILL) on its guard. Neither needs the rank's interpreter, so killing the process Ray started stays a hard
+  kill for a rank blocked in a CUDA call that holds the GIL (a watcher thread in the rank would never run; Ray's
+  own ``ray.kill`` SIGKILLs the PID the rank registered);
+* the zygote exits when its raylet is gone and no guard is left.
+
+Only CPU ranks are forked. A worker group whose ranks ask Ray for GPUs starts them plainly (``gpu_refusal``, in
+``RayClassWithInitArgs.create_actor``): a forked rank would share its zygote's CUDA driver state, and the fork
+server is measured on CPU ranks only. A preload that initialised CUDA (``torch.cuda.is_initialized()``) makes the
+zygote refuse to fork: it answers the waiting ranks and later ones (a ``.refused`` file beside its socket) with
+the module's name, and they start plainly.
 
 Ray itself stays out of the zygote, so one zygote serves every job of its raylet (each rehearsal of a recipe is a
 job of its own, and a vLLM preload is ~10 CPU-s): Ray's core library reads the job's id (``RAY_JOB_ID``) when it is
@@ -22,7 +34,7 @@ Anything that fails before the fork (no zygote, a failed import) falls back to e
 and a child that cannot re-import a module execs the worker plainly, so a run loses nothing. Environment variables
 a rank or a job gets on its own (RANK, MASTER_PORT, RAY_JOB_ID) are not part of the zygote's key: only Ray and the
 rank's own code read them; every other variable is. A zygote also exits after 300 s without a rank. The worker's
-PID is the child's; the one Ray started is the client's.
+PID is the rank's (its parent is its guard, whose parent is the zygote); the one Ray started is the client's.
 """
 from __future__ import annotations
 
@@ -42,6 +54,43 @@ PER_PROCESS_ENV = frozenset({
     "MASTER_PORT", "WG_PREFIX", "RAY_JOB_ID"})
 KEPT_OUT = ("ray",)  # packages the zygote never imports (see the module docstring)
 IDLE_EXIT_S = 300.0  # a zygote with no child and no request for this long exits (its raylet may live on)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def gpu_refusal(num_gpus: float, group: str) -> str:
+    """Why ranks asking Ray for ``num_gpus`` GPUs each are not forked ("" when they may be)."""
+    if not num_gpus or float(num_gpus) <= 0:
+        return ""
+    return (f"LUFFY_FORK_WORKERS is set, but the ranks of {group} ask for {float(num_gpus):g} GPU(s) each: they start "
+            f"as Ray starts them (the fork server forks CPU ranks only; a forked rank would share its zygote's CUDA "
+            f"driver state)")
+
+
+def cuda_initialized(modules=None) -> bool:
+    """Whether torch, if it was imported, initialised CUDA in this process (a child cannot use a forked context)."""
+    torch = (sys.modules if modules is None else modules).get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without its cuda module initialised nothing
+        return False
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent ends (prctl(2) ``PR_SET_PDEATHSIG``). Delivered
+    by the kernel, not by Python code, so it ends a process stuck in a C call that holds the GIL."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+
+
+def refused_path(path: str) -> str:
+    """The file a zygote that refused to fork leaves beside its socket: its reason, for the ranks that come later."""
+    return path[:-len(".sock")] + ".refused" if path.endswith(".sock") else path + ".refused"
 
 
 def zygote_key(env: dict, preload: str, raylet_pid: int) -> str:
@@ -105,6 +154,7 @@ def _connect(path: str, preload: str, key: str) -> socket.socket:
 
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two ranks starting at once start one zygote
+        _raise_if_refused(path)
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
@@ -120,6 +170,7 @@ def _connect(path: str, preload: str, key: str) -> socket.socket:
                                       stderr=out, start_new_session=True, close_fds=True)
         while True:  # the zygote binds before it imports: this wait is its interpreter start only
             if server.poll() is not None:
+                _raise_if_refused(path)
                 raise OSError(f"zygote exited with {server.returncode} before listening (see {log})")
             try:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -127,6 +178,14 @@ def _connect(path: str, preload: str, key: str) -> socket.socket:
                 return sock
             except OSError:
                 time.sleep(0.02)
+
+
+def _raise_if_refused(path: str) -> None:
+    try:
+        with open(refused_path(path)) as f:
+            raise OSError(f.read().strip())
+    except FileNotFoundError:
+        pass
 
 
 def _log_path(key: str) -> str:
@@ -145,7 +204,10 @@ def client(argv: list) -> None:
         path = socket_path(key)
         sock = _connect(path, preload, key)
         _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
-        child = int(_readline(sock))
+        answer = _readline(sock)
+        if answer.startswith("plain "):  # the zygote refused to fork (its preload initialised CUDA)
+            raise OSError(answer[len("plain "):])
+        child = int(answer)
     except (OSError, ValueError, ConnectionError) as err:
         print(f"worker_zygote: starting the worker plainly ({err})", file=sys.stderr, flush=True)
         _exec_plainly(argv)
@@ -166,17 +228,65 @@ def client(argv: list) -> None:
 
 # ---------------------------------------------------------------- zygote
 
-def _become_worker(conn: socket.socket, request: dict, fds: list, listener: socket.socket, others: list,
-                   reimport: list) -> None:
-    """In the forked child: take the client's stdio, environment and folder, then run Ray's worker as __main__."""
+def _guard(conn: socket.socket, request: dict, fds: list, listener: socket.socket, reimport: list) -> None:
+    """In the zygote's child: fork the rank, tell the client its PID, then wait for whichever ends first. The rank
+    ending: its status goes to the client. The client ending (Ray killed it): SIGKILL the rank, then exit (the
+    rank's parent-death signal kills it too, should this guard itself be killed)."""
+    import select
+
+    guard = os.getpid()
+    listener.close()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the zygote's handlers are not a guard's
+        signal.signal(sig, signal.SIG_DFL)
+    pid = os.fork()
+    if pid == 0:
+        _become_worker(conn, request, fds, reimport, guard)
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(f"{pid}\n".encode())
+    except OSError:  # the client is already gone
+        os.kill(pid, signal.SIGKILL)
+        os._exit(1)
+    try:
+        ended = os.pidfd_open(pid)  # readable when the rank ends (Linux 5.3)
+    except (AttributeError, OSError):
+        ended = None  # poll its status instead
+    while True:
+        ready, _, _ = select.select([conn] if ended is None else [conn, ended], [], [], 0.2 if ended is None else None)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            reply = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                     else f"exit {os.waitstatus_to_exitcode(status)}")
+            try:
+                conn.sendall(f"{reply}\n".encode())
+            except OSError:
+                pass
+            os._exit(0)
+        if conn in ready:
+            try:
+                gone = not conn.recv(1)  # a client sends nothing after its request: readable means it closed
+            except OSError:
+                gone = True
+            if gone:
+                os.kill(pid, signal.SIGKILL)
+                os._exit(1)
+
+
+def _become_worker(conn: socket.socket, request: dict, fds: list, reimport: list, guard: int) -> None:
+    """In the forked rank: bind its life to its guard's, take the client's stdio, environment and folder, then run
+    Ray's worker as __main__."""
     import atexit
     import runpy
-    import threading
 
+    try:
+        set_parent_death_signal(signal.SIGKILL)
+    except (OSError, AttributeError) as err:  # the guard's SIGKILL on the client's exit still ends it
+        print(f"worker_zygote: no parent-death signal ({err})", file=sys.stderr, flush=True)
+    if os.getppid() != guard:  # the guard ended before the signal was set: nothing would deliver it
+        os._exit(1)
     os.setpgid(0, 0)  # a group of its own, as Ray starts a worker: Ray stops a worker by killing its group
-    listener.close()
-    for other in others:
-        other.close()
+    conn.close()
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     for fd in fds:
@@ -193,14 +303,6 @@ def _become_worker(conn: socket.socket, request: dict, fds: list, listener: sock
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python default_worker.py` has it
     _reseed()
     _reimport(reimport, argv)
-
-    def watch_client():  # Ray stops a worker by killing the process it started: the client
-        try:
-            conn.recv(1)
-        finally:
-            os._exit(1)
-
-    threading.Thread(target=watch_client, name="zygote-client-watch", daemon=True).start()
     code = 0
     try:
         runpy.run_path(argv[0], run_name="__main__")
@@ -240,7 +342,12 @@ def serve(path: str, preload: str, raylet_pid: int) -> None:
     listener.bind(path)
     listener.listen(64)  # clients wait in the backlog while the imports run
     try:
-        _fork_on_request(listener, *_preload(preload), raylet_pid)
+        set_by_imports, reimport, cuda_by = _preload(preload)
+        if cuda_by:
+            _refuse(listener, path, f"preloading {cuda_by} initialised CUDA (torch.cuda.is_initialized()): a forked "
+                                    f"rank cannot use its zygote's CUDA context")
+        else:
+            _fork_on_request(listener, set_by_imports, reimport, raylet_pid)
     finally:
         listener.close()
         for leftover in (path, path + ".lock"):
@@ -248,6 +355,29 @@ def serve(path: str, preload: str, raylet_pid: int) -> None:
                 os.unlink(leftover)
             except FileNotFoundError:
                 pass
+
+
+def _refuse(listener: socket.socket, path: str, reason: str) -> None:
+    """Fork nothing: leave ``reason`` for later ranks, stop listening and answer those already waiting."""
+    print(f"worker_zygote: not forking: {reason}", file=sys.stderr, flush=True)
+    with open(refused_path(path), "w") as f:
+        f.write(reason)
+    os.unlink(path)  # no client connects any more; those in the backlog are answered below
+    listener.setblocking(False)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # the backlog is empty
+            return
+        try:
+            conn.setblocking(True)
+            _, fds = _recv_request(conn)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"plain {reason}\n".encode())
+        except (OSError, ValueError, ConnectionError):
+            pass
+        conn.close()
 
 
 class _KeptOut:
@@ -277,14 +407,14 @@ class _KeptOut:
 
 def _preload(preload: str) -> tuple:
     """Imports the modules without Ray. Returns what the imports set in the environment (vLLM's env_override does),
-    which a rank that imported them itself would have, and the modules that tried to import Ray (each child imports
-    them again, with Ray)."""
+    which a rank that imported them itself would have, the modules that tried to import Ray (each child imports
+    them again, with Ray), and the first module after whose import CUDA was initialised ("" if none)."""
     import gc
     import importlib
 
     before = dict(os.environ)
     names = [name for name in preload.split(",") if name]
-    kept_out = _KeptOut()
+    kept_out, cuda_by = _KeptOut(), ""
     sys.meta_path.insert(0, kept_out)
     try:
         for name in names:
@@ -292,6 +422,7 @@ def _preload(preload: str) -> tuple:
                 importlib.import_module(name)
             except Exception as err:  # the ranks import it themselves (and report the error where the run sees it)
                 print(f"worker_zygote: preloading {name} failed: {err!r}", file=sys.stderr, flush=True)
+            cuda_by = cuda_by or (name if cuda_initialized() else "")
     finally:
         sys.meta_path.remove(kept_out)
     gc.freeze()  # the imported objects stay out of the children's collections and their pages stay shared
@@ -300,7 +431,7 @@ def _preload(preload: str) -> tuple:
         if name not in sys.modules and name not in names:
             print(f"worker_zygote: {name} cannot be imported without Ray; a module that imports it inside a try "
                   "keeps its fallback in the forked ranks", file=sys.stderr, flush=True)
-    return {k: v for k, v in os.environ.items() if before.get(k) != v}, reimport
+    return {k: v for k, v in os.environ.items() if before.get(k) != v}, reimport, cuda_by
 
 
 def _reimport(names: list, argv: list) -> None:
@@ -320,7 +451,7 @@ def _reimport(names: list, argv: list) -> None:
 def _fork_on_request(listener: socket.socket, set_by_imports: dict, reimport: list, raylet_pid: int) -> None:
     import select
 
-    children: dict[int, socket.socket] = {}
+    guards: set = set()  # one per living rank (_guard); each reports its rank's status to its client
     idle_since = time.monotonic()
     while True:
         ready, _, _ = select.select([listener], [], [], 0.5)
@@ -333,29 +464,21 @@ def _fork_on_request(listener: socket.socket, set_by_imports: dict, reimport: li
                 continue
             pid = os.fork()
             if pid == 0:
-                request["env"].update(set_by_imports)
-                _become_worker(conn, request, fds, listener, list(children.values()), reimport)
+                try:
+                    request["env"].update(set_by_imports)
+                    _guard(conn, request, fds, listener, reimport)
+                finally:
+                    os._exit(1)
             for fd in fds:
                 os.close(fd)
-            children[pid] = conn
-            try:
-                conn.sendall(f"{pid}\n".encode())
-            except OSError:  # the client is gone: its child sees that and exits
-                pass
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            conn.close()  # the guard has it
+            guards.add(pid)
+        while guards:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                reply = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-                         else f"exit {os.waitstatus_to_exitcode(status)}")
-                try:
-                    conn.sendall(f"{reply}\n".encode())
-                except OSError:
-                    pass
-                conn.close()
-        if children or ready:
+            guards.discard(pid)
+        if guards or ready:
             idle_since = time.monotonic()
         elif not _alive(raylet_pid) or time.monotonic() - idle_since > IDLE_EXIT_S:
             return
