@@ -79,6 +79,7 @@ def test_without_a_reference_the_kl_term_is_absent_as_in_luffy():
     scores = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
     old = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]])
     rewards, metrics = apply_kl_penalty(scores, old, None, torch.ones(2, 2), get_kl_controller({"kl_coef": 0.001}))
+    # exact: without a reference the scores pass through untouched and the metrics are constants
     assert torch.equal(rewards, scores) and metrics == {"critic/kl": 0.0, "critic/kl_coeff": 0.0}
 
 
@@ -105,7 +106,7 @@ def test_plain_and_sft_multitask_losses_ignore_clip_upper_bound_as_luffy(loss):
     inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix)
     wide, _ = fn(inputs, _loss_cfg(f"{A}.clip_upper_bound=1.5"))
     narrow, narrow_metrics = fn(inputs, _loss_cfg(f"{A}.clip_upper_bound=1.0"))
-    assert wide.item() == narrow.item()
+    assert wide.item() == narrow.item()  # exact: clip_upper_bound unread, the very same arithmetic twice
     # LUFFY's compute_policy_loss: clamp(ratio, 1 - eps, 1 + eps) on the rows the loss covers.
     rows = slice(None) if loss == "vanilla" else slice(1, 2)
     ratio = torch.exp(log_prob - old)[rows]

@@ -49,6 +49,7 @@ def test_post_processing_weights_then_truncation_then_sft_prefix_reward(compose_
     assert _close(weighted, [[2 / 3, 2 / 3, 1 / 6], [-1 / 3, -1 / 3, 0.0], [1 / 6] * 3])
     truncated = _adv(compose_config, f"{R}.prefix_reward_weight_alpha=2.0", f"{R}.prefix_reward_weight_beta=0.5",
                      "data.disable_truncation_advantage=True")
+    # exact: the truncation switch only masked_fills row 2; rows 0-1 are the very same arithmetic as before
     assert truncated[2].tolist() == [0.0, 0.0, 0.0] and torch.equal(truncated[:2], weighted[:2])
     # the SFT prefix reward comes last: prefix tokens are set to weight / n, not scaled by alpha
     final = _adv(compose_config, f"{R}.prefix_reward_weight_alpha=2.0", f"{R}.prefix_reward_weight_beta=0.5",

@@ -81,7 +81,7 @@ def test_grpo_split_statistics_exclude_off_policy_rows():
     on = torch.tensor([False, True, True, True])
     adv, returns = _split(rewards, mask, ["u"] * 4, on, use_std=False)
     assert torch.allclose(adv[:, 0], torch.tensor([2 / 3, 2 / 3, -1 / 3, -1 / 3]))
-    assert torch.equal(adv, returns)
+    assert torch.equal(adv, returns)  # exact: returns are the advantage tensor itself
     # with std: unbiased sigma_on = sqrt((4/9 + 1/9 + 1/9)/2) = sqrt(1/3) = 0.577350
     adv, _ = _split(rewards, mask, ["u"] * 4, on, use_std=True)
     assert torch.allclose(adv[:, 0], torch.tensor([1.154700, 1.154700, -0.577350, -0.577350]), atol=1e-5)
@@ -133,7 +133,7 @@ def test_prefix_reward_weights_scale_prefix_and_non_prefix_tokens():
     prefix = torch.tensor([[True, False], [False, False]])
     # alpha 0.5 on prefix tokens, beta 2 elsewhere
     out = _finish(adv, prefix, alpha=0.5, beta=2.0)
-    assert torch.equal(out, torch.tensor([[0.5, 2.0], [4.0, 4.0]]))
+    assert torch.equal(out, torch.tensor([[0.5, 2.0], [4.0, 4.0]]))  # exact: products of exact constants
 
 
 def test_truncated_rows_without_eos_get_zero_advantage():
@@ -142,6 +142,7 @@ def test_truncated_rows_without_eos_get_zero_advantage():
     no_prefix = torch.zeros(3, 3, dtype=torch.bool)
     # row 0: 3 non-pad tokens (= max length) and no EOS -> zeroed; row 1 has EOS; row 2 is short
     out = _finish(adv, no_prefix, truncation=True, responses=responses)
+    # exact: ones times unit weights and a 0/1 fill (order-free)
     assert torch.equal(out, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
     # with 7 also an EOS id, row 0 ended properly
     out = _finish(adv, no_prefix, truncation=True, responses=responses, eos_token_id=[2, 7])
@@ -152,7 +153,7 @@ def test_sft_prefix_reward_sets_prefix_tokens_to_weight_over_n():
     adv = torch.tensor([[-0.5, -0.5, -0.5]])
     # sft_prefix_reward_weight 1.0 over n = 8 responses
     out = _finish(adv, torch.tensor([[True, True, False]]), sft_prefix_advantage=1.0 / 8)
-    assert torch.equal(out, torch.tensor([[0.125, 0.125, -0.5]]))
+    assert torch.equal(out, torch.tensor([[0.125, 0.125, -0.5]]))  # exact: a fill and products of exact constants
 
 
 def test_without_mixed_knobs_the_estimator_output_is_verls():
@@ -293,6 +294,7 @@ def test_on_policy_clip_upper_is_max_of_bound_and_one_plus_eps():
     wider = _token_loss(old, lp, adv, mask, prefix, clip_upper_bound=1.3)
     assert wider["on_pg_loss"].item() == pytest.approx(-1.3)
     unclipped = _token_loss(old, lp, adv, mask, prefix, loss_remove_clip=True)
+    # exact: without the clip, clipfrac is the constant 0
     assert unclipped["on_pg_loss"].item() == pytest.approx(-1.5) and unclipped["on_pg_clipfrac"].item() == 0.0
 
 
@@ -347,9 +349,11 @@ def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_con
     # token mean over 4 tokens: (c·(−f₁ − f₂) + 1 + 1) / 4, c = 1 (LUFFY) and 0.5
     assert luffy.item() == pytest.approx((-f.sum() + 2).item() / 4, abs=1e-6)
     assert half.item() == pytest.approx((-0.5 * f.sum() + 2).item() / 4, abs=1e-6)
-    assert half_m["off_pg_loss"].item() == luffy_m["off_pg_loss"].item()  # the metric is the term before c
+    # exact: the metrics are the terms before c, the very same arithmetic in both calls
+    assert half_m["off_pg_loss"].item() == luffy_m["off_pg_loss"].item()
     assert half_m["on_pg_loss"].item() == luffy_m["on_pg_loss"].item()
-    # the default is LUFFY's loss exactly: the same value as with the term's coefficient left out
+    # the default is LUFFY's loss exactly: the same value as with the term's coefficient left out (exact: the same
+    # function and knobs, c = 1.0 skips the multiply)
     direct = _token_loss(old, lp, inputs.advantages, inputs.response_mask, inputs.prefix_mask,
                          off_policy_reshape="p_div_p_0.1")
     assert torch.equal(luffy, direct["pg_loss"])
@@ -366,7 +370,7 @@ def test_batches_without_off_or_without_on_tokens_are_finite(has_prefix):
     empty_side = ["on_pg_loss", "on_policy_prob"] if has_prefix else [
         "off_pg_loss", "off_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac"]
     for key in empty_side:
-        assert out[key].item() == 0.0, key
+        assert out[key].item() == 0.0, key  # exact: a mean over no token is the constant 0
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0
 
@@ -375,7 +379,7 @@ def test_all_padding_micro_batch_gives_zero_loss_and_zero_grad():
     old, lp, adv, _, prefix = _mixed_batch()
     out = _token_loss(old, lp, adv, torch.zeros(3, 4), prefix)
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
-    assert out["pg_loss"].item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+    assert out["pg_loss"].item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))  # exact: all masked, true 0s
 
 
 def test_target_probs_replace_reshape_with_probability_ratio():
@@ -410,6 +414,8 @@ def test_off_policy_max_and_min_clip():
     # p_div_p_0.1 at p = 0.5 gives 0.833333
     old, lp, adv, mask, prefix = _scalar_case(LN(0.5), 0.0, 1.0, prefix=True)
     capped = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=0.5)
+    # exact (order-free): clip fractions count one token (the constant 0 with no clamp); a clamped token's
+    # gradient is a true 0
     assert capped["pg_loss"].item() == pytest.approx(-0.5) and capped["off_ratio_max_clip_frac"].item() == 1.0
     (grad,) = torch.autograd.grad(capped["pg_loss"], lp)
     assert grad.item() == 0.0
@@ -456,7 +462,7 @@ def test_sft_pure_loss_is_token_mean_nll():
     lp = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
     # (ln 2 + ln 4)/2 = 1.039721
     assert mca.compute_sft_pure_loss(lp, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(1.0397208)
-    assert mca.compute_sft_pure_loss(lp[:0], torch.ones(0, 3)).item() == 0.0
+    assert mca.compute_sft_pure_loss(lp[:0], torch.ones(0, 3)).item() == 0.0  # exact: no token, the constant 0
 
 
 def _sft_multitask(old, lp, adv, mask, prefix, **knobs):
@@ -479,6 +485,7 @@ def test_sft_multitask_combines_sft_on_off_rows_with_ppo_on_on_rows():
     assert torch.allclose(grad, torch.tensor([[-1.0, -1.0, 0.0], [-0.6, -0.6, 0.0]]), atol=1e-6)
     clipped = _sft_multitask(old, lp, adv, mask, prefix, clip_ratio=0.1, sft_loss_coef=1.0, loss_remove_token_mean=True)
     # clip at 1.1: on rows -1.1 per token, sum -2.2 over width 3
+    # exact: clipfrac counts 4 of 4 tokens (order-free)
     assert clipped["on_pg_loss"].item() == pytest.approx(-2.2 / 3) and clipped["pg_clipfrac"].item() == 1.0
 
 
@@ -488,7 +495,7 @@ def test_sft_multitask_with_only_one_kind_of_row_is_finite(all_off):
     prefix = torch.zeros_like(mask, dtype=torch.bool)
     prefix[:, 0] = all_off
     out = _sft_multitask(old, lp, adv, mask, prefix, clip_ratio=0.2)
-    assert (out["on_pg_loss"] if all_off else out["sft_loss"]).item() == 0.0
+    assert (out["on_pg_loss"] if all_off else out["sft_loss"]).item() == 0.0  # exact: no token, the constant 0
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
     assert torch.isfinite(grad).all() and torch.isfinite(out["pg_loss"])
 
@@ -540,6 +547,7 @@ def test_luffy_token_weights_only_the_on_policy_terms_by_hand():
     assert metrics["on_pg_loss"].item() == pytest.approx((-2.0 - 0.5 - 3.0) / 3, abs=1e-6)
     assert metrics["off_pg_loss"].item() == pytest.approx(-5.0 / 3.0, abs=1e-6)
     unweighted = ca.get_policy_loss_fn("luffy_token")(dataclasses.replace(inputs, rollout_is_weights=None), cfg)
+    # exact: the weights touch only on-policy terms, so off_pg_loss is the very same arithmetic
     assert unweighted[1]["off_pg_loss"].item() == metrics["off_pg_loss"].item()
 
 
@@ -556,5 +564,6 @@ def test_luffy_token_and_sft_multitask_with_unit_weights_are_bit_for_bit_unweigh
         base = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix)
         plain = ca.get_policy_loss_fn(name)(base, _cfg())
         unit = ca.get_policy_loss_fn(name)(dataclasses.replace(base, rollout_is_weights=torch.ones(4, 6)), _cfg())
+        # exact: multiplying by weights of exactly 1.0 changes no bit (the same arithmetic otherwise)
         assert torch.equal(plain[0], unit[0]), name
         assert all(torch.equal(plain[1][k], unit[1][k]) for k in plain[1]), name

@@ -40,8 +40,10 @@ def test_token_on_off_policy_loss_is_the_registered_luffy_token_loss():
     pg_loss, metrics = get_policy_loss_fn("luffy_token")(
         PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix,
                          behaviour_log_probs=target.log()), cfg)
+    # exact: the alias calls the same luffy_token_loss on the same tensors (order-free)
     assert torch.equal(out.pop("pg_loss"), pg_loss)
-    assert out.pop("off_pg_clipfrac").item() == 0.0  # LUFFY's key: the token loss never clips off-policy tokens
+    # LUFFY's key: the token loss never clips off-policy tokens (exact: the constant 0)
+    assert out.pop("off_pg_clipfrac").item() == 0.0
     assert out.keys() == metrics.keys() and all(torch.equal(out[k], metrics[k]) for k in metrics)
 
 
@@ -73,6 +75,7 @@ def test_grpo_outcome_advantage_split_is_the_registered_grpo_split():
                                                                   use_std=use_std)
         expected = get_adv_estimator_fn("grpo_split")(AdvantageInputs(rewards, mask, index, on_policy_mask=on),
                                                       AdvantageConfig(grpo_use_std=use_std, epsilon=1e-3))
+        # exact: the alias calls the same grpo_split estimator on the same tensors (order-free)
         assert torch.equal(adv, expected[0]) and torch.equal(returns, expected[1])
 
 
@@ -92,4 +95,5 @@ def test_compute_sft_multitask_loss_alias_equals_the_registered_loss():
     cfg = luffy_loss_section(cliprange=0.2, sft_loss_coef=0.5)
     loss, metrics = sft_multitask_loss(PolicyLossInputs(log_prob=new, old_log_prob=old, advantages=adv,
                                                         response_mask=mask, prefix_mask=prefix), cfg)
+    # exact: the alias calls the same sft_multitask_loss on the same tensors (order-free)
     assert torch.equal(out["pg_loss"], loss) and set(out) == {"pg_loss", *metrics}

@@ -60,6 +60,7 @@ def test_registering_a_different_function_under_a_taken_name_fails():
 def test_every_estimator_takes_the_inputs_object_and_the_algorithm_knobs():
     rewards, mask = _outcome_rewards([2.0, 0.0], [2, 3], width=3)
     inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=mask, index=["a", "a"])
+    # exact: small integer scores, a mean of 2 and 0/1 masks: every operation is exact (order-free)
     adv, _ = ca.get_adv_estimator_fn("reinforce")(inputs, AdvantageConfig())
     assert torch.equal(adv, torch.tensor([[2.0, 2.0, 0.0], [0.0, 0.0, 0.0]]))
     adv, _ = ca.get_adv_estimator_fn("grpo")(inputs, AdvantageConfig(grpo_use_std=False))
@@ -84,7 +85,7 @@ def test_grpo_worked_example_without_std(k):
     adv, returns = _grpo(rewards, mask, np.array(["u"] * 8, dtype=object), use_std=False)
     expected_rows = torch.tensor([(7 - k) / 8] * (k + 1) + [-(k + 1) / 8] * (7 - k))
     assert torch.allclose(adv, expected_rows.unsqueeze(-1) * mask, atol=1e-7)
-    assert torch.equal(adv, returns)
+    assert torch.equal(adv, returns)  # exact: returns are the advantage tensor itself
 
 
 def test_grpo_groups_by_uid_even_when_interleaved():
@@ -115,7 +116,7 @@ def test_grpo_single_row_group_uses_mean_zero_std_one():
 def test_grpo_zero_std_group_gives_zero_advantage():
     rewards, mask = _outcome_rewards([1, 1], [1, 1], width=1)
     adv, _ = _grpo(rewards, mask, ["g", "g"])
-    assert torch.equal(adv, torch.zeros(2, 1))
+    assert torch.equal(adv, torch.zeros(2, 1))  # exact: (1 - 1) / (0 + eps) is a true 0
 
 
 def test_grpo_rejects_index_of_wrong_length():
@@ -129,6 +130,7 @@ def test_reinforce_broadcasts_raw_score():
     rewards = torch.tensor([[0.0, 0.0, 2.0], [0.0, 1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, returns = ca.get_adv_estimator_fn("reinforce")(AdvantageInputs(rewards, mask, None), AdvantageConfig())
+    # exact: the raw score (a sum of one value and zeros) times a 0/1 mask; returns are the advantage itself
     assert torch.equal(adv, torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 0.0]]))
     assert torch.equal(returns, adv)
 
@@ -185,6 +187,7 @@ def test_verls_estimator_signatures_are_the_registered_estimators():
     ]
     for (adv, returns), (name, inputs, cfg) in pairs:
         expected_adv, expected_returns = ca.get_adv_estimator_fn(name)(inputs, cfg)
+        # exact: verl's signature calls the same registered estimator on the same tensors (order-free)
         assert torch.equal(adv, expected_adv) and torch.equal(returns, expected_returns), name
 
 
@@ -225,7 +228,7 @@ def test_policy_loss_remove_clip_and_no_clip_upper_bound():
     old, log_prob, adv, mask = _ppo_case()
     # no clip: -1.5-0.5-1.1+1.5+0.5 = -1.1 over 5 -> -0.22, clipfrac 0
     pg_loss, clipfrac, _ = _ppo(old, log_prob, adv, mask, loss_remove_clip=True)
-    assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0
+    assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0  # exact: the constant 0
     # LUFFY's compute_policy_loss has no clip_upper_bound (docs/DESIGN.md §1 item 5): the key acts in its off-policy loss only.
     assert list(inspect.signature(ca.compute_policy_loss).parameters) == [
         "old_log_prob", "log_prob", "advantages", "eos_mask", "cliprange", "loss_remove_token_mean", "loss_remove_clip"]
@@ -239,6 +242,7 @@ def test_the_registered_ppo_loss_is_verls_compute_policy_loss_on_the_inputs_obje
     pg_loss, metrics = ca.ppo_clip_loss(inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=True,
                                                                  loss_remove_clip=False))
     verl_form = ca.compute_policy_loss(old, log_prob, adv, mask, 0.2, loss_remove_token_mean=True)
+    # exact: compute_policy_loss calls the same ppo_clip_loss on the same tensors (order-free)
     assert torch.equal(pg_loss, verl_form[0]) and sorted(metrics) == ["pg_clipfrac", "ppo_kl"]
     assert torch.equal(metrics["pg_clipfrac"], verl_form[1]) and torch.equal(metrics["ppo_kl"], verl_form[2])
 
@@ -252,6 +256,7 @@ def test_aggregation_is_token_mean_or_luffys_sum_over_width():
     assert ca.aggregate_token_loss(loss[:2, :2], torch.ones(2, 2), loss_remove_token_mean=True).item() == \
         pytest.approx((1 + 2 + 4 + 5) / 2)  # a 2-wide tensor: Σ L·m / 2, not / 4 tokens
     for remove_token_mean in (False, True):
+        # exact: an all-zero mask gives a true 0 (order-free)
         assert ca.aggregate_token_loss(loss, torch.zeros_like(mask), remove_token_mean).item() == 0.0
 
 
@@ -265,8 +270,9 @@ def test_kl_penalty_estimators_by_hand():
     assert ca.kl_penalty(logprob, ref, "low_var_kl").item() == pytest.approx(0.1065307, abs=1e-6)
     # verl >= 0.4's names: k1 = kl, k2 = mse, k3 = low_var_kl
     for alias, name in (("k1", "kl"), ("k2", "mse"), ("k3", "low_var_kl")):
+        # exact: the alias runs the same estimator on the same tensors (order-free)
         assert torch.equal(ca.kl_penalty(logprob, ref, alias), ca.kl_penalty(logprob, ref, name))
-    # d = -20: exp(20) - 21 is clamped to 10
+    # d = -20: exp(20) - 21 is clamped to 10 (exact: the clamp's bound)
     assert ca.kl_penalty(torch.tensor([-20.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
 
 
@@ -298,7 +304,7 @@ def test_apply_kl_penalty_without_ref_keeps_scores_and_logs_zero():
     scores = torch.tensor([[0.0, 1.0]])
     rewards, metrics = ca.apply_kl_penalty(scores, torch.zeros(1, 2), None, torch.ones(1, 2),
                                            ca.FixedKLController(0.1), "kl")
-    assert torch.equal(rewards, scores)
+    assert torch.equal(rewards, scores)  # exact: without a reference the scores pass through untouched
     assert metrics == {"critic/kl": 0.0, "critic/kl_coeff": 0.0}
 
 
@@ -347,6 +353,7 @@ def test_policy_loss_with_unit_weights_is_bit_for_bit_the_unweighted_loss():
         lp_b = lp_a.detach().clone().requires_grad_(True)
         plain = _weighted_ppo(old, lp_a, adv, mask, None, remove_token_mean)
         unit = _weighted_ppo(old, lp_b, adv, mask, torch.ones(4, 7), remove_token_mean)
+        # exact: multiplying by weights of exactly 1.0 changes no bit (the same arithmetic otherwise)
         assert torch.equal(plain[0], unit[0])
         assert all(torch.equal(plain[1][k], unit[1][k]) for k in plain[1])
         plain[0].backward()

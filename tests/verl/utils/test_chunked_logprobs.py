@@ -86,6 +86,7 @@ def test_no_grad_path_equals_the_autograd_path_and_empty_input():
     with torch.no_grad():
         lp, ent = chunked_logprobs_entropy(h, w, labels, chunk_size=4)
     lp2, ent2 = chunked_logprobs_entropy(h.requires_grad_(), w, labels, chunk_size=4)
+    # exact: both paths run _chunk_logits / _chunk_forward on the same chunks (the same arithmetic)
     assert torch.equal(lp, lp2.detach()) and torch.equal(ent, ent2.detach())
     lp0, ent0 = chunked_logprobs_entropy(h[:0].detach(), w, labels[:0], chunk_size=4)
     assert lp0.shape == ent0.shape == (0,)

@@ -38,7 +38,7 @@ def test_hint_sampling_and_tokenisation_equal_authors(schedule, tokenizer):
         ids, mask, _, hint_mask = tokenize_with_hint(case["prompt"], text, tokenizer, 96, tokenizer.pad_token_id,
                                                      left_pad=True, truncation="right")
         where = f"{schedule} t={case['timestep']} item={case['item']}"
-        assert share == case["hint_slice_prop"], where
+        assert share == case["hint_slice_prop"], where  # exact: one Python division of two ints
         assert torch.equal(ids[0], case["input_ids"]), where
         assert torch.equal(mask[0], case["attention_mask"]), where
         assert torch.equal(hint_mask[0], case["hint_mask"]), where
@@ -70,6 +70,7 @@ def test_hint_nll_by_hand():
     mask = torch.tensor([[1, 1, 0]])
     want = (-torch.log_softmax(torch.tensor([0.0, 100.0, 0.0, 0.0]), 0)[1] + torch.log(torch.tensor(4.0))) / 2
     assert float(hint_nll_loss(logits, torch.tensor([[1, 1, 2]]), mask)) == pytest.approx(float(want))
+    # exact: no hint token, a true zero (order-free)
     assert float(hint_nll_loss(logits, torch.tensor([[1, 1, 2]]), torch.zeros(1, 3))) == 0.0
 
 
@@ -113,9 +114,10 @@ def test_uft_loss_is_grpo_on_the_continuation_plus_beta_hint_nll():
         0.182527, abs=1e-6)
     loss.backward()
     assert log_prob.grad[0, :2].tolist() == pytest.approx([-0.0005, -0.0005])  # only β·NLL reaches the hint
-    assert log_prob.grad[0, 3] == 0.0 and log_prob.grad[1, 2:].tolist() == [0.0, 0.0]
+    assert log_prob.grad[0, 3] == 0.0 and log_prob.grad[1, 2:].tolist() == [0.0, 0.0]  # exact: masked, a true 0
     # no hint anywhere: the NLL term is 0, the loss is the PG term alone
     no_hint = FamilyLossInputs(log_prob=log_prob.detach(), old_log_prob=inputs.old_log_prob, advantages=inputs.advantages,
                                response_mask=inputs.response_mask, prefix_mask=torch.zeros(2, 4, dtype=torch.bool))
     value, metrics = uft_loss(no_hint, UftLossConfig(hint_sft_coef=1.0))
+    # exact: an empty hint gives a true zero (order-free)
     assert metrics["uft/hint_nll"].item() == 0.0 and value.item() == pytest.approx(metrics["uft/pg_loss"].item())
