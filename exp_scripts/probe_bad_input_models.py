@@ -104,3 +104,31 @@ def _(ctx: Context) -> Outcome:
     return expect_refusal(lambda: _raise(_script_config_problems(
         ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think", "actor_rollout_ref.rollout.tensor_model_parallel_size=8")),
         "actor_rollout_ref.rollout.tensor_model_parallel_size", "num_attention_heads")
+
+
+@case("same_failure_after_restart", "L6", "a worker that dies at the same step after its restart ends the run")
+def _(ctx: Context) -> Outcome:
+    from luffy_pool.run.recovery import Failure, RestartPolicy
+
+    policy = RestartPolicy(max_restarts=3)
+    dead = Failure("worker_died", True, "rank 2 exited with SIGKILL")
+    first, again = policy.decide(dead, 7), policy.decide(dead, 7)
+    if not first.restart:
+        return Outcome("bad", "the first failure was not restarted")
+    if again.restart:
+        return Outcome("bad", "the same failure at the same step was restarted again (replays from the checkpoint)")
+    return Outcome("good", again.reason[:150]) if "again after the restart" in again.reason else Outcome(
+        "weak", again.reason[:150])
+
+
+@case("split_pool_capacity", "L6", "a restart of split engines waits for the rollout pool too")
+def _(ctx: Context) -> Outcome:
+    from luffy_pool.run.recovery import can_host
+
+    nodes = [{"Alive": True, "Resources": {"GPU": 8.0, "CPU": 64.0}}]
+    bundle = {"GPU": 1.0}
+    if not can_host(nodes, [8], bundle):
+        return Outcome("bad", "8 GPUs cannot host an 8-rank actor")
+    if can_host(nodes, [8], bundle, rollout_groups=[8]):
+        return Outcome("bad", "one 8-GPU node was taken as room for the actor and an 8-GPU rollout pool")
+    return Outcome("good", "one node of 8 GPUs: actor 8 fits, actor 8 + rollout pool 8 does not")
