@@ -8,10 +8,16 @@ old log-probs, mixed advantage, update) with each rollout engine: the HF engine,
 installed. Ray is not needed: the trainer talks to the worker in this process. Asserts that the
 weights changed, that the engine's weights equal the actor's after the sync, that the sync travels in
 the parameter dtype, and that a CUDA run really uses NCCL and the GPU; prints peak memory, tokens/s and
-the sync time, and a last line ``GPU_SMOKE {json}``. Exit code 0 = all checks passed.
+the sync time, and a last line ``GPU_SMOKE {json}``. Exit code 0 = all checks passed. Two numeric checks run
+inside the steps (exp_scripts/gpu_smoke_checks.py): packed (remove padding, and the chunked scoring head) vs padded
+log-probs on one micro-batch, and the engine-vs-actor gap right after each weight push (mean log-prob difference
+and k3 KL over the engine's sampled tokens: ~1e-3 in bf16, O(1) after a broken push). ``--split`` adds a run on
+split engines (hybrid_engine=False, one_step_off) through the launcher and Ray: 1 actor + 1 engine rank (2 GPUs,
+or CPU processes). Each check prints a PASS/FAIL line, then a summary line.
 
     python exp_scripts/gpu_smoke.py                       # one GPU (< 7 min on an H200)
     python exp_scripts/gpu_smoke.py --device cpu --small  # CI (tests/exp_scripts/test_gpu_smoke.py)
+    python exp_scripts/gpu_smoke.py --device cpu --small --rollout hf --split off  # the numeric checks, ~20 s
     python exp_scripts/gpu_smoke.py --recipe exp_scripts/train.sh  # the recipe's switches on one GPU
 
 ``--recipe SCRIPT`` reads a launch script through its own command line (luffy_pool/run/recipe.py, shared with
@@ -62,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=2, help="LUFFY steps per engine")
     p.add_argument("--out", default=None, help="working folder (default: a temporary one)")
     p.add_argument("--recipe", default=None, help="a launch script (exp_scripts/train.sh): run its switches")
+    p.add_argument("--split", choices=("auto", "on", "off"), default="auto",
+                   help="a run on split engines through Ray; auto: where 1 actor + 1 engine rank fit (CPU, 2 GPUs), "
+                        "not with --recipe")
     return p.parse_args(argv)
 
 
@@ -113,6 +122,7 @@ def overrides(model_dir: str, task_dir: str, out_dir: str, device: str, small: b
         f"actor_rollout_ref.rollout.max_prefix_len={response}", "actor_rollout_ref.rollout.n_prefix=1",
         "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",  # the engine's log-probs: the engine-vs-actor check
         "actor_rollout_ref.ref.use_ref=False", "actor_rollout_ref.actor.use_kl_loss=False",  # LUFFY train.sh: no ref
         "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False",
         "algorithm.kl_ctrl.kl_coef=0.0", "reward.num_workers=1", f"trainer.device={device}", "trainer.nnodes=1",
@@ -262,6 +272,9 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
     reward_fn = RewardManager.from_config(config.reward, config.data.reward_impl_version, tokenizer)
     trainer = MIXRayPPOTrainer(config, tokenizer, InProcessGroup(worker), reward_fn, reward_fn, loader, collate_fn=collate,
                                sections=sections)
+    from exp_scripts.gpu_smoke_checks import StepWatch
+
+    watch = StepWatch(trainer, worker._param_dtype(config.actor_rollout_ref.actor.fsdp_config), actor=worker.actor)
     checks, steps = {}, []
     try:
         before = worker.actor_weight_fingerprint()
@@ -296,7 +309,10 @@ def run_engine(rollout: str, args, model_dir: str, task_dir: str, out_dir: str) 
         if switches is not None:
             checks.update(recipe_checks(worker, switches, args.device))
             checks.update(engine_rollout_checks(worker, switches["rollout_keys"], args.device))
+        numeric = watch.checks()
+        checks.update({k: ok for k, (ok, _) in numeric.items()})
         result = {"engine": rollout, "recipe": switches, "init_s": round(init_s, 2), "steps": steps, "checks": checks,
+                  "details": {k: d for k, (_, d) in numeric.items()}, "numeric": watch.summary(),
                   "engine_check": detail, "sync_dtypes": sorted(pushed_dtypes), "param_dtype": str(param_dtype),
                   "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else
                   round(_peak_rss_gb(), 2), "memory_plan_gb": plan_gb}
@@ -464,6 +480,44 @@ def run_sp_tp(script: str, sp: int, tp: int, gpus: int, work: str) -> dict:
     return {"ranks": ranks, "rc": proc.returncode, "steps": steps}
 
 
+def split_run(args, engine: str, model_dir: str, task_dir: str, out_dir: str) -> dict:
+    """The split-engine run (``gpu_smoke_checks.run_split``) with engine ``engine``, or {"skipped": why}."""
+    import torch
+
+    from exp_scripts.gpu_smoke_checks import SPLIT_OVERRIDES, run_split, split_skip_reason
+
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    why = split_skip_reason(args.split, args.device, gpus, args.recipe)
+    if why is not None:
+        print(f"[gpu_smoke] split engines skipped: {why}", flush=True)
+        return {"skipped": why}
+    base = overrides(model_dir, task_dir, out_dir, args.device, args.small, engine, args.steps)
+    config = compose(base + SPLIT_OVERRIDES)
+    result = run_split(config, "bfloat16" if args.device == "cuda" else "float32")
+    return dict(result, engine=engine)
+
+
+def print_verdicts(results: list, graphs, sp_tp, split: dict) -> None:
+    """One ``PASS``/``FAIL`` line per check, then one summary line."""
+    lines = []
+    for r in results:
+        lines += [(f"{r['engine']}/{k}", v, r.get("details", {}).get(k, "")) for k, v in r["checks"].items()]
+    if graphs is not None:
+        lines.append(("vllm/graphs_sleep_reload", graphs["ok"], graphs.get("skipped") or graphs.get("error", "")))
+    if sp_tp is not None and "skipped" not in sp_tp:
+        lines.append(("sp_tp_rehearsal", sp_tp["rc"] == 0 and sp_tp["steps"] == [1, 2], json.dumps(sp_tp)))
+    if "skipped" not in split:
+        lines += [(f"split/{split['engine']}/{k}", v, split["details"].get(k, "")) for k, v in split["checks"].items()]
+    for name, ok, detail in lines:
+        print(f"[gpu_smoke] {'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""), flush=True)
+    failed = [name for name, ok, _ in lines if not ok]
+    skipped = ["split"] if "skipped" in split else []
+    skipped += ["sp_tp_rehearsal"] if sp_tp is not None and "skipped" in sp_tp else []
+    print(f"[gpu_smoke] SUMMARY: {len(lines) - len(failed)}/{len(lines)} checks passed"
+          + (f"; FAILED: {', '.join(failed)}" if failed else "")
+          + (f"; skipped: {', '.join(skipped)}" if skipped else ""), flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     single_rank_env()
@@ -494,11 +548,14 @@ def main(argv=None) -> int:
     sp_tp = None
     if args.recipe and args.device == "cuda":
         sp_tp = run_sp_tp(args.recipe, recipe.sp, recipe.tp, torch.cuda.device_count(), os.path.join(work, "sp_tp"))
+    split = split_run(args, chosen[-1], model_dir, task_dir, os.path.join(work, "split"))
     ok = (all(all(r["checks"].values()) for r in results) and (graphs is None or graphs["ok"])
-          and (sp_tp is None or "skipped" in sp_tp or (sp_tp["rc"] == 0 and sp_tp["steps"] == [1, 2])))
+          and (sp_tp is None or "skipped" in sp_tp or (sp_tp["rc"] == 0 and sp_tp["steps"] == [1, 2]))
+          and ("skipped" in split or all(split["checks"].values())))
     summary = {"ok": ok, "device": args.device, "small": args.small, "recipe": args.recipe, "total_s": round(time.perf_counter() - t_all, 1),
                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "results": results,
-               "graphs": graphs, "sp_tp": sp_tp}
+               "graphs": graphs, "sp_tp": sp_tp, "split": split}
+    print_verdicts(results, graphs, sp_tp, split)
     for r in results:
         failed = [k for k, v in r["checks"].items() if not v]
         if r.get("memory_plan_gb"):
