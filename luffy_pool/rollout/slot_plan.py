@@ -195,7 +195,7 @@ def build_slot_plan(
 def assemble_responses(
     plan: SlotPlan,
     generated_token_ids: Sequence[Sequence[int]],
-    engine_logprobs: Optional[Sequence[Sequence[float]]] = None,
+    engine_logprobs: Optional[Sequence[torch.Tensor]] = None,
 ) -> RolloutBatch:
     """Merge engine output into LUFFY's rollout tensors (docs/METHOD.md §1.2 items 6-9).
 
@@ -204,8 +204,8 @@ def assemble_responses(
     True on the first ``min(len(prefix), L)`` positions; the response part of ``attention_mask`` is 1
     up to and including the first EOS. ``behaviour_log_probs`` (behaviour log-prob on prefix tokens, NaN
     elsewhere and where unknown) is added when the plan carries behaviour log-probs;
-    ``rollout_log_probs`` (engine log-probs of generated tokens, 0 elsewhere; diagnostics only) when
-    ``engine_logprobs`` is given.
+    ``rollout_log_probs`` (engine log-probs of generated tokens, 0 elsewhere) when ``engine_logprobs`` (one 1-D
+    tensor per engine row, as ``GenerationOutput.logprobs``) is given.
     """
     if len(generated_token_ids) != len(plan.engine_slots):
         raise ValueError(f"engine returned {len(generated_token_ids)} sequences for {len(plan.engine_slots)} requests")
@@ -213,11 +213,11 @@ def assemble_responses(
         raise ValueError(f"engine_logprobs has {len(engine_logprobs)} rows for {len(generated_token_ids)} sequences")
     num_slots, length = plan.num_slots, plan.response_length
     generated: list[list[int]] = [[] for _ in range(num_slots)]
-    gen_logprobs: list[list[float]] = [[] for _ in range(num_slots)]
+    gen_logprobs: dict[int, torch.Tensor] = {}
     for i, slot in enumerate(plan.engine_slots):
         generated[slot] = list(generated_token_ids[i])
-        if engine_logprobs is not None:
-            gen_logprobs[slot] = [float(v) for v in engine_logprobs[i]]
+        if engine_logprobs is not None:  # one tensor per row: no Python float per token
+            gen_logprobs[slot] = torch.as_tensor(engine_logprobs[i], dtype=torch.float32).reshape(-1)
 
     responses = torch.full((num_slots, length), plan.pad_token_id, dtype=plan.prompts.dtype)
     prefix_mask = torch.zeros((num_slots, length), dtype=torch.bool)
@@ -261,8 +261,7 @@ def assemble_responses(
         for k in plan.engine_slots:
             start = min(len(plan.prefixes[k]), length)
             values = gen_logprobs[k][: length - start]
-            if values:
-                rollout_log_probs[k, start : start + len(values)] = torch.tensor(values, dtype=torch.float32)
+            rollout_log_probs[k, start : start + len(values)] = values
         tensors["rollout_log_probs"] = rollout_log_probs
     meta_info = {
         "prefix_ratios": list(plan.prefix_ratios),

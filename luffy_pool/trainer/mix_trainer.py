@@ -28,7 +28,7 @@ from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
 from luffy_pool.methods import get_method
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
 from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
-from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction
+from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction, bypass_old_log_probs
 from luffy_pool.trainer.rollout_correction import enabled as rollout_correction_enabled
 from luffy_pool.replay.self_replay import SelfReplay
 from luffy_pool.trainer.split_rollout import SplitRolloutMixin
@@ -38,7 +38,7 @@ from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_m
                                            compute_timing_metrics, reduce_metrics)
 from verl.utils.seqlen_balancing import get_group_balanced_partitions, get_seqlen_balanced_partitions, log_seqlen_unbalance
 from verl.utils.signals import GracefulStop, stop_on_signal
-from verl.workers.sharding_manager.fsdp_sharding_manager import WEIGHT_SYNC_METRIC  # update_weights' answer
+from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY, WEIGHT_SYNC_METRIC
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         self.use_ref = s.workers.ref.use_ref
         rc = s.algorithm.rollout_correction
         self.rollout_correction = rc if rollout_correction_enabled(rc) else None
+        self.bypass_mode = bool(rc.bypass_mode)  # the engine's log-probs are the old ones: no old-log-prob pass
         self.world_size = self.wg.world_size
         self.global_steps = 0
         self.total_training_steps = int(total_training_steps) if total_training_steps is not None else \
@@ -292,8 +293,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         return reward_metrics
 
     def _log_probs(self, batch: DataProto, timing: dict) -> DataProto:
-        """Old log-probs (unless the update's first forward gives them) and the reference's; no metrics."""
-        if self._recompute_old_log_prob(len(batch)):
+        """Old log-probs (the engine's under ``bypass_mode``; none when the update's first forward gives them) and
+        the reference's; no metrics."""
+        if self.bypass_mode:
+            bypass_old_log_probs(batch, self.response_length)
+        elif self._recompute_old_log_prob(len(batch)):
             with _timer("old_log_prob", timing):
                 batch = batch.union(self.wg.compute_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         if self.use_ref:
@@ -475,13 +479,15 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         chunk = max(chunk, self.gen_world_size)
         scores_by_source: dict[str, list[float]] = {}
         n_log, samples = int(self.sections.trainer.val_generations_to_log or 0), []
-        for start in range(0, len(self.val_dataset), chunk):
+        starts = list(range(0, len(self.val_dataset), chunk))
+        for start in starts:
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
             gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.gen_world_size)
-            if start == 0 or self.rollout_wg is None:  # split engines never sleep: their one push serves every chunk
-                self._update_weights()  # hybrid: every generation gets a fresh push (the engines slept after the last)
+            if start == 0:  # one push per validation: the engines hold it, awake, until the last chunk is generated
+                self._update_weights()
+            gen_batch.meta_info[HOLD_WEIGHTS_KEY] = start != starts[-1]
             gen_out = self.gen_wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)

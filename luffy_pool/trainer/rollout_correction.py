@@ -12,6 +12,9 @@ keep the off-policy loss's shaping, which models their behaviour policy. The mat
 - ``response_mask`` (with ``rollout_rs``): the response mask less the rejected on-policy tokens; the actor then
   takes its loss mask from it instead of the attention mask (the forward pass still sees every token);
 - the ``rollout_corr/*`` metrics.
+
+With ``bypass_mode`` (:func:`bypass_old_log_probs`) there is no old-log-prob pass: the engine's log-probs are the
+old ones on the tokens it sampled, and the off-policy tokens are marked unknown (NaN) for the actor to fill.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ def apply_rollout_correction(batch: DataProto, rc, response_length: int) -> dict
         return {}
     out = rollout_correction(old_log_probs.float(), t["rollout_log_probs"].float(), on_policy.float(),
                              rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+                             rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
                              rollout_rs=rc.rollout_rs, rollout_rs_threshold=rc.rollout_rs_threshold)
     if out.weights is not None:
         t[IS_WEIGHTS_KEY] = torch.where(on_policy, out.weights.to(old_log_probs.dtype), t[IS_WEIGHTS_KEY])
@@ -55,3 +59,18 @@ def apply_rollout_correction(batch: DataProto, rc, response_length: int) -> dict
         rejected = on_policy & ~out.response_mask.bool()
         t["response_mask"] = valid * (~rejected).to(valid.dtype)
     return out.metrics
+
+
+def bypass_old_log_probs(batch: DataProto, response_length: int) -> None:
+    """verl's ``bypass_mode``: write ``old_log_probs`` from ``rollout_log_probs`` instead of the actor's pass. On the
+    tokens the engine sampled they are its log-probs; on the valid off-policy (prefix) tokens, which it did not
+    sample, NaN, which the actor replaces with its current log-prob (verl/trainer/ppo/rollout_corr.py
+    ``fill_unknown_old_log_probs``); 0 on padding."""
+    t = batch.batch
+    if "rollout_log_probs" not in t.keys():
+        raise ValueError("algorithm.rollout_correction.bypass_mode needs 'rollout_log_probs' in the batch: set "
+                         "actor_rollout_ref.rollout.calculate_log_probs=True")
+    valid = t["attention_mask"][:, -response_length:].bool()
+    off_policy = valid & t["prefix_mask"].bool()
+    old = t["rollout_log_probs"].float().masked_fill(~valid, 0.0)
+    t["old_log_probs"] = old.masked_fill(off_policy, float("nan"))

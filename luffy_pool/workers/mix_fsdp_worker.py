@@ -19,6 +19,7 @@ from luffy_pool.rollout.slot_plan import MixRolloutPlanner
 from verl.protocol import DataProto, PerPart
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY
 from verl.workers.rollout.tp_group import TPGeneration
 
 
@@ -105,7 +106,10 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
                 b["input_ids"], b["attention_mask"], b.get("tgt_input_ids"), b["prefix_ratios"],
                 prompt_position_ids=b["position_ids"], behaviour_log_probs=b.get("behaviour_log_probs"))
 
-        with self.sharding_manager:  # wakes the engine (refused without a push since the last generation)
+        # wakes the engine (refused without a push since the last generation); the driver's validation holds it
+        # awake with its weights between chunks (HOLD_WEIGHTS_KEY), so one push serves the whole validation
+        hold = validate and bool(prompts.meta_info.get(HOLD_WEIGHTS_KEY, False))
+        with self.sharding_manager.hold(hold):
             tensors, meta = self.tp_generation.run({k: b[k] for k in b.keys()}, generate)
 
         meta.pop("prefix_ratios", None)  # the driver already holds the ratios it drew

@@ -197,7 +197,8 @@ class HFGenerator:
         self.engine.config = engine_config(dataclasses.replace(self.section, hf_micro_batch_size=max(1, self.batch_size * n)))
         out = self.engine.generate_token_ids(rows, caps, spec)
         lps = out.logprobs
-        return [[self._completion(out.token_ids[r], lps[r] if lps is not None else None) for r in range(i * n, (i + 1) * n)]
+        return [[self._completion(out.token_ids[r], lps[r].tolist() if lps is not None else None)
+                 for r in range(i * n, (i + 1) * n)]
                 for i in range(len(prompt_ids))]
 
     def _completion(self, ids: list[int], logprobs: Optional[list[float]] = None) -> Completion:

@@ -69,3 +69,38 @@ def test_the_cross_key_rule_reads_the_composed_config(compose_config):
     cfg = compose_config(PATHS + [f"{RC}.rollout_rs=seq_mean_k1", f"{RC}.rollout_rs_threshold='0.5_2'", f"{CALC}=True"])
     assert OmegaConf.select(cfg, f"{RC}.rollout_rs_threshold") == "0.5_2"  # quoted: a string, not 0.52
     assert config_errors(_getter(cfg)) == []
+
+
+BYPASS = f"{RC}.bypass_mode=True"
+
+
+def test_batch_normalize_and_bypass_are_verls_keys_off_by_default(compose_config):
+    rc = ConfigSections.from_config(compose_config(PATHS)).algorithm.rollout_correction
+    assert rc.rollout_is_batch_normalize is False and rc.bypass_mode is False
+    on = [f"{CALC}=True", f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_batch_normalize=True"]
+    assert validate_config(compose_config(PATHS + on)) == []
+    errors = validate_config(compose_config(PATHS + [f"{RC}.rollout_is_batch_normalize=True"]))
+    assert errors == [f"'{RC}.rollout_is_batch_normalize'=True needs '{RC}.rollout_is' (token or sequence): it "
+                      "normalises the IS weights"]
+
+
+def test_bypass_mode_with_the_engine_log_probs_and_luffys_loss_is_accepted(compose_config):
+    cfg = compose_config(PATHS + [f"{CALC}=True", BYPASS])
+    assert validate_config(cfg) == []
+    assert validate_config(compose_config(PATHS + [f"{CALC}=True", BYPASS, "algorithm.method=grpo"])) == []
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ([BYPASS], f"'{RC}.bypass_mode'=True needs '{CALC}'=True (the engine's log-probs become the old log-probs)"),
+    ([BYPASS, f"{CALC}=True", f"{RC}.rollout_is=token"],
+     f"'{RC}.bypass_mode'=True cannot be combined with '{RC}.rollout_is'='token'"),
+    ([BYPASS, f"{CALC}=True", f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2.0"],
+     f"'{RC}.bypass_mode'=True cannot be combined with '{RC}.rollout_rs'='token_k1'"),
+    ([BYPASS, f"{CALC}=True", "actor_rollout_ref.actor.policy_loss=srft"],
+     f"'{RC}.bypass_mode'=True needs a policy loss of luffy_token, sft_multitask, vanilla, not 'srft'"),
+    ([BYPASS, f"{CALC}=True", "actor_rollout_ref.ref.use_ref=True", "actor_rollout_ref.actor.use_kl_loss=False"],
+     f"'{RC}.bypass_mode'=True cannot be combined with the KL-in-reward penalty"),
+])
+def test_bypass_mode_is_refused_where_the_old_log_prob_pass_is_still_needed(compose_config, overrides, words):
+    errors = config_errors(_getter(compose_config(PATHS + overrides)))
+    assert len(errors) == 1 and errors[0].startswith(words), errors

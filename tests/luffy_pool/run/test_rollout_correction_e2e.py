@@ -50,3 +50,22 @@ def test_token_is_two_steps_logs_rollout_corr(rollout, tiny_model_dir, tiny_task
         assert r["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
         assert abs(r["rollout_corr/kl"]) < 0.05 and r["rollout_corr/k3_kl"] < 0.05
         assert "timing_s/rollout_corr" in r
+
+
+@pytest.mark.e2e
+def test_bypass_mode_trains_without_the_old_log_prob_pass_and_validates_on_one_push(
+        tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides, fit_with_fingerprints):
+    """vLLM engines, LUFFY's full-trace slots (off-policy tokens the engine did not sample), bypass mode: no
+    old-log-prob pass, finite losses, the weights move; validation at step 2 in four chunks of 2 prompts, each
+    generated on the one push before the first (a chunk without a push is refused by the sharding manager)."""
+    overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="vllm", steps=2)
+    config = compose_config(overrides + [f"{RC}.bypass_mode=True", f"{CALC}=True", "data.val_batch_size=2"])
+    check_config(config)
+    _, before, _, after = fit_with_fingerprints(config)
+    assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert "timing_s/old_log_prob" not in r  # the engine's log-probs were the old ones
+        assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "actor/ppo_kl", "actor/off_pg_loss"))
+    assert math.isfinite(rows[1]["val/avg_score"]) and "timing_s/testing" in rows[1]

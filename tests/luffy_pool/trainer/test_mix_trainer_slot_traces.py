@@ -43,6 +43,9 @@ class _NoSync:
         self.pushes += 1
         return 0.0
 
+    def hold(self, hold_weights):  # the generation context (FSDPShardingManager.hold)
+        return self
+
     def __enter__(self):
         assert self.pushes, "generation before the update_weights stage"
         return self

@@ -145,3 +145,21 @@ def test_val_only_validates_once_and_trains_nothing(compose_config, tiny_model_d
     # one validation call after its weight push, no training step
     assert trainer.global_steps == 0 and group.calls == ["update_weights", 5]
     assert metrics["val/avg_score"] == pytest.approx(0.5) and tracker.metrics == [(0, metrics)]
+
+
+def test_one_push_serves_every_validation_chunk_the_engine_held_until_the_last(compose_config, tiny_model_dir,
+                                                                              tiny_task_dir, tokenizer, tmp_path):
+    from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY
+
+    trainer, _, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
+                                 "data.val_batch_size=2")
+    generate = group.generate_validation
+
+    def recording(gen_batch):
+        group.calls.append(("hold", gen_batch.meta_info[HOLD_WEIGHTS_KEY]))
+        return generate(gen_batch)
+
+    group.generate_validation = recording
+    trainer.validate()
+    # 5 prompts in chunks of 2: one push, then three generations holding the weights for the next but the last
+    assert group.calls == ["update_weights", ("hold", True), 2, ("hold", True), 2, ("hold", False), 1]

@@ -11,7 +11,7 @@ import torch
 
 from luffy_pool.config.sections import ConfigSections
 from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
-from luffy_pool.trainer.rollout_correction import apply_rollout_correction, enabled
+from luffy_pool.trainer.rollout_correction import apply_rollout_correction, bypass_old_log_probs, enabled
 from verl.protocol import DataProto
 
 # golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
@@ -23,9 +23,10 @@ PATHS = ["data.train_files=/d/t.parquet", "data.val_files=/d/v.parquet", "actor_
 L = 3
 
 
-def _rc(rollout_is=None, rollout_rs=None, rollout_rs_threshold=None, threshold=2.0):
+def _rc(rollout_is=None, rollout_rs=None, rollout_rs_threshold=None, threshold=2.0, batch_normalize=False):
     return types.SimpleNamespace(rollout_is=rollout_is, rollout_is_threshold=threshold, rollout_rs=rollout_rs,
-                                 rollout_rs_threshold=rollout_rs_threshold)
+                                 rollout_rs_threshold=rollout_rs_threshold, rollout_is_batch_normalize=batch_normalize,
+                                 bypass_mode=False)
 
 
 def _batch():
@@ -73,6 +74,32 @@ def test_sequence_weights_multiply_the_row_ratios():
     assert torch.allclose(batch.batch["rollout_is_weights"], expected, atol=1e-5)
 
 
+def test_batch_normalized_weights_average_one_over_the_on_policy_tokens_only():
+    batch = _batch()
+    metrics = apply_rollout_correction(batch, _rc(rollout_is="token", batch_normalize=True), L)
+    # truncated on-policy weights [1, 2, 0.5] and [1.5] have mean 5 / 4; the off-policy and padding tokens keep 1
+    expected = torch.tensor([[1.0 / 1.25, 2.0 / 1.25, 0.5 / 1.25], [1.0, 1.5 / 1.25, 1.0], [1.0, 1.0, 1.0]])
+    assert torch.allclose(batch.batch["rollout_is_weights"], expected, atol=1e-6)
+    assert metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.25, abs=1e-6)
+
+
+def test_bypass_takes_the_engines_log_probs_and_marks_the_off_policy_tokens_unknown():
+    batch = _batch()
+    engine = batch.batch["rollout_log_probs"].clone()
+    batch.pop(batch_keys=["old_log_probs"])
+    bypass_old_log_probs(batch, L)
+    old = batch.batch["old_log_probs"]
+    lp = math.log(0.25)
+    nan = float("nan")
+    # row 0 on-policy; row 1: prefix token, one generated token, padding; row 2 a full trace
+    expected = torch.tensor([[lp, lp, lp], [nan, lp, 0.0], [nan, nan, nan]])
+    assert torch.allclose(old, expected, atol=1e-6, equal_nan=True)
+    assert torch.equal(batch.batch["rollout_log_probs"], engine)  # the engine's own values are left as they are
+    batch.pop(batch_keys=["rollout_log_probs"])
+    with pytest.raises(ValueError, match="bypass_mode needs 'rollout_log_probs'.*calculate_log_probs=True"):
+        bypass_old_log_probs(batch, L)
+
+
 def test_rejection_removes_on_policy_tokens_only():
     batch = _batch()
     metrics = apply_rollout_correction(batch, _rc(rollout_rs="token_k1", rollout_rs_threshold=1.8), L)
@@ -87,7 +114,7 @@ def test_a_batch_without_on_policy_tokens_gets_unit_weights_and_no_metrics():
     batch = _batch()
     batch.batch["prefix_mask"][:] = True
     assert apply_rollout_correction(batch, _rc(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0), L) == {}
-    assert torch.equal(batch.batch["rollout_is_weights"], torch.ones(3, L))
+    assert torch.equal(batch.batch["rollout_is_weights"], torch.ones(3, L))  # exact: no on-policy token, constant 1s
     assert torch.equal(batch.batch["response_mask"], _batch().batch["response_mask"])
 
 
@@ -106,6 +133,8 @@ def _trainer(compose_config, *overrides):
     trainer.sections, trainer.use_ref, trainer.self_replay, trainer.method_driver = sections, False, None, None
     trainer.n, trainer.world_size = sections.workers.rollout.n, 2
     trainer.rollout_correction = rc if enabled(rc) else None  # as __init__
+    trainer.bypass_mode = rc.bypass_mode
+    trainer.response_length = L
     return trainer
 
 
@@ -122,3 +151,21 @@ def test_the_trainer_forces_the_old_log_prob_pass_and_sends_the_correction(compo
     keys = corrected._update_keys(batch)
     assert "rollout_is_weights" in keys and "response_mask" in keys
     assert "rollout_is_weights" not in plain._update_keys(batch) and "response_mask" not in plain._update_keys(batch)
+
+
+def test_bypass_mode_skips_the_old_log_prob_pass(compose_config):
+    class NoPass:
+        def compute_log_prob(self, batch):
+            raise AssertionError("bypass_mode must not run the old-log-prob pass")
+
+    trainer = _trainer(compose_config, f"{CALC}=True", f"{RC}.bypass_mode=True")
+    trainer.wg = NoPass()
+    batch = _batch()
+    batch.pop(batch_keys=["old_log_probs"])
+    timing = {}
+    batch = trainer._log_probs(batch, timing)
+    assert "old_log_prob" not in timing
+    on_policy = ~batch.batch["prefix_mask"] & batch.batch["response_mask"].bool()
+    # exact: bypass copies the engine's log-probs onto its own tokens (a selection, order-free)
+    assert torch.equal(batch.batch["old_log_probs"][on_policy], batch.batch["rollout_log_probs"][on_policy])
+    assert "old_log_probs" in trainer._update_keys(batch)

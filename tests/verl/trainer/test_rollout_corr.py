@@ -53,8 +53,41 @@ def test_sequence_is_is_the_truncated_product_over_the_row():
     assert m["rollout_corr/rollout_is_mean"] == pytest.approx((4 * 3 + 0.25 * 2) / 5, rel=1e-6)
     assert m["rollout_corr/rollout_is_max"] == pytest.approx(4.0, rel=1e-6)
     assert m["rollout_corr/rollout_is_min"] == pytest.approx(0.25, rel=1e-6)
+    # exact: 1 of 2 sequences counted (order-free)
     assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.5  # per sequence
     assert m["rollout_corr/rollout_is_ratio_fraction_low"] == 0.5
+
+
+def test_batch_normalize_makes_the_truncated_token_weights_average_one():
+    old, rollout, mask = _token_case()
+    out = rollout_correction(old, rollout, mask, rollout_is="token", rollout_is_threshold=2.0,
+                             rollout_is_batch_normalize=True)
+    # truncated [2, 0.4, 1] (padding 0) have mean 3.4 / 3 over the valid tokens; divided by it they average 1
+    mean = 3.4 / 3
+    torch.testing.assert_close(out.weights, torch.tensor([[2.0, 0.4, 1.0, 0.0]]) / mean)
+    assert (out.weights * mask).sum().item() / 3 == pytest.approx(1.0, rel=1e-6)
+    assert out.metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(mean, rel=1e-6)
+    assert out.metrics["rollout_corr/rollout_is_mean"] == pytest.approx((3 + 0.4 + 1) / 3, rel=1e-6)  # before it
+
+
+def test_batch_normalize_at_sequence_level_averages_over_sequences_not_tokens():
+    rollout = torch.full((3, 3), -2.0)
+    old = rollout + torch.tensor([[LN(2.0), LN(2.0), 0.0], [LN(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2 empty: not a sequence
+    out = rollout_correction(old, rollout, mask, rollout_is="sequence", rollout_is_threshold=3.0,
+                             rollout_is_batch_normalize=True)
+    # row weights: 4 -> 3 (truncated), 0.5; sequence mean (3 + 0.5) / 2 = 1.75 (a token mean would be 9.5 / 4)
+    torch.testing.assert_close(out.weights, torch.tensor([[3.0, 3.0, 3.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]) / 1.75)
+    assert out.metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.75, rel=1e-6)
+
+
+def test_fill_unknown_old_log_probs_takes_the_current_ones_detached_where_nan():
+    from verl.trainer.ppo.rollout_corr import fill_unknown_old_log_probs
+
+    old = torch.tensor([[-1.0, float("nan"), 0.0]])
+    log_prob = torch.tensor([[-0.5, -2.0, -3.0]], requires_grad=True)
+    filled = fill_unknown_old_log_probs(old, log_prob)
+    assert filled.tolist() == [[-1.0, -2.0, 0.0]] and not filled.requires_grad
 
 
 def test_token_k1_rejects_tokens_outside_the_ratio_bounds():
@@ -65,7 +98,7 @@ def test_token_k1_rejects_tokens_outside_the_ratio_bounds():
     assert out.weights is None
     assert out.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 3)
     assert out.metrics["rollout_corr/rollout_rs_token_k1_masked_fraction"] == pytest.approx(2 / 3)
-    assert out.metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0
+    assert out.metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0  # exact: 1 of 1 row (order-free)
     # Explicit bounds "lower_upper": [0.3, 3] keeps 1/3 and 2.5.
     wide = rollout_correction(old, rollout, mask, rollout_rs="token_k1", rollout_rs_threshold="0.3_3.0")
     torch.testing.assert_close(wide.response_mask, mask)
@@ -83,7 +116,7 @@ def test_sequence_rejection_drops_whole_rows_and_leaves_is_weights_alone():
     m = out.metrics
     assert m["rollout_corr/rollout_rs_seq_sum_k2_mean"] == pytest.approx((0.12 * 3 + 0.5 * 2) / 5, rel=1e-5)
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 5)
-    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == 0.5
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == 0.5  # exact: 1 of 2 rows (order-free)
 
 
 def test_every_option_must_pass():
@@ -94,6 +127,7 @@ def test_every_option_must_pass():
     out = rollout_correction(rollout + log_ratio, rollout, mask, rollout_rs="token_k2, token_k3",
                              rollout_rs_threshold="0.5,0.3")
     torch.testing.assert_close(out.response_mask, torch.tensor([[1.0, 0.0]]))
+    # exact: 0 and 1 of 2 tokens counted (order-free)
     assert out.metrics["rollout_corr/rollout_rs_token_k2_masked_fraction"] == 0.0
     assert out.metrics["rollout_corr/rollout_rs_token_k3_masked_fraction"] == 0.5
 
@@ -124,6 +158,7 @@ def _getter(**values):
     keys = {"rollout_is": "algorithm.rollout_correction.rollout_is",
             "rollout_rs": "algorithm.rollout_correction.rollout_rs",
             "rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold",
+            "rollout_is_batch_normalize": "algorithm.rollout_correction.rollout_is_batch_normalize",
             "calculate_log_probs": CALCULATE_LOG_PROBS}
     flat = {keys[k]: v for k, v in values.items()}
     return flat.get
@@ -139,6 +174,9 @@ def test_config_rule_needs_calculate_log_probs_and_names_both_keys():
     errors = config_errors(_getter(rollout_is=None, rollout_rs="seq_max_k2", rollout_rs_threshold=None,
                                    calculate_log_probs=False))
     assert len(errors) == 2 and "rollout_rs'='seq_max_k2' needs" in errors[0] and "must be set" in errors[1]
+    errors = config_errors(_getter(rollout_is=None, rollout_is_batch_normalize=True, calculate_log_probs=True))
+    assert errors == ["'algorithm.rollout_correction.rollout_is_batch_normalize'=True needs "
+                      "'algorithm.rollout_correction.rollout_is' (token or sequence): it normalises the IS weights"]
 
 
 REFERENCES = sorted(glob.glob(os.path.join(REF_DIR, "rollout_corr_*.pt")))
@@ -149,7 +187,7 @@ _MISMATCH_KEYS = {"kl", "k3_kl", "chi2_token"}
 
 
 def test_reference_files_are_present():
-    assert len(REFERENCES) == 5, REFERENCES
+    assert len(REFERENCES) == 7, REFERENCES
 
 
 @pytest.mark.parametrize("path", REFERENCES, ids=os.path.basename)
@@ -161,8 +199,11 @@ def test_equals_verl_on_stored_tensors(path):
         assert out.weights is None
     else:
         torch.testing.assert_close(out.weights, ref["weights"], rtol=1e-6, atol=1e-6)
+    # exact: a 0/1 mask (no statistic sits near its threshold: unchanged under 1e-5 relative noise)
     assert torch.equal(out.response_mask, ref["modified_response_mask"])
     expected = set(_MISMATCH_KEYS) | (_IS_KEYS if kw["rollout_is"] else set())
+    if kw.get("rollout_is_batch_normalize"):
+        expected.add("rollout_is_batch_norm_factor")
     if kw["rollout_rs"]:
         expected |= {"rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"}
         for opt in parse_rs_options(kw["rollout_rs"]):

@@ -38,15 +38,59 @@ def test_level_2_is_safe_because_the_sync_refuses_a_push_that_misses_a_tensor(en
         def reset_prefix_cache(self):
             pass
 
-        def collective_rpc(self, *args, **kwargs):
+        def __init__(self):
+            super().__init__()
+            self.rpcs = []
+
+        def collective_rpc(self, method, *args, **kwargs):
+            self.rpcs.append(method)
             return [0]
 
     from luffy_pool.config.compose import rollout_section
 
-    rollout = VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1), device="cuda", engine=Engine())
+    engine = Engine()
+    rollout = VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1), device="cuda", engine=engine)
     rollout.update_weights([("model.norm.weight", torch.ones(4))])
     with pytest.raises(RuntimeError, match="weight sync incomplete: .* checkpoint tensors were not pushed"):
         rollout.after_weight_update()
+    assert engine.rpcs == ["begin_weight_push", "load_weight_bucket", "finish_weight_push"]  # one engine reload
+
+
+def test_a_bucketed_push_opens_and_closes_one_engine_reload(engine_recorder, tiny_model_dir):
+    """Three buckets, the middle one splitting a decoder layer: one begin, one finish, and each load holds whole
+    layers (the split layer waits for its rest)."""
+    import torch
+
+    from luffy_pool.config.compose import rollout_section
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    class Engine(engine_recorder):
+        def __init__(self):
+            super().__init__()
+            self.rpcs = []
+
+        def reset_prefix_cache(self):
+            pass
+
+        def collective_rpc(self, method, args=()):
+            self.rpcs.append((method, [name for name, _ in args[0]] if args else None))
+            return [0]
+
+    engine = Engine()
+    rollout = VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1), device="cuda", engine=engine)
+    rollout._expected_names = None  # a partial model: only the reload calls are checked here
+    t = torch.zeros(2)
+    rollout.update_weights([("model.embed_tokens.weight", t), ("model.layers.0.q.weight", t)])
+    rollout.update_weights([("model.layers.0.k.weight", t), ("model.layers.1.q.weight", t)])
+    rollout.update_weights([("model.layers.1.k.weight", t), ("model.norm.weight", t)])
+    rollout.after_weight_update()
+    assert engine.rpcs == [("begin_weight_push", None),
+                           ("load_weight_bucket", ["model.embed_tokens.weight"]),
+                           ("load_weight_bucket", ["model.layers.0.q.weight", "model.layers.0.k.weight"]),
+                           ("load_weight_bucket", ["model.layers.1.q.weight", "model.layers.1.k.weight"]),
+                           ("load_weight_bucket", ["model.norm.weight"]),
+                           ("finish_weight_push", None)]
+    assert rollout.weights_version == 1
 
 
 @pytest.mark.parametrize("key,value,needle", [
@@ -137,3 +181,21 @@ def test_an_unimportable_v2_runner_is_not_a_reload_problem_but_v1_is(monkeypatch
     assert compat.missing_reload_api() is None
     monkeypatch.setattr(compat.importlib, "import_module", broken("vllm.v1.worker.gpu_model_runner"))
     assert "V1 model runner (vllm.v1.worker.gpu_model_runner) cannot be imported" in compat.missing_reload_api()
+
+
+def test_a_vllm_without_the_layerwise_steps_of_one_reload_per_push_is_named(monkeypatch):
+    import importlib
+
+    from verl.workers.rollout.vllm_rollout.compat import check_reload_api
+
+    reload_module = importlib.import_module("vllm.model_executor.model_loader.reload")
+    monkeypatch.delattr(reload_module, "finalize_layerwise_reload")
+    with pytest.raises(RuntimeError, match=r"cannot receive trainer weights: vllm\.model_executor\.model_loader"
+                                           r"\.reload has no finalize_layerwise_reload"):
+        check_reload_api()
+    monkeypatch.undo()
+    runner = importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner
+    monkeypatch.delattr(runner, "reset_mm_cache")
+    with pytest.raises(RuntimeError, match=r"its model runner V2 \(vllm\.v1\.worker\.gpu\.model_runner"
+                                           r"\.GPUModelRunner\) has no reset_mm_cache"):
+        check_reload_api()

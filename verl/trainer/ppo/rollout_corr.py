@@ -6,6 +6,8 @@ gives (verl's algorithm.rollout_correction, verl/trainer/ppo/rollout_corr_helper
 
 - ``rollout_is`` (null | token | sequence): weights pi_old / pi_rollout per token, or their product per sequence,
   truncated from above at ``rollout_is_threshold`` (TIS), detached; the loss multiplies its per-token terms by them.
+- ``rollout_is_batch_normalize``: the truncated weights divided by their batch mean, so they average 1 over the
+  batch's valid tokens (token level) or over its sequences (sequence level, one weight each).
 - ``rollout_rs`` (null | comma-separated options): a rejection mask. Each option is an estimator of the
   divergence (k1 = -log_ratio, k2 = log_ratio^2 / 2, k3 = exp(log_ratio) - 1 - log_ratio) at token level or
   aggregated per sequence (sum, mean, max); tokens or whole sequences beyond ``rollout_rs_threshold`` leave the
@@ -135,6 +137,30 @@ def is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is:
     return raw.clamp(max=threshold).detach(), metrics
 
 
+def batch_normalize(weights: torch.Tensor, response_mask: torch.Tensor, rollout_is: str) -> tuple[torch.Tensor, float]:
+    """``weights / mean`` and the mean (verl's ``rollout_is_batch_normalize``, applied after truncation): the mean
+    over the valid tokens (``token``) or over the sequences with a valid token of each one's weight
+    (``sequence``). A mean <= 1e-8 leaves the weights as they are (factor 1.0)."""
+    if rollout_is not in ROLLOUT_IS_LEVELS:
+        raise ValueError(f"rollout_is={rollout_is!r} is not one of {ROLLOUT_IS_LEVELS}")
+    _require_tokens(response_mask)
+    if rollout_is == "token":
+        mean = masked_mean(weights, response_mask)
+    else:
+        seq_valid = response_mask.sum(dim=-1) > 0
+        mean = masked_mean_or_zero(weights, response_mask, axis=-1)[seq_valid].mean()
+    if not float(mean) > 1e-8:
+        return weights, 1.0
+    return weights / mean, float(mean)
+
+
+def fill_unknown_old_log_probs(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
+    """``old_log_prob`` with its NaN entries (old log-probs the driver does not have: under ``bypass_mode`` the
+    off-policy tokens, which the engine did not sample) replaced by the current ``log_prob``, detached: their PPO
+    ratio is 1, as in the first mini-batch after an old-log-prob pass. Elementwise, no device sync."""
+    return torch.where(torch.isnan(old_log_prob), log_prob.detach().to(old_log_prob.dtype), old_log_prob)
+
+
 def _seq_max(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     top = values.masked_fill(~response_mask.bool(), float("-inf")).max(dim=-1).values
     return torch.where(torch.isinf(top) & (top < 0), torch.zeros_like(top), top)  # empty row -> 0
@@ -198,8 +224,11 @@ def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
 
 def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, *,
                        rollout_is: Optional[str] = None, rollout_is_threshold: float = 2.0,
+                       rollout_is_batch_normalize: bool = False,
                        rollout_rs: Optional[str] = None, rollout_rs_threshold: Threshold = None) -> RolloutCorrection:
-    """IS weights (if ``rollout_is``), rejection (if ``rollout_rs``) and ``rollout_corr/*`` metrics for one batch.
+    """IS weights (if ``rollout_is``; divided by their batch mean with ``rollout_is_batch_normalize``, metric
+    ``rollout_is_batch_norm_factor``, the other weight metrics before it), rejection (if ``rollout_rs``) and
+    ``rollout_corr/*`` metrics for one batch.
 
     The weights are computed on the given mask, not the rejected one (as verl): rejection only removes tokens
     from the loss. Pass the mask of the engine-generated tokens only: LUFFY's off-policy prefix tokens have no
@@ -214,6 +243,8 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
     if rollout_is is not None:
         weights, is_metrics = is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold)
         metrics.update(is_metrics)
+        if rollout_is_batch_normalize:
+            weights, metrics["rollout_is_batch_norm_factor"] = batch_normalize(weights, response_mask, rollout_is)
     if rollout_rs is not None:
         mask, rs_metrics = rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
         metrics.update(rs_metrics)
@@ -221,6 +252,12 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
     return RolloutCorrection(weights=weights, response_mask=mask,
                              metrics={PREFIX + k: float(v) for k, v in metrics.items()})
 
+
+# Losses that read the old log-probs only through the PPO ratio and its metrics, so under ``bypass_mode`` a token the
+# engine did not sample (LUFFY's off-policy prefix: luffy_token weights it by f(p), sft_multitask by its NLL) may take
+# the current policy's log-prob as its old one (verl/workers/actor/dp_actor.py update_policy). The family losses hold
+# demonstration tokens to a trust region around the old-log-prob pass, which bypass mode does not run.
+BYPASS_LOSSES = frozenset({"vanilla", "luffy_token", "sft_multitask"})
 
 CALCULATE_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
 LOGPROBS_MODE = "actor_rollout_ref.rollout.logprobs_mode"
@@ -230,14 +267,19 @@ _RC = "algorithm.rollout_correction"
 
 def config_errors(get: Callable[[str], object]) -> list[str]:
     """The cross-key rules of ``algorithm.rollout_correction`` on a dotted-key getter (luffy_pool/config/check):
-    IS or rejection need the engine's sampling log-probs (under the temperature the actor uses), and rejection
-    needs valid options and thresholds."""
+    IS, rejection or bypass mode need the engine's sampling log-probs (under the temperature the actor uses),
+    rejection needs valid options and thresholds, batch normalisation needs IS weights, and bypass mode a loss of
+    :data:`BYPASS_LOSSES` and no correction against old log-probs it no longer computes."""
     errors = []
     rollout_is, rollout_rs = get(f"{_RC}.rollout_is"), get(f"{_RC}.rollout_rs")
     for name, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
         if value is not None and not get(CALCULATE_LOG_PROBS):
             errors.append(f"'{_RC}.{name}'={value!r} needs '{CALCULATE_LOG_PROBS}'=True (the weights compare the "
                           "engine's sampling log-probs with the actor's); set it or set the correction to null")
+    if get(f"{_RC}.rollout_is_batch_normalize") and rollout_is is None:
+        errors.append(f"'{_RC}.rollout_is_batch_normalize'=True needs '{_RC}.rollout_is' (token or sequence): "
+                      "it normalises the IS weights")
+    errors += _bypass_errors(get, rollout_is, rollout_rs)
     mode, temperature = get(LOGPROBS_MODE), get(TEMPERATURE)
     if (rollout_is is not None or rollout_rs is not None) and mode == "raw_logprobs" and temperature not in (None, 1.0):
         # raw_logprobs are of the unscaled logits; the actor's old log-probs are of logits / temperature
@@ -248,4 +290,29 @@ def config_errors(get: Callable[[str], object]) -> list[str]:
             parse_rs_thresholds(parse_rs_options(rollout_rs), get(f"{_RC}.rollout_rs_threshold"))
         except ValueError as exc:
             errors.append(f"'{_RC}.rollout_rs'={rollout_rs!r}: {exc}")
+    return errors
+
+
+def _bypass_errors(get: Callable[[str], object], rollout_is, rollout_rs) -> list[str]:
+    if not get(f"{_RC}.bypass_mode"):
+        return []
+    from verl.trainer.ppo.loss_inputs import resolve_policy_loss
+
+    key, errors = f"'{_RC}.bypass_mode'=True", []
+    if not get(CALCULATE_LOG_PROBS):
+        errors.append(f"{key} needs '{CALCULATE_LOG_PROBS}'=True (the engine's log-probs become the old log-probs)")
+    for name, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
+        if value is not None:  # verl computes them inside its bypass loss (loss_type), which is not shipped
+            errors.append(f"{key} cannot be combined with '{_RC}.{name}'={value!r}: the old log-probs are the "
+                          "engine's, so the weights would all be 1 (the PPO ratio itself is pi / pi_rollout)")
+    try:
+        loss = resolve_policy_loss(get("actor_rollout_ref.actor"))
+    except ValueError:
+        loss = None  # two loss switches on: the actor section's own rule names them
+    if loss is not None and loss not in BYPASS_LOSSES:
+        errors.append(f"{key} needs a policy loss of {', '.join(sorted(BYPASS_LOSSES))}, not {loss!r}: it keeps a "
+                      "trust region on demonstration tokens around the old-log-prob pass that bypass mode skips")
+    if get("actor_rollout_ref.ref.use_ref") and not get("actor_rollout_ref.actor.use_kl_loss"):
+        errors.append(f"{key} cannot be combined with the KL-in-reward penalty (use_ref=True, use_kl_loss=False): it "
+                      "needs old log-probs on the off-policy tokens, which the engine did not sample")
     return errors

@@ -28,6 +28,7 @@ from verl.workers.actor.response_head import response_logprobs, supports_scoring
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.loss_inputs import ROLLOUT_IS_LOSSES, PolicyLossInputs
+from verl.trainer.ppo.rollout_corr import fill_unknown_old_log_probs
 from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.workers.config_sections import ActorSection
 from verl.utils.seqlen_balancing import get_reverse_idx, padded_micro_batches_indices, rearrange_micro_batches_indices
@@ -323,6 +324,8 @@ class DataParallelPPOActor:
                             # The driver skipped the recompute pass (recompute_old_log_prob=auto, single on-policy
                             # mini-batch): these weights are the ones that pass would have used.
                             mb["old_log_probs"] = log_prob.detach()
+                        else:
+                            mb["old_log_probs"] = fill_unknown_old_log_probs(mb["old_log_probs"], log_prob)
                         pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
                         loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
                         (loss / grad_accum).backward()

@@ -8,8 +8,9 @@ float32 tensor. The pool is created once and reused every step; call ``close()``
 """
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -24,6 +25,29 @@ from verl.workers.reward_manager.scoring_pool import PoolStats, ScoringPool
 REWARD_CONFIG_KEYS = ("num_workers", "timeout_s", "grade_budget_s", "grader", "format_reward", "orm")
 FORMAT_REWARD_KEYS = tuple(f.name for f in FormatRewardConfig.__dataclass_fields__.values())
 ORM_KEYS = tuple(f.name for f in OrmConfig.__dataclass_fields__.values())
+
+
+# reward.num_workers=null: on a GPU node the driver grades while the ranks' processes (a few threads each) and Ray
+# share its cores, so it takes a quarter of them, at least 2 (what a CPU run gets: its cores are the CPU ranks') and
+# at most 32 (each grader is a Python process with sympy loaded, ~150 MB; a step's 1-4k responses keep 32 busy).
+AUTO_WORKERS_MIN, AUTO_WORKERS_MAX, AUTO_WORKERS_CORE_SHARE = 2, 32, 4
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, so a Slurm or cgroup share counts), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_num_workers(device: str, cores: Optional[int] = None) -> int:
+    """Grader processes for ``reward.num_workers=null`` on a run whose ranks are on ``device`` ('cuda' | 'cpu'):
+    ``clamp(cores // 4, 2, 32)`` on cuda (``cores``: :func:`available_cores` when not given), 2 on cpu."""
+    if device != "cuda":
+        return AUTO_WORKERS_MIN
+    cores = available_cores() if cores is None else int(cores)
+    return max(AUTO_WORKERS_MIN, min(AUTO_WORKERS_MAX, cores // AUTO_WORKERS_CORE_SHARE))
 
 
 def _plain(cfg: Any) -> dict:
@@ -88,10 +112,12 @@ class RewardManager:
                                 num_workers=num_workers, timeout_s=timeout_s, start_method=start_method)
 
     @classmethod
-    def from_config(cls, reward_cfg, reward_impl_version: int, tokenizer, **kwargs) -> "RewardManager":
-        """Build from the ``reward`` config group. Keys and defaults:
+    def from_config(cls, reward_cfg, reward_impl_version: int, tokenizer, device: str = "cpu",
+                    **kwargs) -> "RewardManager":
+        """Build from the ``reward`` config group for a run whose ranks are on ``device``. Keys and defaults:
 
-        num_workers (2): scoring processes; 0 grades inline without a timeout.
+        num_workers (null): scoring processes; 0 grades inline without a timeout; null (or absent):
+            ``default_num_workers(device)``, from the node's cores on cuda, 2 on cpu.
         timeout_s (10.0): per-item CPU-time limit of a scoring worker; a timed-out item scores 0.
         grade_budget_s (3.0): per-item budget enforced in-process by the graders (any thread).
         grader (math_verify): equivalence check of versions 3/4 (math_verify | rule | any);
@@ -104,8 +130,10 @@ class RewardManager:
         """
         cfg = _plain(reward_cfg)
         _check_keys(cfg, REWARD_CONFIG_KEYS, "reward")
+        workers = cfg.get("num_workers")
         return cls(tokenizer, reward_impl_version=reward_impl_version,
-                   num_workers=int(cfg.get("num_workers", 2)), timeout_s=float(cfg.get("timeout_s", 10.0)),
+                   num_workers=default_num_workers(device) if workers is None else int(workers),
+                   timeout_s=float(cfg.get("timeout_s", 10.0)),
                    grade_budget_s=float(cfg.get("grade_budget_s", 3.0)),
                    format_reward=cfg.get("format_reward"), orm=cfg.get("orm"),
                    grader=cfg.get("grader", "math_verify"), **kwargs)

@@ -46,7 +46,9 @@ class GenerationOutput:
     """One engine call's result, aligned with its input list."""
 
     token_ids: list[list[int]]  # generated ids only (no prompt), EOS included when emitted
-    logprobs: Optional[list[list[float]]] = None  # engine log-prob of each generated id (rollout correction)
+    # engine log-prob of each generated id (rollout correction): one 1-D float32 CPU tensor per row, so a step's
+    # millions of tokens never become Python floats
+    logprobs: Optional[list[torch.Tensor]] = None
 
 
 class BaseRollout(abc.ABC):

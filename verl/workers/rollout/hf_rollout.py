@@ -144,7 +144,7 @@ class HFRollout(BaseRollout):
             if cap > 0 and not ids:
                 raise ValueError(f"prompt {i} is empty")
         token_ids: list[list[int]] = [[] for _ in prompt_token_ids]
-        logprobs = [[] for _ in prompt_token_ids] if sampling.return_logprobs else None
+        logprobs = [torch.zeros(0) for _ in prompt_token_ids] if sampling.return_logprobs else None
         rows = sorted((i for i, cap in enumerate(max_tokens) if cap > 0),
                       key=lambda i: (max_tokens[i], len(prompt_token_ids[i])), reverse=True)
         generator = None
@@ -164,7 +164,7 @@ class HFRollout(BaseRollout):
             for i, row_ids, row_lps in zip(chunk, ids, lps):
                 token_ids[i] = row_ids
                 if logprobs is not None:
-                    logprobs[i] = row_lps
+                    logprobs[i] = torch.tensor(row_lps, dtype=torch.float32)  # GenerationOutput: a tensor per row
         return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
 
     @torch.no_grad()

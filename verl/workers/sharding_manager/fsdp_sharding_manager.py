@@ -9,7 +9,9 @@ stage, the worker's method of that name):
 * entering the manager (``with manager:``) wakes the engine's cache and swaps in the generation RNG
   stream; leaving saves that stream, restores the trainer's RNG, puts the engine to sleep (GPU) and the
   module back into train mode. Entering without a push since the last generation is refused, so no
-  generation runs on stale (or, after a deep sleep, discarded) weights.
+  generation runs on stale (or, after a deep sleep, discarded) weights. A generation that declares the next one
+  its continuation (``hold_weights``: the validation chunks of one validation, no update between them) leaves
+  the engine awake with its weights, and the next generation needs no push.
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from verl.workers.rollout.base import BaseRollout
 logger = logging.getLogger(__name__)
 
 WEIGHT_SYNC_METRIC = "timing_s/weight_sync"
+# meta_info key of a generation request (set by the driver's validation, luffy_pool/trainer/mix_trainer.py; read by
+# the worker's generate, luffy_pool/workers/mix_fsdp_worker.py): True = another generation on the same weights
+# follows, so the engine stays awake and keeps them (a level-2 sleep would drop them and force a push per chunk).
+HOLD_WEIGHTS_KEY = "hold_engine_weights"
 
 
 def is_engine_owner(rank: int, tp_size: int) -> bool:
@@ -93,6 +99,7 @@ class FSDPShardingManager:
         self.last_sync_buckets = 0
         self._trainer_rng: Optional[dict] = None
         self._pushed = False  # weights pushed since the last generation
+        self.hold_weights = False  # the generation now entered keeps the engine awake for the next (hold())
         self._cuda_rng = device == "cuda"
         self._generation_rng = self._initial_generation_rng(base_seed + self.dp_rank)
         if module is not None and rollout is not None and world_size == 1 and hasattr(rollout, "set_weight_source"):
@@ -147,13 +154,21 @@ class FSDPShardingManager:
         _set_rng_states(self._generation_rng)
         return self
 
+    def hold(self, hold_weights: bool) -> "FSDPShardingManager":
+        """The context for a generation after which another on the same weights follows (``hold_weights=True``):
+        on exit the engine neither sleeps nor needs a new push. A failed generation releases as usual."""
+        self.hold_weights = bool(hold_weights)
+        return self
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._pushed = False  # the actor trains before the next generation
+        hold, self.hold_weights = self.hold_weights and exc_type is None, False
+        if not hold:
+            self._pushed = False  # the actor trains before the next generation
         self._generation_rng = _get_rng_states(self._cuda_rng)
         if self._trainer_rng is not None:
             _set_rng_states(self._trainer_rng)
             self._trainer_rng = None
-        if self.rollout is not None and self.sleep_after_generation:
+        if self.rollout is not None and self.sleep_after_generation and not hold:
             self.rollout.sleep()
         if self.module is not None:  # None on a split engine's rank (collective_sync.SplitRolloutManager)
             self.module.train()

@@ -34,7 +34,8 @@ STUBS = {
 }
 REAL = ("verl/trainer/ppo/rollout_corr_helper.py", "verl/utils/torch_functional.py")
 
-# (name, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch, length, log-ratio scale)
+# (name, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold, batch, length, log-ratio scale
+#  [, rollout_is_batch_normalize]); a case's seed is 1000 + its index, so new cases go at the end.
 CASES = [
     ("token_is", "token", 2.0, None, None, 6, 9, 0.8),
     ("sequence_is", "sequence", 1.5, None, None, 8, 9, 0.5),
@@ -42,6 +43,8 @@ CASES = [
     ("sequence_is_rs_seq", "sequence", 3.0, "seq_sum_k1,seq_mean_k3,seq_max_k2", "0.5_4.0,0.12,0.45", 8, 7, 0.6),
     ("rs_only_all", None, 2.0, "token_k2,token_k3,seq_sum_k2,seq_sum_k3,seq_mean_k1,seq_mean_k2,seq_max_k3",
      "0.5,0.4,2.0,2.5,1.5,0.2,0.6", 8, 10, 0.7),
+    ("token_is_batch_norm", "token", 1.5, "token_k1", 2.0, 6, 9, 0.8, True),
+    ("sequence_is_batch_norm", "sequence", 2.0, None, None, 8, 9, 0.5, True),
 ]
 
 
@@ -73,20 +76,22 @@ def main() -> None:
 
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask as verl_fn
 
-    for i, (name, r_is, is_thr, r_rs, rs_thr, batch, length, scale) in enumerate(CASES):
+    for i, (name, r_is, is_thr, r_rs, rs_thr, batch, length, scale, *normalize) in enumerate(CASES):
         g = torch.Generator().manual_seed(1000 + i)
         rollout_lp = -torch.rand(batch, length, generator=g, dtype=torch.float32) * 3.0
         old_lp = rollout_lp + torch.randn(batch, length, generator=g, dtype=torch.float32) * scale
         lengths = torch.randint(1, length + 1, (batch,), generator=g)
         lengths[-1] = 0  # one empty row: padding everywhere
         mask = (torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)).float()
+        kwargs = {"rollout_is": r_is, "rollout_is_threshold": is_thr, "rollout_rs": r_rs,
+                  "rollout_rs_threshold": rs_thr}
+        if normalize:  # only where asked: the earlier cases' files predate the key
+            kwargs["rollout_is_batch_normalize"] = normalize[0]
         weights, new_mask, metrics = verl_fn(old_log_prob=old_lp, rollout_log_prob=rollout_lp, response_mask=mask,
-                                             rollout_is=r_is, rollout_is_threshold=is_thr, rollout_rs=r_rs,
-                                             rollout_rs_threshold=rs_thr)
+                                             **kwargs)
         record = {
             "verl_commit": commit, "verl_file": REAL[0], "verl_function": "compute_rollout_correction_and_rejection_mask",
-            "kwargs": {"rollout_is": r_is, "rollout_is_threshold": is_thr, "rollout_rs": r_rs,
-                       "rollout_rs_threshold": rs_thr},
+            "kwargs": kwargs,
             "old_log_prob": old_lp, "rollout_log_prob": rollout_lp, "response_mask": mask,
             "weights": None if weights is None else weights.batch["rollout_is_weights"].clone(),
             "modified_response_mask": new_mask.clone(), "metrics": {k: float(v) for k, v in metrics.items()},

@@ -99,7 +99,7 @@ def test_nonfinite_grad_skips_step_and_counts(tiny_model_dir):
     data = DataProto.from_dict(tensors={**b, "old_log_probs": old, "advantages": adv}, meta_info={"temperature": 1.0})
     metrics = actor.update_policy(data)
     assert metrics["actor/nonfinite_skips"] == [1]
-    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # exact: the step left them untouched
     stop = DataParallelPPOActor(_cfg(on_nonfinite="stop"), model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(NonFiniteLossError, match="on_nonfinite=stop"):
         stop.update_policy(data)
@@ -120,6 +120,27 @@ def test_skipping_old_log_prob_pass_matches_recomputed_single_mini_batch(tiny_mo
         actor.update_policy(DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0}))
         results.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*results))
+
+
+def test_unknown_old_log_probs_take_the_current_ones_as_in_a_recomputed_pass(tiny_model_dir):
+    """bypass_mode's NaN old log-probs (off-policy tokens the engine did not sample): the step equals the one whose
+    old log-probs there are the pass's, the others kept (here shifted by 0.3: an engine's own values)."""
+    b = _batch(_model(tiny_model_dir).config.vocab_size)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5]).unsqueeze(-1).expand(-1, 6).contiguous()
+    unknown = torch.zeros(4, 6, dtype=torch.bool)
+    unknown[0, :3] = unknown[2, :] = True
+    results = []
+    for nan in (True, False):
+        model = _model(tiny_model_dir)
+        with torch.no_grad():
+            recomputed = _direct_log_probs(model, b)
+        old = torch.where(unknown, float("nan") if nan else recomputed, recomputed - 0.3)
+        actor = DataParallelPPOActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
+        actor.update_policy(DataProto.from_dict(tensors={**b, "advantages": adv, "old_log_probs": old},
+                                                meta_info={"temperature": 1.0}))
+        results.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*results))
+    assert any((a - p).abs().max() > 1e-4 for a, p in zip(results[0], _model(tiny_model_dir).parameters()))
 
 
 def test_missing_old_log_probs_rejected_for_several_mini_batches(tiny_model_dir):
@@ -166,6 +187,7 @@ def test_rollout_correction_weights_and_rejected_mask_reach_the_loss(tiny_model_
 
     plain, plain_metrics = step({})
     unit, unit_metrics = step({"rollout_is_weights": torch.ones(4, 6), "response_mask": mask.clone()})
+    # exact: weights of exactly 1.0 and the same mask change no bit (the same arithmetic otherwise)
     assert all(torch.equal(a, c) for a, c in zip(plain, unit))
     assert plain_metrics["actor/pg_loss"] == unit_metrics["actor/pg_loss"]
 

@@ -233,3 +233,29 @@ def test_limit_hits_are_counted_in_the_training_metrics(tokenizer):
     with RewardManager(tokenizer, reward_impl_version=3, num_workers=0, grade_budget_s=1e-6) as manager:
         scores, metrics = manager.score_texts([("math", right, "42"), ("math", "no think tag", "42")])
     assert scores == [0.0, 0.0] and metrics["reward/timeout_count"] == 1.0
+
+
+def test_null_num_workers_scales_with_the_nodes_cores_on_cuda_and_stays_2_on_cpu():
+    from verl.workers.reward_manager.reward_manager import default_num_workers
+
+    # a quarter of the cores, at least 2, at most 32
+    assert [default_num_workers("cuda", cores) for cores in (2, 8, 9, 16, 100, 128, 256)] == [2, 2, 2, 4, 25, 32, 32]
+    assert default_num_workers("cpu", 256) == 2  # a CPU run's cores are its ranks'
+
+
+def test_from_config_takes_null_num_workers_from_the_device(tokenizer, monkeypatch):
+    import verl.workers.reward_manager.reward_manager as rm
+
+    started = []
+
+    class RecordingPool:  # what the manager asks for, without starting 25 grader processes
+        def __init__(self, scorer, num_workers, timeout_s, start_method):
+            started.append(num_workers)
+
+    monkeypatch.setattr(rm, "ScoringPool", RecordingPool)
+    monkeypatch.setattr(rm, "available_cores", lambda: 100)
+    rm.RewardManager.from_config({"num_workers": None}, 3, tokenizer, device="cuda")
+    rm.RewardManager.from_config({}, 3, tokenizer, device="cuda")
+    rm.RewardManager.from_config({"num_workers": None}, 3, tokenizer, device="cpu")
+    rm.RewardManager.from_config({"num_workers": 7}, 3, tokenizer, device="cuda")  # a number is kept
+    assert started == [25, 25, 2, 7]

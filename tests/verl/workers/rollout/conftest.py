@@ -58,6 +58,6 @@ def check_capped_greedy(reference, prompts):
             assert len(ids) == len(lps) == cap
             if cap:
                 assert ids == _hf_greedy(reference, prompt, cap)
-                assert torch.allclose(torch.tensor(lps), _hf_logprobs(reference, prompt, ids), atol=1e-5)
+                assert torch.allclose(torch.as_tensor(lps), _hf_logprobs(reference, prompt, ids), atol=1e-5)
 
     return check

@@ -38,7 +38,7 @@ def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_
     rollout.config = engine_config(engine_section(hf_micro_batch_size=8))
     batched = rollout.generate_token_ids(prompts, caps, GREEDY)
     assert batched.token_ids == one_by_one.token_ids
-    assert all(torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+    assert all(torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-5)
                for a, b in zip(batched.logprobs, one_by_one.logprobs))
 
 
@@ -58,7 +58,7 @@ def test_sampled_logprobs_are_temperature_scaled_logprobs_of_the_model(tiny_mode
     spec = SamplingSpec(temperature=0.7, seed=5, return_logprobs=True, ignore_eos=True)
     out = rollout.generate_token_ids(prompts[:3], [12, 12, 12], spec)
     for prompt, ids, lps in zip(prompts, out.token_ids, out.logprobs):
-        assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
+        assert torch.allclose(torch.as_tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
 
 
 def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, prompts):

@@ -56,7 +56,7 @@ def test_greedy_tokens_and_logprobs_equal_the_generic_loop(models, prompts, name
     assert a.token_ids == b.token_ids
     assert [len(t) for t in b.token_ids] == caps
     for x, y in zip(a.logprobs, b.logprobs):
-        assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+        assert torch.allclose(torch.as_tensor(x), torch.as_tensor(y), atol=1e-5)
 
 
 @pytest.mark.parametrize("extra_eos", [False, True])  # one EOS id (compared directly) or several (isin)
@@ -104,7 +104,7 @@ def test_seeded_sampling_reproducible_and_logprobs_are_the_models(models, prompt
         with torch.no_grad():
             logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / 0.8
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
-        assert torch.allclose(torch.tensor(lps), ref, atol=1e-5)
+        assert torch.allclose(torch.as_tensor(lps), ref, atol=1e-5)
 
 
 def test_unsupported_layouts_are_named_and_auto_falls_back():

@@ -74,8 +74,10 @@ def test_sampled_logprobs_equal_hf_and_seeded_sampling_repeats(engine, reference
     first = rollout.generate_token_ids(prompts, [16] * len(prompts), spec)
     again = rollout.generate_token_ids(prompts, [16] * len(prompts), spec)
     assert first.token_ids == again.token_ids
+    # one float32 tensor per row, read from vLLM's flat log-probs (no Python float per token)
+    assert all(isinstance(lps, torch.Tensor) and lps.dtype == torch.float32 for lps in first.logprobs)
     for prompt, ids, lps in zip(prompts, first.token_ids, first.logprobs):
-        assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
+        assert torch.allclose(torch.as_tensor(lps), hf_logprobs(reference, prompt, ids, 0.7), atol=1e-5)
 
 
 def test_repeated_prompts_are_sampled_independently(engine, reference, prompts, hf_logprobs):
@@ -88,7 +90,7 @@ def test_repeated_prompts_are_sampled_independently(engine, reference, prompts, 
     assert [len(ids) for ids in out.token_ids] == caps
     assert len({tuple(ids) for ids in out.token_ids[:4]}) == 4
     for prompt, ids, lps in zip(rows, out.token_ids, out.logprobs):
-        assert torch.allclose(torch.tensor(lps), hf_logprobs(reference, prompt, ids), atol=1e-5)
+        assert torch.allclose(torch.as_tensor(lps), hf_logprobs(reference, prompt, ids), atol=1e-5)
 
 
 def test_rows_beyond_max_model_len_are_rejected_by_row(engine):
@@ -120,14 +122,22 @@ def test_after_a_training_step_and_push_engine_logprobs_equal_hf(engine, referen
     assert manager.metrics["timing_s/weight_sync"] > 0
 
 
-def test_bucketed_push_equals_whole_push(engine, reference, long_sequence):
+def test_bucketed_push_equals_whole_push_in_one_engine_reload(engine, reference, long_sequence, monkeypatch):
+    import vllm.model_executor.model_loader.reload as reload_module
+
     rollout, _ = engine
     trained = _one_sgd_step(reference, long_sequence)
     push(rollout, trained)
     whole = engine_sequence_logprobs(rollout, long_sequence)
     push(rollout, reference)
+    walks = []  # each of vLLM's two walks over every module, per push (not per bucket)
+    for name in ("initialize_layerwise_reload", "finalize_layerwise_reload"):
+        real = getattr(reload_module, name)
+        monkeypatch.setattr(reload_module, name, lambda *a, _real=real, _name=name, **k: (walks.append(_name),
+                                                                                            _real(*a, **k))[1])
     manager = push(rollout, trained, bucket_bytes=40_000)  # splits decoder layers across buckets
     assert manager.last_sync_buckets > 10
+    assert walks == ["initialize_layerwise_reload", "finalize_layerwise_reload"]
     bucketed = engine_sequence_logprobs(rollout, long_sequence)
     assert torch.allclose(bucketed, whole, atol=1e-6)
 
@@ -191,7 +201,7 @@ def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed
     out = rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec(temperature=0.0,
                                                                              return_logprobs=True))
     expected = hf_logprobs(trained, long_sequence[:50], out.token_ids[0])
-    assert torch.allclose(torch.tensor(out.logprobs[0]), expected, atol=1e-5)
+    assert torch.allclose(out.logprobs[0], expected, atol=1e-5)
 
 
 def test_memory_plan_kv_cache_tokens_match_what_the_cpu_engine_allocated(engine, tiny_model_dir):

@@ -16,7 +16,7 @@ def test_defaults_are_the_yamls_rollout_defaults():
     cfg = parse()
     assert (cfg.temperature, cfg.top_p, cfg.top_k) == (1.0, 1.0, -1)
     assert (cfg.gpu_memory_utilization, cfg.max_num_batched_tokens, cfg.max_num_seqs) == (0.5, 8192, 1024)
-    assert cfg.enforce_eager and cfg.free_cache_engine
+    assert not cfg.enforce_eager and cfg.free_cache_engine  # CUDA graphs on cuda; CPU engines always run eager
     assert cfg.engine_max_model_len == 512 + 512
 
 
@@ -56,7 +56,7 @@ def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
     kw = build_engine_kwargs(cfg, "/m", "cpu", world_size=1, extension_cls=EXT)
     assert kw["dtype"] == "float32"
     assert kw["kv_cache_memory_bytes"] == 1 << 20
-    assert kw["enforce_eager"] is True
+    assert kw["enforce_eager"] is True  # the YAML's False is for cuda
     assert kw["max_model_len"] == 128
     assert kw["worker_extension_cls"] == EXT
     assert "enable_sleep_mode" not in kw and "gpu_memory_utilization" not in kw
@@ -81,6 +81,7 @@ def test_gpu_engine_uses_tp_sleep_mode_and_external_launcher_inside_a_worker_gro
     assert kw["enable_sleep_mode"] is True
     assert kw["distributed_executor_backend"] == "external_launcher"
     assert kw["disable_custom_all_reduce"] is True  # A8: the colocated engine
+    assert kw["enforce_eager"] is False  # the YAML's default: CUDA graphs
     assert "kv_cache_memory_bytes" not in kw
     single = build_engine_kwargs(parse(free_cache_engine=False, tensor_model_parallel_size=1), "/m", "cuda", 1, EXT)
     assert single["enable_sleep_mode"] is False and "distributed_executor_backend" not in single
@@ -173,3 +174,45 @@ def test_the_engine_config_is_the_section_and_restates_no_key(compose_config):
                           "log_prob_max_token_len_per_gpu"):  # interpolated in the YAML
             assert getattr(cfg, f.name) == want, f.name
     assert cfg.tensor_model_parallel_size == 2
+
+
+def _vllm_envs_module():
+    """vllm/envs.py of the installed vLLM, loaded on its own (it imports only the standard library)."""
+    import importlib.util
+    import os
+
+    location = importlib.util.find_spec("vllm").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location("_luffy_vllm_envs", os.path.join(location, "envs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cuda_engine_env_turns_off_the_all_reduce_paths_custom_all_reduce_leaves_on(monkeypatch):
+    from verl.workers.rollout.vllm_rollout.config import engine_env
+
+    assert engine_env("cpu") == {}
+    env = engine_env("cuda")
+    assert env == {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
+    envs = _vllm_envs_module()
+    for name, value in env.items():  # vLLM 0.32 reads these names; on by default, off with our value
+        monkeypatch.delenv(name, raising=False)
+        assert envs.environment_variables[name]() is True
+        monkeypatch.setenv(name, value)
+        assert envs.environment_variables[name]() is False
+
+
+def test_a_cuda_rollout_sets_the_engine_env_before_its_engine_and_overrides_the_users(
+        monkeypatch, engine_recorder, tiny_model_dir):
+    import os
+
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import apply_engine_env
+
+    # a user's exports (restored after the test): neither can work on a rank that sees one GPU
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "1")
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_FLASHINFER", "1")
+    VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1), device="cuda", engine=engine_recorder())
+    assert os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0" and os.environ["VLLM_ALLREDUCE_USE_FLASHINFER"] == "0"
+    environ = {}
+    assert apply_engine_env("cpu", environ) == {} and environ == {}  # the CPU engine has neither path

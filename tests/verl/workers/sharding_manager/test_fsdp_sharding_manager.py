@@ -68,6 +68,28 @@ def test_generation_without_a_push_since_the_last_one_is_refused():
     assert rollout.calls.count("sleep") == 1 and rollout.calls.count("after_weight_update") == 1
 
 
+def test_held_generations_share_one_push_and_the_engine_sleeps_after_the_last():
+    """The chunks of one validation: one push, the engine awake between them, asleep after the last; a failed
+    held generation releases (sleeps, and the next generation needs a push)."""
+    rollout = RecordingRollout()
+    manager = FSDPShardingManager(two_linears(), rollout)
+    manager.sync_weights()
+    del rollout.calls[:]
+    for hold in (True, True, False):
+        with manager.hold(hold):
+            pass
+    assert rollout.calls == ["wake_up", "wake_up", "wake_up", "sleep"]
+    with pytest.raises(RuntimeError, match="call sync_weights"):  # the last chunk released the push
+        manager.__enter__()
+    manager.sync_weights()
+    with pytest.raises(ValueError, match="generation failed"):
+        with manager.hold(True):
+            raise ValueError("generation failed")
+    assert rollout.calls[-1] == "sleep" and not manager.hold_weights
+    with pytest.raises(RuntimeError, match="call sync_weights"):
+        manager.__enter__()
+
+
 def test_sync_dtype_casts_what_is_pushed():
     rollout = RecordingRollout()
     FSDPShardingManager(two_linears(), rollout, sync_dtype="bfloat16").sync_weights()

@@ -1,8 +1,10 @@
 """Start-up check that the installed vLLM has the in-place reload the weight sync needs (docs/DESIGN.md §2 item 9).
 
-``WeightSyncExtension`` calls the worker's ``reload_weights(weights_iterator=...)``, which older vLLM
-releases lack; without this check such a run would build its engines, generate once and fail at the
-first weight push of the first step. Checked before any engine is built, on the vLLM that is imported.
+``WeightSyncExtension`` runs vLLM's in-place reload once per push in its three steps (``initialize_layerwise_reload``,
+the model's ``load_weights`` per bucket, ``finalize_layerwise_reload``, then the runner's ``reset_*`` calls: what the
+worker's ``reload_weights(weights_iterator=...)`` does in one call), which older vLLM releases lack; without this
+check such a run would build its engines, generate once and fail at the first weight push of the first step.
+Checked before any engine is built, on the vLLM that is imported.
 
 The worker forwards the call to its model runner, and vLLM 0.32 has two: ``Worker._make_model_runner``
 (``vllm/v1/worker/gpu_worker.py``) builds Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``) when
@@ -18,7 +20,9 @@ import importlib
 import inspect
 from typing import Optional
 
-REQUIRED = "Worker.reload_weights(weights_iterator=...)"
+REQUIRED = ("Worker.reload_weights(weights_iterator=...) and its layer-wise steps "
+            "(vllm.model_executor.model_loader.reload initialize_layerwise_reload / finalize_layerwise_reload)")
+LAYERWISE = ("initialize_layerwise_reload", "finalize_layerwise_reload")
 # (name, module, class) of each model runner the vLLM 0.32 GPU worker may build (see the docstring).
 MODEL_RUNNERS = (
     ("V1", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
@@ -34,6 +38,11 @@ def _runner_problem(label: str, module_name: str, class_name: str) -> Optional[s
     reload = getattr(runner, "reload_weights", None)
     if reload is None or "weights_iterator" not in inspect.signature(reload).parameters:
         return f"its model runner {label} ({module_name}.{class_name}) has no reload_weights(weights_iterator=...)"
+    from verl.workers.rollout.vllm_rollout.worker_extension import RUNNER_RESETS
+
+    lacking = [name for name in ("get_model",) + RUNNER_RESETS if not callable(getattr(runner, name, None))]
+    if lacking:
+        return f"its model runner {label} ({module_name}.{class_name}) has no {', '.join(lacking)}"
     return None
 
 
@@ -45,6 +54,13 @@ def missing_reload_api() -> Optional[str]:
         return f"its v1 worker cannot be imported ({err})"
     if not callable(getattr(Worker, "reload_weights", None)):
         return "vllm.v1.worker.gpu_worker.Worker has no reload_weights"
+    try:
+        reload_module = importlib.import_module("vllm.model_executor.model_loader.reload")
+    except ImportError as err:
+        return f"its layer-wise reload cannot be imported ({err})"
+    lacking = [name for name in LAYERWISE if not callable(getattr(reload_module, name, None))]
+    if lacking:
+        return f"vllm.model_executor.model_loader.reload has no {', '.join(lacking)}"
     for label, module_name, class_name in MODEL_RUNNERS:
         problem = _runner_problem(label, module_name, class_name)
         if problem is not None:

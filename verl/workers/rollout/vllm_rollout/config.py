@@ -10,7 +10,14 @@ from typing import Any
 
 from verl.workers.rollout.config import RolloutEngineConfig, engine_config
 
-__all__ = ["RolloutEngineConfig", "engine_config", "distributed_world_size", "build_engine_kwargs"]
+__all__ = ["RolloutEngineConfig", "engine_config", "distributed_world_size", "build_engine_kwargs", "engine_env"]
+
+# vLLM 0.32's TP all-reduce paths that ``disable_custom_all_reduce`` does not turn off (vllm/envs.py defaults both to
+# 1; vllm/distributed/device_communicators/cuda_communicator.py reads them next to the custom all-reduce flag). Both
+# map peer buffers of every GPU of the TP group (torch symmetric memory; FlashInfer's IPC workspace), but a Ray rank
+# sees only its own GPU, and like the custom all-reduce buffers they live outside the sleep-mode pool the colocated
+# engine hands back to the trainer. NCCL then does the TP all-reduce, as verl's colocated engine.
+CUDA_ENGINE_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
 
 
 def distributed_world_size() -> int:
@@ -23,6 +30,13 @@ def distributed_world_size() -> int:
     except ImportError:
         pass
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def engine_env(device: str) -> dict[str, str]:
+    """Environment variables the engine's process must hold before its first ``vllm.LLM`` on ``device``: vLLM reads
+    them when the engine builds its TP communicator and caches them once an engine has started (vllm/envs.py
+    ``enable_envs_cache``), so they are set before the build, not after."""
+    return dict(CUDA_ENGINE_ENV) if device == "cuda" else {}
 
 
 def build_engine_kwargs(
@@ -69,7 +83,8 @@ def build_engine_kwargs(
             enforce_eager=cfg.enforce_eager,
             enable_sleep_mode=cfg.free_cache_engine,
             # The colocated engine shares its GPUs with the trainer; vLLM's custom all-reduce buffers do not
-            # survive sleep/wake and clash with the trainer's memory (verl sets the same).
+            # survive sleep/wake and clash with the trainer's memory (verl sets the same). The other two
+            # all-reduce paths are switched off through the environment: engine_env.
             disable_custom_all_reduce=True,
         )
     if world_size > 1:

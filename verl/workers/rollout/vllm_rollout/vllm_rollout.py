@@ -7,6 +7,7 @@ the caller's torch thread count and RNG are protected from vLLM's process-wide s
 """
 from __future__ import annotations
 
+import array
 import contextlib
 import glob
 import json
@@ -22,6 +23,7 @@ from verl.workers.rollout.vllm_rollout.config import (
     build_engine_kwargs,
     distributed_world_size,
     engine_config,
+    engine_env,
 )
 from verl.workers.rollout.vllm_rollout.weight_groups import LayerAlignedRegrouper
 
@@ -71,24 +73,6 @@ def _keep_default_process_group() -> Iterator[None]:
         dist.destroy_process_group = original
 
 
-@contextlib.contextmanager
-def _quiet_vllm_reload_logs(active: bool) -> Iterator[None]:
-    """Silence per-module 'not loaded' warnings that every partial (bucketed) reload emits."""
-    if not active:
-        yield
-        return
-    names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 CPU_SHM_PREFIX = "luffy"
 
 
@@ -126,6 +110,44 @@ def _unique_cpu_shm_names() -> None:
 
     make_group_name._luffy_run_scoped = True
     _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+
+
+def apply_engine_env(device: str, environ=None) -> dict[str, str]:
+    """Set ``engine_env(device)`` in this process (the worker's environment, where the engine runs); a value the
+    user exported differently is overridden with a warning, because the engine cannot run with it (see
+    ``config.CUDA_ENGINE_ENV``). Returns what was set."""
+    environ = os.environ if environ is None else environ
+    wanted = engine_env(device)
+    for name, value in wanted.items():
+        if environ.get(name, value) != value:
+            logger.warning("%s=%s overridden with %s: the colocated engine's ranks each see one GPU",
+                           name, environ[name], value)
+        environ[name] = value
+    return wanted
+
+
+EMPTY_LOGPROBS = torch.zeros(0, dtype=torch.float32)
+
+
+def sampled_logprobs(step_logprobs, token_ids) -> torch.Tensor:
+    """The log-prob of each sampled token of one vLLM completion as a float32 tensor.
+
+    ``step_logprobs``: the completion's ``logprobs``, a ``FlatLogprobs`` (``SamplingParams(flat_logprobs=True)``)
+    whose flat list holds each position's entries from ``start_indices``, the sampled token's first (vLLM's sampler
+    puts it there, vllm/v1/engine/logprobs.py), so with ``logprobs=0`` it is exactly the sampled tokens' values:
+    one tensor from one list, no Python object per token. A list of ``{token: Logprob}`` dicts (an engine without
+    flat log-probs) is read per token.
+    """
+    flat = getattr(step_logprobs, "logprobs", None)
+    if flat is None:
+        return torch.tensor([step[tok].logprob for step, tok in zip(step_logprobs, token_ids)], dtype=torch.float32)
+    if not flat:
+        return EMPTY_LOGPROBS.clone()
+    # array.array packs the floats in C, 3-4x faster than torch.tensor(list); the tensor keeps the array alive
+    values = torch.frombuffer(array.array("f", flat), dtype=torch.float32)
+    if len(flat) == len(token_ids):  # one entry per position
+        return values
+    return values[torch.tensor(step_logprobs.start_indices, dtype=torch.long)]
 
 
 def _checkpoint_tensor_names(model_path: str) -> Optional[set[str]]:
@@ -167,6 +189,7 @@ class VLLMRollout(BaseRollout):
         )
         # The engine must be in this process: tensors pass by reference and external_launcher needs it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        apply_engine_env(device)
         self._expected_names = _checkpoint_tensor_names(model_path)
         self._regrouper = LayerAlignedRegrouper()
         self._weight_source: Optional[WeightSource] = None
@@ -174,6 +197,7 @@ class VLLMRollout(BaseRollout):
         self.engine_restarts = 0
         self._asleep = False
         self._weights_awake = True
+        self._push_open = False  # the engine's reload of the current push is open (its first bucket has gone)
         self._in_process_workers = (
             os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
             and (self.config.tensor_model_parallel_size == 1 or self.world_size > 1)
@@ -259,7 +283,7 @@ class VLLMRollout(BaseRollout):
         self.shutdown()
         self.llm = self._build_engine()
         self.engine_restarts += 1
-        self._asleep, self._weights_awake = False, True
+        self._asleep, self._weights_awake, self._push_open = False, True, False
         if self.weights_version > 0:
             self.update_weights(self._weight_source())
             self.after_weight_update()
@@ -275,6 +299,9 @@ class VLLMRollout(BaseRollout):
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
             max_tokens=max_tokens,
             logprobs=0 if sampling.return_logprobs else None,
+            # The sampled token's log-probs as flat float lists (vllm/logprobs.py FlatLogprobs), not one Logprob
+            # object in a dict per token: sampled_logprobs reads them as one tensor per request.
+            flat_logprobs=sampling.return_logprobs,
             # Distinct requests of one call must not share a stream.
             seed=None if sampling.seed is None else sampling.seed + row,
             ignore_eos=sampling.ignore_eos,
@@ -302,7 +329,7 @@ class VLLMRollout(BaseRollout):
                 )
             rows.append(i)
         token_ids: list[list[int]] = [[] for _ in prompt_token_ids]
-        logprobs = [[] for _ in prompt_token_ids] if sampling.return_logprobs else None
+        logprobs = [EMPTY_LOGPROBS for _ in prompt_token_ids] if sampling.return_logprobs else None
         if not rows:
             return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
         from vllm.inputs import TokensPrompt
@@ -320,7 +347,7 @@ class VLLMRollout(BaseRollout):
             for i, completion in zip(group, out.outputs):
                 token_ids[i] = list(completion.token_ids)
                 if logprobs is not None:
-                    logprobs[i] = [step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)]
+                    logprobs[i] = sampled_logprobs(completion.logprobs, completion.token_ids)
         return GenerationOutput(token_ids=token_ids, logprobs=logprobs)
 
     def _generate_with_restart(self, prompts, params):
@@ -336,16 +363,21 @@ class VLLMRollout(BaseRollout):
 
     # ------------------------------------------------------------------------------ weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of a push; the push's single engine reload opens with its first bucket."""
         ready = self._regrouper.add(named_tensors)
         if ready:
-            self._push(ready, partial=True)
+            self._push(ready)
 
     def after_weight_update(self) -> None:
+        """Close the push: the last layer, the engine reload's finalisation, the completeness check."""
         ready = self._regrouper.flush()
         names_seen = self._regrouper.names_seen
         self._regrouper.reset()
         if ready:
-            self._push(ready, partial=True)
+            self._push(ready)
+        if self._push_open:
+            self._push_open = False
+            self.llm.collective_rpc("finish_weight_push")
         if self._expected_names is not None:
             missing = sorted(self._expected_names - names_seen)
             if missing:
@@ -355,15 +387,17 @@ class VLLMRollout(BaseRollout):
         self.llm.reset_prefix_cache()
         self.weights_version += 1
 
-    def _push(self, named: list[tuple[str, torch.Tensor]], partial: bool) -> None:
+    def _push(self, named: list[tuple[str, torch.Tensor]]) -> None:
         if self.weight_transport == "bytes":
             from safetensors.torch import save as save_safetensors
 
             payload: Any = save_safetensors({k: v.detach().to("cpu").contiguous() for k, v in named})
         else:
             payload = [(k, v.detach()) for k, v in named]
-        with _quiet_vllm_reload_logs(partial):
-            self.llm.collective_rpc("update_weights_from_payload", args=(payload,))
+        if not self._push_open:  # one layer-wise reload per push (worker_extension.py), not one per bucket
+            self.llm.collective_rpc("begin_weight_push")
+            self._push_open = True
+        self.llm.collective_rpc("load_weight_bucket", args=(payload,))
 
     # ------------------------------------------------------------------------------ memory
     def sleep(self) -> None:

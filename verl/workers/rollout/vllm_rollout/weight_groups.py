@@ -1,11 +1,13 @@
-"""Re-cut a stream of weight buckets so no vLLM module ever receives only part of its tensors.
+"""Re-cut a stream of weight buckets so each bucket brings whole vLLM modules.
 
-vLLM's in-place reload processes a fused module (``qkv_proj`` = q/k/v + biases, ``gate_up_proj``)
-with whatever arrived in that reload call and leaves the rest uninitialised, so a bucket boundary
-that splits a decoder layer corrupts it (measured: logprob error 2.6 with one tensor per call, NaN
-when q_proj and k_proj come in different calls; <3e-6 when whole decoder layers travel together).
-Tensors are therefore grouped by decoder layer (``...layers.<i>``) or, outside the layer stack, by
-parent module; a group still open at the end of a bucket is carried over to the next one.
+A push is one in-place layer-wise reload (worker_extension.py): a fused module (``qkv_proj`` = q/k/v + biases,
+``gate_up_proj``) is processed once all its tensors have arrived, in whichever bucket. Regrouping by decoder layer
+still matters: a layer split over two buckets would keep the first bucket's tensors buffered, with its
+materialised copy, until the second arrives, instead of being processed and freed within one call. (When every
+bucket was a reload of its own, a split layer was corrupted: logprob error 2.6 with one tensor per call, NaN when
+q_proj and k_proj came in different calls; <3e-6 with whole decoder layers.) Tensors are grouped by decoder layer
+(``...layers.<i>``) or, outside the layer stack, by parent module; a group still open at the end of a bucket is
+carried over to the next one, and a group seen again after it was sent is refused.
 """
 from __future__ import annotations
 
