@@ -4,7 +4,7 @@
 # no on-policy clip, sum/8192 loss, no std in the advantage, reward v3. 1 node x 8 GPUs (80 GB).
 #
 # Usage: [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
-#          bash exp_scripts/train.sh [key=value ...]
+#          [MODEL_OVERRIDES=Qwen3-8B|Llama-3.1-8B|path] bash exp_scripts/train.sh [key=value ...]
 # Extra arguments are appended last, so they win (e.g. trainer.total_training_steps=500, or --cfg job to
 # print the composed config without training). DATA_DIR must hold openr1.parquet and valid.parquet
 # (data/prepare_train.py). The override list below is LUFFY's train.sh verbatim, in its order.
@@ -14,6 +14,23 @@
 # logger list is quoted so the shell can never glob it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+
+# Per-model overrides (exp_scripts/overrides/README.md): MODEL_OVERRIDES=Qwen3-8B (a file of exp_scripts/overrides/)
+# or a path; one key=value per line, # comments. They go after this script's switches, before the extra arguments.
+# Read before the cd below, so a path relative to the caller's directory works.
+MODEL_OVERRIDE_ARGS=()
+if [ -n "${MODEL_OVERRIDES:-}" ]; then
+  overrides_file=$MODEL_OVERRIDES
+  [ -f "$overrides_file" ] || overrides_file=$ROOT/exp_scripts/overrides/$MODEL_OVERRIDES.txt
+  if [ ! -f "$overrides_file" ]; then
+    echo "train.sh: MODEL_OVERRIDES=$MODEL_OVERRIDES: no such file, nor exp_scripts/overrides/$MODEL_OVERRIDES.txt" >&2
+    exit 2
+  fi
+  while read -r line || [ -n "$line" ]; do
+    case "$line" in ''|'#'*) continue ;; esac
+    MODEL_OVERRIDE_ARGS+=("$line")
+  done < "$overrides_file"
+fi
 cd "$ROOT"
 
 export MODEL_PATH=${MODEL_PATH:-Elliott/Qwen2.5-Math-7B-16k-think}
@@ -32,12 +49,15 @@ fi
 # full lr); they go after LUFFY's list and before the extra arguments, which still win.
 LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.stop_one_step_early=True)
 
-# Memory (docs/DESIGN.md §2 item 8): rollout.gpu_memory_utilization=0.75 instead of LUFFY's 0.80. vLLM 0.32 reads it as a
-# fraction of the GPU's TOTAL memory (vllm/v1/worker/utils.py request_memory; LUFFY's vLLM 0.6 meant a
-# fraction of what was left), and the actor's fp32 shards and AdamW state stay on the GPU during rollout:
-# at 0.80 the memory plan gives ~76 of 79.2 GiB per rank on an 80 GB GPU (4 % headroom), at 0.75 ~72 GiB
-# (9 %). `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; README "Memory plan".
-MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.75)
+# Memory (docs/DESIGN.md §2 item 8): rollout.gpu_memory_utilization=0.73 instead of LUFFY's 0.80. vLLM 0.32 reads it
+# as a fraction of the GPU's TOTAL memory (vllm/v1/worker/utils.py request_memory; LUFFY's vLLM 0.6 meant a
+# fraction of what was left), the actor's fp32 shards and AdamW state stay on the GPU during rollout, and vLLM's own
+# TP communicator (built before its memory snapshot) comes on top of that fraction: at 0.80 the memory plan gives
+# ~80.4 of 79.2 GiB per rank on an 80 GB GPU (does not fit), at 0.73 ~74.9 GiB (5.5 % headroom).
+# trainer.memory_plan=error: a run whose plan does not fit the GPU stops before the workers load the model, naming
+# the phase and the key that brings it under (=warn starts anyway).
+# `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; README "Memory plan".
+MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.73 trainer.memory_plan=error)
 
 # Rollout speed (docs/ROLLOUT_GRAPHS.md): CUDA graphs on (LUFFY ran vLLM 0.6 eager because its
 # sleep mode needed it; vLLM 0.32 keeps the graphs valid across sleep/wake and the in-place weight reload), the
@@ -118,4 +138,5 @@ exec "$PYTHON" -m verl.mix_src.main_mix_ppo \
     trainer.max_optim_to_keep=2 \
     data.shuffle=True \
     trainer.default_hdfs_dir=null \
-    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "${ROLLOUT_SPEED[@]}" "${RECOVERY[@]}" "$@"
+    trainer.total_epochs=30 "${LUFFY_TRAINER[@]}" "${MEMORY_PLAN[@]}" "${ROLLOUT_SPEED[@]}" "${RECOVERY[@]}" \
+    ${MODEL_OVERRIDE_ARGS[@]+"${MODEL_OVERRIDE_ARGS[@]}"} "$@"

@@ -3,6 +3,7 @@
 # Qwen2.5-Math-7B-16k-think fine-tuned on the R1 traces of OpenR1-Math-46k, max length 16384, global batch
 # 64, micro-batch 1, lr 5e-5 with 10% warm-up, 3 epochs, gradient checkpointing, bf16 compute with fp32
 # master weights, flash-attn when installed. 1 node x 8 GPUs by default.
+# GPU: 1 node x 8 GPUs of 80 GB (H100 / A100 80 GB); luffy_pool.memory_plan covers the RL trainers, not this one.
 #
 # Usage: [MODEL_PATH=..] [TRAIN_FILES=..] [VAL_FILES=..] [NPROC_PER_NODE=..] [EXP_NAME=..] [PYTHON=..] \
 #          bash exp_scripts/train_sft.sh [key=value ...]

@@ -34,6 +34,7 @@ class ExgrpoSection:
     is_correct: bool = key()
     metric_impl: str = key(choices=("paper", "original"))
     retire_all_correct: bool = key()
+    max_trajectories_per_question: int = key(bounds=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)

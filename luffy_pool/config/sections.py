@@ -346,8 +346,10 @@ class RolloutCorrectionSection:
     rollout_is: Optional[str] = key(bounds=Bound(lambda v: v in ("token", "sequence"),
                                                  "must be null, token or sequence"))
     rollout_is_threshold: float = key(bounds=POSITIVE)
+    rollout_is_batch_normalize: bool = key()
     rollout_rs: Optional[str] = key()  # comma-separated options: checked by rollout_corr.config_errors
     rollout_rs_threshold: Union[str, float, None] = key()
+    bypass_mode: bool = key()
 
 
 @dataclass(frozen=True)
@@ -410,7 +412,7 @@ class OrmSection:
 class RewardSection:
     """``reward.*`` (read by verl/workers/reward_manager, which takes partial groups from eval scripts too)."""
 
-    num_workers: int = key(bounds=AT_LEAST_ONE)
+    num_workers: Optional[int] = key(bounds=AT_LEAST_ONE)  # null: verl/workers/reward_manager default_num_workers
     timeout_s: float = key(bounds=POSITIVE)
     grade_budget_s: float = key(bounds=POSITIVE)
     grader: str = key()

@@ -32,8 +32,11 @@ Where the numbers come from:
   (``nccl_communicators``: the world/FSDP group, HSDP's shard and replicate groups, Ulysses SP, the rollout TP
   group of ``tp_group.py``). Published measurements: 0.5-0.7 GB per communicator on A100, 1.1-1.6 GB on H100
   with NVLS (NVLink SHARP buffers); the default 1.5 GiB is the H100+NVLS upper end, 0.75 GiB when the plan's
-  environment sets ``NCCL_NVLS_ENABLE=0``. vLLM's own TP communicator is created after vLLM's start-up memory
-  snapshot, so its profile counts it as non-torch memory inside ``gpu_memory_utilization`` (no line here).
+  environment sets ``NCCL_NVLS_ENABLE=0``. vLLM's own TP communicator (and its symmetric-memory all-reduce buffer)
+  is built *before* vLLM's start-up memory snapshot, so it lies outside ``gpu_memory_utilization``; it survives
+  sleep, so it is a line of every phase on the engine's GPUs (``engine_side.py`` has the vLLM source lines).
+- Split engines (``hybrid_engine=False``): the weight receive's transient instead of the hybrid push's two buckets
+  (``engine_side.receive_transient``: flat buffers, clones and vLLM's materialised shard of the largest tensor).
 - Allocator fragmentation: ``FRAGMENTATION_FRACTION`` of the trainer's tensors of a phase (reserved above
   allocated in torch's caching allocator; AdamW's lazily allocated state lands in freed activation segments).
   The launcher runs the workers with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (vLLM's advice; its
@@ -45,7 +48,10 @@ import dataclasses
 import math
 from typing import Optional
 
+from luffy_pool.memory_plan.engine_side import (receive_transient, vllm_tp_communicator_bytes,
+                                                 vllm_tp_communicator_what)
 from luffy_pool.memory_plan.graph_pool import engine_graph_pool_bytes
+from luffy_pool.memory_plan.host import ReplayPoolInputs, replay_pool_line
 from luffy_pool.memory_plan.shapes import ModelShape
 
 GiB = 2**30
@@ -121,6 +127,8 @@ class PlanInputs:
     # A method's extra actor forward ("" = none): ExGRPO's trajectory metric (entropy or log-probs of the stored
     # trajectories of the replayed questions) runs through the old-log-prob pass, micro-batched by its keys.
     metric_pass: str = ""
+    # ExGRPO's experience pool on the driver (host RAM, not a phase's line): what bounds it (memory_plan/host.py)
+    replay_pool: Optional[ReplayPoolInputs] = None
 
     @property
     def max_len(self) -> int:
@@ -177,7 +185,8 @@ class PlanInputs:
             padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
             update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp), split_engines=not w.hybrid_engine,
-            metric_pass=_metric_pass(sections.algorithm), **_sft_stage(sections, sp))
+            metric_pass=_metric_pass(sections.algorithm), replay_pool=ReplayPoolInputs.from_sections(sections),
+            **_sft_stage(sections, sp))
 
 
 def _sft_stage(sections, sp: int) -> dict:
@@ -257,6 +266,7 @@ class Plan:
     kv_cache_bytes: int = 0
     kv_cache_tokens: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
+    host_lines: list[Line] = dataclasses.field(default_factory=list)  # the driver's RAM, not the device's
 
     @property
     def peak(self) -> Phase:
@@ -394,7 +404,16 @@ def _runtime_lines(i: PlanInputs) -> list[Line]:
     if comms:
         lines.append(Line(f"NCCL, {len(comms)} communicator(s) x {per / GiB:.2f} GiB: {', '.join(comms)} (estimate)",
                           len(comms) * per, f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size"))
+    if not i.split_engines:  # the colocated engine's communicator stays on this GPU in every phase
+        lines += vllm_tp_lines(i)
     return lines
+
+
+def vllm_tp_lines(i: PlanInputs) -> list[Line]:
+    """vLLM's own TP communicator on an engine's GPU, outside ``gpu_memory_utilization`` (engine_side.py)."""
+    per = nccl_bytes_per_communicator()
+    nbytes = vllm_tp_communicator_bytes(i.tp, per)
+    return [Line(vllm_tp_communicator_what(i.tp, per), nbytes, f"{_R}.tensor_model_parallel_size")] if nbytes else []
 
 
 def _fragmentation(i: PlanInputs, lines: list[Line]) -> list[Line]:
@@ -506,6 +525,15 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
     return phases
 
 
+def _weight_sync_line(i: PlanInputs, s: ModelShape) -> Line:
+    """The colocated push's two buckets, or a split engine's receive transient (engine_side.receive_transient)."""
+    bucket, key = i.weight_sync_bucket_mb * 2**20, f"{_R}.weight_sync_bucket_mb"
+    if not i.split_engines:
+        return Line("actor -> engine weight-sync bucket", 2 * bucket, key)
+    nbytes, what = receive_transient(s, i.param_dtype_bytes, i.rollout_dtype_bytes, i.tp, bucket)
+    return Line(what, nbytes, key)
+
+
 def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Plan:
     """Every phase of a step on one rank; ``device_bytes`` is the device's total memory (None: unknown)."""
     notes = []
@@ -519,6 +547,7 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
             comms = (i.tp > 1) + 1
             rollout.append(Line(f"NCCL, {comms} communicator(s): weight group{', rollout TP' if i.tp > 1 else ''} "
                                 "(estimate)", comms * nccl_bytes_per_communicator(), f"{_R}.tensor_model_parallel_size"))
+            rollout += vllm_tp_lines(i)
         else:
             rollout = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False) + _runtime_lines(i)
         ukey = f"{_R}.gpu_memory_utilization"
@@ -527,8 +556,7 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
                          vb["activation"], f"{_R}.max_num_batched_tokens"),
                     Line("vLLM non-torch + CUDA graphs (estimate)", vb["non_torch"], f"{_R}.enforce_eager"),
                     Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
-                    Line("actor -> engine weight-sync bucket", 2 * i.weight_sync_bucket_mb * 2**20,
-                         f"{_R}.weight_sync_bucket_mb")]
+                    _weight_sync_line(i, s)]
         phases.append(Phase("rollout (vLLM awake)" + (", its own GPUs" if i.split_engines else ""),
                             rollout + _fragmentation(i, rollout)))
         per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
@@ -537,7 +565,9 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
                          f"{i.max_len}-token sequence; vLLM refuses to start -> raise {ukey}")
         # At engine start the actor's fp32 shards are already on the device (built first in init_model).
         actor_on_gpu = not (i.actor_param_offload or i.split_engines)
-        free_at_start = total - (4 * s.params // i.shard_group if actor_on_gpu else 0) - CUDA_CONTEXT_BYTES
+        # vLLM's TP communicator is built before its start-up check (engine_side.py): it is not free either.
+        free_at_start = (total - (4 * s.params // i.shard_group if actor_on_gpu else 0) - CUDA_CONTEXT_BYTES
+                         - vllm_tp_communicator_bytes(i.tp, nccl_bytes_per_communicator()))
         if free_at_start < vb["requested"]:
             notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
                          f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
@@ -556,7 +586,8 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
     phases += update_phases(i, s, vb_trainer)
     if i.sft_optimizer:
         phases += update_phases(i, s, vb_trainer, sft_stage=True)
-    plan = Plan(i, s, phases, device_bytes, notes=notes)
+    pool = replay_pool_line(i.replay_pool)
+    plan = Plan(i, s, phases, device_bytes, notes=notes, host_lines=[Line(*pool)] if pool else [])
     if vb is not None:
         plan.kv_cache_bytes, plan.kv_cache_tokens = vb["kv"], vb["kv_tokens"]
     return plan

@@ -3,7 +3,8 @@
 The script is read the way the rehearsal reads it (``luffy_pool.run.recipe.read_recipe``): bash runs it with a
 stand-in ``$PYTHON`` that records its command line and starts nothing, so bash arrays, ``${NAME:-default}``,
 ``exec bash train.sh ... "$@"`` wrappers and anything else a script does give exactly the overrides a real
-launch composes. Environment variables (``MODEL_PATH``, ``DATA_DIR``, ...) come from ``env``.
+launch composes. Environment variables (``MODEL_PATH``, ``DATA_DIR``, ...) come from ``env``. A script the plan
+does not cover (the SFT trainer) states the GPU it needs in one ``# GPU: ...`` comment line, quoted in the refusal.
 """
 from __future__ import annotations
 
@@ -23,5 +24,16 @@ def script_overrides(script: str, extra: Sequence[str] = (), env: Optional[Mappi
     except RecipeError as exc:
         raise LaunchScriptError(str(exc)) from exc
     if recipe.kind != "rl":
-        raise LaunchScriptError(f"launch script {script}: runs {recipe.module}; the memory plan covers the RL trainer")
+        need = gpu_line(script)
+        raise LaunchScriptError(f"launch script {script}: runs {recipe.module}; the memory plan covers the RL trainer"
+                                + (f" (the script says: {need})" if need else ""))
     return [a for a in recipe.overrides if "=" in a and not a.startswith("-")]
+
+
+def gpu_line(script: str) -> str:
+    """The script's own one-line statement of the GPU it needs (a ``# GPU: ...`` comment line), "" when none."""
+    with open(script) as f:
+        for line in f:
+            if line.startswith("# GPU: "):
+                return line[2:].strip()
+    return ""

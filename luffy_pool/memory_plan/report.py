@@ -65,6 +65,8 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
         out.append(f"{phase.name:<{width + 2}}{gib(phase.total)}")
         for line in phase.lines:
             out.append(f"  {line.what:<{width}}{gib(line.bytes)}  {line.key}")
+    for line in plan.host_lines:
+        out.append(f"driver host RAM: {line.what}: {line.bytes / GiB:.2f} GiB ({line.key})")
     if plan.kv_cache_bytes:
         out.append(f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
                    f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)")

@@ -125,6 +125,12 @@ def _architecture(cfg: dict, model_type: str, layers: int) -> dict:
 # config.json. A model folder or a cached config always wins; the plan names the source it used.
 _QWEN25_MATH_7B = dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
+_LLAMA31_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                   max_position_embeddings=131072)
+_QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                 tie_word_embeddings=False)
 KNOWN_SHAPES: dict[str, dict] = {
     # LUFFY's model: Qwen2.5-Math-7B with rope_theta raised for 16k positions.
     "Elliott/Qwen2.5-Math-7B-16k-think": dict(_QWEN25_MATH_7B, max_position_embeddings=16384),
@@ -136,9 +142,11 @@ KNOWN_SHAPES: dict[str, dict] = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                                        tie_word_embeddings=True, max_position_embeddings=32768),
-    "meta-llama/Llama-3.1-8B-Instruct": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                                             tie_word_embeddings=False, max_position_embeddings=131072),
+    "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
+    # the models of exp_scripts/overrides/ (tests/data/model_configs has their config.json files)
+    "meta-llama/Llama-3.1-8B": _LLAMA31_8B,
+    "Qwen/Qwen3-8B": dict(_QWEN3_8B, max_position_embeddings=40960),
+    "Qwen/Qwen3-8B-Base": dict(_QWEN3_8B, max_position_embeddings=32768),
 }
 
 

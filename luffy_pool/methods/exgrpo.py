@@ -22,12 +22,16 @@ Driver stages (:class:`ExgrpoDriver`, called by luffy_pool/trainer/mix_trainer.p
 4. ``end_step`` (after the update): retired questions leave the pool; the phase switch.
 
 State (pool, buckets, retired set, phase, the pool's RNGs) travels in the trainer's ``state_dict`` into the
-checkpoint's ``data.pt`` (plain data and tensors, manifest-checked, ``weights_only``). The self-replay pool stays a
-separate option (luffy_pool/replay/experience.py says why); ``data.self_replay.enable=True`` is refused with it.
+checkpoint's ``data.pt`` (plain data and tensors, manifest-checked, ``weights_only``). The pool keeps int32 token
+ids and float32 log-probs, at most ``max_trajectories_per_question`` per question (luffy_pool/replay/experience.py).
+The self-replay pool stays a separate option (luffy_pool/replay/experience.py says why);
+``data.self_replay.enable=True`` is refused with it.
 Fixed against the authors' code: the phase is saved and restored (theirs re-enters the mixed phase on resume only
 after step 2 with a non-empty pool, Q6); trajectories are token ids, so the recorded log-probs stay aligned (Q2).
 Differences: retired questions are passed over when a batch is drawn rather than filtered out of the dataset at
-each epoch start (the same questions train); not reproduced: the authors' ``skip_grad_bound=500`` step skip.
+each epoch start (the same questions train); a question keeps its newest ``max_trajectories_per_question``
+trajectories (default 8; 0 = the authors' unbounded pool); not reproduced: the authors' ``skip_grad_bound=500`` step
+skip.
 """
 from __future__ import annotations
 
@@ -112,10 +116,10 @@ class ExgrpoDriver:
         pad, eos = tok.pad_token_id, tok.eos_token_id
         rows = [row for row, _ in candidates]
         if self.knobs.metric_impl == "paper":
-            width = max(len(tr.token_ids) for _, tr in candidates)
+            width = max(len(tr.ids) for _, tr in candidates)
             traces = torch.full((c, width), pad, dtype=torch.long)
             for i, (_, tr) in enumerate(candidates):
-                traces[i, :len(tr.token_ids)] = torch.tensor(tr.token_ids)
+                traces[i, :len(tr.ids)] = torch.from_numpy(tr.ids)
             plan = build_slot_plan(t["input_ids"][rows], t["attention_mask"][rows], traces.unsqueeze(1),
                                    np.ones((c, 1)), pad, eos, L, prompt_position_ids=t["position_ids"][rows])
             out = assemble_responses(plan, []).tensors
@@ -163,13 +167,13 @@ class ExgrpoDriver:
         if not self.replays:
             return ratios
         pad = self.trainer.tokenizer.pad_token_id
-        width = max(len(tr.token_ids) for tr in self.replays.values())
+        width = max(len(tr.ids) for tr in self.replays.values())
         tgt = torch.full((bsz, n, width), pad, dtype=torch.long)
         lps = torch.full((bsz, n, width + 1), float("nan"), dtype=torch.float64)
         for row, tr in self.replays.items():
             ratios[row, 0] = 1.0
-            tgt[row, 0, :len(tr.token_ids)] = torch.tensor(tr.token_ids)
-            lps[row, 0, :len(tr.log_probs)] = torch.tensor(tr.log_probs, dtype=torch.float64)
+            tgt[row, 0, :len(tr.ids)] = torch.from_numpy(tr.ids)
+            lps[row, 0, :len(tr.lps)] = torch.from_numpy(tr.lps)  # float32 -> float64: exact
         gen_batch.batch["tgt_input_ids"] = tgt
         gen_batch.batch["behaviour_log_probs"] = lps
         return ratios

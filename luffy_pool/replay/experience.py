@@ -10,13 +10,20 @@ trainer glue that draws prompts from the dataset and runs the entropy forward is
 Relation to the self-replay pool (luffy_pool/replay/self_replay.py, ``data.self_replay``): it stays a distinct
 option, and the two are refused together. Self-replay rewrites rows of groups with *no* success after generation,
 with capacity, eviction and age limits and RNG-free choices; ExGRPO stores successes of *partially* solved groups
-without a cap, replaces whole prompts *before* generation with questions drawn by success-count bucket, picks the
-lowest-entropy trajectory under the current actor, retires solved questions and switches phase. Sharing one store
-would change both methods' numbers; what they do share is the trace format (response tokens without the EOS,
-log-probs of tokens ++ EOS) and the full-trace slot of the rollout (luffy_pool/rollout/slot_plan.py).
+(at most ``max_trajectories_per_question`` per question, the newest), replaces whole prompts *before* generation
+with questions drawn by success-count bucket, picks the lowest-entropy trajectory under the current actor, retires
+solved questions and switches phase. Sharing one store would change both methods' numbers; what they do share is the
+trace format (response tokens without the EOS, log-probs of tokens ++ EOS) and the full-trace slot of the rollout
+(luffy_pool/rollout/slot_plan.py).
 
 Trajectories are kept as token ids, not re-tokenised text, so the recorded log-prob vector always lines up with
-the replayed tokens (the authors' quirk Q2 cannot occur). Randomness (bucket multinomial, ``random.sample``,
+the replayed tokens (the authors' quirk Q2 cannot occur). They are int32 / float32 arrays, 8 bytes per token: Python
+lists of ints and floats cost ~70 (an 8-byte pointer plus a 28-byte int or a 24-byte float per element), which over a
+701-step run is tens of GB on the driver. float32 loses nothing: the recorded log-probs are the actor's float32
+``old_log_probs``. The authors' pool has no cap; here a question keeps its newest ``max_trajectories_per_question``
+(``algorithm.exgrpo``; 0 = no cap), which also bounds the entropy forward over a replayed question's trajectories.
+The checkpoint stores the pool as four flat tensors (``_pack_pool``), not two tensors per trajectory; a version-1
+state (int64 / float64 tensors per trajectory) still loads. Randomness (bucket multinomial, ``random.sample``,
 ``random`` trajectory choice) comes from the pool's own seeded ``numpy.random.RandomState`` and ``random.Random``,
 saved with the checkpoint in :meth:`ExperiencePool.state_dict`.
 """
@@ -34,7 +41,7 @@ from luffy_pool.algorithm.family.exgrpo import (BucketManager, collect_group, el
                                                 retire_group, sample_experience_uids, swap_recorded_log_probs,
                                                 switch_to_mixed)
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: a (int64 ids, float64 log-probs) tensor pair per trajectory; 2: flat int32 / float32 tensors
 # the authors filter retired questions out of the dataset only while it keeps more than batch + 20 of them
 # (mix_trainer_experience.py fit, per epoch)
 RETIRE_FILTER_MARGIN = 20
@@ -49,13 +56,35 @@ def question_key(value: Any) -> Hashable:
     return str(value)
 
 
-@dataclass
 class Trajectory:
-    """One stored success: response tokens without the trailing EOS and the recorded log-probs of tokens ++ EOS
-    (NaN for an EOS the response never sampled: a response cut at the length limit)."""
+    """One stored success: response tokens without the trailing EOS (``ids``, int32) and the recorded log-probs of
+    tokens ++ EOS (``lps``, float32; NaN for an EOS the response never sampled: a response cut at the length limit).
+    ``token_ids`` / ``log_probs`` give them as lists."""
 
-    token_ids: list[int]
-    log_probs: list[float]
+    __slots__ = ("ids", "lps")
+
+    def __init__(self, token_ids, log_probs):
+        self.ids = np.array(token_ids, dtype=np.int32)
+        self.lps = np.array(log_probs, dtype=np.float32)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.ids.tolist()
+
+    @property
+    def log_probs(self) -> list[float]:
+        return self.lps.tolist()
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.nbytes + self.lps.nbytes
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Trajectory) and np.array_equal(self.ids, other.ids)
+                and np.array_equal(self.lps, other.lps, equal_nan=True))
+
+    def __repr__(self) -> str:
+        return f"Trajectory({self.token_ids!r}, {self.log_probs!r})"
 
 
 @dataclass(frozen=True)
@@ -130,13 +159,15 @@ class ExperiencePool:
         """Per group (rows sharing a ``group_ids`` value, all of one question): ``k`` = correct rows (the replayed
         row counts, Q3). All correct: the question retires (warm-up too). Mixed phase and ``lbound < k ≤ rbound``:
         each correct row's response joins the question's pool unless the same tokens are stored already, with its
-        ``old_log_probs`` as the recorded log-probs, and the question moves to bucket ``k``."""
+        ``old_log_probs`` as the recorded log-probs (the oldest leave beyond ``max_trajectories_per_question``), and
+        the question moves to bucket ``k``."""
         groups: dict[Any, list[int]] = {}
         for row, g in enumerate(group_ids):
             groups.setdefault(g, []).append(row)
         correct = (scores == self.success)
         valid = response_mask.sum(-1)
-        added = retired = collected = 0
+        cap = int(self.knobs.max_trajectories_per_question)
+        added = retired = collected = dropped = 0
         for rows in groups.values():
             uid = question_key(question_ids[rows[0]])
             k = int(correct[rows].sum())
@@ -151,19 +182,22 @@ class ExperiencePool:
                 length = int(valid[row])
                 if not bool(correct[row]) or length == 0:
                     continue
-                tokens = responses[row, :length].tolist()
-                lps = old_log_probs[row, :length].double().tolist()
+                tokens = responses[row, :length].to(torch.int32).numpy()
+                lps = old_log_probs[row, :length].float().numpy()
                 if tokens[-1] == eos_token_id:
                     tokens = tokens[:-1]
                 else:
-                    lps = lps + [math.nan]
-                if not tokens or any(t.token_ids == tokens for t in stored):
+                    lps = np.append(lps, np.float32(math.nan))
+                if not len(tokens) or any(np.array_equal(t.ids, tokens) for t in stored):
                     continue
                 stored.append(Trajectory(tokens, lps))
                 added += 1
+                if cap and len(stored) > cap:  # the newest stay: their recorded log-probs are the least stale
+                    del stored[0]
+                    dropped += 1
             self.buckets.update_bucket(uid, k)
         return {"exgrpo/collected_groups": collected, "exgrpo/added_trajectories": added,
-                "exgrpo/retired_groups": retired}
+                "exgrpo/retired_groups": retired, "exgrpo/dropped_trajectories": dropped}
 
     def end_step(self, scores: torch.Tensor) -> dict:
         """After the update: drop retired questions from the pool and buckets, then switch to the mixed phase
@@ -176,6 +210,7 @@ class ExperiencePool:
         out = {"exgrpo/solved_ratio": solved, "exgrpo/mixed": float(self.mixed),
                "exgrpo/pool_questions": len(self.pool),
                "exgrpo/pool_trajectories": sum(len(v) for v in self.pool.values()),
+               "exgrpo/pool_mib": sum(t.nbytes for v in self.pool.values() for t in v) / 2**20,
                "exgrpo/retired_questions": len(self.retired)}
         out.update({f"exgrpo/{k}": v for k, v in self.buckets.get_bucket_stats().items()})
         return out
@@ -186,9 +221,7 @@ class ExperiencePool:
         np_state = self.np_rng.get_state()
         return {
             "version": STATE_VERSION,
-            "pool": [(uid, [(torch.tensor(t.token_ids, dtype=torch.long),
-                             torch.tensor(t.log_probs, dtype=torch.float64)) for t in trajs])
-                     for uid, trajs in self.pool.items()],
+            "pool": _pack_pool(self.pool),
             "buckets": self.buckets.state_dict(),
             "retired": sorted(self.retired, key=repr),
             "mixed": bool(self.mixed),
@@ -198,10 +231,20 @@ class ExperiencePool:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if int(state.get("version", -1)) != STATE_VERSION:
-            raise ValueError(f"ExGRPO experience state version {state.get('version')!r}, expected {STATE_VERSION}")
-        self.pool = {uid: [Trajectory(ids.tolist(), lps.tolist()) for ids, lps in trajs]
-                     for uid, trajs in state["pool"]}
+        """A version-2 state, or a version-1 one (per-trajectory int64 / float64 tensors, converted); a question over
+        ``max_trajectories_per_question`` keeps its newest."""
+        version = int(state.get("version", -1))
+        if version == STATE_VERSION:
+            self.pool = _unpack_pool(state["pool"])
+        elif version == 1:
+            self.pool = {uid: [Trajectory(ids.numpy(), lps.numpy()) for ids, lps in trajs]
+                         for uid, trajs in state["pool"]}
+        else:
+            raise ValueError(f"ExGRPO experience state version {state.get('version')!r}: this build reads 1 and "
+                             f"{STATE_VERSION}")
+        cap = int(self.knobs.max_trajectories_per_question)
+        if cap:
+            self.pool = {uid: trajs[-cap:] for uid, trajs in self.pool.items()}
         self.buckets = BucketManager()
         self.buckets.load_state_dict(state["buckets"])
         self.retired = set(state["retired"])
@@ -210,6 +253,33 @@ class ExperiencePool:
         self.np_rng.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
         version, internal, gauss = state["py_rng"]
         self.py_rng.setstate((version, tuple(internal), gauss))
+
+
+def _pack_pool(pool: dict[Hashable, list[Trajectory]]) -> dict:
+    """The pool as flat tensors (``data.pt`` holds one storage each, not two per trajectory): question ids (plain
+    data, insertion order), trajectories per question, then each trajectory's token and log-prob counts and all the
+    tokens (int32) and log-probs (float32) concatenated in that order."""
+    trajs = [t for v in pool.values() for t in v]
+
+    def cat(arrays, dtype):
+        return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
+
+    return {"uids": list(pool),
+            "counts": torch.tensor([len(v) for v in pool.values()], dtype=torch.int32),
+            "id_lengths": torch.tensor([len(t.ids) for t in trajs], dtype=torch.int32),
+            "lp_lengths": torch.tensor([len(t.lps) for t in trajs], dtype=torch.int32),
+            "token_ids": cat([t.ids for t in trajs], np.int32), "log_probs": cat([t.lps for t in trajs], np.float32)}
+
+
+def _unpack_pool(packed: dict) -> dict[Hashable, list[Trajectory]]:
+    ids = np.split(packed["token_ids"].numpy(), np.cumsum(packed["id_lengths"].numpy())[:-1])
+    lps = np.split(packed["log_probs"].numpy(), np.cumsum(packed["lp_lengths"].numpy())[:-1])
+    trajs = [Trajectory(i, lp) for i, lp in zip(ids, lps)] if len(packed["id_lengths"]) else []
+    out, at = {}, 0
+    for uid, count in zip(packed["uids"], packed["counts"].tolist()):
+        out[uid] = trajs[at:at + count]
+        at += count
+    return out
 
 
 def recorded_old_log_probs(old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,

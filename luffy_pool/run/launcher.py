@@ -310,7 +310,7 @@ def build_trainer(config: DictConfig, tracker=None):
     # GPU runs: the per-rank memory plan from the device's real memory, printed once before any worker loads
     # the model; trainer.memory_plan=error stops here naming the phase and the keys to change.
     check_memory_plan(sections, device)
-    reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer)
+    reward_fn = RewardManager.from_config(config.reward, sections.data.reward_impl_version, tokenizer, device=device)
     wg = pool = rollout_wg = rollout_pool = None
     open_parts = {"reward", "workers", "tracker"}
     own_tracker = tracker is None  # a restart's build that fails leaves the run's tracker to the run

@@ -15,7 +15,7 @@ EOS, PAD = 2, 0
 def knobs(**kw):
     base = dict(start_solved_ratio=0.35, experience_ratio=0.5, lbound=0, rbound=3, bucket_weighting="normal",
                 traj_metric="ent", traj_select="argmin", sample_range="all", is_correct=True, metric_impl="paper",
-                retire_all_correct=True)
+                retire_all_correct=True, max_trajectories_per_question=0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -39,7 +39,8 @@ def test_warm_up_retires_all_correct_groups_and_collects_nothing():
     p = pool()
     metrics = p.observe(**group_batch())
     assert p.retired == {11} and p.pool == {}
-    assert metrics == {"exgrpo/collected_groups": 0, "exgrpo/added_trajectories": 0, "exgrpo/retired_groups": 1}
+    assert metrics == {"exgrpo/collected_groups": 0, "exgrpo/added_trajectories": 0, "exgrpo/retired_groups": 1,
+                       "exgrpo/dropped_trajectories": 0}
 
 
 def test_mixed_phase_collects_partial_groups_with_recorded_log_probs():

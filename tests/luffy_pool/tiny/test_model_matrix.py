@@ -142,7 +142,7 @@ def test_rollout_decoder_greedy_equals_transformers_generate(model_dirs, name):
     ref_ids, ref_lps = _generate(model, prompts, 10)
     assert out.token_ids == ref_ids
     for a, b in zip(out.logprobs, ref_lps):
-        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+        assert torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-4)
 
 
 def test_sliding_window_model_falls_back_to_the_generic_loop_with_the_reason():
