@@ -132,3 +132,62 @@ def _(ctx: Context) -> Outcome:
     if can_host(nodes, [8], bundle, rollout_groups=[8]):
         return Outcome("bad", "one 8-GPU node was taken as room for the actor and an 8-GPU rollout pool")
     return Outcome("good", "one node of 8 GPUs: actor 8 fits, actor 8 + rollout pool 8 does not")
+
+
+def _plan_output(script: str, env: dict) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from luffy_pool.memory_plan.__main__ import main as plan_main
+
+    out = io.StringIO()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            rc = plan_main([os.path.join(REPO, "exp_scripts", script), "--gpu-memory", "80"])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rc, out.getvalue()
+
+
+@case("plan_counts_vllm_communicator", "L2", "train.sh's memory plan at 80 GB counts vLLM's own TP communicator",
+      timeout_s=120)
+def _(ctx: Context) -> Outcome:
+    rc, text = _plan_output("train.sh", {})
+    line = next((ln.strip() for ln in text.splitlines() if "vLLM's TP communicator" in ln), "")
+    if rc != 0:
+        return Outcome("bad", f"plan exit {rc}: {text.strip().splitlines()[-1][:120]}")
+    return Outcome("good", line[:150]) if line else Outcome("bad", "no line for vLLM's TP communicator")
+
+
+@case("qwen3_overrides_fit", "L10", "MODEL_OVERRIDES=Qwen3-8B: train.sh's plan fits 80 GB, KV demand under 1.2x",
+      timeout_s=120)
+def _(ctx: Context) -> Outcome:
+    rc, text = _plan_output("train.sh", {"MODEL_PATH": "Qwen/Qwen3-8B", "MODEL_OVERRIDES": "Qwen3-8B"})
+    demand = [ln.strip() for ln in text.splitlines() if "KV demand" in ln]
+    return Outcome("good", (demand or ["fits"])[0][:150]) if rc == 0 else Outcome("bad", text.strip()[-150:])
+
+
+@case("exgrpo_pool_cap", "L9", "ExGRPO's pool keeps at most max_trajectories_per_question per question")
+def _(ctx: Context) -> Outcome:
+    from luffy_pool.config.compose import compose_config
+
+    cfg = compose_config(["actor_rollout_ref.model.path=/m", "data.train_files=/t.parquet", "data.val_files=null",
+                          "algorithm.method=exgrpo"], "tiny_cpu_luffy")
+    cap = cfg.algorithm.exgrpo.max_trajectories_per_question
+    return Outcome("good", f"cap {cap} per question") if cap and cap > 0 else Outcome("bad", f"cap {cap}")
+
+
+@case("fork_server_gpu_ranks", "L8", "the fork server does not fork ranks that ask for GPUs")
+def _(ctx: Context) -> Outcome:
+    from verl.single_controller.ray.worker_zygote import gpu_refusal
+
+    why = gpu_refusal(1, "MIXActorRolloutRefWorker")
+    if gpu_refusal(0, "cpu ranks"):
+        return Outcome("bad", "CPU ranks refused")
+    return Outcome("good", why[:150]) if why else Outcome("bad", "GPU ranks would be forked")
