@@ -73,7 +73,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         self.config = config
         self.tokenizer = tokenizer
         # every id the engines stop on: a response ending on any of them is complete, not truncated
-        self.stop_token_ids = stop_token_ids(tokenizer)
+        self.stop_token_ids = stop_token_ids(tokenizer) if tokenizer is not None else None
         self.wg = actor_rollout_wg
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
