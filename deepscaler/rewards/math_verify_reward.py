@@ -14,7 +14,7 @@ from deepscaler.rewards.math_reward import grade_solution_rule, ground_truth_lis
 from deepscaler.rewards.math_utils import extract_choice_letter, is_choice_ground_truth, split_after_think
 from deepscaler.rewards.math_utils.extract import THINK_CLOSE, THINK_OPEN
 from deepscaler.rewards.reward_types import ScoreResult
-from verl.utils.dataset.value_checks import is_non_finite
+from deepscaler.rewards.finite import is_non_finite
 
 GRADERS = ("math_verify", "rule", "any")
 

@@ -204,7 +204,7 @@ class OrmJudge:
 
     @property
     def endpoint(self) -> str:
-        from verl.utils.tracking import mask_url
+        from deepscaler.secret_text import mask_url
 
         return mask_url(str(self.config.base_url))
 
@@ -246,7 +246,7 @@ class OrmJudge:
                 completion = self._client.chat.completions.create(
                     model=self.config.model, messages=messages, temperature=0.0, max_tokens=self.max_tokens)
             except transient as exc:
-                from verl.utils.tracking import mask_url
+                from deepscaler.secret_text import mask_url
 
                 last_error = f"{type(exc).__name__}: {mask_url(str(exc))[:200]}"
                 if attempt < retries:

@@ -18,7 +18,7 @@ from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_
 from deepscaler.rewards.math_utils import split_after_think
 from deepscaler.rewards.reward_types import ScoreResult
 from deepscaler.rewards.verl_scorers import gsm8k_score, math_dataset_score
-from verl.utils.dataset.value_checks import is_non_finite
+from deepscaler.rewards.finite import is_non_finite
 
 REWARD_IMPL_VERSIONS = (0, 1, 2, 3, 4)
 THINK_PREFIX = "<think>\n"

@@ -97,3 +97,19 @@ def test_a_scorer_imported_alone_warms_every_grader_on_its_first_call():
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True"]  # the rule grader's call warmed math-verify's path too
+
+
+def test_deepscaler_imports_nothing_from_verl_or_luffy_pool():
+    """The rewards are the bottom of the product: verl and luffy_pool import them, never the other way round."""
+    pkg = os.path.dirname(PKG_DIR)
+    found = []
+    for folder, _, files in os.walk(pkg):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                for node in ast.walk(ast.parse(open(path).read())):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                             else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                    found += [f"{os.path.relpath(path, ROOT)}: {n}" for n in names
+                              if n.split(".")[0] in ("verl", "luffy_pool")]
+    assert found == []
