@@ -81,13 +81,16 @@ def test_batch_normalize_at_sequence_level_averages_over_sequences_not_tokens():
     assert out.metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.75, rel=1e-6)
 
 
-def test_fill_unknown_old_log_probs_takes_the_current_ones_detached_where_nan():
+def test_fill_unknown_old_log_probs_takes_the_current_ones_detached_where_nan_on_off_policy_tokens_only():
     from verl.trainer.ppo.rollout_corr import fill_unknown_old_log_probs
 
-    old = torch.tensor([[-1.0, float("nan"), 0.0]])
+    old = torch.tensor([[-1.0, float("nan"), float("nan")]])
     log_prob = torch.tensor([[-0.5, -2.0, -3.0]], requires_grad=True)
-    filled = fill_unknown_old_log_probs(old, log_prob)
-    assert filled.tolist() == [[-1.0, -2.0, 0.0]] and not filled.requires_grad
+    prefix = torch.tensor([[True, True, False]])
+    filled = fill_unknown_old_log_probs(old, log_prob, prefix)
+    # the off-policy NaN takes the current log-prob; an on-policy NaN is a fault and stays for the guard
+    assert filled[0, :2].tolist() == [-1.0, -2.0] and torch.isnan(filled[0, 2]) and not filled.requires_grad
+    assert torch.isnan(fill_unknown_old_log_probs(old, log_prob, None)[0, 1:]).all()
 
 
 def test_token_k1_rejects_tokens_outside_the_ratio_bounds():

@@ -154,11 +154,16 @@ def batch_normalize(weights: torch.Tensor, response_mask: torch.Tensor, rollout_
     return weights / mean, float(mean)
 
 
-def fill_unknown_old_log_probs(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
-    """``old_log_prob`` with its NaN entries (old log-probs the driver does not have: under ``bypass_mode`` the
-    off-policy tokens, which the engine did not sample) replaced by the current ``log_prob``, detached: their PPO
-    ratio is 1, as in the first mini-batch after an old-log-prob pass. Elementwise, no device sync."""
-    return torch.where(torch.isnan(old_log_prob), log_prob.detach().to(old_log_prob.dtype), old_log_prob)
+def fill_unknown_old_log_probs(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
+                               prefix_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``old_log_prob`` with its NaN entries on off-policy tokens (``prefix_mask``: under ``bypass_mode`` the engine
+    did not sample them, so the driver has no old log-prob there) replaced by the current ``log_prob``, detached:
+    their PPO ratio is 1, as in the first mini-batch after an old-log-prob pass. A NaN anywhere else is a fault and
+    stays (the update's non-finite guard reports it). Elementwise, no device sync."""
+    if prefix_mask is None:
+        return old_log_prob
+    unknown = torch.isnan(old_log_prob) & prefix_mask.bool()
+    return torch.where(unknown, log_prob.detach().to(old_log_prob.dtype), old_log_prob)
 
 
 def _seq_max(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -325,7 +325,8 @@ class DataParallelPPOActor:
                             # mini-batch): these weights are the ones that pass would have used.
                             mb["old_log_probs"] = log_prob.detach()
                         else:
-                            mb["old_log_probs"] = fill_unknown_old_log_probs(mb["old_log_probs"], log_prob)
+                            mb["old_log_probs"] = fill_unknown_old_log_probs(mb["old_log_probs"], log_prob,
+                                                                             mb.get("prefix_mask"))
                         pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
                         loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
                         (loss / grad_accum).backward()

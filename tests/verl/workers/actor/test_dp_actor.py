@@ -122,9 +122,17 @@ def test_skipping_old_log_prob_pass_matches_recomputed_single_mini_batch(tiny_mo
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*results))
 
 
+class _PrefixActor(DataParallelPPOActor):
+    """Loads ``prefix_mask`` as LUFFY's actor does (luffy_pool/workers/mix_actor.py)."""
+
+    def loss_input_keys(self):
+        return super().loss_input_keys() + ["prefix_mask"]
+
+
 def test_unknown_old_log_probs_take_the_current_ones_as_in_a_recomputed_pass(tiny_model_dir):
     """bypass_mode's NaN old log-probs (off-policy tokens the engine did not sample): the step equals the one whose
-    old log-probs there are the pass's, the others kept (here shifted by 0.3: an engine's own values)."""
+    old log-probs there are the pass's, the others kept (here shifted by 0.3: an engine's own values). A NaN on an
+    on-policy token is a fault: the step is skipped by the non-finite guard, not silently filled."""
     b = _batch(_model(tiny_model_dir).config.vocab_size)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5]).unsqueeze(-1).expand(-1, 6).contiguous()
     unknown = torch.zeros(4, 6, dtype=torch.bool)
@@ -135,11 +143,19 @@ def test_unknown_old_log_probs_take_the_current_ones_as_in_a_recomputed_pass(tin
         with torch.no_grad():
             recomputed = _direct_log_probs(model, b)
         old = torch.where(unknown, float("nan") if nan else recomputed, recomputed - 0.3)
-        actor = DataParallelPPOActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
-        actor.update_policy(DataProto.from_dict(tensors={**b, "advantages": adv, "old_log_probs": old},
+        actor = _PrefixActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
+        actor.update_policy(DataProto.from_dict(tensors={**b, "advantages": adv, "old_log_probs": old,
+                                                         "prefix_mask": unknown},
                                                 meta_info={"temperature": 1.0}))
         results.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*results))
+    model = _model(tiny_model_dir)
+    actor = _PrefixActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    on_policy_nan = old.masked_fill(~unknown, float("nan"))
+    metrics = actor.update_policy(DataProto.from_dict(
+        tensors={**b, "advantages": adv, "old_log_probs": on_policy_nan, "prefix_mask": unknown},
+        meta_info={"temperature": 1.0}))
+    assert metrics["actor/nonfinite_skips"] == [1]
     assert any((a - p).abs().max() > 1e-4 for a, p in zip(results[0], _model(tiny_model_dir).parameters()))
 
 
