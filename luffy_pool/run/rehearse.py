@@ -303,6 +303,44 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
     _cached(cache, "data", dict(DATA_ROWS, seed=seed, uft=UFT_TRAIN_FILE), report["data"]["now"].split(" ")[0], data)
 
 
+TOKEN_BUDGET_KEYS = ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+
+
+def longest_templated_prompt(model_dir: str, data_dir: str) -> int:
+    """Tokens of the tiny task's longest prompt under the tiny model's chat template, as the RL dataset templates it
+    (a real model's template adds its own turn tokens and default system prompt: Qwen2.5-Math's is ~40 tokens)."""
+    from verl.utils.data_format import read_records
+    from verl.utils.tokenizer import hf_tokenizer
+
+    tok = hf_tokenizer(model_dir)
+    longest = 0
+    for name in ("openr1.parquet", "valid.parquet"):
+        for record in read_records(os.path.join(data_dir, name)):
+            messages = [{"role": m["role"], "content": m["content"]} for m in record["prompt"]]
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            longest = max(longest, len(tok(text, add_special_tokens=False)["input_ids"]))
+    return longest
+
+
+def fit_prompt_length(overrides: list[str], report: dict, longest: int) -> list[str]:
+    """``overrides`` with ``data.max_prompt_length`` raised to hold ``longest`` tokens (rounded up to 8) when the
+    scaled value does not, and the token budgets raised by as much, so each still holds the sequences it held;
+    the change goes in ``report["lengths"]``."""
+    values = dict(o.split("=", 1) for o in overrides if "=" in o)
+    key = "data.max_prompt_length"
+    if key not in values or int(values[key]) >= longest:
+        return overrides
+    old, new = int(values[key]), -(-longest // 8) * 8
+    raised = {key: new, **{k: int(values[k]) + new - old for k in TOKEN_BUDGET_KEYS if k in values}}
+    for k, v in raised.items():
+        report["lengths"].setdefault(k, [None, int(values[k])])[1] = v
+    report["prompt_for_template"] = {"tokens": longest, "max_prompt_length": new}
+    return [f"{o.split('=', 1)[0]}={raised[o.split('=', 1)[0]]}" if o.split("=", 1)[0] in raised else o
+            for o in overrides]
+
+
 def print_report(report: dict, overrides: list[str]) -> None:
     r = report
     print(f"rehearse: {r['script']} -- the script runs with its own switches; replaced (cannot exist here):")
@@ -357,8 +395,14 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
             print(f"rehearse: refused: {why}", flush=True)
             print("REHEARSAL " + json.dumps(dict(report, rc=2, refused=why)), flush=True)
             return 2
-    print_report(report, overrides)
     build_inputs(report, real_config=real_config, cache=cache and os.path.abspath(cache))
+    if recipe.kind == "rl":  # the real chat template may make the tiny prompts longer than the scaled length
+        longest = longest_templated_prompt(report["model"]["now"], report["data"]["now"].split(" ")[0])
+        overrides = fit_prompt_length(overrides, report, longest)
+        if "prompt_for_template" in report:
+            print(f"  data.max_prompt_length raised to {report['prompt_for_template']['max_prompt_length']}: the "
+                  f"model's chat template makes the tiny prompts up to {longest} tokens (token budgets raised alike)")
+    print_report(report, overrides)
     code = 0
     if not dry_run:
         run_env = dict(base_env, **env)

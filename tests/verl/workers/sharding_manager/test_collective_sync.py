@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from verl.workers.sharding_manager.collective_sync import SplitRolloutManager, WeightGroup, connect, listen
+from verl.workers.sharding_manager.collective_sync import SplitRolloutManager, WeightGroup, connect, listen, node_host
 
 
 def _run_group(size, member, timeout_s=30):
@@ -134,7 +134,8 @@ def test_listen_holds_its_port_until_the_store_is_gone():
     import socket
 
     host, port, store = listen(30)
-    assert host == "127.0.0.1" and port > 0 and store.port == port
+    # the loopback, or this node's IP when an earlier test of this process left Ray initialised
+    assert host == node_host() and port > 0 and store.port == port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
         with pytest.raises(OSError) as err:
             other.bind(("", port))
