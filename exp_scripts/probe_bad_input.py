@@ -52,7 +52,9 @@ class Outcome:
 @dataclasses.dataclass
 class Case:
     cid: str
-    ref: str  # the input class (docs/DESIGN.md §3: G1..G15, Weak, User, Load) or "extra"
+    # the input class (docs/DESIGN.md §3: G1..G15, Weak, User, Load; real models' tokens and sizes: Tokens, Lengths,
+    # Memory, Restart, Fork) or "extra"
+    ref: str
     title: str
     fn: Callable[["Context"], Outcome]
     timeout_s: float = DEFAULT_TIMEOUT_S

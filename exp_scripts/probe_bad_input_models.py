@@ -29,7 +29,7 @@ def _tiny_with_real_tokens(ctx: Context, name: str) -> str:
     return out
 
 
-@case("llama_without_pad_token", "L4", "a Llama-3.1 tokenizer (no pad token) builds the RL dataset", timeout_s=120)
+@case("llama_without_pad_token", "Tokens", "a Llama-3.1 tokenizer (no pad token) builds the RL dataset", timeout_s=120)
 def _(ctx: Context) -> Outcome:
     import pandas as pd
 
@@ -51,7 +51,7 @@ def _(ctx: Context) -> Outcome:
     return expect_accepted(build)
 
 
-@case("qwen3_second_stop_id", "L3", "a Qwen3 response ending on <|endoftext|> (its second stop id) is masked there",
+@case("qwen3_second_stop_id", "Tokens", "a Qwen3 response ending on <|endoftext|> (its second stop id) is masked there",
       timeout_s=120)
 def _(ctx: Context) -> Outcome:
     import numpy as np
@@ -92,21 +92,21 @@ def _raise(problems: list[str]) -> None:
         raise ValueError("; ".join(problems))
 
 
-@case("script_too_long_for_model", "L5", "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
+@case("script_too_long_for_model", "Lengths", "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
       timeout_s=120)
 def _(ctx: Context) -> Outcome:
     return expect_refusal(lambda: _raise(_script_config_problems(ctx, "train_exgrpo.sh", "Qwen--Qwen2.5-Math-7B")),
                           "max_position_embeddings", "data.max_response_length")
 
 
-@case("vllm_tp_heads", "L5", "vLLM TP 8 on Qwen2.5-Math-7B's 28 heads", timeout_s=120)
+@case("vllm_tp_heads", "Lengths", "vLLM TP 8 on Qwen2.5-Math-7B's 28 heads", timeout_s=120)
 def _(ctx: Context) -> Outcome:
     return expect_refusal(lambda: _raise(_script_config_problems(
         ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think", "actor_rollout_ref.rollout.tensor_model_parallel_size=8")),
         "actor_rollout_ref.rollout.tensor_model_parallel_size", "num_attention_heads")
 
 
-@case("same_failure_after_restart", "L6", "a worker that dies at the same step after its restart ends the run")
+@case("same_failure_after_restart", "Restart", "a worker that dies at the same step after its restart ends the run")
 def _(ctx: Context) -> Outcome:
     from luffy_pool.run.recovery import Failure, RestartPolicy
 
@@ -121,7 +121,7 @@ def _(ctx: Context) -> Outcome:
         "weak", again.reason[:150])
 
 
-@case("split_pool_capacity", "L6", "a restart of split engines waits for the rollout pool too")
+@case("split_pool_capacity", "Restart", "a restart of split engines waits for the rollout pool too")
 def _(ctx: Context) -> Outcome:
     from luffy_pool.run.recovery import can_host
 
@@ -155,7 +155,7 @@ def _plan_output(script: str, env: dict) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
-@case("plan_counts_vllm_communicator", "L2", "train.sh's memory plan at 80 GB counts vLLM's own TP communicator",
+@case("plan_counts_vllm_communicator", "Memory", "train.sh's memory plan at 80 GB counts vLLM's own TP communicator",
       timeout_s=120)
 def _(ctx: Context) -> Outcome:
     rc, text = _plan_output("train.sh", {})
@@ -165,7 +165,7 @@ def _(ctx: Context) -> Outcome:
     return Outcome("good", line[:150]) if line else Outcome("bad", "no line for vLLM's TP communicator")
 
 
-@case("qwen3_overrides_fit", "L10", "MODEL_OVERRIDES=Qwen3-8B: train.sh's plan fits 80 GB, KV demand under 1.2x",
+@case("qwen3_overrides_fit", "Memory", "MODEL_OVERRIDES=Qwen3-8B: train.sh's plan fits 80 GB, KV demand under 1.2x",
       timeout_s=120)
 def _(ctx: Context) -> Outcome:
     rc, text = _plan_output("train.sh", {"MODEL_PATH": "Qwen/Qwen3-8B", "MODEL_OVERRIDES": "Qwen3-8B"})
@@ -173,7 +173,7 @@ def _(ctx: Context) -> Outcome:
     return Outcome("good", (demand or ["fits"])[0][:150]) if rc == 0 else Outcome("bad", text.strip()[-150:])
 
 
-@case("exgrpo_pool_cap", "L9", "ExGRPO's pool keeps at most max_trajectories_per_question per question")
+@case("exgrpo_pool_cap", "Memory", "ExGRPO's pool keeps at most max_trajectories_per_question per question")
 def _(ctx: Context) -> Outcome:
     from luffy_pool.config.compose import compose_config
 
@@ -183,7 +183,7 @@ def _(ctx: Context) -> Outcome:
     return Outcome("good", f"cap {cap} per question") if cap and cap > 0 else Outcome("bad", f"cap {cap}")
 
 
-@case("fork_server_gpu_ranks", "L8", "the fork server does not fork ranks that ask for GPUs")
+@case("fork_server_gpu_ranks", "Fork", "the fork server does not fork ranks that ask for GPUs")
 def _(ctx: Context) -> Outcome:
     from verl.single_controller.ray.worker_zygote import gpu_refusal
 

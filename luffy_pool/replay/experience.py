@@ -17,8 +17,8 @@ trace format (response tokens without the EOS, log-probs of tokens ++ EOS) and t
 (luffy_pool/rollout/slot_plan.py).
 
 Trajectories are kept as token ids, not re-tokenised text, so the recorded log-prob vector always lines up with
-the replayed tokens (the authors' quirk Q2 cannot occur). They are int32 / float32 arrays, 8 bytes per token: Python
-lists of ints and floats cost ~70 (an 8-byte pointer plus a 28-byte int or a 24-byte float per element), which over a
+the replayed tokens (re-tokenised text could differ from the sampled tokens and misalign them). They are int32 /
+float32 arrays, 8 bytes per token: Python lists of ints and floats cost ~70 (an 8-byte pointer plus a 28-byte int or a 24-byte float per element), which over a
 701-step run is tens of GB on the driver. float32 loses nothing: the recorded log-probs are the actor's float32
 ``old_log_probs``. The authors' pool has no cap; here a question keeps its newest ``max_trajectories_per_question``
 (``algorithm.exgrpo``; 0 = no cap), which also bounds the entropy forward over a replayed question's trajectories.
