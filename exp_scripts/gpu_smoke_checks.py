@@ -61,14 +61,19 @@ def engine_actor_gap(actor_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torc
     ``kl_k3``: mean of r - 1 - log r with r = p_actor / p_engine, KL(engine || actor) estimated without
     cancelling signs (Schulman, "Approximating KL divergence", 2020); ``prob_diff_mean``: mean |p_actor - p_engine|,
     verl's training/rollout_probs_diff_mean (volcengine/verl verl/trainer/ppo/ray_trainer.py)."""
+    from verl.trainer.ppo.rollout_corr import mismatch_metrics
+
     m = mask.bool()
-    d = actor_lp.double()[m] - engine_lp.double()[m]
-    if d.numel() == 0:
+    if not m.any():
         return {"mean_actor_minus_engine": float("nan"), "kl_k3": float("nan"), "max_abs": float("nan"),
                 "prob_diff_mean": float("nan"), "tokens": 0}
+    # the rollout-correction metrics with the actor as pi_old and the engine as pi_rollout (k1 = -kl)
+    actor, engine = (torch.where(m, x.double(), 0.0) for x in (actor_lp, engine_lp))  # no NaN from outside the mask
+    kl = mismatch_metrics(actor, engine, m.double())
+    d = actor_lp.double()[m] - engine_lp.double()[m]
     probs = (actor_lp.double()[m].exp() - engine_lp.double()[m].exp()).abs()
-    return {"mean_actor_minus_engine": float(d.mean()), "kl_k3": float((d.exp() - 1 - d).mean()),
-            "max_abs": float(d.abs().max()), "prob_diff_mean": float(probs.mean()), "tokens": int(d.numel())}
+    return {"mean_actor_minus_engine": -kl["kl"], "kl_k3": kl["k3_kl"], "max_abs": float(d.abs().max()),
+            "prob_diff_mean": float(probs.mean()), "tokens": int(d.numel())}
 
 
 def gap_within(gap: dict, bound: float) -> bool:

@@ -6,7 +6,6 @@ Each case builds the tiny model with the real model's tokens from tests/data/mod
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -18,15 +17,10 @@ CONFIGS = os.path.join(REPO, "tests", "data", "model_configs")
 
 
 def _tiny_with_real_tokens(ctx: Context, name: str) -> str:
-    from luffy_pool.tiny.model import TinyModelSpec, build_tiny_model
-    from luffy_pool.tiny.model_tokens import read_real_tokens
+    from luffy_pool.tiny.model import TinyModelSpec, build_tiny_model_like
 
-    path = os.path.join(CONFIGS, name + ".json")
-    with open(path) as f:
-        real = json.load(f)
-    out = ctx.tmp(name.split("--")[-1])
-    build_tiny_model(out, TinyModelSpec(num_hidden_layers=1), model_config=real, real_tokens=read_real_tokens(path))
-    return out
+    return build_tiny_model_like(ctx.tmp(name.split("--")[-1]), os.path.join(CONFIGS, name + ".json"),
+                                 TinyModelSpec(num_hidden_layers=1))
 
 
 @case("llama_without_pad_token", "Tokens", "a Llama-3.1 tokenizer (no pad token) builds the RL dataset", timeout_s=120)
@@ -73,18 +67,12 @@ def _(ctx: Context) -> Outcome:
 
 
 def _script_config_problems(ctx: Context, script: str, config_name: str, *extra: str) -> list[str]:
-    from luffy_pool.config.check import prepare_overrides, validate_config
-    from luffy_pool.config.compose import compose_config
-    from luffy_pool.methods import apply_method
-    from luffy_pool.run.recipe import read_recipe
+    from luffy_pool.memory_plan.launch_script import script_config_problems
 
     folder = ctx.tmp(config_name.split("--")[-1])
     shutil.copyfile(os.path.join(CONFIGS, config_name + ".json"), os.path.join(folder, "config.json"))
     env = dict(os.environ, MODEL_PATH=folder)
-    recipe = read_recipe(os.path.join(REPO, "exp_scripts", script), env, args=list(extra))
-    cfg = compose_config(prepare_overrides([a for a in recipe.overrides if "=" in a and not a.startswith("-")]))
-    apply_method(cfg)
-    return validate_config(cfg)
+    return script_config_problems(os.path.join(REPO, "exp_scripts", script), extra, env)
 
 
 def _raise(problems: list[str]) -> None:
@@ -92,7 +80,8 @@ def _raise(problems: list[str]) -> None:
         raise ValueError("; ".join(problems))
 
 
-@case("script_too_long_for_model", "Lengths", "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
+@case("script_too_long_for_model", "Lengths",
+      "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
       timeout_s=120)
 def _(ctx: Context) -> Outcome:
     return expect_refusal(lambda: _raise(_script_config_problems(ctx, "train_exgrpo.sh", "Qwen--Qwen2.5-Math-7B")),
@@ -101,9 +90,10 @@ def _(ctx: Context) -> Outcome:
 
 @case("vllm_tp_heads", "Lengths", "vLLM TP 8 on Qwen2.5-Math-7B's 28 heads", timeout_s=120)
 def _(ctx: Context) -> Outcome:
-    return expect_refusal(lambda: _raise(_script_config_problems(
-        ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think", "actor_rollout_ref.rollout.tensor_model_parallel_size=8")),
-        "actor_rollout_ref.rollout.tensor_model_parallel_size", "num_attention_heads")
+    tp8 = "actor_rollout_ref.rollout.tensor_model_parallel_size=8"
+    return expect_refusal(lambda: _raise(_script_config_problems(ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think",
+                                                                 tp8)),
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size", "num_attention_heads")
 
 
 @case("same_failure_after_restart", "Restart", "a worker that dies at the same step after its restart ends the run")

@@ -1,5 +1,6 @@
 """The Hydra overrides a launch script passes, for the offline memory plan.
 
+The same overrides composed and checked (``script_config_problems``) are what a launch would be refused with.
 The script is read the way the rehearsal reads it (``luffy_pool.run.recipe.read_recipe``): bash runs it with a
 stand-in ``$PYTHON`` that records its command line and starts nothing, so bash arrays, ``${NAME:-default}``,
 ``exec bash train.sh ... "$@"`` wrappers and anything else a script does give exactly the overrides a real
@@ -37,3 +38,20 @@ def gpu_line(script: str) -> str:
             if line.startswith("# GPU: "):
                 return line[2:].strip()
     return ""
+
+
+def script_config_problems(script: str, extra: Sequence[str] = (),
+                           env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """What a launch of ``bash script *extra`` is refused with before any worker starts, one line each (empty:
+    none): its composed config with ``algorithm.method`` applied, through the config checker, which reads a local
+    model's config.json for its positions and heads (against Ulysses SP and vLLM TP)."""
+    from luffy_pool.config.check import prepare_overrides, validate_config
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.methods import apply_method
+
+    config = compose_config(prepare_overrides(script_overrides(script, extra, env)))
+    try:
+        apply_method(config)
+    except ValueError as exc:
+        return [str(exc)]
+    return validate_config(config)

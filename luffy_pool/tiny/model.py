@@ -155,3 +155,13 @@ def _build_from_real_config(out_dir: str, spec: TinyModelSpec, real: dict, tok, 
     with open(os.path.join(out_dir, "tiny_config_record.json"), "w") as f:
         json.dump(record, f, indent=1)
     return out_dir
+
+
+def build_tiny_model_like(out_dir: str, config_path: str, spec: TinyModelSpec | None = None) -> str:
+    """``build_tiny_model`` shrunk from the published ``config.json`` at ``config_path`` (a file or a model folder),
+    with the real model's tokens where its tokenizer_config.json lies beside it (luffy_pool/tiny/model_tokens.py)."""
+    from luffy_pool.tiny.model_config import read_model_config
+    from luffy_pool.tiny.model_tokens import read_real_tokens
+
+    return build_tiny_model(out_dir, spec, model_config=read_model_config(config_path),
+                            real_tokens=read_real_tokens(config_path))

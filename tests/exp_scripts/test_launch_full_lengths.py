@@ -16,9 +16,7 @@ import shutil
 
 import pytest
 
-from luffy_pool.config.check import prepare_overrides, validate_config
-from luffy_pool.config.compose import compose_config
-from luffy_pool.methods import apply_method
+from luffy_pool.memory_plan.launch_script import script_config_problems
 from luffy_pool.run.recipe import RecipeError, discover_launch_scripts, read_recipe
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -46,10 +44,7 @@ def _problems(script, config_name, tmp_path, *extra):
     folder = tmp_path / config_name
     folder.mkdir()
     shutil.copyfile(os.path.join(CONFIGS, config_name + ".json"), folder / "config.json")
-    recipe = read_recipe(script, _env(MODEL_PATH=str(folder)), args=list(extra))
-    cfg = compose_config(prepare_overrides([a for a in recipe.overrides if "=" in a and not a.startswith("-")]))
-    apply_method(cfg)
-    return validate_config(cfg)
+    return script_config_problems(script, extra, _env(MODEL_PATH=str(folder)))
 
 
 RL = []

@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from luffy_pool.rollout.slot_plan import MixRolloutPlanner
-from luffy_pool.tiny.model import TinyModelSpec, build_tiny_model
-from luffy_pool.tiny.model_tokens import read_real_tokens
+from luffy_pool.tiny.model import TinyModelSpec, build_tiny_model_like
 from tests.helpers.sections import engine_section
 from verl.trainer.ppo.core_algos import truncated_rows
 from verl.utils.tokenizer import hf_tokenizer, stop_token_ids
@@ -38,13 +37,9 @@ def tiny_models(tmp_path_factory):
 
     def get(name):
         if name not in built:
-            path = os.path.join(CONFIGS, name + ".json")
-            with open(path) as f:
-                real = json.load(f)
             out = str(tmp_path_factory.mktemp(name.replace(".", "_")))
-            build_tiny_model(out, TinyModelSpec(num_hidden_layers=1), model_config=real,
-                             real_tokens=read_real_tokens(path))
-            built[name] = out
+            built[name] = build_tiny_model_like(out, os.path.join(CONFIGS, name + ".json"),
+                                                TinyModelSpec(num_hidden_layers=1))
         return built[name]
 
     return get
