@@ -167,7 +167,7 @@ class HFGenerator:
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0, batch_size: int = 16):
         import torch
         from luffy_pool.config.compose import rollout_section
-        from verl.utils.tokenizer import hf_tokenizer
+        from verl.utils.tokenizer import hf_tokenizer, stop_token_ids
         from verl.workers.rollout.hf_rollout import HFRollout
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,9 +177,7 @@ class HFGenerator:
         self.engine = HFRollout(model_path, self.section, device=self.device)
         self.model = self.engine.model
         self.seed, self.batch_size = seed, batch_size
-        self.eos_ids = set(self.engine.eos_ids)
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_ids.add(int(self.tokenizer.eos_token_id))
+        self.eos_ids = set(stop_token_ids(self.tokenizer, model_path))  # what the engine stops on
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingArgs) -> list[list[Completion]]:
