@@ -29,17 +29,23 @@ def test_rollout_is_without_engine_log_probs_is_refused_before_any_worker(compos
                                 "sampling log-probs with the actor's); set it or set the correction to null"]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("rollout", ["vllm", "hf"])
-def test_token_is_two_steps_logs_rollout_corr(rollout, tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
-                                              compose_config, luffy_overrides, fit_with_fingerprints):
-    overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout=rollout, steps=2)
-    config = compose_config(overrides + [f"{RC}.rollout_is=token", f"{CALC}=True"])
+def _two_steps(rollout, extra, model_dir, task_dir, tmp_path, compose_config, luffy_overrides, fit_with_fingerprints):
+    """Two checked training steps with ``extra`` overrides; asserts the weights moved; the metrics rows."""
+    config = compose_config(luffy_overrides(model_dir, task_dir, str(tmp_path), rollout=rollout, steps=2) + extra)
     check_config(config)
     _, before, _, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]
+    return rows
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("rollout", ["vllm", "hf"])
+def test_token_is_two_steps_logs_rollout_corr(rollout, tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
+                                              compose_config, luffy_overrides, fit_with_fingerprints):
+    rows = _two_steps(rollout, [f"{RC}.rollout_is=token", f"{CALC}=True"], tiny_model_dir, tiny_task_dir, tmp_path,
+                      compose_config, luffy_overrides, fit_with_fingerprints)
     for r in rows:
         corr = {k: v for k, v in r.items() if k.startswith("rollout_corr/")}
         print(f"[{rollout}] step {r['step']}: " + ", ".join(f"{k}={v:.6g}" for k, v in sorted(corr.items())))
@@ -58,13 +64,8 @@ def test_bypass_mode_trains_without_the_old_log_prob_pass_and_validates_on_one_p
     """vLLM engines, LUFFY's full-trace slots (off-policy tokens the engine did not sample), bypass mode: no
     old-log-prob pass, finite losses, the weights move; validation at step 2 in four chunks of 2 prompts, each
     generated on the one push before the first (a chunk without a push is refused by the sharding manager)."""
-    overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="vllm", steps=2)
-    config = compose_config(overrides + [f"{RC}.bypass_mode=True", f"{CALC}=True", "data.val_batch_size=2"])
-    check_config(config)
-    _, before, _, after = fit_with_fingerprints(config)
-    assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [1, 2]
+    rows = _two_steps("vllm", [f"{RC}.bypass_mode=True", f"{CALC}=True", "data.val_batch_size=2"], tiny_model_dir,
+                      tiny_task_dir, tmp_path, compose_config, luffy_overrides, fit_with_fingerprints)
     for r in rows:
         assert "timing_s/old_log_prob" not in r  # the engine's log-probs were the old ones
         assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "actor/ppo_kl", "actor/off_pg_loss"))

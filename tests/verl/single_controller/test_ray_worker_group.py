@@ -113,6 +113,19 @@ def group(ray_session):
     pool.release()
 
 
+def _forked_group(ranks: int, worker_cls, prefix: str):
+    """A worker group of ``ranks`` CPU ranks started through the fork server (the switch set only while it starts)."""
+    from verl.single_controller.ray.base import FORK_WORKERS_ENV
+
+    before = os.environ.get(FORK_WORKERS_ENV)
+    os.environ[FORK_WORKERS_ENV] = "1"
+    try:
+        return RayWorkerGroup(RayResourcePool([ranks], use_gpu=False, name_prefix=f"{prefix}_pool"), worker_cls,
+                              name_prefix=prefix)
+    finally:
+        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+
+
 def test_ranks_see_group_environment(group):
     info = group.whoami("hello")
     assert [i["rank"] for i in info] == [0, 1] and {i["world_size"] for i in info} == {2}
@@ -244,7 +257,6 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
     """LUFFY_FORK_WORKERS=1 (tests/run.sh sets it): both ranks are forked from one process that imported the
     worker's module (verl/single_controller/ray/worker_zygote.py); each still sees its own rank's environment,
     joins gloo and had its start-up collector pause."""
-    from verl.single_controller.ray.base import FORK_WORKERS_ENV
 
     def parent(pid):
         with open(f"/proc/{pid}/status") as f:
@@ -257,16 +269,10 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
         assert "worker_zygote.py --serve" in guard_cmd
         return parent(guard)
 
-    before = os.environ.get(FORK_WORKERS_ENV)
-    os.environ[FORK_WORKERS_ENV] = "1"
-    pool = RayResourcePool([2], use_gpu=False, name_prefix="forked_pool")
     worker_cls = RayClassWithInitArgs(ProbeWorker, scale=2)
     # the module group's environment: where tests/run.sh forks that group too, its zygote serves this one
     worker_cls.update_options({"runtime_env": {"env_vars": {"PROBE_FLAG": "on"}}})
-    try:
-        wg = RayWorkerGroup(pool, worker_cls, name_prefix="forked")
-    finally:
-        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+    wg = _forked_group(2, worker_cls, "forked")
     try:
         info = wg.whoami("forked")
         (z0, cmd0), (z1, _) = (zygote(i["pid"]) for i in info)
@@ -277,7 +283,7 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
         assert all(rank["enabled"] and rank["frozen"] > 100_000 for rank in wg.collector())
     finally:
         wg.shutdown()
-        pool.release()
+        wg.resource_pool.release()
 
 
 def _hold_the_gil(worker, seconds: float) -> None:
@@ -291,15 +297,8 @@ def test_ray_kill_of_a_forked_rank_holding_the_gil_is_a_hard_kill(ray_session):
     """ray.kill of a forked rank blocked in a C call that keeps the GIL ends its process within seconds. Ray 2.60
     SIGKILLs the PID the rank registered; where the process Ray started (the client) is killed instead, the rank's
     guard and parent-death signal end it (tests/verl/single_controller/test_worker_zygote.py)."""
-    from verl.single_controller.ray.base import FORK_WORKERS_ENV
 
-    before = os.environ.get(FORK_WORKERS_ENV)
-    os.environ[FORK_WORKERS_ENV] = "1"
-    pool = RayResourcePool([1], use_gpu=False, name_prefix="stuck_pool")
-    try:
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(Worker), name_prefix="stuck")
-    finally:
-        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+    wg = _forked_group(1, RayClassWithInitArgs(Worker), "stuck")
     try:
         rank = wg.workers[0]
         pid, zygote, command, _ = ray.get(rank.__ray_call__.remote(_where))
@@ -316,7 +315,7 @@ def test_ray_kill_of_a_forked_rank_holding_the_gil_is_a_hard_kill(ray_session):
             time.sleep(0.05)
     finally:
         wg.shutdown()
-        pool.release()
+        wg.resource_pool.release()
 
 
 def _zygote_of_this_rank() -> int:
@@ -362,13 +361,7 @@ def test_one_zygote_serves_two_jobs_and_each_rank_registers_with_its_own_job(ray
 
     from verl.single_controller.ray.base import FORK_WORKERS_ENV
 
-    before = os.environ.get(FORK_WORKERS_ENV)
-    os.environ[FORK_WORKERS_ENV] = "1"
-    pool = RayResourcePool([2], use_gpu=False, name_prefix="first_job_pool")
-    try:
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(Worker), name_prefix="first_job")
-    finally:
-        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+    wg = _forked_group(2, RayClassWithInitArgs(Worker), "first_job")
     try:
         ours = ray.get([w.__ray_call__.remote(_where) for w in wg.workers])
         script = tmp_path / "second_job.py"
@@ -389,4 +382,4 @@ def test_one_zygote_serves_two_jobs_and_each_rank_registers_with_its_own_job(ray
         assert [r[0] for r in ray.get([w.__ray_call__.remote(_where) for w in wg.workers])] == [r[0] for r in ours]
     finally:
         wg.shutdown()
-        pool.release()
+        wg.resource_pool.release()
