@@ -1,4 +1,5 @@
 """Install LUFFY-POOL: the verl fork (``verl``), the dual-pool method (``luffy_pool``) and rewards (``deepscaler``)."""
+
 from setuptools import find_packages, setup
 
 
@@ -15,6 +16,10 @@ setup(
     packages=find_packages(include=["verl", "verl.*", "luffy_pool", "luffy_pool.*", "deepscaler", "deepscaler.*"]),
     package_data={"luffy_pool": ["config/*.yaml"], "verl": ["trainer/config/*.yaml"]},
     install_requires=[],  # pinned stacks live in requirements*.txt (CPU and GPU differ)
-    extras_require={"cpu": _reqs("requirements.txt"), "gpu": _reqs("requirements-gpu.txt"), "bench": _reqs("requirements-bench.txt")},
+    extras_require={
+        "cpu": _reqs("requirements.txt"),
+        "gpu": _reqs("requirements-gpu.txt"),
+        "bench": _reqs("requirements-bench.txt"),
+    },
     entry_points={"console_scripts": ["luffy-train=luffy_pool.main_mix_ppo:main"]},
 )

@@ -8,6 +8,7 @@ would drop (counts, and one line per row in ``<output>.regrade.jsonl``); only ``
 them, and the kept rows still keep their indices. ``--val_dir`` validates LUFFY's ``valid*.parquet`` files
 (its data/ folder) and writes them next to ``--output``, where exp_scripts/train.sh looks for them.
 """
+
 from __future__ import annotations
 
 import glob
@@ -16,8 +17,16 @@ import os
 import shutil
 from typing import Optional
 
-from verl.utils.data_format import (DataFormatError, build_prompt, progress, read_eval_table, read_records, sibling_path,
-                                    validate_training_row, write_records)
+from verl.utils.data_format import (
+    DataFormatError,
+    build_prompt,
+    progress,
+    read_eval_table,
+    read_records,
+    sibling_path,
+    validate_training_row,
+    write_records,
+)
 
 
 def regrade_failures(rows: list[dict], grader: str, workers: int) -> list[dict]:
@@ -29,8 +38,11 @@ def regrade_failures(rows: list[dict], grader: str, workers: int) -> list[dict]:
     failures = []
     for i, (row, g) in enumerate(zip(rows, grade_many(tasks, workers, bar))):
         if not g.correct:
-            reason = f"grader {g.status}" if g.status == "timeout" or g.status.startswith("error") else \
-                f"answer fails {grader} grading ({g.status})"
+            reason = (
+                f"grader {g.status}"
+                if g.status == "timeout" or g.status.startswith("error")
+                else f"answer fails {grader} grading ({g.status})"
+            )
             failures.append({"row": i, "index": row["extra_info"].get("index"), "reason": reason})
     return failures
 
@@ -75,9 +87,14 @@ def prepare_luffy(args, system_prompt: Optional[str], keep_prompt: bool) -> dict
         with open(report_path, "w") as f:
             for failure in failures:
                 f.write(json.dumps(failure) + "\n")
-        print(f"re-grading with {args.grader}: {len(failures)} of {len(checked)} targets fail; listed in {report_path}"
-              + ("; dropped (--drop_failed)" if args.drop_failed else "; kept (LUFFY trained on them; --drop_failed "
-                                                                       "True drops them)"))
+        print(
+            f"re-grading with {args.grader}: {len(failures)} of {len(checked)} targets fail; listed in {report_path}"
+            + (
+                "; dropped (--drop_failed)"
+                if args.drop_failed
+                else "; kept (LUFFY trained on them; --drop_failed True drops them)"
+            )
+        )
         if args.drop_failed:
             failed = {f["row"] for f in failures}
             out = [rec for i, rec in enumerate(out) if i not in failed]
@@ -90,6 +107,8 @@ def prepare_luffy(args, system_prompt: Optional[str], keep_prompt: bool) -> dict
     if args.val_dir:
         for path in copy_validation_files(args.val_dir, args.output):
             paths[os.path.basename(path)] = path
-    print(f"luffy: {summary['written']} of {summary['read']} rows written to {args.output} (indices kept)"
-          + "".join(f"; {name}: {p}" for name, p in paths.items() if name.startswith("valid")))
+    print(
+        f"luffy: {summary['written']} of {summary['read']} rows written to {args.output} (indices kept)"
+        + "".join(f"; {name}: {p}" for name, p in paths.items() if name.startswith("valid"))
+    )
     return {"summary": summary, "paths": paths}

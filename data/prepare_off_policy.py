@@ -9,6 +9,7 @@ Identical traces of one prompt are written once; ``--max_per_prompt`` keeps the 
 
     python data/prepare_off_policy.py GRADED.jsonl --output traces.parquet [--max_per_prompt 2] [--keep all]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,20 +36,21 @@ def trace_row(sample: dict, path: str, line: int) -> dict:
         hint = " (rerun eval_scripts/generate_vllm.py with --logprobs True)" if "logprobs" in missing else ""
         raise DataFormatError(path, f"missing {missing}{hint}", line=line)
     if sample["index"] is None:
-        raise DataFormatError(path, "'index' is null: the input parquet needs extra_info.index (the training rows' "
-                                    "prompt id)", line=line)
+        raise DataFormatError(
+            path, "'index' is null: the input parquet needs extra_info.index (the training rows' prompt id)", line=line
+        )
     ids, lps = list(sample["token_ids"]), sample["logprobs"]
     if lps is None or len(lps) != len(ids):
         raise DataFormatError(path, f"{0 if lps is None else len(lps)} log-probs for {len(ids)} token ids", line=line)
     lps = [float(v) for v in lps]
     if any(not math.isfinite(v) or v > 1e-6 for v in lps):
-        raise DataFormatError(path, f"'logprobs' must be finite log-probabilities (<= 0)", line=line)
+        raise DataFormatError(path, "'logprobs' must be finite log-probabilities (<= 0)", line=line)
     if sample["finish_reason"] == "stop":
         ids = ids[:-1]  # the sampled EOS: the pool appends it again; its log-prob stays as the extra entry
     else:
         lps = lps[: len(ids)]
     if not ids:
-        raise DataFormatError(path, f"empty trace", line=line)
+        raise DataFormatError(path, "empty trace", line=line)
     return {"index": sample["index"], "trace": sample["generated_text"], "token_ids": ids, "logprobs": lps}
 
 
@@ -76,8 +78,11 @@ def convert(path: str, output: str, keep: str = "correct", max_per_prompt: Optio
             stats["read"] += 1
             if keep == "correct":
                 if "correct" not in sample:
-                    raise DataFormatError(path, "no 'correct' field: pass the graded output of generate_vllm.py "
-                                                "(not the .decoded.jsonl)", line=line_no)
+                    raise DataFormatError(
+                        path,
+                        "no 'correct' field: pass the graded output of generate_vllm.py (not the .decoded.jsonl)",
+                        line=line_no,
+                    )
                 if not sample["correct"]:
                     continue
             stats["kept"] += 1
@@ -99,20 +104,29 @@ def convert(path: str, output: str, keep: str = "correct", max_per_prompt: Optio
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    ap = argparse.ArgumentParser(prog="python data/prepare_off_policy.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python data/prepare_off_policy.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("graded", help="graded samples of generate_vllm.py --logprobs True (.jsonl)")
     ap.add_argument("--output", required=True, help="trace file for data.off_policy_files (.parquet)")
-    ap.add_argument("--keep", choices=("correct", "all"), default="correct",
-                    help="correct: only samples its grader pass marked correct (the pool's traces are meant to succeed)")
+    ap.add_argument(
+        "--keep",
+        choices=("correct", "all"),
+        default="correct",
+        help="correct: only samples its grader pass marked correct (the pool's traces are meant to succeed)",
+    )
     ap.add_argument("--max_per_prompt", type=int, default=None, help="keep at most K distinct traces per prompt")
     args = ap.parse_args(argv)
     if args.max_per_prompt is not None and args.max_per_prompt < 1:
         ap.error("--max_per_prompt must be >= 1")
     stats = convert(args.graded, args.output, args.keep, args.max_per_prompt)
-    print(f"{stats['read']} samples, {stats['kept']} {args.keep}, {stats['written']} traces for {stats['prompts']} "
-          f"prompts written to {args.output} (duplicates {stats.get('duplicates', 0)}, over --max_per_prompt "
-          f"{stats.get('over_max_per_prompt', 0)})")
+    print(
+        f"{stats['read']} samples, {stats['kept']} {args.keep}, {stats['written']} traces for {stats['prompts']} "
+        f"prompts written to {args.output} (duplicates {stats.get('duplicates', 0)}, over --max_per_prompt "
+        f"{stats.get('over_max_per_prompt', 0)})"
+    )
 
 
 if __name__ == "__main__":

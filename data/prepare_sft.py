@@ -7,6 +7,7 @@ jsonl (OpenRLHF ``--input_key prompt --output_key target --apply_chat_template``
 project's SFT trainer, ``data.prompt_key=prompt data.response_key=target``). ``--prompt_format
 question`` writes the bare problem text instead of the message list.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,23 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from verl.utils.data_format import (DataFormatError, progress, read_records, run_cli, strip_think_open, user_text,
-                         validate_training_row, write_records)
+from verl.utils.data_format import (
+    DataFormatError,
+    progress,
+    read_records,
+    run_cli,
+    strip_think_open,
+    user_text,
+    validate_training_row,
+    write_records,
+)
 
 PROMPT_FORMATS = ("messages", "question")
 
 
-def to_sft_record(row: dict, prompt_format: str = "messages", system_prompt: Optional[str] = None,
-                  drop_system: bool = False) -> dict:
+def to_sft_record(
+    row: dict, prompt_format: str = "messages", system_prompt: Optional[str] = None, drop_system: bool = False
+) -> dict:
     """One validated training row -> ``{prompt, target, data_source}``."""
     prompt = [m for m in row["prompt"] if not (drop_system or system_prompt) or m["role"] != "system"]
     if system_prompt:
@@ -37,8 +47,13 @@ def to_sft_record(row: dict, prompt_format: str = "messages", system_prompt: Opt
     }
 
 
-def convert(rows: Sequence[dict], path: str, prompt_format: str = "messages", system_prompt: Optional[str] = None,
-            drop_system: bool = False) -> list[dict]:
+def convert(
+    rows: Sequence[dict],
+    path: str,
+    prompt_format: str = "messages",
+    system_prompt: Optional[str] = None,
+    drop_system: bool = False,
+) -> list[dict]:
     """Validate training rows (docs/METHOD.md §3.1; errors name ``path``/row/column) and convert them; empty traces are errors."""
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
@@ -52,18 +67,28 @@ def convert(rows: Sequence[dict], path: str, prompt_format: str = "messages", sy
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    ap = argparse.ArgumentParser(prog="python data/prepare_sft.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python data/prepare_sft.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--input", required=True, help="training table (.parquet/.jsonl/.json) in LUFFY's format")
     ap.add_argument("--output", required=True, help="SFT output, .jsonl (OpenRLHF) or .parquet")
     ap.add_argument("--max_rows", type=int, default=None, help="only the first N rows")
-    ap.add_argument("--prompt_format", choices=PROMPT_FORMATS, default="messages",
-                    help="messages = the chat list of the input; question = the bare problem text")
+    ap.add_argument(
+        "--prompt_format",
+        choices=PROMPT_FORMATS,
+        default="messages",
+        help="messages = the chat list of the input; question = the bare problem text",
+    )
     ap.add_argument("--system_prompt", default=None, help="replace the rows' system message")
     ap.add_argument("--no_system_prompt", action="store_true", help="drop the rows' system message")
     args = ap.parse_args(argv)
-    records = convert(read_records(args.input, args.max_rows), args.input, args.prompt_format, args.system_prompt,
-                      args.no_system_prompt)
+    records = convert(
+        read_records(args.input, args.max_rows),
+        args.input,
+        args.prompt_format,
+        args.system_prompt,
+        args.no_system_prompt,
+    )
     if not records:
         raise DataFormatError(args.input, "no rows")
     write_records(records, args.output)

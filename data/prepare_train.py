@@ -19,6 +19,7 @@ The prompt is [system, user=problem] with LUFFY's R1-style system prompt (``--sy
 ``--no_system_prompt``; the synthetic task defaults to its own short prompt, the luffy source keeps the
 file's prompt unless told otherwise). ``--val_fraction`` also writes ``<output>.val.parquet``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,10 +33,24 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from verl.utils.data_format import (R1_SYSTEM_PROMPT, DataFormatError, DropSummary, add_bool_arg, build_prompt,
-                         check_ground_truth, check_text, has_think_structure, progress,
-                         prompt_hash_fraction, read_records, require_columns, run_cli, sibling_path, user_text,
-                         write_records)
+from verl.utils.data_format import (
+    R1_SYSTEM_PROMPT,
+    DataFormatError,
+    DropSummary,
+    add_bool_arg,
+    build_prompt,
+    check_ground_truth,
+    check_text,
+    has_think_structure,
+    progress,
+    prompt_hash_fraction,
+    read_records,
+    require_columns,
+    run_cli,
+    sibling_path,
+    user_text,
+    write_records,
+)
 
 SOURCES = ("openr1", "gsm8k", "synthetic", "luffy")
 DEFAULT_DATA_SOURCE = {"openr1": "openr1", "gsm8k": "gsm8k", "synthetic": "synthetic_arith"}
@@ -74,8 +89,9 @@ def gsm8k_trace(solution: str, path: str = "<gsm8k>", row: int = 0) -> tuple[str
     return f"<think>\n{body}\n</think>\nThe answer is \\boxed{{{ground_truth}}}.", ground_truth
 
 
-def gsm8k_candidates(path: str, max_rows: Optional[int], data_source: str, question_col: str = "question",
-                     solution_col: str = "answer") -> Iterator[Candidate]:
+def gsm8k_candidates(
+    path: str, max_rows: Optional[int], data_source: str, question_col: str = "question", solution_col: str = "answer"
+) -> Iterator[Candidate]:
     records = read_records(path, max_rows)
     require_columns(records, (question_col, solution_col), path)
     for i, rec in enumerate(records):
@@ -89,12 +105,22 @@ def detect_trace_column(records: Sequence[dict], path: str) -> str:
     for col in TRACE_COLUMN_CANDIDATES:
         if records and col in records[0]:
             return col
-    raise DataFormatError(path, f"no trace column found (tried {', '.join(TRACE_COLUMN_CANDIDATES)}); "
-                          "pass --trace_column", row=0, column=TRACE_COLUMN_CANDIDATES[0])
+    raise DataFormatError(
+        path,
+        f"no trace column found (tried {', '.join(TRACE_COLUMN_CANDIDATES)}); pass --trace_column",
+        row=0,
+        column=TRACE_COLUMN_CANDIDATES[0],
+    )
 
 
-def openr1_candidates(path: str, max_rows: Optional[int], data_source: str, question_col: str = "problem",
-                      trace_col: Optional[str] = None, answer_col: str = "answer") -> Iterator[Candidate]:
+def openr1_candidates(
+    path: str,
+    max_rows: Optional[int],
+    data_source: str,
+    question_col: str = "problem",
+    trace_col: Optional[str] = None,
+    answer_col: str = "answer",
+) -> Iterator[Candidate]:
     records = read_records(path, max_rows)
     trace_col = trace_col or detect_trace_column(records, path)
     require_columns(records, (question_col, trace_col, answer_col), path)
@@ -104,8 +130,9 @@ def openr1_candidates(path: str, max_rows: Optional[int], data_source: str, ques
         if isinstance(traces, str):
             traces = [traces]
         if not isinstance(traces, list) or not all(isinstance(t, str) for t in traces):
-            raise DataFormatError(path, f"expected a string or a list of strings, got {type(traces).__name__}",
-                                  i, trace_col)
+            raise DataFormatError(
+                path, f"expected a string or a list of strings, got {type(traces).__name__}", i, trace_col
+            )
         answer = rec[answer_col]
         if answer is None or (isinstance(answer, str) and not answer.strip()):
             # Source datasets have problems without a final answer (proofs); nothing can verify a trace.
@@ -135,8 +162,14 @@ def synthetic_candidates(n_rows: int, level: int, ops: str, seed: int, data_sour
 class TraceFilter:
     """Keeps the first trace of a candidate that has a think block, fits the token limit and grades correct."""
 
-    def __init__(self, summary: DropSummary, tokenizer_path: Optional[str] = None,
-                 max_trace_tokens: Optional[int] = None, grader: Optional[str] = "math_verify", workers: int = 1):
+    def __init__(
+        self,
+        summary: DropSummary,
+        tokenizer_path: Optional[str] = None,
+        max_trace_tokens: Optional[int] = None,
+        grader: Optional[str] = "math_verify",
+        workers: int = 1,
+    ):
         if max_trace_tokens and not tokenizer_path:
             raise ValueError("--max_trace_tokens needs --tokenizer (a model folder or tokenizer name)")
         self.summary, self.max_trace_tokens, self.grader, self.workers = summary, max_trace_tokens, grader, workers
@@ -202,22 +235,29 @@ class TraceFilter:
         return out
 
 
-def build_rows(candidates: list[Candidate], chosen: list[Optional[str]], system_prompt: Optional[str],
-               keep_prompt: bool, summary: DropSummary) -> list[dict]:
+def build_rows(
+    candidates: list[Candidate],
+    chosen: list[Optional[str]],
+    system_prompt: Optional[str],
+    keep_prompt: bool,
+    summary: DropSummary,
+) -> list[dict]:
     rows = []
     for cand, trace in zip(candidates, chosen):
         if cand.drop_reason or trace is None:
             summary.drop_row(cand.drop_reason or "no usable trace")
             continue
         prompt = cand.prompt if keep_prompt and cand.prompt else build_prompt(cand.question, system_prompt)
-        rows.append({
-            "data_source": cand.data_source,
-            "prompt": prompt,
-            "target": [{"role": "assistant", "content": trace}],
-            "ability": "math",
-            "reward_model": {"ground_truth": cand.ground_truth, "style": "rule"},
-            "extra_info": {"index": 0, "split": ""},  # set per output file below
-        })
+        rows.append(
+            {
+                "data_source": cand.data_source,
+                "prompt": prompt,
+                "target": [{"role": "assistant", "content": trace}],
+                "ability": "math",
+                "reward_model": {"ground_truth": cand.ground_truth, "style": "rule"},
+                "extra_info": {"index": 0, "split": ""},  # set per output file below
+            }
+        )
     return rows
 
 
@@ -238,8 +278,9 @@ def finalize(rows: list[dict], split: str) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python data/prepare_train.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python data/prepare_train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--source", choices=SOURCES, required=True)
     ap.add_argument("--input", default=None, help="input table (.parquet/.jsonl/.json); not for --source synthetic")
     ap.add_argument("--output", required=True, help="output .parquet (or .jsonl)")
@@ -252,13 +293,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no_system_prompt", action="store_true", help="prompt = [user] only")
     ap.add_argument("--tokenizer", default=None, help="tokenizer for --max_trace_tokens")
     ap.add_argument("--max_trace_tokens", type=int, default=None, help="drop traces longer than this (LUFFY: 8192)")
-    ap.add_argument("--grader", default="math_verify", choices=("math_verify", "rule", "both", "any"),
-                    help="grader that must accept a trace's answer")
-    add_bool_arg(ap, "--verify", default=None, help="grade traces and drop the wrong ones (None = True, except for "
-                 "--source luffy, where True only reports what it would drop)")
+    ap.add_argument(
+        "--grader",
+        default="math_verify",
+        choices=("math_verify", "rule", "both", "any"),
+        help="grader that must accept a trace's answer",
+    )
+    add_bool_arg(
+        ap,
+        "--verify",
+        default=None,
+        help="grade traces and drop the wrong ones (None = True, except for "
+        "--source luffy, where True only reports what it would drop)",
+    )
     add_bool_arg(ap, "--drop_failed", default=False, help="--source luffy --verify True: also drop the failing rows")
-    ap.add_argument("--val_dir", default=None, help="folder with LUFFY's valid*.parquet (its data/ folder, e.g. "
-                    "data/benchmarks): each is validated and written next to --output")
+    ap.add_argument(
+        "--val_dir",
+        default=None,
+        help="folder with LUFFY's valid*.parquet (its data/ folder, e.g. "
+        "data/benchmarks): each is validated and written next to --output",
+    )
     ap.add_argument("--num_workers", type=int, default=1, help="grading processes")
     ap.add_argument("--question_column", default=None, help="default: problem (openr1) / question (gsm8k)")
     ap.add_argument("--trace_column", default=None, help=f"openr1 traces (default: first of {TRACE_COLUMN_CANDIDATES})")
@@ -274,14 +328,22 @@ def collect_candidates(args) -> list[Candidate]:
         raise SystemExit(f"error: --source {args.source} needs --input")
     data_source = args.data_source or DEFAULT_DATA_SOURCE.get(args.source)
     if args.source == "gsm8k":
-        it = gsm8k_candidates(args.input, args.max_rows, data_source, args.question_column or "question",
-                              args.answer_column)
+        it = gsm8k_candidates(
+            args.input, args.max_rows, data_source, args.question_column or "question", args.answer_column
+        )
     elif args.source == "openr1":
-        it = openr1_candidates(args.input, args.max_rows, data_source, args.question_column or "problem",
-                               args.trace_column, args.answer_column)
+        it = openr1_candidates(
+            args.input,
+            args.max_rows,
+            data_source,
+            args.question_column or "problem",
+            args.trace_column,
+            args.answer_column,
+        )
     else:
-        it = synthetic_candidates(min(args.n_rows, args.max_rows or args.n_rows), args.level, args.ops, args.seed,
-                                  data_source)
+        it = synthetic_candidates(
+            min(args.n_rows, args.max_rows or args.n_rows), args.level, args.ops, args.seed, data_source
+        )
     return list(progress(it, f"reading {args.source}"))
 
 
@@ -308,8 +370,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         if not args.input:
             raise SystemExit("error: --source luffy needs --input")
         if args.val_fraction:
-            raise SystemExit("error: --val_fraction does not apply to --source luffy (its rows are kept as they are); "
-                             "use --val_dir for LUFFY's validation parquets")
+            raise SystemExit(
+                "error: --val_fraction does not apply to --source luffy (its rows are kept as they are); "
+                "use --val_dir for LUFFY's validation parquets"
+            )
         from data.luffy_source import prepare_luffy
 
         return prepare_luffy(args, *resolve_system_prompt(args))
@@ -318,8 +382,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     summary = DropSummary()
     candidates = collect_candidates(args)
     summary.read = len(candidates)
-    trace_filter = TraceFilter(summary, args.tokenizer, args.max_trace_tokens,
-                               args.grader if args.verify else None, args.num_workers)
+    trace_filter = TraceFilter(
+        summary, args.tokenizer, args.max_trace_tokens, args.grader if args.verify else None, args.num_workers
+    )
     system_prompt, keep_prompt = resolve_system_prompt(args)
     rows = build_rows(candidates, trace_filter.select(candidates), system_prompt, keep_prompt, summary)
     train, val = split_rows(rows, args.val_fraction, args.seed)
@@ -332,8 +397,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for line in summary.lines():
         print(line)
     names = {"train": args.split}  # the main output is labelled by its --split (e.g. "test:")
-    print(", ".join(f"{names.get(name, name)}: {path} ({n} rows)"
-                    for (name, path), n in zip(written.items(), (len(train), len(val)))))
+    print(
+        ", ".join(
+            f"{names.get(name, name)}: {path} ({n} rows)"
+            for (name, path), n in zip(written.items(), (len(train), len(val)))
+        )
+    )
     if args.val_dir:
         from data.luffy_source import copy_validation_files
 

@@ -8,6 +8,7 @@ share a problem, duplicates stay together and the split is the same on every mac
 Outputs: ``--rl_output`` in the training format (docs/METHOD.md §3.1) and ``--sft_output`` in the SFT format of
 ``prepare_sft.py`` (jsonl or parquet); ``--sft_train_format`` writes the SFT part in the training format instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,16 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # run as a file, or from another directory: `data`/`eval_scripts` live here
     sys.path.insert(0, _REPO_ROOT)
 
-from verl.utils.data_format import (DataFormatError, DropSummary, prompt_hash_fraction, read_records, run_cli, user_text,
-                         validate_training_row, write_records)
+from verl.utils.data_format import (
+    DataFormatError,
+    DropSummary,
+    prompt_hash_fraction,
+    read_records,
+    run_cli,
+    user_text,
+    validate_training_row,
+    write_records,
+)
 from data.prepare_sft import to_sft_record
 
 
@@ -29,8 +38,9 @@ def problem_texts(path: str) -> set[str]:
     return {user_text(validate_training_row(r, path, i)["prompt"]).strip() for i, r in enumerate(read_records(path))}
 
 
-def split_sft_rl(rows: Sequence[dict], sft_fraction: float, seed: int,
-                 excluded: frozenset = frozenset()) -> tuple[list[dict], list[dict], int]:
+def split_sft_rl(
+    rows: Sequence[dict], sft_fraction: float, seed: int, excluded: frozenset = frozenset()
+) -> tuple[list[dict], list[dict], int]:
     """(sft rows, rl rows, number excluded) for validated training rows; problem-disjoint by construction."""
     if not 0.0 < sft_fraction < 1.0:
         raise ValueError(f"sft_fraction must be in (0, 1), got {sft_fraction}")
@@ -51,8 +61,11 @@ def _reindex(rows: list[dict], split: str) -> list[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python data/prepare_train_sft_rl.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python data/prepare_train_sft_rl.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--input", required=True, help="training table in LUFFY's format (e.g. from prepare_train.py)")
     ap.add_argument("--sft_output", required=True, help="SFT part (.jsonl/.parquet)")
     ap.add_argument("--rl_output", required=True, help="RL part, training format (.parquet)")
@@ -60,8 +73,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--seed", type=int, default=0, help="seed of the split hash")
     ap.add_argument("--exclude", nargs="*", default=[], help="tables whose problems must appear in neither part")
     ap.add_argument("--max_rows", type=int, default=None, help="only the first N input rows")
-    ap.add_argument("--sft_train_format", action="store_true",
-                    help="write the SFT part in the training format (prompt/target chat lists) instead")
+    ap.add_argument(
+        "--sft_train_format",
+        action="store_true",
+        help="write the SFT part in the training format (prompt/target chat lists) instead",
+    )
     args = ap.parse_args(argv)
     if not 0.0 < args.sft_fraction < 1.0:
         raise SystemExit(f"error: --sft_fraction must be in (0, 1), got {args.sft_fraction}")

@@ -5,6 +5,7 @@ with the line before), written as a list of strings under ``--hint_key`` (``algo
 A row without a solution gets an empty list (no hint). A leading ``<think>\n`` stays in the first segment; the
 trainer drops it after a prompt whose template already opens the think block, as it does for the demonstration.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,11 @@ from verl.utils.data_format import DataFormatError, read_records, run_cli, write
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    ap = argparse.ArgumentParser(prog="python data/prepare_uft_hints.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python data/prepare_uft_hints.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--input", required=True, help="training table (.parquet/.jsonl/.json)")
     ap.add_argument("--output", required=True, help="the same table with the hint column (.parquet/.jsonl/.json)")
     ap.add_argument("--target_key", default="target", help="column of the full solution (data.target_key)")

@@ -5,6 +5,7 @@ The two delimiters equal the strings every grader of this package splits on
 here so that importing this module loads no grader). The judge settings are LUFFY's defaults, kept for
 scripts that read them; this package's LLM judge takes its model and endpoint from ``reward.orm.*``.
 """
+
 THOUGHT_DELIMITER_START = "<think>"
 THOUGHT_DELIMITER_END = "</think>"
 GCP_PROJECT_ID = None

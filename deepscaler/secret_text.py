@@ -6,20 +6,65 @@ because a word appears inside it (``ppo_max_token_len_per_gpu`` is a count), and
 ``https://user:pass@host``, ``?api_key=...``). It lives here, with no dependency, so the rewards import nothing
 from verl.
 """
+
 from __future__ import annotations
 
 import re
 
 # A field is secret when its name ends with one of these word sequences (``hf_token``, ``openai_api_key``,
 # ``client_secret``), never because a word appears inside it (``ppo_max_token_len_per_gpu`` is a count).
-_SECRET_ENDINGS = (("api", "key"), ("apikey",), ("secret", "key"), ("access", "key"), ("private", "key"), ("token",),
-                   ("secret",), ("password",), ("passwd",))
+_SECRET_ENDINGS = (
+    ("api", "key"),
+    ("apikey",),
+    ("secret", "key"),
+    ("access", "key"),
+    ("private", "key"),
+    ("token",),
+    ("secret",),
+    ("password",),
+    ("passwd",),
+)
 # ``<word>_token`` names a tokenizer's special token, not a credential, for these words.
-_SPECIAL_TOKEN_WORDS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "special", "think",
-                        "image", "audio", "video", "additional", "placeholder", "eot", "sot", "im", "fim", "boi", "eoi"}
+_SPECIAL_TOKEN_WORDS = {
+    "pad",
+    "eos",
+    "bos",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "start",
+    "end",
+    "stop",
+    "special",
+    "think",
+    "image",
+    "audio",
+    "video",
+    "additional",
+    "placeholder",
+    "eot",
+    "sot",
+    "im",
+    "fim",
+    "boi",
+    "eoi",
+}
 # Query parameters that carry a credential.
-_SECRET_QUERY_NAMES = {"key", "apikey", "api_key", "token", "access_token", "auth", "secret", "password", "sig",
-                       "signature", "x-api-key", "code"}
+_SECRET_QUERY_NAMES = {
+    "key",
+    "apikey",
+    "api_key",
+    "token",
+    "access_token",
+    "auth",
+    "secret",
+    "password",
+    "sig",
+    "signature",
+    "x-api-key",
+    "code",
+}
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s?#]+)@")
 _URL_QUERY_SECRET = re.compile(r"(?P<sep>[?&;])(?P<name>[^=&#\s]+)=(?P<value>[^&#\s]*)")
 
@@ -34,7 +79,7 @@ def is_secret_name(name: str) -> bool:
     words = _words(name)
     if len(words) >= 2 and words[-1] == "token" and words[-2] in _SPECIAL_TOKEN_WORDS:
         return False  # pad_token, eos_token, think_token ...: vocabulary, not credentials
-    return any(words[-len(end):] == end for end in _SECRET_ENDINGS if len(words) >= len(end))
+    return any(words[-len(end) :] == end for end in _SECRET_ENDINGS if len(words) >= len(end))
 
 
 def mask_url(text: str) -> str:

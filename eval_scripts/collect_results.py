@@ -8,6 +8,7 @@ MATH-500, Minerva, Olympiad, Avg, then ARC-c, GPQA, MMLU-Pro, OOD Avg; a data so
 know gets its own column after those, so no benchmark is ever dropped (LUFFY's script lost one). Below the
 table, each row names the grading rule of its file (LUFFY's OAT rule or a stricter one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,10 +95,14 @@ def read_graded(path: str) -> list[dict]:
                 continue
             missing = [c for c in ("data_source", "correct") if c not in rec]
             if missing:
-                problems.append(f"line {line_no}: missing column {missing[0]!r} (is this a graded generate_vllm.py output?)")
+                problems.append(
+                    f"line {line_no}: missing column {missing[0]!r} (is this a graded generate_vllm.py output?)"
+                )
                 continue
             if not isinstance(rec["data_source"], str) or not rec["data_source"]:
-                problems.append(f"line {line_no}: column 'data_source': expected a name, got {rec['data_source']!r:.40}")
+                problems.append(
+                    f"line {line_no}: column 'data_source': expected a name, got {rec['data_source']!r:.40}"
+                )
                 continue
             try:
                 rec["correct"] = parse_correct(rec["correct"])
@@ -107,7 +112,9 @@ def read_graded(path: str) -> list[dict]:
             records.append(rec)
     if problems:
         more = f"; ... ({len(problems) - MAX_REPORTED_ROWS} more)" if len(problems) > MAX_REPORTED_ROWS else ""
-        raise DataFormatError(path, f"{len(problems)} malformed row(s): " + "; ".join(problems[:MAX_REPORTED_ROWS]) + more)
+        raise DataFormatError(
+            path, f"{len(problems)} malformed row(s): " + "; ".join(problems[:MAX_REPORTED_ROWS]) + more
+        )
     return records
 
 
@@ -211,8 +218,11 @@ def _labels(files: list[str]) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    ap = argparse.ArgumentParser(prog="python eval_scripts/collect_results.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python eval_scripts/collect_results.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("outputs", nargs="+", help="graded jsonl outputs of generate_vllm.py, or directories of them")
     ap.add_argument("--out_dir", default=".", help="where benchmark_results.{md,csv,png} go")
     ap.add_argument("--metric", default="avg", help="avg (LUFFY's mean over samples) or pass@K, e.g. pass@1")
@@ -229,8 +239,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, "benchmark_results")
     # Which grading rule produced each row: LUFFY's --add_oat_evaluate numbers are not comparable to the stricter rules.
-    markdown = to_markdown(header, rows) + "\n\nGrading rule per row:\n" + "\n".join(
-        f"- {label}: {grading_rule(f)}" for label, f in zip(labels, files))
+    markdown = (
+        to_markdown(header, rows)
+        + "\n\nGrading rule per row:\n"
+        + "\n".join(f"- {label}: {grading_rule(f)}" for label, f in zip(labels, files))
+    )
     with open(base + ".md", "w") as f:
         f.write(markdown + "\n")
     write_csv(header, rows, base + ".csv")

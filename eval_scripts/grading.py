@@ -13,6 +13,7 @@ run math-verify with its own timers off) and timeouts / grader errors are counte
 folded into "wrong". The trainer's ``ScoringPool`` is not used here: a script is single-threaded, so
 the alarm works, and that pool's workers re-import the calling script (~8 s each on a busy 2-core box).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,7 @@ RULES = {
     "any": "math-verify OR rule grader on the text after </think> (missing </think>: wrong; stricter than LUFFY's OAT)",
     "oat": "LUFFY --add_oat_evaluate: OAT boxed grader on the text after </think>, the whole text when it is missing",
     "oat_any": "LUFFY --add_oat_evaluate --any_true: math-verify after </think> OR the OAT boxed grader (whole text when "
-               "</think> is missing)",
+    "</think> is missing)",
 }
 DEFAULT_TIMEOUT_S = 10.0  # LUFFY's math-verify SIGALRM limit
 
@@ -140,8 +141,9 @@ def _with_timeout(fn: Callable, timeout_s: Optional[float]):
                 signal.setitimer(which, max(1e-3, left - spent), interval)
 
 
-def grade_text(text: str, ground_truth, grader: str, split_think: bool,
-               timeout_s: Optional[float] = DEFAULT_TIMEOUT_S) -> GradeResult:
+def grade_text(
+    text: str, ground_truth, grader: str, split_think: bool, timeout_s: Optional[float] = DEFAULT_TIMEOUT_S
+) -> GradeResult:
     """Grade one response (or trace) against its ground truth."""
     if ground_truth_problem(ground_truth) is not None:
         # Every grader, OAT included: a NaN/inf/empty/dict reference is broken data; ``\boxed{nan}`` must not
@@ -179,8 +181,9 @@ def _grade_task(task: tuple) -> GradeResult:
     return grade_text(text, ground_truth, grader, split_think, timeout_s)
 
 
-def grade_many(tasks: Sequence[tuple], workers: int = 1,
-               progress_bar: Optional[Callable[[Iterable, int], Iterable]] = None) -> list[GradeResult]:
+def grade_many(
+    tasks: Sequence[tuple], workers: int = 1, progress_bar: Optional[Callable[[Iterable, int], Iterable]] = None
+) -> list[GradeResult]:
     """Grade ``(text, ground_truth, grader, split_think, timeout_s)`` tasks, in ``workers`` processes if > 1.
 
     Worker processes are spawned (not forked): the caller may hold an inference engine's threads.
@@ -195,16 +198,31 @@ def grade_many(tasks: Sequence[tuple], workers: int = 1,
     from concurrent.futures import ProcessPoolExecutor
 
     chunk = max(1, min(64, len(tasks) // (8 * workers)))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=warm_graders) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=warm_graders
+    ) as pool:
         return list(wrap(pool.map(_grade_task, tasks, chunksize=chunk), len(tasks)))
 
 
-def grade_samples(samples: Sequence[dict], grader: str, add_think_before_answer: bool = False,
-                  no_split_think: bool = False, workers: int = 1, timeout_s: Optional[float] = DEFAULT_TIMEOUT_S,
-                  progress_bar: Optional[Callable[[Iterable, int], Iterable]] = None) -> list[GradeResult]:
+def grade_samples(
+    samples: Sequence[dict],
+    grader: str,
+    add_think_before_answer: bool = False,
+    no_split_think: bool = False,
+    workers: int = 1,
+    timeout_s: Optional[float] = DEFAULT_TIMEOUT_S,
+    progress_bar: Optional[Callable[[Iterable, int], Iterable]] = None,
+) -> list[GradeResult]:
     """Grade generate_vllm samples (``prompt``, ``generated_text``, ``ground_truth``) by LUFFY's eval rule."""
     scorer_grader_name(grader)  # fail before any work on a bad name
-    tasks = [(s["generated_text"], s["ground_truth"], grader,
-              should_split_think(s["prompt"], add_think_before_answer, no_split_think), timeout_s) for s in samples]
+    tasks = [
+        (
+            s["generated_text"],
+            s["ground_truth"],
+            grader,
+            should_split_think(s["prompt"], add_think_before_answer, no_split_think),
+            timeout_s,
+        )
+        for s in samples
+    ]
     return grade_many(tasks, workers, progress_bar)

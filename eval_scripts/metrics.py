@@ -6,6 +6,7 @@ all count as samples of the same problem. ``avg`` is the mean over all samples o
 number, avg@32 on the replicated files -- and ``pass@k`` is the unbiased estimator
 ``1 - C(m-c, k) / C(m, k)`` per problem (m samples, c correct) averaged over problems.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,9 @@ def summarize(records: Iterable[Mapping]) -> dict[str, dict]:
             "num_problems": len(per_problem),
             "samples_per_problem": [m, max(ns)],
             "avg": total_c / total_n,
-            "pass": {k: sum(pass_at_k(n, c, k) for n, c in per_problem.values()) / len(per_problem)
-                     for k in ks_up_to(m)},
+            "pass": {
+                k: sum(pass_at_k(n, c, k) for n, c in per_problem.values()) / len(per_problem) for k in ks_up_to(m)
+            },
         }
     return summary
 
@@ -96,8 +98,10 @@ def report_lines(summary: Mapping[str, Mapping]) -> list[str]:
     for source, stats in summary.items():
         passes = ", ".join(f"@{k}={v:.4f}" for k, v in stats["pass"].items())
         avg = f"{stats['avg']:.4f} ({avg_label(stats)})"
-        lines.append(f"{source:<16} {stats['num_problems']:>8} {stats['num_samples']:>8} {avg:>18} "
-                     f"{stats['pass'][1]:>8.4f}  {passes}")
+        lines.append(
+            f"{source:<16} {stats['num_problems']:>8} {stats['num_samples']:>8} {avg:>18} "
+            f"{stats['pass'][1]:>8.4f}  {passes}"
+        )
     return lines
 
 

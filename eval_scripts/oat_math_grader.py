@@ -17,6 +17,7 @@ SIGALRM timers off, and every call is bounded by the caller's grading deadline.
 The whole text it is given is searched: LUFFY's ``--add_oat_evaluate`` passes the text after ``</think>``,
 or the whole response when ``</think>`` is missing (eval_scripts/grading.py applies that rule).
 """
+
 from __future__ import annotations
 
 from os.path import commonprefix
@@ -51,9 +52,12 @@ def _mv_parse(text: str) -> list:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
     # OAT passes extraction_mode as a one-item list, which math-verify reads as "any_match": kept as is.
-    return guarded_parse(text, extraction_config=(LatexExtractionConfig(boxed_match_priority=0),
-                                                  ExprExtractionConfig()),
-                         fallback_mode="no_fallback", extraction_mode=["first_match"])
+    return guarded_parse(
+        text,
+        extraction_config=(LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()),
+        fallback_mode="no_fallback",
+        extraction_mode=["first_match"],
+    )
 
 
 def is_latex_equal(given_answer: str, ground_truth: Optional[str]) -> bool:
@@ -61,7 +65,8 @@ def is_latex_equal(given_answer: str, ground_truth: Optional[str]) -> bool:
     if ground_truth is None:
         return False
     if (len(given_answer) > REPEAT_CHECK_CHARS and repeatness(given_answer)) or (
-            len(ground_truth) > REPEAT_CHECK_CHARS and repeatness(ground_truth)):
+        len(ground_truth) > REPEAT_CHECK_CHARS and repeatness(ground_truth)
+    ):
         return False
     gt_norm = sympy_normalize(ground_truth)
     if gt_norm is None:
@@ -95,7 +100,9 @@ def _grade_bounded(model_answer: str, truths: list[str], fast: bool) -> ScoreRes
     return ScoreResult(float(correct), correct, answer=model_answer)
 
 
-def boxed_reward_fn(model_response: str, gt_answer: Union[str, int, float, list], fast: bool = False) -> tuple[dict, float]:
+def boxed_reward_fn(
+    model_response: str, gt_answer: Union[str, int, float, list], fast: bool = False
+) -> tuple[dict, float]:
     """OAT's boxed reward: ``({"formatted": True}, 1.0)`` when right, ``(..., 0.0)`` when wrong, and
     ``({"formatted": False}, 0.0)`` when nothing is boxed. Grading runs within the active
     ``GuardLimits().time_budget_s`` in any thread; a spent budget gives 0.0 with ``"timed_out": True``."""

@@ -22,6 +22,7 @@ only: ``QUICKSTART_PREPARE_ONLY=1``, ~1 CPU-min). A random model solves nothing,
 the lag's effect on learning is not measured: a run whose on-policy reward never leaves 0 in any mode exits 1.
 Trailing key=value pairs are appended to every run (e.g. data.train_batch_size=4 for a quick check).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,17 +36,30 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODES = {
     "colocated": ["trainer.n_gpus_per_node=2"],
-    "split_sync": ["trainer.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False",
-                   "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.rollout_pipeline=sync"],
-    "one_step_off": ["trainer.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=False",
-                     "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.rollout_pipeline=one_step_off"],
+    "split_sync": [
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.hybrid_engine=False",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "trainer.rollout_pipeline=sync",
+    ],
+    "one_step_off": [
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.hybrid_engine=False",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "trainer.rollout_pipeline=one_step_off",
+    ],
 }
 REWARD_KEY = "batch/on_solved"
 REWARD_WINDOW = 10
 # Per-phase seconds printed per mode (means over the timed steps): the driver's wait for its batch, the engine's
 # generation, the actor's update, the weight push and the driver's reward.
-PHASES = ("timing_s/gen", "timing_s/generate_worker", "timing_s/update_actor", "timing_s/weight_sync",
-          "timing_s/reward")
+PHASES = (
+    "timing_s/gen",
+    "timing_s/generate_worker",
+    "timing_s/update_actor",
+    "timing_s/weight_sync",
+    "timing_s/reward",
+)
 
 
 QUICKSTART_DIR = os.path.join(ROOT, "outputs", "quickstart")
@@ -57,10 +71,19 @@ def inputs(args) -> tuple[str, str]:
     model = args.model or WARM_MODEL
     data = args.data or os.path.join(QUICKSTART_DIR, "data")
     if not args.model and not args.data and not _ready(model, data):
-        print(f"[bench_async] building the quickstart's SFT-warmed model into {model} "
-              "(exp_scripts/quickstart.sh, QUICKSTART_PREPARE_ONLY=1)", flush=True)
-        env = dict(os.environ, QUICKSTART_PREPARE_ONLY="1", QUICKSTART_DIR=QUICKSTART_DIR, QUICKSTART_WARM_STEPS="250",
-                   SKIP_SETUP="1", LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+        print(
+            f"[bench_async] building the quickstart's SFT-warmed model into {model} "
+            "(exp_scripts/quickstart.sh, QUICKSTART_PREPARE_ONLY=1)",
+            flush=True,
+        )
+        env = dict(
+            os.environ,
+            QUICKSTART_PREPARE_ONLY="1",
+            QUICKSTART_DIR=QUICKSTART_DIR,
+            QUICKSTART_WARM_STEPS="250",
+            SKIP_SETUP="1",
+            LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        )
         subprocess.run(["bash", os.path.join(ROOT, "exp_scripts", "quickstart.sh")], cwd=ROOT, env=env, check=True)
     if not _ready(model, data):
         raise SystemExit(f"[bench_async] no model in {model} (config.json) or no task in {data} (train.parquet)")
@@ -83,16 +106,36 @@ def run_mode(mode: str, seed: int, args, model: str, data: str) -> list[dict]:
     metrics = os.path.join(out, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}/train.parquet",
-                 f"data.val_files={data}/test.parquet", f"trainer.total_training_steps={args.warmup + args.steps}",
-                 "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable",
-                 "trainer.logger=['jsonl']", f"trainer.default_local_dir={out}", f"hydra.run.dir={out}/hydra",
-                 "+trainer.val_before_train=False", f"trainer.seed={seed}", f"data.seed={seed}",
-                 f"actor_rollout_ref.rollout.seed={seed}"] + MODES[mode] + list(args.overrides)
+    overrides = (
+        [
+            f"actor_rollout_ref.model.path={model}",
+            f"data.train_files={data}/train.parquet",
+            f"data.val_files={data}/test.parquet",
+            f"trainer.total_training_steps={args.warmup + args.steps}",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.resume_mode=disable",
+            "trainer.logger=['jsonl']",
+            f"trainer.default_local_dir={out}",
+            f"hydra.run.dir={out}/hydra",
+            "+trainer.val_before_train=False",
+            f"trainer.seed={seed}",
+            f"data.seed={seed}",
+            f"actor_rollout_ref.rollout.seed={seed}",
+        ]
+        + MODES[mode]
+        + list(args.overrides)
+    )
     cmd = [sys.executable, "-m", "luffy_pool.main_mix_ppo", "--config-name", "tiny_cpu_luffy"] + overrides
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               WANDB_MODE="offline", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+        WANDB_MODE="offline",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     env.pop("RAY_ADDRESS", None)  # each run starts its own local Ray: the modes do not share workers
     t0 = time.perf_counter()
     with open(os.path.join(out, "console.log"), "w") as log:
@@ -110,8 +153,12 @@ def summarise(rows: list[dict], warmup: int) -> tuple[float, float, list[float],
     timed_rows = [r for r in rows if r["step"] > warmup]
     curve = [float(r[REWARD_KEY]) for r in rows]
     phases = {k: statistics.fmean(r.get(k, 0.0) for r in timed_rows) for k in PHASES}
-    return (statistics.fmean(r["timing_s/step"] for r in timed_rows), statistics.fmean(curve[-REWARD_WINDOW:]), curve,
-            phases)
+    return (
+        statistics.fmean(r["timing_s/step"] for r in timed_rows),
+        statistics.fmean(curve[-REWARD_WINDOW:]),
+        curve,
+        phases,
+    )
 
 
 def _spread(values: list[float]) -> str:
@@ -148,20 +195,29 @@ def main(argv=None) -> int:
         json.dump({"args": vars(args), "results": results}, f, indent=1)
     for mode in modes:
         r = results[mode]
-        print(f"{mode}: step {_spread(r['step_s'])} s over {args.steps} steps x {args.seeds} seed(s); "
-              f"{REWARD_KEY} last {REWARD_WINDOW} steps {_spread(r['reward'])}")
-        print("  phases, s per step: " + ", ".join(
-            f"{k.split('/', 1)[1]} {statistics.fmean(p[k] for p in r['phases']):.3f}" for k in PHASES))
+        print(
+            f"{mode}: step {_spread(r['step_s'])} s over {args.steps} steps x {args.seeds} seed(s); "
+            f"{REWARD_KEY} last {REWARD_WINDOW} steps {_spread(r['reward'])}"
+        )
+        print(
+            "  phases, s per step: "
+            + ", ".join(f"{k.split('/', 1)[1]} {statistics.fmean(p[k] for p in r['phases']):.3f}" for k in PHASES)
+        )
         for seed, curve in enumerate(r["curves"], start=1):
             print(f"  seed {seed} {REWARD_KEY} curve: " + " ".join(f"{v:.2f}" for v in curve))
     mean = {m: statistics.fmean(results[m]["step_s"]) for m in modes}
     if {"one_step_off", "split_sync", "colocated"} <= set(modes):
-        print(f"one_step_off/split_sync = {mean['one_step_off'] / mean['split_sync']:.3f}; "
-              f"one_step_off/colocated = {mean['one_step_off'] / mean['colocated']:.3f}")
+        print(
+            f"one_step_off/split_sync = {mean['one_step_off'] / mean['split_sync']:.3f}; "
+            f"one_step_off/colocated = {mean['one_step_off'] / mean['colocated']:.3f}"
+        )
     if never_rewarded(results):
-        print(f"[bench_async] {REWARD_KEY} is 0 at every step of every mode: the model ({model}) solves nothing, so "
-              "these runs measure speed only, not the lag's effect on learning. Use a model that solves some "
-              "problems (the quickstart's SFT-warmed one: omit --model).", file=sys.stderr)
+        print(
+            f"[bench_async] {REWARD_KEY} is 0 at every step of every mode: the model ({model}) solves nothing, so "
+            "these runs measure speed only, not the lag's effect on learning. Use a model that solves some "
+            "problems (the quickstart's SFT-warmed one: omit --model).",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

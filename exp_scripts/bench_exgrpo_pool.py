@@ -19,6 +19,7 @@ Measured, for the authors' unbounded pool (``--cap 0``, what the previous code k
 
 Prints one table row per measurement and, last, ``checkpoint before/after=<r> ram before/after=<r>``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,12 @@ def parse_args(argv=None):
     p.add_argument("--beta-b", type=float, default=0.7, help="solve-rate prior Beta(a, b)")
     p.add_argument("--cap", type=int, default=8, help="algorithm.exgrpo.max_trajectories_per_question to compare")
     p.add_argument("--list-sample", type=int, default=2000, help="trajectories rebuilt as lists for tracemalloc")
-    p.add_argument("--legacy-gib", type=float, default=2.0,
-                   help="most GiB of version-1 tensors to build at once (beyond: a share of the questions, scaled)")
+    p.add_argument(
+        "--legacy-gib",
+        type=float,
+        default=2.0,
+        help="most GiB of version-1 tensors to build at once (beyond: a share of the questions, scaled)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for the data.pt files (default: a temporary one, removed)")
     return p.parse_args(argv)
@@ -60,9 +65,20 @@ def _knobs(cap: int):
     from types import SimpleNamespace
 
     # train_exgrpo.sh's algorithm.exgrpo values (the YAML's defaults otherwise)
-    return SimpleNamespace(start_solved_ratio=0.35, experience_ratio=0.5, lbound=0, rbound=7, bucket_weighting="normal",
-                           traj_metric="ent", traj_select="argmin", sample_range="all", is_correct=True,
-                           metric_impl="paper", retire_all_correct=True, max_trajectories_per_question=cap)
+    return SimpleNamespace(
+        start_solved_ratio=0.35,
+        experience_ratio=0.5,
+        lbound=0,
+        rbound=7,
+        bucket_weighting="normal",
+        traj_metric="ent",
+        traj_select="argmin",
+        sample_range="all",
+        is_correct=True,
+        metric_impl="paper",
+        retire_all_correct=True,
+        max_trajectories_per_question=cap,
+    )
 
 
 def simulate(args, cap: int):
@@ -74,14 +90,15 @@ def simulate(args, cap: int):
 
     rng = np.random.default_rng(args.seed)
     solve = rng.beta(args.beta_a, args.beta_b, size=args.dataset)
-    pool = ExperiencePool(_knobs(cap), n=args.n, batch_size=args.batch, dataset_size=args.dataset, success=1.0,
-                          seed=args.seed)
+    pool = ExperiencePool(
+        _knobs(cap), n=args.n, batch_size=args.batch, dataset_size=args.dataset, success=1.0, seed=args.seed
+    )
     order, at = rng.permutation(args.dataset), 0
-    mu = math.log(args.mean_tokens) - args.sigma ** 2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
+    mu = math.log(args.mean_tokens) - args.sigma**2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
     for _ in range(args.steps):
         if at + args.batch > args.dataset:
             order, at = rng.permutation(args.dataset), 0
-        drawn = [int(q) for q in order[at:at + args.batch]]
+        drawn = [int(q) for q in order[at : at + args.batch]]
         at += args.batch
         plan = pool.plan(drawn)
         questions = [drawn[i] for i in plan.fresh] + list(plan.replay)
@@ -110,8 +127,8 @@ def simulate(args, cap: int):
         mask[:, 0] = 1
         for r, (*_, tokens) in enumerate(rows):
             if tokens is not None:
-                responses[r, :len(tokens)] = torch.from_numpy(tokens.astype(np.int64))
-                mask[r, :len(tokens)] = 1
+                responses[r, : len(tokens)] = torch.from_numpy(tokens.astype(np.int64))
+                mask[r, : len(tokens)] = 1
         old = -torch.rand((len(rows), width), generator=torch.Generator().manual_seed(int(rng.integers(2**31))))
         scores = torch.tensor([1.0 if c else 0.0 for _, _, c, _ in rows])
         pool.observe([q for q, *_ in rows], [g for _, g, *_ in rows], scores, responses, mask, old, EOS)
@@ -160,8 +177,16 @@ def legacy_state(pool, questions) -> dict:
 
     state = pool.state_dict()
     state["version"] = 1
-    state["pool"] = [(uid, [(torch.from_numpy(t.ids.astype(np.int64)), torch.from_numpy(t.lps.astype(np.float64)))
-                            for t in pool.pool[uid]]) for uid in questions]
+    state["pool"] = [
+        (
+            uid,
+            [
+                (torch.from_numpy(t.ids.astype(np.int64)), torch.from_numpy(t.lps.astype(np.float64)))
+                for t in pool.pool[uid]
+            ],
+        )
+        for uid in questions
+    ]
     return state
 
 
@@ -189,8 +214,10 @@ def saved_bytes(state: dict, folder: str, name: str) -> int:
 def describe(pool) -> str:
     trajs = [t for v in pool.pool.values() for t in v]
     tokens = sum(len(t.ids) for t in trajs)
-    return (f"{len(pool.pool):,} questions, {len(trajs):,} trajectories, {tokens:,} tokens, "
-            f"{len(pool.retired):,} retired, mixed={pool.mixed}")
+    return (
+        f"{len(pool.pool):,} questions, {len(trajs):,} trajectories, {tokens:,} tokens, "
+        f"{len(pool.retired):,} retired, mixed={pool.mixed}"
+    )
 
 
 def main(argv=None) -> int:
@@ -212,13 +239,16 @@ def main(argv=None) -> int:
         # back by this code's loader into the same trajectories
         kept = legacy_questions(free, int(args.legacy_gib * gib), args.seed)
         legacy = saved_bytes(legacy_state(free, kept), folder, "data_v1.pt")
-        share = sum(len(t.ids) for u in kept for t in free.pool[u]) / sum(len(t.ids) for v in free.pool.values()
-                                                                           for t in v)
-        restored = ExperiencePool(_knobs(0), n=args.n, batch_size=args.batch, dataset_size=args.dataset, success=1.0,
-                                  seed=args.seed)
+        share = sum(len(t.ids) for u in kept for t in free.pool[u]) / sum(
+            len(t.ids) for v in free.pool.values() for t in v
+        )
+        restored = ExperiencePool(
+            _knobs(0), n=args.n, batch_size=args.batch, dataset_size=args.dataset, success=1.0, seed=args.seed
+        )
         restored.load_state_dict(load_state(os.path.join(folder, "data_v1.pt"))["exgrpo"])
-        assert list(restored.pool) == kept and all(restored.pool[u] == free.pool[u] for u in kept), \
+        assert list(restored.pool) == kept and all(restored.pool[u] == free.pool[u] for u in kept), (
             "the version-1 state did not load back to the same trajectories"
+        )
         del restored
         os.remove(os.path.join(folder, "data_v1.pt"))
         legacy = int(legacy / share)
@@ -232,15 +262,19 @@ def main(argv=None) -> int:
         capped_ram = ram_bytes(capped)
         sampled = "" if share == 1 else f" (v1 file of {share:.0%} of the tokens, scaled)"
         print(f"{'pool':<56}{'driver RAM MiB':>16}{'data.pt MiB':>14}")
-        rows = [(f"before: lists ({per_token:.0f} B/token), v1 tensors, no cap", list_ram, legacy),
-                ("after: int32/float32 arrays, flat tensors, no cap", compact_ram, compact),
-                (f"after: the same, max_trajectories_per_question={args.cap}", capped_ram, capped_ckpt)]
+        rows = [
+            (f"before: lists ({per_token:.0f} B/token), v1 tensors, no cap", list_ram, legacy),
+            ("after: int32/float32 arrays, flat tensors, no cap", compact_ram, compact),
+            (f"after: the same, max_trajectories_per_question={args.cap}", capped_ram, capped_ckpt),
+        ]
         for name, ram, ckpt in rows:
             print(f"{name:<56}{ram / 2**20:>16,.1f}{ckpt / 2**20:>14,.1f}")
         if sampled:
             print(sampled.strip())
-        print(f"checkpoint before/after={legacy / max(1, capped_ckpt):.1f} "
-              f"ram before/after={list_ram / max(1, capped_ram):.1f}")
+        print(
+            f"checkpoint before/after={legacy / max(1, capped_ckpt):.1f} "
+            f"ram before/after={list_ram / max(1, capped_ram):.1f}"
+        )
     finally:
         if args.out is None:
             shutil.rmtree(folder, ignore_errors=True)

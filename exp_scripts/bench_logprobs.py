@@ -15,6 +15,7 @@ together). vLLM's detokenisation and scheduling are not part of either.
 
     .venv/bin/python exp_scripts/bench_logprobs.py [--tokens 2000000] [--rows 1024] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,7 +99,7 @@ def bench_logprobs(tokens: int = 2_000_000, rows: int = 1024, repeats: int = 3) 
     # each representation is dropped before the other is built, so neither pays for the other's objects in the
     # garbage collector's scans
     fill_before, dicts = _median_seconds(lambda: fill_containers(ids, lps, flat=False), repeats)
-    read_b, before = _median_seconds(lambda: read_before(dicts, ids, length), repeats)
+    read_b, before = _median_seconds(lambda d=dicts: read_before(d, ids, length), repeats)
     del dicts
     gc.collect()
     fill_after, flats = _median_seconds(lambda: fill_containers(ids, lps, flat=True), repeats)
@@ -106,7 +107,9 @@ def bench_logprobs(tokens: int = 2_000_000, rows: int = 1024, repeats: int = 3) 
     if not torch.equal(before, after):
         raise AssertionError("the two read-backs give different rollout_log_probs")
     return {
-        "tokens": rows * length, "rows": rows, "repeats": repeats,
+        "tokens": rows * length,
+        "rows": rows,
+        "repeats": repeats,
         "engine_fill_s": {"before": fill_before, "after": fill_after},
         "read_back_s": {"before": read_b, "after": read_a},
         "ratio_engine_fill": fill_before / fill_after,
@@ -124,8 +127,10 @@ def main(argv=None) -> int:
     result = bench_logprobs(args.tokens, args.rows, args.repeats)
     for phase in ("engine_fill_s", "read_back_s"):
         print(f"{phase}: before {result[phase]['before']:.3f} s, after {result[phase]['after']:.3f} s")
-    print(f"ratio before/after: read-back {result['ratio_read_back']:.1f}x, engine fill "
-          f"{result['ratio_engine_fill']:.2f}x, both {result['ratio_total']:.2f}x ({result['tokens']:,} tokens)")
+    print(
+        f"ratio before/after: read-back {result['ratio_read_back']:.1f}x, engine fill "
+        f"{result['ratio_engine_fill']:.2f}x, both {result['ratio_total']:.2f}x ({result['tokens']:,} tokens)"
+    )
     print("BENCH_LOGPROBS " + json.dumps(result))
     return 0
 

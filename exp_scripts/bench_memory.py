@@ -35,6 +35,7 @@ and prints it next to ``luffy_pool.memory_plan``'s prediction of the same quanti
 that phase minus the resident ones), and the largest relative error. ``--jobs 2`` runs the two phase
 processes of a size at once (each still measures its own peak).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,17 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QWEN2_SHAPE = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
-                   num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=32768,
-                   rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN2_SHAPE = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+)
 PHASES = ("logprob", "update")
 SP_SUFFIX = "-sp"  # "logprob-sp2": the phase on an SP group of 2 ranks
 MODES = ("ours", "naive")
@@ -62,15 +71,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=1024, help="ours: model.logprob_chunk_size (tokens)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sp", type=int, default=2, help="also measure both phases at this Ulysses SP size (1: skip)")
-    p.add_argument("--modes", default="ours,naive",
-                   help="ours,naive (default) or one of them; the ratio line needs both")
+    p.add_argument(
+        "--modes", default="ours,naive", help="ours,naive (default) or one of them; the ratio line needs both"
+    )
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in the update (non-reentrant)")
-    p.add_argument("--predict", action="store_true",
-                   help="predicted (luffy_pool.memory_plan) vs measured peak of ours at the sizes of --sizes")
-    p.add_argument("--sizes", default="2x512x256x2,4x1024x512x2,4x2048x1024x4",
-                   help="--predict: ROWSxWIDTHxTOKENSxLAYERS,... (three or more)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="--predict: phase processes run at once (each measures its own peak; default 1)")
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="predicted (luffy_pool.memory_plan) vs measured peak of ours at the sizes of --sizes",
+    )
+    p.add_argument(
+        "--sizes",
+        default="2x512x256x2,4x1024x512x2,4x2048x1024x4",
+        help="--predict: ROWSxWIDTHxTOKENSxLAYERS,... (three or more)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="--predict: phase processes run at once (each measures its own peak; default 1)",
+    )
     p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rows < 1 or args.layers < 1 or args.chunk < 1 or args.sp < 1 or args.jobs < 1:
@@ -99,9 +119,14 @@ def make_batch(rows: int, width: int, tokens: int, vocab: int, seed: int = 0) ->
     mask[:, prompt_width : prompt_width + n_resp] = 1
     ids = ids.masked_fill(mask == 0, 0)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, prompt_width:],
-            "old_log_probs": torch.zeros(rows, width - prompt_width),
-            "advantages": torch.randn(rows, width - prompt_width, generator=g)}
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": pos,
+        "responses": ids[:, prompt_width:],
+        "old_log_probs": torch.zeros(rows, width - prompt_width),
+        "advantages": torch.randn(rows, width - prompt_width, generator=g),
+    }
 
 
 def _rss_kb(field: str) -> int:
@@ -146,17 +171,27 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(num_hidden_layers=args.layers, **QWEN2_SHAPE),
-                                             dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(
+        Qwen2Config(num_hidden_layers=args.layers, **QWEN2_SHAPE), dtype=torch.float32, attn_implementation="sdpa"
+    )
     if ulysses_group is not None or args.checkpointing:  # SP runs as train_16k.sh: with checkpointing
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     batch = make_batch(args.rows, args.width, args.tokens, model.config.vocab_size)
     rows = args.rows
     from luffy_pool.config.compose import actor_config
 
-    cfg = actor_config(ppo_mini_batch_size=rows, ppo_micro_batch_size=rows, use_dynamic_bsz=False,
-                       ppo_max_token_len_per_gpu=rows * args.width, ppo_epochs=1, clip_ratio=0.2,
-                       clip_upper_bound=1.0, entropy_coeff=0.001, grad_clip=1.0, use_kl_loss=False)
+    cfg = actor_config(
+        ppo_mini_batch_size=rows,
+        ppo_micro_batch_size=rows,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=rows * args.width,
+        ppo_epochs=1,
+        clip_ratio=0.2,
+        clip_upper_bound=1.0,
+        entropy_coeff=0.001,
+        grad_clip=1.0,
+        use_kl_loss=False,
+    )
     from verl.utils.optim import build_adamw
 
     # The worker's AdamW (fused kernel on CPU): the per-parameter loop would add two [V, H] temporaries.
@@ -166,10 +201,17 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    actor = DataParallelPPOActor(cfg, model, optimizer, shared_prompt_forward=True,
-                                 logprob_chunk_size=args.chunk if mode == "ours" else 0, ulysses_group=ulysses_group)
-    data = DataProto.from_dict(tensors=batch, meta_info={"temperature": 1.0, "micro_batch_size": rows,
-                                                         "use_dynamic_bsz": False})
+    actor = DataParallelPPOActor(
+        cfg,
+        model,
+        optimizer,
+        shared_prompt_forward=True,
+        logprob_chunk_size=args.chunk if mode == "ours" else 0,
+        ulysses_group=ulysses_group,
+    )
+    data = DataProto.from_dict(
+        tensors=batch, meta_info={"temperature": 1.0, "micro_batch_size": rows, "use_dynamic_bsz": False}
+    )
     base = _rss_kb("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := current RSS
@@ -181,16 +223,40 @@ def run_child(args, mode: str, phase: str, ulysses_group=None) -> dict:
     seconds = time.perf_counter() - t0
     peak = _rss_kb("VmHWM") - base
     real = int(batch["attention_mask"].sum())
-    response = int(batch["attention_mask"][:, -batch["responses"].shape[1]:].sum())
-    return {"mode": mode, "phase": phase, "peak_bytes": peak * 1024, "resident_bytes": base * 1024,
-            "seconds": seconds, "real_tokens": real, "response_tokens": response}
+    response = int(batch["attention_mask"][:, -batch["responses"].shape[1] :].sum())
+    return {
+        "mode": mode,
+        "phase": phase,
+        "peak_bytes": peak * 1024,
+        "resident_bytes": base * 1024,
+        "seconds": seconds,
+        "real_tokens": real,
+        "response_tokens": response,
+    }
 
 
 def _child_cmd(args, mode: str, phase: str) -> list[str]:
-    return [sys.executable, os.path.abspath(__file__), "--child", mode, phase, "--rows", str(args.rows),
-            "--width", str(args.width), "--tokens", str(args.tokens), "--layers", str(args.layers),
-            "--chunk", str(args.chunk), "--threads", str(args.threads), "--sp", str(args.sp)] + (
-                ["--checkpointing"] if args.checkpointing else [])
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        mode,
+        phase,
+        "--rows",
+        str(args.rows),
+        "--width",
+        str(args.width),
+        "--tokens",
+        str(args.tokens),
+        "--layers",
+        str(args.layers),
+        "--chunk",
+        str(args.chunk),
+        "--threads",
+        str(args.threads),
+        "--sp",
+        str(args.sp),
+    ] + (["--checkpointing"] if args.checkpointing else [])
 
 
 def main(argv=None) -> int:
@@ -201,14 +267,20 @@ def main(argv=None) -> int:
         return 0
     if args.predict:
         return predict_main(args)
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        MALLOC_MMAP_THRESHOLD_="65536",
+        OMP_NUM_THREADS=str(args.threads),
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    )
     gib = 2**30
     logits_bytes = args.rows * args.width * QWEN2_SHAPE["vocab_size"] * 4
-    print(f"bench_memory: Qwen2-shaped, V={QWEN2_SHAPE['vocab_size']}, hidden {QWEN2_SHAPE['hidden_size']}, "
-          f"{args.layers} layers (fp32, CPU); {args.rows} rows x {args.width} positions, ~{args.tokens} real tokens/row; "
-          f"ours: logprob_chunk_size={args.chunk}; naive: full [rows, width, V] fp32 logits = {logits_bytes / gib:.2f} GiB",
-          flush=True)
+    print(
+        f"bench_memory: Qwen2-shaped, V={QWEN2_SHAPE['vocab_size']}, hidden {QWEN2_SHAPE['hidden_size']}, "
+        f"{args.layers} layers (fp32, CPU); {args.rows} rows x {args.width} positions, ~{args.tokens} real tokens/row; "
+        f"ours: logprob_chunk_size={args.chunk}; naive: full [rows, width, V] fp32 logits = {logits_bytes / gib:.2f} GiB",
+        flush=True,
+    )
     results = {}
     for phase in phases(args):
         for mode in args.modes:
@@ -218,20 +290,27 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{mode} {phase} failed (exit {proc.returncode})")
             results[mode, phase] = json.loads(proc.stdout.strip().splitlines()[-1])
             r = results[mode, phase]
-            print(f"  {phase:12s} {mode:5s} peak +{r['peak_bytes'] / gib:6.2f} GiB over {r['resident_bytes'] / gib:5.2f} GiB "
-                  f"resident  ({r['seconds']:.1f} s)", flush=True)
+            print(
+                f"  {phase:12s} {mode:5s} peak +{r['peak_bytes'] / gib:6.2f} GiB over {r['resident_bytes'] / gib:5.2f} GiB "
+                f"resident  ({r['seconds']:.1f} s)",
+                flush=True,
+            )
     if len(args.modes) < 2:
         for (mode, phase), r in results.items():
-            print(f"{phase}: {mode} bytes per real token {r['peak_bytes'] / r['real_tokens']:,.0f} "
-                  f"({r['real_tokens']} real tokens, {r['response_tokens']} response tokens)")
+            print(
+                f"{phase}: {mode} bytes per real token {r['peak_bytes'] / r['real_tokens']:,.0f} "
+                f"({r['real_tokens']} real tokens, {r['response_tokens']} response tokens)"
+            )
         return 0
     ratios = {}
     for phase in phases(args):
         ours, naive = results["ours", phase], results["naive", phase]
         ratios[phase] = ours["peak_bytes"] / naive["peak_bytes"]
-        print(f"{phase}: ours/naive={ratios[phase]:.3f}; bytes per real token: ours {ours['peak_bytes'] / ours['real_tokens']:,.0f}"
-              f", naive {naive['peak_bytes'] / naive['real_tokens']:,.0f} ({ours['real_tokens']} real tokens, "
-              f"{ours['response_tokens']} response tokens)")
+        print(
+            f"{phase}: ours/naive={ratios[phase]:.3f}; bytes per real token: ours {ours['peak_bytes'] / ours['real_tokens']:,.0f}"
+            f", naive {naive['peak_bytes'] / naive['real_tokens']:,.0f} ({ours['real_tokens']} real tokens, "
+            f"{ours['response_tokens']} response tokens)"
+        )
     print(f"peak ours/naive={max(ratios.values()):.3f}")
     return 0
 
@@ -250,17 +329,34 @@ def predicted_bytes(args, phase: str) -> int:
 
     shape = shape_from_dict(dict(QWEN2_SHAPE, num_hidden_layers=args.layers), "bench_memory Qwen2 shape")
     batch = make_batch(args.rows, args.width, args.tokens, 8)
-    scored = int(batch["attention_mask"][:, -batch["responses"].shape[1]:].sum())
+    scored = int(batch["attention_mask"][:, -batch["responses"].shape[1] :].sum())
     positions = args.rows * args.width
-    yaml = PlanInputs.from_sections(ConfigSections.from_config(compose_config(["actor_rollout_ref.model.path=bench"])), "cpu")
+    yaml = PlanInputs.from_sections(
+        ConfigSections.from_config(compose_config(["actor_rollout_ref.model.path=bench"])), "cpu"
+    )
     # This process's actor: one rank, no SP, no reference, nothing offloaded; the rest as the bench measures it.
-    inputs = dataclasses.replace(yaml, world=1, nodes=1, sp=1, use_ref=False, actor_param_offload=False,
-                                 optimizer_offload=False, fsdp=False, device="cpu", param_dtype_bytes=4,
-                                 gradient_checkpointing=args.checkpointing, logprob_chunk_size=args.chunk,
-                                 update_tokens=positions, old_logprob_tokens=positions, ref_logprob_tokens=positions,
-                                 # the bench's optimizer: build_adamw's default step_impl (auto: fused on CPU)
-                                 update_scored_tokens=scored, logprob_scored_tokens=scored, step_impl="auto",
-                                 response_positions=args.rows * batch["responses"].shape[1])
+    inputs = dataclasses.replace(
+        yaml,
+        world=1,
+        nodes=1,
+        sp=1,
+        use_ref=False,
+        actor_param_offload=False,
+        optimizer_offload=False,
+        fsdp=False,
+        device="cpu",
+        param_dtype_bytes=4,
+        gradient_checkpointing=args.checkpointing,
+        logprob_chunk_size=args.chunk,
+        update_tokens=positions,
+        old_logprob_tokens=positions,
+        ref_logprob_tokens=positions,
+        # the bench's optimizer: build_adamw's default step_impl (auto: fused on CPU)
+        update_scored_tokens=scored,
+        logprob_scored_tokens=scored,
+        step_impl="auto",
+        response_positions=args.rows * batch["responses"].shape[1],
+    )
     plan = build_plan(inputs, shape, None)
     names = ("update: forward/backward", "update: optimizer step") if phase == "update" else ("log-prob: old (actor)",)
     resident = ("actor fp32 params", "AdamW moments")
@@ -282,16 +378,26 @@ def measure_vs_predict(args, env=None, jobs: int = 1) -> list[dict]:
     """One row per phase at ``args``' size: measured peak (its own process) and the plan's prediction.
     ``jobs`` > 1 runs that many phase processes at once: each measures its own peak RSS, so only the
     phases' seconds (not reported here) depend on it."""
-    env = env or dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
-                      PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env = env or dict(
+        os.environ,
+        MALLOC_MMAP_THRESHOLD_="65536",
+        OMP_NUM_THREADS=str(args.threads),
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    )
     procs: dict[str, subprocess.Popen] = {}
     rows = []
     pending = list(PHASES)
     while pending or procs:
         while pending and len(procs) < max(1, jobs):
             phase = pending.pop(0)
-            procs[phase] = subprocess.Popen(_child_cmd(args, "ours", phase), env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+            procs[phase] = subprocess.Popen(
+                _child_cmd(args, "ours", phase),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
         phase = next(iter(procs))  # finish in start order: the rows keep PHASES' order
         proc = procs.pop(phase)
         out, err = proc.communicate()
@@ -308,18 +414,25 @@ def measure_vs_predict(args, env=None, jobs: int = 1) -> list[dict]:
 def predict_main(args) -> int:
     sizes = parse_sizes(args.sizes)
     mib = 2**20
-    print(f"bench_memory --predict: luffy_pool.memory_plan vs measured peak RSS above resident (ours, chunk {args.chunk}, "
-          f"checkpointing {args.checkpointing})")
-    print(f"{'rows':>4} {'width':>5} {'tokens':>6} {'layers':>6}  {'phase':8} {'predicted MiB':>13} {'measured MiB':>12} "
-          f"{'pred/meas':>9}")
+    print(
+        f"bench_memory --predict: luffy_pool.memory_plan vs measured peak RSS above resident (ours, chunk {args.chunk}, "
+        f"checkpointing {args.checkpointing})"
+    )
+    print(
+        f"{'rows':>4} {'width':>5} {'tokens':>6} {'layers':>6}  {'phase':8} {'predicted MiB':>13} {'measured MiB':>12} "
+        f"{'pred/meas':>9}"
+    )
     worst = 0.0
     for rows, width, tokens, layers in sizes:
         sized = argparse.Namespace(**{**vars(args), "rows": rows, "width": width, "tokens": tokens, "layers": layers})
         for r in measure_vs_predict(sized, jobs=args.jobs):
             ratio = r["predicted"] / r["measured"]
             worst = max(worst, abs(ratio - 1))
-            print(f"{rows:>4} {width:>5} {tokens:>6} {layers:>6}  {r['phase']:8} {r['predicted'] / mib:13.0f} "
-                  f"{r['measured'] / mib:12.0f} {ratio:9.2f}", flush=True)
+            print(
+                f"{rows:>4} {width:>5} {tokens:>6} {layers:>6}  {r['phase']:8} {r['predicted'] / mib:13.0f} "
+                f"{r['measured'] / mib:12.0f} {ratio:9.2f}",
+                flush=True,
+            )
     print(f"max |predicted/measured - 1| = {worst:.2f}")
     return 0
 

@@ -8,6 +8,7 @@ trainer's scorer (LUFFY's version 3 by default) inline in one process and throug
 
     .venv/bin/python exp_scripts/bench_reward.py --n 2000 --workers 2 [--grader rule] [--version 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,10 @@ import time
 
 DEFAULT_DATA = os.path.join(os.path.dirname(__file__), "..", "data", "benchmarks", "valid.parquet")
 
-FILLER = ("We set up the problem carefully, check the constraints, and simplify step by step. "
-          "Substituting back confirms the intermediate values. ") * 6
+FILLER = (
+    "We set up the problem carefully, check the constraints, and simplify step by step. "
+    "Substituting back confirms the intermediate values. "
+) * 6
 
 
 def _variants(gt: str, rng: random.Random) -> list[tuple[str, str]]:
@@ -28,12 +31,19 @@ def _variants(gt: str, rng: random.Random) -> list[tuple[str, str]]:
     m = re.fullmatch(r"\\frac\{(\d+)\}\{(\d+)\}", gt)
     if m:
         a, b = int(m.group(1)), int(m.group(2))
-        out += [("equivalent", f"{a}/{b}"), ("equivalent", f"\\dfrac{{{a}}}{{{b}}}"),
-                ("near_miss", f"\\frac{{{a + 1}}}{{{b}}}")]
+        out += [
+            ("equivalent", f"{a}/{b}"),
+            ("equivalent", f"\\dfrac{{{a}}}{{{b}}}"),
+            ("near_miss", f"\\frac{{{a + 1}}}{{{b}}}"),
+        ]
     if re.fullmatch(r"-?\d+", gt):
         n = int(gt)
-        out += [("equivalent", f"{n}.0"), ("equivalent", f"x = {n}"), ("near_miss", str(n + rng.choice([-1, 1]))),
-                ("near_miss", str(-n) if n else "1")]
+        out += [
+            ("equivalent", f"{n}.0"),
+            ("equivalent", f"x = {n}"),
+            ("near_miss", str(n + rng.choice([-1, 1]))),
+            ("near_miss", str(-n) if n else "1"),
+        ]
     if "+" in gt and "=" not in gt and "," not in gt:
         left, _, right = gt.partition("+")
         if left.strip() and right.strip():
@@ -90,8 +100,10 @@ def main() -> None:
 
     items = build_responses(args.data, args.n)
     spec = ScorerSpec(args.version, args.grader)
-    print(f"{len(items)} responses, reward_impl_version={args.version}, grader={args.grader}, "
-          f"os.cpu_count()={os.cpu_count()}, load average={os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(items)} responses, reward_impl_version={args.version}, grader={args.grader}, "
+        f"os.cpu_count()={os.cpu_count()}, load average={os.getloadavg()[0]:.2f}"
+    )
 
     with ScoringPool(spec, num_workers=0) as single:
         spec.warm_up()
@@ -99,8 +111,7 @@ def main() -> None:
         single_results, single_stats = single.score(items)
         single_s, single_cpu = time.perf_counter() - t0, time.process_time() - c0
 
-    with ScoringPool(spec, num_workers=args.workers, timeout_s=args.timeout_s,
-                     start_method=args.start_method) as pool:
+    with ScoringPool(spec, num_workers=args.workers, timeout_s=args.timeout_s, start_method=args.start_method) as pool:
         pool.wait_ready()
         pids = pool.worker_pids()
         worker_cpu0 = sum(cpu_seconds(p) for p in pids)
@@ -113,16 +124,22 @@ def main() -> None:
     agree = sum(a.score == b.score for a, b in zip(single_results, pool_results))
     mean = sum(r.score for r in single_results) / len(items)
     print(f"single process : {len(items) / single_s:8.1f} responses/s ({single_s:.2f} s)")
-    print(f"pool ({args.workers} workers): {len(items) / pool_s:8.1f} responses/s ({pool_s:.2f} s), "
-          f"timeouts={pool_stats.timeout_count}, errors={pool_stats.error_count}")
+    print(
+        f"pool ({args.workers} workers): {len(items) / pool_s:8.1f} responses/s ({pool_s:.2f} s), "
+        f"timeouts={pool_stats.timeout_count}, errors={pool_stats.error_count}"
+    )
     print(f"speed-up       : {single_s / pool_s:8.2f}x")
     # CPU time per response is immune to other tenants' load: it shows the pool's overhead, and
     # workers x (single CPU / pool CPU) is the speed-up an otherwise idle machine would give.
-    print(f"CPU ms/response: single {1000 * single_cpu / len(items):.2f}, pool {1000 * pool_cpu / len(items):.2f} "
-          f"(parent {1000 * parent_cpu / len(items):.2f}); idle-machine bound "
-          f"{args.workers * single_cpu / pool_cpu:.2f}x")
-    print(f"mean score {mean:.3f}; single/pool agree on {agree}/{len(items)}; "
-          f"parse failures {single_stats.parse_fail_count}")
+    print(
+        f"CPU ms/response: single {1000 * single_cpu / len(items):.2f}, pool {1000 * pool_cpu / len(items):.2f} "
+        f"(parent {1000 * parent_cpu / len(items):.2f}); idle-machine bound "
+        f"{args.workers * single_cpu / pool_cpu:.2f}x"
+    )
+    print(
+        f"mean score {mean:.3f}; single/pool agree on {agree}/{len(items)}; "
+        f"parse failures {single_stats.parse_fail_count}"
+    )
 
 
 if __name__ == "__main__":

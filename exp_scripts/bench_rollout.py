@@ -11,6 +11,7 @@ the sync time and its share of sync+generate are printed. A last call gives 1 ro
 
     OMP_NUM_THREADS=1 .venv/bin/python exp_scripts/bench_rollout.py [--repeats 5] [--model-dir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,26 @@ import time
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 # The engine keys this benchmark sets; every other key takes the trainer YAML's default (compose.rollout_section).
 # An engine on its own reads its checkpoint (load_format=auto) on one rank.
-ENGINE_CONFIG = {"prompt_length": 256, "response_length": 256, "dtype": "float32", "seed": 0,
-                 "cpu_kv_cache_bytes": 64 * 2**20, "load_format": "auto", "tensor_model_parallel_size": 1,
-                 "hf_micro_batch_size": 256}
+ENGINE_CONFIG = {
+    "prompt_length": 256,
+    "response_length": 256,
+    "dtype": "float32",
+    "seed": 0,
+    "cpu_kv_cache_bytes": 64 * 2**20,
+    "load_format": "auto",
+    "tensor_model_parallel_size": 1,
+    "hf_micro_batch_size": 256,
+}
 
 
 def _prompts(model_dir: str, n_prompts: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    chats = [[{"role": "user", "content": f"What is {17 * i + 3} + {29 * i + 11}? Put the answer in \\boxed{{}}."}]
-             for i in range(n_prompts)]
+    chats = [
+        [{"role": "user", "content": f"What is {17 * i + 3} + {29 * i + 11}? Put the answer in \\boxed{{}}."}]
+        for i in range(n_prompts)
+    ]
     return [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False) for c in chats]
 
 
@@ -53,8 +63,14 @@ def make_actor_class():
             if kind == "raw":
                 from vllm import LLM
 
-                self.engine = LLM(model=model_dir, dtype="float32", enforce_eager=True, seed=0,
-                                  max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
+                self.engine = LLM(
+                    model=model_dir,
+                    dtype="float32",
+                    enforce_eager=True,
+                    seed=0,
+                    max_model_len=512,
+                    kv_cache_memory_bytes=64 * 2**20,
+                )
             elif kind == "vllm":
                 from luffy_pool.config.compose import rollout_section
                 from verl.workers.rollout.vllm_rollout import VLLMRollout
@@ -71,8 +87,9 @@ def make_actor_class():
             from vllm import SamplingParams
             from vllm.inputs import TokensPrompt
 
-            params = SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, logprobs=0, ignore_eos=True,
-                                    detokenize=False)
+            params = SamplingParams(
+                n=n, max_tokens=max_tokens, temperature=1.0, logprobs=0, ignore_eos=True, detokenize=False
+            )
             start = time.perf_counter()
             outs = self.engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             seconds = time.perf_counter() - start
@@ -105,8 +122,14 @@ def make_actor_class():
                 with manager:
                     entered = time.perf_counter()
                     self.engine.generate_token_ids(prompts, max_tokens, spec)
-                rows.append({"sync_s": manager.last_sync_s, "gen_s": time.perf_counter() - entered,
-                             "step_s": time.perf_counter() - start, "buckets": manager.last_sync_buckets})
+                rows.append(
+                    {
+                        "sync_s": manager.last_sync_s,
+                        "gen_s": time.perf_counter() - entered,
+                        "step_s": time.perf_counter() - start,
+                        "buckets": manager.last_sync_buckets,
+                    }
+                )
             return rows
 
     return BenchActor
@@ -140,11 +163,21 @@ def main() -> None:
 
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             object_store_memory=256 * 2**20,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-                                       "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=256 * 2**20,
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        },
+    )
     Actor = make_actor_class()
     actors = {kind: Actor.remote(kind, model_dir) for kind in ("raw", "vllm", "hf")}
     ray.get([a.__ray_ready__.remote() for a in actors.values()])
@@ -170,8 +203,9 @@ def main() -> None:
     median = {k: statistics.median(v) for k, v in seconds.items()}
     tps = {k: total / v for k, v in median.items()}
 
-    steps = ray.get(actors["vllm"].hybrid_steps.remote(rows, caps, args.sync_steps + 1,
-                                                       int(args.bucket_mb * 2**20)))[1:]
+    steps = ray.get(actors["vllm"].hybrid_steps.remote(rows, caps, args.sync_steps + 1, int(args.bucket_mb * 2**20)))[
+        1:
+    ]
     sync = statistics.median(r["sync_s"] for r in steps)
     gen = statistics.median(r["gen_s"] for r in steps)
 
@@ -179,20 +213,38 @@ def main() -> None:
     out = ray.get(actors["vllm"].generate.remote(rows, full_trace))
     skipped_tokens = sum(len(t) for t, c in zip(out.token_ids, full_trace) if c == 0)
 
-    print(f"batch: {args.prompts} prompts x n={args.n} x {args.tokens} tokens = {total} tokens; "
-          f"median of {args.repeats} runs")
+    print(
+        f"batch: {args.prompts} prompts x n={args.n} x {args.tokens} tokens = {total} tokens; "
+        f"median of {args.repeats} runs"
+    )
     print(f"{'engine':<36}{'median s':>10}{'tokens/s':>11}{'vs raw':>8}")
-    names = {"raw": "raw vllm.LLM.generate (in actor)", "vllm": "VLLMRollout via Ray actor",
-             "hf": "HFRollout via Ray actor"}
+    names = {
+        "raw": "raw vllm.LLM.generate (in actor)",
+        "vllm": "VLLMRollout via Ray actor",
+        "hf": "HFRollout via Ray actor",
+    }
     for kind in runners:
         print(f"{names[kind]:<36}{median[kind]:>10.3f}{tps[kind]:>11.0f}{tps[kind] / tps['raw']:>8.2f}")
-    print(f"hybrid step ({len(steps)} steps, {steps[0]['buckets']} buckets of <= {args.bucket_mb} MiB): "
-          f"sync {sync * 1000:.1f} ms, generate {gen:.3f} s, sync share {sync / (sync + gen):.1%}")
-    print(f"full-trace slots (max_tokens=0): {full_trace.count(0)} of {len(rows)} rows, "
-          f"engine tokens spent on them: {skipped_tokens}")
-    results = {"seconds": seconds, "median_s": median, "tokens_per_s": tps, "ours_over_raw": tps["vllm"] / tps["raw"],
-               "hf_over_raw": tps["hf"] / tps["raw"], "sync_s": sync, "gen_s": gen,
-               "sync_share": sync / (sync + gen), "hybrid_steps": steps, "full_trace_tokens": skipped_tokens}
+    print(
+        f"hybrid step ({len(steps)} steps, {steps[0]['buckets']} buckets of <= {args.bucket_mb} MiB): "
+        f"sync {sync * 1000:.1f} ms, generate {gen:.3f} s, sync share {sync / (sync + gen):.1%}"
+    )
+    print(
+        f"full-trace slots (max_tokens=0): {full_trace.count(0)} of {len(rows)} rows, "
+        f"engine tokens spent on them: {skipped_tokens}"
+    )
+    results = {
+        "seconds": seconds,
+        "median_s": median,
+        "tokens_per_s": tps,
+        "ours_over_raw": tps["vllm"] / tps["raw"],
+        "hf_over_raw": tps["hf"] / tps["raw"],
+        "sync_s": sync,
+        "gen_s": gen,
+        "sync_share": sync / (sync + gen),
+        "hybrid_steps": steps,
+        "full_trace_tokens": skipped_tokens,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

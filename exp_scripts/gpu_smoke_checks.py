@@ -16,6 +16,7 @@
 
 Each check is a name, a bool and a detail line; ``gpu_smoke.main`` prints PASS/FAIL per check.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,9 +37,15 @@ PACKED_BOUNDS = {"bf16": {"max_abs": 0.1, "mean_abs": 1e-2}, "fp32": {"max_abs":
 KL_BOUNDS = {"bf16": 0.05, "fp32": 1e-3}
 LOG_PROB_KEYS = ["responses", "input_ids", "attention_mask", "position_ids"]
 PACKED_ROWS = 4  # one micro-batch: rows of different prompts, so a packed row holds 4 sequences
-SPLIT_OVERRIDES = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.nnodes=1",
-                   "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-                   "trainer.rollout_pipeline=one_step_off", "trainer.save_freq=-1"]
+SPLIT_OVERRIDES = [
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=1",
+    "trainer.rollout_pipeline=one_step_off",
+    "trainer.save_freq=-1",
+]
 
 
 def precision(dtype) -> str:
@@ -65,15 +72,25 @@ def engine_actor_gap(actor_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torc
 
     m = mask.bool()
     if not m.any():
-        return {"mean_actor_minus_engine": float("nan"), "kl_k3": float("nan"), "max_abs": float("nan"),
-                "prob_diff_mean": float("nan"), "tokens": 0}
+        return {
+            "mean_actor_minus_engine": float("nan"),
+            "kl_k3": float("nan"),
+            "max_abs": float("nan"),
+            "prob_diff_mean": float("nan"),
+            "tokens": 0,
+        }
     # the rollout-correction metrics with the actor as pi_old and the engine as pi_rollout (k1 = -kl)
     actor, engine = (torch.where(m, x.double(), 0.0) for x in (actor_lp, engine_lp))  # no NaN from outside the mask
     kl = mismatch_metrics(actor, engine, m.double())
     d = actor_lp.double()[m] - engine_lp.double()[m]
     probs = (actor_lp.double()[m].exp() - engine_lp.double()[m].exp()).abs()
-    return {"mean_actor_minus_engine": -kl["kl"], "kl_k3": kl["k3_kl"], "max_abs": float(d.abs().max()),
-            "prob_diff_mean": float(probs.mean()), "tokens": int(d.numel())}
+    return {
+        "mean_actor_minus_engine": -kl["kl"],
+        "kl_k3": kl["k3_kl"],
+        "max_abs": float(d.abs().max()),
+        "prob_diff_mean": float(probs.mean()),
+        "tokens": int(d.numel()),
+    }
 
 
 def gap_within(gap: dict, bound: float) -> bool:
@@ -84,8 +101,10 @@ def gap_within(gap: dict, bound: float) -> bool:
 
 def packed_within(gaps: dict, bounds: dict) -> bool:
     """Every packed variant's gap to the padded log-probs finite and within ``bounds``."""
-    return bool(gaps) and all(g["tokens"] > 0 and g["max_abs"] <= bounds["max_abs"] and g["mean_abs"] <=
-                              bounds["mean_abs"] for g in gaps.values())
+    return bool(gaps) and all(
+        g["tokens"] > 0 and g["max_abs"] <= bounds["max_abs"] and g["mean_abs"] <= bounds["mean_abs"]
+        for g in gaps.values()
+    )
 
 
 @contextlib.contextmanager
@@ -105,15 +124,17 @@ def micro_batch(batch, rows: int = PACKED_ROWS):
     from verl.protocol import DataProto
 
     idx = torch.linspace(0, len(batch) - 1, min(rows, len(batch))).round().long()
-    return DataProto.from_dict(tensors={k: batch.batch[k][idx] for k in LOG_PROB_KEYS},
-                               meta_info={"temperature": 1.0, "micro_batch_size": len(idx), "use_dynamic_bsz": False})
+    return DataProto.from_dict(
+        tensors={k: batch.batch[k][idx] for k in LOG_PROB_KEYS},
+        meta_info={"temperature": 1.0, "micro_batch_size": len(idx), "use_dynamic_bsz": False},
+    )
 
 
 def packed_vs_padded(actor, data) -> dict:
     """{variant: masked_gap to the padded log-probs}: ``packed`` (dense logits) and ``packed_chunked_head`` (the
     scoring head in chunks of a quarter of the micro-batch's positions, so it runs more than one chunk), over the
     response tokens of ``data`` (one micro-batch)."""
-    mask = data.batch["attention_mask"][:, -data.batch["responses"].size(-1):]
+    mask = data.batch["attention_mask"][:, -data.batch["responses"].size(-1) :]
 
     def score(packed: bool, chunk: int) -> torch.Tensor:
         with actor_forward(actor, packed, chunk):
@@ -164,14 +185,23 @@ class StepWatch:
         bound = KL_BOUNDS[self.prec]
         fresh = [s for s in self.steps if s["staleness"] == 0]
         worst = max(fresh, key=lambda s: max(abs(s["mean_actor_minus_engine"]), s["kl_k3"]), default=None)
-        out = {"engine_vs_actor_kl": (bool(fresh) and all(gap_within(s, bound) for s in fresh),
-                                      f"{self.prec} bound {bound}, worst of {len(fresh)} step(s) at staleness 0: "
-                                      + (_gap_line(worst) if worst else "none"))}
+        out = {
+            "engine_vs_actor_kl": (
+                bool(fresh) and all(gap_within(s, bound) for s in fresh),
+                f"{self.prec} bound {bound}, worst of {len(fresh)} step(s) at staleness 0: "
+                + (_gap_line(worst) if worst else "none"),
+            )
+        }
         if self.packed is not None:
             b = PACKED_BOUNDS[self.prec]
-            out["packed_vs_padded"] = (packed_within(self.packed, b), f"{self.prec} bounds {b}; " + "; ".join(
-                f"{k} max_abs {g['max_abs']:.3g} mean_abs {g['mean_abs']:.3g} ({g['tokens']} tokens)"
-                for k, g in self.packed.items()))
+            out["packed_vs_padded"] = (
+                packed_within(self.packed, b),
+                f"{self.prec} bounds {b}; "
+                + "; ".join(
+                    f"{k} max_abs {g['max_abs']:.3g} mean_abs {g['mean_abs']:.3g} ({g['tokens']} tokens)"
+                    for k, g in self.packed.items()
+                ),
+            )
         return out
 
     def summary(self) -> dict:
@@ -179,8 +209,10 @@ class StepWatch:
 
 
 def _gap_line(g: dict) -> str:
-    return (f"step {g['step']}: mean(log p_actor - log p_engine) {g['mean_actor_minus_engine']:.3g}, k3 "
-            f"{g['kl_k3']:.3g}, max_abs {g['max_abs']:.3g}, prob diff {g['prob_diff_mean']:.3g} ({g['tokens']} tokens)")
+    return (
+        f"step {g['step']}: mean(log p_actor - log p_engine) {g['mean_actor_minus_engine']:.3g}, k3 "
+        f"{g['kl_k3']:.3g}, max_abs {g['max_abs']:.3g}, prob diff {g['prob_diff_mean']:.3g} ({g['tokens']} tokens)"
+    )
 
 
 def generate_after_push(trainer, watch: StepWatch) -> None:
@@ -192,8 +224,9 @@ def generate_after_push(trainer, watch: StepWatch) -> None:
     metrics = trainer.push_to_engines()
     batch, gen_batch, ratios, stage = trainer._prepare_rollout(DataProto.from_single_dict(trainer._next_batch()), step)
     metrics.update(stage)
-    batch, _, metrics = trainer._merge_rollout(batch, trainer.rollout_wg.generate_sequences(gen_batch), ratios,
-                                               metrics, step)
+    batch, _, metrics = trainer._merge_rollout(
+        batch, trainer.rollout_wg.generate_sequences(gen_batch), ratios, metrics, step
+    )
     trainer.global_steps = step
     watch.see(batch, metrics)
 
@@ -236,7 +269,13 @@ def run_split(config, dtype) -> dict:
     checks = watch.checks()
     want = [0] + [1] * (int(trainer.last_step()) - 1)  # one_step_off: each later batch launched before an update
     moved = all(abs(a - b) > 1e-12 * max(1.0, abs(b)) for a, b in zip(after, before))
-    checks["split_trained"] = (trained == want and moved and trainer.rollout_wg is not None,
-                               f"staleness per step {trained} (want {want}), actor weights changed: {moved}")
-    return {"steps": watch.steps, "precision": watch.prec,
-            "checks": {k: ok for k, (ok, _) in checks.items()}, "details": {k: d for k, (_, d) in checks.items()}}
+    checks["split_trained"] = (
+        trained == want and moved and trainer.rollout_wg is not None,
+        f"staleness per step {trained} (want {want}), actor weights changed: {moved}",
+    )
+    return {
+        "steps": watch.steps,
+        "precision": watch.prec,
+        "checks": {k: ok for k, (ok, _) in checks.items()},
+        "details": {k: d for k, (_, d) in checks.items()},
+    }

@@ -20,6 +20,7 @@ LUFFY agreement (``exp_scripts/luffy_agreement.py``): ``--luffy_src DIR --write 
 comparison set graded by LUFFY's own code (run from a checkout outside the project) and
 ``--check FILE`` prints, per grader, how often this project's verdict differs from LUFFY's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,8 +83,12 @@ def main() -> None:
     hash_items, boxed_items = _gsm8k_items(args.data_dir, args.gsm8k_limit)
     filler = "Let me double check each step of the computation once more. "
     long_items = [(text + "\n" + filler * (70 + i % 80), gt) for i, (text, gt) in enumerate(boxed_items[:2000])]
-    sets = {"gsm8k_hash": hash_items, "gsm8k_boxed": boxed_items, "gsm8k_long": long_items,
-            "bench_self": _bench_items(args.data_dir)}
+    sets = {
+        "gsm8k_hash": hash_items,
+        "gsm8k_boxed": boxed_items,
+        "gsm8k_long": long_items,
+        "bench_self": _bench_items(args.data_dir),
+    }
     results: dict = {}
     for set_name, items in sets.items():
         for grader in GRADERS:
@@ -91,14 +96,23 @@ def main() -> None:
             outcomes = [bool(grade(text, gt, grader=grader)) for text, gt in items]
             elapsed = time.perf_counter() - start
             results[f"{set_name}/{grader}"] = outcomes
-            print(f"{set_name:12s} {grader:12s} n={len(items):5d} correct={sum(outcomes) / len(items):.4f} "
-                  f"time={elapsed:.1f}s", flush=True)
+            print(
+                f"{set_name:12s} {grader:12s} n={len(items):5d} correct={sum(outcomes) / len(items):.4f} "
+                f"time={elapsed:.1f}s",
+                flush=True,
+            )
         either = [a or b for a, b in zip(results[f"{set_name}/math_verify"], results[f"{set_name}/rule"])]
         results[f"{set_name}/any"] = either
         print(f"{set_name:12s} {'any':12s} n={len(items):5d} correct={sum(either) / len(items):.4f}")
     with open(args.out, "w") as f:
-        json.dump({"results": results, "texts": {k: [t for t, _ in v] for k, v in sets.items()},
-                   "gts": {k: [g for _, g in v] for k, v in sets.items()}}, f)
+        json.dump(
+            {
+                "results": results,
+                "texts": {k: [t for t, _ in v] for k, v in sets.items()},
+                "gts": {k: [g for _, g in v] for k, v in sets.items()},
+            },
+            f,
+        )
     if args.compare:
         with open(args.compare) as f:
             before = json.load(f)
@@ -112,8 +126,10 @@ def main() -> None:
             print(f"{key:26s} agreement={agree:.5f} changed={len(changed)}")
             set_name = key.split("/")[0]
             for i in changed[:5]:
-                print(f"    #{i} {old[i]} -> {after[i]} gt={sets[set_name][i][1]!r} "
-                      f"text=...{sets[set_name][i][0][-120:]!r}")
+                print(
+                    f"    #{i} {old[i]} -> {after[i]} gt={sets[set_name][i][1]!r} "
+                    f"text=...{sets[set_name][i][0][-120:]!r}"
+                )
 
 
 def _luffy_mode(args) -> None:

@@ -7,6 +7,7 @@ notation, int vs float, rounding, sqrt forms, reordered tuples and sets, missing
 unboxed, wrong by one, ...). Ground truths are dataset text; the numeric value used for rounding comes
 from the project's guarded parser, never from eval.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,7 @@ def _top_level_items(gt: str) -> list[str] | None:
     body, opener, closer = gt, "", ""
     for left, right in (("\\left(", "\\right)"), ("(", ")"), ("[", "]"), ("\\{", "\\}")):
         if gt.startswith(left) and gt.endswith(right):
-            body, opener, closer = gt[len(left):-len(right)], left, right
+            body, opener, closer = gt[len(left) : -len(right)], left, right
             break
     items, depth, start = [], 0, 0
     for i, ch in enumerate(body):

@@ -22,6 +22,7 @@ The stored file was built from LUFFY commit 01f4ae0 (github ElliottYan/LUFFY) wi
 math-verify 0.9.0 and latex2sympy2_extended 1.11.0, plus pylatexenc 2.11 installed aside for the generator;
 math-verify verdicts depend on its version, so rebuild the file when the venv's math-verify changes.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -60,8 +61,15 @@ def build_items(data_dir: str, per_benchmark: int = PER_BENCHMARK) -> list[dict]
             gt = str(reward_model["ground_truth"])
             variants = choice_variants(gt) if bench in CHOICE_FILES else math_variants(gt)
             for variant, text in variants:
-                items.append({"id": f"{bench}/{len(seen) - 1}/{variant}", "bench": bench, "variant": variant,
-                              "gt": gt, "text": text})
+                items.append(
+                    {
+                        "id": f"{bench}/{len(seen) - 1}/{variant}",
+                        "bench": bench,
+                        "variant": variant,
+                        "gt": gt,
+                        "text": text,
+                    }
+                )
             if len(seen) >= per_benchmark:
                 break
     return items
@@ -78,8 +86,15 @@ class _LuffyWorker:
         self.proc = None
 
     def _start(self):
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=self.env, bufsize=1)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=self.env,
+            bufsize=1,
+        )
 
     def grade(self, grader: str, text: str, gt: str, timeout_s: float):
         if self.proc is None:
@@ -108,8 +123,9 @@ class _LuffyWorker:
             self._warm = False
 
 
-def write_luffy_verdicts(items: list[dict], luffy_src: str, luffy_deps: str | None, out_path: str,
-                         timeout_s: float = PER_ANSWER_TIMEOUT_S) -> None:
+def write_luffy_verdicts(
+    items: list[dict], luffy_src: str, luffy_deps: str | None, out_path: str, timeout_s: float = PER_ANSWER_TIMEOUT_S
+) -> None:
     worker = _LuffyWorker(luffy_src, luffy_deps)
     start = time.time()
     try:
@@ -152,6 +168,7 @@ def disagreements(rows: list[dict], graders=LUFFY_GRADERS) -> dict[str, list[dic
                 continue
             ours = project_verdict(grader, row["text"], row["gt"])
             if ours != theirs:
-                out[grader].append({"id": row["id"], "ours": ours, "luffy": theirs, "gt": row["gt"],
-                                    "answer": row["text"][-80:]})
+                out[grader].append(
+                    {"id": row["id"], "ours": ours, "luffy": theirs, "gt": row["gt"], "answer": row["text"][-80:]}
+                )
     return out

@@ -14,6 +14,7 @@ Graders (LUFFY's call paths, docs/METHOD.md §4.1 and §4.4):
 - ``eval_oat`` / ``eval_oat_any``: ``--add_oat_evaluate`` (without / with ``--any_true``): OAT's
   ``boxed_reward_fn(fast=False)`` on the split text, or on the whole text when the split raised.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -14,6 +14,7 @@ Each case is small and bounded: in-process checks run under a SIGALRM limit, the
 whose id or reference contains WORD, ``--json PATH`` writes the results, ``--quickstart-log PATH`` judges a
 quickstart console capture (line count, longest line, config dump), ``--list`` prints the case list.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -192,13 +193,19 @@ def run_trainer(ctx: Context, overrides: list[str], timeout_s: float, config_nam
     import subprocess
 
     out = ctx.tmp("run")
-    base = [f"actor_rollout_ref.model.path={ctx.model_dir}", f"data.train_files={ctx.task_dir}/train.parquet",
-            "data.val_files=null", f"trainer.default_local_dir={out}/ckpt", f"hydra.run.dir={out}",
-            "trainer.total_training_steps=1"]
+    base = [
+        f"actor_rollout_ref.model.path={ctx.model_dir}",
+        f"data.train_files={ctx.task_dir}/train.parquet",
+        "data.val_files=null",
+        f"trainer.default_local_dir={out}/ckpt",
+        f"hydra.run.dir={out}",
+        "trainer.total_training_steps=1",
+    ]
     cmd = [sys.executable, "-m", "luffy_pool.main_mix_ppo", "--config-name", config_name, *base, *overrides]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         _, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -239,8 +246,11 @@ def run_case(case: Case, ctx: Context) -> tuple[Outcome, float]:
         outcome = Outcome("bad", f"no answer within {case.timeout_s:g} s (hang)")
     except Exception as exc:  # noqa: BLE001 - a broken case is reported, never fatal to the probe
         frame = traceback.extract_tb(exc.__traceback__)[-1]
-        outcome = Outcome("weak", f"probe case raised {type(exc).__name__}: {str(exc)[:100]} "
-                                  f"({os.path.basename(frame.filename)}:{frame.lineno})")
+        outcome = Outcome(
+            "weak",
+            f"probe case raised {type(exc).__name__}: {str(exc)[:100]} "
+            f"({os.path.basename(frame.filename)}:{frame.lineno})",
+        )
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -276,9 +286,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         ctx = Context(root, args.quickstart_log)
         for case in cases:
             outcome, seconds = run_case(case, ctx)
-            results.append({"id": case.cid, "ref": case.ref, "title": case.title, "verdict": outcome.verdict,
-                            "seen": outcome.seen, "seconds": round(seconds, 2)})
-            print(f"{outcome.verdict:5s} {case.cid:28s} {case.ref:6s} {seconds:6.1f}s  {outcome.seen[:110]}", flush=True)
+            results.append(
+                {
+                    "id": case.cid,
+                    "ref": case.ref,
+                    "title": case.title,
+                    "verdict": outcome.verdict,
+                    "seen": outcome.seen,
+                    "seconds": round(seconds, 2),
+                }
+            )
+            print(
+                f"{outcome.verdict:5s} {case.cid:28s} {case.ref:6s} {seconds:6.1f}s  {outcome.seen[:110]}", flush=True
+            )
     totals = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
     print(f"\n{len(results)} cases: " + ", ".join(f"{v} {n}" for v, n in totals.items()))
     by_ref: dict[str, dict[str, int]] = {}

@@ -5,15 +5,25 @@ dataset / pool loaders the trainer uses, the config check, the eval and data-pre
 subprocess for the few that need the whole start-up). ``ref`` names the input class (docs/DESIGN.md §3). Cases for faults fixed by
 other work (resume, checkpoints, signals, the judge, secrets, load) are included, so the probe reports them too.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from typing import Any
 
-from exp_scripts.probe_bad_input import (Case, Context, Outcome, expect_accepted, expect_cli_refusal,
-                                         expect_config_error, expect_refusal, judge_exception, judge_trainer,
-                                         run_trainer)
+from exp_scripts.probe_bad_input import (
+    Case,
+    Context,
+    Outcome,
+    expect_accepted,
+    expect_cli_refusal,
+    expect_config_error,
+    expect_refusal,
+    judge_exception,
+    judge_trainer,
+    run_trainer,
+)
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 TRACE = "<think>\n1 + 2 = 3.\n</think>\nThe answer is \\boxed{3}."
@@ -24,14 +34,20 @@ def case(cid: str, ref: str, title: str, timeout_s: float = 60.0):
     def register(fn):
         CASES.append(Case(cid, ref, title, fn, timeout_s))
         return fn
+
     return register
 
 
 # ------------------------------------------------------------------------------------ helpers
 def _row(i: int, **over) -> dict:
-    row = {"data_source": "synthetic_arith", "prompt": [{"role": "user", "content": f"What is 1 + {i}?"}],
-           "target": [{"role": "assistant", "content": TRACE}], "ability": "math",
-           "reward_model": {"ground_truth": "3", "style": "rule"}, "extra_info": {"index": i, "split": "train"}}
+    row = {
+        "data_source": "synthetic_arith",
+        "prompt": [{"role": "user", "content": f"What is 1 + {i}?"}],
+        "target": [{"role": "assistant", "content": TRACE}],
+        "ability": "math",
+        "reward_model": {"ground_truth": "3", "style": "rule"},
+        "extra_info": {"index": i, "split": "train"},
+    }
     row.update(over)
     return row
 
@@ -57,6 +73,7 @@ def _dataset(ctx: Context, path: str, **kw):
 
 def _late(fn):
     """Like ``expect_refusal``, but a refusal raised only when an item is drawn is weak (it ends a run late)."""
+
     def run(ctx: Context, *names: str) -> Outcome:
         from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
@@ -71,19 +88,21 @@ def _late(fn):
         if outcome.verdict == "good":
             return Outcome("weak", "refused only when the row is drawn (late): " + outcome.seen)
         return outcome
+
     return run
 
 
 def _n_target_tokens(ctx: Context) -> int:
-    return len(ctx.tokenizer(TRACE[len("<think>\n"):], add_special_tokens=False)["input_ids"])
+    return len(ctx.tokenizer(TRACE[len("<think>\n") :], add_special_tokens=False)["input_ids"])
 
 
 def _pool(ctx: Context, rows: list[dict], tokenizer: bool = True):
     from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = _parquet(ctx, rows, "extra.parquet")
-    return lambda: OffPolicyPool.from_sections(_sections(), path, known_prompt_ids=[0, 1],
-                                               tokenizer=ctx.tokenizer if tokenizer else None)
+    return lambda: OffPolicyPool.from_sections(
+        _sections(), path, known_prompt_ids=[0, 1], tokenizer=ctx.tokenizer if tokenizer else None
+    )
 
 
 def _sections():
@@ -91,8 +110,9 @@ def _sections():
     from luffy_pool.config.compose import compose_config
     from luffy_pool.config.sections import ConfigSections
 
-    return ConfigSections.from_config(compose_config(["data.train_files=x", "data.val_files=null",
-                                                      "actor_rollout_ref.model.path=m"]))
+    return ConfigSections.from_config(
+        compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m"])
+    )
 
 
 def _jsonl(ctx: Context, records: list[Any], name: str = "in.jsonl", raw: bytes | None = None) -> str:
@@ -154,6 +174,7 @@ def _(ctx: Context) -> Outcome:
 
         lp = _dataset(ctx, path, max_target_length=n + 2)[0]["behaviour_log_probs"]
         return None if bool(torch.isnan(lp[1])) and not bool(torch.isnan(lp[0])) else f"log-probs {lp[:3].tolist()}"
+
     return expect_accepted(check)
 
 
@@ -161,7 +182,8 @@ def _(ctx: Context) -> Outcome:
 def _(ctx: Context) -> Outcome:
     path = _parquet(ctx, [_row(0), _row(1, prompt=[{"role": "user", "content": "What is " + "9 + " * 60 + "1?"}])])
     return _late(lambda c: (path, {"max_prompt_length": 64, "filter_overlong_prompts": False}))(
-        ctx, "train.parquet", "row 1", "max_prompt_length")
+        ctx, "train.parquet", "row 1", "max_prompt_length"
+    )
 
 
 @case("blank_prompt", "extra", "train parquet: a prompt whose content is blank")
@@ -217,24 +239,73 @@ def _pool_case(cid: str, ref: str, title: str, row: dict, *names: str, tokenizer
         return expect_refusal(_pool(ctx, [{"index": 0, "trace": "x", **row}], tokenizer), "extra.parquet", *names)
 
 
-_pool_case("offpolicy_nan_logprobs", "G10", "off-policy file: NaN log-probs",
-           {"token_ids": [5, 6], "logprobs": [-0.1, float("nan")]}, "row 0", "logprobs")
-_pool_case("offpolicy_neg_inf_logprobs", "G11", "off-policy file: -inf log-probs",
-           {"token_ids": [5, 6], "logprobs": [-0.1, float("-inf")]}, "row 0", "logprobs")
-_pool_case("offpolicy_token_id_oov", "G12", "off-policy file: token id 99999 (vocabulary ~330)",
-           {"token_ids": [5, 99999]}, "row 0", "token_ids")
-_pool_case("offpolicy_token_id_negative", "G12", "off-policy file: negative token id",
-           {"token_ids": [5, -4]}, "row 0", "token_ids")
-_pool_case("offpolicy_nested_token_ids", "G13", "off-policy file: nested token ids",
-           {"token_ids": [[5, 6], [7]]}, "row 0", "token_ids")
-_pool_case("offpolicy_positive_logprobs", "extra", "off-policy file: probabilities in the logprobs column",
-           {"token_ids": [5], "logprobs": [0.7]}, "row 0", "logprobs")
-_pool_case("offpolicy_logprob_length", "extra", "off-policy file: log-prob count disagrees with the trace",
-           {"token_ids": [5, 6], "logprobs": [-0.1, -0.1, -0.1, -0.1]}, "row 0", "logprobs")
-_pool_case("offpolicy_empty_ids", "extra", "off-policy file: empty token id list",
-           {"token_ids": [], "trace": ""}, "row 0")
-_pool_case("offpolicy_no_tokenizer", "extra", "off-policy file without token_ids and no tokenizer",
-           {}, "token_ids", tokenizer=False)
+_pool_case(
+    "offpolicy_nan_logprobs",
+    "G10",
+    "off-policy file: NaN log-probs",
+    {"token_ids": [5, 6], "logprobs": [-0.1, float("nan")]},
+    "row 0",
+    "logprobs",
+)
+_pool_case(
+    "offpolicy_neg_inf_logprobs",
+    "G11",
+    "off-policy file: -inf log-probs",
+    {"token_ids": [5, 6], "logprobs": [-0.1, float("-inf")]},
+    "row 0",
+    "logprobs",
+)
+_pool_case(
+    "offpolicy_token_id_oov",
+    "G12",
+    "off-policy file: token id 99999 (vocabulary ~330)",
+    {"token_ids": [5, 99999]},
+    "row 0",
+    "token_ids",
+)
+_pool_case(
+    "offpolicy_token_id_negative",
+    "G12",
+    "off-policy file: negative token id",
+    {"token_ids": [5, -4]},
+    "row 0",
+    "token_ids",
+)
+_pool_case(
+    "offpolicy_nested_token_ids",
+    "G13",
+    "off-policy file: nested token ids",
+    {"token_ids": [[5, 6], [7]]},
+    "row 0",
+    "token_ids",
+)
+_pool_case(
+    "offpolicy_positive_logprobs",
+    "extra",
+    "off-policy file: probabilities in the logprobs column",
+    {"token_ids": [5], "logprobs": [0.7]},
+    "row 0",
+    "logprobs",
+)
+_pool_case(
+    "offpolicy_logprob_length",
+    "extra",
+    "off-policy file: log-prob count disagrees with the trace",
+    {"token_ids": [5, 6], "logprobs": [-0.1, -0.1, -0.1, -0.1]},
+    "row 0",
+    "logprobs",
+)
+_pool_case(
+    "offpolicy_empty_ids", "extra", "off-policy file: empty token id list", {"token_ids": [], "trace": ""}, "row 0"
+)
+_pool_case(
+    "offpolicy_no_tokenizer",
+    "extra",
+    "off-policy file without token_ids and no tokenizer",
+    {},
+    "token_ids",
+    tokenizer=False,
+)
 
 
 @case("offpolicy_missing_trace_column", "extra", "off-policy file without the trace column")
@@ -242,8 +313,9 @@ def _(ctx: Context) -> Outcome:
     from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     path = _parquet(ctx, [{"index": 0, "text": "x"}], "extra.parquet")
-    return expect_refusal(lambda: OffPolicyPool.from_sections(_sections(), path, known_prompt_ids=[0]), "extra.parquet",
-                          "trace")
+    return expect_refusal(
+        lambda: OffPolicyPool.from_sections(_sections(), path, known_prompt_ids=[0]), "extra.parquet", "trace"
+    )
 
 
 @case("offpolicy_garbage_file", "extra", "off-policy file is not parquet")
@@ -257,8 +329,13 @@ def _(ctx: Context) -> Outcome:
 
 @case("offpolicy_null_logprobs_cell", "extra", "off-policy file: a null logprobs cell (unknown) keeps working")
 def _(ctx: Context) -> Outcome:
-    make = _pool(ctx, [{"index": 0, "trace": "x", "token_ids": [5, 6], "logprobs": None},
-                       {"index": 1, "trace": "y", "token_ids": [7], "logprobs": [-0.2]}])
+    make = _pool(
+        ctx,
+        [
+            {"index": 0, "trace": "x", "token_ids": [5, 6], "logprobs": None},
+            {"index": 1, "trace": "y", "token_ids": [7], "logprobs": [-0.2]},
+        ],
+    )
     return expect_accepted(lambda: None if make().extra_traces_for(0)[0].logprobs is None else "lost the null")
 
 
@@ -274,13 +351,21 @@ _cfg_case("temperature_nan", "G5", f"{R}.temperature=nan", f"{R}.temperature")
 _cfg_case("temperature_zero", "extra", f"{R}.temperature=0", f"{R}.temperature")
 _cfg_case("top_p_nan", "G5", f"{R}.top_p=nan", f"{R}.top_p")
 _cfg_case("top_p_zero", "extra", f"{R}.top_p=0", f"{R}.top_p")
-_cfg_case("self_replay_slots_above_n", "Weak",
-          f"data.self_replay.enable=True {A}.use_off_policy_probs=True data.self_replay.slots=9", "self_replay.slots")
+_cfg_case(
+    "self_replay_slots_above_n",
+    "Weak",
+    f"data.self_replay.enable=True {A}.use_off_policy_probs=True data.self_replay.slots=9",
+    "self_replay.slots",
+)
 _cfg_case("ppo_token_budget_10", "Weak", f"{A}.ppo_max_token_len_per_gpu=10", "ppo_max_token_len_per_gpu")
 _cfg_case("logprob_token_budget_10", "Weak", f"{R}.log_prob_max_token_len_per_gpu=10", "log_prob_max_token_len_per_gpu")
 _cfg_case("orm_without_url", "Weak", "reward.orm.enable=True reward.orm.model=judge", "reward.orm.base_url")
-_cfg_case("max_response_length_absurd", "Weak", f"data.max_response_length=100000000 {A}.use_dynamic_bsz=False",
-          "data.max_response_length")
+_cfg_case(
+    "max_response_length_absurd",
+    "Weak",
+    f"data.max_response_length=100000000 {A}.use_dynamic_bsz=False",
+    "data.max_response_length",
+)
 _cfg_case("n_prefix_above_n", "extra", f"{R}.n_prefix=9", f"{R}.n_prefix")
 _cfg_case("resume_mode_typo", "extra", "trainer.resume_mode=latest", "trainer.resume_mode")
 _cfg_case("clip_ratio_neg_inf", "extra", f"{A}.clip_ratio=-inf", f"{A}.clip_ratio")
@@ -306,8 +391,9 @@ def _(ctx: Context) -> Outcome:
     return Outcome("good", problem[:150]) if problem and "64" in problem else Outcome("bad", "accepted")
 
 
-@case("max_response_vs_model_context", "Weak", "trainer: max_response_length beyond the model's positions",
-      timeout_s=240)
+@case(
+    "max_response_vs_model_context", "Weak", "trainer: max_response_length beyond the model's positions", timeout_s=240
+)
 def _(ctx: Context) -> Outcome:
     rc, err = run_trainer(ctx, ["data.max_response_length=100000", f"{A}.use_dynamic_bsz=False"], 200)
     return judge_trainer(rc, err, "max_position_embeddings")
@@ -335,9 +421,16 @@ def _(ctx: Context) -> Outcome:
     if os.access(ro, os.W_OK):  # root writes anywhere: use a path under a file instead
         ro = os.path.join(ctx.tmp("file"), "f")
         open(ro, "w").write("x")
-    cfg = compose_config([f"actor_rollout_ref.model.path={ctx.model_dir}", f"data.train_files={ctx.task_dir}/train.parquet",
-                          "data.val_files=null", f"trainer.default_local_dir={ctx.tmp('out')}",
-                          f"trainer.default_hdfs_dir={ro}/hdfs"], "tiny_cpu_luffy")
+    cfg = compose_config(
+        [
+            f"actor_rollout_ref.model.path={ctx.model_dir}",
+            f"data.train_files={ctx.task_dir}/train.parquet",
+            "data.val_files=null",
+            f"trainer.default_local_dir={ctx.tmp('out')}",
+            f"trainer.default_hdfs_dir={ro}/hdfs",
+        ],
+        "tiny_cpu_luffy",
+    )
     return expect_refusal(lambda: preflight(cfg), "default_hdfs_dir")
 
 
@@ -365,8 +458,12 @@ def _(ctx: Context) -> Outcome:
 
 # ------------------------------------------------------------------------------------ eval inputs and the checkpoint (G14)
 def _bench_row(gt: Any = "3", **over) -> dict:
-    row = {"data_source": "math", "prompt": [{"role": "user", "content": "What is 1 + 2?"}],
-           "reward_model": {"ground_truth": gt}, "extra_info": {"index": 0}}
+    row = {
+        "data_source": "math",
+        "prompt": [{"role": "user", "content": "What is 1 + 2?"}],
+        "reward_model": {"ground_truth": gt},
+        "extra_info": {"index": 0},
+    }
     row.update(over)
     return row
 
@@ -375,8 +472,9 @@ def _eval(ctx: Context, input_file: str, *extra: str, model: str = "unused") -> 
     from eval_scripts import generate_vllm
 
     out = os.path.join(ctx.tmp("eval"), "o.jsonl")
-    return lambda *names: expect_cli_refusal(generate_vllm.main, ["--model_path", model, "--input_file", input_file,
-                                                                  "--output_file", out, *extra], *names)
+    return lambda *names: expect_cli_refusal(
+        generate_vllm.main, ["--model_path", model, "--input_file", input_file, "--output_file", out, *extra], *names
+    )
 
 
 @case("eval_on_checkpoint_folder", "G14", "eval --model_path global_step_N/actor (a training checkpoint)")
@@ -435,7 +533,9 @@ def _(ctx: Context) -> Outcome:
     from data.prepare_train import main
 
     src = _jsonl(ctx, [], raw=b'{"question": "q", "answer": "x\\n#### 1"}\n{"question": "q\xff", "answer": "#### 2"}\n')
-    return expect_cli_refusal(main, ["--source", "gsm8k", "--input", src, "--output", src + ".parquet"], "in.jsonl", "line 2")
+    return expect_cli_refusal(
+        main, ["--source", "gsm8k", "--input", src, "--output", src + ".parquet"], "in.jsonl", "line 2"
+    )
 
 
 @case("prepare_train_bad_json", "extra", "data/prepare_train.py on a broken JSON line")
@@ -443,15 +543,20 @@ def _(ctx: Context) -> Outcome:
     from data.prepare_train import main
 
     src = _jsonl(ctx, [], raw=b'{"question": "q", "answer": "x\\n#### 1"}\n{"question": \n')
-    return expect_cli_refusal(main, ["--source", "gsm8k", "--input", src, "--output", src + ".parquet"], "in.jsonl", "line 2")
+    return expect_cli_refusal(
+        main, ["--source", "gsm8k", "--input", src, "--output", src + ".parquet"], "in.jsonl", "line 2"
+    )
 
 
 @case("prepare_train_missing_input", "extra", "data/prepare_train.py on a missing file")
 def _(ctx: Context) -> Outcome:
     from data.prepare_train import main
 
-    return expect_cli_refusal(main, ["--source", "gsm8k", "--input", "/nonexistent/in.jsonl", "--output",
-                                     os.path.join(ctx.tmp("o"), "o.parquet")], "/nonexistent/in.jsonl")
+    return expect_cli_refusal(
+        main,
+        ["--source", "gsm8k", "--input", "/nonexistent/in.jsonl", "--output", os.path.join(ctx.tmp("o"), "o.parquet")],
+        "/nonexistent/in.jsonl",
+    )
 
 
 @case("prepare_train_split_label", "User", "data/prepare_train.py --split test prints the split it wrote")
@@ -466,7 +571,11 @@ def _(ctx: Context) -> Outcome:
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
         main(["--source", "synthetic", "--output", out, "--n_rows", "4", "--grader", "rule", "--split", "test"])
     text = buf.getvalue()
-    return Outcome("good", "prints 'test:'") if f"test: {out}" in text else Outcome("weak", f"prints {text.strip()[-80:]!r}")
+    return (
+        Outcome("good", "prints 'test:'")
+        if f"test: {out}" in text
+        else Outcome("weak", f"prints {text.strip()[-80:]!r}")
+    )
 
 
 @case("prepare_sft_non_utf8", "G15", "data/prepare_sft.py on non-UTF-8 jsonl")
@@ -489,8 +598,10 @@ def _(ctx: Context) -> Outcome:
 def _(ctx: Context) -> Outcome:
     from data.prepare_off_policy import main
 
-    raw = (b'{"index": 0, "generated_text": "x", "finish_reason": "stop", "correct": true, "token_ids": [5, 6], '
-           b'"logprobs": [-0.1, -Infinity]}\n')
+    raw = (
+        b'{"index": 0, "generated_text": "x", "finish_reason": "stop", "correct": true, "token_ids": [5, 6], '
+        b'"logprobs": [-0.1, -Infinity]}\n'
+    )
     src = _jsonl(ctx, [], raw=raw)
     return expect_cli_refusal(main, [src, "--output", src + ".parquet"], "in.jsonl", "logprobs")
 
@@ -499,8 +610,20 @@ def _(ctx: Context) -> Outcome:
 def _(ctx: Context) -> Outcome:
     from data.prepare_train import main
 
-    return expect_cli_refusal(main, ["--source", "synthetic", "--output", os.path.join(ctx.tmp("o"), "o.parquet"),
-                                     "--n_rows", "4", "--val_fraction", "2"], "--val_fraction")
+    return expect_cli_refusal(
+        main,
+        [
+            "--source",
+            "synthetic",
+            "--output",
+            os.path.join(ctx.tmp("o"), "o.parquet"),
+            "--n_rows",
+            "4",
+            "--val_fraction",
+            "2",
+        ],
+        "--val_fraction",
+    )
 
 
 @case("prepare_sft_rl_bad_fraction", "extra", "data/prepare_train_sft_rl.py --sft_fraction 2")
@@ -508,12 +631,24 @@ def _(ctx: Context) -> Outcome:
     from data.prepare_train_sft_rl import main
 
     out = ctx.tmp("o")
-    return expect_cli_refusal(main, ["--input", os.path.join(ctx.task_dir, "train.parquet"), "--sft_output",
-                                     os.path.join(out, "s.parquet"), "--rl_output", os.path.join(out, "r.parquet"),
-                                     "--sft_fraction", "2"], "--sft_fraction")
+    return expect_cli_refusal(
+        main,
+        [
+            "--input",
+            os.path.join(ctx.task_dir, "train.parquet"),
+            "--sft_output",
+            os.path.join(out, "s.parquet"),
+            "--rl_output",
+            os.path.join(out, "r.parquet"),
+            "--sft_fraction",
+            "2",
+        ],
+        "--sft_fraction",
+    )
 
 
 # The checkpoint, signal, secret, new-user and load cases live in probe_bad_input_faults.py (registered on import).
 from exp_scripts import probe_bad_input_faults as _faults  # noqa: E402,F401
+
 # Real models' tokens, stop rules and sizes: probe_bad_input_models.py (registered on import).
 from exp_scripts import probe_bad_input_models as _models  # noqa: E402,F401

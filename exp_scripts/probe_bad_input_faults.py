@@ -3,6 +3,7 @@
 Checkpoints (the upgrade tool, manifests), signals, secret masking, the README's eval path, the quickstart's
 console and load-independent grading. Registered into ``probe_bad_input_cases.CASES`` when that module loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,11 @@ def _(ctx: Context) -> Outcome:
     step = _step_dir(ctx)
     os.remove(os.path.join(step, manifest.MANIFEST_FILE))
     problem = manifest.verify_step_dir(step, need_optim=False)
-    return Outcome("bad", "verifies without its manifest (integrity check skipped)") if problem is None \
+    return (
+        Outcome("bad", "verifies without its manifest (integrity check skipped)")
+        if problem is None
         else Outcome("good", problem[:150])
+    )
 
 
 @case("manifest_entry_outside", "Weak", "manifest entry ../../etc/hostname")
@@ -110,8 +114,14 @@ def _(ctx: Context) -> Outcome:
     groups, bundle = world_shape(nnodes=2, per_node=8, use_gpu=True)
     one_node = [{"Alive": True, "Resources": {"CPU": 64.0, "GPU": 8.0}}]
     try:
-        wait_for_capacity(groups, bundle, 30, lambda: one_node, clock=lambda: clock[0],
-                          sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+        wait_for_capacity(
+            groups,
+            bundle,
+            30,
+            lambda: one_node,
+            clock=lambda: clock[0],
+            sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+        )
     except Exception as exc:  # noqa: BLE001
         return judge_exception(exc, ("trainer.restart_wait_s", "trainer.nnodes", "trainer.n_gpus_per_node"))
     return Outcome("bad", "returned although one node cannot host two node groups")
@@ -129,7 +139,9 @@ def _(ctx: Context) -> Outcome:
     if not first.restart or second.restart:
         return Outcome("bad", f"restart decisions {first.restart}, {second.restart} (want True, False)")
     missing = [n for n in ("worker_died", "step 7", "trainer.max_restarts=1") if n not in second.reason]
-    return Outcome("weak" if missing else "good", f"{second.reason[:150]}" + (f"; missing {missing}" if missing else ""))
+    return Outcome(
+        "weak" if missing else "good", f"{second.reason[:150]}" + (f"; missing {missing}" if missing else "")
+    )
 
 
 @case("restart_not_for_config_error", "extra", "a config error in a worker is not restarted")
@@ -148,9 +160,11 @@ def _(ctx: Context) -> Outcome:
     import subprocess
     import sys
 
-    code = ("import os, signal, time\nfrom verl.utils.signals import GracefulStop\n"
-            "with GracefulStop():\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(0.3)\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(3)\n")
+    code = (
+        "import os, signal, time\nfrom verl.utils.signals import GracefulStop\n"
+        "with GracefulStop():\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(0.3)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(3)\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=80, env=env)
     if "Traceback" in proc.stderr:
@@ -162,8 +176,11 @@ def _(ctx: Context) -> Outcome:
 def _(ctx: Context) -> Outcome:
     from verl.utils.tracking import mask_secrets
 
-    shown = json.dumps(mask_secrets({"reward": {"orm": {"base_url": "https://judge.example/v1?api_key=sk-abcdef123456",
-                                                        "model": "m"}}}))
+    shown = json.dumps(
+        mask_secrets(
+            {"reward": {"orm": {"base_url": "https://judge.example/v1?api_key=sk-abcdef123456", "model": "m"}}}
+        )
+    )
     return Outcome("bad", "key printed") if "sk-abcdef123456" in shown else Outcome("good", "masked")
 
 
@@ -186,14 +203,21 @@ def _readme() -> str:
 
 @case("readme_merge_command", "User", "README says how to turn a checkpoint into a HF model")
 def _(ctx: Context) -> Outcome:
-    return Outcome("good", "verl.model_merger shown") if "verl.model_merger" in _readme() else Outcome("bad", "not in README")
+    return (
+        Outcome("good", "verl.model_merger shown")
+        if "verl.model_merger" in _readme()
+        else Outcome("bad", "not in README")
+    )
 
 
 @case("readme_eval_keeps_system_prompt", "User", "README's eval of the quickstart model keeps its system prompt")
 def _(ctx: Context) -> Outcome:
     text = _readme()
-    return Outcome("good", "--remove_system False shown") if "--remove_system False" in text.split("## Evaluation")[-1] \
+    return (
+        Outcome("good", "--remove_system False shown")
+        if "--remove_system False" in text.split("## Evaluation")[-1]
         else Outcome("bad", "the README's eval drops the trained system prompt (score 0.0)")
+    )
 
 
 @case("readme_end_to_end", "User", "README shows train -> merge -> eval -> collect_results")
@@ -210,10 +234,19 @@ def _(ctx: Context) -> Outcome:
 
     if not hasattr(main_mix_ppo, "write_resolved_config"):
         return Outcome("weak", "the resolved config is printed to the console (~300 lines)")
-    cfg = compose_config(["actor_rollout_ref.model.path=/m", "data.train_files=/t.parquet", "data.val_files=null",
-                          f"trainer.default_local_dir={ctx.tmp('out')}"], "tiny_cpu_luffy")
+    cfg = compose_config(
+        [
+            "actor_rollout_ref.model.path=/m",
+            "data.train_files=/t.parquet",
+            "data.val_files=null",
+            f"trainer.default_local_dir={ctx.tmp('out')}",
+        ],
+        "tiny_cpu_luffy",
+    )
     path = main_mix_ppo.write_resolved_config(cfg)
-    return Outcome("good", path) if path and os.path.getsize(path) > 1000 else Outcome("bad", f"nothing written ({path})")
+    return (
+        Outcome("good", path) if path and os.path.getsize(path) > 1000 else Outcome("bad", f"nothing written ({path})")
+    )
 
 
 def _console(ctx: Context):
@@ -222,7 +255,9 @@ def _console(ctx: Context):
     return open(ctx.quickstart_log, encoding="utf-8", errors="replace").read().replace("\r", "\n\r").split("\n")
 
 
-@case("console_longest_line", "User", "quickstart console: no runaway line (<= 600 chars; a step's metrics line is ~320)")
+@case(
+    "console_longest_line", "User", "quickstart console: no runaway line (<= 600 chars; a step's metrics line is ~320)"
+)
 def _(ctx: Context) -> Outcome:
     lines = _console(ctx)
     if lines is None:
@@ -238,7 +273,9 @@ def _(ctx: Context) -> Outcome:
         return Outcome("n/a", "pass --quickstart-log")
     raw = open(ctx.quickstart_log, encoding="utf-8", errors="replace").read().splitlines()
     dump = sum(1 for x in raw if x.startswith("  ") and x.rstrip().endswith(":"))
-    return Outcome("good" if len(raw) <= 150 and dump < 10 else "weak", f"{len(raw)} lines, {dump} config-section lines")
+    return Outcome(
+        "good" if len(raw) <= 150 and dump < 10 else "weak", f"{len(raw)} lines, {dump} config-section lines"
+    )
 
 
 # ------------------------------------------------------------------------------------ load
@@ -247,9 +284,11 @@ def _(ctx: Context) -> Outcome:
     import subprocess
     import sys
 
-    code = ("import json\nfrom eval_scripts.grading import grade_text\n"
-            "r = [grade_text('x</think>\\\\boxed{\\\\frac{1}{2}}', '0.5', 'math_verify', True, timeout_s=3.0).correct "
-            "for _ in range(3)]\nprint(json.dumps(r))\n")
+    code = (
+        "import json\nfrom eval_scripts.grading import grade_text\n"
+        "r = [grade_text('x</think>\\\\boxed{\\\\frac{1}{2}}', '0.5', 'math_verify', True, timeout_s=3.0).correct "
+        "for _ in range(3)]\nprint(json.dumps(r))\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110, env=env)
     try:

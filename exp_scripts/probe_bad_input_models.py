@@ -4,6 +4,7 @@ What a first run on a model other than the tiny one meets: Llama-3.x defines no 
 a launch script's default model may be too short for the script's lengths, and vLLM's TP may not split the heads.
 Each case builds the tiny model with the real model's tokens from tests/data/model_configs where it needs one.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ CONFIGS = os.path.join(REPO, "tests", "data", "model_configs")
 def _tiny_with_real_tokens(ctx: Context, name: str) -> str:
     from luffy_pool.tiny.model import TinyModelSpec, build_tiny_model_like
 
-    return build_tiny_model_like(ctx.tmp(name.split("--")[-1]), os.path.join(CONFIGS, name + ".json"),
-                                 TinyModelSpec(num_hidden_layers=1))
+    return build_tiny_model_like(
+        ctx.tmp(name.split("--")[-1]), os.path.join(CONFIGS, name + ".json"), TinyModelSpec(num_hidden_layers=1)
+    )
 
 
 @case("llama_without_pad_token", "Tokens", "a Llama-3.1 tokenizer (no pad token) builds the RL dataset", timeout_s=120)
@@ -45,8 +47,12 @@ def _(ctx: Context) -> Outcome:
     return expect_accepted(build)
 
 
-@case("qwen3_second_stop_id", "Tokens", "a Qwen3 response ending on <|endoftext|> (its second stop id) is masked there",
-      timeout_s=120)
+@case(
+    "qwen3_second_stop_id",
+    "Tokens",
+    "a Qwen3 response ending on <|endoftext|> (its second stop id) is masked there",
+    timeout_s=120,
+)
 def _(ctx: Context) -> Outcome:
     import numpy as np
     import torch
@@ -58,8 +64,17 @@ def _(ctx: Context) -> Outcome:
     tok = hf_tokenizer(folder)
     stops = stop_token_ids(tok, folder)
     second = tok.convert_tokens_to_ids("<|endoftext|>")
-    plan = build_slot_plan(torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), None, np.zeros((1, 1)), tok.pad_token_id,
-                           tok.eos_token_id, 8, n=1, stop_token_ids=stops)
+    plan = build_slot_plan(
+        torch.tensor([[5, 6]]),
+        torch.tensor([[1, 1]]),
+        None,
+        np.zeros((1, 1)),
+        tok.pad_token_id,
+        tok.eos_token_id,
+        8,
+        n=1,
+        stop_token_ids=stops,
+    )
     mask = assemble_responses(plan, [[7, 8, second]]).tensors["response_mask"][0].tolist()
     if second not in stops:
         return Outcome("bad", f"stop ids {stops} miss <|endoftext|>")
@@ -80,20 +95,28 @@ def _raise(problems: list[str]) -> None:
         raise ValueError("; ".join(problems))
 
 
-@case("script_too_long_for_model", "Lengths",
-      "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
-      timeout_s=120)
+@case(
+    "script_too_long_for_model",
+    "Lengths",
+    "train_exgrpo.sh's 1024 + 8192 tokens on Qwen2.5-Math-7B (4,096 positions)",
+    timeout_s=120,
+)
 def _(ctx: Context) -> Outcome:
-    return expect_refusal(lambda: _raise(_script_config_problems(ctx, "train_exgrpo.sh", "Qwen--Qwen2.5-Math-7B")),
-                          "max_position_embeddings", "data.max_response_length")
+    return expect_refusal(
+        lambda: _raise(_script_config_problems(ctx, "train_exgrpo.sh", "Qwen--Qwen2.5-Math-7B")),
+        "max_position_embeddings",
+        "data.max_response_length",
+    )
 
 
 @case("vllm_tp_heads", "Lengths", "vLLM TP 8 on Qwen2.5-Math-7B's 28 heads", timeout_s=120)
 def _(ctx: Context) -> Outcome:
     tp8 = "actor_rollout_ref.rollout.tensor_model_parallel_size=8"
-    return expect_refusal(lambda: _raise(_script_config_problems(ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think",
-                                                                 tp8)),
-                          "actor_rollout_ref.rollout.tensor_model_parallel_size", "num_attention_heads")
+    return expect_refusal(
+        lambda: _raise(_script_config_problems(ctx, "train.sh", "Elliott--Qwen2.5-Math-7B-16k-think", tp8)),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        "num_attention_heads",
+    )
 
 
 @case("same_failure_after_restart", "Restart", "a worker that dies at the same step after its restart ends the run")
@@ -107,8 +130,11 @@ def _(ctx: Context) -> Outcome:
         return Outcome("bad", "the first failure was not restarted")
     if again.restart:
         return Outcome("bad", "the same failure at the same step was restarted again (replays from the checkpoint)")
-    return Outcome("good", again.reason[:150]) if "again after the restart" in again.reason else Outcome(
-        "weak", again.reason[:150])
+    return (
+        Outcome("good", again.reason[:150])
+        if "again after the restart" in again.reason
+        else Outcome("weak", again.reason[:150])
+    )
 
 
 @case("split_pool_capacity", "Restart", "a restart of split engines waits for the rollout pool too")
@@ -145,8 +171,12 @@ def _plan_output(script: str, env: dict) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
-@case("plan_counts_vllm_communicator", "Memory", "train.sh's memory plan at 80 GB counts vLLM's own TP communicator",
-      timeout_s=120)
+@case(
+    "plan_counts_vllm_communicator",
+    "Memory",
+    "train.sh's memory plan at 80 GB counts vLLM's own TP communicator",
+    timeout_s=120,
+)
 def _(ctx: Context) -> Outcome:
     rc, text = _plan_output("train.sh", {})
     line = next((ln.strip() for ln in text.splitlines() if "vLLM's TP communicator" in ln), "")
@@ -155,8 +185,12 @@ def _(ctx: Context) -> Outcome:
     return Outcome("good", line[:150]) if line else Outcome("bad", "no line for vLLM's TP communicator")
 
 
-@case("qwen3_overrides_fit", "Memory", "MODEL_OVERRIDES=Qwen3-8B: train.sh's plan fits 80 GB, KV demand under 1.2x",
-      timeout_s=120)
+@case(
+    "qwen3_overrides_fit",
+    "Memory",
+    "MODEL_OVERRIDES=Qwen3-8B: train.sh's plan fits 80 GB, KV demand under 1.2x",
+    timeout_s=120,
+)
 def _(ctx: Context) -> Outcome:
     rc, text = _plan_output("train.sh", {"MODEL_PATH": "Qwen/Qwen3-8B", "MODEL_OVERRIDES": "Qwen3-8B"})
     demand = [ln.strip() for ln in text.splitlines() if "KV demand" in ln]
@@ -167,8 +201,15 @@ def _(ctx: Context) -> Outcome:
 def _(ctx: Context) -> Outcome:
     from luffy_pool.config.compose import compose_config
 
-    cfg = compose_config(["actor_rollout_ref.model.path=/m", "data.train_files=/t.parquet", "data.val_files=null",
-                          "algorithm.method=exgrpo"], "tiny_cpu_luffy")
+    cfg = compose_config(
+        [
+            "actor_rollout_ref.model.path=/m",
+            "data.train_files=/t.parquet",
+            "data.val_files=null",
+            "algorithm.method=exgrpo",
+        ],
+        "tiny_cpu_luffy",
+    )
     cap = cfg.algorithm.exgrpo.max_trajectories_per_question
     return Outcome("good", f"cap {cap} per question") if cap and cap > 0 else Outcome("bad", f"cap {cap}")
 

@@ -7,6 +7,7 @@ Reads ``<run-dir>/metrics.jsonl`` (the jsonl tracker), draws the training curves
 the last ``--window`` steps, the first vs last validation score, and the paths of the metrics file, the
 plots and the best checkpoint (``best/actor``, written when validation improves).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,29 +34,41 @@ def summarize(records: dict, window: int) -> dict:
     def mean(xs):
         return sum(xs) / len(xs) if xs else None
 
-    return {"steps": max(train_steps) if train_steps else 0, "reward_first": mean(reward[:window]),
-            "reward_last": mean(reward[-window:]), "val_first": val[0] if val else None,
-            "val_last": val[-1] if val else None, "val_steps": (val_steps[0], val_steps[-1]) if val else None}
+    return {
+        "steps": max(train_steps) if train_steps else 0,
+        "reward_first": mean(reward[:window]),
+        "reward_last": mean(reward[-window:]),
+        "val_first": val[0] if val else None,
+        "val_last": val[-1] if val else None,
+        "val_steps": (val_steps[0], val_steps[-1]) if val else None,
+    }
 
 
 def _f(v: Optional[float]) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
-def summary_lines(s: dict, window: int, run_dir: str, plots: Sequence[str], wall_s: Optional[float],
-                  cpu_s: Optional[float]) -> list[str]:
+def summary_lines(
+    s: dict, window: int, run_dir: str, plots: Sequence[str], wall_s: Optional[float], cpu_s: Optional[float]
+) -> list[str]:
     best = os.path.join(run_dir, "best", "actor")
     t = (f"{wall_s:.0f} s wall" if wall_s is not None else "") + (f", {cpu_s:.0f} CPU s" if cpu_s is not None else "")
-    val = "no validation logged" if s["val_steps"] is None else (
-        f"{_f(s['val_first'])} (step {s['val_steps'][0]}) -> {_f(s['val_last'])} (step {s['val_steps'][1]})")
-    return ["", "=== quickstart summary ===",
-            f"steps: {s['steps']}" + (f"; time: {t}" if t else ""),
-            f"on-policy reward (mean score of the policy's own samples): first {window} steps {_f(s['reward_first'])}"
-            f" -> last {window} steps {_f(s['reward_last'])}",
-            f"validation score (val/avg_score): {val}",
-            f"metrics: {os.path.join(run_dir, 'metrics.jsonl')}",
-            f"plots: {os.path.dirname(plots[0]) if plots else 'none drawn'}",
-            f"best checkpoint: {best if os.path.isdir(best) else 'none (no validation improved on the first)'}"]
+    val = (
+        "no validation logged"
+        if s["val_steps"] is None
+        else (f"{_f(s['val_first'])} (step {s['val_steps'][0]}) -> {_f(s['val_last'])} (step {s['val_steps'][1]})")
+    )
+    return [
+        "",
+        "=== quickstart summary ===",
+        f"steps: {s['steps']}" + (f"; time: {t}" if t else ""),
+        f"on-policy reward (mean score of the policy's own samples): first {window} steps {_f(s['reward_first'])}"
+        f" -> last {window} steps {_f(s['reward_last'])}",
+        f"validation score (val/avg_score): {val}",
+        f"metrics: {os.path.join(run_dir, 'metrics.jsonl')}",
+        f"plots: {os.path.dirname(plots[0]) if plots else 'none drawn'}",
+        f"best checkpoint: {best if os.path.isdir(best) else 'none (no validation improved on the first)'}",
+    ]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -79,8 +92,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plots = list(plot_runs({"quickstart": records}, os.path.join(args.run_dir, "plots"), smooth=5))
     except (ImportError, OSError, ValueError) as exc:  # the summary still prints without matplotlib
         print(f"quickstart summary: no plots ({exc})")
-    print("\n".join(summary_lines(summarize(records, args.window), args.window, args.run_dir, plots, args.wall_s,
-                                  args.cpu_s)))
+    print(
+        "\n".join(
+            summary_lines(summarize(records, args.window), args.window, args.run_dir, plots, args.wall_s, args.cpu_s)
+        )
+    )
     return 0
 
 

@@ -39,6 +39,7 @@ family``, RL lr grid 3e-5 / 1e-4 and SFT 1e-4 / 3e-4 / 1e-3 on 128 validation pr
 ``--report-only``: run nothing, report what is finished in ``--out`` (a run still going on elsewhere, or cut short),
 marked PARTIAL with the missing runs listed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,45 +66,91 @@ from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 ROLLOUT_TEMPERATURE = 1.0
 # --quick: claim (1) only. Its budget goes into fewer, longer runs: no grid (both methods at 1e-4, the lr of the issue's
 # measurement), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID + 100 OOD problems).
-QUICK = {"methods": "on_policy,luffy", "method_lr": ["on_policy=1e-4", "luffy=1e-4"], "steps": 100, "seeds": "1,2",
-         "n_test": 200, "n_ood": 100, "n_val": 64, "out": os.path.join(REPO, "outputs", "reproduce_tiny_quick")}
+QUICK = {
+    "methods": "on_policy,luffy",
+    "method_lr": ["on_policy=1e-4", "luffy=1e-4"],
+    "steps": 100,
+    "seeds": "1,2",
+    "n_test": 200,
+    "n_ood": 100,
+    "n_val": 64,
+    "out": os.path.join(REPO, "outputs", "reproduce_tiny_quick"),
+}
 # --preset no_reward: the start model finds (almost) no reward on-policy (module docstring). Sized for 60 CPU-minutes
 # with the family's 10 methods: 2 RL learning rates (the two the default run chose: 3e-5 GRPO, 1e-4 LUFFY), SFT's 3
 # (its runs cost ~10 CPU-s), 2 fresh seeds, 200 + 200 held-out problems, 128 validation problems; the probe takes 128
 # prompts (1,024 samples) so that 1 % is 10 samples.
-NO_REWARD = {"methods": "family", "warm_steps": 100, "lr_grid": "3e-5,1e-4", "sft_lr_grid": "1e-4,3e-4,1e-3",
-             "seeds": "1,2", "n_test": 200, "n_ood": 200, "n_val": 128, "probe_rows": 128,
-             "out": os.path.join(REPO, "outputs", "reproduce_tiny_no_reward")}
+NO_REWARD = {
+    "methods": "family",
+    "warm_steps": 100,
+    "lr_grid": "3e-5,1e-4",
+    "sft_lr_grid": "1e-4,3e-4,1e-3",
+    "seeds": "1,2",
+    "n_test": 200,
+    "n_ood": 200,
+    "n_val": 128,
+    "probe_rows": 128,
+    "out": os.path.join(REPO, "outputs", "reproduce_tiny_no_reward"),
+}
 # The no-reward regime's bound on the start model's on-policy pass rate on training prompts.
 NO_REWARD_MAX_PASS = 0.01
 PRESETS = {"quick": QUICK, "no_reward": NO_REWARD}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python exp_scripts/reproduce_tiny.py", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python exp_scripts/reproduce_tiny.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--quick", action="store_true", help=f"the under-10-CPU-minute preset: {QUICK}")
-    ap.add_argument("--preset", choices=("no_reward",), default=None,
-                    help=f"no_reward: the regime where on-policy RL finds no reward (start model's on-policy pass rate "
-                         f"< {NO_REWARD_MAX_PASS * 100:.0f}%%, checked; the family beside GRPO, LUFFY and SFT; within 60 "
-                         f"CPU-minutes): {NO_REWARD}")
+    ap.add_argument(
+        "--preset",
+        choices=("no_reward",),
+        default=None,
+        help=f"no_reward: the regime where on-policy RL finds no reward (start model's on-policy pass rate "
+        f"< {NO_REWARD_MAX_PASS * 100:.0f}%%, checked; the family beside GRPO, LUFFY and SFT; within 60 "
+        f"CPU-minutes): {NO_REWARD}",
+    )
     ap.add_argument("--out", default=os.path.join(REPO, "outputs", "reproduce_tiny"), help="output folder")
-    ap.add_argument("--methods", default="claims",
-                    help="claims (the four the paper's claims need), family (LUFFY's family beside GRPO, LUFFY and "
-                         f"SFT), main, all, or a comma list of {', '.join(METHODS)}")
-    ap.add_argument("--lr-grid", default="1e-5,3e-5,1e-4", help="learning rates tried for every RL method (seed --grid-seed)")
-    ap.add_argument("--sft-lr-grid", default="1e-4,3e-4,1e-3",
-                    help="learning rates tried for SFT (its loss is not the RL methods': the grid is centred on its own scale)")
-    ap.add_argument("--method-lr", action="append", default=[], metavar="NAME=LR",
-                    help="fix a method's learning rate instead of searching the grid (repeatable)")
+    ap.add_argument(
+        "--methods",
+        default="claims",
+        help="claims (the four the paper's claims need), family (LUFFY's family beside GRPO, LUFFY and "
+        f"SFT), main, all, or a comma list of {', '.join(METHODS)}",
+    )
+    ap.add_argument(
+        "--lr-grid", default="1e-5,3e-5,1e-4", help="learning rates tried for every RL method (seed --grid-seed)"
+    )
+    ap.add_argument(
+        "--sft-lr-grid",
+        default="1e-4,3e-4,1e-3",
+        help="learning rates tried for SFT (its loss is not the RL methods': the grid is centred on its own scale)",
+    )
+    ap.add_argument(
+        "--method-lr",
+        action="append",
+        default=[],
+        metavar="NAME=LR",
+        help="fix a method's learning rate instead of searching the grid (repeatable)",
+    )
     ap.add_argument("--grid-seed", type=int, default=0, help="run seed of the learning-rate grid")
     ap.add_argument("--seeds", default="1,2,3", help="fresh run seeds at the chosen learning rate")
-    ap.add_argument("--warm-steps", type=int, default=160,
-                    help="SFT steps of the warm start on the disjoint warm split (0 = start from the random model)")
+    ap.add_argument(
+        "--warm-steps",
+        type=int,
+        default=160,
+        help="SFT steps of the warm start on the disjoint warm split (0 = start from the random model)",
+    )
     ap.add_argument("--n-warm", type=int, default=2048, help="problems of the warm split (disjoint from the others)")
     ap.add_argument("--steps", type=int, default=50, help="training steps of every method (SFT: optimizer steps)")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per RL step = traces per SFT step")
-    ap.add_argument("--mini-batches", type=int, default=2, help="optimizer updates per RL step (LUFFY: 2, 128 prompts in mini-batches of 64)")
+    ap.add_argument(
+        "--mini-batches",
+        type=int,
+        default=2,
+        help="optimizer updates per RL step (LUFFY: 2, 128 prompts in mini-batches of 64)",
+    )
     ap.add_argument("--n", type=int, default=8, help="group size (LUFFY: 1 teacher trace + n-1 own samples)")
     ap.add_argument("--response-length", type=int, default=48, help="max new tokens in training (traces <= 40)")
     ap.add_argument("--eval-max-tokens", type=int, default=64, help="max new tokens in evaluation (OOD traces <= 52)")
@@ -114,9 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-val", type=int, default=256, help="validation problems (learning-rate choice)")
     ap.add_argument("--n-test", type=int, default=500, help="held-out in-distribution problems")
     ap.add_argument("--n-ood", type=int, default=500, help="held-out out-of-distribution problems")
-    ap.add_argument("--ood-variant", default="mixed_digits", help="OOD problems (luffy_pool.tiny.arith_task.OOD_VARIANTS)")
-    ap.add_argument("--system-prompt", action=argparse.BooleanOptionalAction, default=True,
-                    help="keep the task's system prompt (the measured weak-start regime has it)")
+    ap.add_argument(
+        "--ood-variant", default="mixed_digits", help="OOD problems (luffy_pool.tiny.arith_task.OOD_VARIANTS)"
+    )
+    ap.add_argument(
+        "--system-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the task's system prompt (the measured weak-start regime has it)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the tiny model and the task")
     ap.add_argument("--rollout", choices=("vllm", "hf"), default="hf", help="rollout and eval engine")
     ap.add_argument("--ranks", type=int, default=1, help="FSDP ranks of the RL runs (CPU worker processes)")
@@ -125,13 +178,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--probe-rows", type=int, default=64, help="training prompts sampled to probe the start model")
     ap.add_argument("--window", type=int, default=25, help="steps averaged for the reward at the start / end of a run")
     ap.add_argument("--smooth", type=int, default=10, help="moving-average window of the plotted curves (steps)")
-    ap.add_argument("--run-timeout", type=float, default=None, help="seconds before one training/eval process is stopped")
-    ap.add_argument("--reuse", action="store_true", help="keep runs and evaluations already finished in --out with "
-                                                          "the same command (resume a partial run)")
-    ap.add_argument("--report-only", action="store_true",
-                    help="run nothing: report the runs and evaluations already finished in --out with the same command "
-                         "(results.md is marked partial and lists what is missing; the same command with --reuse "
-                         "finishes it)")
+    ap.add_argument(
+        "--run-timeout", type=float, default=None, help="seconds before one training/eval process is stopped"
+    )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep runs and evaluations already finished in --out with the same command (resume a partial run)",
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: report the runs and evaluations already finished in --out with the same command "
+        "(results.md is marked partial and lists what is missing; the same command with --reuse "
+        "finishes it)",
+    )
     return ap
 
 
@@ -153,9 +214,11 @@ def check_no_reward(probe: dict, limit: float = NO_REWARD_MAX_PASS) -> None:
     if not probe.get("samples"):
         raise ValueError("--preset no_reward: the start-model probe drew no samples (--probe-rows)")
     if probe["accuracy"] >= limit:
-        raise ValueError(f"--preset no_reward: the start model solves {probe['correct']} of {probe['samples']} on-policy "
-                         f"samples of training prompts ({probe['accuracy']:.2%}), not under {limit:.0%}: this is not the "
-                         f"no-reward regime (fewer --warm-steps, or a harder --level)")
+        raise ValueError(
+            f"--preset no_reward: the start model solves {probe['correct']} of {probe['samples']} on-policy "
+            f"samples of training prompts ({probe['accuracy']:.2%}), not under {limit:.0%}: this is not the "
+            f"no-reward regime (fewer --warm-steps, or a harder --level)"
+        )
 
 
 def trace_pass_rate(train_file: str) -> dict:
@@ -166,8 +229,10 @@ def trace_pass_rate(train_file: str) -> dict:
     from eval_scripts.grading import grade_text
 
     rows = pd.read_parquet(train_file)
-    ok = sum(grade_text(r.target[0]["content"], r.reward_model["ground_truth"], "math_verify", split_think=True).correct
-             for r in rows.itertuples())
+    ok = sum(
+        grade_text(r.target[0]["content"], r.reward_model["ground_truth"], "math_verify", split_think=True).correct
+        for r in rows.itertuples()
+    )
     return {"correct": int(ok), "rows": len(rows), "accuracy": ok / len(rows) if len(rows) else 0.0}
 
 
@@ -191,8 +256,9 @@ def parse_grid(flag: str, text: str) -> list[float]:
     return grid
 
 
-def lr_grids(names: Sequence[str], grid_text: str, fixed: Sequence[str], sft_grid_text: Optional[str] = None
-             ) -> dict[str, list[float]]:
+def lr_grids(
+    names: Sequence[str], grid_text: str, fixed: Sequence[str], sft_grid_text: Optional[str] = None
+) -> dict[str, list[float]]:
     """Per method the learning rates to try: ``--lr-grid`` for RL methods, ``--sft-lr-grid`` for SFT (sorted,
     distinct), or the one ``--method-lr`` value."""
     grid = parse_grid("--lr-grid", grid_text)
@@ -217,15 +283,33 @@ def prepare_task(args, out: str, names: Sequence[str] = ()) -> dict:
 
     data = os.path.join(out, "data")
     system = SYSTEM_PROMPT if args.system_prompt else None
-    paths = dict(write_task_parquets(data, n_train=args.n_train, n_test=args.n_test, level=args.level,
-                                     ops=tuple(args.ops), seed=args.seed, system_prompt=system,
-                                     n_warm=args.n_warm if args.warm_steps > 0 else 0, n_val=args.n_val))
-    paths["ood"] = write_ood_parquet(os.path.join(data, "ood.parquet"), args.n_ood, args.ood_variant, ops=tuple(args.ops),
-                                     seed=args.seed + 1, system_prompt=system,
-                                     exclude_files=[p for k, p in paths.items() if k != "ood"])
+    paths = dict(
+        write_task_parquets(
+            data,
+            n_train=args.n_train,
+            n_test=args.n_test,
+            level=args.level,
+            ops=tuple(args.ops),
+            seed=args.seed,
+            system_prompt=system,
+            n_warm=args.n_warm if args.warm_steps > 0 else 0,
+            n_val=args.n_val,
+        )
+    )
+    paths["ood"] = write_ood_parquet(
+        os.path.join(data, "ood.parquet"),
+        args.n_ood,
+        args.ood_variant,
+        ops=tuple(args.ops),
+        seed=args.seed + 1,
+        system_prompt=system,
+        exclude_files=[p for k, p in paths.items() if k != "ood"],
+    )
     # One eval file, ID rows first: one generate_vllm.py call per model and temperature scores both.
     paths["eval"] = os.path.join(data, "eval_id_ood.parquet")
-    pd.concat([pd.read_parquet(paths["test"]), pd.read_parquet(paths["ood"])], ignore_index=True).to_parquet(paths["eval"])
+    pd.concat([pd.read_parquet(paths["test"]), pd.read_parquet(paths["ood"])], ignore_index=True).to_parquet(
+        paths["eval"]
+    )
     if any(METHODS[n].train_split == "train_hints" for n in names):  # UFT: the train split with its hint column
         from luffy_pool.methods.uft import add_hints
         from verl.utils.data_format import read_records, write_records
@@ -244,8 +328,10 @@ def split_scores(ev: dict, n_test: int) -> dict:
         if key not in ev["files"]:
             continue
         per = problem_scores(ev["files"][key])
-        for split, rows in (("id", {r: v for r, v in per.items() if r < n_test}),
-                            ("ood", {r: v for r, v in per.items() if r >= n_test})):
+        for split, rows in (
+            ("id", {r: v for r, v in per.items() if r < n_test}),
+            ("ood", {r: v for r, v in per.items() if r >= n_test}),
+        ):
             out[split][metric] = {"per_problem": rows, "mean": sum(rows.values()) / len(rows) if rows else None}
     return out
 
@@ -269,21 +355,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[reproduce_tiny {time.perf_counter() - t_all:6.0f}s] {msg}", flush=True)
 
     paths = prepare_task(args, out, names)
-    say(f"task: {args.n_train} train / {args.n_val} val / {args.n_test} test / {args.n_ood} OOD ({args.ood_variant}) in {out}/data")
+    say(
+        f"task: {args.n_train} train / {args.n_val} val / {args.n_test} test / {args.n_ood} OOD ({args.ood_variant}) in {out}/data"
+    )
     start_model, start_label = paths["model"], "Random model"
     if args.warm_steps > 0:
         start_model = warm_start(paths["model"], paths["warm"], args.warm_steps, os.path.join(out, "warm_start"), meter)
         start_label = f"Start model ({args.warm_steps} warm SFT steps)"
         say(f"warm start: {args.warm_steps} SFT steps ({meter.cpu['warm_start']:.0f} CPU s)")
-    eval_kw = dict(max_tokens=args.eval_max_tokens, env=env, rollout=args.rollout, timeout_s=args.run_timeout,
-                   reuse=args.reuse or args.report_only, only_finished=args.report_only)
+    eval_kw = dict(
+        max_tokens=args.eval_max_tokens,
+        env=env,
+        rollout=args.rollout,
+        timeout_s=args.run_timeout,
+        reuse=args.reuse or args.report_only,
+        only_finished=args.report_only,
+    )
     # One process scores the start model: the on-policy probe on training prompts, then the held-out files.
-    start_ev = evaluate_model(start_model, paths["eval"], os.path.join(out, "start_model", "eval"),
-                              eval_samples=args.eval_samples, **eval_kw,
-                              probe=dict(train_file=paths["train"], n=args.n, rows=args.probe_rows,
-                                         max_tokens=args.response_length, temperature=ROLLOUT_TEMPERATURE))
+    start_ev = evaluate_model(
+        start_model,
+        paths["eval"],
+        os.path.join(out, "start_model", "eval"),
+        eval_samples=args.eval_samples,
+        **eval_kw,
+        probe=dict(
+            train_file=paths["train"],
+            n=args.n,
+            rows=args.probe_rows,
+            max_tokens=args.response_length,
+            temperature=ROLLOUT_TEMPERATURE,
+        ),
+    )
     probe = start_ev["probe"]
-    say(f"start model: {probe['correct']} of {probe['samples']} on-policy samples correct: pass rate {probe['accuracy']:.3f}")
+    say(
+        f"start model: {probe['correct']} of {probe['samples']} on-policy samples correct: pass rate {probe['accuracy']:.3f}"
+    )
     traces = trace_pass_rate(paths["train"])
     probe["traces"] = traces
     say(f"teacher traces: {traces['correct']} of {traces['rows']} training problems solved ({traces['accuracy']:.3f})")
@@ -295,15 +401,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         say(f"no-reward regime: on-policy pass rate {probe['accuracy']:.2%} < {NO_REWARD_MAX_PASS:.0%}")
     start_scores = split_scores(start_ev, args.n_test)
-    start = {"label": start_label, **{sp: {m: S.interval([list(v["per_problem"].values())])
-                                          for m, v in start_scores[sp].items()} for sp in S.SPLITS}}
+    start = {
+        "label": start_label,
+        **{
+            sp: {m: S.interval([list(v["per_problem"].values())]) for m, v in start_scores[sp].items()}
+            for sp in S.SPLITS
+        },
+    }
     meter.cpu["start_model"] = start_ev["cpu_s"]
 
     def settings_for(name: str, seed: int, lr: float) -> RunSettings:
-        return RunSettings(model_dir=start_model, train_file=paths[METHODS[name].train_split], test_file=paths["val"], steps=args.steps,
-                           batch_size=args.batch_size, n=args.n, response_length=args.response_length,
-                           max_prompt_length=args.max_prompt_length, lr=lr, rollout=args.rollout, ranks=args.ranks,
-                           seed=seed, val_every=args.val_every, mini_batches=args.mini_batches)
+        return RunSettings(
+            model_dir=start_model,
+            train_file=paths[METHODS[name].train_split],
+            test_file=paths["val"],
+            steps=args.steps,
+            batch_size=args.batch_size,
+            n=args.n,
+            response_length=args.response_length,
+            max_prompt_length=args.max_prompt_length,
+            lr=lr,
+            rollout=args.rollout,
+            ranks=args.ranks,
+            seed=seed,
+            val_every=args.val_every,
+            mini_batches=args.mini_batches,
+        )
 
     def add_eval_cpu(ev: dict) -> None:
         meter.cpu["evaluation"] = meter.cpu.get("evaluation", 0.0) + ev.get("cpu_s", 0.0)
@@ -324,8 +447,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 run = train_method(name, settings_for(name, args.grid_seed, lr), run_dir, meter, sft_model)
                 if name == "sft":
                     grid_sft[lr] = run["hf_dir"]
-                ev = evaluate_model(run["hf_dir"], paths["val"], os.path.join(run_dir, "eval_val"),
-                                    **dict(eval_kw, eval_samples=args.eval_samples, greedy=args.eval_samples <= 0))
+                ev = evaluate_model(
+                    run["hf_dir"],
+                    paths["val"],
+                    os.path.join(run_dir, "eval_val"),
+                    **dict(eval_kw, eval_samples=args.eval_samples, greedy=args.eval_samples <= 0),
+                )
                 add_eval_cpu(ev)
                 g["scores"][lr] = ev["sampled"]["accuracy"] if ev["sampled"] else ev["greedy"]["accuracy"]
                 g["cpu_s"] += run["cpu_s"]
@@ -359,8 +486,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if run["metrics_file"]:
                     row.update(training_summary(run["metrics_file"], args.window))
                     curves.setdefault(row["label"], []).append(read_metrics_jsonl(run["metrics_file"]))
-                ev = evaluate_model(run["hf_dir"], paths["eval"], os.path.join(run_dir, "eval"),
-                                    **dict(eval_kw, eval_samples=args.eval_samples))
+                ev = evaluate_model(
+                    run["hf_dir"],
+                    paths["eval"],
+                    os.path.join(run_dir, "eval"),
+                    **dict(eval_kw, eval_samples=args.eval_samples),
+                )
                 add_eval_cpu(ev)
                 row["scores"] = split_scores(ev, args.n_test)
                 row["eval_cpu_s"] = ev["cpu_s"]
@@ -369,15 +500,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 say(f"seed {seed}: {name}: FAILED: {exc}")
             else:
                 sc = row["scores"]
-                say(f"seed {seed}: {name} (lr {lr:g}): {row['cpu_s']:.0f} CPU s; ID avg@{args.eval_samples} "
-                    f"{sc['id']['avg']['mean']:.3f}, OOD {sc['ood']['avg']['mean']:.3f}")
+                say(
+                    f"seed {seed}: {name} (lr {lr:g}): {row['cpu_s']:.0f} CPU s; ID avg@{args.eval_samples} "
+                    f"{sc['id']['avg']['mean']:.3f}, OOD {sc['ood']['avg']['mean']:.3f}"
+                )
             runs[name].append(row)
 
     methods = {n: S.method_summary(METHODS[n].label, rs, grid_rec[n]) for n, rs in runs.items()}
     verdicts = S.claims(runs, methods, probe, start_scores)
     if any(n in FAMILY for n in runs):  # LUFFY and each family method against GRPO, the start model and SFT
-        verdicts["family"] = S.family_claims(runs, {n: METHODS[n].label for n in runs if n == "luffy" or n in FAMILY},
-                                             start_scores)
+        verdicts["family"] = S.family_claims(
+            runs, {n: METHODS[n].label for n in runs if n == "luffy" or n in FAMILY}, start_scores
+        )
     plots_dir = os.path.join(out, "plots")
     os.makedirs(plots_dir, exist_ok=True)  # no curve to plot (a partial report) still gets its bar plot
     plots = plot_seed_curves(curves, plots_dir, smooth=args.smooth) if curves else []
@@ -385,12 +519,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plots += [bar] if bar else []
     cpu = {k: round(v, 1) for k, v in meter.cpu.items()}
     cpu["total"] = round(sum(meter.cpu.values()), 1)
-    settings = {**{k: v for k, v in vars(args).items() if k != "out"}, "out": out, "methods": names, "seeds": seeds,
-                "lr_grids": grids, "warm_start_recipe": WARM_SFT,
-                "seed_use": "tiny model / task: --seed; run seed s: RL data.seed=47+s, trainer.seed=1+s, "
-                            "rollout.seed=s; SFT trainer.seed=47+s"}
-    md = write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, meter.cpu_source, plots,
-                      grids)
+    settings = {
+        **{k: v for k, v in vars(args).items() if k != "out"},
+        "out": out,
+        "methods": names,
+        "seeds": seeds,
+        "lr_grids": grids,
+        "warm_start_recipe": WARM_SFT,
+        "seed_use": "tiny model / task: --seed; run seed s: RL data.seed=47+s, trainer.seed=1+s, "
+        "rollout.seed=s; SFT trainer.seed=47+s",
+    }
+    md = write_report(
+        out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, meter.cpu_source, plots, grids
+    )
     say(f"done in {time.perf_counter() - t_all:.0f} s wall; CPU s: {cpu} (total {cpu['total'] / 60:.1f} CPU-min)")
     print(S.main_table(methods, start))
     print("\n".join(S.claims_markdown(verdicts, args.eval_samples)))
@@ -410,7 +551,8 @@ FAMILY_KNOBS = [
     "batch's worth of hard questions is buffered) and `sft_lr` = the run's RL lr (theirs: 1e-6, equal to their RL lr; "
     "1e-6 does nothing to the tiny model); UFT's `total_training_steps_hint` = 0.6 x steps (theirs: 300 of 500 steps). "
     "Prefix-RFT's cosine decays over the run (its default). ExGRPO keeps its warm-up rule (on-policy until a step "
-    "solves > 35 %), so in the no-reward regime it trains as on-policy GRPO for as long as that holds."]
+    "solves > 35 %), so in the no-reward regime it trains as on-policy GRPO for as long as that holds."
+]
 
 
 def command_flags(args) -> str:
@@ -424,80 +566,165 @@ def partial_lines(grid_rec, runs) -> list[str]:
     not_run = [g["label"] for n, g in grid_rec.items() if g.get("chosen") is None]
     if not (grid_missing or seed_missing or not_run):
         return []
-    return ["## PARTIAL RESULTS", "",
-            "Not every run of this command had finished (or succeeded) when this report was written: the verdicts below "
-            "use only the finished runs, and a comparison missing a method or a seed is marked as such. Missing: " +
-            "; ".join(filter(None, [("grid " + ", ".join(grid_missing)) if grid_missing else "",
-                                    ("final runs " + ", ".join(seed_missing)) if seed_missing else "",
-                                    ("no lr chosen for " + ", ".join(not_run)) if not_run else ""])) + ".", ""]
+    return [
+        "## PARTIAL RESULTS",
+        "",
+        "Not every run of this command had finished (or succeeded) when this report was written: the verdicts below "
+        "use only the finished runs, and a comparison missing a method or a seed is marked as such. Missing: "
+        + "; ".join(
+            filter(
+                None,
+                [
+                    ("grid " + ", ".join(grid_missing)) if grid_missing else "",
+                    ("final runs " + ", ".join(seed_missing)) if seed_missing else "",
+                    ("no lr chosen for " + ", ".join(not_run)) if not_run else "",
+                ],
+            )
+        )
+        + ".",
+        "",
+    ]
 
 
 def regime_lines(args, probe) -> list[str]:
     """The no-reward preset's statement of its regime (none for the other commands)."""
     if args.preset != "no_reward":
         return []
-    return ["## Regime: on-policy RL finds no reward", "",
-            f"`--preset no_reward`: the start model ({args.warm_steps} warm SFT steps instead of 160) solves "
-            f"{probe['correct']} of {probe['samples']} on-policy samples of training prompts ({probe['accuracy']:.2%}, "
-            f"under {NO_REWARD_MAX_PASS:.0%}, checked before any training), while the teacher traces solve "
-            f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems.", ""]
+    return [
+        "## Regime: on-policy RL finds no reward",
+        "",
+        f"`--preset no_reward`: the start model ({args.warm_steps} warm SFT steps instead of 160) solves "
+        f"{probe['correct']} of {probe['samples']} on-policy samples of training prompts ({probe['accuracy']:.2%}, "
+        f"under {NO_REWARD_MAX_PASS:.0%}, checked before any training), while the teacher traces solve "
+        f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems.",
+        "",
+    ]
 
 
-def write_report(out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, cpu_source, plots,
-                 grids) -> str:
+def write_report(
+    out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, cpu_source, plots, grids
+) -> str:
     k = args.eval_samples
-    per_run = ["| method | seed | lr | final on-policy reward | reward change | final entropy | ID greedy | ID avg@k | "
-               "OOD greedy | OOD avg@k | train CPU s |", "|" + "---|" * 11]
+    per_run = [
+        "| method | seed | lr | final on-policy reward | reward change | final entropy | ID greedy | ID avg@k | "
+        "OOD greedy | OOD avg@k | train CPU s |",
+        "|" + "---|" * 11,
+    ]
     for rs in runs.values():
         for r in rs:
             if r.get("error"):
                 per_run.append(f"| {r['label']} | {r['seed']} | {r['lr']:g} | failed: {r['error']} |" + " |" * 7)
                 continue
             s, sc = r.get("summary") or {}, r["scores"]
-            cells = [s.get("reward_end"), s.get("reward_change"), s.get("entropy_end")] + \
-                    [sc[sp].get(m, {}).get("mean") for sp in S.SPLITS for m in S.METRICS]
-            per_run.append(f"| {r['label']} | {r['seed']} | {r['lr']:g} | " +
-                           " | ".join("—" if v is None else f"{v:.3f}" for v in cells) + f" | {r['cpu_s']:.0f} |")
-    md = ["# Tiny reproduction of LUFFY's claims (CPU)", "",
-          f"`exp_scripts/reproduce_tiny.py{command_flags(args)}`: every method starts from the same model "
-          f"({start['label']}), trains {args.steps} steps ({args.batch_size} prompts x {args.n}) at its own learning "
-          f"rate, " + ("fixed by --method-lr (no grid: see the table)" if all(len(g) == 1 for g in grids.values()) else
-                       f"chosen on {args.n_val} validation problems with seed {args.grid_seed}") + "; then seeds "
-          f"{', '.join(map(str, settings['seeds']))} at that lr. Held-out: {args.n_test} in-distribution problems "
-          f"(two-digit addition) and {args.n_ood} out-of-distribution problems ({args.ood_variant}), greedy pass@1 "
-          f"and avg@{k} at T=0.6. Intervals: 95 %, over seeds and problems (see *Intervals*).", "",
-          *partial_lines(grid_rec, runs), *regime_lines(args, probe), "## Claims", "", *S.claims_markdown(verdicts, k), "",
-          *(["## LUFFY and its family against on-policy GRPO, the start model and SFT", "",
-             *S.family_markdown(verdicts["family"], k), "", *FAMILY_KNOBS, ""] if verdicts.get("family") else []),
-          "## Results (mean over seeds [95 % interval])", "", S.main_table(methods, start), "",
-          f"On-policy reward = mean score of the policy's own samples over the first / last {args.window} steps "
-          "(mean ± std over seeds); final entropy = mean over the last window; SFT has no on-policy samples.", "",
-          f"## Learning-rate grid (validation avg@{k}, seed {args.grid_seed}; chosen in bold)", "",
-          S.grid_table(grid_rec), "", *S.grid_edge_notes(grid_rec), "",
-          "## Start model", "",
-          f"On-policy success on training prompts: {probe['correct']} of {probe['samples']} samples ({probe['rows']} "
-          f"prompts x {probe['n']}, T={probe['temperature']}), pass rate {probe['accuracy']:.3f}. Teacher traces: "
-          f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems solved.", "",
-          "## Out-of-distribution problems", "",
-          f"`{args.ood_variant}` (luffy_pool/tiny/arith_task.py `OOD_VARIANTS`): additions whose operand lengths never "
-          "occur in training (train, warm start, validation and test are all two-digit + two-digit), solved by the same "
-          "kind of step-by-step trace. The paper's OOD sets (ARC-c, GPQA-diamond, MMLU-Pro) test whether reasoning "
-          "learned on math transfers to problems outside the training distribution; here the question is the same at "
-          "the scale of the task: does what a method learned carry over to problems its training data never showed.", "",
-          "## Intervals", "", "Per method x[s][p] = seed s's score on problem p (greedy: 0/1, avg@k: fraction of k "
-          "samples correct). 95 % interval = mean ± 1.96·SE, SE² = var(seed means)/S + var(problem means)/P "
-          "(both sources a rerun redraws; slightly conservative). Differences between methods: the same on "
-          "x_a − x_b paired by problem and seed position; entropy: t interval over seeds. A claim holds when the "
-          "interval of its difference lies above 0, does not hold when below 0, else inconclusive. "
-          "`exp_scripts/reproduce/stats.py`.", "",
-          f"## CPU seconds (source: {cpu_source})", "", "```",
-          "\n".join(f"{key}: {v}" for key, v in cpu.items()), "```", "",
-          "## Every run", "", *per_run, "", "## Files", "", *[f"- plot: `{os.path.relpath(p, out)}`" for p in plots]]
-    record = {"settings": settings, "probe": probe, "start": start, "grid": grid_rec, "methods": methods,
-              "claims": verdicts, "cpu_s": cpu, "plots": [os.path.relpath(p, out) for p in plots],
-              "runs": [{k2: v for k2, v in r.items() if k2 != "scores"} | {
-                  "scores": {sp: {m: v["mean"] for m, v in r["scores"][sp].items()} for sp in S.SPLITS}}
-                       for rs in runs.values() for r in rs if not r.get("error")]}
+            cells = [s.get("reward_end"), s.get("reward_change"), s.get("entropy_end")] + [
+                sc[sp].get(m, {}).get("mean") for sp in S.SPLITS for m in S.METRICS
+            ]
+            per_run.append(
+                f"| {r['label']} | {r['seed']} | {r['lr']:g} | "
+                + " | ".join("—" if v is None else f"{v:.3f}" for v in cells)
+                + f" | {r['cpu_s']:.0f} |"
+            )
+    md = [
+        "# Tiny reproduction of LUFFY's claims (CPU)",
+        "",
+        f"`exp_scripts/reproduce_tiny.py{command_flags(args)}`: every method starts from the same model "
+        f"({start['label']}), trains {args.steps} steps ({args.batch_size} prompts x {args.n}) at its own learning "
+        f"rate, "
+        + (
+            "fixed by --method-lr (no grid: see the table)"
+            if all(len(g) == 1 for g in grids.values())
+            else f"chosen on {args.n_val} validation problems with seed {args.grid_seed}"
+        )
+        + "; then seeds "
+        f"{', '.join(map(str, settings['seeds']))} at that lr. Held-out: {args.n_test} in-distribution problems "
+        f"(two-digit addition) and {args.n_ood} out-of-distribution problems ({args.ood_variant}), greedy pass@1 "
+        f"and avg@{k} at T=0.6. Intervals: 95 %, over seeds and problems (see *Intervals*).",
+        "",
+        *partial_lines(grid_rec, runs),
+        *regime_lines(args, probe),
+        "## Claims",
+        "",
+        *S.claims_markdown(verdicts, k),
+        "",
+        *(
+            [
+                "## LUFFY and its family against on-policy GRPO, the start model and SFT",
+                "",
+                *S.family_markdown(verdicts["family"], k),
+                "",
+                *FAMILY_KNOBS,
+                "",
+            ]
+            if verdicts.get("family")
+            else []
+        ),
+        "## Results (mean over seeds [95 % interval])",
+        "",
+        S.main_table(methods, start),
+        "",
+        f"On-policy reward = mean score of the policy's own samples over the first / last {args.window} steps "
+        "(mean ± std over seeds); final entropy = mean over the last window; SFT has no on-policy samples.",
+        "",
+        f"## Learning-rate grid (validation avg@{k}, seed {args.grid_seed}; chosen in bold)",
+        "",
+        S.grid_table(grid_rec),
+        "",
+        *S.grid_edge_notes(grid_rec),
+        "",
+        "## Start model",
+        "",
+        f"On-policy success on training prompts: {probe['correct']} of {probe['samples']} samples ({probe['rows']} "
+        f"prompts x {probe['n']}, T={probe['temperature']}), pass rate {probe['accuracy']:.3f}. Teacher traces: "
+        f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems solved.",
+        "",
+        "## Out-of-distribution problems",
+        "",
+        f"`{args.ood_variant}` (luffy_pool/tiny/arith_task.py `OOD_VARIANTS`): additions whose operand lengths never "
+        "occur in training (train, warm start, validation and test are all two-digit + two-digit), solved by the same "
+        "kind of step-by-step trace. The paper's OOD sets (ARC-c, GPQA-diamond, MMLU-Pro) test whether reasoning "
+        "learned on math transfers to problems outside the training distribution; here the question is the same at "
+        "the scale of the task: does what a method learned carry over to problems its training data never showed.",
+        "",
+        "## Intervals",
+        "",
+        "Per method x[s][p] = seed s's score on problem p (greedy: 0/1, avg@k: fraction of k "
+        "samples correct). 95 % interval = mean ± 1.96·SE, SE² = var(seed means)/S + var(problem means)/P "
+        "(both sources a rerun redraws; slightly conservative). Differences between methods: the same on "
+        "x_a − x_b paired by problem and seed position; entropy: t interval over seeds. A claim holds when the "
+        "interval of its difference lies above 0, does not hold when below 0, else inconclusive. "
+        "`exp_scripts/reproduce/stats.py`.",
+        "",
+        f"## CPU seconds (source: {cpu_source})",
+        "",
+        "```",
+        "\n".join(f"{key}: {v}" for key, v in cpu.items()),
+        "```",
+        "",
+        "## Every run",
+        "",
+        *per_run,
+        "",
+        "## Files",
+        "",
+        *[f"- plot: `{os.path.relpath(p, out)}`" for p in plots],
+    ]
+    record = {
+        "settings": settings,
+        "probe": probe,
+        "start": start,
+        "grid": grid_rec,
+        "methods": methods,
+        "claims": verdicts,
+        "cpu_s": cpu,
+        "plots": [os.path.relpath(p, out) for p in plots],
+        "runs": [
+            {k2: v for k2, v in r.items() if k2 != "scores"}
+            | {"scores": {sp: {m: v["mean"] for m, v in r["scores"][sp].items()} for sp in S.SPLITS}}
+            for rs in runs.values()
+            for r in rs
+            if not r.get("error")
+        ],
+    }
     return S.write_results(out, md, record)
 
 

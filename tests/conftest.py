@@ -1,4 +1,5 @@
 """Shared pytest fixtures: safe process env, the offline tiny model, its task data, one Ray session."""
+
 from __future__ import annotations
 
 import os
@@ -69,8 +70,13 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=True,
-                 object_store_memory=512 * 1024 * 1024)
+        ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=True,
+            object_store_memory=512 * 1024 * 1024,
+        )
     yield ray
     ray.shutdown()
 
@@ -98,28 +104,50 @@ def tiny_overrides(model_dir, task_dir, out_dir, rollout="hf", steps=3):
     (gradient checkpointing stays on, as in the YAML, train.sh and train_16k.sh) unless its line says why.
     """
     return [
-        f"data.train_files={task_dir}/train.parquet", f"data.val_files={task_dir}/test.parquet",
-        "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=48", "data.val_max_rows=8",
+        f"data.train_files={task_dir}/train.parquet",
+        f"data.val_files={task_dir}/test.parquet",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=96",
+        "data.max_response_length=48",
+        "data.val_max_rows=8",
         "data.reward_impl_version=3",
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=True",
-        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size=2", "actor_rollout_ref.actor.use_off_policy_loss=True",
-        "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1", "actor_rollout_ref.actor.loss_remove_token_mean=True",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=2",
+        "actor_rollout_ref.actor.use_off_policy_loss=True",
+        "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1",
+        "actor_rollout_ref.actor.loss_remove_token_mean=True",
         "actor_rollout_ref.actor.loss_remove_clip=True",
-        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.max_prefix_len=48", "actor_rollout_ref.rollout.n_prefix=1",
-        "actor_rollout_ref.rollout.min_prefix_ratio=1.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
+        f"actor_rollout_ref.rollout.name={rollout}",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.max_prefix_len=48",
+        "actor_rollout_ref.rollout.n_prefix=1",
+        "actor_rollout_ref.rollout.min_prefix_ratio=1.0",
+        "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # the HF engine is one rank per engine
         # off in the YAML's verl defaults' place because LUFFY's train.sh turns them off: no reference, no KL, no std
-        "actor_rollout_ref.ref.use_ref=False", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.ref.use_ref=False",
+        "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.rollout.n_val=1",
-        "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False", "algorithm.kl_ctrl.kl_coef=0.0",
-        "reward.num_workers=1", "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=2", "trainer.save_freq=-1",
-        "trainer.logger=['console','jsonl']", f"trainer.default_local_dir={out_dir}",
-        "+trainer.val_before_train=False", "trainer.project_name=e2e", "trainer.experiment_name=tiny",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.grpo_use_std=False",
+        "algorithm.kl_ctrl.kl_coef=0.0",
+        "reward.num_workers=1",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=2",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=2",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console','jsonl']",
+        f"trainer.default_local_dir={out_dir}",
+        "+trainer.val_before_train=False",
+        "trainer.project_name=e2e",
+        "trainer.experiment_name=tiny",
     ]
-
 
 
 def _compose_config(overrides, config_name: str = "mix_ppo_trainer"):

@@ -1,4 +1,5 @@
 """tests/helpers/float_compare.py: the ulp comparison the golden and parity tests use across CPUs."""
+
 import pytest
 import torch
 

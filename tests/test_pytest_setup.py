@@ -1,4 +1,5 @@
 """The suite's own rules: a per-test timeout, and slow / vllm tests outside the quick loop -m "not e2e"."""
+
 import os
 import subprocess
 import sys
@@ -31,9 +32,26 @@ def _pytest(tmp_path, *args):
     # the repo's pytest.ini and conftest.py, on a probe file outside the repo
     conftest = os.path.join(REPO, "tests", "conftest.py")
     (tmp_path / "conftest.py").write_text(open(conftest).read())
-    return subprocess.run([sys.executable, "-m", "pytest", "-c", os.path.join(REPO, "pytest.ini"), "--rootdir",
-                           str(tmp_path), str(tmp_path / "test_probe.py"), "-q", "-p", "no:cacheprovider", *args],
-                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            os.path.join(REPO, "pytest.ini"),
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_probe.py"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
 
 
 def test_quick_loop_leaves_out_slow_and_vllm_tests(tmp_path):

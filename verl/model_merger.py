@@ -10,6 +10,7 @@ vLLM load directly.
 ``--ckpt`` may be a run root (its ``latest_checkpointed_iteration.txt`` is followed), a
 ``global_step_<N>`` directory or its ``actor/`` directory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,10 @@ def merge_checkpoint(ckpt: str, out: str, dtype: Optional[str] = None, hf_config
     actor_dir = layout.resolve_actor_dir(ckpt)
     model_dir = os.path.join(actor_dir, layout.MODEL_DIR)
     if not layout.has_sharded_model(actor_dir):
-        raise FileNotFoundError(f"{actor_dir} has no sharded weights ({layout.MODEL_DIR}/.metadata); pruned by "
-                                f"trainer.max_optim_to_keep? Its {layout.HF_DIR}/ may hold weights if saved with save_hf")
+        raise FileNotFoundError(
+            f"{actor_dir} has no sharded weights ({layout.MODEL_DIR}/.metadata); pruned by "
+            f"trainer.max_optim_to_keep? Its {layout.HF_DIR}/ may hold weights if saved with save_hf"
+        )
     hf_dir = hf_config_dir or os.path.join(actor_dir, layout.HF_DIR)
     if not os.path.exists(os.path.join(hf_dir, "config.json")):
         raise FileNotFoundError(f"{hf_dir}/config.json not found; pass --hf-config DIR (the base model folder)")
@@ -53,19 +56,30 @@ def merge_checkpoint(ckpt: str, out: str, dtype: Optional[str] = None, hf_config
     state = load_dcp_model_state(model_dir)
     if os.path.abspath(out) == os.path.abspath(actor_dir):
         raise ValueError("--out must differ from the checkpoint directory")
-    write_hf_folder(out, state, hf_config, tokenizer=tokenizer, generation_config=generation_config,
-                    dtype=DTYPES[dtype] if dtype else None)
+    write_hf_folder(
+        out,
+        state,
+        hf_config,
+        tokenizer=tokenizer,
+        generation_config=generation_config,
+        dtype=DTYPES[dtype] if dtype else None,
+    )
     return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verl.model_merger", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ckpt", "--local_dir", dest="ckpt", required=True,
-                        help="run root, global_step_<N> dir, or its actor/ dir")
+    parser.add_argument(
+        "--ckpt", "--local_dir", dest="ckpt", required=True, help="run root, global_step_<N> dir, or its actor/ dir"
+    )
     parser.add_argument("--out", "--target_dir", dest="out", required=True, help="output HF folder")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast weights (default: as stored)")
-    parser.add_argument("--hf-config", dest="hf_config", default=None,
-                        help="folder with config.json/tokenizer (default: the checkpoint's huggingface/)")
+    parser.add_argument(
+        "--hf-config",
+        dest="hf_config",
+        default=None,
+        help="folder with config.json/tokenizer (default: the checkpoint's huggingface/)",
+    )
     args = parser.parse_args(argv)
     out = merge_checkpoint(args.ckpt, args.out, dtype=args.dtype, hf_config_dir=args.hf_config)
     print(f"wrote {out} ({layout.dir_size_bytes(out) / 2**20:.1f} MiB)")

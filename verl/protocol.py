@@ -6,6 +6,7 @@ and ``meta_info`` (a plain dict of batch-level values). Worker groups chunk it a
 ranks and concatenate the answers; ``DataProtoFuture`` lets one group's output feed the next call
 without passing through the driver.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,9 +46,7 @@ def _as_row_array(key: str, values: Any) -> np.ndarray:
         for i, value in enumerate(values):
             out[i] = value
         return out
-    raise TypeError(
-        f"non-tensor key '{key}' must be a numpy array, list or tuple, got {type(values).__name__}"
-    )
+    raise TypeError(f"non-tensor key '{key}' must be a numpy array, list or tuple, got {type(values).__name__}")
 
 
 def _values_equal(a: Any, b: Any) -> bool:
@@ -55,8 +54,13 @@ def _values_equal(a: Any, b: Any) -> bool:
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
             return False
@@ -185,8 +189,9 @@ class DataProto:
 
     # ------------------------------------------------------------------ construction / checks
     @classmethod
-    def from_dict(cls, tensors: Optional[dict] = None, non_tensors: Optional[dict] = None,
-                  meta_info: Optional[dict] = None) -> "DataProto":
+    def from_dict(
+        cls, tensors: Optional[dict] = None, non_tensors: Optional[dict] = None, meta_info: Optional[dict] = None
+    ) -> "DataProto":
         """Build from ``{name: tensor}`` and ``{name: array|list}``; every entry needs the same row count."""
         tensors = dict(tensors or {})
         rows: Optional[int] = None
@@ -223,8 +228,9 @@ class DataProto:
             if not isinstance(self.batch, TensorDict):
                 raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
             if len(self.batch.batch_size) != 1:
-                raise ValueError(f"DataProto.batch must have exactly one batch dimension, got "
-                                 f"{tuple(self.batch.batch_size)}")
+                raise ValueError(
+                    f"DataProto.batch must have exactly one batch dimension, got {tuple(self.batch.batch_size)}"
+                )
         if not isinstance(self.non_tensor_batch, dict):
             raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
         if not isinstance(self.meta_info, dict):
@@ -232,15 +238,18 @@ class DataProto:
         reference = ("batch", self.batch.batch_size[0]) if self.batch is not None else None
         for key, value in self.non_tensor_batch.items():
             if not isinstance(value, np.ndarray):
-                raise TypeError(f"non_tensor_batch['{key}'] must be a numpy array (use DataProto.from_dict to convert "
-                                f"lists), got {type(value).__name__}")
+                raise TypeError(
+                    f"non_tensor_batch['{key}'] must be a numpy array (use DataProto.from_dict to convert "
+                    f"lists), got {type(value).__name__}"
+                )
             if value.ndim == 0:
                 raise ValueError(f"non_tensor_batch['{key}'] is a 0-d array; it needs one entry per row")
             if reference is None:
                 reference = (f"non_tensor_batch['{key}']", value.shape[0])
             elif value.shape[0] != reference[1]:
-                raise ValueError(f"non_tensor_batch['{key}'] has {value.shape[0]} rows but {reference[0]} has "
-                                 f"{reference[1]}")
+                raise ValueError(
+                    f"non_tensor_batch['{key}'] has {value.shape[0]} rows but {reference[0]} has {reference[1]}"
+                )
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -252,23 +261,33 @@ class DataProto:
     def __repr__(self) -> str:
         tensors = {k: tuple(v.shape) for k, v in self.batch.items()} if self.batch is not None else {}
         arrays = {k: v.dtype.name for k, v in self.non_tensor_batch.items()}
-        return (f"DataProto(rows={len(self)}, tensors={tensors}, non_tensors={arrays}, "
-                f"meta_info_keys={sorted(self.meta_info)})")
+        return (
+            f"DataProto(rows={len(self)}, tensors={tensors}, non_tensors={arrays}, "
+            f"meta_info_keys={sorted(self.meta_info)})"
+        )
 
     # ------------------------------------------------------------------ pickling (Ray, processes)
     def __getstate__(self) -> dict:
         batch_state = None
         if self.batch is not None:
-            batch_state = {"tensors": {k: _tensor_state(v) for k, v in self.batch.items()},
-                           "batch_size": list(self.batch.batch_size),
-                           "device": None if self.batch.device is None else str(self.batch.device)}
+            batch_state = {
+                "tensors": {k: _tensor_state(v) for k, v in self.batch.items()},
+                "batch_size": list(self.batch.batch_size),
+                "device": None if self.batch.device is None else str(self.batch.device),
+            }
         return {"batch": batch_state, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
 
     def __setstate__(self, state: dict) -> None:
         batch_state = state["batch"]
-        self.batch = None if batch_state is None else TensorDict(
-            {k: _tensor_from_state(v) for k, v in batch_state["tensors"].items()},
-            batch_size=batch_state["batch_size"], device=batch_state["device"])
+        self.batch = (
+            None
+            if batch_state is None
+            else TensorDict(
+                {k: _tensor_from_state(v) for k, v in batch_state["tensors"].items()},
+                batch_size=batch_state["batch_size"],
+                device=batch_state["device"],
+            )
+        )
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 
@@ -325,21 +344,30 @@ class DataProto:
                 raise KeyError(f"DataProto.{op}: batch has no tensor '{key}' (available: {available})")
         for key in non_tensor_batch_keys or []:
             if key not in self.non_tensor_batch:
-                raise KeyError(f"DataProto.{op}: non_tensor_batch has no key '{key}' "
-                               f"(available: {list(self.non_tensor_batch)})")
+                raise KeyError(
+                    f"DataProto.{op}: non_tensor_batch has no key '{key}' (available: {list(self.non_tensor_batch)})"
+                )
         for key in meta_info_keys or []:
             if key not in self.meta_info:
                 raise KeyError(f"DataProto.{op}: meta_info has no key '{key}' (available: {list(self.meta_info)})")
 
-    def select(self, batch_keys: Optional[Sequence[str]] = None, non_tensor_batch_keys: Optional[Sequence[str]] = None,
-               meta_info_keys: Optional[Sequence[str]] = None, deepcopy: bool = False) -> "DataProto":
+    def select(
+        self,
+        batch_keys: Optional[Sequence[str]] = None,
+        non_tensor_batch_keys: Optional[Sequence[str]] = None,
+        meta_info_keys: Optional[Sequence[str]] = None,
+        deepcopy: bool = False,
+    ) -> "DataProto":
         """A DataProto with only the named keys (``None`` keeps all of that part); ``deepcopy`` copies data."""
         self._require_keys(batch_keys, non_tensor_batch_keys, meta_info_keys, "select")
         batch = self.batch
         if batch is not None and batch_keys is not None:
             batch = batch.select(*batch_keys)
-        non_tensors = self.non_tensor_batch if non_tensor_batch_keys is None else {
-            k: self.non_tensor_batch[k] for k in non_tensor_batch_keys}
+        non_tensors = (
+            self.non_tensor_batch
+            if non_tensor_batch_keys is None
+            else {k: self.non_tensor_batch[k] for k in non_tensor_batch_keys}
+        )
         meta = self.meta_info if meta_info_keys is None else {k: self.meta_info[k] for k in meta_info_keys}
         if deepcopy:
             batch = batch.clone() if batch is not None else None
@@ -348,8 +376,12 @@ class DataProto:
             batch = batch.select(*batch.keys())
         return DataProto(batch=batch, non_tensor_batch=dict(non_tensors), meta_info=dict(meta))
 
-    def pop(self, batch_keys: Optional[Sequence[str]] = None, non_tensor_batch_keys: Optional[Sequence[str]] = None,
-            meta_info_keys: Optional[Sequence[str]] = None) -> "DataProto":
+    def pop(
+        self,
+        batch_keys: Optional[Sequence[str]] = None,
+        non_tensor_batch_keys: Optional[Sequence[str]] = None,
+        meta_info_keys: Optional[Sequence[str]] = None,
+    ) -> "DataProto":
         """Remove the named keys from this DataProto and return them as a new one (same rows)."""
         self._require_keys(batch_keys, non_tensor_batch_keys, meta_info_keys, "pop")
         batch = None
@@ -395,8 +427,10 @@ class DataProto:
         if not isinstance(chunks, int) or chunks <= 0:
             raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r}")
         if len(self) % chunks != 0:
-            raise ValueError(f"chunk: {len(self)} rows cannot be split into {chunks} equal chunks; "
-                             f"use pad_dataproto_to_divisor(data, {chunks}) first")
+            raise ValueError(
+                f"chunk: {len(self)} rows cannot be split into {chunks} equal chunks; "
+                f"use pad_dataproto_to_divisor(data, {chunks}) first"
+            )
         size = len(self) // chunks
         return [self.slice(i * size, (i + 1) * size) for i in range(chunks)]
 
@@ -421,14 +455,17 @@ class DataProto:
         for i, item in enumerate(data[1:], start=1):
             keys = set(item.batch.keys()) if item.batch is not None else None
             if keys != first_tensor_keys:
-                raise ValueError(f"concat: item {i} has tensor keys {sorted(keys or [])} but item 0 has "
-                                 f"{sorted(first_tensor_keys or [])}")
+                raise ValueError(
+                    f"concat: item {i} has tensor keys {sorted(keys or [])} but item 0 has "
+                    f"{sorted(first_tensor_keys or [])}"
+                )
             if item.non_tensor_batch.keys() != first.non_tensor_batch.keys():
-                raise ValueError(f"concat: item {i} has non-tensor keys {sorted(item.non_tensor_batch)} but item 0 "
-                                 f"has {sorted(first.non_tensor_batch)}")
+                raise ValueError(
+                    f"concat: item {i} has non-tensor keys {sorted(item.non_tensor_batch)} but item 0 "
+                    f"has {sorted(first.non_tensor_batch)}"
+                )
         batch = torch.cat([d.batch for d in data], dim=0) if first.batch is not None else None
-        non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0)
-                       for k in first.non_tensor_batch}
+        non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data], axis=0) for k in first.non_tensor_batch}
         meta = dict(first.meta_info)
         for key, value in first.meta_info.items():  # per-rank lists: keep every part's entries, in order
             if isinstance(value, PerPart):
@@ -446,8 +483,9 @@ class DataProto:
             index = torch.arange(n).repeat(repeat_times)
         return self.select_idxs(index) if n else self.slice()
 
-    def make_iterator(self, mini_batch_size: int, epochs: int, seed: Optional[int] = None,
-                      dataloader_kwargs: Optional[dict] = None) -> Iterator["DataProto"]:
+    def make_iterator(
+        self, mini_batch_size: int, epochs: int, seed: Optional[int] = None, dataloader_kwargs: Optional[dict] = None
+    ) -> Iterator["DataProto"]:
         """Yield mini-batches for ``epochs`` passes; ``dataloader_kwargs={'shuffle': True}`` reshuffles each
         epoch with a generator seeded by ``seed``."""
         if not isinstance(mini_batch_size, int) or mini_batch_size <= 0:
@@ -457,8 +495,13 @@ class DataProto:
         from torch.utils.data import DataLoader
 
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        loader = DataLoader(range(len(self)), batch_size=mini_batch_size, collate_fn=torch.tensor,
-                            generator=generator, **(dataloader_kwargs or {}))
+        loader = DataLoader(
+            range(len(self)),
+            batch_size=mini_batch_size,
+            collate_fn=torch.tensor,
+            generator=generator,
+            **(dataloader_kwargs or {}),
+        )
 
         def batches() -> Iterator[DataProto]:
             for _ in range(epochs):
@@ -500,8 +543,9 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
     return data.slice(0, len(data) - pad_size) if pad_size else data
 
 
-def _take_chunk(data: DataProto, index: int, chunks: int,
-                previous: Optional[Callable[[DataProto], DataProto]] = None) -> DataProto:
+def _take_chunk(
+    data: DataProto, index: int, chunks: int, previous: Optional[Callable[[DataProto], DataProto]] = None
+) -> DataProto:
     if previous is not None:
         data = previous(data)
     return data.chunk(chunks)[index]
@@ -525,17 +569,23 @@ class DataProtoFuture:
     ranks: Optional[list] = None
 
     @staticmethod
-    def concat(data: list, group_name: str = "DataProtoFuture", method_name: str = "(unknown method)",
-               ranks: Optional[list] = None) -> "DataProtoFuture":
+    def concat(
+        data: list,
+        group_name: str = "DataProtoFuture",
+        method_name: str = "(unknown method)",
+        ranks: Optional[list] = None,
+    ) -> "DataProtoFuture":
         """A future of the row-wise concatenation of the DataProtos the ``data`` refs resolve to."""
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data), group_name=group_name,
-                               method_name=method_name, ranks=ranks)
+        return DataProtoFuture(
+            collect_fn=DataProto.concat, futures=list(data), group_name=group_name, method_name=method_name, ranks=ranks
+        )
 
     def chunk(self, chunks: int) -> list["DataProtoFuture"]:
         """``chunks`` futures, the i-th resolving to chunk i of this future's DataProto."""
         return [
-            dataclasses.replace(self, dispatch_fn=functools.partial(_take_chunk, index=i, chunks=chunks,
-                                                                    previous=self.dispatch_fn))
+            dataclasses.replace(
+                self, dispatch_fn=functools.partial(_take_chunk, index=i, chunks=chunks, previous=self.dispatch_fn)
+            )
             for i in range(chunks)
         ]
 
@@ -544,11 +594,14 @@ class DataProtoFuture:
         from verl.utils.ray_utils import get_ranked
 
         ranks = self.ranks if self.ranks is not None else list(range(len(self.futures)))
-        outputs = get_ranked(self.futures, ranks, group_name=self.group_name, method_name=self.method_name,
-                             timeout_s=timeout_s)
+        outputs = get_ranked(
+            self.futures, ranks, group_name=self.group_name, method_name=self.method_name, timeout_s=timeout_s
+        )
         for rank, output in zip(ranks, outputs):
             if not isinstance(output, DataProto):
-                raise TypeError(f"worker group '{self.group_name}' method '{self.method_name}': rank {rank} "
-                                f"returned {type(output).__name__}, expected a DataProto")
+                raise TypeError(
+                    f"worker group '{self.group_name}' method '{self.method_name}': rank {rank} "
+                    f"returned {type(output).__name__}, expected a DataProto"
+                )
         data = self.collect_fn(outputs)
         return self.dispatch_fn(data) if self.dispatch_fn is not None else data

@@ -55,9 +55,15 @@ Safety: model text reaches SymPy only through latex2sympy2_extended's grammar an
 (whose plain-expression path accepts digits and operators only); nothing is passed to ``eval``,
 ``exec``, ``sympify`` or ``parse_expr``; parsed trees are size-checked before evaluation.
 """
+
 from deepscaler.rewards.format_reward import FormatRewardConfig, think_format_ok
-from deepscaler.rewards.math_reward import (RewardMathFn, deepscaler_reward_fn, deepscaler_score, grade_solution_rule,
-                                            ground_truth_list)
+from deepscaler.rewards.math_reward import (
+    RewardMathFn,
+    deepscaler_reward_fn,
+    deepscaler_score,
+    grade_solution_rule,
+    ground_truth_list,
+)
 from deepscaler.rewards.math_utils import answers_match
 from deepscaler.rewards.math_utils.input_guard import GuardLimits, set_default_limits
 from deepscaler.rewards.math_verify_reward import GRADERS, grade_solution, math_verify_score

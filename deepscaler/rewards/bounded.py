@@ -15,6 +15,7 @@ first grade in a process costs what later ones cost. Which grades warm them is t
 ``selection`` registers its routine with ``set_warm_routine`` (importing any ``deepscaler.rewards`` module
 imports the package, hence ``selection``, first).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,7 +85,9 @@ def warm_graders() -> float:
             install_guards()
             _warm_routine(GuardLimits(time_budget_s=600.0))
         except Exception as exc:  # noqa: BLE001 - warming is an optimisation; grading reports real errors
-            logger.warning("grader warm-up failed (%s: %s); the first grades pay the cold start", type(exc).__name__, exc)
+            logger.warning(
+                "grader warm-up failed (%s: %s); the first grades pay the cold start", type(exc).__name__, exc
+            )
         finally:
             _warm_state.active = False
             _warmed = True

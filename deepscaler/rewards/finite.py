@@ -3,6 +3,7 @@ reads as one (LaTeX ``\\infty`` is a real answer and is not). The graders score 
 loaders (verl/utils/dataset/value_checks.py) refuse such a ground truth; it lives here, with no dependency, so the
 rewards import nothing from verl.
 """
+
 from __future__ import annotations
 
 import math

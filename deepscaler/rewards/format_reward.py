@@ -5,6 +5,7 @@ and adds what that regex cannot say: exactly one think block, a non-empty though
 solution after it (special-token text such as ``<|im_end|>`` does not count). ``combine`` merges the
 format outcome with the correctness reward as configured by ``reward.format_reward``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +25,7 @@ def think_format_ok(text: str) -> bool:
     m = _THINK_BLOCK.match(text)
     if m is None or not m.group(1).strip():
         return False
-    solution = _SPECIAL_TOKEN_TEXT.sub("", text[m.end():])
+    solution = _SPECIAL_TOKEN_TEXT.sub("", text[m.end() :])
     return bool(solution.strip())
 
 
@@ -47,8 +48,9 @@ class FormatRewardConfig:
         if self.mode not in FORMAT_MODES:
             raise ValueError(f"reward.format_reward.mode must be one of {FORMAT_MODES}, got {self.mode!r}")
         if self.enable and self.weight == 0.0:
-            raise ValueError("reward.format_reward.enable=True with weight 0.0 changes nothing; "
-                             "set reward.format_reward.weight")
+            raise ValueError(
+                "reward.format_reward.enable=True with weight 0.0 changes nothing; set reward.format_reward.weight"
+            )
         if self.mode == "multiply" and not 0.0 <= self.weight <= 1.0:
             raise ValueError(f"reward.format_reward.weight must be in [0, 1] for mode=multiply, got {self.weight}")
 

@@ -5,6 +5,7 @@ reads a final ``#### <number>`` line, whatever ``data.reward_impl_version`` says
 LUFFY way answers in ``\\boxed{}``, so every such response scores 0 without any error. The first time
 this happens in a process we say so, and name the setting that grades boxed answers.
 """
+
 from __future__ import annotations
 
 import logging

@@ -15,6 +15,7 @@ Every parsed result is then checked as a tree (``safe_parse.check_complexity``) 
 evaluates anything. Math-verify's own timeouts stay off (``parsing_timeout=None``,
 ``timeout_seconds=None``): its SIGALRM timer raises in threads (docs/CPU_STACK.md §6).
 """
+
 from __future__ import annotations
 
 import functools
@@ -111,7 +112,7 @@ def guarded_parse(text: str, **parse_kwargs) -> list:
     install_guards()
     limits = active_limits()
     if len(text) > limits.max_text_chars:
-        tail = text[-limits.max_text_chars:]
+        tail = text[-limits.max_text_chars :]
         if "\\boxed" not in tail and "\\fbox" not in tail:
             # math-verify would pick the last box wherever it is; keep that choice (a linear scan).
             boxed = last_boxed_content(text)

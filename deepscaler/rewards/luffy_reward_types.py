@@ -3,6 +3,7 @@
 ``deepscaler.rewards`` as in LUFFY). The graders behind it are this package's functions:
 ``math_reward.RewardMathFn`` and ``verl.mix_src.math_verify_reward.RewardMathFn``.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -9,6 +9,7 @@ uses the same grader with rewards 1 / -0.5 / -1. ``grade_solution_rule`` (the ``
 versions 3/4 and the eval) is this project's more lenient grader (``math_utils.answers_match``).
 LUFFY's own entry points are thin aliases at the end: ``RewardMathFn`` and ``deepscaler_reward_fn``.
 """
+
 from __future__ import annotations
 
 from typing import List, Sequence, Union
@@ -140,8 +141,10 @@ class RewardMathFn(RewardFn):
     def __init__(self, config: RewardConfig, judge=None):
         super().__init__(config)
         if config.use_math_orm and judge is None:
-            raise ValueError("RewardConfig.use_math_orm=True needs a judge: RewardMathFn(config, judge=OrmJudge("
-                             "OrmConfig(base_url=..., model=...))); in training set reward.orm.*")
+            raise ValueError(
+                "RewardConfig.use_math_orm=True needs a judge: RewardMathFn(config, judge=OrmJudge("
+                "OrmConfig(base_url=..., model=...))); in training set reward.orm.*"
+            )
         self.judge = judge
 
     def __call__(self, input: RewardInput) -> RewardOutput:  # noqa: A002 (LUFFY's parameter name)
@@ -160,9 +163,16 @@ class RewardMathFn(RewardFn):
         return RewardOutput(result.score, result.correct)
 
 
-def deepscaler_reward_fn(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False,
-                         judge=None) -> bool:
+def deepscaler_reward_fn(
+    solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False, judge=None
+) -> bool:
     """LUFFY's entry point: whether ``solution_str`` (think tags included) answers ``ground_truth``."""
     fn = RewardMathFn(RewardConfig(use_math_orm=enable_llm), judge=judge)
-    return fn(RewardInput(problem=solution_str, problem_type=RewardType.MATH, model_response=solution_str,
-                          ground_truth={"answer": ground_truth})).is_correct
+    return fn(
+        RewardInput(
+            problem=solution_str,
+            problem_type=RewardType.MATH,
+            model_response=solution_str,
+            ground_truth={"answer": ground_truth},
+        )
+    ).is_correct

@@ -6,6 +6,7 @@ the second ``</think>``, parses the gold as ``"$" + ground_truth + "$"`` and ret
 disabled (``guarded_math_verify``: its SIGALRM timer raises in threads and threaded Ray actors,
 docs/CPU_STACK.md §6); the public scorers here are ``@bounded`` (time budget in any thread).
 """
+
 from __future__ import annotations
 
 from deepscaler.rewards.bounded import bounded

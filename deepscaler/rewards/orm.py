@@ -18,6 +18,7 @@ judge without a call (``error=CIRCUIT_OPEN``, counted as failures, so ``warn`` s
 answer closes the breaker, a failure opens it again for twice as long. The endpoint in every message
 has any key inside its URL masked.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -219,8 +220,9 @@ class OrmJudge:
         api_key = os.environ.get(config.api_key_env)
         if not api_key:
             if not is_loopback_url(config.base_url):
-                raise ValueError(f"reward.orm: environment variable {config.api_key_env} is not set "
-                                 f"(needed for {config.base_url})")
+                raise ValueError(
+                    f"reward.orm: environment variable {config.api_key_env} is not set (needed for {config.base_url})"
+                )
             api_key = "EMPTY"
         # Retries are ours (they also cover the rate limiter and the backoff cap).
         return OpenAI(base_url=config.base_url, api_key=api_key, timeout=config.timeout_s, max_retries=0)
@@ -236,15 +238,20 @@ class OrmJudge:
         if cached is not None:
             return JudgeResult(cached, cached=True)
         messages = build_messages(problem, reference_answer, response)
-        transient = (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError,
-                     openai.InternalServerError)
+        transient = (
+            openai.APITimeoutError,
+            openai.APIConnectionError,
+            openai.RateLimitError,
+            openai.InternalServerError,
+        )
         last_error = None
         retries = self.config.max_retries if max_retries is None else max_retries
         for attempt in range(retries + 1):
             self._limiter.wait()
             try:
                 completion = self._client.chat.completions.create(
-                    model=self.config.model, messages=messages, temperature=0.0, max_tokens=self.max_tokens)
+                    model=self.config.model, messages=messages, temperature=0.0, max_tokens=self.max_tokens
+                )
             except transient as exc:
                 from deepscaler.secret_text import mask_url
 
@@ -290,8 +297,12 @@ class OrmJudge:
     def _open_breaker(self) -> None:
         self._breaker_span = min(BREAKER_MAX_SKIP_STEPS, max(1, 2 * self._breaker_span))
         self._breaker_skip = self._breaker_span
-        logger.warning("reward.orm: judge at %s is failing; circuit open: the next %d step(s) skip it, then one "
-                       "probe call decides", self.endpoint, self._breaker_skip)
+        logger.warning(
+            "reward.orm: judge at %s is failing; circuit open: the next %d step(s) skip it, then one "
+            "probe call decides",
+            self.endpoint,
+            self._breaker_skip,
+        )
 
     def _judge_all(self, triples, abort_after: int | None) -> list[JudgeResult]:
         if not triples:
@@ -323,11 +334,13 @@ class OrmJudge:
             errors = [j.error for j in failed if j.error and j.error not in (SKIPPED, CIRCUIT_OPEN)]
             skipped = sum(1 for j in failed if j.error == SKIPPED)
             open_skips = sum(1 for j in failed if j.error == CIRCUIT_OPEN)
-            msg = (f"reward.orm: {len(failed)} of {len(judgments)} judge calls failed this step"
-                   f"{f' ({skipped} skipped after repeated failures)' if skipped else ''}"
-                   f"{f' ({open_skips} skipped: circuit open)' if open_skips else ''} (more than "
-                   f"max_failure_rate={self.config.max_failure_rate}); endpoint {self.endpoint}, model "
-                   f"{self.config.model}; last error: {errors[-1] if errors else 'none recorded'}")
+            msg = (
+                f"reward.orm: {len(failed)} of {len(judgments)} judge calls failed this step"
+                f"{f' ({skipped} skipped after repeated failures)' if skipped else ''}"
+                f"{f' ({open_skips} skipped: circuit open)' if open_skips else ''} (more than "
+                f"max_failure_rate={self.config.max_failure_rate}); endpoint {self.endpoint}, model "
+                f"{self.config.model}; last error: {errors[-1] if errors else 'none recorded'}"
+            )
             if self.config.on_failure == "raise":
                 raise JudgeUnavailableError(msg + " (reward.orm.on_failure=warn continues with the grader's scores)")
             logger.warning(msg)

@@ -4,6 +4,7 @@
 ``score``); ``RewardValues`` holds the reward a scorer gives for each outcome (LUFFY's version 1 gives
 -0.5 for a wrong answer and -1 for a format error, every other version 1/0).
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -5,6 +5,7 @@ get verl's scorers, every other source (``synthetic_arith``, ``aime``, ``arc_c``
 the configured version. The returned callable takes the *raw decoded response* and applies the
 version's input rule itself (``"<think>\\n"`` prepended for every version except 4).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,17 +75,25 @@ def graded_text(solution_str: str, reward_impl_version: int) -> str:
     return _with_think_prefix(solution_str, check_version(reward_impl_version))
 
 
-def score_response(data_source: str, solution_str: str, ground_truth, extra_info=None,
-                   reward_impl_version: int = 3, grader: str = "math_verify", *,
-                   limits: GuardLimits | None = None) -> ScoreResult:
+def score_response(
+    data_source: str,
+    solution_str: str,
+    ground_truth,
+    extra_info=None,
+    reward_impl_version: int = 3,
+    grader: str = "math_verify",
+    *,
+    limits: GuardLimits | None = None,
+) -> ScoreResult:
     """Detailed form of ``compute_score``: the full ScoreResult for one raw response.
 
     Returns within ``limits.time_budget_s`` (default ``GuardLimits()``: 3 s) in any thread; see
     ``deepscaler.rewards.bounded``.
     """
     select_score_fn(data_source, reward_impl_version, grader)  # bad arguments raise, not time out
-    return _score_bounded(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader,
-                          limits=limits)
+    return _score_bounded(
+        data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader, limits=limits
+    )
 
 
 @bounded
@@ -97,16 +106,30 @@ def _score_bounded(data_source, solution_str, ground_truth, extra_info, reward_i
     return select_score_fn(data_source, reward_impl_version, grader)(solution_str, ground_truth)
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=None,
-                  reward_impl_version: int = 3, grader: str = "math_verify", *,
-                  limits: GuardLimits | None = None) -> float:
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth,
+    extra_info=None,
+    reward_impl_version: int = 3,
+    grader: str = "math_verify",
+    *,
+    limits: GuardLimits | None = None,
+) -> float:
     """verl-style entry point: the reward of one raw decoded response (LUFFY default: version 3)."""
-    return score_response(data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader,
-                          limits=limits).score
+    return score_response(
+        data_source, solution_str, ground_truth, extra_info, reward_impl_version, grader, limits=limits
+    ).score
 
 
-def grade(solution_str: str, ground_truth, grader: str = "math_verify", split_think: bool = False, *,
-          limits: GuardLimits | None = None) -> bool:
+def grade(
+    solution_str: str,
+    ground_truth,
+    grader: str = "math_verify",
+    split_think: bool = False,
+    *,
+    limits: GuardLimits | None = None,
+) -> bool:
     """Evaluation grading: is ``solution_str`` correct?
 
     ``split_think=True`` keeps only the text after the first ``</think>`` and returns False when the tag
@@ -148,8 +171,15 @@ class ScorerSpec:
         score_response("warmup", sample, "0.5", None, self.reward_impl_version, self.grader)
 
     def score(self, data_source: str, solution_str: str, ground_truth, extra_info=None) -> ScoreResult:
-        return score_response(data_source, solution_str, ground_truth, extra_info,
-                              self.reward_impl_version, self.grader, limits=self.limits)
+        return score_response(
+            data_source,
+            solution_str,
+            ground_truth,
+            extra_info,
+            self.reward_impl_version,
+            self.grader,
+            limits=self.limits,
+        )
 
 
 # Responses that walk every parser path once: LaTeX fractions, roots and powers (latex2sympy's ANTLR

@@ -4,6 +4,7 @@
 ground truth exactly ("strict" mode); ``lighteval/MATH``: the last ``\\boxed{}`` must equal the ground
 truth after MATH's string normalisation (no symbolic step). Both return 1.0 / 0.0.
 """
+
 from __future__ import annotations
 
 import re

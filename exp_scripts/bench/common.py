@@ -5,6 +5,7 @@ per training step (wall seconds, generated tokens, foreign/own CPU cores, option
 reward is the project's own grader (``reward_impl_version`` 3, math_verify) for every contender, so the
 scoring work per step is the same everywhere.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,9 @@ class BenchSpec:
         if self.case not in CASES:
             raise ValueError(f"case must be one of {CASES}, got {self.case!r}")
         if self.warmup < 1:
-            raise ValueError(f"warmup must be >= 1 (a step's time is measured from the previous step's end), got {self.warmup}")
+            raise ValueError(
+                f"warmup must be >= 1 (a step's time is measured from the previous step's end), got {self.warmup}"
+            )
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
 
@@ -81,10 +84,17 @@ def load_task_rows(task_dir: str, split: str = "train") -> list[dict]:
     for i, rec in enumerate(frame.to_dict("records")):
         try:
             prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in rec["prompt"]]
-            rows.append({"prompt": prompt, "ground_truth": str(rec["reward_model"]["ground_truth"]),
-                         "data_source": str(rec["data_source"])})
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "ground_truth": str(rec["reward_model"]["ground_truth"]),
+                    "data_source": str(rec["data_source"]),
+                }
+            )
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"{path} row {i}: needs prompt (chat list), reward_model.ground_truth and data_source") from exc
+            raise ValueError(
+                f"{path} row {i}: needs prompt (chat list), reward_model.ground_truth and data_source"
+            ) from exc
     return rows
 
 

@@ -5,6 +5,7 @@ time (``/proc/stat``) minus the CPU time of the measuring process's whole proces
 workers and reward processes are descendants of the driver, so they count as ours), divided by the
 step's wall time. Linux only; elsewhere the samples read as unavailable and the load is reported as NaN.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,7 @@ def parse_proc_pid_stat(text: str) -> tuple[int, int, int]:
     The command name may hold spaces and parentheses, so fields are counted after its last ')'.
     """
     pid = int(text[: text.index("(")].strip())
-    rest = text[text.rindex(")") + 2:].split()
+    rest = text[text.rindex(")") + 2 :].split()
     # rest[0] is the state (field 3); utime..cstime are fields 14..17.
     ppid = int(rest[1])
     ticks = int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])

@@ -6,6 +6,7 @@ forward over the completions, the clipped token loss averaged over completion to
 ``dapo`` aggregation; with one update per generation the ratio is 1 and old log-probs are the detached
 new ones, so no extra forward pass), backward, ``clip_grad_norm_(1.0)``, AdamW.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,7 +29,9 @@ def completion_mask(completions, eos_id: int):
     import torch
 
     is_eos = completions == eos_id
-    first = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), torch.full_like(is_eos[:, 0], completions.shape[1], dtype=torch.long))
+    first = torch.where(
+        is_eos.any(-1), is_eos.int().argmax(-1), torch.full_like(is_eos[:, 0], completions.shape[1], dtype=torch.long)
+    )
     return (torch.arange(completions.shape[1]).expand_as(completions) <= first[:, None]).long()
 
 
@@ -55,16 +58,30 @@ def run(spec: BenchSpec, result_path: str) -> None:
     grader = make_grader(tok)
     rows = load_task_rows(spec.task_dir)
     random.Random(spec.seed).shuffle(rows)
-    gen_kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=spec.max_new_tokens,
-                      num_return_sequences=spec.samples, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    gen_kwargs = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=spec.max_new_tokens,
+        num_return_sequences=spec.samples,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     if spec.fixed:
         gen_kwargs["min_new_tokens"] = spec.max_new_tokens  # EOS is masked until the cap
     startup_s = time.perf_counter() - start
     recorder = StepRecorder()
     for step in range(spec.warmup + spec.steps):
         batch = [rows[(step * spec.prompts + i) % len(rows)] for i in range(spec.prompts)]
-        enc = tok.apply_chat_template([r["prompt"] for r in batch], add_generation_prompt=True, tokenize=True,
-                                      padding=True, return_tensors="pt", return_dict=True)
+        enc = tok.apply_chat_template(
+            [r["prompt"] for r in batch],
+            add_generation_prompt=True,
+            tokenize=True,
+            padding=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
         t0 = time.perf_counter()
         model.eval()
         with torch.no_grad():
@@ -82,8 +99,9 @@ def run(spec: BenchSpec, result_path: str) -> None:
         model.train()
         full_mask = torch.cat([enc["attention_mask"].repeat_interleave(spec.samples, 0), mask], dim=1)
         positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=out, attention_mask=full_mask, position_ids=positions,
-                       logits_to_keep=completions.shape[1] + 1).logits[:, :-1]
+        logits = model(
+            input_ids=out, attention_mask=full_mask, position_ids=positions, logits_to_keep=completions.shape[1] + 1
+        ).logits[:, :-1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, completions[..., None]).squeeze(-1)
         loss = clipped_token_loss(logp, adv, mask)
         loss.backward()
@@ -92,5 +110,11 @@ def run(spec: BenchSpec, result_path: str) -> None:
         opt.zero_grad(set_to_none=True)
         recorder.mark(gen_s=gen_s, reward_s=reward_s, gen_tokens=int(mask.sum()), reward_mean=sum(scores) / len(scores))
     grader.close()
-    write_result(result_path, spec, recorder.steps, startup_s=startup_s, torch_threads=threads,
-                 notes="HF generate (static batch) + one clipped-loss update per step")
+    write_result(
+        result_path,
+        spec,
+        recorder.steps,
+        startup_s=startup_s,
+        torch_threads=threads,
+        notes="HF generate (static batch) + one clipped-loss update per step",
+    )

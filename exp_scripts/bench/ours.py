@@ -8,6 +8,7 @@ its metrics to the tracker, so the step time is the wall time between two ``trac
 group's ``generate_sequences`` is wrapped to keep the per-rank ``rollout_stats`` (engine time)
 that the trainer drops; the weight push is its own stage (``timing_s/update_weights``).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,37 +22,59 @@ def trainer_overrides(spec: BenchSpec) -> list[str]:
     """Hydra overrides of ``mix_ppo_trainer`` for one benchmark run."""
     task, out = spec.task_dir, os.path.join(spec.work_dir, "ours_out")
     return [
-        f"data.train_files={task}/train.parquet", f"data.val_files={task}/test.parquet",
-        f"data.train_batch_size={spec.prompts}", f"data.max_prompt_length={spec.max_prompt_length}",
-        f"data.max_response_length={spec.max_new_tokens}", f"data.reward_impl_version={REWARD_IMPL_VERSION}",
+        f"data.train_files={task}/train.parquet",
+        f"data.val_files={task}/test.parquet",
+        f"data.train_batch_size={spec.prompts}",
+        f"data.max_prompt_length={spec.max_prompt_length}",
+        f"data.max_response_length={spec.max_new_tokens}",
+        f"data.reward_impl_version={REWARD_IMPL_VERSION}",
         f"data.seed={spec.seed}",
-        f"actor_rollout_ref.model.path={spec.model_dir}", "actor_rollout_ref.model.use_remove_padding=True",
+        f"actor_rollout_ref.model.path={spec.model_dir}",
+        "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         f"actor_rollout_ref.actor.optim.lr={spec.lr}",
         # One mini-batch = the whole step's prompts: exactly one optimizer update per step.
         f"actor_rollout_ref.actor.ppo_mini_batch_size={spec.prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size={spec.prompts}",
-        "actor_rollout_ref.actor.use_off_policy_loss=True", "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1",
-        "actor_rollout_ref.actor.loss_remove_token_mean=True", "actor_rollout_ref.actor.loss_remove_clip=True",
-        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.ref.use_ref=False",
+        "actor_rollout_ref.actor.use_off_policy_loss=True",
+        "actor_rollout_ref.actor.off_policy_reshape=p_div_p_0.1",
+        "actor_rollout_ref.actor.loss_remove_token_mean=True",
+        "actor_rollout_ref.actor.loss_remove_clip=True",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.ref.use_ref=False",
         # As the tiny CPU configs: a small model keeps gathered parameters from forward to backward.
         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False",
         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000",
-        "actor_rollout_ref.rollout.weight_sync_packed=True", "ray_init.max_direct_call_object_size=2000000",
-        f"actor_rollout_ref.rollout.name={spec.rollout}", f"actor_rollout_ref.rollout.dtype={spec.rollout_dtype}",
+        "actor_rollout_ref.rollout.weight_sync_packed=True",
+        "ray_init.max_direct_call_object_size=2000000",
+        f"actor_rollout_ref.rollout.name={spec.rollout}",
+        f"actor_rollout_ref.rollout.dtype={spec.rollout_dtype}",
         f"actor_rollout_ref.rollout.n={spec.samples}",
         f"actor_rollout_ref.rollout.ignore_eos={spec.fixed}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size={spec.prompts}",
         # Pure on-policy: the off-policy slot gets a 0-token prefix, i.e. plain generation.
-        "actor_rollout_ref.rollout.n_prefix=1", "actor_rollout_ref.rollout.min_prefix_ratio=0.0",
-        "actor_rollout_ref.rollout.max_prefix_ratio=0.0", f"actor_rollout_ref.rollout.max_prefix_len={spec.max_new_tokens}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", f"actor_rollout_ref.rollout.seed={spec.seed}",
-        "algorithm.adv_estimator=grpo", "algorithm.grpo_use_std=False", "algorithm.kl_ctrl.kl_coef=0.0",
+        "actor_rollout_ref.rollout.n_prefix=1",
+        "actor_rollout_ref.rollout.min_prefix_ratio=0.0",
+        "actor_rollout_ref.rollout.max_prefix_ratio=0.0",
+        f"actor_rollout_ref.rollout.max_prefix_len={spec.max_new_tokens}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.seed={spec.seed}",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.grpo_use_std=False",
+        "algorithm.kl_ctrl.kl_coef=0.0",
         f"reward.num_workers={spec.reward_workers}",
-        "trainer.device=cpu", "trainer.nnodes=1", f"trainer.n_gpus_per_node={spec.ranks}",
-        f"trainer.total_training_steps={spec.warmup + spec.steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.resume_mode=disable", "trainer.logger=['jsonl']", f"trainer.default_local_dir={out}",
-        "+trainer.val_before_train=False", "trainer.project_name=bench_step", f"trainer.experiment_name={spec.case}_{spec.rollout}_{spec.ranks}rank",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={spec.ranks}",
+        f"trainer.total_training_steps={spec.warmup + spec.steps}",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.logger=['jsonl']",
+        f"trainer.default_local_dir={out}",
+        "+trainer.val_before_train=False",
+        "trainer.project_name=bench_step",
+        f"trainer.experiment_name={spec.case}_{spec.rollout}_{spec.ranks}rank",
     ] + list(spec.ours_overrides)
 
 
@@ -75,9 +98,13 @@ class _RecordingTracker:
     def log(self, data: dict, step: int) -> None:
         metrics = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
         workers = self.rollout_stats[-1] if self.rollout_stats else []
-        self.recorder.mark(gen_s=metrics.get("timing_s/gen"), reward_s=metrics.get("timing_s/reward"),
-                           gen_tokens=int(metrics.get("rollout/engine_tokens", 0)), metrics=metrics,
-                           rollout_workers=workers)
+        self.recorder.mark(
+            gen_s=metrics.get("timing_s/gen"),
+            reward_s=metrics.get("timing_s/reward"),
+            gen_tokens=int(metrics.get("rollout/engine_tokens", 0)),
+            metrics=metrics,
+            rollout_workers=workers,
+        )
         if self.inner is not None:
             self.inner.log(data, step)
 
@@ -92,8 +119,12 @@ def _keep_rollout_stats(wg, sink: list) -> None:
     def generate_sequences(*args, **kwargs):
         out = original(*args, **kwargs)
         stats = out.meta_info.get("rollout_stats") or []
-        sink.append([{k: float(v) for k, v in s.items() if k.startswith("timing_s/") and isinstance(v, (int, float))}
-                     for s in stats])
+        sink.append(
+            [
+                {k: float(v) for k, v in s.items() if k.startswith("timing_s/") and isinstance(v, (int, float))}
+                for s in stats
+            ]
+        )
         return out
 
     wg.generate_sequences = generate_sequences
@@ -125,5 +156,11 @@ def run(spec: BenchSpec, result_path: str) -> None:
         unexpected = [k for k in ("timing_s/testing", "timing_s/save_checkpoint") if k in s["metrics"]]
         if unexpected:
             raise RuntimeError(f"a timed step included {unexpected}: validation/checkpointing must be off")
-    write_result(result_path, spec, steps, startup_s=startup_s, torch_threads=1,
-                 notes=f"Ray + FSDP2 ({spec.ranks} rank(s), 1 thread each) + {spec.rollout} rollout")
+    write_result(
+        result_path,
+        spec,
+        steps,
+        startup_s=startup_s,
+        torch_threads=1,
+        notes=f"Ray + FSDP2 ({spec.ranks} rank(s), 1 thread each) + {spec.rollout} rollout",
+    )

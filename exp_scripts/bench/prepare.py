@@ -7,6 +7,7 @@ our update would then do less work than TRL's). Natural-stop case: the same mode
 few hundred steps on the task's teacher traces (about 35 tokens + EOS), so it stops by itself well
 before the cap. Within a case every contender loads the same folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ def sft_texts(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
         prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
         target = row["target"]
         if prompt.endswith(THINK_OPEN) and target.startswith(THINK_OPEN):
-            target = target[len(THINK_OPEN):]
+            target = target[len(THINK_OPEN) :]
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         completion_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append((prompt_ids, completion_ids))
@@ -43,13 +44,15 @@ def _sft_batch(pairs, pad_id: int):
     mask = torch.zeros((len(pairs), width), dtype=torch.long)
     for r, (p, c) in enumerate(pairs):  # right padding: positions start at 0 for every row
         seq = p + c
-        ids[r, :len(seq)] = torch.tensor(seq)
-        labels[r, len(p):len(seq)] = torch.tensor(c)
-        mask[r, :len(seq)] = 1
+        ids[r, : len(seq)] = torch.tensor(seq)
+        labels[r, len(p) : len(seq)] = torch.tensor(c)
+        mask[r, : len(seq)] = 1
     return ids, mask, labels
 
 
-def sft_warm(model_dir: str, rows: list[dict], steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0) -> dict:
+def sft_warm(
+    model_dir: str, rows: list[dict], steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0
+) -> dict:
     """Teacher-forced training on the completions only; saves the model back into ``model_dir``."""
     import random
 
@@ -72,8 +75,11 @@ def sft_warm(model_dir: str, rows: list[dict], steps: int, batch_size: int = 32,
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     model.save_pretrained(model_dir)
-    return {"sft_steps": steps, "sft_loss_first": losses[0] if losses else None,
-            "sft_loss_last": sum(losses[-10:]) / len(losses[-10:]) if losses else None}
+    return {
+        "sft_steps": steps,
+        "sft_loss_first": losses[0] if losses else None,
+        "sft_loss_last": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+    }
 
 
 def natural_lengths(model_dir: str, rows: list[dict], prompts: int, samples: int, max_new_tokens: int) -> dict:
@@ -83,18 +89,38 @@ def natural_lengths(model_dir: str, rows: list[dict], prompts: int, samples: int
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    enc = tok.apply_chat_template([r["prompt"] for r in rows[:prompts]], add_generation_prompt=True, tokenize=True,
-                                  padding=True, return_tensors="pt", return_dict=True)
+    enc = tok.apply_chat_template(
+        [r["prompt"] for r in rows[:prompts]],
+        add_generation_prompt=True,
+        tokenize=True,
+        padding=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     torch.manual_seed(0)
     with torch.no_grad():
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
-                             num_return_sequences=samples, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    completions = out[:, enc["input_ids"].shape[1]:]
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=samples,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    completions = out[:, enc["input_ids"].shape[1] :]
     is_eos = completions == tok.eos_token_id
     stopped = is_eos.any(-1)
-    lengths = torch.where(stopped, is_eos.int().argmax(-1) + 1, torch.full_like(stopped, completions.shape[1], dtype=torch.long))
-    return {"natural_mean_len": float(lengths.float().mean()), "natural_stop_rate": float(stopped.float().mean()),
-            "natural_max_len": int(lengths.max())}
+    lengths = torch.where(
+        stopped, is_eos.int().argmax(-1) + 1, torch.full_like(stopped, completions.shape[1], dtype=torch.long)
+    )
+    return {
+        "natural_mean_len": float(lengths.float().mean()),
+        "natural_stop_rate": float(stopped.float().mean()),
+        "natural_max_len": int(lengths.max()),
+    }
 
 
 def prompt_width(model_dir: str, rows: list[dict]) -> int:
@@ -102,8 +128,10 @@ def prompt_width(model_dir: str, rows: list[dict]) -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    return max(len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False))
-               for r in rows)
+    return max(
+        len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False))
+        for r in rows
+    )
 
 
 def prepare(work_dir: str, sft_steps: int, prompts: int, samples: int, max_new_tokens: int, result_path: str) -> dict:
@@ -123,8 +151,9 @@ def prepare(work_dir: str, sft_steps: int, prompts: int, samples: int, max_new_t
     rows = [{"prompt": list(r["prompt"]), "target": r["target"][0]["content"]} for r in frame.to_dict("records")]
     info = {"model_dirs": {"fixed": fixed_dir, "natural": natural_dir}, "task_dir": task_dir}
     info.update(sft_warm(natural_dir, rows, sft_steps))
-    info["natural_lengths"] = {case: natural_lengths(path, rows, prompts, samples, max_new_tokens)
-                               for case, path in info["model_dirs"].items()}
+    info["natural_lengths"] = {
+        case: natural_lengths(path, rows, prompts, samples, max_new_tokens) for case, path in info["model_dirs"].items()
+    }
     info["max_prompt_tokens"] = prompt_width(fixed_dir, rows)
     info["seconds"] = time.perf_counter() - start
     with open(result_path, "w") as f:

@@ -6,6 +6,7 @@ fastest thread count, so the ratio never flatters us by picking a baseline's bad
 runs minutes apart (the machine's speed drifts by up to 2x over tens of minutes), and the headline is
 the median of the rounds' ratios.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,26 +60,40 @@ def phase_breakdown(result: dict) -> dict[str, float]:
     steps = timed_steps(result)
     keys = sorted({k for s in steps for k in s["metrics"] if k.startswith("timing_s/")})
     out = {k: median(s["metrics"].get(k) for s in steps) for k in keys}
-    out["other (step - phases)"] = median(
-        s["metrics"].get("timing_s/step", math.nan) - sum(s["metrics"].get(f"timing_s/{p}", 0.0) for p in PHASES)
-        for s in steps) if steps else math.nan
+    out["other (step - phases)"] = (
+        median(
+            s["metrics"].get("timing_s/step", math.nan) - sum(s["metrics"].get(f"timing_s/{p}", 0.0) for p in PHASES)
+            for s in steps
+        )
+        if steps
+        else math.nan
+    )
     out["outside timing_s/step (driver logging, metrics)"] = median(
-        s["wall_s"] - s["metrics"].get("timing_s/step", math.nan) for s in steps)
+        s["wall_s"] - s["metrics"].get("timing_s/step", math.nan) for s in steps
+    )
     # rollout_workers holds every rank's timings (a DataProto PerPart value); the slowest rank bounds gen.
-    values = [max(w.get("timing_s/generate_worker", math.nan) for w in s["rollout_workers"])
-              for s in steps if s.get("rollout_workers")]
+    values = [
+        max(w.get("timing_s/generate_worker", math.nan) for w in s["rollout_workers"])
+        for s in steps
+        if s.get("rollout_workers")
+    ]
     if values:  # the weight push is its own stage (timing_s/update_weights, the slowest rank's timing_s/weight_sync)
         out["slowest rank timing_s/generate_worker (engine)"] = median(values)
-    spreads = [max(w["timing_s/generate_worker"] for w in s["rollout_workers"])
-               - min(w["timing_s/generate_worker"] for w in s["rollout_workers"])
-               for s in steps if len(s.get("rollout_workers") or []) > 1]
+    spreads = [
+        max(w["timing_s/generate_worker"] for w in s["rollout_workers"])
+        - min(w["timing_s/generate_worker"] for w in s["rollout_workers"])
+        for s in steps
+        if len(s.get("rollout_workers") or []) > 1
+    ]
     if spreads:
         out["gen: slowest minus fastest rank"] = median(spreads)
     worker_gen = out.get("slowest rank timing_s/generate_worker (engine)")
     if worker_gen is not None and "timing_s/gen" in out:
         out["gen outside the slowest rank's worker call (driver, Ray)"] = out["timing_s/gen"] - worker_gen
     if "timing_s/update_actor_worker" in out and "timing_s/update_actor" in out:
-        out["update outside the worker call (driver, Ray)"] = out["timing_s/update_actor"] - out["timing_s/update_actor_worker"]
+        out["update outside the worker call (driver, Ray)"] = (
+            out["timing_s/update_actor"] - out["timing_s/update_actor_worker"]
+        )
     return out
 
 
@@ -88,8 +103,10 @@ def _label(run: dict, runs: list[dict]) -> str:
 
 def _print_case_table(runs: list[dict], case: str) -> None:
     print(f"\n== {case} case: seconds per training step (median of timed steps) ==")
-    print(f"{'contender':<22}{'s/step':>8}{'min':>8}{'max':>8}{'gen s':>8}{'reward s':>9}{'gen tok/step':>13}{'tok/s':>8}"
-          f"{'foreign cores':>14}{'own cores':>10}{'cpu s/step':>11}{'startup s':>10}  threads")
+    print(
+        f"{'contender':<22}{'s/step':>8}{'min':>8}{'max':>8}{'gen s':>8}{'reward s':>9}{'gen tok/step':>13}{'tok/s':>8}"
+        f"{'foreign cores':>14}{'own cores':>10}{'cpu s/step':>11}{'startup s':>10}  threads"
+    )
     for r in runs:
         if r["case"] != case:
             continue
@@ -97,11 +114,16 @@ def _print_case_table(runs: list[dict], case: str) -> None:
             print(f"{_label(r, runs):<22}  FAILED (see {r['log']})")
             continue
         s, res = summarize(r["result"]), r["result"]
-        threads = ("1 per Ray worker + driver (OMP_NUM_THREADS=1)" if r["contender"] == "ours"
-                   else f"torch {res.get('torch_threads')} (OMP_NUM_THREADS={r['threads_env']})")
-        print(f"{_label(r, runs):<22}{_fmt(s['median_s']):>8}{_fmt(s['min_s']):>8}{_fmt(s['max_s']):>8}"
-              f"{_fmt(s['median_gen_s']):>8}{_fmt(s['median_reward_s']):>9}{_fmt(s['gen_tokens_per_step'], 0):>13}{_fmt(s['tokens_per_s'], 0):>8}"
-              f"{_fmt(s['foreign_cores'], 2):>14}{_fmt(s['own_cores'], 2):>10}{_fmt(s['cpu_s']):>11}{_fmt(res.get('startup_s'), 1):>10}  {threads}")
+        threads = (
+            "1 per Ray worker + driver (OMP_NUM_THREADS=1)"
+            if r["contender"] == "ours"
+            else f"torch {res.get('torch_threads')} (OMP_NUM_THREADS={r['threads_env']})"
+        )
+        print(
+            f"{_label(r, runs):<22}{_fmt(s['median_s']):>8}{_fmt(s['min_s']):>8}{_fmt(s['max_s']):>8}"
+            f"{_fmt(s['median_gen_s']):>8}{_fmt(s['median_reward_s']):>9}{_fmt(s['gen_tokens_per_step'], 0):>13}{_fmt(s['tokens_per_s'], 0):>8}"
+            f"{_fmt(s['foreign_cores'], 2):>14}{_fmt(s['own_cores'], 2):>10}{_fmt(s['cpu_s']):>11}{_fmt(res.get('startup_s'), 1):>10}  {threads}"
+        )
 
 
 def _print_ours_breakdown(runs: list[dict], case: str) -> None:
@@ -114,7 +136,9 @@ def _print_ours_breakdown(runs: list[dict], case: str) -> None:
             print(f"  {key:<62}{_fmt(value)}")
         throughput = median(s["metrics"].get("perf/throughput") for s in steps)
         print(f"  {'perf/throughput (verl: prompt+response tokens / s / rank)':<62}{_fmt(throughput, 1)}")
-        print(f"  {'response_length/mean':<62}{_fmt(median(s['metrics'].get('response_length/mean') for s in steps), 1)}")
+        print(
+            f"  {'response_length/mean':<62}{_fmt(median(s['metrics'].get('response_length/mean') for s in steps), 1)}"
+        )
 
 
 def print_report(runs: list[dict], args) -> bool:
@@ -130,20 +154,26 @@ def print_report(runs: list[dict], args) -> bool:
         best, med = best_medians(runs, case)
         ours, trl, floor = best["ours"], best["trl"], best["floor"]
         over_trl, over_floor = case_ratios(runs, case)
-        print(f"{case}: ours {ours['label'] if ours else 'n/a'} {_fmt(med['ours'])} s, "
-              f"TRL {trl['label'] if trl else 'n/a'} {_fmt(med['trl'])} s, "
-              f"floor {floor['label'] if floor else 'n/a'} {_fmt(med['floor'])} s -> "
-              f"ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}")
-        engines = sorted({_engine(r) for r in runs
-                          if r["case"] == case and r["contender"] == "ours" and r["result"] is not None})
+        print(
+            f"{case}: ours {ours['label'] if ours else 'n/a'} {_fmt(med['ours'])} s, "
+            f"TRL {trl['label'] if trl else 'n/a'} {_fmt(med['trl'])} s, "
+            f"floor {floor['label'] if floor else 'n/a'} {_fmt(med['floor'])} s -> "
+            f"ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}"
+        )
+        engines = sorted(
+            {_engine(r) for r in runs if r["case"] == case and r["contender"] == "ours" and r["result"] is not None}
+        )
         if len(engines) > 1:  # each engine's best rank count, against the same baselines
             for engine in engines:
-                of_engine = [r for r in runs if r["contender"] == "ours" and r["result"] is not None
-                             and _engine(r) == engine]
+                of_engine = [
+                    r for r in runs if r["contender"] == "ours" and r["result"] is not None and _engine(r) == engine
+                ]
                 mine = best_run(of_engine, case, "ours")
                 m = summarize(mine["result"])["median_s"]
-                print(f"  {case} with rollout {engine}: {mine['label']} {_fmt(m)} s -> "
-                      f"ours/TRL={_fmt(ratio(m, med['trl']), 2)} ours/floor={_fmt(ratio(m, med['floor']), 2)}")
+                print(
+                    f"  {case} with rollout {engine}: {mine['label']} {_fmt(m)} s -> "
+                    f"ours/TRL={_fmt(ratio(m, med['trl']), 2)} ours/floor={_fmt(ratio(m, med['floor']), 2)}"
+                )
         rounds = rounds_of([r for r in runs if r["case"] == case])
         if len(rounds) > 1:  # each round against itself, then the median over rounds
             per_round = [case_ratios([r for r in runs if r.get("round", 0) == k], case) for k in rounds]
@@ -151,13 +181,17 @@ def print_report(runs: list[dict], args) -> bool:
                 print(f"  {case} round {k + 1}: ours/TRL={_fmt(t, 2)} ours/floor={_fmt(f, 2)}")
             over_trl = _median_finite([t for t, _ in per_round])
             over_floor = _median_finite([f for _, f in per_round])
-            print(f"  {case} median over {len(rounds)} rounds: ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}")
+            print(
+                f"  {case} median over {len(rounds)} rounds: ours/TRL={_fmt(over_trl, 2)} ours/floor={_fmt(over_floor, 2)}"
+            )
         if case == "fixed":
             headline = (over_trl, over_floor)
     if "fixed" not in cases:
         print("(the fixed-length case was not run: the headline below is n/a)")
-    print("foreign cores = other processes' CPU use during the timed steps (machine busy time minus our process "
-          "tree); own cores / cpu s/step = CPU our process tree used (per second / per step); anchors (docs/CPU_STACK.md §5, quiet machine, fixed length): TRL 0.93 s/step at 2 threads, "
-          "1.24-1.31 at 1 thread; minimal loop 0.75 / 0.98-1.03 s.")
+    print(
+        "foreign cores = other processes' CPU use during the timed steps (machine busy time minus our process "
+        "tree); own cores / cpu s/step = CPU our process tree used (per second / per step); anchors (docs/CPU_STACK.md §5, quiet machine, fixed length): TRL 0.93 s/step at 2 threads, "
+        "1.24-1.31 at 1 thread; minimal loop 0.75 / 0.98-1.03 s."
+    )
     print(headline_line(*headline), flush=True)
     return all(r["result"] is not None for r in runs)

@@ -6,6 +6,7 @@ utime+stime seen per process; the total is their sum. A process that lives short
 the CPU a process burns after its last sample, is missed (the total is a slight undercount). Where /proc
 is unavailable, only the child's own rusage is counted (``source`` says which).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,7 @@ def _proc_table() -> dict[int, tuple[int, float]]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
         table[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS)
     return table
 
@@ -75,8 +76,9 @@ class TreeCpuSampler:
         return float(sum(self.last_seen.values()))
 
 
-def run_measured(cmd: Sequence[str], log_path: str, env: Mapping[str, str], cwd: str,
-                 timeout_s: Optional[float]) -> tuple[int, float, float, str]:
+def run_measured(
+    cmd: Sequence[str], log_path: str, env: Mapping[str, str], cwd: str, timeout_s: Optional[float]
+) -> tuple[int, float, float, str]:
     """Run ``cmd`` (output to ``log_path``); returns (exit code, wall s, CPU s, CPU source)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()

@@ -7,6 +7,7 @@ imported once per model instead of once per command (about 4.5 CPU s each on thi
 would, then adds ``cpu_s`` to its summary file: the process CPU seconds since the previous call ended (the
 first call also carries the start-up). A call that fails stops the batch with its exit code, like the CLI.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ ReLIFT, UFT, Prefix-RFT) is ``tiny_cpu_luffy.yaml`` with ``algorithm.method=<nam
 defaults in mix_ppo_trainer.yaml) plus ``extra``: the few knobs whose authors' value is tied to their batch or run
 length, rescaled to this run's (``family_overrides``); UFT trains on the train split with its hint column.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,15 +27,18 @@ class Method:
     train_split: str = "train"  # which split file it trains on (UFT: "train_hints", the train split + hint column)
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("on_policy", "On-policy GRPO", "rl", "tiny_cpu_on_policy"),
-    Method("rl_sft_loss", "RL w/ SFT loss", "rl", "tiny_cpu_rl_sft_loss"),
-    Method("sft", "SFT", "sft", "tiny_cpu_sft"),
-    Method("sft_rl", "SFT then RL", "sft_rl", "tiny_cpu_sft_rl"),
-    Method("luffy_no_shaping", "LUFFY w/o shaping", "rl", "tiny_cpu_luffy_no_shaping"),
-    Method("luffy", "LUFFY", "rl", "tiny_cpu_luffy"),
-    Method("luffy_replay", "LUFFY + self-replay", "rl", "tiny_cpu_luffy_replay"),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("on_policy", "On-policy GRPO", "rl", "tiny_cpu_on_policy"),
+        Method("rl_sft_loss", "RL w/ SFT loss", "rl", "tiny_cpu_rl_sft_loss"),
+        Method("sft", "SFT", "sft", "tiny_cpu_sft"),
+        Method("sft_rl", "SFT then RL", "sft_rl", "tiny_cpu_sft_rl"),
+        Method("luffy_no_shaping", "LUFFY w/o shaping", "rl", "tiny_cpu_luffy_no_shaping"),
+        Method("luffy", "LUFFY", "rl", "tiny_cpu_luffy"),
+        Method("luffy_replay", "LUFFY + self-replay", "rl", "tiny_cpu_luffy_replay"),
+    )
+}
 # The paper's central comparison: what the weak-start regime is measured with.
 MAIN_METHODS = ("on_policy", "luffy", "luffy_no_shaping", "sft", "luffy_replay")
 # The four LUFFY's three claims need.
@@ -46,11 +50,16 @@ def family_overrides(name: str) -> Callable[["RunSettings"], list[str]]:
     to this run's (results.md of ``--preset no_reward`` lists them): ReLIFT's SFT stage fires once a step's batch of
     hard questions is buffered (theirs: 128 of a 128-prompt batch) and trains at the RL lr (theirs: 1e-6 both);
     UFT's hint anneals over 0.6 of the run (theirs: T_hint 300 of 500 steps). Every other knob: the authors'."""
+
     def extra(s: "RunSettings") -> list[str]:
         out = [f"algorithm.method={name}"]
         if name == "relift":
-            out += [f"algorithm.relift.sft_data_size={s.batch_size}", f"algorithm.relift.sft_mini_batch_size={s.batch_size}",
-                    f"algorithm.relift.sft_micro_batch_size={s.sft_micro_batch_size}", f"algorithm.relift.sft_lr={s.lr}"]
+            out += [
+                f"algorithm.relift.sft_data_size={s.batch_size}",
+                f"algorithm.relift.sft_mini_batch_size={s.batch_size}",
+                f"algorithm.relift.sft_micro_batch_size={s.sft_micro_batch_size}",
+                f"algorithm.relift.sft_lr={s.lr}",
+            ]
         if name == "uft":
             out += [f"algorithm.uft.total_training_steps_hint={max(1, round(0.6 * s.steps))}"]
         return out
@@ -59,10 +68,23 @@ def family_overrides(name: str) -> Callable[["RunSettings"], list[str]]:
 
 
 # LUFFY's family (issue #32, luffy_pool/methods/): the tiny LUFFY config with algorithm.method=<name>.
-FAMILY = {"hpt": "HPT", "srft": "SRFT", "chord": "CHORD-φ", "exgrpo": "ExGRPO", "relift": "ReLIFT", "uft": "UFT",
-          "prefix_rft": "Prefix-RFT"}
-METHODS.update({name: Method(name, label, "rl", "tiny_cpu_luffy", family_overrides(name),
-                             "train_hints" if name == "uft" else "train") for name, label in FAMILY.items()})
+FAMILY = {
+    "hpt": "HPT",
+    "srft": "SRFT",
+    "chord": "CHORD-φ",
+    "exgrpo": "ExGRPO",
+    "relift": "ReLIFT",
+    "uft": "UFT",
+    "prefix_rft": "Prefix-RFT",
+}
+METHODS.update(
+    {
+        name: Method(
+            name, label, "rl", "tiny_cpu_luffy", family_overrides(name), "train_hints" if name == "uft" else "train"
+        )
+        for name, label in FAMILY.items()
+    }
+)
 # --methods family: the family beside on-policy GRPO, LUFFY and SFT.
 FAMILY_METHODS = ("sft", "on_policy", "luffy", *FAMILY)
 KEYWORDS = {"all": METHODS, "main": MAIN_METHODS, "claims": CLAIMS_METHODS, "family": FAMILY_METHODS}
@@ -75,8 +97,9 @@ def parse_methods(text: str) -> list[str]:
     names = list(keyword) if keyword is not None else [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHODS]
     if unknown:
-        raise ValueError(f"--methods: unknown method(s) {unknown}; valid: {', '.join(KEYWORDS)} or a comma list of "
-                         f"{list(METHODS)}")
+        raise ValueError(
+            f"--methods: unknown method(s) {unknown}; valid: {', '.join(KEYWORDS)} or a comma list of {list(METHODS)}"
+        )
     if not names:
         raise ValueError("--methods: no method given")
     return list(dict.fromkeys(names))

@@ -5,6 +5,7 @@ over the last few logged steps, because one step of 8 prompts is noisy. Plots fo
 figures: on-policy reward, policy entropy and the probability the policy gives off-policy tokens over
 training steps, one line per method (plus on-policy response length).
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,16 @@ def _fmt(value: Optional[float], digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-TABLE_COLUMNS = ("method", "held-out pass@1 (greedy)", "held-out avg@k (T=0.6)", "final on-policy train reward",
-                 "final entropy", "on-policy response length", "held-out response length", "wall time (s)")
+TABLE_COLUMNS = (
+    "method",
+    "held-out pass@1 (greedy)",
+    "held-out avg@k (T=0.6)",
+    "final on-policy train reward",
+    "final entropy",
+    "on-policy response length",
+    "held-out response length",
+    "wall time (s)",
+)
 
 
 def table_row(row: Mapping) -> list[str]:
@@ -99,9 +108,16 @@ def table_row(row: Mapping) -> list[str]:
     ev = row.get("eval") or {}
     greedy, sampled = ev.get("greedy"), ev.get("sampled")
     sampled_cell = "—" if not sampled else f"{sampled['accuracy']:.3f} (avg@{sampled['k']})"
-    return [row["label"], _fmt(greedy["accuracy"] if greedy else None), sampled_cell, _fmt(row.get("train_reward")),
-            _fmt(row.get("entropy")), _fmt(row.get("on_policy_response_length"), 1),
-            _fmt(greedy["mean_response_tokens"] if greedy else None, 1), _fmt(row.get("wall_s"), 0)]
+    return [
+        row["label"],
+        _fmt(greedy["accuracy"] if greedy else None),
+        sampled_cell,
+        _fmt(row.get("train_reward")),
+        _fmt(row.get("entropy")),
+        _fmt(row.get("on_policy_response_length"), 1),
+        _fmt(greedy["mean_response_tokens"] if greedy else None, 1),
+        _fmt(row.get("wall_s"), 0),
+    ]
 
 
 def markdown_table(rows: Sequence[Mapping]) -> str:
@@ -110,24 +126,40 @@ def markdown_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
-def write_results(out_dir: str, rows: Sequence[Mapping], settings: Mapping, probe: Optional[Mapping],
-                  plots: Sequence[str], notes: Sequence[str] = ()) -> str:
+def write_results(
+    out_dir: str,
+    rows: Sequence[Mapping],
+    settings: Mapping,
+    probe: Optional[Mapping],
+    plots: Sequence[str],
+    notes: Sequence[str] = (),
+) -> str:
     """Write ``results.md`` and ``results.json`` into ``out_dir``; returns the markdown path."""
-    md = ["# Tiny reproduction of LUFFY's comparison (CPU)", "",
-          "Every method starts from the same randomly initialised tiny model and trains on the same synthetic "
-          "task for the same number of steps with the same batch, learning rate and seeds "
-          "(`exp_scripts/reproduce_tiny.py`). Held-out accuracy is measured after training with "
-          "`eval_scripts/generate_vllm.py` (math-verify after `</think>`, the training reward's grader).", "",
-          markdown_table(rows), "",
-          "Columns: *final* = mean over the last 5 logged steps. On-policy train reward = mean score of the "
-          "samples the policy generated itself (off-policy rows excluded). Wall time = training process "
-          "including start-up (SFT then RL: both stages); evaluation not included. "
-          "SFT has no on-policy samples during training.", ""]
+    md = [
+        "# Tiny reproduction of LUFFY's comparison (CPU)",
+        "",
+        "Every method starts from the same randomly initialised tiny model and trains on the same synthetic "
+        "task for the same number of steps with the same batch, learning rate and seeds "
+        "(`exp_scripts/reproduce_tiny.py`). Held-out accuracy is measured after training with "
+        "`eval_scripts/generate_vllm.py` (math-verify after `</think>`, the training reward's grader).",
+        "",
+        markdown_table(rows),
+        "",
+        "Columns: *final* = mean over the last 5 logged steps. On-policy train reward = mean score of the "
+        "samples the policy generated itself (off-policy rows excluded). Wall time = training process "
+        "including start-up (SFT then RL: both stages); evaluation not included. "
+        "SFT has no on-policy samples during training.",
+        "",
+    ]
     if probe:
-        md += ["## Untrained model on the task", "",
-               f"On-policy success of the randomly initialised model: {probe['correct']} correct of {probe['samples']} "
-               f"samples ({probe['rows']} training prompts x {probe['n']}, T={probe['temperature']}); "
-               f"finish reasons {probe['finish_reasons']}.", ""]
+        md += [
+            "## Untrained model on the task",
+            "",
+            f"On-policy success of the randomly initialised model: {probe['correct']} correct of {probe['samples']} "
+            f"samples ({probe['rows']} training prompts x {probe['n']}, T={probe['temperature']}); "
+            f"finish reasons {probe['finish_reasons']}.",
+            "",
+        ]
     md += ["## Settings", "", "```", json.dumps(dict(settings), indent=1, default=str), "```", ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -137,6 +169,10 @@ def write_results(out_dir: str, rows: Sequence[Mapping], settings: Mapping, prob
     with open(path, "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"settings": dict(settings), "probe": probe, "methods": list(rows), "plots": list(plots)}, f,
-                  indent=1, default=str)
+        json.dump(
+            {"settings": dict(settings), "probe": probe, "methods": list(rows), "plots": list(plots)},
+            f,
+            indent=1,
+            default=str,
+        )
     return path

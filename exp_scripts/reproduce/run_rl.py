@@ -7,6 +7,7 @@ Composes ``luffy_pool/config/<config-name>.yaml`` with the overrides (checked li
 (``--hf-out``) for the eval pipeline, and writes the last step's metrics and the wall time to ``--result``.
 A process per run keeps Ray sessions, vLLM engines and their memory from leaking into the next method.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,11 @@ def train_and_export(config, hf_out: str) -> dict:
     finally:
         close()
         ray.shutdown()
-    return {"last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))},
-            "wall_s": time.perf_counter() - start, "hf_dir": os.path.abspath(hf_out)}
+    return {
+        "last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))},
+        "wall_s": time.perf_counter() - start,
+        "hf_dir": os.path.abspath(hf_out),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

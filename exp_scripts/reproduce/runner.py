@@ -4,6 +4,7 @@ Every run is its own process (the SFT trainer's CLI, or ``reproduce/run_rl.py`` 
 output in a log; ``Meter`` adds up CPU seconds per category and, with ``reuse``, skips a run folder whose
 ``done.json`` records exactly the same command (so a comparison can be run in parts and resumed).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,14 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 RUN_RL = os.path.join(HERE, "run_rl.py")
 # Every child: one OpenMP thread (2-core box, docs/CPU_STACK.md §5.3), Ray without token auth or usage stats,
 # vLLM's engine in-process, offline trackers.
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-             "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
+CHILD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "WANDB_MODE": "offline",
+}
 # The warm start: quickstart.sh's SFT recipe (sft_trainer.yaml's schedule) on the task's disjoint warm split; only the
 # step count varies.
 WARM_SFT = {"data.max_length": 160, "data.train_batch_size": 32, "data.micro_batch_size_per_gpu": 32, "optim.lr": 3e-3}
@@ -51,8 +58,9 @@ class Meter:
     summarised by a last call over everything).
     """
 
-    def __init__(self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False,
-                 only_finished: bool = False):
+    def __init__(
+        self, env: Mapping[str, str], timeout_s: Optional[float], reuse: bool = False, only_finished: bool = False
+    ):
         # only_finished (--report-only): reuse finished runs and run nothing (a partial report of a run in progress)
         self.env, self.timeout_s, self.reuse, self.only_finished = env, timeout_s, reuse or only_finished, only_finished
         self.cpu: dict[str, float] = {}
@@ -105,16 +113,33 @@ def fresh_dir(path: str, meter: Optional["Meter"] = None, cmd: Optional[Sequence
 
 
 def sft_command(config_overrides: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", "--config-dir", os.path.join(REPO, "luffy_pool", "config"),
-            "--config-name", METHODS["sft"].config_name, *config_overrides]
+    return [
+        sys.executable,
+        "-m",
+        "verl.trainer.fsdp_sft_trainer",
+        "--config-dir",
+        os.path.join(REPO, "luffy_pool", "config"),
+        "--config-name",
+        METHODS["sft"].config_name,
+        *config_overrides,
+    ]
 
 
 def warm_start(model_dir: str, warm_file: str, steps: int, run_dir: str, meter: Meter) -> str:
     """SFT the random model for ``steps`` steps on the warm split (quickstart's recipe); returns the HF folder."""
-    cmd = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={model_dir}",
-           f"data.train_files={warm_file}", f"trainer.total_training_steps={steps}",
-           *(f"{k}={v}" for k, v in WARM_SFT.items()), "trainer.device=cpu", "trainer.logger=['jsonl']",
-           f"trainer.default_local_dir={run_dir}", "trainer.experiment_name=warm_start"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl.trainer.fsdp_sft_trainer",
+        f"model.path={model_dir}",
+        f"data.train_files={warm_file}",
+        f"trainer.total_training_steps={steps}",
+        *(f"{k}={v}" for k, v in WARM_SFT.items()),
+        "trainer.device=cpu",
+        "trainer.logger=['jsonl']",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.experiment_name=warm_start",
+    ]
     fresh_dir(run_dir, meter, cmd)
     meter.run(cmd, os.path.join(run_dir, "train.log"), "warm_start")
     return os.path.join(run_dir, "final")
@@ -128,13 +153,29 @@ def train_sft(settings: RunSettings, run_dir: str, meter: Meter) -> tuple[str, f
     return os.path.join(run_dir, "final"), wall, cpu
 
 
-def train_rl(config_name: str, settings: RunSettings, run_dir: str, meter: Meter,
-             model_dir: Optional[str] = None, extra: Sequence[str] = ()) -> tuple[str, float, float]:
+def train_rl(
+    config_name: str,
+    settings: RunSettings,
+    run_dir: str,
+    meter: Meter,
+    model_dir: Optional[str] = None,
+    extra: Sequence[str] = (),
+) -> tuple[str, float, float]:
     """One RL run through ``reproduce/run_rl.py`` (``extra``: the method's own overrides, last); returns (final HF
     folder, wall s, CPU s)."""
     hf_dir = os.path.join(run_dir, "final")
-    cmd = [sys.executable, RUN_RL, "--config-name", config_name, "--hf-out", hf_dir,
-           "--result", os.path.join(run_dir, "run_result.json"), *rl_overrides(settings, run_dir, model_dir), *extra]
+    cmd = [
+        sys.executable,
+        RUN_RL,
+        "--config-name",
+        config_name,
+        "--hf-out",
+        hf_dir,
+        "--result",
+        os.path.join(run_dir, "run_result.json"),
+        *rl_overrides(settings, run_dir, model_dir),
+        *extra,
+    ]
     fresh_dir(run_dir, meter, cmd)
     wall, cpu = meter.run(cmd, os.path.join(run_dir, "train.log"), "training")
     return hf_dir, wall, cpu
@@ -143,13 +184,16 @@ def train_rl(config_name: str, settings: RunSettings, run_dir: str, meter: Meter
 def training_summary(metrics_file: str, window: int) -> dict:
     """Final on-policy reward, entropy and response length, and the start/end summary, from a run's metrics."""
     records = read_metrics_jsonl(metrics_file)
-    return {"train_reward": final_value(records, ON_REWARD), "entropy": final_value(records, ENTROPY),
-            "on_policy_response_length": final_value(records, ON_LENGTH), "steps_logged": len(records),
-            "summary": run_summary(records, window)}
+    return {
+        "train_reward": final_value(records, ON_REWARD),
+        "entropy": final_value(records, ENTROPY),
+        "on_policy_response_length": final_value(records, ON_LENGTH),
+        "steps_logged": len(records),
+        "summary": run_summary(records, window),
+    }
 
 
-def train_method(name: str, settings: RunSettings, run_dir: str, meter: Meter,
-                 sft_model: Optional[str] = None) -> dict:
+def train_method(name: str, settings: RunSettings, run_dir: str, meter: Meter, sft_model: Optional[str] = None) -> dict:
     """Train one method into ``run_dir``; ``{"hf_dir", "wall_s", "cpu_s", "metrics_file"}`` (metrics: RL only).
 
     ``sft_rl`` starts its RL stage from ``sft_model`` (the SFT method's run of the same seed)."""
@@ -161,6 +205,7 @@ def train_method(name: str, settings: RunSettings, run_dir: str, meter: Meter,
         raise RuntimeError("SFT then RL needs the SFT run of the same seed (add sft to --methods)")
     extra = method.extra(settings) if method.extra else ()
     # Only SFT-then-RL starts from the SFT model; every other RL method from the shared start (settings.model_dir).
-    hf_dir, wall, cpu = train_rl(method.config_name, settings, run_dir, meter,
-                                 sft_model if method.kind == "sft_rl" else None, extra)
+    hf_dir, wall, cpu = train_rl(
+        method.config_name, settings, run_dir, meter, sft_model if method.kind == "sft_rl" else None, extra
+    )
     return {"hf_dir": hf_dir, "wall_s": wall, "cpu_s": cpu, "metrics_file": os.path.join(run_dir, "metrics.jsonl")}

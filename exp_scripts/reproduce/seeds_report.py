@@ -5,6 +5,7 @@ the on-policy reward is the mean score of the rows the policy generated itself (
 where self-replay rewrote rows after generation, else ``on_off_metrics/on_score``: the same quantity),
 "start" / "end" are its means over the first / last ``window`` steps, and the change is end − start.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,10 +49,14 @@ def run_summary(records: Mapping[int, Mapping], window: int) -> dict:
     _, entropy = series(dict(records), ENTROPY)
     _, held = series(dict(records), HELD_OUT)
     start, end = window_mean(reward, window, last=False), window_mean(reward, window, last=True)
-    return {"reward_start": start, "reward_end": end,
-            "reward_change": None if start is None or end is None else end - start,
-            "entropy_end": window_mean(entropy, window, last=True),
-            "held_out_val_first": held[0] if held else None, "held_out_val_last": held[-1] if held else None}
+    return {
+        "reward_start": start,
+        "reward_end": end,
+        "reward_change": None if start is None or end is None else end - start,
+        "entropy_end": window_mean(entropy, window, last=True),
+        "held_out_val_first": held[0] if held else None,
+        "held_out_val_last": held[-1] if held else None,
+    }
 
 
 def mean_spread(values: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float], int]:
@@ -75,8 +80,17 @@ def _cell(values: Sequence[Optional[float]], digits: int = 3) -> str:
     return text
 
 
-COLUMNS = ("method", "seeds", "held-out pass@1 greedy (final)", "held-out val start → last",
-           "on-policy reward start", "on-policy reward end", "reward change", "final entropy", "CPU s / run")
+COLUMNS = (
+    "method",
+    "seeds",
+    "held-out pass@1 greedy (final)",
+    "held-out val start → last",
+    "on-policy reward start",
+    "on-policy reward end",
+    "reward change",
+    "final entropy",
+    "CPU s / run",
+)
 
 
 def aggregate_table(runs: Mapping[str, Sequence[Mapping]]) -> str:
@@ -88,11 +102,23 @@ def aggregate_table(runs: Mapping[str, Sequence[Mapping]]) -> str:
         g = [r["eval"]["greedy"]["accuracy"] if r.get("eval") else None for r in ok]
         s = [r.get("summary") or {} for r in ok]
         val = f"{_cell([x.get('held_out_val_first') for x in s])} → {_cell([x.get('held_out_val_last') for x in s])}"
-        lines.append("| " + " | ".join([
-            label, f"{len(ok)}" + (f" ({failed} failed)" if failed else ""), _cell(g), val,
-            _cell([x.get("reward_start") for x in s]), _cell([x.get("reward_end") for x in s]),
-            _cell([x.get("reward_change") for x in s]), _cell([x.get("entropy_end") for x in s]),
-            _cell([r.get("cpu_s") for r in ok], 0)]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    label,
+                    f"{len(ok)}" + (f" ({failed} failed)" if failed else ""),
+                    _cell(g),
+                    val,
+                    _cell([x.get("reward_start") for x in s]),
+                    _cell([x.get("reward_end") for x in s]),
+                    _cell([x.get("reward_change") for x in s]),
+                    _cell([x.get("entropy_end") for x in s]),
+                    _cell([r.get("cpu_s") for r in ok], 0),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -117,8 +143,15 @@ def plot_seed_curves(runs: Mapping[str, Sequence[Mapping[int, Mapping]]], out_di
             if metric != HELD_OUT and smooth > 1:  # held-out points are sparse: no smoothing
                 values = np.array([moving_average(list(v), smooth) for v in values])
             mean = values.mean(0)
-            ax.plot(steps, mean, color=f"C{i}", label=f"{label} (n={len(per_seed)})", linewidth=1.6,
-                    marker="o" if metric == HELD_OUT else None, markersize=3)
+            ax.plot(
+                steps,
+                mean,
+                color=f"C{i}",
+                label=f"{label} (n={len(per_seed)})",
+                linewidth=1.6,
+                marker="o" if metric == HELD_OUT else None,
+                markersize=3,
+            )
             ax.fill_between(steps, values.min(0), values.max(0), color=f"C{i}", alpha=0.15)
             drawn = True
         label_step_axes(ax, title, ylabel, legend=drawn)

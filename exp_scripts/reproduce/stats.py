@@ -14,6 +14,7 @@ this counts the residual twice, so the interval is slightly conservative; with o
 the data order), clipped to [−1, 1]; a claim holds when its interval lies above 0, does not hold when it
 lies below 0, and is inconclusive otherwise. ``effect / noise`` is the difference over its SE.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,14 @@ def interval(x: Sequence[Sequence[float]], low: float = 0.0, high: float = 1.0) 
     problem_means = [_mean([row[p] for row in x]) for p in range(n_problems)]
     mean = _mean(seed_means)
     se = math.sqrt(_sample_var(seed_means) / len(x) + _sample_var(problem_means) / n_problems)
-    return {"mean": mean, "lo": max(low, mean - Z95 * se), "hi": min(high, mean + Z95 * se), "se": se,
-            "seeds": len(x), "problems": n_problems}
+    return {
+        "mean": mean,
+        "lo": max(low, mean - Z95 * se),
+        "hi": min(high, mean + Z95 * se),
+        "se": se,
+        "seeds": len(x),
+        "problems": n_problems,
+    }
 
 
 def difference(xa: Sequence[Sequence[float]], xb: Sequence[Sequence[float]]) -> dict:

@@ -8,6 +8,7 @@ learns where on-policy RL does not; (2) LUFFY beats SFT out of distribution and 
 shaping matters. Each is a paired difference with its 95 % interval and a verdict; nothing here depends on
 which way the numbers fall.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,23 +41,41 @@ def seed_difference(a: Sequence[float], b: Sequence[float]) -> Optional[dict]:
     d = sa["mean"] - sb["mean"]
     se = math.sqrt(sa["std"] ** 2 / sa["n"] + sb["std"] ** 2 / sb["n"])
     t = T95.get(min(sa["n"], sb["n"]) - 1, 1.96)
-    return {"mean": d, "lo": d - t * se, "hi": d + t * se, "se": se,
-            "effect_over_noise": d / se if se > 0 else (math.inf if d else 0.0)}
+    return {
+        "mean": d,
+        "lo": d - t * se,
+        "hi": d + t * se,
+        "se": se,
+        "effect_over_noise": d / se if se > 0 else (math.inf if d else 0.0),
+    }
 
 
 def method_summary(label: str, runs: Sequence[Mapping], grid: Optional[Mapping]) -> dict:
     """Scores over a method's final runs (``runs``: the ones without an error) and its grid."""
     ok = [r for r in runs if not r.get("error")]
-    out = {"label": label, "chosen_lr": runs[0]["lr"] if runs else None, "seeds": [r["seed"] for r in ok],
-           "failed": [r["seed"] for r in runs if r.get("error")],
-           "grid": grid, "per_seed": [], "id": {}, "ood": {}}
+    out = {
+        "label": label,
+        "chosen_lr": runs[0]["lr"] if runs else None,
+        "seeds": [r["seed"] for r in ok],
+        "failed": [r["seed"] for r in runs if r.get("error")],
+        "grid": grid,
+        "per_seed": [],
+        "id": {},
+        "ood": {},
+    }
     for r in ok:
         s = r.get("summary") or {}
-        out["per_seed"].append({"seed": r["seed"], "final_on_policy_reward": s.get("reward_end"),
-                                "reward_start": s.get("reward_start"), "reward_change": s.get("reward_change"),
-                                "entropy_end": s.get("entropy_end"), "cpu_s": r.get("cpu_s"),
-                                **{f"{sp}_{m}": r["scores"][sp][m]["mean"] for sp in SPLITS for m in METRICS
-                                   if r["scores"][sp].get(m)}})
+        out["per_seed"].append(
+            {
+                "seed": r["seed"],
+                "final_on_policy_reward": s.get("reward_end"),
+                "reward_start": s.get("reward_start"),
+                "reward_change": s.get("reward_change"),
+                "entropy_end": s.get("entropy_end"),
+                "cpu_s": r.get("cpu_s"),
+                **{f"{sp}_{m}": r["scores"][sp][m]["mean"] for sp in SPLITS for m in METRICS if r["scores"][sp].get(m)},
+            }
+        )
     for sp in SPLITS:
         for m in METRICS:
             per = [r["scores"][sp][m]["per_problem"] for r in ok if r["scores"][sp].get(m)]
@@ -78,7 +97,7 @@ def paired(runs: Mapping[str, Sequence[Mapping]], a: str, b: str, split: str, me
     is missing."""
     if a not in runs or b not in runs:
         return None
-    common = ({r["seed"] for r in runs[a] if not r.get("error")} & {r["seed"] for r in runs[b] if not r.get("error")})
+    common = {r["seed"] for r in runs[a] if not r.get("error")} & {r["seed"] for r in runs[b] if not r.get("error")}
     xa = _matrix([r for r in runs[a] if r["seed"] in common], split, metric) if common else None
     xb = _matrix([r for r in runs[b] if r["seed"] in common], split, metric) if common else None
     if xa is None or xb is None or len(xa) != len(xb):
@@ -88,8 +107,9 @@ def paired(runs: Mapping[str, Sequence[Mapping]], a: str, b: str, split: str, me
     return d
 
 
-def versus_start(runs: Mapping[str, Sequence[Mapping]], name: str, start_scores: Optional[Mapping], split: str,
-                 metric: str) -> Optional[dict]:
+def versus_start(
+    runs: Mapping[str, Sequence[Mapping]], name: str, start_scores: Optional[Mapping], split: str, metric: str
+) -> Optional[dict]:
     """``name − start model`` (the start's one score per problem stands against every seed), paired by problem."""
     if name not in runs or not start_scores or metric not in start_scores.get(split, {}):
         return None
@@ -102,10 +122,15 @@ def versus_start(runs: Mapping[str, Sequence[Mapping]], name: str, start_scores:
     return d
 
 
-def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], probe: Mapping,
-           start_scores: Optional[Mapping] = None) -> dict:
+def claims(
+    runs: Mapping[str, Sequence[Mapping]],
+    methods: Mapping[str, dict],
+    probe: Mapping,
+    start_scores: Optional[Mapping] = None,
+) -> dict:
     """The three claims (module docstring): each part a paired difference with its interval and verdict;
     ``start_scores`` (the start model's per-problem scores) adds LUFFY − start model."""
+
     def ent(name):
         return [p["entropy_end"] for p in methods[name]["per_seed"]] if name in methods else []
 
@@ -113,45 +138,62 @@ def claims(runs: Mapping[str, Sequence[Mapping]], methods: Mapping[str, dict], p
     if entropy:
         entropy["verdict"] = verdict(entropy)
     return {
-        "1_weak_start": {"start_pass_rate": probe["accuracy"], "weak_start": probe["accuracy"] < 0.05,
-                         "luffy_minus_on_policy_id_avg": paired(runs, "luffy", "on_policy", "id", "avg"),
-                         "luffy_minus_on_policy_id_greedy": paired(runs, "luffy", "on_policy", "id", "greedy"),
-                         "luffy_minus_start_id_avg": versus_start(runs, "luffy", start_scores, "id", "avg"),
-                         "on_policy_minus_start_id_avg": versus_start(runs, "on_policy", start_scores, "id", "avg"),
-                         "on_policy_reward_change": methods.get("on_policy", {}).get("reward_change"),
-                         "luffy_reward_change": methods.get("luffy", {}).get("reward_change")},
-        "2_ood_vs_sft": {"luffy_minus_sft_ood_avg": paired(runs, "luffy", "sft", "ood", "avg"),
-                         "luffy_minus_sft_ood_greedy": paired(runs, "luffy", "sft", "ood", "greedy"),
-                         "luffy_minus_on_policy_final_entropy": entropy},
-        "3_shaping": {"luffy_minus_no_shaping_id_avg": paired(runs, "luffy", "luffy_no_shaping", "id", "avg"),
-                      "luffy_minus_no_shaping_ood_avg": paired(runs, "luffy", "luffy_no_shaping", "ood", "avg")},
+        "1_weak_start": {
+            "start_pass_rate": probe["accuracy"],
+            "weak_start": probe["accuracy"] < 0.05,
+            "luffy_minus_on_policy_id_avg": paired(runs, "luffy", "on_policy", "id", "avg"),
+            "luffy_minus_on_policy_id_greedy": paired(runs, "luffy", "on_policy", "id", "greedy"),
+            "luffy_minus_start_id_avg": versus_start(runs, "luffy", start_scores, "id", "avg"),
+            "on_policy_minus_start_id_avg": versus_start(runs, "on_policy", start_scores, "id", "avg"),
+            "on_policy_reward_change": methods.get("on_policy", {}).get("reward_change"),
+            "luffy_reward_change": methods.get("luffy", {}).get("reward_change"),
+        },
+        "2_ood_vs_sft": {
+            "luffy_minus_sft_ood_avg": paired(runs, "luffy", "sft", "ood", "avg"),
+            "luffy_minus_sft_ood_greedy": paired(runs, "luffy", "sft", "ood", "greedy"),
+            "luffy_minus_on_policy_final_entropy": entropy,
+        },
+        "3_shaping": {
+            "luffy_minus_no_shaping_id_avg": paired(runs, "luffy", "luffy_no_shaping", "id", "avg"),
+            "luffy_minus_no_shaping_ood_avg": paired(runs, "luffy", "luffy_no_shaping", "ood", "avg"),
+        },
     }
 
 
-def family_claims(runs: Mapping[str, Sequence[Mapping]], labels: Mapping[str, str],
-                  start_scores: Optional[Mapping] = None) -> dict:
+def family_claims(
+    runs: Mapping[str, Sequence[Mapping]], labels: Mapping[str, str], start_scores: Optional[Mapping] = None
+) -> dict:
     """Per method of ``labels`` other than on-policy GRPO and SFT (LUFFY and its family): the question LUFFY's first
     claim asks of each, paired as the claims are: method − on-policy GRPO and method − start model on the held-out
     in-distribution avg@k, and method − SFT out of distribution."""
-    return {name: {"label": label,
-                   "minus_on_policy_id_avg": paired(runs, name, "on_policy", "id", "avg"),
-                   "minus_start_id_avg": versus_start(runs, name, start_scores, "id", "avg"),
-                   "minus_sft_ood_avg": paired(runs, name, "sft", "ood", "avg")}
-            for name, label in labels.items() if name not in ("on_policy", "sft") and name in runs}
+    return {
+        name: {
+            "label": label,
+            "minus_on_policy_id_avg": paired(runs, name, "on_policy", "id", "avg"),
+            "minus_start_id_avg": versus_start(runs, name, start_scores, "id", "avg"),
+            "minus_sft_ood_avg": paired(runs, name, "sft", "ood", "avg"),
+        }
+        for name, label in labels.items()
+        if name not in ("on_policy", "sft") and name in runs
+    }
 
 
 def family_markdown(f: Mapping, k: int) -> list[str]:
     """One bullet per method of ``family_claims``."""
-    return [f"- **{v['label']}**: ID avg@{k} − on-policy GRPO {_diff_text(v['minus_on_policy_id_avg'])}; − start model "
-            f"{_diff_text(v['minus_start_id_avg'])}; OOD avg@{k} − SFT {_diff_text(v['minus_sft_ood_avg'])}."
-            for v in f.values()]
+    return [
+        f"- **{v['label']}**: ID avg@{k} − on-policy GRPO {_diff_text(v['minus_on_policy_id_avg'])}; − start model "
+        f"{_diff_text(v['minus_start_id_avg'])}; OOD avg@{k} − SFT {_diff_text(v['minus_sft_ood_avg'])}."
+        for v in f.values()
+    ]
 
 
 def _diff_text(d: Optional[Mapping]) -> str:
     if not d:
         return "not measured (a method of the comparison was not run)"
-    return (f"**{d['verdict']}**: {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], effect/noise "
-            f"{d['effect_over_noise']:+.1f}")
+    return (
+        f"**{d['verdict']}**: {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], effect/noise "
+        f"{d['effect_over_noise']:+.1f}"
+    )
 
 
 def _ms(s: Optional[Mapping], digits: int = 3) -> str:
@@ -181,22 +223,48 @@ def claims_markdown(c: Mapping, k: int) -> list[str]:
     ]
 
 
-MAIN_COLUMNS = ("method", "lr (chosen)", "seeds", "ID pass@1 greedy [95 % CI]", "ID avg@k [95 % CI]",
-                "OOD pass@1 greedy [95 % CI]", "OOD avg@k [95 % CI]", "on-policy reward first → last window",
-                "final entropy", "CPU s / run")
+MAIN_COLUMNS = (
+    "method",
+    "lr (chosen)",
+    "seeds",
+    "ID pass@1 greedy [95 % CI]",
+    "ID avg@k [95 % CI]",
+    "OOD pass@1 greedy [95 % CI]",
+    "OOD avg@k [95 % CI]",
+    "on-policy reward first → last window",
+    "final entropy",
+    "CPU s / run",
+)
 
 
 def main_table(methods: Mapping[str, dict], start: Optional[Mapping] = None) -> str:
     lines = ["| " + " | ".join(MAIN_COLUMNS) + " |", "|" + "---|" * len(MAIN_COLUMNS)]
     if start:
-        lines.append("| " + " | ".join([start["label"], "—", "—"] + [fmt_interval(start.get(sp, {}).get(m))
-                                       for sp in SPLITS for m in METRICS] + ["—", "—", "—"]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [start["label"], "—", "—"]
+                + [fmt_interval(start.get(sp, {}).get(m)) for sp in SPLITS for m in METRICS]
+                + ["—", "—", "—"]
+            )
+            + " |"
+        )
     for m in methods.values():
         seeds = ",".join(map(str, m["seeds"])) + (f" ({len(m['failed'])} failed)" if m["failed"] else "")
-        reward = "—" if m["reward_start"]["mean"] is None else f"{_ms(m['reward_start'])} → {_ms(m['final_on_policy_reward'])}"
-        lines.append("| " + " | ".join([m["label"], f"{m['chosen_lr']:g}", seeds] +
-                                       [fmt_interval(m[sp].get(mt)) for sp in SPLITS for mt in METRICS] +
-                                       [reward, _ms(m["entropy_end"]), _ms(m["cpu_s"], 0)]) + " |")
+        reward = (
+            "—"
+            if m["reward_start"]["mean"] is None
+            else f"{_ms(m['reward_start'])} → {_ms(m['final_on_policy_reward'])}"
+        )
+        lines.append(
+            "| "
+            + " | ".join(
+                [m["label"], f"{m['chosen_lr']:g}", seeds]
+                + [fmt_interval(m[sp].get(mt)) for sp in SPLITS for mt in METRICS]
+                + [reward, _ms(m["entropy_end"]), _ms(m["cpu_s"], 0)]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -221,8 +289,10 @@ def grid_edge_notes(grids: Mapping[str, Mapping]) -> list[str]:
         lrs = sorted(lr for lr in g["scores"])
         if len(lrs) > 1 and g.get("chosen") in (lrs[0], lrs[-1]):
             side = "largest" if g["chosen"] == lrs[-1] else "smallest"
-            notes.append(f"- {g['label']}: the chosen lr {g['chosen']:g} is the {side} value of the grid; a wider grid "
-                         "might score higher.")
+            notes.append(
+                f"- {g['label']}: the chosen lr {g['chosen']:g} is the {side} value of the grid; a wider grid "
+                "might score higher."
+            )
     return notes
 
 
@@ -243,11 +313,24 @@ def plot_held_out(methods: Mapping[str, dict], start: Optional[Mapping], out_dir
         for i, (label, m) in enumerate(entries):
             avg, greedy = m.get(sp, {}).get("avg"), m.get(sp, {}).get("greedy")
             if avg:
-                ax.bar(i, avg["mean"], color=f"C{i}", alpha=0.7,
-                       yerr=[[avg["mean"] - avg["lo"]], [avg["hi"] - avg["mean"]]], capsize=4)
+                ax.bar(
+                    i,
+                    avg["mean"],
+                    color=f"C{i}",
+                    alpha=0.7,
+                    yerr=[[avg["mean"] - avg["lo"]], [avg["hi"] - avg["mean"]]],
+                    capsize=4,
+                )
             if greedy:
-                ax.errorbar(i + 0.25, greedy["mean"], yerr=[[greedy["mean"] - greedy["lo"]], [greedy["hi"] - greedy["mean"]]],
-                            fmt="o", color="k", markersize=4, capsize=3)
+                ax.errorbar(
+                    i + 0.25,
+                    greedy["mean"],
+                    yerr=[[greedy["mean"] - greedy["lo"]], [greedy["hi"] - greedy["mean"]]],
+                    fmt="o",
+                    color="k",
+                    markersize=4,
+                    capsize=3,
+                )
         ax.set_xticks(range(len(entries)), [e[0] for e in entries], rotation=20, ha="right", fontsize=8)
         ax.set_title(f"Held-out accuracy, {title}", fontsize=10)
         ax.set_ylabel(f"bars: avg@{k} (T=0.6); dots: greedy pass@1")

@@ -7,6 +7,7 @@ losses, selected under ``policy_loss=auto`` by ``use_off_policy_loss`` / ``use_s
 registries of :mod:`verl.trainer.ppo.core_algos`. LUFFY's own signatures (``compute_token_on_off_policy_loss``,
 ``compute_grpo_outcome_advantage_split``, ...) are thin aliases of these in ``verl.mix_src.mix_core_alg``.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,14 @@ from verl.utils import torch_functional as verl_F
 
 ON_POLICY_RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.5")
 OFF_POLICY_RESHAPES = (
-    "no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5",
+    "no_reshape",
+    "logp",
+    "p_logp",
+    "square_root",
+    "pow",
+    "p_div_p_0.1",
+    "p_div_p_0.3",
+    "p_div_p_0.5",
 )
 _SHAPING_GAMMA = {"p_div_p_0.1": 0.1, "p_div_p_0.3": 0.3, "p_div_p_0.5": 0.5}
 
@@ -50,9 +58,14 @@ def grpo_split_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, to
     """
     if inputs.on_policy_mask is None:
         raise ValueError("adv_estimator='grpo_split' needs on_policy_mask (the rows without prefix tokens)")
-    seq_adv = group_normalized_scores(sequence_scores(inputs.token_level_rewards), inputs.index,
-                                      use_std=cfg.grpo_use_std, epsilon=cfg.epsilon,
-                                      stats_mask=inputs.on_policy_mask.bool(), zero_std_as_one=True)
+    seq_adv = group_normalized_scores(
+        sequence_scores(inputs.token_level_rewards),
+        inputs.index,
+        use_std=cfg.grpo_use_std,
+        epsilon=cfg.epsilon,
+        stats_mask=inputs.on_policy_mask.bool(),
+        zero_std_as_one=True,
+    )
     return finish_advantage(*broadcast_sequence_advantage(seq_adv, inputs.response_mask), inputs, cfg)
 
 
@@ -144,14 +157,16 @@ def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]
     ratio = on_policy_ratio(
         log_prob, old_log_prob, cfg.on_policy_reshape, cfg.on_policy_reshape_weight, cfg.on_policy_reshape_pow_exp
     )
-    on_pg_losses, on_pg_clipfrac = clipped_pg_losses(advantages, ratio, valid, cfg.clip_ratio, cfg.clip_upper_bound,
-                                                     cfg.loss_remove_clip)
+    on_pg_losses, on_pg_clipfrac = clipped_pg_losses(
+        advantages, ratio, valid, cfg.clip_ratio, cfg.clip_upper_bound, cfg.loss_remove_clip
+    )
     if inputs.rollout_is_weights is not None:  # rollout correction: on-policy tokens only (prefix tokens: shaping)
         on_pg_losses = on_pg_losses * inputs.rollout_is_weights
     on_pg_loss = verl_F.masked_mean_or_zero(on_pg_losses, on_tokens)
 
-    shaped = off_policy_weight(log_prob, cfg.off_policy_reshape, cfg.off_policy_reshape_weight,
-                               cfg.off_policy_reshape_pow_exp)
+    shaped = off_policy_weight(
+        log_prob, cfg.off_policy_reshape, cfg.off_policy_reshape_weight, cfg.off_policy_reshape_pow_exp
+    )
     behaviour = inputs.behaviour_log_probs
     if behaviour is None:
         off_ratio = shaped
@@ -221,12 +236,21 @@ def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dic
     on_rows = ~off_rows
     sft_loss = compute_sft_pure_loss(inputs.log_prob[off_rows], inputs.response_mask[off_rows])
     on_pg_loss, on = ppo_clip_loss(
-        PolicyLossInputs(log_prob=inputs.log_prob[on_rows], old_log_prob=inputs.old_log_prob[on_rows],
-                         advantages=inputs.advantages[on_rows], response_mask=inputs.response_mask[on_rows],
-                         rollout_is_weights=None if inputs.rollout_is_weights is None
-                         else inputs.rollout_is_weights[on_rows]), cfg)
+        PolicyLossInputs(
+            log_prob=inputs.log_prob[on_rows],
+            old_log_prob=inputs.old_log_prob[on_rows],
+            advantages=inputs.advantages[on_rows],
+            response_mask=inputs.response_mask[on_rows],
+            rollout_is_weights=None if inputs.rollout_is_weights is None else inputs.rollout_is_weights[on_rows],
+        ),
+        cfg,
+    )
     return cfg.sft_loss_coef * sft_loss + on_pg_loss, {
-        "sft_loss": sft_loss, "on_pg_loss": on_pg_loss, "pg_clipfrac": on["pg_clipfrac"], "ppo_kl": on["ppo_kl"]}
+        "sft_loss": sft_loss,
+        "on_pg_loss": on_pg_loss,
+        "pg_clipfrac": on["pg_clipfrac"],
+        "ppo_kl": on["ppo_kl"],
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -242,8 +266,14 @@ class AdaptiveEntropyCoeff:
     ``α = entropy_coeff·H_target/H``, no state.
     """
 
-    def __init__(self, entropy_coeff: float, target_entropy: float, alpha_lr: float = 1e-2,
-                 clip: float = -1.0, fixed: bool = False):
+    def __init__(
+        self,
+        entropy_coeff: float,
+        target_entropy: float,
+        alpha_lr: float = 1e-2,
+        clip: float = -1.0,
+        fixed: bool = False,
+    ):
         self.entropy_coeff = float(entropy_coeff)
         self.target_entropy = float(target_entropy)
         self.clip = float(clip)
@@ -280,8 +310,11 @@ class AdaptiveEntropyCoeff:
         gap = float(mean_entropy) - self.target_entropy
         alpha_loss = alpha * gap * grad_scale
         alpha_loss.backward()
-        return {"actor/alpha_loss": float(alpha_loss.detach()), "actor/entropy_coeff": float(alpha.detach()),
-                "actor/log_alpha": float(self.log_alpha.detach())}
+        return {
+            "actor/alpha_loss": float(alpha_loss.detach()),
+            "actor/entropy_coeff": float(alpha.detach()),
+            "actor/log_alpha": float(self.log_alpha.detach()),
+        }
 
     def step(self) -> None:
         """Apply the accumulated ``log α`` gradient and clear it (call once per optimizer step)."""

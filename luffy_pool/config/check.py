@@ -7,6 +7,7 @@ come from the declarations in luffy_pool/config/sections.py (and the knob datacl
 the defaults from luffy_pool/config/mix_ppo_trainer.yaml. The rules between keys are the sections' ``validate()``
 methods; nothing here restates one.
 """
+
 from __future__ import annotations
 
 import functools
@@ -105,8 +106,10 @@ def classify_key(key: str) -> Optional[str]:
         return "schema"
     if _under_open_dict(key):
         return "open"
-    if key.startswith(f"{_A}.") and key[len(_A) + 1:] in registered_loss_keys():
-        return "loss"  # a knob a registered loss declares (register_policy_loss(name, config=...)); its dataclass types it
+    if key.startswith(f"{_A}.") and key[len(_A) + 1 :] in registered_loss_keys():
+        return (
+            "loss"  # a knob a registered loss declares (register_policy_loss(name, config=...)); its dataclass types it
+        )
     return None
 
 
@@ -124,8 +127,9 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     problem = next(filter(None, map(import_loss_modules, libs)), None)
     if problem:
         raise ConfigError([problem])
-    return config_schema.prepare_overrides(overrides, classify=classify_key, unknown_message=unknown_key_message,
-                                           error_cls=ConfigError)
+    return config_schema.prepare_overrides(
+        overrides, classify=classify_key, unknown_message=unknown_key_message, error_cls=ConfigError
+    )
 
 
 _EXTERNAL_LIB = "actor_rollout_ref.model.external_lib"
@@ -213,8 +217,10 @@ class _Checker:
                 continue
             if value != default:
                 names = " / ".join(name for name, _ in knobs)
-                self.fail(f"'{key}'={value!r} is a knob of the policy loss {names}, but "
-                          f"'{_A}.policy_loss' selects {selected!r}; remove it or select that loss")
+                self.fail(
+                    f"'{key}'={value!r} is a knob of the policy loss {names}, but "
+                    f"'{_A}.policy_loss' selects {selected!r}; remove it or select that loss"
+                )
 
     def rules(self, cfg: DictConfig) -> None:
         """The rules between keys: each section's ``validate()`` (luffy_pool/config/sections.py,

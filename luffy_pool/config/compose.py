@@ -7,6 +7,7 @@ then reads every key at its YAML default, as a run would, instead of a hand-made
 ``rollout_section(**values)`` is the typed rollout section a rollout engine, the prefix sampler or the planner
 built on their own take (a run's launcher builds every section once, ``ConfigSections.from_config``).
 """
+
 from __future__ import annotations
 
 import copy

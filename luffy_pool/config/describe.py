@@ -5,6 +5,7 @@ whether LUFFY's key acts here or is accepted at its default only (and why), refu
 comment above it in mix_ppo_trainer.yaml, which is the key's documentation for users and LUFFY alike and is
 not restated in code. An unknown key is answered with the closest valid one.
 """
+
 from __future__ import annotations
 
 import functools

@@ -2,6 +2,7 @@
 frozen section per method, nested in ``AlgorithmSection`` (luffy_pool/config/sections.py, which re-exports them).
 Each field is declared once here, next to its YAML default and comment in luffy_pool/config/mix_ppo_trainer.yaml.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ def _from(module: str, name: str):
         import importlib
 
         return tuple(getattr(importlib.import_module(module), name))
-    return values
 
+    return values
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,13 @@ class ReliftSection:
     def validate(self) -> list[str]:
         errors = []
         if self.sft_data_size > 0 and self.sft_data_size % self.sft_mini_batch_size:  # theirs asserts both
-            errors.append(f"'algorithm.relift.sft_data_size'={self.sft_data_size} must be a multiple of "
-                          f"'algorithm.relift.sft_mini_batch_size'={self.sft_mini_batch_size}")
+            errors.append(
+                f"'algorithm.relift.sft_data_size'={self.sft_data_size} must be a multiple of "
+                f"'algorithm.relift.sft_mini_batch_size'={self.sft_mini_batch_size}"
+            )
         if self.sft_mini_batch_size % self.sft_micro_batch_size:
-            errors.append(f"'algorithm.relift.sft_mini_batch_size'={self.sft_mini_batch_size} must be a multiple of "
-                          f"'algorithm.relift.sft_micro_batch_size'={self.sft_micro_batch_size}")
+            errors.append(
+                f"'algorithm.relift.sft_mini_batch_size'={self.sft_mini_batch_size} must be a multiple of "
+                f"'algorithm.relift.sft_micro_batch_size'={self.sft_micro_batch_size}"
+            )
         return errors

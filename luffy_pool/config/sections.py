@@ -11,16 +11,37 @@ those groups are declared here, in subclasses.
 Build once where the run starts (``ConfigSections.from_config``) and pass it down; readers use attributes
 (``sections.trainer.seed``), so a misspelt name raises instead of silently taking a restated default.
 """
+
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from verl.utils.config_section import (AT_LEAST_ONE, DEFAULT_ONLY, NON_NEGATIVE, OFF_OR_POSITIVE, POSITIVE, UNIT,
-                                       Bound, build_section, key, nested, not_shipped, view)
-from luffy_pool.config.method_sections import (ChordSection, ExgrpoSection, HptSection, PrefixRftSection,  # noqa: F401
-                                              ReliftSection, SrftSection, UftSection, _from)
+from verl.utils.config_section import (
+    AT_LEAST_ONE,
+    DEFAULT_ONLY,
+    NON_NEGATIVE,
+    OFF_OR_POSITIVE,
+    POSITIVE,
+    UNIT,
+    Bound,
+    build_section,
+    key,
+    nested,
+    not_shipped,
+    view,
+)
+from luffy_pool.config.method_sections import (
+    ChordSection,
+    ExgrpoSection,
+    HptSection,
+    PrefixRftSection,  # noqa: F401
+    ReliftSection,
+    SrftSection,
+    UftSection,
+    _from,
+)
 from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections, kl_estimators
 
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
@@ -51,6 +72,8 @@ def _policy_losses():
     from verl.workers.config_sections import policy_losses
 
     return policy_losses()
+
+
 def _methods():
     from luffy_pool.methods import method_names
 
@@ -135,7 +158,9 @@ class TrainerSection:
     def validate(self) -> list[str]:
         mode, errors = self.resume_mode, []
         if mode not in ("auto", "disable", "resume_path") and "global_step_" not in mode:
-            errors.append(f"'trainer.resume_mode'={mode!r} must be auto, disable, resume_path or a .../global_step_N path")
+            errors.append(
+                f"'trainer.resume_mode'={mode!r} must be auto, disable, resume_path or a .../global_step_N path"
+            )
         if mode == "resume_path" and not self.resume_from_path:
             errors.append("'trainer.resume_mode'=resume_path needs 'trainer.resume_from_path'")
         return errors
@@ -201,8 +226,10 @@ class DataSection:
 
     def validate(self) -> list[str]:
         if self.max_response_length > MAX_RESPONSE_LENGTH:
-            return [f"'data.max_response_length'={self.max_response_length} is beyond any model context "
-                    f"(> {MAX_RESPONSE_LENGTH} tokens)"]
+            return [
+                f"'data.max_response_length'={self.max_response_length} is beyond any model context "
+                f"(> {MAX_RESPONSE_LENGTH} tokens)"
+            ]
         return []
 
 
@@ -248,11 +275,15 @@ class LossSection(PolicyLossSection):
         if self.use_sft_multitask_loss and self.use_off_policy_loss:
             errors.append(f"'{_A}.use_sft_multitask_loss'=True cannot be combined with '{_A}.use_off_policy_loss'=True")
         if self.policy_loss != "auto" and (self.use_off_policy_loss or self.use_sft_multitask_loss):
-            errors.append(f"'{_A}.policy_loss'={self.policy_loss!r} conflicts with LUFFY's loss switches "
-                          "(use_off_policy_loss / use_sft_multitask_loss); set policy_loss=auto or turn the switches off")
+            errors.append(
+                f"'{_A}.policy_loss'={self.policy_loss!r} conflicts with LUFFY's loss switches "
+                "(use_off_policy_loss / use_sft_multitask_loss); set policy_loss=auto or turn the switches off"
+            )
         if self.use_off_policy_probs and not self.use_off_policy_loss:
-            errors.append(f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True (the behaviour "
-                          "probabilities only enter the off-policy loss)")
+            errors.append(
+                f"'{_A}.use_off_policy_probs'=True needs '{_A}.use_off_policy_loss'=True (the behaviour "
+                "probabilities only enter the off-policy loss)"
+            )
         if self.use_adaptive_temperature_fixed and not self.use_adaptive_temperature:
             errors.append(f"'{_A}.use_adaptive_temperature_fixed'=True needs '{_A}.use_adaptive_temperature'=True")
         return errors
@@ -263,8 +294,9 @@ class LuffyActorSection(ActorSection):
     """``actor_rollout_ref.actor`` with LUFFY's keys: the loss view (``loss``) and the driver's switches."""
 
     loss: LossSection = view(LossSection)
-    off_policy_loss_impl: str = key(choices=("token", "seq"),
-                                    refuse={"seq": "is not implemented in LUFFY either; use token"})
+    off_policy_loss_impl: str = key(
+        choices=("token", "seq"), refuse={"seq": "is not implemented in LUFFY either; use token"}
+    )
     use_sft_prefix_reward: bool = key()
     sft_prefix_reward_weight: float = key()
     recompute_old_log_prob: str = key(choices=("always", "auto"))
@@ -297,15 +329,21 @@ class LuffyRolloutSection(RolloutSection):
         if n_prefix != -1 and not 0 <= n_prefix <= n:
             errors.append(f"'{_R}.n_prefix'={n_prefix} must be -1 (all slots) or in [0, rollout.n={n}]")
         if self.prefix_strategy == "linear" and not self.prefix_share_across_samples:
-            errors.append(f"'{_R}.prefix_strategy'=linear needs '{_R}.prefix_share_across_samples'=True (as in LUFFY: "
-                          f"one shared ratio per step); use prefix_strategy=random or add "
-                          f"{_R}.prefix_share_across_samples=True")
+            errors.append(
+                f"'{_R}.prefix_strategy'=linear needs '{_R}.prefix_share_across_samples'=True (as in LUFFY: "
+                f"one shared ratio per step); use prefix_strategy=random or add "
+                f"{_R}.prefix_share_across_samples=True"
+            )
         if self.prefix_strategy == "fixed" and self.prefix_share_across_samples:
-            errors.append(f"'{_R}.prefix_strategy'=fixed cannot be combined with '{_R}.prefix_share_across_samples'=True"
-                          " (as in LUFFY: fixed gives each slot its own ratio); set prefix_share_across_samples=False")
+            errors.append(
+                f"'{_R}.prefix_strategy'=fixed cannot be combined with '{_R}.prefix_share_across_samples'=True"
+                " (as in LUFFY: fixed gives each slot its own ratio); set prefix_share_across_samples=False"
+            )
         if self.min_prefix_ratio > self.max_prefix_ratio:
-            errors.append(f"'{_R}.min_prefix_ratio'={self.min_prefix_ratio} exceeds "
-                          f"'{_R}.max_prefix_ratio'={self.max_prefix_ratio}")
+            errors.append(
+                f"'{_R}.min_prefix_ratio'={self.min_prefix_ratio} exceeds "
+                f"'{_R}.max_prefix_ratio'={self.max_prefix_ratio}"
+            )
         return errors
 
 
@@ -343,8 +381,9 @@ class RolloutCorrectionSection:
     """``algorithm.rollout_correction``: verl's truncated IS weights and rejection for the rollout/trainer
     mismatch (verl/trainer/ppo/rollout_corr.py; cross-key rule: its ``config_errors``)."""
 
-    rollout_is: Optional[str] = key(bounds=Bound(lambda v: v in ("token", "sequence"),
-                                                 "must be null, token or sequence"))
+    rollout_is: Optional[str] = key(
+        bounds=Bound(lambda v: v in ("token", "sequence"), "must be null, token or sequence")
+    )
     rollout_is_threshold: float = key(bounds=POSITIVE)
     rollout_is_batch_normalize: bool = key()
     rollout_rs: Optional[str] = key()  # comma-separated options: checked by rollout_corr.config_errors
@@ -360,8 +399,9 @@ class AlgorithmSection:
 
     gamma: float
     lam: float = _inert("only GAE reads it, and gae needs a critic, which is not shipped")
-    adv_estimator: str = key(choices=_adv_estimators,
-                             refuse={"gae": "needs a critic (value model), which is not shipped; use grpo"})
+    adv_estimator: str = key(
+        choices=_adv_estimators, refuse={"gae": "needs a critic (value model), which is not shipped; use grpo"}
+    )
     grpo_use_std: bool = key()
     kl_penalty: str = key(choices=kl_estimators)
     surprisal_base: float = _inert()
@@ -403,8 +443,10 @@ class OrmSection:
     def validate(self) -> list[str]:
         missing = [k for k in ("base_url", "model") if self.enable and not getattr(self, k)]
         if missing:
-            return [f"'reward.orm.enable'=True needs {' and '.join(f'reward.orm.{k}' for k in missing)} "
-                    "(the judge's OpenAI-compatible endpoint and model name)"]
+            return [
+                f"'reward.orm.enable'=True needs {' and '.join(f'reward.orm.{k}' for k in missing)} "
+                "(the judge's OpenAI-compatible endpoint and model name)"
+            ]
         return []
 
 
@@ -445,8 +487,9 @@ class ConfigSections:
 
     data: DataSection = nested(DataSection)
     actor_rollout_ref: LuffyWorkerSections = nested(LuffyWorkerSections)
-    reward_model: RewardModelSection = nested(RewardModelSection, refused=f"{_NO_RM}; use reward.* (rule grader or "
-                                                                           "reward.orm judge)")
+    reward_model: RewardModelSection = nested(
+        RewardModelSection, refused=f"{_NO_RM}; use reward.* (rule grader or reward.orm judge)"
+    )
     reward: RewardSection = nested(RewardSection)
     algorithm: AlgorithmSection = nested(AlgorithmSection)
     trainer: TrainerSection = nested(TrainerSection)
@@ -462,27 +505,39 @@ class ConfigSections:
         the engine's lengths and the token budgets against the data's, and the layout against the world size."""
         errors, a, r, data = [], self.actor, self.workers.rollout, self.data
         if a.use_sft_multitask_loss and self.algorithm.adv_estimator != "grpo_split":
-            errors.append(f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
-                          f"(on-policy advantages without the off-policy rows), got {self.algorithm.adv_estimator!r}")
+            errors.append(
+                f"'{_A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split "
+                f"(on-policy advantages without the off-policy rows), got {self.algorithm.adv_estimator!r}"
+            )
         # kl_ctrl.kl_coef > 0 without a reference is accepted, as in LUFFY: there is no ref_log_prob, so the
         # KL-in-reward term is absent (beta = 0, critic/kl_coeff logs 0; verl/trainer/ppo/kl.apply_kl_penalty).
         replay = data.self_replay
         if replay.enable and not (a.use_off_policy_loss and a.use_off_policy_probs):
-            errors.append(f"'data.self_replay.enable'=True needs '{_A}.use_off_policy_loss'=True and "
-                          f"'{_A}.use_off_policy_probs'=True (replayed traces are weighted by their behaviour log-probs)")
+            errors.append(
+                f"'data.self_replay.enable'=True needs '{_A}.use_off_policy_loss'=True and "
+                f"'{_A}.use_off_policy_probs'=True (replayed traces are weighted by their behaviour log-probs)"
+            )
         if replay.enable and replay.slots > r.n:
-            errors.append(f"'data.self_replay.slots'={replay.slots} exceeds '{_R}.n'={r.n} "
-                          "(a group has only n rows to replace)")
+            errors.append(
+                f"'data.self_replay.slots'={replay.slots} exceeds '{_R}.n'={r.n} (a group has only n rows to replace)"
+            )
         if data.dataloader_num_workers > 0 and self.trainer.save_freq > 0:
             # Worker processes prefetch, so the sampler's cursor runs ahead of the batches trained on and a resume
             # would silently skip prompts.
-            errors.append(f"'data.dataloader_num_workers'={data.dataloader_num_workers} with 'trainer.save_freq'="
-                          f"{self.trainer.save_freq}: the saved sampler position would be ahead of training; use "
-                          "dataloader_num_workers=0 to checkpoint")
-        for rollout_key, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
+            errors.append(
+                f"'data.dataloader_num_workers'={data.dataloader_num_workers} with 'trainer.save_freq'="
+                f"{self.trainer.save_freq}: the saved sampler position would be ahead of training; use "
+                "dataloader_num_workers=0 to checkpoint"
+            )
+        for rollout_key, data_key in (
+            ("prompt_length", "max_prompt_length"),
+            ("response_length", "max_response_length"),
+        ):
             if getattr(r, rollout_key) != getattr(data, data_key):
-                errors.append(f"'{_R}.{rollout_key}'={getattr(r, rollout_key)} must equal 'data.{data_key}'="
-                              f"{getattr(data, data_key)} (leave it as the ${{data.{data_key}}} interpolation)")
+                errors.append(
+                    f"'{_R}.{rollout_key}'={getattr(r, rollout_key)} must equal 'data.{data_key}'="
+                    f"{getattr(data, data_key)} (leave it as the ${{data.{data_key}}} interpolation)"
+                )
         from verl.trainer.ppo.rollout_corr import config_errors as rollout_corr_errors  # torch: imported when checked
 
         # algorithm.rollout_correction needs the engine's log-probs (rollout.calculate_log_probs) and their mode
@@ -494,20 +549,28 @@ class ConfigSections:
         needs the engines on ranks of their own; the split engines each take a whole share of the prompts."""
         errors, w = [], self.workers
         if self.trainer.rollout_pipeline == "one_step_off" and w.hybrid_engine:
-            errors.append("'trainer.rollout_pipeline'=one_step_off needs 'actor_rollout_ref.hybrid_engine'=False (the "
-                          f"rollout engines on their own '{_R}.n_gpus_per_node' ranks, generating while the actor trains)")
+            errors.append(
+                "'trainer.rollout_pipeline'=one_step_off needs 'actor_rollout_ref.hybrid_engine'=False (the "
+                f"rollout engines on their own '{_R}.n_gpus_per_node' ranks, generating while the actor trains)"
+            )
         if self.trainer.rollout_pipeline == "one_step_off":
             from luffy_pool.methods import get_method
 
             method = get_method(self.algorithm.method)
-            if method.driver is not None or method.stage is not None:  # their state assumes a batch drawn after the last update
-                errors.append(f"'algorithm.method'={method.name} keeps state between its steps (experience pool or SFT "
-                              "buffer) that the next batch is drawn from, so it needs 'trainer.rollout_pipeline'=sync "
-                              "(one_step_off draws batch N+1 before update N)")
+            if (
+                method.driver is not None or method.stage is not None
+            ):  # their state assumes a batch drawn after the last update
+                errors.append(
+                    f"'algorithm.method'={method.name} keeps state between its steps (experience pool or SFT "
+                    "buffer) that the next batch is drawn from, so it needs 'trainer.rollout_pipeline'=sync "
+                    "(one_step_off draws batch N+1 before update N)"
+                )
         ranks = w.rollout_world_size
         if ranks and self.data.train_batch_size % ranks:
-            errors.append(f"'data.train_batch_size'={self.data.train_batch_size} must split evenly over the {ranks} "
-                          f"rollout ranks ('{_R}.nnodes' * '{_R}.n_gpus_per_node')")
+            errors.append(
+                f"'data.train_batch_size'={self.data.train_batch_size} must split evenly over the {ranks} "
+                f"rollout ranks ('{_R}.nnodes' * '{_R}.n_gpus_per_node')"
+            )
         return errors
 
     def _context_errors(self) -> list[str]:
@@ -519,49 +582,80 @@ class ConfigSections:
         model = self.workers.model
         hf = local_model_config(model.path, model.override_config)
         limit = None if hf is None else hf.get("max_position_embeddings")
-        problem = context_length_error(self.data.max_prompt_length, self.data.max_response_length,
-                                       None if limit is None else int(limit), model.path)
+        problem = context_length_error(
+            self.data.max_prompt_length,
+            self.data.max_response_length,
+            None if limit is None else int(limit),
+            model.path,
+        )
         return [problem] if problem else []
 
     def _layout_errors(self) -> list[str]:
         """Token budgets hold one sequence; batch sizes, HSDP shards and vLLM TP split over the world's ranks."""
-        from verl.utils.batch_sizes import (BatchSizeError, normalize_actor_batch_sizes,
-                                            optimizer_steps_per_training_step, rows_per_rank)
+        from verl.utils.batch_sizes import (
+            BatchSizeError,
+            normalize_actor_batch_sizes,
+            optimizer_steps_per_training_step,
+            rows_per_rank,
+        )
 
         errors, w, a = [], self.workers, self.actor
         world, n, sp = self.trainer.nnodes * self.trainer.n_gpus_per_node, w.rollout.n, a.ulysses_sequence_parallel_size
         longest = self.data.max_prompt_length + self.data.max_response_length
-        budgets = ((_A, "ppo_max_token_len_per_gpu", "use_dynamic_bsz", a.ppo_max_token_len_per_gpu, a.use_dynamic_bsz),
-                   (_R, "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz",
-                    w.rollout.log_prob_max_token_len_per_gpu, w.rollout.log_prob_use_dynamic_bsz),
-                   (_REF, "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz",
-                    w.ref.log_prob_max_token_len_per_gpu, w.ref.use_ref and w.ref.log_prob_use_dynamic_bsz))
+        budgets = (
+            (_A, "ppo_max_token_len_per_gpu", "use_dynamic_bsz", a.ppo_max_token_len_per_gpu, a.use_dynamic_bsz),
+            (
+                _R,
+                "log_prob_max_token_len_per_gpu",
+                "log_prob_use_dynamic_bsz",
+                w.rollout.log_prob_max_token_len_per_gpu,
+                w.rollout.log_prob_use_dynamic_bsz,
+            ),
+            (
+                _REF,
+                "log_prob_max_token_len_per_gpu",
+                "log_prob_use_dynamic_bsz",
+                w.ref.log_prob_max_token_len_per_gpu,
+                w.ref.use_ref and w.ref.log_prob_use_dynamic_bsz,
+            ),
+        )
         for group, budget_key, switch, budget, dynamic in budgets:
             # A micro-batch holds at least one whole sequence; an SP rank holds 1/sp of it (dp_actor).
             if dynamic and budget * sp < longest:
-                errors.append(f"'{group}.{budget_key}'={budget} is below one sequence: data.max_prompt_length + "
-                              f"data.max_response_length = {longest} tokens{f' (/ Ulysses SP {sp})' if sp > 1 else ''}; "
-                              f"raise it or set {group}.{switch}=False")
+                errors.append(
+                    f"'{group}.{budget_key}'={budget} is below one sequence: data.max_prompt_length + "
+                    f"data.max_response_length = {longest} tokens{f' (/ Ulysses SP {sp})' if sp > 1 else ''}; "
+                    f"raise it or set {group}.{switch}=False"
+                )
         fsdp_size = a.fsdp_config.fsdp_size
         if fsdp_size > 0 and world % fsdp_size:
-            errors.append(f"'{_A}.fsdp_config.fsdp_size'={fsdp_size} must divide the world size {world} (trainer.nnodes"
-                          " * trainer.n_gpus_per_node), or be -1 to shard over all ranks")
-        sizes = {k: getattr(a, k) for k in ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")}
+            errors.append(
+                f"'{_A}.fsdp_config.fsdp_size'={fsdp_size} must divide the world size {world} (trainer.nnodes"
+                " * trainer.n_gpus_per_node), or be -1 to shard over all ranks"
+            )
+        sizes = {
+            k: getattr(a, k) for k in ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
+        }
         try:
             rows_per_rank(self.data.train_batch_size, n, world)
             per_rank = normalize_actor_batch_sizes(sizes, n, world, sp)
-            optimizer_steps_per_training_step(self.data.train_batch_size, n, world,
-                                              per_rank["ppo_mini_batch_size_per_rank"], a.ppo_epochs, sp)
+            optimizer_steps_per_training_step(
+                self.data.train_batch_size, n, world, per_rank["ppo_mini_batch_size_per_rank"], a.ppo_epochs, sp
+            )
         except BatchSizeError as exc:
             errors.append(str(exc))
         for group, section, enabled in ((_R, w.rollout, True), (_REF, w.ref, w.ref.use_ref)):
             micro = section.log_prob_micro_batch_size
             if enabled and sp >= 1 and not section.log_prob_use_dynamic_bsz and (micro is None or micro < world // sp):
-                errors.append(f"'{group}.log_prob_micro_batch_size'={micro} must be >= the {world // sp} "
-                              "data-parallel ranks (or enable log_prob_use_dynamic_bsz)")
+                errors.append(
+                    f"'{group}.log_prob_micro_batch_size'={micro} must be >= the {world // sp} "
+                    "data-parallel ranks (or enable log_prob_use_dynamic_bsz)"
+                )
         if w.rollout.name == "vllm" and world % w.rollout.tensor_model_parallel_size:
-            errors.append(f"'{_R}.tensor_model_parallel_size'={w.rollout.tensor_model_parallel_size} must divide the "
-                          f"world size {world} (trainer.nnodes * trainer.n_gpus_per_node)")
+            errors.append(
+                f"'{_R}.tensor_model_parallel_size'={w.rollout.tensor_model_parallel_size} must divide the "
+                f"world size {world} (trainer.nnodes * trainer.n_gpus_per_node)"
+            )
         tp = w.rollout.tensor_model_parallel_size
         if w.rollout.name == "vllm" and tp > 1:  # a local model's heads against vLLM's TP split
             from verl.utils.parallel_check import local_model_heads, tp_heads_error

@@ -15,6 +15,7 @@ Layout: ``shapes`` (config.json -> ``ModelShape``), ``estimate`` (the phases and
 sources of each number), ``report`` (table, suggestions), ``launch_script`` (a bash launcher's Hydra
 overrides), ``__main__`` (the command line).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,16 +27,36 @@ from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, PlanIn
 from luffy_pool.memory_plan.report import render, rollout_rows_per_engine, suggestions
 from luffy_pool.memory_plan.shapes import KNOWN_SHAPES, ModelShape, model_shape
 
-__all__ = ["Plan", "PlanInputs", "ModelShape", "KNOWN_SHAPES", "build_plan", "plan_for_config", "plan_for_sections",
-           "render", "suggestions", "parse_gpu_memory", "device_memory_bytes", "check_run", "MemoryPlanError",
-           "CARD_BYTES", "MODES"]
+__all__ = [
+    "Plan",
+    "PlanInputs",
+    "ModelShape",
+    "KNOWN_SHAPES",
+    "build_plan",
+    "plan_for_config",
+    "plan_for_sections",
+    "render",
+    "suggestions",
+    "parse_gpu_memory",
+    "device_memory_bytes",
+    "check_run",
+    "MemoryPlanError",
+    "CARD_BYTES",
+    "MODES",
+]
 
 logger = logging.getLogger(__name__)
 MODES = ("warn", "error", "off")
 # What torch.cuda.mem_get_info reports as total for cards sold by their GB: an 80 GB A100/H100 reports
 # ~79.2 GiB (docs/DESIGN.md §2 item 8), an H200 141 GB ~140.4 GiB (143,771 MiB in nvidia-smi).
-CARD_BYTES = {24: int(23.6 * GiB), 40: int(39.4 * GiB), 48: int(47.5 * GiB), 80: int(79.2 * GiB),
-              94: int(93.0 * GiB), 141: int(140.4 * GiB)}
+CARD_BYTES = {
+    24: int(23.6 * GiB),
+    40: int(39.4 * GiB),
+    48: int(47.5 * GiB),
+    80: int(79.2 * GiB),
+    94: int(93.0 * GiB),
+    141: int(140.4 * GiB),
+}
 
 
 class MemoryPlanError(ConfigError):
@@ -55,8 +76,9 @@ def parse_gpu_memory(text: str) -> int:
     return CARD_BYTES.get(int(value), int(value * GiB)) if value == int(value) else int(value * GiB)
 
 
-def plan_for_sections(sections, device_bytes: Optional[int], device: str = "cuda",
-                      model_config: Optional[str] = None) -> Plan:
+def plan_for_sections(
+    sections, device_bytes: Optional[int], device: str = "cuda", model_config: Optional[str] = None
+) -> Plan:
     """The plan of a run's ``ConfigSections`` (model shape from ``actor_rollout_ref.model.path`` or ``model_config``)."""
     model = sections.workers.model
     shape = model_shape(str(model.path), model_config)
@@ -68,7 +90,9 @@ def plan_for_sections(sections, device_bytes: Optional[int], device: str = "cuda
     return build_plan(PlanInputs.from_sections(sections, device=device), shape, device_bytes)
 
 
-def plan_for_config(config, device_bytes: Optional[int], device: str = "cuda", model_config: Optional[str] = None) -> Plan:
+def plan_for_config(
+    config, device_bytes: Optional[int], device: str = "cuda", model_config: Optional[str] = None
+) -> Plan:
     """``plan_for_sections`` of a composed (Hydra) config, for the command line."""
     from luffy_pool.config.sections import ConfigSections
 
@@ -103,13 +127,19 @@ def _device_total_task():
 
 def over_budget_message(plan: Plan) -> list[str]:
     """One line per phase over the device's memory, then the overrides that bring the plan under."""
-    lines = [f"memory plan: phase '{p.name}' needs {p.total / GiB:.1f} GiB per rank, the device has "
-             f"{plan.device_bytes / GiB:.1f} GiB" for p in plan.over(0.0)]
+    lines = [
+        f"memory plan: phase '{p.name}' needs {p.total / GiB:.1f} GiB per rank, the device has "
+        f"{plan.device_bytes / GiB:.1f} GiB"
+        for p in plan.over(0.0)
+    ]
     lines += [f"memory plan: {n}" for n in plan.notes if "refuse" in n or "raises" in n]
     fixes = suggestions(plan)
     if fixes:
-        lines.append("memory plan: to fit (with a 5 % margin) set " + " or ".join(fixes) +
-                     "; or trainer.memory_plan=warn to start anyway")
+        lines.append(
+            "memory plan: to fit (with a 5 % margin) set "
+            + " or ".join(fixes)
+            + "; or trainer.memory_plan=warn to start anyway"
+        )
     return lines
 
 
@@ -126,15 +156,26 @@ def check_run(sections, device: str) -> Optional[Plan]:
             raise MemoryPlanError([f"memory plan: {exc} (trainer.memory_plan=warn starts without a plan)"]) from None
         logger.warning("memory plan skipped: %s", exc)
         return None
-    print("[luffy_pool] " + render(plan, "memory plan (luffy_pool.memory_plan, trainer.memory_plan="
-                                   f"{mode})", rows_per_engine=rollout_rows_per_engine(sections)).replace(
-        "\n", "\n[luffy_pool] "), flush=True)
-    problems = over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []
+    print(
+        "[luffy_pool] "
+        + render(
+            plan,
+            f"memory plan (luffy_pool.memory_plan, trainer.memory_plan={mode})",
+            rows_per_engine=rollout_rows_per_engine(sections),
+        ).replace("\n", "\n[luffy_pool] "),
+        flush=True,
+    )
+    problems = (
+        over_budget_message(plan) if (plan.over(0.0) or any("refuse" in n or "raises" in n for n in plan.notes)) else []
+    )
     if problems and mode == "error":
         raise MemoryPlanError(problems)
     for line in problems:
         logger.warning(line)
     if not problems and plan.over(HEADROOM_FRACTION):
-        logger.warning("memory plan: phase '%s' leaves less than %.0f %% of the device free", plan.peak.name,
-                       100 * HEADROOM_FRACTION)
+        logger.warning(
+            "memory plan: phase '%s' leaves less than %.0f %% of the device free",
+            plan.peak.name,
+            100 * HEADROOM_FRACTION,
+        )
     return plan

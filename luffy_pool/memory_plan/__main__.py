@@ -6,12 +6,20 @@ come after them and win. Without SCRIPT the YAML defaults are composed with the 
 model's config.json only (local folder, HF cache, or the fallback table of known shapes); no data, no
 GPU. Exit 0 when every phase fits with a 5 % margin, 1 when one does not (the keys to change are named).
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 
-from luffy_pool.memory_plan import GiB, HEADROOM_FRACTION, over_budget_message, parse_gpu_memory, plan_for_config, render
+from luffy_pool.memory_plan import (
+    GiB,
+    HEADROOM_FRACTION,
+    over_budget_message,
+    parse_gpu_memory,
+    plan_for_config,
+    render,
+)
 from luffy_pool.config.sections import ConfigSections
 from luffy_pool.memory_plan.report import rollout_rows_per_engine
 
@@ -21,14 +29,17 @@ def parse_args(argv):
     tail = []
     if "--" in argv:
         k = argv.index("--")
-        argv, tail = argv[:k], argv[k + 1:]
+        argv, tail = argv[:k], argv[k + 1 :]
     p = argparse.ArgumentParser(prog="python -m luffy_pool.memory_plan", description=__doc__.split("\n\n")[1])
     p.add_argument("script", nargs="?", help="launch script (bash) whose overrides to read")
     p.add_argument("--gpu-memory", default="80", help="device memory: a card's GB as sold (80, 141) or e.g. 79.2GiB")
     p.add_argument("--model-config", help="config.json (or its folder) of the model, instead of model.path")
     p.add_argument("--config-overrides", nargs="*", default=[], metavar="KEY=VALUE", help="Hydra overrides")
-    p.add_argument("--readme-table", action="store_true",
-                   help="print README's table: train.sh and train_16k.sh on 80 and 141 GB GPUs at 1 and 2 nodes")
+    p.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print README's table: train.sh and train_16k.sh on 80 and 141 GB GPUs at 1 and 2 nodes",
+    )
     args = p.parse_args(argv)
     args.overrides = list(args.config_overrides) + tail
     return args
@@ -50,16 +61,20 @@ def main(argv=None) -> int:
     except (LaunchScriptError, FileNotFoundError, ValueError) as exc:
         print(f"memory plan: {exc}", file=sys.stderr)
         return 2
-    title = f"memory plan of {args.script or 'the composed config'} on a {args.gpu_memory} GB GPU " \
-            f"({device_bytes / GiB:.1f} GiB)"
+    title = (
+        f"memory plan of {args.script or 'the composed config'} on a {args.gpu_memory} GB GPU "
+        f"({device_bytes / GiB:.1f} GiB)"
+    )
     print(render(plan, title, rows_per_engine=rollout_rows_per_engine(ConfigSections.from_config(config))))
     bad = plan.over(HEADROOM_FRACTION) or any("refuse" in n or "raises" in n for n in plan.notes)
     if bad:
         for line in over_budget_message(plan) or [f"memory plan: less than {HEADROOM_FRACTION:.0%} headroom"]:
             print(line)
         if not plan.over(0.0):
-            print(f"memory plan: fits, but with less than {HEADROOM_FRACTION:.0%} headroom in: "
-                  + ", ".join(p.name for p in plan.over(HEADROOM_FRACTION)))
+            print(
+                f"memory plan: fits, but with less than {HEADROOM_FRACTION:.0%} headroom in: "
+                + ", ".join(p.name for p in plan.over(HEADROOM_FRACTION))
+            )
         return 1
     return 0
 
@@ -78,7 +93,9 @@ def readme_table(env=None) -> str:
     for name in ("train.sh", "train_16k.sh"):
         for gpu in ("80", "141"):
             for nodes in (1, 2):
-                overrides = script_overrides(os.path.join(here, "exp_scripts", name), [f"trainer.nnodes={nodes}"], env=env)
+                overrides = script_overrides(
+                    os.path.join(here, "exp_scripts", name), [f"trainer.nnodes={nodes}"], env=env
+                )
                 plan = plan_for_config(compose_config(overrides), parse_gpu_memory(gpu))
                 rows.append((f"`{name}`", f"{gpu} GB", nodes, plan))
     return markdown_table(rows)

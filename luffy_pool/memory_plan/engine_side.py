@@ -32,6 +32,7 @@ before copying it into place. The peak is the largest of three moments, all comp
    module's shard (the fused gate/up projection, or the experts of an MoE layer).
 For a 152k-vocabulary 7B model with TP 2 and 256 MiB buckets moment 1 wins: 2 x 1.09 GB + 0.27 GB.
 """
+
 from __future__ import annotations
 
 import os
@@ -81,21 +82,20 @@ def _largest_layer_tensor(s: ModelShape) -> int:
     return max(h * width, h * s.num_attention_heads * s.head_dim)
 
 
-def receive_transient(s: ModelShape, wire_bytes: int, engine_bytes: int, tp: int, bucket_bytes: int
-                      ) -> tuple[int, str]:
+def receive_transient(s: ModelShape, wire_bytes: int, engine_bytes: int, tp: int, bucket_bytes: int) -> tuple[int, str]:
     """(bytes, description) of a split engine's receive peak (module docstring): ``wire_bytes`` per parameter on
     the wire (the actor's param dtype), ``engine_bytes`` per parameter in the engine, ``bucket_bytes`` the bucket."""
-    big = s.embed_params * wire_bytes                     # the largest tensor: the embedding (or the head)
-    big_shard = s.embed_params * engine_bytes // tp       # its materialised vocab-parallel shard
+    big = s.embed_params * wire_bytes  # the largest tensor: the embedding (or the head)
+    big_shard = s.embed_params * engine_bytes // tp  # its materialised vocab-parallel shard
     bucket = bucket_bytes
     layer = s.layer_params * wire_bytes
     layer_buf = max(bucket, _largest_layer_tensor(s) * wire_bytes)
     moments = {
         "largest tensor's buffer + clone + next bucket": 2 * big + bucket,
         "largest tensor's clone + vLLM shard + 2 buckets": big + big_shard + 2 * bucket,
-        "a layer's clones + 2 buckets + vLLM module shard": layer + 2 * layer_buf
+        "a layer's clones + 2 buckets + vLLM module shard": layer
+        + 2 * layer_buf
         + _largest_layer_module(s) * engine_bytes // tp,
     }
     what, nbytes = max(moments.items(), key=lambda kv: kv[1])
     return nbytes, f"weight receive (split engine): {what}"
-

@@ -42,14 +42,14 @@ Where the numbers come from:
   The launcher runs the workers with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (vLLM's advice; its
   sleep-mode pool turns the flag off around itself), which keeps it small; the 5 % headroom stays on top.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 from typing import Optional
 
-from luffy_pool.memory_plan.engine_side import (receive_transient, vllm_tp_communicator_bytes,
-                                                 vllm_tp_communicator_what)
+from luffy_pool.memory_plan.engine_side import receive_transient, vllm_tp_communicator_bytes, vllm_tp_communicator_what
 from luffy_pool.memory_plan.graph_pool import engine_graph_pool_bytes
 from luffy_pool.memory_plan.host import ReplayPoolInputs, replay_pool_line
 from luffy_pool.memory_plan.shapes import ModelShape
@@ -58,7 +58,7 @@ GiB = 2**30
 # Estimates, not measurements: torch's CUDA context + cuBLAS/cuDNN workspaces per process (0.5-1 GiB on
 # Hopper), and NCCL's buffers per communicator this rank joins.
 CUDA_CONTEXT_BYTES = 1 * GiB
-NCCL_BYTES_PER_COMMUNICATOR = 3 * GiB // 2     # H100 with NVLS, upper end (1.6 GB measured)
+NCCL_BYTES_PER_COMMUNICATOR = 3 * GiB // 2  # H100 with NVLS, upper end (1.6 GB measured)
 NCCL_BYTES_PER_COMMUNICATOR_NO_NVLS = 3 * GiB // 4  # A100 / NCCL_NVLS_ENABLE=0 (0.5-0.7 GB measured)
 FRAGMENTATION_FRACTION = 0.03
 # vLLM's non-torch memory during its profile run (its CUDA-graph pool: memory_plan/graph_pool.py).
@@ -66,8 +66,12 @@ VLLM_NON_TORCH_BYTES = GiB // 2
 HEADROOM_FRACTION = 0.05
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
 
-_A, _R, _REF, _M = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
-                    "actor_rollout_ref.model")
+_A, _R, _REF, _M = (
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.rollout",
+    "actor_rollout_ref.ref",
+    "actor_rollout_ref.model",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +102,10 @@ class PlanInputs:
     ref_param_offload: bool
     gradient_checkpointing: bool
     logprob_chunk_size: int
-    update_tokens: int        # tokens per rank of one update micro-batch
-    old_logprob_tokens: int   # ... of one old-log-prob micro-batch
+    update_tokens: int  # tokens per rank of one update micro-batch
+    old_logprob_tokens: int  # ... of one old-log-prob micro-batch
     ref_logprob_tokens: int
-    update_budget_key: str    # the key that bounds each of those micro-batches
+    update_budget_key: str  # the key that bounds each of those micro-batches
     old_budget_key: str
     ref_budget_key: str
     step_impl: str
@@ -111,7 +115,7 @@ class PlanInputs:
     update_scored_tokens: Optional[int] = None
     logprob_scored_tokens: Optional[int] = None
     response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
-    fsdp: bool = True                 # False: one plain module (the CPU benchmark): no shards, no gathers
+    fsdp: bool = True  # False: one plain module (the CPU benchmark): no shards, no gathers
     # REVIEW H1: why the actor keeps padded rows ("" = packed with flash-attn's varlen kernel; "auto": only when
     # flash-attn does not import on the workers), the update's dynamic budget (0 = fixed micro-batches) and its
     # rows per rank of one mini-batch.
@@ -158,35 +162,66 @@ class PlanInputs:
         pdtype = actor.fsdp_config.param_dtype
         pbytes = (2 if device == "cuda" else 4) if pdtype == "auto" else DTYPE_BYTES[pdtype]
         return cls(
-            world=world, nodes=trainer.nnodes, fsdp_size=actor.fsdp_config.fsdp_size, sp=sp,
-            tp=rollout.tensor_model_parallel_size, param_dtype_bytes=pbytes,
-            gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_batched_tokens=rollout.max_num_batched_tokens,
-            max_num_seqs=rollout.max_num_seqs, enforce_eager=rollout.enforce_eager,
+            world=world,
+            nodes=trainer.nnodes,
+            fsdp_size=actor.fsdp_config.fsdp_size,
+            sp=sp,
+            tp=rollout.tensor_model_parallel_size,
+            param_dtype_bytes=pbytes,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            max_num_batched_tokens=rollout.max_num_batched_tokens,
+            max_num_seqs=rollout.max_num_seqs,
+            enforce_eager=rollout.enforce_eager,
             free_cache_engine=rollout.free_cache_engine,
             rollout_dtype_bytes=DTYPE_BYTES.get(rollout.dtype, 2),  # auto: the model's dtype, bf16 for these models
-            weight_sync_bucket_mb=rollout.weight_sync_bucket_mb, max_prompt_length=data.max_prompt_length,
-            max_response_length=data.max_response_length, n=n, actor_param_offload=actor.fsdp_config.param_offload,
-            optimizer_offload=actor.fsdp_config.optimizer_offload, use_ref=ref.use_ref,
-            ref_param_offload=ref.fsdp_config.param_offload, gradient_checkpointing=model.enable_gradient_checkpointing,
+            weight_sync_bucket_mb=rollout.weight_sync_bucket_mb,
+            max_prompt_length=data.max_prompt_length,
+            max_response_length=data.max_response_length,
+            n=n,
+            actor_param_offload=actor.fsdp_config.param_offload,
+            optimizer_offload=actor.fsdp_config.optimizer_offload,
+            use_ref=ref.use_ref,
+            ref_param_offload=ref.fsdp_config.param_offload,
+            gradient_checkpointing=model.enable_gradient_checkpointing,
             logprob_chunk_size=model.logprob_chunk_size,
-            update_tokens=tokens(actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu, actor.ppo_micro_batch_size,
-                                 actor.ppo_micro_batch_size_per_gpu),
-            old_logprob_tokens=tokens(rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu,
-                                      rollout.log_prob_micro_batch_size),
+            update_tokens=tokens(
+                actor.use_dynamic_bsz,
+                actor.ppo_max_token_len_per_gpu,
+                actor.ppo_micro_batch_size,
+                actor.ppo_micro_batch_size_per_gpu,
+            ),
+            old_logprob_tokens=tokens(
+                rollout.log_prob_use_dynamic_bsz,
+                rollout.log_prob_max_token_len_per_gpu,
+                rollout.log_prob_micro_batch_size,
+            ),
             # The reference pass uses the rollout's micro-batch rows (the worker copies them) and its own budget.
-            ref_logprob_tokens=tokens(ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
-                                      rollout.log_prob_micro_batch_size),
-            update_budget_key=f"{_A}.ppo_max_token_len_per_gpu" if actor.use_dynamic_bsz else f"{_A}.ppo_micro_batch_size",
-            old_budget_key=(f"{_R}.log_prob_max_token_len_per_gpu" if rollout.log_prob_use_dynamic_bsz
-                            else f"{_R}.log_prob_micro_batch_size"),
-            ref_budget_key=(f"{_REF}.log_prob_max_token_len_per_gpu" if ref.log_prob_use_dynamic_bsz
-                            else f"{_R}.log_prob_micro_batch_size"),
-            step_impl=actor.optim.step_impl, device=device,
+            ref_logprob_tokens=tokens(
+                ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, rollout.log_prob_micro_batch_size
+            ),
+            update_budget_key=f"{_A}.ppo_max_token_len_per_gpu"
+            if actor.use_dynamic_bsz
+            else f"{_A}.ppo_micro_batch_size",
+            old_budget_key=(
+                f"{_R}.log_prob_max_token_len_per_gpu"
+                if rollout.log_prob_use_dynamic_bsz
+                else f"{_R}.log_prob_micro_batch_size"
+            ),
+            ref_budget_key=(
+                f"{_REF}.log_prob_max_token_len_per_gpu"
+                if ref.log_prob_use_dynamic_bsz
+                else f"{_R}.log_prob_micro_batch_size"
+            ),
+            step_impl=actor.optim.step_impl,
+            device=device,
             padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
-            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp), split_engines=not w.hybrid_engine,
-            metric_pass=_metric_pass(sections.algorithm), replay_pool=ReplayPoolInputs.from_sections(sections),
-            **_sft_stage(sections, sp))
+            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp),
+            split_engines=not w.hybrid_engine,
+            metric_pass=_metric_pass(sections.algorithm),
+            replay_pool=ReplayPoolInputs.from_sections(sections),
+            **_sft_stage(sections, sp),
+        )
 
 
 def _sft_stage(sections, sp: int) -> dict:
@@ -224,20 +259,26 @@ def padded_update_note(i: "PlanInputs") -> Optional[str]:
     width, budget = i.max_len, i.update_budget * i.sp
     rows = budget // width
     if i.padded_attention == "auto":
-        head = (f"if flash-attn does not import on the workers, {_M}.attn_implementation=auto falls back to sdpa "
-                "and remove-padding is off")
+        head = (
+            f"if flash-attn does not import on the workers, {_M}.attn_implementation=auto falls back to sdpa "
+            "and remove-padding is off"
+        )
     else:
         head = f"remove-padding is off ({i.padded_attention})"
     key = f"{_A}.ppo_max_token_len_per_gpu"
     # "refuse" marks a certain failure (memory_plan/__init__.over_budget_message stops the run on it).
     verdict = "the first update would stop on it" if i.padded_attention == "auto" else "the update refuses it"
     if rows < 1:
-        return (f"{head}: one padded row is {width:,} positions > {key}={i.update_budget:,}"
-                f"{f' x SP {i.sp}' if i.sp > 1 else ''}; {verdict} -> set {key}>={math.ceil(width / i.sp)}")
+        return (
+            f"{head}: one padded row is {width:,} positions > {key}={i.update_budget:,}"
+            f"{f' x SP {i.sp}' if i.sp > 1 else ''}; {verdict} -> set {key}>={math.ceil(width / i.sp)}"
+        )
     micro = math.ceil(i.update_mini_rows / rows)
-    return (f"{head}: the update's dynamic micro-batches hold {rows} padded rows x {width:,} = {rows * width:,} "
-            f"positions ({key}={i.update_budget:,}{f' x SP {i.sp}' if i.sp > 1 else ''}), {micro} forward/backward "
-            f"passes per mini-batch of {i.update_mini_rows} rows per rank, each computing at the full width")
+    return (
+        f"{head}: the update's dynamic micro-batches hold {rows} padded rows x {width:,} = {rows * width:,} "
+        f"positions ({key}={i.update_budget:,}{f' x SP {i.sp}' if i.sp > 1 else ''}), {micro} forward/backward "
+        f"passes per mini-batch of {i.update_mini_rows} rows per rank, each computing at the full width"
+    )
 
 
 @dataclasses.dataclass
@@ -287,9 +328,9 @@ def layer_saved_bytes(s: ModelShape, a: int) -> int:
     """Bytes per token autograd keeps for one decoder layer (Llama/Qwen2 block, flash/sdpa attention)."""
     h, hd = s.hidden_size, s.head_dim
     q, kv = s.num_attention_heads * hd, s.num_key_value_heads * hd
-    norms = 2 * (4 * h + a * h)           # RMSNorm: fp32 input copy + normalised output in compute dtype
+    norms = 2 * (4 * h + a * h)  # RMSNorm: fp32 input copy + normalised output in compute dtype
     attn = a * ((q + kv) + (q + 2 * kv) + q)  # pre-rotary q/k, q/k/v into attention, attention output
-    mlp = 4 * a * s.intermediate_size     # gate, act(gate), up, act*up
+    mlp = 4 * a * s.intermediate_size  # gate, act(gate), up, act*up
     return norms + attn + mlp
 
 
@@ -298,8 +339,15 @@ def layer_working_bytes(s: ModelShape, a: int) -> int:
     return a * (3 * s.intermediate_size + 2 * s.hidden_size) + 4 * s.hidden_size
 
 
-def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool,
-               positions: Optional[int] = None, response_positions: Optional[int] = None) -> tuple[int, str]:
+def head_bytes(
+    s: ModelShape,
+    tokens: int,
+    chunk: int,
+    a: int,
+    backward: bool,
+    positions: Optional[int] = None,
+    response_positions: Optional[int] = None,
+) -> tuple[int, str]:
     """(peak bytes, description) of the LM head scoring ``tokens`` response tokens of a ``positions``-token
     micro-batch. dp_actor keeps full logits while the micro-batch is no larger than one chunk; full logits
     cover every position (``[positions, V]`` in the compute dtype), then ``response_positions`` of them go
@@ -313,8 +361,9 @@ def head_bytes(s: ModelShape, tokens: int, chunk: int, a: int, backward: bool,
         # Three [chunk, V] fp32 buffers (recomputed logits, exp, and a third measured on CPU: the transposed
         # operand of grad_z.t() @ h) + the bf16 copy of grad_z; dW summed in fp32 over several bf16 chunks.
         dw = 4 * v * h if (a != 4 and tokens > chunk) else 0
-        return 2 * a * tokens * h + chunk * v * (12 + (a if a != 4 else 0)) + dw, \
-            f"LM head backward in chunks of {chunk} tokens"
+        return 2 * a * tokens * h + chunk * v * (
+            12 + (a if a != 4 else 0)
+        ) + dw, f"LM head backward in chunks of {chunk} tokens"
     # Forward's transients (logits, log_softmax, exp, their product) are the head's peak in the update too: its
     # backward holds fewer [r, V] buffers at once (checked by bench_memory.py --predict at 2 x 512 positions).
     r = response_positions or tokens
@@ -328,14 +377,24 @@ def vllm_budget(i: PlanInputs, s: ModelShape, total: int) -> dict:
     weights = s.params * i.rollout_dtype_bytes // i.tp
     h, q, kv = s.hidden_size, s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
     # profile_run: one forward of max_num_batched_tokens (per-layer working set) + the sampler on max_num_seqs rows.
-    act = i.max_num_batched_tokens * i.rollout_dtype_bytes * (2 * h + (q + 2 * kv) // i.tp
-                                                              + 2 * s.intermediate_size // i.tp)
+    act = (
+        i.max_num_batched_tokens
+        * i.rollout_dtype_bytes
+        * (2 * h + (q + 2 * kv) // i.tp + 2 * s.intermediate_size // i.tp)
+    )
     act += min(i.max_num_seqs, i.max_num_batched_tokens) * s.vocab_size * 4 * 2
     graphs = engine_graph_pool_bytes(i, s)  # 0 with enforce_eager (memory_plan/graph_pool.py)
     non_torch = VLLM_NON_TORCH_BYTES + graphs
     kv_bytes = requested - weights - act - non_torch
-    return dict(requested=requested, weights=weights, activation=act, non_torch=non_torch, graphs=graphs, kv=kv_bytes,
-                kv_tokens=kv_cache_tokens(s, kv_bytes, i.rollout_dtype_bytes, i.tp))
+    return dict(
+        requested=requested,
+        weights=weights,
+        activation=act,
+        non_torch=non_torch,
+        graphs=graphs,
+        kv=kv_bytes,
+        kv_tokens=kv_cache_tokens(s, kv_bytes, i.rollout_dtype_bytes, i.tp),
+    )
 
 
 def kv_cache_tokens(s: ModelShape, kv_bytes: int, dtype_bytes: int, tp: int = 1, block_size: int = 16) -> int:
@@ -355,21 +414,29 @@ def cpu_kv_cache_bytes(cpu_kv_cache_bytes_key: int, environ=None) -> int:
     return int(space) * GiB if space != "" else int(cpu_kv_cache_bytes_key)
 
 
-def _state_lines(i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool,
-                 sft_on_device: Optional[bool] = None) -> list[Line]:
+def _state_lines(
+    i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool, sft_on_device: Optional[bool] = None
+) -> list[Line]:
     """``sft_on_device``: ReLIFT's SFT AdamW moments on the device (None: as the RL optimizer's)."""
     f = i.shard_group if i.fsdp else 1
     lines = []
     if not i.actor_param_offload:
-        lines.append(Line(f"actor fp32 params / {f} (FSDP shard)", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
+        lines.append(
+            Line(f"actor fp32 params / {f} (FSDP shard)", 4 * s.params // f, f"{_A}.fsdp_config.param_offload")
+        )
         if grads:
             lines.append(Line(f"actor fp32 grads / {f}", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
         if optimizer_on_device:
             key = f"{_A}.fsdp_config.optimizer_offload"
             lines.append(Line(f"AdamW moments (2 x fp32) / {f}", 8 * s.params // f, key))
         if i.sft_optimizer and (optimizer_on_device if sft_on_device is None else sft_on_device):
-            lines.append(Line(f"ReLIFT SFT AdamW moments (2 x fp32) / {f}", 8 * s.params // f,
-                              f"{_A}.fsdp_config.optimizer_offload"))
+            lines.append(
+                Line(
+                    f"ReLIFT SFT AdamW moments (2 x fp32) / {f}",
+                    8 * s.params // f,
+                    f"{_A}.fsdp_config.optimizer_offload",
+                )
+            )
     if i.use_ref and not i.ref_param_offload:
         lines.append(Line(f"ref fp32 params / {f}", 4 * s.params // f, f"{_REF}.fsdp_config.param_offload"))
     return lines
@@ -393,7 +460,9 @@ def nccl_bytes_per_communicator(environ=None) -> int:
     import os
 
     env = os.environ if environ is None else environ
-    return NCCL_BYTES_PER_COMMUNICATOR_NO_NVLS if env.get("NCCL_NVLS_ENABLE", "") == "0" else NCCL_BYTES_PER_COMMUNICATOR
+    return (
+        NCCL_BYTES_PER_COMMUNICATOR_NO_NVLS if env.get("NCCL_NVLS_ENABLE", "") == "0" else NCCL_BYTES_PER_COMMUNICATOR
+    )
 
 
 def _runtime_lines(i: PlanInputs) -> list[Line]:
@@ -402,8 +471,13 @@ def _runtime_lines(i: PlanInputs) -> list[Line]:
     comms, per = nccl_communicators(i), nccl_bytes_per_communicator()
     lines = [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-")]
     if comms:
-        lines.append(Line(f"NCCL, {len(comms)} communicator(s) x {per / GiB:.2f} GiB: {', '.join(comms)} (estimate)",
-                          len(comms) * per, f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size"))
+        lines.append(
+            Line(
+                f"NCCL, {len(comms)} communicator(s) x {per / GiB:.2f} GiB: {', '.join(comms)} (estimate)",
+                len(comms) * per,
+                f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size",
+            )
+        )
     if not i.split_engines:  # the colocated engine's communicator stays on this GPU in every phase
         lines += vllm_tp_lines(i)
     return lines
@@ -421,8 +495,14 @@ def _fragmentation(i: PlanInputs, lines: list[Line]) -> list[Line]:
     if i.device != "cuda":
         return []
     torch_bytes = sum(ln.bytes for ln in lines if not ln.what.startswith(("vLLM", "CUDA", "NCCL")))
-    return [Line(f"allocator fragmentation margin ({FRAGMENTATION_FRACTION:.0%} of the trainer's tensors, "
-                 "expandable_segments)", int(FRAGMENTATION_FRACTION * torch_bytes), "-")]
+    return [
+        Line(
+            f"allocator fragmentation margin ({FRAGMENTATION_FRACTION:.0%} of the trainer's tensors, "
+            "expandable_segments)",
+            int(FRAGMENTATION_FRACTION * torch_bytes),
+            "-",
+        )
+    ]
 
 
 def _sleeping_engine(i: PlanInputs, vb: Optional[dict]) -> list[Line]:
@@ -443,12 +523,22 @@ def _gathered(i: PlanInputs, s: ModelShape, grads: bool) -> list[Line]:
     a = i.param_dtype_bytes
     root = s.embed_params * (1 if s.tie_word_embeddings else 2)
     key = f"{_A}.fsdp_config.param_dtype"
-    lines = [Line("unsharded root unit (embeddings + head)", root * a, key),
-             Line("unsharded decoder layers (current + prefetch)", 2 * s.layer_params * a,
-                  f"{_A}.fsdp_config.reshard_after_forward")]
+    lines = [
+        Line("unsharded root unit (embeddings + head)", root * a, key),
+        Line(
+            "unsharded decoder layers (current + prefetch)",
+            2 * s.layer_params * a,
+            f"{_A}.fsdp_config.reshard_after_forward",
+        ),
+    ]
     if grads:
-        lines.append(Line("unsharded grads of a layer + fp32 reduce copy", s.layer_params * (a + 4) + root * (a + 4) // 2,
-                          f"{_A}.fsdp_config.reduce_dtype"))
+        lines.append(
+            Line(
+                "unsharded grads of a layer + fp32 reduce copy",
+                s.layer_params * (a + 4) + root * (a + 4) // 2,
+                f"{_A}.fsdp_config.reduce_dtype",
+            )
+        )
     return lines
 
 
@@ -459,12 +549,16 @@ def _ulysses_lines(i: PlanInputs, s: ModelShape, tokens: int) -> list[Line]:
         return []
     hd = s.head_dim
     width = (2 * s.num_attention_heads + 2 * s.num_key_value_heads) * hd
-    return [Line(f"Ulysses all-to-all buffers (SP {i.sp})", 2 * tokens * i.param_dtype_bytes * width,
-                 f"{_A}.ulysses_sequence_parallel_size")]
+    return [
+        Line(
+            f"Ulysses all-to-all buffers (SP {i.sp})",
+            2 * tokens * i.param_dtype_bytes * width,
+            f"{_A}.ulysses_sequence_parallel_size",
+        )
+    ]
 
 
-def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_key: str,
-                  vb: Optional[dict]) -> Phase:
+def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_key: str, vb: Optional[dict]) -> Phase:
     a = i.param_dtype_bytes
     lines = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False)
     lines += _runtime_lines(i) + _sleeping_engine(i, vb) + _gathered(i, s, grads=False)
@@ -473,8 +567,15 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
     lines.append(Line(f"hidden states in/out, {tokens} tokens/rank{sp}", 2 * tokens * a * h, budget_key))
     lines += _ulysses_lines(i, s, tokens)
     layer = tokens * layer_working_bytes(s, a)
-    hb, what = head_bytes(s, i.logprob_scored_tokens or tokens, i.logprob_chunk_size, a, backward=False,
-                          positions=tokens, response_positions=i.response_positions)
+    hb, what = head_bytes(
+        s,
+        i.logprob_scored_tokens or tokens,
+        i.logprob_chunk_size,
+        a,
+        backward=False,
+        positions=tokens,
+        response_positions=i.response_positions,
+    )
     # A layer's working set is freed before the head runs: the larger of the two is the pass's peak.
     if hb >= layer:
         lines.append(Line(f"{what} (> one layer's working set, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
@@ -488,8 +589,11 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
     one's where offloading leaves it; fixed micro-batches of padded rows)."""
     a, t = i.param_dtype_bytes, (i.sft_tokens if sft_stage else i.update_tokens)
     offload = i.optimizer_offload
-    state = (_state_lines(i, s, optimizer_on_device=not offload, grads=True, sft_on_device=True) if sft_stage
-             else _state_lines(i, s, optimizer_on_device=True, grads=True, sft_on_device=not offload))
+    state = (
+        _state_lines(i, s, optimizer_on_device=not offload, grads=True, sft_on_device=True)
+        if sft_stage
+        else _state_lines(i, s, optimizer_on_device=True, grads=True, sft_on_device=not offload)
+    )
     base = state + _runtime_lines(i) + _sleeping_engine(i, vb)
     name = "ReLIFT SFT stage" if sft_stage else "update"
     budget_key = "algorithm.relift.sft_micro_batch_size" if sft_stage else i.update_budget_key
@@ -506,8 +610,15 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
         layer, layer_what = t * work, "a layer's backward working set"
     fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), budget_key))
     fb += _ulysses_lines(i, s, t)
-    hb, what = head_bytes(s, scored or t, i.logprob_chunk_size, a, backward=True, positions=t,
-                          response_positions=None if sft_stage else i.response_positions)
+    hb, what = head_bytes(
+        s,
+        scored or t,
+        i.logprob_chunk_size,
+        a,
+        backward=True,
+        positions=t,
+        response_positions=None if sft_stage else i.response_positions,
+    )
     # Backward runs the head first, then the layers one by one: the larger transient is the peak.
     if hb >= layer:
         fb.append(Line(f"{what} (> {layer_what}, {layer / GiB:.2f} GiB)", hb, f"{_M}.logprob_chunk_size"))
@@ -545,32 +656,54 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
         if i.split_engines:  # an engine's own GPU: no actor shards; its communicators are TP and the weight group
             rollout = [Line("CUDA context + workspaces (estimate)", CUDA_CONTEXT_BYTES, "-")]
             comms = (i.tp > 1) + 1
-            rollout.append(Line(f"NCCL, {comms} communicator(s): weight group{', rollout TP' if i.tp > 1 else ''} "
-                                "(estimate)", comms * nccl_bytes_per_communicator(), f"{_R}.tensor_model_parallel_size"))
+            rollout.append(
+                Line(
+                    f"NCCL, {comms} communicator(s): weight group{', rollout TP' if i.tp > 1 else ''} (estimate)",
+                    comms * nccl_bytes_per_communicator(),
+                    f"{_R}.tensor_model_parallel_size",
+                )
+            )
             rollout += vllm_tp_lines(i)
         else:
             rollout = _state_lines(i, s, optimizer_on_device=not i.optimizer_offload, grads=False) + _runtime_lines(i)
         ukey = f"{_R}.gpu_memory_utilization"
-        rollout += [Line(f"vLLM weights / TP {i.tp}", vb["weights"], f"{_R}.tensor_model_parallel_size"),
-                    Line(f"vLLM activation peak at {i.max_num_batched_tokens} batched tokens (estimate)",
-                         vb["activation"], f"{_R}.max_num_batched_tokens"),
-                    Line("vLLM non-torch + CUDA graphs (estimate)", vb["non_torch"], f"{_R}.enforce_eager"),
-                    Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
-                    _weight_sync_line(i, s)]
-        phases.append(Phase("rollout (vLLM awake)" + (", its own GPUs" if i.split_engines else ""),
-                            rollout + _fragmentation(i, rollout)))
+        rollout += [
+            Line(f"vLLM weights / TP {i.tp}", vb["weights"], f"{_R}.tensor_model_parallel_size"),
+            Line(
+                f"vLLM activation peak at {i.max_num_batched_tokens} batched tokens (estimate)",
+                vb["activation"],
+                f"{_R}.max_num_batched_tokens",
+            ),
+            Line("vLLM non-torch + CUDA graphs (estimate)", vb["non_torch"], f"{_R}.enforce_eager"),
+            Line(f"vLLM KV cache = {i.gpu_memory_utilization} x total - the lines above", max(0, vb["kv"]), ukey),
+            _weight_sync_line(i, s),
+        ]
+        phases.append(
+            Phase(
+                "rollout (vLLM awake)" + (", its own GPUs" if i.split_engines else ""),
+                rollout + _fragmentation(i, rollout),
+            )
+        )
         per_token = s.kv_bytes_per_token(i.rollout_dtype_bytes, i.tp)
         if vb["kv"] < i.max_len * per_token:
-            notes.append(f"vLLM: KV cache {vb['kv'] / GiB:.2f} GiB holds {vb['kv_tokens']} tokens < one "
-                         f"{i.max_len}-token sequence; vLLM refuses to start -> raise {ukey}")
+            notes.append(
+                f"vLLM: KV cache {vb['kv'] / GiB:.2f} GiB holds {vb['kv_tokens']} tokens < one "
+                f"{i.max_len}-token sequence; vLLM refuses to start -> raise {ukey}"
+            )
         # At engine start the actor's fp32 shards are already on the device (built first in init_model).
         actor_on_gpu = not (i.actor_param_offload or i.split_engines)
         # vLLM's TP communicator is built before its start-up check (engine_side.py): it is not free either.
-        free_at_start = (total - (4 * s.params // i.shard_group if actor_on_gpu else 0) - CUDA_CONTEXT_BYTES
-                         - vllm_tp_communicator_bytes(i.tp, nccl_bytes_per_communicator()))
+        free_at_start = (
+            total
+            - (4 * s.params // i.shard_group if actor_on_gpu else 0)
+            - CUDA_CONTEXT_BYTES
+            - vllm_tp_communicator_bytes(i.tp, nccl_bytes_per_communicator())
+        )
         if free_at_start < vb["requested"]:
-            notes.append(f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
-                         f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'")
+            notes.append(
+                f"vLLM start: {free_at_start / GiB:.1f} GiB free < {ukey} x total = {vb['requested'] / GiB:.1f} "
+                f"GiB; vLLM 0.32 raises 'Free memory on device ... less than desired'"
+            )
     if i.split_engines:
         vb_trainer = None  # the trainer's GPUs hold no engine
     else:

@@ -23,6 +23,7 @@ Here the first capture is one forward's per-layer working set at the largest cap
 the profile run's activation line of ``estimate.vllm_budget``) and the per-graph remainder is vLLM's 1 MiB
 floor; the real second-capture figure is only known on a GPU (vLLM logs both at start-up).
 """
+
 from __future__ import annotations
 
 MiB = 2**20
@@ -30,8 +31,9 @@ DEFAULT_MAX_CAPTURE = 512  # vllm/config/vllm.py: 1024 on Blackwell (device capa
 PER_GRAPH_FLOOR_BYTES = MiB  # vllm/v1/worker/gpu_model_runner.py profile_cudagraph_memory: "at least 1 MiB per graph"
 
 
-def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                          default_max: int = DEFAULT_MAX_CAPTURE) -> list[int]:
+def default_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, default_max: int = DEFAULT_MAX_CAPTURE
+) -> list[int]:
     """The token counts vLLM captures when no list is given (no speculative decoding: one token per decode row)."""
     largest = min(2 * max_num_seqs, default_max)
     decode = [max_num_seqs] if max_num_seqs <= largest else []
@@ -46,8 +48,17 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
     return sorted(set(sizes))
 
 
-def graph_pool_bytes(*, hidden_size: int, q_size: int, kv_size: int, intermediate_size: int, dtype_bytes: int,
-                     tp: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+def graph_pool_bytes(
+    *,
+    hidden_size: int,
+    q_size: int,
+    kv_size: int,
+    intermediate_size: int,
+    dtype_bytes: int,
+    tp: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> int:
     """Estimated bytes of the CUDA-graph pool of one engine rank (q_size / kv_size: heads x head_dim, unsharded)."""
     sizes = default_capture_sizes(max_num_seqs, max_num_batched_tokens)
     if not sizes:
@@ -63,8 +74,13 @@ def engine_graph_pool_bytes(inputs, shape) -> int:
     """``graph_pool_bytes`` for a memory plan's ``PlanInputs`` and ``ModelShape``; 0 when the engine runs eager."""
     if inputs.enforce_eager:
         return 0
-    return graph_pool_bytes(hidden_size=shape.hidden_size, q_size=shape.num_attention_heads * shape.head_dim,
-                            kv_size=shape.num_key_value_heads * shape.head_dim,
-                            intermediate_size=shape.intermediate_size, dtype_bytes=inputs.rollout_dtype_bytes,
-                            tp=inputs.tp, max_num_seqs=inputs.max_num_seqs,
-                            max_num_batched_tokens=inputs.max_num_batched_tokens)
+    return graph_pool_bytes(
+        hidden_size=shape.hidden_size,
+        q_size=shape.num_attention_heads * shape.head_dim,
+        kv_size=shape.num_key_value_heads * shape.head_dim,
+        intermediate_size=shape.intermediate_size,
+        dtype_bytes=inputs.rollout_dtype_bytes,
+        tp=inputs.tp,
+        max_num_seqs=inputs.max_num_seqs,
+        max_num_batched_tokens=inputs.max_num_batched_tokens,
+    )

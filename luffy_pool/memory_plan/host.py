@@ -10,6 +10,7 @@ growth is also at most that cap per group. The bound below is those maxima over 
 every group stored, every success at full length. A run's real pool is smaller (fewer partially solved groups,
 shorter responses); exp_scripts/bench_exgrpo_pool.py fills one the way a 701-step run does and measures it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,13 @@ class ReplayPoolInputs:
         per_group = min(int(knobs.rbound), n - 1)
         if knobs.max_trajectories_per_question:
             per_group = min(per_group, int(knobs.max_trajectories_per_question))
-        return cls(groups_per_step=int(sections.data.train_batch_size), per_group=max(0, per_group),
-                   cap=int(knobs.max_trajectories_per_question), steps=int(sections.trainer.total_training_steps or 0),
-                   max_tokens=int(sections.data.max_response_length))
+        return cls(
+            groups_per_step=int(sections.data.train_batch_size),
+            per_group=max(0, per_group),
+            cap=int(knobs.max_trajectories_per_question),
+            steps=int(sections.trainer.total_training_steps or 0),
+            max_tokens=int(sections.data.max_response_length),
+        )
 
     @property
     def trajectory_bytes(self) -> int:
@@ -59,8 +64,10 @@ def replay_pool_line(p: Optional[ReplayPoolInputs]) -> Optional[tuple[str, int, 
     if p is None:
         return None
     cap = f"{p.cap} per question" if p.cap else "no cap"
-    per = (f"{p.groups_per_step} groups x {p.per_group} trajectories x {p.max_tokens:,} tokens x 8 B per step, "
-           f"{cap}; full-length bound, data.pt holds the same")
+    per = (
+        f"{p.groups_per_step} groups x {p.per_group} trajectories x {p.max_tokens:,} tokens x 8 B per step, "
+        f"{cap}; full-length bound, data.pt holds the same"
+    )
     if p.steps:
         return f"ExGRPO experience pool after {p.steps} steps ({per})", p.steps * p.step_bytes, _KEY
     return f"ExGRPO experience pool per step ({per}; trainer.total_training_steps unset)", p.step_bytes, _KEY

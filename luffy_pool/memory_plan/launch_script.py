@@ -7,6 +7,7 @@ stand-in ``$PYTHON`` that records its command line and starts nothing, so bash a
 launch composes. Environment variables (``MODEL_PATH``, ``DATA_DIR``, ...) come from ``env``. A script the plan
 does not cover (the SFT trainer) states the GPU it needs in one ``# GPU: ...`` comment line, quoted in the refusal.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
@@ -26,8 +27,10 @@ def script_overrides(script: str, extra: Sequence[str] = (), env: Optional[Mappi
         raise LaunchScriptError(str(exc)) from exc
     if recipe.kind != "rl":
         need = gpu_line(script)
-        raise LaunchScriptError(f"launch script {script}: runs {recipe.module}; the memory plan covers the RL trainer"
-                                + (f" (the script says: {need})" if need else ""))
+        raise LaunchScriptError(
+            f"launch script {script}: runs {recipe.module}; the memory plan covers the RL trainer"
+            + (f" (the script says: {need})" if need else "")
+        )
     return [a for a in recipe.overrides if "=" in a and not a.startswith("-")]
 
 
@@ -40,8 +43,9 @@ def gpu_line(script: str) -> str:
     return ""
 
 
-def script_config_problems(script: str, extra: Sequence[str] = (),
-                           env: Optional[Mapping[str, str]] = None) -> list[str]:
+def script_config_problems(
+    script: str, extra: Sequence[str] = (), env: Optional[Mapping[str, str]] = None
+) -> list[str]:
     """What a launch of ``bash script *extra`` is refused with before any worker starts, one line each (empty:
     none): its composed config with ``algorithm.method`` applied, through the config checker, which reads a local
     model's config.json for its positions and heads (against Ulysses SP and vLLM TP)."""

@@ -7,6 +7,7 @@ live at once (``kv_demand_line``). ``suggestions(plan)`` tries single key change
 head, gradient checkpointing) on the plan's own inputs and returns those after which every phase that
 was over fits with the 5 % margin, as ``key=value`` overrides.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,12 @@ from typing import Optional
 
 from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, build_plan, padded_update_note
 
-_A, _R, _REF, _M = ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref",
-                    "actor_rollout_ref.model")
+_A, _R, _REF, _M = (
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.rollout",
+    "actor_rollout_ref.ref",
+    "actor_rollout_ref.model",
+)
 
 
 def gib(n: int) -> str:
@@ -39,15 +44,25 @@ def kv_demand_line(plan: Plan, rows_per_engine: Optional[int] = None) -> Optiona
     if not plan.kv_cache_tokens:
         return None
     live = i.max_num_seqs if rows_per_engine is None else min(i.max_num_seqs, rows_per_engine)
-    why = f"max_num_seqs {i.max_num_seqs}" if rows_per_engine is None else \
-        f"min(max_num_seqs {i.max_num_seqs}, {rows_per_engine} rollout rows per engine)"
+    why = (
+        f"max_num_seqs {i.max_num_seqs}"
+        if rows_per_engine is None
+        else f"min(max_num_seqs {i.max_num_seqs}, {rows_per_engine} rollout rows per engine)"
+    )
     demand = live * i.max_len
     ratio = demand / plan.kv_cache_tokens
-    verdict = "fits" if demand <= plan.kv_cache_tokens else \
-        (f"{ratio:.1f}x the cache: at most {plan.kv_cache_tokens // max(1, i.max_len)} run at full length, vLLM "
-         "preempts and recomputes the rest (slower, not fatal)")
-    return (f"vLLM KV demand: {live} live sequences ({why}) x {i.max_len:,} tokens = {demand:,} tokens vs "
-            f"{plan.kv_cache_tokens:,} in the cache: {verdict}")
+    verdict = (
+        "fits"
+        if demand <= plan.kv_cache_tokens
+        else (
+            f"{ratio:.1f}x the cache: at most {plan.kv_cache_tokens // max(1, i.max_len)} run at full length, vLLM "
+            "preempts and recomputes the rest (slower, not fatal)"
+        )
+    )
+    return (
+        f"vLLM KV demand: {live} live sequences ({why}) x {i.max_len:,} tokens = {demand:,} tokens vs "
+        f"{plan.kv_cache_tokens:,} in the cache: {verdict}"
+    )
 
 
 def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -> str:
@@ -55,10 +70,14 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
     out = []
     if title:
         out.append(title)
-    out.append(f"model: {s.params / 1e9:.2f} B params, {s.num_hidden_layers} layers, hidden {s.hidden_size}, "
-               f"vocab {s.vocab_size} ({s.source})")
-    out.append(f"layout: {i.world} ranks ({i.nodes} node(s)), FSDP shard group {i.shard_group}, Ulysses SP {i.sp}, "
-               f"vLLM TP {i.tp}; per rank (every rank holds the same shares)")
+    out.append(
+        f"model: {s.params / 1e9:.2f} B params, {s.num_hidden_layers} layers, hidden {s.hidden_size}, "
+        f"vocab {s.vocab_size} ({s.source})"
+    )
+    out.append(
+        f"layout: {i.world} ranks ({i.nodes} node(s)), FSDP shard group {i.shard_group}, Ulysses SP {i.sp}, "
+        f"vLLM TP {i.tp}; per rank (every rank holds the same shares)"
+    )
     width = max(len(line.what) for p in plan.phases for line in p.lines) + 2
     out.append(f"{'phase / line':<{width + 2}}{'GiB':>7}  config key")
     for phase in plan.phases:
@@ -68,8 +87,10 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
     for line in plan.host_lines:
         out.append(f"driver host RAM: {line.what}: {line.bytes / GiB:.2f} GiB ({line.key})")
     if plan.kv_cache_bytes:
-        out.append(f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
-                   f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)")
+        out.append(
+            f"vLLM KV cache holds {plan.kv_cache_tokens:,} tokens per engine "
+            f"({plan.kv_cache_tokens // max(1, i.max_len)} full {i.max_len}-token sequences)"
+        )
         demand = kv_demand_line(plan, rows_per_engine)
         if demand:  # None when the cache holds no token (an engine that refuses to start: its note says so)
             out.append(demand)
@@ -82,8 +103,13 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
     if plan.device_bytes:
         room = plan.device_bytes - peak.total
         out.append(f"device memory: {plan.device_bytes / GiB:.2f} GiB")
-        flag = "" if room >= HEADROOM_FRACTION * plan.device_bytes else \
-            f"  <-- under the {HEADROOM_FRACTION:.0%} margin" if room >= 0 else "  <-- DOES NOT FIT"
+        flag = (
+            ""
+            if room >= HEADROOM_FRACTION * plan.device_bytes
+            else f"  <-- under the {HEADROOM_FRACTION:.0%} margin"
+            if room >= 0
+            else "  <-- DOES NOT FIT"
+        )
         out.append(f"headroom: {room / GiB:.2f} GiB ({room / plan.device_bytes:.1%}){flag}")
     return "\n".join(out)
 
@@ -112,9 +138,15 @@ def _candidates(plan: Plan, phase: str):
     if i.logprob_chunk_size == 0 and not phase.startswith("rollout"):
         cands.append(({"logprob_chunk_size": 1024}, f"{_M}.logprob_chunk_size=1024"))
     floor = math.ceil(i.max_len / i.sp)  # a row is never split: a smaller budget changes nothing
-    field, key = (("update_tokens", i.update_budget_key) if phase.startswith("update") else
-                  ("ref_logprob_tokens", i.ref_budget_key) if phase.startswith("log-prob: ref") else
-                  ("old_logprob_tokens", i.old_budget_key) if phase.startswith("log-prob") else (None, ""))
+    field, key = (
+        ("update_tokens", i.update_budget_key)
+        if phase.startswith("update")
+        else ("ref_logprob_tokens", i.ref_budget_key)
+        if phase.startswith("log-prob: ref")
+        else ("old_logprob_tokens", i.old_budget_key)
+        if phase.startswith("log-prob")
+        else (None, "")
+    )
     if field and key.endswith("max_token_len_per_gpu"):
         value = getattr(i, field) // 2
         while value >= floor:
@@ -169,6 +201,9 @@ def markdown_table(rows: list[tuple[str, str, int, Plan]]) -> str:
     for recipe, gpu, nodes, plan in rows:
         room = plan.device_bytes - plan.peak.total
         cells = [f"{p.total / GiB:.1f}" for p in plan.phases]
-        out.append(f"| {recipe} | {gpu} ({plan.device_bytes / GiB:.1f} GiB) | {nodes} | " + " | ".join(cells)
-                   + f" | {room / GiB:.1f} ({room / plan.device_bytes:.0%}) |")
+        out.append(
+            f"| {recipe} | {gpu} ({plan.device_bytes / GiB:.1f} GiB) | {nodes} | "
+            + " | ".join(cells)
+            + f" | {room / GiB:.1f} ({room / plan.device_bytes:.0%}) |"
+        )
     return "\n".join(out)

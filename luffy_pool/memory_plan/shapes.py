@@ -5,6 +5,7 @@ HF cache (read offline, nothing is downloaded), or, for hub ids not cached, one 
 small FALLBACK table of the models the shipped recipes name, copied from their published config.json;
 the plan prints which source it used. ``--model-config FILE`` (CLI) names a config.json explicitly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,8 +70,11 @@ class ModelShape:
         """All parameters; a tied head shares the embedding (no separate lm_head weight)."""
         head = 0 if self.tie_word_embeddings else self.embed_params
         dense_layers = self.num_hidden_layers - self.moe_layers
-        body = (self.num_hidden_layers * (self._attn_params() + 2 * self.hidden_size)
-                + dense_layers * self._dense_mlp_params(self.intermediate_size) + self.moe_layers * self._moe_mlp_params())
+        body = (
+            self.num_hidden_layers * (self._attn_params() + 2 * self.hidden_size)
+            + dense_layers * self._dense_mlp_params(self.intermediate_size)
+            + self.moe_layers * self._moe_mlp_params()
+        )
         return body + self.embed_params + head + self.hidden_size
 
     @property
@@ -93,13 +97,19 @@ def shape_from_dict(cfg: dict, source: str) -> ModelShape:
         hidden = int(cfg["hidden_size"])
         layers = int(cfg["num_hidden_layers"])
         model_type = str(cfg.get("model_type", ""))
-        return ModelShape(hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]),
-                          num_hidden_layers=layers, num_attention_heads=heads,
-                          num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                          vocab_size=int(cfg["vocab_size"]), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                          head_dim=int(cfg.get("head_dim") or hidden // heads),
-                          max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), source=source,
-                          **_architecture(cfg, model_type, layers))
+        return ModelShape(
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            vocab_size=int(cfg["vocab_size"]),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
+            source=source,
+            **_architecture(cfg, model_type, layers),
+        )
     except KeyError as exc:
         raise ValueError(f"{source}: model config has no {exc.args[0]!r} field") from None
 
@@ -108,40 +118,86 @@ def _architecture(cfg: dict, model_type: str, layers: int) -> dict:
     """Biases, q/k norms and MoE sizes of an HF config (none without a model_type: Qwen2's, the defaults)."""
     if not model_type:
         return {}
-    out = {"qkv_bias": model_type.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
-           "qk_norm": model_type.startswith("qwen3"), "mlp_bias": bool(cfg.get("mlp_bias", False))}
+    out = {
+        "qkv_bias": model_type.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+        "qk_norm": model_type.startswith("qwen3"),
+        "mlp_bias": bool(cfg.get("mlp_bias", False)),
+    }
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if experts:
         step = int(cfg.get("decoder_sparse_step") or 1)
         dense = set(cfg.get("mlp_only_layers") or [])
-        out.update(num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-                   moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-                   shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-                   moe_layers=sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0))
+        out.update(
+            num_experts=experts,
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+            moe_layers=sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0),
+        )
     return out
 
 
 # FALLBACK only, for hub ids not in the HF cache (an offline laptop): values as in each model's published
 # config.json. A model folder or a cached config always wins; the plan names the source it used.
-_QWEN25_MATH_7B = dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
-_LLAMA31_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                   max_position_embeddings=131072)
-_QWEN3_8B = dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                 tie_word_embeddings=False)
+_QWEN25_MATH_7B = dict(
+    model_type="qwen2",
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
+_LLAMA31_8B = dict(
+    model_type="llama",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+)
+_QWEN3_8B = dict(
+    model_type="qwen3",
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    tie_word_embeddings=False,
+)
 KNOWN_SHAPES: dict[str, dict] = {
     # LUFFY's model: Qwen2.5-Math-7B with rope_theta raised for 16k positions.
     "Elliott/Qwen2.5-Math-7B-16k-think": dict(_QWEN25_MATH_7B, max_position_embeddings=16384),
     "Qwen/Qwen2.5-Math-7B": dict(_QWEN25_MATH_7B, max_position_embeddings=4096),
     "Qwen/Qwen2.5-7B-Instruct": dict(_QWEN25_MATH_7B, max_position_embeddings=32768),
-    "Qwen/Qwen2.5-Math-1.5B": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                                   num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-                                   tie_word_embeddings=True, max_position_embeddings=4096),
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                       num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                                       tie_word_embeddings=True, max_position_embeddings=32768),
+    "Qwen/Qwen2.5-Math-1.5B": dict(
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     # the models of exp_scripts/overrides/ (tests/data/model_configs has their config.json files)
     "meta-llama/Llama-3.1-8B": _LLAMA31_8B,
@@ -178,5 +234,7 @@ def model_shape(name: str, model_config: Optional[str] = None, cache_dir: Option
             return shape_from_dict(json.load(f), f"HF cache {cached}")
     if name in KNOWN_SHAPES:
         return shape_from_dict(KNOWN_SHAPES[name], f"FALLBACK table for {name} (not in the HF cache)")
-    raise FileNotFoundError(f"actor_rollout_ref.model.path={name}: no local config.json, not in the HF cache and not in "
-                            f"the fallback table ({', '.join(sorted(KNOWN_SHAPES))}); pass --model-config PATH")
+    raise FileNotFoundError(
+        f"actor_rollout_ref.model.path={name}: no local config.json, not in the HF cache and not in "
+        f"the fallback table ({', '.join(sorted(KNOWN_SHAPES))}); pass --model-config PATH"
+    )

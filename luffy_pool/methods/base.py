@@ -30,6 +30,7 @@ A method (``algorithm.method``) declares, in one small module registered here:
 - ``needs_question_ids``: the method keys state by question id (the dataset's ``index``), so the train files'
   ids must be unique (luffy_pool/run/preflight.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -99,8 +100,10 @@ def method_conflicts(method: Method, config) -> list[str]:
         current = OmegaConf.select(config, path)
         if current == value or current == OmegaConf.select(_base_defaults(), path):
             continue
-        errors.append(f"algorithm.method={method.name} sets {path}={value!r}, but the config has {path}={current!r}; "
-                      f"drop that override or choose another algorithm.method")
+        errors.append(
+            f"algorithm.method={method.name} sets {path}={value!r}, but the config has {path}={current!r}; "
+            f"drop that override or choose another algorithm.method"
+        )
     return errors
 
 

@@ -7,6 +7,7 @@ advantage is ``grpo_split``, so the GRPO groups hold the on-policy rows only, as
 schedule reads is the trainer's ``global_steps − 1`` (0 on the first update, so CHORD-μ starts at its peak),
 sent with the knobs in the update's ``meta_info`` (luffy_pool/methods/losses.py).
 """
+
 from __future__ import annotations
 
 from luffy_pool.methods.base import Method, register_method
@@ -14,7 +15,13 @@ from luffy_pool.methods.hpt import FULL_DEMO_ROW
 
 A = "actor_rollout_ref.actor"
 
-CHORD = register_method(Method(
-    name="chord", mechanism="(1 − μ(t))·GRPO + μ(t)·φ-weighted SFT on expert rows, μ cosine-decayed",
-    requires={f"{A}.policy_loss": "chord", "algorithm.adv_estimator": "grpo_split", **FULL_DEMO_ROW},
-    replaces={f"{A}.use_off_policy_loss": False}, needs_demonstration=True, knobs="chord"))
+CHORD = register_method(
+    Method(
+        name="chord",
+        mechanism="(1 − μ(t))·GRPO + μ(t)·φ-weighted SFT on expert rows, μ cosine-decayed",
+        requires={f"{A}.policy_loss": "chord", "algorithm.adv_estimator": "grpo_split", **FULL_DEMO_ROW},
+        replaces={f"{A}.use_off_policy_loss": False},
+        needs_demonstration=True,
+        knobs="chord",
+    )
+)

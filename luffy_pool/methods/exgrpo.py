@@ -33,6 +33,7 @@ each epoch start (the same questions train); a question keeps its newest ``max_t
 trajectories (default 8; 0 = the authors' unbounded pool); not reproduced: the authors' ``skip_grad_bound=500`` step
 skip.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,8 +60,14 @@ class ExgrpoDriver:
         self.dataset = trainer.train_dataloader.dataset
         self.positions = {question_key(v): i for i, v in enumerate(self.dataset.prompt_ids)}
         success = fail_success_values(int(s.data.reward_impl_version))[1]
-        self.pool = ExperiencePool(self.knobs, n=s.workers.rollout.n, batch_size=int(s.data.train_batch_size),
-                                   dataset_size=len(self.dataset), success=success, seed=int(s.trainer.seed))
+        self.pool = ExperiencePool(
+            self.knobs,
+            n=s.workers.rollout.n,
+            batch_size=int(s.data.train_batch_size),
+            dataset_size=len(self.dataset),
+            success=success,
+            seed=int(s.trainer.seed),
+        )
         self.replays: dict[int, object] = {}  # this step: batch row -> the Trajectory replayed there
 
     # ------------------------------------------------------------------ 1. the step's prompts
@@ -80,8 +87,10 @@ class ExgrpoDriver:
             return batch, {"exgrpo/replayed_questions": 0, "exgrpo/metric_forward_rows": 0}
         missing = [uid for uid in plan.replay if uid not in self.positions]
         if missing:
-            raise ValueError(f"ExGRPO: question id {missing[0]!r} of the experience pool is not in data.train_files "
-                             f"(the checkpoint comes from another dataset?)")
+            raise ValueError(
+                f"ExGRPO: question id {missing[0]!r} of the experience pool is not in data.train_files "
+                f"(the checkpoint comes from another dataset?)"
+            )
         rows = [RLHFDataset.__getitem__(self.dataset, self.positions[uid]) for uid in plan.replay]
         replay = DataProto.from_single_dict(self.trainer.collate_fn(rows))
         drop = [k for k in TARGET_KEYS if k in replay.batch.keys()]
@@ -91,13 +100,16 @@ class ExgrpoDriver:
         batch = DataProto.concat([batch, replay])
         # one actor forward over the candidates of every question that needs it (original: of every replayed
         # question, in draw order, since the authors' mask quirk depends on the whole list of candidates)
-        scored = [(first + i, uid) for i, uid in enumerate(plan.replay)
-                  if self.pool.needs_metric(uid) or (self.knobs.metric_impl == "original"
-                                                     and self.knobs.traj_metric != "random")]
+        scored = [
+            (first + i, uid)
+            for i, uid in enumerate(plan.replay)
+            if self.pool.needs_metric(uid)
+            or (self.knobs.metric_impl == "original" and self.knobs.traj_metric != "random")
+        ]
         values = self._trajectory_metrics(batch, [(row, tr) for row, uid in scored for tr in self.pool.pool[uid]])
         per_uid, at = {}, 0
         for _, uid in scored:
-            per_uid[uid] = values[at:at + len(self.pool.pool[uid])]
+            per_uid[uid] = values[at : at + len(self.pool.pool[uid])]
             at += len(self.pool.pool[uid])
         for i, uid in enumerate(plan.replay):
             self.replays[first + i] = self.pool.pool[uid][self.pool.choose(uid, per_uid.get(uid))]
@@ -119,9 +131,17 @@ class ExgrpoDriver:
             width = max(len(tr.ids) for _, tr in candidates)
             traces = torch.full((c, width), pad, dtype=torch.long)
             for i, (_, tr) in enumerate(candidates):
-                traces[i, :len(tr.ids)] = torch.from_numpy(tr.ids)
-            plan = build_slot_plan(t["input_ids"][rows], t["attention_mask"][rows], traces.unsqueeze(1),
-                                   np.ones((c, 1)), pad, eos, L, prompt_position_ids=t["position_ids"][rows])
+                traces[i, : len(tr.ids)] = torch.from_numpy(tr.ids)
+            plan = build_slot_plan(
+                t["input_ids"][rows],
+                t["attention_mask"][rows],
+                traces.unsqueeze(1),
+                np.ones((c, 1)),
+                pad,
+                eos,
+                L,
+                prompt_position_ids=t["position_ids"][rows],
+            )
             out = assemble_responses(plan, []).tensors
             return {k: out[k] for k in LOG_PROB_KEYS}, out["response_mask"]
         total = t["input_ids"].shape[1] + L
@@ -131,11 +151,15 @@ class ExgrpoDriver:
         for i, (row, tr) in enumerate(candidates):
             trajectory = tr.token_ids + [eos]
             seq = (t["input_ids"][row][t["attention_mask"][row].bool()].tolist() + trajectory)[-total:]
-            ids[i, total - len(seq):] = torch.tensor(seq)
-            mask[i, total - len(seq):] = 1
-            right[i, :min(L, len(trajectory))] = torch.tensor(trajectory[:L])
-        tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask),
-                   "responses": ids[:, -L:]}
+            ids[i, total - len(seq) :] = torch.tensor(seq)
+            mask[i, total - len(seq) :] = 1
+            right[i, : min(L, len(trajectory))] = torch.tensor(trajectory[:L])
+        tensors = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": compute_position_id_with_mask(mask),
+            "responses": ids[:, -L:],
+        }
         return tensors, right
 
     def _trajectory_metrics(self, batch, candidates) -> list[float]:
@@ -172,8 +196,8 @@ class ExgrpoDriver:
         lps = torch.full((bsz, n, width + 1), float("nan"), dtype=torch.float64)
         for row, tr in self.replays.items():
             ratios[row, 0] = 1.0
-            tgt[row, 0, :len(tr.ids)] = torch.from_numpy(tr.ids)
-            lps[row, 0, :len(tr.lps)] = torch.from_numpy(tr.lps)  # float32 -> float64: exact
+            tgt[row, 0, : len(tr.ids)] = torch.from_numpy(tr.ids)
+            lps[row, 0, : len(tr.lps)] = torch.from_numpy(tr.lps)  # float32 -> float64: exact
         gen_batch.batch["tgt_input_ids"] = tgt
         gen_batch.batch["behaviour_log_probs"] = lps
         return ratios
@@ -186,9 +210,15 @@ class ExgrpoDriver:
 
         t = batch.batch
         L = self.trainer.response_length
-        metrics = self.pool.observe(batch.non_tensor_batch["index"], batch.non_tensor_batch["uid"],
-                                    t["token_level_scores"].sum(-1), t["responses"], t["attention_mask"][:, -L:],
-                                    t["old_log_probs"], self.trainer.tokenizer.eos_token_id)
+        metrics = self.pool.observe(
+            batch.non_tensor_batch["index"],
+            batch.non_tensor_batch["uid"],
+            t["token_level_scores"].sum(-1),
+            t["responses"],
+            t["attention_mask"][:, -L:],
+            t["old_log_probs"],
+            self.trainer.tokenizer.eos_token_id,
+        )
         if self.knobs.is_correct and self.replays and "behaviour_log_probs" in t.keys():
             t["old_log_probs"] = recorded_old_log_probs(t["old_log_probs"], t["behaviour_log_probs"], t["prefix_mask"])
         return metrics
@@ -210,9 +240,19 @@ class ExgrpoDriver:
         self.pool.load_state_dict(state)
 
 
-EXGRPO = register_method(Method(
-    name="exgrpo", mechanism="replay of the model's own successes (bucket-sampled, lowest entropy), "
-                             "shaped f(π_θ/π_recorded); warm-up on-policy",
-    requires={f"{A}.policy_loss": "exgrpo", f"{A}.off_policy_reshape": "p_div_p_0.1", "data.self_replay.enable": False},
-    replaces={f"{A}.use_off_policy_loss": False, f"{R}.n_prefix": 0}, knobs="exgrpo", driver=ExgrpoDriver,
-    needs_question_ids=True))
+EXGRPO = register_method(
+    Method(
+        name="exgrpo",
+        mechanism="replay of the model's own successes (bucket-sampled, lowest entropy), "
+        "shaped f(π_θ/π_recorded); warm-up on-policy",
+        requires={
+            f"{A}.policy_loss": "exgrpo",
+            f"{A}.off_policy_reshape": "p_div_p_0.1",
+            "data.self_replay.enable": False,
+        },
+        replaces={f"{A}.use_off_policy_loss": False, f"{R}.n_prefix": 0},
+        knobs="exgrpo",
+        driver=ExgrpoDriver,
+        needs_question_ids=True,
+    )
+)

@@ -11,6 +11,7 @@ The advantage is ``grpo_split`` (over the on-policy rows only, as the authors' o
 Differences kept visible: the entropy bonus still averages over every row of the micro-batch; the authors
 pad batches to a multiple of 8, we keep every group's n rows.
 """
+
 from __future__ import annotations
 
 from luffy_pool.methods.base import Method, register_method
@@ -48,7 +49,14 @@ def hpt_gate(batch, sections) -> dict:
     return {"hpt/sft_group_fraction": switched / max(len(counts), 1), "hpt/mean_successes": float(np.mean(counts))}
 
 
-HPT = register_method(Method(
-    name="hpt", mechanism="per group: SFT on the demonstration if its rollouts have <= switch_gate successes, else RL",
-    requires={f"{A}.policy_loss": "hpt_sft", "algorithm.adv_estimator": "grpo_split", **FULL_DEMO_ROW},
-    replaces={f"{A}.use_off_policy_loss": False}, needs_demonstration=True, knobs="hpt", before_update=hpt_gate))
+HPT = register_method(
+    Method(
+        name="hpt",
+        mechanism="per group: SFT on the demonstration if its rollouts have <= switch_gate successes, else RL",
+        requires={f"{A}.policy_loss": "hpt_sft", "algorithm.adv_estimator": "grpo_split", **FULL_DEMO_ROW},
+        replaces={f"{A}.use_off_policy_loss": False},
+        needs_demonstration=True,
+        knobs="hpt",
+        before_update=hpt_gate,
+    )
+)

@@ -11,6 +11,7 @@ The family functions (luffy_pool/algorithm/family/) receive :class:`FamilyLossIn
 rows (those with prefix tokens), correct rows (``row_scores == 1``) and the step; rows a gate dropped
 (``loss_row_mask == 0``) get an all-zero response mask.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,8 +27,14 @@ from luffy_pool.algorithm.family.srft import SrftConfig, srft_loss
 from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-for _name, _fn in (("hpt_sft", hpt_sft_loss), ("srft", srft_loss), ("chord", chord_mixed_loss),
-                   ("prefix_rft", prefix_rft_loss), ("uft", uft_loss), ("exgrpo", exgrpo_token_loss)):
+for _name, _fn in (
+    ("hpt_sft", hpt_sft_loss),
+    ("srft", srft_loss),
+    ("chord", chord_mixed_loss),
+    ("prefix_rft", prefix_rft_loss),
+    ("uft", uft_loss),
+    ("exgrpo", exgrpo_token_loss),
+):
     register_policy_loss(_name)(_fn)
 
 
@@ -37,21 +44,36 @@ def update_meta(method, sections, global_steps: int) -> dict:
     from dataclasses import asdict
 
     rollout = sections.workers.rollout
-    return {"name": method.name, "knobs": asdict(getattr(sections.algorithm, method.knobs)),
-            "step": int(global_steps) - 1, "expert_share": max(int(rollout.n_prefix), 0) / int(rollout.n)}
+    return {
+        "name": method.name,
+        "knobs": asdict(getattr(sections.algorithm, method.knobs)),
+        "step": int(global_steps) - 1,
+        "expert_share": max(int(rollout.n_prefix), 0) / int(rollout.n),
+    }
 
 
 def _hpt_cfg(knobs: dict, meta: dict, loss, actor) -> HptConfig:
-    return HptConfig(switch_gate=knobs["switch_gate"], switch_gate_off=knobs["switch_gate"],
-                     sft_loss_coef=loss.sft_loss_coef, clip_ratio=loss.clip_ratio,
-                     loss_remove_token_mean=loss.loss_remove_token_mean, loss_remove_clip=loss.loss_remove_clip)
+    return HptConfig(
+        switch_gate=knobs["switch_gate"],
+        switch_gate_off=knobs["switch_gate"],
+        sft_loss_coef=loss.sft_loss_coef,
+        clip_ratio=loss.clip_ratio,
+        loss_remove_token_mean=loss.loss_remove_token_mean,
+        loss_remove_clip=loss.loss_remove_clip,
+    )
 
 
 def _srft_cfg(knobs: dict, meta: dict, loss, actor) -> SrftConfig:
-    return SrftConfig(srft_type=knobs["srft_type"], sft_weight_scale=knobs["sft_weight_scale"],
-                      rl_pos_weight_scale=knobs["rl_pos_weight_scale"], off_policy_reshape=loss.off_policy_reshape,
-                      clip_ratio=loss.clip_ratio, clip_upper_bound=loss.clip_upper_bound,
-                      loss_remove_token_mean=loss.loss_remove_token_mean, loss_remove_clip=loss.loss_remove_clip)
+    return SrftConfig(
+        srft_type=knobs["srft_type"],
+        sft_weight_scale=knobs["sft_weight_scale"],
+        rl_pos_weight_scale=knobs["rl_pos_weight_scale"],
+        off_policy_reshape=loss.off_policy_reshape,
+        clip_ratio=loss.clip_ratio,
+        clip_upper_bound=loss.clip_upper_bound,
+        loss_remove_token_mean=loss.loss_remove_token_mean,
+        loss_remove_clip=loss.loss_remove_clip,
+    )
 
 
 def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
@@ -64,26 +86,43 @@ def _chord_cfg(knobs: dict, meta: dict, loss, actor) -> ChordConfig:
     sizes = actor.batch_sizes if actor.batch_sizes is not None else rank_batch_sizes(actor.config)
     mini = sizes.ppo_mini_rows
     expert = max(1, round(mini * meta["expert_share"]))
-    return ChordConfig(mu_warmup_steps=knobs["mu_warmup_steps"], mu_decay_steps=knobs["mu_decay_steps"],
-                       mu_peak=knobs["mu_peak"], mu_valley=knobs["mu_valley"],
-                       enable_phi_function=knobs["enable_phi_function"], clip_range=loss.clip_ratio,
-                       clip_ratio_c=knobs["clip_ratio_c"], use_dynamic_bsz=False,
-                       ppo_mini_batch_size=sizes.gradient_accumulation, ppo_micro_batch_size_per_gpu=1,
-                       ngpus_trainer=1, train_batch_size_usual=max(1, mini - expert), train_batch_size_expert=expert,
-                       use_token_level_loss_in_sft=knobs["use_token_level_loss_in_sft"])
+    return ChordConfig(
+        mu_warmup_steps=knobs["mu_warmup_steps"],
+        mu_decay_steps=knobs["mu_decay_steps"],
+        mu_peak=knobs["mu_peak"],
+        mu_valley=knobs["mu_valley"],
+        enable_phi_function=knobs["enable_phi_function"],
+        clip_range=loss.clip_ratio,
+        clip_ratio_c=knobs["clip_ratio_c"],
+        use_dynamic_bsz=False,
+        ppo_mini_batch_size=sizes.gradient_accumulation,
+        ppo_micro_batch_size_per_gpu=1,
+        ngpus_trainer=1,
+        train_batch_size_usual=max(1, mini - expert),
+        train_batch_size_expert=expert,
+        use_token_level_loss_in_sft=knobs["use_token_level_loss_in_sft"],
+    )
 
 
 def _prefix_rft_cfg(knobs: dict, meta: dict, loss, actor) -> PrefixRftConfig:
     """The loss reads only the entropy share and the actor's clip / aggregation (the schedule is the driver's)."""
-    return PrefixRftConfig(prefix_entropy_top_frac=knobs["prefix_entropy_top_frac"], clip_ratio=loss.clip_ratio,
-                           clip_upper_bound=loss.clip_upper_bound, loss_remove_token_mean=loss.loss_remove_token_mean,
-                           loss_remove_clip=loss.loss_remove_clip)
+    return PrefixRftConfig(
+        prefix_entropy_top_frac=knobs["prefix_entropy_top_frac"],
+        clip_ratio=loss.clip_ratio,
+        clip_upper_bound=loss.clip_upper_bound,
+        loss_remove_token_mean=loss.loss_remove_token_mean,
+        loss_remove_clip=loss.loss_remove_clip,
+    )
 
 
 def _uft_cfg(knobs: dict, meta: dict, loss, actor) -> UftLossConfig:
-    return UftLossConfig(hint_sft_coef=knobs["hint_sft_coef"], clip_ratio=loss.clip_ratio,
-                         clip_upper_bound=loss.clip_upper_bound, loss_remove_token_mean=loss.loss_remove_token_mean,
-                         loss_remove_clip=loss.loss_remove_clip)
+    return UftLossConfig(
+        hint_sft_coef=knobs["hint_sft_coef"],
+        clip_ratio=loss.clip_ratio,
+        clip_upper_bound=loss.clip_upper_bound,
+        loss_remove_token_mean=loss.loss_remove_token_mean,
+        loss_remove_clip=loss.loss_remove_clip,
+    )
 
 
 def _off(value):
@@ -94,35 +133,54 @@ def _off(value):
 def _exgrpo_cfg(knobs: dict, meta: dict, loss, actor) -> ExgrpoLossConfig:
     """ExGRPO's trainer sends ``loss_remove_clip`` only in the mixed phase and forces PPO clip in warm-up
     (``meta["mixed"]``, luffy_pool/methods/exgrpo.py)."""
-    return ExgrpoLossConfig(clip_ratio=loss.clip_ratio, clip_upper_bound=loss.clip_upper_bound,
-                            loss_remove_clip=bool(loss.loss_remove_clip and meta.get("mixed", False)),
-                            loss_remove_token_mean=loss.loss_remove_token_mean,
-                            off_policy_reshape=loss.off_policy_reshape,
-                            off_policy_max_clip=_off(loss.off_policy_max_clip),
-                            off_policy_min_clip=_off(loss.off_policy_min_clip), all_max_clip=_off(loss.all_max_clip))
+    return ExgrpoLossConfig(
+        clip_ratio=loss.clip_ratio,
+        clip_upper_bound=loss.clip_upper_bound,
+        loss_remove_clip=bool(loss.loss_remove_clip and meta.get("mixed", False)),
+        loss_remove_token_mean=loss.loss_remove_token_mean,
+        off_policy_reshape=loss.off_policy_reshape,
+        off_policy_max_clip=_off(loss.off_policy_max_clip),
+        off_policy_min_clip=_off(loss.off_policy_min_clip),
+        all_max_clip=_off(loss.all_max_clip),
+    )
 
 
 # loss name -> builder of its knob dataclass from (method knobs, update meta, actor loss section, actor)
-FAMILY_LOSSES: dict[str, Callable] = {"hpt_sft": _hpt_cfg, "srft": _srft_cfg, "chord": _chord_cfg,
-                                      "prefix_rft": _prefix_rft_cfg, "uft": _uft_cfg, "exgrpo": _exgrpo_cfg}
+FAMILY_LOSSES: dict[str, Callable] = {
+    "hpt_sft": _hpt_cfg,
+    "srft": _srft_cfg,
+    "chord": _chord_cfg,
+    "prefix_rft": _prefix_rft_cfg,
+    "uft": _uft_cfg,
+    "exgrpo": _exgrpo_cfg,
+}
 
 
 def family_policy_loss(actor, micro: dict, log_prob, entropy, response_mask):
     """The actor's ``compute_policy_loss`` for a family loss -> (loss, metrics as ``actor/<name>`` floats)."""
     meta = getattr(actor, "method_meta", None)
     if meta is None:
-        raise ValueError(f"policy loss {actor.policy_loss!r} needs the update's meta_info['method'] (its knobs and "
-                         f"step), which the trainer sends under the matching algorithm.method")
+        raise ValueError(
+            f"policy loss {actor.policy_loss!r} needs the update's meta_info['method'] (its knobs and "
+            f"step), which the trainer sends under the matching algorithm.method"
+        )
     cfg = FAMILY_LOSSES[actor.policy_loss](meta["knobs"], meta, actor.update_config.loss, actor)
     mask = response_mask
     if "loss_row_mask" in micro:  # rows a gate dropped take no part in the loss
         mask = response_mask * micro["loss_row_mask"].to(response_mask.dtype).unsqueeze(-1)
     prefix = micro["prefix_mask"]
     inputs = FamilyLossInputs(
-        log_prob=log_prob, old_log_prob=micro["old_log_probs"], advantages=micro["advantages"], response_mask=mask,
-        prefix_mask=prefix, behaviour_log_probs=micro.get("behaviour_log_probs"), entropy=entropy.detach(),
+        log_prob=log_prob,
+        old_log_prob=micro["old_log_probs"],
+        advantages=micro["advantages"],
+        response_mask=mask,
+        prefix_mask=prefix,
+        behaviour_log_probs=micro.get("behaviour_log_probs"),
+        entropy=entropy.detach(),
         expert_mask=prefix.bool().any(-1),
-        correct_mask=(micro["row_scores"] == 1.0) if "row_scores" in micro else None, step=meta["step"])
+        correct_mask=(micro["row_scores"] == 1.0) if "row_scores" in micro else None,
+        step=meta["step"],
+    )
     loss, out = actor.policy_loss_fn(inputs, cfg)
     metrics = {f"actor/{k}": float(v.item() if torch.is_tensor(v) else v) for k, v in out.items()}
     metrics["actor/pg_loss"] = loss.item()

@@ -10,6 +10,7 @@ Loss ``prefix_rft``: Dr.GRPO's PPO clip over the continuation and the top-entrop
 no-std and sum / L aggregation are the launch script's (``grpo_use_std=False``, ``loss_remove_token_mean=True``).
 State: the step only (the trainer's ``global_steps``, restored on resume); the sampler has no RNG.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,9 +35,12 @@ class PrefixRftSampler:
         from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, decay_steps_of
 
         knobs, rollout = sections.algorithm.prefix_rft, sections.workers.rollout
-        cfg = PrefixRftConfig(ratio_start=knobs.ratio_start, ratio_end=knobs.ratio_end,
-                              decay_steps=decay_steps_of(knobs.decay_steps, total_steps),
-                              prefix_entropy_top_frac=knobs.prefix_entropy_top_frac)
+        cfg = PrefixRftConfig(
+            ratio_start=knobs.ratio_start,
+            ratio_end=knobs.ratio_end,
+            decay_steps=decay_steps_of(knobs.decay_steps, total_steps),
+            prefix_entropy_top_frac=knobs.prefix_entropy_top_frac,
+        )
         return cls(rollout.n, rollout.n_prefix, cfg)
 
     def ratio(self, global_step: int) -> float:
@@ -49,7 +53,7 @@ class PrefixRftSampler:
     def draw_batch(self, batch, global_step: int) -> tuple[np.ndarray, dict]:
         r = self.ratio(global_step)
         ratios = np.zeros((len(batch), self.n), dtype=np.float64)
-        ratios[:, :self.n_prefix] = r
+        ratios[:, : self.n_prefix] = r
         return ratios, {"prefix_rft/prefix_ratio": r}
 
     def state_dict(self) -> dict:
@@ -58,13 +62,21 @@ class PrefixRftSampler:
     def load_state_dict(self, state) -> None:
         if state.get("kind") != self.KIND:
             kind = state.get("kind", "LUFFY PrefixRatioSampler")
-            raise ValueError(f"the checkpoint's prefix-ratio sampler is {kind!r}, "
-                             f"not algorithm.method=prefix_rft's; resume it with the method it was trained with")
+            raise ValueError(
+                f"the checkpoint's prefix-ratio sampler is {kind!r}, "
+                f"not algorithm.method=prefix_rft's; resume it with the method it was trained with"
+            )
 
 
-PREFIX_RFT = register_method(Method(
-    name="prefix_rft", mechanism="demonstration prefix (cosine 0.95 -> 0.05) + on-policy continuation, "
-                                 "Dr.GRPO with only the top-20% entropy prefix tokens trained",
-    requires={f"{A}.policy_loss": "prefix_rft", "algorithm.adv_estimator": "grpo"},
-    replaces={f"{A}.use_off_policy_loss": False}, needs_demonstration=True, knobs="prefix_rft",
-    ratio_sampler=PrefixRftSampler.from_sections))
+PREFIX_RFT = register_method(
+    Method(
+        name="prefix_rft",
+        mechanism="demonstration prefix (cosine 0.95 -> 0.05) + on-policy continuation, "
+        "Dr.GRPO with only the top-20% entropy prefix tokens trained",
+        requires={f"{A}.policy_loss": "prefix_rft", "algorithm.adv_estimator": "grpo"},
+        replaces={f"{A}.use_off_policy_loss": False},
+        needs_demonstration=True,
+        knobs="prefix_rft",
+        ratio_sampler=PrefixRftSampler.from_sections,
+    )
+)

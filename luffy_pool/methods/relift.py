@@ -14,6 +14,7 @@ Fixed here (the authors' code): a step with no hard question while the buffer is
 the RL optimizer's), both restored by ``resume_mode=auto``. Order of the hard questions: first appearance in the
 updated batch, which our row balancing may have reordered (theirs: after their balancing, a different one).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,10 @@ class ReliftStage:
         self._step_prompts: dict = {}  # dataset index -> this step's prompt row (before the rollout takes the target)
         if self.enabled:
             if k.sft_data_size % trainer.world_size:
-                raise ValueError(f"algorithm.relift.sft_data_size={k.sft_data_size} must be a multiple of the "
-                                 f"{trainer.world_size} actor ranks (each rank trains an equal share of the SFT batch)")
+                raise ValueError(
+                    f"algorithm.relift.sft_data_size={k.sft_data_size} must be a multiple of the "
+                    f"{trainer.world_size} actor ranks (each rank trains an equal share of the SFT batch)"
+                )
             trainer.wg.init_sft_optimizer(asdict(self.sft_config(s)))
         if trainer.checkpointer is not None:  # before fit's resume restores it
             trainer.checkpointer.register_state("relift", self)
@@ -62,10 +65,16 @@ class ReliftStage:
         from luffy_pool.workers.interleaved_sft import InterleavedSftConfig
 
         k, optim = sections.algorithm.relift, sections.workers.actor.optim
-        return InterleavedSftConfig(lr=float(k.sft_lr), betas=tuple(optim.betas), weight_decay=float(optim.weight_decay),
-                                    grad_clip=float(k.sft_grad_clip), mini_batch_size=int(k.sft_mini_batch_size),
-                                    micro_batch_size=int(k.sft_micro_batch_size), epochs=int(k.sft_epochs),
-                                    entropy_coeff=float(k.sft_entropy_coeff))
+        return InterleavedSftConfig(
+            lr=float(k.sft_lr),
+            betas=tuple(optim.betas),
+            weight_decay=float(optim.weight_decay),
+            grad_clip=float(k.sft_grad_clip),
+            mini_batch_size=int(k.sft_mini_batch_size),
+            micro_batch_size=int(k.sft_micro_batch_size),
+            epochs=int(k.sft_epochs),
+            entropy_coeff=float(k.sft_entropy_coeff),
+        )
 
     # ------------------------------------------------------------------ the step's hooks
     def before_rollout(self, batch) -> None:
@@ -105,9 +114,14 @@ class ReliftStage:
 
         tok = self.trainer.tokenizer
         stacked = {k: torch.stack([r[k] for r in rows]) for k in PROMPT_KEYS}
-        tensors = demonstration_batch(stacked["input_ids"], stacked["attention_mask"], stacked["position_ids"],
-                                      stacked["tgt_input_ids"], pad_token_id=tok.pad_token_id,
-                                      eos_token_id=tok.eos_token_id)
+        tensors = demonstration_batch(
+            stacked["input_ids"],
+            stacked["attention_mask"],
+            stacked["position_ids"],
+            stacked["tgt_input_ids"],
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
         data = DataProto.from_dict(tensors=tensors)
         world = self.trainer.world_size
         if self.trainer.sections.trainer.balance_batch:  # theirs balances the SFT batch across ranks too
@@ -129,9 +143,15 @@ def _key(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-RELIFT = register_method(Method(
-    name="relift", mechanism="on-policy GRPO; questions with no success go to a buffer, trained by interleaved SFT "
-                             "with its own optimizer once it holds sft_data_size demonstrations",
-    requires={f"{A}.policy_loss": "vanilla"},
-    replaces={f"{A}.use_off_policy_loss": False, f"{R}.n_prefix": 0},
-    needs_demonstration=True, knobs="relift", stage=ReliftStage))
+RELIFT = register_method(
+    Method(
+        name="relift",
+        mechanism="on-policy GRPO; questions with no success go to a buffer, trained by interleaved SFT "
+        "with its own optimizer once it holds sft_data_size demonstrations",
+        requires={f"{A}.policy_loss": "vanilla"},
+        replaces={f"{A}.use_off_policy_loss": False, f"{R}.n_prefix": 0},
+        needs_demonstration=True,
+        knobs="relift",
+        stage=ReliftStage,
+    )
+)

@@ -17,6 +17,7 @@ dataset and resets it to 1 on resume (the first resumed batch draws with p ≈ 0
 global step and the draw's RNG is saved in the checkpoint. KL and entropy as the authors' script
 (``use_kl_loss``, ``kl_loss_coef=0.001``, ``low_var_kl``, ``entropy_coeff=0.001``) are exp_scripts/train_uft.sh's.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,9 +50,14 @@ class UftHintSampler:
         from luffy_pool.algorithm.family.uft import UftConfig
 
         k = sections.algorithm.uft
-        cfg = UftConfig(schedule=k.schedule, total_training_steps_hint=k.total_training_steps_hint,
-                        lower_prob=k.lower_prob, upper_prob=k.upper_prob, max_segments=k.max_segments,
-                        hint_sft_coef=k.hint_sft_coef)
+        cfg = UftConfig(
+            schedule=k.schedule,
+            total_training_steps_hint=k.total_training_steps_hint,
+            lower_prob=k.lower_prob,
+            upper_prob=k.upper_prob,
+            max_segments=k.max_segments,
+            hint_sft_coef=k.hint_sft_coef,
+        )
         return cls(sections.workers.rollout.n, cfg, k.hint_key, tokenizer, seed)
 
     def hint_ids(self, segments, global_step: int, prompt_opens_think: bool = False) -> tuple[list[int], float]:
@@ -62,7 +68,7 @@ class UftHintSampler:
         segments = None if segments is None else [str(s) for s in segments]
         text, share = sample_hint(segments, global_step, self.cfg, self.rng)
         if prompt_opens_think and text.startswith(THINK_OPEN):
-            text = text[len(THINK_OPEN):]
+            text = text[len(THINK_OPEN) :]
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
         return ids, share
 
@@ -77,8 +83,9 @@ class UftHintSampler:
         if global_step < 1:
             raise ValueError(f"global_step counts training steps from 1, got {global_step}")
         if self.hint_key not in batch.non_tensor_batch:
-            raise ValueError(f"algorithm.method=uft: the batch has no column {self.hint_key!r} "
-                             f"(algorithm.uft.hint_key)")
+            raise ValueError(
+                f"algorithm.method=uft: the batch has no column {self.hint_key!r} (algorithm.uft.hint_key)"
+            )
         targets = batch.batch["tgt_input_ids"]
         width, pad = targets.shape[1], self.tokenizer.pad_token_id
         hints = torch.full_like(targets, pad)
@@ -90,31 +97,47 @@ class UftHintSampler:
             cut += len(ids) > width
             ids = ids[:width]
             if ids:
-                hints[b, :len(ids)] = torch.tensor(ids, dtype=hints.dtype)
+                hints[b, : len(ids)] = torch.tensor(ids, dtype=hints.dtype)
                 ratios[b, :] = (len(ids) + 0.5) / (len(ids) + 1)
             shares.append(share)
             lengths.append(len(ids))
         batch.batch["tgt_input_ids"] = hints
         if "behaviour_log_probs" in batch.batch.keys():  # the demonstration's probabilities: not the hint's
             batch.pop(batch_keys=["behaviour_log_probs"])
-        metrics = {"uft/hint_share": float(np.mean(shares)) if shares else 0.0,
-                   "uft/hint_tokens": float(np.mean(lengths)) if lengths else 0.0, "uft/hints_cut": cut}
+        metrics = {
+            "uft/hint_share": float(np.mean(shares)) if shares else 0.0,
+            "uft/hint_tokens": float(np.mean(lengths)) if lengths else 0.0,
+            "uft/hints_cut": cut,
+        }
         if self.cfg.schedule == "cosine":
             metrics["uft/hint_probability"] = float(hint_probability(global_step, self.cfg))
         return ratios, metrics
 
     def state_dict(self) -> dict:
         state = self.rng.get_state(legacy=False)
-        return {"kind": self.KIND, "key": state["state"]["key"].tolist(), "pos": int(state["state"]["pos"]),
-                "has_gauss": int(state["has_gauss"]), "gauss": float(state["gauss"])}
+        return {
+            "kind": self.KIND,
+            "key": state["state"]["key"].tolist(),
+            "pos": int(state["state"]["pos"]),
+            "has_gauss": int(state["has_gauss"]),
+            "gauss": float(state["gauss"]),
+        }
 
     def load_state_dict(self, state) -> None:
         if state.get("kind") != self.KIND:
             kind = state.get("kind", "LUFFY PrefixRatioSampler")
-            raise ValueError(f"the checkpoint's prefix-ratio sampler is {kind!r}, "
-                             f"not algorithm.method=uft's; resume it with the method it was trained with")
-        self.rng.set_state({"bit_generator": "MT19937", "has_gauss": state["has_gauss"], "gauss": state["gauss"],
-                            "state": {"key": np.asarray(state["key"], dtype=np.uint32), "pos": state["pos"]}})
+            raise ValueError(
+                f"the checkpoint's prefix-ratio sampler is {kind!r}, "
+                f"not algorithm.method=uft's; resume it with the method it was trained with"
+            )
+        self.rng.set_state(
+            {
+                "bit_generator": "MT19937",
+                "has_gauss": state["has_gauss"],
+                "gauss": state["gauss"],
+                "state": {"key": np.asarray(state["key"], dtype=np.uint32), "pos": state["pos"]},
+            }
+        )
 
 
 def solution_text(target, path: str, row: int, target_key: str) -> str:
@@ -155,21 +178,31 @@ def check_hint_column(path: str, sections) -> Optional[str]:
         return None  # check_parquet names a missing file
     names = pq.ParquetFile(path).schema_arrow.names
     if key not in names:
-        return (f"data.train_files: {path}: no column {key!r} (algorithm.uft.hint_key), which algorithm.method=uft "
-                f"draws its hints from; cut the solutions into segments with "
-                f"`{PREPARE} --input {path} --output OUT.parquet`")
+        return (
+            f"data.train_files: {path}: no column {key!r} (algorithm.uft.hint_key), which algorithm.method=uft "
+            f"draws its hints from; cut the solutions into segments with "
+            f"`{PREPARE} --input {path} --output OUT.parquet`"
+        )
     for row, value in enumerate(pq.ParquetFile(path).read(columns=[key]).column(key).to_pylist()):
         if value is not None and not (isinstance(value, list) and all(isinstance(s, str) for s in value)):
-            return (f"data.train_files: {path}: row {row}: column {key!r} must be a list of strings (hint segments), "
-                    f"got {value!r:.60}; rebuild it with `{PREPARE}`")
+            return (
+                f"data.train_files: {path}: row {row}: column {key!r} must be a list of strings (hint segments), "
+                f"got {value!r:.60}; rebuild it with `{PREPARE}`"
+            )
     if sections.data.off_policy_files:
         return "algorithm.method=uft draws each slot's hint from the prompt's own solution; unset data.off_policy_files"
     return None
 
 
-UFT = register_method(Method(
-    name="uft", mechanism="solution prefix (hint) continued by every rollout, its length cosine-annealed; "
-                          "GRPO + beta * hint NLL",
-    requires={f"{A}.policy_loss": "uft", "algorithm.adv_estimator": "grpo"},
-    replaces={f"{A}.use_off_policy_loss": False}, knobs="uft", ratio_sampler=UftHintSampler.from_sections,
-    check_train_file=check_hint_column))
+UFT = register_method(
+    Method(
+        name="uft",
+        mechanism="solution prefix (hint) continued by every rollout, its length cosine-annealed; "
+        "GRPO + beta * hint NLL",
+        requires={f"{A}.policy_loss": "uft", "algorithm.adv_estimator": "grpo"},
+        replaces={f"{A}.use_off_policy_loss": False},
+        knobs="uft",
+        ratio_sampler=UftHintSampler.from_sections,
+        check_train_file=check_hint_column,
+    )
+)

@@ -10,6 +10,7 @@ Every random choice draws from a generator seeded by (seed, step, prompt id, ins
 buffer needs no RNG state to resume; ``save``/``load`` write it without pickle: a JSON index plus one
 safetensors file of token ids and log-probs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,8 +64,15 @@ class SelfReplayBuffer:
     of keeping a duplicate.
     """
 
-    def __init__(self, capacity: int = 4096, max_per_prompt: int = 2, eviction: str = "oldest",
-                 max_age: Optional[int] = -1, selection: str = "latest", seed: int = 0):
+    def __init__(
+        self,
+        capacity: int = 4096,
+        max_per_prompt: int = 2,
+        eviction: str = "oldest",
+        max_age: Optional[int] = -1,
+        selection: str = "latest",
+        seed: int = 0,
+    ):
         if int(capacity) < 1:
             raise ValueError(f"data.self_replay.capacity must be >= 1, got {capacity}")
         if int(max_per_prompt) < 1:
@@ -88,8 +96,14 @@ class SelfReplayBuffer:
     @classmethod
     def from_config(cls, cfg, seed: int = 0) -> "SelfReplayBuffer":
         """Build from ``data.self_replay`` (``luffy_pool.config.sections.SelfReplaySection``)."""
-        return cls(capacity=int(cfg.capacity), max_per_prompt=int(cfg.max_per_prompt), eviction=str(cfg.eviction),
-                   max_age=cfg.max_age, selection=str(cfg.selection), seed=seed)
+        return cls(
+            capacity=int(cfg.capacity),
+            max_per_prompt=int(cfg.max_per_prompt),
+            eviction=str(cfg.eviction),
+            max_age=cfg.max_age,
+            selection=str(cfg.selection),
+            seed=seed,
+        )
 
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -191,12 +205,24 @@ class SelfReplayBuffer:
                 index.append({"prompt_id": key, "step": e.step, "num_tokens": len(e.token_ids)})
                 ids.extend(e.token_ids)
                 lps.extend(e.logprobs)
-        return {"version": STATE_VERSION, "inserts": self._inserts, "settings": self.settings(), "index": index,
-                "token_ids": torch.tensor(ids, dtype=torch.int64), "logprobs": torch.tensor(lps, dtype=torch.float64)}
+        return {
+            "version": STATE_VERSION,
+            "inserts": self._inserts,
+            "settings": self.settings(),
+            "index": index,
+            "token_ids": torch.tensor(ids, dtype=torch.int64),
+            "logprobs": torch.tensor(lps, dtype=torch.float64),
+        }
 
     def settings(self) -> dict:
-        return {"capacity": self.capacity, "max_per_prompt": self.max_per_prompt, "eviction": self.eviction,
-                "max_age": self.max_age, "selection": self.selection, "seed": self.seed}
+        return {
+            "capacity": self.capacity,
+            "max_per_prompt": self.max_per_prompt,
+            "eviction": self.eviction,
+            "max_age": self.max_age,
+            "selection": self.selection,
+            "seed": self.seed,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the kept traces (this buffer's own settings stay: a resumed run may change them)."""
@@ -210,7 +236,8 @@ class SelfReplayBuffer:
             if k < 1 or pos_ids + k > len(ids) or pos_lps + k + 1 > len(lps):
                 raise ValueError(f"self-replay state: index row {row} ({rec}) does not fit the stored tensors")
             entries.setdefault(rec["prompt_id"], []).append(
-                ReplayEntry(ids[pos_ids:pos_ids + k], lps[pos_lps:pos_lps + k + 1], int(rec["step"])))
+                ReplayEntry(ids[pos_ids : pos_ids + k], lps[pos_lps : pos_lps + k + 1], int(rec["step"]))
+            )
             pos_ids, pos_lps = pos_ids + k, pos_lps + k + 1
         if pos_ids != len(ids) or pos_lps != len(lps):
             raise ValueError("self-replay state: the stored tensors hold more values than the index describes")

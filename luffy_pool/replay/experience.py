@@ -27,6 +27,7 @@ state (int64 / float64 tensors per trajectory) still loads. Randomness (bucket m
 ``random`` trajectory choice) comes from the pool's own seeded ``numpy.random.RandomState`` and ``random.Random``,
 saved with the checkpoint in :meth:`ExperiencePool.state_dict`.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,9 +38,16 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 import torch
 
-from luffy_pool.algorithm.family.exgrpo import (BucketManager, collect_group, eligible_uids, experience_count,
-                                                retire_group, sample_experience_uids, swap_recorded_log_probs,
-                                                switch_to_mixed)
+from luffy_pool.algorithm.family.exgrpo import (
+    BucketManager,
+    collect_group,
+    eligible_uids,
+    experience_count,
+    retire_group,
+    sample_experience_uids,
+    swap_recorded_log_probs,
+    switch_to_mixed,
+)
 
 STATE_VERSION = 2  # 1: a (int64 ids, float64 log-probs) tensor pair per trajectory; 2: flat int32 / float32 tensors
 # the authors filter retired questions out of the dataset only while it keeps more than batch + 20 of them
@@ -80,8 +88,11 @@ class Trajectory:
         return self.ids.nbytes + self.lps.nbytes
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, Trajectory) and np.array_equal(self.ids, other.ids)
-                and np.array_equal(self.lps, other.lps, equal_nan=True))
+        return (
+            isinstance(other, Trajectory)
+            and np.array_equal(self.ids, other.ids)
+            and np.array_equal(self.lps, other.lps, equal_nan=True)
+        )
 
     def __repr__(self) -> str:
         return f"Trajectory({self.token_ids!r}, {self.log_probs!r})"
@@ -153,9 +164,16 @@ class ExperiencePool:
         return self.knobs.traj_metric != "random" and len(self.pool[uid]) > 1
 
     # ------------------------------------------------------------------ after the step's log-prob pass
-    def observe(self, question_ids: Sequence[Any], group_ids: Sequence[Any], scores: torch.Tensor,
-                responses: torch.Tensor, response_mask: torch.Tensor, old_log_probs: torch.Tensor,
-                eos_token_id: int) -> dict:
+    def observe(
+        self,
+        question_ids: Sequence[Any],
+        group_ids: Sequence[Any],
+        scores: torch.Tensor,
+        responses: torch.Tensor,
+        response_mask: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        eos_token_id: int,
+    ) -> dict:
         """Per group (rows sharing a ``group_ids`` value, all of one question): ``k`` = correct rows (the replayed
         row counts, Q3). All correct: the question retires (warm-up too). Mixed phase and ``lbound < k ≤ rbound``:
         each correct row's response joins the question's pool unless the same tokens are stored already, with its
@@ -164,7 +182,7 @@ class ExperiencePool:
         groups: dict[Any, list[int]] = {}
         for row, g in enumerate(group_ids):
             groups.setdefault(g, []).append(row)
-        correct = (scores == self.success)
+        correct = scores == self.success
         valid = response_mask.sum(-1)
         cap = int(self.knobs.max_trajectories_per_question)
         added = retired = collected = dropped = 0
@@ -196,8 +214,12 @@ class ExperiencePool:
                     del stored[0]
                     dropped += 1
             self.buckets.update_bucket(uid, k)
-        return {"exgrpo/collected_groups": collected, "exgrpo/added_trajectories": added,
-                "exgrpo/retired_groups": retired, "exgrpo/dropped_trajectories": dropped}
+        return {
+            "exgrpo/collected_groups": collected,
+            "exgrpo/added_trajectories": added,
+            "exgrpo/retired_groups": retired,
+            "exgrpo/dropped_trajectories": dropped,
+        }
 
     def end_step(self, scores: torch.Tensor) -> dict:
         """After the update: drop retired questions from the pool and buckets, then switch to the mixed phase
@@ -207,11 +229,14 @@ class ExperiencePool:
         self.buckets.cleanup_consistency(self.pool)
         solved = float((scores == self.success).float().mean()) if scores.numel() else 0.0
         self.mixed = switch_to_mixed(self.mixed, solved, self.knobs.start_solved_ratio)
-        out = {"exgrpo/solved_ratio": solved, "exgrpo/mixed": float(self.mixed),
-               "exgrpo/pool_questions": len(self.pool),
-               "exgrpo/pool_trajectories": sum(len(v) for v in self.pool.values()),
-               "exgrpo/pool_mib": sum(t.nbytes for v in self.pool.values() for t in v) / 2**20,
-               "exgrpo/retired_questions": len(self.retired)}
+        out = {
+            "exgrpo/solved_ratio": solved,
+            "exgrpo/mixed": float(self.mixed),
+            "exgrpo/pool_questions": len(self.pool),
+            "exgrpo/pool_trajectories": sum(len(v) for v in self.pool.values()),
+            "exgrpo/pool_mib": sum(t.nbytes for v in self.pool.values() for t in v) / 2**20,
+            "exgrpo/retired_questions": len(self.retired),
+        }
         out.update({f"exgrpo/{k}": v for k, v in self.buckets.get_bucket_stats().items()})
         return out
 
@@ -225,8 +250,13 @@ class ExperiencePool:
             "buckets": self.buckets.state_dict(),
             "retired": sorted(self.retired, key=repr),
             "mixed": bool(self.mixed),
-            "np_rng": [np_state[0], torch.from_numpy(np.asarray(np_state[1]).astype(np.int64)), int(np_state[2]),
-                       int(np_state[3]), float(np_state[4])],
+            "np_rng": [
+                np_state[0],
+                torch.from_numpy(np.asarray(np_state[1]).astype(np.int64)),
+                int(np_state[2]),
+                int(np_state[3]),
+                float(np_state[4]),
+            ],
             "py_rng": [self.py_rng.getstate()[0], list(self.py_rng.getstate()[1]), self.py_rng.getstate()[2]],
         }
 
@@ -237,11 +267,13 @@ class ExperiencePool:
         if version == STATE_VERSION:
             self.pool = _unpack_pool(state["pool"])
         elif version == 1:
-            self.pool = {uid: [Trajectory(ids.numpy(), lps.numpy()) for ids, lps in trajs]
-                         for uid, trajs in state["pool"]}
+            self.pool = {
+                uid: [Trajectory(ids.numpy(), lps.numpy()) for ids, lps in trajs] for uid, trajs in state["pool"]
+            }
         else:
-            raise ValueError(f"ExGRPO experience state version {state.get('version')!r}: this build reads 1 and "
-                             f"{STATE_VERSION}")
+            raise ValueError(
+                f"ExGRPO experience state version {state.get('version')!r}: this build reads 1 and {STATE_VERSION}"
+            )
         cap = int(self.knobs.max_trajectories_per_question)
         if cap:
             self.pool = {uid: trajs[-cap:] for uid, trajs in self.pool.items()}
@@ -264,11 +296,14 @@ def _pack_pool(pool: dict[Hashable, list[Trajectory]]) -> dict:
     def cat(arrays, dtype):
         return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype))
 
-    return {"uids": list(pool),
-            "counts": torch.tensor([len(v) for v in pool.values()], dtype=torch.int32),
-            "id_lengths": torch.tensor([len(t.ids) for t in trajs], dtype=torch.int32),
-            "lp_lengths": torch.tensor([len(t.lps) for t in trajs], dtype=torch.int32),
-            "token_ids": cat([t.ids for t in trajs], np.int32), "log_probs": cat([t.lps for t in trajs], np.float32)}
+    return {
+        "uids": list(pool),
+        "counts": torch.tensor([len(v) for v in pool.values()], dtype=torch.int32),
+        "id_lengths": torch.tensor([len(t.ids) for t in trajs], dtype=torch.int32),
+        "lp_lengths": torch.tensor([len(t.lps) for t in trajs], dtype=torch.int32),
+        "token_ids": cat([t.ids for t in trajs], np.int32),
+        "log_probs": cat([t.lps for t in trajs], np.float32),
+    }
 
 
 def _unpack_pool(packed: dict) -> dict[Hashable, list[Trajectory]]:
@@ -277,13 +312,14 @@ def _unpack_pool(packed: dict) -> dict[Hashable, list[Trajectory]]:
     trajs = [Trajectory(i, lp) for i, lp in zip(ids, lps)] if len(packed["id_lengths"]) else []
     out, at = {}, 0
     for uid, count in zip(packed["uids"], packed["counts"].tolist()):
-        out[uid] = trajs[at:at + count]
+        out[uid] = trajs[at : at + count]
         at += count
     return out
 
 
-def recorded_old_log_probs(old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
-                           prefix_mask: torch.Tensor) -> torch.Tensor:
+def recorded_old_log_probs(
+    old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, prefix_mask: torch.Tensor
+) -> torch.Tensor:
     """``old_log_probs`` with each replayed row's recorded log-probs (its ``behaviour_log_probs``, NaN outside the
     trace read as 0, the authors' right padding) in place of the actor's, as ExGRPO's ``exp_is_correct=True``."""
     off_rows = prefix_mask.bool().any(-1)

@@ -21,6 +21,7 @@ With ``data.self_replay.enable`` ``MIXRayPPOTrainer.train_step`` calls, in this 
 Each stage gets what it needs as arguments (the batch, the step, the drawn ratios); neither calls back
 into the trainer.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,9 @@ def _groups(uids) -> "OrderedDict[Any, list[int]]":
     return groups
 
 
-def _write_trace(batch: DataProto, row: int, token_ids: list[int], logprobs: list[float], eos_token_id: int,
-                 pad_token_id: int) -> None:
+def _write_trace(
+    batch: DataProto, row: int, token_ids: list[int], logprobs: list[float], eos_token_id: int, pad_token_id: int
+) -> None:
     """Rewrite ``row``'s response as the full off-policy trace ``token_ids ++ EOS`` (truncated to L)."""
     t = batch.batch
     length = t["responses"].shape[1]
@@ -70,9 +72,18 @@ def _write_trace(batch: DataProto, row: int, token_ids: list[int], logprobs: lis
         t["rollout_log_probs"][row] = 0.0  # no engine-generated token in this row
 
 
-def replay_into_failed_groups(batch: DataProto, buffer: SelfReplayBuffer, step: int, *, slots: int, success: float,
-                              reward_fn: Callable, eos_token_id: int, pad_token_id: int,
-                              prefix_ratios: Optional[np.ndarray] = None) -> dict:
+def replay_into_failed_groups(
+    batch: DataProto,
+    buffer: SelfReplayBuffer,
+    step: int,
+    *,
+    slots: int,
+    success: float,
+    reward_fn: Callable,
+    eos_token_id: int,
+    pad_token_id: int,
+    prefix_ratios: Optional[np.ndarray] = None,
+) -> dict:
     """Rewrite rows of the step's failed groups with replayed traces; returns the ``replay/*`` metrics.
 
     ``batch`` is the rewarded rollout (``token_level_scores``); ``prefix_ratios`` ``[B, n]`` the ratios the
@@ -107,16 +118,20 @@ def replay_into_failed_groups(batch: DataProto, buffer: SelfReplayBuffer, step: 
         new_scores, _ = reward_fn(batch.select_idxs(rows))
         t["token_level_scores"][rows] = new_scores.to(t["token_level_scores"].dtype)
     ages = [entry.age(step) for _, entry in chosen]
-    metrics.update({"replay/used": len(chosen), "replay/age_mean": float(np.mean(ages)) if ages else 0.0,
-                    "replay/expired": expired})
+    metrics.update(
+        {
+            "replay/used": len(chosen),
+            "replay/age_mean": float(np.mean(ages)) if ages else 0.0,
+            "replay/expired": expired,
+        }
+    )
     if chosen:
         replayed = t["token_level_scores"][[r for r, _ in chosen]].sum(-1)
         metrics["replay/replayed_score"] = float(replayed.float().mean())
     return metrics
 
 
-def keep_successes(batch: DataProto, buffer: SelfReplayBuffer, step: int, *, success: float,
-                   eos_token_id: int) -> dict:
+def keep_successes(batch: DataProto, buffer: SelfReplayBuffer, step: int, *, success: float, eos_token_id: int) -> dict:
     """Insert this step's successful on-policy rows with their behaviour log-probs; returns metrics."""
     t = batch.batch
     length = t["responses"].shape[1]
@@ -144,8 +159,13 @@ def keep_successes(batch: DataProto, buffer: SelfReplayBuffer, step: int, *, suc
             continue
         evicted += buffer.insert(batch.non_tensor_batch["index"][row], tokens, lps, step)
         inserted += 1
-    return {"replay/inserted": inserted, "replay/evicted": evicted, "replay/size": len(buffer),
-            "replay/prompts": buffer.num_prompts, "replay/buffer_age_mean": buffer.mean_age(step)}
+    return {
+        "replay/inserted": inserted,
+        "replay/evicted": evicted,
+        "replay/size": len(buffer),
+        "replay/prompts": buffer.num_prompts,
+        "replay/buffer_age_mean": buffer.mean_age(step),
+    }
 
 
 class SelfReplay:
@@ -170,16 +190,28 @@ class SelfReplay:
         if not cfg.enable:
             return None
         success = fail_success_values(int(sections.data.reward_impl_version))[1]
-        return cls(SelfReplayBuffer.from_config(cfg, seed=int(sections.trainer.seed)), slots=cfg.slots,
-                   success=success, reward_fn=reward_fn, tokenizer=tokenizer)
+        return cls(
+            SelfReplayBuffer.from_config(cfg, seed=int(sections.trainer.seed)),
+            slots=cfg.slots,
+            success=success,
+            reward_fn=reward_fn,
+            tokenizer=tokenizer,
+        )
 
     def fill_failed_groups(self, batch: DataProto, step: int, prefix_ratios) -> dict:
         """Before the log-prob pass: rewrite rows of the failed groups of ``batch`` (the scored rollout,
         ``token_level_scores``) in place; ``prefix_ratios`` ``[B, n]`` are the ratios drawn for it."""
         return replay_into_failed_groups(
-            batch, self.buffer, step, slots=self.slots, success=self.success, reward_fn=self.reward_fn,
-            eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            prefix_ratios=prefix_ratios)
+            batch,
+            self.buffer,
+            step,
+            slots=self.slots,
+            success=self.success,
+            reward_fn=self.reward_fn,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+            prefix_ratios=prefix_ratios,
+        )
 
     def keep_successes(self, batch: DataProto, step: int) -> dict:
         """After the log-prob pass: put the step's successful on-policy rows into the buffer."""

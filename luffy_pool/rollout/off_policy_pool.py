@@ -5,6 +5,7 @@ every slot of a step (docs/METHOD.md §1.2 table), so all ranks and a resumed ru
 ``OffPolicyPool`` decides which trace fills each prefix slot: the dataset's ``target`` (LUFFY) and,
 optionally, extra trajectory parquets keyed by prompt id, with per-token behaviour log-probs when known.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -182,8 +183,10 @@ def unknown_behaviour_metrics(batch, use_off_policy_probs: bool) -> dict[str, in
         unknown = prefix_mask
     else:
         return {}
-    return {"batch/behaviour_prob_unknown_rows": int(unknown.any(-1).sum()),
-            "batch/behaviour_prob_unknown_tokens": int(unknown.sum())}
+    return {
+        "batch/behaviour_prob_unknown_rows": int(unknown.any(-1).sum()),
+        "batch/behaviour_prob_unknown_tokens": int(unknown.sum()),
+    }
 
 
 def strip_right_padding(token_ids: Sequence[int], pad_token_id: int) -> list[int]:
@@ -237,8 +240,14 @@ class OffPolicyPool:
     def from_sections(cls, sections, extra_trace_files, **kwargs) -> "OffPolicyPool":
         """The run's pool: its keys from the typed sections (``ConfigSections``); ``kwargs`` the rest."""
         d = sections.data
-        return cls(extra_trace_files, prompt_id_key=d.off_policy_id_key, truncate=d.truncate_off_policy,
-                   max_trace_length=sections.workers.rollout.max_prefix_len, seed=sections.trainer.seed, **kwargs)
+        return cls(
+            extra_trace_files,
+            prompt_id_key=d.off_policy_id_key,
+            truncate=d.truncate_off_policy,
+            max_trace_length=sections.workers.rollout.max_prefix_len,
+            seed=sections.trainer.seed,
+            **kwargs,
+        )
 
     def __init__(
         self,
@@ -259,17 +268,29 @@ class OffPolicyPool:
         truncate: Optional[str] = None,
     ):
         files = [extra_trace_files] if isinstance(extra_trace_files, str) else list(extra_trace_files or [])
-        missing = [k for k, v in (("prompt_id_key", prompt_id_key), ("max_trace_length", max_trace_length),
-                                  ("seed", seed), ("truncate", truncate)) if v is None]
+        missing = [
+            k
+            for k, v in (
+                ("prompt_id_key", prompt_id_key),
+                ("max_trace_length", max_trace_length),
+                ("seed", seed),
+                ("truncate", truncate),
+            )
+            if v is None
+        ]
         if files and missing:
-            raise TypeError(f"OffPolicyPool with extra_trace_files needs {', '.join(missing)} (the run's keys; "
-                            "OffPolicyPool.from_sections takes them from the config)")
+            raise TypeError(
+                f"OffPolicyPool with extra_trace_files needs {', '.join(missing)} (the run's keys; "
+                "OffPolicyPool.from_sections takes them from the config)"
+            )
         self.truncate = truncate
         self.long_trace_count = 0
         if selection not in self.SELECTIONS:
             raise ValueError(f"unknown pool selection {selection!r}; valid: {', '.join(self.SELECTIONS)}")
         if files and known_prompt_ids is None:
-            raise ValueError("OffPolicyPool: extra_trace_files need known_prompt_ids (the training rows' extra_info.index)")
+            raise ValueError(
+                "OffPolicyPool: extra_trace_files need known_prompt_ids (the training rows' extra_info.index)"
+            )
         self.tokenizer = tokenizer
         self.pad_token_id = pad_token_id if pad_token_id is not None else getattr(tokenizer, "pad_token_id", None)
         self.prompt_id_key = prompt_id_key
@@ -288,9 +309,14 @@ class OffPolicyPool:
         for path in files:
             self._load_file(path)
         if self.long_trace_count:
-            logger.warning("OffPolicyPool: %d extra trace(s) are longer than rollout.max_prefix_len=%s tokens; "
-                           "data.truncate_off_policy=%s %s", self.long_trace_count, self.max_trace_length, truncate,
-                           "keeps their first tokens" if truncate == "cut" else "leaves them out")
+            logger.warning(
+                "OffPolicyPool: %d extra trace(s) are longer than rollout.max_prefix_len=%s tokens; "
+                "data.truncate_off_policy=%s %s",
+                self.long_trace_count,
+                self.max_trace_length,
+                truncate,
+                "keeps their first tokens" if truncate == "cut" else "leaves them out",
+            )
         if self.unmatched_trace_count:
             logger.warning(
                 "OffPolicyPool: %d extra trace(s) match no training prompt (ids e.g. %s); they are not used",
@@ -311,7 +337,9 @@ class OffPolicyPool:
         has_ids = self.token_ids_key in frame.columns
         has_lps = self.logprobs_key in frame.columns
         if not has_ids and self.tokenizer is None:
-            raise ValueError(f"{path}: no {self.token_ids_key!r} column; pass tokenizer= to tokenize column {self.trace_key!r}")
+            raise ValueError(
+                f"{path}: no {self.token_ids_key!r} column; pass tokenizer= to tokenize column {self.trace_key!r}"
+            )
         name = os.path.basename(path)
         for row, record in enumerate(frame.to_dict("records")):
             key = _prompt_key(record[self.prompt_id_key])
@@ -334,16 +362,20 @@ class OffPolicyPool:
         value = record[self.token_ids_key] if has_ids else None
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r} must be a list of ints, got {type(value).__name__}")
+                raise ValueError(
+                    f"{path}: row {row}: column {self.token_ids_key!r} must be a list of ints, got {type(value).__name__}"
+                )
             ids = self._checked_ids(path, row, value)
         else:
             text = record[self.trace_key]
             if not isinstance(text, str):
-                raise ValueError(f"{path}: row {row}: column {self.trace_key!r} must be a string, got {type(text).__name__}")
+                raise ValueError(
+                    f"{path}: row {row}: column {self.trace_key!r} must be a string, got {type(text).__name__}"
+                )
             if self.tokenizer is None:
                 raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r} is null and no tokenizer was given")
             if self.strip_think_prefix and text.startswith("<think>\n"):
-                text = text[len("<think>\n"):]
+                text = text[len("<think>\n") :]
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if not ids:
             raise ValueError(f"{path}: row {row}: empty trace (columns {self.trace_key!r}/{self.token_ids_key!r})")
@@ -354,15 +386,22 @@ class OffPolicyPool:
         vocab = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
         ids = []
         for k, t in enumerate(value):
-            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer, float, np.floating)) \
-                    or (isinstance(t, (float, np.floating)) and not float(t).is_integer()):
+            if (
+                isinstance(t, (bool, np.bool_))
+                or not isinstance(t, (int, np.integer, float, np.floating))
+                or (isinstance(t, (float, np.floating)) and not float(t).is_integer())
+            ):
                 kind = "a nested list" if hasattr(t, "__len__") and not isinstance(t, str) else repr(t)[:40]
-                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r}: value {k} is {kind}; expected a "
-                                 "flat list of integer token ids")
+                raise ValueError(
+                    f"{path}: row {row}: column {self.token_ids_key!r}: value {k} is {kind}; expected a "
+                    "flat list of integer token ids"
+                )
             t = int(t)
             if t < 0 or (vocab is not None and t >= vocab):
-                raise ValueError(f"{path}: row {row}: column {self.token_ids_key!r}: token id {t} at position {k} is "
-                                 f"outside the tokenizer's vocabulary [0, {vocab if vocab is not None else 'inf'})")
+                raise ValueError(
+                    f"{path}: row {row}: column {self.token_ids_key!r}: token id {t} at position {k} is "
+                    f"outside the tokenizer's vocabulary [0, {vocab if vocab is not None else 'inf'})"
+                )
             ids.append(t)
         return ids
 
@@ -371,16 +410,22 @@ class OffPolicyPool:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return None
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-            raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r} must be a list of floats, got {type(value).__name__}")
+            raise ValueError(
+                f"{path}: row {row}: column {self.logprobs_key!r} must be a list of floats, got {type(value).__name__}"
+            )
         lps = []
         for k, v in enumerate(value):
             # A null/NaN inside the list (pandas writes NaN as null) is not "unknown": a whole null cell is.
             if v is None or isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r}: value {k} is {v!r:.40}; expected a "
-                                 "finite log-probability (leave the whole cell null when they are unknown)")
+                raise ValueError(
+                    f"{path}: row {row}: column {self.logprobs_key!r}: value {k} is {v!r:.40}; expected a "
+                    "finite log-probability (leave the whole cell null when they are unknown)"
+                )
             if not math.isfinite(float(v)):
-                raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r}: value {k} is {float(v)}; expected a "
-                                 "finite log-probability (a -inf would make the importance weight explode)")
+                raise ValueError(
+                    f"{path}: row {row}: column {self.logprobs_key!r}: value {k} is {float(v)}; expected a "
+                    "finite log-probability (a -inf would make the importance weight explode)"
+                )
             lps.append(float(v))
         if len(lps) not in (num_tokens, num_tokens + 1):
             raise ValueError(
@@ -388,7 +433,9 @@ class OffPolicyPool:
                 f"(expected {num_tokens} or {num_tokens + 1} with the EOS)"
             )
         if any(v > 1e-6 for v in lps):
-            raise ValueError(f"{path}: row {row}: column {self.logprobs_key!r} holds positive values; expected log-probabilities")
+            raise ValueError(
+                f"{path}: row {row}: column {self.logprobs_key!r} holds positive values; expected log-probabilities"
+            )
         return lps
 
     # -- queries -------------------------------------------------------------------------------
@@ -441,7 +488,9 @@ class OffPolicyPool:
         if pad_token_id is None:
             pad_token_id = self.pad_token_id
         if pad_token_id is None:
-            raise ValueError("OffPolicyPool.slot_traces needs pad_token_id (pass it here, or pad_token_id=/tokenizer= to the pool)")
+            raise ValueError(
+                "OffPolicyPool.slot_traces needs pad_token_id (pass it here, or pad_token_id=/tokenizer= to the pool)"
+            )
         ratios_np = ratios.detach().cpu().numpy() if isinstance(ratios, torch.Tensor) else np.asarray(ratios)
         if tgt_input_ids.dim() != 2:
             raise ValueError(f"tgt_input_ids must be the dataset targets [B, T], got {tuple(tgt_input_ids.shape)}")
@@ -451,8 +500,10 @@ class OffPolicyPool:
         if len(prompt_ids) != batch_size:
             raise ValueError(f"prompt_ids has {len(prompt_ids)} entries for a batch of {batch_size}")
         if behaviour_log_probs is not None and tuple(behaviour_log_probs.shape) != (batch_size, width + 1):
-            raise ValueError(f"behaviour_log_probs must be [B, T+1] = [{batch_size}, {width + 1}], "
-                             f"got {tuple(behaviour_log_probs.shape)}")
+            raise ValueError(
+                f"behaviour_log_probs must be [B, T+1] = [{batch_size}, {width + 1}], "
+                f"got {tuple(behaviour_log_probs.shape)}"
+            )
         n = ratios_np.shape[1]
         sources = np.full((batch_size, n), "", dtype=object)
         if not self.has_extra_traces:
@@ -465,8 +516,11 @@ class OffPolicyPool:
                 behaviour_log_probs = None
             # Every slot of a prompt carries its target: broadcast views, not n copies.
             slot_ids = tgt_input_ids.unsqueeze(1).expand(batch_size, n, width)
-            slot_lps = None if behaviour_log_probs is None else \
-                behaviour_log_probs.to(torch.float64).unsqueeze(1).expand(batch_size, n, width + 1)
+            slot_lps = (
+                None
+                if behaviour_log_probs is None
+                else behaviour_log_probs.to(torch.float64).unsqueeze(1).expand(batch_size, n, width + 1)
+            )
             return SlotTraces(slot_ids, slot_lps, sources, 0)
 
         slot_ids = torch.full((batch_size, n, width), pad_token_id, dtype=tgt_input_ids.dtype)

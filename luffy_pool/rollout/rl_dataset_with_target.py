@@ -10,6 +10,7 @@ Traces longer than ``max_target_length`` are counted at load (one warning): ``tr
 keeps their first tokens (LUFFY; the answer at the end may be lost), ``drop`` gives that prompt no
 trace; each item says whether its trace was cut (``tgt_truncated``, summed into a per-step metric).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -45,8 +46,9 @@ def target_probability_problem(probs: Sequence[Any]) -> str | None:
         if math.isnan(v):
             return f"value {k} is NaN (use -1 for unknown; LUFFY pads with -1)"
         if not (0.0 < v <= 1.0 or v in (0.0, -1.0)):
-            return (f"value {k} is {v!r}, outside (0, 1]: expected probabilities (-1 or 0 = unknown)"
-                    + ("; log-probabilities belong in an off-policy file's 'logprobs'" if v < 0 else ""))
+            return f"value {k} is {v!r}, outside (0, 1]: expected probabilities (-1 or 0 = unknown)" + (
+                "; log-probabilities belong in an off-policy file's 'logprobs'" if v < 0 else ""
+            )
     return None
 
 
@@ -84,12 +86,16 @@ class RLHFDatasetWithTarget(RLHFDataset):
         sample_target_mode: str = "redraw",
     ):
         if sample_target_mode not in SAMPLE_TARGET_MODES:
-            raise ValueError(f"data.sample_target_mode must be one of {SAMPLE_TARGET_MODES}, got {sample_target_mode!r}")
+            raise ValueError(
+                f"data.sample_target_mode must be one of {SAMPLE_TARGET_MODES}, got {sample_target_mode!r}"
+            )
         self.sample_target_mode = sample_target_mode
         self._reads: dict[int, int] = {}  # item -> reads so far (redraw mode's draw index without a sampler)
         self._epoch_source = None  # the training sampler, whose epoch is the draw index (use_epoch_of)
         if truncate_off_policy not in TRUNCATE_OFF_POLICY:
-            raise ValueError(f"data.truncate_off_policy must be one of {TRUNCATE_OFF_POLICY}, got {truncate_off_policy!r}")
+            raise ValueError(
+                f"data.truncate_off_policy must be one of {TRUNCATE_OFF_POLICY}, got {truncate_off_policy!r}"
+            )
         self.truncate_off_policy = truncate_off_policy
         if max_target_length <= 0:
             raise ValueError(f"rollout.max_prefix_len (max_target_length) must be > 0, got {max_target_length}")
@@ -103,8 +109,12 @@ class RLHFDatasetWithTarget(RLHFDataset):
         self.seed = seed
         self.consumed_columns = (target_key, target_probs_key, target_list_key)
         super().__init__(
-            parquet_files, tokenizer, prompt_key=prompt_key, max_prompt_length=max_prompt_length,
-            truncation=truncation, filter_overlong_prompts=filter_overlong_prompts,
+            parquet_files,
+            tokenizer,
+            prompt_key=prompt_key,
+            max_prompt_length=max_prompt_length,
+            truncation=truncation,
+            filter_overlong_prompts=filter_overlong_prompts,
         )
         self.has_target_probs = target_probs_key in self.dataframe.columns
         self.long_target_items = self._find_long_targets()
@@ -126,10 +136,14 @@ class RLHFDatasetWithTarget(RLHFDataset):
         if target is None:
             return  # a null target is allowed: that prompt gets no off-policy sample
         if not _is_list(target) or len(target) == 0:
-            raise ValueError(f"{path}: row {row}: column {self.target_key!r}: expected a non-empty list of messages or null, got {target!r:.80}")
+            raise ValueError(
+                f"{path}: row {row}: column {self.target_key!r}: expected a non-empty list of messages or null, got {target!r:.80}"
+            )
         first = target[0]
         if not isinstance(first, Mapping) or not isinstance(first.get("content"), str):
-            raise ValueError(f"{path}: row {row}: column {self.target_key!r}: target[0] must be a dict with a 'content' string, got {first!r:.80}")
+            raise ValueError(
+                f"{path}: row {row}: column {self.target_key!r}: target[0] must be a dict with a 'content' string, got {first!r:.80}"
+            )
 
     def _check_target_probs(self) -> None:
         """Every row's probability column, at load: values and length (one line naming file, row, column).
@@ -140,25 +154,29 @@ class RLHFDatasetWithTarget(RLHFDataset):
         The count must be the target's tokens (+ 1 for the EOS), checked on the full target text, so a row
         fails here and not when the sampler first draws it.
         """
-        items = [(i, r[self.target_probs_key]) for i, r in enumerate(self._records)
-                 if r[self.target_key] is not None and _is_list(r[self.target_probs_key])]
+        items = [
+            (i, r[self.target_probs_key])
+            for i, r in enumerate(self._records)
+            if r[self.target_key] is not None and _is_list(r[self.target_probs_key])
+        ]
         for item, probs in items:
             problem = target_probability_problem(probs)
             if problem:
                 raise ValueError(f"{self.source_of(item)}: column {self.target_probs_key!r}: {problem}")
         for start in range(0, len(items), 256):
-            chunk = items[start:start + 256]
+            chunk = items[start : start + 256]
             texts = [self._full_target_text(i, self._records[i][self.target_key]) for i, _ in chunk]
             for (item, probs), ids in zip(chunk, self.tokenizer(texts, add_special_tokens=False)["input_ids"]):
                 if len(probs) not in (len(ids), len(ids) + 1):
                     raise ValueError(
                         f"{self.source_of(item)}: column {self.target_probs_key!r} has {len(probs)} values for a "
-                        f"target of {len(ids)} tokens (expected {len(ids) + 1}: one per token plus the EOS)")
+                        f"target of {len(ids)} tokens (expected {len(ids) + 1}: one per token plus the EOS)"
+                    )
 
     def _full_target_text(self, item: int, target: Any) -> str:
         content = target[0]["content"]
         if self._templated[item].endswith(THINK_OPEN) and content.startswith(THINK_OPEN):
-            content = content[len(THINK_OPEN):]
+            content = content[len(THINK_OPEN) :]
         return content
 
     # -- items ---------------------------------------------------------------------------------
@@ -188,7 +206,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
             return None
         content = target[0]["content"]
         if self._templated[item].endswith(THINK_OPEN) and content.startswith(THINK_OPEN):
-            content = content[len(THINK_OPEN):]
+            content = content[len(THINK_OPEN) :]
         return content
 
     def _find_long_targets(self) -> frozenset:
@@ -202,7 +220,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
         candidates = [(i, t) for i, t in texts if t is not None and len(t.encode("utf-8")) >= limit]
         long_items, longest = [], 0
         for start in range(0, len(candidates), 256):
-            chunk = candidates[start:start + 256]
+            chunk = candidates[start : start + 256]
             ids = self.tokenizer([t for _, t in chunk], add_special_tokens=False)["input_ids"]
             for (item, _), toks in zip(chunk, ids):
                 if len(toks) > limit:
@@ -210,11 +228,22 @@ class RLHFDatasetWithTarget(RLHFDataset):
                     longest = max(longest, len(toks))
         if long_items:
             with_trace = sum(t is not None for _, t in texts)
-            action = ("keeps their first tokens (their final answer may be cut off)" if self.truncate_off_policy == "cut"
-                      else "drops them (those prompts train on-policy only)")
-            logger.warning("%d of %d off-policy traces (column %r) are longer than rollout.max_prefix_len=%d tokens "
-                           "(longest %d); data.truncate_off_policy=%s %s", len(long_items), with_trace,
-                           self.target_key, limit, longest, self.truncate_off_policy, action)
+            action = (
+                "keeps their first tokens (their final answer may be cut off)"
+                if self.truncate_off_policy == "cut"
+                else "drops them (those prompts train on-policy only)"
+            )
+            logger.warning(
+                "%d of %d off-policy traces (column %r) are longer than rollout.max_prefix_len=%d tokens "
+                "(longest %d); data.truncate_off_policy=%s %s",
+                len(long_items),
+                with_trace,
+                self.target_key,
+                limit,
+                longest,
+                self.truncate_off_policy,
+                action,
+            )
         return frozenset(long_items)
 
     def target_token_ids(self, item: int, target: Any, keep: bool = True) -> list[int]:
@@ -235,10 +264,11 @@ class RLHFDatasetWithTarget(RLHFDataset):
                 f"{self.source_of(item)}: column {self.target_probs_key!r} has {len(values)} values for a target of "
                 f"{num_tokens} tokens (expected {num_tokens + 1}: one per token plus the EOS)"
             )
-        kept = values[:num_kept] + ([values[num_tokens]] if num_kept == num_tokens and len(values) == num_tokens + 1
-                                    else [])  # the EOS follows the full target only
+        kept = values[:num_kept] + (
+            [values[num_tokens]] if num_kept == num_tokens and len(values) == num_tokens + 1 else []
+        )  # the EOS follows the full target only
         if kept:
-            out[:len(kept)] = logprobs_from_target_probs(torch.tensor(kept, dtype=torch.float64)).float()
+            out[: len(kept)] = logprobs_from_target_probs(torch.tensor(kept, dtype=torch.float64)).float()
         return out
 
     def __getitem__(self, item: int) -> dict[str, Any]:
@@ -252,6 +282,7 @@ class RLHFDatasetWithTarget(RLHFDataset):
         row["tgt_input_ids"] = tgt
         row["tgt_truncated"] = torch.tensor(len(ids) > len(kept))
         if self.has_target_probs:
-            row["behaviour_log_probs"] = self._behaviour_log_probs(item, record[self.target_probs_key], len(ids),
-                                                                   len(kept))
+            row["behaviour_log_probs"] = self._behaviour_log_probs(
+                item, record[self.target_probs_key], len(ids), len(kept)
+            )
         return row

@@ -6,6 +6,7 @@ engine generated back into LUFFY's padded tensors with ``prefix_mask`` (items 6-
 (trace ++ EOS) are built without the engine, which is bit-identical to LUFFY after masking (docs/METHOD.md §5.9).
 ``MixRolloutPlanner`` runs a plan on any ``BaseRollout`` engine; nothing here depends on vLLM.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,9 @@ class SlotPlan:
     prefix_ratios: list[float]
     engine_slots: list[int]  # slots the engine must continue, in request order
     engine_max_tokens: list[int]  # L − len(prefix) for each engine slot
-    tgt_input_ids: Optional[torch.Tensor]  # [B·n, T] trace of each slot (right-padded; input [B, n, T]), None in validation
+    tgt_input_ids: Optional[
+        torch.Tensor
+    ]  # [B·n, T] trace of each slot (right-padded; input [B, n, T]), None in validation
     behaviour_log_probs: Optional[list[list[float]]]  # behaviour log-prob per prefix token (NaN = unknown)
     # every id the engine stops on besides EOS (the model's generation_config eos ids: verl/utils/tokenizer.py)
     stop_token_ids: tuple = ()
@@ -71,25 +74,37 @@ def _as_float_array(ratios) -> np.ndarray:
     return np.asarray(ratios, dtype=np.float64)
 
 
-def _per_slot_traces(tgt_input_ids: Optional[torch.Tensor], batch_size: int, n: int, pad_token_id: int) -> list[list[int]]:
+def _per_slot_traces(
+    tgt_input_ids: Optional[torch.Tensor], batch_size: int, n: int, pad_token_id: int
+) -> list[list[int]]:
     if tgt_input_ids is None:
         return [[] for _ in range(batch_size * n)]
     if tgt_input_ids.dim() != 3 or tuple(tgt_input_ids.shape[:2]) != (batch_size, n):
-        raise ValueError(f"tgt_input_ids must be per-slot traces [B={batch_size}, n={n}, T] (OffPolicyPool.slot_traces), "
-                         f"got {tuple(tgt_input_ids.shape)}")
+        raise ValueError(
+            f"tgt_input_ids must be per-slot traces [B={batch_size}, n={n}, T] (OffPolicyPool.slot_traces), "
+            f"got {tuple(tgt_input_ids.shape)}"
+        )
     return [strip_right_padding(row, pad_token_id) for row in tgt_input_ids.reshape(batch_size * n, -1).tolist()]
 
 
 def _per_slot_logprobs(behaviour_log_probs: torch.Tensor, batch_size: int, n: int, width: Optional[int]) -> np.ndarray:
     """``[B, n, T + 1]`` behaviour log-probs → one row per slot ``[B·n, T + 1]``."""
-    if not isinstance(behaviour_log_probs, torch.Tensor) or behaviour_log_probs.dim() != 3 \
-            or tuple(behaviour_log_probs.shape[:2]) != (batch_size, n) \
-            or (width is not None and behaviour_log_probs.shape[2] != width + 1):
-        shape = tuple(behaviour_log_probs.shape) if isinstance(behaviour_log_probs, torch.Tensor) \
+    if (
+        not isinstance(behaviour_log_probs, torch.Tensor)
+        or behaviour_log_probs.dim() != 3
+        or tuple(behaviour_log_probs.shape[:2]) != (batch_size, n)
+        or (width is not None and behaviour_log_probs.shape[2] != width + 1)
+    ):
+        shape = (
+            tuple(behaviour_log_probs.shape)
+            if isinstance(behaviour_log_probs, torch.Tensor)
             else type(behaviour_log_probs).__name__
-        raise ValueError(f"behaviour_log_probs must be a tensor [B={batch_size}, n={n}, "
-                         f"T+1{'' if width is None else '=' + str(width + 1)}] "
-                         f"(OffPolicyPool.slot_traces), got {shape}")
+        )
+        raise ValueError(
+            f"behaviour_log_probs must be a tensor [B={batch_size}, n={n}, "
+            f"T+1{'' if width is None else '=' + str(width + 1)}] "
+            f"(OffPolicyPool.slot_traces), got {shape}"
+        )
     return behaviour_log_probs.detach().cpu().double().numpy().reshape(batch_size * n, -1)
 
 
@@ -284,8 +299,9 @@ class MixRolloutPlanner:
     (``RolloutSection``; the config checker has checked it); the planner has no defaults of its own.
     """
 
-    def __init__(self, engine: BaseRollout, rollout, *, pad_token_id: int, eos_token_id: int,
-                 stop_token_ids: Sequence[int] = ()):
+    def __init__(
+        self, engine: BaseRollout, rollout, *, pad_token_id: int, eos_token_id: int, stop_token_ids: Sequence[int] = ()
+    ):
         self.engine = engine
         self.n = rollout.n
         self.n_val = rollout.n_val
@@ -299,7 +315,9 @@ class MixRolloutPlanner:
     def run(self, plan: SlotPlan, sampling: SamplingSpec) -> RolloutBatch:
         """Send the plan's engine requests (if any) in one call and assemble all slots."""
         if plan.engine_slots:
-            out: GenerationOutput = self.engine.generate_token_ids(plan.engine_prompts(), list(plan.engine_max_tokens), sampling)
+            out: GenerationOutput = self.engine.generate_token_ids(
+                plan.engine_prompts(), list(plan.engine_max_tokens), sampling
+            )
             generated, logprobs = out.token_ids, out.logprobs if sampling.return_logprobs else None
         else:
             generated, logprobs = [], None
@@ -320,21 +338,41 @@ class MixRolloutPlanner:
         if prefix_ratios is None:
             raise ValueError("training rollout needs prefix_ratios [B, n] drawn on the driver (PrefixRatioSampler)")
         plan = build_slot_plan(
-            prompt_ids, prompt_attention_mask, tgt_input_ids, prefix_ratios, self.pad_token_id, self.eos_token_id,
-            self.response_length, behaviour_log_probs, n=self.n, prompt_position_ids=prompt_position_ids,
+            prompt_ids,
+            prompt_attention_mask,
+            tgt_input_ids,
+            prefix_ratios,
+            self.pad_token_id,
+            self.eos_token_id,
+            self.response_length,
+            behaviour_log_probs,
+            n=self.n,
+            prompt_position_ids=prompt_position_ids,
             stop_token_ids=self.stop_token_ids,
         )
         return self.run(plan, self.sampling)
 
     def generate_validation(
-        self, prompt_ids: torch.Tensor, prompt_attention_mask: torch.Tensor, *, prompt_position_ids: Optional[torch.Tensor] = None
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_attention_mask: torch.Tensor,
+        *,
+        prompt_position_ids: Optional[torch.Tensor] = None,
     ) -> RolloutBatch:
         """Validation rollout: ``n_val`` plain samples per prompt at ``val_temperature`` (top_p 1, top_k −1)."""
         plan = build_slot_plan(
-            prompt_ids, prompt_attention_mask, None, None, self.pad_token_id, self.eos_token_id,
-            self.response_length, n=self.n_val, prompt_position_ids=prompt_position_ids,
+            prompt_ids,
+            prompt_attention_mask,
+            None,
+            None,
+            self.pad_token_id,
+            self.eos_token_id,
+            self.response_length,
+            n=self.n_val,
+            prompt_position_ids=prompt_position_ids,
             stop_token_ids=self.stop_token_ids,
         )
-        sampling = dataclasses.replace(self.sampling, temperature=self.val_temperature, top_p=1.0, top_k=-1,
-                                       return_logprobs=False)  # no correction on validation samples
+        sampling = dataclasses.replace(
+            self.sampling, temperature=self.val_temperature, top_p=1.0, top_k=-1, return_logprobs=False
+        )  # no correction on validation samples
         return self.run(plan, sampling)

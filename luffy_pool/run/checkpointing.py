@@ -18,6 +18,7 @@ checkpoint, logging which file of which checkpoint was bad. ``max_actor_ckpt_to_
 newest step directories. Objects registered with ``register_state`` (state_dict/load_state_dict of plain
 data) are saved in ``data.pt`` under ``extras``.
 """
+
 from __future__ import annotations
 
 import errno
@@ -68,12 +69,16 @@ def lr_schedule_change_problem(optim, saved_total: Optional[int], total: int, st
     else:
         w_old, w_new = (int(optim.lr_warmup_steps_ratio * t) for t in (old, new))
         if w_old != w_new and step < max(w_old, w_new):
-            why = (f"actor.optim.lr_warmup_steps_ratio={optim.lr_warmup_steps_ratio} sizes the warmup by it "
-                   f"({w_old} -> {w_new} steps, still running at step {step})")
+            why = (
+                f"actor.optim.lr_warmup_steps_ratio={optim.lr_warmup_steps_ratio} sizes the warmup by it "
+                f"({w_old} -> {w_new} steps, still running at step {step})"
+            )
     if why is None:
         return None
-    return (f"cannot resume step {step} with trainer.total_training_steps={new}: the checkpoint's run had {old} and "
-            f"{why}; keep {old}, or use warmup_style=constant with its warmup done")
+    return (
+        f"cannot resume step {step} with trainer.total_training_steps={new}: the checkpoint's run had {old} and "
+        f"{why}; keep {old}, or use warmup_style=constant with its warmup done"
+    )
 
 
 class CheckpointSaveError(OSError):
@@ -170,10 +175,12 @@ class TrainerCheckpointer:
             shutil.rmtree(tmp, ignore_errors=True)  # a partial folder only takes the space a retry needs
             free = _free_bytes(tmp)
             free_text = f"{free / 2**20:.0f} MiB free" if free is not None else "free space unknown"
-            raise CheckpointSaveError(errno.ENOSPC, f"no space left on device: saving step {step} into {tmp} failed "
-                                      f"({free_text}; the partial folder was removed; the previous checkpoint is "
-                                      f"untouched). Free space there or point trainer.default_local_dir elsewhere"
-                                      ) from None
+            raise CheckpointSaveError(
+                errno.ENOSPC,
+                f"no space left on device: saving step {step} into {tmp} failed "
+                f"({free_text}; the partial folder was removed; the previous checkpoint is "
+                f"untouched). Free space there or point trainer.default_local_dir elsewhere",
+            ) from None
 
     def _save(self, trainer, step: int, tmp: str, metrics: Optional[dict]) -> str:
         t0 = time.perf_counter()
@@ -182,14 +189,22 @@ class TrainerCheckpointer:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
-        per_rank = trainer.wg.save_checkpoint(os.path.join(tmp, layout.ACTOR_DIR), global_step=step,
-                                              max_ckpt_to_keep=None, save_hf=self.save_hf_on_save,
-                                              compute_hashes=self.checksums)
+        per_rank = trainer.wg.save_checkpoint(
+            os.path.join(tmp, layout.ACTOR_DIR),
+            global_step=step,
+            max_ckpt_to_keep=None,
+            save_hf=self.save_hf_on_save,
+            compute_hashes=self.checksums,
+        )
         self._write_data_state(os.path.join(tmp, layout.DATA_FILE), trainer, step)
         if getattr(trainer, "self_replay", None) is not None:  # before the manifest, so its files are listed
             trainer.self_replay.save(os.path.join(tmp, REPLAY_DIR))
-        hashed = {os.path.join(layout.ACTOR_DIR, rel): entry for out in (per_rank or []) if isinstance(out, dict)
-                  for rel, entry in (out.get("files") or {}).items()}
+        hashed = {
+            os.path.join(layout.ACTOR_DIR, rel): entry
+            for out in (per_rank or [])
+            if isinstance(out, dict)
+            for rel, entry in (out.get("files") or {}).items()
+        }
         manifest.write_manifest(tmp, known=hashed, checksums=self.checksums)
         layout.publish_dir(tmp, final)
         layout.write_tracker(self.root, step)
@@ -259,8 +274,11 @@ class TrainerCheckpointer:
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         trainer.wg.save_hf_model(tmp)
-        record = {"best_avg_score": float(score), "global_step": int(trainer.global_steps),
-                  **{k: float(v) for k, v in metrics.items() if k.startswith("val/")}}
+        record = {
+            "best_avg_score": float(score),
+            "global_step": int(trainer.global_steps),
+            **{k: float(v) for k, v in metrics.items() if k.startswith("val/")},
+        }
         layout.write_file_atomic(os.path.join(tmp, layout.BEST_METRICS_FILE), json.dumps(record, indent=2) + "\n")
         layout.publish_dir(tmp, final)
         logger.info("new best %s=%.4f at step %d -> %s", BEST_METRIC, float(score), trainer.global_steps, final)
@@ -294,8 +312,10 @@ class TrainerCheckpointer:
                 logger.warning("%s says step %d but %s does not exist; trying older checkpoints", tracker, step, path)
             older = [p for s, p in reversed(layout.list_step_dirs(self.root)) if s <= step]
             if not older:
-                raise CheckpointUnusableError(f"{tracker} says step {step} but {path} does not exist and no older "
-                                              f"checkpoint is left (trainer.resume_mode=disable starts fresh)")
+                raise CheckpointUnusableError(
+                    f"{tracker} says step {step} but {path} does not exist and no older "
+                    f"checkpoint is left (trainer.resume_mode=disable starts fresh)"
+                )
             return older
         if mode == "resume_path":
             if not self.resume_from_path:
@@ -310,8 +330,10 @@ class TrainerCheckpointer:
         if layout.parse_step_dir(path) is None:
             step = layout.read_tracker(path) if os.path.isdir(path) else None
             if step is None:
-                raise FileNotFoundError(f"{key}={path!r} is neither a {layout.STEP_DIR_PREFIX}<N> directory nor a run "
-                                        f"directory with {layout.TRACKER_FILE} (or use auto / disable)")
+                raise FileNotFoundError(
+                    f"{key}={path!r} is neither a {layout.STEP_DIR_PREFIX}<N> directory nor a run "
+                    f"directory with {layout.TRACKER_FILE} (or use auto / disable)"
+                )
             path = os.path.join(path, layout.step_dir_name(step))
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{key}: checkpoint directory {path} does not exist")
@@ -319,8 +341,9 @@ class TrainerCheckpointer:
 
     def verify(self, step_dir: str, checksums: Optional[bool] = None) -> Optional[str]:
         """None when ``step_dir`` is intact and resumable, else one line naming its bad file."""
-        return manifest.verify_step_dir(step_dir, checksums=self.checksums if checksums is None else checksums,
-                                        need_optim=self.need_optim)
+        return manifest.verify_step_dir(
+            step_dir, checksums=self.checksums if checksums is None else checksums, need_optim=self.need_optim
+        )
 
     def _read_data_state(self, step_dir: str) -> dict:
         step = layout.parse_step_dir(step_dir)
@@ -345,7 +368,9 @@ class TrainerCheckpointer:
             logger.warning("removed leftovers of an interrupted save: %s", removed)
         candidates = self.resume_candidates()
         if not candidates:
-            logger.info("no checkpoint to resume (resume_mode=%s, %s); training from step 1", self.resume_mode, self.root)
+            logger.info(
+                "no checkpoint to resume (resume_mode=%s, %s); training from step 1", self.resume_mode, self.root
+            )
             return 0
         fallback = self.resume_mode == "auto"
         problems = []
@@ -355,9 +380,12 @@ class TrainerCheckpointer:
                 if problem is not None:
                     raise CheckpointUnusableError(problem)
                 state = self._read_data_state(step_dir)  # the checkpoint's data.pt, not config
-                refused = lr_schedule_change_problem(self.optim, state.get("total_training_steps"),
-                                                     int(getattr(trainer, "total_training_steps", 0)),
-                                                     layout.parse_step_dir(step_dir))
+                refused = lr_schedule_change_problem(
+                    self.optim,
+                    state.get("total_training_steps"),
+                    int(getattr(trainer, "total_training_steps", 0)),
+                    layout.parse_step_dir(step_dir),
+                )
                 if refused is not None:
                     raise ResumeRefusedError(refused)
                 trainer.wg.load_checkpoint(os.path.join(step_dir, layout.ACTOR_DIR))
@@ -376,11 +404,20 @@ class TrainerCheckpointer:
             self.last_saved_step = step
             total = int(getattr(trainer, "total_training_steps", step))
             saved_ws, ws = state.get("world_size"), getattr(trainer, "world_size", None)
-            logger.warning("resumed from %s (world size %s -> %s): continuing at step %d of %d%s", step_dir, saved_ws,
-                           ws, step + 1, total, "; nothing left to train" if step >= total else "")
+            logger.warning(
+                "resumed from %s (world size %s -> %s): continuing at step %d of %d%s",
+                step_dir,
+                saved_ws,
+                ws,
+                step + 1,
+                total,
+                "; nothing left to train" if step >= total else "",
+            )
             return step
-        raise CheckpointUnusableError(f"no intact checkpoint under {self.root} ({'; '.join(problems)}); move the bad "
-                                      f"ones aside, or start fresh with trainer.resume_mode=disable")
+        raise CheckpointUnusableError(
+            f"no intact checkpoint under {self.root} ({'; '.join(problems)}); move the bad "
+            f"ones aside, or start fresh with trainer.resume_mode=disable"
+        )
 
     def _apply_data_state(self, trainer, data: dict, step_dir: str) -> None:
         self.sampler.load_state_dict(data["sampler"])

@@ -6,6 +6,7 @@ joins) Ray, builds the tokenizer, datasets and sampler, the FSDP worker group on
 managers, the tracker and the checkpointer, and runs ``MIXRayPPOTrainer.fit``. The typed sections are built
 once here (``ConfigSections.from_config``) and handed to every helper; the composed config is never changed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,12 +25,17 @@ from verl.utils.import_utils import import_external_libs
 logger = logging.getLogger(__name__)
 
 # Env every worker process gets (docs/CPU_STACK.md §5.3: thread collapse on 2 cores; §4: Ray token auth).
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled",
-              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "NCCL_DEBUG": "WARN",
-              # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
-              "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-              # vLLM's ~25 INFO lines per engine start-up (args, layout, KV size); its warnings stay.
-              "VLLM_LOGGING_LEVEL": "WARNING"}
+WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_AUTH_MODE": "disabled",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "NCCL_DEBUG": "WARN",
+    # A worker's stderr is never a terminal: its "Loading weights" bars only clutter the driver's console.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    # vLLM's ~25 INFO lines per engine start-up (args, layout, KV size); its warnings stay.
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
 
 
 def resolve_driver_device(sections: ConfigSections) -> str:
@@ -57,12 +63,16 @@ def engine_layout(sections: ConfigSections) -> str:
     world = int(t.nnodes) * int(t.n_gpus_per_node)
     tp = int(r.tensor_model_parallel_size)
     if sections.workers.hybrid_engine:
-        return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
-                f"{world // max(tp, 1)} DP group(s) x TP {tp}")
+        return (
+            f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); rollout engine layout: "
+            f"{world // max(tp, 1)} DP group(s) x TP {tp}"
+        )
     engines = sections.workers.rollout_world_size
-    return (f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); split rollout engines on their own "
-            f"{engines} rank(s) ({r.nnodes} node(s) x {r.n_gpus_per_node}): {engines // max(tp, 1)} DP group(s) x TP "
-            f"{tp}; rollout_pipeline {t.rollout_pipeline}")
+    return (
+        f"FSDP ranks {world} ({t.nnodes} node(s) x {t.n_gpus_per_node}); split rollout engines on their own "
+        f"{engines} rank(s) ({r.nnodes} node(s) x {r.n_gpus_per_node}): {engines // max(tp, 1)} DP group(s) x TP "
+        f"{tp}; rollout_pipeline {t.rollout_pipeline}"
+    )
 
 
 def resolve_cpu_bind(sections: ConfigSections, device: str) -> str:
@@ -104,8 +114,11 @@ def init_ray(sections: ConfigSections, world_size: int, device: str) -> None:
     inline_bytes = ray_cfg.max_direct_call_object_size
     if address:
         if inline_bytes is not None:
-            logger.warning("ray_init.max_direct_call_object_size applies to a Ray instance this run starts; joining "
-                           "%s keeps that cluster's setting", address)
+            logger.warning(
+                "ray_init.max_direct_call_object_size applies to a Ray instance this run starts; joining "
+                "%s keeps that cluster's setting",
+                address,
+            )
         ray.init(address=address, **kwargs)
         return
     num_cpus = ray_cfg.num_cpus
@@ -128,24 +141,44 @@ def build_dataloader(sections: ConfigSections, tokenizer):
 
     d = sections.data
     train = RLHFDatasetWithTarget(
-        list(d.train_files) if not isinstance(d.train_files, str) else d.train_files, tokenizer,
-        prompt_key=d.prompt_key, target_key=d.target_key,
-        max_prompt_length=d.max_prompt_length, max_target_length=sections.workers.rollout.max_prefix_len,
-        sample_target_ratio=d.sample_target_ratio, filter_overlong_prompts=d.filter_overlong_prompts,
-        seed=int(d.seed), truncate_off_policy=d.truncate_off_policy, sample_target_mode=d.sample_target_mode)
+        list(d.train_files) if not isinstance(d.train_files, str) else d.train_files,
+        tokenizer,
+        prompt_key=d.prompt_key,
+        target_key=d.target_key,
+        max_prompt_length=d.max_prompt_length,
+        max_target_length=sections.workers.rollout.max_prefix_len,
+        sample_target_ratio=d.sample_target_ratio,
+        filter_overlong_prompts=d.filter_overlong_prompts,
+        seed=int(d.seed),
+        truncate_off_policy=d.truncate_off_policy,
+        sample_target_mode=d.sample_target_mode,
+    )
     # Keep num_workers=0 with the resumable sampler: worker processes would prefetch past the saved cursor.
-    sampler = build_sampler(len(train), shuffle=d.shuffle, seed=int(d.seed),
-                            batch_size=d.train_batch_size, drop_last=True)
+    sampler = build_sampler(
+        len(train), shuffle=d.shuffle, seed=int(d.seed), batch_size=d.train_batch_size, drop_last=True
+    )
     train.use_epoch_of(sampler)  # sample_target_ratio redraws per epoch, the same after a resume
-    loader = DataLoader(train, batch_size=d.train_batch_size, sampler=sampler, drop_last=True, collate_fn=collate_fn,
-                        num_workers=int(d.dataloader_num_workers))
+    loader = DataLoader(
+        train,
+        batch_size=d.train_batch_size,
+        sampler=sampler,
+        drop_last=True,
+        collate_fn=collate_fn,
+        num_workers=int(d.dataloader_num_workers),
+    )
     if len(loader) == 0:
-        raise ValueError(f"data.train_files has {len(train)} usable rows, fewer than data.train_batch_size={d.train_batch_size}")
+        raise ValueError(
+            f"data.train_files has {len(train)} usable rows, fewer than data.train_batch_size={d.train_batch_size}"
+        )
     val = None
     if d.val_files:
-        val = RLHFDataset(list(d.val_files) if not isinstance(d.val_files, str) else d.val_files, tokenizer,
-                          prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
-                          filter_overlong_prompts=d.filter_overlong_prompts)
+        val = RLHFDataset(
+            list(d.val_files) if not isinstance(d.val_files, str) else d.val_files,
+            tokenizer,
+            prompt_key=d.prompt_key,
+            max_prompt_length=d.max_prompt_length,
+            filter_overlong_prompts=d.filter_overlong_prompts,
+        )
         if d.val_max_rows:
             val = torch.utils.data.Subset(val, range(min(int(d.val_max_rows), len(val))))
     return loader, sampler, val, collate_fn
@@ -159,8 +192,13 @@ def build_off_policy_pool(sections: ConfigSections, tokenizer, train_dataset):
     files = list(d.off_policy_files or [])
     if not files:
         return None
-    return OffPolicyPool.from_sections(sections, files, known_prompt_ids=train_dataset.prompt_ids, tokenizer=tokenizer,
-                                       strip_think_prefix=train_dataset.generation_prompt_opens_think)
+    return OffPolicyPool.from_sections(
+        sections,
+        files,
+        known_prompt_ids=train_dataset.prompt_ids,
+        tokenizer=tokenizer,
+        strip_think_prefix=train_dataset.generation_prompt_opens_think,
+    )
 
 
 def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_policy_pool) -> None:
@@ -175,8 +213,10 @@ def check_behaviour_probs_source(sections: ConfigSections, train_dataset, off_po
     if sections.data.self_replay.enable:  # replayed traces carry their own log-probs
         return
     key = getattr(train_dataset, "target_probs_key", "target_ds_qwen_7b_probs")
-    raise ValueError(f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
-                     "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False")
+    raise ValueError(
+        f"actor_rollout_ref.actor.use_off_policy_probs=True, but data.train_files have no {key!r} column "
+        "and data.off_policy_files give no 'logprobs'; add one of them or set use_off_policy_probs=False"
+    )
 
 
 def policy_loss_knobs(config, sections: ConfigSections) -> Optional[dict]:
@@ -202,17 +242,26 @@ def build_worker_group(config, sections: ConfigSections, device: str, total_trai
     else:
         role = "actor_ref" if use_ref else "actor"
     print(f"[luffy_pool] {engine_layout(sections)}; device {device}", flush=True)  # the run's shape, on the console
-    return _start_group(sections, device, role, int(t.nnodes), int(t.n_gpus_per_node), "luffy_pool", "actor_rollout",
-                        total_training_steps=int(total_training_steps),
-                        policy_loss_knobs=policy_loss_knobs(config, sections))
+    return _start_group(
+        sections,
+        device,
+        role,
+        int(t.nnodes),
+        int(t.n_gpus_per_node),
+        "luffy_pool",
+        "actor_rollout",
+        total_training_steps=int(total_training_steps),
+        policy_loss_knobs=policy_loss_knobs(config, sections),
+    )
 
 
 def build_rollout_group(sections: ConfigSections, device: str):
     """``hybrid_engine=False``: the rollout engines' own worker group (role rollout) on
     ``rollout.nnodes x rollout.n_gpus_per_node`` ranks."""
     r = sections.workers.rollout
-    return _start_group(sections, device, "rollout", int(r.nnodes), int(r.n_gpus_per_node), "luffy_pool_rollout",
-                        "rollout")
+    return _start_group(
+        sections, device, "rollout", int(r.nnodes), int(r.n_gpus_per_node), "luffy_pool_rollout", "rollout"
+    )
 
 
 def connect_weight_group(actor_wg, rollout_wg) -> None:
@@ -223,23 +272,41 @@ def connect_weight_group(actor_wg, rollout_wg) -> None:
     host, port = actor_wg.weight_group_address()
     refs = actor_wg.join_weight_group(host, port, rollout_wg.world_size)
     refs2 = rollout_wg.join_weight_group(host, port, rollout_wg.world_size)
-    get_ranked(list(refs) + list(refs2), list(range(len(refs) + len(refs2))), group_name="weight_group",
-               method_name="join_weight_group")
+    get_ranked(
+        list(refs) + list(refs2),
+        list(range(len(refs) + len(refs2))),
+        group_name="weight_group",
+        method_name="join_weight_group",
+    )
 
 
-def _start_group(sections: ConfigSections, device: str, role: str, nnodes: int, per_node: int, pool_name: str,
-                 group_name: str, **init_kwargs):
+def _start_group(
+    sections: ConfigSections,
+    device: str,
+    role: str,
+    nnodes: int,
+    per_node: int,
+    pool_name: str,
+    group_name: str,
+    **init_kwargs,
+):
     from luffy_pool.workers.mix_fsdp_worker import MIXActorRolloutRefWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     import ray
 
-    pool = RayResourcePool(process_on_nodes=[per_node] * nnodes,
-                           use_gpu=bundle_uses_gpu(sections, device), max_colocate_count=1, name_prefix=pool_name)
-    cls = RayClassWithInitArgs(ray.remote(MIXActorRolloutRefWorker), sections=sections.workers, role=role, device=device,
-                               **init_kwargs)
-    cls.update_options({"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device),
-                                                     **worker_alloc_env(device)}}})
+    pool = RayResourcePool(
+        process_on_nodes=[per_node] * nnodes,
+        use_gpu=bundle_uses_gpu(sections, device),
+        max_colocate_count=1,
+        name_prefix=pool_name,
+    )
+    cls = RayClassWithInitArgs(
+        ray.remote(MIXActorRolloutRefWorker), sections=sections.workers, role=role, device=device, **init_kwargs
+    )
+    cls.update_options(
+        {"runtime_env": {"env_vars": {CPU_BIND_ENV: resolve_cpu_bind(sections, device), **worker_alloc_env(device)}}}
+    )
     wg = RayWorkerGroup(pool, cls, name_prefix=group_name)
     try:
         wg.init_model()
@@ -287,7 +354,9 @@ def build_trainer(config: DictConfig, tracker=None):
         check_model_context(sections.workers.model, sections.data.max_prompt_length, sections.data.max_response_length)
     except ValueError as exc:
         raise PreflightError([str(exc)]) from None
-    world_size = int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node) + sections.workers.rollout_world_size
+    world_size = (
+        int(sections.trainer.nnodes) * int(sections.trainer.n_gpus_per_node) + sections.workers.rollout_world_size
+    )
     import_external_libs(sections.workers.model.external_lib)  # a custom tokenizer may need it too
     tokenizer = hf_tokenizer(sections.data.tokenizer or sections.workers.model.path)
     try:  # every data file is checked as it loads: a bad row is one line naming file, row and column (rc 2)
@@ -334,18 +403,34 @@ def build_trainer(config: DictConfig, tracker=None):
             rollout_wg, rollout_pool = build_rollout_group(sections, device)
             connect_weight_group(wg, rollout_wg)
         if tracker is None:
-            tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
-                               config=OmegaConf.to_container(config, resolve=True),
-                               log_dir=config.trainer.default_local_dir)
+            tracker = Tracking(
+                config.trainer.project_name,
+                config.trainer.experiment_name,
+                config.trainer.logger,
+                config=OmegaConf.to_container(config, resolve=True),
+                log_dir=config.trainer.default_local_dir,
+            )
         from luffy_pool.run.checkpointing import TrainerCheckpointer
 
         checkpointer = TrainerCheckpointer(sections, sampler)
         # The off-policy pool (`off_policy_pool`, built with the data above) is not `pool`, the Ray resource
         # pool that close() releases (mixing the two up once leaked the placement groups).
-        trainer = MIXRayPPOTrainer(config, tokenizer, wg, reward_fn, reward_fn, loader, val_dataset=val_dataset,
-                                   collate_fn=collate, tracker=tracker, checkpointer=checkpointer,
-                                   off_policy_pool=off_policy_pool, sections=sections, total_training_steps=total,
-                                   rollout_wg=rollout_wg)
+        trainer = MIXRayPPOTrainer(
+            config,
+            tokenizer,
+            wg,
+            reward_fn,
+            reward_fn,
+            loader,
+            val_dataset=val_dataset,
+            collate_fn=collate,
+            tracker=tracker,
+            checkpointer=checkpointer,
+            off_policy_pool=off_policy_pool,
+            sections=sections,
+            total_training_steps=total,
+            rollout_wg=rollout_wg,
+        )
     except BaseException:
         close(keep_tracker=not own_tracker)
         raise
@@ -372,8 +457,9 @@ def recovery_for(config: DictConfig, sections: ConfigSections):
     from luffy_pool.run.recovery import Recovery
 
     # Ray is up (build_trainer joined it): the bundle a restart waits for is the one the pool asked for.
-    return Recovery(config, sections, rebuild=build_trainer,
-                    use_gpu=bundle_uses_gpu(sections, resolve_driver_device(sections)))
+    return Recovery(
+        config, sections, rebuild=build_trainer, use_gpu=bundle_uses_gpu(sections, resolve_driver_device(sections))
+    )
 
 
 def fit_and_close(trainer, close, recovery=None) -> dict:
@@ -401,8 +487,13 @@ def fit_and_close(trainer, close, recovery=None) -> dict:
                     raise  # its message already names every checkpoint tried / the config key / the signal, exit code
                 last = trainer.checkpointer.last_good_checkpoint() if trainer.checkpointer is not None else None
                 refused = trainer.checkpointer.refused_summary() if trainer.checkpointer is not None else ""
-                logger.error("training failed in step %d; last good checkpoint: %s%s%s", trainer.global_steps,
-                             last or "none", " (trainer.resume_mode=auto continues from it)" if last else "", refused)
+                logger.error(
+                    "training failed in step %d; last good checkpoint: %s%s%s",
+                    trainer.global_steps,
+                    last or "none",
+                    " (trainer.resume_mode=auto continues from it)" if last else "",
+                    refused,
+                )
                 raise
     finally:
         close()
@@ -410,7 +501,11 @@ def fit_and_close(trainer, close, recovery=None) -> dict:
     if signum is not None:
         from verl.utils.signals import exit_code
 
-        logger.warning("stopped by signal %d after step %d (resources released); exit code %d", signum,
-                       trainer.global_steps, exit_code(signum))
+        logger.warning(
+            "stopped by signal %d after step %d (resources released); exit code %d",
+            signum,
+            trainer.global_steps,
+            exit_code(signum),
+        )
         raise SystemExit(exit_code(signum))
     return metrics

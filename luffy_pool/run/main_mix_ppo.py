@@ -6,6 +6,7 @@ written to ``<trainer.default_local_dir>/resolved_config.yaml`` (its path printe
 launcher. ``python3 -m verl.mix_src.main_mix_ppo`` (LUFFY's module
 path) is an alias. Hydra's flags work as usual; ``-m ... --cfg job`` previews every job of a sweep.
 """
+
 from __future__ import annotations
 
 if __name__ == "__main__":  # the trainer's own process: it imports without the collector (verl/utils/startup_gc.py)
@@ -32,7 +33,9 @@ RESOLVED_CONFIG_FILE = "resolved_config.yaml"
 def write_resolved_config(config: DictConfig) -> Optional[str]:
     """The resolved config as ``<trainer.default_local_dir>/resolved_config.yaml``; None if it cannot be written
     (pre-flight then names the folder). The console gets its path, not ~300 lines."""
-    path = os.path.join(os.path.abspath(os.path.expanduser(str(config.trainer.default_local_dir))), RESOLVED_CONFIG_FILE)
+    path = os.path.join(
+        os.path.abspath(os.path.expanduser(str(config.trainer.default_local_dir))), RESOLVED_CONFIG_FILE
+    )
     from verl.utils.tracking import masked_yaml
 
     try:
@@ -113,8 +116,13 @@ def _argv_for_hydra(argv: list[str], originals: list[str], prepared: list[str]) 
     return prepared + flags
 
 
-def preview_sweep(overrides: list[str], cfg_type: str = "job", resolve: bool = False, config_name: Optional[str] = None,
-                  config_dir: Optional[str] = None) -> None:
+def preview_sweep(
+    overrides: list[str],
+    cfg_type: str = "job",
+    resolve: bool = False,
+    config_name: Optional[str] = None,
+    config_dir: Optional[str] = None,
+) -> None:
     """Print the config of every job a ``-m`` sweep would run (Hydra itself refuses ``-m`` with ``--cfg``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -128,8 +136,9 @@ def preview_sweep(overrides: list[str], cfg_type: str = "job", resolve: bool = F
     extra = [f"hydra.searchpath=[file://{os.path.abspath(config_dir)}]"] if config_dir else []
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         for num, job in enumerate(itertools.product(*axes)):
-            cfg = compose(config_name or BASE_CONFIG_NAME, overrides=extra + list(job),
-                          return_hydra_config=cfg_type != "job")
+            cfg = compose(
+                config_name or BASE_CONFIG_NAME, overrides=extra + list(job), return_hydra_config=cfg_type != "job"
+            )
             shown = cfg.hydra if cfg_type == "hydra" else cfg
             print(f"# multirun job {num}: {' '.join(job)}")
             from verl.utils.tracking import mask_secrets

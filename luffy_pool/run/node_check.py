@@ -8,6 +8,7 @@ and tokenizer files); one task per Ray node, pinned to it, reads both back. A no
 marker or sees another model folder fails the run in one line naming that node. A hub id is not checked:
 each node resolves it in its own cache (verl/utils/model_source.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,10 +52,17 @@ def read_on_node(checks: list[tuple[str, str, str, str]]) -> dict:
                 seen[key] = f"cannot see {path}"
         else:
             got = folder_fingerprint(path) if os.path.isdir(path) else None
-            seen[key] = "ok" if got == expected else (f"cannot see {path}" if got is None
-                                                       else f"sees a different model folder at {path}")
-    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-            "ip": ray.util.get_node_ip_address(), "seen": seen}
+            seen[key] = (
+                "ok"
+                if got == expected
+                else (f"cannot see {path}" if got is None else f"sees a different model folder at {path}")
+            )
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "host": socket.gethostname(),
+        "ip": ray.util.get_node_ip_address(),
+        "seen": seen,
+    }
 
 
 def _alive_nodes() -> list[dict]:
@@ -63,8 +71,12 @@ def _alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def check_folders_on_every_node(checkpoint_dir: Optional[str], model_path: Optional[str],
-                                reader: Callable[[list], dict] = read_on_node, timeout_s: float = 300.0) -> list[str]:
+def check_folders_on_every_node(
+    checkpoint_dir: Optional[str],
+    model_path: Optional[str],
+    reader: Callable[[list], dict] = read_on_node,
+    timeout_s: float = 300.0,
+) -> list[str]:
     """One line per node that cannot see a folder (empty when every node sees both, or Ray has one node)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -90,8 +102,10 @@ def check_folders_on_every_node(checkpoint_dir: Optional[str], model_path: Optio
         return []
     task = ray.remote(num_cpus=0)(reader)
     try:
-        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(checks)
-                for n in nodes]
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(checks)
+            for n in nodes
+        ]
         reports = ray.get(refs, timeout=timeout_s)
     finally:
         if marker is not None and os.path.exists(marker):
@@ -100,9 +114,11 @@ def check_folders_on_every_node(checkpoint_dir: Optional[str], model_path: Optio
     for report in reports:
         for key, what in report["seen"].items():
             if what != "ok":
-                problems.append(f"{key}: node {report['ip']} ({report['host']}, Ray node {report['node_id'][:12]}) "
-                                f"{what}; every node of a multi-node run must see the same folder (a shared "
-                                f"filesystem)")
+                problems.append(
+                    f"{key}: node {report['ip']} ({report['host']}, Ray node {report['node_id'][:12]}) "
+                    f"{what}; every node of a multi-node run must see the same folder (a shared "
+                    f"filesystem)"
+                )
     return problems
 
 

@@ -10,6 +10,7 @@ flash-attention kernel has its package installed. All problems are reported
 together, one line each naming the key, path, row and column; ``PreflightError`` is a ``ConfigError``
 so ``main_mix_ppo`` prints them like config errors (exit code 2).
 """
+
 from __future__ import annotations
 
 import os
@@ -125,13 +126,19 @@ def check_model_source(name: str, key: str, need_config: bool = True) -> Optiona
         return None
     from verl.utils.model_source import unresolved_message
 
-    offline = [v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v, "").lower() in ("1", "true", "yes")]
+    offline = [
+        v for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(v, "").lower() in ("1", "true", "yes")
+    ]
     if offline:
-        return f"{key}=" + unresolved_message(name, f"not a local folder and not in the HuggingFace cache, and {offline[0]} is set")
+        return f"{key}=" + unresolved_message(
+            name, f"not a local folder and not in the HuggingFace cache, and {offline[0]} is set"
+        )
     if not _hub_reachable():
         return f"{key}=" + unresolved_message(
-            name, f"not a local folder, not in the HuggingFace cache, and "
-                  f"{os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} is unreachable (offline?)")
+            name,
+            f"not a local folder, not in the HuggingFace cache, and "
+            f"{os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} is unreachable (offline?)",
+        )
     return None
 
 
@@ -173,7 +180,9 @@ def check_parquet(path: str, key: str, columns: tuple[str, ...], prompt_key: Opt
     try:
         meta = pq.ParquetFile(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors vary; the file and the gist are what help
-        return [f"{where}: not a readable parquet file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"]
+        return [
+            f"{where}: not a readable parquet file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+        ]
     names = meta.schema_arrow.names
     missing = [c for c in columns if c not in names]
     if missing:
@@ -218,8 +227,10 @@ def check_attn_implementation(name: str, key: str = "actor_rollout_ref.model.att
     dist = missing_kernel_package(name)
     if dist is None:
         return None
-    return (f"'{key}'={name} needs the {dist} package, which is not installed here "
-            f"(pip install {dist}, or set {key}=auto to fall back to sdpa)")
+    return (
+        f"'{key}'={name} needs the {dist} package, which is not installed here "
+        f"(pip install {dist}, or set {key}=auto to fall back to sdpa)"
+    )
 
 
 def check_trackers(sections) -> list[str]:
@@ -249,8 +260,10 @@ def check_demonstrations(path: str, target_key: str, method_name: str) -> Option
     if not nulls.to_pylist().count(True):
         return None
     row = nulls.to_pylist().index(True)
-    return (f"data.train_files: {path}: row {row}: column {target_key!r} is null, but algorithm.method={method.name} "
-            f"trains on every prompt's demonstration")
+    return (
+        f"data.train_files: {path}: row {row}: column {target_key!r} is null, but algorithm.method={method.name} "
+        f"trains on every prompt's demonstration"
+    )
 
 
 def check_method_inputs(path: str, sections) -> Optional[str]:
@@ -292,14 +305,18 @@ def check_question_ids(paths: list[str], method_name: str) -> Optional[str]:
     if len(with_id) != len(ids):
         path, row, _ = next(i for i in ids if i[2] is None)
         first = with_id[0]
-        return (f"data.train_files: {path}: row {row}: column 'extra_info.index' is missing, but {first[0]} row "
-                f"{first[1]} has one; {need}: give every row an index or none (the row position is used then)")
+        return (
+            f"data.train_files: {path}: row {row}: column 'extra_info.index' is missing, but {first[0]} row "
+            f"{first[1]} has one; {need}: give every row an index or none (the row position is used then)"
+        )
     seen: dict = {}
     for path, row, value in with_id:
         value = value if isinstance(value, (int, str)) else repr(value)
         if value in seen:
-            return (f"data.train_files: {path}: row {row}: column 'extra_info.index' repeats {value!r} of "
-                    f"{seen[value][0]} row {seen[value][1]}; {need}, so the ids must be unique")
+            return (
+                f"data.train_files: {path}: row {row}: column 'extra_info.index' repeats {value!r} of "
+                f"{seen[value][0]} row {seen[value][1]}; {need}, so the ids must be unique"
+            )
         seen[value] = (path, row)
     return None
 
@@ -313,16 +330,23 @@ def preflight(config, sections=None) -> None:
     errors: list[str] = []
     sections = sections or ConfigSections.from_config(config)
     t, d = sections.trainer, sections.data
-    for key, value in (("trainer.default_local_dir", t.default_local_dir), ("trainer.rollout_data_dir", t.rollout_data_dir)):
+    for key, value in (
+        ("trainer.default_local_dir", t.default_local_dir),
+        ("trainer.rollout_data_dir", t.rollout_data_dir),
+    ):
         if value:
             errors.append(check_writable_dir(str(value), key))
     if t.default_hdfs_dir:  # the checkpoint mirror is written after every save
         errors.append(check_mirror_dir(str(t.default_hdfs_dir)))
     orm, model = sections.reward.orm, sections.workers.model
     if orm.enable and orm.cache_path:
-        errors.append(check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path"))
-    errors.append(check_model_source(str(model.path), "actor_rollout_ref.model.path")
-                  or check_model_architecture(str(model.path), "actor_rollout_ref.model.path"))
+        errors.append(
+            check_writable_dir(os.path.dirname(os.path.abspath(str(orm.cache_path))), "reward.orm.cache_path")
+        )
+    errors.append(
+        check_model_source(str(model.path), "actor_rollout_ref.model.path")
+        or check_model_architecture(str(model.path), "actor_rollout_ref.model.path")
+    )
     errors.append(check_attn_implementation(str(model.attn_implementation)))
     if d.tokenizer:
         errors.append(check_model_source(str(d.tokenizer), "data.tokenizer", need_config=False))
@@ -343,8 +367,15 @@ def preflight(config, sections=None) -> None:
 
 
 # ---------------------------------------------------------------------- the Ray cluster (after init_ray)
-def cluster_capacity_problem(nnodes: int, per_node: int, use_gpu: bool, resources: dict, num_nodes: int,
-                             cores: float, rollout_shape: Optional[tuple] = None) -> Optional[str]:
+def cluster_capacity_problem(
+    nnodes: int,
+    per_node: int,
+    use_gpu: bool,
+    resources: dict,
+    num_nodes: int,
+    cores: float,
+    rollout_shape: Optional[tuple] = None,
+) -> Optional[str]:
     """Whether ``nnodes x per_node`` rank bundles (plus, on split resources, the rollout engines' own
     ``rollout_shape = (nnodes, per_node)``) fit the cluster; ``cores`` = the CPUs that really exist."""
     world = nnodes * per_node
@@ -355,16 +386,19 @@ def cluster_capacity_problem(nnodes: int, per_node: int, use_gpu: bool, resource
     if rollout_shape is not None:  # hybrid_engine=False: the engines' ranks are bundles of their own
         r_nodes, r_per_node = rollout_shape
         world += r_nodes * r_per_node
-        shape += (f" + actor_rollout_ref.rollout.nnodes x actor_rollout_ref.rollout.n_gpus_per_node = {r_nodes} x "
-                  f"{r_per_node} rollout ranks = {world} ranks")
+        shape += (
+            f" + actor_rollout_ref.rollout.nnodes x actor_rollout_ref.rollout.n_gpus_per_node = {r_nodes} x "
+            f"{r_per_node} rollout ranks = {world} ranks"
+        )
         lower += " or actor_rollout_ref.rollout.n_gpus_per_node / actor_rollout_ref.rollout.nnodes"
     if use_gpu and gpus < world:
         return f"{shape} need {world} GPUs, but {has}; lower {lower}"
     if cpus < world:
         return f"{shape} need {world} CPU bundles, but {has}"
     if not use_gpu and world > MAX_CPU_RANKS_PER_CORE * max(cores, 1):
-        return (f"{shape} on CPU, but {has} (at most {MAX_CPU_RANKS_PER_CORE} ranks per core make progress); "
-                f"lower {lower}")
+        return (
+            f"{shape} on CPU, but {has} (at most {MAX_CPU_RANKS_PER_CORE} ranks per core make progress); lower {lower}"
+        )
     return None
 
 
@@ -383,7 +417,8 @@ def check_cluster_capacity(sections, use_gpu: bool, started_locally: bool) -> No
     cores = float(os.cpu_count() or 1) if started_locally else resources.get("CPU", 0.0)
     r = sections.workers.rollout
     split = None if sections.workers.hybrid_engine else (int(r.nnodes), int(r.n_gpus_per_node))
-    problem = cluster_capacity_problem(int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive) or 1, cores,
-                                       rollout_shape=split)
+    problem = cluster_capacity_problem(
+        int(t.nnodes), int(t.n_gpus_per_node), use_gpu, resources, len(alive) or 1, cores, rollout_shape=split
+    )
     if problem:
         raise PreflightError([problem])

@@ -10,6 +10,7 @@ the same way.
 Discovery: a launch script is an ``exp_scripts/*.sh`` that runs ``"$PYTHON" -m ...`` itself or ``exec``s
 another launch script of the folder (quickstart.sh runs its own venv's python on a CPU config: not one).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,8 @@ _EXEC_SCRIPT = re.compile(r'exec\s+bash\s+[^\n]*?/([A-Za-z0-9_.-]+\.sh)"')
 
 # Keys of the RL config that are lengths or token budgets: the rehearsal divides each by one factor.
 RL_LENGTH_KEYS = (
-    "data.max_prompt_length", "data.max_response_length",
+    "data.max_prompt_length",
+    "data.max_response_length",
     "actor_rollout_ref.rollout.max_prefix_len",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
@@ -37,14 +39,19 @@ RL_LENGTH_KEYS = (
 )
 # Batch sizes in rows: divided by one (other) factor so 2 steps stay small; their ratios are kept.
 RL_BATCH_KEYS = (
-    "data.train_batch_size", "data.val_batch_size",
-    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "data.train_batch_size",
+    "data.val_batch_size",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.max_num_seqs",  # vLLM: concurrent rows (<= max_num_batched_tokens)
 )
 # A method's own batch sizes in rows (algorithm.<method>), scaled with the RL batch when the recipe selects it.
 RL_METHOD_BATCH_KEYS = {
-    "relift": ("algorithm.relift.sft_data_size", "algorithm.relift.sft_mini_batch_size",
-               "algorithm.relift.sft_micro_batch_size"),
+    "relift": (
+        "algorithm.relift.sft_data_size",
+        "algorithm.relift.sft_mini_batch_size",
+        "algorithm.relift.sft_micro_batch_size",
+    ),
 }
 SFT_LENGTH_KEYS = ("data.max_length",)
 SFT_BATCH_KEYS = ("data.train_batch_size",)
@@ -72,8 +79,9 @@ def discover_launch_scripts(exp_dir: str) -> list[str]:
     return [os.path.join(exp_dir, n) for n in sorted(found)]
 
 
-def script_command(script: str, env: Optional[dict] = None, timeout_s: float = 60.0,
-                   args: Sequence[str] = ()) -> list[str]:
+def script_command(
+    script: str, env: Optional[dict] = None, timeout_s: float = 60.0, args: Sequence[str] = ()
+) -> list[str]:
     """The arguments ``bash script *args`` passes to ``$PYTHON`` (e.g. ``["-m", "verl.mix_src.main_mix_ppo", ...]``)."""
     with tempfile.TemporaryDirectory(prefix="recipe_") as tmp:
         shim, out = os.path.join(tmp, "python"), os.path.join(tmp, "argv")
@@ -178,7 +186,8 @@ class Recipe:
             "param_dtype": str(g("actor_rollout_ref.actor.fsdp_config.param_dtype")),
             "rollout": str(g("actor_rollout_ref.rollout.name")),
             "logprob_chunk_size": int(g("actor_rollout_ref.model.logprob_chunk_size")),
-            "sp": self.sp, "tp": self.tp,
+            "sp": self.sp,
+            "tp": self.tp,
         }
 
     def scalable(self, keys) -> dict[str, int]:
@@ -206,7 +215,10 @@ def read_recipe(script: str, env: Optional[dict] = None, args: Sequence[str] = (
     argv = script_command(script, env, args=args)
     launcher: dict[str, str] = {}
     rest = list(argv)
-    if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "verl.trainer.sft.launch"]):  # launch.py: torchrun + exit codes
+    if rest[:2] in (
+        ["-m", "torch.distributed.run"],
+        ["-m", "verl.trainer.sft.launch"],
+    ):  # launch.py: torchrun + exit codes
         rest = rest[2:]
         while rest and rest[0] != "-m":
             flag = rest.pop(0)
@@ -221,7 +233,9 @@ def read_recipe(script: str, env: Optional[dict] = None, args: Sequence[str] = (
         raise RecipeError(f"{script}: $PYTHON {' '.join(argv[:3])} ... is not `-m <trainer module>`")
     module = rest[1]
     if module not in RL_MODULES + (SFT_MODULE,):
-        raise RecipeError(f"{script}: runs {module}, not a trainer of this project ({', '.join(RL_MODULES + (SFT_MODULE,))})")
+        raise RecipeError(
+            f"{script}: runs {module}, not a trainer of this project ({', '.join(RL_MODULES + (SFT_MODULE,))})"
+        )
     return Recipe(script=script, argv=argv, module=module, overrides=rest[2:], launcher_args=launcher)
 
 

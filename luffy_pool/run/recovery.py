@@ -16,6 +16,7 @@ config or user error is never restarted.
 The policy, the classification and the capacity test are pure (time source and node listing injectable);
 only :class:`Recovery` touches Ray and the launcher.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,10 +36,23 @@ WORKER_DIED, NODE_DIED, OOM_KILLED, COLLECTIVE_TIMEOUT = "worker_died", "node_di
 RECOVERABLE = (WORKER_DIED, NODE_DIED, OOM_KILLED, COLLECTIVE_TIMEOUT)
 
 # A surviving rank's view of a lost peer (gloo / NCCL / torch.distributed), and of a collective that timed out.
-_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "econnreset",
-              "socket closed", "ncclremoteerror", "remote process exited")
-_TIMEOUT = ("collective operation timeout", "watchdog caught collective", "timed out", "timeout", "disttimeouterror",
-            "distbackenderror")
+_PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "econnreset",
+    "socket closed",
+    "ncclremoteerror",
+    "remote process exited",
+)
+_TIMEOUT = (
+    "collective operation timeout",
+    "watchdog caught collective",
+    "timed out",
+    "timeout",
+    "disttimeouterror",
+    "distbackenderror",
+)
 # In a dead actor's message only: the process was killed for memory (a CUDA OOM raised in a rank is not a kill).
 _MEMORY_KILL = re.compile(r"out of memory|\boom\b|oom.kill|low on memory|memory monitor|outofmemoryerror")
 _IP_RE = re.compile(r"\bip:\s*([0-9a-fA-F.:]+)")
@@ -98,8 +112,11 @@ def classify_failure(exc: BaseException) -> Failure:
             return Failure(NODE_DIED, True, _one_line(e), node)
         if isinstance(e, rex.OutOfMemoryError):
             return Failure(OOM_KILLED, True, _one_line(e), node)
-    died = [e for e in chain if isinstance(e, (rex.RayActorError, rex.WorkerCrashedError))
-            and not getattr(e, "actor_init_failed", False)]
+    died = [
+        e
+        for e in chain
+        if isinstance(e, (rex.RayActorError, rex.WorkerCrashedError)) and not getattr(e, "actor_init_failed", False)
+    ]
     if died:
         text = _one_line(str(died[0]))
         lowered = text.lower()
@@ -111,8 +128,11 @@ def classify_failure(exc: BaseException) -> Failure:
     if any(getattr(e, "timed_out", False) for e in chain):  # a worker-group call past its call_timeout_s
         return Failure(COLLECTIVE_TIMEOUT, True, _one_line(exc), node)
     lowered = " ".join(_texts(exc)).lower()
-    if any(k in lowered for k in _PEER_LOST) or ("collective" in lowered or "gloo" in lowered or "nccl" in lowered) \
-            and any(k in lowered for k in _TIMEOUT):
+    if (
+        any(k in lowered for k in _PEER_LOST)
+        or ("collective" in lowered or "gloo" in lowered or "nccl" in lowered)
+        and any(k in lowered for k in _TIMEOUT)
+    ):
         return Failure(COLLECTIVE_TIMEOUT, True, _one_line(exc), node)
     return Failure(type(exc).__name__, False, _one_line(exc))
 
@@ -149,15 +169,23 @@ class RestartPolicy:
         step = int(step)
         last = self.last_step.get(failure.cause)
         if replay and last is not None and step <= last:
-            return Decision(False, 0, f"{failure.cause} at step {step} again after the restart for it at step {last} "
-                                      f"(no step past it completed since, so it replays from the checkpoint; trainer."
-                                      f"max_restarts={self.max_restarts} restarts a cause again only at a later "
-                                      f"step): {failure.detail}")
+            return Decision(
+                False,
+                0,
+                f"{failure.cause} at step {step} again after the restart for it at step {last} "
+                f"(no step past it completed since, so it replays from the checkpoint; trainer."
+                f"max_restarts={self.max_restarts} restarts a cause again only at a later "
+                f"step): {failure.detail}",
+            )
         if self.streak_step is None or step > self.streak_step:
             self.streak, self.streak_step = 0, step  # training progressed since the last restart
         if self.streak >= self.max_restarts:
-            return Decision(False, 0, f"{failure.cause} at step {step} after {self.streak} restart(s) there without "
-                                      f"progress (trainer.max_restarts={self.max_restarts}): {failure.detail}")
+            return Decision(
+                False,
+                0,
+                f"{failure.cause} at step {step} after {self.streak} restart(s) there without "
+                f"progress (trainer.max_restarts={self.max_restarts}): {failure.detail}",
+            )
         if replay:
             self.last_step[failure.cause] = step
         self.streak += 1
@@ -216,8 +244,9 @@ def _place(free: list, groups: list, bundle: dict) -> bool:
     return False
 
 
-def can_host(nodes: Iterable[dict], process_on_nodes: list, bundle: dict,
-             rollout_groups: Optional[list] = None) -> bool:
+def can_host(
+    nodes: Iterable[dict], process_on_nodes: list, bundle: dict, rollout_groups: Optional[list] = None
+) -> bool:
     """Whether alive nodes (``ray.nodes()`` rows) can hold every node group, each on a node of its own with the
     group's resources. ``rollout_groups``: the split rollout pool's node groups (same bundle), each on a node of
     its own too but free to share a node with an actor group, as two resource pools' placement groups are."""
@@ -230,10 +259,17 @@ class CapacityTimeout(TimeoutError):
     """The cluster could not host the world within ``trainer.restart_wait_s``."""
 
 
-def wait_for_capacity(process_on_nodes: list, bundle: dict, wait_s: float, nodes_fn: Callable[[], list],
-                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                      poll_s: float = 2.0, should_stop: Callable[[], bool] = lambda: False,
-                      rollout_groups: Optional[list] = None) -> float:
+def wait_for_capacity(
+    process_on_nodes: list,
+    bundle: dict,
+    wait_s: float,
+    nodes_fn: Callable[[], list],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = 2.0,
+    should_stop: Callable[[], bool] = lambda: False,
+    rollout_groups: Optional[list] = None,
+) -> float:
     """Poll ``nodes_fn()`` until :func:`can_host` holds (the actor's node groups and, with split engines, the
     rollout pool's ``rollout_groups``); returns the seconds waited (0.0: it could at once). Raises
     :class:`CapacityTimeout` naming the keys after ``wait_s``; returns early (-1) when ``should_stop()``."""
@@ -247,36 +283,50 @@ def wait_for_capacity(process_on_nodes: list, bundle: dict, wait_s: float, nodes
             return -1.0
         waited = clock() - start
         if waited >= wait_s:
-            alive = [{k: v for k, v in (n.get("Resources") or {}).items() if k in bundle}
-                     for n in nodes if n.get("Alive")]
+            alive = [
+                {k: v for k, v in (n.get("Resources") or {}).items() if k in bundle} for n in nodes if n.get("Alive")
+            ]
             world = f"{len(process_on_nodes)} node group(s) of {max(process_on_nodes)} rank(s)"
             keys = "trainer.nnodes / trainer.n_gpus_per_node"
             if rollout_groups:
-                world += (f" + {len(rollout_groups)} rollout node group(s) of {max(rollout_groups)} rank(s) "
-                          f"(hybrid_engine=False)")
+                world += (
+                    f" + {len(rollout_groups)} rollout node group(s) of {max(rollout_groups)} rank(s) "
+                    f"(hybrid_engine=False)"
+                )
                 keys += " or actor_rollout_ref.rollout.nnodes / actor_rollout_ref.rollout.n_gpus_per_node"
             raise CapacityTimeout(
                 f"the Ray cluster cannot host {world} x {bundle} (alive nodes: {alive}) after waiting "
                 f"trainer.restart_wait_s={wait_s:g} s; add nodes, or lower {keys} and resume "
-                f"(trainer.max_restarts gave up)")
+                f"(trainer.max_restarts gave up)"
+            )
         sleep(min(poll_s, max(wait_s - waited, 0.0)))
 
 
 def restart_line(failure: Failure, step: int, resume_step: int, attempt: int, max_restarts: int, total: int) -> str:
     """The one WARNING line of a restart."""
     where = f"node {failure.node}" if failure.node else "node unknown"
-    return (f"restart {attempt} of {max_restarts} (trainer.max_restarts) for {failure.cause} at step {step} "
-            f"({where}): {failure.detail}; resuming from step {resume_step}, {step - resume_step} step(s) lost; "
-            f"{total} restart(s) in this run")
+    return (
+        f"restart {attempt} of {max_restarts} (trainer.max_restarts) for {failure.cause} at step {step} "
+        f"({where}): {failure.detail}; resuming from step {resume_step}, {step - resume_step} step(s) lost; "
+        f"{total} restart(s) in this run"
+    )
 
 
 class Recovery:
     """The launcher's half: ``restart(trainer, close, exc)`` -> ``(trainer, close)`` of the rebuilt run, or None
     when the failure ends the run (the caller re-raises it)."""
 
-    def __init__(self, config, sections, rebuild: Callable, use_gpu: bool, nodes_fn: Optional[Callable] = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 poll_s: float = 2.0):
+    def __init__(
+        self,
+        config,
+        sections,
+        rebuild: Callable,
+        use_gpu: bool,
+        nodes_fn: Optional[Callable] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        poll_s: float = 2.0,
+    ):
         t = sections.trainer
         self.config = copy.deepcopy(config)  # the run as it started; each rebuild starts from a copy
         self.original_resume_mode = str(t.resume_mode)
@@ -288,8 +338,9 @@ class Recovery:
         w = sections.workers
         # Split engines (hybrid_engine=False) are a resource pool of their own (launcher.build_rollout_group),
         # with the actor's bundle: the rebuilt run places both, so the wait asks for both.
-        self.rollout_groups = None if w.hybrid_engine else \
-            world_shape(int(w.rollout.nnodes), int(w.rollout.n_gpus_per_node), use_gpu)[0]
+        self.rollout_groups = (
+            None if w.hybrid_engine else world_shape(int(w.rollout.nnodes), int(w.rollout.n_gpus_per_node), use_gpu)[0]
+        )
         self.nodes_fn = nodes_fn  # None: ray.nodes
         self.clock, self.sleep, self.poll_s = clock, sleep, poll_s
 
@@ -308,8 +359,10 @@ class Recovery:
         ckpt = trainer.checkpointer
         saved = ckpt.last_saved_step if ckpt is not None else None
         resume_step = int(saved or 0)
-        logger.warning("%s", restart_line(failure, step, resume_step, decision.attempt, self.policy.max_restarts,
-                                          self.policy.total))
+        logger.warning(
+            "%s",
+            restart_line(failure, step, resume_step, decision.attempt, self.policy.max_restarts, self.policy.total),
+        )
         close(keep_tracker=True)  # kill the remaining workers, free their placement groups and the reward pool
         process_on_nodes, bundle = self.world
         if self.nodes_fn is None:
@@ -320,16 +373,26 @@ class Recovery:
         config.trainer.resume_mode = restart_resume_mode(self.original_resume_mode, saved_in_root(ckpt))
 
         def stopped(signum: int):
-            message = (f"stopped by signal {signum} during a restart; the newest checkpoint is step {resume_step}; "
-                       f"exit code {exit_code(signum)}")
+            message = (
+                f"stopped by signal {signum} during a restart; the newest checkpoint is step {resume_step}; "
+                f"exit code {exit_code(signum)}"
+            )
             logger.warning("%s", message)
             return AbortedBySignal(signum, message)
 
         with GracefulStop(what="the restart") as stop:  # SIGTERM while waiting or rebuilding ends the run at once
             while True:
-                waited = wait_for_capacity(process_on_nodes, bundle, self.wait_s, self.nodes_fn, clock=self.clock,
-                                           sleep=self.sleep, poll_s=self.poll_s, should_stop=lambda: stop.requested,
-                                           rollout_groups=self.rollout_groups)
+                waited = wait_for_capacity(
+                    process_on_nodes,
+                    bundle,
+                    self.wait_s,
+                    self.nodes_fn,
+                    clock=self.clock,
+                    sleep=self.sleep,
+                    poll_s=self.poll_s,
+                    should_stop=lambda: stop.requested,
+                    rollout_groups=self.rollout_groups,
+                )
                 if stop.requested:
                     raise stopped(stop.signum)
                 if waited > 0:
@@ -346,8 +409,12 @@ class Recovery:
                         if failure.recoverable:
                             logger.error("no restart: %s", decision.reason)
                         raise
-                    logger.warning("%s", restart_line(failure, step, resume_step, decision.attempt,
-                                                      self.policy.max_restarts, self.policy.total))
+                    logger.warning(
+                        "%s",
+                        restart_line(
+                            failure, step, resume_step, decision.attempt, self.policy.max_restarts, self.policy.total
+                        ),
+                    )
             if stop.requested:
                 new_close(keep_tracker=True)  # the caller's close() finishes the tracker
                 raise stopped(stop.signum)

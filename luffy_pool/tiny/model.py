@@ -5,6 +5,7 @@ split into single tokens so arithmetic stays learnable by a model this small. Th
 Qwen's ChatML; with ``think=True`` the generation prompt also opens ``<think>\\n`` like LUFFY's base
 model, which exercises the trainer's ``<think>\\n`` de-duplication of targets.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,10 +63,16 @@ def build_tokenizer(out_dir: str | None = None, vocab_size: int = 512, think: bo
     )
     tok.train_from_iterator(tokenizer_corpus(), trainer)
     if real_tokens is not None:
-        hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=real_tokens.bos, eos_token=real_tokens.eos,
-                                         pad_token=real_tokens.pad, padding_side="left",
-                                         additional_special_tokens=[s for s in specials if s not in (
-                                             real_tokens.bos, real_tokens.eos, real_tokens.pad)])
+        hf_tok = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            bos_token=real_tokens.bos,
+            eos_token=real_tokens.eos,
+            pad_token=real_tokens.pad,
+            padding_side="left",
+            additional_special_tokens=[
+                s for s in specials if s not in (real_tokens.bos, real_tokens.eos, real_tokens.pad)
+            ],
+        )
         hf_tok.chat_template = real_tokens.chat_template
         if out_dir is not None:
             hf_tok.save_pretrained(out_dir)
@@ -83,8 +90,9 @@ def build_tokenizer(out_dir: str | None = None, vocab_size: int = 512, think: bo
     return hf_tok
 
 
-def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None, model_config: dict | None = None,
-                     real_tokens=None) -> str:
+def build_tiny_model(
+    out_dir: str, spec: TinyModelSpec | None = None, model_config: dict | None = None, real_tokens=None
+) -> str:
     """Write tokenizer + a randomly initialised causal LM of ``spec.model_type`` (Qwen2 by default) to ``out_dir`` and return it.
 
     With ``model_config`` (a real model's config.json as a dict) the model is that config shrunk
@@ -99,8 +107,12 @@ def build_tiny_model(out_dir: str, spec: TinyModelSpec | None = None, model_conf
 
     spec = spec or TinyModelSpec()
     os.makedirs(out_dir, exist_ok=True)
-    tok = build_tokenizer(out_dir, vocab_size=spec.vocab_size, think=spec.think,
-                          real_tokens=real_tokens if model_config is not None else None)
+    tok = build_tokenizer(
+        out_dir,
+        vocab_size=spec.vocab_size,
+        think=spec.think,
+        real_tokens=real_tokens if model_config is not None else None,
+    )
     if model_config is not None:
         return _build_from_real_config(out_dir, spec, model_config, tok, real_tokens)
     cfg = AutoConfig.for_model(
@@ -135,8 +147,9 @@ def _build_from_real_config(out_dir: str, spec: TinyModelSpec, real: dict, tok, 
 
     token_map = id_map(real_tokens, tok) if real_tokens is not None else None
     specials = [] if token_map else [tok.eos_token_id, tok.pad_token_id, tok.convert_tokens_to_ids("<|im_start|>")]
-    tiny, record = shrink_config(real, spec.num_key_value_heads, len(tok), specials, layers=spec.num_hidden_layers,
-                                 token_map=token_map)
+    tiny, record = shrink_config(
+        real, spec.num_key_value_heads, len(tok), specials, layers=spec.num_hidden_layers, token_map=token_map
+    )
     fields = {k: v for k, v in tiny.items() if k not in ("model_type", "architectures", "transformers_version")}
     cfg = AutoConfig.for_model(tiny["model_type"], **fields)
     if "architectures" in tiny:
@@ -147,8 +160,9 @@ def _build_from_real_config(out_dir: str, spec: TinyModelSpec, real: dict, tok, 
         model.generation_config = GenerationConfig(**tiny_generation_config(real_tokens, token_map))
     else:
         eos = tiny.get("eos_token_id", tok.eos_token_id)
-        model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                                                   bos_token_id=tiny.get("bos_token_id"))
+        model.generation_config = GenerationConfig(
+            eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=tiny.get("bos_token_id")
+        )
     model.to(torch.bfloat16).save_pretrained(out_dir)
     with open(os.path.join(out_dir, "tiny_spec.json"), "w") as f:
         json.dump(dataclasses.asdict(spec), f, indent=1)
@@ -163,5 +177,6 @@ def build_tiny_model_like(out_dir: str, config_path: str, spec: TinyModelSpec | 
     from luffy_pool.tiny.model_config import read_model_config
     from luffy_pool.tiny.model_tokens import read_real_tokens
 
-    return build_tiny_model(out_dir, spec, model_config=read_model_config(config_path),
-                            real_tokens=read_real_tokens(config_path))
+    return build_tiny_model(
+        out_dir, spec, model_config=read_model_config(config_path), real_tokens=read_real_tokens(config_path)
+    )

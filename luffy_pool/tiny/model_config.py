@@ -19,6 +19,7 @@ config and changes only:
 ``shrink_config`` returns the tiny config and a record of the fields it kept and the ones it shrank
 (``{field: [real, tiny]}``), which the rehearsal prints.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,26 @@ GROUPS = 2
 LAYERS = 2
 MOE_EXPERTS, MOE_ACTIVE = 4, 2
 # Fields that name how big the model is; everything else is architecture and is copied verbatim.
-SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-               "head_dim", "vocab_size", "max_window_layers", "layer_types", "mlp_only_layers", "num_experts",
-               "num_local_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "shared_expert_intermediate_size", "torch_dtype", "dtype")
+SIZE_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_window_layers",
+    "layer_types",
+    "mlp_only_layers",
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "torch_dtype",
+    "dtype",
+)
 TOKEN_FIELDS = ("eos_token_id", "bos_token_id", "pad_token_id")
 DROPPED = ("_name_or_path",)  # a path of the machine that wrote the real file
 
@@ -79,11 +96,13 @@ def map_token_ids(real: dict, specials: list[int], token_map: dict | None = None
     order: list[int] = []
     for field in TOKEN_FIELDS:
         value = real.get(field)
-        for v in (value if isinstance(value, list) else [value]):
+        for v in value if isinstance(value, list) else [value]:
             if isinstance(v, int) and v not in order:
                 order.append(v)
     if len(order) > len(specials):
-        raise ModelConfigError(f"{len(order)} distinct special-token ids {order}; the tiny tokenizer has {len(specials)}")
+        raise ModelConfigError(
+            f"{len(order)} distinct special-token ids {order}; the tiny tokenizer has {len(specials)}"
+        )
     to_tiny = dict(zip(order, specials))
     out = {}
     for field in TOKEN_FIELDS:
@@ -109,8 +128,15 @@ def _moe_sizes(real: dict, hidden: int) -> dict:
     return out
 
 
-def shrink_config(real: dict, kv_heads: int, vocab_size: int, specials: list[int], layers: int = LAYERS,
-                  source: str = "config.json", token_map: dict | None = None) -> tuple[dict, dict]:
+def shrink_config(
+    real: dict,
+    kv_heads: int,
+    vocab_size: int,
+    specials: list[int],
+    layers: int = LAYERS,
+    source: str = "config.json",
+    token_map: dict | None = None,
+) -> tuple[dict, dict]:
     """(tiny config dict, ``{"kept": [fields], "shrunk": {field: [real, tiny]}, "tokens": ...}``)."""
     try:
         real_layers = int(real["num_hidden_layers"])
@@ -126,9 +152,15 @@ def shrink_config(real: dict, kv_heads: int, vocab_size: int, specials: list[int
     # assume hidden == heads x head_dim.
     ratio = real_hidden / (real_heads * real_head_dim)
     hidden = max(HEAD_DIM, int(round(heads * HEAD_DIM * ratio / 8)) * 8)
-    sizes: dict[str, Any] = {"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": 2 * hidden,
-                             "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab_size,
-                             "torch_dtype": "bfloat16"}
+    sizes: dict[str, Any] = {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab_size,
+        "torch_dtype": "bfloat16",
+    }
     if "head_dim" in real:
         sizes["head_dim"] = HEAD_DIM
     elif real_head_dim != HEAD_DIM and ratio != 1:
@@ -165,9 +197,11 @@ def refusal(real: dict, source: str = "config.json") -> str | None:
     """
     experts = next((int(real[f]) for f in MOE_FIELDS if real.get(f)), 0)
     if experts:
-        return (f"{source}: {real.get('model_type')} is a mixture of experts ({experts} experts): its experts are fused "
-                "by transformers on load from per-expert checkpoint tensors, which the meta-device shard loader "
-                "(verl/utils/meta_init.py) cannot read; MoE training is not supported yet")
+        return (
+            f"{source}: {real.get('model_type')} is a mixture of experts ({experts} experts): its experts are fused "
+            "by transformers on load from per-expert checkpoint tensors, which the meta-device shard loader "
+            "(verl/utils/meta_init.py) cannot read; MoE training is not supported yet"
+        )
     return None
 
 
@@ -176,4 +210,8 @@ def describe(record: dict) -> list[str]:
     kept = ", ".join(record["kept"])
     shrunk = ", ".join(f"{k} {a}->{b}" for k, (a, b) in record["shrunk"].items())
     tokens = ", ".join(f"{k} {a}->{b}" for k, (a, b) in record["tokens"].items())
-    return [f"kept from the real config: {kept}", f"shrunk: {shrunk}", f"special tokens (real -> tiny): {tokens or 'none'}"]
+    return [
+        f"kept from the real config: {kept}",
+        f"shrunk: {shrunk}",
+        f"special tokens (real -> tiny): {tokens or 'none'}",
+    ]

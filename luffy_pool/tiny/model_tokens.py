@@ -9,6 +9,7 @@ sampling defaults) that sit beside a model's ``config.json``: in a model folder,
 The tiny tokenizer then carries exactly those special strings (``luffy_pool.tiny.model.build_tokenizer``), and
 every real id of the config and the generation config maps to the tiny id of the same string.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,14 +40,15 @@ class RealTokens:
 def token_file_paths(config_path: str) -> tuple[str, str]:
     """(tokenizer_config.json, generation_config.json) beside ``config_path`` (a folder or a file)."""
     if os.path.isdir(config_path):
-        return (os.path.join(config_path, "tokenizer_config.json"),
-                os.path.join(config_path, "generation_config.json"))
+        return (os.path.join(config_path, "tokenizer_config.json"), os.path.join(config_path, "generation_config.json"))
     folder, name = os.path.split(config_path)
     if name == "config.json":
         return os.path.join(folder, "tokenizer_config.json"), os.path.join(folder, "generation_config.json")
-    stem = name[:-len(".json")] if name.endswith(".json") else name
-    return (os.path.join(folder, stem + ".tokenizer_config.json"),
-            os.path.join(folder, stem + ".generation_config.json"))
+    stem = name[: -len(".json")] if name.endswith(".json") else name
+    return (
+        os.path.join(folder, stem + ".tokenizer_config.json"),
+        os.path.join(folder, stem + ".generation_config.json"),
+    )
 
 
 def _token_string(value: Any, file: str, field: str) -> Optional[str]:
@@ -72,8 +74,11 @@ def read_real_tokens(config_path: str) -> Optional[RealTokens]:
     except json.JSONDecodeError as exc:
         raise TokenFilesError(f"{tok_file} or {gen_file}: not JSON ({exc})") from None
     decoder = tok.get("added_tokens_decoder") or {}
-    specials = {int(i): _token_string(v, tok_file, f"added_tokens_decoder[{i}]") for i, v in decoder.items()
-                if not isinstance(v, dict) or v.get("special", True)}
+    specials = {
+        int(i): _token_string(v, tok_file, f"added_tokens_decoder[{i}]")
+        for i, v in decoder.items()
+        if not isinstance(v, dict) or v.get("special", True)
+    }
     bos, eos, pad = (_token_string(tok.get(k), tok_file, k) for k in ("bos_token", "eos_token", "pad_token"))
     if eos is None:
         raise TokenFilesError(f"{tok_file}: no eos_token")
@@ -81,8 +86,15 @@ def read_real_tokens(config_path: str) -> Optional[RealTokens]:
         if value is not None and value not in specials.values():
             raise TokenFilesError(f"{tok_file}: {field} {value!r} is not in added_tokens_decoder")
     generation = {k: v for k, v in gen.items() if not k.startswith("_") and k != "transformers_version"}
-    return RealTokens(specials=specials, bos=bos, eos=eos, pad=pad, chat_template=tok.get("chat_template"),
-                      generation=generation, source=tok_file)
+    return RealTokens(
+        specials=specials,
+        bos=bos,
+        eos=eos,
+        pad=pad,
+        chat_template=tok.get("chat_template"),
+        generation=generation,
+        source=tok_file,
+    )
 
 
 def id_map(real: RealTokens, tokenizer) -> dict[int, int]:
@@ -103,8 +115,10 @@ def map_ids(value: Any, mapping: dict[int, int], where: str) -> Any:
     ids = value if isinstance(value, list) else [value]
     missing = [i for i in ids if i not in mapping]
     if missing:
-        raise TokenFilesError(f"{where}: token id(s) {missing} are not special tokens of the model's "
-                              "tokenizer_config.json (added_tokens_decoder)")
+        raise TokenFilesError(
+            f"{where}: token id(s) {missing} are not special tokens of the model's "
+            "tokenizer_config.json (added_tokens_decoder)"
+        )
     mapped = [mapping[i] for i in ids]
     return mapped if isinstance(value, list) else mapped[0]
 

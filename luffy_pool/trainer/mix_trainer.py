@@ -12,6 +12,7 @@ owns every decision that must agree across ranks (ratios, uids, advantages, orde
 ``actor_rollout_ref.hybrid_engine=False`` the engines are a worker group of their own (``rollout_wg``) and the
 split step of ``luffy_pool.trainer.split_rollout`` replaces the first two stages (``trainer.rollout_pipeline``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,9 +35,18 @@ from luffy_pool.replay.self_replay import SelfReplay
 from luffy_pool.trainer.split_rollout import SplitRolloutMixin
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
-from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
-                                           compute_timing_metrics, reduce_metrics)
-from verl.utils.seqlen_balancing import get_group_balanced_partitions, get_seqlen_balanced_partitions, log_seqlen_unbalance
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_group_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+)
+from verl.utils.seqlen_balancing import (
+    get_group_balanced_partitions,
+    get_seqlen_balanced_partitions,
+    log_seqlen_unbalance,
+)
 from verl.utils.signals import GracefulStop, stop_on_signal
 from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY, WEIGHT_SYNC_METRIC
 
@@ -65,9 +75,23 @@ class StepOutput(NamedTuple):
 class MIXRayPPOTrainer(SplitRolloutMixin):
     """The LUFFY trainer. Collaborators are built by ``luffy_pool.run.launcher`` and injected here."""
 
-    def __init__(self, config, tokenizer, actor_rollout_wg, reward_fn, val_reward_fn, train_dataloader,
-                 val_dataset=None, collate_fn=None, tracker=None, checkpointer=None, off_policy_pool=None,
-                 sections=None, total_training_steps=None, rollout_wg=None):
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        actor_rollout_wg,
+        reward_fn,
+        val_reward_fn,
+        train_dataloader,
+        val_dataset=None,
+        collate_fn=None,
+        tracker=None,
+        checkpointer=None,
+        off_policy_pool=None,
+        sections=None,
+        total_training_steps=None,
+        rollout_wg=None,
+    ):
         from verl.utils.tokenizer import stop_token_ids
 
         self.config = config
@@ -103,11 +127,15 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         self.bypass_mode = bool(rc.bypass_mode)  # the engine's log-probs are the old ones: no old-log-prob pass
         self.world_size = self.wg.world_size
         self.global_steps = 0
-        self.total_training_steps = int(total_training_steps) if total_training_steps is not None else \
-            s.trainer.total_steps(len(self.train_dataloader))
+        self.total_training_steps = (
+            int(total_training_steps)
+            if total_training_steps is not None
+            else s.trainer.total_steps(len(self.train_dataloader))
+        )
         if self.method.ratio_sampler is not None:  # the method's own slot plan (prefix_rft's schedule, uft's hints)
-            self.ratio_sampler = self.method.ratio_sampler(s, seed=int(s.trainer.seed),
-                                                           total_steps=self.total_training_steps, tokenizer=tokenizer)
+            self.ratio_sampler = self.method.ratio_sampler(
+                s, seed=int(s.trainer.seed), total_steps=self.total_training_steps, tokenizer=tokenizer
+            )
         self._data_iter = None
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
@@ -119,9 +147,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
     def state_dict(self) -> dict:
         """The driver-side state a resume restores (the checkpointer adds the data sampler and RNGs)."""
         value = getattr(self.kl_ctrl, "value", None)
-        state = {"ratio_sampler": self.ratio_sampler.state_dict(),
-                 "kl_coef": float(value) if value is not None else None,
-                 "last_val_metrics": dict(self.last_val_metrics or {})}
+        state = {
+            "ratio_sampler": self.ratio_sampler.state_dict(),
+            "kl_coef": float(value) if value is not None else None,
+            "last_val_metrics": dict(self.last_val_metrics or {}),
+        }
         if self.method_driver is not None:
             state["method_state"] = {"method": self.method.name, "state": self.method_driver.state_dict()}
         return state
@@ -160,8 +190,10 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             try:
                 return next(self._data_iter)
             except StopIteration:
-                raise RuntimeError(f"the training dataloader is empty: fewer rows than data.train_batch_size="
-                                   f"{self.config.data.train_batch_size}") from None
+                raise RuntimeError(
+                    f"the training dataloader is empty: fewer rows than data.train_batch_size="
+                    f"{self.config.data.train_batch_size}"
+                ) from None
 
     # ------------------------------------------------------------------ main loop
     @stop_on_signal(what="the current training step")  # SIGTERM/SIGINT: finish and save the step, return
@@ -180,8 +212,9 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if self.global_steps == 0 and self.sections.trainer.val_before_train and self.val_dataset is not None:
             self._log(self.validate(), step=0)
         last, last_step = {}, self.last_step()
-        bar = tqdm(total=last_step, initial=self.global_steps, desc="training", unit="step",
-                   dynamic_ncols=True, disable=None)
+        bar = tqdm(
+            total=last_step, initial=self.global_steps, desc="training", unit="step", dynamic_ncols=True, disable=None
+        )
         while self.global_steps < last_step and not self.stop.requested:
             self.global_steps += 1
             timing: dict[str, float] = {}
@@ -190,8 +223,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
                 metrics = out.metrics
                 self._validate_and_save(metrics, timing, is_last=self.global_steps >= last_step)
             metrics.update(compute_timing_metrics(timing, out.prompt_tokens, out.response_tokens))
-            metrics.update(compute_throughput_metrics(out.prompt_tokens + out.response_tokens, timing["step"],
-                                                      self.world_size + self.split_ranks))
+            metrics.update(
+                compute_throughput_metrics(
+                    out.prompt_tokens + out.response_tokens, timing["step"], self.world_size + self.split_ranks
+                )
+            )
             metrics.update(self.pending_metrics)
             self.pending_metrics = {}
             self._log(metrics, step=self.global_steps)
@@ -211,7 +247,9 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
                 metrics.update(self.validate())
             if self.checkpointer is not None:  # LUFFY writes best/actor whenever val/avg_score improves
                 self.checkpointer.maybe_save_best(self, metrics)
-        if self.checkpointer is not None and (self._due(t.save_freq, is_last) or self.stop.save_requested(t.save_on_signal)):
+        if self.checkpointer is not None and (
+            self._due(t.save_freq, is_last) or self.stop.save_requested(t.save_on_signal)
+        ):
             self.drop_in_flight()  # the saved sampler cursor must point at the batch after this step
             with _timer("save_checkpoint", timing):
                 self.checkpointer.save(self, metrics)
@@ -309,8 +347,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         """Dump the rollouts (``trainer.rollout_data_dir``), balance rows across ranks, update the actor."""
         metrics: dict = {}
         if self.sections.trainer.rollout_data_dir:
-            dump_rollouts(self.sections.trainer.rollout_data_dir, self.global_steps,
-                          rollout_records(batch, self.tokenizer, self.global_steps))
+            dump_rollouts(
+                self.sections.trainer.rollout_data_dir,
+                self.global_steps,
+                rollout_records(batch, self.tokenizer, self.global_steps),
+            )
         if self.sections.trainer.balance_batch:
             metrics.update(self._balance_batch(batch))
         if self.sections.trainer.critic_warmup <= self.global_steps - 1:
@@ -331,9 +372,16 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         metrics = compute_data_metrics(batch.batch, self.response_length)
         on_policy = ~batch.batch["prefix_mask"].bool().any(-1)
         fail, success = fail_success_values(int(self.sections.data.reward_impl_version))
-        metrics.update(compute_group_metrics(batch.batch["token_level_scores"].sum(-1), batch.non_tensor_batch["uid"],
-                                             on_policy, fail_value=fail, success_value=success))
-        response_tokens = int(batch.batch["attention_mask"][:, -self.response_length:].sum())
+        metrics.update(
+            compute_group_metrics(
+                batch.batch["token_level_scores"].sum(-1),
+                batch.non_tensor_batch["uid"],
+                on_policy,
+                fail_value=fail,
+                success_value=success,
+            )
+        )
+        response_tokens = int(batch.batch["attention_mask"][:, -self.response_length :].sum())
         prompt_tokens = int(batch.batch["attention_mask"].sum()) - response_tokens
         metrics["training/global_step"] = self.global_steps
         return metrics, prompt_tokens, response_tokens
@@ -342,8 +390,13 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         """False only when ``actor.recompute_old_log_prob=auto`` and the update is a single on-policy
         mini-batch per rank without a reference model: then the actor's first forward equals the pass."""
         actor = self.sections.workers.actor
-        if (self.sections.actor.recompute_old_log_prob != "auto" or self.use_ref or self.self_replay is not None
-                or self.rollout_correction is not None or self.method_driver is not None):
+        if (
+            self.sections.actor.recompute_old_log_prob != "auto"
+            or self.use_ref
+            or self.self_replay is not None
+            or self.rollout_correction is not None
+            or self.method_driver is not None
+        ):
             # self-replay and ExGRPO record the old log-probs of the successes they keep; rollout correction
             # compares them with the engine's before the update
             return True
@@ -361,7 +414,9 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         """Draw step ``step``'s prefix ratios and build the engines' input (prompts, slot traces, ratios)."""
         metrics: dict = {}
         if "tgt_truncated" in batch.batch.keys():  # traces cut to rollout.max_prefix_len (data.truncate_off_policy)
-            metrics["batch/off_policy_truncated"] = int(batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum())
+            metrics["batch/off_policy_truncated"] = int(
+                batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum()
+            )
         bsz = len(batch)
         if self.method.ratio_sampler is None:
             ratios = self.ratio_sampler.draw(bsz, step)
@@ -375,12 +430,15 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             extra_slots = self._attach_slot_traces(gen_batch, batch, ratios, step)
             if self.off_policy_pool.has_extra_traces:
                 metrics["rollout/extra_trace_slots"] = extra_slots
-        gen_batch.batch["prefix_ratios"] = torch.as_tensor(ratios, dtype=torch.float64)  # float32 floors len*r differently
+        gen_batch.batch["prefix_ratios"] = torch.as_tensor(
+            ratios, dtype=torch.float64
+        )  # float32 floors len*r differently
         gen_batch.meta_info["global_steps"] = step
         return batch, gen_batch, ratios, metrics
 
-    def _merge_rollout(self, batch: DataProto, gen_out: DataProto, ratios, metrics: dict, step: int
-                       ) -> tuple[DataProto, np.ndarray, dict]:
+    def _merge_rollout(
+        self, batch: DataProto, gen_out: DataProto, ratios, metrics: dict, step: int
+    ) -> tuple[DataProto, np.ndarray, dict]:
         """The engines' rows merged with the prompts' non-tensor data (uids of step ``step``), and the metrics."""
         bsz = len(batch)
         per_rank = gen_out.meta_info.pop("rollout_stats", None) or []
@@ -407,9 +465,13 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         keys = [k for k in ("tgt_input_ids", "behaviour_log_probs") if k in batch.batch.keys()]
         targets = batch.pop(batch_keys=keys).batch
         slot = self.off_policy_pool.slot_traces(
-            list(batch.non_tensor_batch["index"]), targets["tgt_input_ids"], ratios, step,
+            list(batch.non_tensor_batch["index"]),
+            targets["tgt_input_ids"],
+            ratios,
+            step,
             pad_token_id=self.tokenizer.pad_token_id,
-            behaviour_log_probs=targets["behaviour_log_probs"] if "behaviour_log_probs" in keys else None)
+            behaviour_log_probs=targets["behaviour_log_probs"] if "behaviour_log_probs" in keys else None,
+        )
         gen_batch.batch["tgt_input_ids"] = slot.tgt_input_ids
         if slot.behaviour_log_probs is not None:
             gen_batch.batch["behaviour_log_probs"] = slot.behaviour_log_probs
@@ -434,18 +496,29 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         """KL-in-reward (β=0 without a ref model), then the registered group advantage; the KL metrics and
         the count of off-policy rows whose behaviour probability is unknown."""
         metrics: dict = {}
-        response_mask = batch.batch["attention_mask"][:, -self.response_length:]
+        response_mask = batch.batch["attention_mask"][:, -self.response_length :]
         if not self.sections.actor.use_kl_loss:
             rewards, kl_metrics = apply_kl_penalty(
-                batch.batch["token_level_scores"], batch.batch.get("old_log_probs"), batch.batch.get("ref_log_prob"),
-                response_mask, self.kl_ctrl, self.sections.algorithm.kl_penalty)
+                batch.batch["token_level_scores"],
+                batch.batch.get("old_log_probs"),
+                batch.batch.get("ref_log_prob"),
+                response_mask,
+                self.kl_ctrl,
+                self.sections.algorithm.kl_penalty,
+            )
             metrics.update(kl_metrics)
         else:
             rewards = batch.batch["token_level_scores"]
         batch.batch["token_level_rewards"] = rewards
-        adv, returns = compute_mixed_advantage(self.sections, batch.batch, batch.non_tensor_batch["uid"],
-                                               self.response_length, self.n, pad_token_id=self.tokenizer.pad_token_id,
-                                               eos_token_id=self.stop_token_ids)
+        adv, returns = compute_mixed_advantage(
+            self.sections,
+            batch.batch,
+            batch.non_tensor_batch["uid"],
+            self.response_length,
+            self.n,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.stop_token_ids,
+        )
         batch.batch["advantages"] = adv
         batch.batch["returns"] = returns
         metrics.update(unknown_behaviour_metrics(batch.batch, self.sections.actor.use_off_policy_probs))

@@ -4,6 +4,7 @@ samples shown to the trackers (``trainer.val_generations_to_log``).
 Both decode a rolled-out batch (``prompts`` [N, P] left-padded, ``responses`` [N, L], ``attention_mask``
 over prompt ++ response) into one record per row; the trainer decides when they are called.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,19 @@ def rollout_records(batch, tokenizer, step: int) -> list[dict]:
     advantages = batch.batch["advantages"][:, 0].tolist() if "advantages" in batch.batch.keys() else [None] * rows
     prefix = _column(batch, "prefix_mask", rows)
     uids, sources = _column(batch, "uid", rows), _column(batch, "data_source", rows)
-    return [{"step": int(step), "input": p, "output": r, "score": s, "advantage": a, "prefix_tokens": pre,
-             "uid": u, "data_source": ds}
-            for p, r, s, a, pre, u, ds in zip(prompts, responses, scores, advantages, prefix, uids, sources)]
+    return [
+        {
+            "step": int(step),
+            "input": p,
+            "output": r,
+            "score": s,
+            "advantage": a,
+            "prefix_tokens": pre,
+            "uid": u,
+            "data_source": ds,
+        }
+        for p, r, s, a, pre, u, ds in zip(prompts, responses, scores, advantages, prefix, uids, sources)
+    ]
 
 
 def dump_rollouts(directory: str, step: int, records: list[dict]) -> str:

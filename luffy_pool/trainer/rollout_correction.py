@@ -16,6 +16,7 @@ keep the off-policy loss's shaping, which models their behaviour policy. The mat
 With ``bypass_mode`` (:func:`bypass_old_log_probs`) there is no old-log-prob pass: the engine's log-probs are the
 old ones on the tokens it sampled, and the off-policy tokens are marked unknown (NaN) for the actor to fill.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,10 @@ def apply_rollout_correction(batch: DataProto, rc, response_length: int) -> dict
     (``algorithm.rollout_correction``); returns the ``rollout_corr/*`` metrics (none when the batch holds no
     on-policy token, e.g. every slot a full trace: then the weights are all 1 and nothing is rejected)."""
     t = batch.batch
-    for key, why in (("rollout_log_probs", "set actor_rollout_ref.rollout.calculate_log_probs=True"),
-                     ("old_log_probs", "the old-log-prob pass must run (the trainer forces it)")):
+    for key, why in (
+        ("rollout_log_probs", "set actor_rollout_ref.rollout.calculate_log_probs=True"),
+        ("old_log_probs", "the old-log-prob pass must run (the trainer forces it)"),
+    ):
         if key not in t.keys():
             raise ValueError(f"algorithm.rollout_correction needs '{key}' in the batch: {why}")
     valid = t["attention_mask"][:, -response_length:]  # what the actor's loss mask is without rejection
@@ -49,10 +52,16 @@ def apply_rollout_correction(batch: DataProto, rc, response_length: int) -> dict
         t["response_mask"] = valid.clone()
     if not bool(on_policy.any()):
         return {}
-    out = rollout_correction(old_log_probs.float(), t["rollout_log_probs"].float(), on_policy.float(),
-                             rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
-                             rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
-                             rollout_rs=rc.rollout_rs, rollout_rs_threshold=rc.rollout_rs_threshold)
+    out = rollout_correction(
+        old_log_probs.float(),
+        t["rollout_log_probs"].float(),
+        on_policy.float(),
+        rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold,
+    )
     if out.weights is not None:
         t[IS_WEIGHTS_KEY] = torch.where(on_policy, out.weights.to(old_log_probs.dtype), t[IS_WEIGHTS_KEY])
     if rc.rollout_rs is not None:
@@ -68,8 +77,10 @@ def bypass_old_log_probs(batch: DataProto, response_length: int) -> None:
     ``fill_unknown_old_log_probs``); 0 on padding."""
     t = batch.batch
     if "rollout_log_probs" not in t.keys():
-        raise ValueError("algorithm.rollout_correction.bypass_mode needs 'rollout_log_probs' in the batch: set "
-                         "actor_rollout_ref.rollout.calculate_log_probs=True")
+        raise ValueError(
+            "algorithm.rollout_correction.bypass_mode needs 'rollout_log_probs' in the batch: set "
+            "actor_rollout_ref.rollout.calculate_log_probs=True"
+        )
     valid = t["attention_mask"][:, -response_length:].bool()
     off_policy = valid & t["prefix_mask"].bool()
     old = t["rollout_log_probs"].float().masked_fill(~valid, 0.0)

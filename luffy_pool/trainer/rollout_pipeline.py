@@ -23,6 +23,7 @@ push. The other choice, verl's (recipe/one_step_off_policy/ray_trainer.py ``fit`
 on the engines' current weights, no push), would score the weights before the last update; and a validation
 generation queues behind the batch in flight either way, so the driver waits as long.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -11,6 +11,7 @@ flight (``finish_in_flight`` first: ``rollout_pipeline``'s docstring says why). 
 still generating and rewinds the data and prefix-ratio samplers to before it, before a checkpoint is written or the
 run ends.
 """
+
 from __future__ import annotations
 
 import time
@@ -66,9 +67,10 @@ class SplitRolloutMixin:
 
         if not refs:
             return {}
-        out = get_ranked(refs, list(range(len(refs))), group_name="weight_group",
-                         method_name="send_weights / receive_weights")
-        values = [float(r[WEIGHT_SYNC_METRIC]) for r in out[self.wg.world_size:]]
+        out = get_ranked(
+            refs, list(range(len(refs))), group_name="weight_group", method_name="send_weights / receive_weights"
+        )
+        values = [float(r[WEIGHT_SYNC_METRIC]) for r in out[self.wg.world_size :]]
         return {WEIGHT_SYNC_METRIC: max(values)} if values else {}
 
     def push_to_engines(self) -> dict:
@@ -82,8 +84,10 @@ class SplitRolloutMixin:
         and the actor sends before any later call (its update). Called when the engines are idle."""
         from verl.protocol import DataProto
 
-        rewind = {"sampler": self.train_dataloader.sampler.state_dict(),
-                  "ratio_sampler": self.ratio_sampler.state_dict()}
+        rewind = {
+            "sampler": self.train_dataloader.sampler.state_dict(),
+            "ratio_sampler": self.ratio_sampler.state_dict(),
+        }
         metrics: dict = {}
         batch = self._start_batch(DataProto.from_single_dict(self._next_batch()), step, metrics, timing)
         t0 = time.perf_counter()
@@ -93,8 +97,13 @@ class SplitRolloutMixin:
         metrics.update(stage)
         future = self.rollout_wg.generate_sequences_async(gen_batch)
         # The weights pushed have seen the updates of steps 1 .. global_steps - 1 (the actor sends before it updates).
-        return PendingRollout(step=step, version=self.global_steps - 1, rewind=rewind, metrics=metrics,
-                              handle={"future": future, "push": push, "batch": batch, "ratios": ratios})
+        return PendingRollout(
+            step=step,
+            version=self.global_steps - 1,
+            rewind=rewind,
+            metrics=metrics,
+            handle={"future": future, "push": push, "batch": batch, "ratios": ratios},
+        )
 
     def split_step(self, timing: dict):
         """One training step on split engines; returns ``_train_on``'s ``StepOutput``.
@@ -117,8 +126,9 @@ class SplitRolloutMixin:
         if self.pipeline.should_prefetch(step, last, save_due, self.stop.requested):
             self.pipeline.put(self._launch_generation(step + 1, timing))
         pending.metrics.update(self._push_metrics(pending.handle["push"]))  # done: the engines generated after it
-        batch, ratios, metrics = self._merge_rollout(pending.handle["batch"], gen_out, pending.handle["ratios"],
-                                                     pending.metrics, step)
+        batch, ratios, metrics = self._merge_rollout(
+            pending.handle["batch"], gen_out, pending.handle["ratios"], pending.metrics, step
+        )
         metrics[STALENESS_METRIC] = staleness(step, pending.version)
         return self._train_on(batch, ratios, metrics, timing)
 

@@ -16,6 +16,7 @@ Differences kept visible: a non-finite grad norm skips the step (``actor.on_nonf
 steps on it); their SFT call also steps the RL lr scheduler, a no-op for their constant lr without warm-up, not
 done here. The optimizer's state is saved with the checkpoint under ``actor/optim_sft/`` (theirs is not saved).
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,9 @@ def build_sft_optimizer(module: torch.nn.Module, cfg: InterleavedSftConfig, step
     """The SFT stage's own AdamW over ``module``'s trainable parameters (the same kernel choice as the RL one)."""
     from verl.utils.optim import build_adamw
 
-    return build_adamw(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-                       step_impl=step_impl)
+    return build_adamw(
+        module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, step_impl=step_impl
+    )
 
 
 def sft_update(actor, optimizer: torch.optim.Optimizer, data, cfg: InterleavedSftConfig) -> dict[str, list]:
@@ -59,8 +61,10 @@ def sft_update(actor, optimizer: torch.optim.Optimizer, data, cfg: InterleavedSf
     from luffy_pool.algorithm.family.relift import ReliftSftConfig, relift_sft_loss
 
     if cfg.mini_batch_size % cfg.micro_batch_size:
-        raise ValueError(f"algorithm.relift.sft_mini_batch_size={cfg.mini_batch_size} must be a multiple of "
-                         f"sft_micro_batch_size={cfg.micro_batch_size}")
+        raise ValueError(
+            f"algorithm.relift.sft_mini_batch_size={cfg.mini_batch_size} must be a multiple of "
+            f"sft_micro_batch_size={cfg.micro_batch_size}"
+        )
     grad_accum = cfg.mini_batch_size // cfg.micro_batch_size
     loss_cfg = ReliftSftConfig(entropy_coeff=cfg.entropy_coeff)
     actor.actor_module.train()
@@ -71,11 +75,15 @@ def sft_update(actor, optimizer: torch.optim.Optimizer, data, cfg: InterleavedSf
             optimizer.zero_grad(set_to_none=True)
             for micro in mini.split(cfg.micro_batch_size):
                 mb = {k: micro[k].to(actor.device) for k in SFT_KEYS}
-                mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
+                mask = mb["attention_mask"][:, -mb["responses"].size(-1) :].float()
                 entropy, log_prob = actor._forward_micro_batch(mb, temperature=1.0, calculate_entropy=True)
                 # the entropy keeps its gradient: theirs is a bonus term of the SFT loss
-                loss, out = relift_sft_loss(FamilyLossInputs(log_prob=log_prob, old_log_prob=None, advantages=None,
-                                                             response_mask=mask, entropy=entropy), loss_cfg)
+                loss, out = relift_sft_loss(
+                    FamilyLossInputs(
+                        log_prob=log_prob, old_log_prob=None, advantages=None, response_mask=mask, entropy=entropy
+                    ),
+                    loss_cfg,
+                )
                 (loss / grad_accum).backward()
                 metrics["actor/sft_loss"].append(float(out["sft_loss"]))
                 metrics["actor/sft_entropy_loss"].append(float(out["sft_entropy_loss"]))

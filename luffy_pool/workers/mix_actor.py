@@ -6,11 +6,14 @@ docs/METHOD.md §1.9). This class adds the tensors LUFFY's losses read (``prefix
 log-probs with ``use_off_policy_probs``), the ``use_ppo_kl_loss`` term, and the adaptive entropy coefficient
 (``use_adaptive_temperature``), which are LUFFY-only.
 """
+
 from __future__ import annotations
 
 import math
 
-from luffy_pool.algorithm.mix_core_alg import AdaptiveEntropyCoeff  # also registers luffy_token / sft_multitask / grpo_split
+from luffy_pool.algorithm.mix_core_alg import (
+    AdaptiveEntropyCoeff,
+)  # also registers luffy_token / sft_multitask / grpo_split
 from luffy_pool.config.sections import LuffyActorSection
 from luffy_pool.methods.losses import FAMILY_LOSSES, family_policy_loss  # also registers hpt_sft / srft / chord
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -30,9 +33,12 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         self.loss_cfg = loss = self.update_config.loss
         if loss.use_adaptive_temperature or loss.use_adaptive_temperature_fixed:
             self.adaptive_entropy = AdaptiveEntropyCoeff(
-                entropy_coeff=loss.entropy_coeff, target_entropy=loss.adaptive_temperature_target_entropy,
-                alpha_lr=loss.alpha_lr, clip=loss.adaptive_temperature_clip,
-                fixed=loss.use_adaptive_temperature_fixed)
+                entropy_coeff=loss.entropy_coeff,
+                target_entropy=loss.adaptive_temperature_target_entropy,
+                alpha_lr=loss.alpha_lr,
+                clip=loss.adaptive_temperature_clip,
+                fixed=loss.use_adaptive_temperature_fixed,
+            )
 
     def loss_input_keys(self) -> list[str]:
         keys = super().loss_input_keys() + ["prefix_mask"]

@@ -7,11 +7,11 @@ continued by it, on-policy slots are plain generation. ``generate_validation`` i
 samples at ``val_temperature``. ``init_sft_optimizer`` / ``sft_update_actor``: ReLIFT's interleaved SFT stage
 with its own optimizer (luffy_pool/workers/interleaved_sft.py), built when the driver's method asks for it.
 """
+
 from __future__ import annotations
 
 import time
 
-import torch
 
 from luffy_pool.config.sections import LuffyWorkerSections
 from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
@@ -31,12 +31,17 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
     def init_model(self):
         super().init_model()
         if self._is_rollout:
-            self.planner = MixRolloutPlanner(self.rollout, self.sections.rollout, pad_token_id=self.tokenizer.pad_token_id,
-                                             eos_token_id=self.tokenizer.eos_token_id,
-                                             stop_token_ids=self.stop_token_ids)
+            self.planner = MixRolloutPlanner(
+                self.rollout,
+                self.sections.rollout,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+                stop_token_ids=self.stop_token_ids,
+            )
             # Ranks of one vLLM TP group generate the same prompts with the same seed (docs/DESIGN.md §2 item 2).
-            self.tp_generation = TPGeneration.create(self.rank, self.world_size, self.rollout_tp_size,
-                                                     timeout_s=self.sections.nccl_timeout)
+            self.tp_generation = TPGeneration.create(
+                self.rank, self.world_size, self.rollout_tp_size, timeout_s=self.sections.nccl_timeout
+            )
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -49,11 +54,15 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         if not self._is_actor:
             raise RuntimeError(f"init_sft_optimizer called on a worker with role {self.role!r} (no actor)")
         self.sft_config = InterleavedSftConfig(**knobs)
-        self.sft_optimizer = build_sft_optimizer(self.actor_module, self.sft_config,
-                                                 self.sections.actor.optim.step_impl)
+        self.sft_optimizer = build_sft_optimizer(
+            self.actor_module, self.sft_config, self.sections.actor.optim.step_impl
+        )
         # offloaded between SFT stages like the RL optimizer (fsdp_config.optimizer_offload)
-        self.sft_optimizer_offload = OptimizerOffload(self.sft_optimizer, self.optimizer_offload.compute_device,
-                                                      enabled=bool(self.sections.actor.fsdp_config.optimizer_offload))
+        self.sft_optimizer_offload = OptimizerOffload(
+            self.sft_optimizer,
+            self.optimizer_offload.compute_device,
+            enabled=bool(self.sections.actor.fsdp_config.optimizer_offload),
+        )
         self.extra_optimizers = {OPTIMIZER_NAME: (self.sft_optimizer, self.sft_optimizer_offload)}
         self._checkpoint_manager = None  # rebuilt with the new optimizer on the next save / load
         return True
@@ -96,15 +105,23 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         # A per-step, per-rank seed (not a stream consumed across steps) so a resumed run samples
         # exactly what an uninterrupted one would have.
         step = int(prompts.meta_info.get("global_steps", 0))
-        self.planner.sampling.seed = (int(self.sections.rollout.seed) + 100_003 * step
-                                      + self.tp_generation.layout.dp_rank)
+        self.planner.sampling.seed = (
+            int(self.sections.rollout.seed) + 100_003 * step + self.tp_generation.layout.dp_rank
+        )
 
         def generate(b):
             if validate:
-                return self.planner.generate_validation(b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"])
+                return self.planner.generate_validation(
+                    b["input_ids"], b["attention_mask"], prompt_position_ids=b["position_ids"]
+                )
             return self.planner.generate(
-                b["input_ids"], b["attention_mask"], b.get("tgt_input_ids"), b["prefix_ratios"],
-                prompt_position_ids=b["position_ids"], behaviour_log_probs=b.get("behaviour_log_probs"))
+                b["input_ids"],
+                b["attention_mask"],
+                b.get("tgt_input_ids"),
+                b["prefix_ratios"],
+                prompt_position_ids=b["position_ids"],
+                behaviour_log_probs=b.get("behaviour_log_probs"),
+            )
 
         # wakes the engine (refused without a push since the last generation); the driver's validation holds it
         # awake with its weights between chunks (HOLD_WEIGHTS_KEY), so one push serves the whole validation

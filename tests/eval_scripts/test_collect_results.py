@@ -1,4 +1,5 @@
 """eval_scripts/collect_results.py: LUFFY's column order, no dropped benchmark, markdown/CSV/PNG outputs."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,17 @@ def _write(path, per_source):
 
 
 def test_columns_follow_luffy_order_and_unknown_sources_are_kept(tmp_path, capsys):
-    a = _write(tmp_path / "step100.jsonl", {"olympiad_bench": [1, 0], "aime": [1, 1, 0, 0], "gpqa": [1],
-                                           "synthetic_arith": [0, 1], "math": [1], "arc_c": [0, 0]})
+    a = _write(
+        tmp_path / "step100.jsonl",
+        {
+            "olympiad_bench": [1, 0],
+            "aime": [1, 1, 0, 0],
+            "gpqa": [1],
+            "synthetic_arith": [0, 1],
+            "math": [1],
+            "arc_c": [0, 0],
+        },
+    )
     b = _write(tmp_path / "step200.jsonl", {"aime": [1, 1, 1, 0], "my_bench": [1]})
     (tmp_path / "step200.decoded.jsonl").write_text("not graded, must be skipped\n")
     collect_results.main([str(tmp_path), "--out_dir", str(tmp_path / "res")])
@@ -69,23 +79,34 @@ def test_same_file_names_in_different_folders_get_distinct_labels(tmp_path):
 def test_correct_is_parsed_strictly_so_false_strings_are_not_counted(tmp_path):
     path = tmp_path / "strings.jsonl"
     flags = ["false", "False", False, 0, "true", True, 1, "True"]
-    path.write_text("".join(json.dumps({"data_source": "aime", "index": i, "correct": v}) + "\n"
-                            for i, v in enumerate(flags)))
+    path.write_text(
+        "".join(json.dumps({"data_source": "aime", "index": i, "correct": v}) + "\n" for i, v in enumerate(flags))
+    )
     assert collect_results.load_scores(str(path), "avg") == {"AIME24": 0.5}
 
 
 def test_malformed_rows_are_all_reported_by_line(tmp_path):
-    rows = [{"data_source": "aime", "index": 0, "correct": True}, {"data_source": None, "index": 1, "correct": True},
-            {"data_source": "aime", "index": 2, "correct": "maybe"}, {"data_source": "aime", "index": 3, "correct": None},
-            {"data_source": "aime", "index": 4, "correct": 0.5}]
+    rows = [
+        {"data_source": "aime", "index": 0, "correct": True},
+        {"data_source": None, "index": 1, "correct": True},
+        {"data_source": "aime", "index": 2, "correct": "maybe"},
+        {"data_source": "aime", "index": 3, "correct": None},
+        {"data_source": "aime", "index": 4, "correct": 0.5},
+    ]
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{torn\n")
     with pytest.raises(DataFormatError) as err:
         collect_results.load_scores(str(path), "avg")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"{path}: 5 malformed row(s): line 2: column 'data_source': expected a name")
-    for fragment in ("line 3: column 'correct': expected true/false, got 'maybe'", "line 4: column 'correct'",
-                     "line 5: column 'correct': expected true/false, got 0.5", "line 6: invalid JSON"):
+    assert "\n" not in msg and msg.startswith(
+        f"{path}: 5 malformed row(s): line 2: column 'data_source': expected a name"
+    )
+    for fragment in (
+        "line 3: column 'correct': expected true/false, got 'maybe'",
+        "line 4: column 'correct'",
+        "line 5: column 'correct': expected true/false, got 0.5",
+        "line 6: invalid JSON",
+    ):
         assert fragment in msg
 
 
@@ -95,7 +116,7 @@ def test_the_table_names_the_grading_rule_of_each_row(tmp_path, capsys):
             f.write(json.dumps({"data_source": "aime", "index": 0, "correct": True, "grader": grader}) + "\n")
     collect_results.main([str(tmp_path), "--out_dir", str(tmp_path / "res")])
     lines = capsys.readouterr().out.splitlines()
-    rules = lines[lines.index("Grading rule per row:") + 1:][:2]
+    rules = lines[lines.index("Grading rule per row:") + 1 :][:2]
     assert rules[0].startswith("- luffy_oat: oat: LUFFY --add_oat_evaluate: OAT boxed grader")
     assert rules[1].startswith("- strict: both: math-verify OR rule grader") and "stricter than LUFFY's OAT" in rules[1]
     assert "Grading rule per row:" in (tmp_path / "res" / "benchmark_results.md").read_text()

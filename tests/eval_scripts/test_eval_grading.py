@@ -1,4 +1,5 @@
 """eval_scripts/grading.py: LUFFY's think split, grader selection, counted timeouts and errors."""
+
 from __future__ import annotations
 
 import time
@@ -99,8 +100,9 @@ def test_budget_hit_off_the_main_thread_is_reported_as_timeout():
     import threading
 
     box = {}
-    thread = threading.Thread(target=lambda: box.update(
-        r=grade_text("</think>\\boxed{\\frac{1}{2}}", "0.5", "both", True, timeout_s=1e-6)))
+    thread = threading.Thread(
+        target=lambda: box.update(r=grade_text("</think>\\boxed{\\frac{1}{2}}", "0.5", "both", True, timeout_s=1e-6))
+    )
     thread.start()
     thread.join(30)
     assert box["r"].status == "timeout" and not box["r"].correct

@@ -1,21 +1,32 @@
 """eval_scripts/metrics.py: unbiased pass@k, avg@k over replicated rows, LUFFY's summary lines."""
+
 from __future__ import annotations
 
 import pytest
 
-from eval_scripts.metrics import (ks_up_to, macro_average, micro_accuracy, pass_at_k, report_lines, summarize,
-                                  summary_to_json)
+from eval_scripts.metrics import (
+    ks_up_to,
+    macro_average,
+    micro_accuracy,
+    pass_at_k,
+    report_lines,
+    summarize,
+    summary_to_json,
+)
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (4, 1, 1, 0.25),
-    (4, 1, 2, 0.5),          # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (5, 1, 2, 0.4),          # 1 - C(4,2)/C(5,2) = 1 - 6/10
-    (5, 1, 3, 0.6),          # 1 - C(4,3)/C(5,3) = 1 - 4/10
-    (10, 3, 4, 1 - 35 / 210),  # 1 - C(7,4)/C(10,4)
-    (4, 0, 4, 0.0),
-    (4, 2, 3, 1.0),          # n - c < k
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (4, 1, 1, 0.25),
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (5, 1, 2, 0.4),  # 1 - C(4,2)/C(5,2) = 1 - 6/10
+        (5, 1, 3, 0.6),  # 1 - C(4,3)/C(5,3) = 1 - 4/10
+        (10, 3, 4, 1 - 35 / 210),  # 1 - C(7,4)/C(10,4)
+        (4, 0, 4, 0.0),
+        (4, 2, 3, 1.0),  # n - c < k
+    ],
+)
 def test_pass_at_k_matches_the_combinatorial_formula(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
@@ -40,8 +51,9 @@ def _records():
     recs += [{"data_source": "math", "index": i, "correct": c} for i, c in enumerate((True, False, False))]
     # amc: uneven sample counts (3 with 2 correct, 5 with 1 correct); no index -> keyed by prompt
     recs += [{"data_source": "amc", "index": None, "prompt": "A", "correct": c} for c in (True, True, False)]
-    recs += [{"data_source": "amc", "index": None, "prompt": "B", "correct": c}
-             for c in (False, False, True, False, False)]
+    recs += [
+        {"data_source": "amc", "index": None, "prompt": "B", "correct": c} for c in (False, False, True, False, False)
+    ]
     return recs
 
 
@@ -63,8 +75,13 @@ def test_summary_numbers_match_hand_computation():
 def test_report_has_luffy_lines_and_json_keys():
     s = summarize(_records())
     lines = report_lines(s)
-    assert lines[:5] == [f"accuracy: {9 / 19}", f"aime: {5 / 8}", f"math: {1 / 3}", f"amc: {3 / 8}",
-                         f"avg acc: {(5 / 8 + 1 / 3 + 3 / 8) / 3}"]
+    assert lines[:5] == [
+        f"accuracy: {9 / 19}",
+        f"aime: {5 / 8}",
+        f"math: {1 / 3}",
+        f"amc: {3 / 8}",
+        f"avg acc: {(5 / 8 + 1 / 3 + 3 / 8) / 3}",
+    ]
     j = summary_to_json(s)
     assert j["per_source"]["aime"]["pass@4"] == 1.0 and j["per_source"]["aime"]["avg_label"] == "avg@4"
     assert j["per_source"]["amc"]["avg_label"] == "avg" and "pass@4" not in j["per_source"]["amc"]

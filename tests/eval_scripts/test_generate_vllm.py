@@ -1,4 +1,5 @@
 """eval_scripts/generate_vllm.py: LUFFY's CLI, grading of a hand-built output set, real runs on the tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,33 @@ THINK_PROMPT = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n"
 
 
 def test_luffy_command_line_forms_parse():
-    args = build_parser().parse_args([
-        "--model_path", "m", "--data_path=in.parquet", "--output_file", "o.jsonl", "--remove_system", "True",
-        "--template", "own", "--add_oat_evaluate", "True", "--n=4", "--temperature", "0.6", "--no_split_think"])
+    args = build_parser().parse_args(
+        [
+            "--model_path",
+            "m",
+            "--data_path=in.parquet",
+            "--output_file",
+            "o.jsonl",
+            "--remove_system",
+            "True",
+            "--template",
+            "own",
+            "--add_oat_evaluate",
+            "True",
+            "--n=4",
+            "--temperature",
+            "0.6",
+            "--no_split_think",
+        ]
+    )
     assert args.input_file == "in.parquet" and args.remove_system is True and args.add_oat_evaluate is True
     assert args.n == 4 and args.no_split_think is True and args.max_tokens == 8192 and args.top_p == 1.0
-    assert build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o",
-                                      "--remove_system=False"]).remove_system is False
+    assert (
+        build_parser()
+        .parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o", "--remove_system=False"])
+        .remove_system
+        is False
+    )
 
 
 def test_max_rows_is_global_or_per_source():
@@ -32,10 +53,16 @@ def test_max_rows_is_global_or_per_source():
 
 
 def _eval_row(source, index, gt):
-    return {"data_source": source, "prompt": [{"role": "system", "content": R1_SYSTEM_PROMPT},
-                                              {"role": "user", "content": f"{source} problem {index}"}],
-            "ability": "math", "reward_model": {"ground_truth": gt, "style": "rule"},
-            "extra_info": {"index": index, "split": "default"}}
+    return {
+        "data_source": source,
+        "prompt": [
+            {"role": "system", "content": R1_SYSTEM_PROMPT},
+            {"role": "user", "content": f"{source} problem {index}"},
+        ],
+        "ability": "math",
+        "reward_model": {"ground_truth": gt, "style": "rule"},
+        "extra_info": {"index": index, "split": "default"},
+    }
 
 
 def _right(answer):
@@ -54,15 +81,29 @@ HAND_GRADED = [
     # tests/deepscaler/rewards/test_luffy_grader_agreement.py; the rule grader reads the ANSWER line).
     (_eval_row("gpqa", 0, "A"), ["x</think>\nSo $\\boxed{A}$.\nANSWER: A", "x</think>\nANSWER: C"]),
 ]
+
+
 def _write_decoded(out):
     """The decoded samples of HAND_GRADED, as a previous generation run would have left them."""
     with open(decoded_path(out), "w") as f:
         for i, (row, texts) in enumerate(HAND_GRADED):
             for j, text in enumerate(texts):
-                f.write(json.dumps({"data_source": row["data_source"], "index": row["extra_info"]["index"], "row": i,
-                                    "sample": j, "prompt": THINK_PROMPT, "generated_text": text,
-                                    "ground_truth": row["reward_model"]["ground_truth"], "finish_reason": "stop",
-                                    "num_tokens": 10}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "data_source": row["data_source"],
+                            "index": row["extra_info"]["index"],
+                            "row": i,
+                            "sample": j,
+                            "prompt": THINK_PROMPT,
+                            "generated_text": text,
+                            "ground_truth": row["reward_model"]["ground_truth"],
+                            "finish_reason": "stop",
+                            "num_tokens": 10,
+                        }
+                    )
+                    + "\n"
+                )
 
 
 EXPECTED_CORRECT = [True, False, False, False, True, True, True, False, True, False, False, False, True, False]
@@ -74,8 +115,22 @@ def test_hand_graded_outputs_give_hand_computed_metrics(tmp_path, grader, capsys
     out = str(tmp_path / "out" / "ckpt.jsonl")
     os.makedirs(os.path.dirname(out))
     _write_decoded(out)
-    generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
-                        "--force_generate", "False", "--grader", grader])
+    generate_vllm.main(
+        [
+            "--model_path",
+            "unused",
+            "--input_file",
+            src,
+            "--output_file",
+            out,
+            "--n",
+            "2",
+            "--force_generate",
+            "False",
+            "--grader",
+            grader,
+        ]
+    )
     graded = [json.loads(x) for x in open(out)]
     assert [g["correct"] for g in graded] == EXPECTED_CORRECT
     assert {g["grade_status"] for g in graded[6:8]} == {"no_think_close", "ok"}
@@ -107,17 +162,36 @@ def test_reusing_a_decoded_file_of_the_wrong_size_is_an_error(tmp_path, capsys):
     out = str(tmp_path / "o.jsonl")
     with open(decoded_path(out), "w") as f:
         f.write(json.dumps({"generated_text": "x"}) + "\n")
-    code = run_cli(generate_vllm.main, ["--model_path", "m", "--input_file", src, "--output_file", out,
-                                        "--force_generate", "False"])
+    code = run_cli(
+        generate_vllm.main,
+        ["--model_path", "m", "--input_file", src, "--output_file", out, "--force_generate", "False"],
+    )
     assert code == 2 and "has 1 samples, expected 7" in capsys.readouterr().err
 
 
 def test_hf_backend_generates_and_grades(tmp_path, tiny_model_dir, repo_data_dir):
     out = str(tmp_path / "hf.jsonl")
-    summary = generate_vllm.run(build_parser().parse_args([
-        "--model_path", tiny_model_dir, "--input_file", os.path.join(repo_data_dir, "benchmarks", "valid.parquet"),
-        "--output_file", out, "--backend", "hf", "--max_rows", "2", "--max_rows_per_source", "--n", "2",
-        "--max_new_tokens", "8"]))
+    summary = generate_vllm.run(
+        build_parser().parse_args(
+            [
+                "--model_path",
+                tiny_model_dir,
+                "--input_file",
+                os.path.join(repo_data_dir, "benchmarks", "valid.parquet"),
+                "--output_file",
+                out,
+                "--backend",
+                "hf",
+                "--max_rows",
+                "2",
+                "--max_rows_per_source",
+                "--n",
+                "2",
+                "--max_new_tokens",
+                "8",
+            ]
+        )
+    )
     assert summary["rows"] == 10 and summary["samples"] == 20
     assert set(summary["per_source"]) == {"aime", "math", "olympiad_bench", "amc", "minerva"}
     lines = [json.loads(x) for x in open(out)]
@@ -131,9 +205,26 @@ def test_vllm_on_60_benchmark_rows_then_collect_results(tmp_path, tiny_model_dir
     # valid.all.parquet is the file with all six benchmarks (valid.parquet has no AIME25).
     src = os.path.join(repo_data_dir, "benchmarks", "valid.all.parquet")
     out = str(tmp_path / "evals" / "tiny.jsonl")
-    summary = generate_vllm.run(build_parser().parse_args([
-        "--model_path", tiny_model_dir, "--input_file", src, "--output_file", out, "--max_rows", "10",
-        "--max_rows_per_source", "True", "--max_new_tokens", "16", "--kv_cache_gb", "0.0625"]))
+    summary = generate_vllm.run(
+        build_parser().parse_args(
+            [
+                "--model_path",
+                tiny_model_dir,
+                "--input_file",
+                src,
+                "--output_file",
+                out,
+                "--max_rows",
+                "10",
+                "--max_rows_per_source",
+                "True",
+                "--max_new_tokens",
+                "16",
+                "--kv_cache_gb",
+                "0.0625",
+            ]
+        )
+    )
     sources = ["aime", "aime25", "amc", "math", "minerva", "olympiad_bench"]
     assert summary["rows"] == 60 and sorted(summary["per_source"]) == sources
     assert all(summary["per_source"][s]["num_samples"] == 10 for s in sources)
@@ -164,26 +255,46 @@ def test_vllm_and_hf_backends_agree_greedily(tiny_model_dir):
     assert all(len(c[0].token_ids) == 10 for c in vllm_out)
 
 
-@pytest.mark.parametrize("flags,rule,expected_7,expected_12", [
-    (["--add_oat_evaluate", "True"], "oat", True, True),
-    (["--add_oat_evaluate", "True", "--any_true", "True"], "oat_any", True, True),
-    (["--grader", "both"], "both", False, True),
-])
+@pytest.mark.parametrize(
+    "flags,rule,expected_7,expected_12",
+    [
+        (["--add_oat_evaluate", "True"], "oat", True, True),
+        (["--add_oat_evaluate", "True", "--any_true", "True"], "oat_any", True, True),
+        (["--grader", "both"], "both", False, True),
+    ],
+)
 def test_add_oat_evaluate_is_luffys_rule_and_both_the_stricter_one(tmp_path, flags, rule, expected_7, expected_12):
     """Sample 7 never closes its think block: LUFFY's OAT rule grades its whole text (right); ``both`` counts
     it wrong. Sample 12 boxes its letter: right under every rule."""
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
     out = str(tmp_path / "ckpt.jsonl")
     _write_decoded(out)
-    generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
-                        "--force_generate", "False", *flags])
+    generate_vllm.main(
+        [
+            "--model_path",
+            "unused",
+            "--input_file",
+            src,
+            "--output_file",
+            out,
+            "--n",
+            "2",
+            "--force_generate",
+            "False",
+            *flags,
+        ]
+    )
     graded = [json.loads(x) for x in open(out)]
     expected = list(EXPECTED_CORRECT)
     expected[7], expected[12] = expected_7, expected_12
     assert [g["correct"] for g in graded] == expected
     assert {g["grader"] for g in graded} == {rule}
     summary = json.load(open(summary_path(out)))
-    assert summary["grader"] == rule and "OAT" in summary["grading_rule"] if rule != "both" else "stricter" in summary["grading_rule"]
+    assert (
+        summary["grader"] == rule and "OAT" in summary["grading_rule"]
+        if rule != "both"
+        else "stricter" in summary["grading_rule"]
+    )
     if rule != "both":
         assert graded[7]["grade_status"] == "whole_text"
 
@@ -194,19 +305,58 @@ def test_any_true_without_add_oat_evaluate_changes_nothing_as_in_luffy(tmp_path,
     for name, flags in (("plain", []), ("any_true", ["--any_true", "True"])):
         out = str(tmp_path / f"{name}.jsonl")
         _write_decoded(out)
-        generate_vllm.main(["--model_path", "unused", "--input_file", src, "--output_file", out, "--n", "2",
-                            "--force_generate", "False", *flags])
+        generate_vllm.main(
+            [
+                "--model_path",
+                "unused",
+                "--input_file",
+                src,
+                "--output_file",
+                out,
+                "--n",
+                "2",
+                "--force_generate",
+                "False",
+                *flags,
+            ]
+        )
         graded[name] = [(g["correct"], g["grader"]) for g in map(json.loads, open(out))]
     assert graded["any_true"] == graded["plain"] and {g for _, g in graded["plain"]} == {"math_verify"}
     assert "--any_true without --add_oat_evaluate has no effect (as in LUFFY)" in capsys.readouterr().err
 
 
 def test_max_tokens_other_than_luffys_8192_is_refused_naming_max_new_tokens(tmp_path):
-    with pytest.raises(ValueError, match=r"--max_tokens 4096: LUFFY's generate_vllm.py ignores .* --max_new_tokens 4096"):
-        generate_vllm.run(build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file",
-                                                     str(tmp_path / "o.jsonl"), "--max_tokens", "4096"]))
-    args = build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o",
-                                      "--max_tokens", "8192", "--max_new_tokens", "512"])
+    with pytest.raises(
+        ValueError, match=r"--max_tokens 4096: LUFFY's generate_vllm.py ignores .* --max_new_tokens 4096"
+    ):
+        generate_vllm.run(
+            build_parser().parse_args(
+                [
+                    "--model_path",
+                    "m",
+                    "--input_file",
+                    "i",
+                    "--output_file",
+                    str(tmp_path / "o.jsonl"),
+                    "--max_tokens",
+                    "4096",
+                ]
+            )
+        )
+    args = build_parser().parse_args(
+        [
+            "--model_path",
+            "m",
+            "--input_file",
+            "i",
+            "--output_file",
+            "o",
+            "--max_tokens",
+            "8192",
+            "--max_new_tokens",
+            "512",
+        ]
+    )
     assert (args.max_tokens, args.max_new_tokens) == (8192, 512)
 
 
@@ -224,8 +374,9 @@ def test_a_training_checkpoint_prints_the_exact_merger_command(tmp_path, capsys,
     step = _fake_checkpoint(tmp_path)
     model = str(step if given == "step" else step / "actor")
     src = write_records([row for row, _ in HAND_GRADED], str(tmp_path / "bench.parquet"))
-    code = run_cli(generate_vllm.main, ["--model_path", model, "--input_file", src, "--output_file",
-                                        str(tmp_path / "o.jsonl")])
+    code = run_cli(
+        generate_vllm.main, ["--model_path", model, "--input_file", src, "--output_file", str(tmp_path / "o.jsonl")]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert f"python -m verl.model_merger --ckpt {model} --out {os.path.abspath(model)}_hf" in err
@@ -252,4 +403,7 @@ def test_export_checkpoint_merges_then_evaluates_the_export(tmp_path, monkeypatc
 
 
 def test_overlong_prompts_are_skipped_and_counted_by_default():
-    assert build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o"]).overlong_prompts == "skip"
+    assert (
+        build_parser().parse_args(["--model_path", "m", "--input_file", "i", "--output_file", "o"]).overlong_prompts
+        == "skip"
+    )

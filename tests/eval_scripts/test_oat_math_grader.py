@@ -1,4 +1,5 @@
 """eval_scripts/oat_math_grader.py: OAT's boxed_reward_fn contract on hand-made cases."""
+
 from eval_scripts.oat_math_grader import boxed_reward_fn, extract_answer, grade
 
 

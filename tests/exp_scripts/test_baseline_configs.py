@@ -8,6 +8,7 @@ logs the method's signature (on-policy: no trace in any group; RL w/ SFT loss: a
 off-policy weight is f(p) = p/(p+0.1), without shaping it is p); SFT runs 2 steps of ``run_sft`` and
 SFT then RL starts one RL step from exactly the SFT output folder.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,37 +22,93 @@ import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CONFIG_DIR = os.path.join(REPO, "luffy_pool", "config")
-RL_CONFIGS = ("tiny_cpu_on_policy", "tiny_cpu_rl_sft_loss", "tiny_cpu_luffy_no_shaping", "tiny_cpu_luffy",
-              "tiny_cpu_sft_rl", "tiny_cpu_luffy_replay")
+RL_CONFIGS = (
+    "tiny_cpu_on_policy",
+    "tiny_cpu_rl_sft_loss",
+    "tiny_cpu_luffy_no_shaping",
+    "tiny_cpu_luffy",
+    "tiny_cpu_sft_rl",
+    "tiny_cpu_luffy_replay",
+)
 A = "actor_rollout_ref.actor."
 R = "actor_rollout_ref.rollout."
 
 # What makes each method what it is (docs/METHOD.md §2.3, §6), as composed config values.
 METHOD_KEYS = {
-    "tiny_cpu_on_policy": {R + "min_prefix_ratio": 0.0, R + "max_prefix_ratio": 0.0, A + "use_off_policy_loss": False,
-                           A + "use_sft_multitask_loss": False, A + "loss_remove_clip": False,
-                           A + "off_policy_reshape": "no_reshape", "algorithm.adv_estimator": "grpo"},
-    "tiny_cpu_rl_sft_loss": {R + "min_prefix_ratio": 1.0, R + "max_prefix_ratio": 1.0, R + "n_prefix": 1,
-                             A + "use_off_policy_loss": False, A + "use_sft_multitask_loss": True,
-                             A + "sft_loss_coef": 1.0, A + "loss_remove_clip": True, A + "loss_remove_token_mean": True,
-                             "algorithm.adv_estimator": "grpo_split"},
-    "tiny_cpu_luffy_no_shaping": {R + "min_prefix_ratio": 1.0, R + "n_prefix": 1, A + "use_off_policy_loss": True,
-                                  A + "off_policy_reshape": "no_reshape", A + "loss_remove_clip": True,
-                                  "algorithm.adv_estimator": "grpo"},
-    "tiny_cpu_luffy": {R + "min_prefix_ratio": 1.0, R + "n_prefix": 1, A + "use_off_policy_loss": True,
-                       A + "off_policy_reshape": "p_div_p_0.1", A + "loss_remove_clip": True,
-                       "algorithm.adv_estimator": "grpo"},
-    "tiny_cpu_luffy_replay": {R + "min_prefix_ratio": 1.0, R + "n_prefix": 1, A + "use_off_policy_loss": True,
-                              A + "off_policy_reshape": "p_div_p_0.1", A + "use_off_policy_probs": True,
-                              "data.self_replay.enable": True, "data.self_replay.slots": 1},
-    "tiny_cpu_sft_rl": {R + "min_prefix_ratio": 0.0, R + "max_prefix_ratio": 0.0, A + "use_off_policy_loss": False,
-                        A + "loss_remove_clip": False, "actor_rollout_ref.model.path": "outputs/quickstart/sft/final"},
+    "tiny_cpu_on_policy": {
+        R + "min_prefix_ratio": 0.0,
+        R + "max_prefix_ratio": 0.0,
+        A + "use_off_policy_loss": False,
+        A + "use_sft_multitask_loss": False,
+        A + "loss_remove_clip": False,
+        A + "off_policy_reshape": "no_reshape",
+        "algorithm.adv_estimator": "grpo",
+    },
+    "tiny_cpu_rl_sft_loss": {
+        R + "min_prefix_ratio": 1.0,
+        R + "max_prefix_ratio": 1.0,
+        R + "n_prefix": 1,
+        A + "use_off_policy_loss": False,
+        A + "use_sft_multitask_loss": True,
+        A + "sft_loss_coef": 1.0,
+        A + "loss_remove_clip": True,
+        A + "loss_remove_token_mean": True,
+        "algorithm.adv_estimator": "grpo_split",
+    },
+    "tiny_cpu_luffy_no_shaping": {
+        R + "min_prefix_ratio": 1.0,
+        R + "n_prefix": 1,
+        A + "use_off_policy_loss": True,
+        A + "off_policy_reshape": "no_reshape",
+        A + "loss_remove_clip": True,
+        "algorithm.adv_estimator": "grpo",
+    },
+    "tiny_cpu_luffy": {
+        R + "min_prefix_ratio": 1.0,
+        R + "n_prefix": 1,
+        A + "use_off_policy_loss": True,
+        A + "off_policy_reshape": "p_div_p_0.1",
+        A + "loss_remove_clip": True,
+        "algorithm.adv_estimator": "grpo",
+    },
+    "tiny_cpu_luffy_replay": {
+        R + "min_prefix_ratio": 1.0,
+        R + "n_prefix": 1,
+        A + "use_off_policy_loss": True,
+        A + "off_policy_reshape": "p_div_p_0.1",
+        A + "use_off_policy_probs": True,
+        "data.self_replay.enable": True,
+        "data.self_replay.slots": 1,
+    },
+    "tiny_cpu_sft_rl": {
+        R + "min_prefix_ratio": 0.0,
+        R + "max_prefix_ratio": 0.0,
+        A + "use_off_policy_loss": False,
+        A + "loss_remove_clip": False,
+        "actor_rollout_ref.model.path": "outputs/quickstart/sft/final",
+    },
 }
 # Shared with tiny_cpu_luffy.yaml by every RL baseline: "same model, data, steps and seeds".
-SHARED_KEYS = ("data.train_files", "data.val_files", "data.train_batch_size", "data.max_prompt_length",
-               "data.max_response_length", "data.seed", "data.reward_impl_version", R + "n", R + "temperature",
-               R + "seed", R + "max_prefix_len", A + "optim.lr", A + "ppo_mini_batch_size", A + "entropy_coeff",
-               "algorithm.grpo_use_std", "trainer.total_training_steps", "trainer.seed", "trainer.n_gpus_per_node")
+SHARED_KEYS = (
+    "data.train_files",
+    "data.val_files",
+    "data.train_batch_size",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "data.seed",
+    "data.reward_impl_version",
+    R + "n",
+    R + "temperature",
+    R + "seed",
+    R + "max_prefix_len",
+    A + "optim.lr",
+    A + "ppo_mini_batch_size",
+    A + "entropy_coeff",
+    "algorithm.grpo_use_std",
+    "trainer.total_training_steps",
+    "trainer.seed",
+    "trainer.n_gpus_per_node",
+)
 
 
 def _compose(config_name: str, overrides=()):
@@ -120,8 +177,14 @@ def test_tiny_sft_config_matches_the_rl_runs_data_steps_and_optimizer():
 # ---------------------------------------------------------------------- GPU launch scripts (--cfg job)
 def _script_config(script: str, env_extra: dict, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHON=sys.executable, **env_extra)
-    return subprocess.run(["bash", os.path.join(REPO, "exp_scripts", script), *args, "--cfg", "job"], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    return subprocess.run(
+        ["bash", os.path.join(REPO, "exp_scripts", script), *args, "--cfg", "job"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
 
 
 def _yaml_of(proc: subprocess.CompletedProcess):
@@ -135,16 +198,25 @@ def _yaml_of(proc: subprocess.CompletedProcess):
 def test_train_rl_sft_loss_sh_composes_luffys_rl_with_sft_loss_run(tmp_path):
     cfg = _yaml_of(_script_config("train_rl_sft_loss.sh", {"ROOT": str(tmp_path)}))
     expected = dict(METHOD_KEYS["tiny_cpu_rl_sft_loss"])
-    expected.update({R + "n": 8, "data.train_batch_size": 128, "data.max_response_length": 8192,
-                     "algorithm.grpo_use_std": False, "trainer.experiment_name": "LUFFY_RL_with_SFT_LOSS",
-                     "data.train_files": f"{tmp_path}/data/openr1.parquet"})
+    expected.update(
+        {
+            R + "n": 8,
+            "data.train_batch_size": 128,
+            "data.max_response_length": 8192,
+            "algorithm.grpo_use_std": False,
+            "trainer.experiment_name": "LUFFY_RL_with_SFT_LOSS",
+            "data.train_files": f"{tmp_path}/data/openr1.parquet",
+        }
+    )
     for key, value in expected.items():
         assert _get(cfg, key) == value, key
 
 
 @pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_train_rl_sft_loss_sh_passes_extra_arguments_last(tmp_path):
-    cfg = _yaml_of(_script_config("train_rl_sft_loss.sh", {"ROOT": str(tmp_path)}, "actor_rollout_ref.actor.sft_loss_coef=0.5"))
+    cfg = _yaml_of(
+        _script_config("train_rl_sft_loss.sh", {"ROOT": str(tmp_path)}, "actor_rollout_ref.actor.sft_loss_coef=0.5")
+    )
     assert cfg.actor_rollout_ref.actor.sft_loss_coef == 0.5
 
 
@@ -154,10 +226,17 @@ def test_train_sft_rl_sh_composes_on_policy_grpo_from_the_sft_model_on_the_compl
     sft.mkdir()
     (sft / "config.json").write_text("{}")
     cfg = _yaml_of(_script_config("train_sft_rl.sh", {"ROOT": str(tmp_path), "MODEL_PATH": str(sft)}))
-    expected = {"actor_rollout_ref.model.path": str(sft), "data.train_files": f"{tmp_path}/data/openr1.complement.parquet",
-                R + "min_prefix_ratio": 0.0, R + "max_prefix_ratio": 0.0, A + "loss_remove_clip": False,
-                A + "off_policy_reshape": "no_reshape", "algorithm.adv_estimator": "grpo", R + "n": 8,
-                "trainer.experiment_name": "SFT_RL"}
+    expected = {
+        "actor_rollout_ref.model.path": str(sft),
+        "data.train_files": f"{tmp_path}/data/openr1.complement.parquet",
+        R + "min_prefix_ratio": 0.0,
+        R + "max_prefix_ratio": 0.0,
+        A + "loss_remove_clip": False,
+        A + "off_policy_reshape": "no_reshape",
+        "algorithm.adv_estimator": "grpo",
+        R + "n": 8,
+        "trainer.experiment_name": "SFT_RL",
+    }
     for key, value in expected.items():
         assert _get(cfg, key) == value, key
 
@@ -171,12 +250,26 @@ def test_train_sft_rl_sh_without_the_sft_model_says_to_run_train_sft_first(tmp_p
 # ---------------------------------------------------------------------- one real step per baseline (e2e)
 def _one_step_overrides(model_dir: str, task_dir: str, out_dir: str) -> list[str]:
     """The tiny config at test size: 2 prompts x 4 samples, 1 rank, HF rollout, 1 step, no validation."""
-    return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={task_dir}/train.parquet",
-            f"data.val_files={task_dir}/test.parquet", "data.train_batch_size=2", "data.max_prompt_length=96",
-            "data.max_response_length=48", R + "max_prefix_len=48", R + "n=4", R + "name=hf",
-            A + "ppo_mini_batch_size=2", A + "ppo_micro_batch_size=2", "reward.num_workers=1",
-            "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.test_freq=-1",
-            "+trainer.val_before_train=False", "trainer.logger=['console','jsonl']", f"trainer.default_local_dir={out_dir}"]
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={task_dir}/train.parquet",
+        f"data.val_files={task_dir}/test.parquet",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=96",
+        "data.max_response_length=48",
+        R + "max_prefix_len=48",
+        R + "n=4",
+        R + "name=hf",
+        A + "ppo_mini_batch_size=2",
+        A + "ppo_micro_batch_size=2",
+        "reward.num_workers=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=1",
+        "trainer.test_freq=-1",
+        "+trainer.val_before_train=False",
+        "trainer.logger=['console','jsonl']",
+        f"trainer.default_local_dir={out_dir}",
+    ]
 
 
 def _train_one_step(config_name: str, overrides: list[str], out_dir) -> tuple[dict, list[float]]:
@@ -221,16 +314,22 @@ def _assert_one_trace_per_group(row: dict) -> None:
 
 
 @pytest.mark.e2e
-def test_on_policy_config_trains_one_step_without_any_off_policy_row(tiny_model_dir, tiny_task_dir, tmp_path, ray_session):
-    row, _ = _train_one_step("tiny_cpu_on_policy", _one_step_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)), tmp_path)
+def test_on_policy_config_trains_one_step_without_any_off_policy_row(
+    tiny_model_dir, tiny_task_dir, tmp_path, ray_session
+):
+    row, _ = _train_one_step(
+        "tiny_cpu_on_policy", _one_step_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)), tmp_path
+    )
     _assert_on_policy_only(row)
 
 
 @pytest.mark.e2e
-def test_rl_sft_loss_config_trains_one_step_with_an_nll_term_on_the_trace(tiny_model_dir, tiny_task_dir, tmp_path,
-                                                                          ray_session):
-    row, _ = _train_one_step("tiny_cpu_rl_sft_loss", _one_step_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)),
-                             tmp_path)
+def test_rl_sft_loss_config_trains_one_step_with_an_nll_term_on_the_trace(
+    tiny_model_dir, tiny_task_dir, tmp_path, ray_session
+):
+    row, _ = _train_one_step(
+        "tiny_cpu_rl_sft_loss", _one_step_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)), tmp_path
+    )
     _assert_one_trace_per_group(row)
     # NLL of a random 512-token model on the trace: about ln(512) = 6.2 nats per token.
     assert 1.0 < row["actor/sft_loss"] < 20.0
@@ -239,8 +338,9 @@ def test_rl_sft_loss_config_trains_one_step_with_an_nll_term_on_the_trace(tiny_m
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("config_name", ["tiny_cpu_luffy_no_shaping", "tiny_cpu_luffy"])
-def test_luffy_configs_train_one_step_with_their_off_policy_weight(config_name, tiny_model_dir, tiny_task_dir, tmp_path,
-                                                                   ray_session):
+def test_luffy_configs_train_one_step_with_their_off_policy_weight(
+    config_name, tiny_model_dir, tiny_task_dir, tmp_path, ray_session
+):
     row, _ = _train_one_step(config_name, _one_step_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)), tmp_path)
     _assert_one_trace_per_group(row)
     p, weight = row["actor/off_policy_prob"], row["actor/off_ratio_mean"]
@@ -258,9 +358,16 @@ def sft_run(tiny_model_dir, tiny_task_dir, tmp_path_factory):
     from verl.trainer.fsdp_sft_trainer import run_sft
 
     out = tmp_path_factory.mktemp("sft")
-    cfg = _compose_sft([f"model.path={tiny_model_dir}", f"data.train_files={tiny_task_dir}/train.parquet",
-                        "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
-                        f"trainer.default_local_dir={out}"])
+    cfg = _compose_sft(
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files={tiny_task_dir}/train.parquet",
+            "data.train_batch_size=4",
+            "data.micro_batch_size_per_gpu=2",
+            "trainer.total_training_steps=2",
+            f"trainer.default_local_dir={out}",
+        ]
+    )
     return run_sft(cfg)
 
 
@@ -276,15 +383,17 @@ def test_sft_config_trains_two_steps_and_writes_the_final_hf_folder(sft_run):
 
 
 @pytest.mark.e2e
-def test_sft_rl_config_trains_one_on_policy_step_from_the_sft_weights(sft_run, tiny_model_dir, tiny_task_dir, tmp_path,
-                                                                      ray_session):
+def test_sft_rl_config_trains_one_on_policy_step_from_the_sft_weights(
+    sft_run, tiny_model_dir, tiny_task_dir, tmp_path, ray_session
+):
     import torch
     from transformers import AutoModelForCausalLM
 
     final = sft_run["final_model_dir"]
     overrides = _one_step_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path))
     overrides = [o for o in overrides if not o.startswith("actor_rollout_ref.model.path=")] + [
-        f"actor_rollout_ref.model.path={final}"]
+        f"actor_rollout_ref.model.path={final}"
+    ]
     row, before = _train_one_step("tiny_cpu_sft_rl", overrides, tmp_path)
     _assert_on_policy_only(row)
 

@@ -1,5 +1,6 @@
 """exp_scripts/bench_async.py: its default inputs are the quickstart's SFT-warmed model (built when missing), and a
 run whose on-policy reward never leaves 0 fails instead of printing curves that measure nothing."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,8 +16,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 @pytest.fixture
 def bench_async():
-    spec = importlib.util.spec_from_file_location("bench_async_under_test",
-                                                  os.path.join(REPO, "exp_scripts", "bench_async.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_async_under_test", os.path.join(REPO, "exp_scripts", "bench_async.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -60,7 +62,8 @@ def test_reward_that_never_leaves_zero_fails_the_run(bench_async, tmp_path, monk
     curves["one_step_off"] = [0.0, 0.0, 0.25, 0.0]
     assert bench_async.main(["--steps", "2", "--warmup", "2", "--seeds", "1", "--work", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["results"]["one_step_off"]["curves"] == [
-        curves["one_step_off"]]
+        curves["one_step_off"]
+    ]
 
 
 def test_quickstart_prepare_only_builds_the_inputs_and_trains_nothing(tmp_path):
@@ -72,15 +75,24 @@ def test_quickstart_prepare_only_builds_the_inputs_and_trains_nothing(tmp_path):
     log = tmp_path / "calls.jsonl"
     stub = tmp_path / "venv" / "bin" / "python"
     stub.parent.mkdir(parents=True)
-    stub.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                    "d = [a.split('=', 1)[1] for a in sys.argv if a.startswith('trainer.default_local_dir=')]\n"
-                    "os.makedirs(d[0] + '/final', exist_ok=True); open(d[0] + '/final/config.json', 'w').write('{}')\n")
+    stub.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "d = [a.split('=', 1)[1] for a in sys.argv if a.startswith('trainer.default_local_dir=')]\n"
+        "os.makedirs(d[0] + '/final', exist_ok=True); open(d[0] + '/final/config.json', 'w').write('{}')\n"
+    )
     stub.chmod(0o755)
-    env = dict(os.environ, SKIP_SETUP="1", QUICKSTART_DIR=str(qs), QUICKSTART_WARM_STEPS="3",
-               LUFFY_VENV=str(tmp_path / "venv"), QUICKSTART_PREPARE_ONLY="1")
-    proc = subprocess.run(["bash", "exp_scripts/quickstart.sh"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = dict(
+        os.environ,
+        SKIP_SETUP="1",
+        QUICKSTART_DIR=str(qs),
+        QUICKSTART_WARM_STEPS="3",
+        LUFFY_VENV=str(tmp_path / "venv"),
+        QUICKSTART_PREPARE_ONLY="1",
+    )
+    proc = subprocess.run(
+        ["bash", "exp_scripts/quickstart.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert [c[:2] for c in calls] == [["-m", "verl.trainer.fsdp_sft_trainer"]]

@@ -1,5 +1,6 @@
 """exp_scripts/bench_exgrpo_pool.py on a small run: it fills the pool through the pool's own rules, measures the
 previous format (Python lists, version-1 data.pt) against the current one and checks the version-1 state loads."""
+
 from __future__ import annotations
 
 import os
@@ -18,18 +19,39 @@ def _rows(out):
     for line in out.splitlines():
         m = re.match(r"^(before|after)(.*?)\s+([\d,]+\.\d)\s+([\d,]+\.\d)$", line)  # MiB
         if m:
-            rows[(m.group(1) + m.group(2)).strip()] = (float(m.group(3).replace(",", "")),
-                                                       float(m.group(4).replace(",", "")))
+            rows[(m.group(1) + m.group(2)).strip()] = (
+                float(m.group(3).replace(",", "")),
+                float(m.group(4).replace(",", "")),
+            )
     return rows
 
 
 def test_small_run_measures_before_and_after(capsys, tmp_path):
-    args = ["--steps", "12", "--dataset", "300", "--batch", "16", "--n", "8", "--mean-tokens", "400",
-            "--max-tokens", "1024", "--cap", "2", "--legacy-gib", "0.001", "--out", str(tmp_path)]
+    args = [
+        "--steps",
+        "12",
+        "--dataset",
+        "300",
+        "--batch",
+        "16",
+        "--n",
+        "8",
+        "--mean-tokens",
+        "400",
+        "--max-tokens",
+        "1024",
+        "--cap",
+        "2",
+        "--legacy-gib",
+        "0.001",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    free = re.search(r"unbounded pool after 12 steps .*: ([\d,]+) questions, ([\d,]+) trajectories, ([\d,]+) tokens",
-                     out)
+    free = re.search(
+        r"unbounded pool after 12 steps .*: ([\d,]+) questions, ([\d,]+) trajectories, ([\d,]+) tokens", out
+    )
     capped = re.search(r"max_trajectories_per_question=2 .*: ([\d,]+) questions, ([\d,]+) trajectories", out)
     questions, trajectories, tokens = (int(g.replace(",", "")) for g in free.groups())
     assert questions > 0 and trajectories > questions and tokens > 100 * trajectories  # lengths of ~400 tokens

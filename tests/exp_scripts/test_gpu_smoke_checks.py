@@ -1,5 +1,6 @@
 """exp_scripts/gpu_smoke_checks.py: the gap measures and bounds of the GPU smoke's numeric checks, on hand-made
 tensors (the checks on real steps run in tests/exp_scripts/test_gpu_smoke.py)."""
+
 import math
 import os
 import sys
@@ -54,8 +55,13 @@ def test_packed_bounds_need_every_variant_within_both_bounds():
 
 
 def test_precision_of_the_compute_dtype():
-    assert [checks.precision(d) for d in (torch.bfloat16, torch.float16, "bfloat16", torch.float32, "float32")] == \
-        ["bf16", "bf16", "bf16", "fp32", "fp32"]
+    assert [checks.precision(d) for d in (torch.bfloat16, torch.float16, "bfloat16", torch.float32, "float32")] == [
+        "bf16",
+        "bf16",
+        "bf16",
+        "fp32",
+        "fp32",
+    ]
 
 
 def test_actor_forward_switches_and_restores_even_on_error():
@@ -81,10 +87,17 @@ def test_micro_batch_spreads_its_rows_over_the_groups():
     assert micro.meta_info == {"temperature": 1.0, "micro_batch_size": 4, "use_dynamic_bsz": False}
 
 
-@pytest.mark.parametrize("choice,device,gpus,recipe,runs", [
-    ("auto", "cpu", 0, None, True), ("auto", "cuda", 2, None, True), ("auto", "cuda", 1, None, False),
-    ("auto", "cpu", 0, "exp_scripts/train.sh", False), ("on", "cuda", 1, "exp_scripts/train.sh", True),
-    ("off", "cpu", 0, None, False)])
+@pytest.mark.parametrize(
+    "choice,device,gpus,recipe,runs",
+    [
+        ("auto", "cpu", 0, None, True),
+        ("auto", "cuda", 2, None, True),
+        ("auto", "cuda", 1, None, False),
+        ("auto", "cpu", 0, "exp_scripts/train.sh", False),
+        ("on", "cuda", 1, "exp_scripts/train.sh", True),
+        ("off", "cpu", 0, None, False),
+    ],
+)
 def test_split_runs_where_an_actor_rank_and_an_engine_rank_fit(choice, device, gpus, recipe, runs):
     why = checks.split_skip_reason(choice, device, gpus, recipe)
     assert (why is None) == runs

@@ -8,6 +8,7 @@ config goes through the checks a launch runs before any worker starts (``validat
 and vLLM TP against the heads, batch and token budgets). The special ids of the published tokenizer files must lie
 in the model's vocabulary.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,14 +56,20 @@ for _s in SCRIPTS:
 
 
 def test_every_rl_script_has_its_default_models_config_or_is_known_to_have_none():
-    missing = {os.path.basename(s) for s, m in RL
-               if m is None or not os.path.isfile(os.path.join(CONFIGS, m.replace("/", "--") + ".json"))}
+    missing = {
+        os.path.basename(s)
+        for s, m in RL
+        if m is None or not os.path.isfile(os.path.join(CONFIGS, m.replace("/", "--") + ".json"))
+    }
     assert missing == NO_HUB_DEFAULT
     assert len(RL) >= 12
 
 
-@pytest.mark.parametrize("script, model", [(s, m) for s, m in RL if os.path.basename(s) not in NO_HUB_DEFAULT],
-                         ids=[os.path.basename(s) for s, _ in RL if os.path.basename(s) not in NO_HUB_DEFAULT])
+@pytest.mark.parametrize(
+    "script, model",
+    [(s, m) for s, m in RL if os.path.basename(s) not in NO_HUB_DEFAULT],
+    ids=[os.path.basename(s) for s, _ in RL if os.path.basename(s) not in NO_HUB_DEFAULT],
+)
 def test_script_fits_its_default_model_at_full_lengths(script, model, tmp_path):
     assert _problems(script, model.replace("/", "--"), tmp_path) == []
 
@@ -74,14 +81,22 @@ def test_a_script_too_long_for_its_model_is_refused_naming_the_lengths(tmp_path)
 
 def test_heads_that_vllm_tp_cannot_split_are_refused_naming_the_key(tmp_path):
     # Qwen2.5-Math-7B: 28 query heads, 4 kv heads; TP 8 splits neither
-    problems = _problems(os.path.join(REPO, "exp_scripts", "train.sh"), "Elliott--Qwen2.5-Math-7B-16k-think",
-                         tmp_path, "actor_rollout_ref.rollout.tensor_model_parallel_size=8")
-    assert any("'actor_rollout_ref.rollout.tensor_model_parallel_size'=8 must divide the model's "
-               "num_attention_heads=28" in p for p in problems), problems
+    problems = _problems(
+        os.path.join(REPO, "exp_scripts", "train.sh"),
+        "Elliott--Qwen2.5-Math-7B-16k-think",
+        tmp_path,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=8",
+    )
+    assert any(
+        "'actor_rollout_ref.rollout.tensor_model_parallel_size'=8 must divide the model's num_attention_heads=28" in p
+        for p in problems
+    ), problems
 
 
-@pytest.mark.parametrize("name", sorted(n[:-len(".tokenizer_config.json")] for n in os.listdir(CONFIGS)
-                                        if n.endswith(".tokenizer_config.json")))
+@pytest.mark.parametrize(
+    "name",
+    sorted(n[: -len(".tokenizer_config.json")] for n in os.listdir(CONFIGS) if n.endswith(".tokenizer_config.json")),
+)
 def test_published_special_ids_lie_in_the_models_vocabulary(name):
     with open(os.path.join(CONFIGS, name + ".json")) as f:
         vocab = json.load(f)["vocab_size"]

@@ -1,6 +1,7 @@
 """Every shipped launch script exp_scripts/train*.sh passes its own memory plan on an 80 GB GPU (the 5 % margin, no
 refusal) and runs with trainer.memory_plan=error; a script the plan does not cover says in one ``# GPU:`` line which
 GPU it needs, and the plan's command line quotes it."""
+
 from __future__ import annotations
 
 import glob
@@ -20,8 +21,14 @@ MODEL_CONFIGS = os.path.join(ROOT, "tests", "data", "model_configs")
 
 
 def _env(monkeypatch, tmp_path, script):
-    for name in ("MODEL_PATH", "DATA_DIR", "EXP_NAME", "MODEL_OVERRIDES", "NCCL_NVLS_ENABLE",
-                 "VLLM_ALLREDUCE_USE_SYMM_MEM"):
+    for name in (
+        "MODEL_PATH",
+        "DATA_DIR",
+        "EXP_NAME",
+        "MODEL_OVERRIDES",
+        "NCCL_NVLS_ENABLE",
+        "VLLM_ALLREDUCE_USE_SYMM_MEM",
+    ):
         monkeypatch.delenv(name, raising=False)
     if os.path.basename(script) == "train_sft_rl.sh":  # it starts from train_sft.sh's output: a 7B SFT folder
         folder = tmp_path / "sft_final"

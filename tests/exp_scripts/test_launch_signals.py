@@ -9,6 +9,7 @@ the script documents for it (``PYTHON=``; quickstart.sh: ``LUFFY_VENV=``) by a s
 the signals it gets, "saves" on the first one and exits 128 + signal. e2e part: quickstart.sh with the real
 trainer gets SIGTERM during a step -> that step's checkpoint is written, exit code 143, no trainer left running.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,16 @@ def _start_and_signal(cmd, env, out, sig, timeout=60):
     the stand-in trainer, send ``sig`` to the script's own pid only; (rc, started, ckpt, script pid, output)."""
     # SIGINT at its default in the script, as under a terminal or a container's init: a pytest-xdist worker ignores
     # SIGINT, its children inherit that, and bash can neither trap nor reset a signal ignored on entry
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=_default_sigint)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
     started = out / "started.json"
     try:
         deadline = time.monotonic() + timeout
@@ -97,8 +106,14 @@ def _env(tmp_path, **extra):
 
 def test_the_shipped_launch_scripts_are_all_checked():
     names = {os.path.basename(s) for s in LAUNCH_SCRIPTS}
-    assert {"train.sh", "train_16k.sh", "train_on_policy.sh", "train_rl_sft_loss.sh", "train_sft_rl.sh",
-            "train_sft.sh"} <= names
+    assert {
+        "train.sh",
+        "train_16k.sh",
+        "train_on_policy.sh",
+        "train_rl_sft_loss.sh",
+        "train_sft_rl.sh",
+        "train_sft.sh",
+    } <= names
 
 
 @pytest.mark.parametrize("script", LAUNCH_SCRIPTS, ids=[os.path.basename(s) for s in LAUNCH_SCRIPTS])
@@ -120,8 +135,13 @@ def _quickstart_env(tmp_path, warm_steps="0"):
         (qs / name).parent.mkdir(parents=True, exist_ok=True)
         (qs / name).write_text("")
     _stub(tmp_path / "venv")
-    return _env(tmp_path, SKIP_SETUP="1", QUICKSTART_DIR=str(qs), LUFFY_VENV=str(tmp_path / "venv"),
-                QUICKSTART_WARM_STEPS=warm_steps)
+    return _env(
+        tmp_path,
+        SKIP_SETUP="1",
+        QUICKSTART_DIR=str(qs),
+        LUFFY_VENV=str(tmp_path / "venv"),
+        QUICKSTART_WARM_STEPS=warm_steps,
+    )
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
@@ -160,21 +180,36 @@ def test_sigterm_to_quickstart_saves_the_step_and_exits_143(tmp_path, tiny_model
     # steps the run could finish before the signal lands on a quiet machine (seen in CI: all 6 done)
     total = 400
     overrides = luffy_overrides(str(qs / "model"), str(qs / "data"), str(ckpt_dir), rollout="hf", steps=total)
-    env = dict(os.environ, SKIP_SETUP="1", QUICKSTART_DIR=str(qs), QUICKSTART_WARM_STEPS="0",
-               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)),
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        SKIP_SETUP="1",
+        QUICKSTART_DIR=str(qs),
+        QUICKSTART_WARM_STEPS="0",
+        LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    )
     env.pop("RAY_ADDRESS", None)
     log_path = tmp_path / "quickstart.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", "exp_scripts/quickstart.sh", *overrides], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "exp_scripts/quickstart.sh", *overrides],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 700
         while proc.poll() is None and time.monotonic() < deadline and "step:1 - " not in log_path.read_text():
             time.sleep(0.2)
-        assert proc.poll() is None, f"quickstart ended before step 1 (rc={proc.returncode}):\n" + log_path.read_text()[-4000:]
-        trainer_pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                         text=True).stdout.split()]
+        assert proc.poll() is None, (
+            f"quickstart ended before step 1 (rc={proc.returncode}):\n" + log_path.read_text()[-4000:]
+        )
+        trainer_pids = [
+            int(p)
+            for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        ]
         seen = max(int(m) for m in re.findall(r"^step:(\d+) - ", log_path.read_text(), re.M))
         os.kill(proc.pid, signal.SIGTERM)  # the script's own process only
         rc = proc.wait(timeout=600)
@@ -189,6 +224,7 @@ def test_sigterm_to_quickstart_saves_the_step_and_exits_143(tmp_path, tiny_model
     # the step running at the signal (logs lag by a step or two), not the last one
     assert saved is not None and seen <= saved < total, (seen, log[-4000:])
     assert [s for s, _ in layout.list_step_dirs(str(ckpt_dir))] == [saved]
-    assert trainer_pids and not any(os.path.exists(f"/proc/{p}") and
-                                    open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-                                    for p in trainer_pids), "the trainer must have exited with the script"
+    assert trainer_pids and not any(
+        os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        for p in trainer_pids
+    ), "the trainer must have exited with the script"

@@ -1,6 +1,7 @@
 """exp_scripts/overrides/<model>.txt through MODEL_OVERRIDES: train.sh appends the file's lines after its own switches
 and before the extra arguments, and with them Qwen3-8B and Llama-3.1-8B fit an 80 GB GPU with the 5 % margin and a
 vLLM KV demand under 1.2x the cache (without them: under the margin and 2.9-3.3x)."""
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,19 @@ def _model_dir(tmp_path, config_name):
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MODEL_PATH", "DATA_DIR", "EXP_NAME", "MODEL_OVERRIDES", "NCCL_NVLS_ENABLE",
-                        "VLLM_ALLREDUCE_USE_SYMM_MEM")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "MODEL_PATH",
+            "DATA_DIR",
+            "EXP_NAME",
+            "MODEL_OVERRIDES",
+            "NCCL_NVLS_ENABLE",
+            "VLLM_ALLREDUCE_USE_SYMM_MEM",
+        )
+    }
     env.update(extra)
     return env
 
@@ -84,17 +95,24 @@ def test_the_file_goes_after_the_scripts_switches_and_before_the_extra_arguments
     assert o[-3:] == ["actor_rollout_ref.rollout.max_num_seqs=48", "trainer.nnodes=2", "trainer.nnodes=3"]
     assert o.index("trainer.memory_plan=error") < o.index("actor_rollout_ref.rollout.max_num_seqs=48")
     o = script_overrides(TRAIN, env=_env(MODEL_OVERRIDES="Qwen3-8B"))
-    assert o[-len(_file_lines("Qwen3-8B")):] == _file_lines("Qwen3-8B")
+    assert o[-len(_file_lines("Qwen3-8B")) :] == _file_lines("Qwen3-8B")
     # a wrapper's own arguments still win over the file (they are train.sh's "$@")
     o = script_overrides(os.path.join(ROOT, "exp_scripts", "train_16k.sh"), env=_env(MODEL_OVERRIDES="Qwen3-8B"))
-    assert o.index("actor_rollout_ref.rollout.gpu_memory_utilization=0.72") < \
-        o.index("actor_rollout_ref.rollout.gpu_memory_utilization=0.7")
+    assert o.index("actor_rollout_ref.rollout.gpu_memory_utilization=0.72") < o.index(
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"
+    )
 
 
 def test_a_relative_path_from_the_callers_directory_and_a_missing_file(tmp_path):
     (tmp_path / "o.txt").write_text("actor_rollout_ref.rollout.max_num_seqs=40\n")
-    proc = subprocess.run(["bash", TRAIN, "--cfg", "job"], cwd=str(tmp_path), capture_output=True, text=True,
-                          env=_env(MODEL_OVERRIDES="o.txt", PYTHON="echo"), timeout=60)
+    proc = subprocess.run(
+        ["bash", TRAIN, "--cfg", "job"],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        env=_env(MODEL_OVERRIDES="o.txt", PYTHON="echo"),
+        timeout=60,
+    )
     assert proc.returncode == 0 and "actor_rollout_ref.rollout.max_num_seqs=40" in proc.stdout
     with pytest.raises(LaunchScriptError, match="MODEL_OVERRIDES=nope: no such file, nor exp_scripts/overrides/nope"):
         script_overrides(TRAIN, env=_env(MODEL_OVERRIDES="nope"))

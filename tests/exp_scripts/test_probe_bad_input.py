@@ -1,4 +1,5 @@
 """exp_scripts/probe_bad_input.py: its case list loads and a cheap case runs (the full probe is run by hand)."""
+
 from __future__ import annotations
 
 from exp_scripts.probe_bad_input import Context, Outcome, expect_refusal, run_case, select

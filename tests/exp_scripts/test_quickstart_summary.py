@@ -1,4 +1,5 @@
 """exp_scripts/quickstart_summary.py: the summary quickstart.sh prints after training (from metrics.jsonl)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,11 @@ def _write_metrics(run_dir, steps=30):
     with open(run_dir / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"step": 0, "val/avg_score": 0.25}) + "\n")
         for s in range(1, steps + 1):
-            rec = {"step": s, "on_off_metrics/on_score": 0.0 if s <= 10 else (0.5 if s > 20 else 0.2),
-                   "actor/entropy_loss": 1.0}
+            rec = {
+                "step": s,
+                "on_off_metrics/on_score": 0.0 if s <= 10 else (0.5 if s > 20 else 0.2),
+                "actor/entropy_loss": 1.0,
+            }
             if s % 15 == 0:
                 rec["val/avg_score"] = 0.25 + s / 100
             f.write(json.dumps(rec) + "\n")
@@ -24,8 +28,13 @@ def _write_metrics(run_dir, steps=30):
 def test_summary_reports_steps_reward_first_vs_last_validation_and_paths(tmp_path):
     _write_metrics(tmp_path)
     (tmp_path / "best" / "actor").mkdir(parents=True)
-    proc = subprocess.run([sys.executable, SCRIPT, "--run-dir", str(tmp_path), "--wall-s", "42"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--run-dir", str(tmp_path), "--wall-s", "42"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "steps: 30; time: 42 s wall" in out
@@ -36,8 +45,9 @@ def test_summary_reports_steps_reward_first_vs_last_validation_and_paths(tmp_pat
 
 
 def test_summary_without_metrics_says_why(tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, "--run-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert proc.returncode == 1 and "no " in proc.stdout and "metrics.jsonl" in proc.stdout
 
 
@@ -74,18 +84,35 @@ def _run_quickstart(tmp_path, *overrides, **env_extra):
     venv_python.chmod(0o755)
     out = tmp_path / "stub_out"
     out.mkdir()
-    env = dict(os.environ, SKIP_SETUP="1", QUICKSTART_DIR=str(qs), QUICKSTART_WARM_STEPS="0",
-               LUFFY_VENV=str(tmp_path / "venv"), STUB_OUT=str(out), **env_extra)
-    proc = subprocess.run(["bash", "exp_scripts/quickstart.sh", *overrides], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = dict(
+        os.environ,
+        SKIP_SETUP="1",
+        QUICKSTART_DIR=str(qs),
+        QUICKSTART_WARM_STEPS="0",
+        LUFFY_VENV=str(tmp_path / "venv"),
+        STUB_OUT=str(out),
+        **env_extra,
+    )
+    proc = subprocess.run(
+        ["bash", "exp_scripts/quickstart.sh", *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
     return proc, summary, qs
 
 
 def test_quickstart_summarises_the_run_in_the_overridden_folder_not_an_earlier_one(tmp_path):
     mine = tmp_path / "mine"
-    proc, summary, _ = _run_quickstart(tmp_path, f"trainer.default_local_dir={tmp_path / 'other'}",
-                                       f"trainer.default_local_dir={mine}", "trainer.total_training_steps=2")
+    proc, summary, _ = _run_quickstart(
+        tmp_path,
+        f"trainer.default_local_dir={tmp_path / 'other'}",
+        f"trainer.default_local_dir={mine}",
+        "trainer.total_training_steps=2",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary is not None and summary[summary.index("--run-dir") + 1] == str(mine), summary
 

@@ -8,6 +8,7 @@ not theirs to check: the tiny models and task data (``--cache``: built once per 
 instance the RL scripts join (``--ray-address``, as a run joins a cluster); each script still starts its
 own driver and workers. Two rehearsals run at a time (``Rehearsals``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -89,23 +90,36 @@ def _case(script: str, config) -> Case:
         return Case(base, script)
     label = base if config == own_config(script) else f"{base}@{config.split('--', 1)[1]}"
     resume = (base, config) in RESUMED
-    return Case(label, script, ("--model-config", os.path.join(CONFIGS, config + ".json")),
-                ("trainer.save_freq=1",) if resume else (), resume)
+    return Case(
+        label,
+        script,
+        ("--model-config", os.path.join(CONFIGS, config + ".json")),
+        ("trainer.save_freq=1",) if resume else (),
+        resume,
+    )
 
 
 CASES = [_case(s, MATRIX.get(os.path.basename(s)) or own_config(s)) for s in SCRIPTS] + [
-    _case(os.path.join(EXP, script), config) for script, config in EXTRA]
+    _case(os.path.join(EXP, script), config) for script, config in EXTRA
+]
 
 
 def test_discovery_finds_every_shipped_launch_script_and_no_helper():
     names = {os.path.basename(s) for s in SCRIPTS}
-    assert {"train.sh", "train_16k.sh", "train_on_policy.sh", "train_rl_sft_loss.sh", "train_sft_rl.sh",
-            "train_sft.sh"} <= names
+    assert {
+        "train.sh",
+        "train_16k.sh",
+        "train_on_policy.sh",
+        "train_rl_sft_loss.sh",
+        "train_sft_rl.sh",
+        "train_sft.sh",
+    } <= names
     assert not names & {"quickstart.sh", "setup_venv.sh", "rehearse.sh"}
 
 
 def test_model_matrix_puts_every_model_of_issue_34_through_train_sh_and_the_16k_models_through_train_16k_sh():
     env = dict(os.environ, MODEL_PATH="org/model")
+
     def keys(script):
         return [o.split("=", 1)[0] for o in read_recipe(script, env).overrides]
 
@@ -114,10 +128,15 @@ def test_model_matrix_puts_every_model_of_issue_34_through_train_sh_and_the_16k_
     for case in CASES:
         overrides = keys(case.script)
         for name, base in layouts.items():
-            if case.args and overrides[:len(base)] == base:  # the script runs the layout script's switches first
-                through[name].add(os.path.basename(case.args[1])[:-len(".json")])
-    assert {"Qwen--Qwen2.5-Math-7B", "Qwen--Qwen2.5-Math-1.5B", "meta-llama--Llama-3.1-8B", "Qwen--Qwen3-8B-Base",
-            "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B"} <= through["train.sh"], through
+            if case.args and overrides[: len(base)] == base:  # the script runs the layout script's switches first
+                through[name].add(os.path.basename(case.args[1])[: -len(".json")])
+    assert {
+        "Qwen--Qwen2.5-Math-7B",
+        "Qwen--Qwen2.5-Math-1.5B",
+        "meta-llama--Llama-3.1-8B",
+        "Qwen--Qwen3-8B-Base",
+        "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B",
+    } <= through["train.sh"], through
     assert {"Elliott--Qwen2.5-Math-7B-16k-think", "Qwen--Qwen3-8B"} <= through["train_16k.sh"], through
     assert len({c.id for c in CASES}) == len(CASES)
 
@@ -128,7 +147,10 @@ def test_discovery_follows_exec_chains(tmp_path):
     (tmp_path / "grandchild.sh").write_text('exec bash "$HERE/child.sh" "$@"\n')
     (tmp_path / "other.sh").write_text('.venv/bin/python -m luffy_pool.main_mix_ppo\n')
     assert [os.path.basename(s) for s in discover_launch_scripts(str(tmp_path))] == [
-        "base.sh", "child.sh", "grandchild.sh"]
+        "base.sh",
+        "child.sh",
+        "grandchild.sh",
+    ]
 
 
 def test_read_recipe_runs_the_script_chain_and_keeps_override_order():
@@ -157,11 +179,15 @@ def test_plan_names_the_gpu_only_graphs_switch_train_sh_sets(tmp_path, capsys):
     from luffy_pool.run.rehearse import plan, print_report
 
     _, overrides, report = plan(read_recipe(os.path.join(EXP, "train.sh")), str(tmp_path))
-    assert list(report["gpu_only"])[0] == "actor_rollout_ref.rollout.enforce_eager=false"  # the others: test_rehearse_warnings.py
+    assert (
+        list(report["gpu_only"])[0] == "actor_rollout_ref.rollout.enforce_eager=false"
+    )  # the others: test_rehearse_warnings.py
     assert not any("enforce_eager" in o for o in overrides)  # not overridden: the CPU engine builder runs it eager
     print_report(report, overrides)
-    assert "WARNING GPU-only switch, not in effect on cpu: actor_rollout_ref.rollout.enforce_eager=false" \
+    assert (
+        "WARNING GPU-only switch, not in effect on cpu: actor_rollout_ref.rollout.enforce_eager=false"
         in capsys.readouterr().out
+    )
     eager = read_recipe(os.path.join(EXP, "train.sh"), args=("actor_rollout_ref.rollout.enforce_eager=True",))
     assert not any("enforce_eager" in k for k in plan(eager, str(tmp_path))[2]["gpu_only"])  # LUFFY's eager engine
 
@@ -179,17 +205,30 @@ def test_plan_scales_every_length_by_one_factor(tmp_path):
     assert not set(KEPT_ON_CPU) & set(report["lengths"])
     # train_16k.sh's invariants, scaled: a full row fits SP x the update budget; log-prob budget = 2 x update
     L = dict((k, v[1]) for k, v in report["lengths"].items())
-    assert L["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] * 2 >= L["data.max_prompt_length"] + L[
-        "data.max_response_length"]
-    assert L["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] == 2 * L[
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
+    assert (
+        L["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] * 2
+        >= L["data.max_prompt_length"] + L["data.max_response_length"]
+    )
+    assert (
+        L["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
+        == 2 * L["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]
+    )
     assert env["MODEL_PATH"] == report["model"]["now"] and env["WANDB_MODE"] == "offline"
     assert "trainer.device=cpu" in overrides and "trainer.n_gpus_per_node=4" in overrides
     # nothing the script switches on is overridden: only lengths, batch sizes, device, world, steps, outputs
     switched = {o.split("=", 1)[0] for o in overrides}
-    allowed = set(report["lengths"]) | set(report["batches"]) | {
-        "trainer.device", "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_training_steps",
-        "trainer.default_local_dir", "hydra.run.dir"}
+    allowed = (
+        set(report["lengths"])
+        | set(report["batches"])
+        | {
+            "trainer.device",
+            "trainer.nnodes",
+            "trainer.n_gpus_per_node",
+            "trainer.total_training_steps",
+            "trainer.default_local_dir",
+            "hydra.run.dir",
+        }
+    )
     assert switched <= allowed, switched - allowed
 
 
@@ -208,8 +247,16 @@ def test_cache_builds_inputs_once_per_spec_and_copies_them(tmp_path, monkeypatch
     cache = str(tmp_path / "cache")
 
     def report(work, heads):
-        return {"model": {"now": str(tmp_path / work / "model"), "num_attention_heads": heads, "num_key_value_heads": 2,
-                          "model_type": "qwen2", "was": "the script's model"}, "data": {"now": str(tmp_path / work / "data") + " (tiny arithmetic task)"}}
+        return {
+            "model": {
+                "now": str(tmp_path / work / "model"),
+                "num_attention_heads": heads,
+                "num_key_value_heads": 2,
+                "model_type": "qwen2",
+                "was": "the script's model",
+            },
+            "data": {"now": str(tmp_path / work / "data") + " (tiny arithmetic task)"},
+        }
 
     for work, heads in (("a", 4), ("b", 4), ("c", 8)):
         build_inputs(report(work, heads), cache=cache)
@@ -217,7 +264,9 @@ def test_cache_builds_inputs_once_per_spec_and_copies_them(tmp_path, monkeypatch
     assert json.load(open(tmp_path / "b" / "model" / "config.json")) == {"heads": 4}
     assert json.load(open(tmp_path / "c" / "model" / "config.json")) == {"heads": 8}
     for work in "abc":  # the data set is built once and every rehearsal gets the files LUFFY's scripts read
-        assert {"openr1.parquet", "valid.parquet", "openr1.complement.parquet"} <= set(os.listdir(tmp_path / work / "data"))
+        assert {"openr1.parquet", "valid.parquet", "openr1.complement.parquet"} <= set(
+            os.listdir(tmp_path / work / "data")
+        )
     assert sorted(n.split("-")[0] for n in os.listdir(cache)) == ["data", "model", "model"]
 
 
@@ -236,8 +285,11 @@ STEP_LINE = re.compile(r"^step:(\d+) - (.*)$", re.M)
 
 
 def _rehearsal_env() -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+        LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)),
+    )
     env.pop("RAY_ADDRESS", None)
     return env
 
@@ -259,16 +311,36 @@ class Rehearsals:
     @staticmethod
     def _run(case, work, cache, ray_address):
         def rehearse(folder, *extra):
-            return subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), case.script, *case.overrides, *extra,
-                                   *case.args, "--work", folder, "--ranks", str(case.ranks), "--cache", cache,
-                                   "--ray-address", ray_address],
-                                  env=_rehearsal_env(), capture_output=True, text=True, timeout=1400, cwd=work)
+            return subprocess.run(
+                [
+                    "bash",
+                    os.path.join(EXP, "rehearse.sh"),
+                    case.script,
+                    *case.overrides,
+                    *extra,
+                    *case.args,
+                    "--work",
+                    folder,
+                    "--ranks",
+                    str(case.ranks),
+                    "--cache",
+                    cache,
+                    "--ray-address",
+                    ray_address,
+                ],
+                env=_rehearsal_env(),
+                capture_output=True,
+                text=True,
+                timeout=1400,
+                cwd=work,
+            )
 
         first = rehearse(work)
         if not case.resume or first.returncode != 0:
             return first, None
-        return first, rehearse(os.path.join(work, "resumed"),
-                               f"trainer.resume_mode={os.path.join(work, 'out', 'global_step_1')}")
+        return first, rehearse(
+            os.path.join(work, "resumed"), f"trainer.resume_mode={os.path.join(work, 'out', 'global_step_1')}"
+        )
 
     def result(self, case):
         return self.futures[case.id].result(), self.folders[case.id]
@@ -283,8 +355,11 @@ def rehearsals(request, tmp_path_factory):
     from luffy_pool.run.rehearse import CPU_SAFE_ENV
     from tests.helpers.shared_ray import SharedRay
 
-    selected = [item.callspec.params["case"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_rehearse_launch_script"] or CASES
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_rehearse_launch_script"
+    ] or CASES
     folders = {c.id: str(tmp_path_factory.mktemp("rehearse_" + re.sub(r"\W", "_", c.id))) for c in selected}
     cache = str(tmp_path_factory.mktemp("rehearsal_cache"))
     with SharedRay(num_cpus=8, env=dict(_rehearsal_env(), **CPU_SAFE_ENV), cwd=REPO) as ray:
@@ -317,13 +392,15 @@ def test_rehearse_launch_script(case, rehearsals):
     out = proc.stdout
     lines = [line for line in out.splitlines() if line.startswith("REHEARSAL ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{out[-4000:]}\n{proc.stderr[-6000:]}"
-    report = json.loads(lines[-1][len("REHEARSAL "):])
+    report = json.loads(lines[-1][len("REHEARSAL ") :])
     assert report["rc"] == 0 and report["steps"] == 2 and report["world"]["now"] == case.ranks
     if case.args:  # the real config shrunk: its model_type and every non-size field reach the tiny model
         with open(case.args[1]) as f:
             real = json.load(f)
         kept = report["model"]["config_fields"]["kept"]
-        assert report["model"]["model_type"] == real["model_type"] and {"tie_word_embeddings", "rope_theta"} <= set(kept)
+        assert report["model"]["model_type"] == real["model_type"] and {"tie_word_embeddings", "rope_theta"} <= set(
+            kept
+        )
         assert {"rope_scaling"} & set(real) <= set(kept) and report["model"]["real_config"] == case.args[1]
     assert "replaced (cannot exist here)" in out  # the list is printed before the script runs
     steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - ")) for m in STEP_LINE.finditer(out)}
@@ -349,6 +426,8 @@ def test_rehearse_launch_script(case, rehearsals):
         again = resumed.stdout + resumed.stderr
         assert resumed.returncode == 0, again[-6000:]
         assert re.search(r"resumed from \S*global_step_1 .*continuing at step 2 of", again), again[-4000:]
-        steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - "))
-                 for m in STEP_LINE.finditer(resumed.stdout)}
+        steps = {
+            int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - "))
+            for m in STEP_LINE.finditer(resumed.stdout)
+        }
         assert sorted(steps) == [2] and math.isfinite(float(steps[2]["actor/pg_loss"])), resumed.stdout[-3000:]

@@ -2,6 +2,7 @@
 MODEL_PATH=Qwen/Qwen2.5-Math-7B, HF_HUB_CACHE holding ``models--Qwen--Qwen2.5-Math-7B/refs/main`` and
 ``snapshots/<hash>/config.json``, HF_HUB_OFFLINE=1. The dry-run reads the real config.json from the snapshot, says
 so, lists the fields it kept, and carries the CPU warnings in its REHEARSAL report. Quick: no training."""
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,33 @@ def _hub_cache(root) -> str:
 
 
 def _dry_run(tmp_path, hub):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)), MODEL_PATH=MODEL_ID,
-               HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+        LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        MODEL_PATH=MODEL_ID,
+        HF_HUB_CACHE=str(hub),
+        HF_HUB_OFFLINE="1",
+    )
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), os.path.join(EXP, "train.sh"), "--work",
-                           str(tmp_path / "work"), "--dry-run"], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=str(tmp_path))
+    proc = subprocess.run(
+        [
+            "bash",
+            os.path.join(EXP, "rehearse.sh"),
+            os.path.join(EXP, "train.sh"),
+            "--work",
+            str(tmp_path / "work"),
+            "--dry-run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REHEARSAL ")]
     assert proc.returncode == 0 and lines, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout, json.loads(lines[-1][len("REHEARSAL "):])
+    return proc.stdout, json.loads(lines[-1][len("REHEARSAL ") :])
 
 
 def test_hub_id_resolves_through_the_hub_cache_and_keeps_the_real_fields(tmp_path):

@@ -2,6 +2,7 @@
 report lists the fields kept and shrunk, and an MoE config is refused in one line. train.sh's two steps on a
 shrunk Llama-3.1-8B run with the other rehearsals (tests/exp_scripts/test_rehearse.py, case
 ``train.sh@Llama-3.1-8B``), sharing their Ray instance."""
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,23 @@ LLAMA = os.path.join(CONFIGS, "meta-llama--Llama-3.1-8B.json")
 
 
 def _rehearse(tmp_path, *args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+        LUFFY_VENV=os.path.dirname(os.path.dirname(sys.executable)),
+    )
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(["bash", os.path.join(EXP, "rehearse.sh"), os.path.join(EXP, "train.sh"),
-                           "--work", str(tmp_path), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(tmp_path))
+    proc = subprocess.run(
+        ["bash", os.path.join(EXP, "rehearse.sh"), os.path.join(EXP, "train.sh"), "--work", str(tmp_path), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(tmp_path),
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REHEARSAL ")]
     assert lines, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc, json.loads(lines[-1][len("REHEARSAL "):])
+    return proc, json.loads(lines[-1][len("REHEARSAL ") :])
 
 
 def test_dry_run_shrinks_the_real_config_and_lists_kept_fields(tmp_path):
@@ -33,7 +42,9 @@ def test_dry_run_shrinks_the_real_config_and_lists_kept_fields(tmp_path):
     m = report["model"]
     assert m["model_type"] == "llama" and m["real_config"] == LLAMA
     kept, shrunk = m["config_fields"]["kept"], m["config_fields"]["shrunk"]
-    assert {"rope_scaling", "rope_theta", "tie_word_embeddings", "attention_bias", "mlp_bias", "rms_norm_eps"} <= set(kept)
+    assert {"rope_scaling", "rope_theta", "tie_word_embeddings", "attention_bias", "mlp_bias", "rms_norm_eps"} <= set(
+        kept
+    )
     assert shrunk["num_hidden_layers"] == [32, 2] and shrunk["vocab_size"][0] == 128256
     assert m["config_fields"]["tokens"]["bos_token_id"][0] == 128000
     assert "kept from the real config: " in proc.stdout and "shrunk: num_hidden_layers 32->2" in proc.stdout
@@ -51,8 +62,9 @@ def test_dry_run_shrinks_the_real_config_and_lists_kept_fields(tmp_path):
         assert json.load(f)["eos_token_id"] == tiny["eos_token_id"]
     from transformers import AutoTokenizer
 
-    text = AutoTokenizer.from_pretrained(m["now"]).apply_chat_template([{"role": "user", "content": "q"}],
-                                                                        tokenize=False, add_generation_prompt=True)
+    text = AutoTokenizer.from_pretrained(m["now"]).apply_chat_template(
+        [{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>")
     assert "tokens from " in proc.stdout and "pad None" in proc.stdout
     # heads split over the recipe's TP (train.sh: vLLM TP 2)
@@ -60,8 +72,9 @@ def test_dry_run_shrinks_the_real_config_and_lists_kept_fields(tmp_path):
 
 
 def test_moe_config_is_refused_in_one_line(tmp_path):
-    proc, report = _rehearse(tmp_path, "--model-config", os.path.join(CONFIGS, "Qwen--Qwen3-30B-A3B-Base.json"),
-                             "--dry-run")
+    proc, report = _rehearse(
+        tmp_path, "--model-config", os.path.join(CONFIGS, "Qwen--Qwen3-30B-A3B-Base.json"), "--dry-run"
+    )
     assert proc.returncode == 2 and report["rc"] == 2
     refused = [line for line in proc.stdout.splitlines() if line.startswith("rehearse: refused: ")]
     assert len(refused) == 1 and "qwen3_moe is a mixture of experts (128 experts)" in refused[0]
@@ -70,7 +83,21 @@ def test_moe_config_is_refused_in_one_line(tmp_path):
 
 def test_missing_model_config_is_named(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, "-m", "luffy_pool.run.rehearse", os.path.join(EXP, "train.sh"), "--work",
-                           str(tmp_path), "--model-config", str(tmp_path / "nope.json"), "--dry-run"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "luffy_pool.run.rehearse",
+            os.path.join(EXP, "train.sh"),
+            "--work",
+            str(tmp_path),
+            "--model-config",
+            str(tmp_path / "nope.json"),
+            "--dry-run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and f"--model-config {tmp_path / 'nope.json'}: no such file" in proc.stderr

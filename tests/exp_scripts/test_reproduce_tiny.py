@@ -1,5 +1,6 @@
 """exp_scripts/reproduce_tiny.py: the method table, the shared overrides (valid for every config), the
 results table and plots, and (slow) a 1-step smoke run of two methods that checks every output exists."""
+
 from __future__ import annotations
 
 import json
@@ -19,21 +20,56 @@ from reproduce.report import final_value, has_off_policy_rows, markdown_table, p
 
 
 def _settings(**kw) -> RunSettings:
-    base = dict(model_dir="/m", train_file="/d/train.parquet", test_file="/d/test.parquet", steps=3, batch_size=8, n=8,
-                response_length=48, max_prompt_length=128, lr=1e-3, rollout="vllm", ranks=2)
+    base = dict(
+        model_dir="/m",
+        train_file="/d/train.parquet",
+        test_file="/d/test.parquet",
+        steps=3,
+        batch_size=8,
+        n=8,
+        response_length=48,
+        max_prompt_length=128,
+        lr=1e-3,
+        rollout="vllm",
+        ranks=2,
+    )
     base.update(kw)
     return RunSettings(**base)
 
 
 # ------------------------------------------------------------------------------ methods
 def test_parse_methods_all_is_every_method_in_table_order():
-    assert parse_methods("all") == ["on_policy", "rl_sft_loss", "sft", "sft_rl", "luffy_no_shaping", "luffy",
-                                    "luffy_replay", "hpt", "srft", "chord", "exgrpo", "relift", "uft", "prefix_rft"]
+    assert parse_methods("all") == [
+        "on_policy",
+        "rl_sft_loss",
+        "sft",
+        "sft_rl",
+        "luffy_no_shaping",
+        "luffy",
+        "luffy_replay",
+        "hpt",
+        "srft",
+        "chord",
+        "exgrpo",
+        "relift",
+        "uft",
+        "prefix_rft",
+    ]
 
 
 def test_parse_methods_family_is_the_family_beside_grpo_luffy_and_sft():
-    assert parse_methods("family") == ["sft", "on_policy", "luffy", "hpt", "srft", "chord", "exgrpo", "relift", "uft",
-                                       "prefix_rft"]
+    assert parse_methods("family") == [
+        "sft",
+        "on_policy",
+        "luffy",
+        "hpt",
+        "srft",
+        "chord",
+        "exgrpo",
+        "relift",
+        "uft",
+        "prefix_rft",
+    ]
     assert parse_methods("claims") == ["on_policy", "luffy", "luffy_no_shaping", "sft"]
 
 
@@ -42,8 +78,12 @@ def test_family_methods_select_their_method_and_rescale_only_batch_and_length_ti
     for name in ("hpt", "srft", "chord", "exgrpo", "prefix_rft"):
         assert METHODS[name].config_name == "tiny_cpu_luffy" and METHODS[name].extra(s) == [f"algorithm.method={name}"]
     assert METHODS["relift"].extra(s) == [
-        "algorithm.method=relift", "algorithm.relift.sft_data_size=8", "algorithm.relift.sft_mini_batch_size=8",
-        "algorithm.relift.sft_micro_batch_size=4", "algorithm.relift.sft_lr=0.0001"]
+        "algorithm.method=relift",
+        "algorithm.relift.sft_data_size=8",
+        "algorithm.relift.sft_mini_batch_size=8",
+        "algorithm.relift.sft_micro_batch_size=4",
+        "algorithm.relift.sft_lr=0.0001",
+    ]
     assert METHODS["uft"].extra(s) == ["algorithm.method=uft", "algorithm.uft.total_training_steps_hint=30"]
     assert METHODS["uft"].train_split == "train_hints"
     assert {n for n, m in METHODS.items() if m.train_split != "train"} == {"uft"}
@@ -87,8 +127,9 @@ def test_shared_overrides_compose_a_valid_config_for_every_rl_method(name, compo
 
     s = _settings(steps=7, batch_size=6, n=4, lr=3e-4, rollout="hf")
     extra = METHODS[name].extra(s) if METHODS[name].extra else []
-    cfg = compose_config(prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final") + extra),
-                         METHODS[name].config_name)
+    cfg = compose_config(
+        prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final") + extra), METHODS[name].config_name
+    )
     check_config(cfg)
     assert cfg.algorithm.method == (name if METHODS[name].extra else "luffy")
     assert cfg.trainer.total_training_steps == 7 and cfg.data.train_batch_size == 6
@@ -119,10 +160,12 @@ def _compose_sft(overrides):
 
 
 # ------------------------------------------------------------------------------ report
-RECORDS = {1: {"on_off_metrics/on_score": 0.0, "actor/entropy_loss": 6.0},
-           2: {"on_off_metrics/on_score": 0.5, "actor/entropy_loss": 5.0},
-           3: {"on_off_metrics/on_score": 1.0, "actor/entropy_loss": "nan"},
-           4: {"on_off_metrics/on_score": 0.25}}
+RECORDS = {
+    1: {"on_off_metrics/on_score": 0.0, "actor/entropy_loss": 6.0},
+    2: {"on_off_metrics/on_score": 0.5, "actor/entropy_loss": 5.0},
+    3: {"on_off_metrics/on_score": 1.0, "actor/entropy_loss": "nan"},
+    4: {"on_off_metrics/on_score": 0.25},
+}
 
 
 def test_final_value_is_the_mean_of_the_last_logged_finite_steps():
@@ -133,12 +176,20 @@ def test_final_value_is_the_mean_of_the_last_logged_finite_steps():
 
 def test_off_policy_rows_are_detected_from_the_example_ratio():
     assert not has_off_policy_rows({1: {"on_off_metrics/off_on_example_ratio": 0.0}})
-    assert has_off_policy_rows({1: {"on_off_metrics/off_on_example_ratio": 0.0}, 2: {"on_off_metrics/off_on_example_ratio": 1 / 7}})
+    assert has_off_policy_rows(
+        {1: {"on_off_metrics/off_on_example_ratio": 0.0}, 2: {"on_off_metrics/off_on_example_ratio": 1 / 7}}
+    )
 
 
 def test_table_row_formats_numbers_and_marks_missing_ones():
-    row = {"label": "LUFFY", "wall_s": 312.4, "train_reward": 0.125, "entropy": None, "on_policy_response_length": 40.26,
-           "eval": {"greedy": {"accuracy": 0.25, "mean_response_tokens": 37.5}, "sampled": {"accuracy": 0.1875, "k": 4}}}
+    row = {
+        "label": "LUFFY",
+        "wall_s": 312.4,
+        "train_reward": 0.125,
+        "entropy": None,
+        "on_policy_response_length": 40.26,
+        "eval": {"greedy": {"accuracy": 0.25, "mean_response_tokens": 37.5}, "sampled": {"accuracy": 0.1875, "k": 4}},
+    }
     assert table_row(row) == ["LUFFY", "0.250", "0.188 (avg@4)", "0.125", "—", "40.3", "37.5", "312"]
 
 
@@ -148,22 +199,47 @@ def test_a_failed_method_shows_its_error_in_the_table():
 
 
 def test_plot_dynamics_writes_a_png_per_panel_and_skips_off_policy_prob_for_on_policy_runs(tmp_path):
-    luffy = {s: {"on_off_metrics/on_score": 0.1 * s, "actor/entropy_loss": 6 - s, "actor/off_policy_prob": 0.01 * s,
-                 "on_off_metrics/off_on_example_ratio": 1 / 7, "on_off_metrics/on_response_length_mean": 40.0} for s in (1, 2, 3)}
-    on_policy = {s: {"on_off_metrics/on_score": 0.0, "actor/entropy_loss": 6.0, "actor/off_policy_prob": 0.0,
-                     "on_off_metrics/off_on_example_ratio": 0.0} for s in (1, 2, 3)}
+    luffy = {
+        s: {
+            "on_off_metrics/on_score": 0.1 * s,
+            "actor/entropy_loss": 6 - s,
+            "actor/off_policy_prob": 0.01 * s,
+            "on_off_metrics/off_on_example_ratio": 1 / 7,
+            "on_off_metrics/on_response_length_mean": 40.0,
+        }
+        for s in (1, 2, 3)
+    }
+    on_policy = {
+        s: {
+            "on_off_metrics/on_score": 0.0,
+            "actor/entropy_loss": 6.0,
+            "actor/off_policy_prob": 0.0,
+            "on_off_metrics/off_on_example_ratio": 0.0,
+        }
+        for s in (1, 2, 3)
+    }
     paths = plot_dynamics({"LUFFY": luffy, "On-policy GRPO": on_policy}, str(tmp_path), smooth=2)
     names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["entropy.png", "off_policy_prob.png", "on_policy_response_length.png", "on_policy_reward.png",
-                     "overview.png"]
+    assert names == [
+        "entropy.png",
+        "off_policy_prob.png",
+        "on_policy_response_length.png",
+        "on_policy_reward.png",
+        "overview.png",
+    ]
     assert all(os.path.getsize(p) > 1000 for p in paths)
     only_on_policy = plot_dynamics({"On-policy GRPO": on_policy}, str(tmp_path / "on"), smooth=2)
     assert "off_policy_prob.png" not in {os.path.basename(p) for p in only_on_policy}
 
 
 def test_unknown_method_on_the_command_line_exits_with_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "ppo", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "ppo", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2 and "unknown method(s) ['ppo']" in proc.stderr
     assert os.listdir(tmp_path) == []
 
@@ -176,11 +252,46 @@ def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_mo
     env = dict(os.environ, RAY_ADDRESS="")
     # SFT searches a 2-value grid (seed 0, validation split: the grid loop is the same for every kind, and an SFT
     # run costs a quarter of an RL one); LUFFY + self-replay has a fixed lr and draws the RL curves.
-    cmd = [sys.executable, os.path.join(EXP, "reproduce_tiny.py"), "--methods", "sft,luffy_replay",
-           "--sft-lr-grid", "1e-4,3e-4", "--method-lr", "luffy_replay=1e-4", "--seeds", "1",
-           "--warm-steps", "2", "--n-warm", "32", "--steps", "2", "--val-every", "1", "--batch-size", "2", "--n", "4",
-           "--n-train", "16", "--n-val", "4", "--n-test", "4", "--n-ood", "3", "--eval-samples", "2",
-           "--probe-rows", "2", "--window", "1", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        os.path.join(EXP, "reproduce_tiny.py"),
+        "--methods",
+        "sft,luffy_replay",
+        "--sft-lr-grid",
+        "1e-4,3e-4",
+        "--method-lr",
+        "luffy_replay=1e-4",
+        "--seeds",
+        "1",
+        "--warm-steps",
+        "2",
+        "--n-warm",
+        "32",
+        "--steps",
+        "2",
+        "--val-every",
+        "1",
+        "--batch-size",
+        "2",
+        "--n",
+        "4",
+        "--n-train",
+        "16",
+        "--n-val",
+        "4",
+        "--n-test",
+        "4",
+        "--n-ood",
+        "3",
+        "--eval-samples",
+        "2",
+        "--probe-rows",
+        "2",
+        "--window",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -204,7 +315,10 @@ def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_mo
         assert (run / "eval" / "eval.log").exists()
         summary = results["methods"][method]
         for split, n in (("id", 4), ("ood", 3)):
-            assert summary[split]["avg"]["problems"] == n and 0 <= summary[split]["avg"]["lo"] <= summary[split]["avg"]["hi"] <= 1
+            assert (
+                summary[split]["avg"]["problems"] == n
+                and 0 <= summary[split]["avg"]["lo"] <= summary[split]["avg"]["hi"] <= 1
+            )
     assert all(r["cpu_s"] > 0 and r["eval_cpu_s"] > 0 for r in results["runs"])
     md = (out / "results.md").read_text()
     assert "## Claims" in md and "| LUFFY + self-replay | 0.0001 | 1 |" in md and "## Learning-rate grid" in md
@@ -212,8 +326,10 @@ def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_mo
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
     assert f"results: {out}/results.md" in proc.stdout
     # A second call with --reuse trains and evaluates nothing again and reports the same numbers.
-    stamps = {p: p.stat().st_mtime for p in (out / "seed1" / "luffy_replay" / "metrics.jsonl",
-                                             out / "seed1" / "sft" / "eval" / "greedy.jsonl")}
+    stamps = {
+        p: p.stat().st_mtime
+        for p in (out / "seed1" / "luffy_replay" / "metrics.jsonl", out / "seed1" / "sft" / "eval" / "greedy.jsonl")
+    }
     again = subprocess.run(cmd + ["--reuse"], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert {p: p.stat().st_mtime for p in stamps} == stamps
@@ -250,18 +366,32 @@ def test_run_summary_uses_the_generated_on_policy_reward_when_self_replay_rewrot
     replay = {s: dict(r, **{"replay/generated_on_score": r["on_off_metrics/on_score"] / 2}) for s, r in plain.items()}
     replay[4]["val/avg_score"] = 0.25
     replay[1]["val/avg_score"] = 0.0
-    assert run_summary(plain, window=2) == {"reward_start": 0.0, "reward_end": 0.75, "reward_change": 0.75,
-                                            "entropy_end": 1.0, "held_out_val_first": None, "held_out_val_last": None}
+    assert run_summary(plain, window=2) == {
+        "reward_start": 0.0,
+        "reward_end": 0.75,
+        "reward_change": 0.75,
+        "entropy_end": 1.0,
+        "held_out_val_first": None,
+        "held_out_val_last": None,
+    }
     s = run_summary(replay, window=2)
-    assert (s["reward_start"], s["reward_end"], s["held_out_val_first"], s["held_out_val_last"]) == (0.0, 0.375, 0.0, 0.25)
+    assert (s["reward_start"], s["reward_end"], s["held_out_val_first"], s["held_out_val_last"]) == (
+        0.0,
+        0.375,
+        0.0,
+        0.25,
+    )
 
 
 def test_aggregate_table_gives_mean_std_and_range_over_seeds_and_counts_failures():
     from reproduce.seeds_report import aggregate_table
 
     def run(g, change, cpu):
-        return {"eval": {"greedy": {"accuracy": g}}, "cpu_s": cpu,
-                "summary": {"reward_start": 0.0, "reward_end": change, "reward_change": change, "entropy_end": None}}
+        return {
+            "eval": {"greedy": {"accuracy": g}},
+            "cpu_s": cpu,
+            "summary": {"reward_start": 0.0, "reward_end": change, "reward_change": change, "entropy_end": None},
+        }
 
     table = aggregate_table({"LUFFY": [run(0.25, 0.5, 60), run(0.75, 0.3, 80), {"error": "x"}]})
     row = table.splitlines()[2]
@@ -272,8 +402,17 @@ def test_aggregate_table_gives_mean_std_and_range_over_seeds_and_counts_failures
 def test_seed_curves_are_written_as_pngs(tmp_path):
     from reproduce.seeds_report import plot_seed_curves
 
-    recs = [{s: {"on_off_metrics/on_score": s / 10 + k, "actor/entropy_loss": 1.0, **({"val/avg_score": 0.1} if s % 2 else {})}
-             for s in range(1, 6)} for k in (0, 0.1)]
+    recs = [
+        {
+            s: {
+                "on_off_metrics/on_score": s / 10 + k,
+                "actor/entropy_loss": 1.0,
+                **({"val/avg_score": 0.1} if s % 2 else {}),
+            }
+            for s in range(1, 6)
+        }
+        for k in (0, 0.1)
+    ]
     paths = plot_seed_curves({"LUFFY": recs, "On-policy GRPO": recs[:1]}, str(tmp_path))
     assert sorted(os.path.basename(p) for p in paths) == ["entropy.png", "held_out_accuracy.png", "reward.png"]
     assert all(os.path.getsize(p) > 1000 for p in paths)
@@ -282,12 +421,15 @@ def test_seed_curves_are_written_as_pngs(tmp_path):
 def test_cpu_sampler_counts_a_child_process_tree(tmp_path):
     from reproduce.cputime import run_measured
 
-    busy = "import subprocess, sys, time\n" \
-           "def spin(s):\n    t = time.process_time()\n    while time.process_time() - t < s: pass\n" \
-           "p = subprocess.Popen([sys.executable, '-c', 'import time\\nt=time.process_time()\\n" \
-           "while time.process_time()-t<0.6: pass'])\nspin(0.4)\np.wait()\n"
-    code, wall, cpu, source = run_measured([sys.executable, "-c", busy], str(tmp_path / "log"), dict(os.environ),
-                                           str(tmp_path), timeout_s=60)
+    busy = (
+        "import subprocess, sys, time\n"
+        "def spin(s):\n    t = time.process_time()\n    while time.process_time() - t < s: pass\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time\\nt=time.process_time()\\n"
+        "while time.process_time()-t<0.6: pass'])\nspin(0.4)\np.wait()\n"
+    )
+    code, wall, cpu, source = run_measured(
+        [sys.executable, "-c", busy], str(tmp_path / "log"), dict(os.environ), str(tmp_path), timeout_s=60
+    )
     assert code == 0 and source in ("proc", "rusage")
     assert cpu >= 0.9  # parent 0.4 s + grandchild-level child 0.6 s (minus at most a sampling interval each)
 
@@ -297,8 +439,13 @@ def test_only_sft_then_rl_starts_from_the_sft_model(monkeypatch, tmp_path):
     from reproduce import runner
 
     starts = {}
-    monkeypatch.setattr(runner, "train_rl", lambda config, s, run_dir, meter, model_dir=None, extra=(): (
-        starts.__setitem__(config, model_dir) or (run_dir, 1.0, 1.0)))
+    monkeypatch.setattr(
+        runner,
+        "train_rl",
+        lambda config, s, run_dir, meter, model_dir=None, extra=(): (
+            starts.__setitem__(config, model_dir) or (run_dir, 1.0, 1.0)
+        ),
+    )
     for name in ("on_policy", "luffy", "hpt", "sft_rl"):
         runner.train_method(name, _settings(), str(tmp_path / name), meter=None, sft_model="/sft/final")
     assert starts == {"tiny_cpu_on_policy": None, "tiny_cpu_luffy": None, "tiny_cpu_sft_rl": "/sft/final"}
@@ -322,8 +469,10 @@ def test_report_only_never_clears_an_unfinished_run_folder(tmp_path):
 def test_a_report_with_missing_runs_says_partial_first():
     from reproduce_tiny import partial_lines
 
-    grid = {"luffy": {"label": "LUFFY", "scores": {1e-4: 0.1, 3e-5: None}, "chosen": 1e-4},
-            "hpt": {"label": "HPT", "scores": {1e-4: None}, "chosen": None}}
+    grid = {
+        "luffy": {"label": "LUFFY", "scores": {1e-4: 0.1, 3e-5: None}, "chosen": 1e-4},
+        "hpt": {"label": "HPT", "scores": {1e-4: None}, "chosen": None},
+    }
     runs = {"luffy": [{"label": "LUFFY", "seed": 1}, {"label": "LUFFY", "seed": 2, "error": "not run yet"}]}
     text = "\n".join(partial_lines(grid, runs))
     assert text.startswith("## PARTIAL RESULTS") and "grid LUFFY lr 3e-05, HPT lr 0.0001" in text

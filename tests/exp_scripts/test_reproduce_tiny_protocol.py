@@ -1,5 +1,6 @@
 """reproduce_tiny.py's protocol (issue #27): the 95 % intervals (hand-computed values), the learning-rate choice,
 the OOD split (disjoint, outside the training lengths), the claims' verdicts and the results.json schema."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,14 @@ def test_difference_is_paired_by_seed_and_problem_and_gets_a_verdict():
 
 def test_problem_scores_average_the_samples_of_each_row(tmp_path):
     path = tmp_path / "out.jsonl"
-    recs = [{"row": 0, "correct": True}, {"row": 0, "correct": False}, {"row": 1, "correct": False},
-            {"row": 1, "correct": False}, {"row": 2, "correct": True}, {"row": 2, "correct": True}]
+    recs = [
+        {"row": 0, "correct": True},
+        {"row": 0, "correct": False},
+        {"row": 1, "correct": False},
+        {"row": 1, "correct": False},
+        {"row": 2, "correct": True},
+        {"row": 2, "correct": True},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert problem_scores(str(path)) == {0: 0.5, 1: 0.0, 2: 1.0}
     assert score_matrix([{0: 1.0, 1: 0.0}, {1: 0.5, 0: 0.5}]) == [[1.0, 0.0], [0.5, 0.5]]
@@ -109,7 +116,14 @@ def test_no_reward_preset_changes_defaults_and_refuses_to_combine_with_quick(cap
     from reproduce_tiny import NO_REWARD, parse_args
 
     a = parse_args(["--preset", "no_reward"])
-    assert (a.preset, a.methods, a.warm_steps, a.seeds, a.n_test, a.n_ood) == ("no_reward", "family", 100, "1,2", 200, 200)
+    assert (a.preset, a.methods, a.warm_steps, a.seeds, a.n_test, a.n_ood) == (
+        "no_reward",
+        "family",
+        100,
+        "1,2",
+        200,
+        200,
+    )
     assert a.lr_grid == NO_REWARD["lr_grid"] and a.probe_rows == 128 and a.out.endswith("reproduce_tiny_no_reward")
     assert a.steps == parse_args([]).steps and a.level == 2  # the task and run length are the default command's
     assert parse_args(["--preset", "no_reward", "--warm-steps", "60", "--methods", "claims"]).warm_steps == 60
@@ -158,8 +172,9 @@ def test_ood_problems_are_outside_the_training_lengths_and_disjoint(tmp_path):
             assert all(max(la, lb) == 3 for la, lb in lengths)
         else:
             assert all(sorted((la, lb)) == [1, 2] for la, lb in lengths)
-    ood = write_ood_parquet(str(tmp_path / "ood.parquet"), 30, "mixed_digits", seed=1,
-                            exclude_files=[paths["train"], paths["test"]])
+    ood = write_ood_parquet(
+        str(tmp_path / "ood.parquet"), 30, "mixed_digits", seed=1, exclude_files=[paths["train"], paths["test"]]
+    )
     questions = {r[-1]["content"] for r in pd.read_parquet(ood)["prompt"]}
     seen = {r[-1]["content"] for f in paths.values() for r in pd.read_parquet(f)["prompt"]}
     assert len(questions) == 30 and not questions & seen
@@ -190,22 +205,38 @@ def _run(seed, id_scores, ood_scores, reward=(0.01, 0.02), entropy=0.5):
     def block(xs):
         per = dict(enumerate(xs))
         return {"per_problem": per, "mean": sum(xs) / len(xs)}
-    return {"seed": seed, "lr": 1e-4, "cpu_s": 10.0, "label": "x",
-            "summary": {"reward_start": reward[0], "reward_end": reward[1], "reward_change": reward[1] - reward[0],
-                        "entropy_end": entropy},
-            "scores": {"id": {"greedy": block(id_scores), "avg": block(id_scores)},
-                       "ood": {"greedy": block(ood_scores), "avg": block(ood_scores)}}}
+
+    return {
+        "seed": seed,
+        "lr": 1e-4,
+        "cpu_s": 10.0,
+        "label": "x",
+        "summary": {
+            "reward_start": reward[0],
+            "reward_end": reward[1],
+            "reward_change": reward[1] - reward[0],
+            "entropy_end": entropy,
+        },
+        "scores": {
+            "id": {"greedy": block(id_scores), "avg": block(id_scores)},
+            "ood": {"greedy": block(ood_scores), "avg": block(ood_scores)},
+        },
+    }
 
 
 def _fake_runs():
-    return {"on_policy": [_run(s, [0, 0, 0, 1], [0, 0, 0, 0], entropy=0.3 + s / 100) for s in (1, 2, 3)],
-            "luffy": [_run(s, [1, 1, 1, 0], [1, 0, 0, 0], reward=(0.02, 0.05), entropy=0.6 + s / 100) for s in (1, 2, 3)],
-            "sft": [_run(s, [1, 1, 1, 1], [1, 0, 0, 0]) for s in (1, 2, 3)]}
+    return {
+        "on_policy": [_run(s, [0, 0, 0, 1], [0, 0, 0, 0], entropy=0.3 + s / 100) for s in (1, 2, 3)],
+        "luffy": [_run(s, [1, 1, 1, 0], [1, 0, 0, 0], reward=(0.02, 0.05), entropy=0.6 + s / 100) for s in (1, 2, 3)],
+        "sft": [_run(s, [1, 1, 1, 1], [1, 0, 0, 0]) for s in (1, 2, 3)],
+    }
 
 
 def test_claims_give_verdicts_and_mark_missing_methods():
     runs = _fake_runs()
-    methods = {n: S.method_summary(n, rs, {"scores": {1e-4: 0.1}, "chosen": 1e-4, "label": n}) for n, rs in runs.items()}
+    methods = {
+        n: S.method_summary(n, rs, {"scores": {1e-4: 0.1}, "chosen": 1e-4, "label": n}) for n, rs in runs.items()
+    }
     start = {sp: {m: {"per_problem": dict(enumerate([1, 0, 0, 0]))} for m in ("greedy", "avg")} for sp in ("id", "ood")}
     c = S.claims(runs, methods, {"accuracy": 0.027}, start)
     assert c["1_weak_start"]["luffy_minus_start_id_avg"]["mean"] == pytest.approx(0.5)  # 0.75 - 0.25
@@ -235,10 +266,17 @@ def test_family_claims_pair_each_method_with_grpo_start_and_sft():
 
 def test_results_json_schema(tmp_path):
     runs = _fake_runs()
-    grid = {n: {"label": n, "lrs": [1e-4, 3e-4, 1e-3], "scores": {1e-4: 0.1, 3e-4: 0.2, 1e-3: None}, "chosen": 3e-4}
-            for n in runs}
+    grid = {
+        n: {"label": n, "lrs": [1e-4, 3e-4, 1e-3], "scores": {1e-4: 0.1, 3e-4: 0.2, 1e-3: None}, "chosen": 3e-4}
+        for n in runs
+    }
     methods = {n: S.method_summary(n, rs, grid[n]) for n, rs in runs.items()}
-    record = {"methods": methods, "grid": grid, "claims": S.claims(runs, methods, {"accuracy": 0.03}), "cpu_s": {"total": 1.0}}
+    record = {
+        "methods": methods,
+        "grid": grid,
+        "claims": S.claims(runs, methods, {"accuracy": 0.03}),
+        "cpu_s": {"total": 1.0},
+    }
     S.write_results(str(tmp_path), ["# t"], record)
     back = json.loads((tmp_path / "results.json").read_text())
     luffy = back["methods"]["luffy"]
@@ -270,14 +308,25 @@ def test_run_evals_runs_the_missing_commands_in_one_process_and_reuses_finished_
         for call in calls:
             out = call[call.index("--output_file") + 1]
             with open(E.summary_file(out), "w") as f:
-                json.dump({"accuracy": 0.5, "samples": 2, "per_source": {}, "mean_response_tokens": 3.0,
-                           "cpu_s": 1.5, "out": out}, f)
+                json.dump(
+                    {
+                        "accuracy": 0.5,
+                        "samples": 2,
+                        "per_source": {},
+                        "mean_response_tokens": 3.0,
+                        "cpu_s": 1.5,
+                        "out": out,
+                    },
+                    f,
+                )
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(E.subprocess, "run", fake_run)
     outs = [str(tmp_path / "ev" / f"{name}.jsonl") for name in ("greedy", "sampled")]
-    calls = [(E.eval_command("m", "in.parquet", out, n=1 + i, temperature=0.6 * i, max_tokens=8, rollout="hf"), out)
-             for i, out in enumerate(outs)]
+    calls = [
+        (E.eval_command("m", "in.parquet", out, n=1 + i, temperature=0.6 * i, max_tokens=8, rollout="hf"), out)
+        for i, out in enumerate(outs)
+    ]
     first = E.run_evals(calls, env={}, reuse=True)
     assert len(started) == 1 and len(started[0]) == 2  # both commands, one process
     assert [s["out"] for s in first] == outs and all(os.path.exists(os.path.splitext(o)[0] + ".cmd.json") for o in outs)
@@ -299,5 +348,8 @@ def test_run_evals_names_the_log_when_the_batch_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(E.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2))
     out = str(tmp_path / "greedy.jsonl")
     with pytest.raises(RuntimeError, match=r"exit 2\); see .*eval\.log"):
-        E.run_evals([(E.eval_command("m", "in.parquet", out, n=1, temperature=0, max_tokens=8), out)], env={},
-                    log_path=str(tmp_path / "eval.log"))
+        E.run_evals(
+            [(E.eval_command("m", "in.parquet", out, n=1, temperature=0, max_tokens=8), out)],
+            env={},
+            log_path=str(tmp_path / "eval.log"),
+        )

@@ -4,6 +4,7 @@ A script is a ``.py`` file under exp_scripts/, eval_scripts/ or data/ with a ``_
 process from the repository root, as a user would type it (a help string with a bare ``%`` once ended argparse's
 ``--help`` in a traceback). All start at once: a ``--help`` imports little, ~0.25 CPU-s a script.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,12 +31,26 @@ def _scripts():
 def test_every_script_answers_help_with_a_usage_and_exit_0():
     scripts = _scripts()
     # the discovery finds the scripts the README and the issues name
-    assert {"exp_scripts/reproduce_tiny.py", "exp_scripts/bench_async.py", "eval_scripts/generate_vllm.py",
-            "data/prepare_train.py", "exp_scripts/reproduce/eval_batch.py"} <= set(scripts), scripts
+    assert {
+        "exp_scripts/reproduce_tiny.py",
+        "exp_scripts/bench_async.py",
+        "eval_scripts/generate_vllm.py",
+        "data/prepare_train.py",
+        "exp_scripts/reproduce/eval_batch.py",
+    } <= set(scripts), scripts
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # what a user's shell has: the script finds the project itself
-    procs = {s: subprocess.Popen([sys.executable, s, "--help"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True) for s in scripts}
+    procs = {
+        s: subprocess.Popen(
+            [sys.executable, s, "--help"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for s in scripts
+    }
     bad = {}
     for script, proc in procs.items():
         out, _ = proc.communicate(timeout=300)

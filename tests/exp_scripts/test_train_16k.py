@@ -1,5 +1,6 @@
 """exp_scripts/train_16k.sh composes LUFFY's run at 16k context (``--cfg job``, no training) and passes
 the config check, Ulysses aside until sequence parallelism is accepted there."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,14 @@ def _compose(tmp_path, *args):
     from omegaconf import OmegaConf
 
     env = dict(os.environ, PYTHON=sys.executable, ROOT=str(tmp_path), DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.run(["bash", os.path.join(REPO, "exp_scripts", "train_16k.sh"), *args, "--cfg", "job"], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        ["bash", os.path.join(REPO, "exp_scripts", "train_16k.sh"), *args, "--cfg", "job"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return OmegaConf.create(proc.stdout)
 

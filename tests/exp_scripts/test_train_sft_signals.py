@@ -5,6 +5,7 @@ progress finishes, its HF folder is written, every rank exits, and the script's 
 SIGINT), not torchrun's 1. The run asks for far more steps than it gets to, so the saved step is the one
 running when the signal came: the last step the log shows.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,28 +32,55 @@ def _alive(pid: int) -> bool:
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
-def test_signal_to_train_sft_sh_saves_the_step_in_progress_and_exits_128_plus_signal(tiny_model_dir, tiny_task_dir,
-                                                                                     tmp_path, sig, code):
+def test_signal_to_train_sft_sh_saves_the_step_in_progress_and_exits_128_plus_signal(
+    tiny_model_dir, tiny_task_dir, tmp_path, sig, code
+):
     from transformers import AutoModelForCausalLM
 
     out_dir = tmp_path / "out"
-    env = dict(os.environ, MODEL_PATH=tiny_model_dir, TRAIN_FILES=f"{tiny_task_dir}/train.parquet",
-               NPROC_PER_NODE="2", TRAIN_BATCH_SIZE="4", MICRO_BATCH_SIZE="2", MAX_LENGTH="256", OUT_DIR=str(out_dir),
-               LOGGER="['console']", PYTHON=sys.executable, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-    overrides = ["trainer.device=cpu", "model.fsdp_config.param_dtype=fp32", "model.attn_implementation=sdpa",
-                 "trainer.total_training_steps=500", "trainer.progress_bar=False", f"hydra.run.dir={tmp_path}/hydra"]
+    env = dict(
+        os.environ,
+        MODEL_PATH=tiny_model_dir,
+        TRAIN_FILES=f"{tiny_task_dir}/train.parquet",
+        NPROC_PER_NODE="2",
+        TRAIN_BATCH_SIZE="4",
+        MICRO_BATCH_SIZE="2",
+        MAX_LENGTH="256",
+        OUT_DIR=str(out_dir),
+        LOGGER="['console']",
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    )
+    overrides = [
+        "trainer.device=cpu",
+        "model.fsdp_config.param_dtype=fp32",
+        "model.attn_implementation=sdpa",
+        "trainer.total_training_steps=500",
+        "trainer.progress_bar=False",
+        f"hydra.run.dir={tmp_path}/hydra",
+    ]
     log_path = tmp_path / "train_sft.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(["bash", "exp_scripts/train_sft.sh", *overrides], cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "exp_scripts/train_sft.sh", *overrides],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 400
         while proc.poll() is None and time.monotonic() < deadline and not STEP_LINE.search(log_path.read_text()):
             time.sleep(0.5)
-        assert proc.poll() is None, f"train_sft.sh ended before step 1 (rc={proc.returncode}):\n" + log_path.read_text()[-4000:]
-        ranks = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()]
+        assert proc.poll() is None, (
+            f"train_sft.sh ended before step 1 (rc={proc.returncode}):\n" + log_path.read_text()[-4000:]
+        )
+        ranks = [
+            int(p)
+            for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        ]
         os.kill(proc.pid, sig)  # the script's own process only (exec: torchrun's agent)
         rc = proc.wait(timeout=300)
     finally:

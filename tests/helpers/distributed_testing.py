@@ -3,6 +3,7 @@
 ``run_gloo_ranks`` lives in the package (``verl.utils.gloo_ranks``; a benchmark uses it too) and is re-exported
 here for the tests; ``load_fully_sharded`` is the tests' own.
 """
+
 from __future__ import annotations
 
 import torch

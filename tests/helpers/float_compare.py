@@ -12,6 +12,7 @@ The bound is ``|a - e| <= ulps * eps(dtype) * max(|e|, scale)`` element-wise, wh
 tensor's largest value stands for, not to its own (possibly cancelled, near-zero) size. NaN must sit where the
 expected NaN sits; shapes and dtypes must be equal.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,8 +51,10 @@ def float_close_report(actual: torch.Tensor, expected: torch.Tensor, ulps: int =
     excess = (a - e).abs() - bound
     if (excess > 0).any():
         worst = int(torch.argmax(excess))
-        return (f"{int((excess > 0).sum())} of {e.numel()} elements beyond {ulps} ulps of scale {float(scale):.3g}; "
-                f"worst: {float(a[worst]):.10g} vs {float(e[worst]):.10g}")
+        return (
+            f"{int((excess > 0).sum())} of {e.numel()} elements beyond {ulps} ulps of scale {float(scale):.3g}; "
+            f"worst: {float(a[worst]):.10g} vs {float(e[worst]):.10g}"
+        )
     return ""
 
 

@@ -5,6 +5,7 @@
 The engines run calls in order, so a push issued while a generation is in flight waits for it, and so does the
 actor's rank 0 in the broadcast; ``queued_behind_a_generation`` names those calls.
 """
+
 from __future__ import annotations
 
 

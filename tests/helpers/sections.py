@@ -5,11 +5,17 @@ An engine outside a run has no trainer pushing weights and runs on one rank, so 
 checkpoint (``load_format=auto``) in its own dtype (``auto``: float32 on CPU), with TP 1 and the HF engine's
 micro-batch at 256 rows; every other key keeps its YAML default (luffy_pool/config/compose.rollout_section).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-ENGINE_ON_ITS_OWN = {"load_format": "auto", "dtype": "auto", "tensor_model_parallel_size": 1, "hf_micro_batch_size": 256}
+ENGINE_ON_ITS_OWN = {
+    "load_format": "auto",
+    "dtype": "auto",
+    "tensor_model_parallel_size": 1,
+    "hf_micro_batch_size": 256,
+}
 
 
 def engine_section(**values: Any):
@@ -24,8 +30,9 @@ def run_sections():
     from luffy_pool.config.compose import compose_config
     from luffy_pool.config.sections import ConfigSections
 
-    return ConfigSections.from_config(compose_config(["data.train_files=x", "data.val_files=null",
-                                                      "actor_rollout_ref.model.path=m"]))
+    return ConfigSections.from_config(
+        compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m"])
+    )
 
 
 def pool_of(extra_trace_files=None, **kwargs):
@@ -33,6 +40,10 @@ def pool_of(extra_trace_files=None, **kwargs):
     from luffy_pool.rollout.off_policy_pool import OffPolicyPool
 
     s = run_sections()
-    run = {"prompt_id_key": s.data.off_policy_id_key, "truncate": s.data.truncate_off_policy,
-           "max_trace_length": s.workers.rollout.max_prefix_len, "seed": s.trainer.seed}
+    run = {
+        "prompt_id_key": s.data.off_policy_id_key,
+        "truncate": s.data.truncate_off_policy,
+        "max_trace_length": s.workers.rollout.max_prefix_len,
+        "seed": s.trainer.seed,
+    }
     return OffPolicyPool(extra_trace_files, **{**run, **kwargs})

@@ -6,6 +6,7 @@ keeper is a child process that runs ``ray.init(address="local")`` (no ``ray star
 /tmp/ray/ray_current_cluster, so no other process on the machine attaches to it by accident) and stops
 its own instance when ``close()`` closes its stdin; ``ray stop`` would stop every Ray on the machine.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,14 @@ class SharedRay:
         # Ray would start num_cpus idle task workers for the keeper (its first driver): nobody runs tasks
         # on them, and each costs a Python start-up. The drivers' actors get workers of their own.
         env["RAY_prestart_worker_first_driver"] = "0"
-        self.proc = subprocess.Popen([sys.executable, "-c", _KEEPER.format(num_cpus=int(num_cpus))],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _KEEPER.format(num_cpus=int(num_cpus))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
         watchdog = threading.Timer(timeout_s, self.proc.kill)  # a keeper that never comes up fails the fixture
         watchdog.start()
         try:

@@ -1,4 +1,5 @@
 """Fixtures of the luffy_pool end-to-end tests: train a composed config and see the actor's weights move."""
+
 from __future__ import annotations
 
 import pytest

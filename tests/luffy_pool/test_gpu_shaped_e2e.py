@@ -7,6 +7,7 @@
   ``ray_init.address``), dynamic micro-batches agreed over the 4 ranks, and every rank's device choice
   and rendezvous checked. The ranks compute on CPU (``trainer.device=cpu``, ``trainer.bundle_resources=gpu``).
 """
+
 from __future__ import annotations
 
 import glob
@@ -23,12 +24,18 @@ pytestmark = pytest.mark.e2e
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def test_full_config_defaults_with_gradient_checkpointing(tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
-                                                          compose_config, luffy_overrides, fit_with_fingerprints):
+def test_full_config_defaults_with_gradient_checkpointing(
+    tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides, fit_with_fingerprints
+):
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf", steps=1)
     # back to mix_ppo_trainer.yaml's own defaults for the actor forward
-    overrides = [o for o in overrides if not o.startswith(("actor_rollout_ref.model.enable_gradient_checkpointing=",
-                                                           "actor_rollout_ref.model.use_remove_padding="))]
+    overrides = [
+        o
+        for o in overrides
+        if not o.startswith(
+            ("actor_rollout_ref.model.enable_gradient_checkpointing=", "actor_rollout_ref.model.use_remove_padding=")
+        )
+    ]
     config = compose_config(overrides)
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing is True
     assert config.actor_rollout_ref.model.shared_prompt_forward is True
@@ -74,21 +81,41 @@ finally:
 
 def test_one_luffy_step_on_two_nodes_of_two_fake_gpus(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides):
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf", steps=1) + [
-        "trainer.nnodes=2", "trainer.n_gpus_per_node=2", "trainer.bundle_resources=gpu", "trainer.test_freq=-1",
-        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=160",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=2",
+        "trainer.bundle_resources=gpu",
+        "trainer.test_freq=-1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=160",
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
-        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=160", "trainer.balance_batch=False"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=160",
+        "trainer.balance_batch=False",
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     env.pop("RAY_ADDRESS", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     config_dir = os.path.join(REPO_ROOT, "luffy_pool", "config")
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(overrides), config_dir], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(overrides), config_dir],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
+    assert proc.returncode == 0 and lines, (
+        f"child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    result = json.loads(lines[-1][len("RESULT ") :])
     reports = result["reports"]
     assert [r["rank"] for r in reports] == [0, 1, 2, 3]
     # placement: ranks 0-1 on one Ray node, 2-3 on another, in the pool's node order
@@ -96,7 +123,8 @@ def test_one_luffy_step_on_two_nodes_of_two_fake_gpus(tiny_model_dir, tiny_task_
     assert [reports[0]["node_id"], reports[2]["node_id"]] == result["pool_nodes"]
     # rendezvous: rank 0's node address for everyone
     assert {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in reports} == {
-        (result["nodes"][reports[0]["node_id"]], reports[0]["env"]["MASTER_PORT"])}
+        (result["nodes"][reports[0]["node_id"]], reports[0]["env"]["MASTER_PORT"])
+    }
     for r in reports:
         assert r["plan"]["device"] == "cpu"  # trainer.device=cpu: the ranks compute on CPU
         # each rank holds one GPU of its node, sees only that one, and a CUDA run would open cuda:0
@@ -110,14 +138,20 @@ def test_one_luffy_step_on_two_nodes_of_two_fake_gpus(tiny_model_dir, tiny_task_
 
 
 @pytest.mark.vllm
-def test_luffy_step_with_vllm_cpu_tensor_parallel_two_on_four_ranks(tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
-                                                                    compose_config, luffy_overrides, capsys,
-                                                                    fit_with_fingerprints):
+def test_luffy_step_with_vllm_cpu_tensor_parallel_two_on_four_ranks(
+    tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides, capsys, fit_with_fingerprints
+):
     """The issue's ``quickstart.sh trainer.n_gpus_per_node=4 ...tensor_model_parallel_size=2``: 2 vLLM-CPU engines
     of 2 ranks each (external launcher over the trainer's gloo group) roll out a LUFFY step."""
-    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="vllm", steps=1) + [
-        "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.test_freq=-1",
-        "actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    config = compose_config(
+        luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="vllm", steps=1)
+        + [
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "trainer.test_freq=-1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+        ]
+    )
     trainer, before, last, after = fit_with_fingerprints(config)
     port = trainer.wg.master_port
     assert "rollout engine layout: 2 DP group(s) x TP 2" in capsys.readouterr().out

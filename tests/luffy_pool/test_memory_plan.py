@@ -1,5 +1,6 @@
 """luffy_pool.memory_plan: launch-script overrides, model shapes, vLLM 0.32's budget rule, the per-phase
 table of the shipped recipes, the suggested keys, and the start-of-run hook (device memory monkeypatched)."""
+
 from __future__ import annotations
 
 import json
@@ -49,13 +50,17 @@ def test_train_sh_overrides_take_model_and_data_from_env_then_the_scripts_defaul
     assert _value(o, "actor_rollout_ref.rollout.gpu_memory_utilization") == "0.73"
     assert _value(o, "trainer.memory_plan") == "error"
     o = script_overrides(TRAIN, ["trainer.nnodes=2", "--cfg", "job"], env=_env(MODEL_PATH=str(tmp_path), DATA_DIR="/d"))
-    assert _value(o, "actor_rollout_ref.model.path") == str(tmp_path) and _value(o, "data.val_files") == "/d/valid.parquet"
+    assert (
+        _value(o, "actor_rollout_ref.model.path") == str(tmp_path) and _value(o, "data.val_files") == "/d/valid.parquet"
+    )
     assert o[-1] == "trainer.nnodes=2" and "--cfg" not in o and "job" not in o
 
 
 def test_train_16k_passes_its_overrides_after_train_sh_and_extra_ones_last():
     o = script_overrides(TRAIN_16K, ["data.max_response_length=1000"], env=_env())
-    assert _value(o, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") == "2"  # 16k's value wins over train.sh's 1
+    assert (
+        _value(o, "actor_rollout_ref.actor.ulysses_sequence_parallel_size") == "2"
+    )  # 16k's value wins over train.sh's 1
     assert _value(o, "trainer.experiment_name") == "LUFFY_16K"  # its EXP_NAME default reaches train.sh
     assert o.index("data.max_response_length=15360") < o.index("data.max_response_length=1000") == len(o) - 1
 
@@ -108,8 +113,11 @@ def test_vllm_takes_utilisation_times_total_memory_and_the_kv_cache_is_what_is_l
 
 
 def test_an_engine_that_cannot_hold_one_sequence_is_reported():
-    plan = build_plan(_inputs(world=8, nodes=1, tp=1, gpu_memory_utilization=0.2, max_prompt_length=1024,
-                              max_response_length=15360), model_shape(LUFFY_MODEL), int(79.2 * GiB))
+    plan = build_plan(
+        _inputs(world=8, nodes=1, tp=1, gpu_memory_utilization=0.2, max_prompt_length=1024, max_response_length=15360),
+        model_shape(LUFFY_MODEL),
+        int(79.2 * GiB),
+    )
     assert any("refuses to start" in n for n in plan.notes)
     assert any("gpu_memory_utilization=" in s for s in mp.suggestions(plan))
 
@@ -136,8 +144,12 @@ def test_cli_prints_every_phase_with_keys_then_peak_device_and_headroom(capsys):
 
 
 def test_cli_from_the_composed_config_with_overrides_both_spellings(capsys):
-    base = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B", "trainer.n_gpus_per_node=4", "data.train_files=x",
-            "data.val_files=y"]
+    base = [
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-1.5B",
+        "trainer.n_gpus_per_node=4",
+        "data.train_files=x",
+        "data.val_files=y",
+    ]
     assert cli(["--gpu-memory", "141", "--config-overrides", *base]) == 0
     first = capsys.readouterr().out
     assert cli(["--gpu-memory", "141", "--", *base]) == 0
@@ -187,8 +199,11 @@ def test_relift_plans_its_sft_optimizer_and_its_stage():
     # the script offloads both optimizers: the SFT one is on the device in its own stage only
     assert sft("ReLIFT SFT stage: optimizer step") == [moments] and sft("rollout (vLLM awake)") == []
     assert sft("update: forward/backward") == []
-    plan = _plan(os.path.join(ROOT, "exp_scripts", "train_relift.sh"), 80,
-                 "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False")
+    plan = _plan(
+        os.path.join(ROOT, "exp_scripts", "train_relift.sh"),
+        80,
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    )
     assert sft("rollout (vLLM awake)") == [moments] and sft("update: optimizer step") == [moments]
     assert not [p for p in _plan(TRAIN, 80).phases if p.name.startswith("ReLIFT")]
 

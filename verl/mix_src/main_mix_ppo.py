@@ -5,6 +5,7 @@ LUFFY's other names here: ``main_task(config)`` (= ``luffy_pool.main_mix_ppo.run
 (LUFFY's constructor ``(tokenizer, num_examine, reward_impl_version)``; calling it returns the token-level
 reward tensor, as LUFFY's) and ``deepscaler_reward_fn_nothink`` (reward version 2).
 """
+
 if __name__ == "__main__":  # the trainer's own process: it imports without the collector (verl/utils/startup_gc.py)
     from verl.utils.startup_gc import pause_for_startup
 
@@ -21,10 +22,13 @@ __all__ = ["RewardManager", "deepscaler_reward_fn_nothink", "main", "main_task",
 main_task = run
 
 
-def deepscaler_reward_fn_nothink(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False) -> bool:
+def deepscaler_reward_fn_nothink(
+    solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False
+) -> bool:
     """Reward version 2: the rule grader on ``"<think>\\n</think>\\n" + solution_str``."""
-    return deepscaler_reward_fn(f"{THOUGHT_DELIMITER_START}\n{THOUGHT_DELIMITER_END}\n{solution_str}", ground_truth,
-                                enable_llm)
+    return deepscaler_reward_fn(
+        f"{THOUGHT_DELIMITER_START}\n{THOUGHT_DELIMITER_END}\n{solution_str}", ground_truth, enable_llm
+    )
 
 
 class RewardManager(_RewardManager):

@@ -2,6 +2,7 @@
 (``deepscaler.rewards.math_verify_reward``): ``reward_fn_math_verify`` grades the text after the first
 ``</think>`` (both think tags required) and ``reward_fn_math_verify_no_think`` the whole response, each
 returning whether math-verify finds the answer equal to ``"$" + ground_truth + "$"``."""
+
 from __future__ import annotations
 
 from typing import List, Union
@@ -30,8 +31,14 @@ class RewardMathFn(RewardFn):
 
 def _grade(solution_str: str, ground_truth, think_format: bool) -> bool:
     fn = RewardMathFn(RewardConfig(think_format=think_format))
-    return fn(RewardInput(problem=solution_str, problem_type=RewardType.MATH, model_response=solution_str,
-                          ground_truth={"answer": ground_truth})).is_correct
+    return fn(
+        RewardInput(
+            problem=solution_str,
+            problem_type=RewardType.MATH,
+            model_response=solution_str,
+            ground_truth={"answer": ground_truth},
+        )
+    ).is_correct
 
 
 def reward_fn_math_verify(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False) -> bool:
@@ -40,7 +47,9 @@ def reward_fn_math_verify(solution_str: str, ground_truth: Union[str, List[str]]
     return _grade(solution_str, ground_truth, think_format=True)
 
 
-def reward_fn_math_verify_no_think(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False) -> bool:
+def reward_fn_math_verify_no_think(
+    solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False
+) -> bool:
     """Math-verify on the whole response."""
     return _grade(solution_str, ground_truth, think_format=False)
 

@@ -7,6 +7,7 @@ three ``DataProto`` helpers, as adapters over this package's functions:
   ``returns``: the registered estimator (``grpo``, ``grpo_split``, ``reinforce``, ...), groups by ``uid``;
 - ``compute_data_metrics_ours(batch, use_critic)``: ``verl.trainer.ppo.metric_utils.compute_data_metrics``.
 """
+
 from __future__ import annotations
 
 from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
@@ -27,7 +28,9 @@ def apply_kl_penalty(data, kl_ctrl, kl_penalty: str = "kl"):
     tensors = data.batch
     ref = tensors["ref_log_prob"] if "ref_log_prob" in tensors.keys() else None
     old = tensors["old_log_probs"] if ref is not None else None
-    rewards, metrics = _apply_kl_penalty(tensors["token_level_scores"], old, ref, _response_mask(data), kl_ctrl, kl_penalty)
+    rewards, metrics = _apply_kl_penalty(
+        tensors["token_level_scores"], old, ref, _response_mask(data), kl_ctrl, kl_penalty
+    )
     data.batch["token_level_rewards"] = rewards
     return data, metrics
 
@@ -35,11 +38,16 @@ def apply_kl_penalty(data, kl_ctrl, kl_penalty: str = "kl"):
 def compute_advantage(data, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0, grpo_use_std: bool = True):
     tensors = data.batch
     on_policy = ~tensors["prefix_mask"].bool().any(-1) if "prefix_mask" in tensors.keys() else None
-    inputs = AdvantageInputs(token_level_rewards=tensors["token_level_rewards"], response_mask=_response_mask(data),
-                             index=data.non_tensor_batch["uid"], on_policy_mask=on_policy,
-                             values=tensors["values"] if "values" in tensors.keys() else None)
+    inputs = AdvantageInputs(
+        token_level_rewards=tensors["token_level_rewards"],
+        response_mask=_response_mask(data),
+        index=data.non_tensor_batch["uid"],
+        on_policy_mask=on_policy,
+        values=tensors["values"] if "values" in tensors.keys() else None,
+    )
     advantages, returns = get_adv_estimator_fn(adv_estimator)(
-        inputs, AdvantageConfig(gamma=gamma, lam=lam, grpo_use_std=grpo_use_std))
+        inputs, AdvantageConfig(gamma=gamma, lam=lam, grpo_use_std=grpo_use_std)
+    )
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns
     return data

@@ -4,6 +4,7 @@
 accuracy times the ``^<think>\\n.*?\\n</think>`` format check; ``accuracy_reward`` / ``format_reward`` are the
 two factors over lists, as in LUFFY (TRL's reward-function shape).
 """
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,9 @@ __all__ = ["accuracy_reward", "deepscaler_reward_fn_impl1", "format_reward", "ma
 _THINK_PREFIX = re.compile(r"<think>\n.*?\n</think>", re.DOTALL)
 
 
-def deepscaler_reward_fn_impl1(solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False) -> float:
+def deepscaler_reward_fn_impl1(
+    solution_str: str, ground_truth: Union[str, List[str]], enable_llm: bool = False
+) -> float:
     """Reward version 1 of a full response: 1 right, -0.5 wrong, -1 format error / no ground truth."""
     if enable_llm:
         raise ValueError("enable_llm=True needs a judge: configure reward.orm.* (the trainer's LLM judge)")

@@ -1,6 +1,7 @@
 """LUFFY's module path ``verl.mix_src.rl_dataset_with_target``: the training dataset with off-policy targets
 (``luffy_pool.rollout.rl_dataset_with_target``), its collate function, the resumable sampler
 (``verl.utils.dataset.sampler``) and LUFFY's ``BufferedDataLoader``."""
+
 from __future__ import annotations
 
 from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
@@ -37,7 +38,9 @@ class BufferedDataLoader:
     def add_to_buffer(self, samples) -> None:
         from verl.protocol import DataProto
 
-        self.buffer = samples if self.buffer is None or len(self.buffer) == 0 else DataProto.concat([self.buffer, samples])
+        self.buffer = (
+            samples if self.buffer is None or len(self.buffer) == 0 else DataProto.concat([self.buffer, samples])
+        )
 
     def buffer_size(self) -> int:
         return 0 if self.buffer is None else len(self.buffer)

@@ -3,7 +3,15 @@
 ``base`` holds the backend-neutral parts (Worker, ``@register`` dispatch modes, WorkerGroup);
 ``ray`` launches the workers as Ray actors. Importing this package does not import torch.
 """
-from verl.single_controller.base import (ClassWithInitArgs, Dispatch, Execute, ResourcePool, Worker, WorkerGroup,
-                                         register)
+
+from verl.single_controller.base import (
+    ClassWithInitArgs,
+    Dispatch,
+    Execute,
+    ResourcePool,
+    Worker,
+    WorkerGroup,
+    register,
+)
 
 __all__ = ["ClassWithInitArgs", "Dispatch", "Execute", "ResourcePool", "Worker", "WorkerGroup", "register"]

@@ -14,6 +14,7 @@ after each step, write that step's HF folder (``trainer.save_on_signal``) and ex
 signal aborts at once (verl/utils/signals.py); a repeat of the first within 2 s counts as the same one
 (``SFTStop``).
 """
+
 from __future__ import annotations
 
 if __name__ == "__main__":  # a trainer rank's own process: it imports without the collector (verl/utils/startup_gc.py)
@@ -34,10 +35,23 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.sft.config import (CONFIG_DIR, CONFIG_NAME, ConfigError, batch_plan, check_override_keys,
-                                     check_sft_config, compose_sft_config)
-from verl.trainer.sft.dataset import (SFTDataset, epoch_batches, loss_token_count, pad_micro_batch, rank_slice,
-                                      strided_shard)
+from verl.trainer.sft.config import (
+    CONFIG_DIR,
+    CONFIG_NAME,
+    ConfigError,
+    batch_plan,
+    check_override_keys,
+    check_sft_config,
+    compose_sft_config,
+)
+from verl.trainer.sft.dataset import (
+    SFTDataset,
+    epoch_batches,
+    loss_token_count,
+    pad_micro_batch,
+    rank_slice,
+    strided_shard,
+)
 from verl.utils.signals import GracefulStop, exit_code
 
 __all__ = ["FSDPSFTTrainer", "run_sft", "compose_sft_config", "sft_process_group", "main"]
@@ -78,7 +92,9 @@ def sft_process_group(device: str) -> Iterator[tuple[int, int]]:
         else:
             if device == "cuda":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(
+                "nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+            )
     try:
         yield dist.get_rank(), dist.get_world_size()
     finally:
@@ -99,8 +115,9 @@ class FSDPSFTTrainer:
         self.device = device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         data = config.data
-        self.rows_per_rank, self.micro_batches = batch_plan(data.train_batch_size, data.micro_batch_size_per_gpu,
-                                                            self.world_size)
+        self.rows_per_rank, self.micro_batches = batch_plan(
+            data.train_batch_size, data.micro_batch_size_per_gpu, self.world_size
+        )
         torch.manual_seed(config.trainer.seed)
         if self.rank != 0:  # one set of download/load/save progress bars per run
             from transformers.utils import logging as hf_logging
@@ -119,9 +136,15 @@ class FSDPSFTTrainer:
     def _dataset(self, files) -> SFTDataset:
         data = self.config.data
         files = OmegaConf.to_container(files) if OmegaConf.is_config(files) else files
-        return SFTDataset(files, self.tokenizer, prompt_key=data.prompt_key, response_key=data.response_key,
-                          max_length=data.max_length, truncation=data.truncation,
-                          strip_think_prefix=data.strip_think_prefix)
+        return SFTDataset(
+            files,
+            self.tokenizer,
+            prompt_key=data.prompt_key,
+            response_key=data.response_key,
+            max_length=data.max_length,
+            truncation=data.truncation,
+            strip_think_prefix=data.strip_think_prefix,
+        )
 
     # ------------------------------------------------------------------ steps
     def _all_reduce_sum(self, values: list[float]) -> list[float]:
@@ -139,7 +162,9 @@ class FSDPSFTTrainer:
 
         micro = self.config.data.micro_batch_size_per_gpu
         items = [self.train_dataset[i] for i in rank_slice(global_rows, self.rank, self.world_size)]
-        batches = [pad_micro_batch(items[i:i + micro], self.tokenizer.pad_token_id) for i in range(0, len(items), micro)]
+        batches = [
+            pad_micro_batch(items[i : i + micro], self.tokenizer.pad_token_id) for i in range(0, len(items), micro)
+        ]
         local_tokens = sum(loss_token_count(b["loss_mask"]) for b in batches)
         local_seq_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
         global_tokens, global_seq_tokens = self._all_reduce_sum([local_tokens, local_seq_tokens])
@@ -164,9 +189,14 @@ class FSDPSFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         (global_nll,) = self._all_reduce_sum([nll_sum])
-        return {"train/loss": global_nll / max(global_tokens, 1.0), "train/lr": lr, "train/grad_norm": grad_norm,
-                "train/tokens": int(global_tokens), "train/seq_tokens": int(global_seq_tokens),
-                "train/skipped_step": int(not (finite and global_tokens > 0))}
+        return {
+            "train/loss": global_nll / max(global_tokens, 1.0),
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+            "train/tokens": int(global_tokens),
+            "train/seq_tokens": int(global_seq_tokens),
+            "train/skipped_step": int(not (finite and global_tokens > 0)),
+        }
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -178,9 +208,14 @@ class FSDPSFTTrainer:
         self.model.eval()
         nll_sum, tokens = 0.0, 0
         for i in range(0, len(rows), micro):
-            batch = pad_micro_batch([self.val_dataset[r] for r in rows[i:i + micro]], self.tokenizer.pad_token_id,
-                                    keep=keep[i:i + micro])
-            nll_sum += float(micro_batch_nll_sum(self.model, self._to_device(batch), self.config.model.loss_chunk_tokens))
+            batch = pad_micro_batch(
+                [self.val_dataset[r] for r in rows[i : i + micro]],
+                self.tokenizer.pad_token_id,
+                keep=keep[i : i + micro],
+            )
+            nll_sum += float(
+                micro_batch_nll_sum(self.model, self._to_device(batch), self.config.model.loss_chunk_tokens)
+            )
             tokens += loss_token_count(batch["loss_mask"])
         total_nll, total_tokens = self._all_reduce_sum([nll_sum, tokens])
         return {"val/loss": total_nll / max(total_tokens, 1.0), "val/tokens": int(total_tokens)}
@@ -195,8 +230,13 @@ class FSDPSFTTrainer:
         if (freq > 0 and step % freq == 0) or stopping:
             dirs.insert(0, os.path.join(self.out_dir, f"global_step_{step}", "huggingface"))
         if dirs:
-            save_hf_folder(self.model, dirs, self.config.model.path, self.tokenizer,
-                           trust_remote_code=self.config.model.trust_remote_code)
+            save_hf_folder(
+                self.model,
+                dirs,
+                self.config.model.path,
+                self.tokenizer,
+                trust_remote_code=self.config.model.trust_remote_code,
+            )
         return dirs
 
     def _agreed_stop_signal(self, stop: "GracefulStop") -> int:
@@ -228,14 +268,20 @@ class FSDPSFTTrainer:
         cfg = self.config.trainer
         tracker = None
         if self.rank == 0:
-            tracker = Tracking(cfg.project_name, cfg.experiment_name, list(cfg.logger),
-                               config=OmegaConf.to_container(self.config, resolve=True), log_dir=self.out_dir,
-                               console_all=True)
+            tracker = Tracking(
+                cfg.project_name,
+                cfg.experiment_name,
+                list(cfg.logger),
+                config=OmegaConf.to_container(self.config, resolve=True),
+                log_dir=self.out_dir,
+                console_all=True,
+            )
         # disable=None hides the bar when stderr is not a terminal: in a log file every refresh of a bar joins one
         # ever-growing line (the quickstart's log had a 77 KB one). There, ~10 plain progress lines stand in for it.
         show = self.rank == 0 and bool(cfg.progress_bar)
-        bar = tqdm(total=self.total_steps, desc="SFT", disable=None if show else True, dynamic_ncols=True,
-                   file=sys.stderr)
+        bar = tqdm(
+            total=self.total_steps, desc="SFT", disable=None if show else True, dynamic_ncols=True, file=sys.stderr
+        )
         line_every = max(1, self.total_steps // 10) if show and bar.disable else 0
         metrics: dict = {}
         stopped_by = None
@@ -253,9 +299,13 @@ class FSDPSFTTrainer:
                     metrics.update(self.validate())
                 saved = self.save(step, final=last, stopping=bool(stopped_by) and bool(cfg.save_on_signal))
                 if stopped_by and self.rank == 0:
-                    print(f"SFT stopped by signal {stopped_by} ({signal.Signals(stopped_by).name}) after step {step}/"
-                          f"{self.total_steps}; saved: {', '.join(saved) or 'nothing (trainer.save_on_signal=False)'}; "
-                          f"exit code {exit_code(stopped_by)}", file=sys.stderr, flush=True)
+                    print(
+                        f"SFT stopped by signal {stopped_by} ({signal.Signals(stopped_by).name}) after step {step}/"
+                        f"{self.total_steps}; saved: {', '.join(saved) or 'nothing (trainer.save_on_signal=False)'}; "
+                        f"exit code {exit_code(stopped_by)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self.history.append({"step": step, **metrics})
                 if tracker is not None:
                     with tqdm.external_write_mode():  # console lines above the bar, not through it
@@ -263,8 +313,11 @@ class FSDPSFTTrainer:
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", lr=f"{metrics['train/lr']:.2e}")
                 bar.update(1)
                 if line_every and (step % line_every == 0 or last):
-                    print(f"SFT step {step}/{self.total_steps}: loss {metrics['train/loss']:.4f}", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"SFT step {step}/{self.total_steps}: loss {metrics['train/loss']:.4f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if stopped_by:
                     break
         finally:
@@ -272,15 +325,20 @@ class FSDPSFTTrainer:
             bar.close()
             if tracker is not None:
                 tracker.finish()
-        return {"final_model_dir": os.path.join(self.out_dir, "final"), "metrics": metrics, "history": self.history,
-                "signal": stopped_by}
+        return {
+            "final_model_dir": os.path.join(self.out_dir, "final"),
+            "metrics": metrics,
+            "history": self.history,
+            "signal": stopped_by,
+        }
 
 
 def _prepare(config: Union[DictConfig, dict]) -> DictConfig:
     """Validated, resolved copy of ``config`` (a DictConfig or a plain nested dict)."""
     check_sft_config(config)
-    resolved = OmegaConf.create(OmegaConf.to_container(
-        config if isinstance(config, DictConfig) else OmegaConf.create(config), resolve=True))
+    resolved = OmegaConf.create(
+        OmegaConf.to_container(config if isinstance(config, DictConfig) else OmegaConf.create(config), resolve=True)
+    )
     resolved.pop("hydra", None)
     OmegaConf.set_struct(resolved, True)
     return resolved

@@ -5,6 +5,7 @@ It is the LUFFY trainer with the off-policy pool switched off, exactly as LUFFY'
 False and no trace reaches a group), and the actor uses verl's PPO loss. The same config file, checks
 and launcher are used; the user's overrides come after these defaults and win.
 """
+
 from __future__ import annotations
 
 import sys

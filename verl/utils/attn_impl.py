@@ -11,6 +11,7 @@ only at the first attention call, after a whole rollout (REVIEW H2): ``flash_att
 compiled extension, and each worker calls ``require_kernel`` when flash-attention 2 is asked for or auto-picked,
 before it loads the model.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -61,8 +62,14 @@ def resolve_attn_implementation(name: str, device: str, key: str = KEY) -> str:
         return "flash_attention_2"
     if not _warned:
         _warned = True
-        logger.warning("%s=auto: the %s package (import %s) is not installed, using sdpa attention "
-                       "(pip install %s for flash-attention 2)", key, dist, module, dist)
+        logger.warning(
+            "%s=auto: the %s package (import %s) is not installed, using sdpa attention "
+            "(pip install %s for flash-attention 2)",
+            key,
+            dist,
+            module,
+            dist,
+        )
     return "sdpa"
 
 
@@ -93,9 +100,11 @@ def flash_attn_importable() -> Optional[str]:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - ImportError, OSError (libcudart), RuntimeError from its init
             err = " ".join(f"{type(exc).__name__}: {exc}".split())
-            return (f"{installed} is installed but its CUDA extension does not import ({'import ' + name}: {err}); "
-                    f"this worker has {_torch_versions()}: reinstall {dist} built for them "
-                    f"(pip install {dist} --no-build-isolation), or set {KEY}=sdpa")
+            return (
+                f"{installed} is installed but its CUDA extension does not import ({'import ' + name}: {err}); "
+                f"this worker has {_torch_versions()}: reinstall {dist} built for them "
+                f"(pip install {dist} --no-build-isolation), or set {KEY}=sdpa"
+            )
     return None
 
 

@@ -5,6 +5,7 @@ These pure functions do that arithmetic once, for the worker (which uses the num
 checker (which rejects sizes that do not divide evenly), so both always agree. The config keys keep the
 user's meaning (prompts); the per-rank row counts live only in ``RankBatchSizes``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,10 +78,12 @@ def rank_batch_sizes(
     """``normalize_actor_batch_sizes`` as a frozen ``RankBatchSizes``. With the defaults (one rank, one
     response per prompt) a prompt is a row: the sizes of a standalone actor built outside a worker."""
     d = normalize_actor_batch_sizes(actor_cfg, rollout_n, world_size, sp_size, log_prob_micro_batch_size)
-    return RankBatchSizes(ppo_mini_rows=d["ppo_mini_batch_size_per_rank"],
-                          ppo_micro_rows=d["ppo_micro_batch_size_per_rank"],
-                          gradient_accumulation=d["gradient_accumulation"],
-                          log_prob_micro_rows=d["log_prob_micro_batch_size_per_rank"])
+    return RankBatchSizes(
+        ppo_mini_rows=d["ppo_mini_batch_size_per_rank"],
+        ppo_micro_rows=d["ppo_micro_batch_size_per_rank"],
+        gradient_accumulation=d["gradient_accumulation"],
+        log_prob_micro_rows=d["log_prob_micro_batch_size_per_rank"],
+    )
 
 
 def normalize_actor_batch_sizes(
@@ -113,7 +116,9 @@ def normalize_actor_batch_sizes(
         micro, micro_key = micro_per_gpu, f"{_ACTOR}.ppo_micro_batch_size_per_gpu"
     else:
         if actor_cfg.get("ppo_micro_batch_size") is None:
-            raise BatchSizeError(f"set {_ACTOR}.ppo_micro_batch_size (prompts) or {_ACTOR}.ppo_micro_batch_size_per_gpu (rows)")
+            raise BatchSizeError(
+                f"set {_ACTOR}.ppo_micro_batch_size (prompts) or {_ACTOR}.ppo_micro_batch_size_per_gpu (rows)"
+            )
         micro_key = f"{_ACTOR}.ppo_micro_batch_size"
         micro = _prompt_count_per_rank(micro_key, actor_cfg.get("ppo_micro_batch_size"), rollout_n, dp)
     if mini % micro:

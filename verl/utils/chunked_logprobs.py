@@ -13,6 +13,7 @@ Numerics follow the dense path of ``dp_actor`` exactly: the matmul runs in the h
 gradient of the logits is cast back to that dtype before the two matmuls of the head's backward.
 ``dW`` is accumulated over chunks in fp32 and rounded once.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -22,8 +23,9 @@ import torch
 __all__ = ["chunked_logprobs_entropy", "dense_logprobs_entropy"]
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                  temperature: float) -> torch.Tensor:
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], temperature: float
+) -> torch.Tensor:
     """fp32 logits of one chunk, exactly as ``lm_head(h).float() / temperature``."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if temperature != 1.0:
@@ -43,7 +45,9 @@ def _chunk_forward(logits: torch.Tensor, labels: torch.Tensor, with_entropy: boo
 
 def _check(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int) -> None:
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden must be [T, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden must be [T, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if labels.shape != hidden.shape[:1]:
         raise ValueError(f"labels shape {tuple(labels.shape)} must be [T] = {tuple(hidden.shape[:1])}")
     if chunk_size < 1:
@@ -61,9 +65,9 @@ class _ChunkedHead(torch.autograd.Function):
         lse = hidden.new_empty(n, dtype=torch.float32)
         for s in range(0, n, chunk_size):
             logits = _chunk_logits(hidden[s : s + chunk_size], weight, bias, temperature)
-            lp, ent, l = _chunk_forward(logits, labels[s : s + chunk_size], with_entropy)
+            lp, ent, chunk_lse = _chunk_forward(logits, labels[s : s + chunk_size], with_entropy)
             logp[s : s + chunk_size] = lp
-            lse[s : s + chunk_size] = l
+            lse[s : s + chunk_size] = chunk_lse
             if ent is not None:
                 entropy[s : s + chunk_size] = ent
             del logits
@@ -125,9 +129,16 @@ class _ChunkedHead(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
-def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-                             bias: Optional[torch.Tensor] = None, temperature: float = 1.0, chunk_size: int = 1024,
-                             with_entropy: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: Optional[torch.Tensor] = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(log p(labels), entropy)`` per token, fp32 ``[T]``, of the LM head ``hidden @ weight.T + bias``.
 
     Args:
@@ -143,8 +154,9 @@ def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels:
     """
     _check(hidden, weight, labels, chunk_size)
     temperature = float(temperature)
-    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
-                                              or (bias is not None and bias.requires_grad))
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
     if needs_grad:
         logp, entropy = _ChunkedHead.apply(hidden, weight, bias, labels, temperature, chunk_size, with_entropy)
         return logp, (entropy if with_entropy else None)
@@ -160,9 +172,15 @@ def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels:
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
-def dense_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-                           bias: Optional[torch.Tensor] = None, temperature: float = 1.0,
-                           with_entropy: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def dense_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: Optional[torch.Tensor] = None,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Reference: the same quantities through one ``[T, V]`` logits tensor and autograd (tests, benchmarks)."""
     from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits
 

@@ -5,6 +5,7 @@ flatten their config to dotted keys, check each value's type, name the closest v
 check command-line overrides before Hydra composes them. The functions here do that for any schema; the
 keys and their types come from each trainer's declarations (verl/utils/config_section.py).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -23,8 +24,9 @@ class SchemaConfigError(ValueError):
         super().__init__("\n".join(self.errors))
 
 
-def walk(node: Mapping[str, Any], prefix: str = "", *, sections: bool = False,
-         open_keys: Iterable[str] = ()) -> Iterator[tuple[str, Any]]:
+def walk(
+    node: Mapping[str, Any], prefix: str = "", *, sections: bool = False, open_keys: Iterable[str] = ()
+) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of a nested dict, depth first; lists are values.
 
     ``sections=False``: only values (an empty dict counts as a value). ``sections=True``: dict nodes are
@@ -122,9 +124,14 @@ def unknown_key_message(key: str, suggestion: Optional[str]) -> str:
     return f"Unknown config key '{key}'" + (f"; did you mean '{suggestion}'?" if suggestion else "")
 
 
-def prepare_overrides(overrides: Iterable[str], *, classify: Callable[[str], Optional[str]],
-                      unknown_message: Callable[[str, bool], str], error_cls: type[SchemaConfigError],
-                      allow_delete_and_package: bool = False) -> list[str]:
+def prepare_overrides(
+    overrides: Iterable[str],
+    *,
+    classify: Callable[[str], Optional[str]],
+    unknown_message: Callable[[str, bool], str],
+    error_cls: type[SchemaConfigError],
+    allow_delete_and_package: bool = False,
+) -> list[str]:
     """Check Hydra command-line overrides against a schema and return them ready for Hydra.
 
     ``classify(key)`` is 'schema' (a YAML key), another kind (a key Hydra must add) or None (unknown:

@@ -14,6 +14,7 @@ A rule between keys is a ``validate(self) -> list[str]`` method of the section t
 smallest group holding them; a rule between groups sits on their parent), one line per problem naming the
 keys; ``rule_errors(sections)`` runs every section's rules, and the checker calls it before any worker starts.
 """
+
 from __future__ import annotations
 
 import typing
@@ -21,7 +22,6 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Iterator, Optional
 
 from verl.utils.config_schema import NONE_TYPE, enum_error
-
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,17 @@ OFF_OR_POSITIVE = Bound(lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")  
 ACTS, DEFAULT_ONLY = "acts", "default_only"
 
 
-def key(*, choices: Any = None, bounds: Optional[Bound] = None, luffy: str = ACTS, why: Optional[str] = None,
-        refuse: Optional[dict] = None, types: Optional[tuple] = None, default: Any = MISSING, open_dict: bool = False):
+def key(
+    *,
+    choices: Any = None,
+    bounds: Optional[Bound] = None,
+    luffy: str = ACTS,
+    why: Optional[str] = None,
+    refuse: Optional[dict] = None,
+    types: Optional[tuple] = None,
+    default: Any = MISSING,
+    open_dict: bool = False,
+):
     """One config key's declaration (a dataclass field).
 
     ``choices``: the allowed values, or a callable returning them from the registry or module that owns them
@@ -59,8 +68,15 @@ def key(*, choices: Any = None, bounds: Optional[Bound] = None, luffy: str = ACT
     """
     if luffy not in (ACTS, DEFAULT_ONLY) or (luffy == DEFAULT_ONLY) != (why is not None):
         raise ValueError("key(): luffy is 'acts' or 'default_only', and default_only needs its why")
-    meta = {"choices": choices, "bounds": bounds, "luffy": luffy, "why": why, "refuse": dict(refuse or {}),
-            "types": types, "open_dict": open_dict}
+    meta = {
+        "choices": choices,
+        "bounds": bounds,
+        "luffy": luffy,
+        "why": why,
+        "refuse": dict(refuse or {}),
+        "types": types,
+        "open_dict": open_dict,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -129,9 +145,18 @@ def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
         meta = f.metadata
         types = meta.get("types") or _types_of(hints[f.name])
         default = f.default_factory() if f.default_factory is not MISSING else f.default
-        yield Declaration(key=f"{prefix}{f.name}", types=types, choices=meta.get("choices"), bounds=meta.get("bounds"),
-                          luffy=meta.get("luffy", ACTS), why=meta.get("why"), refuse=meta.get("refuse") or {},
-                          optional=default is not MISSING, open_dict=bool(meta.get("open_dict")), default=default)
+        yield Declaration(
+            key=f"{prefix}{f.name}",
+            types=types,
+            choices=meta.get("choices"),
+            bounds=meta.get("bounds"),
+            luffy=meta.get("luffy", ACTS),
+            why=meta.get("why"),
+            refuse=meta.get("refuse") or {},
+            optional=default is not MISSING,
+            open_dict=bool(meta.get("open_dict")),
+            default=default,
+        )
 
 
 def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
@@ -181,8 +206,10 @@ def build_section(cls, section, name: str):
     from omegaconf import DictConfig, OmegaConf
 
     if section is None:
-        raise KeyError(f"{name} is missing from the config (compose it from luffy_pool/config/mix_ppo_trainer.yaml, "
-                       f"which gives every key its default)")
+        raise KeyError(
+            f"{name} is missing from the config (compose it from luffy_pool/config/mix_ppo_trainer.yaml, "
+            f"which gives every key its default)"
+        )
     present = set(section.keys())
     values = {}
     for f in fields(cls):
@@ -194,8 +221,10 @@ def build_section(cls, section, name: str):
             continue
         if f.name not in present:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise KeyError(f"{name + '.' if name else ''}{f.name} is missing from the config (compose it from "
-                               f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)")
+                raise KeyError(
+                    f"{name + '.' if name else ''}{f.name} is missing from the config (compose it from "
+                    f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)"
+                )
             continue
         if sub is not None:
             values[f.name] = build_section(sub, section[f.name], f"{name}.{f.name}" if name else f.name)

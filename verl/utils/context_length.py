@@ -7,6 +7,7 @@ the first long sample arrives: plain Qwen2.5-Math-7B has 4096 positions, LUFFY's
 checker when the model's config.json is on disk (``ConfigSections.validate``), else the launcher's pre-flight once
 the model is resolved (``check_model_context``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
@@ -25,9 +26,11 @@ def context_length_error(prompt_length: int, response_length: int, limit: Option
     """One line naming both numbers when ``prompt_length + response_length > limit`` (else None)."""
     total = int(prompt_length) + int(response_length)
     if limit is not None and total > limit:
-        return (f"data.max_prompt_length ({prompt_length}) + data.max_response_length ({response_length}) = {total} "
-                f"exceeds max_position_embeddings ({limit}) of {model}; use a long-context model (e.g. "
-                f"{LONG_CONTEXT_HINT}) or shorter lengths")
+        return (
+            f"data.max_prompt_length ({prompt_length}) + data.max_response_length ({response_length}) = {total} "
+            f"exceeds max_position_embeddings ({limit}) of {model}; use a long-context model (e.g. "
+            f"{LONG_CONTEXT_HINT}) or shorter lengths"
+        )
     return None
 
 

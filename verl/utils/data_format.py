@@ -6,6 +6,7 @@ the column, builds the R1-style prompt of §3.3, and provides the progress bar, 
 writer every prepare script uses. Rows are numbered from 0 in table order (as pandas shows them);
 jsonl errors also give the 1-based line number.
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,8 +37,14 @@ TABLE_EXTENSIONS = (".parquet", ".jsonl", ".json")
 class DataFormatError(ValueError):
     """Malformed input; ``str(err)`` is one line: ``<file>: row <r>, column '<c>': <problem>``."""
 
-    def __init__(self, path: str, message: str, row: Optional[int] = None, column: Optional[str] = None,
-                 line: Optional[int] = None):
+    def __init__(
+        self,
+        path: str,
+        message: str,
+        row: Optional[int] = None,
+        column: Optional[str] = None,
+        line: Optional[int] = None,
+    ):
         self.path, self.row, self.column, self.line = path, row, column, line
         where = []
         if line is not None:
@@ -83,15 +90,20 @@ def iter_jsonl(path: str) -> Iterator[dict]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:  # one line naming file and line, not a traceback
-                raise DataFormatError(path, f"not valid UTF-8 (byte {raw[err.start]:#04x} at character {err.start + 1})",
-                                      row=row, line=line_no) from None
+                raise DataFormatError(
+                    path,
+                    f"not valid UTF-8 (byte {raw[err.start]:#04x} at character {err.start + 1})",
+                    row=row,
+                    line=line_no,
+                ) from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataFormatError(path, f"invalid JSON at character {err.colno}: {err.msg}", row=row,
-                                      line=line_no) from None
+                raise DataFormatError(
+                    path, f"invalid JSON at character {err.colno}: {err.msg}", row=row, line=line_no
+                ) from None
             if not isinstance(obj, dict):
                 raise DataFormatError(path, f"expected a JSON object, got {type(obj).__name__}", row=row, line=line_no)
             yield obj
@@ -167,15 +179,20 @@ def check_chat(value: Any, path: str, row: int, column: str) -> list[dict]:
     """A chat list ``[{role, content}, ...]`` (numpy arrays from pandas are accepted); returns plain dicts."""
     value = _to_python(value)
     if not isinstance(value, list):
-        raise DataFormatError(path, f"expected a list of {{role, content}} messages, got {type(value).__name__} "
-                              f"{_short(value)}", row, column)
+        raise DataFormatError(
+            path,
+            f"expected a list of {{role, content}} messages, got {type(value).__name__} {_short(value)}",
+            row,
+            column,
+        )
     if not value:
         raise DataFormatError(path, "empty message list", row, column)
     messages = []
     for j, msg in enumerate(value):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
-            raise DataFormatError(path, f"message {j} is not a {{role: str, content: str}} mapping: {_short(msg)}",
-                                  row, column)
+            raise DataFormatError(
+                path, f"message {j} is not a {{role: str, content: str}} mapping: {_short(msg)}", row, column
+            )
         messages.append({"role": msg["role"], "content": msg["content"]})
     return messages
 
@@ -221,8 +238,10 @@ def validate_training_row(rec: Mapping, path: str, row: int) -> dict:
         prompt=prompt,
         target=target,
         ability=check_text(rec["ability"], path, row, "ability"),
-        reward_model={"ground_truth": check_ground_truth(rec["reward_model"], path, row),
-                      "style": str(_to_python(rec["reward_model"]).get("style", "rule"))},
+        reward_model={
+            "ground_truth": check_ground_truth(rec["reward_model"], path, row),
+            "style": str(_to_python(rec["reward_model"]).get("style", "rule")),
+        },
         extra_info=extra,
     )
     return out
@@ -266,12 +285,12 @@ def user_text(prompt: Sequence[Mapping]) -> str:
 
 def has_think_structure(trace: str) -> bool:
     """A trace LUFFY can use: opens with ``<think>\\n`` and closes the block before the solution."""
-    return trace.startswith(THINK_OPEN) and THINK_CLOSE in trace[len(THINK_OPEN):]
+    return trace.startswith(THINK_OPEN) and THINK_CLOSE in trace[len(THINK_OPEN) :]
 
 
 def strip_think_open(trace: str) -> str:
     """Drop the leading ``<think>\\n`` (the chat template's generation prompt already opens it)."""
-    return trace[len(THINK_OPEN):] if trace.startswith(THINK_OPEN) else trace
+    return trace[len(THINK_OPEN) :] if trace.startswith(THINK_OPEN) else trace
 
 
 def prompt_hash_fraction(text: str, seed: int = 0) -> float:
@@ -314,8 +333,12 @@ class DropSummary:
         return out
 
     def as_dict(self) -> dict:
-        return {"read": self.read, "written": self.written, "rows_dropped": dict(self.rows_dropped),
-                "traces_dropped": dict(self.traces_dropped)}
+        return {
+            "read": self.read,
+            "written": self.written,
+            "rows_dropped": dict(self.rows_dropped),
+            "traces_dropped": dict(self.traces_dropped),
+        }
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -379,5 +402,12 @@ def parse_bool(text: str | bool) -> bool:
 
 def add_bool_arg(parser, *names: str, default: bool, help: str) -> None:
     """A boolean option accepting ``--flag``, ``--flag True``, ``--flag=false`` (fire's forms)."""
-    parser.add_argument(*names, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL",
-                        help=f"{help} (default: {default})")
+    parser.add_argument(
+        *names,
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=f"{help} (default: {default})",
+    )

@@ -12,6 +12,7 @@ Outside Ray (torchrun) ``LOCAL_RANK`` already is the device index and is kept.
 with fake Ray GPUs as a rehearsal of a cluster's placement); ``configure_worker_device`` applies it in
 the worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,13 @@ def choose_device_index(visible: Optional[Sequence[str]], gpu_ids: Sequence[str]
     return list(visible).index(gpu)
 
 
-def plan_worker_device(requested: str, env: Mapping[str, str], gpu_ids: Sequence[str], cuda_available: bool,
-                       cuda_count: Optional[int] = None) -> DevicePlan:
+def plan_worker_device(
+    requested: str,
+    env: Mapping[str, str],
+    gpu_ids: Sequence[str],
+    cuda_available: bool,
+    cuda_count: Optional[int] = None,
+) -> DevicePlan:
     """Decide this worker's device from its own view (``env``, Ray's ``gpu_ids``, what torch sees).
 
     ``auto`` means cuda exactly when Ray assigned this worker a GPU (a GPU bundle whose worker cannot
@@ -82,15 +88,19 @@ def plan_worker_device(requested: str, env: Mapping[str, str], gpu_ids: Sequence
         return DevicePlan("cpu", None, {})
     if not cuda_available:
         where = f"Ray assigned GPU(s) {list(gpu_ids)}" if gpu_ids else "trainer.device=cuda"
-        raise RuntimeError(f"{where} but torch sees no CUDA device in this worker "
-                           f"({VISIBLE_ENV}={env.get(VISIBLE_ENV)!r}); install a CUDA build of torch or use trainer.device=cpu")
+        raise RuntimeError(
+            f"{where} but torch sees no CUDA device in this worker "
+            f"({VISIBLE_ENV}={env.get(VISIBLE_ENV)!r}); install a CUDA build of torch or use trainer.device=cpu"
+        )
     if gpu_ids:
         index = choose_device_index(parse_visible_devices(env.get(VISIBLE_ENV)), gpu_ids)
     else:
         index = int(env.get("LOCAL_RANK", 0))
     if cuda_count is not None and not 0 <= index < cuda_count:
-        raise RuntimeError(f"device index {index} is outside the {cuda_count} CUDA device(s) this worker sees "
-                           f"({VISIBLE_ENV}={env.get(VISIBLE_ENV)!r}, Ray GPU ids {list(gpu_ids)})")
+        raise RuntimeError(
+            f"device index {index} is outside the {cuda_count} CUDA device(s) this worker sees "
+            f"({VISIBLE_ENV}={env.get(VISIBLE_ENV)!r}, Ray GPU ids {list(gpu_ids)})"
+        )
     return DevicePlan("cuda", index, {"LOCAL_RANK": str(index)})
 
 
@@ -104,8 +114,9 @@ def configure_worker_device(requested: str) -> DevicePlan:
     import torch
 
     available = torch.cuda.is_available()
-    plan = plan_worker_device(requested, os.environ, ray_gpu_ids(), available,
-                              torch.cuda.device_count() if available else None)
+    plan = plan_worker_device(
+        requested, os.environ, ray_gpu_ids(), available, torch.cuda.device_count() if available else None
+    )
     apply_device_plan(plan, os.environ)
     if plan.device == "cuda":
         torch.cuda.set_device(plan.index)
@@ -119,15 +130,26 @@ def cluster_device(requested: str, cluster_gpus: float, world_size: int) -> str:
     if requested == "cpu":
         return "cpu"
     if requested == "cuda" and cluster_gpus < world_size:
-        raise RuntimeError(f"trainer.device=cuda needs {world_size} GPUs (trainer.nnodes x trainer.n_gpus_per_node) but "
-                           f"the Ray cluster has {cluster_gpus:g}")
+        raise RuntimeError(
+            f"trainer.device=cuda needs {world_size} GPUs (trainer.nnodes x trainer.n_gpus_per_node) but "
+            f"the Ray cluster has {cluster_gpus:g}"
+        )
     if requested == "cuda":
         return "cuda"
     return "cuda" if cluster_gpus >= 1 else "cpu"
 
 
-DISTRIBUTED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RAY_LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                   VISIBLE_ENV, NOSET_ENV)
+DISTRIBUTED_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "RAY_LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    VISIBLE_ENV,
+    NOSET_ENV,
+)
 
 
 def describe_worker(plan: DevicePlan, env: Optional[Mapping[str, str]] = None) -> dict:
@@ -147,7 +169,14 @@ def describe_worker(plan: DevicePlan, env: Optional[Mapping[str, str]] = None) -
             node_ip = ray.util.get_node_ip_address()
     except ImportError:
         pass
-    cuda_plan = plan if plan.device == "cuda" else (
-        plan_worker_device("cuda", env, ids, cuda_available=True) if ids else None)
-    return {"plan": plan.as_dict(), "cuda_plan": cuda_plan.as_dict() if cuda_plan else None, "ray_gpu_ids": ids,
-            "node_id": node_id, "node_ip": node_ip, "env": {k: env.get(k) for k in DISTRIBUTED_ENV}}
+    cuda_plan = (
+        plan if plan.device == "cuda" else (plan_worker_device("cuda", env, ids, cuda_available=True) if ids else None)
+    )
+    return {
+        "plan": plan.as_dict(),
+        "cuda_plan": cuda_plan.as_dict() if cuda_plan else None,
+        "ray_gpu_ids": ids,
+        "node_id": node_id,
+        "node_ip": node_ip,
+        "env": {k: env.get(k) for k in DISTRIBUTED_ENV},
+    }

@@ -9,6 +9,7 @@ a config without those fields gives 0 (LUFFY: 0 for anything but Qwen2 / Llama).
 tensor-core throughput by device name; an unknown device (every CPU) has no peak, so ``mfu`` is 0 there as
 in LUFFY, while the achieved TFLOP/s is still reported.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,8 +17,16 @@ from typing import Any, Optional
 
 # bf16 dense peak FLOP/s by CUDA device-name fragment (first match wins: more specific names first).
 DEVICE_PEAK_FLOPS = (
-    ("H200", 989e12), ("H100", 989e12), ("H800", 989e12), ("H20", 148e12), ("B200", 2250e12),
-    ("A100", 312e12), ("A800", 312e12), ("L40", 181.05e12), ("L20", 119.5e12), ("A6000", 154.8e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("H20", 148e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40", 181.05e12),
+    ("L20", 119.5e12),
+    ("A6000", 154.8e12),
     ("910B", 354e12),
 )
 _FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -71,8 +80,9 @@ class FlopsCounter:
         return self.step_flops(seqlens) / max(float(seconds), 1e-9), self.peak_flops
 
 
-def update_flops_metrics(counter: FlopsCounter, seqlens: Sequence[int], seconds: float, passes: int = 1,
-                         share: float = 1.0) -> dict[str, float]:
+def update_flops_metrics(
+    counter: FlopsCounter, seqlens: Sequence[int], seconds: float, passes: int = 1, share: float = 1.0
+) -> dict[str, float]:
     """``mfu/actor`` (LUFFY's name: achieved / peak, 0 without a known peak) and ``perf/actor_tflops``
     (achieved TFLOP/s of this device) of an update that ran ``passes`` epochs over ``seqlens`` in
     ``seconds``; ``share`` is this device's part of the work (1 / sequence-parallel size)."""

@@ -11,6 +11,7 @@ Only parameters sharded as ``Shard(0)`` along one mesh dimension take the packed
 dimension replicates, so the gather stays inside the shard group); anything else (plain tensors, other
 placements) is gathered on its own, so the result always equals ``iter_full_params``.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,9 @@ def _packable(tensor: torch.Tensor):
     return tensor.device_mesh, dim
 
 
-def _gather_packed(items: list[tuple[str, torch.Tensor]], mesh, mesh_dim: int, dtype: Optional[torch.dtype]
-                   ) -> list[tuple[str, torch.Tensor]]:
+def _gather_packed(
+    items: list[tuple[str, torch.Tensor]], mesh, mesh_dim: int, dtype: Optional[torch.dtype]
+) -> list[tuple[str, torch.Tensor]]:
     """All-gather the Shard(0) DTensors of ``items`` over ``mesh_dim`` with one collective; full tensors in
     item order."""
     world = mesh.size(mesh_dim)
@@ -63,14 +65,15 @@ def _gather_packed(items: list[tuple[str, torch.Tensor]], mesh, mesh_dim: int, d
     out, offset = [], 0
     for name, shape, chunk, per_row in layouts:
         size = chunk * per_row
-        rows = per_rank[:, offset:offset + size].reshape((world * chunk,) + shape[1:])
+        rows = per_rank[:, offset : offset + size].reshape((world * chunk,) + shape[1:])
         out.append((name, rows[: shape[0]].clone()))
         offset += size
     return out
 
 
-def iter_full_param_buckets(module: nn.Module, dtype: DTypeLike, bucket_bytes: int
-                            ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def iter_full_param_buckets(
+    module: nn.Module, dtype: DTypeLike, bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Buckets of ``(HF name, full tensor)`` of at most ``bucket_bytes`` (full size; a larger tensor
     travels alone), in state_dict order, tied weights once. Every rank must iterate."""
     if bucket_bytes <= 0:

@@ -12,6 +12,7 @@ degree of the batch is ``world / sp`` (mesh ``("dp", "sp")``, as verl names it).
 ``timeout_s`` (``actor_rollout_ref.nccl_timeout``): the sub-groups a mesh creates (HSDP's two dimensions, SP's)
 take it too; torch gives them its own default (10 min NCCL, 30 min gloo), not the world group's.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -27,8 +28,9 @@ def fsdp_mesh_shape(world_size: int, fsdp_size: Optional[int]) -> tuple[int, ...
     if fsdp_size is None or fsdp_size == -1 or fsdp_size == world_size:
         return (world_size,)
     if fsdp_size < 1 or world_size % fsdp_size:
-        raise ValueError(f"'{FSDP_SIZE_KEY}'={fsdp_size} must be -1 (all ranks) or a positive divisor of the "
-                         f"world size {world_size}")
+        raise ValueError(
+            f"'{FSDP_SIZE_KEY}'={fsdp_size} must be -1 (all ranks) or a positive divisor of the world size {world_size}"
+        )
     return (world_size // fsdp_size, fsdp_size)
 
 
@@ -63,8 +65,10 @@ def build_fsdp_mesh(device: str, world_size: int, fsdp_size: Optional[int] = -1,
 def build_ulysses_mesh(device: str, world_size: int, sp_size: int, timeout_s: Optional[float] = None):
     """``("dp", "sp")`` mesh: SP groups of ``sp_size`` consecutive ranks; None when ``sp_size`` is 1."""
     if sp_size < 1 or world_size % sp_size:
-        raise ValueError(f"'actor_rollout_ref.actor.ulysses_sequence_parallel_size'={sp_size} must divide the "
-                         f"world size {world_size}")
+        raise ValueError(
+            f"'actor_rollout_ref.actor.ulysses_sequence_parallel_size'={sp_size} must divide the "
+            f"world size {world_size}"
+        )
     if sp_size == 1:
         return None
     return _mesh_with_timeout(device, (world_size // sp_size, sp_size), ("dp", "sp"), timeout_s)

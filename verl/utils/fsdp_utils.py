@@ -5,6 +5,7 @@ segfaults on CPU state-dict offload (docs/CPU_STACK.md §3). Full weights leave 
 time (``DTensor.full_tensor``), grouped into byte-bounded buckets, so a rollout engine can be fed
 without materialising a whole state dict on any rank.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,14 @@ logger = logging.getLogger(__name__)
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 DTypeLike = Union[str, torch.dtype, None]
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def to_torch_dtype(dtype: DTypeLike) -> Optional[torch.dtype]:
@@ -47,8 +54,9 @@ def init_distributed(device: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def create_device_mesh(device: str, mesh_shape: Optional[Sequence[int]] = None,
-                       mesh_dim_names: Sequence[str] = ("fsdp",)):
+def create_device_mesh(
+    device: str, mesh_shape: Optional[Sequence[int]] = None, mesh_dim_names: Sequence[str] = ("fsdp",)
+):
     """A device mesh over the default group: 1-D (``fsdp``) by default, or (``ddp``, ``fsdp``) for HSDP."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -75,8 +83,7 @@ def fsdp_version(module: nn.Module) -> int:
     return 0
 
 
-def mixed_precision_policy(param_dtype: DTypeLike = None, reduce_dtype: DTypeLike = "float32",
-                           device: str = "cuda"):
+def mixed_precision_policy(param_dtype: DTypeLike = None, reduce_dtype: DTypeLike = "float32", device: str = "cuda"):
     """FSDP2 mixed precision: compute in ``param_dtype`` (bf16 on GPU, fp32 on CPU by default)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -108,9 +115,15 @@ def decoder_layer_classes(model: nn.Module, names: Optional[Iterable[str]] = Non
     return tuple(found)
 
 
-def apply_fsdp2(model: nn.Module, mesh, mp_policy=None, reshard_after_forward: bool = True,
-                offload_policy=None, layer_cls_names: Optional[Iterable[str]] = None,
-                min_num_params: int = 0) -> nn.Module:
+def apply_fsdp2(
+    model: nn.Module,
+    mesh,
+    mp_policy=None,
+    reshard_after_forward: bool = True,
+    offload_policy=None,
+    layer_cls_names: Optional[Iterable[str]] = None,
+    min_num_params: int = 0,
+) -> nn.Module:
     """``fully_shard`` every decoder layer, then the root (embeddings, final norm, head and tied weights).
 
     ``min_num_params`` is FSDP1's size-based wrap rule carried over: a decoder layer with fewer parameters
@@ -120,8 +133,9 @@ def apply_fsdp2(model: nn.Module, mesh, mp_policy=None, reshard_after_forward: b
     """
     from torch.distributed.fsdp import OffloadPolicy, fully_shard
 
-    kwargs = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
-                  offload_policy=offload_policy or OffloadPolicy())
+    kwargs = dict(
+        mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload_policy or OffloadPolicy()
+    )
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
     classes = decoder_layer_classes(model, layer_cls_names)
@@ -173,8 +187,9 @@ def tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-                 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def iter_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group a tensor stream into lists of at most ``bucket_bytes`` (a larger tensor travels alone)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
@@ -211,4 +226,3 @@ def load_full_state_dict_into_fsdp2(module: nn.Module, full_state_dict: dict, st
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
     # set_model_state_dict swaps the dict's entries for DTensors; keep the caller's dict intact.
     set_model_state_dict(module, dict(full_state_dict), options=options)
-

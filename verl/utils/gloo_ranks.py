@@ -3,6 +3,7 @@
 The test suite's multi-rank tests (FSDP, HSDP, Ulysses, weight sync, checkpoints, dynamic batches, TP groups)
 and ``exp_scripts/bench_memory.py --sp`` use it: a CPU stand-in for a multi-device launch, no Ray.
 """
+
 from __future__ import annotations
 
 import gc
@@ -19,8 +20,15 @@ from verl.single_controller.base.worker import find_free_port
 
 
 def _rank_main(rank, fn, world, port, result_dir, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     result = fn(rank, world, port, *args)
     torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
@@ -68,8 +76,11 @@ def run_gloo_ranks(fn, world: int, *args, timeout_s: float = 300.0, start_method
     except mp.ProcessRaisedException as err:
         if not _transient(err):
             raise
-        print(f"run_gloo_ranks: {fn.__name__}: gloo could not connect its ranks ({str(err).strip().splitlines()[-1][:200]}); "
-              "starting them again on a new port", file=sys.stderr)
+        print(
+            f"run_gloo_ranks: {fn.__name__}: gloo could not connect its ranks ({str(err).strip().splitlines()[-1][:200]}); "
+            "starting them again on a new port",
+            file=sys.stderr,
+        )
         return _run_once(fn, world, args, timeout_s, start_method)
 
 
@@ -87,8 +98,13 @@ def _run_once(fn, world: int, args: tuple, timeout_s: float, start_method: str) 
         # Frozen objects sit in the permanent generation the child's collector skips; the parent unfreezes.
         gc.freeze()
         try:
-            ctx = mp.start_processes(_rank_main, args=(fn, world, find_free_port("127.0.0.1"), result_dir, args),
-                                     nprocs=world, join=False, start_method=start_method)
+            ctx = mp.start_processes(
+                _rank_main,
+                args=(fn, world, find_free_port("127.0.0.1"), result_dir, args),
+                nprocs=world,
+                join=False,
+                start_method=start_method,
+            )
         finally:
             gc.unfreeze()
         deadline = time.monotonic() + timeout_s

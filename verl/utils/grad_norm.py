@@ -12,6 +12,7 @@ replicated on (HSDP's replicate dimension) are not summed over: every replica ho
 Only the L2 norm (``actor.grad_clip``) is supported. The clip factor is the one torch uses,
 ``min(1, max_norm / (norm + 1e-6))``; a non-finite norm is returned as is for the caller to skip the step.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Union
@@ -33,8 +34,9 @@ def _local_and_shard_groups(grad: torch.Tensor):
     return grad.to_local(), tuple(mesh.get_group(d) for d in dims), (id(mesh), dims)
 
 
-def clip_grad_norm_on_device(parameters: Iterable[torch.nn.Parameter], max_norm: float,
-                             compute_device: DeviceLike) -> torch.Tensor:
+def clip_grad_norm_on_device(
+    parameters: Iterable[torch.nn.Parameter], max_norm: float, compute_device: DeviceLike
+) -> torch.Tensor:
     """Clip the gradients of ``parameters`` (plain or FSDP2 DTensor, on any device) to a global L2 norm of
     ``max_norm``; return the norm before clipping, a 0-dim fp32 tensor on ``compute_device``.
 

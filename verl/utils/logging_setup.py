@@ -6,6 +6,7 @@ Third-party libraries repeat lines that carry no information for a training run:
 here, matched by message) on the driver and in every worker; anything else, including all warnings
 of this project, stays visible. It is idempotent and cheap, so each process entry point calls it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,9 +29,7 @@ NOISY_RECORDS = (
     ("vllm", r"doesn't allow to use `torch\.set_num_threads`"),
 )
 # (category, message regex): Python warnings that third-party code raises on every call.
-NOISY_WARNINGS = (
-    (FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated"),
-)
+NOISY_WARNINGS = ((FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated"),)
 
 
 class DropMatching(logging.Filter):

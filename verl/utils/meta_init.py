@@ -12,6 +12,7 @@ Safetensors files are read with plain ``seek``/``readinto`` (their header gives 
 range), not mmap, so page cache never counts as the process's memory. ``pytorch_model*.bin`` files are
 opened with ``torch.load(mmap=True)`` and only the needed rows are touched.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,9 +29,18 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}
+_ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 @dataclass(frozen=True)
@@ -77,15 +87,18 @@ def _safetensors_entries(path: str) -> dict[str, TensorEntry]:
             continue
         if info["dtype"] not in _ST_DTYPES:
             raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which this loader does not read")
-        entries[name] = TensorEntry(path, _ST_DTYPES[info["dtype"]], tuple(info["shape"]),
-                                    8 + header_len + info["data_offsets"][0])
+        entries[name] = TensorEntry(
+            path, _ST_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + header_len + info["data_offsets"][0]
+        )
     return entries
 
 
 def checkpoint_entries(model_dir: str) -> dict[str, TensorEntry]:
     """Name -> TensorEntry for every tensor of an HF checkpoint folder (safetensors preferred)."""
-    for index_name, single, reader in (("model.safetensors.index.json", "model.safetensors", "st"),
-                                       ("pytorch_model.bin.index.json", "pytorch_model.bin", "bin")):
+    for index_name, single, reader in (
+        ("model.safetensors.index.json", "model.safetensors", "st"),
+        ("pytorch_model.bin.index.json", "pytorch_model.bin", "bin"),
+    ):
         index = os.path.join(model_dir, index_name)
         if os.path.exists(index):
             with open(index) as f:
@@ -141,20 +154,28 @@ def load_local_shards(module: nn.Module, model_dir: str, entries: Optional[dict[
     entries = checkpoint_entries(model_dir) if entries is None else entries
     missing = [n for n, _ in module.named_parameters() if n not in entries]
     if missing:
-        raise KeyError(f"{model_dir}: checkpoint has no tensor for parameters {missing[:5]}"
-                       f"{' ...' if len(missing) > 5 else ''}")
+        raise KeyError(
+            f"{model_dir}: checkpoint has no tensor for parameters {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
     named = list(module.named_parameters()) + [(n, b) for n, b in module.named_buffers() if n in entries]
     for name, tensor in named:
         entry = entries[name]
         if tuple(entry.shape) != tuple(tensor.shape):
-            raise ValueError(f"{model_dir}: tensor {name!r} has shape {entry.shape} in the checkpoint, "
-                             f"{tuple(tensor.shape)} in the model")
+            raise ValueError(
+                f"{model_dir}: tensor {name!r} has shape {entry.shape} in the checkpoint, "
+                f"{tuple(tensor.shape)} in the model"
+            )
         local, row0, rest = _local_rows(tensor)
         if local.numel() == 0:
             continue
         stop = row0 + (local.shape[0] if local.dim() else 0)
-        direct = (local.dtype == entry.dtype and local.device.type == "cpu" and local.is_contiguous()
-                  and not any(rest) and (local.dim() < 2 or local.shape[1:] == tuple(entry.shape[1:])))
+        direct = (
+            local.dtype == entry.dtype
+            and local.device.type == "cpu"
+            and local.is_contiguous()
+            and not any(rest)
+            and (local.dim() < 2 or local.shape[1:] == tuple(entry.shape[1:]))
+        )
         if direct:
             entry.read_rows(row0, stop, out=local)
             continue
@@ -164,8 +185,12 @@ def load_local_shards(module: nn.Module, model_dir: str, entries: Optional[dict[
         local.copy_(rows)
 
 
-def empty_model(hf_config, dtype: torch.dtype = torch.float32, attn_implementation: Optional[str] = None,
-                trust_remote_code: bool = False) -> nn.Module:
+def empty_model(
+    hf_config,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: Optional[str] = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
     """The HF causal LM of ``hf_config`` with every parameter on the meta device (no storage)."""
     from transformers import AutoModelForCausalLM
 
@@ -205,9 +230,11 @@ def _refuse_converted_layout(model_dir: str, missing: list[str], entries: dict) 
         prefix = name.rsplit(".", 1)[0] + "."
         per_expert = [k for k in entries if k.startswith(prefix)]
         if per_expert:
-            raise ValueError(f"{model_dir}: parameter {name!r} is built by transformers from {len(per_expert)} checkpoint "
-                             f"tensors ({per_expert[0]}, ...); meta-device init reads tensors by name and does not "
-                             f"support this layout (MoE experts)")
+            raise ValueError(
+                f"{model_dir}: parameter {name!r} is built by transformers from {len(per_expert)} checkpoint "
+                f"tensors ({per_expert[0]}, ...); meta-device init reads tensors by name and does not "
+                f"support this layout (MoE experts)"
+            )
 
 
 def materialize(module: nn.Module, model_dir: str, device: str) -> nn.Module:
@@ -220,8 +247,9 @@ def materialize(module: nn.Module, model_dir: str, device: str) -> nn.Module:
     missing = [n for n, _ in module.named_parameters() if n not in entries]
     if missing:
         _refuse_converted_layout(model_dir, missing, entries)
-        raise KeyError(f"{model_dir}: checkpoint has no tensor for parameters {missing[:5]}"
-                       f"{' ...' if len(missing) > 5 else ''}")
+        raise KeyError(
+            f"{model_dir}: checkpoint has no tensor for parameters {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
     buffers = {n: b.clone() for n, b in module.named_buffers()}
     shared = _shared_parameters(module)
     module.to_empty(device=device)
@@ -234,9 +262,15 @@ def materialize(module: nn.Module, model_dir: str, device: str) -> nn.Module:
     return module
 
 
-def build_sharded_model(model_dir: str, hf_config, shard: Callable[[nn.Module], nn.Module], device: str,
-                        dtype: torch.dtype = torch.float32, attn_implementation: Optional[str] = None,
-                        trust_remote_code: bool = False) -> nn.Module:
+def build_sharded_model(
+    model_dir: str,
+    hf_config,
+    shard: Callable[[nn.Module], nn.Module],
+    device: str,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: Optional[str] = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
     """``empty_model`` -> ``shard(module)`` (``fully_shard`` and friends) -> ``materialize``."""
     module = shard(empty_model(hf_config, dtype, attn_implementation, trust_remote_code))
     return materialize(module, model_dir, device)

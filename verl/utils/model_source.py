@@ -12,6 +12,7 @@ through ``refs/<revision>``) with huggingface_hub's own resolution:
   the first one fetches the files, the others wait on the lock and then find every file present (the hub
   only answers their metadata requests). Each node has its own cache, so each node downloads once.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,7 @@ _TRUE = ("1", "true", "yes", "on")
 
 def is_local_path(name: str) -> bool:
     """A folder (or a path-like name) rather than a hub id ``org/name``."""
-    return (os.path.exists(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~"))
-            or name.count("/") > 1)
+    return os.path.exists(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
 
 
 def hub_cache_dir() -> str:
@@ -45,8 +45,10 @@ def hub_offline() -> bool:
 def unresolved_message(name: str, why: str) -> str:
     """One line naming the id, the cache folder looked in and the variables that move that folder."""
     folder = os.path.join(hub_cache_dir(), "models--" + name.replace("/", "--"))
-    return (f"{name}: {why}; looked for the hub cache entry {folder} (set {CACHE_ENV_VARS} to use another cache, "
-            f"or pass a local model folder)")
+    return (
+        f"{name}: {why}; looked for the hub cache entry {folder} (set {CACHE_ENV_VARS} to use another cache, "
+        f"or pass a local model folder)"
+    )
 
 
 def cached_snapshot(name: str, revision: Optional[str] = None) -> Optional[str]:
@@ -82,5 +84,8 @@ def resolve_model_dir(name: str, revision: Optional[str] = None) -> str:
             snap = cached_snapshot(name, revision)
             if snap is not None:
                 return snap
-            raise FileNotFoundError(unresolved_message(name, f"cannot download it ({type(exc).__name__}: "
-                                                             f"{str(exc).splitlines()[0] if str(exc) else ''})")) from exc
+            raise FileNotFoundError(
+                unresolved_message(
+                    name, f"cannot download it ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                )
+            ) from exc

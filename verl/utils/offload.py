@@ -14,6 +14,7 @@ On a CPU run compute and offload device are the same and every move is skipped. 
 ``Tensor.to`` calls on whatever device the optimizer state has, so they are tested on CPU with fake
 CUDA tensors (``FakeTensorMode``), which carry a real ``.device``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -68,15 +69,21 @@ class OptimizerOffload:
     (a CPU run).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, compute_device: DeviceLike, enabled: bool,
-                 offload_device: DeviceLike = "cpu"):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        compute_device: DeviceLike,
+        enabled: bool,
+        offload_device: DeviceLike = "cpu",
+    ):
         self.optimizer = optimizer
         self.compute_device = torch.device(compute_device)
         self.offload_device = torch.device(offload_device)
         self.active = bool(enabled) and optimizer is not None and self.compute_device.type != self.offload_device.type
         if enabled and not self.active:
-            logger.info("fsdp_config.optimizer_offload ignored: the optimizer state already lives on %s",
-                        self.offload_device)
+            logger.info(
+                "fsdp_config.optimizer_offload ignored: the optimizer state already lives on %s", self.offload_device
+            )
 
     def offload(self) -> int:
         if not self.active:

@@ -4,6 +4,7 @@ model's heads with ``local_model_heads``), so a layout whose heads do not split 
 any worker starts. ``local_model_config`` also gives the checker the model's position limit
 (``ConfigSections.validate``).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,10 @@ def sp_heads_error(num_heads: int, num_kv_heads: int, sp_size: int) -> Optional[
     if num_heads % sp_size:
         return f"'{SP_KEY}'={sp_size} must divide the model's num_attention_heads={num_heads}"
     if num_kv_heads % sp_size and sp_size % num_kv_heads:
-        return (f"'{SP_KEY}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
-                f"the other (kv heads are split over, or repeated across, the SP ranks)")
+        return (
+            f"'{SP_KEY}'={sp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide "
+            f"the other (kv heads are split over, or repeated across, the SP ranks)"
+        )
     return None
 
 
@@ -32,8 +35,10 @@ def tp_heads_error(num_heads: int, num_kv_heads: int, tp_size: int) -> Optional[
     if num_heads % tp_size:
         return f"'{TP_KEY}'={tp_size} must divide the model's num_attention_heads={num_heads}"
     if num_kv_heads % tp_size and tp_size % num_kv_heads:
-        return (f"'{TP_KEY}'={tp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide the other "
-                "(vLLM splits kv heads over its TP ranks, or replicates them)")
+        return (
+            f"'{TP_KEY}'={tp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide the other "
+            "(vLLM splits kv heads over its TP ranks, or replicates them)"
+        )
     return None
 
 

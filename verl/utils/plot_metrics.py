@@ -7,6 +7,7 @@ overlaid by passing several files.
 
     python -m verl.utils.plot_metrics checkpoints/p/e/metrics.jsonl [other/metrics.jsonl] --out plots [--smooth 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,19 +29,39 @@ class Panel:
 
 
 PANELS = (
-    Panel("reward", "Training reward", "mean score",
-          ("critic/score/mean", "on_off_metrics/on_score", "on_off_metrics/off_score")),
+    Panel(
+        "reward",
+        "Training reward",
+        "mean score",
+        ("critic/score/mean", "on_off_metrics/on_score", "on_off_metrics/off_score"),
+    ),
     Panel("entropy", "Policy entropy", "entropy (nats/token)", ("actor/entropy_loss",)),
-    Panel("response_length", "Response length", "tokens",
-          ("response_length/mean", "on_off_metrics/on_response_length_mean", "on_off_metrics/off_response_length_mean")),
-    Panel("off_policy_prob", "Probability of off-policy tokens", "mean p", ("actor/off_policy_prob", "actor/on_policy_prob")),
+    Panel(
+        "response_length",
+        "Response length",
+        "tokens",
+        ("response_length/mean", "on_off_metrics/on_response_length_mean", "on_off_metrics/off_response_length_mean"),
+    ),
+    Panel(
+        "off_policy_prob",
+        "Probability of off-policy tokens",
+        "mean p",
+        ("actor/off_policy_prob", "actor/on_policy_prob"),
+    ),
     Panel("validation", "Validation", "score", ("val/",)),
 )
 
-LABELS = {"critic/score/mean": "all", "on_off_metrics/on_score": "on-policy", "on_off_metrics/off_score": "off-policy",
-          "actor/entropy_loss": "entropy", "response_length/mean": "all",
-          "on_off_metrics/on_response_length_mean": "on-policy", "on_off_metrics/off_response_length_mean": "off-policy",
-          "actor/off_policy_prob": "off-policy tokens", "actor/on_policy_prob": "on-policy tokens (old)"}
+LABELS = {
+    "critic/score/mean": "all",
+    "on_off_metrics/on_score": "on-policy",
+    "on_off_metrics/off_score": "off-policy",
+    "actor/entropy_loss": "entropy",
+    "response_length/mean": "all",
+    "on_off_metrics/on_response_length_mean": "on-policy",
+    "on_off_metrics/off_response_length_mean": "off-policy",
+    "actor/off_policy_prob": "off-policy tokens",
+    "actor/on_policy_prob": "on-policy tokens (old)",
+}
 
 
 def _finite_number(v) -> Optional[float]:
@@ -96,8 +117,13 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    available = {k for records in runs.values() for rec in records.values() for k in rec
-                 if _finite_number(rec.get(k)) is not None}
+    available = {
+        k
+        for records in runs.values()
+        for rec in records.values()
+        for k in rec
+        if _finite_number(rec.get(k)) is not None
+    }
     panels = [(p, panel_keys(p, available)) for p in PANELS]
     panels = [(p, keys) for p, keys in panels if keys]
     if not panels:
@@ -114,8 +140,13 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
                     continue
                 label = f"{run_name}: {_label(key)}" if multi else _label(key)
                 marker = "o" if panel.name == "validation" or len(steps) < 20 else None
-                ax.plot(steps, moving_average(values, 1 if panel.name == "validation" else smooth), label=label,
-                        marker=marker, markersize=3)
+                ax.plot(
+                    steps,
+                    moving_average(values, 1 if panel.name == "validation" else smooth),
+                    label=label,
+                    marker=marker,
+                    markersize=3,
+                )
         label_step_axes(ax, panel.title, panel.ylabel)
 
     written = []
@@ -128,7 +159,7 @@ def plot_runs(runs: dict[str, dict[int, dict]], out_dir: str, smooth: int = 1) -
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     for ax, (panel, keys) in zip(axes.flat, panels):
         draw(ax, panel, keys)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     written.append(save_png(fig, os.path.join(out_dir, "overview.png")))
     return written

@@ -5,6 +5,7 @@ process died) it waits a short grace period for the other ranks, then raises ``W
 naming the group, the method and every failed or still-running rank: ranks blocked in a collective
 with a dead peer would otherwise hold the driver forever.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,15 @@ class WorkerGroupError(RuntimeError):
     ``pending_ranks`` (ranks that had not answered when the driver gave up) and ``timed_out``.
     """
 
-    def __init__(self, group_name: str, method_name: str, failures: dict, pending_ranks: Sequence[int] = (),
-                 timed_out: bool = False, timeout_s: Optional[float] = None):
+    def __init__(
+        self,
+        group_name: str,
+        method_name: str,
+        failures: dict,
+        pending_ranks: Sequence[int] = (),
+        timed_out: bool = False,
+        timeout_s: Optional[float] = None,
+    ):
         self.group_name = group_name
         self.method_name = method_name
         self.failures = dict(failures)
@@ -34,8 +42,10 @@ class WorkerGroupError(RuntimeError):
         self.timed_out = timed_out
         self.timeout_s = timeout_s
         parts = []
-        details = {rank: describe_remote_error(err) if isinstance(err, BaseException) else str(err)
-                   for rank, err in self.failures.items()}
+        details = {
+            rank: describe_remote_error(err) if isinstance(err, BaseException) else str(err)
+            for rank, err in self.failures.items()
+        }
         ranks = sorted(details)
         if len(ranks) == 1:
             parts.append(f"failed on rank {ranks[0]}: {details[ranks[0]]}")
@@ -51,8 +61,10 @@ class WorkerGroupError(RuntimeError):
     def __reduce__(self):
         # Travels inside RayTaskError when a worker's DataProtoFuture.get() fails; the remote
         # exceptions themselves may not pickle, their one-line descriptions always do.
-        return (WorkerGroupError, (self.group_name, self.method_name, self._details, self.pending_ranks,
-                                   self.timed_out, self.timeout_s))
+        return (
+            WorkerGroupError,
+            (self.group_name, self.method_name, self._details, self.pending_ranks, self.timed_out, self.timeout_s),
+        )
 
 
 def describe_remote_error(error: BaseException) -> str:
@@ -79,8 +91,15 @@ def _shorten(text: str) -> str:
     return text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 3] + "..."
 
 
-def get_ranked(refs: Sequence[Any], ranks: Sequence[int], *, group_name: str, method_name: str,
-               timeout_s: Optional[float] = None, grace_s: float = DEFAULT_GRACE_S) -> list:
+def get_ranked(
+    refs: Sequence[Any],
+    ranks: Sequence[int],
+    *,
+    group_name: str,
+    method_name: str,
+    timeout_s: Optional[float] = None,
+    grace_s: float = DEFAULT_GRACE_S,
+) -> list:
     """``ray.get`` of one ref per rank, returned in ``ranks`` order, or ``WorkerGroupError``.
 
     ``timeout_s=None`` waits as long as the ranks keep running; a failure on any rank ends the wait
@@ -123,8 +142,14 @@ def get_ranked(refs: Sequence[Any], ranks: Sequence[int], *, group_name: str, me
             if first_failure_at is None:
                 first_failure_at = time.monotonic()
     if failures or pending:
-        error = WorkerGroupError(group_name, method_name, failures, sorted(rank_of[r] for r in pending),
-                                 timed_out=timed_out and not failures, timeout_s=timeout_s)
+        error = WorkerGroupError(
+            group_name,
+            method_name,
+            failures,
+            sorted(rank_of[r] for r in pending),
+            timed_out=timed_out and not failures,
+            timeout_s=timeout_s,
+        )
         first = failures[min(failures)] if failures else None
         raise error from first
     return [values[rank] for rank in ranks]

@@ -4,6 +4,7 @@ The driver reorders a batch so every rank gets a similar number of tokens (docs/
 counts), and the actor splits a mini-batch into token-budgeted micro-batches (docs/METHOD.md §1.9, dynamic batch
 size). Both use the Karmarkar-Karp largest differencing method implemented here.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -59,7 +60,7 @@ def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bo
     starts: list[_PartialSolution] = []
     if equal_size:
         for first in range(0, n_items, k_partitions):
-            chunk = order[first:first + k_partitions]
+            chunk = order[first : first + k_partitions]
             starts.append(_PartialSolution([(seqlen_list[i], [i]) for i in chunk]))
     else:
         for i in order:
@@ -98,8 +99,9 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int
     return partitions
 
 
-def get_group_balanced_partitions(seqlen_list: Sequence[int], group_ids: Sequence[Any],
-                                  k_partitions: int) -> Optional[list[list[int]]]:
+def get_group_balanced_partitions(
+    seqlen_list: Sequence[int], group_ids: Sequence[Any], k_partitions: int
+) -> Optional[list[list[int]]]:
     """Karmarkar-Karp over whole groups (rows sharing a group id stay on one partition, in row order).
 
     Balances the groups' token sums with an equal number of groups per partition. Returns None when
@@ -112,8 +114,9 @@ def get_group_balanced_partitions(seqlen_list: Sequence[int], group_ids: Sequenc
     groups = list(members.values())
     if len(groups) % k_partitions or len({len(g) for g in groups}) != 1:
         return None
-    parts = get_seqlen_balanced_partitions([sum(seqlen_list[i] for i in g) for g in groups], k_partitions,
-                                           equal_size=True)
+    parts = get_seqlen_balanced_partitions(
+        [sum(seqlen_list[i] for i in g) for g in groups], k_partitions, equal_size=True
+    )
     return [[row for gi in part for row in groups[gi]] for part in parts]
 
 
@@ -127,7 +130,7 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]]
     chunk = len(seqlen_list) // k_partitions
     if chunk == 0:
         raise ValueError(f"{len(seqlen_list)} sequences cannot form {k_partitions} contiguous chunks")
-    chunk_sums = [sum(seqlen_list[r * chunk:(r + 1) * chunk]) for r in range(k_partitions)]
+    chunk_sums = [sum(seqlen_list[r * chunk : (r + 1) * chunk]) for r in range(k_partitions)]
     balanced_sums = [sum(seqlen_list[i] for i in part) for part in partitions]
     return {
         f"{prefix}/min": min(chunk_sums),
@@ -186,8 +189,9 @@ def rearrange_micro_batches_indices(
     return get_seqlen_balanced_partitions(seq_lens, num_micro_batches, equal_size=False)
 
 
-def padded_micro_batches_indices(n_rows: int, width: int, max_token_len: int, dp_group: Any = None,
-                                 key: str = "ppo_max_token_len_per_gpu") -> list[list[int]]:
+def padded_micro_batches_indices(
+    n_rows: int, width: int, max_token_len: int, dp_group: Any = None, key: str = "ppo_max_token_len_per_gpu"
+) -> list[list[int]]:
     """Dynamic micro-batches for a forward that keeps the padding (no varlen attention: sdpa/eager).
 
     Such a micro-batch computes ``rows x width`` positions whatever its valid tokens, so the budget counts
@@ -202,7 +206,8 @@ def padded_micro_batches_indices(n_rows: int, width: int, max_token_len: int, dp
     if rows_per_micro < 1:
         raise ValueError(
             f"one padded row has {width} positions > {key}={max_token_len}: without remove-padding (no "
-            f"flash-attn varlen kernel) a micro-batch computes at the full width; set {key}>={width}")
+            f"flash-attn varlen kernel) a micro-batch computes at the full width; set {key}>={width}"
+        )
     num_micro_batches = math.ceil(n_rows / rows_per_micro)
     if dp_group is not None:
         import torch.distributed as dist
@@ -213,7 +218,8 @@ def padded_micro_batches_indices(n_rows: int, width: int, max_token_len: int, dp
     if num_micro_batches > n_rows:
         raise ValueError(
             f"{num_micro_batches} micro-batches (max over ranks) but only {n_rows} rows on this rank; "
-            "the token budget is too small for this mini-batch")
+            "the token budget is too small for this mini-batch"
+        )
     base, extra = divmod(n_rows, num_micro_batches)
     groups, start = [], 0
     for g in range(num_micro_batches):

@@ -9,6 +9,7 @@ main thread and the previous ones (Ray's driver installs its own) are restored o
 ``exit_code(signum)`` is the shell convention 128 + signal number (143 for SIGTERM, 130 for SIGINT),
 for the first signal (after the save) and the second alike.
 """
+
 from __future__ import annotations
 
 import functools
@@ -61,12 +62,15 @@ class GracefulStop:
         name = signal.Signals(signum).name
         if self.signum is not None:
             self._restore()
-            message = (f"second stop signal ({name}): aborting without waiting for {self.what}; exit code "
-                       f"{exit_code(signum)}")
+            message = (
+                f"second stop signal ({name}): aborting without waiting for {self.what}; exit code {exit_code(signum)}"
+            )
             logger.warning("%s", message)
             raise AbortedBySignal(signum, message)
         self.signum = signum
-        logger.warning("received %s: finishing %s, then saving and exiting (send it again to abort now)", name, self.what)
+        logger.warning(
+            "received %s: finishing %s, then saving and exiting (send it again to abort now)", name, self.what
+        )
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():

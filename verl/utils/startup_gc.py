@@ -17,6 +17,7 @@ run during a pause (over the objects not frozen).
   constructor ends it; the drivers pause at their first line and end before training. A paused process that never
   ends its start-up (a Ray task process, which runs no worker) has the collector back after ``PAUSE_LIMIT_S``.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -15,6 +15,7 @@ off-policy token adds a 0 to ``off_policy_prob``. ``actor.metric_aggregation`` c
   gradients), like ``actor/grad_norm``; the driver's ``reduce_metrics`` averages the entries.
 - ``micro_batch_mean`` (LUFFY): one list entry per micro-batch; the driver averages them with equal weight.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -31,11 +32,21 @@ OPTIMIZER_LOSS_KEYS = ("actor/pg_loss",)
 #   off / on: response tokens inside / outside the prefix (off-policy) mask;
 #   off_rows / on_rows: response tokens of rows with / without any off-policy token.
 LOSS_METRIC_TOKENS: dict[str, dict[str, str]] = {
-    "luffy_token": {"actor/off_pg_loss": "off", "actor/off_policy_prob": "off", "actor/off_ratio_mean": "off",
-                    "actor/off_ratio_max_clip_frac": "off", "actor/off_ratio_min_clip_frac": "off",
-                    "actor/on_pg_loss": "on", "actor/on_policy_prob": "on"},
-    "sft_multitask": {"actor/sft_loss": "off_rows", "actor/on_pg_loss": "on_rows", "actor/pg_clipfrac": "on_rows",
-                      "actor/ppo_kl": "on_rows"},
+    "luffy_token": {
+        "actor/off_pg_loss": "off",
+        "actor/off_policy_prob": "off",
+        "actor/off_ratio_mean": "off",
+        "actor/off_ratio_max_clip_frac": "off",
+        "actor/off_ratio_min_clip_frac": "off",
+        "actor/on_pg_loss": "on",
+        "actor/on_policy_prob": "on",
+    },
+    "sft_multitask": {
+        "actor/sft_loss": "off_rows",
+        "actor/on_pg_loss": "on_rows",
+        "actor/pg_clipfrac": "on_rows",
+        "actor/ppo_kl": "on_rows",
+    },
 }
 
 
@@ -46,8 +57,12 @@ def token_counts(response_mask: torch.Tensor, prefix_mask: Optional[torch.Tensor
     if prefix_mask is not None:
         prefix = prefix_mask.bool() & valid
         off_rows = prefix_mask.bool().any(dim=-1, keepdim=True)
-        counts.update(off=float(prefix.sum()), on=float((valid & ~prefix_mask.bool()).sum()),
-                      off_rows=float((valid & off_rows).sum()), on_rows=float((valid & ~off_rows).sum()))
+        counts.update(
+            off=float(prefix.sum()),
+            on=float((valid & ~prefix_mask.bool()).sum()),
+            off_rows=float((valid & off_rows).sum()),
+            on_rows=float((valid & ~off_rows).sum()),
+        )
     return counts
 
 
@@ -62,8 +77,9 @@ class StepMetrics:
 
     def __init__(self, aggregation: str, policy_loss: str, grad_accum: int):
         if aggregation not in METRIC_AGGREGATIONS:
-            raise ValueError(f"actor_rollout_ref.actor.metric_aggregation={aggregation!r}; "
-                             f"valid: {list(METRIC_AGGREGATIONS)}")
+            raise ValueError(
+                f"actor_rollout_ref.actor.metric_aggregation={aggregation!r}; valid: {list(METRIC_AGGREGATIONS)}"
+            )
         self.aggregation = aggregation
         self.tokens_of = LOSS_METRIC_TOKENS.get(policy_loss, {})
         self.grad_accum = grad_accum
@@ -71,8 +87,9 @@ class StepMetrics:
         self.per_step: dict[str, list[float]] = {}  # key -> one entry per optimizer step
         self.mini_loss: dict[str, float] = {}  # the optimizer loss keys of the mini-batch in progress
 
-    def add_micro_batch(self, metrics: dict[str, float], response_mask: torch.Tensor,
-                        prefix_mask: Optional[torch.Tensor] = None) -> None:
+    def add_micro_batch(
+        self, metrics: dict[str, float], response_mask: torch.Tensor, prefix_mask: Optional[torch.Tensor] = None
+    ) -> None:
         """One micro-batch's metrics (each averaged over that micro-batch's own tokens)."""
         if self.aggregation == "micro_batch_mean":
             for k, v in metrics.items():
@@ -123,7 +140,7 @@ class StepMetrics:
         pos = 2 * len(keys)
         for k in loss_keys:
             n = len(out[k])
-            out[k] = [x / world for x in flat[pos:pos + n]]
+            out[k] = [x / world for x in flat[pos : pos + n]]
             pos += n
         return out
 

@@ -11,6 +11,7 @@ model's ``generation_config.json`` ``eos_token_id`` (vllm/sampling_params.py ``u
 and so does HF ``generate``. Qwen3 (``[<|im_end|>, <|endoftext|>]``) and Llama-3.1-Instruct (``[128001, 128008,
 128009]``) list several; a response that ends on one the trainer does not know would be masked to full length.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,12 @@ def set_pad_token(tokenizer, source: str = "") -> str:
     key = source or getattr(tokenizer, "name_or_path", "")
     if key not in _logged_pad:
         _logged_pad.add(key)
-        logger.warning("tokenizer %s defines no pad token: padding with %s (id %d)", key,
-                       tokenizer.pad_token, tokenizer.pad_token_id)
+        logger.warning(
+            "tokenizer %s defines no pad token: padding with %s (id %d)",
+            key,
+            tokenizer.pad_token,
+            tokenizer.pad_token_id,
+        )
     return chosen
 
 
@@ -91,6 +96,8 @@ def stop_token_ids(tokenizer, model_dir: Optional[str] = None) -> list[int]:
         if i not in out:
             out.append(i)
     if not out:
-        raise ValueError(f"no stop token: tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no EOS and "
-                         f"{model_dir!r} has no generation_config.json eos_token_id")
+        raise ValueError(
+            f"no stop token: tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no EOS and "
+            f"{model_dir!r} has no generation_config.json eos_token_id"
+        )
     return out

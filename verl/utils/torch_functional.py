@@ -4,6 +4,7 @@ Masked statistics over response tokens, log-probabilities and entropy from logit
 padding of ragged token lists and the learning-rate schedules of the actor optimizer. Everything here is
 a pure function of its inputs (the schedules return a ``LambdaLR`` bound to the given optimizer).
 """
+
 from __future__ import annotations
 
 import math
@@ -93,16 +94,16 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     much precision) and the result is fp32.
     """
     if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab axis "
-                         f"{tuple(logits.shape[:-1])}")
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab axis "
+            f"{tuple(logits.shape[:-1])}"
+        )
     if logits.dtype in (torch.float32, torch.float64):
         picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(logits, dim=-1)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
-    rows = [
-        F.log_softmax(row.float(), dim=-1)[label] for row, label in zip(flat_logits, flat_labels)
-    ]
+    rows = [F.log_softmax(row.float(), dim=-1)[label] for row, label in zip(flat_logits, flat_labels)]
     out = torch.stack(rows) if rows else flat_logits.new_zeros(0, dtype=torch.float32)
     return out.reshape(labels.shape)
 
@@ -117,8 +118,10 @@ def logprobs_and_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor)
     if logits.dtype not in (torch.float32, torch.float64):
         return logprobs_from_logits(logits, labels), entropy_from_logits(logits)
     if labels.shape != logits.shape[:-1]:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab axis "
-                         f"{tuple(logits.shape[:-1])}")
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must equal the logits shape without the vocab axis "
+            f"{tuple(logits.shape[:-1])}"
+        )
     log_p = F.log_softmax(logits, dim=-1)
     picked = torch.gather(log_p, -1, labels.unsqueeze(-1)).squeeze(-1)
     return picked, -(log_p.exp() * log_p).sum(dim=-1)

@@ -12,6 +12,7 @@ tokenizer's special tokens (``pad_token``, ``eos_token``) are not. ``masked_yaml
 to print. ``tracker_problems(backends)`` says before start-up why a backend could not start (wandb: no package,
 no login, an unreachable server, unless ``WANDB_MODE`` is offline or disabled).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,7 @@ GENERATIONS_FILE = "val_generations.jsonl"
 
 def _env_secret_values() -> set[str]:
     """Values of environment variables named like keys/tokens (OPENAI_API_KEY, HF_TOKEN, WANDB_API_KEY ...)."""
-    return {v for k, v in os.environ.items()
-            if len(v) >= _MIN_SECRET_LEN and _SECRET_ENV_WORDS.intersection(_words(k))}
+    return {v for k, v in os.environ.items() if len(v) >= _MIN_SECRET_LEN and _SECRET_ENV_WORDS.intersection(_words(k))}
 
 
 def mask_secrets(obj, _env_values: Optional[set] = None):
@@ -43,8 +43,10 @@ def mask_secrets(obj, _env_values: Optional[set] = None):
     variable's value. Numbers and ordinary keys (``ppo_max_token_len_per_gpu``) are left alone."""
     env_values = _env_secret_values() if _env_values is None else _env_values
     if isinstance(obj, dict):
-        return {k: ("***" if isinstance(v, str) and v and is_secret_name(k) else mask_secrets(v, env_values))
-                for k, v in obj.items()}
+        return {
+            k: ("***" if isinstance(v, str) and v and is_secret_name(k) else mask_secrets(v, env_values))
+            for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [mask_secrets(v, env_values) for v in obj]
     if isinstance(obj, str) and obj in env_values:
@@ -95,12 +97,30 @@ def _jsonable(v):
 class Tracking:
     """Fan-out logger. ``config`` is a plain dict (already resolved) stored with wandb / jsonl."""
 
-    CONSOLE_KEYS = ("critic/score/mean", "on_off_metrics/on_score", "on_off_metrics/off_score", "actor/pg_loss",
-                    "actor/entropy_loss", "actor/off_policy_prob", "actor/grad_norm", "actor/nonfinite_skips",
-                    "response_length/mean", "val/avg_score", "timing_s/step", "perf/throughput")
+    CONSOLE_KEYS = (
+        "critic/score/mean",
+        "on_off_metrics/on_score",
+        "on_off_metrics/off_score",
+        "actor/pg_loss",
+        "actor/entropy_loss",
+        "actor/off_policy_prob",
+        "actor/grad_norm",
+        "actor/nonfinite_skips",
+        "response_length/mean",
+        "val/avg_score",
+        "timing_s/step",
+        "perf/throughput",
+    )
 
-    def __init__(self, project_name: str, experiment_name: str, backends, config: dict | None = None,
-                 log_dir: str | None = None, console_all: bool = False):
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        backends,
+        config: dict | None = None,
+        log_dir: str | None = None,
+        console_all: bool = False,
+    ):
         backends = [backends] if isinstance(backends, str) else list(backends or [])
         unknown = [b for b in backends if b not in SUPPORTED_BACKENDS]
         if unknown:
@@ -123,8 +143,10 @@ class Tracking:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
-                raise ImportError("trainer.logger includes 'tensorboard' but the tensorboard package is not installed "
-                                  "(pip install tensorboard)") from err
+                raise ImportError(
+                    "trainer.logger includes 'tensorboard' but the tensorboard package is not installed "
+                    "(pip install tensorboard)"
+                ) from err
 
             self._tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(log_dir, "tensorboard")))
 
@@ -201,7 +223,9 @@ def _netrc_has_key(host: str, env) -> Optional[str]:
     """The netrc file that holds a password for ``host`` (where ``wandb login`` stores the key), else None."""
     import netrc
 
-    paths = [env["NETRC"]] if env.get("NETRC") else [os.path.join(os.path.expanduser("~"), n) for n in (".netrc", "_netrc")]
+    paths = (
+        [env["NETRC"]] if env.get("NETRC") else [os.path.join(os.path.expanduser("~"), n) for n in (".netrc", "_netrc")]
+    )
     for path in paths:
         try:
             creds = netrc.netrc(path).authenticators(host)
@@ -244,8 +268,10 @@ def wandb_problem(env=None, timeout_s: float = TRACKER_PROBE_TIMEOUT_S) -> Optio
 
     host = urlparse(url).netloc
     if not (env.get("WANDB_API_KEY") or wandb_settings.get("api_key") or _netrc_has_key(host, env)):
-        return (f"trainer.logger includes wandb, but wandb has no login for {url} here (no WANDB_API_KEY, no api_key in "
-                f"wandb's settings, no {host} entry in ~/.netrc): run `wandb login`, or {fix}")
+        return (
+            f"trainer.logger includes wandb, but wandb has no login for {url} here (no WANDB_API_KEY, no api_key in "
+            f"wandb's settings, no {host} entry in ~/.netrc): run `wandb login`, or {fix}"
+        )
     if not _reachable(url, timeout_s):
         return f"trainer.logger includes wandb, but the wandb server {url} is unreachable (offline?): {fix}"
     return None
@@ -261,13 +287,16 @@ def tracker_problems(backends, env=None) -> list[str]:
         import importlib.util
 
         if importlib.util.find_spec("tensorboard") is None:
-            problems.append("trainer.logger includes tensorboard, but the tensorboard package is not installed "
-                            "(pip install tensorboard, or drop tensorboard from trainer.logger)")
+            problems.append(
+                "trainer.logger includes tensorboard, but the tensorboard package is not installed "
+                "(pip install tensorboard, or drop tensorboard from trainer.logger)"
+            )
     return [p for p in problems if p]
 
 
 def format_generations_table(samples: list[dict], step: int, width: int = 60) -> str:
     """A plain-text table of validation samples (newlines shown as spaces, long texts cut to ``width``)."""
+
     def cut(text) -> str:
         text = " ".join(str(text).split())
         return text if len(text) <= width else text[: width - 3] + "..."

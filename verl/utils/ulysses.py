@@ -12,6 +12,7 @@ backward keeps the local slice of the gradient and multiplies it by sp: FSDP ave
 world ranks (dp x sp), while each SP rank only computed its share of the group's one loss, so the scale
 makes the average equal a plain data-parallel run.
 """
+
 from __future__ import annotations
 
 import math

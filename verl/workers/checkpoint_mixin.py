@@ -6,6 +6,7 @@ coefficient and non-finite-step counter, and its ``extra_optimizers`` (name -> (
 second optimizer, e.g. ReLIFT's SFT AdamW), and delegates the I/O to ``FSDPCheckpointManager``. All
 three methods are collectives: the group calls them on every rank (``Dispatch.ONE_TO_ALL``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,10 @@ class CheckpointMixin:
         if manager is not None:
             return manager
         if getattr(self, "actor_module", None) is None or getattr(self, "actor_optimizer", None) is None:
-            raise RuntimeError(f"checkpointing needs an actor (role {getattr(self, 'role', '?')!r} has no trained "
-                               f"model here); call init_model first")
+            raise RuntimeError(
+                f"checkpointing needs an actor (role {getattr(self, 'role', '?')!r} has no trained "
+                f"model here); call init_model first"
+            )
         extras: dict[str, Any] = {}
         actor = getattr(self, "actor", None)
         adaptive = getattr(actor, "adaptive_entropy", None)
@@ -48,22 +51,37 @@ class CheckpointMixin:
             extras["nonfinite_skips"] = AttributeState(actor, "nonfinite_skips")
         contents = tuple(self.sections.actor.checkpoint.contents)  # actor.checkpoint.contents
         extra_optimizers = {name: opt for name, (opt, _offload) in getattr(self, "extra_optimizers", {}).items()}
-        manager = FSDPCheckpointManager(self.actor_module, self.actor_optimizer, getattr(self, "lr_scheduler", None),
-                                        tokenizer=getattr(self, "tokenizer", None), extra_states=extras,
-                                        contents=contents, extra_optimizers=extra_optimizers)
+        manager = FSDPCheckpointManager(
+            self.actor_module,
+            self.actor_optimizer,
+            getattr(self, "lr_scheduler", None),
+            tokenizer=getattr(self, "tokenizer", None),
+            extra_states=extras,
+            contents=contents,
+            extra_optimizers=extra_optimizers,
+        )
         self._checkpoint_manager = manager
         return manager
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, global_step: Optional[int] = None,
-                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False,
-                        compute_hashes: bool = False) -> dict:
+    def save_checkpoint(
+        self,
+        local_path: str,
+        global_step: Optional[int] = None,
+        max_ckpt_to_keep: Optional[int] = None,
+        save_hf: bool = False,
+        compute_hashes: bool = False,
+    ) -> dict:
         """Write this rank's share of the actor checkpoint into ``local_path``; returns seconds and bytes
         (and, with ``compute_hashes``, this rank's share of the manifest's sha256 entries)."""
         with self._optimizer_on_compute_device():
-            return self._actor_checkpoint_manager().save_checkpoint(local_path, global_step=global_step,
-                                                                    max_ckpt_to_keep=max_ckpt_to_keep, save_hf=save_hf,
-                                                                    compute_hashes=compute_hashes)
+            return self._actor_checkpoint_manager().save_checkpoint(
+                local_path,
+                global_step=global_step,
+                max_ckpt_to_keep=max_ckpt_to_keep,
+                save_hf=save_hf,
+                compute_hashes=compute_hashes,
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, load_optimizer: bool = True) -> dict:

@@ -6,13 +6,26 @@ YAML (luffy_pool/config/mix_ppo_trainer.yaml documents each key next to its defa
 The LUFFY method's own keys of these groups (prefix plan, off-policy loss) are declared in
 luffy_pool/config/sections.py, which extends these classes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from verl.utils.config_section import (AT_LEAST_ONE, DEFAULT_ONLY, NON_NEGATIVE, OFF_OR_POSITIVE, OPEN_UNIT, POSITIVE,
-                                       UNIT, Bound, build_section, key, nested, view)
+from verl.utils.config_section import (
+    AT_LEAST_ONE,
+    DEFAULT_ONLY,
+    NON_NEGATIVE,
+    OFF_OR_POSITIVE,
+    OPEN_UNIT,
+    POSITIVE,
+    UNIT,
+    Bound,
+    build_section,
+    key,
+    nested,
+    view,
+)
 
 # Dtype names the FSDP modules accept (verl/workers/fsdp_workers.py maps them to torch dtypes).
 DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
@@ -47,10 +60,12 @@ def policy_losses():
 
 def _engine(name: str):
     """A value list of the rollout engine's config module (verl/workers/rollout/config.py), read when checked."""
+
     def values():
         from verl.workers.rollout import config
 
         return tuple(getattr(config, name))
+
     return values
 
 
@@ -96,8 +111,11 @@ class FSDPSection(ShardingSection):
     fsdp_size: int = key(bounds=OFF_OR_POSITIVE)
 
 
-BETAS = Bound(lambda b: len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
-                                            for x in b), "must be two numbers in [0, 1)", "'{key}' {message}, got {value!r}")
+BETAS = Bound(
+    lambda b: len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in b),
+    "must be two numbers in [0, 1)",
+    "'{key}' {message}, got {value!r}",
+)
 
 
 @dataclass(frozen=True)
@@ -110,8 +128,10 @@ class OptimSection:
     min_lr_ratio: Optional[float] = key(bounds=UNIT)
     # The launcher passes the run's step count to the worker (``total_training_steps``); a standalone actor (tests,
     # benchmarks, built without the checker) sets it here.
-    total_training_steps: int = key(luffy=DEFAULT_ONLY, why="a run passes its own step count to the workers; set "
-                                                             "trainer.total_training_steps or trainer.total_epochs")
+    total_training_steps: int = key(
+        luffy=DEFAULT_ONLY,
+        why="a run passes its own step count to the workers; set trainer.total_training_steps or trainer.total_epochs",
+    )
     weight_decay: float = key(bounds=NON_NEGATIVE)
     betas: list = key(bounds=BETAS)
     zero_lr_first_step: bool = key()
@@ -268,18 +288,24 @@ class WorkerSections:
 
         errors, sp, sp_key = [], self.actor.ulysses_sequence_parallel_size, f"{_A}.ulysses_sequence_parallel_size"
         if self.ref.ulysses_sequence_parallel_size != sp:
-            errors.append(f"'{_REF}.ulysses_sequence_parallel_size'={self.ref.ulysses_sequence_parallel_size} must "
-                          f"equal '{sp_key}'={sp} (actor and reference share one worker and its SP groups)")
+            errors.append(
+                f"'{_REF}.ulysses_sequence_parallel_size'={self.ref.ulysses_sequence_parallel_size} must "
+                f"equal '{sp_key}'={sp} (actor and reference share one worker and its SP groups)"
+            )
         if sp > 1 and self.model.attn_implementation == "eager":
-            errors.append(f"'{sp_key}'={sp} needs sdpa or flash attention; "
-                          f"'{_M}.attn_implementation'=eager is not supported with it")
+            errors.append(
+                f"'{sp_key}'={sp} needs sdpa or flash attention; "
+                f"'{_M}.attn_implementation'=eager is not supported with it"
+            )
         heads = local_model_heads(self.model.path, self.model.override_config) if sp > 1 else None
         if heads is not None and sp_heads_error(*heads, sp):
             errors.append(f"{sp_heads_error(*heads, sp)} (from {self.model.path}/config.json)")
         errors += self._placement_errors()
         if self.actor.use_kl_loss and not self.ref.use_ref:
-            errors.append(f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "
-                          f"LUFFY's actor fails reading ref_log_prob); add {_A}.use_kl_loss=False to train without one")
+            errors.append(
+                f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "
+                f"LUFFY's actor fails reading ref_log_prob); add {_A}.use_kl_loss=False to train without one"
+            )
         return errors
 
     @property
@@ -291,17 +317,26 @@ class WorkerSections:
         """The split placement's keys: rollout ranks of their own exactly when the hybrid engine is off."""
         n, nodes = self.rollout.n_gpus_per_node, self.rollout.nnodes
         if self.hybrid_engine and (n != 0 or nodes != 1):
-            return [f"'{_R}.n_gpus_per_node'={n} / '{_R}.nnodes'={nodes} place the rollout engines on ranks of their "
-                    f"own, which needs 'actor_rollout_ref.hybrid_engine'=False (with True they share the actor's ranks;"
-                    f" keep 0 / 1)"]
+            return [
+                f"'{_R}.n_gpus_per_node'={n} / '{_R}.nnodes'={nodes} place the rollout engines on ranks of their "
+                f"own, which needs 'actor_rollout_ref.hybrid_engine'=False (with True they share the actor's ranks;"
+                f" keep 0 / 1)"
+            ]
         if not self.hybrid_engine and n < 1:
-            return [f"'actor_rollout_ref.hybrid_engine'=False needs '{_R}.n_gpus_per_node' >= 1 (the rollout engines' "
-                    f"own ranks per node), got {n}"]
-        if not self.hybrid_engine and self.rollout.name == "vllm" and self.rollout_world_size % self.rollout.engine_ranks:
-            return [f"'{_R}.tensor_model_parallel_size'={self.rollout.tensor_model_parallel_size} must divide the "
-                    f"rollout ranks {self.rollout_world_size} ('{_R}.nnodes' * '{_R}.n_gpus_per_node')"]
+            return [
+                f"'actor_rollout_ref.hybrid_engine'=False needs '{_R}.n_gpus_per_node' >= 1 (the rollout engines' "
+                f"own ranks per node), got {n}"
+            ]
+        if (
+            not self.hybrid_engine
+            and self.rollout.name == "vllm"
+            and self.rollout_world_size % self.rollout.engine_ranks
+        ):
+            return [
+                f"'{_R}.tensor_model_parallel_size'={self.rollout.tensor_model_parallel_size} must divide the "
+                f"rollout ranks {self.rollout_world_size} ('{_R}.nnodes' * '{_R}.n_gpus_per_node')"
+            ]
         return []
 
 
 _M, _A, _REF, _R = (f"actor_rollout_ref.{g}" for g in ("model", "actor", "ref", "rollout"))
-

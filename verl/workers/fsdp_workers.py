@@ -6,6 +6,7 @@ The driver talks to it through registered methods (``init_model`` to all ranks, 
 warmup scheduler; the rollout engine (vLLM or HF ``generate``) receives the current weights through
 the sharding manager when the driver calls ``update_weights`` (before every generation). Checkpointing lives in ``verl.utils.checkpoint``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,8 +32,14 @@ from verl.workers.split_weights import SplitWeightsMixin
 logger = logging.getLogger(__name__)
 
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -68,14 +75,25 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         one that imported them (verl/single_controller/ray/worker_zygote.py; a name vLLM moved is skipped there)."""
         modules = [cls.__module__, "torch.distributed.checkpoint.state_dict"]  # checkpoints, the HF export
         if role in ROLLOUT_ROLES and sections.rollout.name == "vllm":
-            modules += ["verl.workers.rollout.vllm_rollout", "vllm.entrypoints.llm", "vllm.model_executor.model_loader",
-                        # what building the first engine imports: the loader's quantization check, the args check
-                        "vllm.model_executor.layers.quantization.online.base", "vllm.entrypoints.launchers.cli_args"]
+            modules += [
+                "verl.workers.rollout.vllm_rollout",
+                "vllm.entrypoints.llm",
+                "vllm.model_executor.model_loader",
+                # what building the first engine imports: the loader's quantization check, the args check
+                "vllm.model_executor.layers.quantization.online.base",
+                "vllm.entrypoints.launchers.cli_args",
+            ]
             modules += ["vllm.v1.worker.cpu_worker"] if device == "cpu" else []
         return modules
 
-    def __init__(self, sections: WorkerSections, role: str, device: str,
-                 total_training_steps: Optional[int] = None, policy_loss_knobs: Optional[dict] = None):
+    def __init__(
+        self,
+        sections: WorkerSections,
+        role: str,
+        device: str,
+        total_training_steps: Optional[int] = None,
+        policy_loss_knobs: Optional[dict] = None,
+    ):
         """``sections``: the typed ``actor_rollout_ref`` group, built once by the launcher
         (``ConfigSections.from_config``; a worker on its own: ``WorkerSections.from_config`` of a composed config).
         ``total_training_steps``: the run's step count, the lr schedule's length (an actor role needs it).
@@ -85,8 +103,10 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
 
         setup_logging()  # third-party noise off in this worker's console output
         if not isinstance(sections, self.sections_cls):
-            raise TypeError(f"{type(self).__name__} takes the typed actor_rollout_ref sections "
-                            f"({self.sections_cls.__name__}), got {type(sections).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} takes the typed actor_rollout_ref sections "
+                f"({self.sections_cls.__name__}), got {type(sections).__name__}"
+            )
         self.sections = sections
         self.total_training_steps = total_training_steps
         self.policy_loss_knobs = policy_loss_knobs
@@ -102,8 +122,11 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         if self.device == "cpu":
             from verl.utils.cpu_bind import ENV_VAR, bind_cpu_rank
 
-            bind_cpu_rank(os.environ.get(ENV_VAR, "none"), int(os.environ.get("LOCAL_RANK", 0)),
-                          int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+            bind_cpu_rank(
+                os.environ.get(ENV_VAR, "none"),
+                int(os.environ.get("LOCAL_RANK", 0)),
+                int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            )
         self._init_distributed()
         if self._engine_only:  # batch sizes count the training ranks, not the engines'
             return
@@ -111,16 +134,25 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         # rollout's log-prob size serves the reference pass too (LUFFY's worker copies it there).
         s = self.sections
         batch_keys = {k: getattr(s.actor, k) for k in BATCH_SIZE_KEYS}
-        self.batch_sizes = rank_batch_sizes(batch_keys, s.rollout.n, self.world_size,
-                                            s.actor.ulysses_sequence_parallel_size,
-                                            log_prob_micro_batch_size=s.rollout.log_prob_micro_batch_size)
+        self.batch_sizes = rank_batch_sizes(
+            batch_keys,
+            s.rollout.n,
+            self.world_size,
+            s.actor.ulysses_sequence_parallel_size,
+            log_prob_micro_batch_size=s.rollout.log_prob_micro_batch_size,
+        )
 
     # ------------------------------------------------------------------ setup
     def _init_distributed(self) -> None:
         if not dist.is_initialized():
             backend = "nccl" if self.device == "cuda" else "gloo"
-            dist.init_process_group(backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size,
-                                    timeout=datetime.timedelta(seconds=self.sections.nccl_timeout))
+            dist.init_process_group(
+                backend=backend,
+                init_method="env://",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=datetime.timedelta(seconds=self.sections.nccl_timeout),
+            )
         if self._engine_only:  # no FSDP module: its meshes would only constrain the engines' rank count
             self.ulysses_group, self.dp_group = None, dist.group.WORLD
             return
@@ -128,11 +160,13 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
         timeout_s = self.sections.nccl_timeout  # H6: every sub-group of the meshes too, not only the world group
-        self.device_mesh = build_fsdp_mesh(self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size),
-                                           timeout_s=timeout_s)
+        self.device_mesh = build_fsdp_mesh(
+            self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size), timeout_s=timeout_s
+        )
         # Ulysses SP: groups of consecutive ranks share rows and split positions (verl/utils/ulysses.py).
-        sp_mesh = build_ulysses_mesh(self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size),
-                                     timeout_s=timeout_s)
+        sp_mesh = build_ulysses_mesh(
+            self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size), timeout_s=timeout_s
+        )
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
         # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
         # collectives, whatever the HSDP / SP layout (docs/DESIGN.md §2 item 3).
@@ -168,11 +202,13 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         if trainable and mcfg.enable_gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         module = apply_fsdp2(
-            module, self.device_mesh,
+            module,
+            self.device_mesh,
             mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.reduce_dtype)),
             reshard_after_forward=fsdp_cfg.reshard_after_forward,
             offload_policy=cpu_offload_policy(bool(fsdp_cfg.param_offload), self.device),
-            min_num_params=int(fsdp_cfg.wrap_policy.min_num_params))
+            min_num_params=int(fsdp_cfg.wrap_policy.min_num_params),
+        )
         return materialize(module, mcfg.path, self.device)
 
     def _build_optimizer(self, module):
@@ -180,19 +216,27 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
         ocfg = self.sections.actor.optim
-        optimizer = build_adamw(module.parameters(), lr=ocfg.lr, betas=tuple(ocfg.betas), weight_decay=ocfg.weight_decay,
-                                step_impl=ocfg.step_impl)
+        optimizer = build_adamw(
+            module.parameters(),
+            lr=ocfg.lr,
+            betas=tuple(ocfg.betas),
+            weight_decay=ocfg.weight_decay,
+            step_impl=ocfg.step_impl,
+        )
         if self.total_training_steps is None:
-            raise ValueError("the actor's lr schedule needs the run's total_training_steps (the launcher passes it to "
-                             "each worker; a worker built on its own passes it too)")
+            raise ValueError(
+                "the actor's lr schedule needs the run's total_training_steps (the launcher passes it to "
+                "each worker; a worker built on its own passes it too)"
+            )
         total = int(self.total_training_steps)
         warmup = int(ocfg.lr_warmup_steps_ratio * max(total, 0))
         zero_first = bool(ocfg.zero_lr_first_step)
         if ocfg.warmup_style == "cosine":  # else constant (the declaration allows those two)
             if total <= 0:
                 raise ValueError(f"actor.optim.warmup_style=cosine needs a run of > 0 training steps, got {total}")
-            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total, min_lr_ratio=ocfg.min_lr_ratio or 0.0,
-                                                        zero_lr_first_step=zero_first)  # YAML: null = 0.0
+            scheduler = get_cosine_schedule_with_warmup(
+                optimizer, warmup, total, min_lr_ratio=ocfg.min_lr_ratio or 0.0, zero_lr_first_step=zero_first
+            )  # YAML: null = 0.0
         else:
             scheduler = get_constant_schedule_with_warmup(optimizer, warmup, zero_lr_first_step=zero_first)
         return optimizer, scheduler
@@ -215,14 +259,28 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         tp = self.rollout_tp_size
         sync = self.sections.rollout
         if self._engine_only:  # the actor's rank 0 broadcasts the weights (join_weight_group / receive_weights)
-            return rollout, SplitRolloutManager(rollout, None, rank=self.rank, world_size=self.world_size, tp_size=tp,
-                                                base_seed=1000 + int(sync.seed), device=self.device)
-        manager = FSDPShardingManager(self.actor_module, rollout, bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
-                                      rank=self.rank, world_size=self.world_size, tp_size=tp,
-                                      # the run's parameter dtype (bf16 on GPU by default), not fp32 masters
-                                      sync_dtype=self._param_dtype(self.sections.actor.fsdp_config),
-                                      base_seed=1000 + int(sync.seed), device=self.device,
-                                      packed_gather=bool(sync.weight_sync_packed))
+            return rollout, SplitRolloutManager(
+                rollout,
+                None,
+                rank=self.rank,
+                world_size=self.world_size,
+                tp_size=tp,
+                base_seed=1000 + int(sync.seed),
+                device=self.device,
+            )
+        manager = FSDPShardingManager(
+            self.actor_module,
+            rollout,
+            bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
+            rank=self.rank,
+            world_size=self.world_size,
+            tp_size=tp,
+            # the run's parameter dtype (bf16 on GPU by default), not fp32 masters
+            sync_dtype=self._param_dtype(self.sections.actor.fsdp_config),
+            base_seed=1000 + int(sync.seed),
+            device=self.device,
+            packed_gather=bool(sync.weight_sync_packed),
+        )
         return rollout, manager
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -250,7 +308,9 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
 
         local = resolve_model_dir(str(self.sections.model.path))
         if local != str(self.sections.model.path):  # the section says where the files are; the config is not changed
-            self.sections = dataclasses.replace(self.sections, model=dataclasses.replace(self.sections.model, path=local))
+            self.sections = dataclasses.replace(
+                self.sections, model=dataclasses.replace(self.sections.model, path=local)
+            )
 
     def init_model(self):
         from verl.utils.tokenizer import hf_tokenizer, stop_token_ids
@@ -269,35 +329,55 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
             from verl.utils.offload import OptimizerOffload
 
             # AdamW state in host memory between updates (no-op on CPU); verl/utils/offload.py.
-            compute = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+            compute = (
+                torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+            )
             self.optimizer_offload = OptimizerOffload(
-                self.actor_optimizer, compute, enabled=bool(s.actor.fsdp_config.optimizer_offload))
+                self.actor_optimizer, compute, enabled=bool(s.actor.fsdp_config.optimizer_offload)
+            )
             from verl.utils.grad_norm import grad_norm_device
 
             # The actor reads its keys from the section; from ``config`` only a registered loss's own knobs.
-            self.actor = self.actor_cls(self.policy_loss_knobs, self.actor_module, self.actor_optimizer,
-                                        use_remove_padding=use_rmpad, shared_prompt_forward=share, device=self.device,
-                                        logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
-                                        dp_group=self.dp_group, batch_sizes=self.batch_sizes, section=s.actor,
-                                        grad_norm_device=grad_norm_device(
-                                            bool(s.actor.fsdp_config.param_offload), self.device, compute))
+            self.actor = self.actor_cls(
+                self.policy_loss_knobs,
+                self.actor_module,
+                self.actor_optimizer,
+                use_remove_padding=use_rmpad,
+                shared_prompt_forward=share,
+                device=self.device,
+                logprob_chunk_size=chunk,
+                ulysses_group=self.ulysses_group,
+                dp_group=self.dp_group,
+                batch_sizes=self.batch_sizes,
+                section=s.actor,
+                grad_norm_device=grad_norm_device(bool(s.actor.fsdp_config.param_offload), self.device, compute),
+            )
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
         if self._is_ref:
             self.ref_module = self._build_module(s.ref.fsdp_config, trainable=False)
-            self.ref_policy = DataParallelPPOActor(None, self.ref_module, None, use_remove_padding=use_rmpad,
-                                                   shared_prompt_forward=share, device=self.device,
-                                                   logprob_chunk_size=chunk, ulysses_group=self.ulysses_group,
-                                                   dp_group=self.dp_group)
+            self.ref_policy = DataParallelPPOActor(
+                None,
+                self.ref_module,
+                None,
+                use_remove_padding=use_rmpad,
+                shared_prompt_forward=share,
+                device=self.device,
+                logprob_chunk_size=chunk,
+                ulysses_group=self.ulysses_group,
+                dp_group=self.dp_group,
+            )
         return True
 
     # ------------------------------------------------------------------ compute
     def _log_prob_meta(self, cfg) -> dict:
         """Micro-batching of a log-prob pass; ``cfg`` is the rollout or the reference section."""
-        return {"micro_batch_size": self.batch_sizes.log_prob_micro_rows,
-                "use_dynamic_bsz": cfg.log_prob_use_dynamic_bsz,
-                "max_token_len": cfg.log_prob_max_token_len_per_gpu,
-                "temperature": self.sections.rollout.temperature}
+        return {
+            "micro_batch_size": self.batch_sizes.log_prob_micro_rows,
+            "use_dynamic_bsz": cfg.log_prob_use_dynamic_bsz,
+            "max_token_len": cfg.log_prob_max_token_len_per_gpu,
+            "temperature": self.sections.rollout.temperature,
+        }
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -305,8 +385,10 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         data = gather_data_in_group(data, self.ulysses_group)
         data.meta_info.update(self._log_prob_meta(self.sections.rollout))
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
-        out = DataProto.from_dict(tensors={"old_log_probs": log_probs, "old_entropy": entropy},
-                                  meta_info={"temperature": self.sections.rollout.temperature})
+        out = DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "old_entropy": entropy},
+            meta_info={"temperature": self.sections.rollout.temperature},
+        )
         return local_rows(out, self.ulysses_group)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -346,8 +428,13 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         if data.batch is None or "attention_mask" not in data.batch.keys():
             return {}
         seqlens = data.batch["attention_mask"].sum(-1).tolist()
-        return update_flops_metrics(self._flops_counter, seqlens, seconds, passes=int(self.sections.actor.ppo_epochs),
-                                    share=1.0 / group_size(self.ulysses_group))
+        return update_flops_metrics(
+            self._flops_counter,
+            seqlens,
+            seconds,
+            passes=int(self.sections.actor.ppo_epochs),
+            share=1.0 / group_size(self.ulysses_group),
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def device_report(self) -> dict:

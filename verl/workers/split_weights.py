@@ -7,6 +7,7 @@ FSDP shards; rank 0 broadcasts) called together with ``receive_weights`` on ever
 Ray futures (``blocking=False``) so the driver can start both sides before waiting on either:
 ``verl.workers.sharding_manager.collective_sync`` has the wire format.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,8 +40,9 @@ class SplitWeightsMixin:
             group_rank, store = 1 + self.rank, connect(host, port, timeout_s)
         elif self.rank == 0:
             if self._weight_store is None:
-                raise RuntimeError("join_weight_group on the actor's rank 0 before weight_group_address opened its "
-                                   "store")
+                raise RuntimeError(
+                    "join_weight_group on the actor's rank 0 before weight_group_address opened its store"
+                )
             group_rank, store, self._weight_store = 0, self._weight_store, None
         else:
             return False

@@ -3,6 +3,7 @@
 ``answers_match(pred, gt)`` compares one extracted answer with one ground truth; ``extract_final_answer``
 and ``last_boxed_content`` pull the answer out of a response. See each module for the rules.
 """
+
 from deepscaler.rewards.math_utils.equivalence import answers_match, objects_equal
 from deepscaler.rewards.math_utils.extract import (
     choice_letter_of,

@@ -21,6 +21,7 @@ lost (CPython prints and drops one that lands in a ``__del__`` or weakref callba
 run all the time), so the watchdog raises it again while the thread stays armed and keeps computing:
 a lost exception must never leave a thread grading without a bound.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -80,8 +81,9 @@ def check_deadline() -> None:
 
 
 def _set_async_exc(thread_id: int, exc_type) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
-                                               ctypes.py_object(exc_type) if exc_type is not None else None)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else None
+    )
 
 
 class _Watchdog:
@@ -183,8 +185,9 @@ def _disarm(thread_id: int) -> None:
             continue
 
 
-def run_with_budget(fn: Callable[[], T], budget_s: float | None,
-                    backstop_s: float | None = None) -> tuple[str, T | None]:
+def run_with_budget(
+    fn: Callable[[], T], budget_s: float | None, backstop_s: float | None = None
+) -> tuple[str, T | None]:
     """``(FINISHED, fn())``, or ``(CPU_TIMEOUT, None)`` when the calling thread spent ``budget_s`` CPU
     seconds in ``fn``, or ``(WALL_TIMEOUT, None)`` past ``backstop_s`` wall seconds (default
     ``default_backstop_s(budget_s)``).
@@ -211,8 +214,9 @@ def run_with_budget(fn: Callable[[], T], budget_s: float | None,
         return (WALL_TIMEOUT if isinstance(exc, GradeWallTimeout) else CPU_TIMEOUT), None
 
 
-def call_with_deadline(fn: Callable[[], T], budget_s: float | None,
-                       backstop_s: float | None = None) -> tuple[bool, T | None]:
+def call_with_deadline(
+    fn: Callable[[], T], budget_s: float | None, backstop_s: float | None = None
+) -> tuple[bool, T | None]:
     """``(True, fn())``, or ``(False, None)`` when ``fn`` ran out of budget (either kind)."""
     status, value = run_with_budget(fn, budget_s, backstop_s)
     return status == FINISHED, value

@@ -7,6 +7,7 @@ normalised string, then numerically (relative tolerance 1e-6) or symbolically (r
 then ``simplify``) through the guarded parser in ``safe_parse``; exact rationals compare exactly. Base-n numerals (``52_8``), word
 answers and option letters are compared as strings only.
 """
+
 from __future__ import annotations
 
 import math
@@ -202,18 +203,33 @@ def objects_equal(a, b) -> bool:
             return False
         return all(objects_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, sympy.Tuple) or isinstance(b, sympy.Tuple):
-        return (isinstance(a, sympy.Tuple) and isinstance(b, sympy.Tuple) and len(a) == len(b)
-                and all(objects_equal(x, y) for x, y in zip(a, b)))
+        return (
+            isinstance(a, sympy.Tuple)
+            and isinstance(b, sympy.Tuple)
+            and len(a) == len(b)
+            and all(objects_equal(x, y) for x, y in zip(a, b))
+        )
     if isinstance(a, sympy.FiniteSet) or isinstance(b, sympy.FiniteSet):
-        return (isinstance(a, sympy.FiniteSet) and isinstance(b, sympy.FiniteSet)
-                and _unordered_match(list(a.args), list(b.args), objects_equal))
+        return (
+            isinstance(a, sympy.FiniteSet)
+            and isinstance(b, sympy.FiniteSet)
+            and _unordered_match(list(a.args), list(b.args), objects_equal)
+        )
     if isinstance(a, sympy.Interval) or isinstance(b, sympy.Interval):
-        return (isinstance(a, sympy.Interval) and isinstance(b, sympy.Interval)
-                and a.left_open == b.left_open and a.right_open == b.right_open
-                and objects_equal(a.start, b.start) and objects_equal(a.end, b.end))
+        return (
+            isinstance(a, sympy.Interval)
+            and isinstance(b, sympy.Interval)
+            and a.left_open == b.left_open
+            and a.right_open == b.right_open
+            and objects_equal(a.start, b.start)
+            and objects_equal(a.end, b.end)
+        )
     if isinstance(a, sympy.Union) or isinstance(b, sympy.Union):
-        return (isinstance(a, sympy.Union) and isinstance(b, sympy.Union)
-                and _unordered_match(list(a.args), list(b.args), objects_equal))
+        return (
+            isinstance(a, sympy.Union)
+            and isinstance(b, sympy.Union)
+            and _unordered_match(list(a.args), list(b.args), objects_equal)
+        )
     if isinstance(a, sympy.Equality) and isinstance(b, sympy.Equality):
         da, db = a.lhs - a.rhs, b.lhs - b.rhs
         return expr_equal(da, db) or expr_equal(da, -db)
@@ -259,8 +275,11 @@ def _structured_equal(p: str, g: str) -> bool:
         p_matrix = _as_matrix(p)
         if p_matrix is None or [len(r) for r in p_matrix] != [len(r) for r in g_matrix]:
             return False
-        return all(_scalar_equal(clean_answer(x), clean_answer(y))
-                   for pr, gr in zip(p_matrix, g_matrix) for x, y in zip(pr, gr))
+        return all(
+            _scalar_equal(clean_answer(x), clean_answer(y))
+            for pr, gr in zip(p_matrix, g_matrix)
+            for x, y in zip(pr, gr)
+        )
     g_union = _split_top_level(g, "\\cup")
     if len(g_union) > 1:
         p_union = _split_top_level(p, "\\cup")
@@ -271,8 +290,11 @@ def _structured_equal(p: str, g: str) -> bool:
         if g_bracketed is None or p_bracketed is None:
             return False
         (po, pitems, pc), (go, gitems, gc) = p_bracketed, g_bracketed
-        return (po, pc) == (go, gc) and len(pitems) == len(gitems) and all(
-            _structured_equal(clean_answer(x), clean_answer(y)) for x, y in zip(pitems, gitems))
+        return (
+            (po, pc) == (go, gc)
+            and len(pitems) == len(gitems)
+            and all(_structured_equal(clean_answer(x), clean_answer(y)) for x, y in zip(pitems, gitems))
+        )
     g_items, p_items = _as_list(g), _as_list(p)
     if len(g_items) > 1 or len(p_items) > 1:
         return _unordered_match(p_items, g_items, _structured_equal)

@@ -4,6 +4,7 @@ Every function here is a linear scan over the text (``rfind`` plus one brace-mat
 regular expression that can backtrack, so a 1 MB response or 10,000 nested braces costs milliseconds.
 Nothing is evaluated: the output is always a plain string for the normaliser and the safe parser.
 """
+
 from __future__ import annotations
 
 import re
@@ -121,9 +122,7 @@ def strip_outer_dollars(text: str) -> str:
     return s
 
 
-_ANSWER_LINE = re.compile(
-    r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*([^\n]{1,300})", re.IGNORECASE
-)
+_ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*([^\n]{1,300})", re.IGNORECASE)
 
 
 def last_answer_statement(text: str) -> str | None:

@@ -14,6 +14,7 @@ full-width or Arabic-Indic numerals count too), literal factorial arguments and 
 Limits live in ``GuardLimits``; ``limits_scope`` makes a set of limits the active one for the calling
 thread (math-verify calls our wrappers without arguments, so they read it from there).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -117,8 +118,32 @@ _BOX_COMMANDS = frozenset({"\\boxed", "\\fbox"})
 _OPENERS = {"(": "(", "[": "[", "{": "{", "\\{": "\\{", "\\lbrace": "\\{", "\\langle": "\\langle"}
 _CLOSERS = {")": "(", "]": "[", "}": "{", "\\}": "\\{", "\\rbrace": "\\{", "\\rangle": "\\langle"}
 # Tokens that end an exponent chain at the current level (``2^3 + 4^5`` is two towers of height 2).
-_CHAIN_BREAKS = frozenset({"+", "-", "=", ",", ";", "<", ">", "\\cdot", "\\times", "\\div", "/", "*", "&",
-                           "\\le", "\\leq", "\\ge", "\\geq", "\\neq", "\\pm", "\\mp", "\\quad", "\\\\"})
+_CHAIN_BREAKS = frozenset(
+    {
+        "+",
+        "-",
+        "=",
+        ",",
+        ";",
+        "<",
+        ">",
+        "\\cdot",
+        "\\times",
+        "\\div",
+        "/",
+        "*",
+        "&",
+        "\\le",
+        "\\leq",
+        "\\ge",
+        "\\geq",
+        "\\neq",
+        "\\pm",
+        "\\mp",
+        "\\quad",
+        "\\\\",
+    }
+)
 
 
 @dataclasses.dataclass

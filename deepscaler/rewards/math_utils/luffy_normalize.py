@@ -18,6 +18,7 @@ Three normalisers, each a pure string function (nothing here parses or evaluates
   ``pi``, ``\\times``/``\\cdot`` -> ``*``, unknown macros dropped and their arguments kept). pylatexenc is
   not a dependency of this project; this covers the macros that answers use.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,24 @@ OAT_UNITS = tuple(_OAT_UNIT_WORDS + [u + "s" for u in _OAT_UNIT_WORDS])
 _OAT_UNIT_RES = tuple(re.compile(r"(^|\W)" + u + r"($|\W)") for u in OAT_UNITS)
 
 # Words and units ``grade_answer_sympy`` strips (an optional plural and power follow each).
-_SYMPY_UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month",
-                "year", "foot", "feet", "inch", "yard")
+_SYMPY_UNITS = (
+    "degree",
+    "cm",
+    "centimeter",
+    "meter",
+    "mile",
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "year",
+    "foot",
+    "feet",
+    "inch",
+    "yard",
+)
 _SYMPY_UNIT_RES = tuple(re.compile(unit + r"(es)?(s)? *(\^[0-9]+)?") for unit in _SYMPY_UNITS)
 
 
@@ -143,24 +160,105 @@ def mathd_normalize(answer: str | None, oat: bool = False) -> str | None:
 # --- LaTeX to plain text -----------------------------------------------------------------------------
 
 _SYMBOLS = {
-    "pi": "π", "infty": "∞", "cup": "∪", "cap": "∩", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "neq": "≠",
-    "ne": "", "cdot": "·", "times": "×", "pm": "±", "mp": "∓", "circ": "∘", "dots": "…", "ldots": "…",
-    "cdots": "⋯", "approx": "≈", "div": "÷", "to": "→", "emptyset": "∅", "varnothing": "∅", "mid": "|",
-    "in": "∈", "prime": "'", "angle": "∠", "lfloor": "⌊", "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉",
-    "quad": "  ", "qquad": "    ", "triangle": "", "lbrace": "{", "rbrace": "}", "odot": "⊙", "sim": "∼",
-    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ϵ", "varepsilon": "ε", "zeta": "ζ",
-    "eta": "η", "theta": "θ", "iota": "ι", "kappa": "κ", "lambda": "λ", "mu": "μ", "nu": "ν", "xi": "ξ",
-    "rho": "ρ", "sigma": "σ", "tau": "τ", "phi": "ϕ", "varphi": "φ", "chi": "χ", "psi": "ψ", "omega": "ω",
-    "Gamma": "Γ", "Delta": "Δ", "Theta": "Θ", "Lambda": "Λ", "Sigma": "Σ", "Phi": "Φ", "Omega": "Ω",
-    "hbar": "ħ", "ell": "ℓ", "perp": "⊥", "parallel": "∥", "cong": "≅", "equiv": "≡", "neg": "",
-    "rightarrow": "→", "leftarrow": "←", "Rightarrow": "⇒", "sqrt": None, "frac": None,
+    "pi": "π",
+    "infty": "∞",
+    "cup": "∪",
+    "cap": "∩",
+    "le": "≤",
+    "leq": "≤",
+    "ge": "≥",
+    "geq": "≥",
+    "neq": "≠",
+    "ne": "",
+    "cdot": "·",
+    "times": "×",
+    "pm": "±",
+    "mp": "∓",
+    "circ": "∘",
+    "dots": "…",
+    "ldots": "…",
+    "cdots": "⋯",
+    "approx": "≈",
+    "div": "÷",
+    "to": "→",
+    "emptyset": "∅",
+    "varnothing": "∅",
+    "mid": "|",
+    "in": "∈",
+    "prime": "'",
+    "angle": "∠",
+    "lfloor": "⌊",
+    "rfloor": "⌋",
+    "lceil": "⌈",
+    "rceil": "⌉",
+    "quad": "  ",
+    "qquad": "    ",
+    "triangle": "",
+    "lbrace": "{",
+    "rbrace": "}",
+    "odot": "⊙",
+    "sim": "∼",
+    "alpha": "α",
+    "beta": "β",
+    "gamma": "γ",
+    "delta": "δ",
+    "epsilon": "ϵ",
+    "varepsilon": "ε",
+    "zeta": "ζ",
+    "eta": "η",
+    "theta": "θ",
+    "iota": "ι",
+    "kappa": "κ",
+    "lambda": "λ",
+    "mu": "μ",
+    "nu": "ν",
+    "xi": "ξ",
+    "rho": "ρ",
+    "sigma": "σ",
+    "tau": "τ",
+    "phi": "ϕ",
+    "varphi": "φ",
+    "chi": "χ",
+    "psi": "ψ",
+    "omega": "ω",
+    "Gamma": "Γ",
+    "Delta": "Δ",
+    "Theta": "Θ",
+    "Lambda": "Λ",
+    "Sigma": "Σ",
+    "Phi": "Φ",
+    "Omega": "Ω",
+    "hbar": "ħ",
+    "ell": "ℓ",
+    "perp": "⊥",
+    "parallel": "∥",
+    "cong": "≅",
+    "equiv": "≡",
+    "neg": "",
+    "rightarrow": "→",
+    "leftarrow": "←",
+    "Rightarrow": "⇒",
+    "sqrt": None,
+    "frac": None,
 }
 # The function macros pylatexenc prints by name; others (\\cot, \\sec, \\gcd, \\det ...) it drops.
-_NAMED_FUNCTIONS = frozenset(
-    "sin cos tan arcsin arccos arctan sinh cosh tanh log ln exp lim max min sup inf".split())
+_NAMED_FUNCTIONS = frozenset("sin cos tan arcsin arccos arctan sinh cosh tanh log ln exp lim max min sup inf".split())
 _DROPPED_WITH_ARGS = frozenset(("mbox",))
-_SPACE_SYMBOLS = {",": " ", ";": " ", ":": " ", " ": " ", "!": "", "%": "%", "$": "$", "{": "{", "}": "}",
-                  "&": "&", "#": "#", "_": "_", "\\": "\n"}
+_SPACE_SYMBOLS = {
+    ",": " ",
+    ";": " ",
+    ":": " ",
+    " ": " ",
+    "!": "",
+    "%": "%",
+    "$": "$",
+    "{": "{",
+    "}": "}",
+    "&": "&",
+    "#": "#",
+    "_": "_",
+    "\\": "\n",
+}
 
 
 class _LatexText:
@@ -191,7 +289,7 @@ class _LatexText:
         self.i += 1  # the backslash
         if self.i >= len(self.s):
             return ""
-        m = re.match(r"[A-Za-z]+", self.s[self.i:])
+        m = re.match(r"[A-Za-z]+", self.s[self.i :])
         if not m:
             ch = self.s[self.i]
             self.i += 1
@@ -253,6 +351,7 @@ def latex_to_text(s: str) -> str:
 
 
 # --- grade_answer_sympy's normalisation ----------------------------------------------------------------
+
 
 def is_float_string(s: str) -> bool:
     try:

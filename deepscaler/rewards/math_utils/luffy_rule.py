@@ -15,6 +15,7 @@ same implicit multiplication and name splitting as ``parse_expr``'s transformati
   items are equal (unreduced fractions must match as written, an integer only matches an integer
   written as one, otherwise ``simplify(gt - given) == 0``).
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,12 @@ import sympy
 
 from deepscaler.rewards.math_utils.deadline import check_deadline
 from deepscaler.rewards.math_utils.input_guard import check_expression, note_rejection
-from deepscaler.rewards.math_utils.luffy_normalize import mathd_normalize, str_is_int, strip_thousands_commas, \
-    sympy_normalize
+from deepscaler.rewards.math_utils.luffy_normalize import (
+    mathd_normalize,
+    str_is_int,
+    strip_thousands_commas,
+    sympy_normalize,
+)
 from deepscaler.rewards.math_utils.safe_parse import UnsafeExpression, check_complexity
 
 _TUPLE_CHARS = "()[]"
@@ -47,19 +52,38 @@ def luffy_boxed_answer(text: str) -> str | None:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                group = text[idx:i + 1]
-                return group[len("\\boxed{"):-1] if group.startswith("\\boxed{") else None
+                group = text[idx : i + 1]
+                return group[len("\\boxed{") : -1] if group.startswith("\\boxed{") else None
     return None
 
 
 # --- a parser for the plain text of grade_answer_sympy (parse_expr's grammar, without eval) ------------
 
-_TOKEN = re.compile(r"\s*(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[^\W\d]\w*)|(?P<op>\*\*|[-+*/()!,=.]))")
-_FUNCTIONS = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
-              "ln": sympy.log, "exp": sympy.exp, "abs": sympy.Abs, "asin": sympy.asin, "acos": sympy.acos,
-              "atan": sympy.atan, "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh,
-              "factorial": sympy.factorial, "floor": sympy.floor, "ceiling": sympy.ceiling, "cot": sympy.cot,
-              "sec": sympy.sec, "csc": sympy.csc}
+_TOKEN = re.compile(
+    r"\s*(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[^\W\d]\w*)|(?P<op>\*\*|[-+*/()!,=.]))"
+)
+_FUNCTIONS = {
+    "sqrt": sympy.sqrt,
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+    "tan": sympy.tan,
+    "log": sympy.log,
+    "ln": sympy.log,
+    "exp": sympy.exp,
+    "abs": sympy.Abs,
+    "asin": sympy.asin,
+    "acos": sympy.acos,
+    "atan": sympy.atan,
+    "sinh": sympy.sinh,
+    "cosh": sympy.cosh,
+    "tanh": sympy.tanh,
+    "factorial": sympy.factorial,
+    "floor": sympy.floor,
+    "ceiling": sympy.ceiling,
+    "cot": sympy.cot,
+    "sec": sympy.sec,
+    "csc": sympy.csc,
+}
 _CONSTANTS = {"pi": sympy.pi, "E": sympy.E, "I": sympy.I, "oo": sympy.oo, "nan": sympy.nan, "zoo": sympy.zoo}
 
 
@@ -77,8 +101,14 @@ def _tokens(text: str) -> list[tuple[str, str]]:
         pos = m.end()
         kind = m.lastgroup
         value = m.group(kind)
-        if kind == "num" and len(value) > 1 and value[0] == "0" and value[1].isdigit() and "." not in value \
-                and "e" not in value.lower():
+        if (
+            kind == "num"
+            and len(value) > 1
+            and value[0] == "0"
+            and value[1].isdigit()
+            and "." not in value
+            and "e" not in value.lower()
+        ):
             raise _NotParsed("leading zeros")  # Python rejects 023 as a literal, and so does parse_expr
         if kind == "name":
             out.extend(_split_name(value))
@@ -152,7 +182,7 @@ class _Reader:
             check_deadline()
             exponent = self.unary()
             check_complexity(sympy.Pow(base, exponent, evaluate=False))
-            return base ** exponent
+            return base**exponent
         return base
 
     def postfix(self):
@@ -228,8 +258,12 @@ def _split_tuple(expr: str) -> list[str]:
     expr = strip_thousands_commas(expr)
     if not expr:
         return []
-    if len(expr) > 2 and expr[0] in _TUPLE_CHARS and expr[-1] in _TUPLE_CHARS \
-            and all(ch not in expr[1:-1] for ch in _TUPLE_CHARS):
+    if (
+        len(expr) > 2
+        and expr[0] in _TUPLE_CHARS
+        and expr[-1] in _TUPLE_CHARS
+        and all(ch not in expr[1:-1] for ch in _TUPLE_CHARS)
+    ):
         return [item.strip() for item in expr[1:-1].split(",")]
     return [expr]
 

@@ -7,6 +7,7 @@ the benchmark ground truths contain: ``\\text{}``/``\\mbox{}`` units, ``^\\circ`
 short ``x =`` prefixes, plain-text math (``np.arcsin(10/13)``, ``4.5e33``, ``-1./3``, ``x**2``).
 All rules are regex substitutions on bounded input (answers are capped upstream); nothing is evaluated.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,7 +32,9 @@ _SCI_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![
 _TRAILING_DOT_NUMBER = re.compile(r"(\d)\.(?!\d)")
 _LEADING_DOT_NUMBER = re.compile(r"(?<![\d.])\.(\d)")
 _BRACED_SUBSCRIPT_NUMBER = re.compile(r"_\{(\d+)\}")
-_PLAIN_FUNCS = re.compile(r"(?<![\\A-Za-z])(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|log|ln|exp)(?=\s*\()")
+_PLAIN_FUNCS = re.compile(
+    r"(?<![\\A-Za-z])(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|log|ln|exp)(?=\s*\()"
+)
 _PLAIN_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
 _PLAIN_INF = re.compile(r"(?<![\\A-Za-z])(?:infinity|inf)(?![A-Za-z])")
 _SHORT_LHS = re.compile(r"^\s*(?:[A-Za-z](?:_\{?\w+\}?)?|\\[a-zA-Z]+|[A-Za-z]\s*\(\s*[A-Za-z]\s*\))\s*=(?!=)")
@@ -39,15 +42,36 @@ _MEMBERSHIP_LHS = re.compile(r"^\s*[A-Za-z]\s*\\in\s*")
 _SPACES = re.compile(r"\s+")
 
 _UNICODE = {
-    "−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ", "∞": "\\infty ",
-    "√": "\\sqrt", "≤": "\\leq ", "≥": "\\geq ", "≠": "\\neq ", "∪": "\\cup ", "∈": "\\in ",
+    "−": "-",
+    "–": "-",
+    "×": "\\times ",
+    "·": "\\cdot ",
+    "÷": "\\div ",
+    "π": "\\pi ",
+    "∞": "\\infty ",
+    "√": "\\sqrt",
+    "≤": "\\leq ",
+    "≥": "\\geq ",
+    "≠": "\\neq ",
+    "∪": "\\cup ",
+    "∈": "\\in ",
 }
 _COMMAND_ALIASES = (
-    ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\cfrac", "\\frac"),
-    ("\\geqslant", "\\geq"), ("\\leqslant", "\\leq"), ("\\ge ", "\\geq "), ("\\le ", "\\leq "),
-    ("\\bmatrix", "\\pmatrix"), ("{bmatrix}", "{pmatrix}"), ("{matrix}", "{pmatrix}"),
-    ("{vmatrix}", "{pmatrix}"), ("{Bmatrix}", "{pmatrix}"),
-    ("\\displaystyle", ""), ("\\dots", "\\ldots"), ("\\cdots", "\\ldots"),
+    ("\\dfrac", "\\frac"),
+    ("\\tfrac", "\\frac"),
+    ("\\cfrac", "\\frac"),
+    ("\\geqslant", "\\geq"),
+    ("\\leqslant", "\\leq"),
+    ("\\ge ", "\\geq "),
+    ("\\le ", "\\leq "),
+    ("\\bmatrix", "\\pmatrix"),
+    ("{bmatrix}", "{pmatrix}"),
+    ("{matrix}", "{pmatrix}"),
+    ("{vmatrix}", "{pmatrix}"),
+    ("{Bmatrix}", "{pmatrix}"),
+    ("\\displaystyle", ""),
+    ("\\dots", "\\ldots"),
+    ("\\cdots", "\\ldots"),
 )
 
 

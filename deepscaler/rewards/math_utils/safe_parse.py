@@ -6,6 +6,7 @@ node): no ``eval``, ``exec``, ``sympify`` or ``parse_expr`` ever sees model text
 tree is checked against limits (node count, exponent and factorial sizes, nesting), because SymPy
 would otherwise happily try to expand ``9^{9^{9}}`` for hours. Inputs that fail a guard parse to None.
 """
+
 from __future__ import annotations
 
 import math

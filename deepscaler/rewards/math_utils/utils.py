@@ -5,6 +5,7 @@ check is ``answers_match`` (latex2sympy grammar, guarded trees, a time bound), s
 ``are_equal_under_sympy`` never evaluate model text as code. The string helpers (boxed extraction, tuple
 splitting, the eval heuristics) keep LUFFY's behaviour.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,9 +16,21 @@ from deepscaler.rewards.math_utils.extract import last_boxed_content
 from deepscaler.rewards.math_utils.normalize import clean_answer, match_key
 
 __all__ = [
-    "BAD_REGEXES", "BAD_SUBSTRINGS", "TUPLE_CHARS", "are_equal_under_sympy", "count_unknown_letters_in_expr",
-    "extract_answer", "extract_boxed_answer", "grade_answer_mathd", "grade_answer_sympy", "grade_answer_verl",
-    "last_boxed_only_string", "mathd_normalize_answer", "remove_boxed", "should_allow_eval", "split_tuple",
+    "BAD_REGEXES",
+    "BAD_SUBSTRINGS",
+    "TUPLE_CHARS",
+    "are_equal_under_sympy",
+    "count_unknown_letters_in_expr",
+    "extract_answer",
+    "extract_boxed_answer",
+    "grade_answer_mathd",
+    "grade_answer_sympy",
+    "grade_answer_verl",
+    "last_boxed_only_string",
+    "mathd_normalize_answer",
+    "remove_boxed",
+    "should_allow_eval",
+    "split_tuple",
 ]
 
 # LUFFY's heuristics for expressions too risky to hand to SymPy (exponent towers and powers of 10+).
@@ -79,7 +92,12 @@ def split_tuple(expr: str) -> list[str]:
     if not expr:
         return []
     inner = expr[1:-1]
-    if len(expr) > 2 and expr[0] in TUPLE_CHARS and expr[-1] in TUPLE_CHARS and not any(c in inner for c in TUPLE_CHARS):
+    if (
+        len(expr) > 2
+        and expr[0] in TUPLE_CHARS
+        and expr[-1] in TUPLE_CHARS
+        and not any(c in inner for c in TUPLE_CHARS)
+    ):
         return [e.strip() for e in inner.split(",")]
     return [expr]
 
@@ -98,7 +116,7 @@ def last_boxed_only_string(string: str) -> Optional[str]:
         elif string[i] == "}":
             depth -= 1
             if depth == 0:
-                return string[start:i + 1]
+                return string[start : i + 1]
     return None
 
 
@@ -107,7 +125,7 @@ def remove_boxed(s: Optional[str]) -> Optional[str]:
     left = "\\boxed{"
     if not isinstance(s, str) or not s.startswith(left) or not s.endswith("}"):
         return None
-    return s[len(left):-1]
+    return s[len(left) : -1]
 
 
 def extract_boxed_answer(solution: str) -> Optional[str]:

@@ -14,6 +14,7 @@ Quirks kept (they change numbers): every mean is Trinity's ``Σv·m/(Σm + 1e-8)
 in Trinity); the mixed loss builds its φ-SFT term without ``cutoff_prob`` (always 1.0 there, as in Trinity).
 μ is a Python float of the step only, so it carries no state beyond the global step.
 """
+
 from __future__ import annotations
 
 import math
@@ -120,8 +121,12 @@ def dual_clip_ppo_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dic
     clipfrac_lower = masked_mean_eps(torch.gt(clipped1, losses3) * (adv < 0).float(), mask)
     pg_losses = torch.where(adv < 0, clipped2, clipped1)
     loss = masked_mean_eps(pg_losses, mask)
-    return loss, {"pg_clipfrac": clipfrac.detach(), "ppo_kl": ppo_kl.detach(), "pg_loss": loss.detach(),
-                  "pg_clipfrac_lower": clipfrac_lower.detach()}
+    return loss, {
+        "pg_clipfrac": clipfrac.detach(),
+        "ppo_kl": ppo_kl.detach(),
+        "pg_loss": loss.detach(),
+        "pg_clipfrac_lower": clipfrac_lower.detach(),
+    }
 
 
 def _per_micro_batch_weights(rows: int, cfg) -> tuple[float, float]:
@@ -153,17 +158,24 @@ def chord_mixed_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]
     device = inputs.log_prob.device
     metrics: dict = {}
     if n_usual > 0:
-        usual = FamilyLossInputs(log_prob=inputs.log_prob[~expert], old_log_prob=inputs.old_log_prob[~expert],
-                                 advantages=inputs.advantages[~expert],
-                                 response_mask=inputs.response_mask[~expert])
+        usual = FamilyLossInputs(
+            log_prob=inputs.log_prob[~expert],
+            old_log_prob=inputs.old_log_prob[~expert],
+            advantages=inputs.advantages[~expert],
+            response_mask=inputs.response_mask[~expert],
+        )
         grpo_loss, grpo_metrics = dual_clip_ppo_loss(usual, cfg)
         grpo_loss = grpo_loss * n_usual * w_usual
         metrics.update({f"usual/{k}": v * n_usual * w_usual for k, v in grpo_metrics.items()})
     else:
         grpo_loss = torch.tensor(0.0, device=device)
     if n_expert > 0:
-        demo = FamilyLossInputs(log_prob=inputs.log_prob[expert], old_log_prob=inputs.old_log_prob[expert],
-                                advantages=inputs.advantages[expert], response_mask=inputs.response_mask[expert])
+        demo = FamilyLossInputs(
+            log_prob=inputs.log_prob[expert],
+            old_log_prob=inputs.old_log_prob[expert],
+            advantages=inputs.advantages[expert],
+            response_mask=inputs.response_mask[expert],
+        )
         # Trinity builds the mixed loss's SFT term without cutoff_prob.
         sft_fn = sft_phi_loss if cfg.enable_phi_function else sft_plain_loss
         sft_cfg = _NoCutoff(cfg)

@@ -5,6 +5,7 @@ Each authors' codebase carries its own ``masked_mean``: the LUFFY-lineage forks 
 ``Σ v·m / Σ m`` (NaN on an empty mask, which their actors then test for), Trinity-RFT (CHORD) adds 1e-8 to the
 denominator (0 on an empty mask). Golden tests compare bit for bit, so each module uses the one its authors use.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,9 @@ def shape_off_ratio(ratio: torch.Tensor, reshape: str, loss: str) -> torch.Tenso
     return ratio if gamma is None else shaped(ratio, gamma)
 
 
-def clipped_on_losses(adv: torch.Tensor, value: torch.Tensor, clamp_arg: torch.Tensor, mask: torch.Tensor,
-                      cfg) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_on_losses(
+    adv: torch.Tensor, value: torch.Tensor, clamp_arg: torch.Tensor, mask: torch.Tensor, cfg
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The LUFFY-lineage on-policy term: ``−A·value``, and unless ``cfg.loss_remove_clip`` the max with
     ``−A·clamp(clamp_arg, 1−ε, max(clip_upper_bound, 1+ε))`` -> (losses, clip fraction over ``mask``)."""
     losses = -adv * value

@@ -29,6 +29,7 @@ is the per-trajectory mean of the trajectory's own token entropies. Fixed: the `
 ``sample_experience_uids`` returns one empty list (theirs a tuple ``([], [])``); the sampler stops short
 instead of dividing by zero when the over-subscribed excess can only go to zero-weight buckets (bucket 0).
 """
+
 from __future__ import annotations
 
 import random
@@ -39,8 +40,7 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 import torch
 
-from luffy_pool.algorithm.family.common import (aggregate, clipped_on_losses, masked_mean_plain,
-                                                shape_off_ratio)
+from luffy_pool.algorithm.family.common import aggregate, clipped_on_losses, masked_mean_plain, shape_off_ratio
 from luffy_pool.algorithm.family.registry import FamilyLossInputs, register
 
 WEIGHTINGS = ("linear", "normal", "sqrt", "linear_clip")
@@ -73,8 +73,14 @@ def bucket_probabilities(buckets: dict[int, Sequence[Any]], n_rollout: int, meth
     return {k: w / total for k, w in valid.items()}
 
 
-def sample_from_buckets(buckets: dict[int, Sequence[Any]], n: int, n_rollout: int, method: str,
-                        np_rng: np.random.RandomState, py_rng: random.Random) -> list[Any]:
+def sample_from_buckets(
+    buckets: dict[int, Sequence[Any]],
+    n: int,
+    n_rollout: int,
+    method: str,
+    np_rng: np.random.RandomState,
+    py_rng: random.Random,
+) -> list[Any]:
     """``n`` items: bucket counts from one multinomial over :func:`bucket_probabilities`; a count above its
     bucket's size is capped and the excess re-assigned one at a time (``np_rng.choice``) among buckets with room,
     with renormalised probabilities; then ``py_rng.sample`` without replacement inside each bucket (all items
@@ -105,9 +111,15 @@ def sample_from_buckets(buckets: dict[int, Sequence[Any]], n: int, n_rollout: in
     return samples
 
 
-def sample_experience_uids(bucket_manager: Optional["BucketManager"], valid_uids: Sequence[Hashable], n_exp: int,
-                           n_rollout: int, method: Optional[str], np_rng: np.random.RandomState,
-                           py_rng: random.Random) -> list[Hashable]:
+def sample_experience_uids(
+    bucket_manager: Optional["BucketManager"],
+    valid_uids: Sequence[Hashable],
+    n_exp: int,
+    n_rollout: int,
+    method: Optional[str],
+    np_rng: np.random.RandomState,
+    py_rng: random.Random,
+) -> list[Hashable]:
     """The replayed question ids of one step: bucket sampling over the manager's buckets restricted to
     ``valid_uids`` (bucket order = the manager's), or ``py_rng.sample(valid_uids, n_exp)`` when ``method`` is
     None or no bucket holds a valid id."""
@@ -213,8 +225,10 @@ class BucketManager:
 
     def state_dict(self) -> dict:
         """Checkpointable state (bucket order preserved)."""
-        return {"experience_bucket": [(k, list(v)) for k, v in self.experience_bucket.items()],
-                "uid_to_bucket": list(self.uid_to_bucket.items())}
+        return {
+            "experience_bucket": [(k, list(v)) for k, v in self.experience_bucket.items()],
+            "uid_to_bucket": list(self.uid_to_bucket.items()),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.experience_bucket = defaultdict(list, {k: list(v) for k, v in state["experience_bucket"]})
@@ -233,8 +247,9 @@ def trajectory_metric_paper(values: torch.Tensor, response_mask: torch.Tensor, k
     return [float(np.exp(-m)) if kind == "ppl" else float(m) for m in means.tolist()]
 
 
-def trajectory_metric_original(values: torch.Tensor, responses: torch.Tensor, pad_token_id: int, kind: str = "ent",
-                               batch_size: int = 8) -> list[float]:
+def trajectory_metric_original(
+    values: torch.Tensor, responses: torch.Tensor, pad_token_id: int, kind: str = "ent", batch_size: int = 8
+) -> list[float]:
     """The authors' ``compute_postcal_metrics`` reduction (Q1), given the actor's per-position ``values``
     [N, T] (entropies or log-probs of the last T positions of the left-padded prompt+trajectory) and the
     candidates' right-padded trajectory ids ``responses`` [N, T]: candidate ``i`` averages ``values[i]`` over
@@ -248,8 +263,9 @@ def trajectory_metric_original(values: torch.Tensor, responses: torch.Tensor, pa
     last_start = ((n - 1) // batch_size) * batch_size
     last = responses[last_start:]
     if last.shape[0] < batch_size:
-        last = torch.cat([last, torch.full((batch_size - last.shape[0], responses.shape[1]), pad_token_id,
-                                           dtype=responses.dtype)])
+        last = torch.cat(
+            [last, torch.full((batch_size - last.shape[0], responses.shape[1]), pad_token_id, dtype=responses.dtype)]
+        )
     out = []
     for i in range(n):
         mask = ~(last[i % batch_size] != pad_token_id)
@@ -270,8 +286,9 @@ def select_best(metrics: Sequence[float], mode: str = "argmin") -> int:
 # ----------------------------------------------------------------------------------------------------
 # Loss
 # ----------------------------------------------------------------------------------------------------
-def swap_recorded_log_probs(old_log_prob: torch.Tensor, recorded_log_prob: torch.Tensor,
-                            off_rows: torch.Tensor) -> torch.Tensor:
+def swap_recorded_log_probs(
+    old_log_prob: torch.Tensor, recorded_log_prob: torch.Tensor, off_rows: torch.Tensor
+) -> torch.Tensor:
     """``old_log_prob`` with the rows of replayed traces (``off_rows`` and a recorded vector whose sum is not
     0, i.e. present) replaced by their recorded log-probs (right-padded with 0), as ``exp_is_correct=True``."""
     out = old_log_prob.clone()

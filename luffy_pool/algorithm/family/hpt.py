@@ -15,6 +15,7 @@ whenever the clip is on), as in their ``compute_policy_loss``; the gate returns 
 their trainer). Fixed: an unknown ``unify_strategy`` (e.g. the YAML default ``balance``) raises instead of
 returning None.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,8 +64,9 @@ def sft_pure_loss(log_prob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean_plain(-log_prob, mask)
 
 
-def hpt_policy_loss(old_log_prob, log_prob, advantages, mask, clip_ratio: float, loss_remove_token_mean: bool,
-                    loss_remove_clip: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def hpt_policy_loss(
+    old_log_prob, log_prob, advantages, mask, clip_ratio: float, loss_remove_token_mean: bool, loss_remove_clip: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Their verl ``compute_policy_loss``: ``−A·ρ`` (PPO clip unless ``loss_remove_clip``), ``Σ/width`` or the
     token mean -> ``(pg_loss, pg_clipfrac, ppo_kl)``."""
     log_ratio = log_prob - old_log_prob
@@ -91,8 +93,18 @@ def hpt_sft_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
     on = ~demo
     sft = sft_pure_loss(inputs.log_prob[demo], inputs.response_mask[demo])
     pg_loss, pg_clipfrac, ppo_kl = hpt_policy_loss(
-        inputs.old_log_prob[on], inputs.log_prob[on], inputs.advantages[on], inputs.response_mask[on],
-        cfg.clip_ratio, cfg.loss_remove_token_mean, cfg.loss_remove_clip)
+        inputs.old_log_prob[on],
+        inputs.log_prob[on],
+        inputs.advantages[on],
+        inputs.response_mask[on],
+        cfg.clip_ratio,
+        cfg.loss_remove_token_mean,
+        cfg.loss_remove_clip,
+    )
     loss = pg_loss if torch.isnan(sft) else sft * cfg.sft_loss_coef + pg_loss
-    return loss, {"sft_loss": sft.detach(), "on_pg_loss": pg_loss.detach(), "pg_clipfrac": pg_clipfrac.detach(),
-                  "ppo_kl": ppo_kl.detach()}
+    return loss, {
+        "sft_loss": sft.detach(),
+        "on_pg_loss": pg_loss.detach(),
+        "pg_clipfrac": pg_clipfrac.detach(),
+        "ppo_kl": ppo_kl.detach(),
+    }

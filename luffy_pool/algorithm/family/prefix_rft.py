@@ -15,6 +15,7 @@ may differ from the authors' code (each a knob or a documented choice):
 - the entropy quantile is per row: of a row's ``k`` valid prefix tokens the ``⌈top_frac·k⌉`` with the largest
   entropy (ties: the earlier position) keep their gradient; the continuation's tokens all keep theirs.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,9 @@ def prefix_ratio(step: int, cfg) -> float:
     return cfg.ratio_end + 0.5 * (cfg.ratio_start - cfg.ratio_end) * (1.0 + math.cos(math.pi * progress))
 
 
-def prefix_entropy_mask(entropy: torch.Tensor, prefix_mask: torch.Tensor, response_mask: torch.Tensor,
-                        top_frac: float) -> torch.Tensor:
+def prefix_entropy_mask(
+    entropy: torch.Tensor, prefix_mask: torch.Tensor, response_mask: torch.Tensor, top_frac: float
+) -> torch.Tensor:
     """``[rows, L]`` float mask: 1 on the ``⌈top_frac·k⌉`` highest-entropy valid prefix tokens of each row
     (``k`` = the row's valid prefix tokens; ties go to the earlier position), 0 elsewhere."""
     if not 0.0 <= top_frac <= 1.0:
@@ -61,8 +63,9 @@ def prefix_entropy_mask(entropy: torch.Tensor, prefix_mask: torch.Tensor, respon
     count = candidates.sum(-1, keepdim=True)
     # the 1e-6 keeps k = top_frac·count exact where float rounding lands just above an integer (0.2·15)
     keep_count = torch.ceil(count.to(torch.float64) * top_frac - 1e-6).clamp(min=0)
-    scores = torch.where(candidates, entropy.detach().to(torch.float64), torch.full_like(entropy, -math.inf,
-                                                                                        dtype=torch.float64))
+    scores = torch.where(
+        candidates, entropy.detach().to(torch.float64), torch.full_like(entropy, -math.inf, dtype=torch.float64)
+    )
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
@@ -91,7 +94,8 @@ def prefix_rft_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
     return loss, {
         "prefix_rft/kept_prefix_share": kept_prefix.sum() / prefix_tokens if prefix_tokens > 0 else zero,
         "prefix_rft/prefix_entropy": masked_mean_plain(entropy, prefix.to(valid.dtype) * valid)
-        if prefix_tokens > 0 else zero,
+        if prefix_tokens > 0
+        else zero,
         "pg_clipfrac": clipfrac,
         "ppo_kl": masked_mean_plain(-log_ratio, mask) if mask.sum() > 0 else zero,
     }

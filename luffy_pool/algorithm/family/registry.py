@@ -12,6 +12,7 @@ Three kinds, one call shape each (METHODS_SPEC §0 "framework building blocks"):
 - ``schedule``: ``fn(step: int, cfg) -> float`` (CHORD's μ, UFT's hint probability).
 - ``gate``: ``fn(success_count: int, cfg) -> decision`` (HPT's per-prompt switch).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -14,6 +14,7 @@ starve. Fixed: their trigger evaluates ``len(buffer)`` while the buffer may be `
 after a phase consumed it exactly) and crashes on a step with no hard question; here an empty buffer is an
 empty list. The buffer has a ``state_dict`` (theirs is a local of ``fit``, lost on resume).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ class HardBuffer:
         """The first ``sft_data_size`` rows for one SFT phase; the rest stay."""
         if not self.ready():
             raise ValueError(f"buffer holds {len(self.rows)} rows, the SFT step needs {self.sft_data_size}")
-        batch, self.rows = self.rows[:self.sft_data_size], self.rows[self.sft_data_size:]
+        batch, self.rows = self.rows[: self.sft_data_size], self.rows[self.sft_data_size :]
         return batch
 
     def state_dict(self) -> dict:
@@ -81,14 +82,20 @@ class HardBuffer:
 
     def load_state_dict(self, state: dict) -> None:
         if state["sft_data_size"] != self.sft_data_size:
-            raise ValueError(f"checkpointed buffer has sft_data_size {state['sft_data_size']}, "
-                             f"this run {self.sft_data_size}")
+            raise ValueError(
+                f"checkpointed buffer has sft_data_size {state['sft_data_size']}, this run {self.sft_data_size}"
+            )
         self.rows = list(state["rows"])
 
 
-def demonstration_batch(prompt_ids: torch.Tensor, prompt_attention_mask: torch.Tensor,
-                        prompt_position_ids: torch.Tensor, tgt_input_ids: torch.Tensor, pad_token_id: int,
-                        eos_token_id: int) -> dict[str, torch.Tensor]:
+def demonstration_batch(
+    prompt_ids: torch.Tensor,
+    prompt_attention_mask: torch.Tensor,
+    prompt_position_ids: torch.Tensor,
+    tgt_input_ids: torch.Tensor,
+    pad_token_id: int,
+    eos_token_id: int,
+) -> dict[str, torch.Tensor]:
     """The SFT rows of ReLIFT's ``replace_response_in_batch``: response := the demonstration with EOS written at
     its first pad position (over its last token when it fills the width), attention up to and including the
     first EOS, positions continuing from the prompt's last one. Prompts left-padded ``[B, P]``, demonstrations
@@ -101,7 +108,9 @@ def demonstration_batch(prompt_ids: torch.Tensor, prompt_attention_mask: torch.T
     responses[torch.arange(len(responses)), torch.where(lengths < width, lengths, width - 1)] = eos_token_id
     response_mask = get_eos_mask(responses, eos_token_id, dtype=prompt_attention_mask.dtype)
     steps = torch.arange(1, width + 1, device=responses.device).expand(len(responses), width)
-    return {"input_ids": torch.cat([prompt_ids, responses], dim=-1),
-            "attention_mask": torch.cat([prompt_attention_mask, response_mask], dim=-1),
-            "position_ids": torch.cat([prompt_position_ids, prompt_position_ids[:, -1:] + steps], dim=-1),
-            "responses": responses}
+    return {
+        "input_ids": torch.cat([prompt_ids, responses], dim=-1),
+        "attention_mask": torch.cat([prompt_attention_mask, response_mask], dim=-1),
+        "position_ids": torch.cat([prompt_position_ids, prompt_position_ids[:, -1:] + steps], dim=-1),
+        "responses": responses,
+    }

@@ -13,14 +13,14 @@ exactly 1 else ``−1`` times ``ℓ_t`` (``srft_type=paper``; ``exp``: p_t, ``cl
 ``sft_loss_coef`` is not applied; with ``loss_remove_clip=False`` the "clip" clamps ``ℓ_t`` itself into
 ``[1−ε, max(clip_upper_bound, 1+ε)]`` (meaningless; kept for fidelity, off in the script).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from luffy_pool.algorithm.family.common import (aggregate, clipped_on_losses, masked_mean_plain,
-                                                shape_off_ratio)
+from luffy_pool.algorithm.family.common import aggregate, clipped_on_losses, masked_mean_plain, shape_off_ratio
 from luffy_pool.algorithm.family.registry import FamilyLossInputs, register, require
 
 SRFT_TYPES = ("paper", "exp", "classic_rl", "minus_old")
@@ -40,8 +40,9 @@ class SrftConfig:
     loss_remove_clip: bool = True
 
 
-def srft_coefficients(entropy: torch.Tensor, mask: torch.Tensor,
-                      cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def srft_coefficients(
+    entropy: torch.Tensor, mask: torch.Tensor, cfg
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row ``(H, w_SFT = 0.5·e^{−H}, a_pos = 0.1·e^{H})`` from the token entropies (detached)."""
     h = masked_mean_plain(entropy, mask, axis=-1).detach()
     return h, cfg.sft_weight_scale * torch.exp(-1 * h), cfg.rl_pos_weight_scale * torch.exp(h)
@@ -57,8 +58,11 @@ def srft_token_loss(inputs: FamilyLossInputs, on_coef: torch.Tensor, correct: to
     log_ratio = log_prob - old_log_prob
     ppo_kl = masked_mean_plain(-log_ratio, eos_mask)
     ratio = torch.exp(log_ratio)
-    on_adv = torch.where(correct.unsqueeze(-1).expand_as(adv), on_coef.view(-1, 1).expand_as(adv),
-                         torch.tensor(-1.0, device=adv.device, dtype=adv.dtype).expand_as(adv))
+    on_adv = torch.where(
+        correct.unsqueeze(-1).expand_as(adv),
+        on_coef.view(-1, 1).expand_as(adv),
+        torch.tensor(-1.0, device=adv.device, dtype=adv.dtype).expand_as(adv),
+    )
     base = {"exp": torch.exp(log_prob), "classic_rl": ratio, "minus_old": log_ratio}.get(cfg.srft_type, log_prob)
     # their "clip" clamps the log-prob itself (quirk kept; the script turns it off)
     on_losses, on_clipfrac = clipped_on_losses(on_adv, base, log_prob, eos_mask, cfg)
@@ -70,8 +74,13 @@ def srft_token_loss(inputs: FamilyLossInputs, on_coef: torch.Tensor, correct: to
     pg_losses = off_losses * prefix_f + on_losses * (1 - prefix_f)
     pg_loss = aggregate(pg_losses, eos_mask, cfg.loss_remove_token_mean)
     zero = torch.tensor(0.0)
-    return {"pg_loss": pg_loss, "off_pg_loss": zero if torch.isnan(off_pg_loss) else off_pg_loss.detach(),
-            "on_pg_loss": on_pg_loss.detach(), "on_pg_clipfrac": on_clipfrac, "ppo_kl": ppo_kl.detach()}
+    return {
+        "pg_loss": pg_loss,
+        "off_pg_loss": zero if torch.isnan(off_pg_loss) else off_pg_loss.detach(),
+        "on_pg_loss": on_pg_loss.detach(),
+        "on_pg_clipfrac": on_clipfrac,
+        "ppo_kl": ppo_kl.detach(),
+    }
 
 
 @register("loss", "srft", config=SrftConfig)
@@ -90,6 +99,7 @@ def srft_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
     ret = srft_token_loss(inputs, on_coef, correct, cfg)
     loss = ret["pg_loss"] if torch.isnan(sft) else sft + ret["pg_loss"]
     metrics = {k: v for k, v in ret.items() if k != "pg_loss"}
-    metrics.update({"sft_loss": sft.detach(), "srft/H": h.mean(), "srft/sft_coef": sft_coef.mean(),
-                    "srft/on_coef": on_coef.mean()})
+    metrics.update(
+        {"sft_loss": sft.detach(), "srft/H": h.mean(), "srft/sft_coef": sft_coef.mean(), "srft/on_coef": on_coef.mean()}
+    )
     return loss, metrics

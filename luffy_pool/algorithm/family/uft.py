@@ -17,6 +17,7 @@ The hint NLL clamps the (temperature-divided) prompt logits to [−100, 100] and
 Fixed: a row whose hint list is empty gets no hint (theirs divides by zero).
 :func:`split_solution` is ours: a lossless pre-processor cutting a full solution into line segments.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,7 +50,8 @@ def hint_probability(step: int, cfg) -> float:
     if step > cfg.total_training_steps_hint:
         return 0.0
     return cfg.lower_prob + 0.5 * (cfg.upper_prob - cfg.lower_prob) * (
-        1 + np.cos(np.pi * step / cfg.total_training_steps_hint))
+        1 + np.cos(np.pi * step / cfg.total_training_steps_hint)
+    )
 
 
 def cut_points(n_segments: int, max_segments: int = 5) -> list[int]:
@@ -96,8 +98,15 @@ def _pad(t: torch.Tensor, length: int, value: int, left: bool) -> torch.Tensor:
     return F.pad(t, (gap, 0) if left else (0, gap), "constant", value)
 
 
-def tokenize_with_hint(prompt: str, hint_text: str, tokenizer, max_length: int, pad_token_id: int,
-                       left_pad: bool = True, truncation: str = "error"):
+def tokenize_with_hint(
+    prompt: str,
+    hint_text: str,
+    tokenizer,
+    max_length: int,
+    pad_token_id: int,
+    left_pad: bool = True,
+    truncation: str = "error",
+):
     """``(input_ids, attention_mask, hint_ids, hint_mask)``, each ``[1, ·]``: prompt and hint tokenised
     separately (no special tokens) and concatenated; ``hint_mask`` is 1 on the ``h`` positions before the last
     (next token is a hint token); padded to ``max_length`` or truncated (``left``/``right``; ``error`` raises)."""
@@ -114,7 +123,7 @@ def tokenize_with_hint(prompt: str, hint_text: str, tokenizer, max_length: int, 
         attention_mask = torch.cat([attention_mask, hint["attention_mask"]], dim=-1)
         hint_length = hint_ids.shape[-1]
     hint_mask = torch.zeros_like(attention_mask)
-    hint_mask[:, -hint_length - 1:-1] = 1
+    hint_mask[:, -hint_length - 1 : -1] = 1
     length = input_ids.shape[-1]
     if length < max_length:
         input_ids = _pad(input_ids, max_length, pad_token_id, left_pad)
@@ -185,5 +194,8 @@ def uft_loss(inputs, cfg) -> tuple[torch.Tensor, dict]:
     pg_loss = aggregate(losses, cont, cfg.loss_remove_token_mean) if cont.sum() > 0 else zero
     hint_nll = (-inputs.log_prob * hint).sum() / torch.clamp(hint.sum(), min=1e-6)
     return pg_loss + cfg.hint_sft_coef * hint_nll, {
-        "uft/pg_loss": pg_loss, "uft/hint_nll": hint_nll, "pg_clipfrac": clipfrac if cont.sum() > 0 else zero,
-        "ppo_kl": masked_mean_plain(-log_ratio, cont) if cont.sum() > 0 else zero}
+        "uft/pg_loss": pg_loss,
+        "uft/hint_nll": hint_nll,
+        "pg_clipfrac": clipfrac if cont.sum() > 0 else zero,
+        "ppo_kl": masked_mean_plain(-log_ratio, cont) if cont.sum() > 0 else zero,
+    }

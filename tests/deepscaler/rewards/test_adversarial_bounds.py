@@ -5,6 +5,7 @@ test measures wall time. The default budget is ``GuardLimits().time_budget_s`` (
 every case here far below it (worst measured ~0.8 s on a loaded 2-core box), BOUND_S leaves room for
 a busy CI machine. Before the guards, the first three cases did not return within 60 s / took 51 s.
 """
+
 import threading
 import time
 
@@ -133,13 +134,21 @@ def test_beyond_the_limits_is_unparseable_scored_zero_and_flagged(case):
         result, elapsed = _timed_in_thread(lambda: score_response("math", text, "2", reward_impl_version=version))
         assert elapsed < BOUND_S
         assert (result.score, result.correct, result.parse_failed, result.unparseable, result.timed_out) == (
-            0.0, False, True, True, False), (version, result)
+            0.0,
+            False,
+            True,
+            True,
+            False,
+        ), (version, result)
 
 
 def test_underlying_scorers_used_by_the_luffy_aliases_are_bounded_too():
     text = "<think>\nx\n</think>\n" + CASES["tower_9"]
-    for fn in (lambda: deepscaler_score(text, "2"), lambda: math_verify_score(text, "2"),
-               lambda: grade_solution(CASES["paren_5000"], "2", "any")):
+    for fn in (
+        lambda: deepscaler_score(text, "2"),
+        lambda: math_verify_score(text, "2"),
+        lambda: grade_solution(CASES["paren_5000"], "2", "any"),
+    ):
         result, elapsed = _timed_in_thread(fn)
         assert elapsed < BOUND_S and not result.correct and result.unparseable
 
@@ -153,9 +162,14 @@ def test_a_spent_budget_is_a_timeout_not_a_wrong_answer():
 
 
 def test_ordinary_answers_still_grade_correctly_under_the_guards():
-    cases = [("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{2^{10}}", "1024"), ("\\boxed{(x+1)^{2}}", "x^2+2x+1"),
-             ("\\boxed{\\frac{100!}{2^{50}}}", "\\frac{100!}{2^{50}}"), ("\\boxed{e^{-x^2}}", "e^{-x^2}"),
-             ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)")]
+    cases = [
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{2^{10}}", "1024"),
+        ("\\boxed{(x+1)^{2}}", "x^2+2x+1"),
+        ("\\boxed{\\frac{100!}{2^{50}}}", "\\frac{100!}{2^{50}}"),
+        ("\\boxed{e^{-x^2}}", "e^{-x^2}"),
+        ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ]
     for text, gt in cases:
         for grader in ("math_verify", "rule"):
             assert grade(text, gt, grader=grader), (text, gt, grader)

@@ -1,4 +1,5 @@
 """Answer extraction: last boxed with brace matching, think splitting, option letters, linear time."""
+
 import time
 
 from deepscaler.rewards.math_utils import (
@@ -55,7 +56,7 @@ def test_choice_ground_truths_are_lone_letters_only():
 def test_extraction_is_linear_on_pathological_inputs():
     cases = [
         "x" * 1_000_000 + r"\boxed{5}",
-        r"\boxed{" * 150_000,                      # a megabyte of unclosed boxes
+        r"\boxed{" * 150_000,  # a megabyte of unclosed boxes
         r"\boxed{" + "{" * 200_000 + "}" * 200_000 + "}",  # very deep nesting
         ("answer is " * 100_000),
     ]

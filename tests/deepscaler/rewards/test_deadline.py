@@ -1,11 +1,20 @@
 """deadline.run_with_budget: ends slow Python work in any thread by its CPU time (a wall-clock backstop as its
 own status), is not swallowed, leaves nothing behind."""
+
 import threading
 import time
 
-from deepscaler.rewards.math_utils.deadline import (CPU_TIMEOUT, FINISHED, WALL_TIMEOUT, GradeTimeout, GradeWallTimeout,
-                                                     call_with_deadline, check_deadline, default_backstop_s,
-                                                     run_with_budget)
+from deepscaler.rewards.math_utils.deadline import (
+    CPU_TIMEOUT,
+    FINISHED,
+    WALL_TIMEOUT,
+    GradeTimeout,
+    GradeWallTimeout,
+    call_with_deadline,
+    check_deadline,
+    default_backstop_s,
+    run_with_budget,
+)
 
 
 def _busy_forever_swallowing_exceptions():
@@ -79,8 +88,12 @@ def test_concurrent_threads_have_independent_budgets():
     def fast(k):
         results[k] = call_with_deadline(lambda: time.sleep(0.05) or k, 5.0)
 
-    threads = [threading.Thread(target=slow, args=(0,)), threading.Thread(target=fast, args=(1,)),
-               threading.Thread(target=slow, args=(2,)), threading.Thread(target=fast, args=(3,))]
+    threads = [
+        threading.Thread(target=slow, args=(0,)),
+        threading.Thread(target=fast, args=(1,)),
+        threading.Thread(target=slow, args=(2,)),
+        threading.Thread(target=fast, args=(3,)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,12 +1,13 @@
 """Equivalence rules of the rule grader: tolerance, exactness, structure, normalisation."""
+
 import sympy
 
 from deepscaler.rewards.math_utils import answers_match, clean_answer, objects_equal, parse_answer
 
 
 def test_decimals_compare_with_relative_tolerance_1e_6():
-    assert answers_match("0.3333333", "\\frac{1}{3}")      # |diff| / value = 1e-7
-    assert not answers_match("0.3333", "\\frac{1}{3}")     # 1e-4
+    assert answers_match("0.3333333", "\\frac{1}{3}")  # |diff| / value = 1e-7
+    assert not answers_match("0.3333", "\\frac{1}{3}")  # 1e-4
     assert answers_match("1000000.5", "1000000.4999999")
 
 

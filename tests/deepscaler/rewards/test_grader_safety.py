@@ -1,4 +1,5 @@
 """Model output never executes and pathological answers are cut short by the parser's guards."""
+
 import ast
 import pathlib
 import time
@@ -55,11 +56,21 @@ def test_reward_code_contains_no_eval_exec_sympify_or_parse_expr_calls():
     assert [b for f in files for b in _forbidden_calls(f)] == []
 
 
-@pytest.mark.parametrize("answer", [
-    "9^{9^{9^{9}}}", "10^{10^{10}}", "2^{2^{2^{2^{2^{2}}}}}", "(10^{10})!", "100000000!",
-    "x^{1000000}", "(x+1)^{100000}", "{" * 300 + "1" + "}" * 300, "(" * 300 + "1" + ")" * 300,
-    "1+" * 5000 + "1",
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "9^{9^{9^{9}}}",
+        "10^{10^{10}}",
+        "2^{2^{2^{2^{2^{2}}}}}",
+        "(10^{10})!",
+        "100000000!",
+        "x^{1000000}",
+        "(x+1)^{100000}",
+        "{" * 300 + "1" + "}" * 300,
+        "(" * 300 + "1" + ")" * 300,
+        "1+" * 5000 + "1",
+    ],
+)
 def test_pathological_answers_finish_fast_and_score_zero_with_the_rule_grader(answer):
     start = time.perf_counter()
     assert grade(f"\\boxed{{{answer}}}", "2", grader="rule") is False
@@ -79,7 +90,11 @@ def test_guard_rejects_huge_results_but_keeps_moderate_ones():
 def test_nan_or_inf_ground_truth_is_never_graded_correct(gt, version):
     from deepscaler.rewards.selection import fail_success_values, grade, score_response
 
-    text = "<think>\nx\n</think>\nThe answer is \\boxed{nan}." if version == 4 else "x\n</think>\nThe answer is \\boxed{nan}."
+    text = (
+        "<think>\nx\n</think>\nThe answer is \\boxed{nan}."
+        if version == 4
+        else "x\n</think>\nThe answer is \\boxed{nan}."
+    )
     for answer in ("nan", "inf", "-inf"):
         result = score_response("aime", text.replace("nan", answer), gt, reward_impl_version=version, grader="any")
         assert not result.correct and result.score == fail_success_values(version)[0]

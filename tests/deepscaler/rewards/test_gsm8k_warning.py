@@ -1,4 +1,5 @@
 """openai/gsm8k rows answered in \\boxed{} without '####': one warning per process naming the fix."""
+
 import logging
 
 from deepscaler.rewards import compute_score

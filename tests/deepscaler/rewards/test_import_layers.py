@@ -1,5 +1,6 @@
 """deepscaler.rewards is layered: no module imports (at top level or inside a function) one that imports it
 back, and the bottom layer (``bounded``) still warms every grader on a process's first bounded call."""
+
 import ast
 import os
 import subprocess
@@ -35,7 +36,7 @@ def _import_graph() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     parts = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
-                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
                 names = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
                 continue
@@ -58,7 +59,7 @@ def _cycle(graph: dict[str, set[str]]):
         stack.append(v)
         for w in sorted(graph[v]):
             if state.get(w) == 1:
-                return stack[stack.index(w):] + [w]
+                return stack[stack.index(w) :] + [w]
             if w not in state:
                 found = visit(w)
                 if found:
@@ -87,14 +88,17 @@ def test_the_cycle_finder_sees_a_cycle():
 
 
 def test_a_scorer_imported_alone_warms_every_grader_on_its_first_call():
-    code = ("from deepscaler.rewards.math_reward import deepscaler_score\n"
-            "from deepscaler.rewards import bounded\n"
-            "assert not bounded._warmed and bounded._warm_routine is not None\n"
-            "deepscaler_score('<think>\\nx\\n</think>\\n\\\\boxed{2}', '2')\n"
-            "assert bounded._warmed\n"
-            "import sys; print('latex2sympy2_extended' in sys.modules, 'math_verify' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=ROOT))
+    code = (
+        "from deepscaler.rewards.math_reward import deepscaler_score\n"
+        "from deepscaler.rewards import bounded\n"
+        "assert not bounded._warmed and bounded._warm_routine is not None\n"
+        "deepscaler_score('<think>\\nx\\n</think>\\n\\\\boxed{2}', '2')\n"
+        "assert bounded._warmed\n"
+        "import sys; print('latex2sympy2_extended' in sys.modules, 'math_verify' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT)
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True"]  # the rule grader's call warmed math-verify's path too
 
@@ -108,8 +112,16 @@ def test_deepscaler_imports_nothing_from_verl_or_luffy_pool():
             if f.endswith(".py"):
                 path = os.path.join(folder, f)
                 for node in ast.walk(ast.parse(open(path).read())):
-                    names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                             else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-                    found += [f"{os.path.relpath(path, ROOT)}: {n}" for n in names
-                              if n.split(".")[0] in ("verl", "luffy_pool")]
+                    names = (
+                        [a.name for a in node.names]
+                        if isinstance(node, ast.Import)
+                        else [node.module or ""]
+                        if isinstance(node, ast.ImportFrom) and not node.level
+                        else []
+                    )
+                    found += [
+                        f"{os.path.relpath(path, ROOT)}: {n}"
+                        for n in names
+                        if n.split(".")[0] in ("verl", "luffy_pool")
+                    ]
     assert found == []

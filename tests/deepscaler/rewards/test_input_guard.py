@@ -1,4 +1,5 @@
 """input_guard: each limit rejects what it names, ordinary answers (every benchmark ground truth) pass."""
+
 import os
 
 import pytest
@@ -14,35 +15,50 @@ from deepscaler.rewards.math_utils.input_guard import (
 from deepscaler.rewards.math_utils.safe_parse import parse_answer
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("1" * 401, "digits"),
-    ("(" * 9 + "1" + ")" * 9, "'(' nested deeper"),
-    ("[" * 9 + "1" + "]" * 9, "'[' nested deeper"),
-    ("{" * 9 + "1" + "}" * 9, "'{' nested deeper"),
-    ("\\{" * 9 + "1" + "\\}" * 9, "'\\{' nested deeper"),
-    ("\\left(" * 9 + "1" + "\\right)" * 9, "'\\left' nested deeper"),
-    ("(1+[2+{3+" * 5 + "1" + "}])" * 5, "brackets nested deeper than 12"),
-    ("\\frac{1}{" * 7 + "2" + "}" * 7, "fractions nested"),
-    ("\\sqrt{" * 7 + "2" + "}" * 7, "roots nested"),
-    ("9^{9^{9^{9}}}", "exponent tower"),
-    ("2^2^2^2", "exponent tower"),
-    ("2**2**2**2", "exponent tower"),
-    ("10000000!", "factorial"),
-    ("x+" * 700 + "x", "tokens"),
-    ("1" * 2001, "longer than"),
-    ("９" * 401, "digits"),  # full-width digits are digits too
-    ("٩" * 401, "digits"),  # Arabic-Indic
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("1" * 401, "digits"),
+        ("(" * 9 + "1" + ")" * 9, "'(' nested deeper"),
+        ("[" * 9 + "1" + "]" * 9, "'[' nested deeper"),
+        ("{" * 9 + "1" + "}" * 9, "'{' nested deeper"),
+        ("\\{" * 9 + "1" + "\\}" * 9, "'\\{' nested deeper"),
+        ("\\left(" * 9 + "1" + "\\right)" * 9, "'\\left' nested deeper"),
+        ("(1+[2+{3+" * 5 + "1" + "}])" * 5, "brackets nested deeper than 12"),
+        ("\\frac{1}{" * 7 + "2" + "}" * 7, "fractions nested"),
+        ("\\sqrt{" * 7 + "2" + "}" * 7, "roots nested"),
+        ("9^{9^{9^{9}}}", "exponent tower"),
+        ("2^2^2^2", "exponent tower"),
+        ("2**2**2**2", "exponent tower"),
+        ("10000000!", "factorial"),
+        ("x+" * 700 + "x", "tokens"),
+        ("1" * 2001, "longer than"),
+        ("９" * 401, "digits"),  # full-width digits are digits too
+        ("٩" * 401, "digits"),  # Arabic-Indic
+    ],
+)
 def test_each_limit_rejects_what_it_names(text, reason):
     found = check_expression(text)
     assert found is not None and reason in found
 
 
-@pytest.mark.parametrize("text", [
-    "\\frac{\\sqrt{3}}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)", "2^{1009}", "e^{-x^2}", "2^{2^{2}}",
-    "\\frac{100!}{2^{50}}", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\{1, 2, 3\\}",
-    "x^2 + 3x - 4 = 0", "\\frac{1}{1+\\frac{1}{1+\\frac{1}{2}}}", "2^3 + 4^5 + 6^7", "(a+b)(c+d)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\\frac{\\sqrt{3}}{2}",
+        "\\left( 3, \\frac{\\pi}{2} \\right)",
+        "2^{1009}",
+        "e^{-x^2}",
+        "2^{2^{2}}",
+        "\\frac{100!}{2^{50}}",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "\\{1, 2, 3\\}",
+        "x^2 + 3x - 4 = 0",
+        "\\frac{1}{1+\\frac{1}{1+\\frac{1}{2}}}",
+        "2^3 + 4^5 + 6^7",
+        "(a+b)(c+d)",
+    ],
+)
 def test_ordinary_answers_pass(text):
     assert check_expression(text) is None
 

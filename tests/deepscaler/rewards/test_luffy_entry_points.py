@@ -1,5 +1,6 @@
 """LUFFY's deepscaler entry points as thin aliases: deepscaler_reward_fn and RewardMathFn/RewardConfig,
 with LUFFY's semantics pinned on hand-made cases."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -11,8 +12,9 @@ POLY = "<think> I am omniscient. </think> The answer is \\boxed{24 + 14*x + (-13
 
 
 def _math(response, answer, problem="p"):
-    return RewardInput(problem=problem, model_response=response, problem_type=RewardType.MATH,
-                       ground_truth={"answer": answer})
+    return RewardInput(
+        problem=problem, model_response=response, problem_type=RewardType.MATH, ground_truth={"answer": answer}
+    )
 
 
 def test_deepscaler_reward_fn_luffys_example_and_its_rules():

@@ -9,6 +9,7 @@ graders on every variant of every sixteenth problem, and every grader on every r
 are computed once for all three (every row, every grader), split over two processes (grading is one
 Python thread; the machine has two cores).
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,8 +53,7 @@ def _report(bad: dict) -> str:
     lines = []
     for grader, items in bad.items():
         for d in items[:5]:
-            lines.append(f"{grader} {d['id']}: ours={d['ours']} luffy={d['luffy']} gt={d['gt']!r} "
-                         f"...{d['answer']!r}")
+            lines.append(f"{grader} {d['id']}: ours={d['ours']} luffy={d['luffy']} gt={d['gt']!r} ...{d['answer']!r}")
     return "\n".join(lines)
 
 
@@ -70,9 +70,26 @@ def test_the_set_covers_the_benchmarks_and_answer_forms(rows):
     for (bench, _), found in ways.items():
         assert len(found) >= (12 if bench in la.CHOICE_FILES else 15), bench
     variants = {row["variant"] for row in rows}
-    for form in ("dfrac_swap", "degrees", "units_text", "x_equals", "boxed_text", "thousands_commas",
-                 "sci_notation", "float_form", "rounded_2dp", "sqrt_no_braces", "reordered", "set_braces",
-                 "no_think_close", "double_think_close", "unboxed", "wrong_by_one", "boxed_lower", "answer_line"):
+    for form in (
+        "dfrac_swap",
+        "degrees",
+        "units_text",
+        "x_equals",
+        "boxed_text",
+        "thousands_commas",
+        "sci_notation",
+        "float_form",
+        "rounded_2dp",
+        "sqrt_no_braces",
+        "reordered",
+        "set_braces",
+        "no_think_close",
+        "double_think_close",
+        "unboxed",
+        "wrong_by_one",
+        "boxed_lower",
+        "answer_line",
+    ):
         assert form in variants, form
     # LUFFY's graders answered every item (no worker timeout or exception to skip).
     assert all(not isinstance(v, str) for row in rows for v in row["luffy"].values())

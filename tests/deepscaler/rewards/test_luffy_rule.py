@@ -3,6 +3,7 @@
 The verdict-by-verdict comparison with LUFFY's code is test_luffy_grader_agreement.py; this file pins the
 safety of the plain-text parser and the quirks of LUFFY's rule that decide verdicts.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,10 +14,21 @@ from deepscaler.rewards.math_utils.luffy_rule import luffy_answers_match, luffy_
 from deepscaler.rewards.math_utils.safe_parse import UnsafeExpression
 
 
-@pytest.mark.parametrize("code", [
-    "__import__('os').system('touch /tmp/pwned')", "().__class__.__bases__", "lambda:1", "open('x')",
-    "x.y", "[1,2]", "a=1", "1;2", "'s'", "f(x)(y)[0]",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "__import__('os').system('touch /tmp/pwned')",
+        "().__class__.__bases__",
+        "lambda:1",
+        "open('x')",
+        "x.y",
+        "[1,2]",
+        "a=1",
+        "1;2",
+        "'s'",
+        "f(x)(y)[0]",
+    ],
+)
 def test_parse_plain_refuses_anything_but_arithmetic(code):
     with pytest.raises(ValueError):
         parse_plain(code)

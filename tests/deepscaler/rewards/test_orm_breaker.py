@@ -3,6 +3,7 @@ the steps skip it (cost back near normal) until a single probe call finds it ans
 
 Endpoints are local only: a closed port and a server on 127.0.0.1 that accepts and never answers.
 """
+
 import logging
 import socket
 import threading
@@ -54,8 +55,18 @@ def hung_endpoint():
 
 def _judge(port: int, monkeypatch) -> OrmJudge:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    return OrmJudge(OrmConfig(enable=True, base_url=f"http://127.0.0.1:{port}/v1", model="judge", timeout_s=0.5,
-                              max_retries=1, requests_per_second=100.0, on_failure="warn", max_failure_rate=0.5))
+    return OrmJudge(
+        OrmConfig(
+            enable=True,
+            base_url=f"http://127.0.0.1:{port}/v1",
+            model="judge",
+            timeout_s=0.5,
+            max_retries=1,
+            requests_per_second=100.0,
+            on_failure="warn",
+            max_failure_rate=0.5,
+        )
+    )
 
 
 def _step(judge):
@@ -105,8 +116,17 @@ def test_one_probe_call_closes_the_breaker_when_the_judge_answers_again(monkeypa
     monkeypatch.setattr(time, "sleep", lambda s: None)  # no backoff waits in this test
     completions = SwitchableCompletions()
     client = types.SimpleNamespace(chat=types.SimpleNamespace(completions=completions))
-    judge = OrmJudge(OrmConfig(enable=True, base_url="https://k3y-0123456789@judge.example/v1", model="judge",
-                               max_retries=2, requests_per_second=1000.0, on_failure="warn"), client=client)
+    judge = OrmJudge(
+        OrmConfig(
+            enable=True,
+            base_url="https://k3y-0123456789@judge.example/v1",
+            model="judge",
+            max_retries=2,
+            requests_per_second=1000.0,
+            on_failure="warn",
+        ),
+        client=client,
+    )
     judge.judge_many(TRIPLES)
     assert judge.breaker_open and "k3y-0123456789" not in repr(judge) and "***@judge.example" in judge.endpoint
     calls = completions.calls

@@ -1,4 +1,5 @@
 """LLM judge client: verdict parsing, prompt slots, retries, rate limit, cache, API-key handling."""
+
 import json
 import time
 import types
@@ -17,15 +18,18 @@ from deepscaler.rewards.orm import (
 )
 
 
-@pytest.mark.parametrize("reply,verdict", [
-    ("The answers match. [[YES]]", True),
-    ("[[NO]]", False),
-    ("Format: [[YES]] or [[NO]]. Here they differ, so [[NO]]", False),
-    ("[[ yes ]]", True),
-    ("YES", None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "reply,verdict",
+    [
+        ("The answers match. [[YES]]", True),
+        ("[[NO]]", False),
+        ("Format: [[YES]] or [[NO]]. Here they differ, so [[NO]]", False),
+        ("[[ yes ]]", True),
+        ("YES", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_parse_verdict_takes_the_last_verdict_token(reply, verdict):
     assert parse_verdict(reply) is verdict
 

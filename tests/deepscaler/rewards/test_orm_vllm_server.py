@@ -5,6 +5,7 @@ the server with the configured model name and key, the reply text comes back and
 function the unit tests cover, a wrong key is refused without retries, and the reward manager wires
 the judge into scoring. The server listens on 127.0.0.1 only.
 """
+
 import os
 import secrets
 import signal
@@ -35,11 +36,33 @@ def judge_server(tiny_model_dir, tmp_path_factory):
     port = _free_port()
     api_key = "sk-test-" + secrets.token_hex(8)
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model_dir,
-           "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
-           "--kv-cache-memory-bytes", str(64 * 2**20), "--seed", "0", "--api-key", api_key,
-           "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        tiny_model_dir,
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory-bytes",
+        str(64 * 2**20),
+        "--seed",
+        "0",
+        "--api-key",
+        api_key,
+        "--disable-log-stats",
+        "--uvicorn-log-level",
+        "warning",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -69,8 +92,15 @@ def judge_server(tiny_model_dir, tmp_path_factory):
 
 
 def _config(server, **kw):
-    return OrmConfig(enable=True, base_url=server["base_url"], model=MODEL_NAME, api_key_env=KEY_ENV,
-                     timeout_s=120, max_retries=1, **kw)
+    return OrmConfig(
+        enable=True,
+        base_url=server["base_url"],
+        model=MODEL_NAME,
+        api_key_env=KEY_ENV,
+        timeout_s=120,
+        max_retries=1,
+        **kw,
+    )
 
 
 def test_request_reaches_the_server_and_the_reply_is_parsed(judge_server, monkeypatch):
@@ -78,8 +108,11 @@ def test_request_reaches_the_server_and_the_reply_is_parsed(judge_server, monkey
     judge = OrmJudge(_config(judge_server), max_tokens=8)
     # The raw round trip: the served model answers under its configured name with our prompt tokens.
     completion = judge._client.chat.completions.create(
-        model=MODEL_NAME, messages=build_messages("What is 2 + 2?", "4", "The answer is 4."),
-        temperature=0.0, max_tokens=8)
+        model=MODEL_NAME,
+        messages=build_messages("What is 2 + 2?", "4", "The answer is 4."),
+        temperature=0.0,
+        max_tokens=8,
+    )
     assert completion.model == MODEL_NAME
     assert completion.usage.prompt_tokens > 50 and 1 <= completion.usage.completion_tokens <= 8
     reply = completion.choices[0].message.content
@@ -104,15 +137,24 @@ def test_reward_manager_consults_the_judge_for_wrong_answers(judge_server, monke
     from verl.workers.reward_manager import RewardManager
 
     monkeypatch.setenv(KEY_ENV, judge_server["api_key"])
-    orm = dict(enable=True, base_url=judge_server["base_url"], model=MODEL_NAME, api_key_env=KEY_ENV,
-               timeout_s=120, max_retries=1, cache_path=str(tmp_path / "cache.jsonl"),
-               on_failure="warn")  # the random tiny judge may reply without a verdict: that is a failure
+    orm = dict(
+        enable=True,
+        base_url=judge_server["base_url"],
+        model=MODEL_NAME,
+        api_key_env=KEY_ENV,
+        timeout_s=120,
+        max_retries=1,
+        cache_path=str(tmp_path / "cache.jsonl"),
+        on_failure="warn",
+    )  # the random tiny judge may reply without a verdict: that is a failure
     with RewardManager(None, reward_impl_version=3, num_workers=0, orm=orm) as manager:
         manager.judge.max_tokens = 8
-        items = [("math", "x\n</think>\n\\boxed{5}", "4", {"problem": "What is 2 + 2?"}),
-                 ("math", "x\n</think>\n\\boxed{4}", "4", {"problem": "What is 2 + 2?"})]
+        items = [
+            ("math", "x\n</think>\n\\boxed{5}", "4", {"problem": "What is 2 + 2?"}),
+            ("math", "x\n</think>\n\\boxed{4}", "4", {"problem": "What is 2 + 2?"}),
+        ]
         scores, metrics = manager.score_texts(items)
-    assert scores[1] == 1.0                      # right answers never reach the judge
+    assert scores[1] == 1.0  # right answers never reach the judge
     assert metrics["reward/orm_calls"] == 1.0
     assert scores[0] == metrics["reward/orm_yes"]  # 1.0 only if the judge said [[YES]]
     written = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())

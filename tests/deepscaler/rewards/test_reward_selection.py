@@ -1,4 +1,5 @@
 """reward_impl_version semantics (docs/METHOD.md §4.1, §8 item 5) and data-source routing."""
+
 import pytest
 
 from deepscaler.rewards import compute_score, fail_success_values, grade, score_response, select_score_fn
@@ -9,13 +10,16 @@ NO_CLOSE = "reasoning without a closing tag \\boxed{204}<|im_end|>"
 NO_BOX = "reasoning\n</think>\nthe answer is 204<|im_end|>"
 
 
-@pytest.mark.parametrize("version,expected", [
-    (0, [1.0, 0.0, 0.0, 0.0]),
-    (1, [1.0, -0.5, -1.0, -1.0]),
-    (2, [0.0, 0.0, 1.0, 0.0]),   # LUFFY quirk: a response with </think> is graded on its think part
-    (3, [1.0, 0.0, 0.0, 1.0]),   # math-verify also reads an unboxed "answer is 204"
-    (4, [1.0, 0.0, 1.0, 1.0]),   # no think requirement, no prefix
-])
+@pytest.mark.parametrize(
+    "version,expected",
+    [
+        (0, [1.0, 0.0, 0.0, 0.0]),
+        (1, [1.0, -0.5, -1.0, -1.0]),
+        (2, [0.0, 0.0, 1.0, 0.0]),  # LUFFY quirk: a response with </think> is graded on its think part
+        (3, [1.0, 0.0, 0.0, 1.0]),  # math-verify also reads an unboxed "answer is 204"
+        (4, [1.0, 0.0, 1.0, 1.0]),  # no think requirement, no prefix
+    ],
+)
 def test_versions_score_right_wrong_unclosed_and_unboxed_responses(version, expected):
     got = [compute_score("aime", r, "204", reward_impl_version=version) for r in (RIGHT, WRONG, NO_CLOSE, NO_BOX)]
     assert got == expected
@@ -49,8 +53,10 @@ def test_gsm8k_and_math_sources_use_verl_scorers_whatever_the_version():
     for version in (0, 3):
         assert compute_score("openai/gsm8k", "work #### 1,234", "1234", reward_impl_version=version) == 1.0
         assert compute_score("openai/gsm8k", "work, answer 1234", "1234", reward_impl_version=version) == 0.0
-        assert compute_score("lighteval/MATH", "no think \\boxed{\\dfrac12}", "\\frac{1}{2}",
-                             reward_impl_version=version) == 1.0
+        assert (
+            compute_score("lighteval/MATH", "no think \\boxed{\\dfrac12}", "\\frac{1}{2}", reward_impl_version=version)
+            == 1.0
+        )
     # MATH's scorer is string-only: 0.5 is not \frac{1}{2} there.
     assert compute_score("lighteval/MATH", "\\boxed{0.5}", "\\frac{1}{3}") == 0.0
 

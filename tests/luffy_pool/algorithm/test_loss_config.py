@@ -1,5 +1,6 @@
 """The config-to-loss mapping and the policy-loss registry driving both actors (one dispatch, no if/elif on flags):
 every loss is ``fn(PolicyLossInputs, cfg) -> (loss, metrics)``, ``cfg`` its own section."""
+
 import math
 import sys
 from dataclasses import dataclass
@@ -12,8 +13,12 @@ from luffy_pool.config.sections import LossSection
 from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
 from tests.helpers.float_compare import assert_float_close
 from verl.mix_src.mix_core_alg import compute_token_on_off_policy_loss
-from verl.trainer.ppo.core_algos import (POLICY_LOSS_REGISTRY, compute_policy_loss, policy_loss_config,
-                                         register_policy_loss)
+from verl.trainer.ppo.core_algos import (
+    POLICY_LOSS_REGISTRY,
+    compute_policy_loss,
+    policy_loss_config,
+    register_policy_loss,
+)
 from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, registered_loss_keys, resolve_policy_loss
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
@@ -22,8 +27,13 @@ pytestmark = pytest.mark.golden
 
 A = "actor_rollout_ref.actor"
 # LUFFY's train.sh actor keys (docs/METHOD.md §2.1) on top of the YAML defaults.
-LUFFY_ACTOR = [f"{A}.use_off_policy_loss=True", f"{A}.off_policy_reshape=p_div_p_0.1", f"{A}.loss_remove_token_mean=True",
-               f"{A}.loss_remove_clip=True", f"{A}.use_kl_loss=False"]
+LUFFY_ACTOR = [
+    f"{A}.use_off_policy_loss=True",
+    f"{A}.off_policy_reshape=p_div_p_0.1",
+    f"{A}.loss_remove_token_mean=True",
+    f"{A}.loss_remove_clip=True",
+    f"{A}.use_kl_loss=False",
+]
 
 
 def _actor_cfg(compose_config, *overrides):
@@ -44,20 +54,36 @@ def _loss_cfg(actor_cfg, name):
 def _micro():
     torch.manual_seed(0)
     rows, width = 3, 4
-    return {"old_log_probs": -torch.rand(rows, width), "advantages": torch.tensor([[1.0] * 4, [-1.0] * 4, [0.5] * 4]),
+    return (
+        {
+            "old_log_probs": -torch.rand(rows, width),
+            "advantages": torch.tensor([[1.0] * 4, [-1.0] * 4, [0.5] * 4]),
             "prefix_mask": torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
-            "behaviour_log_probs": torch.tensor([[math.log(0.5)] * 2 + [float("nan")] * 2, [float("nan")] * 4,
-                                                 [math.log(0.25)] + [float("nan")] * 3])}, -torch.rand(rows, width), torch.tensor(
-        [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
+            "behaviour_log_probs": torch.tensor(
+                [[math.log(0.5)] * 2 + [float("nan")] * 2, [float("nan")] * 4, [math.log(0.25)] + [float("nan")] * 3]
+            ),
+        },
+        -torch.rand(rows, width),
+        torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32),
+    )
 
 
 def test_auto_picks_the_loss_luffys_switches_select(compose_config):
     assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config))) == "vanilla"
     assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, *LUFFY_ACTOR))) == "luffy_token"
-    assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True"))) == "sft_multitask"
-    assert resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss"))) == "my_loss"
-    both = LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_off_policy_loss=True",
-                                                    f"{A}.use_sft_multitask_loss=True"))
+    assert (
+        resolve_policy_loss(
+            LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.use_sft_multitask_loss=True"))
+        )
+        == "sft_multitask"
+    )
+    assert (
+        resolve_policy_loss(LossSection.from_actor_config(_actor_cfg(compose_config, f"{A}.policy_loss=my_loss")))
+        == "my_loss"
+    )
+    both = LossSection.from_actor_config(
+        _actor_cfg(compose_config, f"{A}.use_off_policy_loss=True", f"{A}.use_sft_multitask_loss=True")
+    )
     with pytest.raises(ValueError, match="use_off_policy_loss and actor.use_sft_multitask_loss cannot both be True"):
         resolve_policy_loss(both)
 
@@ -68,7 +94,10 @@ def test_both_actors_select_the_loss_through_the_registry(compose_config):
     luffy = _actor(_actor_cfg(compose_config, *LUFFY_ACTOR))
     base = _actor(_actor_cfg(compose_config, *LUFFY_ACTOR), cls=DataParallelPPOActor)
     assert (luffy.policy_loss, base.policy_loss) == ("luffy_token", "vanilla")
-    assert luffy.policy_loss_fn is POLICY_LOSS_REGISTRY["luffy_token"] and base.policy_loss_fn is POLICY_LOSS_REGISTRY["vanilla"]
+    assert (
+        luffy.policy_loss_fn is POLICY_LOSS_REGISTRY["luffy_token"]
+        and base.policy_loss_fn is POLICY_LOSS_REGISTRY["vanilla"]
+    )
 
     @register_policy_loss("i35_test_prefix_tokens")
     def prefix_tokens(inputs, cfg):
@@ -90,12 +119,22 @@ def test_both_actors_select_the_loss_through_the_registry(compose_config):
 
 
 def test_a_builtin_loss_reads_the_actor_loss_section_with_luffys_values(compose_config):
-    cfg = _loss_cfg(_actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10",
-                                         f"{A}.sft_loss_coef=0.5"), "luffy_token")
+    cfg = _loss_cfg(
+        _actor_cfg(compose_config, *LUFFY_ACTOR, f"{A}.off_policy_max_clip=10", f"{A}.sft_loss_coef=0.5"), "luffy_token"
+    )
     assert isinstance(cfg, LossSection)
-    assert (cfg.clip_ratio, cfg.clip_upper_bound, cfg.loss_remove_token_mean, cfg.loss_remove_clip) == (0.2, 1.0, True, True)
+    assert (cfg.clip_ratio, cfg.clip_upper_bound, cfg.loss_remove_token_mean, cfg.loss_remove_clip) == (
+        0.2,
+        1.0,
+        True,
+        True,
+    )
     assert (cfg.off_policy_max_clip, cfg.off_policy_min_clip, cfg.all_max_clip) == (10, -1, -1)  # -1 = no clamp
-    assert (cfg.off_policy_reshape, cfg.off_policy_reshape_weight, cfg.off_policy_reshape_pow_exp) == ("p_div_p_0.1", 0.1, 0.5)
+    assert (cfg.off_policy_reshape, cfg.off_policy_reshape_weight, cfg.off_policy_reshape_pow_exp) == (
+        "p_div_p_0.1",
+        0.1,
+        0.5,
+    )
     assert (cfg.on_policy_reshape, cfg.on_policy_reshape_weight, cfg.sft_loss_coef) == ("no_reshape", 0.1, 0.5)
     assert cfg.off_policy_loss_coef == 1.0  # LUFFY's loss
     with pytest.raises(AttributeError):
@@ -107,11 +146,21 @@ def test_the_actor_calls_luffys_token_loss_with_the_mapped_arguments(compose_con
     micro, log_prob, mask = _micro()
     loss, metrics = _actor(cfg).compute_policy_loss(micro, log_prob, None, mask)
     direct = compute_token_on_off_policy_loss(
-        old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"], eos_mask=mask,
-        cliprange=0.2, clip_upper_bound=1.0, prefix_mask=micro["prefix_mask"], off_cliprange=0.2,
-        off_policy_reshape="p_div_p_0.1", off_policy_reshape_weight=0.1, on_policy_reshape_weight=0.1,
+        old_log_prob=micro["old_log_probs"],
+        log_prob=log_prob,
+        advantages=micro["advantages"],
+        eos_mask=mask,
+        cliprange=0.2,
+        clip_upper_bound=1.0,
+        prefix_mask=micro["prefix_mask"],
+        off_cliprange=0.2,
+        off_policy_reshape="p_div_p_0.1",
+        off_policy_reshape_weight=0.1,
+        on_policy_reshape_weight=0.1,
         target_probs=torch.tensor([[0.5, 0.5, 1.0, 1.0], [1.0] * 4, [0.25, 1.0, 1.0, 1.0]]),
-        loss_remove_token_mean=True, loss_remove_clip=True)
+        loss_remove_token_mean=True,
+        loss_remove_clip=True,
+    )
     # two paths: the behaviour log-probs are math.log here, torch's vectorised log of target_probs there
     assert_float_close(loss, direct["pg_loss"], what="pg_loss")
     assert_float_close(torch.tensor(metrics["actor/off_pg_loss"]), direct["off_pg_loss"], what="off_pg_loss")
@@ -163,8 +212,12 @@ def test_a_loss_with_its_own_knob_gets_its_dataclass_built_from_the_actor_group(
 
     try:
         assert "i26_scale" in registered_loss_keys()
-        loss_cfg = _loss_cfg(_actor_cfg(compose_config, f"{A}.policy_loss=i26_test_scaled",
-                                                  f"+{A}.i26_scale=3.0", f"{A}.clip_ratio=0.3"), "i26_test_scaled")
+        loss_cfg = _loss_cfg(
+            _actor_cfg(
+                compose_config, f"{A}.policy_loss=i26_test_scaled", f"+{A}.i26_scale=3.0", f"{A}.clip_ratio=0.3"
+            ),
+            "i26_test_scaled",
+        )
         assert loss_cfg == _ScaledKnobs(clip_ratio=0.3, i26_scale=3.0)
         assert _loss_cfg(_actor_cfg(compose_config), "i26_test_scaled").i26_scale == 1.0  # its default
     finally:
@@ -194,14 +247,22 @@ def test_an_unknown_loss_name_fails_when_the_actor_is_built(compose_config):
 def test_policy_loss_with_luffys_switches_is_refused(compose_config):
     from luffy_pool.config.check import validate_config
 
-    cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
-                          f"{A}.policy_loss=vanilla", f"{A}.use_off_policy_loss=True"])
+    cfg = compose_config(
+        [
+            "data.train_files=x",
+            "data.val_files=null",
+            "actor_rollout_ref.model.path=m",
+            f"{A}.policy_loss=vanilla",
+            f"{A}.use_off_policy_loss=True",
+        ]
+    )
     assert any("'actor_rollout_ref.actor.policy_loss'='vanilla' conflicts" in e for e in validate_config(cfg))
     assert OmegaConf.select(cfg, f"{A}.policy_loss") == "vanilla"
 
 
-def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_are_checked(tmp_path, monkeypatch,
-                                                                                          compose_config):
+def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_are_checked(
+    tmp_path, monkeypatch, compose_config
+):
     """``python -m luffy_pool.main_mix_ppo actor_rollout_ref.model.external_lib=my_losses +...my_knob=...``: the
     checker imports the module first, so the knob its loss declares is a known key."""
     from luffy_pool.config.check import ConfigError, prepare_overrides, validate_config
@@ -211,7 +272,8 @@ def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_ar
         "from verl.trainer.ppo.core_algos import register_policy_loss\n\n\n"
         "@dataclass(frozen=True)\nclass Knobs:\n    i26_user_knob: float = 1.0\n\n\n"
         "@register_policy_loss('i26_user_loss', config=Knobs)\n"
-        "def user_loss(inputs, cfg):\n    return cfg.i26_user_knob * inputs.log_prob.sum(), {}\n")
+        "def user_loss(inputs, cfg):\n    return cfg.i26_user_knob * inputs.log_prob.sum(), {}\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     lib = "actor_rollout_ref.model.external_lib"
     try:
@@ -219,7 +281,9 @@ def test_a_loss_in_model_external_lib_declares_its_knobs_before_the_overrides_ar
             prepare_overrides([f"+{A}.i26_user_knob=2.0"])
         overrides = [f"{lib}=i26_user_losses", f"{A}.policy_loss=i26_user_loss", f"+{A}.i26_user_knob=2.0"]
         assert prepare_overrides(overrides)[-1] == f"++{A}.i26_user_knob=2.0"
-        cfg = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides])
+        cfg = compose_config(
+            ["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", *overrides]
+        )
         assert not [e for e in validate_config(cfg) if "i26_user_knob" in e]
         assert _loss_cfg(cfg.actor_rollout_ref.actor, "i26_user_loss").i26_user_knob == 2.0
         with pytest.raises(ConfigError, match="could not be imported"):

@@ -5,6 +5,7 @@ configured shaping f(p), and counted per step. Item 4: ``use_ref=False`` with LU
 LUFFY (no KL term); ``prefix_strategy=linear`` needs shared prefixes, refused by the config checker. Item 5:
 ``clip_upper_bound`` acts only in LUFFY's off-policy token loss, as in LUFFY.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -39,11 +40,15 @@ def test_missing_zero_and_padding_probabilities_are_counted_per_row_and_token():
     prefix = torch.tensor([[True, True, True, False], [True, True, True, True], [True, True, False, False]])
     # row 0: the 0.0 (prefix); its -1 is outside the prefix. Row 1: two -1 paddings in the prefix. Row 2: none.
     batch = {"behaviour_log_probs": behaviour, "prefix_mask": prefix}
-    assert unknown_behaviour_metrics(batch, use_off_policy_probs=True) == {"batch/behaviour_prob_unknown_rows": 2,
-                                                                           "batch/behaviour_prob_unknown_tokens": 3}
+    assert unknown_behaviour_metrics(batch, use_off_policy_probs=True) == {
+        "batch/behaviour_prob_unknown_rows": 2,
+        "batch/behaviour_prob_unknown_tokens": 3,
+    }
     # no probability column at all: with use_off_policy_probs every off-policy token is unknown; off: nothing logged
     assert unknown_behaviour_metrics({"prefix_mask": prefix}, use_off_policy_probs=True) == {
-        "batch/behaviour_prob_unknown_rows": 3, "batch/behaviour_prob_unknown_tokens": 9}
+        "batch/behaviour_prob_unknown_rows": 3,
+        "batch/behaviour_prob_unknown_tokens": 9,
+    }
     assert unknown_behaviour_metrics({"prefix_mask": prefix}, use_off_policy_probs=False) == {}
 
 
@@ -52,10 +57,17 @@ def test_unknown_probability_gets_the_shaping_where_luffy_gives_minus_p_or_p_ove
     old, adv, mask = log_prob.detach().clone(), torch.ones(1, 3), torch.ones(1, 3)
     prefix = torch.ones(1, 3, dtype=torch.bool)
     behaviour = logprobs_from_target_probs(torch.tensor([[0.5, 0.0, -1.0]]))  # LUFFY's column at the edge
-    pg_loss, _ = mca.luffy_token_loss(PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv,
-                                                       response_mask=mask, prefix_mask=prefix,
-                                                       behaviour_log_probs=behaviour),
-                                      _loss_cfg(f"{A}.off_policy_reshape=p_div_p_0.1"))
+    pg_loss, _ = mca.luffy_token_loss(
+        PolicyLossInputs(
+            log_prob=log_prob,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            prefix_mask=prefix,
+            behaviour_log_probs=behaviour,
+        ),
+        _loss_cfg(f"{A}.off_policy_reshape=p_div_p_0.1"),
+    )
     p = 0.4
     shaped = p / (p + 0.1)
     expected_here = -(p / (0.5 + 1e-6) + shaped + shaped) / 3
@@ -103,7 +115,9 @@ def test_plain_and_sft_multitask_losses_ignore_clip_upper_bound_as_luffy(loss):
     old, log_prob, adv, mask = _case()
     prefix = torch.tensor([[True, True, True], [False, False, False]])
     fn = ca.get_policy_loss_fn(loss)
-    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix)
+    inputs = PolicyLossInputs(
+        log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix
+    )
     wide, _ = fn(inputs, _loss_cfg(f"{A}.clip_upper_bound=1.5"))
     narrow, narrow_metrics = fn(inputs, _loss_cfg(f"{A}.clip_upper_bound=1.0"))
     assert wide.item() == narrow.item()  # exact: clip_upper_bound unread, the very same arithmetic twice

@@ -1,4 +1,5 @@
 """compute_mixed_advantage: the estimator chosen by name, then the post-processing in order, on hand values."""
+
 import pytest
 import torch
 
@@ -13,10 +14,12 @@ EOS, PAD = 2, 0
 
 def _batch():
     # one group of 3 rows, prompt width 1, response width 3; row 0 carries a 2-token off-policy prefix
-    return {"token_level_rewards": torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
-            "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]]),
-            "prefix_mask": torch.tensor([[1, 1, 0], [0, 0, 0], [0, 0, 0]]),
-            "responses": torch.tensor([[5, 6, EOS], [5, EOS, PAD], [5, 6, 7]])}  # row 2: truncated, no EOS
+    return {
+        "token_level_rewards": torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]]),
+        "prefix_mask": torch.tensor([[1, 1, 0], [0, 0, 0], [0, 0, 0]]),
+        "responses": torch.tensor([[5, 6, EOS], [5, EOS, PAD], [5, 6, 7]]),
+    }  # row 2: truncated, no EOS
 
 
 def _close(actual, expected):
@@ -25,14 +28,29 @@ def _close(actual, expected):
 
 
 def _config(compose_config, *overrides):
-    return ConfigSections.from_config(compose_config(["data.train_files=x", "data.val_files=null",
-                                                      "actor_rollout_ref.model.path=m", "algorithm.grpo_use_std=False",
-                                                      *overrides]))
+    return ConfigSections.from_config(
+        compose_config(
+            [
+                "data.train_files=x",
+                "data.val_files=null",
+                "actor_rollout_ref.model.path=m",
+                "algorithm.grpo_use_std=False",
+                *overrides,
+            ]
+        )
+    )
 
 
 def _adv(compose_config, *overrides):
-    adv, _ = compute_mixed_advantage(_config(compose_config, *overrides), _batch(), ["g", "g", "g"], response_length=3,
-                                     n_samples=3, pad_token_id=PAD, eos_token_id=EOS)
+    adv, _ = compute_mixed_advantage(
+        _config(compose_config, *overrides),
+        _batch(),
+        ["g", "g", "g"],
+        response_length=3,
+        n_samples=3,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
     return adv
 
 
@@ -47,14 +65,23 @@ def test_post_processing_weights_then_truncation_then_sft_prefix_reward(compose_
     R = "actor_rollout_ref.rollout"
     weighted = _adv(compose_config, f"{R}.prefix_reward_weight_alpha=2.0", f"{R}.prefix_reward_weight_beta=0.5")
     assert _close(weighted, [[2 / 3, 2 / 3, 1 / 6], [-1 / 3, -1 / 3, 0.0], [1 / 6] * 3])
-    truncated = _adv(compose_config, f"{R}.prefix_reward_weight_alpha=2.0", f"{R}.prefix_reward_weight_beta=0.5",
-                     "data.disable_truncation_advantage=True")
+    truncated = _adv(
+        compose_config,
+        f"{R}.prefix_reward_weight_alpha=2.0",
+        f"{R}.prefix_reward_weight_beta=0.5",
+        "data.disable_truncation_advantage=True",
+    )
     # exact: the truncation switch only masked_fills row 2; rows 0-1 are the very same arithmetic as before
     assert truncated[2].tolist() == [0.0, 0.0, 0.0] and torch.equal(truncated[:2], weighted[:2])
     # the SFT prefix reward comes last: prefix tokens are set to weight / n, not scaled by alpha
-    final = _adv(compose_config, f"{R}.prefix_reward_weight_alpha=2.0", f"{R}.prefix_reward_weight_beta=0.5",
-                 "data.disable_truncation_advantage=True", "actor_rollout_ref.actor.use_sft_prefix_reward=True",
-                 "actor_rollout_ref.actor.sft_prefix_reward_weight=1.0")
+    final = _adv(
+        compose_config,
+        f"{R}.prefix_reward_weight_alpha=2.0",
+        f"{R}.prefix_reward_weight_beta=0.5",
+        "data.disable_truncation_advantage=True",
+        "actor_rollout_ref.actor.use_sft_prefix_reward=True",
+        "actor_rollout_ref.actor.sft_prefix_reward_weight=1.0",
+    )
     assert _close(final, [[1 / 3, 1 / 3, 1 / 6], [-1 / 3, -1 / 3, 0.0], [0.0] * 3])
 
 

@@ -5,6 +5,7 @@ The registered functions are called as ``fn(inputs, cfg)``: ``cfg`` is the actor
 the knobs a test sets (YAML key names), or ``AdvantageConfig`` for the estimator. LUFFY's signatures are tested
 against these in tests/verl/mix_src/test_mix_core_alg_aliases.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,14 @@ def _token_loss(old, lp, adv, mask, prefix, target_probs=None, **knobs):
     """``luffy_token`` on these tensors (``target_probs``: behaviour probabilities, given to the loss as their
     log) -> ``{pg_loss, **metrics}``; clip_ratio 0.2 and clip_upper_bound 1.0 as the YAML."""
     behaviour = None if target_probs is None else target_probs.log()
-    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix,
-                              behaviour_log_probs=behaviour)
+    inputs = PolicyLossInputs(
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        prefix_mask=prefix,
+        behaviour_log_probs=behaviour,
+    )
     pg_loss, metrics = ca.get_policy_loss_fn("luffy_token")(inputs, _cfg(**knobs))
     return {"pg_loss": pg_loss, **metrics}
 
@@ -71,8 +78,9 @@ def _group(scores, width=2):
 
 def _split(rewards, mask, index, on, use_std=True):
     """The registered ``grpo_split`` estimator (no post-processing)."""
-    return ca.get_adv_estimator_fn("grpo_split")(AdvantageInputs(rewards, mask, index, on_policy_mask=on),
-                                                 AdvantageConfig(grpo_use_std=use_std))
+    return ca.get_adv_estimator_fn("grpo_split")(
+        AdvantageInputs(rewards, mask, index, on_policy_mask=on), AdvantageConfig(grpo_use_std=use_std)
+    )
 
 
 def test_grpo_split_statistics_exclude_off_policy_rows():
@@ -116,13 +124,25 @@ def test_grpo_split_group_without_on_policy_row_is_an_error():
 
 
 # ---------------------------------------------------------------- advantage post-processing
-def _finish(adv, prefix, alpha=1.0, beta=1.0, truncation=False, sft_prefix_advantage=None, responses=None,
-            eos_token_id=2):
+def _finish(
+    adv, prefix, alpha=1.0, beta=1.0, truncation=False, sft_prefix_advantage=None, responses=None, eos_token_id=2
+):
     """LUFFY's post-processing as every registered estimator ends (``core_algos.finish_advantage``)."""
-    inputs = AdvantageInputs(torch.zeros_like(adv), torch.ones_like(adv), None, prefix_mask=prefix,
-                             responses=responses, pad_token_id=0, eos_token_id=eos_token_id)
-    mixed = MixedAdvantageConfig(prefix_reward_weight_alpha=alpha, prefix_reward_weight_beta=beta,
-                                 disable_truncation_advantage=truncation, sft_prefix_advantage=sft_prefix_advantage)
+    inputs = AdvantageInputs(
+        torch.zeros_like(adv),
+        torch.ones_like(adv),
+        None,
+        prefix_mask=prefix,
+        responses=responses,
+        pad_token_id=0,
+        eos_token_id=eos_token_id,
+    )
+    mixed = MixedAdvantageConfig(
+        prefix_reward_weight_alpha=alpha,
+        prefix_reward_weight_beta=beta,
+        disable_truncation_advantage=truncation,
+        sft_prefix_advantage=sft_prefix_advantage,
+    )
     out, returns = ca.finish_advantage(adv, adv, inputs, AdvantageConfig(mixed=mixed))
     assert returns is adv  # returns are never post-processed
     return out
@@ -169,19 +189,28 @@ def test_without_mixed_knobs_the_estimator_output_is_verls():
 ON_HAND = {
     "no_reshape": (1.2, 1.2),
     "logp": (LN(1.2), 1.0),
-    "p_logp": (1.2 + 0.1 * LN(1.2), 1.2 + 0.1),                  # w = 0.1
+    "p_logp": (1.2 + 0.1 * LN(1.2), 1.2 + 0.1),  # w = 0.1
     "square_root": (math.sqrt(1.2), 0.5 * math.sqrt(1.2)),
-    "pow": (1.44, 2 * 1.44),                                      # e = 2
+    "pow": (1.44, 2 * 1.44),  # e = 2
     "p_div_p_0.1": ((0.6 / 0.7) / (0.5 / 0.6), (0.6 / 0.7) / (0.5 / 0.6) * 0.1 / 0.7),  # 1.028571, 0.146939
-    "p_div_p_0.5": ((0.6 / 1.1) / 0.5, (0.6 / 1.1) / 0.5 * 0.5 / 1.1),                  # 1.090909, 0.495868
+    "p_div_p_0.5": ((0.6 / 1.1) / 0.5, (0.6 / 1.1) / 0.5 * 0.5 / 1.1),  # 1.090909, 0.495868
 }
 
 
 @pytest.mark.parametrize("reshape", list(ON_HAND))
 def test_on_policy_reshape_single_token_by_hand(reshape):
     old, lp, adv, mask, prefix = _scalar_case(LN(0.6), LN(0.5), 1.0, prefix=False)
-    out = _token_loss(old, lp, adv, mask, prefix, on_policy_reshape=reshape, on_policy_reshape_weight=0.1,
-                      on_policy_reshape_pow_exp=2.0, loss_remove_clip=True)
+    out = _token_loss(
+        old,
+        lp,
+        adv,
+        mask,
+        prefix,
+        on_policy_reshape=reshape,
+        on_policy_reshape_weight=0.1,
+        on_policy_reshape_pow_exp=2.0,
+        loss_remove_clip=True,
+    )
     rho, drho = ON_HAND[reshape]
     out["pg_loss"].backward()
     assert out["pg_loss"].item() == pytest.approx(-rho, abs=1e-6)
@@ -192,13 +221,13 @@ def test_on_policy_reshape_single_token_by_hand(reshape):
 # l = ln 0.5 (p = 0.5), A = 1, w = 0.1, e = 2: loss = -f(p), d loss / d l = -p f'(p)
 OFF_HAND = {
     "no_reshape": (0.5, 0.5),
-    "logp": (0.1 * LN(0.5), 0.1),                                 # -0.0693147
-    "p_logp": (0.5 + 0.1 * LN(0.5), 0.5 + 0.1),                   # 0.4306853
-    "square_root": (math.sqrt(0.5), 0.5 * math.sqrt(0.5)),       # 0.707107, 0.353553
+    "logp": (0.1 * LN(0.5), 0.1),  # -0.0693147
+    "p_logp": (0.5 + 0.1 * LN(0.5), 0.5 + 0.1),  # 0.4306853
+    "square_root": (math.sqrt(0.5), 0.5 * math.sqrt(0.5)),  # 0.707107, 0.353553
     "pow": (0.25, 0.5),
-    "p_div_p_0.1": (0.5 / 0.6, 0.1 * 0.5 / 0.6 ** 2),            # 0.833333, gamma p/(p+gamma)^2 = 0.138889
-    "p_div_p_0.3": (0.5 / 0.8, 0.3 * 0.5 / 0.8 ** 2),            # 0.625, 0.234375
-    "p_div_p_0.5": (0.5, 0.5 * 0.5 / 1.0),                        # 0.5, 0.25
+    "p_div_p_0.1": (0.5 / 0.6, 0.1 * 0.5 / 0.6**2),  # 0.833333, gamma p/(p+gamma)^2 = 0.138889
+    "p_div_p_0.3": (0.5 / 0.8, 0.3 * 0.5 / 0.8**2),  # 0.625, 0.234375
+    "p_div_p_0.5": (0.5, 0.5 * 0.5 / 1.0),  # 0.5, 0.25
 }
 
 
@@ -206,8 +235,16 @@ OFF_HAND = {
 def test_off_policy_reshape_single_token_by_hand(reshape):
     # old log-prob is irrelevant for off-policy tokens: set it far away to prove it
     old, lp, adv, mask, prefix = _scalar_case(LN(0.5), -9.0, 1.0, prefix=True)
-    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape=reshape, off_policy_reshape_weight=0.1,
-                      off_policy_reshape_pow_exp=2.0)
+    out = _token_loss(
+        old,
+        lp,
+        adv,
+        mask,
+        prefix,
+        off_policy_reshape=reshape,
+        off_policy_reshape_weight=0.1,
+        off_policy_reshape_pow_exp=2.0,
+    )
     f, df = OFF_HAND[reshape]
     out["pg_loss"].backward()
     assert out["pg_loss"].item() == pytest.approx(-f, abs=1e-6)
@@ -217,19 +254,42 @@ def test_off_policy_reshape_single_token_by_hand(reshape):
 
 
 # ---------------------------------------------------------------- token loss vs a direct formula
-def _direct_loss(old, lp, adv, mask, prefix, on_reshape, off_reshape, clip, remove_token_mean,
-                 eps=0.2, clip_upper_bound=1.0, w=0.1, e=0.5):
+def _direct_loss(
+    old,
+    lp,
+    adv,
+    mask,
+    prefix,
+    on_reshape,
+    off_reshape,
+    clip,
+    remove_token_mean,
+    eps=0.2,
+    clip_upper_bound=1.0,
+    w=0.1,
+    e=0.5,
+):
     """The docs/METHOD.md §1.9 loss written out with probabilities instead of log-ratios."""
     p, p_old = lp.exp(), old.exp()
     shaped = lambda x, g: x / (x + g)  # noqa: E731
     rho = {
-        "no_reshape": p / p_old, "logp": lp - old, "p_logp": p / p_old + w * (lp - old),
-        "square_root": (p / p_old) ** 0.5, "pow": (p / p_old) ** e,
-        "p_div_p_0.1": shaped(p, 0.1) / shaped(p_old, 0.1), "p_div_p_0.5": shaped(p, 0.5) / shaped(p_old, 0.5),
+        "no_reshape": p / p_old,
+        "logp": lp - old,
+        "p_logp": p / p_old + w * (lp - old),
+        "square_root": (p / p_old) ** 0.5,
+        "pow": (p / p_old) ** e,
+        "p_div_p_0.1": shaped(p, 0.1) / shaped(p_old, 0.1),
+        "p_div_p_0.5": shaped(p, 0.5) / shaped(p_old, 0.5),
     }[on_reshape]
     f = {
-        "no_reshape": p, "logp": w * lp, "p_logp": p + w * lp, "square_root": p ** 0.5, "pow": p ** e,
-        "p_div_p_0.1": shaped(p, 0.1), "p_div_p_0.3": shaped(p, 0.3), "p_div_p_0.5": shaped(p, 0.5),
+        "no_reshape": p,
+        "logp": w * lp,
+        "p_logp": p + w * lp,
+        "square_root": p**0.5,
+        "pow": p**e,
+        "p_div_p_0.1": shaped(p, 0.1),
+        "p_div_p_0.3": shaped(p, 0.3),
+        "p_div_p_0.5": shaped(p, 0.5),
     }[off_reshape]
     loss_on = -adv * rho
     if clip:
@@ -254,9 +314,18 @@ def _mixed_batch():
 @pytest.mark.parametrize("on_reshape", mca.ON_POLICY_RESHAPES)
 def test_on_policy_reshapes_match_direct_formula_values_and_grads(on_reshape, clip, remove_token_mean):
     old, lp, adv, mask, prefix = _mixed_batch()
-    ours = _token_loss(old, lp, adv, mask, prefix, on_policy_reshape=on_reshape, on_policy_reshape_weight=0.1,
-                       off_policy_reshape="p_div_p_0.1", loss_remove_clip=not clip,
-                       loss_remove_token_mean=remove_token_mean)["pg_loss"]
+    ours = _token_loss(
+        old,
+        lp,
+        adv,
+        mask,
+        prefix,
+        on_policy_reshape=on_reshape,
+        on_policy_reshape_weight=0.1,
+        off_policy_reshape="p_div_p_0.1",
+        loss_remove_clip=not clip,
+        loss_remove_token_mean=remove_token_mean,
+    )["pg_loss"]
     (grad_ours,) = torch.autograd.grad(ours, lp)
     direct = _direct_loss(old, lp, adv, mask, prefix, on_reshape, "p_div_p_0.1", clip, remove_token_mean)
     (grad_direct,) = torch.autograd.grad(direct, lp)
@@ -268,8 +337,17 @@ def test_on_policy_reshapes_match_direct_formula_values_and_grads(on_reshape, cl
 @pytest.mark.parametrize("off_reshape", mca.OFF_POLICY_RESHAPES)
 def test_off_policy_reshapes_match_direct_formula_values_and_grads(off_reshape, remove_token_mean):
     old, lp, adv, mask, prefix = _mixed_batch()
-    ours = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape=off_reshape, off_policy_reshape_weight=0.1,
-                       loss_remove_clip=False, loss_remove_token_mean=remove_token_mean)["pg_loss"]
+    ours = _token_loss(
+        old,
+        lp,
+        adv,
+        mask,
+        prefix,
+        off_policy_reshape=off_reshape,
+        off_policy_reshape_weight=0.1,
+        loss_remove_clip=False,
+        loss_remove_token_mean=remove_token_mean,
+    )["pg_loss"]
     (grad_ours,) = torch.autograd.grad(ours, lp)
     direct = _direct_loss(old, lp, adv, mask, prefix, "no_reshape", off_reshape, True, remove_token_mean)
     (grad_direct,) = torch.autograd.grad(direct, lp)
@@ -290,7 +368,7 @@ def test_on_policy_clip_upper_is_max_of_bound_and_one_plus_eps():
     # LUFFY's clipfrac is over all valid tokens: 1 clipped of 2
     assert out["on_pg_clipfrac"].item() == pytest.approx(0.5)
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
-    assert torch.allclose(grad, torch.tensor([[0.0, -0.25]]))   # off: -p/2
+    assert torch.allclose(grad, torch.tensor([[0.0, -0.25]]))  # off: -p/2
     wider = _token_loss(old, lp, adv, mask, prefix, clip_upper_bound=1.3)
     assert wider["on_pg_loss"].item() == pytest.approx(-1.3)
     unclipped = _token_loss(old, lp, adv, mask, prefix, loss_remove_clip=True)
@@ -311,9 +389,9 @@ def test_metrics_and_both_aggregations_by_hand():
     adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
     prefix = torch.tensor([[True, True], [False, False]])
     out = _token_loss(old, lp, adv, torch.ones(2, 2), prefix, off_policy_reshape="p_div_p_0.1")
-    f = torch.tensor([0.5 / 0.6, 0.25 / 0.35])                    # 0.833333, 0.714286
+    f = torch.tensor([0.5 / 0.6, 0.25 / 0.35])  # 0.833333, 0.714286
     assert out["off_policy_prob"].item() == pytest.approx(0.375)  # mean p over off tokens
-    assert out["on_policy_prob"].item() == pytest.approx(0.6)     # mean p_old over on tokens
+    assert out["on_policy_prob"].item() == pytest.approx(0.6)  # mean p_old over on tokens
     assert out["off_ratio_mean"].item() == pytest.approx(f.mean().item())
     assert out["off_pg_loss"].item() == pytest.approx(-f.mean().item())
     assert out["on_pg_loss"].item() == pytest.approx(1.0)
@@ -322,8 +400,9 @@ def test_metrics_and_both_aggregations_by_hand():
     # token mean: (-0.833333 - 0.714286 + 1 + 1)/4 = 0.113095; sum / width 2 = 0.226190
     total = (-f.sum() + 2).item()
     assert out["pg_loss"].item() == pytest.approx(total / 4, abs=1e-6)
-    no_mean = _token_loss(old, lp, adv, torch.ones(2, 2), prefix, off_policy_reshape="p_div_p_0.1",
-                          loss_remove_token_mean=True)
+    no_mean = _token_loss(
+        old, lp, adv, torch.ones(2, 2), prefix, off_policy_reshape="p_div_p_0.1", loss_remove_token_mean=True
+    )
     assert no_mean["pg_loss"].item() == pytest.approx(total / 2, abs=1e-6)
 
 
@@ -339,12 +418,18 @@ def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_con
 
     old = torch.tensor([[LN(0.9), LN(0.9)], [LN(0.6), LN(0.6)]])
     lp = torch.tensor([[LN(0.5), LN(0.25)], [LN(0.6), LN(0.6)]], requires_grad=True)
-    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=torch.tensor([[1.0, 1.0], [-1.0, -1.0]]),
-                              response_mask=torch.ones(2, 2), prefix_mask=torch.tensor([[True, True], [False, False]]))
+    inputs = PolicyLossInputs(
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=torch.tensor([[1.0, 1.0], [-1.0, -1.0]]),
+        response_mask=torch.ones(2, 2),
+        prefix_mask=torch.tensor([[True, True], [False, False]]),
+    )
     A = "actor_rollout_ref.actor"
     luffy, luffy_m = mca.luffy_token_loss(inputs, _loss_section(compose_config, f"{A}.off_policy_reshape=p_div_p_0.1"))
-    half, half_m = mca.luffy_token_loss(inputs, _loss_section(compose_config, f"{A}.off_policy_reshape=p_div_p_0.1",
-                                                              f"{A}.off_policy_loss_coef=0.5"))
+    half, half_m = mca.luffy_token_loss(
+        inputs, _loss_section(compose_config, f"{A}.off_policy_reshape=p_div_p_0.1", f"{A}.off_policy_loss_coef=0.5")
+    )
     f = torch.tensor([0.5 / 0.6, 0.25 / 0.35])
     # token mean over 4 tokens: (c·(−f₁ − f₂) + 1 + 1) / 4, c = 1 (LUFFY) and 0.5
     assert luffy.item() == pytest.approx((-f.sum() + 2).item() / 4, abs=1e-6)
@@ -354,8 +439,9 @@ def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_con
     assert half_m["on_pg_loss"].item() == luffy_m["on_pg_loss"].item()
     # the default is LUFFY's loss exactly: the same value as with the term's coefficient left out (exact: the same
     # function and knobs, c = 1.0 skips the multiply)
-    direct = _token_loss(old, lp, inputs.advantages, inputs.response_mask, inputs.prefix_mask,
-                         off_policy_reshape="p_div_p_0.1")
+    direct = _token_loss(
+        old, lp, inputs.advantages, inputs.response_mask, inputs.prefix_mask, off_policy_reshape="p_div_p_0.1"
+    )
     assert torch.equal(luffy, direct["pg_loss"])
 
 
@@ -363,12 +449,16 @@ def test_off_policy_loss_coef_scales_only_the_off_policy_tokens_term(compose_con
 def test_batches_without_off_or_without_on_tokens_are_finite(has_prefix):
     old, lp, adv, mask, _ = _mixed_batch()
     prefix = torch.full_like(mask, has_prefix, dtype=torch.bool)
-    out = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=0.9,
-                      off_policy_min_clip=0.05)
+    out = _token_loss(
+        old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=0.9, off_policy_min_clip=0.05
+    )
     for key, value in out.items():
         assert torch.isfinite(value).all(), key
-    empty_side = ["on_pg_loss", "on_policy_prob"] if has_prefix else [
-        "off_pg_loss", "off_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac"]
+    empty_side = (
+        ["on_pg_loss", "on_policy_prob"]
+        if has_prefix
+        else ["off_pg_loss", "off_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac"]
+    )
     for key in empty_side:
         assert out[key].item() == 0.0, key  # exact: a mean over no token is the constant 0
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
@@ -407,7 +497,7 @@ def test_nan_target_probs_keep_the_configured_shaping_per_token():
     assert out["pg_loss"].item() == pytest.approx((-importance - shaped - 1.0) / 3, abs=1e-5)
     (grad,) = torch.autograd.grad(out["pg_loss"], lp)
     assert torch.isfinite(grad).all()
-    assert grad[0, 1].item() == pytest.approx(-(0.1 * 0.5 / 0.6 ** 2) / 3, abs=1e-5)  # d f(p)/dl = γp/(p+γ)²
+    assert grad[0, 1].item() == pytest.approx(-(0.1 * 0.5 / 0.6**2) / 3, abs=1e-5)  # d f(p)/dl = γp/(p+γ)²
 
 
 def test_off_policy_max_and_min_clip():
@@ -421,8 +511,9 @@ def test_off_policy_max_and_min_clip():
     assert grad.item() == 0.0
     floored = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_min_clip=0.9)
     assert floored["pg_loss"].item() == pytest.approx(-0.9) and floored["off_ratio_min_clip_frac"].item() == 1.0
-    off = _token_loss(old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=-1,
-                      off_policy_min_clip=-1)
+    off = _token_loss(
+        old, lp, adv, mask, prefix, off_policy_reshape="p_div_p_0.1", off_policy_max_clip=-1, off_policy_min_clip=-1
+    )
     assert off["pg_loss"].item() == pytest.approx(-0.5 / 0.6)
     assert off["off_ratio_max_clip_frac"].item() == 0.0 and off["off_ratio_min_clip_frac"].item() == 0.0
 
@@ -538,8 +629,14 @@ def test_luffy_token_weights_only_the_on_policy_terms_by_hand():
     adv = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
     mask, prefix = torch.ones(2, 2), torch.tensor([[False, False], [True, False]])
     weights = torch.tensor([[2.0, 0.5], [9.0, 1.5]])  # 9.0 on the prefix token must not act
-    inputs = PolicyLossInputs(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix,
-                              rollout_is_weights=weights)
+    inputs = PolicyLossInputs(
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        prefix_mask=prefix,
+        rollout_is_weights=weights,
+    )
     cfg = _cfg(off_policy_reshape="p_div_p_0.1")
     pg_loss, metrics = ca.get_policy_loss_fn("luffy_token")(inputs, cfg)
     # on: -A*1*w = [-2.0, -0.5], [., -3.0]; off (LUFFY's p/(p+0.1) at p=0.5): -2 * 0.5/0.6 = -5/3

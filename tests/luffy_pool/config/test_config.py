@@ -3,6 +3,7 @@
 In-process (Hydra's compose API), so each check costs milliseconds; the command-line behaviour (exit
 codes, Hydra flags, the shell scripts) is pinned by test_main_mix_ppo_cli.py.
 """
+
 import os
 import shlex
 
@@ -18,7 +19,6 @@ from luffy_pool.config.check import (
     check_config,
     prepare_overrides,
     schema_defaults,
-    schema_leaf_keys,
     suggest_key,
     validate_config,
 )
@@ -61,42 +61,46 @@ LUFFY_TRAIN_SH = r"""
     data.reward_impl_version=3 trainer.max_optim_to_keep=2 data.shuffle=True trainer.default_hdfs_dir=null
     trainer.total_epochs=30
 """
-LUFFY_ENV = {"$DATA_DIR": "/data", "$MODEL_PATH": "/models/qwen", "$WANDB_PROJECT": "luffy-math-test",
-             "$EXP_NAME": "LUFFY_TEST"}
+LUFFY_ENV = {
+    "$DATA_DIR": "/data",
+    "$MODEL_PATH": "/models/qwen",
+    "$WANDB_PROJECT": "luffy-math-test",
+    "$EXP_NAME": "LUFFY_TEST",
+}
 
 # Every key of LUFFY's mix_ppo_trainer.yaml except the critic section and reward-model internals.
 LUFFY_YAML_KEYS = {
     "data": "tokenizer train_files val_files prompt_key max_prompt_length max_response_length train_batch_size "
-            "val_batch_size return_raw_input_ids return_raw_chat reward_impl_version filter_targets shuffle "
-            "sample_target_ratio filter_accuracy accuracy_lower_bound accuracy_upper_bound add_tgt_with_acc "
-            "add_tgt_acc_upper_bound disable_truncation_advantage",
+    "val_batch_size return_raw_input_ids return_raw_chat reward_impl_version filter_targets shuffle "
+    "sample_target_ratio filter_accuracy accuracy_lower_bound accuracy_upper_bound add_tgt_with_acc "
+    "add_tgt_acc_upper_bound disable_truncation_advantage",
     "actor_rollout_ref": "hybrid_engine",
     "actor_rollout_ref.model": "path external_lib override_config enable_gradient_checkpointing use_remove_padding",
     A: "strategy ppo_mini_batch_size ppo_micro_batch_size use_dynamic_bsz ppo_max_token_len_per_gpu grad_clip "
-       "clip_ratio clip_upper_bound entropy_coeff use_kl_loss kl_loss_coef kl_loss_type ppo_epochs shuffle "
-       "ulysses_sequence_parallel_size use_sft_prefix_reward use_sft_reward use_off_policy_loss off_policy_loss_impl "
-       "off_policy_cliprange off_policy_normalize use_off_policy_probs use_off_policy_clip off_policy_max_clip "
-       "off_policy_min_clip off_policy_reshape off_policy_reshape_weight off_policy_reshape_pow_exp on_policy_reshape "
-       "on_policy_reshape_weight on_policy_reshape_pow_exp sft_prefix_reward_weight all_max_clip use_ppo_kl_loss "
-       "ppo_kl_loss_coef use_adaptive_temperature use_adaptive_temperature_fixed adaptive_temperature_clip "
-       "adaptive_temperature_target_entropy alpha_lr debug use_target_lst loss_remove_token_mean loss_remove_clip",
+    "clip_ratio clip_upper_bound entropy_coeff use_kl_loss kl_loss_coef kl_loss_type ppo_epochs shuffle "
+    "ulysses_sequence_parallel_size use_sft_prefix_reward use_sft_reward use_off_policy_loss off_policy_loss_impl "
+    "off_policy_cliprange off_policy_normalize use_off_policy_probs use_off_policy_clip off_policy_max_clip "
+    "off_policy_min_clip off_policy_reshape off_policy_reshape_weight off_policy_reshape_pow_exp on_policy_reshape "
+    "on_policy_reshape_weight on_policy_reshape_pow_exp sft_prefix_reward_weight all_max_clip use_ppo_kl_loss "
+    "ppo_kl_loss_coef use_adaptive_temperature use_adaptive_temperature_fixed adaptive_temperature_clip "
+    "adaptive_temperature_target_entropy alpha_lr debug use_target_lst loss_remove_token_mean loss_remove_clip",
     f"{A}.optim": "lr lr_warmup_steps_ratio min_lr_ratio warmup_style total_training_steps",
     f"{A}.fsdp_config": "param_offload grad_offload optimizer_offload fsdp_size wrap_policy.min_num_params",
     "actor_rollout_ref.ref": "log_prob_micro_batch_size log_prob_use_dynamic_bsz log_prob_max_token_len_per_gpu "
-                             "ulysses_sequence_parallel_size use_ref fsdp_config.param_offload "
-                             "fsdp_config.wrap_policy.min_num_params",
+    "ulysses_sequence_parallel_size use_ref fsdp_config.param_offload "
+    "fsdp_config.wrap_policy.min_num_params",
     R: "name temperature val_temperature top_k top_p prompt_length response_length dtype gpu_memory_utilization "
-       "ignore_eos enforce_eager free_cache_engine load_format tensor_model_parallel_size max_num_batched_tokens "
-       "max_num_seqs log_prob_micro_batch_size log_prob_use_dynamic_bsz log_prob_max_token_len_per_gpu "
-       "enable_chunked_prefill do_sample n n_val prefix_strategy prefix_steps prefix_linear_max_ratio "
-       "prefix_linear_max_var max_prefix_len min_prefix_ratio max_prefix_ratio prefix_reward_strategy "
-       "prefix_reward_weight_alpha prefix_reward_weight_beta prefix_share_across_samples n_prefix",
+    "ignore_eos enforce_eager free_cache_engine load_format tensor_model_parallel_size max_num_batched_tokens "
+    "max_num_seqs log_prob_micro_batch_size log_prob_use_dynamic_bsz log_prob_max_token_len_per_gpu "
+    "enable_chunked_prefill do_sample n n_val prefix_strategy prefix_steps prefix_linear_max_ratio "
+    "prefix_linear_max_var max_prefix_len min_prefix_ratio max_prefix_ratio prefix_reward_strategy "
+    "prefix_reward_weight_alpha prefix_reward_weight_beta prefix_share_across_samples n_prefix",
     "reward_model": "enable",
     "algorithm": "gamma lam adv_estimator kl_penalty grpo_use_std surprisal_base kl_ctrl.type kl_ctrl.kl_coef",
     "trainer": "rejection_sample rejection_sample_multiplier total_epochs total_training_steps project_name "
-               "experiment_name logger nnodes n_gpus_per_node save_freq max_optim_to_keep resume_mode "
-               "resume_from_path test_freq critic_warmup default_hdfs_dir default_local_dir debug "
-               "add_full_target_when_none skip_valid_mask acc_rebatch skip_by_step",
+    "experiment_name logger nnodes n_gpus_per_node save_freq max_optim_to_keep resume_mode "
+    "resume_from_path test_freq critic_warmup default_hdfs_dir default_local_dir debug "
+    "add_full_target_when_none skip_valid_mask acc_rebatch skip_by_step",
 }
 
 
@@ -118,7 +122,9 @@ def train_sh_overrides() -> list[str]:
 
 
 def parsed(overrides: list[str]) -> list[tuple[str, str, object]]:
-    return [(o.get_key_element(), o.key_or_group, o.value()) for o in OverridesParser.create().parse_overrides(overrides)]
+    return [
+        (o.get_key_element(), o.key_or_group, o.value()) for o in OverridesParser.create().parse_overrides(overrides)
+    ]
 
 
 def composed(overrides=(), config_name="mix_ppo_trainer"):
@@ -154,8 +160,12 @@ def test_every_yaml_key_has_a_comment_line_above_it(name):
 
 def test_yaml_has_every_key_of_luffys_yaml():
     keys = set(schema_defaults())
-    absent = [f"{section}.{leaf}" for section, leaves in LUFFY_YAML_KEYS.items() for leaf in leaves.split()
-              if f"{section}.{leaf}" not in keys]
+    absent = [
+        f"{section}.{leaf}"
+        for section, leaves in LUFFY_YAML_KEYS.items()
+        for leaf in leaves.split()
+        if f"{section}.{leaf}" not in keys
+    ]
     assert not absent
 
 
@@ -187,7 +197,10 @@ def test_tiny_cpu_config_validates_with_two_ranks():
     assert validate_config(cfg) == []
     assert (cfg.trainer.device, cfg.trainer.n_gpus_per_node, cfg.actor_rollout_ref.rollout.n) == ("cpu", 2, 8)
     sizes = normalize_actor_batch_sizes(cfg.actor_rollout_ref.actor, 8, 2)
-    assert (sizes["ppo_mini_batch_size_per_rank"], sizes["gradient_accumulation"]) == (64, 1)  # 16 prompts x 8 / 2 ranks
+    assert (sizes["ppo_mini_batch_size_per_rank"], sizes["gradient_accumulation"]) == (
+        64,
+        1,
+    )  # 16 prompts x 8 / 2 ranks
     assert optimizer_steps_per_training_step(8, 8, 2, 16) == 2
 
 
@@ -195,30 +208,50 @@ def test_tiny_cpu_config_validates_with_two_ranks():
 def test_unknown_key_names_the_closest_valid_key():
     with pytest.raises(ConfigError) as err:
         prepare_overrides(["actor_rollout_ref.actor.ppo_mini_batchsize=4"])
-    assert str(err.value) == ("Unknown config key 'actor_rollout_ref.actor.ppo_mini_batchsize'; "
-                              "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?")
+    assert str(err.value) == (
+        "Unknown config key 'actor_rollout_ref.actor.ppo_mini_batchsize'; "
+        "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?"
+    )
 
 
 def test_every_bad_key_is_reported_on_its_own_line():
     with pytest.raises(ConfigError) as err:
-        prepare_overrides(["trainer.n_gpu_per_node=2", "+trainer.val_before_trian=False", "~trainer.seed",
-                           "critic.ppo_micro_batch_size=4"])
+        prepare_overrides(
+            [
+                "trainer.n_gpu_per_node=2",
+                "+trainer.val_before_trian=False",
+                "~trainer.seed",
+                "critic.ppo_micro_batch_size=4",
+            ]
+        )
     lines = err.value.errors
     assert lines[0] == "Unknown config key 'trainer.n_gpu_per_node'; did you mean 'trainer.n_gpus_per_node'?"
-    assert lines[1].startswith("Unknown config key 'trainer.val_before_trian'; did you mean 'trainer.val_before_train'?")
+    assert lines[1].startswith(
+        "Unknown config key 'trainer.val_before_trian'; did you mean 'trainer.val_before_train'?"
+    )
     assert "'+' only adds" in lines[1]
     assert lines[2] == "Deleting config keys is not supported: '~trainer.seed'"
     assert "critic (value model) is not shipped" in lines[3]
 
 
 def test_plus_forms_are_normalised_for_hydra():
-    assert prepare_overrides([
-        "+trainer.val_before_train=False", "trainer.val_before_train=True", f"+{A}.use_sft_multitask_loss=False",
-        "++trainer.seed=3", "+actor_rollout_ref.model.override_config.rope_theta=1e4", "hydra.run.dir=/tmp/x",
-        "trainer.total_training_steps=1,2",
-    ]) == [
-        "++trainer.val_before_train=False", "++trainer.val_before_train=True", f"{A}.use_sft_multitask_loss=False",
-        "trainer.seed=3", "++actor_rollout_ref.model.override_config.rope_theta=1e4", "hydra.run.dir=/tmp/x",
+    assert prepare_overrides(
+        [
+            "+trainer.val_before_train=False",
+            "trainer.val_before_train=True",
+            f"+{A}.use_sft_multitask_loss=False",
+            "++trainer.seed=3",
+            "+actor_rollout_ref.model.override_config.rope_theta=1e4",
+            "hydra.run.dir=/tmp/x",
+            "trainer.total_training_steps=1,2",
+        ]
+    ) == [
+        "++trainer.val_before_train=False",
+        "++trainer.val_before_train=True",
+        f"{A}.use_sft_multitask_loss=False",
+        "trainer.seed=3",
+        "++actor_rollout_ref.model.override_config.rope_theta=1e4",
+        "hydra.run.dir=/tmp/x",
         "trainer.total_training_steps=1,2",
     ]
 
@@ -228,58 +261,83 @@ def test_suggestion_falls_back_to_the_last_segment():
 
 
 # -------------------------------------------------------------------------------- composed values
-@pytest.mark.parametrize("override, expected", [
-    (f"{A}.off_policy_reshape=p_div_p_01",
-     f"'{A}.off_policy_reshape'='p_div_p_01' is not one of: no_reshape, logp, p_logp, square_root, pow, "
-     "p_div_p_0.1, p_div_p_0.3, p_div_p_0.5 (did you mean 'p_div_p_0.1'?)"),
-    ("algorithm.adv_estimator=gae", "'algorithm.adv_estimator'='gae' is not supported: needs a critic"),
-    (f"{A}.off_policy_loss_impl=seq", f"'{A}.off_policy_loss_impl'='seq' is not supported"),
-    (f"{R}.prefix_strategy=linearr", f"'{R}.prefix_strategy'='linearr' is not one of: random, fixed, linear"),
-    (f"{A}.optim.warmup_style=linear", f"'{A}.optim.warmup_style'='linear' is not one of: constant, cosine"),
-    (f"{A}.kl_loss_type=k3", f"'{A}.kl_loss_type'='k3' is not one of: kl, abs, mse, low_var_kl"),
-    ("algorithm.kl_penalty=full", "'algorithm.kl_penalty'='full' is not one of: kl, abs, mse, low_var_kl"),
-    (f"{R}.name=sglang", f"'{R}.name'='sglang' is not one of: vllm, hf"),
-    ("trainer.device=tpu", "'trainer.device'='tpu' is not one of: auto, cpu, cuda"),
-    (f"{A}.strategy=megatron", f"'{A}.strategy'='megatron' is not one of: fsdp, fsdp2"),
-    ("trainer.logger=[console,mlflw]", "'trainer.logger'='mlflw' is not one of: console"),
-    (f"{A}.fsdp_config.grad_offload=True", f"'{A}.fsdp_config.grad_offload'=True is not supported"),
-    (f"{A}.ulysses_sequence_parallel_size=2 actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
-     "'actor_rollout_ref.ref.ulysses_sequence_parallel_size'=1 must equal"),
-    (f"{A}.ulysses_sequence_parallel_size=2 actor_rollout_ref.model.attn_implementation=eager",
-     f"'{A}.ulysses_sequence_parallel_size'=2 needs sdpa or flash attention"),
-    (f"{A}.ulysses_sequence_parallel_size=3", f"{A}.ulysses_sequence_parallel_size=3 must divide the world size 8"),
-    (f"{A}.fsdp_config.fsdp_size=3", f"'{A}.fsdp_config.fsdp_size'=3 must divide the world size 8"),
-    ("reward_model.enable=True", "'reward_model.enable'=True is not supported"),
-    ("actor_rollout_ref.hybrid_engine=False", "'actor_rollout_ref.hybrid_engine'=False needs "
-                                              "'actor_rollout_ref.rollout.n_gpus_per_node' >= 1"),
-    ("trainer.rollout_pipeline=one_step_off", "'trainer.rollout_pipeline'=one_step_off needs "
-                                              "'actor_rollout_ref.hybrid_engine'=False"),
-    ("trainer.rollout_pipeline=one_step_off actor_rollout_ref.hybrid_engine=False "
-     "actor_rollout_ref.rollout.n_gpus_per_node=4 trainer.n_gpus_per_node=4 algorithm.method=relift",
-     "'algorithm.method'=relift keeps state between its steps (experience pool or SFT buffer)"),
-    ("actor_rollout_ref.rollout.n_gpus_per_node=2", "'actor_rollout_ref.rollout.n_gpus_per_node'=2 / "
-                                                    "'actor_rollout_ref.rollout.nnodes'=1 place the rollout engines"),
-    ("trainer.acc_rebatch=True", "'trainer.acc_rebatch'=True is not supported (LUFFY's accuracy-rebatching"),
-    (f"{R}.prefix_reward_strategy=none", f"'{R}.prefix_reward_strategy'='none' is not supported (the key is inert"),
-    ("trainer.nnodes=1.5", "'trainer.nnodes' must be int, got 1.5"),
-    ("actor_rollout_ref.model.logprob_chunk_size=-1", "'actor_rollout_ref.model.logprob_chunk_size'=-1 must be >= 0"),
-    (f"{A}.use_kl_loss=yes", f"'{A}.use_kl_loss' must be bool, got 'yes'"),
-    (f"{R}.top_p=0", f"'{R}.top_p'=0 must be in (0, 1]"),
-    (f"{R}.n_prefix=9", f"'{R}.n_prefix'=9 must be -1 (all slots) or in [0, rollout.n=8]"),
-    (f"{R}.min_prefix_ratio=0.9", f"'{R}.min_prefix_ratio'=0.9 exceeds '{R}.max_prefix_ratio'=0.5"),
-    (f"{R}.response_length=100", f"'{R}.response_length'=100 must equal 'data.max_response_length'=8192"),
-    (f"{A}.use_sft_multitask_loss=True algorithm.adv_estimator=grpo_split",
-     f"'{A}.use_sft_multitask_loss'=True cannot be combined with '{A}.use_off_policy_loss'=True"),
-    (f"{A}.use_sft_multitask_loss=True {A}.use_off_policy_loss=False",
-     f"'{A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split"),
-    (f"{A}.use_sft_prefix_reward=True", f"'{A}.use_sft_prefix_reward'=True needs '{R}.n_prefix'=-1, got 1"),
-    (f"{A}.use_kl_loss=True", f"'{A}.use_kl_loss'=True needs 'actor_rollout_ref.ref.use_ref'=True"),
-    (f"{R}.prefix_strategy=linear", f"'{R}.prefix_strategy'=linear needs '{R}.prefix_share_across_samples'=True"),
-    ("trainer.resume_mode=latest", "'trainer.resume_mode'='latest' must be auto, disable, resume_path"),
-    ("trainer.max_restarts=-1", "'trainer.max_restarts'=-1 must be >= 0"),
-    ("trainer.restart_wait_s=1.5", "'trainer.restart_wait_s' must be int, got 1.5"),
-    ("data.val_files=???", "'data.val_files' is required"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            f"{A}.off_policy_reshape=p_div_p_01",
+            f"'{A}.off_policy_reshape'='p_div_p_01' is not one of: no_reshape, logp, p_logp, square_root, pow, "
+            "p_div_p_0.1, p_div_p_0.3, p_div_p_0.5 (did you mean 'p_div_p_0.1'?)",
+        ),
+        ("algorithm.adv_estimator=gae", "'algorithm.adv_estimator'='gae' is not supported: needs a critic"),
+        (f"{A}.off_policy_loss_impl=seq", f"'{A}.off_policy_loss_impl'='seq' is not supported"),
+        (f"{R}.prefix_strategy=linearr", f"'{R}.prefix_strategy'='linearr' is not one of: random, fixed, linear"),
+        (f"{A}.optim.warmup_style=linear", f"'{A}.optim.warmup_style'='linear' is not one of: constant, cosine"),
+        (f"{A}.kl_loss_type=k3", f"'{A}.kl_loss_type'='k3' is not one of: kl, abs, mse, low_var_kl"),
+        ("algorithm.kl_penalty=full", "'algorithm.kl_penalty'='full' is not one of: kl, abs, mse, low_var_kl"),
+        (f"{R}.name=sglang", f"'{R}.name'='sglang' is not one of: vllm, hf"),
+        ("trainer.device=tpu", "'trainer.device'='tpu' is not one of: auto, cpu, cuda"),
+        (f"{A}.strategy=megatron", f"'{A}.strategy'='megatron' is not one of: fsdp, fsdp2"),
+        ("trainer.logger=[console,mlflw]", "'trainer.logger'='mlflw' is not one of: console"),
+        (f"{A}.fsdp_config.grad_offload=True", f"'{A}.fsdp_config.grad_offload'=True is not supported"),
+        (
+            f"{A}.ulysses_sequence_parallel_size=2 actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+            "'actor_rollout_ref.ref.ulysses_sequence_parallel_size'=1 must equal",
+        ),
+        (
+            f"{A}.ulysses_sequence_parallel_size=2 actor_rollout_ref.model.attn_implementation=eager",
+            f"'{A}.ulysses_sequence_parallel_size'=2 needs sdpa or flash attention",
+        ),
+        (f"{A}.ulysses_sequence_parallel_size=3", f"{A}.ulysses_sequence_parallel_size=3 must divide the world size 8"),
+        (f"{A}.fsdp_config.fsdp_size=3", f"'{A}.fsdp_config.fsdp_size'=3 must divide the world size 8"),
+        ("reward_model.enable=True", "'reward_model.enable'=True is not supported"),
+        (
+            "actor_rollout_ref.hybrid_engine=False",
+            "'actor_rollout_ref.hybrid_engine'=False needs 'actor_rollout_ref.rollout.n_gpus_per_node' >= 1",
+        ),
+        (
+            "trainer.rollout_pipeline=one_step_off",
+            "'trainer.rollout_pipeline'=one_step_off needs 'actor_rollout_ref.hybrid_engine'=False",
+        ),
+        (
+            "trainer.rollout_pipeline=one_step_off actor_rollout_ref.hybrid_engine=False "
+            "actor_rollout_ref.rollout.n_gpus_per_node=4 trainer.n_gpus_per_node=4 algorithm.method=relift",
+            "'algorithm.method'=relift keeps state between its steps (experience pool or SFT buffer)",
+        ),
+        (
+            "actor_rollout_ref.rollout.n_gpus_per_node=2",
+            "'actor_rollout_ref.rollout.n_gpus_per_node'=2 / "
+            "'actor_rollout_ref.rollout.nnodes'=1 place the rollout engines",
+        ),
+        ("trainer.acc_rebatch=True", "'trainer.acc_rebatch'=True is not supported (LUFFY's accuracy-rebatching"),
+        (f"{R}.prefix_reward_strategy=none", f"'{R}.prefix_reward_strategy'='none' is not supported (the key is inert"),
+        ("trainer.nnodes=1.5", "'trainer.nnodes' must be int, got 1.5"),
+        (
+            "actor_rollout_ref.model.logprob_chunk_size=-1",
+            "'actor_rollout_ref.model.logprob_chunk_size'=-1 must be >= 0",
+        ),
+        (f"{A}.use_kl_loss=yes", f"'{A}.use_kl_loss' must be bool, got 'yes'"),
+        (f"{R}.top_p=0", f"'{R}.top_p'=0 must be in (0, 1]"),
+        (f"{R}.n_prefix=9", f"'{R}.n_prefix'=9 must be -1 (all slots) or in [0, rollout.n=8]"),
+        (f"{R}.min_prefix_ratio=0.9", f"'{R}.min_prefix_ratio'=0.9 exceeds '{R}.max_prefix_ratio'=0.5"),
+        (f"{R}.response_length=100", f"'{R}.response_length'=100 must equal 'data.max_response_length'=8192"),
+        (
+            f"{A}.use_sft_multitask_loss=True algorithm.adv_estimator=grpo_split",
+            f"'{A}.use_sft_multitask_loss'=True cannot be combined with '{A}.use_off_policy_loss'=True",
+        ),
+        (
+            f"{A}.use_sft_multitask_loss=True {A}.use_off_policy_loss=False",
+            f"'{A}.use_sft_multitask_loss'=True needs 'algorithm.adv_estimator'=grpo_split",
+        ),
+        (f"{A}.use_sft_prefix_reward=True", f"'{A}.use_sft_prefix_reward'=True needs '{R}.n_prefix'=-1, got 1"),
+        (f"{A}.use_kl_loss=True", f"'{A}.use_kl_loss'=True needs 'actor_rollout_ref.ref.use_ref'=True"),
+        (f"{R}.prefix_strategy=linear", f"'{R}.prefix_strategy'=linear needs '{R}.prefix_share_across_samples'=True"),
+        ("trainer.resume_mode=latest", "'trainer.resume_mode'='latest' must be auto, disable, resume_path"),
+        ("trainer.max_restarts=-1", "'trainer.max_restarts'=-1 must be >= 0"),
+        ("trainer.restart_wait_s=1.5", "'trainer.restart_wait_s' must be int, got 1.5"),
+        ("data.val_files=???", "'data.val_files' is required"),
+    ],
+)
 def test_bad_value_is_one_line_naming_the_key(luffy_config, override, expected):
     cfg = luffy_config.copy()
     cfg.actor_rollout_ref.rollout.max_prefix_ratio = 0.5 if "min_prefix_ratio" in override else 1.0
@@ -289,8 +347,15 @@ def test_bad_value_is_one_line_naming_the_key(luffy_config, override, expected):
     assert len(errors) == 1 and errors[0].startswith(expected), errors
 
 
-@pytest.mark.parametrize("override", [f"{A}.ulysses_sequence_parallel_size=2", f"{A}.ulysses_sequence_parallel_size=4",
-                                      f"{A}.fsdp_config.fsdp_size=4", f"{A}.fsdp_config.fsdp_size=8"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"{A}.ulysses_sequence_parallel_size=2",
+        f"{A}.ulysses_sequence_parallel_size=4",
+        f"{A}.fsdp_config.fsdp_size=4",
+        f"{A}.fsdp_config.fsdp_size=8",
+    ],
+)
 def test_ulysses_sp_and_hsdp_layouts_are_accepted(luffy_config, override):
     cfg = luffy_config.copy()
     for ov in OverridesParser.create().parse_overrides([override]):
@@ -312,21 +377,38 @@ def test_sp_that_does_not_split_the_local_models_heads_is_named(luffy_config, tm
     assert str(tmp_path) in errors[0]
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"data.train_batch_size": 100, "trainer.n_gpus_per_node": 3, f"{R}.tensor_model_parallel_size": 1},
-     "data.train_batch_size * actor_rollout_ref.rollout.n = 100*8 = 800 rows do not split evenly over world size 3"),
-    ({"trainer.nnodes": 2, f"{A}.ppo_mini_batch_size": 1, f"{A}.ppo_micro_batch_size": 1},
-     f"{A}.ppo_mini_batch_size * actor_rollout_ref.rollout.n = 1*8 = 8 rows do not split evenly over 16"),
-    ({f"{A}.ppo_mini_batch_size": 3, f"{A}.ppo_micro_batch_size": 3},
-     "data.train_batch_size=128 is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size: 128 rows per "
-     "rank do not split into mini-batches of 3 rows"),
-    ({f"{A}.ppo_micro_batch_size": 48}, f"{A}.ppo_micro_batch_size gives 48 rows per rank, which does not divide"),
-    ({f"{A}.ppo_mini_batch_size": 96, f"{A}.ppo_micro_batch_size": 32},
-     "data.train_batch_size=128 is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
-    ({"trainer.n_gpus_per_node": 3, "data.train_batch_size": 96, f"{A}.ppo_mini_batch_size": 96,
-      f"{A}.ppo_micro_batch_size": 96},
-     f"'{R}.tensor_model_parallel_size'=2 must divide the world size 3"),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (
+            {"data.train_batch_size": 100, "trainer.n_gpus_per_node": 3, f"{R}.tensor_model_parallel_size": 1},
+            "data.train_batch_size * actor_rollout_ref.rollout.n = 100*8 = 800 rows do not split evenly over world size 3",
+        ),
+        (
+            {"trainer.nnodes": 2, f"{A}.ppo_mini_batch_size": 1, f"{A}.ppo_micro_batch_size": 1},
+            f"{A}.ppo_mini_batch_size * actor_rollout_ref.rollout.n = 1*8 = 8 rows do not split evenly over 16",
+        ),
+        (
+            {f"{A}.ppo_mini_batch_size": 3, f"{A}.ppo_micro_batch_size": 3},
+            "data.train_batch_size=128 is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size: 128 rows per "
+            "rank do not split into mini-batches of 3 rows",
+        ),
+        ({f"{A}.ppo_micro_batch_size": 48}, f"{A}.ppo_micro_batch_size gives 48 rows per rank, which does not divide"),
+        (
+            {f"{A}.ppo_mini_batch_size": 96, f"{A}.ppo_micro_batch_size": 32},
+            "data.train_batch_size=128 is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size",
+        ),
+        (
+            {
+                "trainer.n_gpus_per_node": 3,
+                "data.train_batch_size": 96,
+                f"{A}.ppo_mini_batch_size": 96,
+                f"{A}.ppo_micro_batch_size": 96,
+            },
+            f"'{R}.tensor_model_parallel_size'=2 must divide the world size 3",
+        ),
+    ],
+)
 def test_batch_divisibility_errors_name_the_keys(luffy_config, changes, expected):
     cfg = luffy_config.copy()
     for key, value in changes.items():
@@ -354,8 +436,12 @@ def test_check_config_raises_with_every_error(luffy_config):
 def test_luffy_batch_sizes_normalise_to_64_rows_per_rank_and_two_optimizer_steps():
     actor = {"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 64, "ppo_micro_batch_size_per_gpu": None}
     sizes = normalize_actor_batch_sizes(actor, rollout_n=8, world_size=8, log_prob_micro_batch_size=128)
-    assert sizes == {"ppo_mini_batch_size_per_rank": 64, "ppo_micro_batch_size_per_rank": 64,
-                     "gradient_accumulation": 1, "log_prob_micro_batch_size_per_rank": 128}
+    assert sizes == {
+        "ppo_mini_batch_size_per_rank": 64,
+        "ppo_micro_batch_size_per_rank": 64,
+        "gradient_accumulation": 1,
+        "log_prob_micro_batch_size_per_rank": 128,
+    }
     assert rows_per_rank(128, 8, 8) == 128
     assert optimizer_steps_per_training_step(128, 8, 8, sizes["ppo_mini_batch_size_per_rank"]) == 2
     assert optimizer_steps_per_training_step(128, 8, 8, 64, ppo_epochs=3) == 6

@@ -1,5 +1,6 @@
 """The config keys are declared once (luffy_pool/config/sections.py, verl/workers/config_sections.py) and the
 YAML keeps LUFFY's layout and defaults: both in step, every default valid under its own declaration."""
+
 import collections
 import os
 
@@ -19,8 +20,10 @@ def test_every_yaml_key_has_exactly_one_declaration_and_every_declaration_a_yaml
     keys = [d.key for d in declarations(ConfigSections) if not d.optional]
     twice = [k for k, n in collections.Counter(keys).items() if n > 1]
     assert not twice, f"declared more than once: {twice}"
-    assert set(keys) == _yaml_leaves(), (f"declared, not in the YAML: {sorted(set(keys) - _yaml_leaves())}; "
-                                         f"in the YAML, not declared: {sorted(_yaml_leaves() - set(keys))}")
+    assert set(keys) == _yaml_leaves(), (
+        f"declared, not in the YAML: {sorted(set(keys) - _yaml_leaves())}; "
+        f"in the YAML, not declared: {sorted(_yaml_leaves() - set(keys))}"
+    )
     optional = [d.key for d in declarations(ConfigSections) if d.optional]
     assert optional == ["trainer.val_before_train", "trainer.val_only"]
     assert not set(optional) & set(schema_defaults())  # `+key` must stay addable
@@ -63,16 +66,24 @@ def test_verl_declares_no_luffy_only_key():
     from verl.workers.config_sections import WorkerSections
 
     verl_keys = {d.key for d in declarations(WorkerSections, "actor_rollout_ref.")}
-    luffy_only = {"actor_rollout_ref.actor.off_policy_max_clip", "actor_rollout_ref.actor.use_off_policy_loss",
-                  "actor_rollout_ref.rollout.prefix_strategy", "actor_rollout_ref.rollout.n_prefix",
-                  "actor_rollout_ref.actor.clip_upper_bound", "actor_rollout_ref.actor.debug"}
+    luffy_only = {
+        "actor_rollout_ref.actor.off_policy_max_clip",
+        "actor_rollout_ref.actor.use_off_policy_loss",
+        "actor_rollout_ref.rollout.prefix_strategy",
+        "actor_rollout_ref.rollout.n_prefix",
+        "actor_rollout_ref.actor.clip_upper_bound",
+        "actor_rollout_ref.actor.debug",
+    }
     assert not verl_keys & luffy_only
 
 
 def _rl_configs() -> list:
     """The tiny_cpu_*.yaml configs of this trainer (tiny_cpu_sft.yaml composes the SFT trainer's YAML)."""
-    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.startswith("tiny_cpu_")
-                  and "sft_trainer" not in open(os.path.join(CONFIG_DIR, f)).read())
+    return sorted(
+        f[:-5]
+        for f in os.listdir(CONFIG_DIR)
+        if f.startswith("tiny_cpu_") and "sft_trainer" not in open(os.path.join(CONFIG_DIR, f)).read()
+    )
 
 
 @pytest.mark.parametrize("name", _rl_configs())

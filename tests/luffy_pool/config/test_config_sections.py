@@ -1,4 +1,5 @@
 """luffy_pool/config/sections.py: typed trainer/data sections, in step with mix_ppo_trainer.yaml, loud on typos."""
+
 import dataclasses
 import os
 import re
@@ -24,15 +25,24 @@ def test_every_field_is_a_yaml_key_and_every_yaml_key_a_field(cls, section):
     names = {f.name for f in dataclasses.fields(cls)}
     assert names - _optional_keys(section) == _yaml_keys(section), (
         f"fields not in the YAML: {sorted(names - _optional_keys(section) - _yaml_keys(section))}; "
-        f"YAML keys without a field: {sorted(_yaml_keys(section) - names)}")
+        f"YAML keys without a field: {sorted(_yaml_keys(section) - names)}"
+    )
     # Only the optional `+` keys (absent from the YAML) carry a default in the dataclass; the rest come from the YAML.
     with_default = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
     assert with_default == _optional_keys(section)
 
 
 def test_values_and_defaults_come_from_the_composed_config(compose_config):
-    cfg = compose_config(["data.train_files=a.parquet", "data.val_files=b.parquet", "trainer.seed=5",
-                          "+trainer.val_only=True", "trainer.project_name=p", "trainer.experiment_name=e"])
+    cfg = compose_config(
+        [
+            "data.train_files=a.parquet",
+            "data.val_files=b.parquet",
+            "trainer.seed=5",
+            "+trainer.val_only=True",
+            "trainer.project_name=p",
+            "trainer.experiment_name=e",
+        ]
+    )
     s = ConfigSections.from_config(cfg)
     assert (s.trainer.seed, s.trainer.val_only, s.trainer.val_before_train) == (5, True, True)
     assert s.trainer.default_local_dir == "checkpoints/p/e"  # interpolation resolved
@@ -67,9 +77,12 @@ def test_a_missing_key_is_named(compose_config):
 # typed section. The exceptions read groups with their own typed parsers and documented defaults, used by
 # callers that pass partial dicts: the reward group (RewardManager, eval scripts), the batch-size helper (None =
 # unset, no default restated) and the SFT trainer's own YAML (verl/trainer/config/sft_trainer.yaml).
-_OWN_PARSERS = {"verl/workers/reward_manager/reward_manager.py", "verl/utils/batch_sizes.py",
-                "verl/trainer/sft/fsdp_model.py",
-                "exp_scripts/bench/report.py"}  # reads benchmark result JSON, not a config
+_OWN_PARSERS = {
+    "verl/workers/reward_manager/reward_manager.py",
+    "verl/utils/batch_sizes.py",
+    "verl/trainer/sft/fsdp_model.py",
+    "exp_scripts/bench/report.py",
+}  # reads benchmark result JSON, not a config
 _NOT_CONFIG = ("environ", "state", "meta", "rec", "report", "wandb")  # wandb: its own settings file
 
 
@@ -90,10 +103,16 @@ def _config_get_calls(path: str, root: str = ROOT) -> list[str]:
 def test_no_reader_restates_a_yaml_default_with_get():
     import subprocess
 
-    files = subprocess.run(["git", "ls-files", "verl", "luffy_pool", "deepscaler", "data", "exp_scripts",
-                            "eval_scripts"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    found = [hit for path in files if path.endswith(".py") and path not in _OWN_PARSERS
-             for hit in _config_get_calls(path)]
+    files = subprocess.run(
+        ["git", "ls-files", "verl", "luffy_pool", "deepscaler", "data", "exp_scripts", "eval_scripts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = [
+        hit for path in files if path.endswith(".py") and path not in _OWN_PARSERS for hit in _config_get_calls(path)
+    ]
     assert found == [], "read these through luffy_pool/config/sections.py or verl/workers/config_sections.py"
 
 
@@ -106,16 +125,26 @@ def test_the_scan_finds_a_restated_default(tmp_path):
 def test_driver_sections_hold_the_yaml_groups(compose_config):
     from luffy_pool.config.sections import AlgorithmSection, KLControlSection, RayInitSection, SelfReplaySection
 
-    for cls, group in ((AlgorithmSection, "algorithm"), (KLControlSection, "algorithm.kl_ctrl"),
-                       (RayInitSection, "ray_init"), (SelfReplaySection, "data.self_replay")):
+    for cls, group in (
+        (AlgorithmSection, "algorithm"),
+        (KLControlSection, "algorithm.kl_ctrl"),
+        (RayInitSection, "ray_init"),
+        (SelfReplaySection, "data.self_replay"),
+    ):
         depth = group.count(".") + 1
         keys = {k.split(".")[depth] for k in schema_defaults() if k.startswith(group + ".")}
         assert {f.name for f in dataclasses.fields(cls)} == keys, group
-    s = ConfigSections.from_config(compose_config(["data.self_replay.enable=True", "algorithm.kl_ctrl.kl_coef=0.5",
-                                                   "ray_init.num_cpus=3"]))
-    assert (s.data.self_replay.enable, s.data.self_replay.capacity) == (True, schema_defaults()["data.self_replay.capacity"])
+    s = ConfigSections.from_config(
+        compose_config(["data.self_replay.enable=True", "algorithm.kl_ctrl.kl_coef=0.5", "ray_init.num_cpus=3"])
+    )
+    assert (s.data.self_replay.enable, s.data.self_replay.capacity) == (
+        True,
+        schema_defaults()["data.self_replay.capacity"],
+    )
     assert (s.algorithm.kl_ctrl.kl_coef, s.algorithm.adv_estimator, s.ray_init.num_cpus) == (0.5, "grpo", 3)
-    assert s.actor.use_kl_loss is True and s.workers.rollout.n_val == schema_defaults()["actor_rollout_ref.rollout.n_val"]
+    assert (
+        s.actor.use_kl_loss is True and s.workers.rollout.n_val == schema_defaults()["actor_rollout_ref.rollout.n_val"]
+    )
 
 
 def test_a_required_key_left_unset_stays_unset_without_raising(compose_config):
@@ -126,8 +155,9 @@ def test_a_required_key_left_unset_stays_unset_without_raising(compose_config):
 def test_the_loss_section_is_a_subset_of_the_actor_keys_with_the_yaml_values(compose_config):
     from luffy_pool.config.sections import LossSection
 
-    actor_keys = {k.rsplit(".", 1)[1] for k in schema_defaults() if k.startswith("actor_rollout_ref.actor.")
-                  and k.count(".") == 2}
+    actor_keys = {
+        k.rsplit(".", 1)[1] for k in schema_defaults() if k.startswith("actor_rollout_ref.actor.") and k.count(".") == 2
+    }
     names = {f.name for f in dataclasses.fields(LossSection)}
     assert names <= actor_keys, sorted(names - actor_keys)
     cfg = compose_config(["data.train_files=a.parquet", "data.val_files=b.parquet"]).actor_rollout_ref.actor

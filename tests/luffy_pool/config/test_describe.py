@@ -1,5 +1,6 @@
 """python -m luffy_pool.config.describe: a key's type, default, allowed values, bounds, LUFFY status and doc, all
 read from its one declaration and its YAML comment."""
+
 from luffy_pool.algorithm.mix_core_alg import OFF_POLICY_RESHAPES
 from luffy_pool.config.check import declared
 from luffy_pool.config.describe import describe, main, yaml_docs

@@ -1,4 +1,5 @@
 """Our defaults against LUFFY's: every key both YAMLs share has LUFFY's value, except the README's table."""
+
 import json
 import os
 import re

@@ -1,5 +1,6 @@
 """vLLM's own TP communicator outside ``gpu_memory_utilization`` in every phase of the engine's GPU, and the split
 engine's weight-receive transient (luffy_pool/memory_plan/engine_side.py)."""
+
 from __future__ import annotations
 
 import math
@@ -89,8 +90,11 @@ def test_split_receive_transient_for_a_152k_vocabulary_7b():
     # vocab shard + a bucket's buffer and clones) is 2,171,863,040 B; a decoder layer's 1,138,777,088 B
     assert nbytes == 2 * e + bucket == 2_448_424_960
     assert what == "weight receive (split engine): largest tensor's buffer + clone + next bucket"
-    line = next(ln for ln in _plan(ASYNC).phase("rollout (vLLM awake), its own GPUs").lines
-                if ln.what.startswith("weight receive"))
+    line = next(
+        ln
+        for ln in _plan(ASYNC).phase("rollout (vLLM awake), its own GPUs").lines
+        if ln.what.startswith("weight receive")
+    )
     assert line.bytes == 2_448_424_960 and line.key == "actor_rollout_ref.rollout.weight_sync_bucket_mb"
     # a bucket larger than the embedding: two buckets (buffer and clones) + the embedding's clone and shard win
     nbytes, what = receive_transient(shape, 2, 2, 2, 2 * e)

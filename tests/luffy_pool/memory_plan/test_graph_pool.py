@@ -1,4 +1,5 @@
 """The CUDA-graph pool term of the memory plan (luffy_pool/memory_plan/graph_pool.py), by hand."""
+
 from types import SimpleNamespace
 
 from luffy_pool.memory_plan.graph_pool import MiB, default_capture_sizes, engine_graph_pool_bytes, graph_pool_bytes
@@ -18,17 +19,25 @@ def test_capture_sizes_follow_vllms_default_list():
 
 def test_pool_is_the_largest_batchs_working_set_plus_one_mib_per_further_graph():
     # hidden 8, q 8, kv 4, intermediate 16, bf16, TP 2; max_num_seqs 3, 5 batched tokens -> sizes [1, 2, 3, 4, 5]
-    got = graph_pool_bytes(hidden_size=8, q_size=8, kv_size=4, intermediate_size=16, dtype_bytes=2, tp=2,
-                           max_num_seqs=3, max_num_batched_tokens=5)
+    got = graph_pool_bytes(
+        hidden_size=8,
+        q_size=8,
+        kv_size=4,
+        intermediate_size=16,
+        dtype_bytes=2,
+        tp=2,
+        max_num_seqs=3,
+        max_num_batched_tokens=5,
+    )
     first = 5 * 2 * (2 * 8 + (8 + 2 * 4) // 2 + 2 * 16 // 2)  # 5 tokens x 2 bytes x 40 = 400
     piecewise, full = 5, 3  # every size; pure-decode sizes <= 3 sequences: 1, 2, 3
     assert got == first + MiB * ((piecewise - 1) + (full - 1)) == 400 + 6 * MiB
 
 
 def test_eager_engine_has_no_pool():
-    shape = SimpleNamespace(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
-                            intermediate_size=16)
-    inputs = SimpleNamespace(enforce_eager=True, rollout_dtype_bytes=2, tp=2, max_num_seqs=3,
-                             max_num_batched_tokens=5)
+    shape = SimpleNamespace(
+        hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4, intermediate_size=16
+    )
+    inputs = SimpleNamespace(enforce_eager=True, rollout_dtype_bytes=2, tp=2, max_num_seqs=3, max_num_batched_tokens=5)
     assert engine_graph_pool_bytes(inputs, shape) == 0
     assert engine_graph_pool_bytes(SimpleNamespace(**{**vars(inputs), "enforce_eager": False}), shape) == 400 + 6 * MiB

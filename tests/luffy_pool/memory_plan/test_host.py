@@ -1,5 +1,6 @@
 """ExGRPO's experience pool in the memory plan: a driver host-RAM line bounded by the run's steps and keys
 (luffy_pool/memory_plan/host.py)."""
+
 from __future__ import annotations
 
 import os

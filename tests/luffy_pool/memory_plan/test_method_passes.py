@@ -1,5 +1,6 @@
 """A method's extra actor forward in the memory plan: ExGRPO's trajectory metric (luffy_pool/methods/exgrpo.py) is
 one more pass through the old-log-prob path, with its micro-batches, so it is planned like that pass."""
+
 from __future__ import annotations
 
 import os

@@ -1,10 +1,10 @@
 """REVIEW H3: NCCL memory per communicator and how many each rank joins, a fragmentation margin, the workers'
 allocator setting, and a driver that opens no CUDA context for the plan's device query."""
+
 from __future__ import annotations
 
 import os
 
-import pytest
 
 from luffy_pool import memory_plan as mp
 from luffy_pool.config.compose import compose_config
@@ -33,9 +33,19 @@ def test_communicators_are_counted_from_the_layout(monkeypatch):
     assert estimate.nccl_communicators(plan.inputs) == ["world (FSDP)", "rollout TP (weight sync, prompts)"]
     assert _nccl_line(plan).bytes == 2 * 3 * GiB // 2
     plan = mp.plan_for_config(_config(TRAIN_16K), mp.parse_gpu_memory("80"))  # SP 2, TP 2
-    assert estimate.nccl_communicators(plan.inputs) == ["world (FSDP)", "Ulysses SP", "rollout TP (weight sync, prompts)"]
-    plan = mp.plan_for_config(_config(TRAIN, "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
-                                      "actor_rollout_ref.rollout.tensor_model_parallel_size=1"), mp.parse_gpu_memory("80"))
+    assert estimate.nccl_communicators(plan.inputs) == [
+        "world (FSDP)",
+        "Ulysses SP",
+        "rollout TP (weight sync, prompts)",
+    ]
+    plan = mp.plan_for_config(
+        _config(
+            TRAIN,
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        ),
+        mp.parse_gpu_memory("80"),
+    )
     assert estimate.nccl_communicators(plan.inputs) == ["world (FSDP)", "HSDP shard", "HSDP replicate"]
     assert _nccl_line(plan, "update: forward/backward").bytes == 3 * 3 * GiB // 2
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # no NVLink SHARP buffers: the A100-like figure

@@ -1,4 +1,5 @@
 """H1 in the memory plan: with sdpa (no remove-padding) the plan says what the update costs at the padded width."""
+
 from __future__ import annotations
 
 import os
@@ -31,15 +32,19 @@ def test_auto_plan_names_the_flash_attn_fallback_and_flash_says_nothing():
     assert not plan.notes  # information, not a problem: train.sh still fits
     line = next(ln for ln in mp.render(plan).splitlines() if ln.startswith("attention: "))
     assert line.startswith("attention: if flash-attn does not import on the workers") and "falls back to sdpa" in line
-    flash = mp.plan_for_config(_config("actor_rollout_ref.model.attn_implementation=flash_attention_2"),
-                               mp.parse_gpu_memory("80"))
+    flash = mp.plan_for_config(
+        _config("actor_rollout_ref.model.attn_implementation=flash_attention_2"), mp.parse_gpu_memory("80")
+    )
     assert "remove-padding" not in mp.render(flash)
 
 
 def test_budget_below_one_padded_row_is_refused_with_the_override():
-    plan = mp.plan_for_config(_config("actor_rollout_ref.model.attn_implementation=sdpa",
-                                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192"),
-                              mp.parse_gpu_memory("80"))
+    plan = mp.plan_for_config(
+        _config(
+            "actor_rollout_ref.model.attn_implementation=sdpa", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192"
+        ),
+        mp.parse_gpu_memory("80"),
+    )
     msg = "\n".join(mp.over_budget_message(plan))
     assert "9,216 positions > actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8,192" in msg
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu>=9216" in msg

@@ -1,6 +1,7 @@
 """Model shapes from the published config.json files: parameter counts equal each model's published count
 (tied heads have no separate lm_head weight; an MoE layer holds every expert; Llama has no qkv bias,
 Qwen3 has q/k norms)."""
+
 import os
 
 import pytest

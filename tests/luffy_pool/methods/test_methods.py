@@ -1,5 +1,6 @@
 """The method selector and the compositions of hpt / srft / chord / grpo, without Ray: which keys a method sets
 and refuses, HPT's gate on the group's success count, and that the knobs, masks and step reach the family loss."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,7 @@ A = "actor_rollout_ref.actor"
 def tiny_config(compose_config, luffy_overrides, tmp_path):
     def make(*extra):
         return compose_config(luffy_overrides("m", "d", str(tmp_path), steps=2) + list(extra))
+
     return make
 
 
@@ -27,8 +29,11 @@ def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with
 def test_config_check_refuses_an_unknown_method(compose_config):
     from luffy_pool.config.check import validate_config
 
-    errors = validate_config(compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
-                                             "algorithm.method=bread"]))
+    errors = validate_config(
+        compose_config(
+            ["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", "algorithm.method=bread"]
+        )
+    )
     assert any("algorithm.method" in e and "bread" in e for e in errors), errors
 
 
@@ -43,10 +48,19 @@ def test_luffy_changes_nothing(tiny_config):
     assert OmegaConf.to_container(config) == before
 
 
-@pytest.mark.parametrize("method,loss,adv", [("hpt", "hpt_sft", "grpo_split"), ("srft", "srft", "grpo"),
-                                             ("chord", "chord", "grpo_split"), ("grpo", "vanilla", "grpo"),
-                                             ("prefix_rft", "prefix_rft", "grpo"), ("uft", "uft", "grpo"),
-                                             ("relift", "vanilla", "grpo"), ("exgrpo", "exgrpo", "grpo")])
+@pytest.mark.parametrize(
+    "method,loss,adv",
+    [
+        ("hpt", "hpt_sft", "grpo_split"),
+        ("srft", "srft", "grpo"),
+        ("chord", "chord", "grpo_split"),
+        ("grpo", "vanilla", "grpo"),
+        ("prefix_rft", "prefix_rft", "grpo"),
+        ("uft", "uft", "grpo"),
+        ("relift", "vanilla", "grpo"),
+        ("exgrpo", "exgrpo", "grpo"),
+    ],
+)
 def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tiny_config, method, loss, adv):
     from luffy_pool.config.check import validate_config
     from luffy_pool.methods import apply_method
@@ -55,7 +69,9 @@ def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tin
     apply_method(config)
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (actor.policy_loss, config.algorithm.adv_estimator, actor.use_off_policy_loss) == (loss, adv, False)
-    assert rollout.n_prefix == (0 if method in ("grpo", "relift", "exgrpo") else 1)  # exgrpo: slots get a trace when replayed
+    assert rollout.n_prefix == (
+        0 if method in ("grpo", "relift", "exgrpo") else 1
+    )  # exgrpo: slots get a trace when replayed
     apply_method(config)  # idempotent
     assert not [e for e in validate_config(config) if "policy_loss" in e or "method" in e]
 
@@ -98,8 +114,10 @@ def _group_batch(scores, demo):
 
 
 def _sections(switch_gate=0, reward_impl_version=3):
-    return SimpleNamespace(algorithm=SimpleNamespace(hpt=SimpleNamespace(switch_gate=switch_gate)),
-                           data=SimpleNamespace(reward_impl_version=reward_impl_version))
+    return SimpleNamespace(
+        algorithm=SimpleNamespace(hpt=SimpleNamespace(switch_gate=switch_gate)),
+        data=SimpleNamespace(reward_impl_version=reward_impl_version),
+    )
 
 
 def test_hpt_gate_picks_the_demonstration_when_the_group_has_no_success():
@@ -122,14 +140,24 @@ def _stub_actor(policy_loss, meta, **loss_keys):
 
     import luffy_pool.methods.losses  # noqa: F401 -- registers the family losses
 
-    loss = dict(clip_ratio=0.2, loss_remove_token_mean=True, loss_remove_clip=True, sft_loss_coef=1.0,
-                off_policy_reshape="p_div_p_0.1", clip_upper_bound=1.0)
+    loss = dict(
+        clip_ratio=0.2,
+        loss_remove_token_mean=True,
+        loss_remove_clip=True,
+        sft_loss_coef=1.0,
+        off_policy_reshape="p_div_p_0.1",
+        clip_upper_bound=1.0,
+    )
     loss.update(loss_keys)
     return SimpleNamespace(
-        policy_loss=policy_loss, policy_loss_fn=get_policy_loss_fn(policy_loss), method_meta=meta,
+        policy_loss=policy_loss,
+        policy_loss_fn=get_policy_loss_fn(policy_loss),
+        method_meta=meta,
         update_config=SimpleNamespace(loss=SimpleNamespace(**loss), use_dynamic_bsz=False),
-        batch_sizes=RankBatchSizes(ppo_mini_rows=4, ppo_micro_rows=4, gradient_accumulation=1), config=None,
-        extra_policy_loss=lambda out, metrics: None)
+        batch_sizes=RankBatchSizes(ppo_mini_rows=4, ppo_micro_rows=4, gradient_accumulation=1),
+        config=None,
+        extra_policy_loss=lambda out, metrics: None,
+    )
 
 
 def _micro(rows=4, width=3, demo_rows=(3,), seed=0):
@@ -137,15 +165,24 @@ def _micro(rows=4, width=3, demo_rows=(3,), seed=0):
     log_prob = -torch.rand(rows, width, generator=g) - 0.05
     prefix = torch.zeros(rows, width, dtype=torch.bool)
     prefix[list(demo_rows)] = True
-    micro = {"old_log_probs": log_prob + 0.1 * torch.randn(rows, width, generator=g),
-             "advantages": torch.tensor([1.0, -0.5, 0.5, -1.0][:rows]).unsqueeze(-1).expand(rows, width).contiguous(),
-             "prefix_mask": prefix}
+    micro = {
+        "old_log_probs": log_prob + 0.1 * torch.randn(rows, width, generator=g),
+        "advantages": torch.tensor([1.0, -0.5, 0.5, -1.0][:rows]).unsqueeze(-1).expand(rows, width).contiguous(),
+        "prefix_mask": prefix,
+    }
     entropy = torch.rand(rows, width, generator=g)
     return micro, log_prob, entropy, torch.ones(rows, width)
 
 
-CHORD_MU = {"mu_warmup_steps": 0, "mu_decay_steps": 200, "mu_peak": 0.9, "mu_valley": 0.05,
-            "enable_phi_function": False, "clip_ratio_c": 3.0, "use_token_level_loss_in_sft": True}
+CHORD_MU = {
+    "mu_warmup_steps": 0,
+    "mu_decay_steps": 200,
+    "mu_peak": 0.9,
+    "mu_valley": 0.05,
+    "enable_phi_function": False,
+    "clip_ratio_c": 3.0,
+    "use_token_level_loss_in_sft": True,
+}
 
 
 @pytest.mark.parametrize("step,mu", [(0, 0.9), (50, 0.775520), (100, 0.475), (199, 0.050052), (400, 0.05)])
@@ -160,9 +197,15 @@ def test_the_step_reaches_chords_mu(step, mu):
     from luffy_pool.algorithm.family.registry import FamilyLossInputs
 
     micro, log_prob, _, mask = _micro()
-    part = {name: FamilyLossInputs(log_prob=log_prob[rows], old_log_prob=micro["old_log_probs"][rows],
-                                   advantages=micro["advantages"][rows], response_mask=mask[rows])
-            for name, rows in (("usual", [0, 1, 2]), ("expert", [3]))}
+    part = {
+        name: FamilyLossInputs(
+            log_prob=log_prob[rows],
+            old_log_prob=micro["old_log_probs"][rows],
+            advantages=micro["advantages"][rows],
+            response_mask=mask[rows],
+        )
+        for name, rows in (("usual", [0, 1, 2]), ("expert", [3]))
+    }
     usual, _ = dual_clip_ppo_loss(part["usual"], ChordConfig(clip_range=0.2))
     expert, _ = sft_plain_loss(part["expert"], ChordConfig())
     assert loss.item() == pytest.approx((1 - mu) * usual.item() + mu * expert.item(), rel=1e-5)
@@ -172,9 +215,12 @@ def test_update_meta_sends_the_knobs_and_a_zero_based_step():
     from luffy_pool.methods import get_method
     from luffy_pool.methods.losses import update_meta
 
-    sections = SimpleNamespace(algorithm=SimpleNamespace(chord=SimpleNamespace(**CHORD_MU)),
-                               workers=SimpleNamespace(rollout=SimpleNamespace(n=8, n_prefix=1)))
+    sections = SimpleNamespace(
+        algorithm=SimpleNamespace(chord=SimpleNamespace(**CHORD_MU)),
+        workers=SimpleNamespace(rollout=SimpleNamespace(n=8, n_prefix=1)),
+    )
     from dataclasses import make_dataclass
+
     sections.algorithm.chord = make_dataclass("C", list(CHORD_MU))(**CHORD_MU)
     meta = update_meta(get_method("chord"), sections, global_steps=1)
     assert meta == {"name": "chord", "knobs": CHORD_MU, "step": 0, "expert_share": 0.125}
@@ -191,9 +237,13 @@ def test_hpt_rows_the_gate_dropped_count_as_removed():
     meta = {"name": "hpt", "knobs": {"switch_gate": 0}, "step": 0, "expert_share": 0.25}
     loss, metrics = family_policy_loss(_stub_actor("hpt_sft", meta), micro, log_prob, entropy, mask)
     keep = [0, 1, 3]
-    kept = FamilyLossInputs(log_prob=log_prob[keep], old_log_prob=micro["old_log_probs"][keep],
-                            advantages=micro["advantages"][keep], response_mask=mask[keep],
-                            prefix_mask=micro["prefix_mask"][keep])
+    kept = FamilyLossInputs(
+        log_prob=log_prob[keep],
+        old_log_prob=micro["old_log_probs"][keep],
+        advantages=micro["advantages"][keep],
+        response_mask=mask[keep],
+        prefix_mask=micro["prefix_mask"][keep],
+    )
     expected, _ = hpt_sft_loss(kept, HptConfig(loss_remove_token_mean=True, loss_remove_clip=True))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert metrics["actor/sft_loss"] == pytest.approx(float(-log_prob[3].mean()), rel=1e-6)
@@ -203,8 +253,12 @@ def test_srft_correct_rows_come_from_the_row_scores():
     from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro()
-    meta = {"name": "srft", "knobs": {"srft_type": "paper", "sft_weight_scale": 0.5, "rl_pos_weight_scale": 0.1},
-            "step": 0, "expert_share": 0.25}
+    meta = {
+        "name": "srft",
+        "knobs": {"srft_type": "paper", "sft_weight_scale": 0.5, "rl_pos_weight_scale": 0.1},
+        "step": 0,
+        "expert_share": 0.25,
+    }
     actor = _stub_actor("srft", meta)
     micro["row_scores"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
     loss_a, _ = family_policy_loss(actor, dict(micro), log_prob, entropy, mask)
@@ -224,12 +278,19 @@ def test_prefix_rft_and_uft_losses_read_their_knobs_and_the_actors_clip_keys():
     from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro()
-    inputs = FamilyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"], advantages=micro["advantages"],
-                              response_mask=mask, prefix_mask=micro["prefix_mask"], entropy=entropy)
+    inputs = FamilyLossInputs(
+        log_prob=log_prob,
+        old_log_prob=micro["old_log_probs"],
+        advantages=micro["advantages"],
+        response_mask=mask,
+        prefix_mask=micro["prefix_mask"],
+        entropy=entropy,
+    )
     knobs = {"ratio_start": 0.95, "ratio_end": 0.05, "decay_steps": None, "prefix_entropy_top_frac": 0.4}
     meta = {"name": "prefix_rft", "knobs": knobs, "step": 3, "expert_share": 0.25}
-    loss, metrics = family_policy_loss(_stub_actor("prefix_rft", meta, loss_remove_clip=False), dict(micro), log_prob,
-                                       entropy, mask)
+    loss, metrics = family_policy_loss(
+        _stub_actor("prefix_rft", meta, loss_remove_clip=False), dict(micro), log_prob, entropy, mask
+    )
     expected, _ = prefix_rft_loss(inputs, PrefixRftConfig(prefix_entropy_top_frac=0.4, loss_remove_clip=False))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert metrics["actor/prefix_rft/kept_prefix_share"] == pytest.approx(2 / 3)  # ceil(0.4 * 3) of the demo row
@@ -256,12 +317,22 @@ def test_exgrpo_clips_in_warm_up_and_not_in_the_mixed_phase():
 
     micro, log_prob, entropy, mask = _micro()
     micro["old_log_probs"] = log_prob - torch.tensor([0.5, -0.5, 0.5, -0.3]).unsqueeze(-1)  # ratios far outside 1 ± 0.2
-    inputs = FamilyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"], advantages=micro["advantages"],
-                              response_mask=mask, prefix_mask=micro["prefix_mask"])
+    inputs = FamilyLossInputs(
+        log_prob=log_prob,
+        old_log_prob=micro["old_log_probs"],
+        advantages=micro["advantages"],
+        response_mask=mask,
+        prefix_mask=micro["prefix_mask"],
+    )
     for mixed in (False, True):
         meta = {"name": "exgrpo", "knobs": {}, "step": 0, "expert_share": 0.0, "mixed": mixed}
-        loss, metrics = family_policy_loss(_stub_actor("exgrpo", meta, off_policy_max_clip=-1, off_policy_min_clip=-1,
-                                                       all_max_clip=-1), micro, log_prob, entropy, mask)
+        loss, metrics = family_policy_loss(
+            _stub_actor("exgrpo", meta, off_policy_max_clip=-1, off_policy_min_clip=-1, all_max_clip=-1),
+            micro,
+            log_prob,
+            entropy,
+            mask,
+        )
         expected, _ = exgrpo_token_loss(inputs, ExgrpoLossConfig(loss_remove_clip=mixed))
         assert float(loss) == pytest.approx(float(expected), rel=1e-6)
         assert (metrics["actor/on_pg_clipfrac"] > 0) == (not mixed)
@@ -274,12 +345,15 @@ def test_exgrpo_refuses_self_replay_in_one_line(tiny_config):
         apply_method(tiny_config("algorithm.method=exgrpo", "data.self_replay.enable=True"))
 
 
-@pytest.mark.parametrize("indexes,problem", [
-    (None, None),  # no extra_info: the row position is the id
-    ([3, 1, 2], None),
-    ([3, None, 2], "row 1: column 'extra_info.index' is missing, but {a} row 0 has one"),
-    ([3, 1, 3], "row 2: column 'extra_info.index' repeats 3 of {a} row 0"),
-])
+@pytest.mark.parametrize(
+    "indexes,problem",
+    [
+        (None, None),  # no extra_info: the row position is the id
+        ([3, 1, 2], None),
+        ([3, None, 2], "row 1: column 'extra_info.index' is missing, but {a} row 0 has one"),
+        ([3, 1, 3], "row 2: column 'extra_info.index' repeats 3 of {a} row 0"),
+    ],
+)
 def test_exgrpo_needs_one_question_id_per_row(tmp_path, indexes, problem):
     import pandas as pd
 
@@ -306,13 +380,25 @@ def test_exgrpo_question_ids_must_be_unique_across_train_files(tmp_path):
     a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
     pd.DataFrame({"prompt": ["x"], "extra_info": [{"index": 0}]}).to_parquet(a)
     pd.DataFrame({"prompt": ["y"], "extra_info": [{"index": 0}]}).to_parquet(b)
-    assert check_question_ids([a, b], "exgrpo").startswith(f"data.train_files: {b}: row 0: column 'extra_info.index' "
-                                                          f"repeats 0 of {a} row 0")
+    assert check_question_ids([a, b], "exgrpo").startswith(
+        f"data.train_files: {b}: row 0: column 'extra_info.index' repeats 0 of {a} row 0"
+    )
 
 
 # ---------------------------------------------------------------- data checks before Ray
-@pytest.mark.parametrize("method,refused", [("hpt", True), ("srft", True), ("chord", True), ("relift", True),
-                                            ("luffy", False), ("grpo", False), ("prefix_rft", True), ("uft", False)])
+@pytest.mark.parametrize(
+    "method,refused",
+    [
+        ("hpt", True),
+        ("srft", True),
+        ("chord", True),
+        ("relift", True),
+        ("luffy", False),
+        ("grpo", False),
+        ("prefix_rft", True),
+        ("uft", False),
+    ],
+)
 def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):
     import pandas as pd
 
@@ -322,14 +408,17 @@ def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_pa
     pd.DataFrame({"prompt": ["a", "b", "c"], "target": [[{"content": "x"}], None, [{"content": "y"}]]}).to_parquet(path)
     problem = check_demonstrations(path, "target", method)
     if refused:
-        assert problem == (f"data.train_files: {path}: row 1: column 'target' is null, but algorithm.method={method} "
-                           "trains on every prompt's demonstration")
+        assert problem == (
+            f"data.train_files: {path}: row 1: column 'target' is null, but algorithm.method={method} "
+            "trains on every prompt's demonstration"
+        )
     else:
         assert problem is None
 
 
-def test_a_missing_demonstration_column_is_refused_before_ray_naming_file_and_column(tmp_path, compose_config,
-                                                                                    luffy_overrides, tiny_model_dir):
+def test_a_missing_demonstration_column_is_refused_before_ray_naming_file_and_column(
+    tmp_path, compose_config, luffy_overrides, tiny_model_dir
+):
     import pandas as pd
 
     from luffy_pool.run.launcher import build_trainer
@@ -337,11 +426,15 @@ def test_a_missing_demonstration_column_is_refused_before_ray_naming_file_and_co
 
     data = tmp_path / "data"
     data.mkdir()
-    rows = {"prompt": [[{"role": "user", "content": "1+1"}]], "data_source": ["t"],
-            "reward_model": [{"ground_truth": "2", "style": "rule"}]}
+    rows = {
+        "prompt": [[{"role": "user", "content": "1+1"}]],
+        "data_source": ["t"],
+        "reward_model": [{"ground_truth": "2", "style": "rule"}],
+    }
     pd.DataFrame(rows).to_parquet(data / "train.parquet")
     pd.DataFrame(rows).to_parquet(data / "test.parquet")
-    config = compose_config(luffy_overrides(tiny_model_dir, str(data), str(tmp_path / "out"), steps=2)
-                            + ["algorithm.method=srft"])
+    config = compose_config(
+        luffy_overrides(tiny_model_dir, str(data), str(tmp_path / "out"), steps=2) + ["algorithm.method=srft"]
+    )
     with pytest.raises(PreflightError, match=f"data.train_files: {data}/train.parquet: missing column 'target'"):
         build_trainer(config)

@@ -1,5 +1,6 @@
 """End to end: ``algorithm.method=<m>`` trains 2 steps on the tiny model and task with LUFFY's tiny overrides
 (n=4, one full demonstration row per prompt, 2 FSDP ranks, HF rollout) and logs its own metrics, finite."""
+
 import json
 import math
 
@@ -18,20 +19,32 @@ METHOD_METRICS = {
     "relift": ("relift/hard_questions", "relift/buffer_size", "relift/sft_rows", "actor/pg_clipfrac"),
     # the random tiny model solves nothing, so ExGRPO stays in its on-policy warm-up here (its mixed phase and
     # pool: tests/luffy_pool/run/test_exgrpo_resume_e2e.py)
-    "exgrpo": ("exgrpo/solved_ratio", "exgrpo/mixed", "exgrpo/pool_questions", "actor/on_pg_loss",
-               "actor/on_pg_clipfrac", "actor/ppo_kl"),
+    "exgrpo": (
+        "exgrpo/solved_ratio",
+        "exgrpo/mixed",
+        "exgrpo/pool_questions",
+        "actor/on_pg_loss",
+        "actor/on_pg_clipfrac",
+        "actor/ppo_kl",
+    ),
 }
 # relift: a buffer of 2 demonstrations (one per rank), so the SFT stage runs within the 2 steps
-METHOD_OVERRIDES = {"relift": ["algorithm.relift.sft_data_size=2", "algorithm.relift.sft_mini_batch_size=2",
-                               "algorithm.relift.sft_micro_batch_size=1"]}
+METHOD_OVERRIDES = {
+    "relift": [
+        "algorithm.relift.sft_data_size=2",
+        "algorithm.relift.sft_mini_batch_size=2",
+        "algorithm.relift.sft_micro_batch_size=1",
+    ]
+}
 # the tiny LUFFY overrides give one full demonstration slot per group; grpo, relift and exgrpo replace it
 # (n_prefix=0), prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint)
 NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
-def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
-                                 luffy_overrides, fit_with_fingerprints):
+def test_method_trains_two_steps(
+    method, tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides, fit_with_fingerprints
+):
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2)
     overrides = [o for o in overrides if not o.startswith("trainer.test_freq")] + ["trainer.test_freq=-1"]
     if method == "uft":  # its hint segments, cut from the demonstrations by the pre-processor
@@ -39,7 +52,8 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
 
         prepare_hints(["--input", f"{tiny_task_dir}/train.parquet", "--output", str(tmp_path / "train_hints.parquet")])
         overrides = [o for o in overrides if not o.startswith("data.train_files")] + [
-            f"data.train_files={tmp_path}/train_hints.parquet"]
+            f"data.train_files={tmp_path}/train_hints.parquet"
+        ]
     config = compose_config(overrides + [f"algorithm.method={method}"] + METHOD_OVERRIDES.get(method, []))
     trainer, before, _, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
@@ -68,5 +82,7 @@ def test_method_trains_two_steps(method, tiny_model_dir, tiny_task_dir, tmp_path
         added = [r["relift/hard_questions"] for r in rows]
         assert rows[-1]["relift/buffer_size"] == sum(added) - 2 * len(sft)
     if method == "exgrpo":  # nothing solved: warm-up throughout, nothing collected, no question replayed
-        assert [(r["exgrpo/mixed"], r["exgrpo/pool_questions"], r["exgrpo/replayed_questions"]) for r in rows] == \
-            [(0.0, 0, 0), (0.0, 0, 0)]
+        assert [(r["exgrpo/mixed"], r["exgrpo/pool_questions"], r["exgrpo/replayed_questions"]) for r in rows] == [
+            (0.0, 0, 0),
+            (0.0, 0, 0),
+        ]

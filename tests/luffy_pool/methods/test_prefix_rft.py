@@ -1,4 +1,5 @@
 """algorithm.method=prefix_rft without Ray: the step's cosine prefix share on the group's n_prefix slots."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -8,9 +9,13 @@ from luffy_pool.methods.prefix_rft import PrefixRftSampler
 
 def _sampler(n_prefix=1, decay_steps=None, total_steps=4):
     sections = SimpleNamespace(
-        algorithm=SimpleNamespace(prefix_rft=SimpleNamespace(ratio_start=0.95, ratio_end=0.05, decay_steps=decay_steps,
-                                                             prefix_entropy_top_frac=0.2)),
-        workers=SimpleNamespace(rollout=SimpleNamespace(n=4, n_prefix=n_prefix)))
+        algorithm=SimpleNamespace(
+            prefix_rft=SimpleNamespace(
+                ratio_start=0.95, ratio_end=0.05, decay_steps=decay_steps, prefix_entropy_top_frac=0.2
+            )
+        ),
+        workers=SimpleNamespace(rollout=SimpleNamespace(n=4, n_prefix=n_prefix)),
+    )
     return PrefixRftSampler.from_sections(sections, seed=0, total_steps=total_steps)
 
 

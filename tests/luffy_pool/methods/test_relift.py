@@ -2,6 +2,7 @@
 into the buffer, newest first, the SFT stage when it is full, no crash on an empty step, its state in data.pt) on a
 stub worker group, the SFT step on one in-process rank against a hand-written loop, and the second optimizer's
 checkpoint (saved only once it stepped, restored exactly)."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -49,23 +50,42 @@ class StubCheckpointer:
 
 
 def _trainer(sft_data_size=4, world=2):
-    relift = SimpleNamespace(sft_data_size=sft_data_size, sft_mini_batch_size=sft_data_size, sft_micro_batch_size=1,
-                             sft_epochs=1, sft_lr=1e-6, sft_grad_clip=1.0, sft_entropy_coeff=0.001)
-    sections = SimpleNamespace(algorithm=SimpleNamespace(relift=relift), data=SimpleNamespace(reward_impl_version=3),
-                               workers=SimpleNamespace(actor=SimpleNamespace(optim=SimpleNamespace(
-                                   betas=[0.9, 0.999], weight_decay=0.01))),
-                               trainer=SimpleNamespace(balance_batch=False))
-    return SimpleNamespace(sections=sections, world_size=world, wg=StubWorkers(), checkpointer=StubCheckpointer(),
-                           tokenizer=SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS))
+    relift = SimpleNamespace(
+        sft_data_size=sft_data_size,
+        sft_mini_batch_size=sft_data_size,
+        sft_micro_batch_size=1,
+        sft_epochs=1,
+        sft_lr=1e-6,
+        sft_grad_clip=1.0,
+        sft_entropy_coeff=0.001,
+    )
+    sections = SimpleNamespace(
+        algorithm=SimpleNamespace(relift=relift),
+        data=SimpleNamespace(reward_impl_version=3),
+        workers=SimpleNamespace(actor=SimpleNamespace(optim=SimpleNamespace(betas=[0.9, 0.999], weight_decay=0.01))),
+        trainer=SimpleNamespace(balance_batch=False),
+    )
+    return SimpleNamespace(
+        sections=sections,
+        world_size=world,
+        wg=StubWorkers(),
+        checkpointer=StubCheckpointer(),
+        tokenizer=SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS),
+    )
 
 
 def _prompts(indexes):
     """A step's prompt batch: prompt i is [i, i] with demonstration [i, PAD, PAD]."""
     b = len(indexes)
     ids = torch.tensor([[i, i] for i in indexes])
-    batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": torch.ones(b, 2, dtype=torch.long),
-                                         "position_ids": torch.tensor([[0, 1]] * b),
-                                         "tgt_input_ids": torch.tensor([[i, PAD, PAD] for i in indexes])})
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": torch.ones(b, 2, dtype=torch.long),
+            "position_ids": torch.tensor([[0, 1]] * b),
+            "tgt_input_ids": torch.tensor([[i, PAD, PAD] for i in indexes]),
+        }
+    )
     batch.non_tensor_batch["index"] = np.array(indexes, dtype=object)
     return batch
 
@@ -93,8 +113,18 @@ def test_the_stage_buffers_hard_questions_newest_first_and_trains_when_full():
 
     trainer = _trainer()
     stage = ReliftStage(trainer)
-    assert trainer.wg.init_calls == [dict(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01, grad_clip=1.0,
-                                          mini_batch_size=4, micro_batch_size=1, epochs=1, entropy_coeff=0.001)]
+    assert trainer.wg.init_calls == [
+        dict(
+            lr=1e-6,
+            betas=(0.9, 0.999),
+            weight_decay=0.01,
+            grad_clip=1.0,
+            mini_batch_size=4,
+            micro_batch_size=1,
+            epochs=1,
+            entropy_coeff=0.001,
+        )
+    ]
     assert trainer.checkpointer.states == {"relift": stage}
     # no hard question while the buffer is empty: the authors' len(None) crash
     metrics, _ = _step(stage, [1, 2], [1, 0, 1, 1])
@@ -122,8 +152,9 @@ def test_the_buffer_survives_the_checkpoints_plain_data_file(tmp_path):
     save_state(str(tmp_path / "data.pt"), {"extras": {"relift": stage.state_dict()}})  # read back weights_only
     restored = ReliftStage(_trainer())
     restored.load_state_dict(load_state(str(tmp_path / "data.pt"))["extras"]["relift"])
-    assert [{k: v.tolist() for k, v in r.items()} for r in restored.buffer.rows] == \
-        [{k: v.tolist() for k, v in r.items()} for r in stage.buffer.rows]
+    assert [{k: v.tolist() for k, v in r.items()} for r in restored.buffer.rows] == [
+        {k: v.tolist() for k, v in r.items()} for r in stage.buffer.rows
+    ]
     assert len(restored.buffer.rows) == 1
 
 
@@ -142,24 +173,45 @@ def _tiny_lm(seed=0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    cfg = Qwen2Config(
+        vocab_size=16,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
     return Qwen2ForCausalLM(cfg).float()
 
 
 def _sft_rows():
     prompt = torch.tensor([[0, 5, 6], [7, 8, 4]])
     demo = torch.tensor([[3, 3, 0, 0], [2, 1, 2, 2]])
-    return demonstration_batch(prompt, torch.tensor([[0, 1, 1], [1, 1, 1]]), torch.tensor([[0, 0, 1], [0, 1, 2]]),
-                               demo, pad_token_id=PAD, eos_token_id=EOS)
+    return demonstration_batch(
+        prompt,
+        torch.tensor([[0, 1, 1], [1, 1, 1]]),
+        torch.tensor([[0, 0, 1], [0, 1, 2]]),
+        demo,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+    )
 
 
 def test_the_sft_step_equals_a_hand_written_loop_and_leaves_the_rl_optimizer_alone():
     from luffy_pool.workers.interleaved_sft import InterleavedSftConfig, build_sft_optimizer, sft_update
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    cfg = InterleavedSftConfig(lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01, grad_clip=1.0, mini_batch_size=2,
-                               micro_batch_size=1, epochs=1, entropy_coeff=0.001)
+    cfg = InterleavedSftConfig(
+        lr=1e-2,
+        betas=(0.9, 0.999),
+        weight_decay=0.01,
+        grad_clip=1.0,
+        mini_batch_size=2,
+        micro_batch_size=1,
+        epochs=1,
+        entropy_coeff=0.001,
+    )
     model, ref = _tiny_lm(), _tiny_lm()
     rl_optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
     actor = DataParallelPPOActor(None, model, None, logprob_chunk_size=0)
@@ -173,12 +225,19 @@ def test_the_sft_step_equals_a_hand_written_loop_and_leaves_the_rl_optimizer_alo
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.999), weight_decay=0.01)
     width = rows["responses"].size(1)
     for i in range(2):
-        logits = ref(input_ids=rows["input_ids"][i:i + 1], attention_mask=rows["attention_mask"][i:i + 1],
-                     position_ids=rows["position_ids"][i:i + 1]).logits[:, -width - 1:-1].float()
+        logits = (
+            ref(
+                input_ids=rows["input_ids"][i : i + 1],
+                attention_mask=rows["attention_mask"][i : i + 1],
+                position_ids=rows["position_ids"][i : i + 1],
+            )
+            .logits[:, -width - 1 : -1]
+            .float()
+        )
         logp = torch.log_softmax(logits, -1)
-        token_logp = logp.gather(-1, rows["responses"][i:i + 1, :, None])[..., 0]
+        token_logp = logp.gather(-1, rows["responses"][i : i + 1, :, None])[..., 0]
         entropy = -(logp.exp() * logp).sum(-1)
-        mask = rows["attention_mask"][i:i + 1, -width:].float()
+        mask = rows["attention_mask"][i : i + 1, -width:].float()
         loss = (-(token_logp * mask).sum() / mask.sum()) - 0.001 * (entropy * mask).sum() / mask.sum()
         (loss / 2).backward()
         expected = metrics["actor/sft_loss"][i] - 0.001 * metrics["actor/sft_entropy_loss"][i]

@@ -8,6 +8,7 @@ resumes with ``resume_mode=auto`` from step 2, trains step 3 again and stops at 
 demonstrations per SFT stage, so at the step-2 checkpoint the SFT optimizer has stepped and the buffer is not empty
 (asserted); the resumed step must log the same ReLIFT metrics and end with the same weights as the uninterrupted run.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,19 +30,24 @@ pytestmark = pytest.mark.e2e
 
 STEPS = 3  # compared; the runs are configured for one more step, inside which they stop (resume_hooks)
 HOOK = "resume_hooks:dump_and_hang_in_last_step"
-RELIFT = ["algorithm.method=relift", "algorithm.relift.sft_data_size=2", "algorithm.relift.sft_mini_batch_size=2",
-          "algorithm.relift.sft_micro_batch_size=1",
-          # an SFT lr large enough that a fresh SFT optimizer after the resume would change the weights by far more
-          # than the comparison's 1e-6 (the authors' 1e-6 would not)
-          "algorithm.relift.sft_lr=1e-3", "trainer.save_freq=2", "trainer.test_freq=-1"]
+RELIFT = [
+    "algorithm.method=relift",
+    "algorithm.relift.sft_data_size=2",
+    "algorithm.relift.sft_mini_batch_size=2",
+    "algorithm.relift.sft_micro_batch_size=1",
+    # an SFT lr large enough that a fresh SFT optimizer after the resume would change the weights by far more
+    # than the comparison's 1e-6 (the authors' 1e-6 would not)
+    "algorithm.relift.sft_lr=1e-3",
+    "trainer.save_freq=2",
+    "trainer.test_freq=-1",
+]
 
 
 def _config(compose_config, luffy_overrides, model_dir, task_dir, out_dir, path) -> str:
     from omegaconf import OmegaConf
 
     keys = {o.split("=", 1)[0] for o in RELIFT}
-    base = [o for o in luffy_overrides(model_dir, task_dir, out_dir, steps=STEPS + 1)
-            if o.split("=", 1)[0] not in keys]
+    base = [o for o in luffy_overrides(model_dir, task_dir, out_dir, steps=STEPS + 1) if o.split("=", 1)[0] not in keys]
     OmegaConf.save(compose_config(base + RELIFT), path)
     return str(path)
 
@@ -93,12 +99,20 @@ def test_resumed_steps_equal_the_uninterrupted_run(runs):
     ref, run = _metrics(runs / "ref_metrics.jsonl"), _metrics(runs / "run" / "metrics.jsonl")
     assert sorted(ref) == sorted(run) == list(range(1, STEPS + 1))
     for step in (3,):
-        for key in ("relift/hard_questions", "relift/buffer_size", "relift/sft_rows", "actor/sft_loss",
-                    "actor/sft_grad_norm", "actor/pg_loss", "actor/entropy_loss"):
+        for key in (
+            "relift/hard_questions",
+            "relift/buffer_size",
+            "relift/sft_rows",
+            "actor/sft_loss",
+            "actor/sft_grad_norm",
+            "actor/pg_loss",
+            "actor/entropy_loss",
+        ):
             assert (key in run[step]) == (key in ref[step]), (step, key)
             if key in ref[step]:
                 assert run[step][key] == pytest.approx(ref[step][key], abs=1e-6), (step, key)
     assert ref[3]["relift/sft_rows"], "an SFT stage must run after the resume"
-    diff = resume_e2e._max_diff(resume_e2e._hf_weights(runs / "run_result1" / DUMP_DIR),
-                                resume_e2e._hf_weights(runs / "run_result2" / DUMP_DIR))
+    diff = resume_e2e._max_diff(
+        resume_e2e._hf_weights(runs / "run_result1" / DUMP_DIR), resume_e2e._hf_weights(runs / "run_result2" / DUMP_DIR)
+    )
     assert diff <= 1e-6

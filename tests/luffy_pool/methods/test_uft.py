@@ -1,5 +1,6 @@
 """algorithm.method=uft without Ray: the hint draw as the group's shared prefix (exactly the hint's tokens
 through the slot plan), its checkpointed RNG and step, the hint-column input check and the pre-processor."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,9 +29,14 @@ class CharTokenizer:
 
 def _batch(hints, width=32, prompt="q?"):
     ids = torch.tensor([[0] * 2 + [ord(c) for c in prompt]] * len(hints))
-    return DataProto.from_single_dict({"tgt_input_ids": torch.zeros(len(hints), width, dtype=torch.long),
-                                       "input_ids": ids, "attention_mask": (ids > 0).long(),
-                                       "hint": np.array(hints + [None], dtype=object)[:-1]})
+    return DataProto.from_single_dict(
+        {
+            "tgt_input_ids": torch.zeros(len(hints), width, dtype=torch.long),
+            "input_ids": ids,
+            "attention_mask": (ids > 0).long(),
+            "hint": np.array(hints + [None], dtype=object)[:-1],
+        }
+    )
 
 
 def _sampler(schedule="cosine", seed=0, n=3):
@@ -42,10 +48,17 @@ def test_every_slot_of_a_prompt_starts_with_exactly_its_hint():
     batch = _batch([SEGMENTS, []])
     ratios, metrics = sampler.draw_batch(batch, global_step=1)
     hint = [ord(c) for c in "".join(SEGMENTS)]
-    assert batch.batch["tgt_input_ids"][0, :len(hint)].tolist() == hint
+    assert batch.batch["tgt_input_ids"][0, : len(hint)].tolist() == hint
     assert ratios[1].tolist() == [0.0] * 3  # an empty hint list: no hint (UFT divides by zero)
-    plan = build_slot_plan(torch.ones(2, 2, dtype=torch.long), torch.ones(2, 2, dtype=torch.long),
-                           batch.batch["tgt_input_ids"].unsqueeze(1).expand(2, 3, 32), ratios, 0, 1, 64)
+    plan = build_slot_plan(
+        torch.ones(2, 2, dtype=torch.long),
+        torch.ones(2, 2, dtype=torch.long),
+        batch.batch["tgt_input_ids"].unsqueeze(1).expand(2, 3, 32),
+        ratios,
+        0,
+        1,
+        64,
+    )
     assert plan.prefixes[:3] == [hint] * 3 and plan.kinds == [SLOT_PARTIAL] * 3 + [SLOT_ON] * 3
     assert metrics["uft/hint_share"] == 0.5 and metrics["uft/hint_tokens"] == len(hint) / 2
 
@@ -55,7 +68,7 @@ def test_a_hint_opening_the_think_block_after_a_prompt_that_opens_it_drops_it():
     for prompt, expected in (("q?<think>\n", "ab\ncd"), ("q?", "<think>\nab\ncd")):
         batch = _batch([think], prompt=prompt)
         ratios, _ = _sampler("stage").draw_batch(batch, global_step=1)
-        assert batch.batch["tgt_input_ids"][0, :len(expected)].tolist() == [ord(c) for c in expected]
+        assert batch.batch["tgt_input_ids"][0, : len(expected)].tolist() == [ord(c) for c in expected]
         assert ratios[0, 0] == pytest.approx((len(expected) + 0.5) / (len(expected) + 1))
 
 
@@ -78,6 +91,7 @@ def test_the_draw_resumes_from_its_checkpointed_rng():
     uninterrupted.draw_batch(_batch([SEGMENTS] * 8), global_step=40)
     state = uninterrupted.state_dict()
     import io
+
     buffer = io.BytesIO()
     torch.save(state, buffer)  # the checkpoint's data.pt is read back with weights_only
     resumed = _sampler(seed=123)
@@ -90,8 +104,10 @@ def test_the_draw_resumes_from_its_checkpointed_rng():
 
 
 def _sections(off_policy_files=None):
-    return SimpleNamespace(algorithm=SimpleNamespace(uft=SimpleNamespace(hint_key="hint")),
-                           data=SimpleNamespace(off_policy_files=off_policy_files))
+    return SimpleNamespace(
+        algorithm=SimpleNamespace(uft=SimpleNamespace(hint_key="hint")),
+        data=SimpleNamespace(off_policy_files=off_policy_files),
+    )
 
 
 def test_input_check_names_file_row_and_column(tmp_path):
@@ -115,8 +131,11 @@ def test_preprocessor_cuts_each_solution_into_segments_losslessly(tmp_path):
     from luffy_pool.methods.uft import add_hints
     from verl.utils.data_format import read_records, write_records
 
-    rows = [{"prompt": "q", "target": [{"role": "assistant", "content": "x = 1\n\ny = 2\nanswer 3"}]},
-            {"prompt": "r", "target": None}, {"prompt": "s", "target": "<think>\nx\n</think>\n"}]
+    rows = [
+        {"prompt": "q", "target": [{"role": "assistant", "content": "x = 1\n\ny = 2\nanswer 3"}]},
+        {"prompt": "r", "target": None},
+        {"prompt": "s", "target": "<think>\nx\n</think>\n"},
+    ]
     out = add_hints(rows, "in.parquet")
     assert out[0]["hint"] == ["x = 1\n\n", "y = 2\n", "answer 3"] and out[1]["hint"] == []
     assert out[2]["hint"] == ["<think>\nx\n", "</think>\n"]  # the opening alone is no step
@@ -127,13 +146,18 @@ def test_preprocessor_cuts_each_solution_into_segments_losslessly(tmp_path):
     assert check_hint_column(str(tmp_path / "out.parquet"), _sections()) is None
 
 
-def test_a_train_file_without_hints_is_refused_before_ray(tmp_path, compose_config, luffy_overrides, tiny_model_dir,
-                                                          tiny_task_dir):
+def test_a_train_file_without_hints_is_refused_before_ray(
+    tmp_path, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir
+):
     from luffy_pool.run.launcher import build_trainer
     from luffy_pool.run.preflight import PreflightError
 
-    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path / "out"), steps=2)
-                            + ["algorithm.method=uft"])
-    with pytest.raises(PreflightError, match=f"data.train_files: {tiny_task_dir}/train.parquet: no column 'hint' "
-                                             r"\(algorithm.uft.hint_key\)"):
+    config = compose_config(
+        luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path / "out"), steps=2) + ["algorithm.method=uft"]
+    )
+    with pytest.raises(
+        PreflightError,
+        match=f"data.train_files: {tiny_task_dir}/train.parquet: no column 'hint' "
+        r"\(algorithm.uft.hint_key\)",
+    ):
         build_trainer(config)

@@ -1,4 +1,5 @@
 """SelfReplayBuffer: insert, per-prompt and global eviction, age limit, seeded choices, pickle-free save/load."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,11 @@ def _lps(k, base=-0.5):
 
 
 def _snapshot(buf: SelfReplayBuffer) -> list:
-    return [(key, e.token_ids, [None if math.isnan(v) else v for v in e.logprobs], e.step)
-            for key, entries in buf._entries.items() for e in entries]
+    return [
+        (key, e.token_ids, [None if math.isnan(v) else v for v in e.logprobs], e.step)
+        for key, entries in buf._entries.items()
+        for e in entries
+    ]
 
 
 def test_insert_keeps_tokens_logprobs_and_step_and_adds_unknown_eos():

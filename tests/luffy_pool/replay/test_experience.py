@@ -1,5 +1,6 @@
 """ExGRPO's driver-side experience pool (luffy_pool/replay/experience.py) and its trainer stages'
 tensor work (luffy_pool/methods/exgrpo.py): hand-built groups, no Ray."""
+
 import math
 from types import SimpleNamespace
 
@@ -13,9 +14,20 @@ EOS, PAD = 2, 0
 
 
 def knobs(**kw):
-    base = dict(start_solved_ratio=0.35, experience_ratio=0.5, lbound=0, rbound=3, bucket_weighting="normal",
-                traj_metric="ent", traj_select="argmin", sample_range="all", is_correct=True, metric_impl="paper",
-                retire_all_correct=True, max_trajectories_per_question=0)
+    base = dict(
+        start_solved_ratio=0.35,
+        experience_ratio=0.5,
+        lbound=0,
+        rbound=3,
+        bucket_weighting="normal",
+        traj_metric="ent",
+        traj_select="argmin",
+        sample_range="all",
+        is_correct=True,
+        metric_impl="paper",
+        retire_all_correct=True,
+        max_trajectories_per_question=0,
+    )
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -26,21 +38,40 @@ def pool(n=4, batch_size=4, dataset_size=100, **kw):
 def group_batch():
     """Two questions (ids 10, 11), n = 4, width 5: q10 has 2 correct rows (one twice the same tokens, one cut at the
     length limit without EOS), q11 all 4 correct."""
-    responses = torch.tensor([[5, 6, EOS, PAD, PAD], [7, 8, 9, 9, 9], [5, 6, EOS, PAD, PAD], [3, EOS, PAD, PAD, PAD],
-                              [4, EOS, PAD, PAD, PAD]] + [[4, 4, EOS, PAD, PAD]] * 3)
+    responses = torch.tensor(
+        [
+            [5, 6, EOS, PAD, PAD],
+            [7, 8, 9, 9, 9],
+            [5, 6, EOS, PAD, PAD],
+            [3, EOS, PAD, PAD, PAD],
+            [4, EOS, PAD, PAD, PAD],
+        ]
+        + [[4, 4, EOS, PAD, PAD]] * 3
+    )
     mask = (torch.arange(5) < torch.tensor([3, 5, 3, 2, 2, 3, 3, 3]).unsqueeze(-1)).long()
     scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
     old = -torch.arange(40, dtype=torch.float32).reshape(8, 5) / 10
-    return dict(question_ids=[10] * 4 + [11] * 4, group_ids=["g0"] * 4 + ["g1"] * 4, scores=scores,
-                responses=responses, response_mask=mask, old_log_probs=old, eos_token_id=EOS)
+    return dict(
+        question_ids=[10] * 4 + [11] * 4,
+        group_ids=["g0"] * 4 + ["g1"] * 4,
+        scores=scores,
+        responses=responses,
+        response_mask=mask,
+        old_log_probs=old,
+        eos_token_id=EOS,
+    )
 
 
 def test_warm_up_retires_all_correct_groups_and_collects_nothing():
     p = pool()
     metrics = p.observe(**group_batch())
     assert p.retired == {11} and p.pool == {}
-    assert metrics == {"exgrpo/collected_groups": 0, "exgrpo/added_trajectories": 0, "exgrpo/retired_groups": 1,
-                       "exgrpo/dropped_trajectories": 0}
+    assert metrics == {
+        "exgrpo/collected_groups": 0,
+        "exgrpo/added_trajectories": 0,
+        "exgrpo/retired_groups": 1,
+        "exgrpo/dropped_trajectories": 0,
+    }
 
 
 def test_mixed_phase_collects_partial_groups_with_recorded_log_probs():
@@ -165,21 +196,34 @@ def test_candidate_rows_for_the_entropy_forward(impl):
 
     driver = _driver({})
     driver.knobs = knobs(metric_impl=impl)
-    batch = DataProto.from_dict(tensors={"input_ids": torch.tensor([[PAD, 8, 9], [7, 7, 7]]),
-                                         "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
-                                         "position_ids": torch.tensor([[0, 0, 1], [0, 1, 2]])})
-    candidates = [(0, Trajectory([5, 6], [0.0] * 3)), (0, Trajectory([5, 6, 7, 3], [0.0] * 5)),
-                  (1, Trajectory([4], [0.0] * 2))]
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.tensor([[PAD, 8, 9], [7, 7, 7]]),
+            "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]]),
+            "position_ids": torch.tensor([[0, 0, 1], [0, 1, 2]]),
+        }
+    )
+    candidates = [
+        (0, Trajectory([5, 6], [0.0] * 3)),
+        (0, Trajectory([5, 6, 7, 3], [0.0] * 5)),
+        (1, Trajectory([4], [0.0] * 2)),
+    ]
     tensors, mask = driver._candidates(batch, candidates)
     if impl == "paper":
-        assert tensors["responses"].tolist() == [[5, 6, EOS, PAD, PAD, PAD], [5, 6, 7, 3, EOS, PAD],
-                                                 [4, EOS, PAD, PAD, PAD, PAD]]
+        assert tensors["responses"].tolist() == [
+            [5, 6, EOS, PAD, PAD, PAD],
+            [5, 6, 7, 3, EOS, PAD],
+            [4, EOS, PAD, PAD, PAD, PAD],
+        ]
         assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]]
         assert tensors["input_ids"][:, :3].tolist() == [[PAD, 8, 9], [PAD, 8, 9], [7, 7, 7]]
         assert tensors["position_ids"][1].tolist() == [0, 0, 1, 2, 3, 4, 5, 6, 7]
     else:
-        assert tensors["input_ids"].tolist() == [[PAD] * 4 + [8, 9, 5, 6, EOS], [PAD] * 2 + [8, 9, 5, 6, 7, 3, EOS],
-                                                 [PAD] * 4 + [7, 7, 7, 4, EOS]]
+        assert tensors["input_ids"].tolist() == [
+            [PAD] * 4 + [8, 9, 5, 6, EOS],
+            [PAD] * 2 + [8, 9, 5, 6, 7, 3, EOS],
+            [PAD] * 4 + [7, 7, 7, 4, EOS],
+        ]
         assert tensors["responses"].tolist() == [[PAD, 8, 9, 5, 6, EOS], [9, 5, 6, 7, 3, EOS], [PAD, 7, 7, 7, 4, EOS]]
         assert mask.tolist() == [[5, 6, EOS, PAD, PAD, PAD], [5, 6, 7, 3, EOS, PAD], [4, EOS, PAD, PAD, PAD, PAD]]
         assert tensors["position_ids"][0].tolist()[-5:] == [0, 1, 2, 3, 4]

@@ -1,6 +1,7 @@
 """How ExGRPO's experience pool stores trajectories (luffy_pool/replay/experience.py): int32 / float32 arrays, the
 per-question cap ``algorithm.exgrpo.max_trajectories_per_question``, the flat version-2 checkpoint state and the
 version-1 one it still reads."""
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,20 @@ EOS, PAD = 2, 0
 
 
 def pool(cap=0, **kw):
-    knobs = dict(start_solved_ratio=0.35, experience_ratio=0.5, lbound=0, rbound=3, bucket_weighting="normal",
-                 traj_metric="ent", traj_select="argmin", sample_range="all", is_correct=True, metric_impl="paper",
-                 retire_all_correct=True, max_trajectories_per_question=cap)
+    knobs = dict(
+        start_solved_ratio=0.35,
+        experience_ratio=0.5,
+        lbound=0,
+        rbound=3,
+        bucket_weighting="normal",
+        traj_metric="ent",
+        traj_select="argmin",
+        sample_range="all",
+        is_correct=True,
+        metric_impl="paper",
+        retire_all_correct=True,
+        max_trajectories_per_question=cap,
+    )
     p = ExperiencePool(SimpleNamespace(**{**knobs, **kw}), n=4, batch_size=4, dataset_size=100, success=1.0, seed=7)
     p.mixed = True
     return p
@@ -31,12 +43,19 @@ def group(rows, question=10, correct=3):
     responses = torch.full((4, 5), PAD, dtype=torch.long)
     mask = torch.zeros((4, 5), dtype=torch.long)
     for r, tokens in enumerate(rows):
-        responses[r, :len(tokens)] = torch.tensor(tokens)
-        mask[r, :len(tokens)] = 1
+        responses[r, : len(tokens)] = torch.tensor(tokens)
+        mask[r, : len(tokens)] = 1
     old = -torch.arange(20, dtype=torch.float32).reshape(4, 5) / 8
     scores = torch.tensor([1.0] * correct + [0.0] * (4 - correct))
-    return dict(question_ids=[question] * 4, group_ids=[f"g{question}"] * 4, scores=scores, responses=responses,
-                response_mask=mask, old_log_probs=old, eos_token_id=EOS)
+    return dict(
+        question_ids=[question] * 4,
+        group_ids=[f"g{question}"] * 4,
+        scores=scores,
+        responses=responses,
+        response_mask=mask,
+        old_log_probs=old,
+        eos_token_id=EOS,
+    )
 
 
 def test_trajectories_are_int32_ids_and_float32_log_probs_with_the_same_values():
@@ -94,9 +113,16 @@ def _version_1(p) -> dict:
     """The state the previous code wrote: an int64 and a float64 tensor per trajectory."""
     state = p.state_dict()
     state["version"] = 1
-    state["pool"] = [(uid, [(torch.tensor(t.token_ids, dtype=torch.long),
-                             torch.tensor(t.log_probs, dtype=torch.float64)) for t in trajs])
-                     for uid, trajs in p.pool.items()]
+    state["pool"] = [
+        (
+            uid,
+            [
+                (torch.tensor(t.token_ids, dtype=torch.long), torch.tensor(t.log_probs, dtype=torch.float64))
+                for t in trajs
+            ],
+        )
+        for uid, trajs in p.pool.items()
+    ]
     return state
 
 

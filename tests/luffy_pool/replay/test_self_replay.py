@@ -1,5 +1,6 @@
 """Self-replay in the step: failed groups get a kept success in the right slot, successes are kept with their
 behaviour log-probs, and the trainer's config wiring (keys, checks)."""
+
 from __future__ import annotations
 
 import math
@@ -28,9 +29,15 @@ def _batch(responses, scores, index, prefix_len=None, uids=None):
         prefix[i, : (prefix_len or [0] * rows)[i]] = True
         tls[i, len(r) - 1] = scores[i]
     prompts = torch.tensor([[7, 8]] * rows)
-    tensors = {"prompts": prompts, "responses": resp, "input_ids": torch.cat([prompts, resp], -1),
-               "attention_mask": torch.cat([torch.ones(rows, P, dtype=torch.long), mask], -1),
-               "response_mask": mask.clone(), "prefix_mask": prefix, "token_level_scores": tls}
+    tensors = {
+        "prompts": prompts,
+        "responses": resp,
+        "input_ids": torch.cat([prompts, resp], -1),
+        "attention_mask": torch.cat([torch.ones(rows, P, dtype=torch.long), mask], -1),
+        "response_mask": mask.clone(),
+        "prefix_mask": prefix,
+        "token_level_scores": tls,
+    }
     uids = uids or [f"g{i // 3}" for i in range(rows)]
     return DataProto.from_dict(tensors, {"uid": np.array(uids, dtype=object), "index": np.array(index, dtype=object)})
 
@@ -51,16 +58,26 @@ class CountingReward:
 
 
 def _replay(batch, buf, step, slots=1, ratios=None, reward=None):
-    return replay_into_failed_groups(batch, buf, step, slots=slots, success=1.0, reward_fn=reward or CountingReward(),
-                                     eos_token_id=EOS, pad_token_id=PAD, prefix_ratios=ratios)
+    return replay_into_failed_groups(
+        batch,
+        buf,
+        step,
+        slots=slots,
+        success=1.0,
+        reward_fn=reward or CountingReward(),
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        prefix_ratios=ratios,
+    )
 
 
 def test_failed_group_gets_the_kept_trace_in_its_last_on_policy_row():
     buf = SelfReplayBuffer()
     buf.insert(10, [9, 4], [-0.5, -1.0, -0.25], step=2)
     # group g0 (prompt 10): all three on-policy rows fail; group g1 (prompt 11): one success.
-    batch = _batch([[3, EOS], [3, 3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, 4, EOS]], [0, 0, 0, 0, 1, 0],
-                   [10, 10, 10, 11, 11, 11])
+    batch = _batch(
+        [[3, EOS], [3, 3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, 4, EOS]], [0, 0, 0, 0, 1, 0], [10, 10, 10, 11, 11, 11]
+    )
     reward = CountingReward()
     m = _replay(batch, buf, step=5, reward=reward)
     assert m["replay/used"] == 1 and m["replay/age_mean"] == 3 and m["replay/replayed_score"] == 1.0
@@ -94,13 +111,19 @@ def test_groups_with_a_success_or_a_teacher_success_only_and_empty_buffer_are_le
     buf = SelfReplayBuffer()
     buf.insert(10, [9], [-0.1, -0.2], step=1)
     # g0: teacher row (prefix) succeeded but every on-policy row failed -> replay; g1: prompt without kept trace.
-    batch = _batch([[9, EOS], [3, EOS], [4, EOS], [5, EOS], [6, EOS], [6, EOS]], [1, 0, 0, 0, 0, 0],
-                   [10, 10, 10, 12, 12, 12], prefix_len=[2, 0, 0, 0, 0, 0])
+    batch = _batch(
+        [[9, EOS], [3, EOS], [4, EOS], [5, EOS], [6, EOS], [6, EOS]],
+        [1, 0, 0, 0, 0, 0],
+        [10, 10, 10, 12, 12, 12],
+        prefix_len=[2, 0, 0, 0, 0, 0],
+    )
     m = _replay(batch, buf, step=3)
     assert m["replay/used"] == 1
     assert batch.batch["prefix_mask"][0].any() and batch.batch["prefix_mask"][2].any()  # teacher kept, row 2 replaced
     assert not batch.batch["prefix_mask"][3:].any()
-    assert "behaviour_log_probs" in batch.batch.keys()  # present every step: the actor reads it with use_off_policy_probs
+    assert (
+        "behaviour_log_probs" in batch.batch.keys()
+    )  # present every step: the actor reads it with use_off_policy_probs
     none_used = _replay(_batch([[3, EOS]] * 3, [0, 0, 0], [12] * 3), buf, step=3)
     assert none_used["replay/used"] == 0 and none_used["replay/age_mean"] == 0.0
 
@@ -123,8 +146,9 @@ def test_the_two_stages_rewrite_failed_groups_before_the_pass_and_keep_its_succe
     buf.insert(10, [9, 4], [-0.5, -1.0, -0.25], step=1)
     replay = SelfReplay(buf, slots=1, success=1.0, reward_fn=CountingReward(), tokenizer=_Tokens())
     # g0 (prompt 10) fails everywhere -> its last row gets the kept trace; g1 (prompt 11) has one success.
-    batch = _batch([[3, EOS], [3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, EOS]], [0, 0, 0, 0, 1, 0],
-                   [10, 10, 10, 11, 11, 11])
+    batch = _batch(
+        [[3, EOS], [3, EOS], [4, EOS], [5, EOS], [9, EOS], [4, EOS]], [0, 0, 0, 0, 1, 0], [10, 10, 10, 11, 11, 11]
+    )
     before = replay.fill_failed_groups(batch, 3, np.zeros((2, 3)))
     assert batch.batch["responses"][2].tolist() == [9, 4, EOS, PAD, PAD]  # rewritten in place, before the pass
     assert before["replay/used"] == 1 and len(buf) == 1  # nothing of this step is kept before the pass
@@ -147,8 +171,12 @@ def test_replay_is_built_only_when_enabled(compose_config):
 
 def test_keep_successes_records_on_policy_successes_with_old_log_probs():
     buf = SelfReplayBuffer(max_per_prompt=4)
-    batch = _batch([[9, 4, EOS], [3, EOS], [9, 9, 9, 9, 9], [9, EOS], [9, EOS], [5, EOS]], [1, 0, 1, 1, 1, 0],
-                   [10, 10, 10, 11, 11, 11], prefix_len=[0, 0, 0, 2, 0, 0])
+    batch = _batch(
+        [[9, 4, EOS], [3, EOS], [9, 9, 9, 9, 9], [9, EOS], [9, EOS], [5, EOS]],
+        [1, 0, 1, 1, 1, 0],
+        [10, 10, 10, 11, 11, 11],
+        prefix_len=[0, 0, 0, 2, 0, 0],
+    )
     old = torch.arange(6 * L, dtype=torch.float32).view(6, L) * -0.01
     batch.batch["old_log_probs"] = old
     m = keep_successes(batch, buf, step=4, success=1.0, eos_token_id=EOS)
@@ -178,10 +206,20 @@ def test_self_replay_keys_are_documented_off_by_default_and_checked(compose_conf
     required = ["data.train_files=t.parquet", "data.val_files=v.parquet", "actor_rollout_ref.model.path=m"]
     cfg = compose_config(required)
     assert cfg.data.self_replay.enable is False and validate_config(cfg) == []
-    assert set(cfg.data.self_replay) == {"enable", "capacity", "max_per_prompt", "eviction", "max_age", "selection",
-                                         "slots"}
-    on = required + ["data.self_replay.enable=True", "actor_rollout_ref.actor.use_off_policy_loss=True",
-                     "actor_rollout_ref.actor.use_off_policy_probs=True"]
+    assert set(cfg.data.self_replay) == {
+        "enable",
+        "capacity",
+        "max_per_prompt",
+        "eviction",
+        "max_age",
+        "selection",
+        "slots",
+    }
+    on = required + [
+        "data.self_replay.enable=True",
+        "actor_rollout_ref.actor.use_off_policy_loss=True",
+        "actor_rollout_ref.actor.use_off_policy_probs=True",
+    ]
     assert validate_config(compose_config(on)) == []
 
     def errors(extra):
@@ -240,25 +278,57 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
                 buffer.insert(int(i), tokens, [-0.1 * self.global_steps] * 4, self.global_steps)
             return StepOutput({}, 1, 1)
 
-    cfg = OmegaConf.merge(base_config, {"trainer": {"default_local_dir": str(out_dir), "total_training_steps": steps,
-                                                    "save_freq": 2, "resume_mode": "auto"}})
+    cfg = OmegaConf.merge(
+        base_config,
+        {
+            "trainer": {
+                "default_local_dir": str(out_dir),
+                "total_training_steps": steps,
+                "save_freq": 2,
+                "resume_mode": "auto",
+            }
+        },
+    )
     sampler = ResumableRandomSampler(10, seed=47)
-    loader = DataLoader(list(range(10)), batch_size=4, sampler=sampler, drop_last=True,
-                        collate_fn=lambda rows: {"index": np.asarray(rows)})
+    loader = DataLoader(
+        list(range(10)),
+        batch_size=4,
+        sampler=sampler,
+        drop_last=True,
+        collate_fn=lambda rows: {"index": np.asarray(rows)},
+    )
     from luffy_pool.config.sections import ConfigSections
 
-    trainer = Scripted(cfg, None, _FileWorkers(), None, None, loader,
-                       checkpointer=TrainerCheckpointer(ConfigSections.from_config(cfg), sampler))
+    trainer = Scripted(
+        cfg,
+        None,
+        _FileWorkers(),
+        None,
+        None,
+        loader,
+        checkpointer=TrainerCheckpointer(ConfigSections.from_config(cfg), sampler),
+    )
     trainer.picks = []
     return trainer
 
 
 def test_kill_and_resume_restores_the_same_buffer(compose_config, tmp_path):
-    base = compose_config(["data.train_files=t", "data.val_files=v", "actor_rollout_ref.model.path=m",
-                           "data.train_batch_size=4", "trainer.test_freq=-1", "+trainer.val_before_train=False",
-                           "data.self_replay.enable=True", "data.self_replay.capacity=7",
-                           "data.self_replay.max_per_prompt=2", "data.self_replay.eviction=random",
-                           "data.self_replay.selection=random", "data.self_replay.max_age=3"])
+    base = compose_config(
+        [
+            "data.train_files=t",
+            "data.val_files=v",
+            "actor_rollout_ref.model.path=m",
+            "data.train_batch_size=4",
+            "trainer.test_freq=-1",
+            "+trainer.val_before_train=False",
+            "data.self_replay.enable=True",
+            "data.self_replay.capacity=7",
+            "data.self_replay.max_per_prompt=2",
+            "data.self_replay.eviction=random",
+            "data.self_replay.selection=random",
+            "data.self_replay.max_age=3",
+        ]
+    )
     ref = _replay_trainer(base, tmp_path / "ref")
     ref.fit()
     crashed = _replay_trainer(base, tmp_path / "run", crash_at=5)
@@ -269,6 +339,8 @@ def test_kill_and_resume_restores_the_same_buffer(compose_config, tmp_path):
     resumed.fit()
     assert resumed.picks[0][0] == 5  # continued after the step-4 checkpoint
     assert resumed.picks == [p for p in ref.picks if p[0] >= 5]
-    snapshot = lambda t: [(k, e.token_ids, e.logprobs, e.step) for k, v in t.self_replay.buffer._entries.items() for e in v]
+    snapshot = lambda t: [
+        (k, e.token_ids, e.logprobs, e.step) for k, v in t.self_replay.buffer._entries.items() for e in v
+    ]
     assert snapshot(resumed) == snapshot(ref) and len(ref.self_replay.buffer) > 0
     assert resumed.self_replay.buffer._inserts == ref.self_replay.buffer._inserts

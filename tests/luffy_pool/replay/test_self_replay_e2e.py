@@ -6,6 +6,7 @@ buffer. The buffer is therefore seeded before ``fit`` with the task's traces as 
 replayed trace in its off-policy slot (which has no dataset trace: sample_target_ratio=0), graded
 correct, weighted by p / 0.5 in the loss, and the buffer must be in the step-3 checkpoint.
 """
+
 import json
 import math
 import os
@@ -15,14 +16,18 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_self_replay_three_steps(tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
-                                 luffy_overrides):
+def test_self_replay_three_steps(tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides):
     from luffy_pool.run.launcher import build_trainer
     from luffy_pool.replay.buffer import SelfReplayBuffer
 
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf") + [
-        "data.sample_target_ratio=0.0", "data.self_replay.enable=True", "data.self_replay.max_age=10",
-        "actor_rollout_ref.actor.use_off_policy_probs=True", "trainer.save_freq=3", "trainer.test_freq=-1"]
+        "data.sample_target_ratio=0.0",
+        "data.self_replay.enable=True",
+        "data.self_replay.max_age=10",
+        "actor_rollout_ref.actor.use_off_policy_probs=True",
+        "trainer.save_freq=3",
+        "trainer.test_freq=-1",
+    ]
     trainer, close = build_trainer(compose_config(overrides))
     try:
         ds = trainer.train_dataloader.dataset

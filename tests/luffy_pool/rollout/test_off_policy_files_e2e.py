@@ -2,6 +2,7 @@
 on 2 CPU FSDP ranks, with the run-output keys on (rollout_data_dir, val_generations_to_log, default_hdfs_dir),
 then the launcher's close() releases the Ray placement groups (it once raised AttributeError and leaked
 them when off_policy_files was set)."""
+
 import json
 import math
 
@@ -16,15 +17,24 @@ def _extra_traces(task_dir, tokenizer, path):
     rows = []
     for _, row in pd.read_parquet(f"{task_dir}/train.parquet").iterrows():
         answer = row["reward_model"]["ground_truth"]
-        ids = tokenizer.encode(f"<think>\nthe answer is {answer}\n</think>\n\\boxed{{{answer}}}", add_special_tokens=False)
-        rows.append({"index": int(row["extra_info"]["index"]), "trace": "", "token_ids": ids,
-                     "logprobs": [-0.25] * len(ids) + [-0.05]})
+        ids = tokenizer.encode(
+            f"<think>\nthe answer is {answer}\n</think>\n\\boxed{{{answer}}}", add_special_tokens=False
+        )
+        rows.append(
+            {
+                "index": int(row["extra_info"]["index"]),
+                "trace": "",
+                "token_ids": ids,
+                "logprobs": [-0.25] * len(ids) + [-0.05],
+            }
+        )
     pd.DataFrame(rows).to_parquet(path, index=False)
     return path
 
 
-def test_two_steps_with_an_extra_trajectory_file_and_run_outputs(tiny_model_dir, tiny_task_dir, tmp_path, ray_session,
-                                                                  compose_config, luffy_overrides):
+def test_two_steps_with_an_extra_trajectory_file_and_run_outputs(
+    tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides
+):
     from ray.util import placement_group_table
     from transformers import AutoTokenizer
 
@@ -33,10 +43,18 @@ def test_two_steps_with_an_extra_trajectory_file_and_run_outputs(tiny_model_dir,
 
     extra = _extra_traces(tiny_task_dir, AutoTokenizer.from_pretrained(tiny_model_dir), str(tmp_path / "extra.parquet"))
     run, mirror, rollouts = tmp_path / "run", tmp_path / "mirror", tmp_path / "rollouts"
-    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(run), steps=2) + [
-        f"data.off_policy_files=[{extra}]", "actor_rollout_ref.rollout.n_prefix=2",
-        "actor_rollout_ref.actor.use_off_policy_probs=True", "trainer.save_freq=2", f"trainer.default_hdfs_dir={mirror}",
-        f"trainer.rollout_data_dir={rollouts}", "trainer.val_generations_to_log=3"])
+    config = compose_config(
+        luffy_overrides(tiny_model_dir, tiny_task_dir, str(run), steps=2)
+        + [
+            f"data.off_policy_files=[{extra}]",
+            "actor_rollout_ref.rollout.n_prefix=2",
+            "actor_rollout_ref.actor.use_off_policy_probs=True",
+            "trainer.save_freq=2",
+            f"trainer.default_hdfs_dir={mirror}",
+            f"trainer.rollout_data_dir={rollouts}",
+            "trainer.val_generations_to_log=3",
+        ]
+    )
     pgs_before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
     trainer, close = build_trainer(config)
     try:
@@ -45,7 +63,9 @@ def test_two_steps_with_an_extra_trajectory_file_and_run_outputs(tiny_model_dir,
         last = trainer.fit()
     finally:
         close()
-    assert {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"} == pgs_before, "placement group leaked"
+    assert {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"} == pgs_before, (
+        "placement group leaked"
+    )
 
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]

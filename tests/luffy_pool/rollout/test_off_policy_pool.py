@@ -1,4 +1,5 @@
 """Prefix-ratio schedules (docs/METHOD.md §1.2 table, §8 item 2) and the off-policy trace pool."""
+
 from __future__ import annotations
 
 import logging
@@ -75,7 +76,12 @@ def test_fixed_is_evenly_spaced_with_n_prefix_minus_one_denominator():
 )
 def test_linear_shared_schedule_decays_to_zero_at_prefix_steps(global_step, expected):
     sampler = sampler_of(
-        n=4, n_prefix=2, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=100, prefix_linear_max_ratio=0.8
+        n=4,
+        n_prefix=2,
+        prefix_strategy="linear",
+        prefix_share_across_samples=True,
+        prefix_steps=100,
+        prefix_linear_max_ratio=0.8,
     )
     ratios = sampler.draw(batch_size=2, global_step=global_step)
     np.testing.assert_allclose(ratios, [[expected, expected, 0.0, 0.0]] * 2)
@@ -83,12 +89,16 @@ def test_linear_shared_schedule_decays_to_zero_at_prefix_steps(global_step, expe
 
 @pytest.mark.parametrize("n_prefix", [0, -1])
 def test_shared_ratio_goes_to_all_slots_when_n_prefix_not_positive(n_prefix):
-    sampler = sampler_of(n=3, n_prefix=n_prefix, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=10)
+    sampler = sampler_of(
+        n=3, n_prefix=n_prefix, prefix_strategy="linear", prefix_share_across_samples=True, prefix_steps=10
+    )
     np.testing.assert_allclose(sampler.draw(1, 6), [[0.4, 0.4, 0.4]])  # 0.8 * (1 - 5/10)
 
 
 def test_shared_random_draws_one_ratio_per_prompt():
-    sampler = sampler_of(n=4, n_prefix=3, min_prefix_ratio=0.3, max_prefix_ratio=0.7, prefix_share_across_samples=True, seed=9)
+    sampler = sampler_of(
+        n=4, n_prefix=3, min_prefix_ratio=0.3, max_prefix_ratio=0.7, prefix_share_across_samples=True, seed=9
+    )
     ratios = sampler.draw(batch_size=3, global_step=1)
     per_prompt = np.random.default_rng(9).uniform(0.3, 0.7, size=3)
     np.testing.assert_array_equal(ratios[:, :3], np.repeat(per_prompt[:, None], 3, axis=1))
@@ -117,7 +127,9 @@ def test_window_index_boundaries_belong_to_the_earlier_window(step, window):
     ],
 )
 def test_window_strategies_draw_uniform_below_the_window_bound(strategy, global_step, hi):
-    sampler = sampler_of(n=4, n_prefix=-1, prefix_strategy=strategy, prefix_steps=100, prefix_linear_max_ratio=0.8, seed=2)
+    sampler = sampler_of(
+        n=4, n_prefix=-1, prefix_strategy=strategy, prefix_steps=100, prefix_linear_max_ratio=0.8, seed=2
+    )
     assert sampler.window_upper_bound(global_step - 1) == pytest.approx(hi)
     ratios = sampler.draw(batch_size=5, global_step=global_step)
     np.testing.assert_allclose(ratios, np.random.default_rng(2).uniform(0.0, hi, size=(5, 4)))
@@ -144,9 +156,18 @@ def test_from_rollout_config_reads_luffy_keys(compose_config):
     from luffy_pool.config.sections import LuffyRolloutSection
 
     r = "actor_rollout_ref.rollout"
-    cfg = compose_config([f"{r}.n=8", f"{r}.n_prefix=1", f"{r}.min_prefix_ratio=1.0", f"{r}.max_prefix_ratio=1.0",
-                          f"{r}.prefix_strategy=random"])
-    sampler = PrefixRatioSampler.from_rollout_config(LuffyRolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout), seed=4)
+    cfg = compose_config(
+        [
+            f"{r}.n=8",
+            f"{r}.n_prefix=1",
+            f"{r}.min_prefix_ratio=1.0",
+            f"{r}.max_prefix_ratio=1.0",
+            f"{r}.prefix_strategy=random",
+        ]
+    )
+    sampler = PrefixRatioSampler.from_rollout_config(
+        LuffyRolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout), seed=4
+    )
     # the keys not overridden take the YAML's values (prefix_steps 1000, prefix_linear_max_ratio 0.8)
     assert (sampler.n, sampler.n_prefix, sampler.prefix_steps, sampler.prefix_linear_max_ratio) == (8, 1, 1000, 0.8)
     assert (sampler.min_prefix_ratio, sampler.max_prefix_ratio, sampler.seed) == (1.0, 1.0, 4)
@@ -168,7 +189,12 @@ def test_invalid_prefix_config_is_refused_by_the_checker_with_the_key_named(comp
     """The sampler holds no rules of its own: the config checker refuses these before any worker starts."""
     from luffy_pool.config.check import validate_config
 
-    base = ["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m", "actor_rollout_ref.rollout.n=8"]
+    base = [
+        "data.train_files=x",
+        "data.val_files=null",
+        "actor_rollout_ref.model.path=m",
+        "actor_rollout_ref.rollout.n=8",
+    ]
     errors = validate_config(compose_config(base + [f"actor_rollout_ref.rollout.{o}" for o in overrides]))
     assert len(errors) == 1 and message in errors[0], errors
 
@@ -233,8 +259,14 @@ def test_pool_missing_column_names_file_and_column(tmp_path):
 
 
 def test_pool_logprob_length_mismatch_names_row_and_column(tmp_path):
-    path = _write(tmp_path, "lp.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2], "logprobs": [-0.1, -0.2]},
-                                            {"index": 0, "trace": "y", "token_ids": [1, 2], "logprobs": [-0.1, -0.1, -0.1, -0.1]}])
+    path = _write(
+        tmp_path,
+        "lp.parquet",
+        [
+            {"index": 0, "trace": "x", "token_ids": [1, 2], "logprobs": [-0.1, -0.2]},
+            {"index": 0, "trace": "y", "token_ids": [1, 2], "logprobs": [-0.1, -0.1, -0.1, -0.1]},
+        ],
+    )
     with pytest.raises(ValueError, match=r"lp\.parquet: row 1: column 'logprobs' has 4 values for 2 trace tokens"):
         pool_of(path, known_prompt_ids=[0])
 
@@ -257,7 +289,10 @@ def test_pool_tokenizes_trace_text_and_strips_think(tmp_path, tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     path = _write(tmp_path, "t.parquet", [{"index": 3, "trace": "<think>\n1 + 2 = 3.\n</think>\n\\boxed{3}"}])
     pool = pool_of(path, known_prompt_ids=[3], tokenizer=tok, strip_think_prefix=True)
-    assert pool.extra_traces_for(3)[0].token_ids == tok("1 + 2 = 3.\n</think>\n\\boxed{3}", add_special_tokens=False)["input_ids"]
+    assert (
+        pool.extra_traces_for(3)[0].token_ids
+        == tok("1 + 2 = 3.\n</think>\n\\boxed{3}", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_extra_files_require_known_prompt_ids(extra_file):
@@ -279,7 +314,9 @@ def test_slot_traces_without_extras_spreads_the_dataset_target_over_the_slots():
 def test_slot_traces_without_extras_spreads_the_dataset_behaviour_log_probs_per_slot():
     tgt = torch.tensor([[5, 6, PAD]])
     lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")]], dtype=torch.float64)
-    out = OffPolicyPool().slot_traces([0], tgt, np.array([[1.0, 0.5, 0.0]]), global_step=1, pad_token_id=PAD, behaviour_log_probs=lp)
+    out = OffPolicyPool().slot_traces(
+        [0], tgt, np.array([[1.0, 0.5, 0.0]]), global_step=1, pad_token_id=PAD, behaviour_log_probs=lp
+    )
     assert out.behaviour_log_probs.shape == (1, 3, 4)  # [B, n, T + 1]
     for j in range(3):
         torch.testing.assert_close(out.behaviour_log_probs[0, j], lp[0], equal_nan=True)
@@ -288,7 +325,9 @@ def test_slot_traces_without_extras_spreads_the_dataset_behaviour_log_probs_per_
 def test_slot_traces_without_dataset_target_are_all_pad():
     pool = OffPolicyPool(use_dataset_target=False)
     lp = torch.zeros((1, 3))
-    out = pool.slot_traces([0], torch.tensor([[5, 6]]), np.array([[1.0, 0.0]]), global_step=1, pad_token_id=PAD, behaviour_log_probs=lp)
+    out = pool.slot_traces(
+        [0], torch.tensor([[5, 6]]), np.array([[1.0, 0.0]]), global_step=1, pad_token_id=PAD, behaviour_log_probs=lp
+    )
     assert out.tgt_input_ids.tolist() == [[[PAD, PAD]] * 2] and out.behaviour_log_probs is None
     assert out.sources.tolist() == [["", ""]]
 
@@ -296,11 +335,14 @@ def test_slot_traces_without_dataset_target_are_all_pad():
 def test_slot_traces_same_shape_and_values_with_or_without_extra_files(extra_file):
     """A prompt without extra traces gets the same slots whether or not the pool has extra files."""
     tgt = torch.tensor([[11, 12, PAD], [13, PAD, PAD]])
-    lp = torch.tensor([[-0.5, -0.6, -0.7, float("nan")], [-0.1, -0.2, float("nan"), float("nan")]])  # float32, as the dataset's
+    lp = torch.tensor(
+        [[-0.5, -0.6, -0.7, float("nan")], [-0.1, -0.2, float("nan"), float("nan")]]
+    )  # float32, as the dataset's
     ratios = np.array([[1.0, 0.5, 0.0], [0.2, 0.0, 1.0]])
     plain = OffPolicyPool().slot_traces([5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)
     pooled = pool_of(extra_file, known_prompt_ids=[0, 5, 6]).slot_traces(
-        [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp)  # extras are for prompt 0 only
+        [5, 6], tgt, ratios, global_step=3, pad_token_id=PAD, behaviour_log_probs=lp
+    )  # extras are for prompt 0 only
     assert plain.tgt_input_ids.shape == pooled.tgt_input_ids.shape == (2, 3, 3)
     assert plain.behaviour_log_probs.shape == pooled.behaviour_log_probs.shape == (2, 3, 4)
     assert plain.behaviour_log_probs.dtype == pooled.behaviour_log_probs.dtype == torch.float64
@@ -311,7 +353,9 @@ def test_slot_traces_same_shape_and_values_with_or_without_extra_files(extra_fil
 
 def test_slot_traces_reject_targets_that_are_not_b_by_t():
     with pytest.raises(ValueError, match=r"tgt_input_ids must be the dataset targets \[B, T\]"):
-        OffPolicyPool().slot_traces([0], torch.zeros((1, 2, 3), dtype=torch.long), np.ones((1, 2)), global_step=1, pad_token_id=PAD)
+        OffPolicyPool().slot_traces(
+            [0], torch.zeros((1, 2, 3), dtype=torch.long), np.ones((1, 2)), global_step=1, pad_token_id=PAD
+        )
 
 
 def test_slot_traces_target_first_then_extras_round_robin(extra_file):
@@ -353,24 +397,36 @@ def test_slot_traces_are_reproducible_per_step(extra_file):
     again = pool.slot_traces([0], tgt, ratios, global_step=2, pad_token_id=PAD)
     assert torch.equal(first.tgt_input_ids, again.tgt_input_ids)
     assert sorted(first.sources[0].tolist()) == ["extra.parquet:0", "extra.parquet:1", "target"]
-    orders = {tuple(pool.slot_traces([0], tgt, ratios, global_step=s, pad_token_id=PAD).sources[0].tolist()) for s in range(1, 30)}
+    orders = {
+        tuple(pool.slot_traces([0], tgt, ratios, global_step=s, pad_token_id=PAD).sources[0].tolist())
+        for s in range(1, 30)
+    }
     assert len(orders) > 1  # 'shuffle' rotates which trace comes first across steps
 
 
 def test_extra_trace_longer_than_width_is_truncated_and_loses_its_eos_logprob(tmp_path):
-    path = _write(tmp_path, "long.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0, -5.0]}])
+    path = _write(
+        tmp_path,
+        "long.parquet",
+        [{"index": 0, "trace": "x", "token_ids": [1, 2, 3, 4], "logprobs": [-1.0, -2.0, -3.0, -4.0, -5.0]}],
+    )
     pool = pool_of(path, known_prompt_ids=[0], use_dataset_target=False)
     out = pool.slot_traces([0], torch.tensor([[9, PAD, PAD]]), np.array([[1.0]]), global_step=1, pad_token_id=PAD)
     assert out.tgt_input_ids[0, 0].tolist() == [1, 2, 3]
-    assert out.behaviour_log_probs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(out.behaviour_log_probs[0, 0, 3].item())
+    assert out.behaviour_log_probs[0, 0, :3].tolist() == [-1.0, -2.0, -3.0] and math.isnan(
+        out.behaviour_log_probs[0, 0, 3].item()
+    )
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"token_ids": [1, 2], "logprobs": [-0.1, float("nan")]}, r"column 'logprobs': value 1 is (nan|None)"),
-    ({"token_ids": [1, 2], "logprobs": [-0.1, float("-inf")]}, r"column 'logprobs': value 1 is -inf"),
-    ({"token_ids": [1, -3], "logprobs": None}, r"column 'token_ids': token id -3 at position 1 is outside"),
-    ({"token_ids": [[1, 2], [3]], "logprobs": None}, r"column 'token_ids': value 0 is a nested list"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"token_ids": [1, 2], "logprobs": [-0.1, float("nan")]}, r"column 'logprobs': value 1 is (nan|None)"),
+        ({"token_ids": [1, 2], "logprobs": [-0.1, float("-inf")]}, r"column 'logprobs': value 1 is -inf"),
+        ({"token_ids": [1, -3], "logprobs": None}, r"column 'token_ids': token id -3 at position 1 is outside"),
+        ({"token_ids": [[1, 2], [3]], "logprobs": None}, r"column 'token_ids': value 0 is a nested list"),
+    ],
+)
 def test_pool_refuses_bad_values_naming_row_and_column(tmp_path, row, message):
     path = _write(tmp_path, "bad.parquet", [{"index": 0, "trace": "x", **row}])
     with pytest.raises(ValueError, match=r"bad\.parquet: row 0: " + message):
@@ -382,6 +438,9 @@ def test_pool_refuses_token_ids_beyond_the_vocabulary(tmp_path, tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     path = _write(tmp_path, "oov.parquet", [{"index": 0, "trace": "x", "token_ids": [1, 99999]}])
-    with pytest.raises(ValueError, match=rf"oov\.parquet: row 0: column 'token_ids': token id 99999 at position 1 is "
-                                         rf"outside the tokenizer's vocabulary \[0, {len(tok)}\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"oov\.parquet: row 0: column 'token_ids': token id 99999 at position 1 is "
+        rf"outside the tokenizer's vocabulary \[0, {len(tok)}\)",
+    ):
         pool_of(path, known_prompt_ids=[0], tokenizer=tok)

@@ -1,4 +1,5 @@
 """Slot plan and response assembly (docs/METHOD.md §1.2 items 1-9, §8 item 1), with a fake counting engine."""
+
 from __future__ import annotations
 
 import math
@@ -77,7 +78,9 @@ def test_full_trace_slot_is_target_plus_eos_and_skips_engine():
     prompts, mask = _prompt_batch()
     ratios = np.array([[1.0] + [0.0] * 7])
     engine = CountingEngine(reply=[21, 22, EOS])
-    planner = MixRolloutPlanner(engine, rollout_section(n=8, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(
+        engine, rollout_section(n=8, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS
+    )
     out = planner.generate(prompts, mask, per_slot(TGT, 8), ratios).tensors
 
     assert out["responses"][0].tolist() == [11, 12, 13, 14, EOS, PAD, PAD, PAD]
@@ -100,7 +103,9 @@ def test_full_trace_slot_is_target_plus_eos_and_skips_engine():
 def test_ratio_zero_everywhere_marks_no_prefix_token():
     prompts, mask = _prompt_batch()
     engine = CountingEngine(reply=[21, EOS])
-    planner = MixRolloutPlanner(engine, rollout_section(n=8, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(
+        engine, rollout_section(n=8, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS
+    )
     batch = planner.generate(prompts, mask, per_slot(TGT, 8), np.zeros((1, 8)))
     assert not batch.tensors["prefix_mask"].any()
     assert batch.meta_info["num_engine_requests"] == 8 and batch.meta_info["num_on_policy_slots"] == 8
@@ -132,7 +137,9 @@ def test_full_trace_longer_than_l_is_truncated_without_eos():
     prompts, mask = _prompt_batch()
     tgt = torch.tensor([list(range(40, 50))])
     engine = CountingEngine()
-    planner = MixRolloutPlanner(engine, rollout_section(n=1, response_length=6, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(
+        engine, rollout_section(n=1, response_length=6, n_val=1), pad_token_id=PAD, eos_token_id=EOS
+    )
     out = planner.generate(prompts, mask, per_slot(tgt, 1), np.array([[1.0]])).tensors
     assert out["responses"][0].tolist() == [40, 41, 42, 43, 44, 45]
     assert out["prefix_mask"][0].all() and out["response_mask"][0].tolist() == [1] * 6
@@ -165,7 +172,9 @@ def test_meta_info_counts_slot_kinds_and_engine_tokens():
     tgt = torch.tensor([[11, 12, 13], [14, PAD, PAD]])
     ratios = np.array([[1.0, 0.5, 0.0], [1.0, 0.0, 0.0]])
     engine = CountingEngine(reply=[21, EOS])
-    planner = MixRolloutPlanner(engine, rollout_section(n=3, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(
+        engine, rollout_section(n=3, response_length=8, n_val=1), pad_token_id=PAD, eos_token_id=EOS
+    )
     batch = planner.generate(prompts, mask, per_slot(tgt, 3), ratios)
     assert batch.meta_info == {
         "prefix_ratios": [1.0, 0.5, 0.0, 1.0, 0.0, 0.0],
@@ -194,12 +203,22 @@ def test_behaviour_log_probs_on_prefix_tokens_only_nan_elsewhere():
     lp = [[math.log(0.5), float("nan"), math.log(0.25), math.log(0.1), math.log(0.9)]]  # trace ++ EOS
     nan = float("nan")
     per_slot_lp = per_slot(torch.tensor([lp[0] + [nan, nan]]), 3)  # [B, n, T + 1]
-    plan = build_slot_plan(prompts, mask, per_slot(TGT, 3), np.array([[1.0, 0.5, 0.0]]), PAD, EOS, response_length=6,
-                           behaviour_log_probs=per_slot_lp)
+    plan = build_slot_plan(
+        prompts,
+        mask,
+        per_slot(TGT, 3),
+        np.array([[1.0, 0.5, 0.0]]),
+        PAD,
+        EOS,
+        response_length=6,
+        behaviour_log_probs=per_slot_lp,
+    )
     out = assemble_responses(plan, [[21, EOS], [22, EOS]]).tensors
     lp_t = torch.tensor(lp[0], dtype=torch.float32)
     torch.testing.assert_close(out["behaviour_log_probs"][0], torch.cat([lp_t, torch.tensor([nan])]), equal_nan=True)
-    torch.testing.assert_close(out["behaviour_log_probs"][1], torch.tensor([lp_t[0].item()] + [nan] * 5), equal_nan=True)
+    torch.testing.assert_close(
+        out["behaviour_log_probs"][1], torch.tensor([lp_t[0].item()] + [nan] * 5), equal_nan=True
+    )
     assert torch.isnan(out["behaviour_log_probs"][2]).all()
 
 
@@ -207,7 +226,9 @@ def test_per_slot_logprobs_are_used_slot_by_slot():
     prompts, mask = _prompt_batch()
     tgt = torch.tensor([[[11, PAD], [31, 32]]])
     lp = torch.tensor([[[math.log(0.5), math.log(0.2), float("nan")], [math.log(0.25), math.log(0.1), math.log(0.9)]]])
-    plan = build_slot_plan(prompts, mask, tgt, np.array([[1.0, 1.0]]), PAD, EOS, response_length=4, behaviour_log_probs=lp)
+    plan = build_slot_plan(
+        prompts, mask, tgt, np.array([[1.0, 1.0]]), PAD, EOS, response_length=4, behaviour_log_probs=lp
+    )
     lps = assemble_responses(plan, []).tensors["behaviour_log_probs"]
     torch.testing.assert_close(lps.exp().nan_to_num(1.0), torch.tensor([[0.5, 0.2, 1.0, 1.0], [0.25, 0.1, 0.9, 1.0]]))
 
@@ -224,8 +245,10 @@ def test_validation_repeats_n_val_without_prefix_at_val_temperature():
     prompts, mask = _prompt_batch()
     engine = CountingEngine(reply=[21, EOS])
     planner = MixRolloutPlanner(
-        engine, rollout_section(n=8, response_length=4, temperature=1.0, top_p=0.9, top_k=5, n_val=2, val_temperature=0.6),
-        pad_token_id=PAD, eos_token_id=EOS,
+        engine,
+        rollout_section(n=8, response_length=4, temperature=1.0, top_p=0.9, top_k=5, n_val=2, val_temperature=0.6),
+        pad_token_id=PAD,
+        eos_token_id=EOS,
     )
     batch = planner.generate_validation(prompts, mask)
     requests, max_tokens, sampling = engine.calls[0]
@@ -241,9 +264,18 @@ def test_validation_repeats_n_val_without_prefix_at_val_temperature():
         ({"ratios": np.array([[1.5]])}, r"\[0, 1\]"),
         ({"ratios": np.zeros((2, 1))}, r"ratios must be \[B=1, n\]"),
         ({"tgt": torch.zeros(1, 2, 3, dtype=torch.long)}, r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\]"),
-        ({"tgt": TGT}, r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\] \(OffPolicyPool.slot_traces\), got \(1, 6\)"),
-        ({"behaviour_log_probs": torch.zeros(1, 7)}, r"behaviour_log_probs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 7\)"),
-        ({"behaviour_log_probs": torch.zeros(1, 1, 5)}, r"behaviour_log_probs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 1, 5\)"),
+        (
+            {"tgt": TGT},
+            r"tgt_input_ids must be per-slot traces \[B=1, n=1, T\] \(OffPolicyPool.slot_traces\), got \(1, 6\)",
+        ),
+        (
+            {"behaviour_log_probs": torch.zeros(1, 7)},
+            r"behaviour_log_probs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 7\)",
+        ),
+        (
+            {"behaviour_log_probs": torch.zeros(1, 1, 5)},
+            r"behaviour_log_probs must be a tensor \[B=1, n=1, T\+1=7\] .*got \(1, 1, 5\)",
+        ),
         ({"behaviour_log_probs": [[[0.0] * 7]]}, r"behaviour_log_probs must be a tensor .*got list"),
     ],
 )
@@ -251,7 +283,13 @@ def test_bad_plan_inputs_raise_clear_errors(kwargs, message):
     prompts, mask = _prompt_batch()
     with pytest.raises(ValueError, match=message):
         build_slot_plan(
-            prompts, mask, kwargs.get("tgt", per_slot(TGT, 1)), kwargs.get("ratios", np.array([[1.0]])), PAD, EOS, 4,
+            prompts,
+            mask,
+            kwargs.get("tgt", per_slot(TGT, 1)),
+            kwargs.get("ratios", np.array([[1.0]])),
+            PAD,
+            EOS,
+            4,
             behaviour_log_probs=kwargs.get("behaviour_log_probs"),
         )
 
@@ -267,16 +305,22 @@ def test_training_rollout_rejects_per_prompt_targets_with_the_expected_shape():
     """One shape from the pool to the rollout: [B, T] targets must go through OffPolicyPool.slot_traces first."""
     prompts, mask = _prompt_batch()
     engine = CountingEngine()
-    planner = MixRolloutPlanner(engine, rollout_section(n=4, response_length=4, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(
+        engine, rollout_section(n=4, response_length=4, n_val=1), pad_token_id=PAD, eos_token_id=EOS
+    )
     with pytest.raises(ValueError) as err:
         planner.generate(prompts, mask, TGT, np.array([[1.0, 0.0, 0.0, 0.0]]))
-    assert str(err.value) == "tgt_input_ids must be per-slot traces [B=1, n=4, T] (OffPolicyPool.slot_traces), got (1, 6)"
+    assert (
+        str(err.value) == "tgt_input_ids must be per-slot traces [B=1, n=4, T] (OffPolicyPool.slot_traces), got (1, 6)"
+    )
     assert engine.calls == []
 
 
 def test_training_rollout_requires_driver_ratios():
     prompts, mask = _prompt_batch()
-    planner = MixRolloutPlanner(CountingEngine(), rollout_section(n=2, response_length=4, n_val=1), pad_token_id=PAD, eos_token_id=EOS)
+    planner = MixRolloutPlanner(
+        CountingEngine(), rollout_section(n=2, response_length=4, n_val=1), pad_token_id=PAD, eos_token_id=EOS
+    )
     with pytest.raises(ValueError, match="drawn on the driver"):
         planner.generate(prompts, mask, TGT, None)
 
@@ -290,7 +334,7 @@ def luffy_reference(prompts, tgt, ratios, pad, eos, length):
     rows, prefix_lens = [], []
     for k in range(batch_size * n):
         prompt = prompts[k // n].tolist()
-        prompt = prompt[next(i for i, t in enumerate(prompt) if t != pad):]
+        prompt = prompt[next(i for i, t in enumerate(prompt) if t != pad) :]
         target = tgt[k // n].tolist()
         last = max((i for i, t in enumerate(target) if t != pad), default=-1)
         target = target[: last + 1]
@@ -324,7 +368,9 @@ def test_plan_matches_luffy_after_masking(pad, eos):
     ratios = np.array([[1.0, 0.5, 0.0, 0.9], [1.0, 0.3, 0.0, 0.0], [1.0, 0.0, 0.95, 0.2], [0.7, 1.0, 0.0, 0.0]])
 
     engine = CountingEngine(eos=eos)
-    planner = MixRolloutPlanner(engine, rollout_section(n=n, response_length=length, n_val=1), pad_token_id=pad, eos_token_id=eos)
+    planner = MixRolloutPlanner(
+        engine, rollout_section(n=n, response_length=length, n_val=1), pad_token_id=pad, eos_token_id=eos
+    )
     ours = planner.generate(prompts, mask, per_slot(tgt, n), ratios).tensors
     ref_responses, ref_mask, ref_prefix_mask = luffy_reference(prompts, tgt, ratios, pad, eos, length)
 
@@ -353,18 +399,30 @@ def test_dataset_batch_through_sampler_pool_and_planner(tiny_model_dir, tiny_tas
     from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget, collate_fn
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ds = RLHFDatasetWithTarget(os.path.join(tiny_task_dir, "train.parquet"), tok, max_prompt_length=256, max_target_length=160)
+    ds = RLHFDatasetWithTarget(
+        os.path.join(tiny_task_dir, "train.parquet"), tok, max_prompt_length=256, max_target_length=160
+    )
     batch = collate_fn([ds[i] for i in range(2)])
     sampler = PrefixRatioSampler(rollout_section(n=4, n_prefix=1, min_prefix_ratio=1.0, max_prefix_ratio=1.0), seed=0)
     ratios = sampler.draw(2, global_step=1)
     traces = OffPolicyPool(tokenizer=tok).slot_traces(batch["index"], batch["tgt_input_ids"], ratios, global_step=1)
     engine = CountingEngine(reply=[tok.eos_token_id], eos=tok.eos_token_id)
-    planner = MixRolloutPlanner(engine, rollout_section(n=4, response_length=200, n_val=1), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    out = planner.generate(batch["input_ids"], batch["attention_mask"], traces.tgt_input_ids, ratios,
-                           prompt_position_ids=batch["position_ids"]).tensors
+    planner = MixRolloutPlanner(
+        engine,
+        rollout_section(n=4, response_length=200, n_val=1),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    out = planner.generate(
+        batch["input_ids"],
+        batch["attention_mask"],
+        traces.tgt_input_ids,
+        ratios,
+        prompt_position_ids=batch["position_ids"],
+    ).tensors
 
     content = ds.dataframe.iloc[0]["target"][0]["content"]
     valid = out["responses"][0][out["response_mask"][0].bool()]
-    assert tok.decode(valid) == content[len("<think>\n"):] + "<|im_end|>"
+    assert tok.decode(valid) == content[len("<think>\n") :] + "<|im_end|>"
     assert out["prefix_mask"][0].sum() == len(valid) and not out["prefix_mask"][1:4].any()
     assert len(engine.calls[0][0]) == 6  # 3 on-policy slots per prompt

@@ -7,6 +7,7 @@ mask: 1 on the three tokens, 0 after, for each stop id of the model. The respons
 Qwen3's second stop id is its pad token (<|endoftext|>): a mask that cut at the tokenizer's EOS (<|im_end|>) alone
 ran such a response through the padding to the full length.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ from verl.utils.torch_functional import get_eos_mask
 from verl.workers.rollout.hf_rollout import HFRollout
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "model_configs")
-MODELS = sorted(n[: -len(".tokenizer_config.json")] for n in os.listdir(CONFIGS)
-                if n.endswith(".tokenizer_config.json"))
+MODELS = sorted(
+    n[: -len(".tokenizer_config.json")] for n in os.listdir(CONFIGS) if n.endswith(".tokenizer_config.json")
+)
 MOE = {"Qwen--Qwen3-30B-A3B-Base"}  # its tokens are those of Qwen3; the HF engine test runs on dense models
 L = 8
 
@@ -38,16 +40,20 @@ def tiny_models(tmp_path_factory):
     def get(name):
         if name not in built:
             out = str(tmp_path_factory.mktemp(name.replace(".", "_")))
-            built[name] = build_tiny_model_like(out, os.path.join(CONFIGS, name + ".json"),
-                                                TinyModelSpec(num_hidden_layers=1))
+            built[name] = build_tiny_model_like(
+                out, os.path.join(CONFIGS, name + ".json"), TinyModelSpec(num_hidden_layers=1)
+            )
         return built[name]
 
     return get
 
 
 def test_every_matrix_model_ships_its_token_files():
-    configs = sorted(n[:-5] for n in os.listdir(CONFIGS) if n.endswith(".json")
-                     and not n.endswith((".tokenizer_config.json", ".generation_config.json")))
+    configs = sorted(
+        n[:-5]
+        for n in os.listdir(CONFIGS)
+        if n.endswith(".json") and not n.endswith((".tokenizer_config.json", ".generation_config.json"))
+    )
     assert configs and set(configs) == set(MODELS), (configs, MODELS)
     for name in MODELS:
         assert os.path.isfile(os.path.join(CONFIGS, name + ".generation_config.json")), name
@@ -80,8 +86,13 @@ def test_a_response_ending_on_each_stop_id_is_masked_there(name, decoder, tiny_m
         published = json.load(f)["eos_token_id"]
     assert set(published if isinstance(published, list) else [published]) <= set(stops)
     engine = HFRollout(folder, engine_section(do_sample=False, response_length=L, hf_decoder=decoder))
-    planner = MixRolloutPlanner(engine, engine_section(do_sample=False, response_length=L, n=1, n_val=1),
-                                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, stop_token_ids=stops)
+    planner = MixRolloutPlanner(
+        engine,
+        engine_section(do_sample=False, response_length=L, n=1, n_val=1),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        stop_token_ids=stops,
+    )
     ordinary = [i for i in range(len(tok)) if i not in stops and i not in tok.all_special_ids][:2]
     prompt = torch.tensor([[tok.pad_token_id, 5, 6]]), torch.tensor([[0, 1, 1]])
     for stop in stops:
@@ -114,5 +125,7 @@ def test_llama_has_no_pad_token_and_gets_its_reserved_one(tiny_models):
     assert tok.pad_token == "<|finetune_right_pad_id|>" and tok.pad_token_id != tok.eos_token_id
     assert tok.bos_token == "<|begin_of_text|>" and tok.eos_token == "<|end_of_text|>"
     text = tok.apply_chat_template([{"role": "user", "content": "1+1?"}], tokenize=False, add_generation_prompt=True)
-    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n1+1?<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n1+1?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )

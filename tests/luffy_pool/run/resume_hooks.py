@@ -6,6 +6,7 @@ drawn, nothing of it trained or recorded), the hook writes the weights the earli
 (``weights_before_last_step`` in the driver's folder), prints ``DUMPED <step>`` and waits to be killed. A
 resumed driver with the same hook stops at the same point, so its steps and weights compare with the first's.
 """
+
 from __future__ import annotations
 
 import os

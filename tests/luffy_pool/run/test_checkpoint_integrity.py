@@ -1,5 +1,6 @@
 """Resume refuses planted pickles, verifies manifests, falls back past corrupt checkpoints, honours retention
 and saves on SIGTERM/SIGINT; driven by the real ``fit`` loop with the in-process worker of test_checkpointing."""
+
 from __future__ import annotations
 
 import json
@@ -53,13 +54,22 @@ def _resume(base_config, model_dir, out_dir, **kw):
 
 # ---------------------------------------------------------------------- safe loading
 def test_state_files_round_trip_numpy_and_python_rng_as_plain_data(tmp_path):
-    state = {"np": np.random.get_state(), "py": random.getstate(), "t": torch.arange(3), "gen": torch.Generator().get_state(),
-             "nested": {"x": [1, 2.5, None, "s", (True, np.int64(7))]}}
+    state = {
+        "np": np.random.get_state(),
+        "py": random.getstate(),
+        "t": torch.arange(3),
+        "gen": torch.Generator().get_state(),
+        "nested": {"x": [1, 2.5, None, "s", (True, np.int64(7))]},
+    }
     save_state(str(tmp_path / "s.pt"), state)
     # plain torch.load with weights_only=True accepts the file: no pickled globals besides tensors
     torch.load(tmp_path / "s.pt", weights_only=True)
     back = load_state(str(tmp_path / "s.pt"))
-    assert back["np"][0] == "MT19937" and np.array_equal(back["np"][1], state["np"][1]) and back["np"][1].dtype == np.uint32
+    assert (
+        back["np"][0] == "MT19937"
+        and np.array_equal(back["np"][1], state["np"][1])
+        and back["np"][1].dtype == np.uint32
+    )
     assert back["py"] == state["py"] and back["nested"]["x"] == [1, 2.5, None, "s", (True, 7)]
     assert torch.equal(back["gen"], state["gen"])
 
@@ -70,12 +80,16 @@ def test_saving_a_non_plain_object_fails_at_save_time_naming_the_entry(tmp_path)
 
 
 @pytest.mark.parametrize("target", ["data", "extra", "dcp_metadata"])
-def test_planted_pickle_is_refused_with_one_line_naming_the_file(base_config, tiny_model_dir, four_steps, tmp_path,
-                                                                  target):
+def test_planted_pickle_is_refused_with_one_line_naming_the_file(
+    base_config, tiny_model_dir, four_steps, tmp_path, target
+):
     marker = tmp_path / "pwned"
     step4 = four_steps / "global_step_4"
-    path = {"data": step4 / layout.DATA_FILE, "extra": step4 / ACTOR / layout.extra_state_file(1, 0),
-            "dcp_metadata": step4 / ACTOR / layout.MODEL_DIR / ".metadata"}[target]
+    path = {
+        "data": step4 / layout.DATA_FILE,
+        "extra": step4 / ACTOR / layout.extra_state_file(1, 0),
+        "dcp_metadata": step4 / ACTOR / layout.MODEL_DIR / ".metadata",
+    }[target]
     if target == "dcp_metadata":
         path.write_bytes(pickle.dumps(Exploit(str(marker))))
     else:
@@ -144,8 +158,9 @@ def test_upgrade_refuses_a_corrupted_checkpoint_unless_told_to_rehash(four_steps
     assert manifest.verify_step_dir(str(step4)) is None
 
 
-def test_a_deleted_manifest_on_a_new_checkpoint_is_refused_an_old_one_warns_once(base_config, tiny_model_dir,
-                                                                                 four_steps, caplog):
+def test_a_deleted_manifest_on_a_new_checkpoint_is_refused_an_old_one_warns_once(
+    base_config, tiny_model_dir, four_steps, caplog
+):
     step4, step2 = four_steps / "global_step_4", four_steps / "global_step_2"
     os.remove(step4 / manifest.MANIFEST_FILE)
     problem = manifest.verify_step_dir(str(step4))
@@ -215,8 +230,10 @@ CORRUPTIONS = {
     "truncated_model_shard": (lambda d: _truncate(_shard(d, layout.MODEL_DIR)), "model/__0_0.distcp has"),
     "flipped_byte_in_optim_shard": (lambda d: _flip(_shard(d, layout.OPTIM_DIR)), "sha256 differs"),
     "missing_data_pt": (lambda d: os.remove(d / layout.DATA_FILE), "data.pt is missing"),
-    "missing_optimizer_metadata": (lambda d: os.remove(d / ACTOR / layout.OPTIM_DIR / ".metadata"),
-                                   "optim/.metadata is missing"),
+    "missing_optimizer_metadata": (
+        lambda d: os.remove(d / ACTOR / layout.OPTIM_DIR / ".metadata"),
+        "optim/.metadata is missing",
+    ),
     "missing_extra_state": (lambda d: os.remove(d / ACTOR / layout.extra_state_file(1, 0)), "extra_state_world_size_1"),
     "empty_actor_meta": (lambda d: (d / ACTOR / layout.META_FILE).write_text(""), "checkpoint_meta.json has 0 bytes"),
     "torn_manifest": (lambda d: (d / manifest.MANIFEST_FILE).write_text('{"files": {'), "manifest.json: not JSON"),
@@ -224,8 +241,9 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
-def test_auto_resume_falls_back_to_newest_intact_checkpoint_naming_the_bad_file(base_config, tiny_model_dir,
-                                                                              four_steps, kind, caplog):
+def test_auto_resume_falls_back_to_newest_intact_checkpoint_naming_the_bad_file(
+    base_config, tiny_model_dir, four_steps, kind, caplog
+):
     corrupt, expected = CORRUPTIONS[kind]
     corrupt(four_steps / "global_step_4")
     with caplog.at_level(logging.ERROR, logger="luffy_pool.run.checkpointing"):
@@ -252,7 +270,9 @@ def test_every_checkpoint_bad_is_an_error_listing_each(base_config, tiny_model_d
     for step in (2, 4):
         os.remove(four_steps / f"global_step_{step}" / layout.DATA_FILE)
     trainer, _ = make_trainer(base_config, tiny_model_dir, four_steps, steps=4)
-    with pytest.raises(CheckpointUnusableError, match="global_step_4: .*data.pt is missing.*; global_step_2: .*data.pt"):
+    with pytest.raises(
+        CheckpointUnusableError, match="global_step_4: .*data.pt is missing.*; global_step_2: .*data.pt"
+    ):
         trainer.checkpointer.maybe_resume(trainer)
 
 
@@ -265,16 +285,21 @@ def test_tracker_pointing_at_a_missing_dir_or_garbage_falls_back(base_config, ti
 
 def test_explicit_corrupt_checkpoint_is_an_error_not_a_fallback(base_config, tiny_model_dir, four_steps):
     _truncate(_shard(four_steps / "global_step_2", layout.MODEL_DIR))
-    trainer, _ = make_trainer(base_config, tiny_model_dir, four_steps, steps=4,
-                              resume_mode=str(four_steps / "global_step_2"))
-    with pytest.raises(CheckpointUnusableError, match=r"cannot resume from .*global_step_2: .*__0_0.distcp has \d+ bytes"):
+    trainer, _ = make_trainer(
+        base_config, tiny_model_dir, four_steps, steps=4, resume_mode=str(four_steps / "global_step_2")
+    )
+    with pytest.raises(
+        CheckpointUnusableError, match=r"cannot resume from .*global_step_2: .*__0_0.distcp has \d+ bytes"
+    ):
         trainer.checkpointer.maybe_resume(trainer)
 
 
 def test_manifest_lists_every_file_with_size_and_checksum(four_steps):
     step2 = four_steps / "global_step_2"
     files = json.loads((step2 / manifest.MANIFEST_FILE).read_text())["files"]
-    on_disk = sorted(str(p.relative_to(step2)) for p in step2.rglob("*") if p.is_file() and p.name != manifest.MANIFEST_FILE)
+    on_disk = sorted(
+        str(p.relative_to(step2)) for p in step2.rglob("*") if p.is_file() and p.name != manifest.MANIFEST_FILE
+    )
     assert sorted(files) == on_disk and layout.DATA_FILE in files
     assert all(files[f]["size"] == (step2 / f).stat().st_size and len(files[f]["sha256"]) == 64 for f in files)
 
@@ -414,8 +439,9 @@ def test_fit_and_close_releases_then_exits_143(base_config, tiny_model_dir, tmp_
 
 
 # ---------------------------------------------------------------------- failed saves and failure messages
-def test_disk_full_says_no_space_left_with_the_folder_and_leaves_no_partial_dir(base_config, tiny_model_dir,
-                                                                               tmp_path, monkeypatch):
+def test_disk_full_says_no_space_left_with_the_folder_and_leaves_no_partial_dir(
+    base_config, tiny_model_dir, tmp_path, monkeypatch
+):
     import errno
 
     from luffy_pool.run import checkpointing
@@ -438,8 +464,13 @@ def test_disk_full_says_no_space_left_with_the_folder_and_leaves_no_partial_dir(
     assert "no space left on device" in msg and str(tmp) in msg and "step 3" in msg and "\n" not in msg, msg
     assert not tmp.exists() and layout.read_tracker(str(tmp_path)) == 2
     # torch's zip writer words a full disk differently; with little space left it is recognised too.
-    monkeypatch.setattr(worker, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(RuntimeError(
-        "PytorchStreamWriter failed writing file data/0: file write failed; unexpected pos 704 vs 598")))
+    monkeypatch.setattr(
+        worker,
+        "save_checkpoint",
+        lambda *a, **k: (_ for _ in ()).throw(
+            RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed; unexpected pos 704 vs 598")
+        ),
+    )
     monkeypatch.setattr(checkpointing, "_free_bytes", lambda path: 2**20)
     with pytest.raises(CheckpointSaveError, match="no space left on device: saving step 3 .*1 MiB free"):
         trainer.checkpointer.save(trainer)
@@ -465,7 +496,9 @@ def test_leftovers_of_a_failed_save_never_block_resume(base_config, tiny_model_d
 
 def test_a_step_refused_on_resume_is_never_named_the_last_good_checkpoint(base_config, tiny_model_dir, four_steps):
     step4 = four_steps / "global_step_4"
-    torch.save({"global_step": 4, "x": Exploit(str(four_steps / "pwned"))}, step4 / ACTOR / layout.extra_state_file(1, 0))
+    torch.save(
+        {"global_step": 4, "x": Exploit(str(four_steps / "pwned"))}, step4 / ACTOR / layout.extra_state_file(1, 0)
+    )
     manifest.write_manifest(str(step4))  # sizes and hashes agree: only the loader refuses it
     trainer, _, step = _resume(base_config, tiny_model_dir, four_steps)
     assert step == 2

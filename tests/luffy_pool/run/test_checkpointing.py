@@ -6,6 +6,7 @@ itself: resume continues with the same prompts, prefix ratios and weights, also 
 boundaries; crashes before the rename or the tracker write, or a SIGKILL mid-save, leave the previous
 checkpoint as the one resume picks; retention; best model; resume_mode parsing.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,9 @@ class LocalActorWorker(CheckpointMixin):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(0)
-        self.actor_module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                                 attn_implementation="sdpa")
+        self.actor_module = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
         self.actor_optimizer = torch.optim.AdamW(self.actor_module.parameters(), lr=1e-2)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.actor_optimizer, lambda s: 1.0 / (1 + 0.1 * s))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -54,7 +56,8 @@ class LocalActorWorker(CheckpointMixin):
         self.rank = 0
         # what the real worker builds from actor_rollout_ref (the checkpoint reads actor.checkpoint.contents)
         self.sections = WorkerSections.from_config(
-            compose_config([f"actor_rollout_ref.model.path={model_dir}"]).actor_rollout_ref)
+            compose_config([f"actor_rollout_ref.model.path={model_dir}"]).actor_rollout_ref
+        )
 
     def train_on(self, indexes, step: int) -> None:
         vocab = self.actor_module.config.vocab_size
@@ -94,7 +97,9 @@ class ScriptedTrainer(MIXRayPPOTrainer):
         self.wg.train_on(indexes, self.global_steps)
         self.checkpointer.record_data_order(self.global_steps, indexes)
         self.ratio_log[self.global_steps] = np.asarray(ratios).tolist()
-        return StepOutput({"training/global_step": self.global_steps, **self.val_by_step.get(self.global_steps, {})}, 1, 1)
+        return StepOutput(
+            {"training/global_step": self.global_steps, **self.val_by_step.get(self.global_steps, {})}, 1, 1
+        )
 
 
 def _collate(rows):
@@ -103,27 +108,65 @@ def _collate(rows):
 
 @pytest.fixture(scope="module")
 def base_config(compose_config, tmp_path_factory):
-    cfg = compose_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.n_prefix=1",
-                          "actor_rollout_ref.rollout.min_prefix_ratio=0.0", "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
-                          "actor_rollout_ref.rollout.prefix_strategy=random", "actor_rollout_ref.ref.use_ref=False",
-                          "actor_rollout_ref.actor.use_kl_loss=False",
-                          "trainer.test_freq=-1", "+trainer.val_before_train=False", "data.train_batch_size=4"])
+    cfg = compose_config(
+        [
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.n_prefix=1",
+            "actor_rollout_ref.rollout.min_prefix_ratio=0.0",
+            "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
+            "actor_rollout_ref.rollout.prefix_strategy=random",
+            "actor_rollout_ref.ref.use_ref=False",
+            "actor_rollout_ref.actor.use_kl_loss=False",
+            "trainer.test_freq=-1",
+            "+trainer.val_before_train=False",
+            "data.train_batch_size=4",
+        ]
+    )
     return cfg
 
 
-def make_trainer(base_config, model_dir, out_dir, *, rows=12, steps=6, save_freq=2, keep=None, resume_mode="auto",
-                 crash_at=None, val_by_step=None, **trainer_keys):
+def make_trainer(
+    base_config,
+    model_dir,
+    out_dir,
+    *,
+    rows=12,
+    steps=6,
+    save_freq=2,
+    keep=None,
+    resume_mode="auto",
+    crash_at=None,
+    val_by_step=None,
+    **trainer_keys,
+):
     from omegaconf import OmegaConf
     from torch.utils.data import DataLoader
 
-    cfg = OmegaConf.merge(base_config, {"trainer": {"default_local_dir": str(out_dir), "total_training_steps": steps,
-                                                    "save_freq": save_freq, "max_optim_to_keep": keep,
-                                                    "resume_mode": resume_mode, **trainer_keys}})
+    cfg = OmegaConf.merge(
+        base_config,
+        {
+            "trainer": {
+                "default_local_dir": str(out_dir),
+                "total_training_steps": steps,
+                "save_freq": save_freq,
+                "max_optim_to_keep": keep,
+                "resume_mode": resume_mode,
+                **trainer_keys,
+            }
+        },
+    )
     sampler = ResumableRandomSampler(rows, seed=47)
     loader = DataLoader(list(range(rows)), batch_size=4, sampler=sampler, drop_last=True, collate_fn=_collate)
     worker = LocalActorWorker(model_dir)
-    trainer = ScriptedTrainer(cfg, worker.tokenizer, LocalGroup(worker), None, None, loader,
-                              checkpointer=TrainerCheckpointer(ConfigSections.from_config(cfg), sampler))
+    trainer = ScriptedTrainer(
+        cfg,
+        worker.tokenizer,
+        LocalGroup(worker),
+        None,
+        None,
+        loader,
+        checkpointer=TrainerCheckpointer(ConfigSections.from_config(cfg), sampler),
+    )
     trainer.crash_at_step = crash_at
     trainer.ratio_log = {}
     trainer.val_by_step = val_by_step or {}
@@ -134,10 +177,14 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("rows,steps,crash_at", [(12, 6, 5), (8, 5, 3), (10, 5, 3)],
-                         ids=["mid-epoch", "epoch-boundary", "epoch-boundary-with-dropped-remainder"])
-def test_resume_after_crash_replays_same_prompts_ratios_and_weights(base_config, tiny_model_dir, tmp_path, rows,
-                                                                    steps, crash_at):
+@pytest.mark.parametrize(
+    "rows,steps,crash_at",
+    [(12, 6, 5), (8, 5, 3), (10, 5, 3)],
+    ids=["mid-epoch", "epoch-boundary", "epoch-boundary-with-dropped-remainder"],
+)
+def test_resume_after_crash_replays_same_prompts_ratios_and_weights(
+    base_config, tiny_model_dir, tmp_path, rows, steps, crash_at
+):
     ref, ref_worker = make_trainer(base_config, tiny_model_dir, tmp_path / "ref", rows=rows, steps=steps)
     ref.fit()
     crashed, _ = make_trainer(base_config, tiny_model_dir, tmp_path / "run", rows=rows, steps=steps, crash_at=crash_at)
@@ -181,8 +228,13 @@ def fit_killed_in(trainer, monkeypatch, name, kill_if, why):
 
 def test_crash_before_rename_keeps_previous_checkpoint(base_config, tiny_model_dir, tmp_path, monkeypatch):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
-    fit_killed_in(trainer, monkeypatch, "publish_dir", lambda tmp, final: final.endswith(layout.step_dir_name(4)),
-                  "killed between temp write and rename")
+    fit_killed_in(
+        trainer,
+        monkeypatch,
+        "publish_dir",
+        lambda tmp, final: final.endswith(layout.step_dir_name(4)),
+        "killed between temp write and rename",
+    )
     assert layout.read_tracker(str(tmp_path)) == 2
     assert os.path.isdir(tmp_path / (layout.TMP_PREFIX + "global_step_4"))
     resumed, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
@@ -190,11 +242,13 @@ def test_crash_before_rename_keeps_previous_checkpoint(base_config, tiny_model_d
     assert not os.path.exists(tmp_path / (layout.TMP_PREFIX + "global_step_4")), "leftover temp dir is removed"
 
 
-def test_crash_before_tracker_write_resumes_previous_and_replaces_stale_dir(base_config, tiny_model_dir, tmp_path,
-                                                                            monkeypatch):
+def test_crash_before_tracker_write_resumes_previous_and_replaces_stale_dir(
+    base_config, tiny_model_dir, tmp_path, monkeypatch
+):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
-    fit_killed_in(trainer, monkeypatch, "write_tracker", lambda root, step: step == 4,
-                  "killed between rename and tracker write")
+    fit_killed_in(
+        trainer, monkeypatch, "write_tracker", lambda root, step: step == 4, "killed between rename and tracker write"
+    )
     assert layout.read_tracker(str(tmp_path)) == 2 and os.path.isdir(tmp_path / "global_step_4")
     resumed, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
     resumed.fit()
@@ -211,19 +265,31 @@ def test_retention_drops_old_shards_but_keeps_driver_and_extra_state(base_config
     for step in (4, 6):
         assert layout.has_sharded_model(str(tmp_path / f"global_step_{step}" / "actor"))
     pruned, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6, resume_mode=str(step2))
-    with pytest.raises(CheckpointUnusableError, match="global_step_2/actor/model was pruned by trainer.max_optim_to_keep"):
+    with pytest.raises(
+        CheckpointUnusableError, match="global_step_2/actor/model was pruned by trainer.max_optim_to_keep"
+    ):
         pruned.checkpointer.maybe_resume(pruned)
 
 
 def test_resume_mode_disable_explicit_paths_and_bad_path(base_config, tiny_model_dir, tmp_path):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4)
     trainer.fit()
-    for mode, expected in [("disable", 0), (str(tmp_path / "global_step_2"), 2),
-                           (str(tmp_path / "global_step_2" / "actor"), 2), (str(tmp_path), 4)]:
+    for mode, expected in [
+        ("disable", 0),
+        (str(tmp_path / "global_step_2"), 2),
+        (str(tmp_path / "global_step_2" / "actor"), 2),
+        (str(tmp_path), 4),
+    ]:
         t, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4, resume_mode=mode)
         assert t.checkpointer.maybe_resume(t) == expected, mode
-    t, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4, resume_mode="resume_path",
-                        resume_from_path=str(tmp_path / "global_step_2"))
+    t, _ = make_trainer(
+        base_config,
+        tiny_model_dir,
+        tmp_path,
+        steps=4,
+        resume_mode="resume_path",
+        resume_from_path=str(tmp_path / "global_step_2"),
+    )
     assert t.checkpointer.maybe_resume(t) == 2
     bad, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=4, resume_mode=str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="trainer.resume_mode"):
@@ -300,10 +366,13 @@ def test_sigkill_while_writing_a_checkpoint_leaves_previous_one_for_resume(base_
     config_path = tmp_path / "config.yaml"
     OmegaConf.save(base_config, config_path)
     out_dir = tmp_path / "run"
-    code = (f"import sys; sys.path.insert(0, {HERE!r}); import test_checkpointing as t; "
-            f"t.killable_run({str(config_path)!r}, {tiny_model_dir!r}, {str(out_dir)!r})")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=HERE)
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); import test_checkpointing as t; "
+        f"t.killable_run({str(config_path)!r}, {tiny_model_dir!r}, {str(out_dir)!r})"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE
+    )
     watchdog = threading.Timer(300, proc.kill)  # a silent hang must not block the suite
     watchdog.start()
     try:

@@ -15,6 +15,7 @@ then waits): the first driver trains steps 1-4 uninterrupted (the reference; che
 inside step 5; the second resumes from its step-2 checkpoint (``resume_mode`` names it: ``auto`` would take step 4),
 trains 3 and 4 again and stops at the same point.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,15 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
     # rbound = n - 1 with the tiny run's n = 4 (the authors' 7 is for n = 8)
     extra = ["algorithm.method=exgrpo", "algorithm.exgrpo.rbound=3", f"trainer.total_training_steps={STEPS + 1}"]
-    mk = lambda name, more=(): _config(compose_config, luffy_overrides, tiny_model_dir, task,  # noqa: E731
-                                       str(root / "run"), root / f"{name}.yaml", [*extra, *more])
+    mk = lambda name, more=(): _config(
+        compose_config,
+        luffy_overrides,
+        tiny_model_dir,
+        task,  # noqa: E731
+        str(root / "run"),
+        root / f"{name}.yaml",
+        [*extra, *more],
+    )
     first_cfg, resume_cfg = mk("run"), mk("resume", [f"trainer.resume_mode={root / 'run' / 'global_step_2'}"])
     first = Driver(first_cfg, str(root / "run_result1"), str(root / "run1.log"), prepare=PREPARE)
     first.wait_for(f"DUMPED {STEPS}")  # steps 1-4 trained (checkpoints 2 and 4 published), step 5 begun

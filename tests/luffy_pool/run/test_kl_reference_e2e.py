@@ -6,6 +6,7 @@ dropped so the YAML's defaults run: a reference worker (``ref`` at its YAML defa
 coefficient 0.001, or (``use_kl_loss=False``) KL-in-reward with the fixed controller's beta 0.001. Two steps on
 2 FSDP ranks (HF rollout): at step 1 the policy is the reference, so the KL is 0; at step 2 it has moved.
 """
+
 import json
 import math
 
@@ -17,8 +18,11 @@ DROPPED = ("actor_rollout_ref.ref.use_ref=", "actor_rollout_ref.actor.use_kl_los
 
 
 def _run(tmp_path, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, fit_with_fingerprints, extra):
-    overrides = [o for o in luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf", steps=2)
-                 if not o.startswith(DROPPED)]
+    overrides = [
+        o
+        for o in luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout="hf", steps=2)
+        if not o.startswith(DROPPED)
+    ]
     config = compose_config(overrides + extra)
     assert config.actor_rollout_ref.ref.use_ref is True  # the YAML's default
     trainer, before, _, after = fit_with_fingerprints(config)
@@ -28,10 +32,12 @@ def _run(tmp_path, compose_config, luffy_overrides, tiny_model_dir, tiny_task_di
     return config, rows
 
 
-def test_default_reference_worker_with_the_kl_loss(tmp_path, ray_session, compose_config, luffy_overrides,
-                                                   tiny_model_dir, tiny_task_dir, fit_with_fingerprints):
-    config, rows = _run(tmp_path, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir,
-                        fit_with_fingerprints, [])
+def test_default_reference_worker_with_the_kl_loss(
+    tmp_path, ray_session, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, fit_with_fingerprints
+):
+    config, rows = _run(
+        tmp_path, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, fit_with_fingerprints, []
+    )
     actor = config.actor_rollout_ref.actor
     assert (actor.use_kl_loss, actor.kl_loss_type, actor.kl_loss_coef) == (True, "low_var_kl", 0.001)
     for r in rows:
@@ -44,11 +50,18 @@ def test_default_reference_worker_with_the_kl_loss(tmp_path, ray_session, compos
     assert rows[1]["actor/kl_loss"] > 1e-6
 
 
-def test_default_reference_worker_with_the_kl_penalty_in_the_reward(tmp_path, ray_session, compose_config,
-                                                                    luffy_overrides, tiny_model_dir, tiny_task_dir,
-                                                                    fit_with_fingerprints):
-    config, rows = _run(tmp_path, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir,
-                        fit_with_fingerprints, ["actor_rollout_ref.actor.use_kl_loss=False"])
+def test_default_reference_worker_with_the_kl_penalty_in_the_reward(
+    tmp_path, ray_session, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, fit_with_fingerprints
+):
+    config, rows = _run(
+        tmp_path,
+        compose_config,
+        luffy_overrides,
+        tiny_model_dir,
+        tiny_task_dir,
+        fit_with_fingerprints,
+        ["actor_rollout_ref.actor.use_kl_loss=False"],
+    )
     alg = config.algorithm
     assert (alg.kl_penalty, alg.kl_ctrl.type, alg.kl_ctrl.kl_coef) == ("kl", "fixed", 0.001)  # YAML defaults
     for r in rows:

@@ -3,6 +3,7 @@
 Each test is one subprocess (~2 s of imports); none trains. ``--cfg job`` prints the composed config,
 which is how the override lists are checked without the Ray launcher.
 """
+
 import os
 import shlex
 import subprocess
@@ -17,8 +18,9 @@ PATHS = ["data.train_files=/d/train.parquet", "data.val_files=/d/valid.parquet",
 
 
 def run(args, env=None, timeout=120):
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {}))
+    )
 
 
 def trainer(*args, module="luffy_pool.main_mix_ppo", **kw):
@@ -30,7 +32,9 @@ def train_sh_overrides() -> list[str]:
     text = open(os.path.join(REPO, "exp_scripts", "train.sh")).read()
     body = text.split("-m verl.mix_src.main_mix_ppo", 1)[1].split('"${LUFFY_TRAINER[@]}"', 1)[0].replace("\\\n", " ")
     for var in ("MODEL_PATH", "DATA_DIR", "WANDB_PROJECT", "EXP_NAME"):
-        body = body.replace(f"${var}", {"WANDB_PROJECT": "luffy-math-test", "EXP_NAME": "LUFFY_TEST"}.get(var, LUFFY_ENV.get(var, "")))
+        body = body.replace(
+            f"${var}", {"WANDB_PROJECT": "luffy-math-test", "EXP_NAME": "LUFFY_TEST"}.get(var, LUFFY_ENV.get(var, ""))
+        )
     return shlex.split(body)
 
 
@@ -43,7 +47,11 @@ def assert_luffy_values(cfg: dict, experiment="LUFFY_TEST", gpu_memory_utilizati
     # The scripts pass 0.73, not LUFFY's 0.80 (train.sh's MEMORY_PLAN: vLLM 0.32's rule and its TP communicator
     # outside the fraction, docs/DESIGN.md §2 item 8)
     assert (rollout["n"], rollout["n_prefix"], rollout["name"], rollout["gpu_memory_utilization"]) == (
-        8, 1, "vllm", gpu_memory_utilization)
+        8,
+        1,
+        "vllm",
+        gpu_memory_utilization,
+    )
     assert (actor["ppo_mini_batch_size"], actor["use_dynamic_bsz"], actor["loss_remove_token_mean"]) == (64, True, True)
     assert cfg["algorithm"] == {**cfg["algorithm"], "adv_estimator": "grpo", "grpo_use_std": False}
 
@@ -61,7 +69,9 @@ def test_train_sh_runs_luffys_list_through_the_verl_mix_src_alias():
 
 def test_luffy_list_with_unquoted_logger_parses_through_luffy_pool_module():
     # Unquoted in LUFFY's script, bash turns ['console','wandb'] into [console,wandb].
-    overrides = [("trainer.logger=[console,wandb]" if o.startswith("trainer.logger=") else o) for o in train_sh_overrides()]
+    overrides = [
+        ("trainer.logger=[console,wandb]" if o.startswith("trainer.logger=") else o) for o in train_sh_overrides()
+    ]
     proc = trainer(*overrides, "trainer.total_training_steps=500", "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = yaml.safe_load(proc.stdout)
@@ -81,11 +91,19 @@ def test_train_on_policy_sh_turns_every_slot_on_policy_with_clip_active():
 
 
 def test_unknown_keys_exit_nonzero_with_the_closest_key_before_hydra_runs():
-    proc = trainer(*PATHS, "actor_rollout_ref.actor.ppo_mini_batchsize=4", "+trainer.val_before_trian=False",
-                   "--cfg", "job", module="verl.mix_src.main_mix_ppo")
+    proc = trainer(
+        *PATHS,
+        "actor_rollout_ref.actor.ppo_mini_batchsize=4",
+        "+trainer.val_before_trian=False",
+        "--cfg",
+        "job",
+        module="verl.mix_src.main_mix_ppo",
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert ("Config error: Unknown config key 'actor_rollout_ref.actor.ppo_mini_batchsize'; "
-            "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?") in proc.stderr
+    assert (
+        "Config error: Unknown config key 'actor_rollout_ref.actor.ppo_mini_batchsize'; "
+        "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'?"
+    ) in proc.stderr
     assert "did you mean 'trainer.val_before_train'?" in proc.stderr
     assert "Could not override" not in proc.stderr  # Hydra's own struct error never shows
 
@@ -94,8 +112,10 @@ def test_unknown_keys_exit_nonzero_with_the_closest_key_before_hydra_runs():
 def test_bad_enum_value_stops_the_run_before_the_launcher(tmp_path):
     proc = trainer(*PATHS, "actor_rollout_ref.actor.off_policy_reshape=p_div_p_01", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert ("'actor_rollout_ref.actor.off_policy_reshape'='p_div_p_01' is not one of: no_reshape, logp, p_logp, "
-            "square_root, pow, p_div_p_0.1, p_div_p_0.3, p_div_p_0.5") in proc.stderr
+    assert (
+        "'actor_rollout_ref.actor.off_policy_reshape'='p_div_p_01' is not one of: no_reshape, logp, p_logp, "
+        "square_root, pow, p_div_p_0.1, p_div_p_0.3, p_div_p_0.5"
+    ) in proc.stderr
     assert "launcher" not in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -127,14 +147,25 @@ def test_multirun_with_cfg_job_previews_every_job_of_the_sweep():
 @pytest.mark.parametrize("warm_steps", ["0", "250"])
 def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path, warm_steps):
     # Placeholders: the script only builds what is missing, and --cfg job never opens them.
-    for name in ("model/config.json", "data/train.parquet", "data/test.parquet", "data/warm.parquet",
-                 "warm_sft_250/final/config.json"):
+    for name in (
+        "model/config.json",
+        "data/train.parquet",
+        "data/test.parquet",
+        "data/warm.parquet",
+        "warm_sft_250/final/config.json",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     venv = os.path.dirname(os.path.dirname(sys.executable))
-    proc = run(["bash", "exp_scripts/quickstart.sh", "trainer.total_training_steps=3", "--cfg", "job"],
-               env={"SKIP_SETUP": "1", "QUICKSTART_DIR": str(tmp_path), "LUFFY_VENV": venv,
-                    "QUICKSTART_WARM_STEPS": warm_steps})
+    proc = run(
+        ["bash", "exp_scripts/quickstart.sh", "trainer.total_training_steps=3", "--cfg", "job"],
+        env={
+            "SKIP_SETUP": "1",
+            "QUICKSTART_DIR": str(tmp_path),
+            "LUFFY_VENV": venv,
+            "QUICKSTART_WARM_STEPS": warm_steps,
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["trainer"]["total_training_steps"] == 3
@@ -144,7 +175,12 @@ def test_quickstart_passes_extra_arguments_through_as_overrides(tmp_path, warm_s
     assert cfg["data"]["train_files"] == f"{tmp_path}/data/train.parquet"
     assert (cfg["trainer"]["device"], cfg["trainer"]["n_gpus_per_node"]) == ("cpu", 2)
     rollout = cfg["actor_rollout_ref"]["rollout"]
-    assert (rollout["n"], rollout["n_prefix"], rollout["min_prefix_ratio"], rollout["max_prefix_ratio"]) == (8, 1, 1.0, 1.0)
+    assert (rollout["n"], rollout["n_prefix"], rollout["min_prefix_ratio"], rollout["max_prefix_ratio"]) == (
+        8,
+        1,
+        1.0,
+        1.0,
+    )
 
 
 @pytest.mark.parametrize("script", ["train.sh", "train_on_policy.sh", "quickstart.sh"])
@@ -157,7 +193,13 @@ def test_overrides_go_before_flags_when_handed_to_hydra():
 
     argv = ["a=1", "-m", "+b=2", "--config-name", "tiny_cpu_luffy", "--info"]
     assert _argv_for_hydra(argv, ["a=1", "+b=2"], ["a=1", "++b=2"]) == [
-        "a=1", "++b=2", "-m", "--config-name", "tiny_cpu_luffy", "--info"]
+        "a=1",
+        "++b=2",
+        "-m",
+        "--config-name",
+        "tiny_cpu_luffy",
+        "--info",
+    ]
 
 
 def test_main_with_a_config_validates_before_importing_the_launcher():
@@ -174,11 +216,14 @@ def test_main_with_a_config_validates_before_importing_the_launcher():
 
 @pytest.mark.slow  # 3-8 s (subprocesses, worker start-ups or a full data set): full suite only
 def test_preflight_problems_exit_2_with_one_line_each_before_any_model_loads(tmp_path):
-    proc = trainer(*PATHS, f"trainer.default_local_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}",
-                   "trainer.device=cpu")
+    proc = trainer(
+        *PATHS, f"trainer.default_local_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}", "trainer.device=cpu"
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Config error: ")]
-    assert errors == ["Config error: actor_rollout_ref.model.path=/m: the folder does not exist",
-                      "Config error: data.train_files: /d/train.parquet: file not found",
-                      "Config error: data.val_files: /d/valid.parquet: file not found"]
+    assert errors == [
+        "Config error: actor_rollout_ref.model.path=/m: the folder does not exist",
+        "Config error: data.train_files: /d/train.parquet: file not found",
+        "Config error: data.val_files: /d/valid.parquet: file not found",
+    ]
     assert "Traceback" not in proc.stderr and "Repo id" not in proc.stderr

@@ -4,6 +4,7 @@ Runs the real path (Hydra config -> launcher -> Ray worker group -> FSDP2 actor 
 pool -> advantage -> update) on the tiny model and synthetic task, then checks the metrics, the
 off-policy slots and that the weights moved.
 """
+
 import json
 import math
 import os
@@ -14,22 +15,53 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
+
 @pytest.mark.parametrize("rollout", ["vllm", "hf"])
-def test_luffy_three_steps_two_fsdp_ranks(rollout, tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config,
-                                         luffy_overrides, fit_with_fingerprints):
+def test_luffy_three_steps_two_fsdp_ranks(
+    rollout,
+    tiny_model_dir,
+    tiny_task_dir,
+    tmp_path,
+    ray_session,
+    compose_config,
+    luffy_overrides,
+    fit_with_fingerprints,
+):
     config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), rollout=rollout))
     _, before, last, after = fit_with_fingerprints(config)
     assert len(before) == 2 and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for key in ("actor/pg_loss", "actor/off_pg_loss", "actor/on_pg_loss", "actor/off_policy_prob", "actor/entropy_loss",
-                "actor/grad_norm", "actor/lr", "critic/score/mean", "critic/advantages/mean", "response_length/mean",
-                "on_off_metrics/off_score", "on_off_metrics/on_score", "batch/avg_prefix_ratio", "timing_s/gen",
-                "timing_s/update_actor", "timing_s/step", "perf/throughput",
-                "global_seqlen/mean", "val/avg_score", "batch/off_policy_truncated",
-                # LUFFY's names (docs/DESIGN.md §1 item 6), next to this project's
-                "avg_score", "mfu/actor", "perf/actor_tflops", "prompt_length/clip_ratio", "batch/solve_none",
-                "batch/solve_all", "batch/solve_none_frac"):
+    for key in (
+        "actor/pg_loss",
+        "actor/off_pg_loss",
+        "actor/on_pg_loss",
+        "actor/off_policy_prob",
+        "actor/entropy_loss",
+        "actor/grad_norm",
+        "actor/lr",
+        "critic/score/mean",
+        "critic/advantages/mean",
+        "response_length/mean",
+        "on_off_metrics/off_score",
+        "on_off_metrics/on_score",
+        "batch/avg_prefix_ratio",
+        "timing_s/gen",
+        "timing_s/update_actor",
+        "timing_s/step",
+        "perf/throughput",
+        "global_seqlen/mean",
+        "val/avg_score",
+        "batch/off_policy_truncated",
+        # LUFFY's names (docs/DESIGN.md §1 item 6), next to this project's
+        "avg_score",
+        "mfu/actor",
+        "perf/actor_tflops",
+        "prompt_length/clip_ratio",
+        "batch/solve_none",
+        "batch/solve_all",
+        "batch/solve_none_frac",
+    ):
         assert key in last, key
     assert last["avg_score"] == last["val/avg_score"] and last["perf/actor_tflops"] > 0.0
     assert last["mfu/actor"] == 0.0  # no peak FLOP/s on CPU (LUFFY: 0 on an unknown device)
@@ -55,7 +87,13 @@ def test_cli_runs_luffy_overrides_end_to_end(tiny_model_dir, tiny_task_dir, tmp_
     """``python -m luffy_pool.main_mix_ppo`` (as a user runs it) for 1 step, in its own Ray instance."""
     env = dict(os.environ, RAY_ADDRESS="")
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=1)
-    proc = subprocess.run([sys.executable, "-m", "luffy_pool.main_mix_ppo", *overrides], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "luffy_pool.main_mix_ppo", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step:1" in proc.stdout

@@ -4,6 +4,7 @@ fingerprint are read back by one task pinned to each node. Both nodes of this ma
 the pass case is real; a node without the shared disk is simulated by a reader that runs the real
 ``read_on_node`` with the paths moved under a folder that node does not have (the node carries a
 ``no_shared_fs`` resource), and the failure must name that node."""
+
 from __future__ import annotations
 
 import json
@@ -65,14 +66,25 @@ def test_folder_fingerprint_tells_model_folders_apart(tiny_model_dir, tmp_path):
 
 def test_two_nodes_pass_on_a_shared_disk_and_a_node_without_it_is_named(tiny_model_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(ckpt), tiny_model_dir], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ckpt), tiny_model_dir],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    r = json.loads(lines[-1][len("RESULT "):])
+    r = json.loads(lines[-1][len("RESULT ") :])
     assert r["shared"] == [] and r["hub"] == [] and r["left"] == []  # marker removed after the check
     assert len(r["unshared"]) == 2, r["unshared"]
     ckpt_line, model_line = r["unshared"]

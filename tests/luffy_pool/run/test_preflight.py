@@ -1,5 +1,6 @@
 """Pre-flight: each bad folder, model or data file is one line naming the key, path, row and column,
 found before any tokenizer, model or Ray worker is loaded."""
+
 from __future__ import annotations
 
 import os
@@ -74,10 +75,12 @@ def test_bare_hub_name_fails_at_once_when_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     msg = check_model_source("Qwen/Qwen2.5-Math-7B", "actor_rollout_ref.model.path")
     # the id, the cache folder looked in, the variables that move it (docs/DESIGN.md §2 item 12)
-    assert msg == ("actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B: not a local folder and not in the HuggingFace "
-                   f"cache, and HF_HUB_OFFLINE is set; looked for the hub cache entry {tmp_path}/hf/hub/"
-                   "models--Qwen--Qwen2.5-Math-7B (set HF_HUB_CACHE (or HF_HOME, whose hub/ subfolder is the cache) "
-                   "to use another cache, or pass a local model folder)")
+    assert msg == (
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-Math-7B: not a local folder and not in the HuggingFace "
+        f"cache, and HF_HUB_OFFLINE is set; looked for the hub cache entry {tmp_path}/hf/hub/"
+        "models--Qwen--Qwen2.5-Math-7B (set HF_HUB_CACHE (or HF_HOME, whose hub/ subfolder is the cache) "
+        "to use another cache, or pass a local model folder)"
+    )
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: what an offline machine sees
     t0 = time.perf_counter()
@@ -90,8 +93,15 @@ def _prompt(text):
 
 
 def _good_rows(n=2):
-    return [{"data_source": "x", "prompt": _prompt(f"q{i}"), "target": [{"role": "assistant", "content": "t"}],
-             "reward_model": {"ground_truth": "1"}} for i in range(n)]
+    return [
+        {
+            "data_source": "x",
+            "prompt": _prompt(f"q{i}"),
+            "target": [{"role": "assistant", "content": "t"}],
+            "reward_model": {"ground_truth": "1"},
+        }
+        for i in range(n)
+    ]
 
 
 def test_data_file_problems_each_have_their_own_line(tmp_path):
@@ -126,8 +136,10 @@ def test_invalid_utf8_prompt_names_the_row(tmp_path):
     table = pa.table({"prompt": values, "data_source": ["x", "x"], "reward_model": ["1", "1"]})
     pq.write_table(table, tmp_path / "bad_utf8.parquet")
     errors = check_parquet(str(tmp_path / "bad_utf8.parquet"), "data.val_files", ("prompt",), "prompt")
-    assert errors == [f"data.val_files: {tmp_path / 'bad_utf8.parquet'}: row 1: column 'prompt': unreadable value "
-                      f"(UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"]
+    assert errors == [
+        f"data.val_files: {tmp_path / 'bad_utf8.parquet'}: row 1: column 'prompt': unreadable value "
+        f"(UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"
+    ]
 
 
 def test_all_problems_are_reported_together_before_anything_loads(config, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """The restart policy of automatic recovery (luffy_pool/run/recovery.py): classification, counting, capacity
 wait, resume mode, and the launcher's fit loop with a recovery. Pure logic: no Ray cluster, no workers."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,8 +13,10 @@ from luffy_pool.run.checkpointing import CheckpointUnusableError
 from verl.utils.ray_utils import WorkerGroupError
 from verl.utils.signals import AbortedBySignal
 
-DEAD = "The actor died unexpectedly before finishing this task.\n\tclass_name: W\n\tip: 10.0.0.7\n" \
-       "Worker exits unexpectedly by a signal. SIGKILL"
+DEAD = (
+    "The actor died unexpectedly before finishing this task.\n\tclass_name: W\n\tip: 10.0.0.7\n"
+    "Worker exits unexpectedly by a signal. SIGKILL"
+)
 
 
 def _group_error(failures: dict, **kw) -> WorkerGroupError:
@@ -26,15 +29,20 @@ def test_a_dead_rank_in_a_worker_group_call_is_a_recoverable_worker_death_naming
     assert (failure.cause, failure.recoverable, failure.node) == (rec.WORKER_DIED, True, "10.0.0.7")
 
 
-@pytest.mark.parametrize("exc, cause", [
-    (rex.NodeDiedError("node 3f2a died"), rec.NODE_DIED),
-    (rex.OutOfMemoryError("Task was killed due to the node running low on memory"), rec.OOM_KILLED),
-    (rex.RayActorError(None, "The actor died unexpectedly: the OS killed it (out of memory)"), rec.OOM_KILLED),
-    (_group_error({}, pending_ranks=[0, 1], timed_out=True, timeout_s=60.0), rec.COLLECTIVE_TIMEOUT),
-    (_group_error({0: RuntimeError("[gloo] Connection reset by peer")}), rec.COLLECTIVE_TIMEOUT),
-    (_group_error({0: RuntimeError("Watchdog caught collective operation timeout: WorkNCCL(...)")}),
-     rec.COLLECTIVE_TIMEOUT),
-])
+@pytest.mark.parametrize(
+    "exc, cause",
+    [
+        (rex.NodeDiedError("node 3f2a died"), rec.NODE_DIED),
+        (rex.OutOfMemoryError("Task was killed due to the node running low on memory"), rec.OOM_KILLED),
+        (rex.RayActorError(None, "The actor died unexpectedly: the OS killed it (out of memory)"), rec.OOM_KILLED),
+        (_group_error({}, pending_ranks=[0, 1], timed_out=True, timeout_s=60.0), rec.COLLECTIVE_TIMEOUT),
+        (_group_error({0: RuntimeError("[gloo] Connection reset by peer")}), rec.COLLECTIVE_TIMEOUT),
+        (
+            _group_error({0: RuntimeError("Watchdog caught collective operation timeout: WorkNCCL(...)")}),
+            rec.COLLECTIVE_TIMEOUT,
+        ),
+    ],
+)
 def test_lost_processes_nodes_and_collectives_are_recoverable(exc, cause):
     failure = rec.classify_failure(exc)
     assert failure.cause == cause and failure.recoverable
@@ -45,15 +53,20 @@ def test_a_model_name_containing_oom_is_no_memory_kill():
     assert rec.classify_failure(exc).cause == rec.WORKER_DIED
 
 
-@pytest.mark.parametrize("exc", [
-    ValueError("data.train_batch_size=3 is not divisible"),
-    _group_error({0: KeyError("responses"), 1: KeyError("responses")}),  # the program is wrong on every rank
-    _group_error({0: RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")}),  # the config's, not a kill
-    rex.RayActorError(None, "The actor died because of an error raised in its creation task", actor_init_failed=True),
-    CheckpointUnusableError("cannot resume from global_step_2: manifest.json missing"),
-    AbortedBySignal(15, "second stop signal"),
-    KeyboardInterrupt(),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("data.train_batch_size=3 is not divisible"),
+        _group_error({0: KeyError("responses"), 1: KeyError("responses")}),  # the program is wrong on every rank
+        _group_error({0: RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")}),  # the config's, not a kill
+        rex.RayActorError(
+            None, "The actor died because of an error raised in its creation task", actor_init_failed=True
+        ),
+        CheckpointUnusableError("cannot resume from global_step_2: manifest.json missing"),
+        AbortedBySignal(15, "second stop signal"),
+        KeyboardInterrupt(),
+    ],
+)
 def test_config_and_user_errors_signals_and_bad_checkpoints_are_not_recoverable(exc):
     assert not rec.classify_failure(exc).recoverable
 
@@ -82,8 +95,9 @@ def test_other_causes_at_one_step_restart_until_max_restarts_without_progress():
     causes = [rec.Failure(c, True, "x") for c in (rec.WORKER_DIED, rec.NODE_DIED, rec.OOM_KILLED)]
     assert [policy.decide(f, 5).attempt for f in causes[:2]] == [1, 2]
     stop = policy.decide(causes[2], 5)
-    assert not stop.restart and stop.reason.startswith("oom_killed at step 5 after 2 restart(s) there without "
-                                                       "progress (trainer.max_restarts=2)")
+    assert not stop.restart and stop.reason.startswith(
+        "oom_killed at step 5 after 2 restart(s) there without progress (trainer.max_restarts=2)"
+    )
     assert policy.decide(causes[2], 6).attempt == 1  # step 6 was reached: the count starts again
 
 
@@ -159,38 +173,63 @@ def test_split_engines_need_their_own_node_groups_beside_the_actor_s():
 def test_wait_for_capacity_waits_until_the_node_returns():
     clock = FakeClock()
     listings = iter([[GPU_NODE]] * 3 + [[GPU_NODE, GPU_NODE]])
-    waited = rec.wait_for_capacity([2, 2], {"CPU": 1.0, "GPU": 1.0}, 60, lambda: next(listings), clock=clock,
-                                   sleep=clock.sleep, poll_s=5)
+    waited = rec.wait_for_capacity(
+        [2, 2], {"CPU": 1.0, "GPU": 1.0}, 60, lambda: next(listings), clock=clock, sleep=clock.sleep, poll_s=5
+    )
     assert waited == 15.0
 
 
 def test_wait_for_capacity_gives_up_after_restart_wait_s_naming_the_keys():
     clock = FakeClock()
     with pytest.raises(rec.CapacityTimeout, match=r"trainer.restart_wait_s=12 s.*trainer.nnodes"):
-        rec.wait_for_capacity([2, 2], {"CPU": 1.0, "GPU": 1.0}, 12, lambda: [GPU_NODE], clock=clock,
-                              sleep=clock.sleep, poll_s=5)
+        rec.wait_for_capacity(
+            [2, 2], {"CPU": 1.0, "GPU": 1.0}, 12, lambda: [GPU_NODE], clock=clock, sleep=clock.sleep, poll_s=5
+        )
     assert clock.now == 12.0
 
 
 def test_wait_for_capacity_asks_for_the_split_rollout_pool_too():
     clock = FakeClock()
-    with pytest.raises(rec.CapacityTimeout, match=r"\+ 1 rollout node group\(s\) of 2 rank\(s\).*"
-                                                  r"actor_rollout_ref.rollout.n_gpus_per_node"):
-        rec.wait_for_capacity([2], {"CPU": 1.0, "GPU": 1.0}, 10, lambda: [GPU_NODE], clock=clock, sleep=clock.sleep,
-                              poll_s=5, rollout_groups=[2])
-    assert rec.wait_for_capacity([2], {"CPU": 1.0, "GPU": 1.0}, 10, lambda: [GPU_NODE], clock=clock,
-                                 sleep=clock.sleep) == 0.0  # the actor alone fits at once
+    with pytest.raises(
+        rec.CapacityTimeout,
+        match=r"\+ 1 rollout node group\(s\) of 2 rank\(s\).*"
+        r"actor_rollout_ref.rollout.n_gpus_per_node",
+    ):
+        rec.wait_for_capacity(
+            [2],
+            {"CPU": 1.0, "GPU": 1.0},
+            10,
+            lambda: [GPU_NODE],
+            clock=clock,
+            sleep=clock.sleep,
+            poll_s=5,
+            rollout_groups=[2],
+        )
+    assert (
+        rec.wait_for_capacity([2], {"CPU": 1.0, "GPU": 1.0}, 10, lambda: [GPU_NODE], clock=clock, sleep=clock.sleep)
+        == 0.0
+    )  # the actor alone fits at once
 
 
 def test_wait_for_capacity_returns_at_once_on_a_stop_signal():
     clock = FakeClock()
-    assert rec.wait_for_capacity([2, 2], {"CPU": 1.0}, 60, lambda: [], clock=clock, sleep=clock.sleep,
-                                 should_stop=lambda: True) == -1.0
+    assert (
+        rec.wait_for_capacity(
+            [2, 2], {"CPU": 1.0}, 60, lambda: [], clock=clock, sleep=clock.sleep, should_stop=lambda: True
+        )
+        == -1.0
+    )
 
 
 def test_restart_line_names_cause_node_step_and_steps_lost():
-    line = rec.restart_line(rec.Failure(rec.WORKER_DIED, True, "rank 1 died", "10.0.0.7"), step=5, resume_step=4,
-                            attempt=1, max_restarts=3, total=1)
+    line = rec.restart_line(
+        rec.Failure(rec.WORKER_DIED, True, "rank 1 died", "10.0.0.7"),
+        step=5,
+        resume_step=4,
+        attempt=1,
+        max_restarts=3,
+        total=1,
+    )
     assert line.startswith("restart 1 of 3 (trainer.max_restarts) for worker_died at step 5 (node 10.0.0.7)")
     assert "resuming from step 4, 1 step(s) lost" in line
 
@@ -235,20 +274,29 @@ def test_fit_and_close_without_recovery_ends_on_a_dead_worker():
 def _recovery(rebuilt: list, nodes_fn, max_restarts=1, resume_mode="disable", split_engines=None, use_gpu=False):
     from omegaconf import OmegaConf
 
-    t = SimpleNamespace(resume_mode=resume_mode, max_restarts=max_restarts, restart_wait_s=30, nnodes=1,
-                        n_gpus_per_node=2)
+    t = SimpleNamespace(
+        resume_mode=resume_mode, max_restarts=max_restarts, restart_wait_s=30, nnodes=1, n_gpus_per_node=2
+    )
     r_nodes, r_per_node = split_engines or (1, 0)
-    workers = SimpleNamespace(hybrid_engine=split_engines is None,
-                              rollout=SimpleNamespace(nnodes=r_nodes, n_gpus_per_node=r_per_node))
+    workers = SimpleNamespace(
+        hybrid_engine=split_engines is None, rollout=SimpleNamespace(nnodes=r_nodes, n_gpus_per_node=r_per_node)
+    )
 
     def rebuild(config, tracker):
         rebuilt.append((config.trainer.resume_mode, tracker))
         return FakeTrainer(False, "rebuilt"), lambda **kw: rebuilt.append(("closed", kw))
 
     clock = FakeClock()
-    return rec.Recovery(OmegaConf.create({"trainer": {"resume_mode": resume_mode}}),
-                        SimpleNamespace(trainer=t, workers=workers), rebuild, use_gpu=use_gpu, nodes_fn=nodes_fn,
-                        clock=clock, sleep=clock.sleep, poll_s=1)
+    return rec.Recovery(
+        OmegaConf.create({"trainer": {"resume_mode": resume_mode}}),
+        SimpleNamespace(trainer=t, workers=workers),
+        rebuild,
+        use_gpu=use_gpu,
+        nodes_fn=nodes_fn,
+        clock=clock,
+        sleep=clock.sleep,
+        poll_s=1,
+    )
 
 
 def _failed_trainer(tmp_path, saved_step):
@@ -258,8 +306,9 @@ def _failed_trainer(tmp_path, saved_step):
     trainer.tracker = "the-tracker"
     if saved_step is not None:
         layout.write_tracker(str(tmp_path), saved_step)
-    trainer.checkpointer = SimpleNamespace(root=str(tmp_path), last_saved_step=saved_step,
-                                           last_good_checkpoint=lambda: None, refused_summary=lambda: "")
+    trainer.checkpointer = SimpleNamespace(
+        root=str(tmp_path), last_saved_step=saved_step, last_good_checkpoint=lambda: None, refused_summary=lambda: ""
+    )
     return trainer
 
 
@@ -278,8 +327,11 @@ def test_restart_closes_the_workers_keeps_the_tracker_and_resumes_auto(tmp_path,
     caplog.clear()
     assert recovery.restart(trainer, lambda **kw: None, exc) is None  # the same failure at the same step again
     stops = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert len(stops) == 1 and stops[0].startswith("no restart: worker_died at step 3 again after the restart for "
-                                                   "it at step 3") and "\n" not in stops[0]
+    assert (
+        len(stops) == 1
+        and stops[0].startswith("no restart: worker_died at step 3 again after the restart for it at step 3")
+        and "\n" not in stops[0]
+    )
     assert len(rebuilt) == 1 and "restart 2" not in caplog.text
 
 
@@ -313,8 +365,9 @@ def test_split_engines_restart_waits_for_the_rollout_pool_too(tmp_path):
 
 def test_restart_without_a_checkpoint_keeps_the_run_s_resume_mode(tmp_path):
     rebuilt = []
-    new, _ = _recovery(rebuilt, lambda: CPU_NODE).restart(_failed_trainer(tmp_path, None), lambda **kw: None,
-                                                          rex.NodeDiedError("node died"))
+    new, _ = _recovery(rebuilt, lambda: CPU_NODE).restart(
+        _failed_trainer(tmp_path, None), lambda **kw: None, rex.NodeDiedError("node died")
+    )
     assert rebuilt == [("disable", "the-tracker")] and new.pending_metrics[rec.STEPS_LOST_METRIC] == 3
 
 
@@ -331,8 +384,9 @@ def test_sigterm_while_waiting_for_capacity_exits_143_without_rebuilding(tmp_pat
         return []
 
     with pytest.raises(AbortedBySignal) as err:
-        _recovery(rebuilt, nodes).restart(_failed_trainer(tmp_path, 2), lambda **kw: None,
-                                          _group_error({1: rex.RayActorError(None, DEAD)}))
+        _recovery(rebuilt, nodes).restart(
+            _failed_trainer(tmp_path, 2), lambda **kw: None, _group_error({1: rex.RayActorError(None, DEAD)})
+        )
     assert err.value.code == 143 and rebuilt == [] and "newest checkpoint is step 2" in str(err.value)
 
 
@@ -348,13 +402,15 @@ def test_a_worker_lost_while_the_rebuild_starts_counts_as_another_restart(tmp_pa
         return plain_rebuild(config, tracker)
 
     recovery.rebuild = flaky_rebuild
-    new, _ = recovery.restart(_failed_trainer(tmp_path, 2), lambda **kw: None,
-                              _group_error({1: rex.RayActorError(None, DEAD)}))
+    new, _ = recovery.restart(
+        _failed_trainer(tmp_path, 2), lambda **kw: None, _group_error({1: rex.RayActorError(None, DEAD)})
+    )
     assert len(attempts) == 2 and new.pending_metrics[rec.RESTARTS_METRIC] == 2
     # a rebuild that keeps losing a worker spends the budget, then the run ends with that failure
     always = _recovery([], lambda: CPU_NODE, max_restarts=2)
-    always.rebuild = lambda config, tracker: attempts.append(1) or (_ for _ in ()).throw(
-        _group_error({0: rex.RayActorError(None, DEAD)}))
+    always.rebuild = lambda config, tracker: (
+        attempts.append(1) or (_ for _ in ()).throw(_group_error({0: rex.RayActorError(None, DEAD)}))
+    )
     attempts.clear()
     with pytest.raises(WorkerGroupError):
         always.restart(_failed_trainer(tmp_path, 2), lambda **kw: None, rex.RayActorError(None, DEAD))

@@ -8,6 +8,7 @@ the driver logs one restart, rebuilds the worker group, resumes from step 1 and 
 exit 0. A second driver, an uninterrupted run resumed from the copied step-1 checkpoint, runs at the same time;
 the steps after the restart must have its metrics (timings aside).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,12 +66,19 @@ class Driver:
     """A driver subprocess; a thread copies its output to ``log_path`` as it comes (two drivers run at once)."""
 
     def __init__(self, config_path: str, log_path: str, go_file: str = ""):
-        code = (f"import sys; sys.path.insert(0, {HERE!r}); import test_recovery_e2e as t; "
-                f"t.drive({config_path!r}, {go_file!r})")
+        code = (
+            f"import sys; sys.path.insert(0, {HERE!r}); import test_recovery_e2e as t; "
+            f"t.drive({config_path!r}, {go_file!r})"
+        )
         self.log_path, self.lines, self.cond = log_path, [], threading.Condition()
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=dict(os.environ, RAY_ADDRESS="", PYTHONUNBUFFERED="1"),
-                                     cwd=os.path.dirname(log_path))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, RAY_ADDRESS="", PYTHONUNBUFFERED="1"),
+            cwd=os.path.dirname(log_path),
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -93,8 +101,9 @@ class Driver:
             while time.monotonic() < deadline:
                 for line in self.lines[seen:]:
                     if line is None:
-                        raise AssertionError(f"driver ended (exit {self.proc.wait()}) without {marker!r}; see "
-                                             f"{self.log_path}")
+                        raise AssertionError(
+                            f"driver ended (exit {self.proc.wait()}) without {marker!r}; see {self.log_path}"
+                        )
                     if marker in line:
                         return line
                 seen = len(self.lines)
@@ -141,13 +150,16 @@ def _wait_gone(pid: int, timeout_s: float = 60) -> None:
 
 
 def test_kill_9_of_a_worker_restarts_resumes_and_matches_an_uninterrupted_resume(
-        tiny_model_dir, tmp_path, compose_config, luffy_overrides):
+    tiny_model_dir, tmp_path, compose_config, luffy_overrides
+):
     from luffy_pool.tiny import write_task_parquets
 
     task = str(tmp_path / "task")
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
-    run_cfg, ref_cfg = (_config(compose_config, luffy_overrides, tiny_model_dir, task, str(tmp_path / name),
-                                tmp_path / f"{name}.yaml") for name in ("run", "ref"))
+    run_cfg, ref_cfg = (
+        _config(compose_config, luffy_overrides, tiny_model_dir, task, str(tmp_path / name), tmp_path / f"{name}.yaml")
+        for name in ("run", "ref")
+    )
     go = str(tmp_path / "go")
     started = time.monotonic()
     run = Driver(run_cfg, str(tmp_path / "run.log"), go_file=go)
@@ -182,14 +194,20 @@ def test_kill_9_of_a_worker_restarts_resumes_and_matches_an_uninterrupted_resume
     run_m, ref_m = _metrics(tmp_path / "run"), _metrics(tmp_path / "ref")
     assert [m["step"] for m in run_m] == list(range(1, STEPS + 1))  # step 2's failed attempt logged nothing
     assert [m["step"] for m in ref_m] == list(range(PAUSE_STEP, STEPS + 1))
-    after = run_m[PAUSE_STEP - 1:]
+    after = run_m[PAUSE_STEP - 1 :]
     assert after[0]["trainer/restarts"] == 1 and after[0]["trainer/steps_lost"] == 1
     assert all("trainer/restarts" not in m for m in after[1:] + run_m[:1])
     for got, want in zip(after, ref_m):
         got, want = _comparable(got), _comparable(want)
         assert got.keys() == want.keys()
-        bad = {k: (got[k], want[k]) for k in got if not (got[k] == want[k] or (
-            isinstance(got[k], float) and math.isclose(got[k], want[k], rel_tol=1e-5, abs_tol=1e-6)))}
+        bad = {
+            k: (got[k], want[k])
+            for k in got
+            if not (
+                got[k] == want[k]
+                or (isinstance(got[k], float) and math.isclose(got[k], want[k], rel_tol=1e-5, abs_tol=1e-6))
+            )
+        }
         assert not bad, f"step {got['step']}: {bad}"
 
 
@@ -245,11 +263,12 @@ finally:
 def test_two_node_cluster_waits_for_a_removed_node_and_gives_up_naming_the_keys(tmp_path):
     started = time.monotonic()
     env = dict(os.environ, RAY_ADDRESS="", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-c", TWO_NODES], capture_output=True, text=True, env=env, cwd=str(tmp_path),
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", TWO_NODES], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[0][len("RESULT "):])
+    out = json.loads(lines[0][len("RESULT ") :])
     print(f"two-node capacity e2e: {time.monotonic() - started:.0f} s")
     assert out["full"] >= 0.0  # both nodes up: returned (not raised)
     assert out["gave_up"] is not None and out["gave_up_after_s"] >= 3.0

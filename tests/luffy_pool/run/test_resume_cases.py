@@ -8,6 +8,7 @@ with the in-process scripted worker of test_checkpointing.py:
   refused in one line when the lr schedule is sized by the total (cosine, or a warmup still running).
 The world-size change is tests/verl/utils/checkpoint/test_world_size_change.py.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -29,20 +30,23 @@ def _sampler_state(trainer) -> dict:
 def test_checkpoint_at_an_epoch_end_resumes_into_the_next_epoch(base_config, tiny_model_dir, tmp_path):
     per_epoch = ROWS // BATCH
     epochs = dict(total_epochs=2, total_training_steps=None)
-    ref, ref_worker = make_trainer(base_config, tiny_model_dir, tmp_path / "ref", rows=ROWS, save_freq=per_epoch,
-                                   **epochs)
+    ref, ref_worker = make_trainer(
+        base_config, tiny_model_dir, tmp_path / "ref", rows=ROWS, save_freq=per_epoch, **epochs
+    )
     ref.fit()
     assert ref.total_training_steps == 2 * per_epoch
-    first, _ = make_trainer(base_config, tiny_model_dir, tmp_path / "run", rows=ROWS, save_freq=per_epoch,
-                            crash_at=per_epoch + 1, **epochs)
+    first, _ = make_trainer(
+        base_config, tiny_model_dir, tmp_path / "run", rows=ROWS, save_freq=per_epoch, crash_at=per_epoch + 1, **epochs
+    )
     with pytest.raises(RuntimeError, match="crash in step"):
         first.fit()
     assert layout.read_tracker(str(tmp_path / "run")) == per_epoch  # saved exactly at the end of epoch 1
     saved = torch.load(tmp_path / "run" / f"global_step_{per_epoch}" / layout.DATA_FILE, weights_only=True)
     assert saved["sampler"]["perm_index"] == ROWS and saved["sampler"]["epoch"] == 0  # the first epoch (0), used up
 
-    resumed, worker = make_trainer(base_config, tiny_model_dir, tmp_path / "run", rows=ROWS, save_freq=per_epoch,
-                                   **epochs)
+    resumed, worker = make_trainer(
+        base_config, tiny_model_dir, tmp_path / "run", rows=ROWS, save_freq=per_epoch, **epochs
+    )
     resumed.fit()
     assert sorted(resumed.ratio_log) == list(range(per_epoch + 1, 2 * per_epoch + 1))  # not zero steps
     # same prompts per step, same prefix ratios, same sampler position and generator, same weights
@@ -68,7 +72,7 @@ def test_sampler_position_and_generator_are_restored_mid_epoch(base_config, tiny
     assert after["perm_index"] == BATCH and after["epoch"] == saved["epoch"]
     assert torch.equal(after["perm"], saved["perm"]) and torch.equal(after["generator_state"], saved["generator_state"])
     # the next batch continues the saved permutation where the first batch stopped
-    assert [int(i) for i in fresh._next_batch()["index"]] == saved["perm"][BATCH:2 * BATCH].tolist()
+    assert [int(i) for i in fresh._next_batch()["index"]] == saved["perm"][BATCH : 2 * BATCH].tolist()
 
 
 def test_raising_total_training_steps_on_resume_continues_to_the_new_total(base_config, tiny_model_dir, tmp_path):
@@ -101,16 +105,22 @@ def test_raising_total_training_steps_with_a_cosine_lr_is_refused_in_one_line(ba
     assert same.checkpointer.maybe_resume(same) == 4  # an unchanged total resumes as before
 
 
-@pytest.mark.parametrize("style,ratio,step,refused", [
-    ("constant", 0.0, 4, False),   # LUFFY's default: lr = optim.lr whatever the total
-    ("constant", 0.5, 4, False),   # warmup 2 -> 3 steps, both over by step 4
-    ("constant", 0.5, 2, True),    # warmup 2 -> 3 steps, still running at step 2
-    ("cosine", 0.0, 4, True),
-])
+@pytest.mark.parametrize(
+    "style,ratio,step,refused",
+    [
+        ("constant", 0.0, 4, False),  # LUFFY's default: lr = optim.lr whatever the total
+        ("constant", 0.5, 4, False),  # warmup 2 -> 3 steps, both over by step 4
+        ("constant", 0.5, 2, True),  # warmup 2 -> 3 steps, still running at step 2
+        ("cosine", 0.0, 4, True),
+    ],
+)
 def test_lr_schedule_change_rule(style, ratio, step, refused):
     optim = SimpleNamespace(warmup_style=style, lr_warmup_steps_ratio=ratio)
     assert (lr_schedule_change_problem(optim, 4, 6, step) is not None) is refused
-    assert lr_schedule_change_problem(optim, 6, 6, step) is None and lr_schedule_change_problem(optim, None, 6, step) is None
+    assert (
+        lr_schedule_change_problem(optim, 6, 6, step) is None
+        and lr_schedule_change_problem(optim, None, 6, step) is None
+    )
 
 
 def test_a_refused_resume_ends_the_run_with_its_own_line(caplog):
@@ -120,8 +130,11 @@ def test_a_refused_resume_ends_the_run_with_its_own_line(caplog):
         raise ResumeRefusedError("cannot resume step 4 with trainer.total_training_steps=6: ...")
 
     closed = []
-    trainer = SimpleNamespace(fit=fit, global_steps=0, checkpointer=SimpleNamespace(
-        last_good_checkpoint=lambda: "/run/global_step_4", refused_summary=lambda: ""))
+    trainer = SimpleNamespace(
+        fit=fit,
+        global_steps=0,
+        checkpointer=SimpleNamespace(last_good_checkpoint=lambda: "/run/global_step_4", refused_summary=lambda: ""),
+    )
     with pytest.raises(ResumeRefusedError, match="total_training_steps=6"):
         fit_and_close(trainer, lambda: closed.append(True))
     assert closed == [True]

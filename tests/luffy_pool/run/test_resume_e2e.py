@@ -15,6 +15,7 @@ It must end with the same per-step prompts and (fp32, same world size) the same 
 uninterrupted run. A 2-rank checkpoint is also resumed on 1 rank. The interrupted chain runs at the same
 time as the reference chain (``runs``).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,15 @@ STEPS = 6
 
 
 # ---------------------------------------------------------------------- the driver (child process)
-def drive(config_path: str, result_dir: str, hang_in_save_step: int = -1, dump_after_resume: bool = False,
-          hang_in_step: int = -1, signal_in_step: int = -1, prepare: str = "") -> None:
+def drive(
+    config_path: str,
+    result_dir: str,
+    hang_in_save_step: int = -1,
+    dump_after_resume: bool = False,
+    hang_in_step: int = -1,
+    signal_in_step: int = -1,
+    prepare: str = "",
+) -> None:
     """Run ``fit`` like ``main_mix_ppo`` does, with step markers the parent can kill on.
 
     ``signal_in_step``: that step waits until the parent's stop signal has arrived, then runs; the run
@@ -141,12 +149,20 @@ class Driver:
 
     def __init__(self, config_path: str, result_dir: str, log_path: str, **drive_kwargs):
         os.makedirs(result_dir, exist_ok=True)
-        code = (f"import sys; sys.path.insert(0, {HERE!r}); import test_resume_e2e as t; "
-                f"t.drive({config_path!r}, {result_dir!r}, **{drive_kwargs!r})")
+        code = (
+            f"import sys; sys.path.insert(0, {HERE!r}); import test_resume_e2e as t; "
+            f"t.drive({config_path!r}, {result_dir!r}, **{drive_kwargs!r})"
+        )
         env = dict(os.environ, RAY_ADDRESS="", PYTHONUNBUFFERED="1")
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env, cwd=result_dir)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=result_dir,
+        )
 
     def wait_for(self, marker: str, timeout_s: float = 900) -> None:
         watchdog = threading.Timer(timeout_s, self.proc.kill)  # a silent hang must not block the suite
@@ -204,7 +220,11 @@ def _config(compose_config, luffy_overrides, model_dir, task_dir, out_dir, path,
 
     ours = ["trainer.save_freq=2", "trainer.test_freq=-1", "trainer.max_optim_to_keep=3", *extra]
     keys = {o.split("=", 1)[0].lstrip("+") for o in ours}
-    base = [o for o in luffy_overrides(model_dir, task_dir, out_dir, steps=STEPS) if o.split("=", 1)[0].lstrip("+") not in keys]
+    base = [
+        o
+        for o in luffy_overrides(model_dir, task_dir, out_dir, steps=STEPS)
+        if o.split("=", 1)[0].lstrip("+") not in keys
+    ]
     OmegaConf.save(compose_config(base + ours), path)
     return str(path)
 
@@ -225,8 +245,12 @@ def _sigterm_mid_step(driver: "Driver", step: int, ckpt_root) -> dict:
     try:
         driver.wait_for(f"STEP_START {step}")
         rc, left_alive = driver.stop(signal.SIGTERM)
-        return {"rc": rc, "tracker": layout.read_tracker(str(ckpt_root)), "left_alive": left_alive,
-                "published": [s for s, _ in layout.list_step_dirs(str(ckpt_root))]}
+        return {
+            "rc": rc,
+            "tracker": layout.read_tracker(str(ckpt_root)),
+            "left_alive": left_alive,
+            "published": [s for s, _ in layout.list_step_dirs(str(ckpt_root))],
+        }
     finally:
         if driver.proc.poll() is None:
             driver.kill()
@@ -239,11 +263,14 @@ def _interrupted_chain(root, run_cfg) -> dict:
     first = Driver(run_cfg, str(root / "run_result1"), str(root / "run1.log"), hang_in_save_step=4)
     first.wait_for("SAVE_WRITTEN 4")
     first.kill()
-    out["after_save_kill"] = {"tracker": layout.read_tracker(str(root / "run")),
-                              "published": [s for s, _ in layout.list_step_dirs(str(root / "run"))],
-                              "tmp_exists": (root / "run" / ".tmp_global_step_4").is_dir()}
-    out["sigterm"] = _sigterm_mid_step(Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"),
-                                              signal_in_step=3), 3, root / "run")
+    out["after_save_kill"] = {
+        "tracker": layout.read_tracker(str(root / "run")),
+        "published": [s for s, _ in layout.list_step_dirs(str(root / "run"))],
+        "tmp_exists": (root / "run" / ".tmp_global_step_4").is_dir(),
+    }
+    out["sigterm"] = _sigterm_mid_step(
+        Driver(run_cfg, str(root / "run_result2"), str(root / "run2.log"), signal_in_step=3), 3, root / "run"
+    )
 
     # Killed inside step 5 (fast tiny steps could otherwise finish step 5 and 6 before a timed kill).
     third = Driver(run_cfg, str(root / "run_result3"), str(root / "run3.log"), hang_in_step=5)
@@ -267,11 +294,24 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     root = tmp_path_factory.mktemp("resume_e2e")
     task = str(root / "task")
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
-    mk = lambda name, extra=(): _config(compose_config, luffy_overrides, tiny_model_dir, task,  # noqa: E731
-                                        str(root / name), root / f"{name}.yaml", extra)
+    mk = lambda name, extra=(): _config(
+        compose_config,
+        luffy_overrides,
+        tiny_model_dir,
+        task,  # noqa: E731
+        str(root / name),
+        root / f"{name}.yaml",
+        extra,
+    )
     ref_cfg, run_cfg = mk("ref"), mk("run")
-    one_cfg = mk("one_rank", ["trainer.n_gpus_per_node=1", f"trainer.resume_mode={root / 'ref' / 'global_step_4'}",
-                              "trainer.total_training_steps=5"])
+    one_cfg = mk(
+        "one_rank",
+        [
+            "trainer.n_gpus_per_node=1",
+            f"trainer.resume_mode={root / 'ref' / 'global_step_4'}",
+            "trainer.total_training_steps=5",
+        ],
+    )
 
     def reference_chain() -> None:
         Driver(ref_cfg, str(root / "ref_result"), str(root / "ref.log")).finish()

@@ -10,6 +10,7 @@ and 4 and its final weights equal the uninterrupted run's (the batch after a che
 checkpoint's weights in both). The uninterrupted run trains in this process (the session's Ray) while the driver
 chain runs beside it.
 """
+
 import json
 import math
 import os
@@ -29,10 +30,21 @@ from test_resume_e2e import Driver, _hf_weights, _max_diff  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-SPLIT = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-         "trainer.n_gpus_per_node=1", "trainer.rollout_pipeline=one_step_off", "trainer.save_freq=2"]
-SAME = ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "batch/on_solved", "rollout/staleness",
-        "val/avg_score")
+SPLIT = [
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "trainer.n_gpus_per_node=1",
+    "trainer.rollout_pipeline=one_step_off",
+    "trainer.save_freq=2",
+]
+SAME = (
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "batch/on_solved",
+    "rollout/staleness",
+    "val/avg_score",
+)
 IN_FLIGHT = "GENERATING 3"
 
 
@@ -57,12 +69,15 @@ def _rows(folder):
 
 def _driver_chain(root, cfg) -> dict:
     """SIGKILL with step 3 generating, then resume_mode=auto and SIGTERM at the start of step 4."""
-    first = Driver(cfg, str(root / "result1"), str(root / "run1.log"),
-                   prepare="test_split_rollout_e2e:hang_while_step_3_generates")
+    first = Driver(
+        cfg, str(root / "result1"), str(root / "run1.log"), prepare="test_split_rollout_e2e:hang_while_step_3_generates"
+    )
     first.wait_for(IN_FLIGHT)
     first.kill()
-    out = {"tracker_at_kill": layout.read_tracker(str(root / "run")),
-           "published_at_kill": [s for s, _ in layout.list_step_dirs(str(root / "run"))]}
+    out = {
+        "tracker_at_kill": layout.read_tracker(str(root / "run")),
+        "published_at_kill": [s for s, _ in layout.list_step_dirs(str(root / "run"))],
+    }
     second = Driver(cfg, str(root / "result2"), str(root / "run2.log"), signal_in_step=4)
     try:
         second.wait_for("STEP_START 4")
@@ -74,14 +89,16 @@ def _driver_chain(root, cfg) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, tiny_task_dir, tmp_path_factory, ray_session, compose_config, luffy_overrides,
-         fit_with_fingerprints):
+def runs(
+    tiny_model_dir, tiny_task_dir, tmp_path_factory, ray_session, compose_config, luffy_overrides, fit_with_fingerprints
+):
     from omegaconf import OmegaConf
 
     root = tmp_path_factory.mktemp("split_rollout")
     run_cfg = root / "run.yaml"  # the driver chain's config (resume_mode is the YAML's auto)
-    OmegaConf.save(compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(root / "run"), steps=4) + SPLIT),
-                   run_cfg)
+    OmegaConf.save(
+        compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(root / "run"), steps=4) + SPLIT), run_cfg
+    )
     config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(root / "full"), steps=4) + SPLIT)
     check_config(config)
     with ThreadPoolExecutor(1) as pool:
@@ -121,8 +138,10 @@ def test_sigkill_with_a_batch_generating_then_resume_auto_equals_the_uninterrupt
         assert {k: run[step].get(k) for k in SAME} == {k: full[step].get(k) for k in SAME}, step
     assert read_data_order(str(root / "run")) == read_data_order(str(root / "full"))
     # fp32 on both sides, same world sizes: the same weights
-    merged = [_hf_weights(merge_checkpoint(str(root / name / "global_step_4"), str(root / f"{name}_step4_hf")))
-              for name in ("full", "run")]
+    merged = [
+        _hf_weights(merge_checkpoint(str(root / name / "global_step_4"), str(root / f"{name}_step4_hf")))
+        for name in ("full", "run")
+    ]
     assert _max_diff(*merged) == 0.0
 
 

@@ -4,6 +4,7 @@ batch 2 launched before its update). The calls on the rollout group are recorded
 the push that validation needs, so no push (and no validation) is ever queued behind a generation, where the actor's
 rank 0 would wait in the broadcast for the whole generation.
 """
+
 import json
 
 import pytest
@@ -13,13 +14,19 @@ from tests.helpers.rollout_calls import queued_behind_a_generation, record_rollo
 
 pytestmark = pytest.mark.e2e
 
-SPLIT = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-         "trainer.n_gpus_per_node=1", "trainer.rollout_pipeline=one_step_off", "trainer.test_freq=1",
-         "trainer.save_freq=2"]
+SPLIT = [
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "trainer.n_gpus_per_node=1",
+    "trainer.rollout_pipeline=one_step_off",
+    "trainer.test_freq=1",
+    "trainer.save_freq=2",
+]
 
 
 def test_validation_on_a_prefetching_step_finishes_the_batch_in_flight_before_its_push(
-        tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides):
+    tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides
+):
     from luffy_pool.run.launcher import build_trainer
 
     config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2) + SPLIT)
@@ -31,10 +38,16 @@ def test_validation_on_a_prefetching_step_finishes_the_batch_in_flight_before_it
     finally:
         close()
     assert events == [
-        "push", "generate 1", "generated 1",  # step 1: batch 1 on the initial weights
-        "push", "generate 2",  # batch 2 launched before update 1 (step 1 is not saved)
-        "generated 2", "push", "validate",  # step 1's validation: batch 2 finished first, then update 1 pushed
-        "push", "validate",  # step 2 (last: nothing prefetched): validation, then the save
+        "push",
+        "generate 1",
+        "generated 1",  # step 1: batch 1 on the initial weights
+        "push",
+        "generate 2",  # batch 2 launched before update 1 (step 1 is not saved)
+        "generated 2",
+        "push",
+        "validate",  # step 1's validation: batch 2 finished first, then update 1 pushed
+        "push",
+        "validate",  # step 2 (last: nothing prefetched): validation, then the save
     ]
     assert queued_behind_a_generation(events) == []
     rows = {r["step"]: r for r in (json.loads(line) for line in open(tmp_path / "metrics.jsonl") if line.strip())}

@@ -5,6 +5,7 @@ unreachable server hangs in retries: both used to surface only after every rank 
 built vLLM. The server is a real local socket here (listening, or a port just closed) and the login sources
 are real files in a temporary home (netrc, wandb's settings file), so nothing reaches the network.
 """
+
 from __future__ import annotations
 
 import socket
@@ -46,22 +47,26 @@ def _env(home, **kw):
     return {"HOME": str(home), **kw}
 
 
-@pytest.mark.parametrize("mode", [{"WANDB_MODE": "offline"}, {"WANDB_MODE": "disabled"}, {"WANDB_MODE": "Offline"},
-                                  {"WANDB_DISABLED": "true"}])
+@pytest.mark.parametrize(
+    "mode",
+    [{"WANDB_MODE": "offline"}, {"WANDB_MODE": "disabled"}, {"WANDB_MODE": "Offline"}, {"WANDB_DISABLED": "true"}],
+)
 def test_offline_or_disabled_wandb_needs_no_login_and_no_server(home, closed_url, mode):
     assert wandb_problem(_env(home, WANDB_BASE_URL=closed_url, **mode)) is None
 
 
 def test_wandb_without_a_login_is_one_line_with_the_fixes(home, server):
     problem = wandb_problem(_env(home, WANDB_BASE_URL=server))
-    assert problem == (f"trainer.logger includes wandb, but wandb has no login for {server} here (no WANDB_API_KEY, no "
-                       f"api_key in wandb's settings, no {server[len('http://'):]} entry in ~/.netrc): run `wandb login`, "
-                       "or set WANDB_MODE=offline (sync later with `wandb sync`) or WANDB_MODE=disabled, or drop wandb "
-                       "from trainer.logger")
+    assert problem == (
+        f"trainer.logger includes wandb, but wandb has no login for {server} here (no WANDB_API_KEY, no "
+        f"api_key in wandb's settings, no {server[len('http://') :]} entry in ~/.netrc): run `wandb login`, "
+        "or set WANDB_MODE=offline (sync later with `wandb sync`) or WANDB_MODE=disabled, or drop wandb "
+        "from trainer.logger"
+    )
 
 
 def test_wandb_login_from_netrc_with_the_server_answering(home, server):
-    host = server[len("http://"):]
+    host = server[len("http://") :]
     (home / ".netrc").write_text(f"machine {host}\n  login user\n  password abcdef0123456789\n")
     (home / ".netrc").chmod(0o600)
     assert wandb_problem(_env(home, WANDB_BASE_URL=server)) is None
@@ -79,9 +84,11 @@ def test_wandb_login_and_server_from_the_settings_file(home, server, tmp_path):
 
 def test_an_unreachable_wandb_server_is_named(home, closed_url):
     problem = wandb_problem(_env(home, WANDB_API_KEY="abcdef0123456789", WANDB_BASE_URL=closed_url), timeout_s=1.0)
-    assert problem == (f"trainer.logger includes wandb, but the wandb server {closed_url} is unreachable (offline?): set "
-                       "WANDB_MODE=offline (sync later with `wandb sync`) or WANDB_MODE=disabled, or drop wandb from "
-                       "trainer.logger")
+    assert problem == (
+        f"trainer.logger includes wandb, but the wandb server {closed_url} is unreachable (offline?): set "
+        "WANDB_MODE=offline (sync later with `wandb sync`) or WANDB_MODE=disabled, or drop wandb from "
+        "trainer.logger"
+    )
 
 
 def test_only_the_configured_trackers_are_checked(home, closed_url, monkeypatch):
@@ -99,7 +106,8 @@ def test_a_missing_tensorboard_package_is_found_at_preflight(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     assert tracker_problems(["tensorboard"]) == [
         "trainer.logger includes tensorboard, but the tensorboard package is not installed (pip install tensorboard, "
-        "or drop tensorboard from trainer.logger)"]
+        "or drop tensorboard from trainer.logger)"
+    ]
 
 
 @pytest.fixture
@@ -120,7 +128,8 @@ def test_preflight_refuses_wandb_without_a_login_before_anything_loads(config, h
     with pytest.raises(PreflightError) as err:
         preflight(config)  # every other check of this config passes: the tracker is the one line
     assert len(err.value.errors) == 1 and err.value.errors[0].startswith(
-        f"trainer.logger includes wandb, but wandb has no login for {server}")
+        f"trainer.logger includes wandb, but wandb has no login for {server}"
+    )
     assert check_trackers(ConfigSections.from_config(config)) == err.value.errors
     monkeypatch.setenv("WANDB_MODE", "offline")
     preflight(config)

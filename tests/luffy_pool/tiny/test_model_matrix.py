@@ -6,6 +6,7 @@ What differs between these models (tied embeddings, Llama-3.1's llama3 rope scal
 Qwen2's qkv biases, head_dim apart from hidden/heads, MoE experts) is exactly what the tiny Qwen2 of
 the other tests never exercises.
 """
+
 import json
 import os
 
@@ -21,8 +22,15 @@ from verl.workers.rollout.hf_rollout import HFRollout
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "data", "model_configs")
 # Qwen3-4B-Base: tied embeddings with q/k norms, and hidden (2560) != heads x head_dim (32 x 128)
-DENSE = ["Qwen--Qwen2.5-Math-7B", "Qwen--Qwen2.5-Math-1.5B", "meta-llama--Llama-3.1-8B", "Qwen--Qwen3-8B-Base",
-         "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B", "Qwen--Qwen3-8B", "Qwen--Qwen3-4B-Base"]
+DENSE = [
+    "Qwen--Qwen2.5-Math-7B",
+    "Qwen--Qwen2.5-Math-1.5B",
+    "meta-llama--Llama-3.1-8B",
+    "Qwen--Qwen3-8B-Base",
+    "deepseek-ai--DeepSeek-R1-Distill-Qwen-1.5B",
+    "Qwen--Qwen3-8B",
+    "Qwen--Qwen3-4B-Base",
+]
 MOE = "Qwen--Qwen3-30B-A3B-Base"
 ALL = DENSE + [MOE]
 
@@ -38,8 +46,11 @@ def model_dirs(tmp_path_factory):
 
     def get(name):
         if name not in cache:
-            cache[name] = build_tiny_model(str(tmp_path_factory.mktemp(name.replace(".", "_"))),
-                                           TinyModelSpec(num_key_value_heads=2), model_config=_real(name))
+            cache[name] = build_tiny_model(
+                str(tmp_path_factory.mktemp(name.replace(".", "_"))),
+                TinyModelSpec(num_key_value_heads=2),
+                model_config=_real(name),
+            )
         return cache[name]
 
     return get
@@ -115,10 +126,18 @@ def _generate(model, prompts, new):
     """transformers' greedy generate, one prompt at a time (no padding question), with its scores."""
     ids, lps = [], []
     for p in prompts:
-        out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-        toks = out.sequences[0, len(p):]
+        out = model.generate(
+            torch.tensor([p]),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+        toks = out.sequences[0, len(p) :]
         ids.append(toks.tolist())
         lps.append([float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, toks)])
     return ids, lps
@@ -137,8 +156,9 @@ def test_rollout_decoder_greedy_equals_transformers_generate(model_dirs, name):
         assert ok, why
         assert engine.kv_decoder is not None
     prompts = _prompts(model.config.vocab_size)
-    out = engine.generate_token_ids(prompts, [10] * 3, SamplingSpec(temperature=0.0, return_logprobs=True,
-                                                                   ignore_eos=True))
+    out = engine.generate_token_ids(
+        prompts, [10] * 3, SamplingSpec(temperature=0.0, return_logprobs=True, ignore_eos=True)
+    )
     ref_ids, ref_lps = _generate(model, prompts, 10)
     assert out.token_ids == ref_ids
     for a, b in zip(out.logprobs, ref_lps):
@@ -153,14 +173,25 @@ def test_sliding_window_model_falls_back_to_the_generic_loop_with_the_reason():
     from verl.workers.rollout.kv_decoder import supports
 
     torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=2, num_key_value_heads=1, sliding_window=4)).eval()
+    model = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            sliding_window=4,
+        )
+    ).eval()
     ok, why = supports(model)
     assert not ok and why == "sliding-window attention (sliding_window=4)"
     engine = HFRollout("unused", rollout_section(hf_decoder="auto"), model=model)
     assert engine.kv_decoder is None
     prompts = _prompts(64)
-    out = engine.generate_token_ids(prompts, [10] * 3, SamplingSpec(temperature=0.0, return_logprobs=True, ignore_eos=True))
+    out = engine.generate_token_ids(
+        prompts, [10] * 3, SamplingSpec(temperature=0.0, return_logprobs=True, ignore_eos=True)
+    )
     assert out.token_ids == _generate(model, prompts, 10)[0]
 
 
@@ -175,8 +206,15 @@ def _batch(vocab, rows=4, prompt=5, resp=6):
 
 
 def _cfg():
-    return actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=False, ppo_epochs=1,
-                        ppo_max_token_len_per_gpu=64, grad_clip=1e9, use_kl_loss=False)
+    return actor_config(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size=2,
+        use_dynamic_bsz=False,
+        ppo_epochs=1,
+        ppo_max_token_len_per_gpu=64,
+        grad_clip=1e9,
+        use_kl_loss=False,
+    )
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -184,18 +222,23 @@ def test_actor_log_probs_and_one_update(model_dirs, name):
     model = _load(model_dirs(name))
     b = _batch(model.config.vocab_size)
     with torch.no_grad():
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        logits = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
     direct = torch.log_softmax(logits[:, -7:-1].float(), -1).gather(-1, b["responses"][..., None])[..., 0]
     optim = torch.optim.SGD(model.parameters(), lr=0.5)
     actor = DataParallelPPOActor(_cfg(), model, optim, logprob_chunk_size=0)
-    data = DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False})
+    data = DataProto.from_dict(
+        tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False}
+    )
     lp, _ = actor.compute_log_prob(data)
     mask = b["attention_mask"][:, -6:].bool()
     assert torch.allclose(lp[mask], direct[mask], atol=1e-5)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(-1, 6).contiguous()
-    metrics = actor.update_policy(DataProto.from_dict(tensors={**b, "old_log_probs": lp, "advantages": adv},
-                                                      meta_info={"temperature": 1.0}))
+    metrics = actor.update_policy(
+        DataProto.from_dict(tensors={**b, "old_log_probs": lp, "advantages": adv}, meta_info={"temperature": 1.0})
+    )
     assert all(torch.isfinite(torch.tensor(v)).all() for k, v in metrics.items() if k.startswith("actor/"))
     moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert "model.embed_tokens.weight" in moved and "model.layers.1.self_attn.o_proj.weight" in moved

@@ -9,6 +9,7 @@ counter reaches ``total_training_steps``. The project side is the composed confi
 exp_scripts/train.sh --cfg job`` driven through the real worker's ``_build_optimizer`` / ``update_actor``
 and the real trainer's ``fit``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,14 @@ LUFFY_ENV = {"MODEL_PATH": "/models/qwen", "DATA_DIR": "/data"}
 def train_sh_config():
     """The config a run of exp_scripts/train.sh composes (its --cfg job output)."""
     env = dict(os.environ, PYTHON=sys.executable, **LUFFY_ENV)
-    proc = subprocess.run(["bash", os.path.join(REPO, "exp_scripts", "train.sh"), "--cfg", "job"], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", os.path.join(REPO, "exp_scripts", "train.sh"), "--cfg", "job"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return OmegaConf.create(proc.stdout)
 
@@ -61,8 +68,14 @@ def project_lrs(config, total: int, updates: int, optim_steps: int) -> tuple[lis
     module = torch.nn.Module()
     module.w = param
     # total_training_steps: what the launcher passes each worker (launcher.build_worker_group).
-    worker = SimpleNamespace(sections=sections, total_training_steps=total, ulysses_group=None, actor_module=module, device="cpu",
-                             optimizer_offload=SimpleNamespace(on_compute_device=contextlib.nullcontext))
+    worker = SimpleNamespace(
+        sections=sections,
+        total_training_steps=total,
+        ulysses_group=None,
+        actor_module=module,
+        device="cpu",
+        optimizer_offload=SimpleNamespace(on_compute_device=contextlib.nullcontext),
+    )
     worker._update_flops = lambda data, seconds: ActorRolloutRefWorker._update_flops(worker, data, seconds)
     worker.actor_optimizer, worker.lr_scheduler = ActorRolloutRefWorker._build_optimizer(worker, module)
     seen, weights = [], []
@@ -87,8 +100,9 @@ def _optim_steps(config) -> int:
     actor = OmegaConf.to_container(config.actor_rollout_ref.actor, resolve=True)
     n, world = config.actor_rollout_ref.rollout.n, config.trainer.nnodes * config.trainer.n_gpus_per_node
     sizes = normalize_actor_batch_sizes(actor, n, world)
-    return optimizer_steps_per_training_step(config.data.train_batch_size, n, world,
-                                             sizes["ppo_mini_batch_size_per_rank"], actor["ppo_epochs"])
+    return optimizer_steps_per_training_step(
+        config.data.train_batch_size, n, world, sizes["ppo_mini_batch_size_per_rank"], actor["ppo_epochs"]
+    )
 
 
 def test_train_sh_sets_luffys_schedule_switches(train_sh_config):
@@ -99,7 +113,9 @@ def test_train_sh_sets_luffys_schedule_switches(train_sh_config):
 
 @pytest.mark.parametrize("warmup_ratio,total", [(0.0, 500), (0.01, 500)])
 def test_first_five_updates_run_at_luffys_learning_rates(train_sh_config, warmup_ratio, total):
-    cfg = OmegaConf.merge(train_sh_config, {"actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps_ratio": warmup_ratio}}}})
+    cfg = OmegaConf.merge(
+        train_sh_config, {"actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps_ratio": warmup_ratio}}}}
+    )
     steps = _optim_steps(cfg)
     lr = float(cfg.actor_rollout_ref.actor.optim.lr)
     ours, weights = project_lrs(cfg, total, updates=5, optim_steps=steps)

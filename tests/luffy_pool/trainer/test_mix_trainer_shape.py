@@ -1,5 +1,6 @@
 """The trainer keeps no side channels: every attribute a method of ``MIXRayPPOTrainer`` assigns is declared in
 ``__init__``; values a stage computes for a later one travel as return values (``StepOutput``, the ratios)."""
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,12 @@ def _assigned_attributes(cls) -> dict[str, set[str]]:
         if not isinstance(fn, ast.FunctionDef):
             continue
         for node in ast.walk(fn):
-            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
                 out.setdefault(node.attr, set()).add(fn.name)
     return out
 
@@ -27,4 +32,3 @@ def test_every_attribute_set_outside_init_is_declared_in_init():
     undeclared = {attr: sorted(methods) for attr, methods in assigned.items() if "__init__" not in methods}
     assert undeclared == {}
     assert "global_steps" in assigned and len(assigned) > 10  # the walk does see the trainer's attributes
-

@@ -3,6 +3,7 @@ workers as per-slot traces ``[B, n, T]`` (behaviour log-probs ``[B, n, T + 1]``)
 with or without extra trace files, split over ranks on the prompt dim. In process, no Ray: the trainer's real
 ``_rollout``, the real DP_COMPUTE_PROTO dispatch/collect (each chunk pickled as Ray would), the real worker
 ``generate_sequences`` and slot plan, with a scripted engine instead of vLLM."""
+
 import pickle
 
 import numpy as np
@@ -17,7 +18,7 @@ from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, strip_right_padding
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import collect_dp_compute_data_proto, dispatch_dp_compute_data_proto
-from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
+from verl.workers.rollout.base import BaseRollout, GenerationOutput
 
 N, RESPONSE, MAX_PREFIX = 4, 56, 48  # every tiny target fits in MAX_PREFIX
 REPLY = [7, 8]  # every engine request is answered with these tokens, then EOS
@@ -67,11 +68,15 @@ class TwoRankGroup:
         from verl.workers.rollout.tp_group import TPGeneration
 
         worker = MIXActorRolloutRefWorker.__new__(MIXActorRolloutRefWorker)
-        worker.sections = WorkerSections.from_config(compose_config([
-            "actor_rollout_ref.rollout.seed=0", "actor_rollout_ref.rollout.name=hf"]).actor_rollout_ref)
-        worker.planner = MixRolloutPlanner(ScriptedEngine(tokenizer.eos_token_id),
-                                           rollout_section(n=N, response_length=RESPONSE, n_val=1),
-                                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        worker.sections = WorkerSections.from_config(
+            compose_config(["actor_rollout_ref.rollout.seed=0", "actor_rollout_ref.rollout.name=hf"]).actor_rollout_ref
+        )
+        worker.planner = MixRolloutPlanner(
+            ScriptedEngine(tokenizer.eos_token_id),
+            rollout_section(n=N, response_length=RESPONSE, n_val=1),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         worker.sharding_manager = _NoSync()
         worker._is_rollout, worker.role = True, "actor_rollout"
         worker.tp_generation = TPGeneration.create(0, 1, 1)
@@ -99,21 +104,35 @@ def train_with_probs(tiny_task_dir, tokenizer, tmp_path_factory):
     from luffy_pool.rollout.rl_dataset_with_target import RLHFDatasetWithTarget
 
     frame = pd.read_parquet(f"{tiny_task_dir}/train.parquet")
-    plain = RLHFDatasetWithTarget(f"{tiny_task_dir}/train.parquet", tokenizer, max_prompt_length=96, max_target_length=MAX_PREFIX)
-    frame["target_ds_qwen_7b_probs"] = [[0.5] * (len(plain.target_token_ids(i, t)) + 1) for i, t in enumerate(frame["target"])]
+    plain = RLHFDatasetWithTarget(
+        f"{tiny_task_dir}/train.parquet", tokenizer, max_prompt_length=96, max_target_length=MAX_PREFIX
+    )
+    frame["target_ds_qwen_7b_probs"] = [
+        [0.5] * (len(plain.target_token_ids(i, t)) + 1) for i, t in enumerate(frame["target"])
+    ]
     path = tmp_path_factory.mktemp("probs") / "train.parquet"
     frame.to_parquet(path, index=False)
     return str(path)
 
 
 def _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_file, pool=None):
-    cfg = compose_config([f"data.train_files={train_file}", f"data.val_files={tiny_task_dir}/test.parquet",
-                          f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_batch_size=4",
-                          "data.max_prompt_length=96", f"data.max_response_length={RESPONSE}",
-                          f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.rollout.max_prefix_len={MAX_PREFIX}",
-                          "actor_rollout_ref.rollout.n_prefix=2", "actor_rollout_ref.rollout.min_prefix_ratio=1.0",
-                          "actor_rollout_ref.rollout.max_prefix_ratio=1.0", "trainer.total_training_steps=1",
-                          f"trainer.default_local_dir={tmp_path}"])
+    cfg = compose_config(
+        [
+            f"data.train_files={train_file}",
+            f"data.val_files={tiny_task_dir}/test.parquet",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "data.train_batch_size=4",
+            "data.max_prompt_length=96",
+            f"data.max_response_length={RESPONSE}",
+            f"actor_rollout_ref.rollout.n={N}",
+            f"actor_rollout_ref.rollout.max_prefix_len={MAX_PREFIX}",
+            "actor_rollout_ref.rollout.n_prefix=2",
+            "actor_rollout_ref.rollout.min_prefix_ratio=1.0",
+            "actor_rollout_ref.rollout.max_prefix_ratio=1.0",
+            "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
     loader, _, _, collate = build_dataloader(ConfigSections.from_config(cfg), tokenizer)
     group = TwoRankGroup(tokenizer)
     trainer = MIXRayPPOTrainer(cfg, tokenizer, group, None, None, loader, collate_fn=collate, off_policy_pool=pool)
@@ -123,7 +142,9 @@ def _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
 
 def _rollout(trainer):
     batch = DataProto.from_single_dict(trainer._next_batch())
-    targets = [strip_right_padding(row, trainer.tokenizer.pad_token_id) for row in batch.batch["tgt_input_ids"].tolist()]
+    targets = [
+        strip_right_padding(row, trainer.tokenizer.pad_token_id) for row in batch.batch["tgt_input_ids"].tolist()
+    ]
     ids = list(batch.non_tensor_batch["index"])
     pushed = trainer._update_weights()  # the step's stage before its rollout
     out, _, metrics = trainer._rollout(batch)
@@ -136,8 +157,9 @@ def _response(out, k, eos):
     return row[: row.index(eos) + 1] if eos in row else row
 
 
-def test_without_extra_files_the_workers_get_per_slot_traces(compose_config, tiny_model_dir, tiny_task_dir, tokenizer,
-                                                            tmp_path, train_with_probs):
+def test_without_extra_files_the_workers_get_per_slot_traces(
+    compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs
+):
     trainer, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs)
     out, metrics, targets, _ = _rollout(trainer)
     eos = tokenizer.eos_token_id
@@ -161,16 +183,27 @@ def test_without_extra_files_the_workers_get_per_slot_traces(compose_config, tin
                 assert _response(out, k, eos) == REPLY + [eos] and not out.batch["prefix_mask"][k].any()
 
 
-def test_with_extra_files_the_workers_get_the_same_shapes(compose_config, tiny_model_dir, tiny_task_dir, tokenizer,
-                                                          tmp_path, train_with_probs):
+def test_with_extra_files_the_workers_get_the_same_shapes(
+    compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs
+):
     frame = pd.read_parquet(f"{tiny_task_dir}/train.parquet")
     ids = [int(r["index"]) for r in frame["extra_info"]]
     extra = tmp_path / "extra.parquet"
-    pd.DataFrame([{"index": i, "trace": "", "token_ids": [40 + i % 5, 41, 42], "logprobs": [-0.25] * 4} for i in ids]) \
-        .to_parquet(extra, index=False)
-    pool = OffPolicyPool(str(extra), known_prompt_ids=ids, tokenizer=tokenizer, max_trace_length=MAX_PREFIX,
-                         prompt_id_key="index", seed=0, truncate="cut")  # the run's keys, as the YAML sets them
-    trainer, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs, pool)
+    pd.DataFrame(
+        [{"index": i, "trace": "", "token_ids": [40 + i % 5, 41, 42], "logprobs": [-0.25] * 4} for i in ids]
+    ).to_parquet(extra, index=False)
+    pool = OffPolicyPool(
+        str(extra),
+        known_prompt_ids=ids,
+        tokenizer=tokenizer,
+        max_trace_length=MAX_PREFIX,
+        prompt_id_key="index",
+        seed=0,
+        truncate="cut",
+    )  # the run's keys, as the YAML sets them
+    trainer, group = _trainer(
+        compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path, train_with_probs, pool
+    )
     out, metrics, targets, prompt_ids = _rollout(trainer)
     eos = tokenizer.eos_token_id
     assert group.sent["tgt_input_ids"] == ((4, N, MAX_PREFIX), torch.long)
@@ -187,10 +220,19 @@ def test_with_extra_files_the_workers_get_the_same_shapes(compose_config, tiny_m
         assert all(_response(out, b * N + j, eos) == REPLY + [eos] for j in (2, 3))
 
 
-def test_use_dataset_target_false_pads_every_trace_and_slots_are_on_policy(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path):
+def test_use_dataset_target_false_pads_every_trace_and_slots_are_on_policy(
+    compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path
+):
     """``use_dataset_target=False`` pads every trace: the prefix slots find none and the engine fills them all."""
-    trainer, group = _trainer(compose_config, tiny_model_dir, tiny_task_dir, tokenizer, tmp_path,
-                              f"{tiny_task_dir}/train.parquet", OffPolicyPool(tokenizer=tokenizer, use_dataset_target=False))
+    trainer, group = _trainer(
+        compose_config,
+        tiny_model_dir,
+        tiny_task_dir,
+        tokenizer,
+        tmp_path,
+        f"{tiny_task_dir}/train.parquet",
+        OffPolicyPool(tokenizer=tokenizer, use_dataset_target=False),
+    )
     out, _, _, _ = _rollout(trainer)
     assert group.sent["tgt_input_ids"] == ((4, N, MAX_PREFIX), torch.long) and "behaviour_log_probs" not in group.sent
     assert not out.batch["prefix_mask"].any() and "behaviour_log_probs" not in out.batch.keys()

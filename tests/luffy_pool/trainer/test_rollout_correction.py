@@ -1,6 +1,7 @@
 """The driver's rollout-correction stage on a hand-made batch: weights and rejection act on the engine-sampled
 (on-policy) tokens only, off-policy prefix / full-trace tokens keep weight 1 and stay in the loss mask; the trainer
 forces the old-log-prob pass and sends the weights / rejected mask to the update."""
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,14 @@ L = 3
 
 
 def _rc(rollout_is=None, rollout_rs=None, rollout_rs_threshold=None, threshold=2.0, batch_normalize=False):
-    return types.SimpleNamespace(rollout_is=rollout_is, rollout_is_threshold=threshold, rollout_rs=rollout_rs,
-                                 rollout_rs_threshold=rollout_rs_threshold, rollout_is_batch_normalize=batch_normalize,
-                                 bypass_mode=False)
+    return types.SimpleNamespace(
+        rollout_is=rollout_is,
+        rollout_is_threshold=threshold,
+        rollout_rs=rollout_rs,
+        rollout_rs_threshold=rollout_rs_threshold,
+        rollout_is_batch_normalize=batch_normalize,
+        bypass_mode=False,
+    )
 
 
 def _batch():
@@ -113,7 +119,10 @@ def test_rejection_removes_on_policy_tokens_only():
 def test_a_batch_without_on_policy_tokens_gets_unit_weights_and_no_metrics():
     batch = _batch()
     batch.batch["prefix_mask"][:] = True
-    assert apply_rollout_correction(batch, _rc(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0), L) == {}
+    assert (
+        apply_rollout_correction(batch, _rc(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0), L)
+        == {}
+    )
     assert torch.equal(batch.batch["rollout_is_weights"], torch.ones(3, L))  # exact: no on-policy token, constant 1s
     assert torch.equal(batch.batch["response_mask"], _batch().batch["response_mask"])
 
@@ -139,13 +148,22 @@ def _trainer(compose_config, *overrides):
 
 
 def test_the_trainer_forces_the_old_log_prob_pass_and_sends_the_correction(compose_config):
-    single_mini = ["actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}",
-                   "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.ref.use_ref=False"]
+    single_mini = [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=${data.train_batch_size}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        "actor_rollout_ref.ref.use_ref=False",
+    ]
     rows = 8
     plain = _trainer(compose_config, *single_mini)
     assert plain._recompute_old_log_prob(rows) is False  # auto: the update's first forward gives them
-    corrected = _trainer(compose_config, *single_mini, f"{CALC}=True", f"{RC}.rollout_is=token",
-                         f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2.0")
+    corrected = _trainer(
+        compose_config,
+        *single_mini,
+        f"{CALC}=True",
+        f"{RC}.rollout_is=token",
+        f"{RC}.rollout_rs=token_k1",
+        f"{RC}.rollout_rs_threshold=2.0",
+    )
     assert corrected._recompute_old_log_prob(rows) is True
     batch = _batch()
     keys = corrected._update_keys(batch)

@@ -1,5 +1,6 @@
 """trainer.rollout_pipeline's bookkeeping: policy versions and staleness, when one_step_off prefetches, and that a
 batch in flight is never carried over a checkpoint or a resume (it is regenerated from the restored weights)."""
+
 import pytest
 
 from luffy_pool.trainer.rollout_pipeline import PendingRollout, RolloutPipeline, staleness

@@ -5,6 +5,7 @@ micro-batches of 1 and of 2 rows and with token-budget (``use_dynamic_bsz``) mic
 (the default) logs the same ``actor/*`` numbers; ``micro_batch_mean`` logs LUFFY's equal-weight mean of the
 per-micro-batch values, recomputed here from direct forwards.
 """
+
 import pytest
 import torch
 from luffy_pool.config.compose import actor_config
@@ -31,7 +32,7 @@ def _model(path):
 def _direct_log_probs(model, b):
     with torch.no_grad():
         out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    return torch.log_softmax(out[:, -RESP - 1: -1].float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(out[:, -RESP - 1 : -1].float(), -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
 
 
 def _batch(model, response_tokens):
@@ -44,10 +45,14 @@ def _batch(model, response_tokens):
     for r in (2, 3, 6, 7):
         attn[r, :2] = 0
     for r, n in enumerate(response_tokens):
-        attn[r, PROMPT + n:] = 0
+        attn[r, PROMPT + n :] = 0
     ids = ids.masked_fill(attn == 0, 0)
-    b = {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-         "responses": ids[:, PROMPT:]}
+    b = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+        "responses": ids[:, PROMPT:],
+    }
     prefix = torch.zeros(8, RESP, dtype=torch.bool)
     prefix[[0, 6], :4] = True
     b["prefix_mask"] = prefix
@@ -58,11 +63,23 @@ def _batch(model, response_tokens):
 
 
 def _cfg(mini, micro, dynamic, budget, aggregation, **kw):
-    values = dict(ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, use_dynamic_bsz=dynamic,
-                  ppo_max_token_len_per_gpu=budget, ppo_epochs=1, grad_clip=1e9, entropy_coeff=0.01,
-                  use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", use_off_policy_loss=True,
-                  off_policy_reshape="p_div_p_0.1", loss_remove_token_mean=False, loss_remove_clip=False,
-                  metric_aggregation=aggregation)
+    values = dict(
+        ppo_mini_batch_size=mini,
+        ppo_micro_batch_size=micro,
+        use_dynamic_bsz=dynamic,
+        ppo_max_token_len_per_gpu=budget,
+        ppo_epochs=1,
+        grad_clip=1e9,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        kl_loss_type="low_var_kl",
+        use_off_policy_loss=True,
+        off_policy_reshape="p_div_p_0.1",
+        loss_remove_token_mean=False,
+        loss_remove_clip=False,
+        metric_aggregation=aggregation,
+    )
     return actor_config(**{**values, **kw})
 
 
@@ -70,8 +87,9 @@ def _train(model_dir, response_tokens, mini, micro, dynamic, budget, aggregation
     """One update_policy on the batch -> (the worker's metric lists, the valid tokens of each micro-batch)."""
     model = _model(model_dir)
     b = _batch(model, response_tokens)
-    actor = MIXDataParallelPPOActor(_cfg(mini, micro, dynamic, budget, aggregation, **kw), model,
-                                    torch.optim.SGD(model.parameters(), lr=0.1))
+    actor = MIXDataParallelPPOActor(
+        _cfg(mini, micro, dynamic, budget, aggregation, **kw), model, torch.optim.SGD(model.parameters(), lr=0.1)
+    )
     cuts = []
     original = actor._micro_batches
 
@@ -97,8 +115,17 @@ def test_equal_response_lengths_two_mini_batches_log_the_same_metrics_for_every_
     reference = runs[(1, False)][0]
     assert len(reference["actor/grad_norm"]) == 2 and len(reference["actor/pg_loss"]) == 2  # one per optimizer step
     keys = {k for k in reference if k.startswith("actor/")}
-    assert {"actor/off_policy_prob", "actor/on_policy_prob", "actor/off_pg_loss", "actor/on_pg_loss", "actor/ppo_kl",
-            "actor/entropy_loss", "actor/kl_loss", "actor/pg_clipfrac", "actor/off_ratio_mean"} <= keys
+    assert {
+        "actor/off_policy_prob",
+        "actor/on_policy_prob",
+        "actor/off_pg_loss",
+        "actor/on_pg_loss",
+        "actor/ppo_kl",
+        "actor/entropy_loss",
+        "actor/kl_loss",
+        "actor/pg_clipfrac",
+        "actor/off_ratio_mean",
+    } <= keys
     for cut in CUTS[1:]:
         metrics = runs[cut][0]
         assert set(metrics) == set(reference)
@@ -134,14 +161,19 @@ def _direct_metrics(model_dir, response_tokens, rows_of_micro_batches):
     b = _batch(model, response_tokens)
     lp = _direct_log_probs(model, b)
     # the loss cfg the actor builds (an actor with an optimizer: a log-prob-only one carries no loss)
-    cfg = MIXDataParallelPPOActor(_cfg(8, 2, False, 64, "token_weighted"), model,
-                                  torch.optim.SGD(model.parameters(), lr=0.0)).policy_loss_cfg
+    cfg = MIXDataParallelPPOActor(
+        _cfg(8, 2, False, 64, "token_weighted"), model, torch.optim.SGD(model.parameters(), lr=0.0)
+    ).policy_loss_cfg
     mask = b["attention_mask"][:, -RESP:].float()
 
     def metrics(rows):
-        inputs = PolicyLossInputs(log_prob=lp[rows], old_log_prob=b["old_log_probs"][rows],
-                                  advantages=b["advantages"][rows], response_mask=mask[rows],
-                                  prefix_mask=b["prefix_mask"][rows])
+        inputs = PolicyLossInputs(
+            log_prob=lp[rows],
+            old_log_prob=b["old_log_probs"][rows],
+            advantages=b["advantages"][rows],
+            response_mask=mask[rows],
+            prefix_mask=b["prefix_mask"][rows],
+        )
         loss, out = luffy_token_loss(inputs, cfg)
         return {"pg_loss": loss.item(), **{k: v.item() for k, v in out.items()}}
 
@@ -157,8 +189,15 @@ def test_unequal_lengths_token_means_over_the_step_and_the_loss_the_optimizer_sa
     runs = {cut: _train(tiny_model_dir, lengths, 8, cut[0], cut[1], 30) for cut in CUTS}
     assert runs[(2, True)][1] == [[18, 14, 20, 14]]  # a budget of 30 padded positions (sdpa, H1): 4 x 2 rows
     for cut, (metrics, _) in runs.items():
-        for k in ("off_policy_prob", "on_policy_prob", "off_pg_loss", "on_pg_loss", "ppo_kl", "pg_clipfrac",
-                  "off_ratio_mean"):
+        for k in (
+            "off_policy_prob",
+            "on_policy_prob",
+            "off_pg_loss",
+            "on_pg_loss",
+            "ppo_kl",
+            "pg_clipfrac",
+            "off_ratio_mean",
+        ):
             assert metrics[f"actor/{k}"] == pytest.approx([whole[k]], abs=1e-5), (cut, k)
     for k in ("entropy_loss", "kl_loss"):  # token means too: equal across cuts
         assert runs[(2, False)][0][f"actor/{k}"] == pytest.approx(runs[(1, False)][0][f"actor/{k}"], abs=1e-5)

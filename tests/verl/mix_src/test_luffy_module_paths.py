@@ -7,6 +7,7 @@ luffy/verl/verl/mix_src/*.py, luffy/deepscaler/...), with the imported names its
 module (``THOUGHT_DELIMITER_*`` from math_reward); leading-underscore helpers are left out. Names not provided
 are listed in ``NOT_PROVIDED`` with the reason.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,44 +19,94 @@ import torch
 LUFFY_PUBLIC_NAMES = {
     "verl.mix_src.main_mix_ppo": ["RewardManager", "deepscaler_reward_fn_nothink", "main", "main_task"],
     "verl.mix_src.main_ppo_new_reward": ["RewardManager", "deepscaler_reward_fn_nothink"],
-    "verl.mix_src.math_verify_reward": ["labeling_responses", "RewardMathFn", "reward_fn_math_verify",
-                                        "reward_fn_math_verify_no_think"],
+    "verl.mix_src.math_verify_reward": [
+        "labeling_responses",
+        "RewardMathFn",
+        "reward_fn_math_verify",
+        "reward_fn_math_verify_no_think",
+    ],
     "verl.mix_src.mix_actor": ["MIXDataParallelPPOActor"],
-    "verl.mix_src.mix_core_alg": ["compute_sft_pure_loss", "compute_grpo_outcome_advantage_split",
-                                  "compute_token_on_off_policy_loss"],
+    "verl.mix_src.mix_core_alg": [
+        "compute_sft_pure_loss",
+        "compute_grpo_outcome_advantage_split",
+        "compute_token_on_off_policy_loss",
+    ],
     "verl.mix_src.mix_fsdp_worker": ["MIXActorRolloutRefWorker"],
-    "verl.mix_src.mix_trainer": ["apply_kl_penalty", "compute_advantage", "MIXRayPPOTrainer", "compute_data_metrics_ours"],
-    "verl.mix_src.reward_with_format": ["deepscaler_reward_fn_impl1", "math_verify_reward_fn", "accuracy_reward",
-                                        "format_reward"],
-    "verl.mix_src.rl_dataset_with_target": ["collate_fn", "RLHFDatasetWithTarget", "BufferedDataLoader",
-                                            "ResumableRandomSampler"],
+    "verl.mix_src.mix_trainer": [
+        "apply_kl_penalty",
+        "compute_advantage",
+        "MIXRayPPOTrainer",
+        "compute_data_metrics_ours",
+    ],
+    "verl.mix_src.reward_with_format": [
+        "deepscaler_reward_fn_impl1",
+        "math_verify_reward_fn",
+        "accuracy_reward",
+        "format_reward",
+    ],
+    "verl.mix_src.rl_dataset_with_target": [
+        "collate_fn",
+        "RLHFDatasetWithTarget",
+        "BufferedDataLoader",
+        "ResumableRandomSampler",
+    ],
     "deepscaler.rewards": ["RewardConfig", "RewardFn", "RewardInput", "RewardOutput", "RewardType"],
-    "deepscaler.rewards.math_reward": ["ORM_USER_TEMPLATE", "RewardMathFn", "deepscaler_reward_fn",
-                                       "THOUGHT_DELIMITER_START", "THOUGHT_DELIMITER_END"],
+    "deepscaler.rewards.math_reward": [
+        "ORM_USER_TEMPLATE",
+        "RewardMathFn",
+        "deepscaler_reward_fn",
+        "THOUGHT_DELIMITER_START",
+        "THOUGHT_DELIMITER_END",
+    ],
     "deepscaler.rewards.reward_types": ["RewardConfig", "RewardType", "RewardInput", "RewardOutput", "RewardFn"],
     "deepscaler.rewards.math_utils": ["extract_answer", "grade_answer_sympy", "grade_answer_mathd"],
     "deepscaler.rewards.math_utils.utils": [
-        "mathd_normalize_answer", "BAD_SUBSTRINGS", "BAD_REGEXES", "TUPLE_CHARS", "count_unknown_letters_in_expr",
-        "should_allow_eval", "are_equal_under_sympy", "split_tuple", "last_boxed_only_string", "remove_boxed",
-        "extract_boxed_answer", "grade_answer_sympy", "grade_answer_mathd", "extract_answer", "grade_answer_verl"],
-    "deepscaler.globals": ["GCP_PROJECT_ID", "GCP_LOCATION", "GEMINI_MODEL", "OAI_RM_MODEL",
-                           "THOUGHT_DELIMITER_START", "THOUGHT_DELIMITER_END"],
+        "mathd_normalize_answer",
+        "BAD_SUBSTRINGS",
+        "BAD_REGEXES",
+        "TUPLE_CHARS",
+        "count_unknown_letters_in_expr",
+        "should_allow_eval",
+        "are_equal_under_sympy",
+        "split_tuple",
+        "last_boxed_only_string",
+        "remove_boxed",
+        "extract_boxed_answer",
+        "grade_answer_sympy",
+        "grade_answer_mathd",
+        "extract_answer",
+        "grade_answer_verl",
+    ],
+    "deepscaler.globals": [
+        "GCP_PROJECT_ID",
+        "GCP_LOCATION",
+        "GEMINI_MODEL",
+        "OAI_RM_MODEL",
+        "THOUGHT_DELIMITER_START",
+        "THOUGHT_DELIMITER_END",
+    ],
     "verl.utils.reward_score": ["gsm8k", "math"],
     "verl.utils.reward_score.gsm8k": ["extract_solution", "compute_score"],
-    "verl.utils.reward_score.math": ["compute_score", "is_equiv", "remove_boxed", "last_boxed_only_string", "fix_fracs",
-                                     "fix_a_slash_b", "remove_right_units", "fix_sqrt", "strip_string"],
+    "verl.utils.reward_score.math": [
+        "compute_score",
+        "is_equiv",
+        "remove_boxed",
+        "last_boxed_only_string",
+        "fix_fracs",
+        "fix_a_slash_b",
+        "remove_right_units",
+        "fix_sqrt",
+        "strip_string",
+    ],
 }
 
 NOT_PROVIDED = {
-    "verl.mix_src.mix_trainer_acc_rebatch.MIXRayPPOTrainerAccRebatch":
-        "LUFFY's accuracy-rebatching trainer is not shipped; trainer.acc_rebatch=True is refused with that reason",
-    "verl.mix_src.mix_vllm_rollout.MIXvLLMRollout":
-        "engine wiring inside LUFFY's worker, built by the worker, not by scripts; the slot plan it implemented is "
-        "luffy_pool.rollout.slot_plan (build_slot_plan, assemble_responses, MixRolloutPlanner)",
+    "verl.mix_src.mix_trainer_acc_rebatch.MIXRayPPOTrainerAccRebatch": "LUFFY's accuracy-rebatching trainer is not shipped; trainer.acc_rebatch=True is refused with that reason",
+    "verl.mix_src.mix_vllm_rollout.MIXvLLMRollout": "engine wiring inside LUFFY's worker, built by the worker, not by scripts; the slot plan it implemented is "
+    "luffy_pool.rollout.slot_plan (build_slot_plan, assemble_responses, MixRolloutPlanner)",
     "verl.mix_src.mix_vllm_rollout.unit_test": "a GPU smoke script of LUFFY's, not an API",
-    "verl.mix_src.main_ppo_new_reward.main / main_task":
-        "LUFFY's entry point of verl's plain PPO trainer; the same run here is verl.mix_src.main_mix_ppo with "
-        "exp_scripts/train_on_policy.sh's settings",
+    "verl.mix_src.main_ppo_new_reward.main / main_task": "LUFFY's entry point of verl's plain PPO trainer; the same run here is verl.mix_src.main_mix_ppo with "
+    "exp_scripts/train_on_policy.sh's settings",
     "verl.mix_src.test": "an empty module in LUFFY",
 }
 
@@ -74,7 +125,12 @@ def test_globals_and_delimiters_are_luffys():
 
     assert (g.THOUGHT_DELIMITER_START, g.THOUGHT_DELIMITER_END) == ("<think>", "</think>") == (THINK_OPEN, THINK_CLOSE)
     assert (math_reward.THOUGHT_DELIMITER_START, math_reward.THOUGHT_DELIMITER_END) == ("<think>", "</think>")
-    assert (g.GEMINI_MODEL, g.OAI_RM_MODEL, g.GCP_PROJECT_ID, g.GCP_LOCATION) == ("gemini-1.5-pro-002", "gpt-4o-mini", None, None)
+    assert (g.GEMINI_MODEL, g.OAI_RM_MODEL, g.GCP_PROJECT_ID, g.GCP_LOCATION) == (
+        "gemini-1.5-pro-002",
+        "gpt-4o-mini",
+        None,
+        None,
+    )
 
 
 def test_math_utils_utils_behave_as_luffys():
@@ -99,13 +155,21 @@ def test_math_utils_utils_behave_as_luffys():
 
 def test_reward_with_format_and_version_two_as_luffys():
     from verl.mix_src.main_mix_ppo import deepscaler_reward_fn_nothink
-    from verl.mix_src.reward_with_format import (accuracy_reward, deepscaler_reward_fn_impl1, format_reward,
-                                                 math_verify_reward_fn)
+    from verl.mix_src.reward_with_format import (
+        accuracy_reward,
+        deepscaler_reward_fn_impl1,
+        format_reward,
+        math_verify_reward_fn,
+    )
 
     assert deepscaler_reward_fn_impl1("<think>a</think> \\boxed{7}", "7") == 1.0
     assert deepscaler_reward_fn_impl1("<think>a</think> \\boxed{8}", "7") == -0.5
     assert deepscaler_reward_fn_impl1("no tags \\boxed{7}", "7") == -1.0
-    assert format_reward(["<think>\nplan\n</think> x", "<think>plan</think>", "x <think>\na\n</think>"]) == [1.0, 0.0, 0.0]
+    assert format_reward(["<think>\nplan\n</think> x", "<think>plan</think>", "x <think>\na\n</think>"]) == [
+        1.0,
+        0.0,
+        0.0,
+    ]
     assert accuracy_reward(["\\boxed{\\frac{1}{2}}", "\\boxed{3}"], ["0.5", "2"]) == [1.0, 0.0]
     assert math_verify_reward_fn("<think>\nplan\n</think> \\boxed{7}", "7") == 1.0
     assert math_verify_reward_fn("<think>plan</think> \\boxed{7}", "7") == 0.0  # format factor 0
@@ -158,10 +222,16 @@ def test_reward_manager_takes_luffys_arguments_and_returns_the_reward_tensor():
     responses, resp_mask = _encode(["plan\n</think> \\boxed{7}", "plan\n</think> \\boxed{8}"], 32)
     prompts = torch.ones(2, 3, dtype=torch.long)
     data = DataProto.from_dict(
-        tensors={"responses": responses, "prompts": prompts,
-                 "attention_mask": torch.cat([torch.ones(2, 3, dtype=torch.long), resp_mask], dim=-1)},
-        non_tensors={"reward_model": np.array([{"ground_truth": "7"}] * 2, dtype=object),
-                     "data_source": np.array(["math"] * 2, dtype=object)})
+        tensors={
+            "responses": responses,
+            "prompts": prompts,
+            "attention_mask": torch.cat([torch.ones(2, 3, dtype=torch.long), resp_mask], dim=-1),
+        },
+        non_tensors={
+            "reward_model": np.array([{"ground_truth": "7"}] * 2, dtype=object),
+            "data_source": np.array(["math"] * 2, dtype=object),
+        },
+    )
     manager = RewardManager(tokenizer=_Tok(), num_examine=0, reward_impl_version=3, num_workers=0)
     scores = manager(data)
     assert isinstance(scores, torch.Tensor) and scores.shape == (2, 32)
@@ -179,9 +249,15 @@ def test_mix_trainer_dataproto_helpers():
     prefix = torch.zeros(4, 2, dtype=torch.bool)
     prefix[0] = True
     data = DataProto.from_dict(
-        tensors={"responses": torch.zeros(4, 2, dtype=torch.long), "attention_mask": torch.ones(4, 3, dtype=torch.long),
-                 "token_level_scores": scores, "old_log_probs": torch.zeros(4, 2), "prefix_mask": prefix},
-        non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+        tensors={
+            "responses": torch.zeros(4, 2, dtype=torch.long),
+            "attention_mask": torch.ones(4, 3, dtype=torch.long),
+            "token_level_scores": scores,
+            "old_log_probs": torch.zeros(4, 2),
+            "prefix_mask": prefix,
+        },
+        non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)},
+    )
     data, metrics = apply_kl_penalty(data, get_kl_controller({"kl_coef": 0.5}))
     assert torch.equal(data.batch["token_level_rewards"], scores) and metrics["critic/kl_coeff"] == 0.0  # no ref
     data = compute_advantage(data, "grpo", grpo_use_std=False)
@@ -210,8 +286,12 @@ def test_alias_modules_evaluate_no_model_text():
     import pathlib
 
     repo = pathlib.Path(__file__).resolve().parents[3]
-    files = [*(repo / "verl" / "mix_src").glob("*.py"), *(repo / "verl" / "utils" / "reward_score").glob("*.py"),
-             repo / "deepscaler" / "globals.py", repo / "deepscaler" / "rewards" / "math_utils" / "utils.py"]
+    files = [
+        *(repo / "verl" / "mix_src").glob("*.py"),
+        *(repo / "verl" / "utils" / "reward_score").glob("*.py"),
+        repo / "deepscaler" / "globals.py",
+        repo / "deepscaler" / "rewards" / "math_utils" / "utils.py",
+    ]
     bad = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,10 +1,13 @@
 """LUFFY's module path verl.mix_src.math_verify_reward: reward_fn_math_verify(_no_think) and its RewardMathFn."""
+
 from deepscaler.rewards import RewardConfig, RewardInput, RewardOutput, RewardType
 from verl.mix_src import math_verify_reward as mv
 
 
 def _math(response, answer):
-    return RewardInput(problem="p", model_response=response, problem_type=RewardType.MATH, ground_truth={"answer": answer})
+    return RewardInput(
+        problem="p", model_response=response, problem_type=RewardType.MATH, ground_truth={"answer": answer}
+    )
 
 
 def test_reward_fn_math_verify_grades_after_think():

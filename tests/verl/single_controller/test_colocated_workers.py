@@ -1,5 +1,6 @@
 """Colocated roles: two worker classes fused into one WorkerDict process per rank, their methods
 exposed as ``<role>_<method>`` and, through ``spawn``, as per-role views with the plain names."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,12 @@ import pytest
 from ray import cloudpickle
 
 from verl.single_controller.base import Dispatch, Worker, register
-from verl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
-                                        create_colocated_worker_cls)
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -42,8 +47,9 @@ class CriticRole(Worker):
 @pytest.fixture(scope="module")
 def colocated(ray_session):
     pool = RayResourcePool([2], use_gpu=False)
-    worker_dict = create_colocated_worker_cls({"actor": RayClassWithInitArgs(ActorRole, lr=0.5),
-                                               "critic": RayClassWithInitArgs(CriticRole)})
+    worker_dict = create_colocated_worker_cls(
+        {"actor": RayClassWithInitArgs(ActorRole, lr=0.5), "critic": RayClassWithInitArgs(CriticRole)}
+    )
     group = RayWorkerGroup(pool, worker_dict, name_prefix="colocated")
     yield group
     group.shutdown()
@@ -79,8 +85,9 @@ def test_colocation_rejects_bad_roles():
     with pytest.raises(TypeError, match="role 'actor' must be a RayClassWithInitArgs"):
         create_colocated_worker_cls({"actor": CriticRole})
     with pytest.raises(ValueError, match="disagree on actor option 'max_concurrency'"):
-        create_colocated_worker_cls({"a": _with_options({"max_concurrency": 1}),
-                                     "b": _with_options({"max_concurrency": 2})})
+        create_colocated_worker_cls(
+            {"a": _with_options({"max_concurrency": 1}), "b": _with_options({"max_concurrency": 2})}
+        )
 
 
 def _with_options(options: dict) -> RayClassWithInitArgs:

@@ -1,5 +1,6 @@
 """Dispatch and collect functions of every mode, checked without Ray on a stand-in group, plus the
 checks ``@register`` makes when a worker class is defined."""
+
 from __future__ import annotations
 
 import types
@@ -8,8 +9,7 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.single_controller.base.decorator import (Dispatch, Execute, get_dispatch_fns, get_registered_method,
-                                                   register)
+from verl.single_controller.base.decorator import Dispatch, Execute, get_dispatch_fns, get_registered_method, register
 
 GROUP = types.SimpleNamespace(world_size=2)
 

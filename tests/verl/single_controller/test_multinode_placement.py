@@ -4,6 +4,7 @@ with ``process_on_nodes=[1, 1]`` must put rank 0 and rank 1 on different nodes.
 The cluster is its own Ray instance, so the check runs in a child process and never touches the
 session's Ray (the ``ray_session`` fixture) of this pytest process.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,14 +52,20 @@ finally:
 
 @pytest.mark.slow
 def test_pool_of_two_nodes_places_one_rank_per_node():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     workers = result["workers"]
     assert [w["rank"] for w in workers] == [0, 1]
     assert [w["local_rank"] for w in workers] == [0, 0] and [w["local_world_size"] for w in workers] == [1, 1]

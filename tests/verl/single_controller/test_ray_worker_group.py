@@ -1,6 +1,7 @@
 """A 2-rank RayWorkerGroup end to end: the environment each rank sees, every dispatch mode through
 real actors, DataProtoFuture chaining, a gloo all-reduce (process group joined in the workers'
 constructors), and how failures and timeouts surface."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,18 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 # Test modules are not importable inside Ray workers; ship their classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-ENV_KEYS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX",
-            "WG_BACKEND", "OMP_NUM_THREADS", "PROBE_FLAG"]
+ENV_KEYS = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WG_PREFIX",
+    "WG_BACKEND",
+    "OMP_NUM_THREADS",
+    "PROBE_FLAG",
+]
 
 
 class ProbeWorker(Worker):
@@ -34,8 +45,13 @@ class ProbeWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def whoami(self, tag):
-        return {"rank": self.rank, "world_size": self.world_size, "tag": tag, "pid": os.getpid(),
-                "env": {k: os.environ.get(k) for k in ENV_KEYS}}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "tag": tag,
+            "pid": os.getpid(),
+            "env": {k: os.environ.get(k) for k in ENV_KEYS},
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def collector(self):
@@ -53,8 +69,11 @@ class ProbeWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def scale_rows(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors={"x": data.batch["x"] * self.scale},
-                                   non_tensors={"rank": [self.rank] * len(data)}, meta_info={"scale": self.scale})
+        return DataProto.from_dict(
+            tensors={"x": data.batch["x"] * self.scale},
+            non_tensors={"rank": [self.rank] * len(data)},
+            meta_info={"scale": self.scale},
+        )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def scale_rows_async(self, data: DataProto) -> DataProto:
@@ -120,8 +139,9 @@ def _forked_group(ranks: int, worker_cls, prefix: str):
     before = os.environ.get(FORK_WORKERS_ENV)
     os.environ[FORK_WORKERS_ENV] = "1"
     try:
-        return RayWorkerGroup(RayResourcePool([ranks], use_gpu=False, name_prefix=f"{prefix}_pool"), worker_cls,
-                              name_prefix=prefix)
+        return RayWorkerGroup(
+            RayResourcePool([ranks], use_gpu=False, name_prefix=f"{prefix}_pool"), worker_cls, name_prefix=prefix
+        )
     finally:
         os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
 
@@ -194,8 +214,9 @@ def test_non_blocking_call_returns_future_that_chains_into_next_call(group):
 
 def test_failed_future_names_producer_in_driver_and_in_chained_call(group):
     future = group.fail_rows_async(rows(1, 2, 3, 4))
-    with pytest.raises(WorkerGroupError, match="method 'fail_rows_async' failed on rank 1: RuntimeError: rank 1 "
-                                               "cannot produce rows"):
+    with pytest.raises(
+        WorkerGroupError, match="method 'fail_rows_async' failed on rank 1: RuntimeError: rank 1 cannot produce rows"
+    ):
         future.get()
     with pytest.raises(WorkerGroupError) as info:
         group.scale_rows(future)
@@ -277,8 +298,10 @@ def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environmen
         info = wg.whoami("forked")
         (z0, cmd0), (z1, _) = (zygote(i["pid"]) for i in info)
         assert z0 == z1 and "worker_zygote.py --serve" in cmd0 and f"--preload {ProbeWorker.__module__}" in cmd0
-        assert [(i["env"]["RANK"], i["env"]["MASTER_PORT"]) for i in info] == [("0", str(wg.master_port)),
-                                                                              ("1", str(wg.master_port))]
+        assert [(i["env"]["RANK"], i["env"]["MASTER_PORT"]) for i in info] == [
+            ("0", str(wg.master_port)),
+            ("1", str(wg.master_port)),
+        ]
         assert wg.all_reduce_rank_plus_one() == [("gloo", "gloo", 3.0), ("gloo", "gloo", 3.0)]
         assert all(rank["enabled"] and rank["frozen"] > 100_000 for rank in wg.collector())
     finally:
@@ -368,11 +391,16 @@ def test_one_zygote_serves_two_jobs_and_each_rank_registers_with_its_own_job(ray
         script.write_text(SECOND_JOB)
         env = dict(os.environ, **{FORK_WORKERS_ENV: "1"})
         env.pop("RAY_ADDRESS", None)
-        proc = subprocess.run([sys.executable, str(script), ray.get_runtime_context().gcs_address], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, str(script), ray.get_runtime_context().gcs_address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         assert proc.returncode == 0 and result, proc.stdout[-3000:] + proc.stderr[-3000:]
-        theirs = json.loads(result[0][len("RESULT "):])
+        theirs = json.loads(result[0][len("RESULT ") :])
         zygote = ours[0][1]
         assert "worker_zygote.py --serve" in ours[0][2] and {r[1] for r in ours} == {zygote}
         assert {z for _, z, _ in theirs["ranks"]} == {zygote}  # the other job's ranks: the same zygote

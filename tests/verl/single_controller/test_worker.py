@@ -1,5 +1,6 @@
 """Worker reads its place in the group from the environment (no Ray needed): rank properties,
 validation of bad values, and who may choose the rendezvous address and port."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """WorkerGroupError messages (who failed, who was still running, timeouts) and its pickling, which
 lets it travel inside a Ray task error when a worker resolves a failed DataProtoFuture."""
+
 from __future__ import annotations
 
 import pickle
@@ -14,8 +15,10 @@ def test_single_failure_message_names_group_method_rank_and_cause():
 
 def test_several_failures_and_pending_ranks_are_listed():
     error = WorkerGroupError("g", "m", {2: KeyError("a"), 0: RuntimeError("b")}, pending_ranks=[1])
-    assert str(error) == ("worker group 'g' method 'm' failed on ranks [0, 2]: rank 0: RuntimeError: b; "
-                          "rank 2: KeyError: 'a'; ranks [1] had not answered and were not waited for")
+    assert str(error) == (
+        "worker group 'g' method 'm' failed on ranks [0, 2]: rank 0: RuntimeError: b; "
+        "rank 2: KeyError: 'a'; ranks [1] had not answered and were not waited for"
+    )
 
 
 def test_timeout_message():

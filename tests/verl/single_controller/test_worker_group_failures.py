@@ -2,6 +2,7 @@
 hang: a worker process that dies mid-call while its peer is stuck, a constructor that raises, pools
 the cluster cannot hold.
 Workers here import no torch so their processes start fast."""
+
 from __future__ import annotations
 
 import os
@@ -94,8 +95,10 @@ def test_two_node_pool_on_a_single_node_cluster_is_rejected(ray_session):
 
 
 def test_pools_may_share_a_name_prefix(ray_session):
-    first, second = RayResourcePool([1], use_gpu=False, name_prefix="same"), RayResourcePool([1], use_gpu=False,
-                                                                                              name_prefix="same")
+    first, second = (
+        RayResourcePool([1], use_gpu=False, name_prefix="same"),
+        RayResourcePool([1], use_gpu=False, name_prefix="same"),
+    )
     try:
         assert len(first.get_placement_groups()) == len(second.get_placement_groups()) == 1
     finally:

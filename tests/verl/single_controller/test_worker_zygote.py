@@ -3,6 +3,7 @@ environment, folder and stdio to a zygote whose guard forked the worker; exit co
 child goes when its client goes (even holding the GIL), and a zygote that cannot start, or whose preload
 initialised CUDA, leaves the worker to start plainly; GPU ranks are never forked. The part through Ray (a
 RayWorkerGroup with LUFFY_FORK_WORKERS=1): tests/verl/single_controller/test_ray_worker_group.py."""
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,15 @@ def run_client(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARED", f"value-{os.getpid()}-{time.monotonic_ns()}")
 
     def run(*args, preload="email.mime.text", env=None, cwd=None, **kwargs):
-        proc = subprocess.run([sys.executable, ZYGOTE, "--preload", preload, *args], capture_output=True, text=True,
-                              env=dict(os.environ, **(env or {})), cwd=cwd or str(tmp_path), timeout=120, **kwargs)
+        proc = subprocess.run(
+            [sys.executable, ZYGOTE, "--preload", preload, *args],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, **(env or {})),
+            cwd=cwd or str(tmp_path),
+            timeout=120,
+            **kwargs,
+        )
         seen = json.loads(proc.stdout.splitlines()[0]) if proc.stdout else None
         if seen and "--serve" in _cmdline_or_empty(seen.get("zygote", 0)):
             zygotes.add(seen["zygote"])
@@ -121,8 +129,13 @@ def test_forked_worker_gets_the_clients_argv_env_folder_stdio_and_exit_code(run_
     assert (a["rank"], b["rank"]) == ("0", "1") and a["shared"] == b["shared"] == os.environ["SHARED"]
     assert a["argv"] == [script, "3"] and a["cwd"] == str(folder) and b["cwd"] == str(tmp_path)
     # sys.path as `python script` has it (Ray's import adds its thirdparty folder), not the zygote's own folder
-    plain = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
-                           capture_output=True, text=True, check=True, cwd=str(tmp_path))
+    plain = subprocess.run(
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(tmp_path),
+    )
     assert a["path"][0] == os.path.dirname(script) and set(json.loads(plain.stdout)) <= set(a["path"])
     assert os.path.dirname(ZYGOTE) not in a["path"]
     assert a["random"] != b["random"]  # each child re-seeded, not the zygote's generator state
@@ -185,8 +198,13 @@ def test_a_signal_ending_the_worker_ends_the_client_with_it(run_client, script, 
 @pytest.mark.parametrize("action", ["sleep", "stuck"])
 def test_killing_the_client_ends_its_worker_even_one_holding_the_gil(run_client, script, tmp_path, action):
     _, up = run_client(script, "0")  # the zygote is up
-    client = subprocess.Popen([sys.executable, ZYGOTE, "--preload", "email.mime.text", script, action],
-                              stdout=subprocess.PIPE, text=True, cwd=str(tmp_path), env=dict(os.environ))
+    client = subprocess.Popen(
+        [sys.executable, ZYGOTE, "--preload", "email.mime.text", script, action],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(tmp_path),
+        env=dict(os.environ),
+    )
     seen = json.loads(client.stdout.readline())
     assert seen["zygote"] == up["zygote"] and "--serve" in _cmdline(seen["ppid"])  # forked, through a guard
     time.sleep(0.3)  # into the sleep: "stuck" holds the GIL from here on, no thread of the rank can run
@@ -198,8 +216,13 @@ def test_killing_the_client_ends_its_worker_even_one_holding_the_gil(run_client,
 
 def test_a_rank_dies_with_its_guard_by_the_parent_death_signal(run_client, script, tmp_path):
     _, up = run_client(script, "0")
-    client = subprocess.Popen([sys.executable, ZYGOTE, "--preload", "email.mime.text", script, "stuck"],
-                              stdout=subprocess.PIPE, text=True, cwd=str(tmp_path), env=dict(os.environ))
+    client = subprocess.Popen(
+        [sys.executable, ZYGOTE, "--preload", "email.mime.text", script, "stuck"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(tmp_path),
+        env=dict(os.environ),
+    )
     try:
         seen = json.loads(client.stdout.readline())
         assert seen["zygote"] == up["zygote"] and "--serve" in _cmdline(seen["ppid"])
@@ -225,8 +248,9 @@ time.sleep(60)
 
 
 def test_set_parent_death_signal_kills_the_child_when_its_parent_is_killed():
-    parent = subprocess.Popen([sys.executable, "-c", PDEATHSIG_PARENT, os.path.dirname(ZYGOTE)],
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PDEATHSIG_PARENT, os.path.dirname(ZYGOTE)], stdout=subprocess.PIPE, text=True
+    )
     child = int(parent.stdout.readline())  # printed once the signal is set
     assert _state(child) in ("S", "R")
     parent.kill()
@@ -317,8 +341,9 @@ def test_gpu_ranks_start_as_ray_starts_them_with_one_line_saying_why(monkeypatch
         assert start(gpu_by_resource, 0.0) == [None, None]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3 and lines[0] == worker_zygote.gpu_refusal(1.0, "Plain")  # one per group, not per rank
-    assert lines[0].startswith("LUFFY_FORK_WORKERS is set, but the ranks of Plain ask for 1 GPU(s) each: they "
-                               "start as Ray starts them")
+    assert lines[0].startswith(
+        "LUFFY_FORK_WORKERS is set, but the ranks of Plain ask for 1 GPU(s) each: they start as Ray starts them"
+    )
     assert worker_zygote.gpu_refusal(0.0, "Plain") == ""
 
 

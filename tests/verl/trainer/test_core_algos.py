@@ -1,6 +1,7 @@
 """Hand-computed checks of the registered advantage estimators, the PPO loss, aggregation and KL, called as
 ``fn(inputs, cfg)``; verl's signatures (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...) keep one
 equality test each."""
+
 from __future__ import annotations
 
 import inspect
@@ -34,8 +35,12 @@ def _grpo(rewards, mask, index, use_std=True):
 def _ppo(old, log_prob, adv, mask, clip_ratio=0.2, loss_remove_token_mean=False, loss_remove_clip=False):
     """The registered ``vanilla`` loss -> ``(pg_loss, pg_clipfrac, ppo_kl)``."""
     inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask)
-    pg_loss, metrics = ca.get_policy_loss_fn("vanilla")(inputs, ca.PPOClipConfig(
-        clip_ratio=clip_ratio, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip))
+    pg_loss, metrics = ca.get_policy_loss_fn("vanilla")(
+        inputs,
+        ca.PPOClipConfig(
+            clip_ratio=clip_ratio, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip
+        ),
+    )
     return pg_loss, metrics["pg_clipfrac"], metrics["ppo_kl"]
 
 
@@ -138,8 +143,9 @@ def test_reinforce_broadcasts_raw_score():
 def test_reinforce_plus_plus_discounts_then_whitens():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv, returns = ca.get_adv_estimator_fn("reinforce_plus_plus")(AdvantageInputs(rewards, mask, None),
-                                                                  AdvantageConfig(gamma=0.5))
+    adv, returns = ca.get_adv_estimator_fn("reinforce_plus_plus")(
+        AdvantageInputs(rewards, mask, None), AdvantageConfig(gamma=0.5)
+    )
     # returns: row0 [0.25, 0.5, 1], row1 [0.5, 1, 0]
     assert torch.allclose(returns, torch.tensor([[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]]))
     # valid values 0.25,0.5,1,0.5,1: mean 0.65, squared deviations sum 0.45, unbiased var 0.1125,
@@ -176,14 +182,22 @@ def test_verls_estimator_signatures_are_the_registered_estimators():
     values = torch.tensor([[0.5, 0.6, 0.7], [0.1, 0.2, 0.3], [0.0, 0.4, 0.2]])
     index = ["a", "a", "b"]
     pairs = [
-        (ca.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-3, use_std=True),
-         ("grpo", AdvantageInputs(rewards, mask, index), AdvantageConfig(epsilon=1e-3))),
-        (ca.compute_reinforce_outcome_advantage(rewards, mask),
-         ("reinforce", AdvantageInputs(rewards, mask, None), AdvantageConfig())),
-        (ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.7),
-         ("reinforce_plus_plus", AdvantageInputs(rewards, mask, None), AdvantageConfig(gamma=0.7))),
-        (ca.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.5),
-         ("gae", AdvantageInputs(rewards, mask, None, values=values), AdvantageConfig(gamma=0.9, lam=0.5))),
+        (
+            ca.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-3, use_std=True),
+            ("grpo", AdvantageInputs(rewards, mask, index), AdvantageConfig(epsilon=1e-3)),
+        ),
+        (
+            ca.compute_reinforce_outcome_advantage(rewards, mask),
+            ("reinforce", AdvantageInputs(rewards, mask, None), AdvantageConfig()),
+        ),
+        (
+            ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.7),
+            ("reinforce_plus_plus", AdvantageInputs(rewards, mask, None), AdvantageConfig(gamma=0.7)),
+        ),
+        (
+            ca.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.5),
+            ("gae", AdvantageInputs(rewards, mask, None, values=values), AdvantageConfig(gamma=0.9, lam=0.5)),
+        ),
     ]
     for (adv, returns), (name, inputs, cfg) in pairs:
         expected_adv, expected_returns = ca.get_adv_estimator_fn(name)(inputs, cfg)
@@ -231,7 +245,14 @@ def test_policy_loss_remove_clip_and_no_clip_upper_bound():
     assert pg_loss.item() == pytest.approx(-0.22, abs=1e-6) and clipfrac.item() == 0.0  # exact: the constant 0
     # LUFFY's compute_policy_loss has no clip_upper_bound (docs/DESIGN.md §1 item 5): the key acts in its off-policy loss only.
     assert list(inspect.signature(ca.compute_policy_loss).parameters) == [
-        "old_log_prob", "log_prob", "advantages", "eos_mask", "cliprange", "loss_remove_token_mean", "loss_remove_clip"]
+        "old_log_prob",
+        "log_prob",
+        "advantages",
+        "eos_mask",
+        "cliprange",
+        "loss_remove_token_mean",
+        "loss_remove_clip",
+    ]
     with pytest.raises(TypeError):
         ca.compute_policy_loss(old, log_prob, adv, mask, cliprange=0.2, clip_upper_bound=1.4)
 
@@ -239,8 +260,9 @@ def test_policy_loss_remove_clip_and_no_clip_upper_bound():
 def test_the_registered_ppo_loss_is_verls_compute_policy_loss_on_the_inputs_object():
     old, log_prob, adv, mask = _ppo_case()
     inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask)
-    pg_loss, metrics = ca.ppo_clip_loss(inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=True,
-                                                                 loss_remove_clip=False))
+    pg_loss, metrics = ca.ppo_clip_loss(
+        inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=True, loss_remove_clip=False)
+    )
     verl_form = ca.compute_policy_loss(old, log_prob, adv, mask, 0.2, loss_remove_token_mean=True)
     # exact: compute_policy_loss calls the same ppo_clip_loss on the same tensors (order-free)
     assert torch.equal(pg_loss, verl_form[0]) and sorted(metrics) == ["pg_clipfrac", "ppo_kl"]
@@ -253,8 +275,9 @@ def test_aggregation_is_token_mean_or_luffys_sum_over_width():
     # valid: 1, 2, 4 (sum 7 over 3 tokens; the tensor is 3 wide)
     assert ca.aggregate_token_loss(loss, mask, loss_remove_token_mean=False).item() == pytest.approx(7 / 3)
     assert ca.aggregate_token_loss(loss, mask, loss_remove_token_mean=True).item() == pytest.approx(7 / 3)
-    assert ca.aggregate_token_loss(loss[:2, :2], torch.ones(2, 2), loss_remove_token_mean=True).item() == \
-        pytest.approx((1 + 2 + 4 + 5) / 2)  # a 2-wide tensor: Σ L·m / 2, not / 4 tokens
+    assert ca.aggregate_token_loss(loss[:2, :2], torch.ones(2, 2), loss_remove_token_mean=True).item() == pytest.approx(
+        (1 + 2 + 4 + 5) / 2
+    )  # a 2-wide tensor: Σ L·m / 2, not / 4 tokens
     for remove_token_mean in (False, True):
         # exact: an all-zero mask gives a true 0 (order-free)
         assert ca.aggregate_token_loss(loss, torch.zeros_like(mask), remove_token_mean).item() == 0.0
@@ -302,8 +325,9 @@ def test_kl_controllers():
 
 def test_apply_kl_penalty_without_ref_keeps_scores_and_logs_zero():
     scores = torch.tensor([[0.0, 1.0]])
-    rewards, metrics = ca.apply_kl_penalty(scores, torch.zeros(1, 2), None, torch.ones(1, 2),
-                                           ca.FixedKLController(0.1), "kl")
+    rewards, metrics = ca.apply_kl_penalty(
+        scores, torch.zeros(1, 2), None, torch.ones(1, 2), ca.FixedKLController(0.1), "kl"
+    )
     assert torch.equal(rewards, scores)  # exact: without a reference the scores pass through untouched
     assert metrics == {"critic/kl": 0.0, "critic/kl_coeff": 0.0}
 
@@ -321,10 +345,12 @@ def test_apply_kl_penalty_with_ref_subtracts_beta_kl():
 
 # ---------------------------------------------------------------- rollout correction weights
 def _weighted_ppo(old, log_prob, adv, mask, weights, loss_remove_token_mean=False):
-    inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask,
-                              rollout_is_weights=weights)
-    return ca.get_policy_loss_fn("vanilla")(inputs, ca.PPOClipConfig(
-        clip_ratio=0.2, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=False))
+    inputs = PolicyLossInputs(
+        log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=weights
+    )
+    return ca.get_policy_loss_fn("vanilla")(
+        inputs, ca.PPOClipConfig(clip_ratio=0.2, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=False)
+    )
 
 
 def test_policy_loss_multiplies_token_terms_by_rollout_is_weights_by_hand():
@@ -334,8 +360,9 @@ def test_policy_loss_multiplies_token_terms_by_rollout_is_weights_by_hand():
     # [-2.4, -0.25, -1.1], [0.375, 0.8, .] -> sum -2.575 over 5 tokens = -0.515; over width 3: -2.575 / 3
     pg_loss, metrics = _weighted_ppo(old, log_prob, adv, mask, weights)
     assert pg_loss.item() == pytest.approx(-0.515, abs=1e-6)
-    assert _weighted_ppo(old, log_prob.detach(), adv, mask, weights, True)[0].item() == pytest.approx(-2.575 / 3,
-                                                                                                    abs=1e-6)
+    assert _weighted_ppo(old, log_prob.detach(), adv, mask, weights, True)[0].item() == pytest.approx(
+        -2.575 / 3, abs=1e-6
+    )
     # the weights are constants: the gradient of each unclipped term is scaled by its weight
     pg_loss.backward()
     expected_grad = torch.tensor([[0.0, -0.5 * 0.5 / 5, -1.1 / 5], [1.5 * 0.25 / 5, 0.0, 0.0]])

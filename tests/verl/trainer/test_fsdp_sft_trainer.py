@@ -1,4 +1,5 @@
 """SFT baseline trainer: loss mask, loss reduction, truncation, config errors, a short run and FSDP equivalence."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,22 @@ import pytest
 import torch
 
 from verl.trainer.fsdp_sft_trainer import FSDPSFTTrainer, _prepare, run_sft, sft_process_group
-from verl.trainer.sft.config import (ConfigError, batch_plan, check_override_keys, compose_sft_config,
-                                     validate_sft_config)
-from verl.trainer.sft.dataset import (SFTDataset, epoch_batches, loss_token_count, pad_micro_batch, rank_slice,
-                                      strided_shard, truncate)
+from verl.trainer.sft.config import (
+    ConfigError,
+    batch_plan,
+    check_override_keys,
+    compose_sft_config,
+    validate_sft_config,
+)
+from verl.trainer.sft.dataset import (
+    SFTDataset,
+    epoch_batches,
+    loss_token_count,
+    pad_micro_batch,
+    rank_slice,
+    strided_shard,
+    truncate,
+)
 from verl.trainer.sft.loss import masked_token_nll_sum, next_token_targets
 
 # golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
@@ -44,7 +57,9 @@ def _ids(tokenizer, text):
 
 # ---------------------------------------------------------------------------------------------- data
 def test_loss_mask_covers_exactly_the_response_tokens_and_eos(tmp_path, tokenizer):
-    path = _write_rows(tmp_path / "one.parquet", [{"prompt": PROMPT, "target": [{"role": "assistant", "content": TRACE}]}])
+    path = _write_rows(
+        tmp_path / "one.parquet", [{"prompt": PROMPT, "target": [{"role": "assistant", "content": TRACE}]}]
+    )
     item = SFTDataset(path, tokenizer)[0]
     prompt_ids = _ids(tokenizer, "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n<think>\n")
     # The template already opens <think>\n, so the response starts after it and ends with the EOS.
@@ -109,8 +124,10 @@ def test_truncation_modes_on_the_dataset(tmp_path, tokenizer):
 
 
 def test_pad_micro_batch_right_pads_and_filler_rows_carry_no_loss():
-    items = [{"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1])},
-             {"input_ids": torch.tensor([8, 9]), "loss_mask": torch.tensor([0, 1])}]
+    items = [
+        {"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1])},
+        {"input_ids": torch.tensor([8, 9]), "loss_mask": torch.tensor([0, 1])},
+    ]
     batch = pad_micro_batch(items, pad_token_id=0, keep=[True, False])
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
@@ -181,15 +198,23 @@ def test_composed_config_is_validated_key_by_key(tiny_model_dir):
     cfg = compose_sft_config([f"model.path={tiny_model_dir}", "data.train_files=x.parquet"])
     assert validate_sft_config(cfg) == []
     assert cfg.optim.lr == 5e-5 and cfg.optim.warmup_steps_ratio == 0.1 and cfg.trainer.total_epochs == 3
-    bad = compose_sft_config(["model.path=m", "data.train_files=x", "data.truncation=middle", "optim.betas=[0.9]",
-                              "data.micro_batch_size_per_gpu=0"])
+    bad = compose_sft_config(
+        [
+            "model.path=m",
+            "data.train_files=x",
+            "data.truncation=middle",
+            "optim.betas=[0.9]",
+            "data.micro_batch_size_per_gpu=0",
+        ]
+    )
     errors = validate_sft_config(bad)
     assert any("'data.truncation'='middle' is not one of: error, left, right" in e for e in errors)
     assert any("'optim.betas' must be two numbers" in e for e in errors)
     assert any("'data.micro_batch_size_per_gpu'=0 must be >= 1" in e for e in errors)
     assert validate_sft_config(compose_sft_config([])) == [
         "'data.train_files' is required (no default); pass data.train_files=...",
-        "'model.path' is required (no default); pass model.path=..."]
+        "'model.path' is required (no default); pass model.path=...",
+    ]
 
 
 def test_batch_plan_needs_divisible_batches():
@@ -201,26 +226,49 @@ def test_batch_plan_needs_divisible_batches():
 
 
 def test_cli_rejects_unknown_key_with_exit_code_2():
-    proc = subprocess.run([sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", "optim.learning_rat=1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", "optim.learning_rat=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Config error: Unknown config key 'optim.learning_rat'" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------- runs
 def _overrides(tiny_model_dir, tiny_task_dir, out_dir, steps, micro, extra=()):
-    return [f"model.path={tiny_model_dir}", f"data.train_files={tiny_task_dir}/train.parquet",
-            "data.train_batch_size=8", f"data.micro_batch_size_per_gpu={micro}", f"trainer.total_training_steps={steps}",
-            "optim.lr=1e-3", "trainer.device=cpu", f"trainer.default_local_dir={out_dir}", "trainer.logger=[jsonl]",
-            "trainer.progress_bar=False", *extra]
+    return [
+        f"model.path={tiny_model_dir}",
+        f"data.train_files={tiny_task_dir}/train.parquet",
+        "data.train_batch_size=8",
+        f"data.micro_batch_size_per_gpu={micro}",
+        f"trainer.total_training_steps={steps}",
+        "optim.lr=1e-3",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.logger=[jsonl]",
+        "trainer.progress_bar=False",
+        *extra,
+    ]
 
 
 def test_short_run_lowers_the_loss_and_saves_an_hf_folder_with_the_same_logits(tiny_model_dir, tiny_task_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cfg = _prepare(compose_sft_config(_overrides(
-        tiny_model_dir, tiny_task_dir, tmp_path / "run", steps=20, micro=4,
-        extra=[f"data.val_files={tiny_task_dir}/test.parquet", "trainer.save_freq=10"])))
+    cfg = _prepare(
+        compose_sft_config(
+            _overrides(
+                tiny_model_dir,
+                tiny_task_dir,
+                tmp_path / "run",
+                steps=20,
+                micro=4,
+                extra=[f"data.val_files={tiny_task_dir}/test.parquet", "trainer.save_freq=10"],
+            )
+        )
+    )
     with sft_process_group("cpu"):
         trainer = FSDPSFTTrainer(cfg, "cpu")
         result = trainer.fit()
@@ -245,10 +293,15 @@ def test_short_run_lowers_the_loss_and_saves_an_hf_folder_with_the_same_logits(t
     assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens"} <= set(rows[0])
 
 
-def test_gradient_is_one_token_mean_however_the_batch_is_split_into_micro_batches(tiny_model_dir, tiny_task_dir,
-                                                                                    tmp_path):
-    runs = [run_sft(compose_sft_config(_overrides(tiny_model_dir, tiny_task_dir, tmp_path / f"m{micro}", steps=1,
-                                                  micro=micro)))["history"][0] for micro in (1, 8)]
+def test_gradient_is_one_token_mean_however_the_batch_is_split_into_micro_batches(
+    tiny_model_dir, tiny_task_dir, tmp_path
+):
+    runs = [
+        run_sft(
+            compose_sft_config(_overrides(tiny_model_dir, tiny_task_dir, tmp_path / f"m{micro}", steps=1, micro=micro))
+        )["history"][0]
+        for micro in (1, 8)
+    ]
     # Rows differ in length, so a mean of per-micro-batch means would change the gradient (and its norm).
     assert runs[0]["train/tokens"] == runs[1]["train/tokens"]
     assert runs[0]["train/loss"] == pytest.approx(runs[1]["train/loss"], abs=1e-6)
@@ -258,8 +311,18 @@ def test_gradient_is_one_token_mean_however_the_batch_is_split_into_micro_batche
 def test_a_batch_without_response_tokens_skips_the_update(tiny_model_dir, tiny_task_dir, tmp_path):
     from safetensors.torch import load_file
 
-    result = run_sft(compose_sft_config(_overrides(tiny_model_dir, tiny_task_dir, tmp_path / "cut", steps=1, micro=8,
-                                                   extra=["data.max_length=20", "data.truncation=right"])))
+    result = run_sft(
+        compose_sft_config(
+            _overrides(
+                tiny_model_dir,
+                tiny_task_dir,
+                tmp_path / "cut",
+                steps=1,
+                micro=8,
+                extra=["data.max_length=20", "data.truncation=right"],
+            )
+        )
+    )
     step = result["history"][0]
     assert step["train/tokens"] == 0 and step["train/skipped_step"] == 1
     before = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
@@ -271,9 +334,17 @@ def test_a_batch_without_response_tokens_skips_the_update(tiny_model_dir, tiny_t
 def test_two_ranks_give_the_one_rank_losses_for_the_same_global_batch(tiny_model_dir, tiny_task_dir, tmp_path):
     single = run_sft(compose_sft_config(_overrides(tiny_model_dir, tiny_task_dir, tmp_path / "one", steps=2, micro=8)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "verl.trainer.fsdp_sft_trainer",
-           *_overrides(tiny_model_dir, tiny_task_dir, tmp_path / "two", steps=2, micro=2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "verl.trainer.fsdp_sft_trainer",
+        *_overrides(tiny_model_dir, tiny_task_dir, tmp_path / "two", steps=2, micro=2),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     two = [json.loads(line) for line in open(tmp_path / "two" / "metrics.jsonl")]

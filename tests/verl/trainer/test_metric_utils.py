@@ -1,10 +1,16 @@
 """Driver metrics: hand-computed values for data, group, timing and throughput metrics."""
+
 import numpy as np
 import pytest
 import torch
 
-from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_group_metrics, compute_throughput_metrics,
-                                           compute_timing_metrics, reduce_metrics)
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_group_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+)
 
 
 def _batch():
@@ -15,8 +21,15 @@ def _batch():
     prefix = torch.zeros(3, 4, dtype=torch.bool)
     prefix[0, :3] = True
     adv = torch.tensor([[0.5, 0.5, 0.5, 0.0], [-1.0, -1.0, -1.0, -1.0], [0.25, 0.0, 0.0, 0.0]])
-    return {"attention_mask": attn, "token_level_scores": scores, "token_level_rewards": scores.clone(),
-            "advantages": adv, "returns": adv.clone(), "prefix_mask": prefix, "responses": torch.zeros(3, 4, dtype=torch.long)}
+    return {
+        "attention_mask": attn,
+        "token_level_scores": scores,
+        "token_level_rewards": scores.clone(),
+        "advantages": adv,
+        "returns": adv.clone(),
+        "prefix_mask": prefix,
+        "responses": torch.zeros(3, 4, dtype=torch.long),
+    }
 
 
 def test_data_metrics_split_on_and_off_policy_rows():
@@ -48,7 +61,9 @@ def test_group_metrics_count_groups_and_rows():
 
 
 def test_timing_and_throughput():
-    t = compute_timing_metrics({"gen": 2.0, "update_actor": 1.0, "step": 4.0}, num_prompt_tokens=100, num_response_tokens=400)
+    t = compute_timing_metrics(
+        {"gen": 2.0, "update_actor": 1.0, "step": 4.0}, num_prompt_tokens=100, num_response_tokens=400
+    )
     assert t["timing_s/gen"] == 2.0 and t["timing_per_token_ms/gen"] == pytest.approx(5.0)
     assert t["timing_per_token_ms/update_actor"] == pytest.approx(2.0) and "timing_per_token_ms/step" not in t
     p = compute_throughput_metrics(total_tokens=1000, step_seconds=2.0, n_devices=2)
@@ -64,11 +79,17 @@ def test_flops_counter_follows_the_dense_transformer_count_and_mfu_needs_a_peak(
 
     from verl.utils.flops_counter import FlopsCounter, device_peak_flops, update_flops_metrics
 
-    cfg = SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=100)
+    cfg = SimpleNamespace(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
     head_dim = 16
     dense = (64 * (4 * head_dim + 2 * 2 * head_dim + 4 * head_dim) + 3 * 64 * 128) * 2 + 2 * 100 * 64
-    expected = 6 * dense * (10 + 30) + 12 * (10 ** 2 + 30 ** 2) * head_dim * 4 * 2
+    expected = 6 * dense * (10 + 30) + 12 * (10**2 + 30**2) * head_dim * 4 * 2
     assert FlopsCounter(cfg).step_flops([10, 30]) == expected
     assert FlopsCounter(SimpleNamespace(model_type="mamba")).step_flops([10]) == 0.0
     assert device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and device_peak_flops("cpu") is None

@@ -1,5 +1,6 @@
 """verl/trainer/ppo/rollout_corr.py: hand-computed weights, rejection masks and metrics, the config rule, and
 equality with verl's own function on stored tensors (tests/data/verl_reference/rollout_corr_*.pt)."""
+
 import glob
 import math
 import os
@@ -7,8 +8,13 @@ import os
 import pytest
 import torch
 
-from verl.trainer.ppo.rollout_corr import (CALCULATE_LOG_PROBS, config_errors, parse_rs_options, parse_rs_thresholds,
-                                           rollout_correction)
+from verl.trainer.ppo.rollout_corr import (
+    CALCULATE_LOG_PROBS,
+    config_errors,
+    parse_rs_options,
+    parse_rs_thresholds,
+    rollout_correction,
+)
 
 # golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
 pytestmark = pytest.mark.golden
@@ -60,8 +66,9 @@ def test_sequence_is_is_the_truncated_product_over_the_row():
 
 def test_batch_normalize_makes_the_truncated_token_weights_average_one():
     old, rollout, mask = _token_case()
-    out = rollout_correction(old, rollout, mask, rollout_is="token", rollout_is_threshold=2.0,
-                             rollout_is_batch_normalize=True)
+    out = rollout_correction(
+        old, rollout, mask, rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True
+    )
     # truncated [2, 0.4, 1] (padding 0) have mean 3.4 / 3 over the valid tokens; divided by it they average 1
     mean = 3.4 / 3
     torch.testing.assert_close(out.weights, torch.tensor([[2.0, 0.4, 1.0, 0.0]]) / mean)
@@ -74,8 +81,9 @@ def test_batch_normalize_at_sequence_level_averages_over_sequences_not_tokens():
     rollout = torch.full((3, 3), -2.0)
     old = rollout + torch.tensor([[LN(2.0), LN(2.0), 0.0], [LN(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2 empty: not a sequence
-    out = rollout_correction(old, rollout, mask, rollout_is="sequence", rollout_is_threshold=3.0,
-                             rollout_is_batch_normalize=True)
+    out = rollout_correction(
+        old, rollout, mask, rollout_is="sequence", rollout_is_threshold=3.0, rollout_is_batch_normalize=True
+    )
     # row weights: 4 -> 3 (truncated), 0.5; sequence mean (3 + 0.5) / 2 = 1.75 (a token mean would be 9.5 / 4)
     torch.testing.assert_close(out.weights, torch.tensor([[3.0, 3.0, 3.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]) / 1.75)
     assert out.metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.75, rel=1e-6)
@@ -111,8 +119,15 @@ def test_sequence_rejection_drops_whole_rows_and_leaves_is_weights_alone():
     rollout = torch.full((2, 3), -1.0)
     log_ratio = torch.tensor([[0.2, -0.2, 0.4], [1.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    out = rollout_correction(rollout + log_ratio, rollout, mask, rollout_is="token", rollout_is_threshold=5.0,
-                             rollout_rs="seq_sum_k2", rollout_rs_threshold=0.3)
+    out = rollout_correction(
+        rollout + log_ratio,
+        rollout,
+        mask,
+        rollout_is="token",
+        rollout_is_threshold=5.0,
+        rollout_rs="seq_sum_k2",
+        rollout_rs_threshold=0.3,
+    )
     # sum of log_ratio^2 / 2: row 0 = 0.12 (kept), row 1 = 0.5 (> 0.3, dropped).
     torch.testing.assert_close(out.response_mask, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
     torch.testing.assert_close(out.weights, torch.exp(log_ratio) * mask)  # weights on the unrejected mask
@@ -127,8 +142,9 @@ def test_every_option_must_pass():
     log_ratio = torch.tensor([[0.1, -0.9]])
     mask = torch.ones(1, 2)
     # token_k2: 0.005, 0.405 vs 0.5 keeps both; token_k3: e^-0.9 - 1 + 0.9 = 0.3066 > 0.3 drops the second.
-    out = rollout_correction(rollout + log_ratio, rollout, mask, rollout_rs="token_k2, token_k3",
-                             rollout_rs_threshold="0.5,0.3")
+    out = rollout_correction(
+        rollout + log_ratio, rollout, mask, rollout_rs="token_k2, token_k3", rollout_rs_threshold="0.5,0.3"
+    )
     torch.testing.assert_close(out.response_mask, torch.tensor([[1.0, 0.0]]))
     # exact: 0 and 1 of 2 tokens counted (order-free)
     assert out.metrics["rollout_corr/rollout_rs_token_k2_masked_fraction"] == 0.0
@@ -153,16 +169,20 @@ def test_bad_inputs_raise_one_line_errors():
         parse_rs_thresholds(["token_k2", "token_k3", "seq_max_k2"], "0.1,0.2")
     with pytest.raises(ValueError, match="must be > 0"):
         parse_rs_thresholds(["seq_mean_k1"], "0_2")
-    assert parse_rs_thresholds(["seq_mean_k1", "seq_max_k3"], 4) == {"seq_mean_k1": (0.25, 4.0),
-                                                                     "seq_max_k3": (None, 4.0)}
+    assert parse_rs_thresholds(["seq_mean_k1", "seq_max_k3"], 4) == {
+        "seq_mean_k1": (0.25, 4.0),
+        "seq_max_k3": (None, 4.0),
+    }
 
 
 def _getter(**values):
-    keys = {"rollout_is": "algorithm.rollout_correction.rollout_is",
-            "rollout_rs": "algorithm.rollout_correction.rollout_rs",
-            "rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold",
-            "rollout_is_batch_normalize": "algorithm.rollout_correction.rollout_is_batch_normalize",
-            "calculate_log_probs": CALCULATE_LOG_PROBS}
+    keys = {
+        "rollout_is": "algorithm.rollout_correction.rollout_is",
+        "rollout_rs": "algorithm.rollout_correction.rollout_rs",
+        "rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold",
+        "rollout_is_batch_normalize": "algorithm.rollout_correction.rollout_is_batch_normalize",
+        "calculate_log_probs": CALCULATE_LOG_PROBS,
+    }
     flat = {keys[k]: v for k, v in values.items()}
     return flat.get
 
@@ -174,18 +194,26 @@ def test_config_rule_needs_calculate_log_probs_and_names_both_keys():
     assert len(errors) == 1
     assert "'algorithm.rollout_correction.rollout_is'='token'" in errors[0]
     assert f"'{CALCULATE_LOG_PROBS}'=True" in errors[0]
-    errors = config_errors(_getter(rollout_is=None, rollout_rs="seq_max_k2", rollout_rs_threshold=None,
-                                   calculate_log_probs=False))
+    errors = config_errors(
+        _getter(rollout_is=None, rollout_rs="seq_max_k2", rollout_rs_threshold=None, calculate_log_probs=False)
+    )
     assert len(errors) == 2 and "rollout_rs'='seq_max_k2' needs" in errors[0] and "must be set" in errors[1]
     errors = config_errors(_getter(rollout_is=None, rollout_is_batch_normalize=True, calculate_log_probs=True))
-    assert errors == ["'algorithm.rollout_correction.rollout_is_batch_normalize'=True needs "
-                      "'algorithm.rollout_correction.rollout_is' (token or sequence): it normalises the IS weights"]
+    assert errors == [
+        "'algorithm.rollout_correction.rollout_is_batch_normalize'=True needs "
+        "'algorithm.rollout_correction.rollout_is' (token or sequence): it normalises the IS weights"
+    ]
 
 
 REFERENCES = sorted(glob.glob(os.path.join(REF_DIR, "rollout_corr_*.pt")))
 # The metrics this module reports (a subset of verl's, with verl's names): all must equal verl's values.
-_IS_KEYS = {"rollout_is_mean", "rollout_is_max", "rollout_is_min", "rollout_is_ratio_fraction_high",
-            "rollout_is_ratio_fraction_low"}
+_IS_KEYS = {
+    "rollout_is_mean",
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_ratio_fraction_high",
+    "rollout_is_ratio_fraction_low",
+}
 _MISMATCH_KEYS = {"kl", "k3_kl", "chi2_token"}
 
 

@@ -1,4 +1,5 @@
 """The SFT trainer's keys are declared once (verl/trainer/sft/config.py) and in step with sft_trainer.yaml."""
+
 import pytest
 
 from verl.trainer.sft.config import declared, schema_defaults

@@ -5,6 +5,7 @@ former path (``from_pretrained`` of the full fp32 model on every rank, then ``fu
 as the reference): the gathered weights must be identical, and so must the first step's loss and gradient
 norm on the same global batch.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,13 +24,18 @@ def _from_pretrained_model(model_cfg, device, mesh):
     hf_config = AutoConfig.from_pretrained(model_cfg.path)
     hf_config.use_cache = False
     module = AutoModelForCausalLM.from_pretrained(
-        model_cfg.path, config=hf_config, dtype=torch.float32,
-        attn_implementation=resolve_attn_implementation(model_cfg.attn_implementation, device))
+        model_cfg.path,
+        config=hf_config,
+        dtype=torch.float32,
+        attn_implementation=resolve_attn_implementation(model_cfg.attn_implementation, device),
+    )
     fsdp_cfg = model_cfg.fsdp_config
-    return apply_fsdp2(module, mesh,
-                       mp_policy=mixed_precision_policy(_param_dtype(fsdp_cfg.param_dtype, device), fsdp_cfg.reduce_dtype,
-                                                        device),
-                       reshard_after_forward=bool(fsdp_cfg.reshard_after_forward))
+    return apply_fsdp2(
+        module,
+        mesh,
+        mp_policy=mixed_precision_policy(_param_dtype(fsdp_cfg.param_dtype, device), fsdp_cfg.reduce_dtype, device),
+        reshard_after_forward=bool(fsdp_cfg.reshard_after_forward),
+    )
 
 
 def _no_full_load(*args, **kwargs):
@@ -60,20 +66,33 @@ def _rank(rank, world, port, overrides):
                 AutoModelForCausalLM.from_pretrained = from_pretrained
             meta_params = sum(p.device.type == "meta" for p in trainer.model.parameters())
             state = gather_full_state_dict(trainer.model)
-            rows = epoch_batches(len(trainer.train_dataset), cfg.data.train_batch_size, 0, cfg.trainer.seed,
-                                 cfg.data.shuffle)[0]
+            rows = epoch_batches(
+                len(trainer.train_dataset), cfg.data.train_batch_size, 0, cfg.trainer.seed, cfg.data.shuffle
+            )[0]
             metrics = trainer.train_step(rows)
-            out[name] = {"state": state, "loss": metrics["train/loss"], "grad_norm": metrics["train/grad_norm"],
-                         "meta_params": meta_params}
+            out[name] = {
+                "state": state,
+                "loss": metrics["train/loss"],
+                "grad_norm": metrics["train/grad_norm"],
+                "meta_params": meta_params,
+            }
     return out
 
 
-def test_meta_init_gives_the_from_pretrained_weights_and_first_step_on_two_ranks(tiny_model_dir, tiny_task_dir,
-                                                                                 tmp_path):
-    overrides = [f"model.path={tiny_model_dir}", f"data.train_files={tiny_task_dir}/train.parquet",
-                 "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=1",
-                 "trainer.device=cpu", f"trainer.default_local_dir={tmp_path}/out", "trainer.logger=[jsonl]",
-                 "trainer.progress_bar=False"]
+def test_meta_init_gives_the_from_pretrained_weights_and_first_step_on_two_ranks(
+    tiny_model_dir, tiny_task_dir, tmp_path
+):
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        f"data.train_files={tiny_task_dir}/train.parquet",
+        "data.train_batch_size=8",
+        "data.micro_batch_size_per_gpu=2",
+        "trainer.total_training_steps=1",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={tmp_path}/out",
+        "trainer.logger=[jsonl]",
+        "trainer.progress_bar=False",
+    ]
     ranks = run_gloo_ranks(_rank, 2, overrides, timeout_s=600)
     rank0 = ranks[0]
     meta, full = rank0["meta"]["state"], rank0["full"]["state"]
@@ -102,8 +121,11 @@ def _build_and_measure(rank, world, port, model_dir):
     from verl.trainer.sft.fsdp_model import build_fsdp_model
     from verl.utils.fsdp_utils import create_device_mesh
 
-    model_cfg = OmegaConf.create(OmegaConf.to_container(
-        compose_sft_config([f"model.path={model_dir}", "model.attn_implementation=sdpa"]).model, resolve=True))
+    model_cfg = OmegaConf.create(
+        OmegaConf.to_container(
+            compose_sft_config([f"model.path={model_dir}", "model.attn_implementation=sdpa"]).model, resolve=True
+        )
+    )
     with sft_process_group("cpu"):
         mesh = create_device_mesh("cpu")
         # import the model's code outside the measurement (an empty model: no parameter storage)
@@ -128,8 +150,15 @@ def test_sft_model_build_peak_rss_per_rank_is_its_shard_not_a_full_fp32_copy(tmp
     fp32 copy per rank; tests/verl/utils/test_meta_init.py measures that side)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                      num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
@@ -137,8 +166,9 @@ def test_sft_model_build_peak_rss_per_rank_is_its_shard_not_a_full_fp32_copy(tmp
     del model
     full_kb = n_params * 4 / 1024
     # spawn: a forked rank would start with the parent's resident pages
-    for rank, (peak_kb, local) in enumerate(run_gloo_ranks(_build_and_measure, 2, str(tmp_path), timeout_s=600,
-                                                            start_method="spawn")):
+    for rank, (peak_kb, local) in enumerate(
+        run_gloo_ranks(_build_and_measure, 2, str(tmp_path), timeout_s=600, start_method="spawn")
+    ):
         print(f"rank {rank}: SFT build peak +{peak_kb / 1024:.0f} MiB; full fp32 copy {full_kb / 1024:.0f} MiB")
         assert abs(local - n_params / 2) < 0.01 * n_params
         assert peak_kb < 0.65 * full_kb, (peak_kb, full_kb)

@@ -5,6 +5,7 @@ global_step_<N>/huggingface of that step, loadable; SIGINT -> 130; ``trainer.sav
 without a folder; a second signal aborts at once without saving, while a duplicate of the first arriving
 within milliseconds (Slurm signals every process, torchrun forwards once more) counts once.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,18 @@ from verl.utils.signals import AbortedBySignal
 
 
 def _overrides(model, task, out, steps=6, extra=()):
-    return [f"model.path={model}", f"data.train_files={task}/train.parquet", "data.train_batch_size=4",
-            "data.micro_batch_size_per_gpu=4", f"trainer.total_training_steps={steps}", "trainer.device=cpu",
-            f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]", "trainer.progress_bar=False", *extra]
+    return [
+        f"model.path={model}",
+        f"data.train_files={task}/train.parquet",
+        "data.train_batch_size=4",
+        "data.micro_batch_size_per_gpu=4",
+        f"trainer.total_training_steps={steps}",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={out}",
+        "trainer.logger=[jsonl]",
+        "trainer.progress_bar=False",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -46,8 +56,9 @@ def signal_at_step(monkeypatch):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
-def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_signal(tiny_model_dir, tiny_task_dir, tmp_path,
-                                                                             signal_at_step, sig, code):
+def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_signal(
+    tiny_model_dir, tiny_task_dir, tmp_path, signal_at_step, sig, code
+):
     from transformers import AutoModelForCausalLM
 
     calls = signal_at_step(3, [sig])
@@ -58,7 +69,9 @@ def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_signal(tiny
     assert signal.getsignal(sig) is before  # handlers restored
     saved = sorted(os.listdir(tmp_path / "run"))
     assert "global_step_3" in saved and "final" not in saved and not any(s.startswith("global_step_4") for s in saved)
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "global_step_3" / "huggingface", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "global_step_3" / "huggingface", dtype=torch.float32
+    )
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     # trained weights (three AdamW steps), not a copy of the base model
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters()))
@@ -67,8 +80,11 @@ def test_a_stop_signal_saves_the_step_in_progress_and_exits_128_plus_signal(tiny
 def test_save_on_signal_false_stops_without_a_folder(tiny_model_dir, tiny_task_dir, tmp_path, signal_at_step):
     signal_at_step(2, [signal.SIGTERM])
     with pytest.raises(SystemExit) as exc:
-        run_sft(compose_sft_config(_overrides(tiny_model_dir, tiny_task_dir, tmp_path / "run",
-                                              extra=["trainer.save_on_signal=False"])))
+        run_sft(
+            compose_sft_config(
+                _overrides(tiny_model_dir, tiny_task_dir, tmp_path / "run", extra=["trainer.save_on_signal=False"])
+            )
+        )
     assert exc.value.code == 143
     assert not any(s.startswith(("global_step_", "final")) for s in os.listdir(tmp_path / "run"))
 

@@ -2,6 +2,7 @@
 DataProto``, ``core_algos.agg_loss`` (verl's four ``loss_agg_mode`` values and its global-batch arguments),
 ``core_algos.compute_entropy_loss`` and ``kl_penalty``'s k1/k2/k3 names, compared with the values verl's own
 functions gave on the same seeded tensors (tests/data/verl_reference/README.md says which commit)."""
+
 from __future__ import annotations
 
 import pathlib
@@ -47,8 +48,10 @@ def test_agg_loss_equals_verls_in_every_mode(ref, mode):
     x = ref["inputs"]
     assert x["loss_mask"][2].sum() == 0  # a fully masked row: verl's seq modes leave it out of the mean
     _close(agg_loss(x["loss_mat"], x["loss_mask"], mode), ref["agg_loss"][mode])
-    _close(agg_loss(x["loss_mat"], x["loss_mask"], loss_agg_mode=mode, **ref["agg_loss_global_args"]),
-           ref["agg_loss_global"][mode])
+    _close(
+        agg_loss(x["loss_mat"], x["loss_mask"], loss_agg_mode=mode, **ref["agg_loss_global_args"]),
+        ref["agg_loss_global"][mode],
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,5 +1,6 @@
 """Attention kernel choice without flash-attn (docs/DESIGN.md §2 item 10): ``auto`` falls back to sdpa with one warning naming
 the package; an explicit flash-attention kernel without its package fails at pre-flight in one line."""
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,11 @@ from verl.utils import attn_impl
 def no_flash(monkeypatch):
     """This interpreter as a GPU image without flash-attn / flash-attn-3 (whatever is really installed)."""
     real = attn_impl.package_importable
-    monkeypatch.setattr(attn_impl, "package_importable",
-                        lambda module: False if module in ("flash_attn", "flash_attn_interface") else real(module))
+    monkeypatch.setattr(
+        attn_impl,
+        "package_importable",
+        lambda module: False if module in ("flash_attn", "flash_attn_interface") else real(module),
+    )
     monkeypatch.setattr(attn_impl, "_warned", False)
 
 
@@ -65,8 +69,14 @@ def test_the_worker_builds_its_model_with_the_resolved_kernel(no_flash, monkeypa
         raise Built(attn)
 
     monkeypatch.setattr(meta_init, "empty_model", empty_model)
-    model = SimpleNamespace(attn_implementation="auto", path=tiny_model_dir, trust_remote_code=False,
-                            override_config={}, external_lib=None, enable_gradient_checkpointing=False)
+    model = SimpleNamespace(
+        attn_implementation="auto",
+        path=tiny_model_dir,
+        trust_remote_code=False,
+        override_config={},
+        external_lib=None,
+        enable_gradient_checkpointing=False,
+    )
     worker = SimpleNamespace(sections=SimpleNamespace(model=model), device="cuda")
     with pytest.raises(Built, match="^sdpa$"):
         ActorRolloutRefWorker._build_module(worker, fsdp_cfg=None, trainable=False)
@@ -74,7 +84,8 @@ def test_the_worker_builds_its_model_with_the_resolved_kernel(no_flash, monkeypa
 
 @pytest.mark.parametrize("name,dist", [("flash_attention_2", "flash-attn"), ("flash_attention_3", "flash-attn-3")])
 def test_explicit_flash_attention_without_its_package_fails_at_preflight_in_one_line(
-        no_flash, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, tmp_path, name, dist):
+    no_flash, compose_config, luffy_overrides, tiny_model_dir, tiny_task_dir, tmp_path, name, dist
+):
     from omegaconf import OmegaConf
 
     from luffy_pool.run.preflight import PreflightError, preflight
@@ -86,4 +97,5 @@ def test_explicit_flash_attention_without_its_package_fails_at_preflight_in_one_
         preflight(cfg)
     assert err.value.errors == [
         f"'actor_rollout_ref.model.attn_implementation'={name} needs the {dist} package, which is not installed "
-        f"here (pip install {dist}, or set actor_rollout_ref.model.attn_implementation=auto to fall back to sdpa)"]
+        f"here (pip install {dist}, or set actor_rollout_ref.model.attn_implementation=auto to fall back to sdpa)"
+    ]

@@ -4,6 +4,7 @@ The config keys count prompts (LUFFY/verl); ``RankBatchSizes`` carries the rows 
 (dp = world / SP) after ``x rollout.n``. These cases pin the numbers the actor received before the keys
 stopped being overwritten in place.
 """
+
 import dataclasses
 
 import pytest
@@ -14,22 +15,36 @@ from verl.protocol import DataProto
 from verl.utils.batch_sizes import BatchSizeError, RankBatchSizes, rank_batch_sizes
 
 
-@pytest.mark.parametrize("actor,n,world,sp,log_prob,expected", [
-    # LUFFY's run: 64 prompts x 8 / 8 ranks = 64 rows; log-prob 128 // 8 * 8 = 128.
-    ({"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 64}, 8, 8, 1, 128, (64, 64, 1, 128)),
-    # n > 1 on 2 ranks: 4 x 4 / 2 = 8 rows, micro 2 x 4 / 2 = 4 rows, accumulate 2; log-prob 6 // 2 * 4 = 12.
-    ({"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 2}, 4, 2, 1, 6, (8, 4, 2, 12)),
-    # Ulysses SP=2 on 8 ranks: dp = 4, so 64 x 8 / 4 = 128 rows, 16 x 8 / 4 = 32; log-prob 128 // 4 * 8 = 256.
-    ({"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 16}, 8, 8, 2, 128, (128, 32, 4, 256)),
-    # SP=2 on 2 ranks (dp = 1) with n = 2: 3 x 2 = 6 rows, micro 1 x 2 = 2, accumulate 3; log-prob 5 // 1 * 2 = 10.
-    ({"ppo_mini_batch_size": 3, "ppo_micro_batch_size": 1}, 2, 2, 2, 5, (6, 2, 3, 10)),
-    # ppo_micro_batch_size_per_gpu is rows already and wins over the prompt count.
-    ({"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 64, "ppo_micro_batch_size_per_gpu": 16}, 8, 8, 1, None,
-     (64, 16, 4, None)),
-])
+@pytest.mark.parametrize(
+    "actor,n,world,sp,log_prob,expected",
+    [
+        # LUFFY's run: 64 prompts x 8 / 8 ranks = 64 rows; log-prob 128 // 8 * 8 = 128.
+        ({"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 64}, 8, 8, 1, 128, (64, 64, 1, 128)),
+        # n > 1 on 2 ranks: 4 x 4 / 2 = 8 rows, micro 2 x 4 / 2 = 4 rows, accumulate 2; log-prob 6 // 2 * 4 = 12.
+        ({"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 2}, 4, 2, 1, 6, (8, 4, 2, 12)),
+        # Ulysses SP=2 on 8 ranks: dp = 4, so 64 x 8 / 4 = 128 rows, 16 x 8 / 4 = 32; log-prob 128 // 4 * 8 = 256.
+        ({"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 16}, 8, 8, 2, 128, (128, 32, 4, 256)),
+        # SP=2 on 2 ranks (dp = 1) with n = 2: 3 x 2 = 6 rows, micro 1 x 2 = 2, accumulate 3; log-prob 5 // 1 * 2 = 10.
+        ({"ppo_mini_batch_size": 3, "ppo_micro_batch_size": 1}, 2, 2, 2, 5, (6, 2, 3, 10)),
+        # ppo_micro_batch_size_per_gpu is rows already and wins over the prompt count.
+        (
+            {"ppo_mini_batch_size": 64, "ppo_micro_batch_size": 64, "ppo_micro_batch_size_per_gpu": 16},
+            8,
+            8,
+            1,
+            None,
+            (64, 16, 4, None),
+        ),
+    ],
+)
 def test_rank_batch_sizes_hand_computed(actor, n, world, sp, log_prob, expected):
     sizes = rank_batch_sizes(OmegaConf.create(actor), n, world, sp, log_prob_micro_batch_size=log_prob)
-    assert (sizes.ppo_mini_rows, sizes.ppo_micro_rows, sizes.gradient_accumulation, sizes.log_prob_micro_rows) == expected
+    assert (
+        sizes.ppo_mini_rows,
+        sizes.ppo_micro_rows,
+        sizes.gradient_accumulation,
+        sizes.log_prob_micro_rows,
+    ) == expected
 
 
 def test_rank_batch_sizes_are_frozen_and_standalone_defaults_make_prompts_rows():
@@ -45,9 +60,16 @@ def _worker_config(sp: int):
     from luffy_pool.config.compose import compose_config
 
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    return compose_config([f"{a}.ppo_mini_batch_size=8", f"{a}.ppo_micro_batch_size=4",
-                           f"{a}.ulysses_sequence_parallel_size={sp}", f"{r}.n=3", f"{r}.log_prob_micro_batch_size=8",
-                           "actor_rollout_ref.ref.log_prob_micro_batch_size=8"]).actor_rollout_ref
+    return compose_config(
+        [
+            f"{a}.ppo_mini_batch_size=8",
+            f"{a}.ppo_micro_batch_size=4",
+            f"{a}.ulysses_sequence_parallel_size={sp}",
+            f"{r}.n=3",
+            f"{r}.log_prob_micro_batch_size=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+        ]
+    ).actor_rollout_ref
 
 
 @pytest.mark.parametrize("sp,expected", [(1, (6, 3, 2, 6)), (2, (12, 6, 2, 12))])
@@ -77,8 +99,14 @@ def test_actor_update_splits_by_the_rank_sizes_not_the_prompt_counts(monkeypatch
     from luffy_pool.config.compose import actor_config
     from verl.workers.config_sections import ActorSection
 
-    cfg = actor_config(ppo_mini_batch_size=1, ppo_micro_batch_size=1, use_dynamic_bsz=False,
-                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, grad_clip=1.0)
+    cfg = actor_config(
+        ppo_mini_batch_size=1,
+        ppo_micro_batch_size=1,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=64,
+        ppo_epochs=1,
+        grad_clip=1.0,
+    )
     param = torch.nn.Parameter(torch.zeros(1))
     actor = dp_actor.DataParallelPPOActor.__new__(dp_actor.DataParallelPPOActor)
     actor.config, actor.batch_sizes = cfg, RankBatchSizes(ppo_mini_rows=4, ppo_micro_rows=2, gradient_accumulation=2)
@@ -96,16 +124,23 @@ def test_actor_update_splits_by_the_rank_sizes_not_the_prompt_counts(monkeypatch
         return (param * log_prob).sum(), {}
 
     actor._micro_batches = micro_batches
-    actor._forward_micro_batch = lambda mb, t, calculate_entropy: (torch.zeros(len(mb["input_ids"]), 2),
-                                                                    torch.ones(len(mb["input_ids"]), 2))
+    actor._forward_micro_batch = lambda mb, t, calculate_entropy: (
+        torch.zeros(len(mb["input_ids"]), 2),
+        torch.ones(len(mb["input_ids"]), 2),
+    )
     actor.compute_policy_loss = loss
     actor._regularisers = lambda *a: 0.0
     actor._optimizer_step = lambda: seen["grads"].append(float(param.grad)) or 0.0
     rows = 8
-    data = DataProto.from_dict(tensors={"input_ids": torch.ones(rows, 5, dtype=torch.long),
-                                        "attention_mask": torch.ones(rows, 5, dtype=torch.long),
-                                        "responses": torch.ones(rows, 2, dtype=torch.long),
-                                        "old_log_probs": torch.zeros(rows, 2)}, meta_info={"temperature": 1.0})
+    data = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.ones(rows, 5, dtype=torch.long),
+            "attention_mask": torch.ones(rows, 5, dtype=torch.long),
+            "responses": torch.ones(rows, 2, dtype=torch.long),
+            "old_log_probs": torch.zeros(rows, 2),
+        },
+        meta_info={"temperature": 1.0},
+    )
     metrics = actor.update_policy(data)
     assert seen["micro_sizes"] == [(4, 2), (4, 2)]  # 8 rows -> two mini-batches of 4 rows, micro-batches of 2
     assert len(metrics["actor/grad_norm"]) == 2 and seen["losses"] == 4

@@ -1,5 +1,6 @@
 """Chunked LM-head log-probs/entropy: hand values, equality with the dense path (values and gradients,
 fp32 and bf16), and no [tokens, V] tensor kept for backward."""
+
 import math
 
 import pytest
@@ -74,8 +75,9 @@ def test_bf16_matches_the_dense_path_to_bf16_rounding(chunk):
     lp_d, ent_d, (gh_d, gw_d, _) = _run(dense_logprobs_entropy, h, w, None, labels, g_lp, g_ent)
     assert gh.dtype == gw.dtype == torch.bfloat16
     assert torch.allclose(lp, lp_d, atol=1e-5) and torch.allclose(ent, ent_d, atol=1e-5)
-    _, _, (gh_x, gw_x, _) = _run(dense_logprobs_entropy, h.double(), w.double(), None, labels, g_lp.double(),
-                                 g_ent.double())
+    _, _, (gh_x, gw_x, _) = _run(
+        dense_logprobs_entropy, h.double(), w.double(), None, labels, g_lp.double(), g_ent.double()
+    )
     for ours, dense, exact in ((gh, gh_d, gh_x), (gw, gw_d, gw_x)):
         err, err_dense = (ours.double() - exact).abs().max(), (dense.double() - exact).abs().max()
         assert err <= 2 * err_dense + 1e-3 * exact.abs().max(), (err, err_dense)

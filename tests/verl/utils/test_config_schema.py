@@ -1,4 +1,5 @@
 """verl/utils/config_schema.py: the schema helpers both trainers' config checks are built on, on a toy schema."""
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -21,14 +22,23 @@ TREE = {"data": {"batch_size": 8, "files": ["a", "b"], "extra": {}}, "model": {"
 
 def test_walk_yields_leaves_only_with_empty_dicts_and_lists_as_values():
     assert list(walk(TREE)) == [
-        ("data.batch_size", 8), ("data.files", ["a", "b"]), ("data.extra", {}), ("model.path", "???"),
+        ("data.batch_size", 8),
+        ("data.files", ["a", "b"]),
+        ("data.extra", {}),
+        ("model.path", "???"),
         ("model.kwargs.x", 1),
     ]
 
 
 def test_walk_with_sections_yields_nodes_first_and_stops_at_open_keys():
     assert [k for k, _ in walk(TREE, sections=True, open_keys=("model.kwargs",))] == [
-        "data", "data.batch_size", "data.files", "data.extra", "model", "model.path", "model.kwargs",
+        "data",
+        "data.batch_size",
+        "data.files",
+        "data.extra",
+        "model",
+        "model.path",
+        "model.kwargs",
     ]
 
 
@@ -45,10 +55,19 @@ def test_resolved_tree_names_the_key_of_a_broken_interpolation():
         resolved_tree(OmegaConf.create({"b": "${nope}"}), SchemaConfigError)
 
 
-@pytest.mark.parametrize("value,types,ok", [
-    (3, (float,), True), (3.0, (int,), False), (True, (int,), False), (True, (bool,), True), (None, (str,), False),
-    (None, (str, NONE_TYPE), True), ({}, (dict,), True), ([1], (str,), False),
-])
+@pytest.mark.parametrize(
+    "value,types,ok",
+    [
+        (3, (float,), True),
+        (3.0, (int,), False),
+        (True, (int,), False),
+        (True, (bool,), True),
+        (None, (str,), False),
+        (None, (str, NONE_TYPE), True),
+        ({}, (dict,), True),
+        ([1], (str,), False),
+    ],
+)
 def test_type_ok_counts_int_as_float_but_never_bool_as_number(value, types, ok):
     assert type_ok(value, types) is ok
 
@@ -57,8 +76,10 @@ def test_value_and_enum_errors_name_the_key():
     assert value_error("m.path", "???", (str,)) == "'m.path' is required (no default); pass m.path=..."
     assert value_error("d.n", "4", (int, NONE_TYPE)) == "'d.n' must be int or null, got '4'"
     assert value_error("d.n", 4, (int,)) is None
-    assert enum_error("k", "cosin", ("cosine", "constant")) == \
-        "'k'='cosin' is not one of: cosine, constant (did you mean 'cosine'?)"
+    assert (
+        enum_error("k", "cosin", ("cosine", "constant"))
+        == "'k'='cosin' is not one of: cosine, constant (did you mean 'cosine'?)"
+    )
     assert enum_error("k", "zzz", ("cosine",)) == "'k'='zzz' is not one of: cosine"
     assert enum_error("k", "cosine", ("cosine",)) is None
 
@@ -83,19 +104,35 @@ def _unknown(key, plus):
 
 
 def test_prepare_overrides_strips_plus_on_schema_keys_and_adds_double_plus_to_others():
-    out = prepare_overrides(["+a.b=1", "opt=2", "hydra.run.dir=.", "++a.b=3"], classify=_classify,
-                            unknown_message=_unknown, error_cls=SchemaConfigError)
+    out = prepare_overrides(
+        ["+a.b=1", "opt=2", "hydra.run.dir=.", "++a.b=3"],
+        classify=_classify,
+        unknown_message=_unknown,
+        error_cls=SchemaConfigError,
+    )
     assert out == ["a.b=1", "++opt=2", "hydra.run.dir=.", "a.b=3"]
 
 
 def test_prepare_overrides_lists_every_problem():
     with pytest.raises(SchemaConfigError) as info:
-        prepare_overrides(["x=1", "+y=2", "~a.b", "a.b@p=1"], classify=_classify, unknown_message=_unknown,
-                          error_cls=SchemaConfigError)
-    assert info.value.errors == ["unknown x plus=False", "unknown y plus=True",
-                                 "Deleting config keys is not supported: '~a.b'",
-                                 "Package overrides are not supported: 'a.b@p=1'"]
-    assert prepare_overrides(["~a.b"], classify=_classify, unknown_message=_unknown, error_cls=SchemaConfigError,
-                             allow_delete_and_package=True) == ["~a.b"]
+        prepare_overrides(
+            ["x=1", "+y=2", "~a.b", "a.b@p=1"],
+            classify=_classify,
+            unknown_message=_unknown,
+            error_cls=SchemaConfigError,
+        )
+    assert info.value.errors == [
+        "unknown x plus=False",
+        "unknown y plus=True",
+        "Deleting config keys is not supported: '~a.b'",
+        "Package overrides are not supported: 'a.b@p=1'",
+    ]
+    assert prepare_overrides(
+        ["~a.b"],
+        classify=_classify,
+        unknown_message=_unknown,
+        error_cls=SchemaConfigError,
+        allow_delete_and_package=True,
+    ) == ["~a.b"]
     with pytest.raises(SchemaConfigError, match="^Cannot parse override"):
         prepare_overrides(["a=[1,"], classify=_classify, unknown_message=_unknown, error_cls=SchemaConfigError)

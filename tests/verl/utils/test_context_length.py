@@ -1,4 +1,5 @@
 """Context check at start (docs/DESIGN.md §2 item 4): prompt + response beyond max_position_embeddings is one clear line."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -30,8 +31,13 @@ def test_build_trainer_fails_before_ray(tiny_model_dir, tiny_task_dir, tmp_path,
     from luffy_pool.run.launcher import build_trainer
 
     # the tiny model has 2048 positions
-    config = compose_config(luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) +
-                            ["data.max_prompt_length=1024", "data.max_response_length=1100"])
-    with pytest.raises(ValueError, match=r"\(1024\) \+ data.max_response_length \(1100\) = 2124 exceeds "
-                                         r"max_position_embeddings \(2048\)"):
+    config = compose_config(
+        luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path))
+        + ["data.max_prompt_length=1024", "data.max_response_length=1100"]
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"\(1024\) \+ data.max_response_length \(1100\) = 2124 exceeds "
+        r"max_position_embeddings \(2048\)",
+    ):
         build_trainer(config)

@@ -1,4 +1,5 @@
 """trainer.cpu_bind: each local CPU rank gets its own slice of the allowed cores."""
+
 import multiprocessing as mp
 import os
 
@@ -44,8 +45,14 @@ def test_bind_pins_a_process_to_its_slice_and_none_leaves_it():
 
 def test_launcher_resolves_the_mode_for_the_workers(compose_config):
     def cfg(bind="auto", rollout="hf"):
-        config = compose_config(["data.train_files=x", "data.val_files=null", "actor_rollout_ref.model.path=m",
-                                 f"actor_rollout_ref.rollout.name={rollout}"])
+        config = compose_config(
+            [
+                "data.train_files=x",
+                "data.val_files=null",
+                "actor_rollout_ref.model.path=m",
+                f"actor_rollout_ref.rollout.name={rollout}",
+            ]
+        )
         config.trainer.cpu_bind = bind  # after composing: a bad value is the checker's to refuse
         return config
 

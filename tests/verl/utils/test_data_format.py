@@ -1,4 +1,5 @@
 """Validation, reading and CLI helpers shared by the prepare and eval scripts (verl/utils/data_format.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,9 +9,20 @@ import os
 import numpy as np
 import pytest
 
-from verl.utils.data_format import (R1_SYSTEM_PROMPT, DataFormatError, add_bool_arg, check_chat, has_think_structure,
-                         prompt_hash_fraction, read_eval_table, read_records, sibling_path, strip_think_open,
-                         validate_training_row, write_records)
+from verl.utils.data_format import (
+    R1_SYSTEM_PROMPT,
+    DataFormatError,
+    add_bool_arg,
+    check_chat,
+    has_think_structure,
+    prompt_hash_fraction,
+    read_eval_table,
+    read_records,
+    sibling_path,
+    strip_think_open,
+    validate_training_row,
+    write_records,
+)
 
 
 def _good_row(**over):
@@ -57,14 +69,17 @@ def test_check_chat_accepts_numpy_arrays_from_pandas_and_rejects_strings():
         check_chat([{"role": "user"}], "f", 0, "prompt")
 
 
-@pytest.mark.parametrize("override, column, problem", [
-    ({"prompt": "What is 1+1?"}, "prompt", "expected a list"),
-    ({"target": []}, "target", "empty message list"),
-    ({"target": [{"role": "assistant", "content": "  "}]}, "target", "empty text"),
-    ({"reward_model": {"style": "rule"}}, "reward_model", "ground_truth"),
-    ({"reward_model": {"ground_truth": "", "style": "rule"}}, "reward_model.ground_truth", "empty text"),
-    ({"data_source": 3}, "data_source", "expected a string"),
-])
+@pytest.mark.parametrize(
+    "override, column, problem",
+    [
+        ({"prompt": "What is 1+1?"}, "prompt", "expected a list"),
+        ({"target": []}, "target", "empty message list"),
+        ({"target": [{"role": "assistant", "content": "  "}]}, "target", "empty text"),
+        ({"reward_model": {"style": "rule"}}, "reward_model", "ground_truth"),
+        ({"reward_model": {"ground_truth": "", "style": "rule"}}, "reward_model.ground_truth", "empty text"),
+        ({"data_source": 3}, "data_source", "expected a string"),
+    ],
+)
 def test_training_row_errors_name_the_column(override, column, problem):
     with pytest.raises(DataFormatError) as info:
         validate_training_row(_good_row(**override), "t.parquet", 7)
@@ -80,7 +95,9 @@ def test_training_row_missing_column_lists_the_present_ones():
 
 def test_numeric_ground_truth_becomes_a_string():
     assert validate_training_row(_good_row(reward_model={"ground_truth": 72}), "t", 0)["reward_model"] == {
-        "ground_truth": "72", "style": "rule"}
+        "ground_truth": "72",
+        "style": "rule",
+    }
 
 
 def test_real_benchmark_parquet_validates(repo_data_dir):
@@ -136,9 +153,19 @@ def test_think_helpers():
 def test_eval_table_refuses_unusable_ground_truths(tmp_path):
     for gt, message in (("nan", "ground truth 'nan' is NaN/infinite"), (" ", "empty text")):
         path = tmp_path / "bench.jsonl"
-        path.write_text(json.dumps({"data_source": "math", "prompt": [{"role": "user", "content": "q"}],
-                                    "reward_model": {"ground_truth": gt}}) + "\n")
-        with pytest.raises(DataFormatError, match=rf"bench\.jsonl: row 0, column 'reward_model.ground_truth': {message}"):
+        path.write_text(
+            json.dumps(
+                {
+                    "data_source": "math",
+                    "prompt": [{"role": "user", "content": "q"}],
+                    "reward_model": {"ground_truth": gt},
+                }
+            )
+            + "\n"
+        )
+        with pytest.raises(
+            DataFormatError, match=rf"bench\.jsonl: row 0, column 'reward_model.ground_truth': {message}"
+        ):
             read_eval_table(str(path))
 
 

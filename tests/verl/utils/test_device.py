@@ -5,6 +5,7 @@ list (0), not from the node-local rank; LOCAL_RANK (what vLLM's external launche
 The Ray checks start their own Ray instance (``num_gpus=4`` on one node; a 2-node x 2-GPU
 ``ray.cluster_utils.Cluster``) in a child process, so the session's Ray is untouched.
 """
+
 from __future__ import annotations
 
 import json
@@ -121,15 +122,21 @@ finally:
 
 
 def _run_child(mode: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     env.pop("RAY_ADDRESS", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def assert_gpu_placement(ranks: list, nodes: list) -> None:
@@ -138,7 +145,7 @@ def assert_gpu_placement(ranks: list, nodes: list) -> None:
     assert [r["rank"] for r in ranks] == list(range(sum(nodes)))
     start = 0
     for n in nodes:
-        group = ranks[start:start + n]
+        group = ranks[start : start + n]
         assert len({r["node_id"] for r in group}) == 1
         assert [r["env"]["RAY_LOCAL_RANK"] for r in group] == [str(i) for i in range(n)]
         assert len({tuple(r["ray_gpu_ids"]) for r in group}) == n  # no two ranks share a GPU
@@ -177,8 +184,14 @@ def test_engine_layout_and_bundle_choice(compose_config):
 
     S = ConfigSections.from_config
 
-    cfg = compose_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.bundle_resources=auto",
-                          "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    cfg = compose_config(
+        [
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=8",
+            "trainer.bundle_resources=auto",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        ]
+    )
     assert engine_layout(S(cfg)) == "FSDP ranks 16 (2 node(s) x 8); rollout engine layout: 8 DP group(s) x TP 2"
     assert bundle_uses_gpu(S(cfg), "cuda") and not bundle_uses_gpu(S(cfg), "cpu")
     cfg.trainer.bundle_resources = "gpu"

@@ -1,5 +1,6 @@
 """REVIEW H2: a flash-attn whose CUDA extension does not import (built for another torch) is refused in one line
 before the model loads, naming the package and this process's torch/CUDA."""
+
 from __future__ import annotations
 
 import sys
@@ -29,7 +30,9 @@ def fake_site(tmp_path, monkeypatch):
 
 
 def test_extension_with_undefined_symbol_gives_the_one_line_refusal(fake_site):
-    _fake_flash_attn(fake_site, "raise ImportError('/x/flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')\n")
+    _fake_flash_attn(
+        fake_site, "raise ImportError('/x/flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')\n"
+    )
     reason = attn_impl.flash_attn_importable()
     assert reason is not None and "\\n" not in reason and "\n" not in reason
     assert reason.startswith("flash-attn")

@@ -1,4 +1,5 @@
 """HSDP (``fsdp_size``): mesh shapes, and on 4 gloo ranks the same update, weights, syncs and checkpoints as FSDP."""
+
 import os
 
 import pytest
@@ -39,8 +40,17 @@ def _tiny_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=False, eos_token_id=1, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "sdpa"
     return Qwen2ForCausalLM(cfg)
 
@@ -54,9 +64,16 @@ def _batch(rank: int):
     attn[0, :3] = 0  # a left-padded prompt
     adv = torch.randn(4, 5, generator=g)
     return DataProto.from_dict(
-        tensors={"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-                 "responses": ids[:, 7:], "old_log_probs": -torch.rand(4, 5, generator=g) - 2.0, "advantages": adv},
-        meta_info={"temperature": 1.0})
+        tensors={
+            "input_ids": ids,
+            "attention_mask": attn,
+            "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, 7:],
+            "old_log_probs": -torch.rand(4, 5, generator=g) - 2.0,
+            "advantages": adv,
+        },
+        meta_info={"temperature": 1.0},
+    )
 
 
 def _hsdp_job(rank, world, port, out_dir):
@@ -68,9 +85,17 @@ def _hsdp_job(rank, world, port, out_dir):
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=False,
-                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
-                       grad_clip=1.0, use_kl_loss=False)
+    cfg = actor_config(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size=2,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=64,
+        ppo_epochs=1,
+        clip_ratio=0.2,
+        entropy_coeff=0.01,
+        grad_clip=1.0,
+        use_kl_loss=False,
+    )
     result = {}
     for name, fsdp_size in (("fsdp", -1), ("hsdp", 2)):
         mesh = build_fsdp_mesh("cpu", world, fsdp_size)
@@ -83,16 +108,24 @@ def _hsdp_job(rank, world, port, out_dir):
             losses.append(metrics["actor/pg_loss"])
         full = dict(fsdp_utils.iter_full_params(model))
         packed = {n: t for bucket in iter_full_param_buckets(model, None, 4096) for n, t in bucket}
-        result[name] = {"mesh": tuple(mesh.shape), "local_rows": model.model.embed_tokens.weight.to_local().shape[0],
-                        "losses": losses, "grad_norm": metrics["actor/grad_norm"], "full": full,
-                        "packed_equals_full": all(torch.equal(packed[n], full[n]) for n in full)}
+        result[name] = {
+            "mesh": tuple(mesh.shape),
+            "local_rows": model.model.embed_tokens.weight.to_local().shape[0],
+            "losses": losses,
+            "grad_norm": metrics["actor/grad_norm"],
+            "full": full,
+            "packed_equals_full": all(torch.equal(packed[n], full[n]) for n in full),
+        }
         if name == "hsdp":
             ckpt = os.path.join(out_dir, "ckpt")
             FSDPCheckpointManager(model, optim).save_checkpoint(ckpt, global_step=2, save_hf=True)
             result["ckpt"] = ckpt
             for target_name, target_size in (("hsdp", 2), ("fsdp", -1)):
-                fresh = fsdp_utils.apply_fsdp2(_tiny_model(), build_fsdp_mesh("cpu", world, target_size),
-                                               fsdp_utils.mixed_precision_policy(device="cpu"))
+                fresh = fsdp_utils.apply_fsdp2(
+                    _tiny_model(),
+                    build_fsdp_mesh("cpu", world, target_size),
+                    fsdp_utils.mixed_precision_policy(device="cpu"),
+                )
                 fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
                 DataParallelPPOActor(cfg, fresh, fresh_opt).update_policy(_batch(rank))  # creates AdamW state
                 FSDPCheckpointManager(fresh, fresh_opt).load_checkpoint(ckpt)

@@ -1,4 +1,5 @@
 """FSDP2 helpers: full-weight streaming, buckets, full state dicts, on 2 gloo ranks and in one process."""
+
 import warnings
 
 import pytest
@@ -20,9 +21,17 @@ def run_ranks(fn, world: int, *args) -> list:
 def _tiny_config(tied: bool):
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied,
-                       eos_token_id=1, pad_token_id=0)
+    return Qwen2Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tied,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
 
 
 def _two_rank_job(rank, world, port, model_dir):
@@ -55,7 +64,8 @@ def _two_rank_job(rank, world, port, model_dir):
         fsdp_utils.apply_fsdp2(fresh, mesh)
         fsdp_utils.load_full_state_dict_into_fsdp2(fresh, expected if rank == 0 else {})
         results[f"tied={tied}"]["loaded_max_diff"] = max(
-            (t - expected[n]).abs().max().item() for n, t in fsdp_utils.iter_full_params(fresh))
+            (t - expected[n]).abs().max().item() for n, t in fsdp_utils.iter_full_params(fresh)
+        )
         results[f"tied={tied}"]["full_sd_keys"] = sorted(fsdp_utils.get_fsdp_full_state_dict(fresh))
 
     # An FSDP2 actor trained one step, streamed into an HF rollout, generates like the unsharded model.
@@ -75,12 +85,17 @@ def _two_rank_job(rank, world, port, model_dir):
     unsharded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     unsharded.load_state_dict(full_sd)
     with torch.no_grad():
-        want = [unsharded.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False,
-                                   eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+        want = [
+            unsharded.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None)[
+                0, len(p) :
+            ].tolist()
+            for p in prompts
+        ]
     results["rollout_greedy_equal"] = got == want
     results["weights_moved"] = any(
         not torch.equal(v, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()[k])
-        for k, v in full_sd.items())
+        for k, v in full_sd.items()
+    )
     dist.destroy_process_group()
     return results
 
@@ -115,17 +130,22 @@ def test_hf_rollout_fed_from_a_trained_fsdp2_actor_generates_like_the_unsharded_
 
 # ------------------------------------------------------------------------------ one process
 def test_clean_param_name_strips_wrapper_prefixes():
-    assert fsdp_utils.clean_param_name(
-        "_orig_mod.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight"
-    ) == "model.layers.0.mlp.up_proj.weight"
+    assert (
+        fsdp_utils.clean_param_name(
+            "_orig_mod.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight"
+        )
+        == "model.layers.0.mlp.up_proj.weight"
+    )
 
 
 def test_buckets_respect_the_byte_bound_and_let_a_large_tensor_travel_alone():
     # fp32 Linear(10, 10): weight 400 B, bias 40 B
     model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))
     named = list(fsdp_utils.iter_full_params(model))
-    assert [[n for n, _ in b] for b in fsdp_utils.iter_buckets(named, 450)] == [["0.weight", "0.bias"],
-                                                                               ["1.weight", "1.bias"]]
+    assert [[n for n, _ in b] for b in fsdp_utils.iter_buckets(named, 450)] == [
+        ["0.weight", "0.bias"],
+        ["1.weight", "1.bias"],
+    ]
     assert [len(b) for b in fsdp_utils.iter_buckets(named, 100)] == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="bucket_bytes"):
         list(fsdp_utils.iter_buckets(named, 0))
@@ -162,8 +182,16 @@ def _packed_gather_job(rank, world, port):
     fsdp_utils.init_distributed("cpu")
     mesh = fsdp_utils.create_device_mesh("cpu")
     # Odd sizes over 3 ranks: uneven chunks (41 rows -> 14/14/13; 8 rows -> 3/3/2) exercise the padding.
-    cfg = Qwen2Config(vocab_size=41, hidden_size=24, intermediate_size=37, num_hidden_layers=2,
-                      num_attention_heads=3, num_key_value_heads=1, eos_token_id=1, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=41,
+        hidden_size=24,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     reference = Qwen2ForCausalLM(cfg)
     model = Qwen2ForCausalLM(cfg)
@@ -181,7 +209,9 @@ def _packed_gather_job(rank, world, port):
             "names_equal": [n for n, _ in got] == [n for n, _ in want],
             "all_equal": all(torch.equal(a, b) and a.dtype == b.dtype for (_, a), (_, b) in zip(got, want)),
             "buckets": len(buckets),
-            "deprecations": [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))],
+            "deprecations": [
+                str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
+            ],
         }
     dist.destroy_process_group()
     return results

@@ -1,5 +1,6 @@
 """verl.utils.gloo_ranks, the gloo-ranks runner of the tests and bench_memory: every rank joins one group, return
 values come back in rank order, and a failing or hanging rank fails the call."""
+
 import os
 import time
 

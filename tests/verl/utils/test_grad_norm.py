@@ -5,6 +5,7 @@ gradients on 2 gloo ranks). The device is checked with a fake accelerator, as th
 ``FakeTensorMode`` tensors report ``cuda:0`` without a GPU, and every all-reduce the clip issues is
 recorded, so a group with only an NCCL backend (no CPU one) would see only cuda tensors.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -55,19 +56,28 @@ def _fsdp_job(rank, world, port):
     def sharded_grads():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
-        model = fsdp_utils.apply_fsdp2(model, build_fsdp_mesh("cpu", world, -1),
-                                       fsdp_utils.mixed_precision_policy(device="cpu"), layer_cls_names=["Linear"])
+        model = fsdp_utils.apply_fsdp2(
+            model,
+            build_fsdp_mesh("cpu", world, -1),
+            fsdp_utils.mixed_precision_policy(device="cpu"),
+            layer_cls_names=["Linear"],
+        )
         (model(torch.randn(3, 8, generator=torch.Generator().manual_seed(rank))) ** 2).sum().backward()
         return model
 
     ours, ref = sharded_grads(), sharded_grads()
     norm = clip_grad_norm_on_device(ours.parameters(), 0.5, "cpu")
     ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm=0.5).full_tensor()
-    grad_diff = max((a.grad.to_local() - b.grad.to_local()).abs().max().item()
-                    for a, b in zip(ours.parameters(), ref.parameters()))
-    result = {"norm": norm.item(), "ref_norm": ref_norm.item(), "grad_diff": grad_diff,
-              "grad_types": {type(p.grad).__name__ for p in ours.parameters()},
-              "grad_devices": {p.grad.device.type for p in ours.parameters()}}
+    grad_diff = max(
+        (a.grad.to_local() - b.grad.to_local()).abs().max().item() for a, b in zip(ours.parameters(), ref.parameters())
+    )
+    result = {
+        "norm": norm.item(),
+        "ref_norm": ref_norm.item(),
+        "grad_diff": grad_diff,
+        "grad_types": {type(p.grad).__name__ for p in ours.parameters()},
+        "grad_devices": {p.grad.device.type for p in ours.parameters()},
+    }
 
     fake = sharded_grads()
     reduced_on = []
@@ -118,14 +128,16 @@ def test_the_actor_clips_through_it_when_given_a_device(monkeypatch):
         assert calls == expected
 
 
-@pytest.mark.parametrize("param_offload,device,expected", [
-    (True, "cuda", torch.device("cuda", 3)),  # host-resident gradients, NCCL group: reduce on the GPU
-    (False, "cuda", None),  # gradients on the GPU: torch's own clip
-    (True, "cpu", None),  # CPU run: gloo reduces host tensors
-    (False, "cpu", None),
-])
+@pytest.mark.parametrize(
+    "param_offload,device,expected",
+    [
+        (True, "cuda", torch.device("cuda", 3)),  # host-resident gradients, NCCL group: reduce on the GPU
+        (False, "cuda", None),  # gradients on the GPU: torch's own clip
+        (True, "cpu", None),  # CPU run: gloo reduces host tensors
+        (False, "cpu", None),
+    ],
+)
 def test_the_worker_picks_the_reduce_device_from_param_offload_and_the_run_device(param_offload, device, expected):
     from verl.utils.grad_norm import grad_norm_device
 
     assert grad_norm_device(param_offload, device, torch.device("cuda", 3)) == expected
-

@@ -5,6 +5,7 @@ whatever the world group was given. On 4 gloo ranks the world is created with th
 sub-group is read back from its backend's options: HSDP's two mesh dimensions, the Ulysses SP mesh, the rollout
 TP groups, and (vllm tier) the groups vLLM's parallel state makes in a worker process.
 """
+
 import datetime
 
 import pytest

@@ -1,5 +1,6 @@
 """``model.external_lib``: the worker imports it before loading, so a module that registers a custom
 architecture makes a model of that type loadable (LUFFY's use of the key)."""
+
 import json
 import os
 import shutil
@@ -71,16 +72,32 @@ def test_worker_imports_external_lib_and_loads_the_custom_architecture(tmp_path,
         hf = json.load(f)
     hf["model_type"], hf["architectures"] = "luffy_ext_test", ["LuffyExtTestForCausalLM"]
     (model_dir / "config.json").write_text(json.dumps(hf))
-    cfg = compose_config(["data.train_files=x", "data.val_files=null", f"actor_rollout_ref.model.path={model_dir}",
-                          "actor_rollout_ref.model.external_lib=luffy_ext_test_model",
-                          "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size=1"])
+    cfg = compose_config(
+        [
+            "data.train_files=x",
+            "data.val_files=null",
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.model.external_lib=luffy_ext_test_model",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=1",
+        ]
+    )
     path = tmp_path / "arr.yaml"
     OmegaConf.save(cfg.actor_rollout_ref, path, resolve=True)
     (tmp_path / "run.py").write_text(WORKER_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{libs}", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-               LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port("127.0.0.1")))
-    out = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(path)], env=env, capture_output=True,
-                         text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO}{os.pathsep}{libs}",
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(find_free_port("127.0.0.1")),
+    )
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), str(path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "WITHOUT_LIB: refused" in out.stdout
     built = [ln for ln in out.stdout.splitlines() if ln.startswith("BUILT:")]

@@ -1,4 +1,5 @@
 """setup_logging drops the named third-party lines and nothing else."""
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """Meta-device init: checkpoint rows read exactly, buffers kept, shards equal from_pretrained's weights,
 and a rank's peak memory during init is its shard, not a full fp32 copy."""
+
 import json
 
 import pytest
@@ -13,11 +14,20 @@ def test_safetensors_rows_are_read_exactly(tmp_path):
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(0)
-    tensors = {"a": torch.randn(7, 3, generator=g), "b": torch.randn(5, 2, 4, generator=g).bfloat16(),
-               "s": torch.tensor(3.5), "i": torch.arange(6, dtype=torch.int64)}
+    tensors = {
+        "a": torch.randn(7, 3, generator=g),
+        "b": torch.randn(5, 2, 4, generator=g).bfloat16(),
+        "s": torch.tensor(3.5),
+        "i": torch.arange(6, dtype=torch.int64),
+    }
     save_file({k: v for k, v in tensors.items() if k != "i"}, str(tmp_path / "part1.safetensors"))
     save_file({"i": tensors["i"]}, str(tmp_path / "part2.safetensors"))
-    weight_map = {"a": "part1.safetensors", "b": "part1.safetensors", "s": "part1.safetensors", "i": "part2.safetensors"}
+    weight_map = {
+        "a": "part1.safetensors",
+        "b": "part1.safetensors",
+        "s": "part1.safetensors",
+        "i": "part2.safetensors",
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     entries = checkpoint_entries(str(tmp_path))
     assert set(entries) == set(tensors)
@@ -73,8 +83,9 @@ def _rank(rank, world, port, model_dir, measure):
         hf_config = AutoConfig.from_pretrained(model_dir)
         base = _rss_kb("VmRSS")
         _reset_peak()
-        model = build_sharded_model(model_dir, hf_config, lambda m: apply_fsdp2(m, mesh), "cpu",
-                                    attn_implementation="sdpa")
+        model = build_sharded_model(
+            model_dir, hf_config, lambda m: apply_fsdp2(m, mesh), "cpu", attn_implementation="sdpa"
+        )
         ours_kb = _rss_kb("VmHWM") - base
         ref_kb = None
         if measure:  # the same measurement sees a full copy when every rank loads the whole model
@@ -131,8 +142,15 @@ def test_peak_rss_per_rank_is_its_shard_not_a_full_fp32_copy(tmp_path):
     from_pretrained costs a full copy."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=20,
-                      num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=20,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
@@ -142,8 +160,10 @@ def test_peak_rss_per_rank_is_its_shard_not_a_full_fp32_copy(tmp_path):
     full_kb = n_params * 4 / 1024
     results = _run_two_ranks(str(tmp_path), measure=True)
     for rank, ours_kb, ref_kb, diff, _ in results:
-        print(f"rank {rank}: init peak +{ours_kb / 1024:.0f} MiB (ours) vs +{ref_kb / 1024:.0f} MiB (from_pretrained);"
-              f" full fp32 copy {full_kb / 1024:.0f} MiB")
+        print(
+            f"rank {rank}: init peak +{ours_kb / 1024:.0f} MiB (ours) vs +{ref_kb / 1024:.0f} MiB (from_pretrained);"
+            f" full fp32 copy {full_kb / 1024:.0f} MiB"
+        )
         assert diff == 0.0
         assert ref_kb > 0.9 * full_kb, "the measurement should see a whole-model load"
         assert ours_kb < 0.65 * full_kb, (ours_kb, full_kb)

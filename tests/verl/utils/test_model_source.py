@@ -2,6 +2,7 @@
 (``models--org--name/snapshots/<rev>/...`` + ``refs/main``) with huggingface_hub's own resolution, offline;
 the shard loader and the pre-flight then read it; an id that cannot resolve is one line naming the id, the
 cache folder and the variables that move it."""
+
 from __future__ import annotations
 
 import os
@@ -90,8 +91,9 @@ def test_online_ranks_of_a_node_download_one_after_another(tmp_path, tiny_model_
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     out = []
-    threads = [threading.Thread(target=lambda: out.append(model_source.resolve_model_dir("org/tiny-math")))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: out.append(model_source.resolve_model_dir("org/tiny-math"))) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

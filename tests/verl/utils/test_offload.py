@@ -5,6 +5,7 @@ runs on them) on a machine without a GPU, so every assertion checks the ``.devic
 calls produced. The compute device is given with its index (``cuda:0``), as the worker passes it: a bare
 ``cuda`` would ask the (absent) CUDA runtime for the current device.
 """
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -18,7 +19,10 @@ CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 def fake_cuda_adamw():
     """AdamW with state on a fake CUDA device, inside the fake mode (yields params, optimizer)."""
     with FakeTensorMode(allow_non_fake_inputs=True):
-        params = [torch.nn.Parameter(torch.empty(8, 4, device="cuda")), torch.nn.Parameter(torch.empty(4, device="cuda"))]
+        params = [
+            torch.nn.Parameter(torch.empty(8, 4, device="cuda")),
+            torch.nn.Parameter(torch.empty(4, device="cuda")),
+        ]
         optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=False)
         for p in params:
             p.grad = torch.ones_like(p)
@@ -75,8 +79,11 @@ def test_state_of_host_resident_parameters_stays_on_the_host(fake_cuda_adamw):
         host_param = torch.nn.Parameter(torch.empty(3, device="cpu"))
         optimizer.add_param_group({"params": [host_param]})
         host_param.grad = torch.ones_like(host_param)
-        optimizer.state[host_param] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(host_param),
-                                       "exp_avg_sq": torch.zeros_like(host_param)}
+        optimizer.state[host_param] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.zeros_like(host_param),
+            "exp_avg_sq": torch.zeros_like(host_param),
+        }
     with offload.on_compute_device():
         assert {optimizer.state[p]["exp_avg"].device for p in params} == {CUDA}
         assert optimizer.state[host_param]["exp_avg"].device == CPU

@@ -1,4 +1,5 @@
 """AdamW step-kernel choice (optim.step_impl): the kwargs each setting maps to, and the same update rule."""
+
 import pytest
 import torch
 

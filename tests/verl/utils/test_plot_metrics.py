@@ -1,4 +1,5 @@
 """plot_metrics: series extraction (dedup, non-finite values), smoothing, and the PNGs it writes."""
+
 import json
 
 import pytest
@@ -17,9 +18,15 @@ def _write(path, records):
 def _run(n_steps=6, val_every=3):
     rows = []
     for s in range(1, n_steps + 1):
-        r = {"step": s, "critic/score/mean": 0.1 * s, "on_off_metrics/on_score": 0.05 * s,
-             "on_off_metrics/off_score": 1.0, "actor/entropy_loss": 2.0 - 0.1 * s, "response_length/mean": 10.0 + s,
-             "actor/off_policy_prob": 0.2 + 0.01 * s}
+        r = {
+            "step": s,
+            "critic/score/mean": 0.1 * s,
+            "on_off_metrics/on_score": 0.05 * s,
+            "on_off_metrics/off_score": 1.0,
+            "actor/entropy_loss": 2.0 - 0.1 * s,
+            "response_length/mean": 10.0 + s,
+            "actor/off_policy_prob": 0.2 + 0.01 * s,
+        }
         if s % val_every == 0:
             r.update({"val/test_score/math": 0.3, "val/avg_score": 0.3})
         rows.append(r)
@@ -27,8 +34,10 @@ def _run(n_steps=6, val_every=3):
 
 
 def test_series_skips_missing_and_nonfinite_values_and_keeps_last_record_per_step(tmp_path):
-    path = _write(tmp_path / "m.jsonl", [{"step": 1, "a": 1.0}, {"step": 2, "a": "nan"}, {"step": 3, "b": 2},
-                                          {"step": 1, "a": 5.0}])
+    path = _write(
+        tmp_path / "m.jsonl",
+        [{"step": 1, "a": 1.0}, {"step": 2, "a": "nan"}, {"step": 3, "b": 2}, {"step": 1, "a": 5.0}],
+    )
     records = read_metrics_jsonl(path)
     assert list(records) == [1, 2, 3]
     assert series(records, "a") == ([1], [5.0])
@@ -41,15 +50,24 @@ def test_moving_average_is_a_trailing_mean():
 
 def test_validation_panel_collects_every_val_key():
     val = next(p for p in PANELS if p.name == "validation")
-    assert panel_keys(val, {"val/avg_score", "val/test_score/aime", "actor/x"}) == ["val/avg_score", "val/test_score/aime"]
+    assert panel_keys(val, {"val/avg_score", "val/test_score/aime", "actor/x"}) == [
+        "val/avg_score",
+        "val/test_score/aime",
+    ]
 
 
 def test_cli_writes_one_png_per_panel_and_an_overview(tmp_path, capsys):
     run = _write(tmp_path / "m.jsonl", _run())
     assert main([run, "--out", str(tmp_path / "plots"), "--smooth", "2"]) == 0
     names = {p.name for p in (tmp_path / "plots").iterdir()}
-    assert names == {"reward.png", "entropy.png", "response_length.png", "off_policy_prob.png", "validation.png",
-                     "overview.png"}
+    assert names == {
+        "reward.png",
+        "entropy.png",
+        "response_length.png",
+        "off_policy_prob.png",
+        "validation.png",
+        "overview.png",
+    }
     for p in (tmp_path / "plots").iterdir():
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5000
     assert "overview.png" in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """Karmarkar-Karp partitions, balance metrics and token-budgeted micro-batches on hand cases."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,12 @@ def test_log_seqlen_unbalance_metrics():
     metrics = log_seqlen_unbalance(EIGHT, parts, prefix="global_seqlen")
     # contiguous halves: 8+7+6+5 = 26, 4+3+2+1 = 10; balanced 18/18; mean 36/2
     assert metrics == {
-        "global_seqlen/min": 10, "global_seqlen/max": 26, "global_seqlen/minmax_diff": 16,
-        "global_seqlen/balanced_min": 18, "global_seqlen/balanced_max": 18, "global_seqlen/mean": 18.0,
+        "global_seqlen/min": 10,
+        "global_seqlen/max": 26,
+        "global_seqlen/minmax_diff": 16,
+        "global_seqlen/balanced_min": 18,
+        "global_seqlen/balanced_max": 18,
+        "global_seqlen/mean": 18.0,
     }
 
 
@@ -135,8 +140,9 @@ def test_micro_batch_count_uses_all_reduced_max(monkeypatch):
 
 def test_micro_batch_count_is_all_reduced_to_max_over_two_gloo_ranks(tmp_path):
     # fork: the children need no re-import of torch (spawn costs seconds per rank on a busy CPU)
-    mp.start_processes(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    mp.start_processes(
+        _two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True, start_method="fork"
+    )
     parts0 = json.loads((tmp_path / "rank0.json").read_text())
     parts1 = json.loads((tmp_path / "rank1.json").read_text())
     assert len(parts0) == len(parts1) == 3

@@ -1,4 +1,5 @@
 """GracefulStop: the first stop signal is recorded; the second exits at once with 128 + signal and no traceback."""
+
 import signal
 import subprocess
 import sys

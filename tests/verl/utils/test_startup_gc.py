@@ -1,5 +1,6 @@
 """verl.utils.startup_gc: the collector paused through a process's start-up, what it built frozen at the end, and
 automatic collection back afterwards (also when nothing ends the pause)."""
+
 import gc
 import subprocess
 import sys

@@ -1,4 +1,5 @@
 """StepMetrics: (value x tokens, tokens) per metric reduced once per step; hand-computed values."""
+
 import pytest
 import torch
 
@@ -19,14 +20,23 @@ def test_token_counts_of_each_set():
 
 def test_token_weighted_means_over_the_step_and_the_optimizer_loss_per_step():
     s = StepMetrics("token_weighted", "luffy_token", grad_accum=2)
-    s.add_micro_batch({"actor/off_policy_prob": 0.9, "actor/on_policy_prob": 0.5, "actor/ppo_kl": 0.1,
-                       "actor/pg_loss": 0.4}, MASK_A, PREFIX_A)
+    s.add_micro_batch(
+        {"actor/off_policy_prob": 0.9, "actor/on_policy_prob": 0.5, "actor/ppo_kl": 0.1, "actor/pg_loss": 0.4},
+        MASK_A,
+        PREFIX_A,
+    )
     # no off-policy token: its off_policy_prob (a placeholder 0) must not pull the mean down
-    s.add_micro_batch({"actor/off_policy_prob": 0.0, "actor/on_policy_prob": 0.2, "actor/ppo_kl": 0.3,
-                       "actor/pg_loss": -0.2}, MASK_B, PREFIX_B)
+    s.add_micro_batch(
+        {"actor/off_policy_prob": 0.0, "actor/on_policy_prob": 0.2, "actor/ppo_kl": 0.3, "actor/pg_loss": -0.2},
+        MASK_B,
+        PREFIX_B,
+    )
     s.end_mini_batch(1.5)
-    s.add_micro_batch({"actor/off_policy_prob": 0.0, "actor/on_policy_prob": 0.4, "actor/ppo_kl": 0.0,
-                       "actor/pg_loss": 1.0}, MASK_B, PREFIX_B)
+    s.add_micro_batch(
+        {"actor/off_policy_prob": 0.0, "actor/on_policy_prob": 0.4, "actor/ppo_kl": 0.0, "actor/pg_loss": 1.0},
+        MASK_B,
+        PREFIX_B,
+    )
     s.end_mini_batch(2.5)
     out = s.result()
     assert out["actor/off_policy_prob"] == pytest.approx([0.9])  # off tokens: 2 in the first micro-batch only
@@ -57,8 +67,11 @@ def test_a_metric_whose_tokens_never_occur_logs_0_and_micro_batch_mean_keeps_luf
     luffy.add_micro_batch({"actor/off_policy_prob": 0.9, "actor/pg_loss": 0.4}, MASK_A, PREFIX_A)
     luffy.add_micro_batch({"actor/off_policy_prob": 0.0, "actor/pg_loss": -0.2}, MASK_B, PREFIX_B)
     luffy.end_mini_batch(1.5)
-    assert luffy.result() == {"actor/off_policy_prob": [0.9, 0.0], "actor/pg_loss": [0.4, -0.2],
-                              "actor/grad_norm": [1.5]}
+    assert luffy.result() == {
+        "actor/off_policy_prob": [0.9, 0.0],
+        "actor/pg_loss": [0.4, -0.2],
+        "actor/grad_norm": [1.5],
+    }
 
 
 def test_unknown_aggregation_is_refused_naming_the_key():

@@ -1,4 +1,5 @@
 """verl/utils/tokenizer.py: one pad rule for every process, and every stop id the engines use."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from verl.utils.tokenizer import LLAMA_PAD_TOKEN, generation_stop_ids, hf_tokeni
 
 
 def _real(specials, eos, pad=None, bos=None):
-    return RealTokens(specials=dict(enumerate(specials)), bos=bos, eos=eos, pad=pad, chat_template=None,
-                      generation={}, source="test")
+    return RealTokens(
+        specials=dict(enumerate(specials)), bos=bos, eos=eos, pad=pad, chat_template=None, generation={}, source="test"
+    )
 
 
 def _saved(tmp_path, real, generation=None):
@@ -50,8 +52,11 @@ def test_a_tokenizer_with_neither_pad_nor_eos_is_refused_naming_it(tmp_path):
 
 
 def test_stop_ids_are_eos_then_the_generation_configs_without_repeats(tmp_path):
-    folder = _saved(tmp_path, _real(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>",
-                                    pad="<|endoftext|>"), generation={"eos_token_id": [2, 0], "pad_token_id": 0})
+    folder = _saved(
+        tmp_path,
+        _real(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", pad="<|endoftext|>"),
+        generation={"eos_token_id": [2, 0], "pad_token_id": 0},
+    )
     tok = hf_tokenizer(folder)
     assert stop_token_ids(tok, folder) == [2, 0]
     assert stop_token_ids(tok) == [2, 0]  # the tokenizer's own folder by default

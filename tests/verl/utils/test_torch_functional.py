@@ -1,4 +1,5 @@
 """Hand-computed checks of the masked statistics, log-prob/entropy helpers, masks and LR schedules."""
+
 from __future__ import annotations
 
 import math
@@ -112,7 +113,9 @@ def test_logprobs_and_entropy_in_one_pass_hand_values_and_gradients():
     logits = torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]])
     logp, ent = F.logprobs_and_entropy_from_logits(logits, torch.tensor([0, 1]))
     assert torch.allclose(logp, torch.tensor([math.log(0.5), math.log(0.75)]), atol=1e-6)
-    assert torch.allclose(ent, torch.tensor([math.log(2.0), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]), atol=1e-6)
+    assert torch.allclose(
+        ent, torch.tensor([math.log(2.0), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]), atol=1e-6
+    )
     # Same values and gradients as the two separate helpers (fp32 and fp64), on a [b, L, V] batch.
     for dtype in (torch.float32, torch.float64):
         torch.manual_seed(3)
@@ -188,9 +191,11 @@ def test_constant_schedule_default_has_no_zero_lr_first_step():
 def test_constant_schedule_zero_lr_first_step_reproduces_luffy():
     # LUFFY: min(1, s/max(1, w)) -> 0 at step 0 even without warm-up
     assert _lrs(lambda o: F.get_constant_schedule_with_warmup(o, 0, zero_lr_first_step=True), 3) == pytest.approx(
-        [0.0, 1.0, 1.0])
+        [0.0, 1.0, 1.0]
+    )
     assert _lrs(lambda o: F.get_constant_schedule_with_warmup(o, 2, zero_lr_first_step=True), 4) == pytest.approx(
-        [0.0, 0.5, 1.0, 1.0])
+        [0.0, 0.5, 1.0, 1.0]
+    )
 
 
 def test_cosine_schedule_values():

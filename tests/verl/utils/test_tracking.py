@@ -1,4 +1,5 @@
 """Tracking fans out to console and a jsonl file, masks secrets and rejects unknown backends."""
+
 import json
 
 import pytest
@@ -29,31 +30,68 @@ def test_secrets_are_masked():
 def test_only_secrets_are_masked(monkeypatch):
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-0123456789")
     monkeypatch.setenv("MAX_TOKENS", "12345678")  # a count named with TOKENS is not a secret
-    cfg = {"actor": {"ppo_max_token_len_per_gpu": 16384, "ppo_micro_batch_size": 2},
-           "rollout": {"max_num_batched_tokens": 8192, "max_token_budget_label": "long-text"},
-           "reward": {"orm": {"api_key_env": "OPENAI_API_KEY", "base_url": "http://h/v1", "openaiApiKey": "sk-abcdef1234"}},
-           "trainer": {"hf_token": "hf_abcdef1234", "client_secret": "s3cr3t-value", "password": "hunter22",
-                       "experiment_name": "tok-0123456789", "tags": ["tok-0123456789", "x"], "seed": 12345678,
-                       "tokenizer": "/models/qwen"}}
+    cfg = {
+        "actor": {"ppo_max_token_len_per_gpu": 16384, "ppo_micro_batch_size": 2},
+        "rollout": {"max_num_batched_tokens": 8192, "max_token_budget_label": "long-text"},
+        "reward": {
+            "orm": {"api_key_env": "OPENAI_API_KEY", "base_url": "http://h/v1", "openaiApiKey": "sk-abcdef1234"}
+        },
+        "trainer": {
+            "hf_token": "hf_abcdef1234",
+            "client_secret": "s3cr3t-value",
+            "password": "hunter22",
+            "experiment_name": "tok-0123456789",
+            "tags": ["tok-0123456789", "x"],
+            "seed": 12345678,
+            "tokenizer": "/models/qwen",
+        },
+    }
     out = mask_secrets(cfg)
     assert out["actor"] == cfg["actor"] and out["rollout"] == cfg["rollout"]
     assert out["reward"]["orm"] == {"api_key_env": "OPENAI_API_KEY", "base_url": "http://h/v1", "openaiApiKey": "***"}
-    assert out["trainer"] == {"hf_token": "***", "client_secret": "***", "password": "***", "experiment_name": "***",
-                              "tags": ["***", "x"], "seed": 12345678, "tokenizer": "/models/qwen"}
+    assert out["trainer"] == {
+        "hf_token": "***",
+        "client_secret": "***",
+        "password": "***",
+        "experiment_name": "***",
+        "tags": ["***", "x"],
+        "seed": 12345678,
+        "tokenizer": "/models/qwen",
+    }
 
 
 def test_a_key_inside_a_url_is_masked_and_special_tokens_are_not(monkeypatch):
-    cfg = {"reward": {"orm": {"base_url": "https://sk-live-0123456789@judge.example.com/v1"}},
-           "other": {"endpoint": "https://user:pa55word@h:8000/v1?api_key=abc123def&model=m&token=t0k3n",
-                     "plain": "http://127.0.0.1:8000/v1", "with_query": "https://h/v1?model=qwen&page=2"},
-           "data": {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "bos_token": "<s>",
-                    "think_token": "<think>", "hf_token": "hf_abcdef1234", "auth_token": "abcd-efgh-ijkl"}}
+    cfg = {
+        "reward": {"orm": {"base_url": "https://sk-live-0123456789@judge.example.com/v1"}},
+        "other": {
+            "endpoint": "https://user:pa55word@h:8000/v1?api_key=abc123def&model=m&token=t0k3n",
+            "plain": "http://127.0.0.1:8000/v1",
+            "with_query": "https://h/v1?model=qwen&page=2",
+        },
+        "data": {
+            "pad_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "bos_token": "<s>",
+            "think_token": "<think>",
+            "hf_token": "hf_abcdef1234",
+            "auth_token": "abcd-efgh-ijkl",
+        },
+    }
     out = mask_secrets(cfg)
     assert out["reward"]["orm"]["base_url"] == "https://***@judge.example.com/v1"
-    assert out["other"] == {"endpoint": "https://***@h:8000/v1?api_key=***&model=m&token=***",
-                            "plain": "http://127.0.0.1:8000/v1", "with_query": "https://h/v1?model=qwen&page=2"}
-    assert out["data"] == {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "bos_token": "<s>",
-                           "think_token": "<think>", "hf_token": "***", "auth_token": "***"}
+    assert out["other"] == {
+        "endpoint": "https://***@h:8000/v1?api_key=***&model=m&token=***",
+        "plain": "http://127.0.0.1:8000/v1",
+        "with_query": "https://h/v1?model=qwen&page=2",
+    }
+    assert out["data"] == {
+        "pad_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "bos_token": "<s>",
+        "think_token": "<think>",
+        "hf_token": "***",
+        "auth_token": "***",
+    }
     assert mask_url("error talking to https://k3y@h/v1: timeout") == "error talking to https://***@h/v1: timeout"
     from omegaconf import OmegaConf
 
@@ -115,8 +153,10 @@ def test_tensorboard_backend_writes_events_or_names_the_missing_package(tmp_path
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
-SAMPLES = [{"input": "What is 2+3?\nThink.", "output": "<think>2+3=5</think> \\boxed{5}", "score": 1.0},
-           {"input": "What is 7*6?", "output": "x" * 200, "score": 0.0}]
+SAMPLES = [
+    {"input": "What is 2+3?\nThink.", "output": "<think>2+3=5</think> \\boxed{5}", "score": 1.0},
+    {"input": "What is 7*6?", "output": "x" * 200, "score": 0.0},
+]
 
 
 def test_val_generations_go_to_the_console_table_and_a_jsonl_file(tmp_path, capsys):
@@ -142,7 +182,7 @@ def test_val_generations_go_to_a_wandb_table(tmp_path):
     t = Tracking("p", "e", [], log_dir=str(tmp_path))
     t._wandb = FakeRun()
     t.log_generations(SAMPLES, step=7)
-    (data, step), = logged
+    ((data, step),) = logged
     table = data["val/generations"]
     assert step == 7 and table.columns == ["step", "input", "output", "score"]
     assert [row[3] for row in table.data] == [1.0, 0.0] and table.data[0][1] == SAMPLES[0]["input"]

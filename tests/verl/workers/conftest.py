@@ -1,4 +1,5 @@
 """Fixtures shared by the worker and rollout tests: a stand-in for vllm.LLM's sleep/wake calls."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """verl/workers/config_sections.py: the worker's typed sections hold the YAML's keys and values, loud on typos."""
+
 import dataclasses
 
 import pytest
@@ -6,8 +7,16 @@ import pytest
 from luffy_pool.config.check import schema_defaults
 from luffy_pool.config.sections import LuffyActorSection, LuffyRolloutSection
 from verl.utils.config_section import build_section, declarations
-from verl.workers.config_sections import (ActorSection, FSDPSection, ModelSection, OptimSection, RefSection,
-                                          RolloutSection, ShardingSection, WorkerSections)
+from verl.workers.config_sections import (
+    ActorSection,
+    FSDPSection,
+    ModelSection,
+    OptimSection,
+    RefSection,
+    RolloutSection,
+    ShardingSection,
+    WorkerSections,
+)
 
 ARR = "actor_rollout_ref"
 
@@ -18,15 +27,23 @@ def _yaml_keys(group: str) -> set:
     return {k.split(".")[depth] for k in schema_defaults() if k.startswith(group + ".")}
 
 
-@pytest.mark.parametrize("cls,group", [
-    (ModelSection, f"{ARR}.model"), (RefSection, f"{ARR}.ref"), (LuffyRolloutSection, f"{ARR}.rollout"),
-    (OptimSection, f"{ARR}.actor.optim"), (FSDPSection, f"{ARR}.actor.fsdp_config"),
-    (ShardingSection, f"{ARR}.ref.fsdp_config"),
-])
+@pytest.mark.parametrize(
+    "cls,group",
+    [
+        (ModelSection, f"{ARR}.model"),
+        (RefSection, f"{ARR}.ref"),
+        (LuffyRolloutSection, f"{ARR}.rollout"),
+        (OptimSection, f"{ARR}.actor.optim"),
+        (FSDPSection, f"{ARR}.actor.fsdp_config"),
+        (ShardingSection, f"{ARR}.ref.fsdp_config"),
+    ],
+)
 def test_full_sections_have_exactly_the_yaml_keys_and_no_restated_defaults(cls, group):
     names = {f.name for f in dataclasses.fields(cls)}
-    assert names == _yaml_keys(group), (f"fields not in the YAML: {sorted(names - _yaml_keys(group))}; "
-                                        f"YAML keys without a field: {sorted(_yaml_keys(group) - names)}")
+    assert names == _yaml_keys(group), (
+        f"fields not in the YAML: {sorted(names - _yaml_keys(group))}; "
+        f"YAML keys without a field: {sorted(_yaml_keys(group) - names)}"
+    )
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(cls))
 
 
@@ -34,11 +51,15 @@ def test_the_actor_group_is_one_section_and_verl_declares_a_subset_of_it():
     """verl's ActorSection (with its loss view) declares the keys the base worker reads; LUFFY's subclass adds the
     method's keys, and together they are exactly the YAML's actor group, each declared once."""
     actor = f"{ARR}.actor"
-    yaml_keys = {k for k in schema_defaults() if k.startswith(actor + ".") and not isinstance(schema_defaults()[k], dict)}
+    yaml_keys = {
+        k for k in schema_defaults() if k.startswith(actor + ".") and not isinstance(schema_defaults()[k], dict)
+    }
     base = [d.key for d in declarations(ActorSection, actor + ".")]
     full = [d.key for d in declarations(LuffyActorSection, actor + ".")]
     assert set(base) < set(full) and len(full) == len(set(full)) and set(full) == yaml_keys
-    assert {f.name for f in dataclasses.fields(RolloutSection)} < {f.name for f in dataclasses.fields(LuffyRolloutSection)}
+    assert {f.name for f in dataclasses.fields(RolloutSection)} < {
+        f.name for f in dataclasses.fields(LuffyRolloutSection)
+    }
 
 
 def test_loss_keys_read_on_the_actor_come_from_its_loss_view(compose_config):
@@ -50,8 +71,14 @@ def test_loss_keys_read_on_the_actor_come_from_its_loss_view(compose_config):
 
 
 def test_values_come_from_the_composed_config_with_overrides_and_interpolations(compose_config):
-    cfg = compose_config([f"{ARR}.actor.fsdp_config.param_dtype=bf16", f"{ARR}.rollout.seed=9",
-                          f"{ARR}.actor.ppo_max_token_len_per_gpu=777", f"{ARR}.model.path=/m"])
+    cfg = compose_config(
+        [
+            f"{ARR}.actor.fsdp_config.param_dtype=bf16",
+            f"{ARR}.rollout.seed=9",
+            f"{ARR}.actor.ppo_max_token_len_per_gpu=777",
+            f"{ARR}.model.path=/m",
+        ]
+    )
     s = WorkerSections.from_config(cfg.actor_rollout_ref)
     defaults = schema_defaults()
     assert s.rollout.seed == 9 and s.model.path == "/m"

@@ -1,6 +1,7 @@
 """The hybrid engine between steps (docs/DESIGN.md §2 item 9), on CPU: vLLM sleeps at level 2 (weights dropped, not
 copied to host and back), the process-group timeout is a checked config key used by init_process_group,
 and the reload-API check covers vLLM 0.32's Model Runner V2 as well as V1."""
+
 from __future__ import annotations
 
 import datetime
@@ -11,8 +12,9 @@ import pytest
 ARR = "actor_rollout_ref"
 
 
-def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_the_push(engine_recorder, compose_config,
-                                                                                       tiny_model_dir):
+def test_the_default_rollout_group_sleeps_at_level_2_and_wakes_weights_before_the_push(
+    engine_recorder, compose_config, tiny_model_dir
+):
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
     rollout_cfg = compose_config([f"{ARR}.rollout.tensor_model_parallel_size=1"]).actor_rollout_ref.rollout
@@ -84,24 +86,30 @@ def test_a_bucketed_push_opens_and_closes_one_engine_reload(engine_recorder, tin
     rollout.update_weights([("model.layers.0.k.weight", t), ("model.layers.1.q.weight", t)])
     rollout.update_weights([("model.layers.1.k.weight", t), ("model.norm.weight", t)])
     rollout.after_weight_update()
-    assert engine.rpcs == [("begin_weight_push", None),
-                           ("load_weight_bucket", ["model.embed_tokens.weight"]),
-                           ("load_weight_bucket", ["model.layers.0.q.weight", "model.layers.0.k.weight"]),
-                           ("load_weight_bucket", ["model.layers.1.q.weight", "model.layers.1.k.weight"]),
-                           ("load_weight_bucket", ["model.norm.weight"]),
-                           ("finish_weight_push", None)]
+    assert engine.rpcs == [
+        ("begin_weight_push", None),
+        ("load_weight_bucket", ["model.embed_tokens.weight"]),
+        ("load_weight_bucket", ["model.layers.0.q.weight", "model.layers.0.k.weight"]),
+        ("load_weight_bucket", ["model.layers.1.q.weight", "model.layers.1.k.weight"]),
+        ("load_weight_bucket", ["model.norm.weight"]),
+        ("finish_weight_push", None),
+    ]
     assert rollout.weights_version == 1
 
 
-@pytest.mark.parametrize("key,value,needle", [
-    (f"{ARR}.rollout.sleep_level", 3, "sleep_level"),
-    (f"{ARR}.nccl_timeout", 0, "nccl_timeout"),
-])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        (f"{ARR}.rollout.sleep_level", 3, "sleep_level"),
+        (f"{ARR}.nccl_timeout", 0, "nccl_timeout"),
+    ],
+)
 def test_bad_values_are_refused_by_the_config_check(compose_config, key, value, needle):
     from luffy_pool.config.check import ConfigError, check_config
 
-    cfg = compose_config([f"{key}={value}", "data.train_files=a.parquet", "data.val_files=b.parquet",
-                          f"{ARR}.model.path=/m"])
+    cfg = compose_config(
+        [f"{key}={value}", "data.train_files=a.parquet", "data.val_files=b.parquet", f"{ARR}.model.path=/m"]
+    )
     with pytest.raises(ConfigError) as err:
         check_config(cfg)
     assert any(needle in line for line in err.value.errors), err.value.errors
@@ -145,8 +153,9 @@ def test_the_installed_vllm_has_the_reload_api_in_both_model_runners():
     assert missing_reload_api() is None
 
 
-@pytest.mark.parametrize("label,module", [("V1", "vllm.v1.worker.gpu_model_runner"),
-                                          ("V2", "vllm.v1.worker.gpu.model_runner")])
+@pytest.mark.parametrize(
+    "label,module", [("V1", "vllm.v1.worker.gpu_model_runner"), ("V2", "vllm.v1.worker.gpu.model_runner")]
+)
 def test_a_model_runner_without_the_reload_api_is_named(monkeypatch, label, module):
     import importlib
 
@@ -158,8 +167,11 @@ def test_a_model_runner_without_the_reload_api_is_named(monkeypatch, label, modu
         pass
 
     monkeypatch.setattr(runner, "reload_weights", old_reload)
-    with pytest.raises(RuntimeError, match=rf"cannot receive trainer weights: its model runner {label} \({module}"
-                                           rf"\.GPUModelRunner\) has no reload_weights\(weights_iterator=\.\.\.\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"cannot receive trainer weights: its model runner {label} \({module}"
+        rf"\.GPUModelRunner\) has no reload_weights\(weights_iterator=\.\.\.\)",
+    ):
         check_reload_api()
 
 
@@ -175,6 +187,7 @@ def test_an_unimportable_v2_runner_is_not_a_reload_problem_but_v1_is(monkeypatch
             if name == target:
                 raise ImportError(f"no module {name}")
             return real(name, *args, **kwargs)
+
         return fake
 
     monkeypatch.setattr(compat.importlib, "import_module", broken("vllm.v1.worker.gpu.model_runner"))
@@ -190,12 +203,18 @@ def test_a_vllm_without_the_layerwise_steps_of_one_reload_per_push_is_named(monk
 
     reload_module = importlib.import_module("vllm.model_executor.model_loader.reload")
     monkeypatch.delattr(reload_module, "finalize_layerwise_reload")
-    with pytest.raises(RuntimeError, match=r"cannot receive trainer weights: vllm\.model_executor\.model_loader"
-                                           r"\.reload has no finalize_layerwise_reload"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"cannot receive trainer weights: vllm\.model_executor\.model_loader"
+        r"\.reload has no finalize_layerwise_reload",
+    ):
         check_reload_api()
     monkeypatch.undo()
     runner = importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner
     monkeypatch.delattr(runner, "reset_mm_cache")
-    with pytest.raises(RuntimeError, match=r"its model runner V2 \(vllm\.v1\.worker\.gpu\.model_runner"
-                                           r"\.GPUModelRunner\) has no reset_mm_cache"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"its model runner V2 \(vllm\.v1\.worker\.gpu\.model_runner"
+        r"\.GPUModelRunner\) has no reset_mm_cache",
+    ):
         check_reload_api()

@@ -5,6 +5,7 @@ called directly (no Ray). Layout A: FSDP over 4 ranks, SP=1 (dp=4). Layout B: fs
 (dp=2), optimizer_offload=True (a no-op on CPU; the path runs). One micro-batch = one row in both, so the
 same rows average into the same gradient; old log-probs before and after one update must agree.
 """
+
 import pytest
 import torch
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
@@ -24,11 +25,17 @@ def _batch(vocab: int):
     attn = torch.ones_like(ids)
     for r in range(rows):
         attn[r, : r % 4] = 0  # left-padded prompts
-        attn[r, prompt + response - (r % 3):] = 0  # right-padded responses
+        attn[r, prompt + response - (r % 3) :] = 0  # right-padded responses
     ids[attn == 0] = 0
-    return DataProto.from_dict(tensors={
-        "input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-        "responses": ids[:, prompt:], "advantages": torch.randn(rows, response, generator=g)})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": attn,
+            "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, prompt:],
+            "advantages": torch.randn(rows, response, generator=g),
+        }
+    )
 
 
 def _job(rank, world, port, cfg_yaml):
@@ -45,8 +52,9 @@ def _job(rank, world, port, cfg_yaml):
     from verl.workers.config_sections import WorkerSections
 
     cfg = OmegaConf.create(cfg_yaml)
-    worker = ActorRolloutRefWorker(WorkerSections.from_config(cfg.actor_rollout_ref), role="actor", device="cpu",
-                                   total_training_steps=1)
+    worker = ActorRolloutRefWorker(
+        WorkerSections.from_config(cfg.actor_rollout_ref), role="actor", device="cpu", total_training_steps=1
+    )
     worker.init_model()
     chunk = _batch(worker.actor_module.config.vocab_size).chunk(world)[rank]
     before = worker.compute_log_prob(chunk).batch["old_log_probs"]
@@ -54,9 +62,15 @@ def _job(rank, world, port, cfg_yaml):
     metrics = worker.update_actor(chunk).meta_info["metrics"]
     after = worker.compute_log_prob(chunk).batch["old_log_probs"]
     dist.destroy_process_group()
-    return {"before": before, "after": after, "grad_norm": metrics["actor/grad_norm"],
-            "mesh": tuple(worker.device_mesh.shape), "sp_group": worker.ulysses_group is not None,
-            "offload_active": worker.optimizer_offload.active, "all_to_all_calls": len(calls)}
+    return {
+        "before": before,
+        "after": after,
+        "grad_norm": metrics["actor/grad_norm"],
+        "mesh": tuple(worker.device_mesh.shape),
+        "sp_group": worker.ulysses_group is not None,
+        "offload_active": worker.optimizer_offload.active,
+        "all_to_all_calls": len(calls),
+    }
 
 
 def _run(cfg):
@@ -66,18 +80,28 @@ def _run(cfg):
 
 
 @pytest.mark.slow  # 4 forked gloo ranks, each building the worker
-def test_hsdp_sp2_offload_worker_matches_the_plain_layout(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides,
-                                                         compose_config):
+def test_hsdp_sp2_offload_worker_matches_the_plain_layout(
+    tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config
+):
     from luffy_pool.config.check import validate_config
 
     base = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) + [
-        "trainer.n_gpus_per_node=4", "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.attn_implementation=sdpa", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.use_off_policy_loss=False"]
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.attn_implementation=sdpa",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.actor.use_off_policy_loss=False",
+    ]
     plain = compose_config(base)
-    parallel = compose_config(base + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                                      "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
-                                      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True"])
+    parallel = compose_config(
+        base
+        + [
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        ]
+    )
     assert validate_config(plain) == [] and validate_config(parallel) == []
     a = _run(plain)
     b = _run(parallel)

@@ -6,6 +6,7 @@ caller's arguments into one argument set per rank (dispatch), (2) calls every ra
 (execute), (3) waits when blocking, and (4) merges the per-rank answers (collect).
 Dispatch functions return ``(args, kwargs)`` in which every value is a list with one entry per rank.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,8 +81,11 @@ def dispatch_dp_compute(worker_group, *args, **kwargs):
     n = worker_group.world_size
     for name, value in [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"'{k}'", v) for k, v in kwargs.items()]:
         if not _is_per_rank(value, n):
-            got = f"a {type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) \
+            got = (
+                f"a {type(value).__name__} of length {len(value)}"
+                if isinstance(value, (list, tuple))
                 else f"a {type(value).__name__}"
+            )
             raise ValueError(f"DP_COMPUTE needs {name} to be a list with one entry per rank ({n}), got {got}")
     return tuple(list(arg) for arg in args), {k: list(v) for k, v in kwargs.items()}
 
@@ -96,15 +100,18 @@ def _chunk_proto(name: str, value: Any, chunks: int):
     from verl.protocol import DataProto, DataProtoFuture
 
     if not isinstance(value, (DataProto, DataProtoFuture)):
-        raise TypeError(f"DP_COMPUTE_PROTO needs {name} to be a DataProto or DataProtoFuture, got "
-                        f"{type(value).__name__}")
+        raise TypeError(
+            f"DP_COMPUTE_PROTO needs {name} to be a DataProto or DataProtoFuture, got {type(value).__name__}"
+        )
     return value.chunk(chunks)
 
 
 def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
     n = worker_group.world_size
-    return (tuple(_chunk_proto(f"argument {i}", a, n) for i, a in enumerate(args)),
-            {k: _chunk_proto(f"'{k}'", v, n) for k, v in kwargs.items()})
+    return (
+        tuple(_chunk_proto(f"argument {i}", a, n) for i, a in enumerate(args)),
+        {k: _chunk_proto(f"'{k}'", v, n) for k, v in kwargs.items()},
+    )
 
 
 def dispatch_dp_compute_data_proto_with_func(worker_group, *args, **kwargs):
@@ -125,8 +132,9 @@ def collect_dp_compute_data_proto(worker_group, outputs):
         return DataProtoFuture.concat(outputs)
     for rank, output in enumerate(outputs):
         if not isinstance(output, DataProto):
-            raise TypeError(f"rank {rank} returned {type(output).__name__}; DP_COMPUTE_PROTO methods must return "
-                            f"a DataProto")
+            raise TypeError(
+                f"rank {rank} returned {type(output).__name__}; DP_COMPUTE_PROTO methods must return a DataProto"
+            )
     return DataProto.concat(outputs)
 
 
@@ -141,8 +149,12 @@ _DISPATCH_TABLE: dict[Dispatch, tuple[Callable, Callable]] = {
 }
 
 # Modes whose dispatch splits data over ranks: running only rank 0 would drop the other shares.
-_SPLITTING_MODES = {Dispatch.DP_COMPUTE, Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
-                    Dispatch.DP_COMPUTE_METRIC}
+_SPLITTING_MODES = {
+    Dispatch.DP_COMPUTE,
+    Dispatch.DP_COMPUTE_PROTO,
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC,
+    Dispatch.DP_COMPUTE_METRIC,
+}
 
 
 def get_dispatch_fns(dispatch_mode: Union[Dispatch, dict]) -> tuple[Callable, Callable]:
@@ -152,8 +164,9 @@ def get_dispatch_fns(dispatch_mode: Union[Dispatch, dict]) -> tuple[Callable, Ca
     if isinstance(dispatch_mode, dict):
         missing = {"dispatch_fn", "collect_fn"} - dispatch_mode.keys()
         if missing:
-            raise ValueError(f"a custom dispatch_mode dict needs keys dispatch_fn and collect_fn; "
-                             f"missing {sorted(missing)}")
+            raise ValueError(
+                f"a custom dispatch_mode dict needs keys dispatch_fn and collect_fn; missing {sorted(missing)}"
+            )
         return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
     raise TypeError(f"dispatch_mode must be a Dispatch or a dict, got {type(dispatch_mode).__name__}")
 
@@ -170,8 +183,12 @@ def _materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-def register(dispatch_mode: Union[Dispatch, dict] = Dispatch.ALL_TO_ALL, execute_mode: Execute = Execute.ALL,
-             blocking: bool = True, materialize_futures: bool = True):
+def register(
+    dispatch_mode: Union[Dispatch, dict] = Dispatch.ALL_TO_ALL,
+    execute_mode: Execute = Execute.ALL,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+):
     """Mark a worker method as callable through a worker group.
 
     ``Dispatch.RANK_ZERO`` implies ``Execute.RANK_ZERO``. Data-splitting modes cannot run on rank 0
@@ -189,12 +206,14 @@ def register(dispatch_mode: Union[Dispatch, dict] = Dispatch.ALL_TO_ALL, execute
 
     def decorator(func: Callable) -> Callable:
         if inspect.iscoroutinefunction(func):
+
             @functools.wraps(func)
             async def inner(*args, **kwargs):
                 if materialize_futures:
                     args, kwargs = _materialize(args, kwargs)
                 return await func(*args, **kwargs)
         else:
+
             @functools.wraps(func)
             def inner(*args, **kwargs):
                 if materialize_futures:

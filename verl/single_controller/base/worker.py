@@ -5,6 +5,7 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). The Ray group chooses the rendezvou
 before launching; when a launcher leaves it unset, rank 0 picks its own address and a free port and
 reports them through ``get_master_addr_port``. ``init_torch_distributed`` joins the process group.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -99,8 +100,12 @@ class DistributedEnv:
 
     @classmethod
     def from_environ(cls) -> "DistributedEnv":
-        env = cls(rank=_env_int("RANK", 0), world_size=_env_int("WORLD_SIZE", 1),
-                  local_rank=_env_int("LOCAL_RANK", 0), local_world_size=_env_int("LOCAL_WORLD_SIZE", 1))
+        env = cls(
+            rank=_env_int("RANK", 0),
+            world_size=_env_int("WORLD_SIZE", 1),
+            local_rank=_env_int("LOCAL_RANK", 0),
+            local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
+        )
         if not 0 <= env.rank < env.world_size:
             raise ValueError(f"RANK={env.rank} is out of range for WORLD_SIZE={env.world_size}")
         if not 0 <= env.local_rank < env.local_world_size:
@@ -190,8 +195,13 @@ class Worker:
         if backend == "nccl":
             # Each Ray GPU actor usually sees only its own device; with several visible, pick ours.
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
-        dist.init_process_group(backend=backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
         return backend
 
     # ------------------------------------------------------------------ generic remote helpers

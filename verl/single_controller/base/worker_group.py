@@ -4,6 +4,7 @@ WorkerGroup that turns every ``@register``-ed worker method into a driver-side m
 The Ray backend (``verl.single_controller.ray``) supplies the processes; this module only knows the
 shape of a pool (processes per node) and how a registered method is bound.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -85,13 +86,16 @@ class WorkerGroup:
     def workers(self) -> list:
         return list(self._workers)
 
-    def _bind_worker_methods(self, worker_cls: type,
-                             make_method: Callable[[str, Callable, Callable, RegisteredMethod], Callable]) -> list:
+    def _bind_worker_methods(
+        self, worker_cls: type, make_method: Callable[[str, Callable, Callable, RegisteredMethod], Callable]
+    ) -> list:
         """Install one driver-side method per registered method of ``worker_cls``."""
         for name, spec in registered_methods(worker_cls).items():
             if hasattr(self, name):
-                raise ValueError(f"worker method '{name}' of {worker_cls.__name__} clashes with an attribute of "
-                                 f"{type(self).__name__}; rename the worker method")
+                raise ValueError(
+                    f"worker method '{name}' of {worker_cls.__name__} clashes with an attribute of "
+                    f"{type(self).__name__}; rename the worker method"
+                )
             dispatch_fn, collect_fn = get_dispatch_fns(spec.dispatch_mode)
             method = make_method(name, dispatch_fn, collect_fn, spec)
             method.__name__ = name

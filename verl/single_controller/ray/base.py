@@ -5,6 +5,7 @@ bundle with the torch.distributed environment (rank 0 first, so it can choose MA
 the others) and binds every ``@register``-ed worker method as a driver method: dispatch, call each
 actor, wait (never forever: a failed or dead rank ends the wait, see ``verl.utils.ray_utils``), collect.
 """
+
 from __future__ import annotations
 
 import copy
@@ -82,8 +83,15 @@ class RayResourcePool(ResourcePool):
     Ray node and different node groups are required to land on different Ray nodes.
     """
 
-    def __init__(self, process_on_nodes: Optional[list] = None, use_gpu: bool = True, name_prefix: str = "",
-                 max_colocate_count: int = 1, detached: bool = False, placement_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        process_on_nodes: Optional[list] = None,
+        use_gpu: bool = True,
+        name_prefix: str = "",
+        max_colocate_count: int = 1,
+        detached: bool = False,
+        placement_timeout_s: float = 300.0,
+    ) -> None:
         super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or _random_prefix()
@@ -105,8 +113,10 @@ class RayResourcePool(ResourcePool):
             have = total.get(resource, 0.0)
             if have < needed:
                 hint = " (pass use_gpu=False to run on CPU)" if resource == "GPU" else ""
-                raise ValueError(f"resource pool '{self.name_prefix}' needs {needed:g} {resource} for "
-                                 f"process_on_nodes={self.store}, but the Ray cluster has {have:g}{hint}")
+                raise ValueError(
+                    f"resource pool '{self.name_prefix}' needs {needed:g} {resource} for "
+                    f"process_on_nodes={self.store}, but the Ray cluster has {have:g}{hint}"
+                )
 
     def _target_nodes(self) -> list:
         """A distinct Ray node per node group (a soft hint for STRICT_PACK placement)."""
@@ -129,16 +139,22 @@ class RayResourcePool(ResourcePool):
         """The pool's placement groups (created and awaited on first call, then reused)."""
         if self.pgs is not None:
             if strategy != self.strategy:
-                raise ValueError(f"resource pool '{self.name_prefix}' is already placed with {self.strategy}, "
-                                 f"not {strategy}")
+                raise ValueError(
+                    f"resource pool '{self.name_prefix}' is already placed with {self.strategy}, not {strategy}"
+                )
             return self.pgs
         self._check_cluster_capacity()
         targets = self._target_nodes() if strategy == "STRICT_PACK" and len(self) > 1 else [None] * len(self)
         # Ray requires unique placement-group names; the token keeps pools with one prefix apart.
         name = f"{name or self.name_prefix}_{_random_prefix(4)}"
         pgs = [
-            placement_group(bundles=[self.bundle()] * count, strategy=strategy, name=f"{name}_node{i}",
-                            lifetime="detached" if self.detached else None, _soft_target_node_id=target)
+            placement_group(
+                bundles=[self.bundle()] * count,
+                strategy=strategy,
+                name=f"{name}_node{i}",
+                lifetime="detached" if self.detached else None,
+                _soft_target_node_id=target,
+            )
             for i, (count, target) in enumerate(zip(self.store, targets))
         ]
         try:
@@ -165,9 +181,11 @@ class RayResourcePool(ResourcePool):
         nodes = self.node_ids()
         if len(set(nodes)) != len(nodes):
             self.release()
-            raise RuntimeError(f"resource pool '{self.name_prefix}': node groups {self.store} were packed onto "
-                               f"Ray nodes {nodes}; each node group needs its own node (is nnodes larger than "
-                               f"the number of Ray nodes?)")
+            raise RuntimeError(
+                f"resource pool '{self.name_prefix}': node groups {self.store} were packed onto "
+                f"Ray nodes {nodes}; each node group needs its own node (is nnodes larger than "
+                f"the number of Ray nodes?)"
+            )
 
     def release(self) -> None:
         """Remove the placement groups (their actors must be gone or they are killed by Ray)."""
@@ -201,8 +219,12 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         try:
             return list(preload(*self.args, **self.kwargs))
         except Exception as err:  # a hint only: the rank imports what it needs either way
-            logger.warning("%s.fork_preload failed (%r): its zygote imports %s only", self.user_cls.__name__, err,
-                           self.user_cls.__module__)
+            logger.warning(
+                "%s.fork_preload failed (%r): its zygote imports %s only",
+                self.user_cls.__name__,
+                err,
+                self.user_cls.__module__,
+            )
             return [self.user_cls.__module__]
 
     def _fork_executable(self, num_gpus: float) -> str:
@@ -221,8 +243,15 @@ class RayClassWithInitArgs(ClassWithInitArgs):
     def set_additional_resource(self, resources: dict) -> None:
         self._additional_resource = dict(resources)
 
-    def create_actor(self, placement_group: PlacementGroup, bundle_index: int, env_vars: dict,
-                     num_cpus: float, num_gpus: float, name: Optional[str] = None):
+    def create_actor(
+        self,
+        placement_group: PlacementGroup,
+        bundle_index: int,
+        env_vars: dict,
+        num_cpus: float,
+        num_gpus: float,
+        name: Optional[str] = None,
+    ):
         """Start one actor in ``placement_group[bundle_index]`` with ``env_vars`` on top of the user's."""
         options = dict(self._options)
         runtime_env = dict(options.pop("runtime_env", {}) or {})
@@ -233,14 +262,19 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         merged_env.update(env_vars)
         runtime_env["env_vars"] = merged_env
         if fork_workers_enabled() and "py_executable" not in runtime_env:
-            executable = self._fork_executable(float(options.get("num_gpus", num_gpus) or 0.0)
-                                               + float((options.get("resources") or self._additional_resource
-                                                        or {}).get("GPU", 0.0)))
+            executable = self._fork_executable(
+                float(options.get("num_gpus", num_gpus) or 0.0)
+                + float((options.get("resources") or self._additional_resource or {}).get("GPU", 0.0))
+            )
             if executable:
                 runtime_env["py_executable"] = executable
-        actor_options = {"num_cpus": num_cpus, "runtime_env": runtime_env,
-                         "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                             placement_group=placement_group, placement_group_bundle_index=bundle_index)}
+        actor_options = {
+            "num_cpus": num_cpus,
+            "runtime_env": runtime_env,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_bundle_index=bundle_index
+            ),
+        }
         if num_gpus:
             actor_options["num_gpus"] = num_gpus
         if self._additional_resource:
@@ -259,9 +293,15 @@ class RayWorkerGroup(WorkerGroup):
     ``startup_timeout_s`` bounds actor start-up including the worker's ``__init__``.
     """
 
-    def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: RayClassWithInitArgs,
-                 name_prefix: Optional[str] = None, bin_pack: bool = True, call_timeout_s: Optional[float] = None,
-                 startup_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs,
+        name_prefix: Optional[str] = None,
+        bin_pack: bool = True,
+        call_timeout_s: Optional[float] = None,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
         super().__init__(resource_pool)
         self.worker_cls = ray_cls_with_init.user_cls
         if not (isinstance(self.worker_cls, type) and issubclass(self.worker_cls, Worker)):
@@ -278,8 +318,10 @@ class RayWorkerGroup(WorkerGroup):
         return self.name_prefix
 
     def __repr__(self) -> str:
-        return (f"RayWorkerGroup(name={self.name_prefix!r}, worker={self.worker_cls.__name__}, "
-                f"world_size={self.world_size})")
+        return (
+            f"RayWorkerGroup(name={self.name_prefix!r}, worker={self.worker_cls.__name__}, "
+            f"world_size={self.world_size})"
+        )
 
     # ------------------------------------------------------------------ launch
     def _launch(self, pool: RayResourcePool, ray_cls: RayClassWithInitArgs, bin_pack: bool) -> None:
@@ -290,16 +332,31 @@ class RayWorkerGroup(WorkerGroup):
         # Actor names must be unique while alive; the token lets a group reuse a fixed name_prefix.
         actor_prefix = f"{self.name_prefix}_{_random_prefix(4)}_{self.worker_cls.__name__}"
         for rank, (node, local_rank) in enumerate(slots):
-            env = {"WORLD_SIZE": str(self.world_size), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-                   "LOCAL_WORLD_SIZE": str(pool.store[node]), "RAY_LOCAL_RANK": str(local_rank),
-                   "RAY_LOCAL_WORLD_SIZE": str(pool.store[node]), "WG_PREFIX": self.name_prefix,
-                   "WG_BACKEND": "ray", "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
-            self._workers.append(ray_cls.create_actor(
-                pgs[node], local_rank, env, num_cpus=1.0, num_gpus=num_gpus,
-                name=f"{actor_prefix}_{rank}"))
+            env = {
+                "WORLD_SIZE": str(self.world_size),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(pool.store[node]),
+                "RAY_LOCAL_RANK": str(local_rank),
+                "RAY_LOCAL_WORLD_SIZE": str(pool.store[node]),
+                "WG_PREFIX": self.name_prefix,
+                "WG_BACKEND": "ray",
+                "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port),
+            }
+            self._workers.append(
+                ray_cls.create_actor(
+                    pgs[node], local_rank, env, num_cpus=1.0, num_gpus=num_gpus, name=f"{actor_prefix}_{rank}"
+                )
+            )
         try:
-            get_ranked([w.__ray_ready__.remote() for w in self._workers], list(range(self.world_size)),
-                       group_name=self.name_prefix, method_name="__init__", timeout_s=self.startup_timeout_s)
+            get_ranked(
+                [w.__ray_ready__.remote() for w in self._workers],
+                list(range(self.world_size)),
+                group_name=self.name_prefix,
+                method_name="__init__",
+                timeout_s=self.startup_timeout_s,
+            )
         except WorkerGroupError:
             self.shutdown()
             raise
@@ -316,12 +373,15 @@ class RayWorkerGroup(WorkerGroup):
             # Ray task worker, a Python interpreter of its own (~2 CPU-s), only to bind one port.
             return _node_ip_and_free_port()
         probe = ray.remote(num_cpus=0)(_node_ip_and_free_port).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        )
         try:
             addr, port = ray.get(probe.remote(), timeout=self.startup_timeout_s)
         except ray.exceptions.GetTimeoutError as err:
-            raise RuntimeError(f"worker group '{self.name_prefix}': could not reach rank 0's node {node_id} within "
-                               f"{self.startup_timeout_s} s to choose MASTER_PORT") from err
+            raise RuntimeError(
+                f"worker group '{self.name_prefix}': could not reach rank 0's node {node_id} within "
+                f"{self.startup_timeout_s} s to choose MASTER_PORT"
+            ) from err
         return addr, int(port)
 
     def shutdown(self) -> None:
@@ -337,12 +397,16 @@ class RayWorkerGroup(WorkerGroup):
         return f"worker group '{self.name_prefix}' ({self.worker_cls.__name__}) method '{method_name}'"
 
     def _submit(self, method_name: str, ranks: list, per_rank_args: tuple, per_rank_kwargs: dict) -> list:
-        return [getattr(self._workers[rank], method_name).remote(*(a[rank] for a in per_rank_args),
-                                                                 **{k: v[rank] for k, v in per_rank_kwargs.items()})
-                for rank in ranks]
+        return [
+            getattr(self._workers[rank], method_name).remote(
+                *(a[rank] for a in per_rank_args), **{k: v[rank] for k, v in per_rank_kwargs.items()}
+            )
+            for rank in ranks
+        ]
 
-    def _make_group_method(self, method_name: str, dispatch_fn: Callable, collect_fn: Callable,
-                           spec: RegisteredMethod) -> Callable:
+    def _make_group_method(
+        self, method_name: str, dispatch_fn: Callable, collect_fn: Callable, spec: RegisteredMethod
+    ) -> Callable:
         def group_method(*args: Any, **kwargs: Any) -> Any:
             try:
                 per_rank_args, per_rank_kwargs = dispatch_fn(self, *args, **kwargs)
@@ -365,8 +429,13 @@ class RayWorkerGroup(WorkerGroup):
         return group_method
 
     def _get(self, refs: list, ranks: list, method_name: str, timeout_s: Optional[float] = None) -> list:
-        return get_ranked(refs, ranks, group_name=self.name_prefix, method_name=method_name,
-                          timeout_s=timeout_s if timeout_s is not None else self.call_timeout_s)
+        return get_ranked(
+            refs,
+            ranks,
+            group_name=self.name_prefix,
+            method_name=method_name,
+            timeout_s=timeout_s if timeout_s is not None else self.call_timeout_s,
+        )
 
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method_name`` on every rank; list arguments of length world_size are split per rank."""
@@ -374,13 +443,15 @@ class RayWorkerGroup(WorkerGroup):
         n = self.world_size
         if values and all(isinstance(v, (list, tuple)) and len(v) == n for v in values):
             return self._submit(method_name, list(range(n)), args, kwargs)
-        return self._submit(method_name, list(range(n)), tuple([a] * n for a in args),
-                            {k: [v] * n for k, v in kwargs.items()})
+        return self._submit(
+            method_name, list(range(n)), tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
+        )
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list:
         """``execute_all_async`` and wait; one answer per rank."""
-        return self._get(self.execute_all_async(method_name, *args, **kwargs), list(range(self.world_size)),
-                         method_name)
+        return self._get(
+            self.execute_all_async(method_name, *args, **kwargs), list(range(self.world_size)), method_name
+        )
 
     execute_all_sync = execute_all
 

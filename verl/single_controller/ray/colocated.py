@@ -5,6 +5,7 @@
 method ``m`` as ``<role>_m``. A RayWorkerGroup of it launches one process per bundle, and
 ``group.spawn(roles)`` hands back per-role views whose methods carry the plain names again.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -21,11 +22,14 @@ __all__ = ["create_colocated_worker_cls"]
 def _make_role_proxy(role: str, name: str, func: Callable, spec: RegisteredMethod) -> Callable:
     """A WorkerDict method forwarding to ``self.worker_dict[role].name`` with the role method's mark."""
     if inspect.iscoroutinefunction(func):
+
         async def proxy(self, *args: Any, **kwargs: Any) -> Any:
             return await getattr(self.worker_dict[role], name)(*args, **kwargs)
     else:
+
         def proxy(self, *args: Any, **kwargs: Any) -> Any:
             return getattr(self.worker_dict[role], name)(*args, **kwargs)
+
     proxy.__name__ = proxy.__qualname__ = f"{role}_{name}"
     proxy.__doc__ = func.__doc__
     setattr(proxy, MAGIC_ATTR, spec)
@@ -49,8 +53,10 @@ def create_colocated_worker_cls(class_dict: dict) -> RayClassWithInitArgs:
         roles[role] = (user_cls, cls_with_init.args, cls_with_init.kwargs)
         for key, value in cls_with_init._options.items():
             if key in options and options[key] != value:
-                raise ValueError(f"roles disagree on actor option '{key}' ({options[key]!r} vs {value!r}); they "
-                                 f"share one process, so set it identically")
+                raise ValueError(
+                    f"roles disagree on actor option '{key}' ({options[key]!r} vs {value!r}); they "
+                    f"share one process, so set it identically"
+                )
             options[key] = value
 
     class WorkerDict(Worker):

@@ -36,6 +36,7 @@ a rank or a job gets on its own (RANK, MASTER_PORT, RAY_JOB_ID) are not part of 
 rank's own code read them; every other variable is. A zygote also exits after 300 s without a rank. The worker's
 PID is the rank's (its parent is its guard, whose parent is the zygote); the one Ray started is the client's.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,9 +50,20 @@ import time
 
 # Set per rank by the worker group, or per job by Ray, and read only after the fork (Ray is not preloaded): ranks of
 # every job of a raylet with the same environment otherwise share a zygote.
-PER_PROCESS_ENV = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE", "MASTER_ADDR",
-    "MASTER_PORT", "WG_PREFIX", "RAY_JOB_ID"})
+PER_PROCESS_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "RAY_LOCAL_RANK",
+        "RAY_LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WG_PREFIX",
+        "RAY_JOB_ID",
+    }
+)
 KEPT_OUT = ("ray",)  # packages the zygote never imports (see the module docstring)
 IDLE_EXIT_S = 300.0  # a zygote with no child and no request for this long exits (its raylet may live on)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -61,9 +73,11 @@ def gpu_refusal(num_gpus: float, group: str) -> str:
     """Why ranks asking Ray for ``num_gpus`` GPUs each are not forked ("" when they may be)."""
     if not num_gpus or float(num_gpus) <= 0:
         return ""
-    return (f"LUFFY_FORK_WORKERS is set, but the ranks of {group} ask for {float(num_gpus):g} GPU(s) each: they start "
-            f"as Ray starts them (the fork server forks CPU ranks only; a forked rank would share its zygote's CUDA "
-            f"driver state)")
+    return (
+        f"LUFFY_FORK_WORKERS is set, but the ranks of {group} ask for {float(num_gpus):g} GPU(s) each: they start "
+        f"as Ray starts them (the fork server forks CPU ranks only; a forked rank would share its zygote's CUDA "
+        f"driver state)"
+    )
 
 
 def cuda_initialized(modules=None) -> bool:
@@ -90,7 +104,7 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 
 def refused_path(path: str) -> str:
     """The file a zygote that refused to fork leaves beside its socket: its reason, for the ranks that come later."""
-    return path[:-len(".sock")] + ".refused" if path.endswith(".sock") else path + ".refused"
+    return path[: -len(".sock")] + ".refused" if path.endswith(".sock") else path + ".refused"
 
 
 def zygote_key(env: dict, preload: str, raylet_pid: int) -> str:
@@ -145,6 +159,7 @@ def _readline(sock: socket.socket) -> str:
 
 # ---------------------------------------------------------------- client: what Ray executes
 
+
 def _exec_plainly(argv: list) -> None:
     os.execv(sys.executable, [sys.executable, *argv])
 
@@ -165,9 +180,23 @@ def _connect(path: str, preload: str, key: str) -> socket.socket:
         import subprocess
 
         with open(log, "ab") as out:
-            server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", path, "--preload", preload,
-                                       "--raylet-pid", str(os.getppid())], stdin=subprocess.DEVNULL, stdout=out,
-                                      stderr=out, start_new_session=True, close_fds=True)
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--serve",
+                    path,
+                    "--preload",
+                    preload,
+                    "--raylet-pid",
+                    str(os.getppid()),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                close_fds=True,
+            )
         while True:  # the zygote binds before it imports: this wait is its interpreter start only
             if server.poll() is not None:
                 _raise_if_refused(path)
@@ -206,7 +235,7 @@ def client(argv: list) -> None:
         _send(sock, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
         answer = _readline(sock)
         if answer.startswith("plain "):  # the zygote refused to fork (its preload initialised CUDA)
-            raise OSError(answer[len("plain "):])
+            raise OSError(answer[len("plain ") :])
         child = int(answer)
     except (OSError, ValueError, ConnectionError) as err:
         print(f"worker_zygote: starting the worker plainly ({err})", file=sys.stderr, flush=True)
@@ -227,6 +256,7 @@ def client(argv: list) -> None:
 
 
 # ---------------------------------------------------------------- zygote
+
 
 def _guard(conn: socket.socket, request: dict, fds: list, listener: socket.socket, reimport: list) -> None:
     """In the zygote's child: fork the rank, tell the client its PID, then wait for whichever ends first. The rank
@@ -256,8 +286,11 @@ def _guard(conn: socket.socket, request: dict, fds: list, listener: socket.socke
         ready, _, _ = select.select([conn] if ended is None else [conn, ended], [], [], 0.2 if ended is None else None)
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            reply = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-                     else f"exit {os.waitstatus_to_exitcode(status)}")
+            reply = (
+                f"signal {os.WTERMSIG(status)}"
+                if os.WIFSIGNALED(status)
+                else f"exit {os.waitstatus_to_exitcode(status)}"
+            )
             try:
                 conn.sendall(f"{reply}\n".encode())
             except OSError:
@@ -344,8 +377,12 @@ def serve(path: str, preload: str, raylet_pid: int) -> None:
     try:
         set_by_imports, reimport, cuda_by = _preload(preload)
         if cuda_by:
-            _refuse(listener, path, f"preloading {cuda_by} initialised CUDA (torch.cuda.is_initialized()): a forked "
-                                    f"rank cannot use its zygote's CUDA context")
+            _refuse(
+                listener,
+                path,
+                f"preloading {cuda_by} initialised CUDA (torch.cuda.is_initialized()): a forked "
+                f"rank cannot use its zygote's CUDA context",
+            )
         else:
             _fork_on_request(listener, set_by_imports, reimport, raylet_pid)
     finally:
@@ -429,8 +466,12 @@ def _preload(preload: str) -> tuple:
     reimport = [name for name in kept_out.tried if name in sys.modules]
     for name in kept_out.tried:  # it needs Ray to import at all: whoever imported it may have kept a fallback
         if name not in sys.modules and name not in names:
-            print(f"worker_zygote: {name} cannot be imported without Ray; a module that imports it inside a try "
-                  "keeps its fallback in the forked ranks", file=sys.stderr, flush=True)
+            print(
+                f"worker_zygote: {name} cannot be imported without Ray; a module that imports it inside a try "
+                "keeps its fallback in the forked ranks",
+                file=sys.stderr,
+                flush=True,
+            )
     return {k: v for k, v in os.environ.items() if before.get(k) != v}, reimport, cuda_by
 
 
@@ -443,8 +484,11 @@ def _reimport(names: list, argv: list) -> None:
         try:
             importlib.reload(sys.modules[name])
         except Exception as err:  # noqa: BLE001
-            print(f"worker_zygote: re-importing {name} failed ({err!r}): starting the worker plainly",
-                  file=sys.stderr, flush=True)
+            print(
+                f"worker_zygote: re-importing {name} failed ({err!r}): starting the worker plainly",
+                file=sys.stderr,
+                flush=True,
+            )
             _exec_plainly(argv)
 
 

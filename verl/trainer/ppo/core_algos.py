@@ -10,6 +10,7 @@ registered ones (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ..
 ``compute_entropy_loss``, for users' scripts. LUFFY's estimator and losses register themselves from
 ``luffy_pool.algorithm.mix_core_alg``. KL helpers live in :mod:`verl.trainer.ppo.kl`, re-exported here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -75,8 +76,9 @@ def get_adv_estimator_fn(name: str) -> Callable[..., Any]:
     return _lookup(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
-def register_policy_loss(name: str, config: Optional[type] = None,
-                         auto_switch: Optional[str] = None) -> Callable[[Callable], Callable]:
+def register_policy_loss(
+    name: str, config: Optional[type] = None, auto_switch: Optional[str] = None
+) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(PolicyLossInputs, cfg) -> (loss, metrics)`` as ``actor.policy_loss`` = ``name``.
 
     ``config``: a frozen dataclass of the loss's own knobs; the actor then builds ``cfg`` from its
@@ -178,14 +180,16 @@ def broadcast_sequence_advantage(
 def truncated_rows(responses: torch.Tensor, pad_token_id: int, eos_token_id, max_response_length: int) -> torch.Tensor:
     """``[rows]`` True where a response has ``>= max_response_length`` non-pad tokens and no EOS token
     (``eos_token_id``: an int or a list of ints)."""
-    eos_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
-                           device=responses.device)
+    eos_ids = torch.tensor(
+        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=responses.device
+    )
     response_length = (responses != pad_token_id).sum(dim=-1)
     return (response_length >= max_response_length) & ~torch.isin(responses, eos_ids).any(dim=-1)
 
 
-def finish_advantage(advantages: torch.Tensor, returns: torch.Tensor, inputs: AdvantageInputs,
-                     cfg) -> tuple[torch.Tensor, torch.Tensor]:
+def finish_advantage(
+    advantages: torch.Tensor, returns: torch.Tensor, inputs: AdvantageInputs, cfg
+) -> tuple[torch.Tensor, torch.Tensor]:
     """LUFFY's post-processing (``cfg.mixed``, :class:`~verl.trainer.ppo.loss_inputs.MixedAdvantageConfig`, in its
     order: α/β prefix weights, zero on truncated rows, the SFT prefix advantage, times the response mask); the
     advantage unchanged when ``cfg.mixed`` is None. Returns are never post-processed."""
@@ -214,8 +218,9 @@ def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Te
     ``A_i = (s_i − μ_G)/(σ_G + ε)`` with unbiased σ, or ``s_i − μ_G`` when ``cfg.grpo_use_std`` is False
     (LUFFY: ``grpo_use_std=False``); a group of one row uses μ=0, σ=1; ``A[i, t] = A_i·m[i, t]``.
     """
-    seq_adv = group_normalized_scores(sequence_scores(inputs.token_level_rewards), inputs.index,
-                                      use_std=cfg.grpo_use_std, epsilon=cfg.epsilon)
+    seq_adv = group_normalized_scores(
+        sequence_scores(inputs.token_level_rewards), inputs.index, use_std=cfg.grpo_use_std, epsilon=cfg.epsilon
+    )
     return finish_advantage(*broadcast_sequence_advantage(seq_adv, inputs.response_mask), inputs, cfg)
 
 
@@ -223,8 +228,9 @@ def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Te
 @torch.no_grad()
 def reinforce_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """``reinforce``: the raw sequence score as advantage, no baseline: ``A[i, t] = s_i·m[i, t]``."""
-    advantages, returns = broadcast_sequence_advantage(sequence_scores(inputs.token_level_rewards),
-                                                       inputs.response_mask)
+    advantages, returns = broadcast_sequence_advantage(
+        sequence_scores(inputs.token_level_rewards), inputs.response_mask
+    )
     return finish_advantage(advantages, returns, inputs, cfg)
 
 
@@ -272,11 +278,17 @@ def gae_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Ten
 
 # verl's signatures (``eos_mask`` = the response mask), for users' scripts: each builds the inputs and the knobs
 # and calls the registered estimator above.
-def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor, index: Sequence[Any],
-                                   epsilon: float = GRPO_EPSILON, use_std: bool = True):
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    eos_mask: torch.Tensor,
+    index: Sequence[Any],
+    epsilon: float = GRPO_EPSILON,
+    use_std: bool = True,
+):
     """verl's signature of :func:`grpo_advantage` -> ``(advantages, returns)``."""
-    return grpo_advantage(AdvantageInputs(token_level_rewards, eos_mask, index),
-                          AdvantageConfig(grpo_use_std=use_std, epsilon=epsilon))
+    return grpo_advantage(
+        AdvantageInputs(token_level_rewards, eos_mask, index), AdvantageConfig(grpo_use_std=use_std, epsilon=epsilon)
+    )
 
 
 def compute_reinforce_outcome_advantage(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor):
@@ -284,18 +296,26 @@ def compute_reinforce_outcome_advantage(token_level_rewards: torch.Tensor, eos_m
     return reinforce_advantage(AdvantageInputs(token_level_rewards, eos_mask, None), AdvantageConfig())
 
 
-def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor,
-                                                  gamma: float = 1.0):
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor, eos_mask: torch.Tensor, gamma: float = 1.0
+):
     """verl's signature of :func:`reinforce_plus_plus_advantage` -> ``(advantages, returns)``."""
-    return reinforce_plus_plus_advantage(AdvantageInputs(token_level_rewards, eos_mask, None),
-                                         AdvantageConfig(gamma=gamma))
+    return reinforce_plus_plus_advantage(
+        AdvantageInputs(token_level_rewards, eos_mask, None), AdvantageConfig(gamma=gamma)
+    )
 
 
-def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor | None,
-                                 eos_mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0):
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    eos_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+):
     """verl's signature of :func:`gae_advantage` -> ``(advantages, returns)``."""
-    return gae_advantage(AdvantageInputs(token_level_rewards, eos_mask, None, values=values),
-                         AdvantageConfig(gamma=gamma, lam=lam))
+    return gae_advantage(
+        AdvantageInputs(token_level_rewards, eos_mask, None, values=values), AdvantageConfig(gamma=gamma, lam=lam)
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -313,9 +333,15 @@ def aggregate_token_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_remove
 AGG_LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, dp_size: int = 1,
-             batch_num_tokens: Optional[int] = None, global_batch_size: Optional[int] = None,
-             loss_scale_factor: Optional[int] = None) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[int] = None,
+    global_batch_size: Optional[int] = None,
+    loss_scale_factor: Optional[int] = None,
+) -> torch.Tensor:
     """verl's ``agg_loss``: the loss matrix ``[bs, L]`` to a scalar by ``loss_agg_mode`` (for users' losses).
 
     ``token-mean``: ``Σ L·m / N·dp`` (N = ``batch_num_tokens``, default Σ m); ``seq-mean-token-sum``: the mean
@@ -340,8 +366,9 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     return verl_F.masked_sum(row_sums, rows_with_tokens) / rows * dp_size
 
 
-def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
-                         loss_agg_mode: str = "token-mean") -> torch.Tensor:
+def compute_entropy_loss(
+    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
+) -> torch.Tensor:
     """verl's ``compute_entropy_loss``: the per-token entropy of ``logits`` ``[bs, L, V]`` aggregated by
     :func:`agg_loss`."""
     return agg_loss(verl_F.entropy_from_logits(logits), response_mask, loss_agg_mode)
@@ -391,8 +418,9 @@ def ppo_clip_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict[str
     mask = inputs.response_mask
     log_ratio = inputs.log_prob - inputs.old_log_prob
     ppo_kl = verl_F.masked_mean_or_zero(-log_ratio, mask)
-    pg_losses, pg_clipfrac = clipped_pg_losses(inputs.advantages, torch.exp(log_ratio), mask, cfg.clip_ratio,
-                                               remove_clip=cfg.loss_remove_clip)
+    pg_losses, pg_clipfrac = clipped_pg_losses(
+        inputs.advantages, torch.exp(log_ratio), mask, cfg.clip_ratio, remove_clip=cfg.loss_remove_clip
+    )
     if inputs.rollout_is_weights is not None:  # rollout correction (verl: pg_losses * rollout_is_weights)
         pg_losses = pg_losses * inputs.rollout_is_weights
     pg_loss = aggregate_token_loss(pg_losses, mask, cfg.loss_remove_token_mean)
@@ -412,6 +440,8 @@ def compute_policy_loss(
     ``(pg_loss, pg_clipfrac, ppo_kl)``."""
     pg_loss, metrics = ppo_clip_loss(
         PolicyLossInputs(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=eos_mask),
-        PPOClipConfig(clip_ratio=cliprange, loss_remove_token_mean=loss_remove_token_mean,
-                      loss_remove_clip=loss_remove_clip))
+        PPOClipConfig(
+            clip_ratio=cliprange, loss_remove_token_mean=loss_remove_token_mean, loss_remove_clip=loss_remove_clip
+        ),
+    )
     return pg_loss, metrics["pg_clipfrac"], metrics["ppo_kl"]

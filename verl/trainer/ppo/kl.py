@@ -3,6 +3,7 @@ the KL-in-reward penalty the driver applies before computing advantages (docs/ME
 
 The same per-token estimators serve the actor's optional KL loss (docs/METHOD.md §1.9, ``kl_loss_type``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,8 +49,10 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         k3 = torch.exp(-diff) + diff - 1
         return torch.clamp(k3, min=-10, max=10)
     if kl_penalty == "full":
-        raise ValueError("kl_penalty='full' needs full-vocabulary log-probs, which the rollout does not keep; "
-                         f"use one of {list(KL_PENALTY_TYPES)}")
+        raise ValueError(
+            "kl_penalty='full' needs full-vocabulary log-probs, which the rollout does not keep; "
+            f"use one of {list(KL_PENALTY_TYPES)}"
+        )
     raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: {list(KL_PENALTY_TYPES) + list(KL_PENALTY_ALIASES)}")
 
 

@@ -10,6 +10,7 @@ holds no torch code, so the config checker can ask which keys the registered los
 (:func:`registered_loss_keys`) and which loss ``policy_loss=auto`` selects (:func:`resolve_policy_loss`) without
 importing torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

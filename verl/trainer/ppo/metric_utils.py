@@ -5,6 +5,7 @@ Names follow verl and LUFFY (docs/METHOD.md §1.5, §1.10): ``critic/score/*``, 
 ``batch/*``, ``timing_s/*``, ``timing_per_token_ms/*`` and ``perf/throughput`` (tokens / s / device).
 Pure functions of the batch tensors, so they are unit-tested without Ray.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -17,7 +18,11 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
     values = values.float()
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
 
 
 def _mean_or_zero(values: torch.Tensor) -> float:
@@ -58,8 +63,9 @@ def compute_data_metrics(batch: dict, response_length: int) -> dict[str, float]:
     return m
 
 
-def compute_group_metrics(scores: torch.Tensor, uids, on_policy: torch.Tensor, fail_value: float = 0.0,
-                          success_value: float = 1.0) -> dict[str, float]:
+def compute_group_metrics(
+    scores: torch.Tensor, uids, on_policy: torch.Tensor, fail_value: float = 0.0, success_value: float = 1.0
+) -> dict[str, float]:
     """LUFFY's per-group solve statistics (logged only, docs/METHOD.md §1.5).
 
     ``batch/solve_none`` / ``solve_all`` / ``solve_none_format``: number of groups (LUFFY counts) whose every
@@ -74,7 +80,7 @@ def compute_group_metrics(scores: torch.Tensor, uids, on_policy: torch.Tensor, f
     solve_none = sum(all(s == fail_value for s in g) for g in groups.values())
     solve_all = sum(all(s == success_value for s in g) for g in groups.values())
     solve_none_format = sum(all(s == -1 for s in g) for g in groups.values())
-    solved = (scores == success_value)
+    solved = scores == success_value
     return {
         "batch/solve_none": solve_none,
         "batch/solve_all": solve_all,
@@ -89,7 +95,9 @@ def compute_group_metrics(scores: torch.Tensor, uids, on_policy: torch.Tensor, f
     }
 
 
-def compute_timing_metrics(timing: dict[str, float], num_prompt_tokens: int, num_response_tokens: int) -> dict[str, float]:
+def compute_timing_metrics(
+    timing: dict[str, float], num_prompt_tokens: int, num_response_tokens: int
+) -> dict[str, float]:
     """``timing_s/<phase>`` plus ``timing_per_token_ms/<phase>`` over the tokens that phase touched."""
     m = {f"timing_s/{k}": v for k, v in timing.items()}
     all_tokens = num_prompt_tokens + num_response_tokens

@@ -18,6 +18,7 @@ gives (verl's algorithm.rollout_correction, verl/trainer/ppo/rollout_corr_helper
 
 Pure functions on [batch, response_length] tensors; nothing here reads the config or a DataProto.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,19 @@ import torch
 from verl.utils.torch_functional import masked_mean, masked_mean_or_zero, masked_sum
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
-ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-                      "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+ROLLOUT_RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 # exp(+-20) bounds every exponentiated log-ratio (as verl): a sequence's summed log-ratio easily overflows.
 SAFETY_BOUND = 20.0
 PREFIX = "rollout_corr/"
@@ -74,8 +86,10 @@ def parse_rs_thresholds(options: list[str], spec: Threshold) -> dict[str, tuple[
     if len(entries) == 1:
         entries = entries * len(options)
     if len(entries) != len(options):
-        raise ValueError(f"rollout_rs_threshold has {len(entries)} entries for {len(options)} rollout_rs options "
-                         "(give one shared entry or one per option)")
+        raise ValueError(
+            f"rollout_rs_threshold has {len(entries)} entries for {len(options)} rollout_rs options "
+            "(give one shared entry or one per option)"
+        )
     bounds = {}
     for opt, entry in zip(options, entries):
         k1 = opt.endswith("k1")
@@ -100,8 +114,9 @@ def _require_tokens(response_mask: torch.Tensor) -> None:
         raise ValueError("response_mask selects no token: rollout correction needs at least one")
 
 
-def is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is: str,
-               threshold: float) -> tuple[torch.Tensor, dict]:
+def is_weights(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is: str, threshold: float
+) -> tuple[torch.Tensor, dict]:
     """Truncated IS weights ``min(exp(log_ratio), threshold)`` per token (``token``) or
     ``min(exp(sum_t log_ratio), threshold)`` broadcast over the row (``sequence``), 0 on padding, detached.
     Metrics (unprefixed) describe the weights before truncation."""
@@ -154,8 +169,9 @@ def batch_normalize(weights: torch.Tensor, response_mask: torch.Tensor, rollout_
     return weights / mean, float(mean)
 
 
-def fill_unknown_old_log_probs(old_log_prob: torch.Tensor, log_prob: torch.Tensor,
-                               prefix_mask: Optional[torch.Tensor]) -> torch.Tensor:
+def fill_unknown_old_log_probs(
+    old_log_prob: torch.Tensor, log_prob: torch.Tensor, prefix_mask: Optional[torch.Tensor]
+) -> torch.Tensor:
     """``old_log_prob`` with its NaN entries on off-policy tokens (``prefix_mask``: under ``bypass_mode`` the engine
     did not sample them, so the driver has no old log-prob there) replaced by the current ``log_prob``, detached:
     their PPO ratio is 1, as in the first mini-batch after an old-log-prob pass. A NaN anywhere else is a fault and
@@ -172,12 +188,16 @@ def _seq_max(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _seq_reduce(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    return {"sum": lambda v, m: masked_sum(v, m, axis=-1), "mean": lambda v, m: masked_mean_or_zero(v, m, axis=-1),
-            "max": _seq_max}[kind]
+    return {
+        "sum": lambda v, m: masked_sum(v, m, axis=-1),
+        "mean": lambda v, m: masked_mean_or_zero(v, m, axis=-1),
+        "max": _seq_max,
+    }[kind]
 
 
-def rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str,
-                   threshold: Threshold) -> tuple[torch.Tensor, dict]:
+def rejection_mask(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str, threshold: Threshold
+) -> tuple[torch.Tensor, dict]:
     """``response_mask`` with the tokens (token_* options) or whole sequences (seq_* options) that any option
     rejects set to 0, and the rejected fractions (unprefixed; ``_seq_`` = fraction of sequences touched)."""
     options = parse_rs_options(rollout_rs)
@@ -212,8 +232,7 @@ def rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout
     return (response_mask * keep_all.to(response_mask.dtype)).to(response_mask.dtype), metrics
 
 
-def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
-                     response_mask: torch.Tensor) -> dict:
+def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor) -> dict:
     """Unprefixed estimates of KL(pi_rollout || pi_old) over the valid tokens: ``kl`` (k1, mean of
     log pi_rollout - log pi_old) and ``k3_kl`` (mean of r - 1 - log r, r = pi_old / pi_rollout; >= 0 per token);
     ``chi2_token``: E[r^2] - 1, the spread of the token weights."""
@@ -227,10 +246,17 @@ def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
     }
 
 
-def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, *,
-                       rollout_is: Optional[str] = None, rollout_is_threshold: float = 2.0,
-                       rollout_is_batch_normalize: bool = False,
-                       rollout_rs: Optional[str] = None, rollout_rs_threshold: Threshold = None) -> RolloutCorrection:
+def rollout_correction(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    rollout_is: Optional[str] = None,
+    rollout_is_threshold: float = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: Optional[str] = None,
+    rollout_rs_threshold: Threshold = None,
+) -> RolloutCorrection:
     """IS weights (if ``rollout_is``; divided by their batch mean with ``rollout_is_batch_normalize``, metric
     ``rollout_is_batch_norm_factor``, the other weight metrics before it), rejection (if ``rollout_rs``) and
     ``rollout_corr/*`` metrics for one batch.
@@ -240,8 +266,10 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
     engine log-prob (their behaviour policy is modelled by the off-policy loss's shaping instead).
     """
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
-        raise ValueError(f"old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob {tuple(rollout_log_prob.shape)} "
-                         f"and response_mask {tuple(response_mask.shape)} must have one shape")
+        raise ValueError(
+            f"old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob {tuple(rollout_log_prob.shape)} "
+            f"and response_mask {tuple(response_mask.shape)} must have one shape"
+        )
     _require_tokens(response_mask)
     log_ratio = old_log_prob - rollout_log_prob
     metrics, weights, mask = {}, None, response_mask.clone()
@@ -254,8 +282,9 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
         mask, rs_metrics = rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
         metrics.update(rs_metrics)
     metrics.update(mismatch_metrics(old_log_prob, rollout_log_prob, response_mask))
-    return RolloutCorrection(weights=weights, response_mask=mask,
-                             metrics={PREFIX + k: float(v) for k, v in metrics.items()})
+    return RolloutCorrection(
+        weights=weights, response_mask=mask, metrics={PREFIX + k: float(v) for k, v in metrics.items()}
+    )
 
 
 # Losses that read the old log-probs only through the PPO ratio and its metrics, so under ``bypass_mode`` a token the
@@ -279,17 +308,23 @@ def config_errors(get: Callable[[str], object]) -> list[str]:
     rollout_is, rollout_rs = get(f"{_RC}.rollout_is"), get(f"{_RC}.rollout_rs")
     for name, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
         if value is not None and not get(CALCULATE_LOG_PROBS):
-            errors.append(f"'{_RC}.{name}'={value!r} needs '{CALCULATE_LOG_PROBS}'=True (the weights compare the "
-                          "engine's sampling log-probs with the actor's); set it or set the correction to null")
+            errors.append(
+                f"'{_RC}.{name}'={value!r} needs '{CALCULATE_LOG_PROBS}'=True (the weights compare the "
+                "engine's sampling log-probs with the actor's); set it or set the correction to null"
+            )
     if get(f"{_RC}.rollout_is_batch_normalize") and rollout_is is None:
-        errors.append(f"'{_RC}.rollout_is_batch_normalize'=True needs '{_RC}.rollout_is' (token or sequence): "
-                      "it normalises the IS weights")
+        errors.append(
+            f"'{_RC}.rollout_is_batch_normalize'=True needs '{_RC}.rollout_is' (token or sequence): "
+            "it normalises the IS weights"
+        )
     errors += _bypass_errors(get, rollout_is, rollout_rs)
     mode, temperature = get(LOGPROBS_MODE), get(TEMPERATURE)
     if (rollout_is is not None or rollout_rs is not None) and mode == "raw_logprobs" and temperature not in (None, 1.0):
         # raw_logprobs are of the unscaled logits; the actor's old log-probs are of logits / temperature
-        errors.append(f"'{_RC}' needs '{LOGPROBS_MODE}'=processed_logprobs at '{TEMPERATURE}'={temperature} (raw "
-                      "log-probs ignore the temperature the actor's old log-probs divide by)")
+        errors.append(
+            f"'{_RC}' needs '{LOGPROBS_MODE}'=processed_logprobs at '{TEMPERATURE}'={temperature} (raw "
+            "log-probs ignore the temperature the actor's old log-probs divide by)"
+        )
     if rollout_rs is not None:
         try:
             parse_rs_thresholds(parse_rs_options(rollout_rs), get(f"{_RC}.rollout_rs_threshold"))
@@ -308,16 +343,22 @@ def _bypass_errors(get: Callable[[str], object], rollout_is, rollout_rs) -> list
         errors.append(f"{key} needs '{CALCULATE_LOG_PROBS}'=True (the engine's log-probs become the old log-probs)")
     for name, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
         if value is not None:  # verl computes them inside its bypass loss (loss_type), which is not shipped
-            errors.append(f"{key} cannot be combined with '{_RC}.{name}'={value!r}: the old log-probs are the "
-                          "engine's, so the weights would all be 1 (the PPO ratio itself is pi / pi_rollout)")
+            errors.append(
+                f"{key} cannot be combined with '{_RC}.{name}'={value!r}: the old log-probs are the "
+                "engine's, so the weights would all be 1 (the PPO ratio itself is pi / pi_rollout)"
+            )
     try:
         loss = resolve_policy_loss(get("actor_rollout_ref.actor"))
     except ValueError:
         loss = None  # two loss switches on: the actor section's own rule names them
     if loss is not None and loss not in BYPASS_LOSSES:
-        errors.append(f"{key} needs a policy loss of {', '.join(sorted(BYPASS_LOSSES))}, not {loss!r}: it keeps a "
-                      "trust region on demonstration tokens around the old-log-prob pass that bypass mode skips")
+        errors.append(
+            f"{key} needs a policy loss of {', '.join(sorted(BYPASS_LOSSES))}, not {loss!r}: it keeps a "
+            "trust region on demonstration tokens around the old-log-prob pass that bypass mode skips"
+        )
     if get("actor_rollout_ref.ref.use_ref") and not get("actor_rollout_ref.actor.use_kl_loss"):
-        errors.append(f"{key} cannot be combined with the KL-in-reward penalty (use_ref=True, use_kl_loss=False): it "
-                      "needs old log-probs on the off-policy tokens, which the engine did not sample")
+        errors.append(
+            f"{key} cannot be combined with the KL-in-reward penalty (use_ref=True, use_kl_loss=False): it "
+            "needs old log-probs on the off-policy tokens, which the engine did not sample"
+        )
     return errors

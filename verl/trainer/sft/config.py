@@ -6,6 +6,7 @@ valid key named (difflib) instead of Hydra's struct error; a composed or hand-bu
 again (keys, types, allowed values, bounds: verl/utils/config_section.py) before any process group or model is
 created. Every problem is one line naming its key.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,18 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 from omegaconf import DictConfig
 
 from verl.utils import config_schema
-from verl.utils.config_section import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, Bound, Declaration, declarations,
-                                       key, nested, value_errors)
+from verl.utils.config_section import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    Bound,
+    Declaration,
+    declarations,
+    key,
+    nested,
+    value_errors,
+)
 from verl.workers.config_sections import ATTN_IMPLEMENTATIONS, BETAS, DTYPES, step_impls
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
@@ -139,9 +150,12 @@ def check_override_keys(overrides: Iterable[str]) -> list[str]:
     """
     # Deletions and package overrides go to Hydra as written; validate_sft_config then reports what they did.
     return config_schema.prepare_overrides(
-        overrides, classify=lambda key: "schema" if key in declared() else None,
-        unknown_message=lambda key, plus: unknown_key_message(key), error_cls=ConfigError,
-        allow_delete_and_package=True)
+        overrides,
+        classify=lambda key: "schema" if key in declared() else None,
+        unknown_message=lambda key, plus: unknown_key_message(key),
+        error_cls=ConfigError,
+        allow_delete_and_package=True,
+    )
 
 
 def compose_sft_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -178,21 +192,21 @@ def validate_sft_config(config: Union[DictConfig, dict]) -> list[str]:
     schema = declared()
     errors = [unknown_key_message(k) for k in values if k not in schema]
     errors += [f"Missing config key '{k}' (it is in {CONFIG_NAME}.yaml)" for k in schema if k not in values]
-    for key, value in values.items():
-        if key not in schema:
+    for name, value in values.items():
+        if name not in schema:
             continue
-        problem = config_schema.value_error(key, value, expected_types(key))
+        problem = config_schema.value_error(name, value, expected_types(name))
         if problem:
             errors.append(problem)
     if errors:
         return errors
     defaults = schema_defaults()
-    for key, d in schema.items():
-        errors += value_errors(d, values[key], defaults[key])
-    for key in ("data.train_files", "data.val_files"):
-        files = values[key]
+    for name, d in schema.items():
+        errors += value_errors(d, values[name], defaults[name])
+    for name in ("data.train_files", "data.val_files"):
+        files = values[name]
         if isinstance(files, list) and (not files or not all(isinstance(f, str) for f in files)):
-            errors.append(f"'{key}' must be a path or a non-empty list of paths, got {files!r}")
+            errors.append(f"'{name}' must be a path or a non-empty list of paths, got {files!r}")
     return errors
 
 
@@ -205,9 +219,15 @@ def check_sft_config(config: Union[DictConfig, dict]) -> None:
 def batch_plan(train_batch_size: int, micro_batch_size_per_gpu: int, world_size: int) -> tuple[int, int]:
     """(rows per rank, micro-batches per rank) of one optimizer step; ConfigError when they do not divide."""
     if train_batch_size % world_size:
-        raise ConfigError([f"'data.train_batch_size'={train_batch_size} must be divisible by the world size {world_size}"])
+        raise ConfigError(
+            [f"'data.train_batch_size'={train_batch_size} must be divisible by the world size {world_size}"]
+        )
     per_rank = train_batch_size // world_size
     if per_rank % micro_batch_size_per_gpu:
-        raise ConfigError([f"'data.micro_batch_size_per_gpu'={micro_batch_size_per_gpu} must divide the "
-                           f"{per_rank} rows per rank (data.train_batch_size={train_batch_size} / {world_size} ranks)"])
+        raise ConfigError(
+            [
+                f"'data.micro_batch_size_per_gpu'={micro_batch_size_per_gpu} must divide the "
+                f"{per_rank} rows per rank (data.train_batch_size={train_batch_size} / {world_size} ranks)"
+            ]
+        )
     return per_rank, per_rank // micro_batch_size_per_gpu

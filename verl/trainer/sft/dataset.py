@@ -7,6 +7,7 @@ happens per item, so a 45k-row file with 16k-token traces does not sit in memory
 Batches are planned by seeded permutation per epoch and split into equal rank slices, so a run gives
 the same rows per optimizer step at any world size.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,14 @@ def prompt_messages(value: Any, where: str) -> list[dict]:
     """A prompt cell as chat messages: a list of {role, content} dicts, or a string -> one user message."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    if _is_list(value) and len(value) > 0 and all(
-            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+    if (
+        _is_list(value)
+        and len(value) > 0
+        and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value
+        )
+    ):
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise ValueError(f"{where}: expected a string or a non-empty list of {{role, content}} messages, got {value!r:.80}")
 
@@ -56,13 +63,17 @@ def response_text(value: Any, where: str) -> str:
     """A response cell as text: a string, or a list holding exactly one message dict with a 'content' string."""
     if isinstance(value, str):
         return value
-    if _is_list(value) and len(value) == 1 and isinstance(value[0], Mapping) and isinstance(value[0].get("content"), str):
+    if (
+        _is_list(value)
+        and len(value) == 1
+        and isinstance(value[0], Mapping)
+        and isinstance(value[0].get("content"), str)
+    ):
         return value[0]["content"]
     raise ValueError(f"{where}: expected a string or a list with one {{content}} message, got {value!r:.80}")
 
 
-def truncate(prompt_ids: list[int], response_ids: list[int], max_length: int, mode: str
-             ) -> tuple[list[int], list[int]]:
+def truncate(prompt_ids: list[int], response_ids: list[int], max_length: int, mode: str) -> tuple[list[int], list[int]]:
     """Cut prompt + response to ``max_length`` tokens: ``left`` drops from the start (prompt first),
     ``right`` from the end (response first). ``error`` callers check the length before."""
     excess = len(prompt_ids) + len(response_ids) - max_length
@@ -70,19 +81,26 @@ def truncate(prompt_ids: list[int], response_ids: list[int], max_length: int, mo
         return prompt_ids, response_ids
     if mode == "left":
         cut_prompt = min(excess, len(prompt_ids))
-        return prompt_ids[cut_prompt:], response_ids[excess - cut_prompt:]
+        return prompt_ids[cut_prompt:], response_ids[excess - cut_prompt :]
     if mode == "right":
         cut_response = min(excess, len(response_ids))
-        return prompt_ids[:len(prompt_ids) - (excess - cut_response)], response_ids[:len(response_ids) - cut_response]
+        return prompt_ids[: len(prompt_ids) - (excess - cut_response)], response_ids[: len(response_ids) - cut_response]
     raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {mode!r}")
 
 
 class SFTDataset(Dataset):
     """Rows of one or more files; item ``i`` -> ``{input_ids, loss_mask}`` (1-D LongTensors, no padding)."""
 
-    def __init__(self, files: Union[str, Sequence[str]], tokenizer, prompt_key: str = "prompt",
-                 response_key: str = "target", max_length: int = 1024, truncation: str = "error",
-                 strip_think_prefix: bool = True):
+    def __init__(
+        self,
+        files: Union[str, Sequence[str]],
+        tokenizer,
+        prompt_key: str = "prompt",
+        response_key: str = "target",
+        max_length: int = 1024,
+        truncation: str = "error",
+        strip_think_prefix: bool = True,
+    ):
         if truncation not in TRUNCATIONS:
             raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {truncation!r}")
         if max_length < 1:
@@ -124,9 +142,11 @@ class SFTDataset(Dataset):
         prompt_text = self.tokenizer.apply_chat_template(self.prompts[item], add_generation_prompt=True, tokenize=False)
         response = self.responses[item]
         if self.strip_think_prefix and prompt_text.endswith(THINK_OPEN) and response.startswith(THINK_OPEN):
-            response = response[len(THINK_OPEN):]
+            response = response[len(THINK_OPEN) :]
         prompt_ids = list(self.tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-        response_ids = list(self.tokenizer(response, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id]
+        response_ids = list(self.tokenizer(response, add_special_tokens=False)["input_ids"]) + [
+            self.tokenizer.eos_token_id
+        ]
         return prompt_ids, response_ids
 
     def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
@@ -134,22 +154,29 @@ class SFTDataset(Dataset):
         total = len(prompt_ids) + len(response_ids)
         if total > self.max_length:
             if self.truncation == "error":
-                raise ValueError(f"{self.source_of(item)}: {total} tokens (prompt {len(prompt_ids)} + response "
-                                 f"{len(response_ids)}) > data.max_length={self.max_length}; raise data.max_length or "
-                                 "set data.truncation=left|right")
+                raise ValueError(
+                    f"{self.source_of(item)}: {total} tokens (prompt {len(prompt_ids)} + response "
+                    f"{len(response_ids)}) > data.max_length={self.max_length}; raise data.max_length or "
+                    "set data.truncation=left|right"
+                )
             prompt_ids, response_ids = truncate(prompt_ids, response_ids, self.max_length, self.truncation)
             if not response_ids and not self._warned_empty:
                 self._warned_empty = True
-                logger.warning("%s: the prompt alone fills data.max_length=%d, the row keeps no response token "
-                               "(warned once); raise data.max_length", self.source_of(item), self.max_length)
+                logger.warning(
+                    "%s: the prompt alone fills data.max_length=%d, the row keeps no response token "
+                    "(warned once); raise data.max_length",
+                    self.source_of(item),
+                    self.max_length,
+                )
         ids = torch.tensor(prompt_ids + response_ids, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        mask[len(prompt_ids):] = 1
+        mask[len(prompt_ids) :] = 1
         return {"input_ids": ids, "loss_mask": mask}
 
 
-def pad_micro_batch(items: Sequence[Mapping[str, torch.Tensor]], pad_token_id: int,
-                    keep: Optional[Sequence[bool]] = None) -> dict[str, torch.Tensor]:
+def pad_micro_batch(
+    items: Sequence[Mapping[str, torch.Tensor]], pad_token_id: int, keep: Optional[Sequence[bool]] = None
+) -> dict[str, torch.Tensor]:
     """Right-pad items to the longest one: ``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``.
 
     ``keep[i] = False`` zeroes row i's loss mask (a filler row that only keeps ranks in step).
@@ -181,13 +208,13 @@ def epoch_batches(num_rows: int, batch_size: int, epoch: int, seed: int, shuffle
     if num_rows < batch_size:
         raise ValueError(f"data.train_batch_size={batch_size} exceeds the {num_rows} training rows")
     order = np.random.default_rng([seed, epoch]).permutation(num_rows) if shuffle else np.arange(num_rows)
-    return [order[i:i + batch_size].tolist() for i in range(0, num_rows - batch_size + 1, batch_size)]
+    return [order[i : i + batch_size].tolist() for i in range(0, num_rows - batch_size + 1, batch_size)]
 
 
 def rank_slice(batch: Sequence[int], rank: int, world_size: int) -> list[int]:
     """The contiguous share of a global batch that one rank trains on."""
     per_rank = len(batch) // world_size
-    return list(batch[rank * per_rank:(rank + 1) * per_rank])
+    return list(batch[rank * per_rank : (rank + 1) * per_rank])
 
 
 def strided_shard(num_rows: int, rank: int, world_size: int) -> tuple[list[int], list[bool]]:

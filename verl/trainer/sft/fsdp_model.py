@@ -8,6 +8,7 @@ fp32 (master weights; verl/utils/meta_init.py), so no rank ever holds the whole 
 ``save_pretrained`` folder (weights in the base checkpoint's dtype, plus tokenizer and generation config)
 that the RL trainer takes as ``actor_rollout_ref.model.path``.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,16 +53,23 @@ def build_fsdp_model(model_cfg, device: str, mesh) -> torch.nn.Module:
     remote = bool(model_cfg.trust_remote_code)
     hf_config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=remote)
     hf_config.use_cache = False
-    module = empty_model(hf_config, torch.float32, resolve_attn_implementation(model_cfg.attn_implementation, device),
-                         trust_remote_code=remote)
+    module = empty_model(
+        hf_config,
+        torch.float32,
+        resolve_attn_implementation(model_cfg.attn_implementation, device),
+        trust_remote_code=remote,
+    )
     if model_cfg.enable_gradient_checkpointing:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     fsdp_cfg = model_cfg.fsdp_config
     offload = cpu_offload_policy(bool(fsdp_cfg.param_offload), device)
     module = apply_fsdp2(
-        module, mesh,
+        module,
+        mesh,
         mp_policy=mixed_precision_policy(_param_dtype(fsdp_cfg.param_dtype, device), fsdp_cfg.reduce_dtype, device),
-        reshard_after_forward=bool(fsdp_cfg.reshard_after_forward), offload_policy=offload)
+        reshard_after_forward=bool(fsdp_cfg.reshard_after_forward),
+        offload_policy=offload,
+    )
     # with CPU offload the shards live in host memory; FSDP2 copies them to the GPU per layer
     return materialize(module, model_cfg.path, "cpu" if offload is not None else device)
 
@@ -72,8 +80,13 @@ def build_optimizer(module: torch.nn.Module, optim_cfg, total_steps: int):
     from verl.utils.optim import build_adamw
     from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-    optimizer = build_adamw(module.parameters(), lr=optim_cfg.lr, betas=optim_cfg.betas,
-                            weight_decay=optim_cfg.weight_decay, step_impl=optim_cfg.get("step_impl", "auto"))
+    optimizer = build_adamw(
+        module.parameters(),
+        lr=optim_cfg.lr,
+        betas=optim_cfg.betas,
+        weight_decay=optim_cfg.weight_decay,
+        step_impl=optim_cfg.get("step_impl", "auto"),
+    )
     warmup = int(optim_cfg.warmup_steps_ratio * total_steps)
     if optim_cfg.warmup_style == "cosine":
         scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)
@@ -100,8 +113,9 @@ def _stored_dtype(hf_config) -> torch.dtype:
     return to_torch_dtype(str(value)) if value else torch.float32
 
 
-def save_hf_folder(module: torch.nn.Module, out_dirs: list[str], base_path: str, tokenizer,
-                   trust_remote_code: bool = False) -> None:
+def save_hf_folder(
+    module: torch.nn.Module, out_dirs: list[str], base_path: str, tokenizer, trust_remote_code: bool = False
+) -> None:
     """Gather the full weights (every rank must call) and write them as HF folders on rank 0.
 
     The first folder is written to a temporary sibling and renamed into place, so a reader never sees a
@@ -122,11 +136,19 @@ def save_hf_folder(module: torch.nn.Module, out_dirs: list[str], base_path: str,
         first = os.path.abspath(out_dirs[0])
         tmp = os.path.join(os.path.dirname(first), f".tmp_{os.path.basename(first)}.{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_hf_folder(tmp, state, hf_config, tokenizer=tokenizer, generation_config=generation_config,
-                        dtype=_stored_dtype(hf_config))
+        write_hf_folder(
+            tmp,
+            state,
+            hf_config,
+            tokenizer=tokenizer,
+            generation_config=generation_config,
+            dtype=_stored_dtype(hf_config),
+        )
         publish_dir(tmp, first)
         for other in out_dirs[1:]:
-            other_tmp = os.path.join(os.path.dirname(os.path.abspath(other)), f".tmp_{os.path.basename(other)}.{os.getpid()}")
+            other_tmp = os.path.join(
+                os.path.dirname(os.path.abspath(other)), f".tmp_{os.path.basename(other)}.{os.getpid()}"
+            )
             shutil.rmtree(other_tmp, ignore_errors=True)
             os.makedirs(os.path.dirname(other_tmp), exist_ok=True)
             shutil.copytree(first, other_tmp)

@@ -13,6 +13,7 @@ this launcher raises it to ``DEFAULT_SHUTDOWN_TIMEOUT_S`` unless the variable is
 ``terminationGracePeriodSeconds`` / Slurm's ``--signal`` lead time should cover it). A second signal to the
 agent while it waits makes it signal the ranks again, which then abort at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         run(args)
     except SignalException as exc:
         code = 128 + int(exc.sigval)
-        print(f"torchrun agent: {exc.sigval.name} received; the ranks were signalled and have stopped; exit code {code}",
-              file=sys.stderr, flush=True)
+        print(
+            f"torchrun agent: {exc.sigval.name} received; the ranks were signalled and have stopped; exit code {code}",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(code)
 
 

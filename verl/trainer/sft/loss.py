@@ -7,6 +7,7 @@ the update is the gradient of ``Σ_all tokens nll / N_global`` however the batch
 SFT took a token mean per micro-batch and averaged those, which over-weights tokens of short
 micro-batches (docs/METHOD.md §2.3, third-party note).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,8 +21,9 @@ def _nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), labels, reduction="sum")
 
 
-def masked_token_nll_sum(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-                         chunk_tokens: Optional[int] = None) -> torch.Tensor:
+def masked_token_nll_sum(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, chunk_tokens: Optional[int] = None
+) -> torch.Tensor:
     """``Σ_{mask} −log softmax(logits)[label]`` in fp32, for ``logits [..., V]``, ``labels``/``mask [...]``.
 
     Only the masked positions are evaluated. With ``chunk_tokens``, they are processed in chunks whose fp32
@@ -29,8 +31,10 @@ def masked_token_nll_sum(logits: torch.Tensor, labels: torch.Tensor, mask: torch
     response never exist as one fp32 copy.
     """
     if labels.shape != logits.shape[:-1] or mask.shape != labels.shape:
-        raise ValueError(f"logits {tuple(logits.shape)}, labels {tuple(labels.shape)} and mask {tuple(mask.shape)} "
-                         "must agree on every axis but the last of logits")
+        raise ValueError(
+            f"logits {tuple(logits.shape)}, labels {tuple(labels.shape)} and mask {tuple(mask.shape)} "
+            "must agree on every axis but the last of logits"
+        )
     selected = mask.bool()
     picked_logits = logits[selected]
     picked_labels = labels[selected]
@@ -46,8 +50,9 @@ def masked_token_nll_sum(logits: torch.Tensor, labels: torch.Tensor, mask: torch
     return total
 
 
-def next_token_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def next_token_targets(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which positions to read logits at: ``(positions, labels, mask)``.
 
     The logit at position t predicts token t+1, so the loss sits at t wherever ``loss_mask[:, t+1]`` is 1.
@@ -59,8 +64,9 @@ def next_token_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor
     return positions, input_ids[:, positions + 1], shifted_mask[:, positions]
 
 
-def micro_batch_nll_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                        chunk_tokens: Optional[int] = None) -> torch.Tensor:
+def micro_batch_nll_sum(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: Optional[int] = None
+) -> torch.Tensor:
     """Summed response-token NLL of one padded micro-batch under an HF causal LM.
 
     Only the hidden states at loss positions go through the LM head (``logits_to_keep``), so the
@@ -70,6 +76,11 @@ def micro_batch_nll_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     if positions.numel() == 0:
         positions = torch.zeros(1, dtype=torch.long, device=batch["input_ids"].device)
         labels, mask = batch["input_ids"][:, :1], torch.zeros_like(batch["input_ids"][:, :1])
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=positions)
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+        logits_to_keep=positions,
+    )
     return masked_token_nll_sum(out.logits, labels, mask, chunk_tokens)

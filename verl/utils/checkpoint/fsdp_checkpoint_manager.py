@@ -14,6 +14,7 @@ parameter names and shapes of the checkpoint against the model) and the ranks ex
 rank, before any state is changed. Only then do the DCP loads (collectives that agree by themselves)
 run. A checkpoint of another model (layers, hidden size, vocabulary) is refused naming both.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -98,15 +99,17 @@ def model_shape_summary(shapes: Mapping[str, tuple]) -> str:
     return ", ".join(parts)
 
 
-def check_model_matches(checkpoint_shapes: Mapping[str, tuple], model_shapes: Mapping[str, tuple],
-                        checkpoint_dir: str, model_name: str) -> None:
+def check_model_matches(
+    checkpoint_shapes: Mapping[str, tuple], model_shapes: Mapping[str, tuple], checkpoint_dir: str, model_name: str
+) -> None:
     """Raise one line naming both when the checkpoint's parameter names or shapes differ from the model's.
 
     DCP loads only the keys the model asks for, so a checkpoint with more layers would load silently."""
     missing = sorted(set(model_shapes) - set(checkpoint_shapes))
     unexpected = sorted(set(checkpoint_shapes) - set(model_shapes))
-    resized = sorted(k for k in set(model_shapes) & set(checkpoint_shapes)
-                     if tuple(model_shapes[k]) != tuple(checkpoint_shapes[k]))
+    resized = sorted(
+        k for k in set(model_shapes) & set(checkpoint_shapes) if tuple(model_shapes[k]) != tuple(checkpoint_shapes[k])
+    )
     if not (missing or unexpected or resized):
         return
     if resized:
@@ -116,8 +119,10 @@ def check_model_matches(checkpoint_shapes: Mapping[str, tuple], model_shapes: Ma
         detail = f"{len(unexpected)} checkpoint tensor(s) the model lacks, e.g. {unexpected[0]}"
     else:
         detail = f"{len(missing)} model tensor(s) the checkpoint lacks, e.g. {missing[0]}"
-    raise ValueError(f"checkpoint {checkpoint_dir} ({model_shape_summary(checkpoint_shapes)}) does not match the "
-                     f"model {model_name} ({model_shape_summary(model_shapes)}): {detail}")
+    raise ValueError(
+        f"checkpoint {checkpoint_dir} ({model_shape_summary(checkpoint_shapes)}) does not match the "
+        f"model {model_name} ({model_shape_summary(model_shapes)}): {detail}"
+    )
 
 
 def _fsync_tree(path: str) -> None:
@@ -151,10 +156,16 @@ class FSDPCheckpointManager:
             its state with a zero step, which changes its first real step's bias correction).
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, lr_scheduler=None,
-                 tokenizer=None, extra_states: Optional[Mapping[str, Any]] = None,
-                 contents: Iterable[str] = VALID_CONTENTS,
-                 extra_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        lr_scheduler=None,
+        tokenizer=None,
+        extra_states: Optional[Mapping[str, Any]] = None,
+        contents: Iterable[str] = VALID_CONTENTS,
+        extra_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None,
+    ):
         contents = tuple(contents)
         bad = [c for c in contents if c not in VALID_CONTENTS]
         if bad:
@@ -179,9 +190,14 @@ class FSDPCheckpointManager:
         return dist.get_world_size() if _dist_ready() else 1
 
     # ------------------------------------------------------------------ save
-    def save_checkpoint(self, local_path: str, global_step: Optional[int] = None,
-                        max_ckpt_to_keep: Optional[int] = None, save_hf: bool = False,
-                        compute_hashes: bool = False) -> dict:
+    def save_checkpoint(
+        self,
+        local_path: str,
+        global_step: Optional[int] = None,
+        max_ckpt_to_keep: Optional[int] = None,
+        save_hf: bool = False,
+        compute_hashes: bool = False,
+    ) -> dict:
         """Write this rank's share under ``local_path`` (the ``actor/`` dir); returns timing and size,
         and with ``compute_hashes`` this rank's share of the files' sizes and sha256 (``files``).
 
@@ -199,12 +215,16 @@ class FSDPCheckpointManager:
             if "model" in self.contents:
                 dcp.save(get_model_state_dict(self.model), storage_writer=self._writer(layout.MODEL_DIR, local_path))
             if "optimizer" in self.contents:
-                dcp.save(get_optimizer_state_dict(self.model, self.optimizer),
-                         storage_writer=self._writer(layout.OPTIM_DIR, local_path))
+                dcp.save(
+                    get_optimizer_state_dict(self.model, self.optimizer),
+                    storage_writer=self._writer(layout.OPTIM_DIR, local_path),
+                )
                 for name, used in self._extra_optimizers_used().items():
                     if used:  # every rank stepped it together, so every rank agrees
-                        dcp.save(get_optimizer_state_dict(self.model, self.extra_optimizers[name]),
-                                 storage_writer=self._writer(layout.extra_optim_dir(name), local_path))
+                        dcp.save(
+                            get_optimizer_state_dict(self.model, self.extra_optimizers[name]),
+                            storage_writer=self._writer(layout.extra_optim_dir(name), local_path),
+                        )
         if "extra" in self.contents:
             path = os.path.join(local_path, layout.extra_state_file(self.world_size, self.rank))
             save_state(path, self._extra_state())  # plain data only: resume loads it with weights_only
@@ -213,8 +233,14 @@ class FSDPCheckpointManager:
         elif self.rank == 0:
             self._write_hf(os.path.join(local_path, layout.HF_DIR), with_weights=False)
         if self.rank == 0:
-            meta = {"format_version": FORMAT_VERSION, "global_step": global_step, "world_size": self.world_size,
-                    "contents": list(self.contents), "hf_weights": bool(save_hf), "torch_version": torch.__version__}
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "global_step": global_step,
+                "world_size": self.world_size,
+                "contents": list(self.contents),
+                "hf_weights": bool(save_hf),
+                "torch_version": torch.__version__,
+            }
             if self.extra_optimizers and "optimizer" in self.contents:
                 meta["extra_optimizers"] = self._extra_optimizers_used()
             layout.write_file_atomic(os.path.join(local_path, layout.META_FILE), json.dumps(meta, indent=2) + "\n")
@@ -231,8 +257,12 @@ class FSDPCheckpointManager:
                         shutil.rmtree(target)
             self.saved_paths = self.saved_paths[-max_ckpt_to_keep:]
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "bytes": layout.dir_size_bytes(local_path) if self.rank == 0 else 0,
-                "rank": self.rank, "files": files}
+        return {
+            "seconds": seconds,
+            "bytes": layout.dir_size_bytes(local_path) if self.rank == 0 else 0,
+            "rank": self.rank,
+            "files": files,
+        }
 
     def _extra_optimizers_used(self) -> dict[str, bool]:
         return {name: bool(opt.state) for name, opt in self.extra_optimizers.items()}
@@ -281,8 +311,12 @@ class FSDPCheckpointManager:
 
         Raises ``CheckpointLoadError`` on every rank, with nothing changed, when any rank refuses its part.
         """
-        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                             set_model_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         local_path = os.path.abspath(local_path)
         load_model = "model" in self.contents
@@ -322,15 +356,17 @@ class FSDPCheckpointManager:
         _agree_on_failure(local_path, failure)
         return meta
 
-    def _check_before_load(self, local_path: str, meta: dict, model_state: Optional[dict],
-                           load_optim: bool) -> Optional[tuple]:
+    def _check_before_load(
+        self, local_path: str, meta: dict, model_state: Optional[dict], load_optim: bool
+    ) -> Optional[tuple]:
         """Everything this rank reads, checked without a collective; returns the extra state to apply."""
         saved_contents = meta.get("contents", [])
         if model_state is not None:
             if not layout.has_sharded_model(local_path):
                 raise FileNotFoundError(
                     f"{local_path} has no sharded model ({layout.MODEL_DIR}/); it may have been pruned by "
-                    f"trainer.max_optim_to_keep (only config/tokenizer/extra state remain)")
+                    f"trainer.max_optim_to_keep (only config/tokenizer/extra state remain)"
+                )
             model_dir = os.path.join(local_path, layout.MODEL_DIR)
             saved = load_dcp_metadata(os.path.join(model_dir, ".metadata")).state_dict_metadata
             checkpoint_shapes = {k: tuple(v.size) for k, v in saved.items() if hasattr(v, "size")}
@@ -340,18 +376,22 @@ class FSDPCheckpointManager:
             check_model_matches(checkpoint_shapes, model_shapes, local_path, name)
         if load_optim:
             if "optimizer" not in saved_contents or not os.path.isdir(os.path.join(local_path, layout.OPTIM_DIR)):
-                raise FileNotFoundError(f"{local_path} has no optimizer state ({layout.OPTIM_DIR}/); saved contents "
-                                        f"were {saved_contents}")
+                raise FileNotFoundError(
+                    f"{local_path} has no optimizer state ({layout.OPTIM_DIR}/); saved contents were {saved_contents}"
+                )
             load_dcp_metadata(os.path.join(local_path, layout.OPTIM_DIR, ".metadata"))
             saved_used = meta.get("extra_optimizers", {})
             for name in self.extra_optimizers:
                 if name not in saved_used:
-                    raise KeyError(f"{local_path} has no state of the {name!r} optimizer (saved: {sorted(saved_used)}); "
-                                   f"was the checkpoint written by a run of another algorithm.method?")
+                    raise KeyError(
+                        f"{local_path} has no state of the {name!r} optimizer (saved: {sorted(saved_used)}); "
+                        f"was the checkpoint written by a run of another algorithm.method?"
+                    )
                 sub = layout.extra_optim_dir(name)
                 if saved_used[name] and not os.path.isdir(os.path.join(local_path, sub)):
-                    raise FileNotFoundError(f"{local_path} has no {sub}/ although its metadata says the {name!r} "
-                                            f"optimizer was saved")
+                    raise FileNotFoundError(
+                        f"{local_path} has no {sub}/ although its metadata says the {name!r} optimizer was saved"
+                    )
                 if saved_used[name]:
                     load_dcp_metadata(os.path.join(local_path, sub, ".metadata"))
         if "extra" in self.contents and "extra" in saved_contents:
@@ -371,8 +411,12 @@ class FSDPCheckpointManager:
         # same on every rank, but per-rank RNG streams cannot be mapped; ranks beyond the old count reuse 0's.
         source_rank = self.rank if self.rank < saved_world_size else 0
         if saved_world_size != self.world_size and self.rank == 0:
-            logger.warning("resuming a %d-rank checkpoint on %d ranks: weights and optimizer are resharded; "
-                           "per-rank RNG streams are not reproduced exactly", saved_world_size, self.world_size)
+            logger.warning(
+                "resuming a %d-rank checkpoint on %d ranks: weights and optimizer are resharded; "
+                "per-rank RNG streams are not reproduced exactly",
+                saved_world_size,
+                self.world_size,
+            )
         path = os.path.join(local_path, layout.extra_state_file(saved_world_size, source_rank))
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path} not found (checkpoint written by {saved_world_size} ranks)")
@@ -384,8 +428,10 @@ class FSDPCheckpointManager:
         saved_extras = extra.get("extras", {})
         for name in self.extra_states:
             if name not in saved_extras:
-                raise KeyError(f"{path} has no extra state {name!r} (saved: {sorted(saved_extras)}); was the "
-                               f"checkpoint written with a different actor config?")
+                raise KeyError(
+                    f"{path} has no extra state {name!r} (saved: {sorted(saved_extras)}); was the "
+                    f"checkpoint written with a different actor config?"
+                )
         return path, extra
 
     def _apply_extra(self, path: str, extra: dict) -> None:

@@ -5,6 +5,7 @@ CPU-offloaded state dict) and a DCP ``model/`` directory on disk (``load_dcp_mod
 group needed, used by ``python -m verl.model_merger``). Both end in ``write_hf_folder``, which builds
 the HF model on the meta device, assigns the tensors and calls ``save_pretrained`` (safetensors).
 """
+
 from __future__ import annotations
 
 import os
@@ -65,8 +66,10 @@ def build_hf_model(hf_config, state_dict: dict[str, torch.Tensor], dtype: Option
     unexpected = sorted(set(state_dict) - expected)
     tied_only = missing == ["lm_head.weight"] and getattr(hf_config, "tie_word_embeddings", False)
     if unexpected or (missing and not tied_only):
-        raise ValueError(f"state dict does not match {type(model).__name__}: missing {missing[:5]} "
-                         f"unexpected {unexpected[:5]} ({len(missing)} / {len(unexpected)} in all)")
+        raise ValueError(
+            f"state dict does not match {type(model).__name__}: missing {missing[:5]} "
+            f"unexpected {unexpected[:5]} ({len(missing)} / {len(unexpected)} in all)"
+        )
     model.load_state_dict(state_dict, strict=False, assign=True)
     if getattr(hf_config, "tie_word_embeddings", False):
         model.tie_weights()
@@ -74,8 +77,14 @@ def build_hf_model(hf_config, state_dict: dict[str, torch.Tensor], dtype: Option
     return model
 
 
-def write_hf_folder(out_dir: str, state_dict: dict[str, torch.Tensor], hf_config, tokenizer=None,
-                    generation_config=None, dtype: Optional[torch.dtype] = None) -> str:
+def write_hf_folder(
+    out_dir: str,
+    state_dict: dict[str, torch.Tensor],
+    hf_config,
+    tokenizer=None,
+    generation_config=None,
+    dtype: Optional[torch.dtype] = None,
+) -> str:
     """``save_pretrained`` of the weights (+ tokenizer, generation config) into ``out_dir``."""
     model = build_hf_model(hf_config, state_dict, dtype=dtype)
     if generation_config is not None:

@@ -18,6 +18,7 @@ LUFFY's layout (docs/METHOD.md §5.7) with DCP shards in place of per-rank pickl
 A step directory is first written under a ``.tmp_`` name and renamed into place, so a directory named
 ``global_step_<N>`` is always complete; the tracker file is updated only after that rename.
 """
+
 from __future__ import annotations
 
 import os
@@ -202,4 +203,5 @@ def resolve_actor_dir(path: str) -> str:
         return os.path.join(path, step_dir_name(step), ACTOR_DIR)
     raise FileNotFoundError(
         f"{path} is not a checkpoint: expected an actor/ dir (with {MODEL_DIR}/ and {META_FILE}), a "
-        f"{STEP_DIR_PREFIX}<N> dir, or a run root with {TRACKER_FILE}")
+        f"{STEP_DIR_PREFIX}<N> dir, or a run root with {TRACKER_FILE}"
+    )

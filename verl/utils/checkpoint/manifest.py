@@ -11,6 +11,7 @@ version >= 2) but has none is refused, since a deleted manifest would otherwise 
 check. A manifest entry that points outside its checkpoint (``../../etc/hostname``, an absolute path,
 a symlink out) is refused without touching the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,12 +54,15 @@ def hash_share(root: str, rank: int, world_size: int) -> dict:
     """``{relative path: {size, sha256}}`` of this rank's share of the files under ``root`` (largest files
     dealt round-robin), so W ranks hash a checkpoint W times faster than the driver alone."""
     files = sorted(_files_under(root), key=lambda rel: (-os.path.getsize(os.path.join(root, rel)), rel))
-    return {rel: {"size": os.path.getsize(os.path.join(root, rel)), "sha256": sha256_file(os.path.join(root, rel))}
-            for rel in files[rank::world_size]}
+    return {
+        rel: {"size": os.path.getsize(os.path.join(root, rel)), "sha256": sha256_file(os.path.join(root, rel))}
+        for rel in files[rank::world_size]
+    }
 
 
-def write_manifest(step_dir: str, removed: tuple[str, ...] = (), known: Optional[dict] = None,
-                   checksums: bool = True) -> dict:
+def write_manifest(
+    step_dir: str, removed: tuple[str, ...] = (), known: Optional[dict] = None, checksums: bool = True
+) -> dict:
     """Record every file under ``step_dir`` (size, sha256); ``removed`` lists sub-dirs deliberately dropped
     (shards pruned by ``max_optim_to_keep``), so verification can say why they are absent. ``known``:
     entries already hashed (by the workers, paths relative to ``step_dir``); kept when the size still matches.
@@ -97,8 +101,9 @@ def drop_from_manifest(step_dir: str, removed_dirs: list[str]) -> None:
     if manifest is None:
         return
     rels = [os.path.relpath(d, step_dir) for d in removed_dirs]
-    manifest["files"] = {f: v for f, v in manifest["files"].items()
-                         if not any(f == r or f.startswith(r + os.sep) for r in rels)}
+    manifest["files"] = {
+        f: v for f, v in manifest["files"].items() if not any(f == r or f.startswith(r + os.sep) for r in rels)
+    }
     manifest["removed"] = sorted(set(manifest.get("removed", [])) | set(rels))
     layout.write_file_atomic(os.path.join(step_dir, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
 
@@ -118,10 +123,12 @@ def missing_manifest_problem(step_dir: str) -> Optional[str]:
     """A refusal when ``step_dir`` has no manifest although its writer always wrote one."""
     version = data_state_version(step_dir)
     if version is not None and version >= MANIFEST_SINCE_DATA_VERSION:
-        return (f"{os.path.join(step_dir, MANIFEST_FILE)} is missing, but {layout.DATA_FILE} (version {version}) "
-                f"was written by a version that always writes one: its files cannot be verified (deleted "
-                f"manifest?); `python -m verl.utils.checkpoint.upgrade --rehash {step_dir}` re-creates it if you "
-                f"trust the files")
+        return (
+            f"{os.path.join(step_dir, MANIFEST_FILE)} is missing, but {layout.DATA_FILE} (version {version}) "
+            f"was written by a version that always writes one: its files cannot be verified (deleted "
+            f"manifest?); `python -m verl.utils.checkpoint.upgrade --rehash {step_dir}` re-creates it if you "
+            f"trust the files"
+        )
     return None
 
 
@@ -129,8 +136,12 @@ def _warn_old_once(step_dir: str) -> None:
     global _warned_old
     if not _warned_old:
         _warned_old = True
-        logger.warning("%s has no %s (written before manifests): only its structure is checked; "
-                       "`python -m verl.utils.checkpoint.upgrade <run dir>` adds one", step_dir, MANIFEST_FILE)
+        logger.warning(
+            "%s has no %s (written before manifests): only its structure is checked; "
+            "`python -m verl.utils.checkpoint.upgrade <run dir>` adds one",
+            step_dir,
+            MANIFEST_FILE,
+        )
 
 
 def entry_path(step_dir: str, rel: str) -> Optional[str]:
@@ -168,8 +179,9 @@ def _structure_problem(step_dir: str, need_model: bool, need_optim: bool) -> Opt
     return None
 
 
-def verify_step_dir(step_dir: str, checksums: bool = True, need_model: bool = True,
-                    need_optim: bool = True) -> Optional[str]:
+def verify_step_dir(
+    step_dir: str, checksums: bool = True, need_model: bool = True, need_optim: bool = True
+) -> Optional[str]:
     """None when ``step_dir`` is intact, else one line naming the bad file of this checkpoint."""
     try:
         manifest = read_manifest(step_dir)
@@ -182,8 +194,10 @@ def verify_step_dir(step_dir: str, checksums: bool = True, need_model: bool = Tr
         return problem
     for rel in manifest["files"]:
         if entry_path(step_dir, rel) is None:
-            return (f"{os.path.join(step_dir, MANIFEST_FILE)}: entry {rel!r} points outside the checkpoint "
-                    f"(refused, not read)")
+            return (
+                f"{os.path.join(step_dir, MANIFEST_FILE)}: entry {rel!r} points outside the checkpoint "
+                f"(refused, not read)"
+            )
     removed = manifest.get("removed", [])
     for sub, needed in ((layout.MODEL_DIR, need_model), (layout.OPTIM_DIR, need_optim)):
         rel = os.path.join(layout.ACTOR_DIR, sub)

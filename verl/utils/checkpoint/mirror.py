@@ -6,6 +6,7 @@ folder is incomplete there. A plain path is copied with shutil (through a tempor
 anything with a scheme (``hdfs://``, ``s3://``, ``memory://``, ...) goes through fsspec, whose backend
 package for that scheme must be installed.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Saved per rank with the checkpoint (torch CPU, CUDA when present, numpy's global state, Python's
 ``random``), so code that draws from the global generators continues the same streams after resume.
 """
+
 from __future__ import annotations
 
 import random

@@ -10,6 +10,7 @@ with one line naming the file. DCP's own ``.metadata`` is a pickle and its defau
 ``torch.load``s non-tensor items with ``weights_only=False``; ``SafeFileSystemReader`` and
 ``SafeLoadPlanner`` replace both with restricted loaders.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,8 +50,10 @@ def to_plain(obj: Any, where: str = "state") -> Any:
         return [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
         return tuple(to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
-    raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}; checkpoint state must be tensors "
-                    f"and plain data (dict, list, tuple, str, int, float, bool, None, numpy arrays)")
+    raise TypeError(
+        f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}; checkpoint state must be tensors "
+        f"and plain data (dict, list, tuple, str, int, float, bool, None, numpy arrays)"
+    )
 
 
 def from_plain(obj: Any) -> Any:
@@ -83,8 +86,10 @@ def _legacy_numpy_globals() -> list:
     except ImportError:  # numpy < 2
         from numpy.core.multiarray import _reconstruct
     allowed.append(_reconstruct)
-    allowed += [type(np.dtype(t)) for t in (np.uint32, np.uint64, np.int64, np.int32, np.float64, np.float32,
-                                            np.uint8, np.bool_)]
+    allowed += [
+        type(np.dtype(t))
+        for t in (np.uint32, np.uint64, np.int64, np.int32, np.float64, np.float32, np.uint8, np.bool_)
+    ]
     return allowed
 
 
@@ -106,12 +111,15 @@ def load_state(path: str) -> Any:
     allowed = _legacy_numpy_globals()
     names = {_global_name(g) for g in allowed}
     # numpy 2 pickles under numpy._core, numpy 1 under numpy.core; both spellings name the same function.
-    names |= {n.replace("numpy._core", "numpy.core") for n in names} | {n.replace("numpy.core", "numpy._core") for n in names}
+    names |= {n.replace("numpy._core", "numpy.core") for n in names} | {
+        n.replace("numpy.core", "numpy._core") for n in names
+    }
     refused = sorted(g for g in found if g not in names)
     if refused:
         raise UnsafeCheckpointError(
             f"{path}: refused to load: it pickles {', '.join(refused)} (checkpoints may hold only tensors and plain "
-            f"data; a file from an untrusted source must not be resumed)")
+            f"data; a file from an untrusted source must not be resumed)"
+        )
     with torch.serialization.safe_globals(allowed):
         return from_plain(torch.load(path, map_location="cpu", weights_only=True))
 
@@ -122,14 +130,21 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         if module == "torch.distributed.checkpoint.metadata" or (module, name) in {
-            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-            ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-            ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"),
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("pathlib", "WindowsPath"),
+            ("pathlib", "PureWindowsPath"),
+            ("collections", "OrderedDict"),
             ("torch.distributed.checkpoint.planner", "LoadItemType"),
             ("torch.distributed.checkpoint.planner", "WriteItemType"),
         }:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
             return super().find_class(module, name)
         raise UnsafeCheckpointError(f"refused to unpickle {module}.{name}")
 
@@ -140,8 +155,18 @@ def load_dcp_metadata(path: str):
         try:
             return _MetadataUnpickler(f).load()
         except UnsafeCheckpointError as exc:
-            raise UnsafeCheckpointError(f"{path}: {exc} (DCP metadata may hold only checkpoint layout classes)") from None
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, TypeError, ValueError) as exc:
+            raise UnsafeCheckpointError(
+                f"{path}: {exc} (DCP metadata may hold only checkpoint layout classes)"
+            ) from None
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            AttributeError,
+            ImportError,
+            IndexError,
+            TypeError,
+            ValueError,
+        ) as exc:
             raise UnsafeCheckpointError(f"{path}: unreadable DCP metadata ({type(exc).__name__}: {exc})") from None
 
 
@@ -194,5 +219,7 @@ def dcp_load(state_dict: dict, checkpoint_dir: str, **kwargs) -> None:
         dcp.load(state_dict, storage_reader=safe_reader(checkpoint_dir), planner=safe_planner(), **kwargs)
     except CheckpointException as exc:  # a BaseException carrying each rank's traceback: keep the last line
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        raise RuntimeError(f"{checkpoint_dir}: DCP load failed ({lines[-1] if lines else type(exc).__name__}); "
-                           f"a shard is truncated or does not match .metadata") from None
+        raise RuntimeError(
+            f"{checkpoint_dir}: DCP load failed ({lines[-1] if lines else type(exc).__name__}); "
+            f"a shard is truncated or does not match .metadata"
+        ) from None

@@ -10,6 +10,7 @@ A step that already has a manifest is verified first (sizes and sha256): the too
 corrupted checkpoint. A manifest that does not verify, or one missing from a checkpoint whose writer
 always wrote one, is an error unless ``--rehash`` says explicitly to record the files as they are now.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,16 @@ def upgrade_step_dir(step_dir: str, rehash: bool = False) -> list[str]:
         except ValueError as exc:
             existing, problem = None, str(exc)
         else:
-            problem = (manifest.verify_step_dir(step_dir, need_model=False, need_optim=False) if existing is not None
-                       else manifest.missing_manifest_problem(step_dir))
+            problem = (
+                manifest.verify_step_dir(step_dir, need_model=False, need_optim=False)
+                if existing is not None
+                else manifest.missing_manifest_problem(step_dir)
+            )
         if problem is not None:
-            raise ManifestMismatchError(f"{step_dir}: {problem}; not upgraded (pass --rehash to record the files "
-                                        f"as they are now, only if you trust them)")
+            raise ManifestMismatchError(
+                f"{step_dir}: {problem}; not upgraded (pass --rehash to record the files "
+                f"as they are now, only if you trust them)"
+            )
     state_files = [os.path.join(step_dir, layout.DATA_FILE)]
     state_files += sorted(glob.glob(os.path.join(step_dir, layout.ACTOR_DIR, "extra_state_world_size_*_rank_*.pt")))
     states = {path: load_state(path) for path in state_files if os.path.isfile(path)}  # all checked before any write
@@ -59,19 +65,28 @@ def upgrade_step_dir(step_dir: str, rehash: bool = False) -> list[str]:
         tmp = f"{path}.upgrade.{os.getpid()}"
         save_state(tmp, state)
         os.replace(tmp, path)
-    removed = [os.path.join(layout.ACTOR_DIR, sub) for sub in (layout.MODEL_DIR, layout.OPTIM_DIR)
-               if not os.path.isdir(os.path.join(step_dir, layout.ACTOR_DIR, sub))]
+    removed = [
+        os.path.join(layout.ACTOR_DIR, sub)
+        for sub in (layout.MODEL_DIR, layout.OPTIM_DIR)
+        if not os.path.isdir(os.path.join(step_dir, layout.ACTOR_DIR, sub))
+    ]
     manifest.write_manifest(step_dir, removed=tuple(removed))
     return list(states)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m verl.utils.checkpoint.upgrade", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m verl.utils.checkpoint.upgrade",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("paths", nargs="+", help="run directories (default_local_dir) or global_step_N directories")
-    ap.add_argument("--rehash", action="store_true",
-                    help="write the manifest from the files as they are now even when the existing one does not "
-                         "verify or was deleted (only for files you trust)")
+    ap.add_argument(
+        "--rehash",
+        action="store_true",
+        help="write the manifest from the files as they are now even when the existing one does not "
+        "verify or was deleted (only for files you trust)",
+    )
     args = ap.parse_args(argv)
     for path in args.paths:
         for step_dir in step_dirs_of(path):

@@ -1,4 +1,5 @@
 """Datasets, collation and resumable samplers for the RL trainers."""
+
 from verl.utils.dataset.collate import collate_fn
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.dataset.sampler import ResumableRandomSampler, ResumableSequentialSampler, build_sampler

@@ -3,6 +3,7 @@
 Tensors are stacked along a new batch axis; every other field becomes a 1-D ``np.ndarray`` of
 ``dtype=object`` with one entry per row, which is what ``DataProto.from_single_dict`` expects.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

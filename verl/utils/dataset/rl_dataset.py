@@ -5,6 +5,7 @@ Reads one or more parquet files in verl/LUFFY format (docs/METHOD.md §3.1: ``pr
 (errors name file, row and column), drops prompts longer than ``max_prompt_length`` (counted and
 logged) and yields tensors ``input_ids``/``attention_mask``/``position_ids`` ``[max_prompt_length]``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -107,12 +108,16 @@ class RLHFDataset(Dataset):
                 raise ValueError(
                     f"{path}: row {row}: column {prompt_key!r}: prompt has {lengths[over[0]]} tokens > "
                     f"data.max_prompt_length={max_prompt_length} ({len(over)} such prompt(s) in {len(lengths)}; "
-                    f"data.filter_overlong_prompts=True drops them)")
+                    f"data.filter_overlong_prompts=True drops them)"
+                )
         self.num_dropped_prompts = keep.count(False)
         if self.num_dropped_prompts:
             logger.warning(
                 "RLHFDataset: dropped %d of %d prompts longer than max_prompt_length=%d tokens (%s)",
-                self.num_dropped_prompts, len(keep), max_prompt_length, ", ".join(self.files),
+                self.num_dropped_prompts,
+                len(keep),
+                max_prompt_length,
+                ", ".join(self.files),
             )
         kept = [i for i, k in enumerate(keep) if k]
         if not kept:
@@ -142,20 +147,34 @@ class RLHFDataset(Dataset):
     def _check_row(self, path: str, row: int, record) -> None:
         prompt = record[self.prompt_key]
         if not _is_list(prompt) or len(prompt) == 0:
-            raise ValueError(f"{path}: row {row}: column {self.prompt_key!r}: expected a non-empty list of {{role, content}} messages, got {type(prompt).__name__}")
+            raise ValueError(
+                f"{path}: row {row}: column {self.prompt_key!r}: expected a non-empty list of {{role, content}} messages, got {type(prompt).__name__}"
+            )
         for i, message in enumerate(prompt):
-            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
-                raise ValueError(f"{path}: row {row}: column {self.prompt_key!r}: message {i} must be a {{role: str, content: str}} dict, got {message!r:.80}")
+            if (
+                not isinstance(message, Mapping)
+                or not isinstance(message.get("role"), str)
+                or not isinstance(message.get("content"), str)
+            ):
+                raise ValueError(
+                    f"{path}: row {row}: column {self.prompt_key!r}: message {i} must be a {{role: str, content: str}} dict, got {message!r:.80}"
+                )
         if prompt_is_blank(prompt):
-            raise ValueError(f"{path}: row {row}: column {self.prompt_key!r}: the prompt is empty (every message's content is blank)")
+            raise ValueError(
+                f"{path}: row {row}: column {self.prompt_key!r}: the prompt is empty (every message's content is blank)"
+            )
         reward_model = record["reward_model"]
         if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
-            raise ValueError(f"{path}: row {row}: column 'reward_model': missing 'ground_truth' (got {reward_model!r:.80})")
+            raise ValueError(
+                f"{path}: row {row}: column 'reward_model': missing 'ground_truth' (got {reward_model!r:.80})"
+            )
         problem = ground_truth_problem(reward_model["ground_truth"])
         if problem is not None:  # the graders cannot use it: every reward of the row would be 0 (or wrong)
             raise ValueError(f"{path}: row {row}: column 'reward_model': ground_truth {problem}")
         if not isinstance(record["data_source"], str):
-            raise ValueError(f"{path}: row {row}: column 'data_source' must be a string, got {type(record['data_source']).__name__}")
+            raise ValueError(
+                f"{path}: row {row}: column 'data_source' must be a string, got {type(record['data_source']).__name__}"
+            )
 
     def _template(self, prompt) -> str:
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
@@ -193,7 +212,9 @@ class RLHFDataset(Dataset):
         limit = self.max_prompt_length
         if len(ids) > limit:
             if self.truncation == "error":
-                raise ValueError(f"{self.source_of(item)}: column {self.prompt_key!r}: prompt has {len(ids)} tokens > data.max_prompt_length={limit}")
+                raise ValueError(
+                    f"{self.source_of(item)}: column {self.prompt_key!r}: prompt has {len(ids)} tokens > data.max_prompt_length={limit}"
+                )
             ids = ids[-limit:] if self.truncation == "left" else ids[:limit]
         pad = limit - len(ids)
         input_ids = torch.full((limit,), self.tokenizer.pad_token_id, dtype=torch.long)

@@ -4,6 +4,7 @@
 a ``torch.Generator`` seeded 47, walked with a cursor; ``ResumableSequentialSampler`` is the
 ``shuffle=False`` variant. The state (order, cursor, generator state, epoch) goes into ``data.pt``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -59,7 +60,12 @@ class ResumableSequentialSampler(Sampler[int]):
         return self.data_len
 
     def state_dict(self) -> dict[str, Any]:
-        return {"perm": self.perm.clone(), "perm_index": self.perm_index, "epoch": self.epoch, "data_len": self.data_len}
+        return {
+            "perm": self.perm.clone(),
+            "perm_index": self.perm_index,
+            "epoch": self.epoch,
+            "data_len": self.data_len,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for key in ("perm", "perm_index", "epoch"):
@@ -94,13 +100,17 @@ class ResumableRandomSampler(ResumableSequentialSampler):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "generator_state" not in state:
-            raise ValueError("random sampler state has no 'generator_state' key (was it saved by the sequential sampler?)")
+            raise ValueError(
+                "random sampler state has no 'generator_state' key (was it saved by the sequential sampler?)"
+            )
         super().load_state_dict(state)
         self.generator.set_state(state["generator_state"])
         self.seed = state.get("seed", self.seed)
 
 
-def build_sampler(data_len: int, shuffle: bool, seed: int = 47, batch_size: Optional[int] = None, drop_last: bool = False):
+def build_sampler(
+    data_len: int, shuffle: bool, seed: int = 47, batch_size: Optional[int] = None, drop_last: bool = False
+):
     """``data.shuffle`` → the random sampler (seeded), else the sequential one."""
     if shuffle:
         return ResumableRandomSampler(data_len, seed=seed, batch_size=batch_size, drop_last=drop_last)

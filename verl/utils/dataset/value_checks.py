@@ -5,6 +5,7 @@ A ground truth of NaN or infinity (a float, or a string such as ``"nan"`` / ``"-
 and the graders score it wrong, so ``\\boxed{nan}`` cannot earn a reward. LaTeX ``\\infty`` is a real
 answer and passes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

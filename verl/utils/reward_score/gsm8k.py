@@ -3,6 +3,7 @@
 ``compute_score`` with ``method='strict'`` is this package's ``openai/gsm8k`` scorer (the one the reward
 manager routes to); ``extract_solution`` keeps verl's extraction rules for scripts that call it.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,9 @@ def extract_solution(solution_str: str, method: str = "strict") -> Optional[str]
     return candidates[-1] if candidates else None
 
 
-def compute_score(solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0,
-                  score: float = 1.0) -> float:
+def compute_score(
+    solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
     """``score`` for a right final answer, ``format_score`` for a wrong one, 0 when there is none."""
     if method == "strict":
         result = gsm8k_score(solution_str, ground_truth)

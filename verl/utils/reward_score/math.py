@@ -4,6 +4,7 @@
 after MATH's string normalisation, no symbolic step); ``is_equiv`` / ``strip_string`` expose that
 normalisation and the ``fix_*`` helpers its steps (``deepscaler.rewards.math_utils.normalize``).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -12,8 +13,17 @@ from deepscaler.rewards.math_utils import normalize as _norm
 from deepscaler.rewards.math_utils.utils import last_boxed_only_string as _last_boxed
 from deepscaler.rewards.verl_scorers import math_dataset_score
 
-__all__ = ["compute_score", "fix_a_slash_b", "fix_fracs", "fix_sqrt", "is_equiv", "last_boxed_only_string",
-           "remove_boxed", "remove_right_units", "strip_string"]
+__all__ = [
+    "compute_score",
+    "fix_a_slash_b",
+    "fix_fracs",
+    "fix_sqrt",
+    "is_equiv",
+    "last_boxed_only_string",
+    "remove_boxed",
+    "remove_right_units",
+    "strip_string",
+]
 
 fix_fracs = _norm._fix_fracs
 fix_sqrt = _norm._fix_sqrt
@@ -45,7 +55,7 @@ def last_boxed_only_string(string: str) -> Optional[str]:
     spaced = string.rfind("\\boxed ")
     braced = _last_boxed(string)
     if spaced >= 0 and (braced is None or spaced > string.rfind(braced)):
-        return "\\boxed " + string[spaced + len("\\boxed "):].split("$")[0]
+        return "\\boxed " + string[spaced + len("\\boxed ") :].split("$")[0]
     return braced
 
 
@@ -53,5 +63,5 @@ def remove_boxed(s: str) -> str:
     """``\\boxed X`` / ``\\boxed{X}`` -> ``X``; ValueError for anything else."""
     for left, right in (("\\boxed ", ""), ("\\boxed{", "}")):
         if s.startswith(left) and s.endswith(right):
-            return s[len(left):len(s) - len(right)]
+            return s[len(left) : len(s) - len(right)]
     raise ValueError(f"not a boxed answer: {s[:80]!r}")

@@ -13,6 +13,7 @@ Gradient accumulation follows verl/LUFFY (docs/METHOD.md §1.9): each micro-batc
 a different number of micro-batches; FSDP then averages over data-parallel ranks. The step's metrics do not
 depend on the micro-batching (token means over the step, ``actor.metric_aggregation``, verl/utils/step_metrics.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,7 +54,8 @@ def report_oom(micro: dict, where: str):
         raise torch.OutOfMemoryError(
             f"{where}: out of memory on a micro-batch of {rows} rows x {positions} positions = {tokens} valid tokens; "
             f"lower actor.ppo_micro_batch_size / rollout.log_prob_micro_batch_size, or with use_dynamic_bsz the "
-            f"*_max_token_len_per_gpu budget ({err})") from err
+            f"*_max_token_len_per_gpu budget ({err})"
+        ) from err
 
 
 class DataParallelPPOActor:
@@ -81,11 +83,21 @@ class DataParallelPPOActor:
 
     section_cls = ActorSection  # the typed actor group a caller without a ``section`` gets built from ``config``
 
-    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: Optional[torch.optim.Optimizer] = None,
-                 use_remove_padding: bool = False, dp_group=None, device: str = "cpu",
-                 shared_prompt_forward: bool = False, logprob_chunk_size: int = 1024, ulysses_group=None,
-                 grad_norm_device=None,
-                 batch_sizes: Optional[RankBatchSizes] = None, section: Optional[ActorSection] = None):
+    def __init__(
+        self,
+        config,
+        actor_module: torch.nn.Module,
+        actor_optimizer: Optional[torch.optim.Optimizer] = None,
+        use_remove_padding: bool = False,
+        dp_group=None,
+        device: str = "cpu",
+        shared_prompt_forward: bool = False,
+        logprob_chunk_size: int = 1024,
+        ulysses_group=None,
+        grad_norm_device=None,
+        batch_sizes: Optional[RankBatchSizes] = None,
+        section: Optional[ActorSection] = None,
+    ):
         self.config = config
         # The update's keys, typed: the worker passes the section it built at start (verl/workers/config_sections.py);
         # a caller without one (a test, a script) gets it built from ``config`` here.
@@ -106,18 +118,24 @@ class DataParallelPPOActor:
         if use_remove_padding and not self.use_remove_padding:
             # WARNING: on a GPU this is the flash-attn-missing fallback; dynamic micro-batches then count padded
             # positions (_micro_batches), so the same token budget runs more, smaller micro-batches.
-            logger.warning("model.use_remove_padding ignored: attention %r has no varlen kernel (flash-attn, pip "
-                           "install flash-attn, provides it), and packing into one row would make sdpa/eager build a "
-                           "dense mask over all tokens (quadratic); using padded rows, dynamic micro-batches budget "
-                           "rows x padded width",
-                           getattr(getattr(actor_module, "config", None), "_attn_implementation", None))
+            logger.warning(
+                "model.use_remove_padding ignored: attention %r has no varlen kernel (flash-attn, pip "
+                "install flash-attn, provides it), and packing into one row would make sdpa/eager build a "
+                "dense mask over all tokens (quadratic); using padded rows, dynamic micro-batches budget "
+                "rows x padded width",
+                getattr(getattr(actor_module, "config", None), "_attn_implementation", None),
+            )
         # Ulysses SP group (ulysses_forward.py): ranks of the group hold the same rows, 1/sp of the positions each.
-        self.ulysses_group = ulysses_group if ulysses_group is not None and dist.get_world_size(ulysses_group) > 1 else None
+        self.ulysses_group = (
+            ulysses_group if ulysses_group is not None and dist.get_world_size(ulysses_group) > 1 else None
+        )
         if self.ulysses_group is not None:
             from verl.workers.actor.ulysses_forward import check_model
 
             check_model(actor_module, dist.get_world_size(self.ulysses_group))
-        self.shared_prompt_forward = shared_prompt_forward and not self.use_remove_padding and self.ulysses_group is None
+        self.shared_prompt_forward = (
+            shared_prompt_forward and not self.use_remove_padding and self.ulysses_group is None
+        )
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
@@ -142,14 +160,28 @@ class DataParallelPPOActor:
         if self.ulysses_group is not None:
             from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
 
-            return ulysses_response_log_probs(self.actor_module, micro, temperature, calculate_entropy,
-                                              self.ulysses_group, packed=self.use_remove_padding,
-                                              chunk_size=self.logprob_chunk_size if chunked else 0)
+            return ulysses_response_log_probs(
+                self.actor_module,
+                micro,
+                temperature,
+                calculate_entropy,
+                self.ulysses_group,
+                packed=self.use_remove_padding,
+                chunk_size=self.logprob_chunk_size if chunked else 0,
+            )
         if chunked:
             log_probs, entropy = response_logprobs(
-                self.actor_module, input_ids, attention_mask, position_ids, responses, temperature=temperature,
-                chunk_size=self.logprob_chunk_size, with_entropy=calculate_entropy, packed=self.use_remove_padding,
-                shared_prompt=self.shared_prompt_forward)
+                self.actor_module,
+                input_ids,
+                attention_mask,
+                position_ids,
+                responses,
+                temperature=temperature,
+                chunk_size=self.logprob_chunk_size,
+                with_entropy=calculate_entropy,
+                packed=self.use_remove_padding,
+                shared_prompt=self.shared_prompt_forward,
+            )
             return entropy, log_probs
         response_length = responses.size(-1)
         logits = None
@@ -159,8 +191,9 @@ class DataParallelPPOActor:
             if self.use_remove_padding:
                 logits = self._packed_logits(input_ids, attention_mask, position_ids)
             else:
-                logits = self.actor_module(input_ids=input_ids, attention_mask=attention_mask,
-                                           position_ids=position_ids, use_cache=False).logits
+                logits = self.actor_module(
+                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+                ).logits
             # logits at t predict token t+1: the response's predictions sit one step to the left.
             logits = logits[:, -response_length - 1 : -1, :]
         logits = logits.float()
@@ -187,8 +220,9 @@ class DataParallelPPOActor:
         logits[valid] = packed
         return logits
 
-    def _micro_batches(self, data: DataProto, keys: list[str], micro_size: int, use_dynamic_bsz: bool,
-                       max_token_len: int):
+    def _micro_batches(
+        self, data: DataProto, keys: list[str], micro_size: int, use_dynamic_bsz: bool, max_token_len: int
+    ):
         """Split ``data`` into micro-batches; returns (list of dict-of-tensors, reverse index or None)."""
         batch = data.batch.select(*keys)
         if use_dynamic_bsz:
@@ -199,8 +233,9 @@ class DataParallelPPOActor:
             if self.use_remove_padding:
                 groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
             else:  # padded rows compute at the full width: budget rows x width, not valid tokens (REVIEW H1)
-                groups = padded_micro_batches_indices(len(seq_lens), batch["attention_mask"].size(-1), max_token_len,
-                                                      dp_group=self.dp_group)
+                groups = padded_micro_batches_indices(
+                    len(seq_lens), batch["attention_mask"].size(-1), max_token_len, dp_group=self.dp_group
+                )
             flat = [i for g in groups for i in g]
             micro = [{k: batch[k][g] for k in keys} for g in groups]
             return micro, get_reverse_idx(flat)
@@ -214,14 +249,20 @@ class DataParallelPPOActor:
         temperature = data.meta_info["temperature"]
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         micro_batches, rev = self._micro_batches(
-            data, keys, data.meta_info["micro_batch_size"], data.meta_info["use_dynamic_bsz"],
-            data.meta_info.get("max_token_len", 0))
+            data,
+            keys,
+            data.meta_info["micro_batch_size"],
+            data.meta_info["use_dynamic_bsz"],
+            data.meta_info.get("max_token_len", 0),
+        )
         log_probs, entropies = [], []
         # Rows that are not GRPO groups (ExGRPO's trajectory candidates) ask for the plain forward: the shared-prompt
         # forward makes two model calls only where a prompt repeats, so ranks could run different numbers of
         # FSDP forwards and wait on each other's all-gathers for ever.
-        shared, self.shared_prompt_forward = self.shared_prompt_forward, \
-            self.shared_prompt_forward and data.meta_info.get("shared_prompt_forward", True)
+        shared, self.shared_prompt_forward = (
+            self.shared_prompt_forward,
+            self.shared_prompt_forward and data.meta_info.get("shared_prompt_forward", True),
+        )
         try:
             for mb in micro_batches:
                 mb = {k: v.to(self.device) for k, v in mb.items()}
@@ -243,8 +284,16 @@ class DataParallelPPOActor:
     # ------------------------------------------------------------------ loss hook
     def loss_input_keys(self) -> list[str]:
         # rollout_is_weights / response_mask arrive only with rollout correction (IS weights / rejection mask)
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages",
-                "rollout_is_weights", "response_mask"]
+        keys = [
+            "responses",
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "old_log_probs",
+            "advantages",
+            "rollout_is_weights",
+            "response_mask",
+        ]
         if self.update_config.use_kl_loss:
             keys.append("ref_log_prob")
         return keys
@@ -253,14 +302,20 @@ class DataParallelPPOActor:
         """The registered loss ``self.policy_loss`` on this micro-batch (``prefix_mask`` / ``behaviour_log_probs``
         when ``loss_input_keys`` loaded them), plus :meth:`extra_policy_loss`; returns (loss before accumulation
         scaling, metrics: the loss's own as ``actor/<name>`` and ``actor/pg_loss``, the registered loss's value)."""
-        inputs = PolicyLossInputs(log_prob=log_prob, old_log_prob=micro["old_log_probs"],
-                                  advantages=micro["advantages"], response_mask=response_mask,
-                                  prefix_mask=micro.get("prefix_mask"),
-                                  behaviour_log_probs=micro.get("behaviour_log_probs"),
-                                  rollout_is_weights=micro.get("rollout_is_weights"))
+        inputs = PolicyLossInputs(
+            log_prob=log_prob,
+            old_log_prob=micro["old_log_probs"],
+            advantages=micro["advantages"],
+            response_mask=response_mask,
+            prefix_mask=micro.get("prefix_mask"),
+            behaviour_log_probs=micro.get("behaviour_log_probs"),
+            rollout_is_weights=micro.get("rollout_is_weights"),
+        )
         if inputs.rollout_is_weights is not None and self.policy_loss not in ROLLOUT_IS_LOSSES:
-            raise ValueError(f"algorithm.rollout_correction.rollout_is: policy loss {self.policy_loss!r} does not take "
-                             f"rollout_is_weights (those that do: {', '.join(sorted(ROLLOUT_IS_LOSSES))})")
+            raise ValueError(
+                f"algorithm.rollout_correction.rollout_is: policy loss {self.policy_loss!r} does not take "
+                f"rollout_is_weights (those that do: {', '.join(sorted(ROLLOUT_IS_LOSSES))})"
+            )
         pg_loss, out = self.policy_loss_fn(inputs, self.policy_loss_cfg)
         metrics = {f"actor/{k}": v.item() for k, v in out.items()}
         metrics["actor/pg_loss"] = pg_loss.item()
@@ -301,23 +356,26 @@ class DataParallelPPOActor:
         keys = [k for k in self.loss_input_keys() if k in data.batch.keys()]
         sizes = self.batch_sizes if self.batch_sizes is not None else rank_batch_sizes(self.config)
         if "old_log_probs" not in keys and (cfg.ppo_epochs > 1 or len(data) > sizes.ppo_mini_rows):
-            raise ValueError("old_log_probs missing from the update batch; it may only be skipped for a single "
-                             "on-policy mini-batch (ppo_epochs=1, one mini-batch per rank)")
+            raise ValueError(
+                "old_log_probs missing from the update batch; it may only be skipped for a single "
+                "on-policy mini-batch (ppo_epochs=1, one mini-batch per rank)"
+            )
         mini_size = sizes.ppo_mini_rows
         grad_accum = sizes.gradient_accumulation
         # metrics reduced over the whole step (verl/utils/step_metrics.py); the loss name picks each metric's tokens
         step_metrics = StepMetrics(cfg.metric_aggregation, getattr(self, "policy_loss", "vanilla"), grad_accum)
         for _epoch in range(cfg.ppo_epochs):
             for mini in data.select(batch_keys=keys).split(mini_size):
-                micro_batches, _ = self._micro_batches(mini, keys, sizes.ppo_micro_rows, cfg.use_dynamic_bsz,
-                                                       cfg.ppo_max_token_len_per_gpu)
+                micro_batches, _ = self._micro_batches(
+                    mini, keys, sizes.ppo_micro_rows, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
+                )
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 for mb in micro_batches:
                     mb = {k: v.to(self.device) for k, v in mb.items()}
                     if "response_mask" in mb:  # rollout correction's rejection removed tokens from the loss
                         response_mask = mb["response_mask"].float()
                     else:
-                        response_mask = mb["attention_mask"][:, -mb["responses"].size(-1):].float()
+                        response_mask = mb["attention_mask"][:, -mb["responses"].size(-1) :].float()
                     with report_oom(mb, "update_policy"):
                         entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
                         if "old_log_probs" not in mb:
@@ -325,8 +383,9 @@ class DataParallelPPOActor:
                             # mini-batch): these weights are the ones that pass would have used.
                             mb["old_log_probs"] = log_prob.detach()
                         else:
-                            mb["old_log_probs"] = fill_unknown_old_log_probs(mb["old_log_probs"], log_prob,
-                                                                             mb.get("prefix_mask"))
+                            mb["old_log_probs"] = fill_unknown_old_log_probs(
+                                mb["old_log_probs"], log_prob, mb.get("prefix_mask")
+                            )
                         pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
                         loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
                         (loss / grad_accum).backward()
@@ -342,11 +401,13 @@ class DataParallelPPOActor:
         if self.grad_norm_device is not None:
             from verl.utils.grad_norm import clip_grad_norm_on_device
 
-            grad_norm = clip_grad_norm_on_device(self.actor_module.parameters(), self.update_config.grad_clip,
-                                                 self.grad_norm_device)
+            grad_norm = clip_grad_norm_on_device(
+                self.actor_module.parameters(), self.update_config.grad_clip, self.grad_norm_device
+            )
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.actor_module.parameters(),
-                                                       max_norm=self.update_config.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.actor_module.parameters(), max_norm=self.update_config.grad_clip
+            )
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
@@ -354,8 +415,9 @@ class DataParallelPPOActor:
             if self.update_config.on_nonfinite == "stop":
                 raise NonFiniteLossError(f"grad norm is {grad_norm}; stopping (actor.on_nonfinite=stop)")
             self.nonfinite_skips += 1
-            logger.warning("grad norm is %s: skipping this optimizer step (%d skipped so far)", grad_norm,
-                           self.nonfinite_skips)
+            logger.warning(
+                "grad norm is %s: skipping this optimizer step (%d skipped so far)", grad_norm, self.nonfinite_skips
+            )
             self.actor_optimizer.zero_grad(set_to_none=True)
             return grad_norm
         self.actor_optimizer.step()

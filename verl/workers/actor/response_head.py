@@ -11,6 +11,7 @@ is gathered, used and its gradient reduce-scattered exactly as for the dense hea
 padding) and the shared-prompt forward, and returns ``[b, response_length]`` tensors with zeros at
 masked positions (the dense path leaves unused values there; every consumer masks them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,16 +39,30 @@ def supports_scoring_head(module: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def scoring_head(module: torch.nn.Module, rows: torch.Tensor, cols: torch.Tensor, labels: torch.Tensor, *,
-                 temperature: float, chunk_size: int, with_entropy: bool):
+def scoring_head(
+    module: torch.nn.Module,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+):
     """While active, the model's head returns ``[T, 2]`` = (log p(labels), entropy) of ``hidden[rows, cols]``
     (``[T, 1]``, log p only, without entropy) instead of ``[b, s, V]`` logits."""
     head = module.get_output_embeddings()
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        logp, entropy = chunked_logprobs_entropy(hidden[rows, cols], head.weight, labels, bias=head.bias,
-                                                 temperature=temperature, chunk_size=chunk_size,
-                                                 with_entropy=with_entropy)
+        logp, entropy = chunked_logprobs_entropy(
+            hidden[rows, cols],
+            head.weight,
+            labels,
+            bias=head.bias,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
+        )
         return torch.stack([logp, entropy], dim=-1) if with_entropy else logp.unsqueeze(-1)
 
     previous = head.__dict__.get("forward")
@@ -66,10 +81,19 @@ def _scatter(b: int, width: int, rows: torch.Tensor, cols: torch.Tensor, values:
     return values.new_zeros(b, width).index_put((rows, cols), values)
 
 
-def response_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      position_ids: torch.Tensor, responses: torch.Tensor, *, temperature: float, chunk_size: int,
-                      with_entropy: bool, packed: bool = False, shared_prompt: bool = False
-                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def response_logprobs(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    packed: bool = False,
+    shared_prompt: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(log_probs, entropy or None)``, each ``[b, R]`` fp32, of ``responses`` under ``module``.
 
     ``packed``: one row of the valid tokens (position ids restart per sequence), as ``_packed_logits``.
@@ -92,8 +116,12 @@ def response_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, attentio
             raise ValueError("a response token follows a padding position (empty prompt?): nothing predicts it")
         flat = (valid.flatten().cumsum(0) - 1).view_as(valid)
         with scoring_head(module, torch.zeros_like(rows), flat[rows, cols], labels, **kw):
-            out = module(input_ids=input_ids[valid].unsqueeze(0), position_ids=position_ids[valid].unsqueeze(0),
-                         attention_mask=None, use_cache=False)
+            out = module(
+                input_ids=input_ids[valid].unsqueeze(0),
+                position_ids=position_ids[valid].unsqueeze(0),
+                attention_mask=None,
+                use_cache=False,
+            )
     else:
         with scoring_head(module, rows, cols, labels, **kw):
             out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -103,7 +131,9 @@ def response_logprobs(module: torch.nn.Module, input_ids: torch.Tensor, attentio
 def _shared_prompt_scores(module, input_ids, attention_mask, position_ids, R, rows, t, labels, kw):
     """(rows, t, [T, k] scores) through the shared-prompt forward, or None when no prompt repeats."""
     prompt_width = input_ids.shape[1] - R
-    if prompt_width < 1 or R < 1 or checkpointing_drops_cache(module):  # no prompt cache under checkpointing (docs/DESIGN.md §2 item 13)
+    if (
+        prompt_width < 1 or R < 1 or checkpointing_drops_cache(module)
+    ):  # no prompt cache under checkpointing (docs/DESIGN.md §2 item 13)
         return None
     first, inverse = group_rows_by_prompt(input_ids, attention_mask, prompt_width)
     if first.numel() == input_ids.shape[0]:
@@ -114,8 +144,17 @@ def _shared_prompt_scores(module, input_ids, attention_mask, position_ids, R, ro
     rows0, rows1, t1 = rows[at0], rows[~at0], t[~at0]
     prompt_head = scoring_head(module, inverse[rows0], torch.zeros_like(rows0), labels[at0], **kw)
     response_head = scoring_head(module, rows1, t1 - 1, labels[~at0], **kw)
-    s0, s1 = prompt_then_responses(module, input_ids, attention_mask, position_ids, prompt_width, first, inverse,
-                                   prompt_head=prompt_head, response_head=response_head)
+    s0, s1 = prompt_then_responses(
+        module,
+        input_ids,
+        attention_mask,
+        position_ids,
+        prompt_width,
+        first,
+        inverse,
+        prompt_head=prompt_head,
+        response_head=response_head,
+    )
     return torch.cat([rows0, rows1]), torch.cat([t[at0], t1]), torch.cat([s0, s1])
 
 

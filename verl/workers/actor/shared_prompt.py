@@ -15,6 +15,7 @@ and when activation checkpointing is active (a training-mode model with gradient
 transformers then drops every layer's cache (recomputing a layer would append its keys twice), so the
 responses would have no prompt to attend to. Log-prob passes (eval mode) keep the shared forward.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,13 @@ def checkpointing_drops_cache(module: torch.nn.Module) -> bool:
     return bool(module.training and getattr(module, "is_gradient_checkpointing", False))
 
 
-def shared_prompt_logits(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         position_ids: torch.Tensor, response_length: int) -> Optional[torch.Tensor]:
+def shared_prompt_logits(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+) -> Optional[torch.Tensor]:
     """Logits ``[b, response_length, V]`` predicting each response token, or None when no prompt repeats.
 
     Row i's logits at response position t equal those of the padded forward at column
@@ -53,15 +59,24 @@ def shared_prompt_logits(module: torch.nn.Module, input_ids: torch.Tensor, atten
     first, inverse = group_rows_by_prompt(input_ids, attention_mask, prompt_width)
     if first.numel() == input_ids.shape[0]:
         return None
-    prompt_logits, response_logits = prompt_then_responses(module, input_ids, attention_mask, position_ids,
-                                                           prompt_width, first, inverse)
+    prompt_logits, response_logits = prompt_then_responses(
+        module, input_ids, attention_mask, position_ids, prompt_width, first, inverse
+    )
     last_prompt_logits = prompt_logits[:, -1].index_select(0, inverse)
     return torch.cat([last_prompt_logits[:, None], response_logits[:, :-1]], dim=1)
 
 
-def prompt_then_responses(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          position_ids: torch.Tensor, prompt_width: int, first: torch.Tensor, inverse: torch.Tensor,
-                          prompt_head=contextlib.nullcontext(), response_head=contextlib.nullcontext()):
+def prompt_then_responses(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    prompt_width: int,
+    first: torch.Tensor,
+    inverse: torch.Tensor,
+    prompt_head=contextlib.nullcontext(),
+    response_head=contextlib.nullcontext(),
+):
     """The two calls: distinct prompts (only the last position goes through the head), then every row's
     response over its prompt's expanded cache. Returns the two outputs' ``logits``; ``prompt_head`` and
     ``response_head`` are contexts active around each call (``response_head.py`` scores tokens there)."""
@@ -69,15 +84,25 @@ def prompt_then_responses(module: torch.nn.Module, input_ids: torch.Tensor, atte
 
     prompt_cache = DynamicCache(config=module.config)
     with prompt_head:
-        out = module(input_ids=input_ids[first, :prompt_width], attention_mask=attention_mask[first, :prompt_width],
-                     position_ids=position_ids[first, :prompt_width], past_key_values=prompt_cache, use_cache=True,
-                     logits_to_keep=1)
+        out = module(
+            input_ids=input_ids[first, :prompt_width],
+            attention_mask=attention_mask[first, :prompt_width],
+            position_ids=position_ids[first, :prompt_width],
+            past_key_values=prompt_cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
     prompt_logits = out.logits
     shared = out.past_key_values
     expanded = DynamicCache(config=module.config)
     for layer_idx, layer in enumerate(shared.layers):
         expanded.update(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse), layer_idx)
     with response_head:
-        out = module(input_ids=input_ids[:, prompt_width:], attention_mask=attention_mask,
-                     position_ids=position_ids[:, prompt_width:], past_key_values=expanded, use_cache=True)
+        out = module(
+            input_ids=input_ids[:, prompt_width:],
+            attention_mask=attention_mask,
+            position_ids=position_ids[:, prompt_width:],
+            past_key_values=expanded,
+            use_cache=True,
+        )
     return prompt_logits, out.logits

@@ -25,6 +25,7 @@ response token, ``chunk_size`` tokens at a time (``response_head.scoring_head``)
 ``[rows, s/sp, V]`` fp32 logits exist. ``chunk_size`` 0 keeps the dense head (models whose logits are
 not a plain linear head: the actor passes 0 for them).
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,14 @@ import torch
 from verl.utils.parallel_check import check_heads
 from verl.workers.actor.response_head import scoring_head
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits
-from verl.utils.ulysses import (gather_heads_scatter_seq, gather_seq, gather_seq_scatter_heads, group_size,
-                                local_slice, pad_to_multiple)
+from verl.utils.ulysses import (
+    gather_heads_scatter_seq,
+    gather_seq,
+    gather_seq_scatter_heads,
+    group_size,
+    local_slice,
+    pad_to_multiple,
+)
 
 WRAPPED_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 
@@ -98,8 +105,10 @@ def check_model(module, sp_size: int) -> None:
     config = _model_config(module)
     impl = getattr(config, "_attn_implementation", None)
     if impl not in WRAPPED_IMPLEMENTATIONS:
-        raise ValueError(f"Ulysses sequence parallelism needs sdpa or flash attention "
-                         f"(actor_rollout_ref.model.attn_implementation), got {impl!r}")
+        raise ValueError(
+            f"Ulysses sequence parallelism needs sdpa or flash attention "
+            f"(actor_rollout_ref.model.attn_implementation), got {impl!r}"
+        )
     heads = config.num_attention_heads
     check_heads(heads, getattr(config, "num_key_value_heads", None) or heads, sp_size)
 
@@ -109,8 +118,13 @@ def _mask_mapping(config, input_ids: torch.Tensor, attention_mask: Optional[torc
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     dummy = torch.empty(input_ids.shape + (1,), dtype=torch.float32, device=input_ids.device)  # shape/device only
-    kwargs = dict(config=config, inputs_embeds=dummy, attention_mask=attention_mask, past_key_values=None,
-                  position_ids=position_ids)
+    kwargs = dict(
+        config=config,
+        inputs_embeds=dummy,
+        attention_mask=attention_mask,
+        past_key_values=None,
+        position_ids=position_ids,
+    )
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
     mapping = {"full_attention": create_causal_mask(**kwargs)}
     if "sliding_attention" in types:
@@ -118,8 +132,17 @@ def _mask_mapping(config, input_ids: torch.Tensor, attention_mask: Optional[torc
     return mapping
 
 
-def _local_token_stats(module, group, input_ids, attention_mask, position_ids, temperature: float,
-                       calculate_entropy: bool, scored: torch.Tensor, chunk_size: int):
+def _local_token_stats(
+    module,
+    group,
+    input_ids,
+    attention_mask,
+    position_ids,
+    temperature: float,
+    calculate_entropy: bool,
+    scored: torch.Tensor,
+    chunk_size: int,
+):
     """Full-length inputs [b, s] (s divisible by sp) -> (entropy or None, log-probs), each [b, s], where
     position t scores ``input_ids[t + 1]`` (the last position scores a wrapped-around token: ignore it).
 
@@ -130,12 +153,24 @@ def _local_token_stats(module, group, input_ids, attention_mask, position_ids, t
     mapping = _mask_mapping(_model_config(module), input_ids, attention_mask, position_ids)
     labels = torch.roll(input_ids, shifts=-1, dims=1)
     ids_local, pos_local, labels_local = (local_slice(t, group, dim=1) for t in (input_ids, position_ids, labels))
-    call = dict(input_ids=ids_local, attention_mask=mapping, position_ids=pos_local, use_cache=False,
-                **{GROUP_KWARG: group, POSITIONS_KWARG: position_ids})
+    call = dict(
+        input_ids=ids_local,
+        attention_mask=mapping,
+        position_ids=pos_local,
+        use_cache=False,
+        **{GROUP_KWARG: group, POSITIONS_KWARG: position_ids},
+    )
     if chunk_size > 0:
         rows, cols = local_slice(scored, group, dim=1).nonzero(as_tuple=True)
-        with scoring_head(module, rows, cols, labels_local[rows, cols], temperature=temperature,
-                          chunk_size=chunk_size, with_entropy=calculate_entropy):
+        with scoring_head(
+            module,
+            rows,
+            cols,
+            labels_local[rows, cols],
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=calculate_entropy,
+        ):
             out = module(**call).logits  # [T, 2] (log p, entropy) or [T, 1]
         local = out.new_zeros(ids_local.shape + (out.shape[-1],)).index_put((rows, cols), out)
         log_probs = gather_seq(local[..., 0], group, dim=1)
@@ -149,8 +184,9 @@ def _local_token_stats(module, group, input_ids, attention_mask, position_ids, t
     return None, gather_seq(logprobs_from_logits(logits, labels_local), group, dim=1)
 
 
-def ulysses_response_log_probs(module, micro: dict, temperature: float, calculate_entropy: bool, group,
-                               packed: bool = False, chunk_size: int = 0):
+def ulysses_response_log_probs(
+    module, micro: dict, temperature: float, calculate_entropy: bool, group, packed: bool = False, chunk_size: int = 0
+):
     """(entropy [b, L] or None, log-probs [b, L]) of the response tokens, equal to the plain forward's.
 
     ``packed``: valid tokens of all rows go into one row (flash-attention varlen on GPU); otherwise the
@@ -172,11 +208,16 @@ def ulysses_response_log_probs(module, micro: dict, temperature: float, calculat
         flat_ids = pad_to_multiple(input_ids[valid].unsqueeze(0), sp, dim=1)
         total = int(valid.sum())
         # The padding forms a sequence of its own (positions 0..pad-1), so it never joins a real one.
-        flat_pos = torch.cat([position_ids[valid], torch.arange(flat_ids.shape[1] - total, device=input_ids.device,
-                                                                 dtype=position_ids.dtype)]).unsqueeze(0)
+        flat_pos = torch.cat(
+            [
+                position_ids[valid],
+                torch.arange(flat_ids.shape[1] - total, device=input_ids.device, dtype=position_ids.dtype),
+            ]
+        ).unsqueeze(0)
         flat_scored = pad_to_multiple(scored[valid].unsqueeze(0), sp, dim=1, value=False)
-        ent, lp = _local_token_stats(module, group, flat_ids, None, flat_pos, temperature, calculate_entropy,
-                                     flat_scored, chunk_size)
+        ent, lp = _local_token_stats(
+            module, group, flat_ids, None, flat_pos, temperature, calculate_entropy, flat_scored, chunk_size
+        )
         lp_full = lp.new_zeros(b, s)
         lp_full[valid] = lp[0, :total]
         ent_full = None
@@ -187,8 +228,17 @@ def ulysses_response_log_probs(module, micro: dict, temperature: float, calculat
         ids = pad_to_multiple(input_ids, sp, dim=1)
         mask = pad_to_multiple(attention_mask, sp, dim=1)
         pos = pad_to_multiple(position_ids, sp, dim=1)
-        ent_full, lp_full = _local_token_stats(module, group, ids, mask, pos, temperature, calculate_entropy,
-                                               pad_to_multiple(scored, sp, dim=1, value=False), chunk_size)
+        ent_full, lp_full = _local_token_stats(
+            module,
+            group,
+            ids,
+            mask,
+            pos,
+            temperature,
+            calculate_entropy,
+            pad_to_multiple(scored, sp, dim=1, value=False),
+            chunk_size,
+        )
         lp_full = lp_full[:, :s]
         ent_full = ent_full[:, :s] if ent_full is not None else None
     return (ent_full[:, window] if ent_full is not None else None), lp_full[:, window]

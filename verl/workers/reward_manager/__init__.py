@@ -4,6 +4,7 @@
 per-item CPU-time timeout (and a wall-clock backstop), also usable by evaluation scripts for bulk
 grading of model output.
 """
+
 from verl.workers.reward_manager.reward_manager import RewardManager
 from verl.workers.reward_manager.scoring_pool import CallableScorer, PoolStats, ScoringPool
 

@@ -6,6 +6,7 @@ special tokens kept, grades ``(data_source, text, ground_truth, extra_info)`` in
 applies the format reward, and writes each score at index ``valid_len - 1`` of a zero ``[N, L]``
 float32 tensor. The pool is created once and reused every step; call ``close()`` at shutdown.
 """
+
 from __future__ import annotations
 
 import os
@@ -96,9 +97,19 @@ class RewardManager:
         start_method: process start method of the pool (``forkserver`` default).
     """
 
-    def __init__(self, tokenizer, reward_impl_version: int = 3, num_workers: int = 2, timeout_s: float = 10.0,
-                 format_reward=None, orm=None, compute_score=None, grader: str = "math_verify",
-                 start_method: str = "forkserver", grade_budget_s: float = 3.0):
+    def __init__(
+        self,
+        tokenizer,
+        reward_impl_version: int = 3,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        format_reward=None,
+        orm=None,
+        compute_score=None,
+        grader: str = "math_verify",
+        start_method: str = "forkserver",
+        grade_budget_s: float = 3.0,
+    ):
         self.tokenizer = tokenizer
         self.spec = ScorerSpec(reward_impl_version, grader, GuardLimits(time_budget_s=float(grade_budget_s)))
         self.reward_impl_version = self.spec.reward_impl_version
@@ -108,12 +119,17 @@ class RewardManager:
         if compute_score is not None and self.orm_config.enable:
             raise ValueError("reward.orm.enable=True cannot be combined with a custom compute_score")
         self.judge = OrmJudge(self.orm_config) if self.orm_config.enable else None
-        self.pool = ScoringPool(compute_score if compute_score is not None else self.spec,
-                                num_workers=num_workers, timeout_s=timeout_s, start_method=start_method)
+        self.pool = ScoringPool(
+            compute_score if compute_score is not None else self.spec,
+            num_workers=num_workers,
+            timeout_s=timeout_s,
+            start_method=start_method,
+        )
 
     @classmethod
-    def from_config(cls, reward_cfg, reward_impl_version: int, tokenizer, device: str = "cpu",
-                    **kwargs) -> "RewardManager":
+    def from_config(
+        cls, reward_cfg, reward_impl_version: int, tokenizer, device: str = "cpu", **kwargs
+    ) -> "RewardManager":
         """Build from the ``reward`` config group for a run whose ranks are on ``device``. Keys and defaults:
 
         num_workers (null): scoring processes; 0 grades inline without a timeout; null (or absent):
@@ -131,15 +147,21 @@ class RewardManager:
         cfg = _plain(reward_cfg)
         _check_keys(cfg, REWARD_CONFIG_KEYS, "reward")
         workers = cfg.get("num_workers")
-        return cls(tokenizer, reward_impl_version=reward_impl_version,
-                   num_workers=default_num_workers(device) if workers is None else int(workers),
-                   timeout_s=float(cfg.get("timeout_s", 10.0)),
-                   grade_budget_s=float(cfg.get("grade_budget_s", 3.0)),
-                   format_reward=cfg.get("format_reward"), orm=cfg.get("orm"),
-                   grader=cfg.get("grader", "math_verify"), **kwargs)
+        return cls(
+            tokenizer,
+            reward_impl_version=reward_impl_version,
+            num_workers=default_num_workers(device) if workers is None else int(workers),
+            timeout_s=float(cfg.get("timeout_s", 10.0)),
+            grade_budget_s=float(cfg.get("grade_budget_s", 3.0)),
+            format_reward=cfg.get("format_reward"),
+            orm=cfg.get("orm"),
+            grader=cfg.get("grader", "math_verify"),
+            **kwargs,
+        )
 
-    def score_texts(self, items: Sequence[tuple], problems: Sequence[str] | None = None
-                    ) -> tuple[list[float], dict[str, float]]:
+    def score_texts(
+        self, items: Sequence[tuple], problems: Sequence[str] | None = None
+    ) -> tuple[list[float], dict[str, float]]:
         """Scores of ``(data_source, solution_str, ground_truth, extra_info)`` items and ``reward/*`` metrics.
 
         ``problems`` (optional, one per item) is the problem text the LLM judge sees; without it the
@@ -207,8 +229,10 @@ class RewardManager:
         else:
             prompts = batch["input_ids"][:, :-response_len]
         prompt_mask = batch["attention_mask"][:, : prompts.shape[-1]].bool()
-        return [self.tokenizer.decode(prompts[i][prompt_mask[i]].tolist(), skip_special_tokens=True)
-                for i in range(prompts.shape[0])]
+        return [
+            self.tokenizer.decode(prompts[i][prompt_mask[i]].tolist(), skip_special_tokens=True)
+            for i in range(prompts.shape[0])
+        ]
 
     def __call__(self, data) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-level scores ``[N, L]`` (score at the last valid response token) and metrics."""
@@ -217,7 +241,8 @@ class RewardManager:
         n, response_len = responses.shape
         valid_lens = attention_mask[:, -response_len:].sum(dim=-1).tolist()
         texts = self.tokenizer.batch_decode(
-            [responses[i, : int(valid_lens[i])].tolist() for i in range(n)], skip_special_tokens=False)
+            [responses[i, : int(valid_lens[i])].tolist() for i in range(n)], skip_special_tokens=False
+        )
         non_tensor = data.non_tensor_batch
         for key in ("reward_model", "data_source"):
             if key not in non_tensor:

@@ -22,6 +22,7 @@ re-imports everything per worker (~1.5 s). The fork server is a clean single-thr
 once, with the grading modules preloaded, and forks warm workers in milliseconds, including the
 replacements after a timeout.
 """
+
 from __future__ import annotations
 
 import collections
@@ -34,7 +35,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import wait as wait_for_ready
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from deepscaler.rewards.math_utils.deadline import default_backstop_s
 from deepscaler.rewards.reward_types import ScoreResult
@@ -138,9 +139,19 @@ def _worker_main(conn, scorer) -> None:
         for task_id, item in message:
             try:
                 result = scorer.score(*item)
-                reply = (task_id, True, (float(result.score), bool(result.correct), bool(result.parse_failed),
-                                         result.answer, bool(result.unparseable), bool(result.timed_out),
-                                         bool(result.wall_timed_out)))
+                reply = (
+                    task_id,
+                    True,
+                    (
+                        float(result.score),
+                        bool(result.correct),
+                        bool(result.parse_failed),
+                        result.answer,
+                        bool(result.unparseable),
+                        bool(result.timed_out),
+                        bool(result.wall_timed_out),
+                    ),
+                )
             except BaseException as exc:  # noqa: BLE001 - reported to the parent and counted as an error
                 reply = (task_id, False, f"{type(exc).__name__}: {str(exc)[:300]}")
             try:
@@ -152,8 +163,7 @@ def _worker_main(conn, scorer) -> None:
 class _Worker:
     def __init__(self, ctx, scorer):
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child_conn, scorer), daemon=True,
-                                   name="reward-scorer")
+        self.process = ctx.Process(target=_worker_main, args=(child_conn, scorer), daemon=True, name="reward-scorer")
         self.process.start()
         child_conn.close()
         self.tasks: collections.deque[int] = collections.deque()  # sent, not yet answered, in order
@@ -226,8 +236,14 @@ class ScoringPool:
     grades in the calling process.
     """
 
-    def __init__(self, scorer: ScorerSpec | Callable[..., float] | None = None, num_workers: int = 2,
-                 timeout_s: float = 10.0, start_method: str = "forkserver", wall_backstop_s: float | None = None):
+    def __init__(
+        self,
+        scorer: ScorerSpec | Callable[..., float] | None = None,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        start_method: str = "forkserver",
+        wall_backstop_s: float | None = None,
+    ):
         if num_workers < 0:
             raise ValueError(f"reward.num_workers must be >= 0, got {num_workers}")
         if not timeout_s > 0:
@@ -240,8 +256,10 @@ class ScoringPool:
             try:
                 pickle.dumps(self.scorer)
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                raise ValueError("a custom compute_score must be a module-level function (it is sent to "
-                                 f"worker processes by name) when num_workers > 0: {exc}") from exc
+                raise ValueError(
+                    "a custom compute_score must be a module-level function (it is sent to "
+                    f"worker processes by name) when num_workers > 0: {exc}"
+                ) from exc
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self._lock = threading.Lock()
@@ -265,8 +283,9 @@ class ScoringPool:
                     worker.kill()
                 self._workers = []
                 self.inline_reason = f"cannot start a worker process: {type(exc).__name__}: {exc}"
-                logger.warning("reward scoring workers could not start (%s): grading in the trainer's process",
-                               self.inline_reason)
+                logger.warning(
+                    "reward scoring workers could not start (%s): grading in the trainer's process", self.inline_reason
+                )
 
     def __enter__(self):
         return self
@@ -337,9 +356,12 @@ class ScoringPool:
             logger.warning("reward scoring worker dropped (%s); %d left", reason, len(self._workers))
             return
         self.inline_reason = reason
-        logger.warning("reward scoring workers could not start (%s): grading in the trainer's process from now "
-                       "on (the built-in graders bound each item in CPU time; no pool kill for a hung custom "
-                       "compute_score)", reason)
+        logger.warning(
+            "reward scoring workers could not start (%s): grading in the trainer's process from now "
+            "on (the built-in graders bound each item in CPU time; no pool kill for a hung custom "
+            "compute_score)",
+            reason,
+        )
 
     def _check_startup(self, now: float) -> None:
         for worker in [w for w in self._workers if not w.ready]:

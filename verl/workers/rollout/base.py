@@ -5,6 +5,7 @@ what each engine call sees (prompt, or prompt ++ off-policy prefix) and assemble
 tensors afterwards, so the same plan runs on any backend. Weights arrive from the FSDP actor through a
 sharding manager calling ``update_weights``.
 """
+
 from __future__ import annotations
 
 import abc
@@ -35,9 +36,13 @@ def sampling_from_config(rcfg) -> tuple[SamplingSpec, float]:
     ``rollout_log_probs``, read by algorithm.rollout_correction).
     """
     greedy = not rcfg.do_sample
-    spec = SamplingSpec(temperature=0.0 if greedy else float(rcfg.temperature), top_p=float(rcfg.top_p),
-                        top_k=int(rcfg.top_k), ignore_eos=bool(rcfg.ignore_eos),
-                        return_logprobs=bool(rcfg.calculate_log_probs))
+    spec = SamplingSpec(
+        temperature=0.0 if greedy else float(rcfg.temperature),
+        top_p=float(rcfg.top_p),
+        top_k=int(rcfg.top_k),
+        ignore_eos=bool(rcfg.ignore_eos),
+        return_logprobs=bool(rcfg.calculate_log_probs),
+    )
     return spec, 0.0 if greedy else float(rcfg.val_temperature)
 
 

@@ -8,6 +8,7 @@ takes a section composed from the same YAML (``luffy_pool.config.compose.rollout
 is how the engines spell two values (``dtype``, ``load_format``) and the engine's context length; the value
 lists below are the ones the key declarations take their choices from.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,6 +68,8 @@ def engine_config(section: Any) -> RolloutEngineConfig:
     from verl.workers.config_sections import RolloutSection
 
     if not isinstance(section, RolloutSection):
-        raise TypeError(f"a rollout engine takes the typed actor_rollout_ref.rollout section (RolloutSection; "
-                        f"luffy_pool.config.compose.rollout_section builds one), got {type(section).__name__}")
+        raise TypeError(
+            f"a rollout engine takes the typed actor_rollout_ref.rollout section (RolloutSection; "
+            f"luffy_pool.config.compose.rollout_section builds one), got {type(section).__name__}"
+        )
     return RolloutEngineConfig(section)

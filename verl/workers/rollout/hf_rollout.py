@@ -10,6 +10,7 @@ Two loops share that contract: the lean static-KV loop of ``kv_decoder.py`` (Lla
 fused projections, shared-prompt prefill, a few ops per layer) and the generic one here that calls
 ``model(...)`` per token with a ``DynamicCache`` (any causal LM). ``rollout.hf_decoder`` picks.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Optional
@@ -145,20 +146,29 @@ class HFRollout(BaseRollout):
                 raise ValueError(f"prompt {i} is empty")
         token_ids: list[list[int]] = [[] for _ in prompt_token_ids]
         logprobs = [torch.zeros(0) for _ in prompt_token_ids] if sampling.return_logprobs else None
-        rows = sorted((i for i, cap in enumerate(max_tokens) if cap > 0),
-                      key=lambda i: (max_tokens[i], len(prompt_token_ids[i])), reverse=True)
+        rows = sorted(
+            (i for i, cap in enumerate(max_tokens) if cap > 0),
+            key=lambda i: (max_tokens[i], len(prompt_token_ids[i])),
+            reverse=True,
+        )
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         mb = self.config.hf_micro_batch_size
         for start in range(0, len(rows), mb):
-            chunk = rows[start:start + mb]
+            chunk = rows[start : start + mb]
             prompts, caps = [prompt_token_ids[i] for i in chunk], [max_tokens[i] for i in chunk]
             if self.kv_decoder is not None:
                 self.kv_decoder.refresh(self.weights_version)
                 eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self.device)
-                ids, lps = self.kv_decoder.decode(prompts, caps, self.pad_id, eos, sampling.ignore_eos,
-                                                  lambda logits: sample_next_tokens(logits, sampling, generator))
+                ids, lps = self.kv_decoder.decode(
+                    prompts,
+                    caps,
+                    self.pad_id,
+                    eos,
+                    sampling.ignore_eos,
+                    lambda logits: sample_next_tokens(logits, sampling, generator),
+                )
             else:
                 ids, lps = self._decode(prompts, caps, sampling, generator)
             for i, row_ids, row_lps in zip(chunk, ids, lps):
@@ -177,13 +187,23 @@ class HFRollout(BaseRollout):
         input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((batch, width), dtype=torch.long)
         for r, ids in enumerate(prompts):  # left padding keeps every row's last token in the last column
-            input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[r, width - len(ids):] = 1
+            input_ids[r, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[r, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        logits = (
+            self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1]
+            .float()
+        )
         next_pos = positions[:, -1] + 1
         active = torch.arange(batch, device=self.device)  # row of each live batch entry
         caps_left = torch.tensor(caps, device=self.device)
@@ -207,8 +227,17 @@ class HFRollout(BaseRollout):
                 active, caps_left, ids = active[keep], caps_left[keep], ids[keep]
                 attention, next_pos = attention[keep], next_pos[keep]
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
-            logits = self.model(input_ids=ids[:, None], attention_mask=attention, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1].float()
+            logits = (
+                self.model(
+                    input_ids=ids[:, None],
+                    attention_mask=attention,
+                    position_ids=next_pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
             next_pos = next_pos + 1
         return out_ids, out_lps
 
@@ -220,8 +249,10 @@ class HFRollout(BaseRollout):
             if target is None:
                 raise KeyError(f"pushed weight {name!r} is not a tensor of the HF rollout model")
             if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(f"pushed weight {name!r} has shape {tuple(tensor.shape)}, "
-                                 f"the rollout model expects {tuple(target.shape)}")
+                raise ValueError(
+                    f"pushed weight {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the rollout model expects {tuple(target.shape)}"
+                )
             target.data.copy_(tensor)
             self._names_seen.update(self._aliases[name])
 

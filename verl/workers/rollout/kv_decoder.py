@@ -23,6 +23,7 @@ Supported: decoder layers of the ``LlamaDecoderLayer`` shape (``self_attn.{q,k,v
 rotary embeddings from the model's own ``rotary_emb``. ``supports(model)`` says whether a model fits;
 ``HFRollout`` falls back to its generic loop otherwise.
 """
+
 from __future__ import annotations
 
 import math
@@ -167,8 +168,16 @@ class KVDecoder:
             self._version = version
 
     # ------------------------------------------------------------------------------- network
-    def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list, start: int,
-                 key_mask: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: list,
+        start: int,
+        key_mask: torch.Tensor,
+        last_only: bool,
+    ) -> torch.Tensor:
         """Logits for ``ids [B, T]`` written at cache columns ``start..start+T``; keys ``< start+T`` visible
         where ``key_mask [B, start+T]`` is True, causally within the new block."""
         bsz, width = ids.shape
@@ -188,14 +197,14 @@ class KVDecoder:
             x = lw.norm1(h)
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
             heads = self.num_heads + self.num_kv_heads
-            qk = qkv[..., :lw.q_out + lw.kv_out].view(bsz, width, heads, self.head_dim)
+            qk = qkv[..., : lw.q_out + lw.kv_out].view(bsz, width, heads, self.head_dim)
             if lw.qk_norms is not None:
                 q_norm, k_norm = lw.qk_norms
-                qk = torch.cat([q_norm(qk[:, :, :self.num_heads]), k_norm(qk[:, :, self.num_heads:])], dim=2)
+                qk = torch.cat([q_norm(qk[:, :, : self.num_heads]), k_norm(qk[:, :, self.num_heads :])], dim=2)
             qk = qk * cos + _rotate_half(qk) * sin  # q and k heads rotated together ([B, T, 1, D] tables)
-            q = qk[:, :, :self.num_heads].transpose(1, 2)
-            k = qk[:, :, self.num_heads:].transpose(1, 2)
-            v = qkv[..., lw.q_out + lw.kv_out:].view(bsz, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = qk[:, :, : self.num_heads].transpose(1, 2)
+            k = qk[:, :, self.num_heads :].transpose(1, 2)
+            v = qkv[..., lw.q_out + lw.kv_out :].view(bsz, width, self.num_kv_heads, self.head_dim).transpose(1, 2)
             k_cache[:, :, start:end] = k
             v_cache[:, :, start:end] = v
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
@@ -219,8 +228,9 @@ class KVDecoder:
             h = h[:, -1:]
         return F.linear(self._final_norm(h), *self._head).float()
 
-    def _step(self, tok: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list, col: int,
-              mask: torch.Tensor) -> torch.Tensor:
+    def _step(
+        self, tok: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list, col: int, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Logits ``[B, V]`` of one new token per row, written at cache column ``col``.
 
         ``cos``/``sin`` ``[B, H+KV, D]``, the query heads' rows already times the attention scale;
@@ -237,20 +247,20 @@ class KVDecoder:
         for lw, (k4, v4, k_t, v3) in zip(self._layers, caches):
             x = lw.norm1(h)
             qkv = F.linear(x, lw.qkv_w, lw.qkv_b)
-            qk = qkv[:, :lw.q_out + lw.kv_out].view(bsz, heads + kv, dim)
+            qk = qkv[:, : lw.q_out + lw.kv_out].view(bsz, heads + kv, dim)
             if lw.qk_norms is not None:
                 q_norm, k_norm = lw.qk_norms
                 qk = torch.cat([q_norm(qk[:, :heads]), k_norm(qk[:, heads:])], dim=1)
             qk = qk * cos + torch.matmul(qk, self._rot) * sin
             k4[:, :, col] = qk[:, heads:]
-            v4[:, :, col] = qkv[:, lw.q_out + lw.kv_out:].view(bsz, kv, dim)
+            v4[:, :, col] = qkv[:, lw.q_out + lw.kv_out :].view(bsz, kv, dim)
             q = qk[:, :heads].reshape(bsz * kv, heads // kv, dim)
             probs = torch.bmm(q, k_t[:, :, :end]).add_(mask).softmax(-1)  # q arrives pre-scaled (see decode)
             out = torch.bmm(probs, v3[:, :end]).view(bsz, heads * dim)
             h = torch.addmm(h, out, lw.o_wt) if lw.o_b is None else torch.addmm(h + lw.o_b, out, lw.o_wt)
             x = lw.norm2(h)
             gate_up = F.linear(x, lw.gate_up_w, lw.gate_up_b)
-            act = F.silu(gate_up[:, :lw.inter]) * gate_up[:, lw.inter:]
+            act = F.silu(gate_up[:, : lw.inter]) * gate_up[:, lw.inter :]
             h = torch.addmm(h, act, lw.down_wt) if lw.down_b is None else torch.addmm(h + lw.down_b, act, lw.down_wt)
         return F.linear(self._final_norm(h), *self._head).float()
 
@@ -259,7 +269,9 @@ class KVDecoder:
         bsz, kv, total, dim = cache[0][0].shape
         views = [(k, v, k.view(bsz * kv, total, dim).transpose(1, 2), v.view(bsz * kv, total, dim)) for k, v in cache]
         dtype = cache[0][0].dtype
-        additive = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(~key_mask, float("-inf"))
+        additive = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill_(
+            ~key_mask, float("-inf")
+        )
         return views, additive[:, None, None, :].expand(bsz, kv, 1, total).reshape(bsz * kv, 1, total)
 
     def _rope_table(self, length: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +299,9 @@ class KVDecoder:
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Sample up to ``caps[i] >= 1`` tokens after each prompt; ``sample(logits) -> (ids, logprobs)``."""
         if min(caps) < 1:
-            raise ValueError(f"every cap must be >= 1 (rows with nothing to generate stay out of decode), got {min(caps)}")
+            raise ValueError(
+                f"every cap must be >= 1 (rows with nothing to generate stay out of decode), got {min(caps)}"
+            )
         device = self.body.embed_tokens.weight.device
         dtype = self.body.embed_tokens.weight.dtype
         rows, width, max_cap = len(prompts), max(len(p) for p in prompts), max(caps)
@@ -299,14 +313,18 @@ class KVDecoder:
         ids = torch.full((u, width), pad_id, dtype=torch.long)
         valid = torch.zeros((u, width), dtype=torch.bool)
         for r, p in enumerate(uniq_prompts):  # left padding: every row's last prompt token in the last column
-            ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            valid[r, width - len(p):] = True
+            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            valid[r, width - len(p) :] = True
         ids, valid = ids.to(device), valid.to(device)
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         total = width + max_cap
-        cache_u = [(torch.zeros(u, self.num_kv_heads, total, self.head_dim, dtype=dtype, device=device),
-                    torch.zeros(u, self.num_kv_heads, total, self.head_dim, dtype=dtype, device=device))
-                   for _ in self._layers]
+        cache_u = [
+            (
+                torch.zeros(u, self.num_kv_heads, total, self.head_dim, dtype=dtype, device=device),
+                torch.zeros(u, self.num_kv_heads, total, self.head_dim, dtype=dtype, device=device),
+            )
+            for _ in self._layers
+        ]
         key_mask_u = torch.ones((u, total), dtype=torch.bool, device=device)
         key_mask_u[:, :width] = valid
         table = self._rope_table(total, dtype, device)
@@ -322,7 +340,7 @@ class KVDecoder:
         # Per head [rows, max_cap, H+KV, D], the query heads' rows times the attention scale: the rope step then
         # yields pre-scaled queries (a broadcast baddbmm with alpha cost 1.6x a bmm plus an in-place add).
         head_scale = torch.ones(self.num_heads + self.num_kv_heads, 1, dtype=dtype, device=device)
-        head_scale[:self.num_heads] = self.scaling
+        head_scale[: self.num_heads] = self.scaling
         cos_all, sin_all = cos_all * head_scale, sin_all * head_scale
         views, mask = self._step_caches(cache, key_mask)
         check_eos = not ignore_eos and eos_ids.numel() > 0
@@ -366,5 +384,4 @@ class KVDecoder:
             logits = self._step(tok, cos_all[:, step], sin_all[:, step], views, width + step, mask)
             step += 1
         ids_list, lps_list = out_ids.tolist(), out_lps.tolist()
-        return ([row[:n] for row, n in zip(ids_list, lengths)],
-                [row[:n] for row, n in zip(lps_list, lengths)])
+        return ([row[:n] for row, n in zip(ids_list, lengths)], [row[:n] for row, n in zip(lps_list, lengths)])

@@ -13,6 +13,7 @@ for itself inside the worker (its world, TP, PP, ... coordinators, device and CP
 group's timeout once the engine is built (``apply_world_timeout_to_vllm_groups``); torch would give them its
 10-minute NCCL default.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ class TPLayout:
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or self.world_size % self.tp_size:
-            raise ValueError(f"rollout.tensor_model_parallel_size={self.tp_size} must divide the {self.world_size} "
-                             "ranks of the worker group (trainer.nnodes x trainer.n_gpus_per_node)")
+            raise ValueError(
+                f"rollout.tensor_model_parallel_size={self.tp_size} must divide the {self.world_size} "
+                "ranks of the worker group (trainer.nnodes x trainer.n_gpus_per_node)"
+            )
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
 
@@ -97,7 +100,9 @@ def vllm_process_groups() -> list[Any]:
     groups = []
     for value in list(vars(state).values()):
         if isinstance(value, state.GroupCoordinator):
-            groups += [g for g in (getattr(value, "device_group", None), getattr(value, "cpu_group", None)) if g is not None]
+            groups += [
+                g for g in (getattr(value, "device_group", None), getattr(value, "cpu_group", None)) if g is not None
+            ]
     return groups
 
 
@@ -113,8 +118,9 @@ def apply_world_timeout_to_vllm_groups() -> Optional[float]:
     if timeout_s is None:
         import logging
 
-        logging.getLogger(__name__).warning("the world group's timeout cannot be read: vLLM's process groups keep "
-                                            "torch's default timeout")
+        logging.getLogger(__name__).warning(
+            "the world group's timeout cannot be read: vLLM's process groups keep torch's default timeout"
+        )
     set_group_timeout(vllm_process_groups(), timeout_s)
     return timeout_s
 
@@ -154,8 +160,9 @@ class TPGeneration:
         layout = TPLayout(rank, world_size, tp_size)
         return cls(layout, build_tp_group(layout, timeout_s))
 
-    def run(self, tensors: dict[str, torch.Tensor],
-            generate: Callable[[dict[str, torch.Tensor]], Any]) -> tuple[dict[str, torch.Tensor], dict]:
+    def run(
+        self, tensors: dict[str, torch.Tensor], generate: Callable[[dict[str, torch.Tensor]], Any]
+    ) -> tuple[dict[str, torch.Tensor], dict]:
         """``generate(batch)`` returns an object with ``tensors`` and ``meta_info`` (a ``RolloutBatch``);
         returns this rank's rows of its tensors, and its meta_info."""
         tp = self.layout.tp_size

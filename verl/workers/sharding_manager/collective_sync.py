@@ -19,6 +19,7 @@ Wire format per bucket: an int64 header length, the pickled header (name, shape,
 None ends the push), then the bucket's tensors as one flat uint8 buffer, so a bucket costs three broadcasts
 whatever its tensor count.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -85,8 +86,10 @@ class WeightGroup:
             store.wait([f"joined/{r}" for r in range(size)], _timedelta(timeout_s))
         except dist.DistStoreError:
             missing = [r for r in range(size) if not store.check([f"joined/{r}"])]
-            raise RuntimeError(f"weight group: ranks {missing} of {size} did not join within "
-                               f"actor_rollout_ref.nccl_timeout={timeout_s} s") from None
+            raise RuntimeError(
+                f"weight group: ranks {missing} of {size} did not join within "
+                f"actor_rollout_ref.nccl_timeout={timeout_s} s"
+            ) from None
         pg = new_process_group(store, rank, size, device, timeout_s)
         dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         return cls(pg, rank, size, dev)
@@ -114,8 +117,9 @@ class WeightGroup:
         count = 0
         for bucket in buckets:
             flat = [t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]
-            self._send_header([(name, tuple(t.shape), str(t.dtype).split(".")[-1], f.numel())
-                               for (name, t), f in zip(bucket, flat)])
+            self._send_header(
+                [(name, tuple(t.shape), str(t.dtype).split(".")[-1], f.numel()) for (name, t), f in zip(bucket, flat)]
+            )
             self._broadcast(torch.cat(flat).to(self.device) if flat else torch.empty(0, dtype=torch.uint8))
             count += 1
         self._send_header(None)
@@ -131,7 +135,7 @@ class WeightGroup:
             out, offset = [], 0
             for name, shape, dtype, nbytes in header:
                 # clone: a slice may start at an offset the target dtype's view refuses (mixed dtypes)
-                out.append((name, buf[offset:offset + nbytes].clone().view(getattr(torch, dtype)).reshape(shape)))
+                out.append((name, buf[offset : offset + nbytes].clone().view(getattr(torch, dtype)).reshape(shape)))
                 offset += nbytes
             yield out
 

@@ -13,6 +13,7 @@ stage, the worker's method of that name):
   its continuation (``hold_weights``: the validation chunks of one validation, no update between them) leaves
   the engine awake with its weights, and the next generation needs no push.
 """
+
 from __future__ import annotations
 
 import logging
@@ -146,8 +147,10 @@ class FSDPShardingManager:
 
     def __enter__(self) -> "FSDPShardingManager":
         if not self._pushed:
-            raise RuntimeError("generation without a weight push since the last one: call sync_weights() first "
-                               "(the driver's update_weights stage)")
+            raise RuntimeError(
+                "generation without a weight push since the last one: call sync_weights() first "
+                "(the driver's update_weights stage)"
+            )
         if self.rollout is not None:
             self.rollout.wake_up()
         self._trainer_rng = _get_rng_states(self._cuda_rng)

@@ -1,5 +1,6 @@
 """ExGRPO blocks against the authors' own functions (tests/data/family_golden/exgrpo_golden.pt: ElliottYan/LUFFY
 ExGRPO/ at 01f4ae06) and METHODS_SPEC §10's hand values."""
+
 import math
 import os
 import random
@@ -10,17 +11,32 @@ import torch
 
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.exgrpo import (
-    BucketManager, ExgrpoLossConfig, bucket_probabilities, bucket_weight, collect_group, eligible_uids,
-    experience_count, exgrpo_token_loss, retire_group, sample_experience_uids, sample_from_buckets, select_best,
-    swap_recorded_log_probs, switch_to_mixed, trajectory_metric_original, trajectory_metric_paper)
+    BucketManager,
+    ExgrpoLossConfig,
+    bucket_probabilities,
+    bucket_weight,
+    collect_group,
+    eligible_uids,
+    experience_count,
+    exgrpo_token_loss,
+    retire_group,
+    sample_experience_uids,
+    sample_from_buckets,
+    select_best,
+    swap_recorded_log_probs,
+    switch_to_mixed,
+    trajectory_metric_original,
+    trajectory_metric_paper,
+)
 from luffy_pool.algorithm.family.registry import FamilyLossInputs
 from tests.helpers.float_compare import assert_float_close
 
 # golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
 pytestmark = pytest.mark.golden
 
-GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/exgrpo_golden.pt"),
-                    weights_only=False)
+GOLDEN = torch.load(
+    os.path.join(os.path.dirname(__file__), "../../../data/family_golden/exgrpo_golden.pt"), weights_only=False
+)
 # float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
 # of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
@@ -35,8 +51,11 @@ def test_bucket_sampler_equals_authors(i):
     got = bucket_probabilities(case["buckets"], 8, case["method"])
     assert list(got) == list(case["probabilities"])  # the buckets, in order
     # float64 np.exp picks its kernel by CPU (AVX-512's rounds apart from libm's): within a few ulps
-    assert_float_close(torch.tensor(list(got.values()), dtype=torch.float64),
-                       torch.tensor(list(case["probabilities"].values()), dtype=torch.float64), what="probabilities")
+    assert_float_close(
+        torch.tensor(list(got.values()), dtype=torch.float64),
+        torch.tensor(list(case["probabilities"].values()), dtype=torch.float64),
+        what="probabilities",
+    )
     samples = sample_from_buckets(case["buckets"], case["n"], 8, case["method"], *_rngs(case["seed"]))
     if case["error"] is None:
         assert samples == case["samples"]
@@ -97,7 +116,8 @@ def test_trajectory_metric_paper_differs_from_original_as_q1_says():
     # original: row i averages positions >= len(i mod 8) of the actor's window; here all rows sit in one batch
     window = torch.arange(18, dtype=torch.float).reshape(3, 6)
     assert trajectory_metric_original(window, responses, 0) == pytest.approx(
-        [window[0, 2:].mean().item(), window[1, 5:].mean().item(), window[2, 3:].mean().item()])
+        [window[0, 2:].mean().item(), window[1, 5:].mean().item(), window[2, 3:].mean().item()]
+    )
 
 
 def test_swap_recorded_log_probs_equals_authors():
@@ -111,9 +131,16 @@ def test_loss_equals_authors(i):
     case = GOLDEN["loss"][i]
     cfg = ExgrpoLossConfig(**case["cfg"])
     log_prob = case["log_prob"].clone().requires_grad_(True)
-    loss, metrics = exgrpo_token_loss(FamilyLossInputs(
-        log_prob=log_prob, old_log_prob=case["old_log_prob"], advantages=case["advantages"],
-        response_mask=case["mask"], prefix_mask=case["prefix_mask"]), cfg)
+    loss, metrics = exgrpo_token_loss(
+        FamilyLossInputs(
+            log_prob=log_prob,
+            old_log_prob=case["old_log_prob"],
+            advantages=case["advantages"],
+            response_mask=case["mask"],
+            prefix_mask=case["prefix_mask"],
+        ),
+        cfg,
+    )
     loss.backward()
     assert_float_close(loss.detach(), case["ret"]["pg_loss"], what="pg_loss")
     assert_float_close(log_prob.grad, case["grad"], what="grad")
@@ -126,7 +153,8 @@ def test_spec_hand_values_bucket_probabilities():
     assert weights == pytest.approx([0.004432, 0.053991, 0.241971, 0.398942, 0.241971, 0.053991, 0.004432], abs=1e-6)
     probs = bucket_probabilities({k: [k] for k in range(1, 8)}, 8, "normal")
     assert list(probs.values()) == pytest.approx(
-        [0.004433, 0.054006, 0.242036, 0.399050, 0.242036, 0.054006, 0.004433], abs=1e-6)
+        [0.004433, 0.054006, 0.242036, 0.399050, 0.242036, 0.054006, 0.004433], abs=1e-6
+    )
     probs = bucket_probabilities({1: [1], 2: [2], 3: [3], 5: []}, 8, "normal")
     assert list(probs.values()) == pytest.approx([0.014753, 0.179734, 0.805512], abs=1e-6)
 
@@ -140,14 +168,19 @@ def test_spec_hand_values_toy_loss_exgrpo_vs_luffy_base():
     adv = torch.tensor([0.5, 0.5, -0.5, -0.5]).unsqueeze(-1).expand(4, 4)
     recorded = torch.tensor([[-0.2, -0.4, -1.2, 0.0]])
     old = torch.cat([recorded, log_prob[1:]])  # on rows at ratio 1
-    inputs = FamilyLossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask,
-                              prefix_mask=prefix)
+    inputs = FamilyLossInputs(
+        log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix
+    )
     loss, _ = exgrpo_token_loss(inputs, ExgrpoLossConfig())
     assert float(loss) == pytest.approx(-0.342729, abs=1e-6)
     # LUFFY's base π_θ alone = ExGRPO's formula with a recorded log-prob of 0 (behaviour prob 1)
     luffy_old = torch.cat([torch.zeros(1, 4), log_prob[1:]])
-    loss, metrics = exgrpo_token_loss(FamilyLossInputs(log_prob=log_prob, old_log_prob=luffy_old, advantages=adv,
-                                                       response_mask=mask, prefix_mask=prefix), ExgrpoLossConfig())
+    loss, metrics = exgrpo_token_loss(
+        FamilyLossInputs(
+            log_prob=log_prob, old_log_prob=luffy_old, advantages=adv, response_mask=mask, prefix_mask=prefix
+        ),
+        ExgrpoLossConfig(),
+    )
     assert float(loss) == pytest.approx(-0.318152, abs=1e-6)
     w = [math.exp(-0.1 + 0.2), math.exp(-0.5 + 0.4), math.exp(-1.0 + 1.2)]
     assert [x / (x + 0.1) for x in w] == pytest.approx([0.917024, 0.900481, 0.924323], abs=1e-6)
@@ -156,9 +189,16 @@ def test_spec_hand_values_toy_loss_exgrpo_vs_luffy_base():
 def test_registered_and_refuses_unknown_reshape():
     assert registry.get("loss", "exgrpo_token") is exgrpo_token_loss
     with pytest.raises(ValueError, match="off_policy_reshape"):
-        exgrpo_token_loss(FamilyLossInputs(log_prob=torch.zeros(1, 1), old_log_prob=torch.zeros(1, 1),
-                                           advantages=torch.zeros(1, 1), response_mask=torch.ones(1, 1),
-                                           prefix_mask=torch.ones(1, 1)), ExgrpoLossConfig(off_policy_reshape="logp"))
+        exgrpo_token_loss(
+            FamilyLossInputs(
+                log_prob=torch.zeros(1, 1),
+                old_log_prob=torch.zeros(1, 1),
+                advantages=torch.zeros(1, 1),
+                response_mask=torch.ones(1, 1),
+                prefix_mask=torch.ones(1, 1),
+            ),
+            ExgrpoLossConfig(off_policy_reshape="logp"),
+        )
 
 
 def test_batch_mixing_and_bookkeeping_rules_by_hand():
@@ -177,5 +217,6 @@ def test_batch_mixing_and_bookkeeping_rules_by_hand():
 
 def test_spec_hand_values_shaping():
     from luffy_pool.algorithm.family.common import shaped
+
     got = shaped(torch.tensor([0.01, 0.1, 0.5, 1.0, 2.0], dtype=torch.float64)).tolist()
     assert got == pytest.approx([0.090909, 0.5, 0.833333, 0.909091, 0.952381], abs=1e-6)

@@ -1,5 +1,6 @@
 """HPT's gate and SFT/RL loss against the authors' functions (tests/data/family_golden/hpt_srft_golden.pt:
 TsinghuaC3I/Unify-Post-Training at ae332f5f)."""
+
 import os
 
 import pytest
@@ -13,8 +14,9 @@ from tests.helpers.float_compare import assert_float_close
 # golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
 pytestmark = pytest.mark.golden
 
-GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "../../../data/family_golden/hpt_srft_golden.pt"),
-                    weights_only=False)
+GOLDEN = torch.load(
+    os.path.join(os.path.dirname(__file__), "../../../data/family_golden/hpt_srft_golden.pt"), weights_only=False
+)
 # float32 losses and gradients are sums whose rounding follows the CPU's vector width: compared within a few ulps
 # of their scale (tests/helpers/float_compare.py); ids, masks and schedule values stay exact (order-free).
 
@@ -36,9 +38,16 @@ def test_gate_rejects_unhandled_strategy():
 def test_sft_loss_equals_authors(i):
     case = GOLDEN["hpt_sft"][i]
     log_prob = case["log_prob"].clone().requires_grad_(True)
-    loss, metrics = hpt_sft_loss(FamilyLossInputs(
-        log_prob=log_prob, old_log_prob=case["old_log_prob"], advantages=case["advantages"],
-        response_mask=case["mask"], prefix_mask=case["prefix_mask"]), HptConfig(**case["cfg"]))
+    loss, metrics = hpt_sft_loss(
+        FamilyLossInputs(
+            log_prob=log_prob,
+            old_log_prob=case["old_log_prob"],
+            advantages=case["advantages"],
+            response_mask=case["mask"],
+            prefix_mask=case["prefix_mask"],
+        ),
+        HptConfig(**case["cfg"]),
+    )
     loss.backward()
     assert_float_close(loss.detach(), case["loss"], what="loss")
     assert_float_close(log_prob.grad, case["grad"], what="grad")
@@ -54,8 +63,12 @@ def test_hand_values_sft_switch():
     prefix = torch.zeros(3, 4, dtype=torch.bool)
     prefix[0, :3] = True
     adv = torch.tensor([[0.0], [0.5], [-0.5]]).expand(3, 4)
-    loss, metrics = hpt_sft_loss(FamilyLossInputs(log_prob=log_prob, old_log_prob=log_prob, advantages=adv,
-                                                  response_mask=mask, prefix_mask=prefix), HptConfig())
+    loss, metrics = hpt_sft_loss(
+        FamilyLossInputs(
+            log_prob=log_prob, old_log_prob=log_prob, advantages=adv, response_mask=mask, prefix_mask=prefix
+        ),
+        HptConfig(),
+    )
     assert float(metrics["sft_loss"]) == pytest.approx(1.6 / 3)
     assert float(metrics["on_pg_loss"]) == pytest.approx((-0.5 * 2 + 0.5 * 2) / 4)
     assert float(loss) == pytest.approx(1.6 / 3)

@@ -1,5 +1,6 @@
 """Prefix-RFT's pure blocks (no public code: hand-computed values): the cosine prefix share, the per-row top-entropy
 prefix mask and the Dr.GRPO loss over the continuation and the kept prefix tokens."""
+
 import math
 
 import pytest
@@ -12,8 +13,9 @@ from luffy_pool.algorithm.family.registry import FamilyLossInputs
 pytestmark = pytest.mark.golden
 
 
-@pytest.mark.parametrize("step,expected", [(0, 0.95), (25, 0.818198), (50, 0.5), (75, 0.181802), (100, 0.05),
-                                           (250, 0.05)])
+@pytest.mark.parametrize(
+    "step,expected", [(0, 0.95), (25, 0.818198), (50, 0.5), (75, 0.181802), (100, 0.05), (250, 0.05)]
+)
 def test_cosine_share_from_095_to_005_over_the_decay_steps(step, expected):
     assert prefix_ratio(step, PrefixRftConfig(decay_steps=100)) == pytest.approx(expected, abs=1e-6)
 
@@ -44,9 +46,13 @@ def test_entropy_mask_count_is_exact_where_the_float_product_is_not():
 
 def _inputs(log_prob):
     return FamilyLossInputs(
-        log_prob=log_prob, old_log_prob=torch.tensor([[-1.0, -0.6, -0.2, -0.1]]), advantages=torch.ones(1, 4),
-        response_mask=torch.ones(1, 4), prefix_mask=torch.tensor([[1, 1, 0, 0]], dtype=torch.bool),
-        entropy=torch.tensor([[0.2, 0.8, 1.0, 1.0]]))
+        log_prob=log_prob,
+        old_log_prob=torch.tensor([[-1.0, -0.6, -0.2, -0.1]]),
+        advantages=torch.ones(1, 4),
+        response_mask=torch.ones(1, 4),
+        prefix_mask=torch.tensor([[1, 1, 0, 0]], dtype=torch.bool),
+        entropy=torch.tensor([[0.2, 0.8, 1.0, 1.0]]),
+    )
 
 
 def test_loss_trains_the_continuation_and_the_high_entropy_prefix_token_only():
@@ -63,13 +69,19 @@ def test_loss_trains_the_continuation_and_the_high_entropy_prefix_token_only():
     # exact: a true zero (order-free), the token is dropped by entropy; clipped
     assert log_prob.grad[0, 0] == 0.0 and log_prob.grad[0, 1] == 0.0
     assert log_prob.grad[0, 2] == pytest.approx(-0.25) and log_prob.grad[0, 3] == pytest.approx(-math.exp(-0.2) / 4)
-    token_mean, _ = prefix_rft_loss(_inputs(log_prob.detach()), PrefixRftConfig(prefix_entropy_top_frac=0.5,
-                                                                                loss_remove_token_mean=False))
+    token_mean, _ = prefix_rft_loss(
+        _inputs(log_prob.detach()), PrefixRftConfig(prefix_entropy_top_frac=0.5, loss_remove_token_mean=False)
+    )
     assert token_mean.item() == pytest.approx(-1.006244, abs=1e-6)
 
 
 def test_loss_needs_entropies():
-    inputs = FamilyLossInputs(log_prob=torch.zeros(1, 2), old_log_prob=torch.zeros(1, 2), advantages=torch.ones(1, 2),
-                              response_mask=torch.ones(1, 2), prefix_mask=torch.zeros(1, 2, dtype=torch.bool))
+    inputs = FamilyLossInputs(
+        log_prob=torch.zeros(1, 2),
+        old_log_prob=torch.zeros(1, 2),
+        advantages=torch.ones(1, 2),
+        response_mask=torch.ones(1, 2),
+        prefix_mask=torch.zeros(1, 2, dtype=torch.bool),
+    )
     with pytest.raises(ValueError, match="prefix_rft loss needs inputs.entropy"):
         prefix_rft_loss(inputs, PrefixRftConfig())

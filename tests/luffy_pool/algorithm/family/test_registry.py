@@ -1,4 +1,5 @@
 """The family's registry: every block registered under its kind, the call shape of verl's policy losses."""
+
 from dataclasses import is_dataclass
 
 import pytest
@@ -14,8 +15,19 @@ pytestmark = pytest.mark.golden
 
 
 def test_every_block_is_registered_with_its_knobs():
-    assert registry.names("loss") == ["chord", "chord_ppo", "chord_sft", "chord_sft_is", "chord_sft_phi",
-                                      "exgrpo_token", "hpt_sft", "prefix_rft", "relift_sft", "srft", "uft"]
+    assert registry.names("loss") == [
+        "chord",
+        "chord_ppo",
+        "chord_sft",
+        "chord_sft_is",
+        "chord_sft_phi",
+        "exgrpo_token",
+        "hpt_sft",
+        "prefix_rft",
+        "relift_sft",
+        "srft",
+        "uft",
+    ]
     assert registry.names("schedule") == ["chord_mu", "prefix_rft_ratio", "uft_hint"]
     assert registry.names("gate") == ["hpt_switch"]
     for kind in registry.KINDS:
@@ -34,8 +46,9 @@ def test_the_losses_algorithm_method_wires_are_the_same_functions_in_the_trainer
 
 
 def test_inputs_extend_policy_loss_inputs():
-    inputs = registry.FamilyLossInputs(log_prob=torch.zeros(1, 1), old_log_prob=None, advantages=None,
-                                       response_mask=torch.ones(1, 1), step=3)
+    inputs = registry.FamilyLossInputs(
+        log_prob=torch.zeros(1, 1), old_log_prob=None, advantages=None, response_mask=torch.ones(1, 1), step=3
+    )
     assert isinstance(inputs, PolicyLossInputs) and inputs.entropy is None and inputs.step == 3
     with pytest.raises(ValueError, match="inputs.entropy"):
         registry.require(inputs, "entropy", "srft")

@@ -1,6 +1,7 @@
 """UFT's hint schedule and hint tokenisation against the authors' ``RLHFDataset.__getitem__`` and
 ``tokenize_and_postprocess_data`` (tests/data/family_golden/uft_golden.pt: liumy2010/UFT at ad3c8ec7), and
 METHODS_SPEC §10's hand values."""
+
 import os
 
 import numpy as np
@@ -10,8 +11,15 @@ from transformers import AutoTokenizer
 
 from luffy_pool.algorithm.family import registry
 from luffy_pool.algorithm.family.uft import (
-    UftConfig, cut_points, hint_nll_loss, hint_probability, sample_hint, split_solution, stage_index,
-    tokenize_with_hint)
+    UftConfig,
+    cut_points,
+    hint_nll_loss,
+    hint_probability,
+    sample_hint,
+    split_solution,
+    stage_index,
+    tokenize_with_hint,
+)
 from tests.helpers.float_compare import assert_float_close
 
 # golden and parity values of float arithmetic: CI runs this module again at a non-native ATen CPU capability
@@ -35,8 +43,9 @@ def test_hint_sampling_and_tokenisation_equal_authors(schedule, tokenizer):
     cfg = UftConfig(schedule=schedule)
     for case in cases:
         text, share = sample_hint(case["hint"], case["timestep"], cfg, np.random.RandomState(case["seed"]))
-        ids, mask, _, hint_mask = tokenize_with_hint(case["prompt"], text, tokenizer, 96, tokenizer.pad_token_id,
-                                                     left_pad=True, truncation="right")
+        ids, mask, _, hint_mask = tokenize_with_hint(
+            case["prompt"], text, tokenizer, 96, tokenizer.pad_token_id, left_pad=True, truncation="right"
+        )
         where = f"{schedule} t={case['timestep']} item={case['item']}"
         assert share == case["hint_slice_prop"], where  # exact: one Python division of two ints
         assert torch.equal(ids[0], case["input_ids"]), where
@@ -46,8 +55,15 @@ def test_hint_sampling_and_tokenisation_equal_authors(schedule, tokenizer):
 
 def test_truncation_equals_authors(tokenizer):
     for case in GOLDEN["tokenize"]:
-        got = tokenize_with_hint("What is 12 + 30?", "12 + 30 = 42. So 42.", tokenizer, case["max_length"],
-                                 tokenizer.pad_token_id, left_pad=True, truncation=case["truncation"])
+        got = tokenize_with_hint(
+            "What is 12 + 30?",
+            "12 + 30 = 42. So 42.",
+            tokenizer,
+            case["max_length"],
+            tokenizer.pad_token_id,
+            left_pad=True,
+            truncation=case["truncation"],
+        )
         for ours, key in zip(got, ("input_ids", "attention_mask", "hint_ids", "hint_mask")):
             assert torch.equal(ours, case[key]), (case["truncation"], key)
 
@@ -76,8 +92,15 @@ def test_hint_nll_by_hand():
 
 def test_spec_hand_values():
     cfg = UftConfig()
-    for step, want in [(1, 0.949975), (75, 0.818198), (150, 0.5), (225, 0.181802), (299, 0.050025), (300, 0.05),
-                       (301, 0.0)]:
+    for step, want in [
+        (1, 0.949975),
+        (75, 0.818198),
+        (150, 0.5),
+        (225, 0.181802),
+        (299, 0.050025),
+        (300, 0.05),
+        (301, 0.0),
+    ]:
         assert hint_probability(step, cfg) == pytest.approx(want, abs=1e-6)
     for step, want in [(0, 5), (49, 5), (50, 4), (100, 3), (150, 2), (200, 1), (250, 0), (300, 0)]:
         assert stage_index(step, 5, cfg) == want
@@ -105,19 +128,28 @@ def test_uft_loss_is_grpo_on_the_continuation_plus_beta_hint_nll():
 
     log_prob = torch.tensor([[-2.0, -1.0, -0.5, -0.7], [-0.1, -0.2, -0.3, -0.4]], requires_grad=True)
     inputs = FamilyLossInputs(
-        log_prob=log_prob, old_log_prob=torch.tensor([[-2.0, -1.0, -0.4, -0.7], [-0.1, -0.2, -0.3, -0.4]]),
-        advantages=torch.tensor([[0.5] * 4, [-0.5] * 4]), response_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0.]]),
-        prefix_mask=torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool))
+        log_prob=log_prob,
+        old_log_prob=torch.tensor([[-2.0, -1.0, -0.4, -0.7], [-0.1, -0.2, -0.3, -0.4]]),
+        advantages=torch.tensor([[0.5] * 4, [-0.5] * 4]),
+        response_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0.0]]),
+        prefix_mask=torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool),
+    )
     loss, metrics = uft_loss(inputs, UftLossConfig())
     assert loss.item() == pytest.approx(0.184027, abs=1e-6)
     assert metrics["uft/hint_nll"].item() == pytest.approx(1.5) and metrics["uft/pg_loss"].item() == pytest.approx(
-        0.182527, abs=1e-6)
+        0.182527, abs=1e-6
+    )
     loss.backward()
     assert log_prob.grad[0, :2].tolist() == pytest.approx([-0.0005, -0.0005])  # only β·NLL reaches the hint
     assert log_prob.grad[0, 3] == 0.0 and log_prob.grad[1, 2:].tolist() == [0.0, 0.0]  # exact: masked, a true 0
     # no hint anywhere: the NLL term is 0, the loss is the PG term alone
-    no_hint = FamilyLossInputs(log_prob=log_prob.detach(), old_log_prob=inputs.old_log_prob, advantages=inputs.advantages,
-                               response_mask=inputs.response_mask, prefix_mask=torch.zeros(2, 4, dtype=torch.bool))
+    no_hint = FamilyLossInputs(
+        log_prob=log_prob.detach(),
+        old_log_prob=inputs.old_log_prob,
+        advantages=inputs.advantages,
+        response_mask=inputs.response_mask,
+        prefix_mask=torch.zeros(2, 4, dtype=torch.bool),
+    )
     value, metrics = uft_loss(no_hint, UftLossConfig(hint_sft_coef=1.0))
     # exact: an empty hint gives a true zero (order-free)
     assert metrics["uft/hint_nll"].item() == 0.0 and value.item() == pytest.approx(metrics["uft/pg_loss"].item())

@@ -1,5 +1,6 @@
 """DCP checkpoints of an FSDP2 tiny model on 2 gloo ranks: exact round trip, 2 -> 1 rank resharding,
 HF export at save time, and the per-rank extra state (scheduler, RNG, actor extras)."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ def build_sharded_actor(model_dir: str, mesh, seed: int):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32,
-                                             attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(model_dir), dtype=torch.float32, attn_implementation="sdpa"
+    )
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -98,17 +100,29 @@ def _save_then_reload(rank, world_size, port, model_dir, ckpt):
     fresh, fresh_optim, fresh_sched = build_sharded_actor(model_dir, mesh, seed=123)
     fresh_counter = Counter()
     torch.rand(5)  # move the RNG so restoring it is observable
-    FSDPCheckpointManager(fresh, fresh_optim, fresh_sched, extra_states={"counter": fresh_counter}).load_checkpoint(ckpt)
+    FSDPCheckpointManager(fresh, fresh_optim, fresh_sched, extra_states={"counter": fresh_counter}).load_checkpoint(
+        ckpt
+    )
     draw_after_load = torch.rand(3)
     loaded_model, loaded_optim = full_states(fresh, fresh_optim)
     lr_loaded = fresh_sched.get_last_lr()[0]
     train_step(fresh, fresh_optim, fresh_sched, rank, world_size, STEPS_BEFORE_SAVE)
     fresh_next, _ = full_states(fresh, fresh_optim)
-    result = {"draw_equal": torch.equal(draw_after_save, draw_after_load), "counter": fresh_counter.value,
-              "lr_loaded": lr_loaded, "stats": stats}
+    result = {
+        "draw_equal": torch.equal(draw_after_save, draw_after_load),
+        "counter": fresh_counter.value,
+        "lr_loaded": lr_loaded,
+        "stats": stats,
+    }
     if rank == 0:
-        result.update(saved_model=saved_model, saved_optim=saved_optim, loaded_model=loaded_model,
-                      loaded_optim=loaded_optim, next_model=next_model, fresh_next=fresh_next)
+        result.update(
+            saved_model=saved_model,
+            saved_optim=saved_optim,
+            loaded_model=loaded_model,
+            loaded_optim=loaded_optim,
+            next_model=next_model,
+            fresh_next=fresh_next,
+        )
     dist.destroy_process_group()
     return result
 
@@ -126,8 +140,12 @@ def _reload_on_one_rank(rank, world_size, port, model_dir, ckpt):
     train_step(model, optim, sched, rank, world_size, STEPS_BEFORE_SAVE)
     next_model, _ = full_states(model, optim)
     dist.destroy_process_group()
-    return {"loaded_model": loaded_model, "loaded_optim": loaded_optim, "next_model": next_model,
-            "counter": counter.value}
+    return {
+        "loaded_model": loaded_model,
+        "loaded_optim": loaded_optim,
+        "next_model": next_model,
+        "counter": counter.value,
+    }
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -282,7 +300,8 @@ def _one_rank_refuses(rank, world_size, port, model_dir, root):
     small_optim = torch.optim.AdamW(smaller.parameters())
     try:
         FSDPCheckpointManager(smaller, small_optim, contents=("model", "optimizer")).load_checkpoint(
-            os.path.join(root, "good"))
+            os.path.join(root, "good")
+        )
         mismatch = None
     except CheckpointLoadError as exc:
         mismatch = str(exc)
@@ -314,16 +333,25 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line_naming_both(tmp_pa
 
     saved = Tiny(2, 4)
     FSDPCheckpointManager(saved, contents=("model",)).save_checkpoint(str(tmp_path / "actor"), global_step=1)
-    for other, expected in ((Tiny(1, 4), "2 checkpoint tensor(s) the model lacks, e.g. layers.1.bias"),
-                            (Tiny(2, 8), "embed_tokens.weight is [11, 4] in the checkpoint, [11, 8] in the model"),
-                            (Tiny(2, 4, vocab=13), "embed_tokens.weight is [11, 4] in the checkpoint, [13, 4]")):
+    for other, expected in (
+        (Tiny(1, 4), "2 checkpoint tensor(s) the model lacks, e.g. layers.1.bias"),
+        (Tiny(2, 8), "embed_tokens.weight is [11, 4] in the checkpoint, [11, 8] in the model"),
+        (Tiny(2, 4, vocab=13), "embed_tokens.weight is [11, 4] in the checkpoint, [13, 4]"),
+    ):
         with pytest.raises(ValueError) as err:
             FSDPCheckpointManager(other, contents=("model",)).load_checkpoint(str(tmp_path / "actor"))
         line = str(err.value)
         assert "\n" not in line and expected in line and str(tmp_path / "actor") in line and "Tiny" in line, line
     assert "(2 layers, hidden 4, vocab 11, 5 tensors) does not match the model m (1 layer, hidden 4" in str(
-        pytest.raises(ValueError, check_model_matches, {k: tuple(v.shape) for k, v in saved.state_dict().items()},
-                      {k: tuple(v.shape) for k, v in Tiny(1, 4).state_dict().items()}, "ck", "m").value)
+        pytest.raises(
+            ValueError,
+            check_model_matches,
+            {k: tuple(v.shape) for k, v in saved.state_dict().items()},
+            {k: tuple(v.shape) for k, v in Tiny(1, 4).state_dict().items()},
+            "ck",
+            "m",
+        ).value
+    )
     FSDPCheckpointManager(Tiny(2, 4), contents=("model",)).load_checkpoint(str(tmp_path / "actor"))  # same shape: loads
 
 

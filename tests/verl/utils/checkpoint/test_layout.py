@@ -1,4 +1,5 @@
 """Checkpoint tree rules: tracker file, atomic publish, retention, stale temp dirs, path resolution."""
+
 import os
 
 import pytest
@@ -45,9 +46,15 @@ def test_retention_keeps_newest_shards_up_to_current_step_only(tmp_path):
         _fake_step(tmp_path, step)
     removed = layout.prune_sharded_states(str(tmp_path), keep=2, current_step=6)
     assert sorted(os.path.relpath(p, tmp_path) for p in removed) == [
-        "global_step_2/actor/model", "global_step_2/actor/optim"]
+        "global_step_2/actor/model",
+        "global_step_2/actor/optim",
+    ]
     assert [layout.has_sharded_model(str(tmp_path / f"global_step_{s}" / "actor")) for s in (2, 4, 6, 8)] == [
-        False, True, True, True]
+        False,
+        True,
+        True,
+        True,
+    ]
     assert (tmp_path / "global_step_2" / layout.DATA_FILE).exists()
     assert layout.prune_sharded_states(str(tmp_path), keep=None, current_step=8) == []
 

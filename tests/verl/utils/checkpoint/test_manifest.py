@@ -1,4 +1,5 @@
 """manifest.py: sizes and sha256 of every checkpoint file, hashed in shares by the ranks, verified on resume."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,13 @@ from verl.utils.checkpoint import manifest
 
 
 def _tree(root):
-    files = {"data.pt": b"d" * 10, "actor/model/__0_0.distcp": b"a" * 300, "actor/model/__1_0.distcp": b"b" * 200,
-             "actor/model/.metadata": b"m" * 5, "actor/extra_state_world_size_2_rank_0.pt": b"e" * 7}
+    files = {
+        "data.pt": b"d" * 10,
+        "actor/model/__0_0.distcp": b"a" * 300,
+        "actor/model/__1_0.distcp": b"b" * 200,
+        "actor/model/.metadata": b"m" * 5,
+        "actor/extra_state_world_size_2_rank_0.pt": b"e" * 7,
+    }
     for rel, data in files.items():
         os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
         with open(os.path.join(root, rel), "wb") as f:
@@ -39,7 +45,9 @@ def test_known_entries_are_reused_only_while_the_size_matches(tmp_path):
 def test_size_only_manifest_checks_sizes_but_not_contents(tmp_path):
     _tree(tmp_path)
     manifest.write_manifest(str(tmp_path), checksums=False)
-    assert all(e["sha256"] is None for e in json.loads((tmp_path / manifest.MANIFEST_FILE).read_text())["files"].values())
+    assert all(
+        e["sha256"] is None for e in json.loads((tmp_path / manifest.MANIFEST_FILE).read_text())["files"].values()
+    )
     (tmp_path / "data.pt").write_bytes(b"X" * 10)  # same size, other bytes: not detectable without checksums
     assert manifest.verify_step_dir(str(tmp_path), need_optim=False) is None
     (tmp_path / "data.pt").write_bytes(b"X" * 9)

@@ -1,4 +1,5 @@
 """trainer.default_hdfs_dir: each published checkpoint and the tracker are copied to a local folder or a URL."""
+
 import os
 
 import fsspec
@@ -17,8 +18,11 @@ def _checkpoint(root, step, payload):
 
 
 def _tree(root):
-    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
-            for d, _, files in os.walk(root) for f in files}
+    return {
+        os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+        for d, _, files in os.walk(root)
+        for f in files
+    }
 
 
 def test_local_mirror_copies_the_step_folder_and_the_tracker(tmp_path):

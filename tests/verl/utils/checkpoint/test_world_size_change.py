@@ -3,6 +3,7 @@ loads on 4, and the one those 4 write loads on 2; DCP reshards the weights and A
 tensors after each load equal the ones saved, and the lr scheduler's step comes back on every rank. The
 2 -> 1 case is in test_fsdp_checkpoint_manager.py. Three short gloo groups (2, 4, 2 forked ranks that inherit
 the imports) serve both directions."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,15 @@ import os
 import pytest
 
 from tests.helpers.distributed_testing import run_gloo_ranks
-from tests.verl.utils.checkpoint.test_fsdp_checkpoint_manager import (STEPS_BEFORE_SAVE, _init_group, _max_diff,
-                                                                      _optim_tensors, build_sharded_actor, full_states,
-                                                                      train_step)
+from tests.verl.utils.checkpoint.test_fsdp_checkpoint_manager import (
+    STEPS_BEFORE_SAVE,
+    _init_group,
+    _max_diff,
+    _optim_tensors,
+    build_sharded_actor,
+    full_states,
+    train_step,
+)
 from verl.utils.checkpoint import layout
 
 

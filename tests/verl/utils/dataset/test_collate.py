@@ -1,4 +1,5 @@
 """collate_fn: tensors stacked, everything else one object entry per row."""
+
 from __future__ import annotations
 
 import numpy as np

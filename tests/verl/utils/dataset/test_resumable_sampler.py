@@ -1,4 +1,5 @@
 """Resumable samplers: LUFFY's permutation, a new one per epoch, and exact resume (docs/METHOD.md §1.1 item 5)."""
+
 from __future__ import annotations
 
 import copy
@@ -11,7 +12,9 @@ from verl.utils.dataset.sampler import ResumableRandomSampler, ResumableSequenti
 
 
 def _loader(sampler, batch_size, drop_last):
-    return DataLoader(list(range(sampler.data_len)), batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=0)
+    return DataLoader(
+        list(range(sampler.data_len)), batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=0
+    )
 
 
 def _take(loader, count):

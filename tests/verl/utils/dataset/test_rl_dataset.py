@@ -1,4 +1,5 @@
 """RLHFDataset (prompt-only, e.g. validation files): carried columns, index fallback, checks."""
+
 from __future__ import annotations
 
 import os

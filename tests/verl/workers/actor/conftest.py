@@ -1,4 +1,5 @@
 """Fixtures of the actor tests: batches of GRPO-style groups whose rows repeat one left-padded prompt."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """The data-parallel actor on a plain (unsharded) tiny model: log-probs, packing, update semantics."""
+
 import pytest
 import torch
 from luffy_pool.config.compose import actor_config
@@ -29,9 +30,20 @@ def _batch(vocab, rows=4, prompt=5, resp=6, seed=0):
 
 
 def _cfg(**kw):
-    base = dict(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=64,
-                ppo_epochs=1, clip_ratio=0.2, clip_upper_bound=1.0, entropy_coeff=0.0, grad_clip=1e9,
-                loss_remove_token_mean=False, loss_remove_clip=True, use_kl_loss=False)
+    base = dict(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size=2,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=64,
+        ppo_epochs=1,
+        clip_ratio=0.2,
+        clip_upper_bound=1.0,
+        entropy_coeff=0.0,
+        grad_clip=1e9,
+        loss_remove_token_mean=False,
+        loss_remove_clip=True,
+        use_kl_loss=False,
+    )
     base.update(kw)
     return actor_config(**base)  # every other key at its YAML default
 
@@ -49,8 +61,10 @@ def test_log_probs_match_direct_forward(tiny_model_dir, remove_padding, dynamic)
     actor = DataParallelPPOActor(_cfg(), model, use_remove_padding=remove_padding)
     assert not actor.use_remove_padding, "sdpa has no varlen kernel: packing is turned off"
     actor.use_remove_padding = remove_padding  # force the packed path to pin its numerics anyway
-    data = DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 3,
-                                                     "use_dynamic_bsz": dynamic, "max_token_len": 20})
+    data = DataProto.from_dict(
+        tensors=b,
+        meta_info={"temperature": 1.0, "micro_batch_size": 3, "use_dynamic_bsz": dynamic, "max_token_len": 20},
+    )
     lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
     ref = _direct_log_probs(model, b)
     mask = b["attention_mask"][:, -6:].bool()
@@ -144,17 +158,23 @@ def test_unknown_old_log_probs_take_the_current_ones_as_in_a_recomputed_pass(tin
             recomputed = _direct_log_probs(model, b)
         old = torch.where(unknown, float("nan") if nan else recomputed, recomputed - 0.3)
         actor = _PrefixActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
-        actor.update_policy(DataProto.from_dict(tensors={**b, "advantages": adv, "old_log_probs": old,
-                                                         "prefix_mask": unknown},
-                                                meta_info={"temperature": 1.0}))
+        actor.update_policy(
+            DataProto.from_dict(
+                tensors={**b, "advantages": adv, "old_log_probs": old, "prefix_mask": unknown},
+                meta_info={"temperature": 1.0},
+            )
+        )
         results.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*results))
     model = _model(tiny_model_dir)
     actor = _PrefixActor(_cfg(ppo_micro_batch_size=4), model, torch.optim.SGD(model.parameters(), lr=0.1))
     on_policy_nan = old.masked_fill(~unknown, float("nan"))
-    metrics = actor.update_policy(DataProto.from_dict(
-        tensors={**b, "advantages": adv, "old_log_probs": on_policy_nan, "prefix_mask": unknown},
-        meta_info={"temperature": 1.0}))
+    metrics = actor.update_policy(
+        DataProto.from_dict(
+            tensors={**b, "advantages": adv, "old_log_probs": on_policy_nan, "prefix_mask": unknown},
+            meta_info={"temperature": 1.0},
+        )
+    )
     assert metrics["actor/nonfinite_skips"] == [1]
     assert any((a - p).abs().max() > 1e-4 for a, p in zip(results[0], _model(tiny_model_dir).parameters()))
 
@@ -166,6 +186,8 @@ def test_missing_old_log_probs_rejected_for_several_mini_batches(tiny_model_dir)
     data = DataProto.from_dict(tensors={**b, "advantages": torch.zeros(4, 6)}, meta_info={"temperature": 1.0})
     with pytest.raises(ValueError, match="old_log_probs missing"):
         actor.update_policy(data)
+
+
 # For tests/verl/workers/actor/test_dp_actor.py (uses its _model/_batch/_cfg helpers) once report_oom is in dp_actor.
 def test_oom_names_the_micro_batch_token_count(tiny_model_dir, monkeypatch):
     model = _model(tiny_model_dir)
@@ -176,8 +198,10 @@ def test_oom_names_the_micro_batch_token_count(tiny_model_dir, monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(actor, "_forward_micro_batch", oom)
-    data = DataProto.from_dict(tensors={**b, "old_log_probs": torch.zeros(4, 6), "advantages": torch.zeros(4, 6)},
-                               meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False})
+    data = DataProto.from_dict(
+        tensors={**b, "old_log_probs": torch.zeros(4, 6), "advantages": torch.zeros(4, 6)},
+        meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": False},
+    )
     # first micro-batch = rows 0-1 of _batch: 9 + 9 valid tokens of 11 positions
     with pytest.raises(torch.OutOfMemoryError, match=r"update_policy: .* 2 rows x 11 positions = 18 valid tokens"):
         actor.update_policy(data)
@@ -225,7 +249,14 @@ def test_rollout_is_weights_are_refused_by_a_loss_that_ignores_them(tiny_model_d
     b = _batch(model.config.vocab_size)
     actor = DataParallelPPOActor(_cfg(), model, torch.optim.SGD(model.parameters(), lr=0.1))
     monkeypatch.setattr(actor, "policy_loss", "some_new_loss")
-    data = DataProto.from_dict(tensors={**b, "old_log_probs": torch.zeros(4, 6), "advantages": torch.zeros(4, 6),
-                                        "rollout_is_weights": torch.ones(4, 6)}, meta_info={"temperature": 1.0})
+    data = DataProto.from_dict(
+        tensors={
+            **b,
+            "old_log_probs": torch.zeros(4, 6),
+            "advantages": torch.zeros(4, 6),
+            "rollout_is_weights": torch.ones(4, 6),
+        },
+        meta_info={"temperature": 1.0},
+    )
     with pytest.raises(ValueError, match="policy loss 'some_new_loss' does not take rollout_is_weights"):
         actor.update_policy(data)

@@ -6,6 +6,7 @@ pair up and gloo fails ("Connection closed by peer") or hangs. With the actor's 
 (what the worker passes) both ranks run max = 2 micro-batches in ``compute_log_prob`` and in
 ``update_policy``, and the log-probs come back in row order.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -22,15 +23,26 @@ def _uneven_rank(rank, world_size, port, model_dir):
     from verl.protocol import DataProto
     from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=__import__("datetime").timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=__import__("datetime").timedelta(seconds=120)
+    )
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
     torch.manual_seed(0)
     model = load_fully_sharded(model_dir, mesh)
-    cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size=2, use_dynamic_bsz=True,
-                       ppo_max_token_len_per_gpu=40, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.0,
-                       grad_clip=1.0, use_kl_loss=False)
-    actor = DataParallelPPOActor(cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-                                 dp_group=mesh.get_group("dp"))
+    cfg = actor_config(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size=2,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=40,
+        ppo_epochs=1,
+        clip_ratio=0.2,
+        entropy_coeff=0.0,
+        grad_clip=1.0,
+        use_kl_loss=False,
+    )
+    actor = DataParallelPPOActor(
+        cfg, model, torch.optim.AdamW(model.parameters(), lr=1e-3), dp_group=mesh.get_group("dp")
+    )
     # The valid-token budget (flash-attn's packed path) is the one whose counts differ by rank; sdpa turns packing
     # off and padded rows of one width give every rank the same count by construction (REVIEW H1).
     actor.use_remove_padding = True
@@ -40,12 +52,18 @@ def _uneven_rank(rank, world_size, port, model_dir):
     # rank 0: 4 rows of 8 valid tokens (32 <= 40: one micro-batch); rank 1: 4 rows of 20 (80: two)
     valid = 8 if rank == 0 else 20
     attn = torch.zeros(4, seq, dtype=torch.long)
-    attn[:, seq - valid:] = 1
+    attn[:, seq - valid :] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    data = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": attn, "position_ids": pos,
-                                        "responses": ids[:, -resp:], "advantages": torch.ones(4, resp)},
-                               meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": True,
-                                          "max_token_len": 40})
+    data = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": attn,
+            "position_ids": pos,
+            "responses": ids[:, -resp:],
+            "advantages": torch.ones(4, resp),
+        },
+        meta_info={"temperature": 1.0, "micro_batch_size": 2, "use_dynamic_bsz": True, "max_token_len": 40},
+    )
     calls = {"n": 0}
     original = actor._forward_micro_batch
 
@@ -57,8 +75,14 @@ def _uneven_rank(rank, world_size, port, model_dir):
     log_probs, _ = actor.compute_log_prob(data)
     n_log_prob = calls["n"]
     # row order survives the balancing: each row's log-probs equal a one-row forward's
-    ref = [original({k: data.batch[k][i:i + 1] for k in ("input_ids", "attention_mask", "position_ids", "responses")},
-                    1.0, False)[1] for i in range(4)]
+    ref = [
+        original(
+            {k: data.batch[k][i : i + 1] for k in ("input_ids", "attention_mask", "position_ids", "responses")},
+            1.0,
+            False,
+        )[1]
+        for i in range(4)
+    ]
     in_order = torch.allclose(log_probs, torch.cat(ref), atol=1e-5)
     calls["n"] = 0
     data.batch["old_log_probs"] = log_probs
@@ -79,4 +103,3 @@ def test_uneven_token_counts_run_the_same_number_of_micro_batches(tiny_model_dir
     assert [r["update_calls"] for r in results] == [2, 2]
     assert all(r["in_order"] for r in results)
     assert all(r["moved"] for r in results)
-

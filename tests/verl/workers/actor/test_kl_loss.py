@@ -5,6 +5,7 @@ overrides trains with. Tokens (policy log-prob - reference log-prob = d), one pa
 row 0: d = 0.5, 0.0, -0.3; row 1: d = 0.0, -1.0, (padding). Per-token estimators:
 kl = d; abs = |d|; mse = d^2 / 2; low_var_kl (k3) = exp(-d) + d - 1, clamped to [-10, 10].
 """
+
 import math
 
 import pytest
@@ -65,8 +66,9 @@ def test_each_kl_loss_type_by_hand(kl_type):
 def test_low_var_kl_is_clamped_at_10():
     actor = _actor(kl_loss_coef=1.0)
     metrics = {}
-    actor._regularisers({"ref_log_prob": torch.tensor([[0.0]])}, torch.tensor([[-20.0]]), torch.zeros(1, 1),
-                        torch.ones(1, 1), metrics)
+    actor._regularisers(
+        {"ref_log_prob": torch.tensor([[0.0]])}, torch.tensor([[-20.0]]), torch.zeros(1, 1), torch.ones(1, 1), metrics
+    )
     assert metrics["actor/kl_loss"] == 10.0  # exp(20) - 21 without the clamp
 
 

@@ -1,5 +1,6 @@
 """REVIEW H1: dynamic micro-batches of an actor without varlen attention budget padded positions (rows x width),
 an actor with flash-attention's varlen kernel keeps the valid-token budget unchanged."""
+
 from __future__ import annotations
 
 import types
@@ -26,8 +27,10 @@ class _Model(torch.nn.Module):
 def _data(rows: int, width: int, valid: list[int]) -> DataProto:
     mask = torch.zeros(rows, width, dtype=torch.long)
     for r, v in enumerate(valid):
-        mask[r, width - v:] = 1  # left padding, as a prompt + response row
-    return DataProto.from_dict(tensors={"attention_mask": mask, "input_ids": torch.arange(rows * width).view(rows, width)})
+        mask[r, width - v :] = 1  # left padding, as a prompt + response row
+    return DataProto.from_dict(
+        tensors={"attention_mask": mask, "input_ids": torch.arange(rows * width).view(rows, width)}
+    )
 
 
 # train.sh's shapes scaled down by 256: width 9216/256 = 36, budget 32768/256 = 128; short rows (valid <= 12) are

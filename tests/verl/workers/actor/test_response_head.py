@@ -1,5 +1,6 @@
 """Scoring only the response tokens (chunked LM head) gives the dense path's log-probs, entropy and
 gradients in the actor's three forwards (padded, packed, shared prompt), fp32 and bf16, also under FSDP2."""
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -34,7 +35,7 @@ def _actor(model, chunk, packed=False, shared=False):
 def _forward_and_grads(model, actor, b, temperature):
     model.zero_grad()
     ent, lp = actor._forward_micro_batch(b, temperature, calculate_entropy=True)
-    mask = b["attention_mask"][:, -b["responses"].size(1):].bool()
+    mask = b["attention_mask"][:, -b["responses"].size(1) :].bool()
     g = torch.Generator().manual_seed(3)
     weights = torch.randn(lp.shape, generator=g)
     ((lp * weights)[mask].sum() + (ent * weights.flip(0))[mask].sum()).backward()
@@ -77,7 +78,9 @@ def test_compute_log_prob_uses_the_head_only_above_one_chunk(tiny_model_dir, gro
     calls = []
     real = dp_actor.response_logprobs
     monkeypatch.setattr(dp_actor, "response_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
-    data = DataProto.from_dict(tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 3, "use_dynamic_bsz": False})
+    data = DataProto.from_dict(
+        tensors=b, meta_info={"temperature": 1.0, "micro_batch_size": 3, "use_dynamic_bsz": False}
+    )
     width = b["input_ids"].shape[1]
     lp_dense, _ = _actor(model, 3 * width).compute_log_prob(data)
     assert calls == []
@@ -91,8 +94,15 @@ def test_head_is_restored_and_unsupported_heads_stay_dense(tiny_model_dir, group
     model = _model(tiny_model_dir)
     b = _batch(grouped_prompt_batch, model.config.vocab_size)
     with pytest.raises(RuntimeError, match="boom"):
-        with scoring_head(model, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                          torch.zeros(1, dtype=torch.long), temperature=1.0, chunk_size=4, with_entropy=False):
+        with scoring_head(
+            model,
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long),
+            temperature=1.0,
+            chunk_size=4,
+            with_entropy=False,
+        ):
             assert "forward" in model.lm_head.__dict__
             raise RuntimeError("boom")
     assert "forward" not in model.lm_head.__dict__
@@ -107,8 +117,17 @@ def test_packed_path_rejects_a_response_after_padding(tiny_model_dir, grouped_pr
     b = _batch(grouped_prompt_batch, model.config.vocab_size, groups=1, n=2)
     b["attention_mask"][0, :9] = 0  # prompt entirely padding
     with pytest.raises(ValueError, match="follows a padding position"):
-        response_logprobs(model, b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"],
-                          temperature=1.0, chunk_size=4, with_entropy=False, packed=True)
+        response_logprobs(
+            model,
+            b["input_ids"],
+            b["attention_mask"],
+            b["position_ids"],
+            b["responses"],
+            temperature=1.0,
+            chunk_size=4,
+            with_entropy=False,
+            packed=True,
+        )
 
 
 def _fsdp_rank(rank, world, port, model_dir, build):

@@ -1,4 +1,5 @@
 """Shared-prompt forward: one prompt pass per group gives the padded forward's logits and gradients."""
+
 import torch
 
 from tests.helpers.distributed_testing import run_gloo_ranks
@@ -39,7 +40,7 @@ def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir, grouped_p
     ids, mask, pos = grouped_batch(grouped_prompt_batch, model.config.vocab_size)
     resp = 7
     valid = mask[:, -resp:].bool()
-    padded = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -resp - 1:-1]
+    padded = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -resp - 1 : -1]
     (_response_logp(padded, ids, resp) * valid).sum().backward()
     ref_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
     model.zero_grad()
@@ -66,8 +67,9 @@ def test_dp_actor_log_probs_with_shared_prompts_match_direct_forward(tiny_model_
     b = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -7:]}
     cfg = actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=12, use_dynamic_bsz=False)
     actor = DataParallelPPOActor(cfg, model, shared_prompt_forward=True)
-    data = DataProto.from_dict(tensors=b, meta_info={"temperature": 0.7, "micro_batch_size": 8,
-                                                     "use_dynamic_bsz": False, "max_token_len": 64})
+    data = DataProto.from_dict(
+        tensors=b, meta_info={"temperature": 0.7, "micro_batch_size": 8, "use_dynamic_bsz": False, "max_token_len": 64}
+    )
     lp, _ = actor.compute_log_prob(data)
     with torch.no_grad():
         direct = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -8:-1] / 0.7
@@ -84,13 +86,28 @@ def test_gradient_checkpointing_update_equals_plain_forward(tiny_model_dir, grou
     from verl.workers.actor.shared_prompt import checkpointing_drops_cache
 
     ids, mask, pos = grouped_batch(grouped_prompt_batch, _model(tiny_model_dir).config.vocab_size)
-    cfg = actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=6, use_dynamic_bsz=False,
-                       ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
-                       grad_clip=1e9, use_kl_loss=False)
-    data = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos,
-                                        "responses": ids[:, -7:], "advantages": torch.linspace(-1, 1, 12)[:, None].expand(12, 7).contiguous(),
-                                        "old_log_probs": torch.zeros(12, 7)},
-                               meta_info={"temperature": 1.0})
+    cfg = actor_config(
+        ppo_mini_batch_size=12,
+        ppo_micro_batch_size=6,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=64,
+        ppo_epochs=1,
+        clip_ratio=0.2,
+        entropy_coeff=0.01,
+        grad_clip=1e9,
+        use_kl_loss=False,
+    )
+    data = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": pos,
+            "responses": ids[:, -7:],
+            "advantages": torch.linspace(-1, 1, 12)[:, None].expand(12, 7).contiguous(),
+            "old_log_probs": torch.zeros(12, 7),
+        },
+        meta_info={"temperature": 1.0},
+    )
     grads = []
     for checkpointing in (True, False):
         model = _model(tiny_model_dir)
@@ -133,8 +150,9 @@ def _fsdp_rank(rank, world, port, model_dir, build):
                 if shared:
                     logits = shared_prompt_logits(model, ids[rows], mask[rows], pos[rows], 7)
                 else:
-                    logits = model(input_ids=ids[rows], attention_mask=mask[rows], position_ids=pos[rows],
-                                   use_cache=False).logits[:, -8:-1]
+                    logits = model(
+                        input_ids=ids[rows], attention_mask=mask[rows], position_ids=pos[rows], use_cache=False
+                    ).logits[:, -8:-1]
                 valid = mask[rows, -7:].bool()
                 (_response_logp(logits, ids[rows], 7) * valid).sum().backward()
             grads.append({k: p.grad.full_tensor().clone() for k, p in model.named_parameters()})
@@ -158,8 +176,11 @@ def test_a_log_prob_pass_can_ask_for_the_plain_forward(tiny_model_dir, grouped_p
     model = _model(tiny_model_dir)
     ids, mask, pos = grouped_batch(grouped_prompt_batch, model.config.vocab_size)
     b = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, -7:]}
-    actor = dp_actor.DataParallelPPOActor(actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=12,
-                                                       use_dynamic_bsz=False), model, shared_prompt_forward=True)
+    actor = dp_actor.DataParallelPPOActor(
+        actor_config(ppo_mini_batch_size=12, ppo_micro_batch_size=12, use_dynamic_bsz=False),
+        model,
+        shared_prompt_forward=True,
+    )
     meta = {"temperature": 0.7, "micro_batch_size": 12, "use_dynamic_bsz": False, "max_token_len": 64}
     shared, _ = actor.compute_log_prob(DataProto.from_dict(tensors=b, meta_info=dict(meta)))
 
@@ -167,7 +188,9 @@ def test_a_log_prob_pass_can_ask_for_the_plain_forward(tiny_model_dir, grouped_p
         raise AssertionError("the shared-prompt forward ran")
 
     monkeypatch.setattr(dp_actor, "shared_prompt_logits", refuse)
-    plain, _ = actor.compute_log_prob(DataProto.from_dict(tensors=b, meta_info={**meta, "shared_prompt_forward": False}))
+    plain, _ = actor.compute_log_prob(
+        DataProto.from_dict(tensors=b, meta_info={**meta, "shared_prompt_forward": False})
+    )
     assert actor.shared_prompt_forward is True
     valid = mask[:, -7:].bool()
     assert torch.allclose(plain[valid], shared[valid], atol=1e-5)

@@ -36,8 +36,17 @@ def _tiny_model(kv_heads: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=kv_heads, tie_word_embeddings=False, eos_token_id=1, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "sdpa"
     return Qwen2ForCausalLM(cfg).float()
 
@@ -76,13 +85,18 @@ def _micro(seed: int, rows: int = 4, width: int = 13, response: int = 6) -> dict
     attn[1, :1] = 0
     attn[2, -2:] = 0
     ids[attn == 0] = 0
-    return {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, -response:], "advantages": torch.randn(rows, response, generator=g),
-            "old_log_probs": -torch.rand(rows, response, generator=g) - 2.0}
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "position_ids": (attn.cumsum(-1) - 1).clamp(min=0),
+        "responses": ids[:, -response:],
+        "advantages": torch.randn(rows, response, generator=g),
+        "old_log_probs": -torch.rand(rows, response, generator=g) - 2.0,
+    }
 
 
 def _loss(entropy, log_probs, micro):
-    mask = micro["attention_mask"][:, -log_probs.shape[1]:].float()
+    mask = micro["attention_mask"][:, -log_probs.shape[1] :].float()
     return -((log_probs * micro["advantages"] + 0.01 * entropy) * mask).sum() / mask.sum()
 
 
@@ -119,9 +133,10 @@ def _forward_job(rank, world, port, sp):
             for g in grads.values():  # what FSDP's average does within a group: sum over SP ranks / sp
                 dist.all_reduce(g, group=group)
                 g /= sp
-            valid = micro["attention_mask"][:, -lp.shape[1]:].bool()
+            valid = micro["attention_mask"][:, -lp.shape[1] :].bool()
             result[(kv, packed)] = {
-                "lp": (lp - lp_ref)[valid].abs().max().item(), "ent": (ent - ent_ref)[valid].abs().max().item(),
+                "lp": (lp - lp_ref)[valid].abs().max().item(),
+                "ent": (ent - ent_ref)[valid].abs().max().item(),
                 "loss": abs(loss.item() - _loss(ent_ref, lp_ref, micro).item()),
                 "grad": max((grads[n] - grads_ref[n]).abs().max().item() for n in grads),
                 "grad_scale": max(g.abs().max().item() for g in grads_ref.values()),
@@ -133,7 +148,9 @@ def _forward_job(rank, world, port, sp):
         result[(kv, "actor")] = (lp_actor - lp_ref.detach())[micro["attention_mask"][:, -6:].bool()].abs().max().item()
         # dynamic batch: the per-rank token budget covers sp times the tokens (each rank holds 1/sp of them)
         data = DataProto.from_dict(tensors=micro)
-        result["micro_counts"] = [len(a._micro_batches(data, ["attention_mask"], 1, True, 13)[0]) for a in (plain, sp_actor)]
+        result["micro_counts"] = [
+            len(a._micro_batches(data, ["attention_mask"], 1, True, 13)[0]) for a in (plain, sp_actor)
+        ]
     dist.destroy_process_group()
     return result
 
@@ -172,12 +189,14 @@ def _checkpointing_job(rank, world, port, sp):
             for g in grads.values():
                 dist.all_reduce(g, group=group)
                 g /= sp
-            valid = micro["attention_mask"][:, -lp.shape[1]:].bool()
+            valid = micro["attention_mask"][:, -lp.shape[1] :].bool()
             result[(packed, chunk)] = {
-                "lp": (lp - lp_ref)[valid].abs().max().item(), "ent": (ent - ent_ref)[valid].abs().max().item(),
+                "lp": (lp - lp_ref)[valid].abs().max().item(),
+                "ent": (ent - ent_ref)[valid].abs().max().item(),
                 "loss": abs(loss.item() - loss_ref.item()),
                 "grad": max((grads[n] - grads_ref[n]).abs().max().item() for n in grads),
-                "grad_scale": max(g.abs().max().item() for g in grads_ref.values())}
+                "grad_scale": max(g.abs().max().item() for g in grads_ref.values()),
+            }
     # through the actor: a micro-batch larger than logprob_chunk_size takes the chunked head under SP too
     sp_actor = DataParallelPPOActor(OmegaConf.create({}), model, ulysses_group=group, logprob_chunk_size=4)
     calls = []
@@ -187,7 +206,7 @@ def _checkpointing_job(rank, world, port, sp):
         _, lp_actor = sp_actor._forward_micro_batch(micro, 0.7, calculate_entropy=False)
     finally:
         chunked_logprobs.chunked_logprobs_entropy = chunked
-    valid = micro["attention_mask"][:, -lp_actor.shape[1]:].bool()
+    valid = micro["attention_mask"][:, -lp_actor.shape[1] :].bool()
     result["actor_chunked"] = (len(calls), (lp_actor - lp_ref).detach()[valid].abs().max().item())
     dist.destroy_process_group()
     return result
@@ -197,7 +216,6 @@ def _update_job(rank, world, port, sp, checkpointing=False):
     """FSDP2 over all ranks, SP groups of ``sp``, one update_policy; vs one plain process updating on the union
     (``checkpointing``: the SP model recomputes its layers in backward, the reference does not)."""
     import torch.distributed as dist
-    from omegaconf import OmegaConf
 
     from verl.protocol import DataProto
     from verl.utils import fsdp_utils
@@ -214,19 +232,29 @@ def _update_job(rank, world, port, sp, checkpointing=False):
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
 
     def cfg(mini, micro):
-        return actor_config(ppo_mini_batch_size=mini, ppo_micro_batch_size=micro, use_dynamic_bsz=False,
-                            ppo_max_token_len_per_gpu=64, ppo_epochs=1, clip_ratio=0.2, entropy_coeff=0.01,
-                            grad_clip=100.0, use_kl_loss=False)
+        return actor_config(
+            ppo_mini_batch_size=mini,
+            ppo_micro_batch_size=micro,
+            use_dynamic_bsz=False,
+            ppo_max_token_len_per_gpu=64,
+            ppo_epochs=1,
+            clip_ratio=0.2,
+            entropy_coeff=0.01,
+            grad_clip=100.0,
+            use_kl_loss=False,
+        )
 
     model = _tiny_model(1)
     if checkpointing:  # before sharding, as the worker does
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = fsdp_utils.apply_fsdp2(model, build_fsdp_mesh("cpu", world, -1),
-                                   fsdp_utils.mixed_precision_policy(device="cpu"))
+    model = fsdp_utils.apply_fsdp2(
+        model, build_fsdp_mesh("cpu", world, -1), fsdp_utils.mixed_precision_policy(device="cpu")
+    )
     # SGD: the weight change is the gradient itself (AdamW would amplify float noise on near-zero grads).
     # dp_group = all ranks, as the worker passes it: the step's metrics are reduced over every rank's rows
-    actor = DataParallelPPOActor(cfg(4, 4), model, torch.optim.SGD(model.parameters(), lr=0.5), ulysses_group=group,
-                                 dp_group=dist.group.WORLD)
+    actor = DataParallelPPOActor(
+        cfg(4, 4), model, torch.optim.SGD(model.parameters(), lr=0.5), ulysses_group=group, dp_group=dist.group.WORLD
+    )
     metrics = actor.update_policy(data([rank // sp]))
     full = dict(fsdp_utils.iter_full_params(model))
 
@@ -234,11 +262,16 @@ def _update_job(rank, world, port, sp, checkpointing=False):
     ref_actor = DataParallelPPOActor(cfg(4 * dp, 4), reference, torch.optim.SGD(reference.parameters(), lr=0.5))
     ref_metrics = ref_actor.update_policy(data(range(dp)))
     ref = reference.state_dict()
-    result = {"weights": max((full[n] - ref[n]).abs().max().item() for n in full),
-              "moved": max((ref[n] - _tiny_model(1).state_dict()[n]).abs().max().item() for n in ref),
-              "pg_loss": metrics["actor/pg_loss"], "ref_pg_loss": ref_metrics["actor/pg_loss"],
-              "entropy": metrics["actor/entropy_loss"], "ref_entropy": ref_metrics["actor/entropy_loss"],
-              "grad_norm": metrics["actor/grad_norm"][0], "ref_grad_norm": ref_metrics["actor/grad_norm"][0]}
+    result = {
+        "weights": max((full[n] - ref[n]).abs().max().item() for n in full),
+        "moved": max((ref[n] - _tiny_model(1).state_dict()[n]).abs().max().item() for n in ref),
+        "pg_loss": metrics["actor/pg_loss"],
+        "ref_pg_loss": ref_metrics["actor/pg_loss"],
+        "entropy": metrics["actor/entropy_loss"],
+        "ref_entropy": ref_metrics["actor/entropy_loss"],
+        "grad_norm": metrics["actor/grad_norm"][0],
+        "ref_grad_norm": ref_metrics["actor/grad_norm"][0],
+    }
     dist.destroy_process_group()
     return result
 
@@ -267,12 +300,21 @@ def _data_job(rank, world, port, sp):
 
 @pytest.fixture(scope="module")
 def runs():
-    jobs = {"fwd2": (_forward_job, 2, 2), "fwd4": (_forward_job, 4, 4), "upd2": (_update_job, 2, 2),
-            "upd4": (_update_job, 4, 2), "data4": (_data_job, 4, 2),
-            "ckpt2": (_checkpointing_job, 2, 2), "ckpt4": (_checkpointing_job, 4, 2),
-            "upd4ckpt": (_update_checkpointing_job, 4, 2)}  # name: (job, world, sp)
-    return {f"{name}_rank{r}": result for name, (job, world, sp) in jobs.items()
-            for r, result in enumerate(_run_ranks(job, world, sp))}
+    jobs = {
+        "fwd2": (_forward_job, 2, 2),
+        "fwd4": (_forward_job, 4, 4),
+        "upd2": (_update_job, 2, 2),
+        "upd4": (_update_job, 4, 2),
+        "data4": (_data_job, 4, 2),
+        "ckpt2": (_checkpointing_job, 2, 2),
+        "ckpt4": (_checkpointing_job, 4, 2),
+        "upd4ckpt": (_update_checkpointing_job, 4, 2),
+    }  # name: (job, world, sp)
+    return {
+        f"{name}_rank{r}": result
+        for name, (job, world, sp) in jobs.items()
+        for r, result in enumerate(_run_ranks(job, world, sp))
+    }
 
 
 @pytest.mark.slow  # forked gloo ranks
@@ -304,7 +346,12 @@ def test_sp2_with_gradient_checkpointing_equals_sp1_without(runs, world):
             for chunk in (0, 5):
                 r = result[(packed, chunk)]
                 assert r["grad_scale"] > 1e-3
-                assert r["lp"] < TOL and r["ent"] < TOL and r["loss"] < TOL and r["grad"] < TOL, (world, packed, chunk, r)
+                assert r["lp"] < TOL and r["ent"] < TOL and r["loss"] < TOL and r["grad"] < TOL, (
+                    world,
+                    packed,
+                    chunk,
+                    r,
+                )
         calls, diff = result["actor_chunked"]
         assert calls == 1 and diff < TOL, result["actor_chunked"]
 

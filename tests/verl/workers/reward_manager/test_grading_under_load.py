@@ -5,6 +5,7 @@ pool grade in-process with one warning instead of ending the run.
 The neighbours are 6 busy-loop processes started by this module, each ending itself after at most
 ``NEIGHBOUR_LIFETIME_S`` and killed by pid when each test finishes.
 """
+
 import json
 import logging
 import subprocess
@@ -51,8 +52,7 @@ COLD_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture
 def busy_neighbours():
-    code = (f"import time\nend = time.monotonic() + {NEIGHBOUR_LIFETIME_S}\n"
-            "while time.monotonic() < end:\n    pass\n")
+    code = f"import time\nend = time.monotonic() + {NEIGHBOUR_LIFETIME_S}\nwhile time.monotonic() < end:\n    pass\n"
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(NEIGHBOURS)]
     try:
         time.sleep(0.5)
@@ -71,8 +71,9 @@ def _items():
 
 @pytest.mark.slow
 def test_cold_process_grades_identically_next_to_busy_neighbours(busy_neighbours):
-    proc = subprocess.run([sys.executable, "-c", COLD_SCRIPT, json.dumps(CASES)], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", COLD_SCRIPT, json.dumps(CASES)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     verdicts = json.loads(proc.stdout.strip().splitlines()[-1])
     expected = [[correct, False, False] for _t, _g, correct in CASES] * 2

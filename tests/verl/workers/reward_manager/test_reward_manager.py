@@ -1,4 +1,5 @@
 """RewardManager: decode valid response tokens, score, place the score on the last valid token."""
+
 import re
 import types
 
@@ -79,15 +80,29 @@ def test_decoding_keeps_special_tokens_and_only_valid_response_tokens(tokenizer)
 
 
 def test_from_config_reads_the_reward_group_and_rejects_unknown_keys(tokenizer):
-    cfg = OmegaConf.create({"num_workers": 0, "timeout_s": 5.0, "grader": "rule",
-                            "format_reward": {"enable": True, "weight": 1.0, "mode": "multiply"},
-                            "orm": {"enable": False, "base_url": None, "model": None,
-                                    "api_key_env": "OPENAI_API_KEY", "timeout_s": 30, "max_retries": 3,
-                                    "requests_per_second": 5, "cache_path": None}})
+    cfg = OmegaConf.create(
+        {
+            "num_workers": 0,
+            "timeout_s": 5.0,
+            "grader": "rule",
+            "format_reward": {"enable": True, "weight": 1.0, "mode": "multiply"},
+            "orm": {
+                "enable": False,
+                "base_url": None,
+                "model": None,
+                "api_key_env": "OPENAI_API_KEY",
+                "timeout_s": 30,
+                "max_retries": 3,
+                "requests_per_second": 5,
+                "cache_path": None,
+            },
+        }
+    )
     with RewardManager.from_config(cfg, reward_impl_version=3, tokenizer=tokenizer) as manager:
         assert manager.spec.grader == "rule" and manager.pool.timeout_s == 5.0
-        scores, metrics = manager.score_texts([("math", RIGHT[len("<think>\n"):], "42", None),
-                                               ("math", "no think block \\boxed{42}", "42", None)])
+        scores, metrics = manager.score_texts(
+            [("math", RIGHT[len("<think>\n") :], "42", None), ("math", "no think block \\boxed{42}", "42", None)]
+        )
     # v3 prepends "<think>\n"; the first is well formed, the second fails format (and has no </think>).
     assert scores == [1.0, 0.0] and metrics["reward/format_ok_rate"] == 0.5
     with pytest.raises(ValueError, match="num_worker"):
@@ -113,7 +128,9 @@ def test_judge_turns_a_wrong_answer_right_and_sees_the_decoded_problem(tokenizer
     with RewardManager(tokenizer, reward_impl_version=1, num_workers=0) as manager:
         completions = _YesCompletions()
         config = OrmConfig(enable=True, base_url="http://127.0.0.1:9/v1", model="judge", requests_per_second=1000)
-        manager.judge = OrmJudge(config, client=types.SimpleNamespace(chat=types.SimpleNamespace(completions=completions)))
+        manager.judge = OrmJudge(
+            config, client=types.SimpleNamespace(chat=types.SimpleNamespace(completions=completions))
+        )
         scores, metrics = manager(data)
     valid = data.batch["attention_mask"][:, -40:].sum(-1)
     assert scores[1, valid[1] - 1].item() == 1.0  # v1 success value after a [[YES]]
@@ -145,8 +162,9 @@ class _DeadCompletions:
 
 def _dead_judge_manager(tokenizer, **orm):
     manager = RewardManager(tokenizer, reward_impl_version=1, num_workers=0)
-    config = OrmConfig(enable=True, base_url="http://127.0.0.1:9/v1", model="judge", requests_per_second=1000,
-                       max_retries=0, **orm)
+    config = OrmConfig(
+        enable=True, base_url="http://127.0.0.1:9/v1", model="judge", requests_per_second=1000, max_retries=0, **orm
+    )
     completions = _DeadCompletions()
     manager.judge = OrmJudge(config, client=types.SimpleNamespace(chat=types.SimpleNamespace(completions=completions)))
     return manager, completions
@@ -160,8 +178,14 @@ def test_dead_judge_raises_naming_endpoint_and_last_error(tokenizer):
     with manager, pytest.raises(JudgeUnavailableError) as err:
         manager(data)
     msg = str(err.value)
-    assert re.search(r"40 of 40 judge calls failed this step \(\d+ skipped after repeated failures\) \(more than "
-                     r"max_failure_rate=0.5\)", msg) and "\n" not in msg
+    assert (
+        re.search(
+            r"40 of 40 judge calls failed this step \(\d+ skipped after repeated failures\) \(more than "
+            r"max_failure_rate=0.5\)",
+            msg,
+        )
+        and "\n" not in msg
+    )
     assert "endpoint http://127.0.0.1:9/v1" in msg and "last error: APIConnectionError: Connection error." in msg
     assert completions.calls <= 2 * 16, "once the endpoint is seen down, the calls not yet started are skipped"
 
@@ -220,15 +244,19 @@ def test_a_judge_that_answers_is_never_skipped(tokenizer):
         _, metrics = manager(data)
     assert flaky.calls == 40 and metrics["reward/orm_fail_rate"] == 0.5
 
+
 def test_limit_hits_are_counted_in_the_training_metrics(tokenizer):
     tower = "x\n</think>\n\\boxed{9^{9^{9^{9^{9}}}}}"
-    right = RIGHT[len("<think>\n"):]
+    right = RIGHT[len("<think>\n") :]
     cfg = OmegaConf.create({"num_workers": 0, "grade_budget_s": 3.0})
     with RewardManager.from_config(cfg, reward_impl_version=3, tokenizer=tokenizer) as manager:
         scores, metrics = manager.score_texts([("math", tower, "2"), ("math", right, "42")])
     assert scores == [0.0, 1.0]
-    assert (metrics["reward/unparseable_count"], metrics["reward/parse_fail_count"], metrics["reward/timeout_count"]) \
-        == (1.0, 1.0, 0.0)
+    assert (
+        metrics["reward/unparseable_count"],
+        metrics["reward/parse_fail_count"],
+        metrics["reward/timeout_count"],
+    ) == (1.0, 1.0, 0.0)
     # A spent in-process budget is a timeout, counted like the pool's own timeouts.
     with RewardManager(tokenizer, reward_impl_version=3, num_workers=0, grade_budget_s=1e-6) as manager:
         scores, metrics = manager.score_texts([("math", right, "42"), ("math", "no think tag", "42")])

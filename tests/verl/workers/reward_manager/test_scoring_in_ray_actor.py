@@ -1,4 +1,5 @@
 """In a threaded Ray actor (math-verify's SIGALRM cannot work there) graders stay bounded: in-process and in the pool."""
+
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -18,8 +19,10 @@ def test_former_hang_returns_zero_within_the_bound_in_threaded_actor(ray_session
 
             from deepscaler.rewards import score_response
 
-            items = [("math", "x\n</think>\n\\boxed{9^{9^{9}}}", "1", None),
-                     ("math", "x\n</think>\n\\boxed{\\frac{1}{2}}", "0.5", None)]
+            items = [
+                ("math", "x\n</think>\n\\boxed{9^{9^{9}}}", "1", None),
+                ("math", "x\n</think>\n\\boxed{\\frac{1}{2}}", "0.5", None),
+            ]
             start = time.monotonic()
             direct = score_response(*items[0])  # no pool: verify() on this never returned before the guards
             direct_elapsed = time.monotonic() - start
@@ -28,9 +31,14 @@ def test_former_hang_returns_zero_within_the_bound_in_threaded_actor(ray_session
                 start = time.monotonic()
                 results, stats = pool.score(items)
                 elapsed = time.monotonic() - start
-            return (threading.current_thread() is threading.main_thread(), [r.score for r in results],
-                    (stats.timeout_count, stats.unparseable_count), elapsed, (direct.score, direct.unparseable),
-                    direct_elapsed)
+            return (
+                threading.current_thread() is threading.main_thread(),
+                [r.score for r in results],
+                (stats.timeout_count, stats.unparseable_count),
+                elapsed,
+                (direct.score, direct.unparseable),
+                direct_elapsed,
+            )
 
     actor = Scorer.remote()
     on_main_thread, scores, counts, elapsed, direct, direct_elapsed = ray.get(actor.score.remote(3.0), timeout=300)

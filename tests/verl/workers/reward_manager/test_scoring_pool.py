@@ -1,4 +1,5 @@
 """Process pool with per-item timeouts: hung graders score 0 and are replaced; errors are counted."""
+
 import os
 import time
 

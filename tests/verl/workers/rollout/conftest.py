@@ -1,4 +1,5 @@
 """Fixtures of the rollout tests that check an engine against the HF model it serves."""
+
 import pytest
 import torch
 
@@ -8,12 +9,12 @@ from verl.workers.rollout.base import SamplingSpec
 def _hf_greedy(model, prompt, n):
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def _hf_logprobs(model, prompt, completion, temperature=1.0):
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1] / temperature
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1] / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
@@ -52,8 +53,9 @@ def check_capped_greedy(reference, prompts):
 
     def check(rollout):
         caps = [6, 0, 10, 3, 8, 1]
-        out = rollout.generate_token_ids(prompts, caps, SamplingSpec(temperature=0.0, return_logprobs=True,
-                                                                     ignore_eos=True))
+        out = rollout.generate_token_ids(
+            prompts, caps, SamplingSpec(temperature=0.0, return_logprobs=True, ignore_eos=True)
+        )
         for prompt, cap, ids, lps in zip(prompts, caps, out.token_ids, out.logprobs):
             assert len(ids) == len(lps) == cap
             if cap:

@@ -1,4 +1,5 @@
 """A CPU engine inspects its model class in its own process (cpu_model_inspect.py), with vLLM's real registry."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,4 +29,3 @@ def test_inspection_runs_in_this_process_and_gives_vllms_answer(monkeypatch):
     info = lazy.inspect_model_cls()
     assert info == registry._ModelInfo.from_model_cls(lazy.load_model_cls())
     assert info.is_text_generation_model and saved == [info]  # cached as vLLM caches the subprocess's answer
-

@@ -1,6 +1,7 @@
 """The socket mesh that carries vLLM-CPU's TP reductions when vLLM has no shared-memory kernels (cpu_tp_sockets.py):
 sums and gathers equal gloo's, every rank holds the same bits, large tensors do not deadlock, other calls go to
 torch.distributed, and a silent or dead peer is an error naming its rank."""
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,11 @@ def _collectives(rank, world, port):
     mesh = connect_mesh(dist.group.WORLD, 60)
     gen = torch.Generator().manual_seed(rank)
     out = {}
-    for name, x in (("small", torch.randn(3, 128, generator=gen)),  # a decode step's activations
-                    ("large", torch.randn(1 << 20, generator=gen)),  # 4 MB each way: more than a socket buffer
-                    ("bf16", torch.randn(5, 64, generator=gen).to(torch.bfloat16))):
+    for name, x in (
+        ("small", torch.randn(3, 128, generator=gen)),  # a decode step's activations
+        ("large", torch.randn(1 << 20, generator=gen)),  # 4 MB each way: more than a socket buffer
+        ("bf16", torch.randn(5, 64, generator=gen).to(torch.bfloat16)),
+    ):
         inputs = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(inputs, x)
         by_gloo = x.clone()
@@ -129,6 +132,7 @@ def _rank_one_cannot_connect(rank, world, port):
     from verl.workers.rollout.vllm_rollout.cpu_tp_sockets import connect_mesh
 
     if rank == 1:  # as when two ranks share a host name but not a network namespace
+
         def refused(*args, **kwargs):
             raise ConnectionRefusedError("connection refused")
 

@@ -1,4 +1,5 @@
 """HF fallback rollout: sampling maths, per-row caps, EOS, log-probs, seeding and weight pushes."""
+
 import math
 
 import pytest
@@ -38,8 +39,10 @@ def test_micro_batching_and_row_dropping_do_not_change_greedy_output(tiny_model_
     rollout.config = engine_config(engine_section(hf_micro_batch_size=8))
     batched = rollout.generate_token_ids(prompts, caps, GREEDY)
     assert batched.token_ids == one_by_one.token_ids
-    assert all(torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-5)
-               for a, b in zip(batched.logprobs, one_by_one.logprobs))
+    assert all(
+        torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-5)
+        for a, b in zip(batched.logprobs, one_by_one.logprobs)
+    )
 
 
 def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, reference, prompts, hf_greedy):
@@ -48,7 +51,7 @@ def test_generation_stops_at_and_includes_eos_unless_ignored(tiny_model_dir, ref
     stop = full[2]
     rollout.eos_ids = {stop}
     out = rollout.generate_token_ids(prompts[:1], [8], GREEDY)
-    assert out.token_ids[0] == full[:full.index(stop) + 1]
+    assert out.token_ids[0] == full[: full.index(stop) + 1]
     ignored = rollout.generate_token_ids(prompts[:1], [8], SamplingSpec(temperature=0.0, ignore_eos=True))
     assert ignored.token_ids[0] == full and ignored.logprobs is None
 
@@ -66,8 +69,9 @@ def test_seeded_sampling_is_reproducible_and_the_seed_matters(tiny_model_dir, pr
     spec = SamplingSpec(temperature=1.0, seed=11, ignore_eos=True)
     first = rollout.generate_token_ids(prompts, [20] * len(prompts), spec)
     again = rollout.generate_token_ids(prompts, [20] * len(prompts), spec)
-    other = rollout.generate_token_ids(prompts, [20] * len(prompts), SamplingSpec(temperature=1.0, seed=12,
-                                                                                  ignore_eos=True))
+    other = rollout.generate_token_ids(
+        prompts, [20] * len(prompts), SamplingSpec(temperature=1.0, seed=12, ignore_eos=True)
+    )
     assert first.token_ids == again.token_ids
     assert first.token_ids != other.token_ids
 
@@ -80,7 +84,7 @@ def test_pushed_weights_drive_generation(tiny_model_dir, prompts, hf_greedy):
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
     items = list(trained.state_dict().items())
     for start in range(0, len(items), 5):  # several buckets
-        rollout.update_weights(items[start:start + 5])
+        rollout.update_weights(items[start : start + 5])
     rollout.after_weight_update()
     out = rollout.generate_token_ids(prompts, [6] * len(prompts), SamplingSpec(temperature=0.0, ignore_eos=True))
     assert out.token_ids == [hf_greedy(trained, p, 6) for p in prompts]
@@ -99,8 +103,15 @@ def test_bad_pushes_fail_with_the_tensor_name(tiny_model_dir):
 
 
 def test_tied_embeddings_are_covered_by_pushing_either_name():
-    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     rollout = HFRollout("unused", engine_section(), model=Qwen2ForCausalLM(cfg))
     source = Qwen2ForCausalLM(cfg)
@@ -115,9 +126,14 @@ def test_do_sample_false_makes_the_hf_engine_greedy(tiny_model_dir, reference, p
     from verl.workers.rollout.base import sampling_from_config
 
     def rcfg(do_sample, calculate_log_probs=False):  # the worker's typed rollout section, from the composed config
-        cfg = compose_config(["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.ignore_eos=True",
-                              f"actor_rollout_ref.rollout.do_sample={do_sample}",
-                              f"actor_rollout_ref.rollout.calculate_log_probs={calculate_log_probs}"])
+        cfg = compose_config(
+            [
+                "actor_rollout_ref.rollout.name=hf",
+                "actor_rollout_ref.rollout.ignore_eos=True",
+                f"actor_rollout_ref.rollout.do_sample={do_sample}",
+                f"actor_rollout_ref.rollout.calculate_log_probs={calculate_log_probs}",
+            ]
+        )
         return RolloutSection.from_rollout_config(cfg.actor_rollout_ref.rollout)
 
     rollout = HFRollout(tiny_model_dir, engine_section(hf_micro_batch_size=8))

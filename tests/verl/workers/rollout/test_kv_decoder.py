@@ -1,4 +1,5 @@
 """The lean static-KV decode loop: same tokens and log-probs as the generic HF loop on every supported layout."""
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -18,12 +19,15 @@ def _models():
     return {
         "qwen2_gqa": Qwen2ForCausalLM(Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2)),
         "llama_mqa": LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=1)),
-        "llama_mha_bias": LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=2, num_key_value_heads=2,
-                                                       attention_bias=True)),
-        "llama_mlp_bias": LlamaForCausalLM(LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2,
-                                                       mlp_bias=True)),
-        "qwen3_qk_norm": Qwen3ForCausalLM(Qwen3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2,
-                                                      head_dim=8)),
+        "llama_mha_bias": LlamaForCausalLM(
+            LlamaConfig(**SMALL, num_attention_heads=2, num_key_value_heads=2, attention_bias=True)
+        ),
+        "llama_mlp_bias": LlamaForCausalLM(
+            LlamaConfig(**SMALL, num_attention_heads=4, num_key_value_heads=2, mlp_bias=True)
+        ),
+        "qwen3_qk_norm": Qwen3ForCausalLM(
+            Qwen3Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+        ),
     }
 
 
@@ -41,8 +45,10 @@ def prompts():
 
 
 def _pair(model):
-    return (HFRollout("unused", engine_section(hf_decoder="generic"), model=model),
-            HFRollout("unused", engine_section(hf_decoder="kv"), model=model))
+    return (
+        HFRollout("unused", engine_section(hf_decoder="generic"), model=model),
+        HFRollout("unused", engine_section(hf_decoder="kv"), model=model),
+    )
 
 
 @pytest.mark.parametrize("name", ["qwen2_gqa", "llama_mqa", "llama_mha_bias", "llama_mlp_bias", "qwen3_qk_norm"])
@@ -77,7 +83,9 @@ def test_decode_needs_a_positive_cap_per_row(models, prompts):
     kv = HFRollout("unused", engine_section(hf_decoder="kv"), model=models["qwen2_gqa"])
     kv.kv_decoder.refresh(0)
     with pytest.raises(ValueError, match="every cap must be >= 1"):
-        kv.kv_decoder.decode(prompts[:2], [3, 0], 0, torch.tensor([1]), False, lambda logits: (logits.argmax(-1), logits[:, 0]))
+        kv.kv_decoder.decode(
+            prompts[:2], [3, 0], 0, torch.tensor([1]), False, lambda logits: (logits.argmax(-1), logits[:, 0])
+        )
 
 
 def test_weight_push_rebuilds_the_fused_projections(models, prompts):
@@ -90,7 +98,8 @@ def test_weight_push_rebuilds_the_fused_projections(models, prompts):
     kv.after_weight_update()
     after = kv.generate_token_ids(prompts, [6] * len(prompts), GREEDY)
     reference = HFRollout("unused", engine_section(hf_decoder="generic"), model=other).generate_token_ids(
-        prompts, [6] * len(prompts), GREEDY)
+        prompts, [6] * len(prompts), GREEDY
+    )
     assert after.token_ids == reference.token_ids != before.token_ids
 
 
@@ -102,7 +111,7 @@ def test_seeded_sampling_reproducible_and_logprobs_are_the_models(models, prompt
     assert a.token_ids == kv.generate_token_ids(prompts, [8] * len(prompts), spec).token_ids
     for prompt, ids, lps in zip(prompts, a.token_ids, a.logprobs):
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / 0.8
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1] / 0.8
         ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
         assert torch.allclose(torch.as_tensor(lps), ref, atol=1e-5)
 

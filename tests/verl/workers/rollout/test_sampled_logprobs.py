@@ -1,5 +1,6 @@
 """The engine's sampled-token log-probs as one tensor per request: read from vLLM's flat containers (no object per
 token) and equal to the per-token dict walk they replace."""
+
 import pytest
 import torch
 
@@ -14,8 +15,9 @@ def _containers(ids, lps, flat, top=0):
     container = create_sample_logprobs(flat)
     for tok, lp in zip(ids, lps):
         others = [(tok + 1 + j, lp - 1.0 - j) for j in range(top)]
-        append_logprobs_for_next_position(container, [tok] + [t for t, _ in others], [lp] + [v for _, v in others],
-                                          (None,) * (1 + top), 1, top)
+        append_logprobs_for_next_position(
+            container, [tok] + [t for t, _ in others], [lp] + [v for _, v in others], (None,) * (1 + top), 1, top
+        )
     return container
 
 

@@ -6,6 +6,7 @@ same prompts (the group's, in TP-rank order) with the same seed (that of the DP 
 differ, each rank must get back the rows of its own prompts, and the weight sync (FSDP2 shards over all
 4 ranks) must deliver the full weights to the engine of every TP rank.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -48,7 +49,7 @@ def _tp_rank(rank, world, port):
     from luffy_pool.rollout.slot_plan import MixRolloutPlanner
     from verl.protocol import DataProto
     from verl.workers.config_sections import WorkerSections
-    from verl.workers.rollout.base import BaseRollout, GenerationOutput, SamplingSpec
+    from verl.workers.rollout.base import BaseRollout, GenerationOutput
     from verl.workers.sharding_manager import FSDPShardingManager
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -71,24 +72,41 @@ def _tp_rank(rank, world, port):
     fully_shard(module, mesh=init_device_mesh("cpu", (world,)))
     engine = RecordingEngine()
     worker = MIXActorRolloutRefWorker.__new__(MIXActorRolloutRefWorker)
-    worker.sections = WorkerSections.from_config(compose_config([
-        "actor_rollout_ref.rollout.seed=7", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "actor_rollout_ref.rollout.name=vllm"]).actor_rollout_ref)
-    worker.planner = MixRolloutPlanner(engine, rollout_section(n=2, response_length=3, n_val=1), pad_token_id=0,
-                                       eos_token_id=1)
+    worker.sections = WorkerSections.from_config(
+        compose_config(
+            [
+                "actor_rollout_ref.rollout.seed=7",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "actor_rollout_ref.rollout.name=vllm",
+            ]
+        ).actor_rollout_ref
+    )
+    worker.planner = MixRolloutPlanner(
+        engine, rollout_section(n=2, response_length=3, n_val=1), pad_token_id=0, eos_token_id=1
+    )
     worker.sharding_manager = FSDPShardingManager(module, engine, rank=rank, world_size=world, tp_size=2)
     worker._is_rollout, worker.role = True, "actor_rollout"
     worker.tp_generation = TPGeneration.create(rank, world, worker.rollout_tp_size)
     # rank r's prompts end in 100 + 10 r + i, so every response row names the prompt it came from
     ids = torch.tensor([[5, 6, 100 + 10 * rank + i] for i in range(2)])
     mask = torch.ones_like(ids)
-    prompts = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1,
-                                           "prefix_ratios": torch.zeros(2, 2)}, meta_info={"global_steps": 3})
+    prompts = DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": mask.cumsum(-1) - 1,
+            "prefix_ratios": torch.zeros(2, 2),
+        },
+        meta_info={"global_steps": 3},
+    )
     worker.update_weights()  # the driver's stage before every generation (all ranks: the gathers are collectives)
     out = worker.generate_sequences(prompts)
-    record = {"calls": engine.calls, "responses": out.batch["responses"].tolist(),
-              "weights_full": sorted(engine.pushed) == sorted(full)
-              and all(torch.equal(engine.pushed[k], full[k]) for k in full)}
+    record = {
+        "calls": engine.calls,
+        "responses": out.batch["responses"].tolist(),
+        "weights_full": sorted(engine.pushed) == sorted(full)
+        and all(torch.equal(engine.pushed[k], full[k]) for k in full),
+    }
     dist.destroy_process_group()
     return record
 

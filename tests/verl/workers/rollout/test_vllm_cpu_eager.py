@@ -1,4 +1,5 @@
 """The CPU engine unwraps vLLM's module-level torch.compile helpers (verl/workers/rollout/vllm_rollout/cpu_eager.py)."""
+
 from __future__ import annotations
 
 import importlib
@@ -26,8 +27,16 @@ def test_a_compiled_helper_is_replaced_by_the_function_it_wraps_and_an_eager_one
     assert compiled._torchdynamo_orig_callable is plain  # the attribute the unwrap reads (torch 2.13)
     a = _fake_module(monkeypatch, "fake_vllm_a", compiled)
     b = _fake_module(monkeypatch, "fake_vllm_b", plain)
-    monkeypatch.setattr(cpu_eager, "COMPILED_HELPERS", (("fake_vllm_a", "helper"), ("fake_vllm_b", "helper"),
-                                                         ("no_such_vllm_module", "helper"), ("fake_vllm_b", "gone")))
+    monkeypatch.setattr(
+        cpu_eager,
+        "COMPILED_HELPERS",
+        (
+            ("fake_vllm_a", "helper"),
+            ("fake_vllm_b", "helper"),
+            ("no_such_vllm_module", "helper"),
+            ("fake_vllm_b", "gone"),
+        ),
+    )
     assert cpu_eager.run_compiled_helpers_eager() == ["fake_vllm_a.helper"]
     assert a.helper is plain and b.helper is plain
     assert cpu_eager.run_compiled_helpers_eager() == []  # a second engine: nothing left to unwrap
@@ -43,8 +52,10 @@ def test_vllms_masking_helper_runs_unwrapped_and_gives_the_hand_computed_masks()
     original = getattr(found, "_torchdynamo_orig_callable", found)
     try:
         vpe.get_masked_input_and_mask = torch.compile(original, dynamic=True)
-        assert "vllm.model_executor.layers.vocab_parallel_embedding.get_masked_input_and_mask" in \
-            cpu_eager.run_compiled_helpers_eager()
+        assert (
+            "vllm.model_executor.layers.vocab_parallel_embedding.get_masked_input_and_mask"
+            in cpu_eager.run_compiled_helpers_eager()
+        )
         assert vpe.get_masked_input_and_mask is original
         frames = counters["frames"]["total"]
         # TP rank 1 of 2 over a vocabulary of 10 (no padding, no added vocabulary): it owns ids 5..9
@@ -70,8 +81,10 @@ def test_the_sampled_tokens_rank_counter_runs_unwrapped_where_the_sampler_calls_
         compiled = torch.compile(original)
         logprobs_ops.batched_count_greater_than = sampler.batched_count_greater_than = compiled
         replaced = cpu_eager.run_compiled_helpers_eager()
-        assert {"vllm.v1.sample.ops.logprobs.batched_count_greater_than",
-                "vllm.v1.sample.sampler.batched_count_greater_than"} <= set(replaced)
+        assert {
+            "vllm.v1.sample.ops.logprobs.batched_count_greater_than",
+            "vllm.v1.sample.sampler.batched_count_greater_than",
+        } <= set(replaced)
         assert sampler.batched_count_greater_than is original and logprobs_ops.batched_count_greater_than is original
         frames = counters["frames"]["total"]
         x = torch.tensor([[0.1, 0.5, 0.3], [1.0, 2.0, 3.0]])

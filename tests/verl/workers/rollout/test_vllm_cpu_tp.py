@@ -5,6 +5,7 @@ of a TP group generate the same prompts with the same seed and must return ident
 push of full HF tensors on every rank must land as shards: the TP group's shards of the vocab-parallel
 embedding add up to the pushed tensor.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,13 @@ def _rank(rank, world, port, model_dir):
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     layout = TPLayout(rank, world, 2)
-    engine = VLLMRollout(model_dir, engine_section(tensor_model_parallel_size=2, prompt_length=16, response_length=8,
-                                                   load_format="auto", dtype="float32"), device="cpu")
+    engine = VLLMRollout(
+        model_dir,
+        engine_section(
+            tensor_model_parallel_size=2, prompt_length=16, response_length=8, load_format="auto", dtype="float32"
+        ),
+        device="cpu",
+    )
     prompts = [[5, 6, 7, 8 + layout.dp_rank], [9, 10, 11]]
     first = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=1.0, seed=100 + layout.dp_rank))
     from safetensors.torch import load_file
@@ -52,15 +58,24 @@ def _rank(rank, world, port, model_dir):
     hf_logprobs = []
     with torch.no_grad():
         for prompt, tokens in zip(prompts, second.token_ids):
-            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
             hf_logprobs.append(logits.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist())
     mesh = get_tp_group().device_communicator.dist_module
     engine.shutdown()
     closed = not getattr(mesh, "peers", None)  # the shutdown closed the mesh's sockets
     dist.destroy_process_group()
-    return {"first": first.token_ids, "second": second.token_ids, "embed_shard_sum": shard["model.embed_tokens.weight"],
-            "embed_full_sum": float(new_embed.double().sum()), "dynamo_frames": frames, "reducer": reducer,
-            "has_shm": has_shm, "logprobs": second.logprobs, "hf_logprobs": hf_logprobs, "closed": closed}
+    return {
+        "first": first.token_ids,
+        "second": second.token_ids,
+        "embed_shard_sum": shard["model.embed_tokens.weight"],
+        "embed_full_sum": float(new_embed.double().sum()),
+        "dynamo_frames": frames,
+        "reducer": reducer,
+        "has_shm": has_shm,
+        "logprobs": second.logprobs,
+        "hf_logprobs": hf_logprobs,
+        "closed": closed,
+    }
 
 
 @pytest.mark.vllm

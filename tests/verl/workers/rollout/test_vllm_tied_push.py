@@ -7,6 +7,7 @@ engine's log-probs sat near log(1/vocab) while the actor's moved (found by exp_s
 engine-vs-actor check). Here: a tiny model shrunk from Qwen2.5-Math-1.5B (tied), pushed whole and in buckets; the
 engine's log-probs equal HF's.
 """
+
 import json
 import os
 
@@ -20,7 +21,9 @@ from verl.workers.sharding_manager import FSDPShardingManager
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "..", "data", "model_configs", "Qwen--Qwen2.5-Math-1.5B.json")
+CONFIG = os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "data", "model_configs", "Qwen--Qwen2.5-Math-1.5B.json"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +40,11 @@ def _engine_logprobs(rollout, seq):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = rollout.llm.generate([TokensPrompt(prompt_token_ids=seq)],
-                               SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)[0]
+    out = rollout.llm.generate(
+        [TokensPrompt(prompt_token_ids=seq)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+        use_tqdm=False,
+    )[0]
     return torch.tensor([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], seq[1:])])
 
 
@@ -48,8 +54,17 @@ def test_a_tied_head_follows_every_push(tied_model_dir, hf_logprobs):
     reference = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32).eval()
     assert reference.lm_head.weight.data_ptr() == reference.model.embed_tokens.weight.data_ptr()
     seq = torch.randint(3, 300, (40,), generator=torch.Generator().manual_seed(3)).tolist()
-    rollout = VLLMRollout(tied_model_dir, engine_section(prompt_length=64, response_length=64, dtype="float32", seed=0,
-                                                           cpu_kv_cache_bytes=16 * 2**20, load_format="dummy_dtensor"))
+    rollout = VLLMRollout(
+        tied_model_dir,
+        engine_section(
+            prompt_length=64,
+            response_length=64,
+            dtype="float32",
+            seed=0,
+            cpu_kv_cache_bytes=16 * 2**20,
+            load_format="dummy_dtensor",
+        ),
+    )
     try:
         for bucket_bytes in (2**30, 4096):  # whole, then in buckets (one reload fed bucket by bucket)
             with torch.no_grad():  # a different model each time: the head must move with it

@@ -1,4 +1,5 @@
 """Bucket re-cutting for vLLM's layerwise reload: whole decoder layers per call, carried across buckets."""
+
 import pytest
 import torch
 

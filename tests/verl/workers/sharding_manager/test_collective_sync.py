@@ -1,5 +1,6 @@
 """The split engine's weight push over its own gloo group: bucket framing, dtypes, the end mark, the receiver's
 manager feeding its engine (threads in one process stand in for the actor's rank 0 and two rollout ranks)."""
+
 import threading
 
 import pytest
@@ -31,7 +32,10 @@ def _run_group(size, member, timeout_s=30):
 
 
 BUCKETS = [
-    [("a.weight", torch.arange(6, dtype=torch.float32).reshape(2, 3)), ("a.bias", torch.tensor([1.5], dtype=torch.bfloat16))],
+    [
+        ("a.weight", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
+        ("a.bias", torch.tensor([1.5], dtype=torch.bfloat16)),
+    ],
     [("b.weight", torch.tensor([[-2.0, 0.25, 3.0]], dtype=torch.bfloat16)), ("c", torch.tensor(7.0))],
 ]
 

@@ -1,5 +1,6 @@
 """The hybrid engine's weight push and generation context: call order, buckets, RNG streams, the push-first rule,
 and FSDP2 actors feeding real engines."""
+
 import pytest
 import torch
 from torch import nn
@@ -178,21 +179,30 @@ def _hf_engine_on_rank0_job(rank, world, port, model_dir):
     from verl.workers.rollout.hf_rollout import HFRollout
 
     actor = _fsdp_actor(model_dir, rank)
-    rollout = HFRollout(model_dir, engine_section()) if is_engine_owner(rank, tp_size=2) else None  # one engine for the pair
+    rollout = (
+        HFRollout(model_dir, engine_section()) if is_engine_owner(rank, tp_size=2) else None
+    )  # one engine for the pair
     manager = FSDPShardingManager(actor, rollout, bucket_bytes=60_000, rank=rank, world_size=world, tp_size=2)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     manager.sync_weights()
     with manager:
-        got = rollout.generate_token_ids(prompts, [10, 10], SamplingSpec(temperature=0.0, ignore_eos=True)
-                                         ).token_ids if rollout else None
+        got = (
+            rollout.generate_token_ids(prompts, [10, 10], SamplingSpec(temperature=0.0, ignore_eos=True)).token_ids
+            if rollout
+            else None
+        )
     full_sd = get_fsdp_full_state_dict(actor)
     result = {"buckets": manager.last_sync_buckets, "sync_s": manager.metrics["timing_s/weight_sync"]}
     if rank == 0:
         unsharded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         unsharded.load_state_dict(full_sd)
         with torch.no_grad():
-            want = [unsharded.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False,
-                                       eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+            want = [
+                unsharded.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None)[
+                    0, len(p) :
+                ].tolist()
+                for p in prompts
+            ]
         result["greedy_equal"] = got == want
     dist.destroy_process_group()
     return result
@@ -221,9 +231,11 @@ def _vllm_engine_per_rank_job(rank, world, port, model_dir):
     manager = FSDPShardingManager(actor, rollout, bucket_bytes=100_000, rank=rank, world_size=world)
     manager.sync_weights()
     with manager:
-        out = rollout.llm.generate([TokensPrompt(prompt_token_ids=seq)],
-                                   SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
-                                   use_tqdm=False)[0]
+        out = rollout.llm.generate(
+            [TokensPrompt(prompt_token_ids=seq)],
+            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+            use_tqdm=False,
+        )[0]
     engine_lp = torch.tensor([step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], seq[1:])])
     rollout.shutdown()
     dist.destroy_process_group()

@@ -14,14 +14,17 @@ this CPU build (no Triton). Both runners are checked, so a GPU run is covered al
 here runs V1. A runner module that does not import is not a reload problem (vLLM would fail to build it
 first), except V1, which the worker module itself imports.
 """
+
 from __future__ import annotations
 
 import importlib
 import inspect
 from typing import Optional
 
-REQUIRED = ("Worker.reload_weights(weights_iterator=...) and its layer-wise steps "
-            "(vllm.model_executor.model_loader.reload initialize_layerwise_reload / finalize_layerwise_reload)")
+REQUIRED = (
+    "Worker.reload_weights(weights_iterator=...) and its layer-wise steps "
+    "(vllm.model_executor.model_loader.reload initialize_layerwise_reload / finalize_layerwise_reload)"
+)
 LAYERWISE = ("initialize_layerwise_reload", "finalize_layerwise_reload")
 # (name, module, class) of each model runner the vLLM 0.32 GPU worker may build (see the docstring).
 MODEL_RUNNERS = (
@@ -79,5 +82,7 @@ def check_reload_api() -> None:
         version = getattr(vllm, "__version__", "unknown")
     except ImportError:
         version = "not installed"
-    raise RuntimeError(f"the installed vLLM ({version}) cannot receive trainer weights: {problem}; the weight sync "
-                       f"needs {REQUIRED} (vLLM 0.32.0: requirements-gpu.txt / requirements.txt)")
+    raise RuntimeError(
+        f"the installed vLLM ({version}) cannot receive trainer weights: {problem}; the weight sync "
+        f"needs {REQUIRED} (vLLM 0.32.0: requirements-gpu.txt / requirements.txt)"
+    )

@@ -3,6 +3,7 @@
 Kept free of vLLM imports so the CPU/GPU differences are unit-tested without starting an engine. The
 engine config (verl/workers/rollout/config.py, shared with the HF rollout) is re-exported here.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,9 +48,7 @@ def build_engine_kwargs(
         raise ValueError(f"rollout device must be 'cpu' or 'cuda', got {device!r}")
     tp = cfg.tensor_model_parallel_size
     if world_size % tp != 0:
-        raise ValueError(
-            f"rollout.tensor_model_parallel_size={tp} must divide the worker group size {world_size}"
-        )
+        raise ValueError(f"rollout.tensor_model_parallel_size={tp} must divide the worker group size {world_size}")
     kwargs: dict[str, Any] = dict(
         model=model_path,
         tokenizer=model_path,

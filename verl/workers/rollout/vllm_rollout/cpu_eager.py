@@ -9,6 +9,7 @@ inductor (11 compiler and ISA-probe subprocesses), measured on a TP 2 rank of th
 of wall time and ~5 CPU-s per rank, once per engine. The helper is a few pointwise ops, so on CPU it runs as
 plain torch. GPU engines keep vLLM's compiled helper (this module is called only for ``device == 'cpu'``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,9 +21,11 @@ logger = logging.getLogger(__name__)
 # tensor parallel vocabulary embedding, the sampled tokens' log-probs of rollout correction: the sampler imports
 # that one by name, so its module's binding is replaced too). A helper that a vLLM release drops or stops
 # compiling is skipped.
-COMPILED_HELPERS = (("vllm.model_executor.layers.vocab_parallel_embedding", "get_masked_input_and_mask"),
-                    ("vllm.v1.sample.ops.logprobs", "batched_count_greater_than"),
-                    ("vllm.v1.sample.sampler", "batched_count_greater_than"))
+COMPILED_HELPERS = (
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "get_masked_input_and_mask"),
+    ("vllm.v1.sample.ops.logprobs", "batched_count_greater_than"),
+    ("vllm.v1.sample.sampler", "batched_count_greater_than"),
+)
 
 
 def run_compiled_helpers_eager() -> list[str]:

@@ -11,6 +11,7 @@ module needs already, so on device cpu the inspection runs in-process (same func
 GPU engines keep vLLM's subprocess (the rollout engine calls this only for ``device == 'cpu'``, the eval generator
 only without a GPU).
 """
+
 from __future__ import annotations
 
 

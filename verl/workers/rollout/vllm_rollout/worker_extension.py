@@ -8,6 +8,7 @@ in-place layer-wise reload, the one path that re-packs the CPU backend's linear 
 ``model.load_weights``, ``finalize_layerwise_reload``, then the runner's cache resets), so the two walks over every
 module happen once per push instead of once per bucket.
 """
+
 from __future__ import annotations
 
 from typing import Union
