@@ -64,7 +64,7 @@ def convert(path: str, output: str, keep: str = "correct", max_per_prompt: Optio
         raise DataFormatError(path, "file not found")
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, 1):
-            try:  # bad bytes or JSON: one line naming file and line (exit 2), as the README says
+            try:  # bad bytes or JSON: one line naming file and line (exit 2), as docs/reliability.md says
                 line = raw.decode("utf-8")
                 if not line.strip():
                     continue

@@ -140,7 +140,7 @@ def phases(args) -> list[str]:
 
 
 def _sp_rank(rank, world, port, args, mode, phase):
-    """One rank of the SP group (``verl.utils.gloo_ranks.run_gloo_ranks``): its own peak."""
+    """One rank of the SP group (``luffy_pool_dev.gloo_ranks.run_gloo_ranks``): its own peak."""
     import torch.distributed as dist
 
     from verl.utils.fsdp_mesh import build_ulysses_mesh
@@ -155,7 +155,7 @@ def _sp_rank(rank, world, port, args, mode, phase):
 
 def run_sp_child(args, mode: str, phase: str) -> dict:
     """``phase`` on ``--sp`` forked gloo ranks; the result of the rank with the larger peak."""
-    from verl.utils.gloo_ranks import run_gloo_ranks
+    from luffy_pool_dev.gloo_ranks import run_gloo_ranks  # dev/: N gloo ranks of this machine, no Ray
 
     per_rank = run_gloo_ranks(_sp_rank, args.sp, args, mode, phase.split(SP_SUFFIX)[0], timeout_s=1800)
     worst = max(per_rank, key=lambda r: r["peak_bytes"])

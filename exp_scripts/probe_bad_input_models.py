@@ -216,7 +216,7 @@ def _(ctx: Context) -> Outcome:
 
 @case("fork_server_gpu_ranks", "Fork", "the fork server does not fork ranks that ask for GPUs")
 def _(ctx: Context) -> Outcome:
-    from verl.single_controller.ray.worker_zygote import gpu_refusal
+    from luffy_pool_dev.worker_zygote import gpu_refusal
 
     why = gpu_refusal(1, "MIXActorRolloutRefWorker")
     if gpu_refusal(0, "cpu ranks"):

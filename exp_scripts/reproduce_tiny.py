@@ -22,7 +22,7 @@ CPU seconds of every process tree are measured from /proc. ``--reuse`` keeps fin
 
 ``--quick`` (under 10 CPU-minutes): on-policy GRPO and LUFFY only, both at lr 1e-4 (no grid), 100 steps, 2 seeds,
 200 + 100 held-out problems: claim (1) only. The default command stays under 30 CPU-minutes (it prints its CPU
-total). Measured numbers: README.md ("Baselines and the tiny reproduction"), docs/reproduce_tiny/results.md and
+total). Measured numbers: docs/methods.md ("Baselines and the tiny reproduction"), docs/reproduce_tiny/results.md and
 docs/reproduce_tiny_quick/results.md.
 
 ``--methods family``: LUFFY's family (issue #32: HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, each
@@ -56,9 +56,12 @@ for _path in (HERE, REPO):
 
 from reproduce.evaluate import evaluate_model  # noqa: E402
 from reproduce.methods import FAMILY, METHODS, RunSettings, parse_methods  # noqa: E402
+from reproduce.regime import NO_REWARD_MAX_PASS, check_no_reward, trace_pass_rate  # noqa: E402
+from reproduce.results_md import write_report  # noqa: E402
 from reproduce.runner import WARM_SFT, Meter, child_env, train_method, training_summary, warm_start  # noqa: E402
 from reproduce.seeds_report import plot_seed_curves  # noqa: E402
-from reproduce.stats import choose_lr, problem_scores  # noqa: E402
+from reproduce.stats import choose_lr  # noqa: E402
+from reproduce.task import prepare_task, split_scores  # noqa: E402
 from reproduce import summary as S  # noqa: E402
 from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 
@@ -92,8 +95,6 @@ NO_REWARD = {
     "probe_rows": 128,
     "out": os.path.join(REPO, "outputs", "reproduce_tiny_no_reward"),
 }
-# The no-reward regime's bound on the start model's on-policy pass rate on training prompts.
-NO_REWARD_MAX_PASS = 0.01
 PRESETS = {"quick": QUICK, "no_reward": NO_REWARD}
 
 
@@ -209,33 +210,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def check_no_reward(probe: dict, limit: float = NO_REWARD_MAX_PASS) -> None:
-    """The no-reward preset's precondition: ValueError unless the start model's on-policy pass rate is under ``limit``."""
-    if not probe.get("samples"):
-        raise ValueError("--preset no_reward: the start-model probe drew no samples (--probe-rows)")
-    if probe["accuracy"] >= limit:
-        raise ValueError(
-            f"--preset no_reward: the start model solves {probe['correct']} of {probe['samples']} on-policy "
-            f"samples of training prompts ({probe['accuracy']:.2%}), not under {limit:.0%}: this is not the "
-            f"no-reward regime (fewer --warm-steps, or a harder --level)"
-        )
-
-
-def trace_pass_rate(train_file: str) -> dict:
-    """How many teacher traces of ``train_file`` solve their problem, graded as evaluation grades (math-verify on
-    the answer after ``</think>``): ``{"correct", "rows", "accuracy"}``."""
-    import pandas as pd
-
-    from eval_scripts.grading import grade_text
-
-    rows = pd.read_parquet(train_file)
-    ok = sum(
-        grade_text(r.target[0]["content"], r.reward_model["ground_truth"], "math_verify", split_think=True).correct
-        for r in rows.itertuples()
-    )
-    return {"correct": int(ok), "rows": len(rows), "accuracy": ok / len(rows) if len(rows) else 0.0}
-
-
 def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
@@ -271,69 +245,6 @@ def lr_grids(
     if unknown:
         raise ValueError(f"--method-lr: {unknown} not among --methods {list(names)}")
     return {n: [fixed_lr[n]] if n in fixed_lr else (sft_grid if METHODS[n].kind == "sft" else grid) for n in names}
-
-
-def prepare_task(args, out: str, names: Sequence[str] = ()) -> dict:
-    """Build the tiny model and write the splits; returns their paths (``eval``: test + OOD in one file)."""
-    import pandas as pd
-
-    from luffy_pool.tiny import build_tiny_model, write_task_parquets
-    from luffy_pool.tiny.arith_task import SYSTEM_PROMPT, write_ood_parquet
-    from luffy_pool.tiny.model import TinyModelSpec
-
-    data = os.path.join(out, "data")
-    system = SYSTEM_PROMPT if args.system_prompt else None
-    paths = dict(
-        write_task_parquets(
-            data,
-            n_train=args.n_train,
-            n_test=args.n_test,
-            level=args.level,
-            ops=tuple(args.ops),
-            seed=args.seed,
-            system_prompt=system,
-            n_warm=args.n_warm if args.warm_steps > 0 else 0,
-            n_val=args.n_val,
-        )
-    )
-    paths["ood"] = write_ood_parquet(
-        os.path.join(data, "ood.parquet"),
-        args.n_ood,
-        args.ood_variant,
-        ops=tuple(args.ops),
-        seed=args.seed + 1,
-        system_prompt=system,
-        exclude_files=[p for k, p in paths.items() if k != "ood"],
-    )
-    # One eval file, ID rows first: one generate_vllm.py call per model and temperature scores both.
-    paths["eval"] = os.path.join(data, "eval_id_ood.parquet")
-    pd.concat([pd.read_parquet(paths["test"]), pd.read_parquet(paths["ood"])], ignore_index=True).to_parquet(
-        paths["eval"]
-    )
-    if any(METHODS[n].train_split == "train_hints" for n in names):  # UFT: the train split with its hint column
-        from luffy_pool.methods.uft import add_hints
-        from verl.utils.data_format import read_records, write_records
-
-        paths["train_hints"] = os.path.join(data, "train_hints.parquet")
-        write_records(add_hints(read_records(paths["train"]), paths["train"], "target", "hint"), paths["train_hints"])
-    paths["model"] = build_tiny_model(os.path.join(out, "model"), TinyModelSpec(seed=args.seed))
-    return paths
-
-
-def split_scores(ev: dict, n_test: int) -> dict:
-    """Per split (``id``: the first ``n_test`` rows of the eval file, ``ood``: the rest) and metric the
-    per-problem scores and their mean."""
-    out = {"id": {}, "ood": {}}
-    for metric, key in (("greedy", "greedy"), ("avg", "sampled")):
-        if key not in ev["files"]:
-            continue
-        per = problem_scores(ev["files"][key])
-        for split, rows in (
-            ("id", {r: v for r, v in per.items() if r < n_test}),
-            ("ood", {r: v for r, v in per.items() if r >= n_test}),
-        ):
-            out[split][metric] = {"per_problem": rows, "mean": sum(rows.values()) / len(rows) if rows else None}
-    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -541,191 +452,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in plots:
         print(f"plot: {path}")
     return 1 if any(r.get("error") for rs in runs.values() for r in rs) else 0
-
-
-# results.md of a run with the family: the knobs changed from the authors' values, and why (reproduce/methods.py).
-FAMILY_KNOBS = [
-    "Family knobs: the authors' defaults (luffy_pool/config/mix_ppo_trainer.yaml, `algorithm.<method>`) except three "
-    "tied to the authors' batch or run length, rescaled to this run's (`reproduce/methods.py` `family_overrides`): "
-    "ReLIFT's `sft_data_size` and `sft_mini_batch_size` = the batch (theirs: 128 = their batch: one SFT step once a "
-    "batch's worth of hard questions is buffered) and `sft_lr` = the run's RL lr (theirs: 1e-6, equal to their RL lr; "
-    "1e-6 does nothing to the tiny model); UFT's `total_training_steps_hint` = 0.6 x steps (theirs: 300 of 500 steps). "
-    "Prefix-RFT's cosine decays over the run (its default). ExGRPO keeps its warm-up rule (on-policy until a step "
-    "solves > 35 %), so in the no-reward regime it trains as on-policy GRPO for as long as that holds."
-]
-
-
-def command_flags(args) -> str:
-    return " --quick" if args.quick else (f" --preset {args.preset}" if args.preset else "")
-
-
-def partial_lines(grid_rec, runs) -> list[str]:
-    """A report with runs missing (``--report-only`` while the runs go on, or failures) says so before any number."""
-    grid_missing = [f"{g['label']} lr {lr:g}" for g in grid_rec.values() for lr, v in g["scores"].items() if v is None]
-    seed_missing = [f"{r['label']} seed {r['seed']}" for rs in runs.values() for r in rs if r.get("error")]
-    not_run = [g["label"] for n, g in grid_rec.items() if g.get("chosen") is None]
-    if not (grid_missing or seed_missing or not_run):
-        return []
-    return [
-        "## PARTIAL RESULTS",
-        "",
-        "Not every run of this command had finished (or succeeded) when this report was written: the verdicts below "
-        "use only the finished runs, and a comparison missing a method or a seed is marked as such. Missing: "
-        + "; ".join(
-            filter(
-                None,
-                [
-                    ("grid " + ", ".join(grid_missing)) if grid_missing else "",
-                    ("final runs " + ", ".join(seed_missing)) if seed_missing else "",
-                    ("no lr chosen for " + ", ".join(not_run)) if not_run else "",
-                ],
-            )
-        )
-        + ".",
-        "",
-    ]
-
-
-def regime_lines(args, probe) -> list[str]:
-    """The no-reward preset's statement of its regime (none for the other commands)."""
-    if args.preset != "no_reward":
-        return []
-    return [
-        "## Regime: on-policy RL finds no reward",
-        "",
-        f"`--preset no_reward`: the start model ({args.warm_steps} warm SFT steps instead of 160) solves "
-        f"{probe['correct']} of {probe['samples']} on-policy samples of training prompts ({probe['accuracy']:.2%}, "
-        f"under {NO_REWARD_MAX_PASS:.0%}, checked before any training), while the teacher traces solve "
-        f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems.",
-        "",
-    ]
-
-
-def write_report(
-    out, args, settings, probe, start, grid_rec, methods, runs, verdicts, cpu, cpu_source, plots, grids
-) -> str:
-    k = args.eval_samples
-    per_run = [
-        "| method | seed | lr | final on-policy reward | reward change | final entropy | ID greedy | ID avg@k | "
-        "OOD greedy | OOD avg@k | train CPU s |",
-        "|" + "---|" * 11,
-    ]
-    for rs in runs.values():
-        for r in rs:
-            if r.get("error"):
-                per_run.append(f"| {r['label']} | {r['seed']} | {r['lr']:g} | failed: {r['error']} |" + " |" * 7)
-                continue
-            s, sc = r.get("summary") or {}, r["scores"]
-            cells = [s.get("reward_end"), s.get("reward_change"), s.get("entropy_end")] + [
-                sc[sp].get(m, {}).get("mean") for sp in S.SPLITS for m in S.METRICS
-            ]
-            per_run.append(
-                f"| {r['label']} | {r['seed']} | {r['lr']:g} | "
-                + " | ".join("—" if v is None else f"{v:.3f}" for v in cells)
-                + f" | {r['cpu_s']:.0f} |"
-            )
-    md = [
-        "# Tiny reproduction of LUFFY's claims (CPU)",
-        "",
-        f"`exp_scripts/reproduce_tiny.py{command_flags(args)}`: every method starts from the same model "
-        f"({start['label']}), trains {args.steps} steps ({args.batch_size} prompts x {args.n}) at its own learning "
-        f"rate, "
-        + (
-            "fixed by --method-lr (no grid: see the table)"
-            if all(len(g) == 1 for g in grids.values())
-            else f"chosen on {args.n_val} validation problems with seed {args.grid_seed}"
-        )
-        + "; then seeds "
-        f"{', '.join(map(str, settings['seeds']))} at that lr. Held-out: {args.n_test} in-distribution problems "
-        f"(two-digit addition) and {args.n_ood} out-of-distribution problems ({args.ood_variant}), greedy pass@1 "
-        f"and avg@{k} at T=0.6. Intervals: 95 %, over seeds and problems (see *Intervals*).",
-        "",
-        *partial_lines(grid_rec, runs),
-        *regime_lines(args, probe),
-        "## Claims",
-        "",
-        *S.claims_markdown(verdicts, k),
-        "",
-        *(
-            [
-                "## LUFFY and its family against on-policy GRPO, the start model and SFT",
-                "",
-                *S.family_markdown(verdicts["family"], k),
-                "",
-                *FAMILY_KNOBS,
-                "",
-            ]
-            if verdicts.get("family")
-            else []
-        ),
-        "## Results (mean over seeds [95 % interval])",
-        "",
-        S.main_table(methods, start),
-        "",
-        f"On-policy reward = mean score of the policy's own samples over the first / last {args.window} steps "
-        "(mean ± std over seeds); final entropy = mean over the last window; SFT has no on-policy samples.",
-        "",
-        f"## Learning-rate grid (validation avg@{k}, seed {args.grid_seed}; chosen in bold)",
-        "",
-        S.grid_table(grid_rec),
-        "",
-        *S.grid_edge_notes(grid_rec),
-        "",
-        "## Start model",
-        "",
-        f"On-policy success on training prompts: {probe['correct']} of {probe['samples']} samples ({probe['rows']} "
-        f"prompts x {probe['n']}, T={probe['temperature']}), pass rate {probe['accuracy']:.3f}. Teacher traces: "
-        f"{probe['traces']['correct']} of {probe['traces']['rows']} training problems solved.",
-        "",
-        "## Out-of-distribution problems",
-        "",
-        f"`{args.ood_variant}` (luffy_pool/tiny/arith_task.py `OOD_VARIANTS`): additions whose operand lengths never "
-        "occur in training (train, warm start, validation and test are all two-digit + two-digit), solved by the same "
-        "kind of step-by-step trace. The paper's OOD sets (ARC-c, GPQA-diamond, MMLU-Pro) test whether reasoning "
-        "learned on math transfers to problems outside the training distribution; here the question is the same at "
-        "the scale of the task: does what a method learned carry over to problems its training data never showed.",
-        "",
-        "## Intervals",
-        "",
-        "Per method x[s][p] = seed s's score on problem p (greedy: 0/1, avg@k: fraction of k "
-        "samples correct). 95 % interval = mean ± 1.96·SE, SE² = var(seed means)/S + var(problem means)/P "
-        "(both sources a rerun redraws; slightly conservative). Differences between methods: the same on "
-        "x_a − x_b paired by problem and seed position; entropy: t interval over seeds. A claim holds when the "
-        "interval of its difference lies above 0, does not hold when below 0, else inconclusive. "
-        "`exp_scripts/reproduce/stats.py`.",
-        "",
-        f"## CPU seconds (source: {cpu_source})",
-        "",
-        "```",
-        "\n".join(f"{key}: {v}" for key, v in cpu.items()),
-        "```",
-        "",
-        "## Every run",
-        "",
-        *per_run,
-        "",
-        "## Files",
-        "",
-        *[f"- plot: `{os.path.relpath(p, out)}`" for p in plots],
-    ]
-    record = {
-        "settings": settings,
-        "probe": probe,
-        "start": start,
-        "grid": grid_rec,
-        "methods": methods,
-        "claims": verdicts,
-        "cpu_s": cpu,
-        "plots": [os.path.relpath(p, out) for p in plots],
-        "runs": [
-            {k2: v for k2, v in r.items() if k2 != "scores"}
-            | {"scores": {sp: {m: v["mean"] for m, v in r["scores"][sp].items()} for sp in S.SPLITS}}
-            for rs in runs.values()
-            for r in rs
-            if not r.get("error")
-        ],
-    }
-    return S.write_results(out, md, record)
 
 
 if __name__ == "__main__":

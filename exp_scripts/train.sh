@@ -56,7 +56,7 @@ LUFFY_TRAINER=(actor_rollout_ref.actor.optim.zero_lr_first_step=True trainer.sto
 # ~80.4 of 79.2 GiB per rank on an 80 GB GPU (does not fit), at 0.73 ~74.9 GiB (5.5 % headroom).
 # trainer.memory_plan=error: a run whose plan does not fit the GPU stops before the workers load the model, naming
 # the phase and the key that brings it under (=warn starts anyway).
-# `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; README "Memory plan".
+# `python -m luffy_pool.memory_plan exp_scripts/train.sh --gpu-memory 80`; docs/memory.md "Memory plan".
 MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.73 trainer.memory_plan=error)
 
 # Rollout speed (docs/ROLLOUT_GRAPHS.md): CUDA graphs on (LUFFY ran vLLM 0.6 eager because its
@@ -68,9 +68,10 @@ MEMORY_PLAN=(actor_rollout_ref.rollout.gpu_memory_utilization=0.73 trainer.memor
 ROLLOUT_SPEED=(actor_rollout_ref.rollout.enforce_eager=False actor_rollout_ref.rollout.free_cache_engine=True
                actor_rollout_ref.rollout.sleep_level=2 actor_rollout_ref.rollout.enable_prefix_caching=True)
 
-# Recovery (README "Preemption, checkpoints, failures"): a worker process or node lost mid-run (actor or node dead,
-# OOM-kill, collective timeout) restarts the workers and resumes from the newest checkpoint, up to 3 times for the
-# same cause at the same step; a restart waits up to trainer.restart_wait_s for the cluster to host the world again.
+# Recovery (docs/reliability.md "Preemption, checkpoints, failures"): a worker process or node lost mid-run
+# (actor or node dead, OOM-kill, collective timeout) restarts the workers and resumes from the newest checkpoint,
+# up to 3 times for the same cause at the same step; a restart waits up to trainer.restart_wait_s for the cluster
+# to host the world again.
 RECOVERY=(trainer.max_restarts=3)
 
 # exec: the trainer takes over this script's process, so a SIGTERM sent to it (a container whose PID 1 is this

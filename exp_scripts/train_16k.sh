@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LUFFY at 16k context: exp_scripts/train.sh (Qwen2.5-Math-7B-16k-think, OpenR1-Math-46k, n=8 with one
 # off-policy trace per group, shaped loss p/(p+0.1)) with prompt 1024 + response 15360 = 16384 tokens,
-# the model's max_position_embeddings. 1 node x 8 GPUs (80 GB). See README "Long contexts" for the memory
+# the model's max_position_embeddings. 1 node x 8 GPUs (80 GB). See docs/memory.md "Long contexts" for the memory
 # figures behind these settings.
 #
 # What changes against train.sh, as a user of 8 x 80 GB would set it:

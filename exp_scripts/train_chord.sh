@@ -17,8 +17,10 @@ export ROOT=${ROOT:-$(dirname "$HERE")}
 export DATA_DIR=${DATA_DIR:-$ROOT/data}
 export EXP_NAME=${EXP_NAME:-CHORD}
 # algorithm.method=chord sets policy_loss=chord, adv_estimator=grpo_split and turns LUFFY's use_off_policy_loss off.
+# the method's preset (luffy_pool/config/method/chord.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=chord \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
     algorithm.chord.mu_warmup_steps=0 \
     algorithm.chord.mu_decay_steps=0 \
     algorithm.chord.mu_peak=0.1 \

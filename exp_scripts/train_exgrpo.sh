@@ -7,8 +7,8 @@
 # LUFFY's train.sh list plus the experience keys and 701 steps: lr 1e-6, batch 128, mini 64, dynamic bsz,
 # response 8192, n=8, entropy 0.001, no KL, unclipped on-policy loss in the mixed phase (PPO clip in warm-up),
 # sum/8192 aggregation, Dr.GRPO advantages over the 8 rows, reward v3, save every 50 steps.
-# The dataset's target column is ignored (ExGRPO uses no external traces); rollout.n_prefix=1 of train.sh is replaced
-# by the method (0: slots get a trace only when a question is replayed).
+# The dataset's target column is ignored (ExGRPO uses no external traces); rollout.n_prefix=1 of train.sh becomes 0,
+# the method's preset (slots get a trace only when a question is replayed).
 # Not reproduced: their skip_grad_bound=500 step skip (grad clip stays 1.0); their vllm_exp rollout is our one
 # rollout with per-slot traces; their pool has no cap, ours keeps each question's newest 8 trajectories
 # (algorithm.exgrpo.max_trajectories_per_question=0 for theirs: ~2.6 GiB of driver RAM by step 701 against ~1.3 GiB,
@@ -28,8 +28,11 @@ export MODEL_PATH=${MODEL_PATH:-Elliott/Qwen2.5-Math-7B-16k-think}
 export EXP_NAME=${EXP_NAME:-ExGRPO}
 export WANDB_PROJECT=${WANDB_PROJECT:-exgrpo}
 # algorithm.method=exgrpo sets policy_loss=exgrpo and turns LUFFY's use_off_policy_loss off.
+# the method's preset (luffy_pool/config/method/exgrpo.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=exgrpo \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
+    actor_rollout_ref.rollout.n_prefix=0 \
     algorithm.exgrpo.traj_metric=ent \
     algorithm.exgrpo.traj_select=argmin \
     algorithm.exgrpo.sample_range=all \

@@ -17,9 +17,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 export ROOT=${ROOT:-$(dirname "$HERE")}
 export DATA_DIR=${DATA_DIR:-$ROOT/data}
 export EXP_NAME=${EXP_NAME:-HPT}
-# algorithm.method=hpt sets policy_loss=hpt_sft, adv_estimator=grpo_split and turns LUFFY's use_off_policy_loss off.
+# algorithm.method=hpt sets policy_loss=hpt, adv_estimator=grpo_split and turns LUFFY's use_off_policy_loss off.
+# the method's preset (luffy_pool/config/method/hpt.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=hpt \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
     algorithm.hpt.switch_gate=0 \
     actor_rollout_ref.actor.optim.lr=5e-6 \
     actor_rollout_ref.actor.sft_loss_coef=1.0 \

@@ -5,7 +5,7 @@
 # a row take gradient. The authors released no code or script: the data, model and everything the paper does
 # not change are LUFFY's train.sh (Qwen2.5-Math-7B on OpenR1 traces, lr 1e-6, batch 128, mini 64, response 8192,
 # entropy 0.001, no KL, validation T=0.6); 500 steps. Inferred, not stated in what we could read (METHODS_SPEC §7,
-# luffy_pool/algorithm/family/prefix_rft.py): one prefix slot per group (rollout.n_prefix=1), the same share for
+# luffy_pool/methods/prefix_rft.py): one prefix slot per group (rollout.n_prefix=1), the same share for
 # every prefix slot of a step, the prefix tokens under the same PPO ratio as the continuation.
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
@@ -18,8 +18,10 @@ export DATA_DIR=${DATA_DIR:-$ROOT/data}
 export EXP_NAME=${EXP_NAME:-Prefix-RFT}
 # algorithm.method=prefix_rft sets policy_loss=prefix_rft, adv_estimator=grpo and turns LUFFY's use_off_policy_loss
 # off; its schedule replaces min/max_prefix_ratio (not read).
+# the method's preset (luffy_pool/config/method/prefix_rft.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=prefix_rft \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
     algorithm.prefix_rft.ratio_start=0.95 \
     algorithm.prefix_rft.ratio_end=0.05 \
     algorithm.prefix_rft.decay_steps=null \

@@ -21,8 +21,11 @@ export DATA_DIR=${DATA_DIR:-$ROOT/data}
 export EXP_NAME=${EXP_NAME:-ReLIFT}
 # algorithm.method=relift sets policy_loss=vanilla, rollout.n_prefix=0 (every slot on-policy) and turns LUFFY's
 # use_off_policy_loss off; the demonstrations (data.target_key) feed only the SFT stage.
+# the method's preset (luffy_pool/config/method/relift.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=relift \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
+    actor_rollout_ref.rollout.n_prefix=0 \
     algorithm.relift.sft_data_size=128 \
     algorithm.relift.sft_mini_batch_size=128 \
     algorithm.relift.sft_micro_batch_size=4 \

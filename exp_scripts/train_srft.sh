@@ -15,8 +15,10 @@ export ROOT=${ROOT:-$(dirname "$HERE")}
 export DATA_DIR=${DATA_DIR:-$ROOT/data}
 export EXP_NAME=${EXP_NAME:-SRFT}
 # algorithm.method=srft sets policy_loss=srft and turns LUFFY's use_off_policy_loss off.
+# the method's preset (luffy_pool/config/method/srft.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=srft \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
     algorithm.srft.srft_type=paper \
     algorithm.srft.sft_weight_scale=0.5 \
     algorithm.srft.rl_pos_weight_scale=0.1 \

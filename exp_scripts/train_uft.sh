@@ -22,8 +22,10 @@ export DATA_DIR=${DATA_DIR:-$ROOT/data}
 export EXP_NAME=${EXP_NAME:-UFT}
 # algorithm.method=uft sets policy_loss=uft, adv_estimator=grpo and turns LUFFY's use_off_policy_loss off; its hint
 # draw replaces the prefix keys (n_prefix, min/max_prefix_ratio: not read).
+# the method's preset (luffy_pool/config/method/uft.yaml) turns LUFFY's switches off; stated here, since a contradicting value is refused.
 exec bash "$HERE/train.sh" \
     algorithm.method=uft \
+    actor_rollout_ref.actor.use_off_policy_loss=False \
     data.train_files=$DATA_DIR/openr1.uft.parquet \
     algorithm.uft.hint_key=hint \
     algorithm.uft.schedule=cosine \

@@ -16,6 +16,11 @@ for _k, _v in {
     # A Ray instance started for a test (ray_session, or a trainer subprocess's own) would start idle task
     # workers for its first driver, ~3 CPU-s per start; the trainers run actors, which get workers of their own.
     "RAY_prestart_worker_first_driver": "0",
+    # The suite's speed-ups, outside the product (dev/luffy_pool_dev, as tests/run.sh sets them): each worker rank
+    # imports its class with the collector paused (forked from a zygote too with LUFFY_FORK_WORKERS=1), and the CPU
+    # engines of this process and its children run the vLLM plugin's speed-ups.
+    "VERL_ACTOR_RUNTIME_ENV_HOOK": "luffy_pool_dev.fork_workers:actor_runtime_env",
+    "LUFFY_DEV_SPEEDUPS": "1",
 }.items():
     os.environ.setdefault(_k, _v)
 
@@ -29,10 +34,16 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from verl.utils.startup_gc import end_startup, pause_for_startup  # noqa: E402 (needs _ROOT on sys.path)
+try:
+    from luffy_pool_dev.startup_gc import end_startup, pause_for_startup
+except ModuleNotFoundError as err:  # the entry point of its vLLM plugin needs the install, not only the path
+    raise ModuleNotFoundError(
+        "the development package is not installed in this venv: bash exp_scripts/setup_venv.sh "
+        "(or pip install --no-deps --no-build-isolation -e dev)"
+    ) from err
 
 # Collection imports every test module (torch, transformers, vLLM, Ray: ~20 CPU-s in each xdist worker) with the
-# cyclic collector paused; what it built is frozen when collection ends (verl/utils/startup_gc.py).
+# cyclic collector paused; what it built is frozen when collection ends (dev/luffy_pool_dev/startup_gc.py).
 pause_for_startup()
 
 

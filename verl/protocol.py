@@ -12,11 +12,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from tensordict import TensorDict
+
+from verl.protocol_values import (
+    IndexLike,
+    as_index_tensor,
+    as_row_array,
+    tensor_from_state,
+    tensor_state,
+    union_meta_info,
+    union_numpy_dict,
+    union_tensor_dict,
+)
 
 __all__ = [
     "DataProto",
@@ -27,139 +38,6 @@ __all__ = [
     "union_tensor_dict",
     "union_numpy_dict",
 ]
-
-IndexLike = Union[Sequence[int], np.ndarray, torch.Tensor]
-
-
-def _as_row_array(key: str, values: Any) -> np.ndarray:
-    """Turn a list/tuple into a 1-D object array (one element per row); keep ndarrays as given.
-
-    ``np.array(list_of_equal_length_lists, dtype=object)`` would build a 2-D array, so rows are
-    filled one by one to keep each row's value intact.
-    """
-    if isinstance(values, np.ndarray):
-        if values.ndim == 0:
-            raise ValueError(f"non-tensor key '{key}' is a 0-d array; it needs one entry per row")
-        return values
-    if isinstance(values, (list, tuple)):
-        out = np.empty(len(values), dtype=object)
-        for i, value in enumerate(values):
-            out[i] = value
-        return out
-    raise TypeError(f"non-tensor key '{key}' must be a numpy array, list or tuple, got {type(values).__name__}")
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Deep equality that also works for tensors and numpy arrays nested in object arrays."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and torch.equal(a, b)
-        )
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
-            return False
-        if a.dtype == object or b.dtype == object:
-            return all(_values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
-        return bool(np.array_equal(a, b))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
-
-
-def union_tensor_dict(a: TensorDict, b: TensorDict) -> TensorDict:
-    """Add b's tensors to a (in place); a key present in both must hold equal tensors."""
-    if a.batch_size != b.batch_size:
-        raise ValueError(f"union: batch sizes differ ({tuple(a.batch_size)} vs {tuple(b.batch_size)})")
-    for key in b.keys():
-        if key in a.keys():
-            if not _values_equal(a[key], b[key]):
-                raise ValueError(f"union: tensor key '{key}' is present in both DataProtos with different values")
-        else:
-            a[key] = b[key]
-    return a
-
-
-def union_numpy_dict(a: dict, b: dict) -> dict:
-    """Add b's arrays to a (in place); a key present in both must hold equal arrays."""
-    for key, value in b.items():
-        if key in a:
-            if not _values_equal(a[key], value):
-                raise ValueError(f"union: non-tensor key '{key}' is present in both DataProtos with different values")
-        else:
-            a[key] = value
-    return a
-
-
-def _union_meta_info(a: dict, b: dict) -> dict:
-    for key, value in b.items():
-        if key in a and not _values_equal(a[key], value):
-            raise ValueError(f"union: meta_info key '{key}' differs ({a[key]!r} vs {value!r})")
-        a[key] = value
-    return a
-
-
-def _compact_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor that owns exactly its own bytes: pickling a view would ship its whole base storage."""
-    if not tensor.is_contiguous():
-        return tensor.contiguous()
-    if tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        return tensor.clone()
-    return tensor
-
-
-def _tensor_state(tensor: torch.Tensor):
-    """Picklable form of a batch tensor: CPU tensors travel as numpy arrays (bf16 as its int16 bits).
-
-    torch pickles every tensor's storage through ``torch.save`` into a bytes blob, ~0.1-0.2 ms per
-    tensor each way; numpy arrays are plain buffers (and out-of-band buffers under Ray's pickle 5):
-    measured 1.2 + 1.9 ms vs 0.14 + 0.09 ms to dump + load a 64-row batch of ten tensors. Other devices
-    keep torch's own pickling.
-    """
-    if tensor.device.type != "cpu" or tensor.requires_grad:
-        return ("torch", _compact_tensor(tensor))
-    if tensor.dtype == torch.bfloat16:
-        return ("bf16", tensor.contiguous().view(torch.int16).numpy())
-    try:
-        return ("numpy", tensor.contiguous().numpy())
-    except TypeError:  # a dtype numpy lacks
-        return ("torch", _compact_tensor(tensor))
-
-
-def _tensor_from_state(state) -> torch.Tensor:
-    kind, value = state
-    if kind == "torch":
-        return value
-    if not value.flags.writeable:  # e.g. a buffer in Ray's object store: own the bytes
-        value = value.copy()
-    tensor = torch.from_numpy(value)
-    return tensor.view(torch.bfloat16) if kind == "bf16" else tensor
-
-
-def _as_index_tensor(idxs: IndexLike, length: int) -> torch.Tensor:
-    """Integer row indices from an int sequence, integer array/tensor or boolean mask."""
-    index = idxs if isinstance(idxs, torch.Tensor) else torch.as_tensor(np.asarray(idxs))
-    if index.ndim != 1:
-        raise ValueError(f"row indices must be 1-D, got shape {tuple(index.shape)}")
-    if index.dtype == torch.bool:
-        if index.numel() != length:
-            raise ValueError(f"boolean row mask has {index.numel()} entries but the DataProto has {length} rows")
-        return index.nonzero(as_tuple=True)[0]
-    if index.numel() == 0:
-        return index.to(torch.long)
-    if index.dtype.is_floating_point or index.dtype.is_complex:
-        raise TypeError(f"row indices must be integers or booleans, got {index.dtype}")
-    return index.to(torch.long)
 
 
 @dataclasses.dataclass
@@ -206,7 +84,7 @@ class DataProto:
             elif value.shape[0] != rows:
                 raise ValueError(f"tensor key '{key}' has {value.shape[0]} rows but '{first_key}' has {rows}")
         batch = TensorDict(tensors, batch_size=[rows]) if tensors else None
-        arrays = {key: _as_row_array(key, value) for key, value in (non_tensors or {}).items()}
+        arrays = {key: as_row_array(key, value) for key, value in (non_tensors or {}).items()}
         return cls(batch=batch, non_tensor_batch=arrays, meta_info=dict(meta_info or {}))
 
     @classmethod
@@ -271,7 +149,7 @@ class DataProto:
         batch_state = None
         if self.batch is not None:
             batch_state = {
-                "tensors": {k: _tensor_state(v) for k, v in self.batch.items()},
+                "tensors": {k: tensor_state(v) for k, v in self.batch.items()},
                 "batch_size": list(self.batch.batch_size),
                 "device": None if self.batch.device is None else str(self.batch.device),
             }
@@ -283,7 +161,7 @@ class DataProto:
             None
             if batch_state is None
             else TensorDict(
-                {k: _tensor_from_state(v) for k, v in batch_state["tensors"].items()},
+                {k: tensor_from_state(v) for k, v in batch_state["tensors"].items()},
                 batch_size=batch_state["batch_size"],
                 device=batch_state["device"],
             )
@@ -320,7 +198,7 @@ class DataProto:
 
     def select_idxs(self, idxs: IndexLike) -> "DataProto":
         """Rows picked by integer indices (any order, repeats allowed) or by a boolean mask."""
-        index = _as_index_tensor(idxs, len(self))
+        index = as_index_tensor(idxs, len(self))
         index_np = index.cpu().numpy()
         return DataProto(
             batch=self.batch[index] if self.batch is not None else None,
@@ -330,7 +208,7 @@ class DataProto:
 
     def reorder(self, indices: torch.Tensor) -> None:
         """Permute the rows in place (e.g. the balanced order computed by seqlen balancing)."""
-        index = _as_index_tensor(indices, len(self))
+        index = as_index_tensor(indices, len(self))
         if index.numel() != len(self):
             raise ValueError(f"reorder needs {len(self)} indices (one per row), got {index.numel()}")
         reordered = self.select_idxs(index)
@@ -417,7 +295,7 @@ class DataProto:
         elif other.batch is not None:
             self.batch = union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        self.meta_info = _union_meta_info(self.meta_info, other.meta_info)
+        self.meta_info = union_meta_info(self.meta_info, other.meta_info)
         self.check_consistency()
         return self
 

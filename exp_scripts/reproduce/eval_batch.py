@@ -18,8 +18,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-if __name__ == "__main__":  # its own process: it imports without the collector (verl/utils/startup_gc.py)
-    from verl.utils.startup_gc import pause_for_startup
+if __name__ == "__main__" and os.environ.get("LUFFY_DEV_SPEEDUPS") == "1":  # the test harness: no collector at start
+    from luffy_pool_dev.startup_gc import pause_for_startup  # dev/luffy_pool_dev/startup_gc.py
 
     pause_for_startup()
 
@@ -36,9 +36,10 @@ def main(argv=None) -> int:
         calls = json.load(f)
     from eval_scripts.generate_vllm import build_parser, main as generate_main, summary_path
     from verl.utils.data_format import run_cli
-    from verl.utils.startup_gc import end_startup
 
-    end_startup()
+    startup_gc = sys.modules.get("luffy_pool_dev.startup_gc")  # loaded where the harness paused the collector
+    if startup_gc is not None:
+        startup_gc.end_startup()
 
     used = 0.0
     for call in calls:

@@ -17,11 +17,12 @@ import sys
 import time
 from typing import Optional, Sequence
 
-if __name__ == "__main__":  # its own process: it imports without the collector (verl/utils/startup_gc.py)
+if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from verl.utils.startup_gc import pause_for_startup
+    if os.environ.get("LUFFY_DEV_SPEEDUPS") == "1":  # the test harness: import without the collector
+        from luffy_pool_dev.startup_gc import pause_for_startup  # dev/luffy_pool_dev/startup_gc.py
 
-    pause_for_startup()
+        pause_for_startup()
 
 
 def compose_run_config(config_name: str, overrides: Sequence[str]):
@@ -46,9 +47,9 @@ def train_and_export(config, hf_out: str) -> dict:
     start = time.perf_counter()
     trainer, close = build_trainer(config)
     try:
-        from verl.utils.startup_gc import end_startup
-
-        end_startup()
+        startup_gc = sys.modules.get("luffy_pool_dev.startup_gc")  # loaded where the harness paused the collector
+        if startup_gc is not None:
+            startup_gc.end_startup()
         last = trainer.fit()
         trainer.wg.save_hf_model(os.path.abspath(hf_out))
     finally:

@@ -4,7 +4,9 @@ and the adaptive entropy coefficient (docs/METHOD.md §1.7, §1.9).
 
 Importing this module registers ``grpo_split`` (advantage) and ``luffy_token`` / ``sft_multitask`` (policy
 losses, selected under ``policy_loss=auto`` by ``use_off_policy_loss`` / ``use_sft_multitask_loss``) in the
-registries of :mod:`verl.trainer.ppo.core_algos`. LUFFY's own signatures (``compute_token_on_off_policy_loss``,
+registries of :mod:`verl.trainer.ppo.core_algos`, each loss with the token sets its metrics average over and its
+rollout-correction support. LUFFY's post-processing of the advantage is the driver's stage after the estimator
+(:mod:`luffy_pool.algorithm.mix_advantage`). LUFFY's own signatures (``compute_token_on_off_policy_loss``,
 ``compute_grpo_outcome_advantage_split``, ...) are thin aliases of these in ``verl.mix_src.mix_core_alg``.
 """
 
@@ -19,7 +21,6 @@ from verl.trainer.ppo.core_algos import (
     aggregate_token_loss,
     broadcast_sequence_advantage,
     clipped_pg_losses,
-    finish_advantage,
     group_normalized_scores,
     ppo_clip_loss,
     register_adv_est,
@@ -53,8 +54,7 @@ def grpo_split_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, to
 
     μ_G, σ_G (unbiased) over rows with ``inputs.on_policy_mask`` True (= no prefix token); one such row →
     μ=0, σ=1; σ=0 → 1. Every row, off-policy ones included, gets ``(s_i − μ_G)/(σ_G + ε)``, or ``s_i − μ_G``
-    without ``cfg.grpo_use_std``; then LUFFY's post-processing (``cfg.mixed``). A group with no on-policy row
-    raises ValueError.
+    without ``cfg.grpo_use_std``. A group with no on-policy row raises ValueError.
     """
     if inputs.on_policy_mask is None:
         raise ValueError("adv_estimator='grpo_split' needs on_policy_mask (the rows without prefix tokens)")
@@ -66,7 +66,7 @@ def grpo_split_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, to
         stats_mask=inputs.on_policy_mask.bool(),
         zero_std_as_one=True,
     )
-    return finish_advantage(*broadcast_sequence_advantage(seq_adv, inputs.response_mask), inputs, cfg)
+    return broadcast_sequence_advantage(seq_adv, inputs.response_mask)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -128,7 +128,27 @@ def off_policy_weight(log_prob: torch.Tensor, reshape: str, weight: float, pow_e
 # Losses (actor side): registered as fn(PolicyLossInputs, cfg) -> (loss, metrics); cfg is the actor's
 # LossSection (luffy_pool/config/sections.py).
 # ----------------------------------------------------------------------------------------------------
-@register_policy_loss("luffy_token", auto_switch="use_off_policy_loss")
+# The off-policy metrics are over the prefix tokens, the on-policy ones over the others (actor.metric_aggregation).
+LUFFY_TOKEN_METRIC_TOKENS = {
+    "actor/off_pg_loss": "off",
+    "actor/off_policy_prob": "off",
+    "actor/off_ratio_mean": "off",
+    "actor/off_ratio_max_clip_frac": "off",
+    "actor/off_ratio_min_clip_frac": "off",
+    "actor/on_pg_loss": "on",
+    "actor/on_policy_prob": "on",
+}
+
+
+@register_policy_loss(
+    "luffy_token",
+    auto_switch="use_off_policy_loss",
+    metric_tokens=LUFFY_TOKEN_METRIC_TOKENS,
+    # rollout IS weights multiply the on-policy tokens' term; the off-policy term f(p) reads no old log-prob, so
+    # bypass mode's old log-probs on prefix tokens do not reach it
+    supports_rollout_is=True,
+    supports_bypass_mode=True,
+)
 def luffy_token_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
     """LUFFY's mixed token loss ``L = P·c·L_off + (1−P)·L_on`` (docs/METHOD.md §1.9), aggregated over ``m``.
 
@@ -221,7 +241,23 @@ def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> tor
     return verl_F.masked_mean_or_zero(-log_prob, eos_mask)
 
 
-@register_policy_loss("sft_multitask", auto_switch="use_sft_multitask_loss")
+# The SFT term is over the off-policy rows, the PPO terms over the on-policy rows.
+SFT_MULTITASK_METRIC_TOKENS = {
+    "actor/sft_loss": "off_rows",
+    "actor/on_pg_loss": "on_rows",
+    "actor/pg_clipfrac": "on_rows",
+    "actor/ppo_kl": "on_rows",
+}
+
+
+@register_policy_loss(
+    "sft_multitask",
+    auto_switch="use_sft_multitask_loss",
+    metric_tokens=SFT_MULTITASK_METRIC_TOKENS,
+    # the PPO term of the on-policy rows takes the IS weights; the off-policy rows' NLL reads no old log-prob
+    supports_rollout_is=True,
+    supports_bypass_mode=True,
+)
 def sft_multitask_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
     """RL + SFT multi-task loss (``use_sft_multitask_loss``, docs/METHOD.md §1.9 "Other actor-side paths").
 

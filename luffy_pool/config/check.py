@@ -4,7 +4,8 @@ It runs twice: on the command-line overrides before Hydra composes them (an unkn
 the closest valid key instead of Hydra's struct error) and on the composed config before any worker
 starts. Every problem is one line that names the key. The key set, types, allowed values, bounds and refusals
 come from the declarations in luffy_pool/config/sections.py (and the knob dataclasses of registered losses);
-the defaults from luffy_pool/config/mix_ppo_trainer.yaml. The rules between keys are the sections' ``validate()``
+the defaults from luffy_pool/config/mix_ppo_trainer.yaml and verl's worker YAML it composes
+(verl/trainer/config/ppo_worker.yaml). The rules between keys are the sections' ``validate()``
 methods; nothing here restates one.
 """
 
@@ -22,9 +23,13 @@ from luffy_pool.config.sections import ConfigSections
 from verl.utils import config_schema
 from verl.trainer.ppo.loss_inputs import registered_loss_keys
 from verl.utils.config_section import Declaration, declarations, refused_groups, rule_errors, value_errors
+from verl.workers.worker_config import WORKER_CONFIG_NAME, load_worker_yaml, register_worker_config
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))  # the YAML files sit next to this module
 BASE_CONFIG_NAME = "mix_ppo_trainer"
+# mix_ppo_trainer.yaml lists verl's worker YAML (verl/trainer/config/ppo_worker.yaml) first in its defaults; every
+# composer of this folder imports this module first, so the name is in Hydra's config store before it composes.
+register_worker_config()
 
 _A = "actor_rollout_ref.actor"
 
@@ -54,10 +59,33 @@ def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
     return config_schema.walk(node, prefix, sections=True, open_keys=open_dict_keys())
 
 
+def base_yaml():
+    """The YAML defaults of mix_ppo_trainer.yaml as Hydra composes them without overrides (unresolved DictConfig):
+    the files of its defaults list merged in that order (verl's worker YAML, then this folder's file), read without
+    Hydra so the checker runs inside a Hydra app too."""
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.load(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"))
+    parts = []
+    for entry in own.pop("defaults", ["_self_"]):
+        if entry == "_self_":
+            parts.append(own)
+        elif entry == WORKER_CONFIG_NAME:
+            parts.append(load_worker_yaml())
+        else:
+            raise ValueError(f"{BASE_CONFIG_NAME}.yaml defaults: {entry!r} is not read by luffy_pool.config.check")
+    merged = OmegaConf.merge(*parts)
+    merged.pop("hydra", None)
+    return merged
+
+
 @functools.lru_cache(maxsize=1)
 def schema_defaults() -> dict[str, Any]:
-    """Dotted key -> YAML default for every key of mix_ppo_trainer.yaml (dict nodes included)."""
-    return dict(_walk(config_schema.load_yaml_tree(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"), resolve=True)))
+    """Dotted key -> YAML default for every key of mix_ppo_trainer.yaml and the verl worker YAML it composes (dict
+    nodes included)."""
+    from omegaconf import OmegaConf
+
+    return dict(_walk(OmegaConf.to_container(base_yaml(), resolve=True, throw_on_missing=False)))
 
 
 def schema_leaf_keys() -> list[str]:
@@ -83,7 +111,7 @@ def _under_open_dict(key: str) -> bool:
 def suggest_key(key: str) -> Optional[str]:
     """The closest valid key: same last segment in another section first, then the whole dotted path,
     then the last segment alone."""
-    return config_schema.suggest_key(key, list(declared()), leaf_cutoff=0.75)
+    return config_schema.suggest_key(key, list(declared()) + list(method_knobs()), leaf_cutoff=0.75)
 
 
 def unknown_key_message(key: str, plus: bool = False) -> str:
@@ -97,13 +125,38 @@ def unknown_key_message(key: str, plus: bool = False) -> str:
     return msg
 
 
+@functools.lru_cache(maxsize=1)
+def method_knobs() -> dict[str, tuple[str, Declaration]]:
+    """``algorithm.<method>.<knob>`` -> (method, declaration) for the knob section of every registered method
+    (luffy_pool/methods/); their defaults are in the method's YAML group, merged when it is selected."""
+    from luffy_pool.methods import METHODS
+
+    out = {}
+    for name, method in METHODS.items():
+        if isinstance(method.knobs, type):
+            out.update({d.key: (name, d) for d in declarations(method.knobs, f"algorithm.{name}.")})
+    return out
+
+
+def _knob_owner(key: str) -> Optional[str]:
+    """The method whose knob group ``key`` is or lies in, None otherwise."""
+    parts = key.split(".")
+    if len(parts) >= 2 and parts[0] == "algorithm":
+        owners = {name for name, _ in method_knobs().values()}
+        return parts[1] if parts[1] in owners else None
+    return None
+
+
 def classify_key(key: str) -> Optional[str]:
-    """'schema', 'optional' (+-addable), 'open' (inside an open dict) or None (unknown)."""
+    """'schema', 'optional' (+-addable), 'open' (inside an open dict or a method's knob group, which the
+    method's YAML group adds) or None (unknown)."""
     d = declared().get(key)
     if d is not None:
         return "optional" if d.optional else "schema"
     if key in _groups():
         return "schema"
+    if key in method_knobs() or (key.count(".") == 1 and _knob_owner(key)):
+        return "open"
     if _under_open_dict(key):
         return "open"
     if key.startswith(f"{_A}.") and key[len(_A) + 1 :] in registered_loss_keys():
@@ -171,6 +224,36 @@ class _Checker:
         for key in schema_leaf_keys():
             if key not in self.values:
                 self.fail(f"Missing config key '{key}' (it is in {BASE_CONFIG_NAME}.yaml)")
+
+    def knob_groups(self) -> None:
+        """Knobs of the selected method against its knob section; a knob of another method is refused."""
+        method = self.values.get("algorithm.method")
+        knobs = method_knobs()
+        for key, value in self.values.items():
+            owner = _knob_owner(key)
+            if owner is None or key.count(".") == 1 and owner == method:
+                continue
+            if owner != method:
+                if key.count(".") == 1 and isinstance(value, dict) and value:
+                    continue  # the group node: its leaves are reported
+                self.fail(
+                    f"'{key}' is a knob of algorithm.method={owner}, but algorithm.method={method}; "
+                    f"drop it or set algorithm.method={owner}"
+                )
+                continue
+            if key not in knobs:
+                self.fail(unknown_key_message(key))
+                continue
+            d = knobs[key][1]
+            problem = config_schema.value_error(key, value, d.types)
+            if problem:
+                self.fail(problem)
+                continue
+            for line in value_errors(d, value, value):
+                self.fail(line)
+        for key, (owner, _) in knobs.items():
+            if owner == method and key not in self.values:
+                self.fail(f"Missing config key '{key}' (it is in luffy_pool/config/method/{owner}.yaml)")
 
     def values_and_ranges(self) -> None:
         """Each key against its declaration: LUFFY-inert keys at their default, refused values, choices, bounds."""
@@ -258,12 +341,23 @@ def _flatten(cfg: DictConfig) -> dict[str, Any]:
 
 
 def validate_config(cfg: DictConfig) -> list[str]:
-    """All problems of a composed config, one line each naming the key (empty list = valid)."""
+    """All problems of a composed config, one line each naming the key (empty list = valid). The selected
+    method's YAML group is merged into a copy first (``apply_method``), so a contradicting key is one line too."""
+    from omegaconf import OmegaConf
+
+    from luffy_pool.methods import apply_method
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg)) if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    try:
+        apply_method(cfg)
+    except ValueError as exc:
+        return [str(exc)]
     checker = _Checker(_flatten(cfg))
     problem = import_loss_modules(checker.values.get(_EXTERNAL_LIB))
     if problem:
         return [problem]
     checker.structure()
+    checker.knob_groups()
     if checker.errors:  # the value rules below assume every key is present with its type
         return checker.errors
     checker.finite_numbers()

@@ -58,23 +58,9 @@ def rollout_section(**values: Any):
     config of a rollout engine, prefix sampler or planner built on its own (tests, scripts, benchmarks). Every
     other key keeps its YAML default, as in a run; each value set is checked against its declaration (type,
     allowed values, bounds) and an unknown name raises, naming it."""
-    from omegaconf import OmegaConf
-
     from luffy_pool.config.sections import LuffyRolloutSection
-    from verl.utils.config_schema import value_error
-    from verl.utils.config_section import build_section, declarations, value_errors
+    from verl.workers.worker_config import section_with_values
 
-    prefix = "actor_rollout_ref.rollout."
-    group = copy.deepcopy(_base_rollout_group())
-    declared = {d.key: d for d in declarations(LuffyRolloutSection, prefix)}
-    errors = []
-    for name, value in values.items():
-        d = declared.get(prefix + name)
-        if d is None or name not in group:
-            raise KeyError(f"{prefix}{name} is not a key of {BASE_CONFIG_NAME}.yaml")
-        wrong_type = value_error(d.key, value, d.types)  # the checker's type rule (an int is a float, a bool neither)
-        errors.extend([wrong_type] if wrong_type else value_errors(d, value, group[name]))
-        group[name] = value
-    if errors:
-        raise ValueError("; ".join(errors))
-    return build_section(LuffyRolloutSection, OmegaConf.create(group), prefix[:-1])
+    return section_with_values(
+        LuffyRolloutSection, _base_rollout_group(), "actor_rollout_ref.rollout", values, f"{BASE_CONFIG_NAME}.yaml"
+    )

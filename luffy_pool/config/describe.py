@@ -2,8 +2,9 @@
 
 Prints the key's type, YAML default, allowed values (from the registry or module that owns them), bounds,
 whether LUFFY's key acts here or is accepted at its default only (and why), refused values, and its doc: the
-comment above it in mix_ppo_trainer.yaml, which is the key's documentation for users and LUFFY alike and is
-not restated in code. An unknown key is answered with the closest valid one.
+comment above it in mix_ppo_trainer.yaml (verl's worker keys: verl/trainer/config/ppo_worker.yaml), which is
+the key's documentation for users and LUFFY alike and is not restated in code. An unknown key is answered with
+the closest valid one.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import yaml
 
 from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR, declared, schema_defaults, unknown_key_message
 from verl.utils.config_section import DEFAULT_ONLY
+from verl.workers.worker_config import WORKER_CONFIG_PATH
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)
 def yaml_docs(path: Optional[str] = None) -> dict[str, str]:
-    """Dotted key -> the comment lines right above it in the YAML (joined, ``#`` stripped)."""
-    path = path or os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml")
+    """Dotted key -> the comment lines right above it in the YAML (joined, ``#`` stripped); without ``path``, in
+    mix_ppo_trainer.yaml and verl's worker YAML it composes (verl/trainer/config/ppo_worker.yaml)."""
+    if path is None:
+        return {**yaml_docs(WORKER_CONFIG_PATH), **yaml_docs(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"))}
     text = open(path).read()
     lines = text.splitlines()
     docs: dict[str, str] = {}

@@ -15,8 +15,8 @@ Build once where the run starts (``ConfigSections.from_config``) and pass it dow
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 from verl.utils.config_section import (
     AT_LEAST_ONE,
@@ -32,21 +32,22 @@ from verl.utils.config_section import (
     not_shipped,
     view,
 )
-from luffy_pool.config.method_sections import (
-    ChordSection,
-    ExgrpoSection,
-    HptSection,
-    PrefixRftSection,  # noqa: F401
-    ReliftSection,
-    SrftSection,
-    UftSection,
-    _from,
-)
 from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections, kl_estimators
 
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 # No model has this many positions; the model-specific limit is checked at pre-flight (check_model_context).
 MAX_RESPONSE_LENGTH = 1 << 20
+
+def _from(module: str, name: str):
+    """The allowed values of a key: ``module.name``, imported when a config is checked."""
+
+    def values():
+        import importlib
+
+        return tuple(getattr(importlib.import_module(module), name))
+
+    return values
+
 
 _INERT = "the key is inert in LUFFY (read by no code path)"
 _ACC_REBATCH = "it only acts with trainer.acc_rebatch=True, which is not shipped"
@@ -68,7 +69,7 @@ def _adv_estimators():
 
 def _policy_losses():
     import luffy_pool.algorithm.mix_core_alg  # noqa: F401 -- registers luffy_token, sft_multitask
-    import luffy_pool.methods.losses  # noqa: F401 -- registers the methods' losses (hpt_sft, srft, chord)
+    import luffy_pool.methods  # noqa: F401 -- registers each method's loss under its name
     from verl.workers.config_sections import policy_losses
 
     return policy_losses()
@@ -353,6 +354,9 @@ class LuffyWorkerSections(WorkerSections):
 
     actor: LuffyActorSection = nested(LuffyActorSection)
     rollout: LuffyRolloutSection = nested(LuffyRolloutSection)
+    # algorithm.method and its frozen knob section (luffy_pool/methods/base.MethodSelection): not a key of this
+    # group, set by ConfigSections.from_config so every worker receives it once, at init
+    method: Any = field(default=None, metadata={"absent": True})
 
     def validate(self) -> list[str]:
         errors = super().validate()
@@ -407,13 +411,6 @@ class AlgorithmSection:
     surprisal_base: float = _inert()
     kl_ctrl: KLControlSection = nested(KLControlSection)
     rollout_correction: RolloutCorrectionSection = nested(RolloutCorrectionSection)
-    exgrpo: ExgrpoSection = nested(ExgrpoSection)
-    hpt: HptSection = nested(HptSection)
-    srft: SrftSection = nested(SrftSection)
-    chord: ChordSection = nested(ChordSection)
-    prefix_rft: PrefixRftSection = nested(PrefixRftSection)
-    uft: UftSection = nested(UftSection)
-    relift: ReliftSection = nested(ReliftSection)
 
 
 @dataclass(frozen=True)
@@ -498,7 +495,20 @@ class ConfigSections:
 
     @classmethod
     def from_config(cls, config) -> "ConfigSections":
-        return build_section(cls, config, "")
+        """The sections of ``config``; the workers' group carries the selected method and its knob section."""
+        import dataclasses
+
+        from luffy_pool.methods.base import select_method
+
+        sections = build_section(cls, config, "")
+        workers = dataclasses.replace(sections.actor_rollout_ref, method=select_method(config))
+        return dataclasses.replace(sections, actor_rollout_ref=workers)
+
+    @property
+    def knobs(self):
+        """The selected method's knob section (``algorithm.<method>``), None for a method without knobs."""
+        method = self.actor_rollout_ref.method
+        return None if method is None else method.knobs
 
     def validate(self) -> list[str]:
         """Rules between groups: the loss against the estimator, self-replay against the loss and group size,
@@ -542,6 +552,8 @@ class ConfigSections:
 
         # algorithm.rollout_correction needs the engine's log-probs (rollout.calculate_log_probs) and their mode
         errors += rollout_corr_errors(lambda dotted: functools.reduce(getattr, dotted.split("."), self))
+        knob_rules = getattr(self.knobs, "validate", None)  # the selected method's rules between its knobs
+        errors += knob_rules() if knob_rules is not None else []
         return errors + self._context_errors() + self._layout_errors() + self._pipeline_errors()
 
     def _pipeline_errors(self) -> list[str]:
@@ -557,9 +569,7 @@ class ConfigSections:
             from luffy_pool.methods import get_method
 
             method = get_method(self.algorithm.method)
-            if (
-                method.driver is not None or method.stage is not None
-            ):  # their state assumes a batch drawn after the last update
+            if method.stateful:  # its state assumes a batch drawn after the last update
                 errors.append(
                     f"'algorithm.method'={method.name} keeps state between its steps (experience pool or SFT "
                     "buffer) that the next batch is drawn from, so it needs 'trainer.rollout_pipeline'=sync "

@@ -38,7 +38,7 @@ def parse_args(argv):
     p.add_argument(
         "--readme-table",
         action="store_true",
-        help="print README's table: train.sh and train_16k.sh on 80 and 141 GB GPUs at 1 and 2 nodes",
+        help="print the table in docs/memory.md: train.sh and train_16k.sh on 80 and 141 GB GPUs at 1 and 2 nodes",
     )
     args = p.parse_args(argv)
     args.overrides = list(args.config_overrides) + tail
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
 
 
 def readme_table(env=None) -> str:
-    """The shipped recipes' per-phase peaks (README "Memory plan"), MODEL_PATH at the scripts' default."""
+    """The shipped recipes' per-phase peaks (the table in docs/memory.md), MODEL_PATH at the scripts' default."""
     import os
 
     from luffy_pool.config.compose import compose_config

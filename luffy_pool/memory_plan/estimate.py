@@ -7,7 +7,7 @@ up to the phase's peak on one rank. All ranks of this project's layout hold the 
 rank's table is every rank's.
 
 Where the numbers come from:
-- vLLM (rollout): vLLM 0.32.0 ``vllm/v1/worker/utils.py`` ``request_memory`` (the engine takes
+- vLLM (rollout, ``engine_budget.py``): vLLM 0.32.0 ``vllm/v1/worker/utils.py`` ``request_memory`` (the engine takes
   ``ceil(gpu_memory_utilization x TOTAL device memory)``, and refuses to start when less than that is
   free) and ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory`` (KV cache = that request
   minus the non-KV memory the profile run measured: weights, activation peak at
@@ -19,12 +19,10 @@ Where the numbers come from:
   gradients, two fp32 AdamW moments, each sharded over the FSDP shard group (``fsdp_size``).
 - Activations: tensors autograd keeps per decoder layer of an HF Llama/Qwen2-style block (RMSNorm in
   fp32, q/k/v, rotary inputs, attention output, the four MLP tensors), at the micro-batch's tokens per
-  rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits.
-  The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
-- ReLIFT (``algorithm.method=relift``): its SFT stage's own AdamW, two more fp32 moments per shard, on the device
-  when ``optimizer_offload`` is off (both optimizers' moments in every phase), else only during its stage (then
-  the RL moments are on the host); the stage's forward/backward at ``sft_micro_batch_size`` padded rows of
-  prompt + demonstration (``rollout.max_prefix_len``) per rank.
+  rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits
+  (``activations.py``). The single-process CPU measurement in ``exp_scripts/bench_memory.py`` checks these lines.
+- A method's extra passes and state (an SFT stage with its own optimizer, an extra actor forward, a host-side
+  pool): ``method_extras.py``, the one place that names methods.
 - AdamW's step: temporaries by ``optim.step_impl`` (foreach: one fp32 copy of the shard; for_loop: two
   of the largest tensor; fused: none).
 - CUDA context: a fixed estimate (``CUDA_CONTEXT_BYTES``).
@@ -46,12 +44,13 @@ Where the numbers come from:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
+from luffy_pool.memory_plan.activations import head_bytes, layer_saved_bytes, layer_working_bytes
+from luffy_pool.memory_plan.engine_budget import vllm_budget
 from luffy_pool.memory_plan.engine_side import receive_transient, vllm_tp_communicator_bytes, vllm_tp_communicator_what
-from luffy_pool.memory_plan.graph_pool import engine_graph_pool_bytes
-from luffy_pool.memory_plan.host import ReplayPoolInputs, replay_pool_line
+from luffy_pool.memory_plan.host import replay_pool_line
+from luffy_pool.memory_plan.inputs import ACTOR_KEY, MODEL_KEY, REF_KEY, ROLLOUT_KEY, PlanInputs, padded_update_note
 from luffy_pool.memory_plan.shapes import ModelShape
 
 GiB = 2**30
@@ -61,224 +60,9 @@ CUDA_CONTEXT_BYTES = 1 * GiB
 NCCL_BYTES_PER_COMMUNICATOR = 3 * GiB // 2  # H100 with NVLS, upper end (1.6 GB measured)
 NCCL_BYTES_PER_COMMUNICATOR_NO_NVLS = 3 * GiB // 4  # A100 / NCCL_NVLS_ENABLE=0 (0.5-0.7 GB measured)
 FRAGMENTATION_FRACTION = 0.03
-# vLLM's non-torch memory during its profile run (its CUDA-graph pool: memory_plan/graph_pool.py).
-VLLM_NON_TORCH_BYTES = GiB // 2
 HEADROOM_FRACTION = 0.05
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
 
-_A, _R, _REF, _M = (
-    "actor_rollout_ref.actor",
-    "actor_rollout_ref.rollout",
-    "actor_rollout_ref.ref",
-    "actor_rollout_ref.model",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanInputs:
-    """What drives memory, read from the run's sections (``from_sections``); no key has a default here, each
-    comes from the config (the YAML gives every key its default). Only the CPU benchmark's measurement knobs
-    (scored tokens, ``fsdp=False``) have defaults: they are no config key."""
-
-    world: int
-    nodes: int
-    fsdp_size: int
-    sp: int
-    tp: int
-    param_dtype_bytes: int
-    gpu_memory_utilization: float
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    enforce_eager: bool
-    free_cache_engine: bool
-    rollout_dtype_bytes: int
-    weight_sync_bucket_mb: int
-    max_prompt_length: int
-    max_response_length: int
-    n: int
-    actor_param_offload: bool
-    optimizer_offload: bool
-    use_ref: bool
-    ref_param_offload: bool
-    gradient_checkpointing: bool
-    logprob_chunk_size: int
-    update_tokens: int  # tokens per rank of one update micro-batch
-    old_logprob_tokens: int  # ... of one old-log-prob micro-batch
-    ref_logprob_tokens: int
-    update_budget_key: str  # the key that bounds each of those micro-batches
-    old_budget_key: str
-    ref_budget_key: str
-    step_impl: str
-    device: str
-    # Positions the LM head scores (response tokens); None = every token of the micro-batch (the GPU plan's
-    # bound: a packed micro-batch may be all response). The padded CPU benchmark sets them.
-    update_scored_tokens: Optional[int] = None
-    logprob_scored_tokens: Optional[int] = None
-    response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
-    fsdp: bool = True  # False: one plain module (the CPU benchmark): no shards, no gathers
-    # REVIEW H1: why the actor keeps padded rows ("" = packed with flash-attn's varlen kernel; "auto": only when
-    # flash-attn does not import on the workers), the update's dynamic budget (0 = fixed micro-batches) and its
-    # rows per rank of one mini-batch.
-    padded_attention: str = ""
-    update_budget: int = 0
-    update_mini_rows: int = 0
-    # ReLIFT's interleaved SFT stage: its own AdamW (0 tokens = no such stage) and tokens per rank of its micro-batch
-    sft_optimizer: bool = False
-    sft_tokens: int = 0
-    # actor_rollout_ref.hybrid_engine=False: the engines have GPUs of their own (the rollout phase holds no actor
-    # state, the trainer's phases no sleeping engine); set by from_sections, False for a hand-built plan.
-    split_engines: bool = False
-    # A method's extra actor forward ("" = none): ExGRPO's trajectory metric (entropy or log-probs of the stored
-    # trajectories of the replayed questions) runs through the old-log-prob pass, micro-batched by its keys.
-    metric_pass: str = ""
-    # ExGRPO's experience pool on the driver (host RAM, not a phase's line): what bounds it (memory_plan/host.py)
-    replay_pool: Optional[ReplayPoolInputs] = None
-
-    @property
-    def max_len(self) -> int:
-        return self.max_prompt_length + self.max_response_length
-
-    @property
-    def shard_group(self) -> int:
-        return self.world if self.fsdp_size in (-1, 0, None) else int(self.fsdp_size)
-
-    @classmethod
-    def from_sections(cls, sections, device: str) -> "PlanInputs":
-        """Read the run's ``ConfigSections`` (luffy_pool/config/sections.py); ``device`` is what the run computes on."""
-        w, data, trainer = sections.workers, sections.data, sections.trainer
-        actor, rollout, ref, model = w.actor, w.rollout, w.ref, w.model
-        world, sp, n = trainer.nnodes * trainer.n_gpus_per_node, actor.ulysses_sequence_parallel_size, rollout.n
-        dp = max(1, world // sp)
-        width = data.max_prompt_length + data.max_response_length
-
-        def tokens(dynamic: bool, budget: int, micro: Optional[int], micro_per_gpu: Optional[int] = None) -> int:
-            # Dynamic: a micro-batch holds up to the budget per rank, but one row is never split (SP: 1/sp
-            # of it per rank). Fixed: rows per rank x the padded width, 1/sp per rank.
-            if dynamic:
-                return max(budget, math.ceil(width / sp))
-            rows = micro_per_gpu if micro_per_gpu else max(1, micro * n // dp)
-            return math.ceil(rows * width / sp)
-
-        pdtype = actor.fsdp_config.param_dtype
-        pbytes = (2 if device == "cuda" else 4) if pdtype == "auto" else DTYPE_BYTES[pdtype]
-        return cls(
-            world=world,
-            nodes=trainer.nnodes,
-            fsdp_size=actor.fsdp_config.fsdp_size,
-            sp=sp,
-            tp=rollout.tensor_model_parallel_size,
-            param_dtype_bytes=pbytes,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            max_num_batched_tokens=rollout.max_num_batched_tokens,
-            max_num_seqs=rollout.max_num_seqs,
-            enforce_eager=rollout.enforce_eager,
-            free_cache_engine=rollout.free_cache_engine,
-            rollout_dtype_bytes=DTYPE_BYTES.get(rollout.dtype, 2),  # auto: the model's dtype, bf16 for these models
-            weight_sync_bucket_mb=rollout.weight_sync_bucket_mb,
-            max_prompt_length=data.max_prompt_length,
-            max_response_length=data.max_response_length,
-            n=n,
-            actor_param_offload=actor.fsdp_config.param_offload,
-            optimizer_offload=actor.fsdp_config.optimizer_offload,
-            use_ref=ref.use_ref,
-            ref_param_offload=ref.fsdp_config.param_offload,
-            gradient_checkpointing=model.enable_gradient_checkpointing,
-            logprob_chunk_size=model.logprob_chunk_size,
-            update_tokens=tokens(
-                actor.use_dynamic_bsz,
-                actor.ppo_max_token_len_per_gpu,
-                actor.ppo_micro_batch_size,
-                actor.ppo_micro_batch_size_per_gpu,
-            ),
-            old_logprob_tokens=tokens(
-                rollout.log_prob_use_dynamic_bsz,
-                rollout.log_prob_max_token_len_per_gpu,
-                rollout.log_prob_micro_batch_size,
-            ),
-            # The reference pass uses the rollout's micro-batch rows (the worker copies them) and its own budget.
-            ref_logprob_tokens=tokens(
-                ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, rollout.log_prob_micro_batch_size
-            ),
-            update_budget_key=f"{_A}.ppo_max_token_len_per_gpu"
-            if actor.use_dynamic_bsz
-            else f"{_A}.ppo_micro_batch_size",
-            old_budget_key=(
-                f"{_R}.log_prob_max_token_len_per_gpu"
-                if rollout.log_prob_use_dynamic_bsz
-                else f"{_R}.log_prob_micro_batch_size"
-            ),
-            ref_budget_key=(
-                f"{_REF}.log_prob_max_token_len_per_gpu"
-                if ref.log_prob_use_dynamic_bsz
-                else f"{_R}.log_prob_micro_batch_size"
-            ),
-            step_impl=actor.optim.step_impl,
-            device=device,
-            padded_attention=_padded_attention(model.use_remove_padding, model.attn_implementation, device),
-            update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
-            update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp),
-            split_engines=not w.hybrid_engine,
-            metric_pass=_metric_pass(sections.algorithm),
-            replay_pool=ReplayPoolInputs.from_sections(sections),
-            **_sft_stage(sections, sp),
-        )
-
-
-def _sft_stage(sections, sp: int) -> dict:
-    """ReLIFT's SFT stage: its optimizer, and its micro-batch (padded prompt + demonstration rows) per rank."""
-    relift = getattr(sections.algorithm, "relift", None)
-    if sections.algorithm.method != "relift" or relift is None or relift.sft_data_size == -1:
-        return {}
-    width = sections.data.max_prompt_length + sections.workers.rollout.max_prefix_len
-    return {"sft_optimizer": True, "sft_tokens": math.ceil(relift.sft_micro_batch_size * width / sp)}
-
-
-def _metric_pass(algorithm) -> str:
-    """The name of the method's extra actor forward, "" when it has none."""
-    if algorithm.method == "exgrpo" and algorithm.exgrpo.traj_metric != "random":
-        return f"log-prob: ExGRPO trajectory {algorithm.exgrpo.traj_metric} (actor)"
-    return ""
-
-
-def _padded_attention(use_remove_padding: bool, attn_implementation: str, device: str) -> str:
-    """Why the actor's forward keeps padded rows (dp_actor packs only with a flash-attention varlen kernel)."""
-    if not use_remove_padding:
-        return f"{_M}.use_remove_padding=False"
-    if attn_implementation == "auto":
-        return "auto" if device == "cuda" else f"{_M}.attn_implementation=auto on {device} (sdpa)"
-    if "flash" not in attn_implementation:
-        return f"{_M}.attn_implementation={attn_implementation}"
-    return ""
-
-
-def padded_update_note(i: "PlanInputs") -> Optional[str]:
-    """H1: what the update costs at the padded width when remove-padding is off (sdpa / eager, or the key off):
-    dynamic micro-batches then hold ``floor(budget / width)`` whole padded rows (dp_actor._micro_batches)."""
-    if not i.padded_attention or not i.update_budget:
-        return None
-    width, budget = i.max_len, i.update_budget * i.sp
-    rows = budget // width
-    if i.padded_attention == "auto":
-        head = (
-            f"if flash-attn does not import on the workers, {_M}.attn_implementation=auto falls back to sdpa "
-            "and remove-padding is off"
-        )
-    else:
-        head = f"remove-padding is off ({i.padded_attention})"
-    key = f"{_A}.ppo_max_token_len_per_gpu"
-    # "refuse" marks a certain failure (memory_plan/__init__.over_budget_message stops the run on it).
-    verdict = "the first update would stop on it" if i.padded_attention == "auto" else "the update refuses it"
-    if rows < 1:
-        return (
-            f"{head}: one padded row is {width:,} positions > {key}={i.update_budget:,}"
-            f"{f' x SP {i.sp}' if i.sp > 1 else ''}; {verdict} -> set {key}>={math.ceil(width / i.sp)}"
-        )
-    micro = math.ceil(i.update_mini_rows / rows)
-    return (
-        f"{head}: the update's dynamic micro-batches hold {rows} padded rows x {width:,} = {rows * width:,} "
-        f"positions ({key}={i.update_budget:,}{f' x SP {i.sp}' if i.sp > 1 else ''}), {micro} forward/backward "
-        f"passes per mini-batch of {i.update_mini_rows} rows per rank, each computing at the full width"
-    )
+_A, _R, _REF, _M = ACTOR_KEY, ROLLOUT_KEY, REF_KEY, MODEL_KEY
 
 
 @dataclasses.dataclass
@@ -323,101 +107,11 @@ class Plan:
         return [p for p in self.phases if p.total > self.device_bytes * (1 - headroom)]
 
 
-# ---------------------------------------------------------------------- activation model
-def layer_saved_bytes(s: ModelShape, a: int) -> int:
-    """Bytes per token autograd keeps for one decoder layer (Llama/Qwen2 block, flash/sdpa attention)."""
-    h, hd = s.hidden_size, s.head_dim
-    q, kv = s.num_attention_heads * hd, s.num_key_value_heads * hd
-    norms = 2 * (4 * h + a * h)  # RMSNorm: fp32 input copy + normalised output in compute dtype
-    attn = a * ((q + kv) + (q + 2 * kv) + q)  # pre-rotary q/k, q/k/v into attention, attention output
-    mlp = 4 * a * s.intermediate_size  # gate, act(gate), up, act*up
-    return norms + attn + mlp
-
-
-def layer_working_bytes(s: ModelShape, a: int) -> int:
-    """Bytes per token live inside one layer's forward without autograd (MLP tensors + residual + norm)."""
-    return a * (3 * s.intermediate_size + 2 * s.hidden_size) + 4 * s.hidden_size
-
-
-def head_bytes(
-    s: ModelShape,
-    tokens: int,
-    chunk: int,
-    a: int,
-    backward: bool,
-    positions: Optional[int] = None,
-    response_positions: Optional[int] = None,
-) -> tuple[int, str]:
-    """(peak bytes, description) of the LM head scoring ``tokens`` response tokens of a ``positions``-token
-    micro-batch. dp_actor keeps full logits while the micro-batch is no larger than one chunk; full logits
-    cover every position (``[positions, V]`` in the compute dtype), then ``response_positions`` of them go
-    through fp32 log_softmax, exp and their product (``torch_functional.logprobs_and_entropy_from_logits``)."""
-    v, h = s.vocab_size, s.hidden_size
-    positions = positions or tokens
-    cast = 4 if a != 4 else 0  # the bf16 matmul output is cast to a separate fp32 buffer
-    if 0 < chunk < positions:
-        if not backward:  # fp32 logits + the softmax of the entropy term ([chunk, V] each), hidden gathered
-            return a * tokens * h + 8 * chunk * v, f"LM head in chunks of {chunk} tokens"
-        # Three [chunk, V] fp32 buffers (recomputed logits, exp, and a third measured on CPU: the transposed
-        # operand of grad_z.t() @ h) + the bf16 copy of grad_z; dW summed in fp32 over several bf16 chunks.
-        dw = 4 * v * h if (a != 4 and tokens > chunk) else 0
-        return 2 * a * tokens * h + chunk * v * (
-            12 + (a if a != 4 else 0)
-        ) + dw, f"LM head backward in chunks of {chunk} tokens"
-    # Forward's transients (logits, log_softmax, exp, their product) are the head's peak in the update too: its
-    # backward holds fewer [r, V] buffers at once (checked by bench_memory.py --predict at 2 x 512 positions).
-    r = response_positions or tokens
-    return positions * v * a + r * v * (cast + 12), f"full [{positions}, {v}] logits"
-
-
-# ---------------------------------------------------------------------- phases
-def vllm_budget(i: PlanInputs, s: ModelShape, total: int) -> dict:
-    """vLLM 0.32's split of ``ceil(util x total)`` (vllm/v1/worker/utils.py request_memory)."""
-    requested = math.ceil(total * i.gpu_memory_utilization)
-    weights = s.params * i.rollout_dtype_bytes // i.tp
-    h, q, kv = s.hidden_size, s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
-    # profile_run: one forward of max_num_batched_tokens (per-layer working set) + the sampler on max_num_seqs rows.
-    act = (
-        i.max_num_batched_tokens
-        * i.rollout_dtype_bytes
-        * (2 * h + (q + 2 * kv) // i.tp + 2 * s.intermediate_size // i.tp)
-    )
-    act += min(i.max_num_seqs, i.max_num_batched_tokens) * s.vocab_size * 4 * 2
-    graphs = engine_graph_pool_bytes(i, s)  # 0 with enforce_eager (memory_plan/graph_pool.py)
-    non_torch = VLLM_NON_TORCH_BYTES + graphs
-    kv_bytes = requested - weights - act - non_torch
-    return dict(
-        requested=requested,
-        weights=weights,
-        activation=act,
-        non_torch=non_torch,
-        graphs=graphs,
-        kv=kv_bytes,
-        kv_tokens=kv_cache_tokens(s, kv_bytes, i.rollout_dtype_bytes, i.tp),
-    )
-
-
-def kv_cache_tokens(s: ModelShape, kv_bytes: int, dtype_bytes: int, tp: int = 1, block_size: int = 16) -> int:
-    """Tokens a vLLM KV cache of ``kv_bytes`` holds: whole blocks of ``block_size`` tokens, each block holding K
-    and V of every layer (vllm/v1/core/kv_cache_utils.py: num_blocks = available // (page size x layers))."""
-    per_block = block_size * s.kv_bytes_per_token(dtype_bytes, tp)
-    return max(0, kv_bytes) // per_block * block_size
-
-
-def cpu_kv_cache_bytes(cpu_kv_cache_bytes_key: int, environ=None) -> int:
-    """The CPU build's KV cache size: ``rollout.cpu_kv_cache_bytes`` (passed as ``kv_cache_memory_bytes``), unless
-    the legacy ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is set (vllm/platforms/cpu.py overrides it then)."""
-    import os
-
-    env = os.environ if environ is None else environ
-    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
-    return int(space) * GiB if space != "" else int(cpu_kv_cache_bytes_key)
-
-
 def _state_lines(
     i: PlanInputs, s: ModelShape, *, optimizer_on_device: bool, grads: bool, sft_on_device: Optional[bool] = None
 ) -> list[Line]:
-    """``sft_on_device``: ReLIFT's SFT AdamW moments on the device (None: as the RL optimizer's)."""
+    """``sft_on_device``: the SFT stage's AdamW moments (method_extras.py) on the device (None: as the RL
+    optimizer's)."""
     f = i.shard_group if i.fsdp else 1
     lines = []
     if not i.actor_param_offload:
@@ -432,7 +126,7 @@ def _state_lines(
         if i.sft_optimizer and (optimizer_on_device if sft_on_device is None else sft_on_device):
             lines.append(
                 Line(
-                    f"ReLIFT SFT AdamW moments (2 x fp32) / {f}",
+                    f"{i.sft_moments} / {f}",
                     8 * s.params // f,
                     f"{_A}.fsdp_config.optimizer_offload",
                 )
@@ -585,8 +279,8 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
 
 
 def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: bool = False) -> list[Phase]:
-    """The RL update's phases, or with ``sft_stage`` ReLIFT's SFT stage's (its optimizer on the device, the RL
-    one's where offloading leaves it; fixed micro-batches of padded rows)."""
+    """The RL update's phases, or with ``sft_stage`` a method's SFT stage's (method_extras.py; its optimizer on the
+    device, the RL one's where offloading leaves it; fixed micro-batches of padded rows)."""
     a, t = i.param_dtype_bytes, (i.sft_tokens if sft_stage else i.update_tokens)
     offload = i.optimizer_offload
     state = (
@@ -595,8 +289,8 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
         else _state_lines(i, s, optimizer_on_device=True, grads=True, sft_on_device=not offload)
     )
     base = state + _runtime_lines(i) + _sleeping_engine(i, vb)
-    name = "ReLIFT SFT stage" if sft_stage else "update"
-    budget_key = "algorithm.relift.sft_micro_batch_size" if sft_stage else i.update_budget_key
+    name = i.sft_stage_name if sft_stage else "update"
+    budget_key = i.sft_budget_key if sft_stage else i.update_budget_key
     scored = None if sft_stage else i.update_scored_tokens
     fb = list(base) + _gathered(i, s, grads=True)
     ck = f"{_M}.enable_gradient_checkpointing"

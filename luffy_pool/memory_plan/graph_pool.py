@@ -20,7 +20,7 @@ What vLLM does (paths under the installed ``vllm/`` package):
   actor trains.
 
 Here the first capture is one forward's per-layer working set at the largest capture size (the same terms as
-the profile run's activation line of ``estimate.vllm_budget``) and the per-graph remainder is vLLM's 1 MiB
+the profile run's activation line of ``engine_budget.vllm_budget``) and the per-graph remainder is vLLM's 1 MiB
 floor; the real second-capture figure is only known on a GPU (vLLM logs both at start-up).
 """
 

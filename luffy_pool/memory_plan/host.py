@@ -1,14 +1,11 @@
-"""The driver's host memory that grows with the run: ExGRPO's experience pool (``algorithm.method=exgrpo``).
+"""The driver's host memory that grows with the run: a method's pool of stored trajectories (declared by the
+method, ``Method.memory``: luffy_pool/methods/).
 
-The pool (luffy_pool/replay/experience.py) keeps, per question, successful trajectories as int32 token ids and
-float32 recorded log-probs: ``8 x (tokens + 1)`` bytes plus 280 bytes of Python and numpy headers per trajectory
-(``TRAJECTORY_OVERHEAD_BYTES``), and the checkpoint's ``data.pt`` holds the same arrays (flat, without the headers).
-A step adds at most ``min(rbound, n - 1)`` trajectories per group (a group is stored when ``lbound < k <= rbound``
-and ``k < n``; each of its k successes joins the pool once), of at most ``max_response_length`` tokens, for each of
-the step's ``train_batch_size`` groups; ``max_trajectories_per_question`` keeps a question's newest, so a step's net
-growth is also at most that cap per group. The bound below is those maxima over ``trainer.total_training_steps``:
-every group stored, every success at full length. A run's real pool is smaller (fewer partially solved groups,
-shorter responses); exp_scripts/bench_exgrpo_pool.py fills one the way a 701-step run does and measures it.
+A stored trajectory is int32 token ids and float32 recorded log-probs: ``8 x (tokens + 1)`` bytes plus 280 bytes of
+Python and numpy headers (``TRAJECTORY_OVERHEAD_BYTES``), and the checkpoint's ``data.pt`` holds the same arrays
+(flat, without the headers). The method declares how many trajectories a group may add per step and the cap per
+question; the bound below is those maxima over ``trainer.total_training_steps``, every one at full length. A run's
+real pool is smaller (exp_scripts/ has a benchmark that fills one as a 701-step run does and measures it).
 """
 
 from __future__ import annotations
@@ -20,34 +17,32 @@ GiB = 2**30
 # sys.getsizeof on CPython 3.11 / numpy: the Trajectory object (48, two slots) + two array headers (112 each) + its
 # pointer in the question's list (8)
 TRAJECTORY_OVERHEAD_BYTES = 280
-_KEY = "algorithm.exgrpo.max_trajectories_per_question"
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayPoolInputs:
-    """What bounds ExGRPO's pool: groups per step, trajectories a group may add, the cap, steps (0: unknown)."""
+    """What bounds a method's trajectory pool: groups per step, trajectories a group may add, the cap per question
+    (0: none), steps (0: unknown), tokens per trajectory; its name and the key that bounds it."""
 
     groups_per_step: int
     per_group: int
     cap: int
     steps: int
     max_tokens: int
+    label: str = "trajectory pool"
+    cap_key: str = ""
 
     @classmethod
-    def from_sections(cls, sections) -> Optional["ReplayPoolInputs"]:
-        algorithm = sections.algorithm
-        if algorithm.method != "exgrpo":
-            return None
-        knobs, n = algorithm.exgrpo, sections.workers.rollout.n
-        per_group = min(int(knobs.rbound), n - 1)
-        if knobs.max_trajectories_per_question:
-            per_group = min(per_group, int(knobs.max_trajectories_per_question))
+    def from_declaration(cls, sections, pool: dict) -> "ReplayPoolInputs":
+        """``pool``: the method's declaration (``label``, ``cap_key``, ``cap``, ``per_group``)."""
         return cls(
             groups_per_step=int(sections.data.train_batch_size),
-            per_group=max(0, per_group),
-            cap=int(knobs.max_trajectories_per_question),
+            per_group=max(0, int(pool["per_group"])),
+            cap=int(pool["cap"]),
             steps=int(sections.trainer.total_training_steps or 0),
             max_tokens=int(sections.data.max_response_length),
+            label=str(pool["label"]),
+            cap_key=str(pool["cap_key"]),
         )
 
     @property
@@ -69,5 +64,5 @@ def replay_pool_line(p: Optional[ReplayPoolInputs]) -> Optional[tuple[str, int, 
         f"{cap}; full-length bound, data.pt holds the same"
     )
     if p.steps:
-        return f"ExGRPO experience pool after {p.steps} steps ({per})", p.steps * p.step_bytes, _KEY
-    return f"ExGRPO experience pool per step ({per}; trainer.total_training_steps unset)", p.step_bytes, _KEY
+        return f"{p.label} after {p.steps} steps ({per})", p.steps * p.step_bytes, p.cap_key
+    return f"{p.label} per step ({per}; trainer.total_training_steps unset)", p.step_bytes, p.cap_key

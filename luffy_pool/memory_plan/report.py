@@ -194,7 +194,7 @@ def suggestions(plan: Plan, limit: int = 2) -> list[str]:
 
 
 def markdown_table(rows: list[tuple[str, str, int, Plan]]) -> str:
-    """``(recipe, gpu label, nodes, plan)`` rows -> a README table of each phase's peak and the headroom (GiB)."""
+    """``(recipe, gpu label, nodes, plan)`` rows -> docs/memory.md's table of each phase's peak and headroom (GiB)."""
     names = [p.name for p in rows[0][3].phases]
     head = "| recipe | GPU | nodes | " + " | ".join(names) + " | headroom |"
     out = [head, "|" + "---|" * (4 + len(names))]

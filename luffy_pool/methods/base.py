@@ -1,68 +1,72 @@
-"""What a training method is: a named composition of the pool's blocks, and how selecting it sets the config.
+"""What a training method is: one registered object, selected by ``algorithm.method``.
 
-A method (``algorithm.method``) declares, in one small module registered here:
+A method declares, in its own module (luffy_pool/methods/<name>.py) and its YAML group
+(luffy_pool/config/method/<name>.yaml), everything the framework needs from it:
 
-- ``requires``: config keys it needs at a fixed value (its policy loss, its advantage estimator, its slot plan).
-  Selecting it sets them; a value that differs from both the method's and the base YAML default
-  (luffy_pool/config/mix_ppo_trainer.yaml) is a user's choice that contradicts the method: refused, one line
-  naming both keys.
-- ``replaces``: LUFFY's own selection keys (its loss switch ``use_off_policy_loss``, its off-policy slots for
-  ``grpo``) that the method supersedes. They belong to the ``luffy`` method, so another method sets them whatever
-  a LUFFY recipe (tiny_cpu_luffy.yaml, train.sh) put there; the change is logged.
-- ``knobs``: the name of its YAML group ``algorithm.<knobs>`` (declared in luffy_pool/config/sections.py), sent
-  to the actor with the step index so the loss can build its knob dataclass (luffy_pool/methods/losses.py).
-- ``before_update``: an optional driver stage after the advantage, ``fn(batch, sections) -> metrics``, that adds
-  per-row tensors the loss reads (HPT's per-group switch ``loss_row_mask``, SRFT's ``row_scores``).
-- ``needs_demonstration``: every train row needs its ``data.target_key`` (luffy_pool/run/preflight.py).
-- ``ratio_sampler``: an optional slot plan of its own, ``fn(sections, seed=, total_steps=, tokenizer=) -> sampler``
-  replacing LUFFY's ``PrefixRatioSampler``; ``sampler.draw_batch(batch, global_step) -> (ratios [B, n], metrics)``
-  may rewrite the batch's per-prompt traces ``tgt_input_ids`` (UFT's hints), and its ``state_dict`` is saved
-  with the trainer's (Prefix-RFT's cosine prefix ratio, UFT's hint draws).
-- ``check_train_file``: an optional input check ``fn(path, sections) -> error line or None`` run on every train
-  file before Ray starts (UFT's hint column).
-- ``stage``: an optional driver stage with state across steps, ``fn(trainer) -> stage`` built once by the trainer;
-  the stage has ``before_rollout(batch)`` (the step's prompts, before the rollout takes their targets),
-  ``after_update(batch, timing) -> metrics`` and ``state_dict`` / ``load_state_dict`` (saved in the checkpoint's
-  ``data.pt``; ReLIFT's hard-question buffer and interleaved SFT step).
-- ``driver``: an optional class built with the trainer, ``driver(trainer)``, for a method with state across steps
-  and stages around the rollout (ExGRPO's experience pool: luffy_pool/methods/exgrpo.py lists its calls); its
-  ``state_dict`` is saved with every checkpoint.
-- ``needs_question_ids``: the method keys state by question id (the dataset's ``index``), so the train files'
-  ids must be unique (luffy_pool/run/preflight.py).
+- its **preset** (the YAML group): the keys it sets outside its own group (its policy loss, advantage estimator and
+  slot plan) and its **knobs** ``algorithm.<name>`` with their defaults and docs. The knobs' types and bounds are
+  the frozen dataclass ``knobs`` (``verl.utils.config_section.key`` fields), checked like every other key.
+  Selecting the method merges the group into the config (:func:`apply_method`): the preset and the knob defaults
+  appear in the resolved config; a preset key the user set to another value is refused, naming both keys; knobs of
+  a method that is not selected are refused (luffy_pool/config/check.py).
+- its **loss** ``loss(inputs, knobs, step) -> (loss, metrics)`` (``inputs``: :class:`MethodLossInputs`), which
+  the actor calls with the knobs it received once at init and the update's step.
+- its **hooks** (luffy_pool/methods/hooks.py): the driver stages of the step, built once per run from a narrow
+  :class:`~luffy_pool.methods.hooks.StepContext`.
+- its **declarations**, read by pre-flight, the memory plan, the recipe and the rehearsal, which name no method:
+  ``needs_demonstration``, ``needs_question_ids``, ``check_train_file``, ``batch_keys`` (per-row tensors its hooks
+  add for the update), ``memory`` (extra device and host memory), ``scaled_keys`` (batch keys a rehearsal shrinks),
+  ``rehearsal_data`` (a train-file transform the rehearsal applies) and ``stateful`` (state the next batch is
+  drawn from: a one-step-off pipeline is refused).
+
+Every module of this package is imported by ``luffy_pool.methods`` and registers its method: adding a method adds
+its module, its YAML group and its launch script, and changes no other file.
 """
 
 from __future__ import annotations
 
-import logging
+import functools
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from typing import Any, Optional
 
-logger = logging.getLogger(__name__)
-
 METHODS: dict[str, "Method"] = {}
+PRESET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "method")
+DEFAULT_METHOD = "luffy"
 
 
 @dataclass(frozen=True)
 class Method:
-    """One training method: the config it needs and the driver hooks it adds (see the module docstring)."""
+    """One training method (see the module docstring)."""
 
     name: str
     mechanism: str
-    requires: Mapping[str, Any] = field(default_factory=dict)
-    replaces: Mapping[str, Any] = field(default_factory=dict)
-    knobs: Optional[str] = None
-    before_update: Optional[Callable[..., dict]] = None
-    # every train row must carry a demonstration (data.target_key not null), checked before Ray starts
+    knobs: Optional[type] = None
+    loss: Optional[Callable[..., Any]] = None
+    hooks: Optional[Callable[..., Any]] = None
     needs_demonstration: bool = False
-    ratio_sampler: Optional[Callable[..., Any]] = None
-    check_train_file: Optional[Callable[..., Optional[str]]] = None
-    stage: Optional[Callable[..., Any]] = None
-    # stateful driver stages (see the module docstring), built as driver(trainer)
-    driver: Optional[Callable[..., Any]] = None
-    # state keyed by question id: train rows need unique ids (extra_info.index or the row position)
     needs_question_ids: bool = False
+    check_train_file: Optional[Callable[..., Optional[str]]] = None
+    batch_keys: tuple[str, ...] = ()
+    memory: Optional[Callable[..., Any]] = None
+    scaled_keys: tuple[str, ...] = ()
+    rehearsal_data: Optional[Callable[..., Any]] = None
+    stateful: bool = False
+
+    @property
+    def preset(self) -> dict:
+        """The YAML group as a plain nested dict (preset keys and the knobs' defaults)."""
+        return method_group(self.name)
+
+    def preset_keys(self) -> dict[str, Any]:
+        """Dotted key -> value of every preset leaf outside the method's knob group."""
+        own = f"algorithm.{self.name}"
+        return {k: v for k, v in _leaves(self.preset) if k != own and not k.startswith(own + ".")}
+
+    def knob_defaults(self) -> dict:
+        """The knob group's defaults (empty for a method without knobs)."""
+        return dict(self.preset.get("algorithm", {}).get(self.name, {}) or {})
 
 
 def register_method(method: Method) -> Method:
@@ -70,33 +74,83 @@ def register_method(method: Method) -> Method:
     previous = METHODS.get(method.name)
     if previous is not None and previous != method:
         raise ValueError(f"method {method.name!r} is already registered")
+    if method.knobs is not None and not method_group(method.name).get("algorithm", {}).get(method.name):
+        raise ValueError(f"method {method.name!r} declares knobs but its YAML group has no algorithm.{method.name}")
+    if method.loss is not None:  # the one loss table: verl's registry, under the method's name
+        from luffy_pool.methods.losses import registry_entry
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+
+        if method.name not in POLICY_LOSS_REGISTRY:
+            register_policy_loss(method.name)(registry_entry(method))
     METHODS[method.name] = method
     return method
 
 
 def get_method(name: str) -> Method:
     """The method registered as ``name``; ValueError listing the registered ones otherwise."""
+    import luffy_pool.methods  # noqa: F401 -- registers the shipped methods
+
     if name not in METHODS:
         raise ValueError(f"algorithm.method={name!r} is not implemented; valid: {sorted(METHODS)}")
     return METHODS[name]
 
 
-@lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)
+def _group_file(name: str) -> dict:
+    import yaml
+
+    path = os.path.join(PRESET_DIR, f"{name}.yaml")
+    if not os.path.isfile(path):
+        raise ValueError(f"algorithm.method={name}: its YAML group {path} is missing")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def method_group(name: str) -> dict:
+    """A copy of luffy_pool/config/method/<name>.yaml as a nested dict."""
+    import copy
+
+    return copy.deepcopy(_group_file(name))
+
+
+def _leaves(node: Mapping, prefix: str = ""):
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, dotted + ".")
+        else:
+            yield dotted, value
+
+
+@functools.lru_cache(maxsize=1)
 def _base_defaults():
-    from omegaconf import OmegaConf
+    """The composed base config (every YAML default, before any override or method group)."""
+    from luffy_pool.config.compose import compose_config
 
-    from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR
+    return compose_config()
 
-    return OmegaConf.load(f"{CONFIG_DIR}/{BASE_CONFIG_NAME}.yaml")
+
+def knob_group_owner(key: str) -> Optional[str]:
+    """The method whose knob group holds dotted ``key`` (``algorithm.<method>.<knob>``), None otherwise."""
+    parts = key.split(".")
+    if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in _knob_methods():
+        return parts[1]
+    return None
+
+
+def _knob_methods() -> tuple[str, ...]:
+    import luffy_pool.methods  # noqa: F401
+
+    return tuple(name for name, m in METHODS.items() if m.knobs is not None)
 
 
 def method_conflicts(method: Method, config) -> list[str]:
-    """One line per ``requires`` key whose value contradicts ``method`` (differs from the method's value and
-    from the base YAML default)."""
+    """One line per problem of ``config`` against ``method``: a preset key set to another value than the
+    method's (and than the base YAML default), and a knob group of a method that is not selected."""
     from omegaconf import OmegaConf
 
     errors = []
-    for path, value in method.requires.items():
+    for path, value in method.preset_keys().items():
         current = OmegaConf.select(config, path)
         if current == value or current == OmegaConf.select(_base_defaults(), path):
             continue
@@ -104,25 +158,63 @@ def method_conflicts(method: Method, config) -> list[str]:
             f"algorithm.method={method.name} sets {path}={value!r}, but the config has {path}={current!r}; "
             f"drop that override or choose another algorithm.method"
         )
+    algorithm = config.get("algorithm") or {}
+    for other in _knob_methods():
+        if other != method.name and algorithm.get(other) is not None:
+            knob = next(iter(algorithm[other]), None)
+            key = f"algorithm.{other}" + (f".{knob}" if knob is not None else "")
+            errors.append(
+                f"{key} is a knob of algorithm.method={other}, but algorithm.method={method.name}; "
+                f"drop it or set algorithm.method={other}"
+            )
     return errors
 
 
 def apply_method(config) -> Method:
-    """Set the keys ``algorithm.method`` needs on ``config`` (in place; idempotent) and return the method.
-    ValueError (one line) for an unknown method or a contradicting key."""
+    """Merge ``algorithm.method``'s YAML group into ``config`` (in place; idempotent) and return the method: its
+    preset keys and its knob defaults under the user's knob values. ValueError (one line) for an unknown method,
+    a contradicting key or another method's knobs."""
     from omegaconf import OmegaConf, open_dict
 
-    import luffy_pool.methods  # noqa: F401 -- registers the shipped methods
-
-    method = get_method(str(OmegaConf.select(config, "algorithm.method", default="luffy")))
+    method = get_method(str(OmegaConf.select(config, "algorithm.method", default=DEFAULT_METHOD)))
     errors = method_conflicts(method, config)
     if errors:
         raise ValueError(errors[0])
     with open_dict(config):
-        for path, value in {**method.replaces, **method.requires}.items():
-            current = OmegaConf.select(config, path)
-            if current != value:
-                if path in method.replaces:
-                    logger.info("algorithm.method=%s: %s %r -> %r", method.name, path, current, value)
+        for path, value in method.preset_keys().items():
+            if OmegaConf.select(config, path) != value:
                 OmegaConf.update(config, path, value, merge=False)
+        if method.knobs is not None:
+            user = OmegaConf.select(config, f"algorithm.{method.name}")
+            knobs = OmegaConf.create(method.knob_defaults())
+            if user is not None:
+                knobs = OmegaConf.merge(knobs, user)
+            config.algorithm[method.name] = knobs
     return method
+
+
+@dataclass(frozen=True)
+class MethodSelection:
+    """What the workers receive once, at init: the method's name and its frozen knob section."""
+
+    name: str
+    knobs: Any = None
+    # the share of each group's rows that are expert (demonstration) rows in the slot plan: n_prefix / n
+    expert_share: float = 0.0
+
+
+def select_method(config) -> MethodSelection:
+    """The selected method and its knob section, built from ``config`` (after :func:`apply_method`)."""
+    from omegaconf import OmegaConf
+
+    from verl.utils.config_section import build_section
+
+    method = get_method(str(OmegaConf.select(config, "algorithm.method", default=DEFAULT_METHOD)))
+    n = int(OmegaConf.select(config, "actor_rollout_ref.rollout.n", default=1) or 1)
+    share = max(int(OmegaConf.select(config, "actor_rollout_ref.rollout.n_prefix", default=0) or 0), 0) / n
+    if method.knobs is None:
+        return MethodSelection(method.name, None, share)
+    group = OmegaConf.select(config, f"algorithm.{method.name}")
+    if group is None:
+        group = OmegaConf.create(method.knob_defaults())
+    return MethodSelection(method.name, build_section(method.knobs, group, f"algorithm.{method.name}"), share)

@@ -1,5 +1,10 @@
-"""``algorithm.method=luffy`` (default): LUFFY as configured by the actor's and rollout's keys (its loss switch
-``use_off_policy_loss``, its prefix plan); selecting it changes nothing, so existing runs are bit for bit the same."""
+"""``algorithm.method=luffy`` (default; arXiv 2504.14945, ElliottYan/LUFFY): LUFFY as its keys configure it.
+
+Its switches (``actor.use_off_policy_loss`` / ``actor.use_sft_multitask_loss`` under ``actor.policy_loss=auto``)
+and its slot plan (``rollout.n_prefix``, ``min/max_prefix_ratio``) are keys of the base YAML, read by verl's loss
+registry (luffy_pool/algorithm/mix_core_alg.py registers LUFFY's losses) and the slot plan; selecting the method
+sets nothing, so an existing LUFFY run is the same bit for bit.
+"""
 
 from luffy_pool.methods.base import Method, register_method
 

@@ -1,5 +1,5 @@
 """ExGRPO's experience pool on the driver: what it stores, how a step's batch is composed from it, and what a step
-adds to it (``algorithm.method=exgrpo``, METHODS_SPEC §1; the pure rules are luffy_pool/algorithm/family/exgrpo.py).
+adds to it (``algorithm.method=exgrpo``, METHODS_SPEC §1; the pure rules are luffy_pool/methods/exgrpo/blocks.py).
 
 ``ExperiencePool`` holds, per question id (the dataset's ``index``: ``extra_info.index`` or the row position), the
 successful trajectories of partially solved groups with the per-token log-probs the actor recomputed for them at
@@ -38,7 +38,7 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 import torch
 
-from luffy_pool.algorithm.family.exgrpo import (
+from luffy_pool.methods.exgrpo.blocks import (
     BucketManager,
     collect_group,
     eligible_uids,
@@ -150,7 +150,7 @@ class ExperiencePool:
     def choose(self, uid: Hashable, metrics: Optional[Sequence[float]]) -> int:
         """Index of the stored trajectory of ``uid`` to replay: ``traj_metric=random`` a uniform draw, else
         ``traj_select`` (argmin/argmax) of ``metrics`` (one per stored trajectory)."""
-        from luffy_pool.algorithm.family.exgrpo import select_best
+        from luffy_pool.methods.exgrpo.blocks import select_best
 
         candidates = self.pool[uid]
         if self.knobs.traj_metric == "random":

@@ -33,6 +33,7 @@ import torch
 
 from deepscaler.rewards import fail_success_values
 from luffy_pool.replay.buffer import SelfReplayBuffer
+from luffy_pool.methods.hooks import StepHooks
 from verl.protocol import DataProto
 
 # The batch's behaviour log-probs (NaN = unknown), the one representation from dataset/rollout to the loss.
@@ -168,15 +169,19 @@ def keep_successes(batch: DataProto, buffer: SelfReplayBuffer, step: int, *, suc
     }
 
 
-class SelfReplay:
-    """The buffer plus what its two stages need (slots, success value, reward function, token ids).
-
-    ``fill_failed_groups`` and ``keep_successes`` are the two calls the training step makes; ``save``/``load``
-    are what the checkpointer uses (``luffy_pool.run.checkpointing``: the buffer's JSON index + safetensors
-    in ``self_replay/``).
+class SelfReplay(StepHooks):
+    """The buffer plus what its two stages need (slots, success value, reward function, token ids): a hook of
+    the step (luffy_pool/methods/hooks.py). It sees the step's final slot plan, fills failed groups after the
+    score (``fill_failed_groups``) and keeps the successes after the log-prob pass (``keep_successes``);
+    ``save``/``load`` are what the checkpointer uses (``luffy_pool.run.checkpointing``: the buffer's JSON index +
+    safetensors in ``self_replay/``, too large for the trainer's ``data.pt``).
     """
 
+    name = "self_replay"
+    needs_old_log_probs = True  # the kept successes carry the old log-probs as their behaviour log-probs
+
     def __init__(self, buffer: SelfReplayBuffer, *, slots: int, success: float, reward_fn: Callable, tokenizer):
+        self.prefix_ratios = None  # this step's [B, n] slot plan, from plan_slots
         self.buffer = buffer
         self.slots = int(slots)
         self.success = float(success)
@@ -216,6 +221,17 @@ class SelfReplay:
     def keep_successes(self, batch: DataProto, step: int) -> dict:
         """After the log-prob pass: put the step's successful on-policy rows into the buffer."""
         return keep_successes(batch, self.buffer, step, success=self.success, eos_token_id=self.tokenizer.eos_token_id)
+
+    # ------------------------------------------------------------------ the step's hooks
+    def plan_slots(self, batch, gen_batch, ratios, step: int):
+        self.prefix_ratios = ratios
+        return ratios, {}
+
+    def after_score(self, batch: DataProto, step: int) -> dict:
+        return self.fill_failed_groups(batch, step, self.prefix_ratios)
+
+    def after_log_probs(self, batch: DataProto, step: int) -> dict:
+        return self.keep_successes(batch, step)
 
     def save(self, directory: str) -> list[str]:
         return self.buffer.save(directory)

@@ -465,9 +465,6 @@ def recovery_for(config: DictConfig, sections: ConfigSections):
 def fit_and_close(trainer, close, recovery=None) -> dict:
     """``trainer.fit()``, then release Ray/trackers; stopped by SIGTERM/SIGINT -> SystemExit(128 + signal).
     With a ``recovery`` (``trainer.max_restarts``) a lost worker or node rebuilds the run and fits again."""
-    from verl.utils.startup_gc import end_startup
-
-    end_startup()  # the driver's start-up (paused by its entry point) ends where training begins
     try:
         while True:
             try:

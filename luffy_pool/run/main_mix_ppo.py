@@ -9,11 +9,6 @@ path) is an alias. Hydra's flags work as usual; ``-m ... --cfg job`` previews ev
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # the trainer's own process: it imports without the collector (verl/utils/startup_gc.py)
-    from verl.utils.startup_gc import pause_for_startup
-
-    pause_for_startup()
-
 import itertools
 import os
 import sys

@@ -242,7 +242,7 @@ def check_trackers(sections) -> list[str]:
 
 
 def check_demonstrations(path: str, target_key: str, method_name: str) -> Optional[str]:
-    """A method that trains on every prompt's demonstration (``Method.needs_demonstration``: hpt, srft, chord, relift)
+    """A method that trains on every prompt's demonstration (``Method.needs_demonstration``)
     refuses a train row whose ``target_key`` is null (LUFFY allows it: that prompt gets no off-policy slot); the
     first such row, naming file, row and column. Missing files and columns are ``check_parquet``'s."""
     import pyarrow.parquet as pq
@@ -267,7 +267,7 @@ def check_demonstrations(path: str, target_key: str, method_name: str) -> Option
 
 
 def check_method_inputs(path: str, sections) -> Optional[str]:
-    """The method's own input check of a train file (``Method.check_train_file``: UFT's hint column), if any."""
+    """The method's own input check of a train file (``Method.check_train_file``), if any."""
     from luffy_pool.methods import get_method
 
     check = get_method(sections.algorithm.method).check_train_file
@@ -275,7 +275,7 @@ def check_method_inputs(path: str, sections) -> Optional[str]:
 
 
 def check_question_ids(paths: list[str], method_name: str) -> Optional[str]:
-    """A method that keeps state per question (``Method.needs_question_ids``: exgrpo) needs one id per train row:
+    """A method that keeps state per question (``Method.needs_question_ids``) needs one id per train row:
     ``extra_info.index`` on every row, unique over all train files, or on none (then the row position is the id,
     as the authors' ``dataframe_uid``). The first row without one, or repeating one, naming file, row and column."""
     import pyarrow.parquet as pq

@@ -45,14 +45,14 @@ RL_BATCH_KEYS = (
     "actor_rollout_ref.actor.ppo_micro_batch_size",
     "actor_rollout_ref.rollout.max_num_seqs",  # vLLM: concurrent rows (<= max_num_batched_tokens)
 )
-# A method's own batch sizes in rows (algorithm.<method>), scaled with the RL batch when the recipe selects it.
-RL_METHOD_BATCH_KEYS = {
-    "relift": (
-        "algorithm.relift.sft_data_size",
-        "algorithm.relift.sft_mini_batch_size",
-        "algorithm.relift.sft_micro_batch_size",
-    ),
-}
+
+
+def method_batch_keys(method_name: str) -> tuple[str, ...]:
+    """A method's own batch sizes in rows (``Method.scaled_keys``), scaled with the RL batch when selected."""
+    from luffy_pool.methods import get_method
+
+    return tuple(get_method(method_name).scaled_keys)
+
 SFT_LENGTH_KEYS = ("data.max_length",)
 SFT_BATCH_KEYS = ("data.train_batch_size",)
 

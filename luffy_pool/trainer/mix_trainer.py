@@ -2,11 +2,10 @@
 
 Runs on the Ray driver (the single controller). ``train_step`` is a row of named stages, each returning
 its metrics: update_weights (push the actor's weights into the rollout engines) -> rollout (draw prefix
-ratios, generate on-policy + off-policy slots; ``Method.driver`` methods such as ExGRPO compose the prompts and
-fill the slots first, luffy_pool/methods/exgrpo.py) -> score (reward every row) -> [replay: fill failed groups
-with the run's own traces, ``data.self_replay``] -> log-probs (old, ref) -> [replay: keep this step's
-successes] -> [rollout correction: IS weights / rejection, ``algorithm.rollout_correction``] -> advantages (KL
-in reward, group advantage) -> update (balance rows across ranks, update the actor) -> step metrics. ``fit``
+ratios, generate on-policy + off-policy slots) -> score (reward every row) -> log-probs (old, ref) -> [rollout
+correction: IS weights / rejection, ``algorithm.rollout_correction``] -> advantages (KL in reward, group advantage)
+-> update (balance rows across ranks, update the actor) -> step metrics. Around them the step's hooks run, each
+stage one loop over the active hooks (luffy_pool/methods/hooks.py: the method's, then self-replay's). ``fit``
 adds validation every ``trainer.test_freq`` steps and checkpoints every ``trainer.save_freq``. The driver
 owns every decision that must agree across ranks (ratios, uids, advantages, order). With
 ``actor_rollout_ref.hybrid_engine=False`` the engines are a worker group of their own (``rollout_wg``) and the
@@ -25,8 +24,9 @@ import torch
 
 from deepscaler.rewards import fail_success_values
 from luffy_pool.config.sections import ConfigSections
-from luffy_pool.algorithm.mix_advantage import compute_mixed_advantage
+from luffy_pool.algorithm.mix_advantage import compute_advantage, postprocess_batch_advantage
 from luffy_pool.methods import get_method
+from luffy_pool.methods.hooks import StepContext
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
 from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
 from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction, bypass_old_log_probs
@@ -117,10 +117,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         self.response_length = s.data.max_response_length
         self.ratio_sampler = PrefixRatioSampler.from_rollout_config(rcfg, seed=int(s.trainer.seed))
         self.kl_ctrl = get_kl_controller(s.algorithm.kl_ctrl)
-        self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=tokenizer)  # None when off
-        self.method = get_method(s.algorithm.method)  # luffy_pool/methods/: its driver stage and loss knobs
-        # a method's stateful stages (ExGRPO's experience pool), saved with the checkpoint; None for the others
-        self.method_driver = self.method.driver(self) if self.method.driver is not None else None
+        self.method = get_method(s.algorithm.method)  # luffy_pool/methods/: its hooks; its loss runs in the actor
         self.use_ref = s.workers.ref.use_ref
         rc = s.algorithm.rollout_correction
         self.rollout_correction = rc if rollout_correction_enabled(rc) else None
@@ -132,16 +129,32 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             if total_training_steps is not None
             else s.trainer.total_steps(len(self.train_dataloader))
         )
-        if self.method.ratio_sampler is not None:  # the method's own slot plan (prefix_rft's schedule, uft's hints)
-            self.ratio_sampler = self.method.ratio_sampler(
-                s, seed=int(s.trainer.seed), total_steps=self.total_training_steps, tokenizer=tokenizer
-            )
+        self.hooks = self._build_hooks(reward_fn)
         self._data_iter = None
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
         self.pending_metrics: dict = {}  # logged with the next step (a restart's trainer/restarts, steps_lost)
-        # a method's driver stage with state across steps (ReLIFT's buffer + SFT stage), saved with the checkpoint
-        self.method_stage = self.method.stage(self) if self.method.stage is not None else None
+
+    def _build_hooks(self, reward_fn) -> list:
+        """The step's hooks in stage order: the method's, then self-replay's (it sees the final slot plan)."""
+        s, hooks = self.sections, []
+        if self.method.hooks is not None:
+            context = StepContext(
+                sections=s,
+                wg=self.wg,
+                tokenizer=self.tokenizer,
+                dataset=getattr(self.train_dataloader, "dataset", None),
+                collate_fn=self.collate_fn,
+                world_size=self.world_size,
+                response_length=self.response_length,
+                total_steps=self.total_training_steps,
+                knobs=s.knobs,
+            )
+            hooks.append(self.method.hooks(context))
+        self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=self.tokenizer)  # None: off
+        if self.self_replay is not None:
+            hooks.append(self.self_replay)
+        return hooks
 
     # ------------------------------------------------------------------ resumable state
     def state_dict(self) -> dict:
@@ -152,8 +165,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             "kl_coef": float(value) if value is not None else None,
             "last_val_metrics": dict(self.last_val_metrics or {}),
         }
-        if self.method_driver is not None:
-            state["method_state"] = {"method": self.method.name, "state": self.method_driver.state_dict()}
+        hooks = {h.name: h.state_dict() for h in self.hooks}
+        state["hooks"] = {"method": self.method.name, "state": {k: v for k, v in hooks.items() if v is not None}}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -162,12 +175,15 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if state.get("kl_coef") is not None and hasattr(self.kl_ctrl, "value"):
             self.kl_ctrl.value = float(state["kl_coef"])
         self.last_val_metrics = dict(state.get("last_val_metrics") or {})
-        if self.method_driver is not None:
-            state_saved = state.get("method_state")
-            if state_saved is not None and state_saved["method"] == self.method.name:
-                self.method_driver.load_state_dict(state_saved["state"])
-            else:  # a checkpoint of another method (or of none): this method's state starts empty
-                logger.warning("the checkpoint holds no algorithm.method=%s state; it starts empty", self.method.name)
+        saved = state.get("hooks") or {}
+        same_method = saved.get("method") == self.method.name
+        for hook in self.hooks:
+            hook_state = (saved.get("state") or {}).get(hook.name) if same_method else None
+            if hook_state is not None:
+                hook.load_state_dict(hook_state)
+            elif hook.state_dict() is not None:  # a checkpoint of another method (or of none): starts empty
+                logger.warning("the checkpoint holds no %s state of algorithm.method=%s; it starts empty",
+                               hook.name, self.method.name)
         self._data_iter = None
 
     # ------------------------------------------------------------------ schedule
@@ -275,42 +291,39 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         return self._train_on(batch, ratios, metrics, timing)
 
     def _start_batch(self, batch: DataProto, step: int, metrics: dict, timing: dict) -> DataProto:
-        """The step's prompts as the method makes them (colocated and split engines alike), recorded for resume."""
-        if self.method_driver is not None:  # e.g. ExGRPO: part of the prompts replaced by experience questions
-            with _timer("method_compose", timing):
-                batch, stage = self.method_driver.compose(batch)
-            metrics.update(stage)
+        """The step's prompts as the hooks make them (colocated and split engines alike), recorded for resume."""
+        with _timer("method_compose", timing):
+            for hook in self.hooks:
+                batch, stage = hook.compose(batch)
+                metrics.update(stage)
         if self.checkpointer is not None:  # audit trail: a resumed run must see the same prompts per step
             self.checkpointer.record_data_order(step, batch.non_tensor_batch["index"])
-        if self.method_stage is not None:  # sees the prompts with their targets, before the rollout takes them
-            self.method_stage.before_rollout(batch)
         return batch
 
     def _train_on(self, batch: DataProto, ratios, metrics: dict, timing: dict) -> StepOutput:
         """The stages after the rollout: reward, [replay], log-probs, [rollout correction], advantages, update."""
         with _timer("reward", timing):
             metrics.update(self._score(batch))
-        if self.self_replay is not None:  # the pass must see the rewritten rows (luffy_pool/replay/self_replay.py)
-            with _timer("replay", timing):
-                metrics.update(self.self_replay.fill_failed_groups(batch, self.global_steps, ratios))
+        with _timer("replay", timing):  # e.g. self-replay fills failed groups: the log-prob pass sees them
+            for hook in self.hooks:
+                metrics.update(hook.after_score(batch, self.global_steps))
         batch = self._log_probs(batch, timing)
-        if self.self_replay is not None:  # kept with the behaviour log-probs the pass computed
-            metrics.update(self.self_replay.keep_successes(batch, self.global_steps))
-        if self.method_driver is not None:  # ExGRPO: collect/retire with the old log-probs, then the recorded swap
-            metrics.update(self.method_driver.after_log_probs(batch))
+        for hook in self.hooks:  # e.g. a replay pool collects with the old log-probs
+            metrics.update(hook.after_log_probs(batch, self.global_steps))
         if self.rollout_correction is not None:  # IS weights / rejection on the on-policy tokens (verl's place)
             with _timer("rollout_corr", timing):
                 metrics.update(apply_rollout_correction(batch, self.rollout_correction, self.response_length))
         with _timer("adv", timing):
             batch, stage = self._advantages(batch)
         metrics.update(stage)
-        if self.method.before_update is not None:  # e.g. HPT's per-group gate (luffy_pool/methods/)
-            metrics.update(self.method.before_update(batch, self.sections))
-        metrics.update(self._update(batch, timing))
-        if self.method_stage is not None:  # e.g. ReLIFT's interleaved SFT stage (luffy_pool/methods/relift.py)
-            metrics.update(self.method_stage.after_update(batch, timing))
-        if self.method_driver is not None:  # ExGRPO: retired questions leave the pool; the phase switch
-            metrics.update(self.method_driver.end_step(batch))
+        update_state: dict = {}
+        for hook in self.hooks:  # e.g. a per-group gate; a phase that goes with the update
+            stage, state = hook.before_update(batch)
+            metrics.update(stage)
+            update_state.update(state)
+        metrics.update(self._update(batch, timing, update_state))
+        for hook in self.hooks:  # e.g. an interleaved SFT stage, a pool's retirement
+            metrics.update(hook.after_update(batch, timing))
         stage, prompt_tokens, response_tokens = self._step_metrics(batch)
         metrics.update(stage)
         return StepOutput(metrics, prompt_tokens, response_tokens)
@@ -343,7 +356,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
                 batch = batch.union(self.wg.compute_ref_log_prob(batch.select(batch_keys=LOG_PROB_KEYS)))
         return batch
 
-    def _update(self, batch: DataProto, timing: dict) -> dict:
+    def _update(self, batch: DataProto, timing: dict, update_state: dict | None = None) -> dict:
         """Dump the rollouts (``trainer.rollout_data_dir``), balance rows across ranks, update the actor."""
         metrics: dict = {}
         if self.sections.trainer.rollout_data_dir:
@@ -357,12 +370,9 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if self.sections.trainer.critic_warmup <= self.global_steps - 1:
             with _timer("update_actor", timing):
                 update_batch = batch.select(batch_keys=self._update_keys(batch))
-                if self.method.knobs is not None:  # the family loss's knobs and step (luffy_pool/methods/losses.py)
-                    from luffy_pool.methods.losses import update_meta
-
-                    update_batch.meta_info["method"] = update_meta(self.method, self.sections, self.global_steps)
-                    if self.method_driver is not None:
-                        self.method_driver.update_meta(update_batch.meta_info["method"])
+                # the update's arguments besides the rows: its step, and what the hooks send the method's loss
+                update_batch.meta_info["global_steps"] = self.global_steps
+                update_batch.meta_info["update_state"] = dict(update_state or {})
                 update = self.wg.update_actor(update_batch)
                 metrics.update(reduce_metrics(update.meta_info["metrics"]))
         return metrics
@@ -393,12 +403,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if (
             self.sections.actor.recompute_old_log_prob != "auto"
             or self.use_ref
-            or self.self_replay is not None
             or self.rollout_correction is not None
-            or self.method_driver is not None
+            or any(h.needs_old_log_probs for h in self.hooks)
         ):
-            # self-replay and ExGRPO record the old log-probs of the successes they keep; rollout correction
-            # compares them with the engine's before the update
+            # hooks record the old log-probs (the successes a replay pool keeps); rollout correction compares
+            # them with the engine's before the update
             return True
         mini_rows_per_rank = actor.ppo_mini_batch_size * self.n // self.world_size
         return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
@@ -417,15 +426,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             metrics["batch/off_policy_truncated"] = int(
                 batch.pop(batch_keys=["tgt_truncated"]).batch["tgt_truncated"].sum()
             )
-        bsz = len(batch)
-        if self.method.ratio_sampler is None:
-            ratios = self.ratio_sampler.draw(bsz, step)
-        else:  # may rewrite the prompts' traces (uft's hints)
-            ratios, method_metrics = self.ratio_sampler.draw_batch(batch, step)
-            metrics.update(method_metrics)
+        ratios = self.ratio_sampler.draw(len(batch), step)  # LUFFY's slot plan; a hook may replace it
         gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS if k in batch.batch.keys()])
-        if self.method_driver is not None:  # ExGRPO: its replayed trajectories fill slot 0 of their prompts
-            ratios = self.method_driver.attach(gen_batch, bsz, self.n)
+        for hook in self.hooks:  # e.g. a prefix schedule, hints, replayed trajectories
+            ratios, stage = hook.plan_slots(batch, gen_batch, ratios, step)
+            metrics.update(stage)
         if "tgt_input_ids" in batch.batch.keys():
             extra_slots = self._attach_slot_traces(gen_batch, batch, ratios, step)
             if self.off_policy_pool.has_extra_traces:
@@ -489,12 +494,13 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if rc is not None:  # the weights, and the loss mask less the rejected tokens
             keys += [IS_WEIGHTS_KEY] if rc.rollout_is is not None else []
             keys += ["response_mask"] if rc.rollout_rs is not None else []
-        keys += [k for k in ("loss_row_mask", "row_scores") if k in batch.batch.keys()]  # algorithm.method's
+        keys += [k for k in self.method.batch_keys if k in batch.batch.keys()]  # added by the method's hooks
         return keys
 
     def _advantages(self, batch: DataProto) -> tuple[DataProto, dict]:
-        """KL-in-reward (β=0 without a ref model), then the registered group advantage; the KL metrics and
-        the count of off-policy rows whose behaviour probability is unknown."""
+        """KL-in-reward (β=0 without a ref model), the registered estimator's advantage, then LUFFY's post-processing
+        of it (prefix weights, truncated rows, SFT prefix advantage); the KL metrics and the count of off-policy rows
+        whose behaviour probability is unknown."""
         metrics: dict = {}
         response_mask = batch.batch["attention_mask"][:, -self.response_length :]
         if not self.sections.actor.use_kl_loss:
@@ -510,10 +516,13 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         else:
             rewards = batch.batch["token_level_scores"]
         batch.batch["token_level_rewards"] = rewards
-        adv, returns = compute_mixed_advantage(
+        adv, returns = compute_advantage(
+            self.sections, batch.batch, batch.non_tensor_batch["uid"], self.response_length
+        )
+        adv = postprocess_batch_advantage(
+            adv,
             self.sections,
             batch.batch,
-            batch.non_tensor_batch["uid"],
             self.response_length,
             self.n,
             pad_token_id=self.tokenizer.pad_token_id,

@@ -57,8 +57,8 @@ def build_sft_optimizer(module: torch.nn.Module, cfg: InterleavedSftConfig, step
 def sft_update(actor, optimizer: torch.optim.Optimizer, data, cfg: InterleavedSftConfig) -> dict[str, list]:
     """One SFT stage on this rank's rows (``data``: a DataProto with :data:`SFT_KEYS`); metric lists
     ``actor/sft_loss``, ``actor/sft_entropy_loss`` (per micro-batch), ``actor/sft_grad_norm`` (per step)."""
-    from luffy_pool.algorithm.family.registry import FamilyLossInputs
-    from luffy_pool.algorithm.family.relift import ReliftSftConfig, relift_sft_loss
+    from luffy_pool.methods.loss_inputs import FamilyLossInputs
+    from luffy_pool.methods.relift import ReliftSftConfig, relift_sft_loss
 
     if cfg.mini_batch_size % cfg.micro_batch_size:
         raise ValueError(

@@ -15,7 +15,7 @@ from luffy_pool.algorithm.mix_core_alg import (
     AdaptiveEntropyCoeff,
 )  # also registers luffy_token / sft_multitask / grpo_split
 from luffy_pool.config.sections import LuffyActorSection
-from luffy_pool.methods.losses import FAMILY_LOSSES, family_policy_loss  # also registers hpt_sft / srft / chord
+from luffy_pool.methods.losses import method_policy_loss
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
 
@@ -27,7 +27,7 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
     def __init__(self, config, actor_module, actor_optimizer=None, **kw):
         super().__init__(config, actor_module, actor_optimizer, **kw)
         self.adaptive_entropy = None
-        self.method_meta = None  # algorithm.method's knobs and step, sent with each update (family losses)
+        self.method_selection = None  # algorithm.method and its frozen knobs, set once at init (set_method)
         if self.update_config is None:  # a log-prob-only actor: no loss
             return
         self.loss_cfg = loss = self.update_config.loss
@@ -44,17 +44,30 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         keys = super().loss_input_keys() + ["prefix_mask"]
         if self.loss_cfg.use_off_policy_probs:
             keys.append("behaviour_log_probs")
-        # per-row tensors of algorithm.method's driver stage (HPT's gate, SRFT's scores); loaded when present
-        return keys + ["loss_row_mask", "row_scores"]
+        # per-row tensors the method's hooks add for its loss (Method.batch_keys); loaded when present
+        if self.method_selection is not None:
+            from luffy_pool.methods import get_method
 
-    def update_policy(self, data):
-        self.method_meta = data.meta_info.get("method")
-        return super().update_policy(data)
+            keys += list(get_method(self.method_selection.name).batch_keys)
+        return keys
 
-    def compute_policy_loss(self, micro, log_prob, entropy, response_mask):
-        if self.policy_loss in FAMILY_LOSSES:  # the family's losses read entropies, gate masks and the step
-            return family_policy_loss(self, micro, log_prob, entropy, response_mask)
-        return super().compute_policy_loss(micro, log_prob, entropy, response_mask)
+    def set_method(self, selection) -> None:
+        """``algorithm.method`` and its frozen knob section (``MethodSelection``), once, when the worker starts."""
+        self.method_selection = selection
+
+    def compute_policy_loss(self, micro, log_prob, entropy, response_mask, global_steps=None, update_state=None):
+        from luffy_pool.methods import METHODS
+
+        method = METHODS.get(self.policy_loss)
+        if method is not None and method.loss is not None:  # a method's loss (registered under its name)
+            if self.method_selection is None or self.method_selection.name != method.name:
+                chosen = None if self.method_selection is None else self.method_selection.name
+                raise ValueError(
+                    f"policy loss {self.policy_loss!r} is algorithm.method={method.name}'s loss, but this actor was "
+                    f"started with algorithm.method={chosen}"
+                )
+            return method_policy_loss(self, micro, log_prob, entropy, response_mask, global_steps, update_state)
+        return super().compute_policy_loss(micro, log_prob, entropy, response_mask, global_steps, update_state)
 
     def extra_policy_loss(self, loss_metrics, metrics):
         """``use_ppo_kl_loss``: ``ppo_kl_loss_coef·|ppo_kl|`` of the registered loss's ``ppo_kl``."""

@@ -30,6 +30,10 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         super().init_model()
+        if self._is_actor:  # the method and its frozen knobs, once (luffy_pool/methods/losses.py)
+            from luffy_pool.methods.base import MethodSelection
+
+            self.actor.set_method(getattr(self.sections, "method", None) or MethodSelection("luffy"))
         if self._is_rollout:
             self.planner = MixRolloutPlanner(
                 self.rollout,

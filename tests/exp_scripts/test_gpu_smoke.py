@@ -238,14 +238,11 @@ def test_gpu_smoke_recipe_train_sh_small_on_cpu(tmp_path):
 
 def test_graphs_measurement_on_cpu_says_graphs_are_a_gpu_feature(capsys):
     """``graphs_vs_eager`` on cpu builds no engine: it prints why there is no eager/graphs ratio and passes."""
-    import importlib.util
+    from exp_scripts import gpu_smoke_graphs
 
-    spec = importlib.util.spec_from_file_location("gpu_smoke", os.path.join(REPO_ROOT, "exp_scripts", "gpu_smoke.py"))
-    gpu_smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_smoke)
-    result = gpu_smoke.graphs_vs_eager("no-model-needed", "cpu")
+    result = gpu_smoke_graphs.graphs_vs_eager("no-model-needed", "cpu")
     out = capsys.readouterr().out
-    assert result == {"ok": True, "skipped": gpu_smoke.GRAPHS_ON_CPU}
+    assert result == {"ok": True, "skipped": gpu_smoke_graphs.GRAPHS_ON_CPU}
     assert "CUDA graphs are a GPU feature" in out and "no eager/graphs ratio on cpu" in out
 
 
@@ -261,7 +258,8 @@ def _gpu_smoke_module():
 def test_sp_tp_runs_on_the_gpus_that_hold_the_recipes_layout_and_is_skipped_without_them(monkeypatch):
     """H8: ``--recipe`` runs the recipe's SP x TP when the GPU count allows (train.sh: vLLM TP 2; train_16k.sh:
     SP 2 x TP 2): two DP groups when there are 4 GPUs, one on 2, none on 1."""
-    smoke = _gpu_smoke_module()
+    from exp_scripts import gpu_smoke_sp_tp as smoke
+
     assert [smoke.sp_tp_ranks(2, 2, n) for n in (1, 2, 3, 4, 8)] == [0, 2, 2, 4, 4]
     assert [smoke.sp_tp_ranks(1, 2, n) for n in (1, 2, 8)] == [0, 2, 4]
     assert smoke.sp_tp_ranks(1, 1, 8) == 0  # nothing parallel to check beyond the one-GPU smoke

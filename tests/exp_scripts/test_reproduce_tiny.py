@@ -467,7 +467,7 @@ def test_report_only_never_clears_an_unfinished_run_folder(tmp_path):
 
 
 def test_a_report_with_missing_runs_says_partial_first():
-    from reproduce_tiny import partial_lines
+    from reproduce.results_md import partial_lines
 
     grid = {
         "luffy": {"label": "LUFFY", "scores": {1e-4: 0.1, 3e-5: None}, "chosen": 1e-4},

@@ -133,7 +133,7 @@ def test_no_reward_preset_changes_defaults_and_refuses_to_combine_with_quick(cap
 
 
 def test_no_reward_check_refuses_a_start_model_that_finds_one_percent():
-    from reproduce_tiny import check_no_reward
+    from reproduce.regime import check_no_reward
 
     check_no_reward({"correct": 10, "samples": 1025, "accuracy": 10 / 1025})
     with pytest.raises(ValueError, match=r"solves 11 of 1024 .*\(1\.07%\), not under 1%"):
@@ -146,7 +146,7 @@ def test_no_reward_check_refuses_a_start_model_that_finds_one_percent():
 
 def test_teacher_traces_of_the_task_solve_their_problems_and_a_wrong_one_is_counted(tmp_path):
     from luffy_pool.tiny import write_task_parquets
-    from reproduce_tiny import trace_pass_rate
+    from reproduce.regime import trace_pass_rate
 
     train = write_task_parquets(str(tmp_path), n_train=6, n_test=1)["train"]
     assert trace_pass_rate(train) == {"correct": 6, "rows": 6, "accuracy": 1.0}

@@ -1,14 +1,14 @@
 """Test support for multi-rank code on one machine.
 
-``run_gloo_ranks`` lives in the package (``verl.utils.gloo_ranks``; a benchmark uses it too) and is re-exported
-here for the tests; ``load_fully_sharded`` is the tests' own.
+``run_gloo_ranks`` lives in the development package (``luffy_pool_dev.gloo_ranks``, dev/; a benchmark uses it too)
+and is re-exported here for the tests; ``load_fully_sharded`` is the tests' own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from verl.utils.gloo_ranks import run_gloo_ranks
+from luffy_pool_dev.gloo_ranks import run_gloo_ranks
 
 __all__ = ["load_fully_sharded", "run_gloo_ranks"]
 

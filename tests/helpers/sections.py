@@ -1,5 +1,5 @@
-"""Typed config for a part a test builds on its own (a rollout engine, the off-policy pool): the trainer YAML composed
-with the keys the test sets, as a run's launcher builds it.
+"""Typed config for a part a test builds on its own (a rollout engine, the off-policy pool, the actor's loss): the
+trainer YAML composed with the keys the test sets, as a run's launcher builds it.
 
 An engine outside a run has no trainer pushing weights and runs on one rank, so the engine tests read the
 checkpoint (``load_format=auto``) in its own dtype (``auto``: float32 on CPU), with TP 1 and the HF engine's
@@ -8,6 +8,8 @@ micro-batch at 256 rows; every other key keeps its YAML default (luffy_pool/conf
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 ENGINE_ON_ITS_OWN = {
@@ -47,3 +49,17 @@ def pool_of(extra_trace_files=None, **kwargs):
         "seed": s.trainer.seed,
     }
     return OffPolicyPool(extra_trace_files, **{**run, **kwargs})
+
+
+@functools.lru_cache(maxsize=1)
+def _yaml_loss_section():
+    from luffy_pool.config.compose import actor_config
+    from luffy_pool.config.sections import LossSection
+
+    return LossSection.from_actor_config(actor_config())
+
+
+def loss_section(**knobs):
+    """The YAML's actor loss section with ``knobs`` (actor key names) replaced; no checks, so a bad value reaches
+    the loss."""
+    return dataclasses.replace(_yaml_loss_section(), **knobs)

@@ -330,9 +330,9 @@ def test_pickle_keeps_dtypes_and_owns_read_only_buffers():
     back.batch["half"] += 1  # owns its memory: writable
     assert back.batch["half"].tolist() == [[1.5, 4.0]] and data.batch["half"].tolist() == [[0.5, 3.0]]
     # a dtype numpy lacks, and a tensor that needs grad, keep torch's own pickling
-    from verl.protocol import _tensor_state
+    from verl.protocol_values import tensor_state
 
-    assert _tensor_state(torch.zeros(2, dtype=torch.float8_e4m3fn))[0] == "torch"
+    assert tensor_state(torch.zeros(2, dtype=torch.float8_e4m3fn))[0] == "torch"
     again = pickle.loads(pickle.dumps(DataProto.from_dict(tensors={"grad": torch.ones(1, 2, requires_grad=True)})))
     assert again.batch["grad"].requires_grad
 

@@ -6,10 +6,6 @@ LUFFY's other names here: ``main_task(config)`` (= ``luffy_pool.main_mix_ppo.run
 reward tensor, as LUFFY's) and ``deepscaler_reward_fn_nothink`` (reward version 2).
 """
 
-if __name__ == "__main__":  # the trainer's own process: it imports without the collector (verl/utils/startup_gc.py)
-    from verl.utils.startup_gc import pause_for_startup
-
-    pause_for_startup()
 from typing import List, Union
 
 from deepscaler.globals import THOUGHT_DELIMITER_END, THOUGHT_DELIMITER_START

@@ -17,11 +17,6 @@ signal aborts at once (verl/utils/signals.py); a repeat of the first within 2 s 
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # a trainer rank's own process: it imports without the collector (verl/utils/startup_gc.py)
-    from verl.utils.startup_gc import pause_for_startup
-
-    pause_for_startup()
-
 import contextlib
 import logging
 import math
@@ -358,9 +353,6 @@ def run_sft(config: Union[DictConfig, dict]) -> dict:
     device = resolve_device(config.trainer.device)
     with sft_process_group(device):
         trainer = FSDPSFTTrainer(config, device)
-        from verl.utils.startup_gc import end_startup
-
-        end_startup()  # model and data are built: a rank started by the command line collects again from here
         result = trainer.fit()
     if result["signal"]:
         raise SystemExit(exit_code(result["signal"]))

@@ -152,9 +152,6 @@ class VLLMGenerator:
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not gpu_count:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            from verl.workers.rollout.vllm_rollout.cpu_model_inspect import inspect_models_in_process
-
-            inspect_models_in_process()  # no second interpreter on a cold model-info cache
         from vllm import LLM
 
         # processed_logprobs: --logprobs returns the distribution actually sampled (after temperature), as the rollout.
@@ -209,13 +206,15 @@ class HFGenerator:
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0, batch_size: int = 16):
         import torch
-        from luffy_pool.config.compose import rollout_section
+
         from verl.utils.tokenizer import hf_tokenizer, stop_token_ids
         from verl.workers.rollout.hf_rollout import HFRollout
+        from verl.workers.worker_config import rollout_section
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = hf_tokenizer(model_path)
-        # The trainer's rollout section (its YAML defaults) with this generator's dtype and batch.
+        # The workers' rollout section (the defaults of verl/trainer/config/ppo_worker.yaml) with this generator's
+        # dtype and batch.
         self.section = rollout_section(dtype=dtype, hf_micro_batch_size=batch_size)
         self.engine = HFRollout(model_path, self.section, device=self.device)
         self.model = self.engine.model

@@ -7,7 +7,7 @@ values with equal weight, as LUFFY's code does, makes the step's number depend o
 off-policy token adds a 0 to ``off_policy_prob``. ``actor.metric_aggregation`` chooses:
 
 - ``token_weighted``: each metric carries ``(value x tokens, tokens)`` over the tokens it is defined on
-  (:data:`LOSS_METRIC_TOKENS`; response tokens unless listed) and is reduced once for the step, over every
+  (:data:`LOSS_METRIC_TOKENS`, which each loss declares when it registers; response tokens unless listed) and is reduced once for the step, over every
   micro-batch, mini-batch and data-parallel rank: the token mean over the whole step. A micro-batch without
   a metric's tokens contributes nothing (the step logs 0 only when no micro-batch had any).
   ``actor/pg_loss`` is the loss as the optimizer saw it: per mini-batch the sum of the micro-batch losses as
@@ -27,27 +27,14 @@ METRIC_AGGREGATIONS = ("token_weighted", "micro_batch_mean")
 # The loss metrics reported as the optimizer saw them (summed over a mini-batch's micro-batches / grad accum).
 OPTIMIZER_LOSS_KEYS = ("actor/pg_loss",)
 
-# The token set each metric of a registered loss is averaged over; a metric not listed (entropy, KL loss,
-# a user loss's own metrics) is averaged over the micro-batch's response tokens (``valid``).
+# The token sets a metric may be averaged over:
+#   valid: the micro-batch's response tokens (a metric no loss lists: entropy, KL loss, most losses' own);
 #   off / on: response tokens inside / outside the prefix (off-policy) mask;
 #   off_rows / on_rows: response tokens of rows with / without any off-policy token.
-LOSS_METRIC_TOKENS: dict[str, dict[str, str]] = {
-    "luffy_token": {
-        "actor/off_pg_loss": "off",
-        "actor/off_policy_prob": "off",
-        "actor/off_ratio_mean": "off",
-        "actor/off_ratio_max_clip_frac": "off",
-        "actor/off_ratio_min_clip_frac": "off",
-        "actor/on_pg_loss": "on",
-        "actor/on_policy_prob": "on",
-    },
-    "sft_multitask": {
-        "actor/sft_loss": "off_rows",
-        "actor/on_pg_loss": "on_rows",
-        "actor/pg_clipfrac": "on_rows",
-        "actor/ppo_kl": "on_rows",
-    },
-}
+METRIC_TOKEN_SETS = ("valid", "off", "on", "off_rows", "on_rows")
+# loss name -> {metric key: token set} for the metrics of a registered loss not averaged over ``valid``; filled
+# by ``register_policy_loss(name, metric_tokens=...)`` (verl/trainer/ppo/core_algos.py).
+LOSS_METRIC_TOKENS: dict[str, dict[str, str]] = {}
 
 
 def token_counts(response_mask: torch.Tensor, prefix_mask: Optional[torch.Tensor]) -> dict[str, float]:

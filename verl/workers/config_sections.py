@@ -2,7 +2,7 @@
 actor and rollout engine read (verl/utils/config_section.py explains the declarations).
 
 Built once per worker (``WorkerSections.from_config``) from the composed config; every value comes from the
-YAML (luffy_pool/config/mix_ppo_trainer.yaml documents each key next to its default), none is restated here.
+YAML (verl/trainer/config/ppo_worker.yaml documents each key next to its default), none is restated here.
 The LUFFY method's own keys of these groups (prefix plan, off-policy loss) are declared in
 luffy_pool/config/sections.py, which extends these classes.
 """
@@ -59,12 +59,12 @@ def policy_losses():
 
 
 def _engine(name: str):
-    """A value list of the rollout engine's config module (verl/workers/rollout/config.py), read when checked."""
+    """A value list of the rollout engine's keys (verl/workers/rollout/engine_values.py), read when checked."""
 
     def values():
-        from verl.workers.rollout import config
+        from verl.workers.rollout import engine_values
 
-        return tuple(getattr(config, name))
+        return tuple(getattr(engine_values, name))
 
     return values
 

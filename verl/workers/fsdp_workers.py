@@ -69,23 +69,6 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
     actor_cls = DataParallelPPOActor
     sections_cls = WorkerSections  # the typed view of actor_rollout_ref (a method's worker extends it with its keys)
 
-    @classmethod
-    def fork_preload(cls, sections: WorkerSections, role: str, device: str = "cuda", *_args, **_kwargs) -> list:
-        """The modules a rank imports before its first step; with LUFFY_FORK_WORKERS=1 its process is forked from
-        one that imported them (verl/single_controller/ray/worker_zygote.py; a name vLLM moved is skipped there)."""
-        modules = [cls.__module__, "torch.distributed.checkpoint.state_dict"]  # checkpoints, the HF export
-        if role in ROLLOUT_ROLES and sections.rollout.name == "vllm":
-            modules += [
-                "verl.workers.rollout.vllm_rollout",
-                "vllm.entrypoints.llm",
-                "vllm.model_executor.model_loader",
-                # what building the first engine imports: the loader's quantization check, the args check
-                "vllm.model_executor.layers.quantization.online.base",
-                "vllm.entrypoints.launchers.cli_args",
-            ]
-            modules += ["vllm.v1.worker.cpu_worker"] if device == "cpu" else []
-        return modules
-
     def __init__(
         self,
         sections: WorkerSections,

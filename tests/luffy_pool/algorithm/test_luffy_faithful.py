@@ -73,7 +73,7 @@ def test_unknown_probability_gets_the_shaping_where_luffy_gives_minus_p_or_p_ove
     expected_here = -(p / (0.5 + 1e-6) + shaped + shaped) / 3
     luffy = -(p / (0.5 + 1e-6) + p / (0.0 + 1e-6) + p / (-1.0 + 1e-6)) / 3  # LUFFY's formula on the raw column
     assert pg_loss.item() == pytest.approx(expected_here, rel=1e-5)
-    assert abs(luffy - expected_here) > 1e4  # the difference the README states
+    assert abs(luffy - expected_here) > 1e4  # the difference docs/user_guide.md states
 
 
 # ---------------------------------------------------------------------------------------------- item 4

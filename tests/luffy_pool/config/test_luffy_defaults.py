@@ -1,4 +1,5 @@
-"""Our defaults against LUFFY's: every key both YAMLs share has LUFFY's value, except the README's table."""
+"""Our defaults against LUFFY's: every key both YAMLs share has LUFFY's value, except the user guide's table
+(docs/user_guide.md, "Differences from LUFFY's defaults")."""
 
 import json
 import os
@@ -15,9 +16,9 @@ def _luffy() -> dict:
         return json.load(f)["defaults"]
 
 
-def _readme_differences() -> dict[str, tuple[str, str]]:
-    """``{key: (LUFFY value, our value)}`` from the README's table of deliberate differences."""
-    text = open(os.path.join(REPO, "README.md")).read()
+def _documented_differences() -> dict[str, tuple[str, str]]:
+    """``{key: (LUFFY value, our value)}`` from the user guide's table of deliberate differences."""
+    text = open(os.path.join(REPO, "docs", "user_guide.md")).read()
     section = text.split("### Differences from LUFFY's defaults", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| `([^`]+)` \| `([^`]*)` \| `([^`]*)` \|", section, flags=re.M)
     return {key: (luffy, ours) for key, luffy, ours in rows}
@@ -31,8 +32,8 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def test_every_shared_key_has_luffys_default_or_is_in_the_readme_table():
-    ours, luffy, table = schema_defaults(), _luffy(), _readme_differences()
+def test_every_shared_key_has_luffys_default_or_is_in_the_documented_table():
+    ours, luffy, table = schema_defaults(), _luffy(), _documented_differences()
     assert set(luffy) <= set(ours), sorted(set(luffy) - set(ours))
     differing = {k for k in luffy if not _same(ours[k], luffy[k])}
     assert differing == set(table), (sorted(differing - set(table)), sorted(set(table) - differing))

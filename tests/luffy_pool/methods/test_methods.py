@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 A = "actor_rollout_ref.actor"
 
@@ -38,8 +39,6 @@ def test_config_check_refuses_an_unknown_method(compose_config):
 
 
 def test_luffy_changes_nothing(tiny_config):
-    from omegaconf import OmegaConf
-
     from luffy_pool.methods import apply_method
 
     config = tiny_config()
@@ -48,43 +47,79 @@ def test_luffy_changes_nothing(tiny_config):
     assert OmegaConf.to_container(config) == before
 
 
-@pytest.mark.parametrize(
-    "method,loss,adv",
-    [
-        ("hpt", "hpt_sft", "grpo_split"),
-        ("srft", "srft", "grpo"),
-        ("chord", "chord", "grpo_split"),
-        ("grpo", "vanilla", "grpo"),
-        ("prefix_rft", "prefix_rft", "grpo"),
-        ("uft", "uft", "grpo"),
-        ("relift", "vanilla", "grpo"),
-        ("exgrpo", "exgrpo", "grpo"),
-    ],
-)
-def test_a_method_sets_its_loss_advantage_and_slot_plan_over_luffys_switches(tiny_config, method, loss, adv):
+LUFFY_SWITCHES = (f"{A}.use_off_policy_loss=True", "actor_rollout_ref.rollout.n_prefix=1")  # tiny LUFFY's values
+ON_POLICY = ("grpo", "relift", "exgrpo")  # presets with no demonstration slot (exgrpo: slots get a trace when replayed)
+METHOD_LOSSES = [
+    ("hpt", "hpt", "grpo_split"),
+    ("srft", "srft", "grpo"),
+    ("chord", "chord", "grpo_split"),
+    ("grpo", "vanilla", "grpo"),
+    ("prefix_rft", "prefix_rft", "grpo"),
+    ("uft", "uft", "grpo"),
+    ("relift", "vanilla", "grpo"),
+    ("exgrpo", "exgrpo", "grpo"),
+]
+
+
+@pytest.fixture
+def config_without(compose_config, luffy_overrides, tmp_path):
+    """The tiny LUFFY config with some of its overrides left out (they fall back to the base YAML's defaults)."""
+
+    def make(dropped, *extra):
+        kept = [o for o in luffy_overrides("m", "d", str(tmp_path), steps=2) if o not in dropped]
+        return compose_config(kept + list(extra))
+
+    return make
+
+
+@pytest.mark.parametrize("method,loss,adv", METHOD_LOSSES)
+def test_a_methods_preset_lands_in_the_config_when_nothing_contradicts_it(config_without, method, loss, adv):
+    from luffy_pool.config.check import validate_config
+    from luffy_pool.methods import apply_method, get_method
+
+    # leave out the LUFFY switches the preset contradicts; prefix_rft / uft keep LUFFY's slot plan (n_prefix=1)
+    contradicted = LUFFY_SWITCHES if method in ON_POLICY else LUFFY_SWITCHES[:1]
+    config = config_without(contradicted, f"algorithm.method={method}")
+    assert apply_method(config).name == method
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    assert (actor.policy_loss, config.algorithm.adv_estimator, actor.use_off_policy_loss) == (loss, adv, False)
+    assert rollout.n_prefix == (0 if method in ON_POLICY else 1)
+    for path, value in get_method(method).preset_keys().items():
+        assert OmegaConf.select(config, path) == value, path
+    knobs = get_method(method).knob_defaults()
+    assert OmegaConf.to_container(config.algorithm[method]) == knobs if knobs else method not in config.algorithm
+    before = OmegaConf.to_container(config)
+    apply_method(config)  # idempotent
+    assert OmegaConf.to_container(config) == before
+    assert not [e for e in validate_config(config) if "policy_loss" in e or "method" in e]
+
+
+@pytest.mark.parametrize("method", [m for m, _, _ in METHOD_LOSSES])
+def test_luffys_switches_under_another_method_are_refused_in_one_line(tiny_config, method):
     from luffy_pool.config.check import validate_config
     from luffy_pool.methods import apply_method
 
     config = tiny_config(f"algorithm.method={method}")
-    apply_method(config)
-    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
-    assert (actor.policy_loss, config.algorithm.adv_estimator, actor.use_off_policy_loss) == (loss, adv, False)
-    assert rollout.n_prefix == (
-        0 if method in ("grpo", "relift", "exgrpo") else 1
-    )  # exgrpo: slots get a trace when replayed
-    apply_method(config)  # idempotent
-    assert not [e for e in validate_config(config) if "policy_loss" in e or "method" in e]
+    expected = (
+        f"algorithm.method={method} sets {A}.use_off_policy_loss=False, but the config has "
+        f"{A}.use_off_policy_loss=True; drop that override or choose another algorithm.method"
+    )
+    with pytest.raises(ValueError) as exc:
+        apply_method(config)
+    assert str(exc.value) == expected
+    assert validate_config(config) == [expected]
+    assert config.actor_rollout_ref.actor.use_off_policy_loss is True  # nothing was merged
 
 
-def test_a_value_contradicting_the_method_is_refused_naming_both_keys(tiny_config):
+def test_a_value_contradicting_the_method_is_refused_naming_both_keys(config_without):
     from luffy_pool.methods import apply_method
 
-    config = tiny_config("algorithm.method=hpt", f"{A}.policy_loss=vanilla")
+    config = config_without(LUFFY_SWITCHES[:1], "algorithm.method=hpt", f"{A}.policy_loss=vanilla")
     with pytest.raises(ValueError) as exc:
         apply_method(config)
     msg = str(exc.value)
-    assert "\n" not in msg and "algorithm.method=hpt" in msg and f"{A}.policy_loss='vanilla'" in msg
-    config = tiny_config("algorithm.method=chord", "actor_rollout_ref.rollout.n_prefix=2")
+    assert "\n" not in msg and "algorithm.method=hpt sets" in msg and f"{A}.policy_loss='vanilla'" in msg
+    config = config_without(LUFFY_SWITCHES, "algorithm.method=chord", "actor_rollout_ref.rollout.n_prefix=2")
     with pytest.raises(ValueError, match="algorithm.method=chord sets actor_rollout_ref.rollout.n_prefix=1"):
         apply_method(config)
 
@@ -193,8 +228,8 @@ def test_the_step_reaches_chords_mu(step, mu):
     loss, metrics = family_policy_loss(_stub_actor("chord", meta), *_micro())
     assert metrics["actor/mu"] == pytest.approx(mu, abs=1e-6)  # METHODS_SPEC §10 CHORD-μ values
     # one expert row of four in a one-micro-batch mini-batch: each term is the mean over its own rows
-    from luffy_pool.algorithm.family.chord import ChordConfig, dual_clip_ppo_loss, sft_plain_loss
-    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.methods.chord import ChordConfig, dual_clip_ppo_loss, sft_plain_loss
+    from luffy_pool.methods.loss_inputs import FamilyLossInputs
 
     micro, log_prob, _, mask = _micro()
     part = {
@@ -228,8 +263,8 @@ def test_update_meta_sends_the_knobs_and_a_zero_based_step():
 
 def test_hpt_rows_the_gate_dropped_count_as_removed():
     """Masking a row out of the hpt_sft loss equals the authors' removing it from the batch."""
-    from luffy_pool.algorithm.family.hpt import HptConfig, hpt_sft_loss
-    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.methods.hpt import HptConfig, hpt_sft_loss
+    from luffy_pool.methods.loss_inputs import FamilyLossInputs
     from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro(rows=4, demo_rows=(2, 3))
@@ -272,9 +307,9 @@ def test_srft_correct_rows_come_from_the_row_scores():
 
 
 def test_prefix_rft_and_uft_losses_read_their_knobs_and_the_actors_clip_keys():
-    from luffy_pool.algorithm.family.prefix_rft import PrefixRftConfig, prefix_rft_loss
-    from luffy_pool.algorithm.family.registry import FamilyLossInputs
-    from luffy_pool.algorithm.family.uft import UftLossConfig, uft_loss
+    from luffy_pool.methods.prefix_rft import PrefixRftConfig, prefix_rft_loss
+    from luffy_pool.methods.loss_inputs import FamilyLossInputs
+    from luffy_pool.methods.uft import UftLossConfig, uft_loss
     from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro()
@@ -311,8 +346,8 @@ def test_a_family_loss_without_the_method_meta_says_so():
 def test_exgrpo_clips_in_warm_up_and_not_in_the_mixed_phase():
     """The trainer sends the phase with the knobs (``meta["mixed"]``); the loss is exgrpo_token_loss with
     ``loss_remove_clip`` only when mixed (the authors force PPO clip in warm-up)."""
-    from luffy_pool.algorithm.family.exgrpo import ExgrpoLossConfig, exgrpo_token_loss
-    from luffy_pool.algorithm.family.registry import FamilyLossInputs
+    from luffy_pool.methods.exgrpo.blocks import ExgrpoLossConfig, exgrpo_token_loss
+    from luffy_pool.methods.loss_inputs import FamilyLossInputs
     from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro()

@@ -54,7 +54,11 @@ def test_method_trains_two_steps(
         overrides = [o for o in overrides if not o.startswith("data.train_files")] + [
             f"data.train_files={tmp_path}/train_hints.parquet"
         ]
-    config = compose_config(overrides + [f"algorithm.method={method}"] + METHOD_OVERRIDES.get(method, []))
+    # the tiny LUFFY overrides set LUFFY's switches; the method's preset is stated, as its launch script does
+    from luffy_pool.methods import get_method
+
+    preset = [f"{k}={v}" for k, v in get_method(method).preset_keys().items()]
+    config = compose_config(overrides + [f"algorithm.method={method}"] + preset + METHOD_OVERRIDES.get(method, []))
     trainer, before, _, after = fit_with_fingerprints(config)
     assert all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     assert trainer.method.name == method

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.algorithm.family.relift import demonstration_batch
+from luffy_pool.methods.relift import demonstration_batch
 from verl.protocol import DataProto
 
 PAD, EOS = 0, 9

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from luffy_pool.algorithm.family.uft import UftConfig
+from luffy_pool.methods.uft import UftConfig
 from luffy_pool.methods.uft import UftHintSampler, check_hint_column
 from luffy_pool.rollout.slot_plan import SLOT_ON, SLOT_PARTIAL, build_slot_plan
 from verl.protocol import DataProto

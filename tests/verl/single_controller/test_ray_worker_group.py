@@ -132,18 +132,28 @@ def group(ray_session):
     pool.release()
 
 
-def _forked_group(ranks: int, worker_cls, prefix: str):
-    """A worker group of ``ranks`` CPU ranks started through the fork server (the switch set only while it starts)."""
-    from verl.single_controller.ray.base import FORK_WORKERS_ENV
+def _fork_switches() -> dict:
+    """The variables that start a group's ranks through the dev package's fork server (dev/luffy_pool_dev), through
+    verl's generic actor hook."""
+    from luffy_pool_dev import ACTOR_HOOK, FORK_WORKERS_ENV
 
-    before = os.environ.get(FORK_WORKERS_ENV)
-    os.environ[FORK_WORKERS_ENV] = "1"
+    from verl.single_controller.ray.base import ACTOR_RUNTIME_ENV_HOOK_ENV
+
+    return {ACTOR_RUNTIME_ENV_HOOK_ENV: ACTOR_HOOK, FORK_WORKERS_ENV: "1"}
+
+
+def _forked_group(ranks: int, worker_cls, prefix: str):
+    """A worker group of ``ranks`` CPU ranks started through the fork server (the switches set only while it starts)."""
+    switches = _fork_switches()
+    before = {k: os.environ.get(k) for k in switches}
+    os.environ.update(switches)
     try:
         return RayWorkerGroup(
             RayResourcePool([ranks], use_gpu=False, name_prefix=f"{prefix}_pool"), worker_cls, name_prefix=prefix
         )
     finally:
-        os.environ.pop(FORK_WORKERS_ENV) if before is None else os.environ.__setitem__(FORK_WORKERS_ENV, before)
+        for k, v in before.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def test_ranks_see_group_environment(group):
@@ -178,8 +188,9 @@ def test_rendezvous_on_the_drivers_own_node_starts_no_probe_task(group, monkeypa
 
 
 def test_each_rank_imported_its_class_with_the_collector_paused_and_has_it_back(group):
-    """The group's setup hook paused the collector before the class was imported; Worker.__init__ froze what the
-    start-up built and gave automatic collection back (verl/utils/startup_gc.py)."""
+    """The dev actor hook's setup hook (tests/conftest.py sets verl's VERL_ACTOR_RUNTIME_ENV_HOOK) paused the collector
+    before the class was imported; the Worker's construction froze what the start-up built and gave automatic
+    collection back (dev/luffy_pool_dev/startup_gc.py)."""
     for rank in group.collector():
         assert rank["enabled"] and rank["frozen"] > 100_000, rank  # torch alone is several 100k objects
 
@@ -276,7 +287,7 @@ def test_call_timeout_raises_instead_of_waiting(group):
 
 def test_fork_started_ranks_come_from_one_zygote_and_keep_their_group_environment(ray_session):
     """LUFFY_FORK_WORKERS=1 (tests/run.sh sets it): both ranks are forked from one process that imported the
-    worker's module (verl/single_controller/ray/worker_zygote.py); each still sees its own rank's environment,
+    worker's module (dev/luffy_pool_dev/worker_zygote.py); each still sees its own rank's environment,
     joins gloo and had its start-up collector pause."""
 
     def parent(pid):
@@ -319,7 +330,7 @@ def _hold_the_gil(worker, seconds: float) -> None:
 def test_ray_kill_of_a_forked_rank_holding_the_gil_is_a_hard_kill(ray_session):
     """ray.kill of a forked rank blocked in a C call that keeps the GIL ends its process within seconds. Ray 2.60
     SIGKILLs the PID the rank registered; where the process Ray started (the client) is killed instead, the rank's
-    guard and parent-death signal end it (tests/verl/single_controller/test_worker_zygote.py)."""
+    guard and parent-death signal end it (tests/dev/test_worker_zygote.py)."""
 
     wg = _forked_group(1, RayClassWithInitArgs(Worker), "stuck")
     try:
@@ -382,14 +393,12 @@ def test_one_zygote_serves_two_jobs_and_each_rank_registers_with_its_own_job(ray
     import json
     import subprocess
 
-    from verl.single_controller.ray.base import FORK_WORKERS_ENV
-
     wg = _forked_group(2, RayClassWithInitArgs(Worker), "first_job")
     try:
         ours = ray.get([w.__ray_call__.remote(_where) for w in wg.workers])
         script = tmp_path / "second_job.py"
         script.write_text(SECOND_JOB)
-        env = dict(os.environ, **{FORK_WORKERS_ENV: "1"})
+        env = dict(os.environ, **_fork_switches())
         env.pop("RAY_ADDRESS", None)
         proc = subprocess.run(
             [sys.executable, str(script), ray.get_runtime_context().gcs_address],

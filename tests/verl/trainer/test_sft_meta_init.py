@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.utils.gloo_ranks import run_gloo_ranks
+from tests.helpers.distributed_testing import run_gloo_ranks
 
 
 def _from_pretrained_model(model_cfg, device, mesh):

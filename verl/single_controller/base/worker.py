@@ -127,11 +127,6 @@ class Worker:
             instance._ensure_master_addr_port()
         return instance
 
-    def __init__(self) -> None:
-        from verl.utils.startup_gc import end_startup
-
-        end_startup()  # the class and its modules are imported: the process's start-up GC pause (if any) ends here
-
     # ------------------------------------------------------------------ identity
     @property
     def rank(self) -> int:

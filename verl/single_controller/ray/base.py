@@ -9,6 +9,7 @@ actor, wait (never forever: a failed or dead rank ends the wait, see ``verl.util
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import os
 import random
@@ -17,7 +18,6 @@ import sys
 from typing import Any, Callable, Optional
 
 import ray
-from ray._private import ray_constants
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -27,27 +27,24 @@ from verl.single_controller.base.worker_group import ClassWithInitArgs, Resource
 from verl.utils.ray_utils import WorkerGroupError, get_ranked
 
 logger = logging.getLogger(__name__)
-# Each worker process imports its class (torch, transformers, ...) with the cyclic collector paused
-# (verl/utils/startup_gc.py). Ray turns a runtime env's worker_process_setup_hook into this variable for the
-# worker process; set per actor it reaches exactly the group's processes (a job-level hook would reach every task
-# process of the job, and a driver that joins a running Ray, as the tests' shared session does, sets none).
-SETUP_HOOK_ENV = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-STARTUP_GC_HOOK = "verl.utils.startup_gc.pause_for_startup"
-# LUFFY_FORK_WORKERS=1: every rank is forked from a process that imported its worker class's module once
-# (worker_zygote.py); the ranks' import time (6-14 CPU-s each) is paid once per node and environment.
-FORK_WORKERS_ENV = "LUFFY_FORK_WORKERS"
+# A deployment may adjust the runtime env of every actor a worker group starts: start its process another way
+# (``py_executable``), run Ray's ``worker_process_setup_hook`` in it (set per actor through the variable Ray reads it
+# from, ``ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR``), add variables. This variable names a
+# ``module:function``, called on the driver for each actor as ``function(runtime_env, worker_cls=, args=, kwargs=,
+# num_gpus=)`` (``num_gpus``: what each rank asks Ray for); it returns the runtime env the actor starts with. Unset:
+# actors start as Ray starts them. (The test suite's fork server and start-up GC pause use it: dev/luffy_pool_dev.)
+ACTOR_RUNTIME_ENV_HOOK_ENV = "VERL_ACTOR_RUNTIME_ENV_HOOK"
 
 
-def fork_workers_enabled() -> bool:
-    return os.environ.get(FORK_WORKERS_ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def zygote_executable(modules: str) -> str:
-    """``runtime_env.py_executable`` that starts a rank through the zygote preloading ``modules`` (comma-separated).
-
-    A worker class names what its ranks import by a classmethod ``fork_preload(*init_args, **init_kwargs)``."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return f"{sys.executable} {os.path.join(here, 'worker_zygote.py')} --preload {modules}"
+def actor_runtime_env_hook() -> Optional[Callable[..., dict]]:
+    """The function ``VERL_ACTOR_RUNTIME_ENV_HOOK`` names, or None when it is unset."""
+    spec = os.environ.get(ACTOR_RUNTIME_ENV_HOOK_ENV, "").strip()
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"{ACTOR_RUNTIME_ENV_HOOK_ENV}={spec!r}: expected module:function")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "unwrap_ray_actor_class"]
@@ -201,7 +198,6 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         super().__init__(cls, *args, **kwargs)
         self._options: dict = {}
         self._additional_resource: dict = {}
-        self._fork_refusal_logged = False
 
     @property
     def user_cls(self) -> type:
@@ -210,35 +206,6 @@ class RayClassWithInitArgs(ClassWithInitArgs):
     def update_options(self, options: dict) -> None:
         """Extra ``.options(...)`` for every actor (e.g. ``runtime_env``, ``max_concurrency``)."""
         self._options.update(options)
-
-    def _fork_preload(self) -> list:
-        """What a forked rank's zygote imports: the class's ``fork_preload`` for these arguments, else its module."""
-        preload = getattr(self.user_cls, "fork_preload", None)
-        if preload is None:
-            return [self.user_cls.__module__]
-        try:
-            return list(preload(*self.args, **self.kwargs))
-        except Exception as err:  # a hint only: the rank imports what it needs either way
-            logger.warning(
-                "%s.fork_preload failed (%r): its zygote imports %s only",
-                self.user_cls.__name__,
-                err,
-                self.user_cls.__module__,
-            )
-            return [self.user_cls.__module__]
-
-    def _fork_executable(self, num_gpus: float) -> str:
-        """The zygote's executable for ranks asking ``num_gpus`` GPUs each; "" for GPU ranks, which start as Ray
-        starts them (worker_zygote.gpu_refusal; one log line per class)."""
-        from verl.single_controller.ray.worker_zygote import gpu_refusal
-
-        refusal = gpu_refusal(num_gpus, self.user_cls.__name__)
-        if not refusal:
-            return zygote_executable(",".join(self._fork_preload()))
-        if not self._fork_refusal_logged:
-            logger.warning("%s", refusal)
-            self._fork_refusal_logged = True
-        return ""
 
     def set_additional_resource(self, resources: dict) -> None:
         self._additional_resource = dict(resources)
@@ -255,19 +222,20 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         """Start one actor in ``placement_group[bundle_index]`` with ``env_vars`` on top of the user's."""
         options = dict(self._options)
         runtime_env = dict(options.pop("runtime_env", {}) or {})
-        # STARTUP_GC_HOOK: Ray calls it in the actor's process before the class is imported (a runtime env's
-        # worker_process_setup_hook, given per actor through the variable Ray reads it from); Worker.__init__ ends it.
-        merged_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), SETUP_HOOK_ENV: STARTUP_GC_HOOK}
+        merged_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         merged_env.update(runtime_env.get("env_vars", {}) or {})
         merged_env.update(env_vars)
         runtime_env["env_vars"] = merged_env
-        if fork_workers_enabled() and "py_executable" not in runtime_env:
-            executable = self._fork_executable(
-                float(options.get("num_gpus", num_gpus) or 0.0)
-                + float((options.get("resources") or self._additional_resource or {}).get("GPU", 0.0))
+        hook = actor_runtime_env_hook()
+        if hook is not None:
+            runtime_env = hook(
+                runtime_env,
+                worker_cls=self.user_cls,
+                args=self.args,
+                kwargs=self.kwargs,
+                num_gpus=float(options.get("num_gpus", num_gpus) or 0.0)
+                + float((options.get("resources") or self._additional_resource or {}).get("GPU", 0.0)),
             )
-            if executable:
-                runtime_env["py_executable"] = executable
         actor_options = {
             "num_cpus": num_cpus,
             "runtime_env": runtime_env,

@@ -1,19 +1,20 @@
 """Advantage estimators and the PPO policy loss, as pure tensor functions registered by name.
 
 One call shape per registry (verl/trainer/ppo/loss_inputs.py): a registered estimator is
-``fn(AdvantageInputs, AdvantageConfig) -> (advantages, returns)`` and computes the whole advantage, LUFFY's
-post-processing included (:func:`finish_advantage`); a registered policy loss is ``fn(PolicyLossInputs, cfg) ->
-(loss, metrics)``. Both actors select theirs with :func:`resolve_policy_loss` / :func:`get_policy_loss_fn` /
+``fn(AdvantageInputs, AdvantageConfig) -> (advantages, returns)`` and returns verl's advantage (a trainer applies
+its own post-processing after it, once); a registered policy loss is ``fn(PolicyLossInputs, cfg) ->
+(loss, metrics)`` and declares at registration which tokens its metrics average over and whether it takes rollout
+correction's weights and bypass mode. Both actors select theirs with :func:`resolve_policy_loss` / :func:`get_policy_loss_fn` /
 :func:`policy_loss_config` (``actor.policy_loss``), the trainer with :func:`get_adv_estimator_fn`
 (``algorithm.adv_estimator``). verl's functions keep their names and arguments here as thin aliases over the
 registered ones (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...), with verl's ``agg_loss`` /
-``compute_entropy_loss``, for users' scripts. LUFFY's estimator and losses register themselves from
-``luffy_pool.algorithm.mix_core_alg``. KL helpers live in :mod:`verl.trainer.ppo.kl`, re-exported here.
+``compute_entropy_loss``, for users' scripts. A trainer package registers its own estimators and losses when it is
+imported. KL helpers live in :mod:`verl.trainer.ppo.kl`, re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
 from typing import Any, Optional
 
@@ -29,15 +30,18 @@ from verl.trainer.ppo.kl import (  # noqa: F401  (re-exported: verl/LUFFY call t
     kl_penalty,
 )
 from verl.trainer.ppo.loss_inputs import (  # noqa: F401  (resolve_policy_loss re-exported for the actors)
+    BYPASS_LOSSES,
     GRPO_EPSILON,
     POLICY_LOSS_CONFIGS,
     POLICY_LOSS_SWITCHES,
+    ROLLOUT_IS_LOSSES,
     AdvantageConfig,
     AdvantageInputs,
     PolicyLossInputs,
     resolve_policy_loss,
 )
 from verl.utils import torch_functional as verl_F
+from verl.utils.step_metrics import LOSS_METRIC_TOKENS, METRIC_TOKEN_SETS
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., Any]] = {}
 POLICY_LOSS_REGISTRY: dict[str, Callable[..., Any]] = {}
@@ -60,7 +64,7 @@ def _register(registry: dict[str, Callable[..., Any]], kind: str, name: str) -> 
 
 def _lookup(registry: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[..., Any]:
     if name not in registry:
-        hint = " ('grpo_split'/'luffy_token' register on `import luffy_pool.algorithm.mix_core_alg`)"
+        hint = " (a trainer package's own register when it is imported; a user's through model.external_lib)"
         raise ValueError(f"unknown {kind} {name!r}; valid: {sorted(registry)}{hint}")
     return registry[name]
 
@@ -77,7 +81,12 @@ def get_adv_estimator_fn(name: str) -> Callable[..., Any]:
 
 
 def register_policy_loss(
-    name: str, config: Optional[type] = None, auto_switch: Optional[str] = None
+    name: str,
+    config: Optional[type] = None,
+    auto_switch: Optional[str] = None,
+    metric_tokens: Optional[Mapping[str, str]] = None,
+    supports_rollout_is: bool = False,
+    supports_bypass_mode: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator registering ``fn(PolicyLossInputs, cfg) -> (loss, metrics)`` as ``actor.policy_loss`` = ``name``.
 
@@ -87,9 +96,28 @@ def register_policy_loss(
     ``auto_switch``: a boolean actor key that selects this loss under ``policy_loss=auto``
     (:func:`resolve_policy_loss`). ``metrics`` maps names to scalar tensors (logged as ``actor/<name>``;
     ``ppo_kl`` feeds ``use_ppo_kl_loss``).
+
+    What the actor and the config checker need to know of the loss, declared here (the defaults suit a loss that
+    knows nothing of them):
+
+    - ``metric_tokens``: ``{"actor/<metric>": token set}`` for metrics not averaged over all response tokens, a
+      set of :data:`~verl.utils.step_metrics.METRIC_TOKEN_SETS` (``actor.metric_aggregation=token_weighted``
+      weights each micro-batch's value by that set's size); unlisted metrics use all response tokens.
+    - ``supports_rollout_is``: the loss multiplies its per-token on-policy terms by
+      ``inputs.rollout_is_weights`` (``algorithm.rollout_correction.rollout_is``); the actor refuses the weights
+      for a loss without it rather than drop them.
+    - ``supports_bypass_mode``: the loss reads the old log-probs only through the PPO ratio and its metrics, so
+      ``algorithm.rollout_correction.bypass_mode`` may take the engine's log-probs (and, on tokens the engine did
+      not sample, the current policy's) as the old ones; the checker refuses bypass mode for any other loss.
     """
     if config is not None and not is_dataclass(config):
         raise TypeError(f"register_policy_loss({name!r}, config=...) needs a dataclass, got {config!r}")
+    unknown = {k: v for k, v in (metric_tokens or {}).items() if v not in METRIC_TOKEN_SETS}
+    if unknown:
+        raise ValueError(
+            f"register_policy_loss({name!r}, metric_tokens=...): unknown token sets {unknown}; "
+            f"valid: {list(METRIC_TOKEN_SETS)}"
+        )
     register = _register(POLICY_LOSS_REGISTRY, "policy loss", name)
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,6 +126,11 @@ def register_policy_loss(
             POLICY_LOSS_CONFIGS[name] = config
         if auto_switch is not None:
             POLICY_LOSS_SWITCHES[name] = auto_switch
+        if metric_tokens:
+            LOSS_METRIC_TOKENS[name] = dict(metric_tokens)
+        for table, supported in ((ROLLOUT_IS_LOSSES, supports_rollout_is), (BYPASS_LOSSES, supports_bypass_mode)):
+            if supported:
+                table.add(name)
         return fn
 
     return decorator
@@ -125,8 +158,8 @@ def policy_loss_config(name: str, actor_cfg, loss_section):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Advantage estimators: each registered function computes the whole advantage (its own math, then LUFFY's
-# post-processing when ``cfg.mixed`` is set); verl's functions (explicit arguments) are aliases of them.
+# Advantage estimators: each registered function returns verl's advantage; verl's functions (explicit arguments)
+# are aliases of them.
 # ----------------------------------------------------------------------------------------------------
 def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
     """Outcome score per sequence: ``s_i = Σ_t token_level_rewards[i, t]`` (shape ``[bs]``)."""
@@ -187,29 +220,6 @@ def truncated_rows(responses: torch.Tensor, pad_token_id: int, eos_token_id, max
     return (response_length >= max_response_length) & ~torch.isin(responses, eos_ids).any(dim=-1)
 
 
-def finish_advantage(
-    advantages: torch.Tensor, returns: torch.Tensor, inputs: AdvantageInputs, cfg
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """LUFFY's post-processing (``cfg.mixed``, :class:`~verl.trainer.ppo.loss_inputs.MixedAdvantageConfig`, in its
-    order: α/β prefix weights, zero on truncated rows, the SFT prefix advantage, times the response mask); the
-    advantage unchanged when ``cfg.mixed`` is None. Returns are never post-processed."""
-    mixed = cfg.mixed
-    if mixed is None:
-        return advantages, returns
-    if inputs.prefix_mask is None:
-        raise ValueError("the mixed advantage post-processing needs prefix_mask (the off-policy tokens)")
-    prefix = inputs.prefix_mask.bool()
-    dtype = advantages.dtype
-    alpha, beta = mixed.prefix_reward_weight_alpha, mixed.prefix_reward_weight_beta
-    advantages = advantages * (alpha * prefix.to(dtype) + beta * (~prefix).to(dtype))
-    if mixed.disable_truncation_advantage:
-        cut = truncated_rows(inputs.responses, inputs.pad_token_id, inputs.eos_token_id, inputs.response_mask.shape[-1])
-        advantages = advantages.masked_fill(cut.unsqueeze(-1), 0.0)
-    if mixed.sft_prefix_advantage is not None:
-        advantages = advantages.masked_fill(prefix, mixed.sft_prefix_advantage)
-    return advantages * inputs.response_mask.to(dtype), returns
-
-
 @register_adv_est("grpo")
 @torch.no_grad()
 def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,17 +231,14 @@ def grpo_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Te
     seq_adv = group_normalized_scores(
         sequence_scores(inputs.token_level_rewards), inputs.index, use_std=cfg.grpo_use_std, epsilon=cfg.epsilon
     )
-    return finish_advantage(*broadcast_sequence_advantage(seq_adv, inputs.response_mask), inputs, cfg)
+    return broadcast_sequence_advantage(seq_adv, inputs.response_mask)
 
 
 @register_adv_est("reinforce")
 @torch.no_grad()
 def reinforce_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """``reinforce``: the raw sequence score as advantage, no baseline: ``A[i, t] = s_i·m[i, t]``."""
-    advantages, returns = broadcast_sequence_advantage(
-        sequence_scores(inputs.token_level_rewards), inputs.response_mask
-    )
-    return finish_advantage(advantages, returns, inputs, cfg)
+    return broadcast_sequence_advantage(sequence_scores(inputs.token_level_rewards), inputs.response_mask)
 
 
 @register_adv_est("reinforce_plus_plus")
@@ -247,7 +254,7 @@ def reinforce_plus_plus_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.T
         returns[:, t] = running
         running = running * mask[:, t]
     advantages = verl_F.masked_whiten(returns, mask) * mask
-    return finish_advantage(advantages, returns, inputs, cfg)
+    return advantages, returns
 
 
 @register_adv_est("gae")
@@ -273,7 +280,7 @@ def gae_advantage(inputs: AdvantageInputs, cfg) -> tuple[torch.Tensor, torch.Ten
     advantages = torch.stack(reversed_advantages[::-1], dim=1)
     returns = (advantages + values) * mask
     advantages = verl_F.masked_whiten(advantages, mask) * mask
-    return finish_advantage(advantages, returns, inputs, cfg)
+    return advantages, returns
 
 
 # verl's signatures (``eos_mask`` = the response mask), for users' scripts: each builds the inputs and the knobs
@@ -404,7 +411,7 @@ class PPOClipConfig:
     loss_remove_clip: bool
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", supports_rollout_is=True, supports_bypass_mode=True)
 def ppo_clip_loss(inputs: PolicyLossInputs, cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate -> ``(pg_loss, {pg_clipfrac, ppo_kl})``.
 

@@ -5,10 +5,11 @@ A registered policy loss is ``fn(inputs: PolicyLossInputs, cfg) -> (loss, metric
 attribute, so a misspelt knob raises AttributeError instead of silently keeping a default: for a loss the
 section its registration declares (``register_policy_loss(name, config=<frozen dataclass>)``, built from
 the ``actor_rollout_ref.actor`` group) or the actor's loss section; for an estimator the ``algorithm``
-section (``gamma``, ``lam``, ``grpo_use_std``) with LUFFY's post-processing (:class:`AdvantageConfig`). This module
-holds no torch code, so the config checker can ask which keys the registered losses declare
-(:func:`registered_loss_keys`) and which loss ``policy_loss=auto`` selects (:func:`resolve_policy_loss`) without
-importing torch.
+section's knobs (``gamma``, ``lam``, ``grpo_use_std``: :class:`AdvantageConfig`). This module holds no torch code,
+so the config checker can ask which keys the registered losses declare (:func:`registered_loss_keys`), which loss
+``policy_loss=auto`` selects (:func:`resolve_policy_loss`) and which losses take rollout correction's weights or
+bypass mode (:data:`ROLLOUT_IS_LOSSES`, :data:`BYPASS_LOSSES`) without importing torch. The tables are filled by
+``register_policy_loss`` (verl/trainer/ppo/core_algos.py): each loss declares itself.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from typing import Any, Optional
 # loss name -> the frozen dataclass of its own knobs (only losses registered with ``config=``).
 POLICY_LOSS_CONFIGS: dict[str, type] = {}
 # loss name -> the boolean actor key that selects it under ``policy_loss=auto`` (only losses registered with
-# ``auto_switch=``: LUFFY's use_off_policy_loss -> luffy_token, use_sft_multitask_loss -> sft_multitask).
+# ``auto_switch=``).
 POLICY_LOSS_SWITCHES: dict[str, str] = {}
 GRPO_EPSILON = 1e-6  # the ε of (s − μ)/(σ + ε), verl's and LUFFY's
 AUTO_FALLBACK_LOSS = "vanilla"  # what ``auto`` selects when no switch is on: verl's PPO clip loss
 # Losses that multiply their on-policy token terms by ``PolicyLossInputs.rollout_is_weights`` (rollout correction,
-# algorithm.rollout_correction.rollout_is); the actor refuses the weights for any other loss rather than drop them.
-ROLLOUT_IS_LOSSES: set[str] = {"vanilla", "luffy_token", "sft_multitask"}
+# algorithm.rollout_correction.rollout_is; registered with ``supports_rollout_is=True``); the actor refuses the
+# weights for any other loss rather than drop them.
+ROLLOUT_IS_LOSSES: set[str] = set()
+# Losses that read the old log-probs only through the PPO ratio and its metrics (registered with
+# ``supports_bypass_mode=True``): algorithm.rollout_correction.bypass_mode is refused for any other loss.
+BYPASS_LOSSES: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,9 @@ class AdvantageInputs:
     """The merged batch's tensors for an advantage estimator.
 
     ``token_level_rewards`` and ``response_mask`` are ``[rows, response_length]``; ``index`` holds the group
-    (uid) of each row; ``on_policy_mask`` ``[rows]`` is True for rows without prefix tokens; ``values`` are
-    a critic's values (None without a critic). LUFFY's post-processing (:class:`MixedAdvantageConfig`) also
-    reads ``prefix_mask`` ``[rows, response_length]`` (the off-policy tokens) and, for truncated rows,
-    ``responses`` with the tokenizer's ``pad_token_id`` / ``eos_token_id`` (an int or a list of ints).
+    (uid) of each row; ``on_policy_mask`` ``[rows]`` is True for rows the policy sampled whole (no off-policy
+    token; an estimator may take its group statistics from those rows only); ``values`` are a critic's values
+    (None without a critic).
     """
 
     token_level_rewards: Any
@@ -65,37 +69,17 @@ class AdvantageInputs:
     index: Any
     on_policy_mask: Optional[Any] = None
     values: Optional[Any] = None
-    prefix_mask: Optional[Any] = None
-    responses: Optional[Any] = None
-    pad_token_id: Optional[int] = None
-    eos_token_id: Optional[Any] = None
-
-
-@dataclass(frozen=True)
-class MixedAdvantageConfig:
-    """LUFFY's post-processing of the group advantage, applied in this order by every registered estimator
-    (docs/METHOD.md §1.7): ``A ← A·(α·P + β·¬P)`` (``rollout.prefix_reward_weight_alpha/beta``, P = prefix
-    token), ``A = 0`` on truncated rows (``data.disable_truncation_advantage``), ``A = sft_prefix_advantage`` on
-    prefix tokens (``actor.sft_prefix_reward_weight / rollout.n`` with ``actor.use_sft_prefix_reward``, else
-    None), then ``A·m``. Built from the run's sections by ``luffy_pool.algorithm.mix_advantage``."""
-
-    prefix_reward_weight_alpha: float
-    prefix_reward_weight_beta: float
-    disable_truncation_advantage: bool
-    sft_prefix_advantage: Optional[float]
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
     """What a registered estimator reads: the ``algorithm`` knobs (defaults = verl's ``compute_*`` arguments,
-    equal to the YAML's), the ε of ``(s − μ)/(σ + ε)``, and LUFFY's post-processing (``mixed``; None = the
-    estimator's advantage as verl returns it)."""
+    equal to the YAML's) and the ε of ``(s − μ)/(σ + ε)``."""
 
     gamma: float = 1.0
     lam: float = 1.0
     grpo_use_std: bool = True
     epsilon: float = GRPO_EPSILON
-    mixed: Optional[MixedAdvantageConfig] = None
 
 
 def clamp_bound(value: Optional[float]) -> Optional[float]:

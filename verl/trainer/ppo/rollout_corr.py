@@ -287,11 +287,12 @@ def rollout_correction(
     )
 
 
-# Losses that read the old log-probs only through the PPO ratio and its metrics, so under ``bypass_mode`` a token the
-# engine did not sample (LUFFY's off-policy prefix: luffy_token weights it by f(p), sft_multitask by its NLL) may take
-# the current policy's log-prob as its old one (verl/workers/actor/dp_actor.py update_policy). The family losses hold
-# demonstration tokens to a trust region around the old-log-prob pass, which bypass mode does not run.
-BYPASS_LOSSES = frozenset({"vanilla", "luffy_token", "sft_multitask"})
+# Under ``bypass_mode`` a token the engine did not sample (an off-policy prefix token) takes the current policy's
+# log-prob as its old one (verl/workers/actor/dp_actor.py update_policy): only a loss that reads the old log-probs
+# through the PPO ratio and its metrics alone stays right, which its registration declares
+# (``register_policy_loss(..., supports_bypass_mode=True)``, the table verl.trainer.ppo.loss_inputs.BYPASS_LOSSES).
+# A loss that holds demonstration tokens to a trust region around the old-log-prob pass, which bypass mode does not
+# run, does not declare it.
 
 CALCULATE_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
 LOGPROBS_MODE = "actor_rollout_ref.rollout.logprobs_mode"
@@ -302,8 +303,8 @@ _RC = "algorithm.rollout_correction"
 def config_errors(get: Callable[[str], object]) -> list[str]:
     """The cross-key rules of ``algorithm.rollout_correction`` on a dotted-key getter (luffy_pool/config/check):
     IS, rejection or bypass mode need the engine's sampling log-probs (under the temperature the actor uses),
-    rejection needs valid options and thresholds, batch normalisation needs IS weights, and bypass mode a loss of
-    :data:`BYPASS_LOSSES` and no correction against old log-probs it no longer computes."""
+    rejection needs valid options and thresholds, batch normalisation needs IS weights, and bypass mode a loss
+    registered for it (``BYPASS_LOSSES``) and no correction against old log-probs it no longer computes."""
     errors = []
     rollout_is, rollout_rs = get(f"{_RC}.rollout_is"), get(f"{_RC}.rollout_rs")
     for name, value in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
@@ -336,7 +337,7 @@ def config_errors(get: Callable[[str], object]) -> list[str]:
 def _bypass_errors(get: Callable[[str], object], rollout_is, rollout_rs) -> list[str]:
     if not get(f"{_RC}.bypass_mode"):
         return []
-    from verl.trainer.ppo.loss_inputs import resolve_policy_loss
+    from verl.trainer.ppo.loss_inputs import BYPASS_LOSSES, resolve_policy_loss
 
     key, errors = f"'{_RC}.bypass_mode'=True", []
     if not get(CALCULATE_LOG_PROBS):

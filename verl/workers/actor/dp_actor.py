@@ -298,10 +298,12 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         return keys
 
-    def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask):
+    def compute_policy_loss(self, micro: dict, log_prob, entropy, response_mask, global_steps=None, update_state=None):
         """The registered loss ``self.policy_loss`` on this micro-batch (``prefix_mask`` / ``behaviour_log_probs``
         when ``loss_input_keys`` loaded them), plus :meth:`extra_policy_loss`; returns (loss before accumulation
-        scaling, metrics: the loss's own as ``actor/<name>`` and ``actor/pg_loss``, the registered loss's value)."""
+        scaling, metrics: the loss's own as ``actor/<name>`` and ``actor/pg_loss``, the registered loss's value).
+        ``global_steps`` and ``update_state`` are the update's arguments (``update_policy``), for a subclass's
+        losses that read them; verl's losses do not."""
         inputs = PolicyLossInputs(
             log_prob=log_prob,
             old_log_prob=micro["old_log_probs"],
@@ -353,6 +355,8 @@ class DataParallelPPOActor:
         cfg = self.update_config
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
+        # the update's arguments besides its rows: the training step and what the driver's hooks send the loss
+        global_steps, update_state = data.meta_info.get("global_steps"), data.meta_info.get("update_state")
         keys = [k for k in self.loss_input_keys() if k in data.batch.keys()]
         sizes = self.batch_sizes if self.batch_sizes is not None else rank_batch_sizes(self.config)
         if "old_log_probs" not in keys and (cfg.ppo_epochs > 1 or len(data) > sizes.ppo_mini_rows):
@@ -386,7 +390,9 @@ class DataParallelPPOActor:
                             mb["old_log_probs"] = fill_unknown_old_log_probs(
                                 mb["old_log_probs"], log_prob, mb.get("prefix_mask")
                             )
-                        pg_loss, mb_metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask)
+                        pg_loss, mb_metrics = self.compute_policy_loss(
+                            mb, log_prob, entropy, response_mask, global_steps, update_state
+                        )
                         loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
                         (loss / grad_accum).backward()
                     step_metrics.add_micro_batch(mb_metrics, response_mask, mb.get("prefix_mask"))

@@ -2,11 +2,12 @@
 
 Shared by the vLLM and the HF rollout, and free of engine imports. It is built from a ``RolloutSection``
 (verl/workers/config_sections.py) and holds no defaults, types or checks of its own: the key declarations give
-each key's type and bounds, the YAML (luffy_pool/config/mix_ppo_trainer.yaml) its default, and the config
+each key's type and bounds, the worker YAML (verl/trainer/config/ppo_worker.yaml) its default, and the config
 checker refuses a bad value before a run starts. An engine built on its own (benchmarks, engine tests, eval)
-takes a section composed from the same YAML (``luffy_pool.config.compose.rollout_section``). What is added here
+takes a section composed from the same YAML (``verl.workers.worker_config.rollout_section``). What is added here
 is how the engines spell two values (``dtype``, ``load_format``) and the engine's context length; the value
-lists below are the ones the key declarations take their choices from.
+lists (verl/workers/rollout/engine_values.py, re-exported here) are the ones the key declarations take their
+choices from.
 """
 
 from __future__ import annotations
@@ -14,24 +15,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-# LUFFY's YAML spells the weight source the way verl's per-version vLLM forks did; with the
-# in-place reload every push carries full HF-named tensors, so only "random init" vs "read the
-# checkpoint" is left to choose.
-LOAD_FORMATS = {
-    "dummy_dtensor": "dummy",
-    "dummy_hf": "dummy",
-    "dummy_megatron": "dummy",
-    "dummy": "dummy",
-    "dtensor": "auto",
-    "hf": "auto",
-    "auto": "auto",
-    "safetensors": "safetensors",
-}
-DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32")
-_DTYPE_CANON = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-WEIGHT_TRANSPORTS = ("auto", "tensors", "bytes")
-HF_DECODERS = ("auto", "kv", "generic")
+from verl.workers.config_sections import RolloutSection
+from verl.workers.rollout.engine_values import (  # noqa: F401  (the value lists, re-exported)
+    DTYPE_CANON,
+    DTYPES,
+    HF_DECODERS,
+    LOAD_FORMATS,
+    LOGPROBS_MODES,
+    WEIGHT_TRANSPORTS,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +31,7 @@ class RolloutEngineConfig:
     """The rollout section as the engines read it: every key's value is the section's (``config.seed`` reads
     ``section.seed``), except ``dtype`` and ``load_format``, in the engines' spelling."""
 
-    section: Any  # a verl.workers.config_sections.RolloutSection
+    section: RolloutSection
 
     def __getattr__(self, name: str):
         # Only called for names that are not fields or properties: the section's keys.
@@ -49,7 +41,7 @@ class RolloutEngineConfig:
 
     @property
     def dtype(self) -> str:
-        return _DTYPE_CANON.get(self.section.dtype, self.section.dtype)
+        return DTYPE_CANON.get(self.section.dtype, self.section.dtype)
 
     @property
     def load_format(self) -> str:
@@ -62,14 +54,12 @@ class RolloutEngineConfig:
 
 def engine_config(section: Any) -> RolloutEngineConfig:
     """The engine config of a ``RolloutSection`` (a run's worker builds the section once; an engine on its own
-    composes it, ``luffy_pool.config.compose.rollout_section``)."""
+    composes it, ``verl.workers.worker_config.rollout_section``)."""
     if isinstance(section, RolloutEngineConfig):
         return section
-    from verl.workers.config_sections import RolloutSection
-
     if not isinstance(section, RolloutSection):
         raise TypeError(
             f"a rollout engine takes the typed actor_rollout_ref.rollout section (RolloutSection; "
-            f"luffy_pool.config.compose.rollout_section builds one), got {type(section).__name__}"
+            f"verl.workers.worker_config.rollout_section builds one), got {type(section).__name__}"
         )
     return RolloutEngineConfig(section)

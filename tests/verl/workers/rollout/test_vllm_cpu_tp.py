@@ -45,12 +45,12 @@ def _rank(rank, world, port, model_dir):
     second = engine.generate_token_ids(prompts, [6, 6], SamplingSpec(temperature=0.0, return_logprobs=True))
     from torch._dynamo.utils import counters
 
-    frames = counters["frames"]["total"]  # frames dynamo traced: the CPU engine runs eager (cpu_eager.py)
+    frames = counters["frames"]["total"]  # frames dynamo traced: eager (the dev vLLM plugin, cpu_eager.py)
     import torch
     from transformers import AutoModelForCausalLM
     from vllm.distributed.parallel_state import get_tp_group
 
-    # the TP group's reductions (vLLM's shared memory, else cpu_tp_sockets.py's mesh) give HF's log-probs
+    # the TP group's reductions (vLLM's shared memory, else the dev plugin's socket mesh) give HF's log-probs
     reducer = type(get_tp_group().device_communicator.dist_module).__name__
     has_shm = hasattr(torch.ops._C, "init_shm_manager")
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

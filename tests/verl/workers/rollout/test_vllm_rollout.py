@@ -73,7 +73,7 @@ def test_building_the_engine_leaves_thread_control_and_rng_to_the_caller(engine)
 def test_the_cpu_engine_inspects_its_model_class_in_process(engine):
     from vllm.model_executor.models import registry
 
-    assert getattr(registry._run_in_subprocess, "luffy_in_process", False)  # cpu_model_inspect.py
+    assert getattr(registry._run_in_subprocess, "luffy_in_process", False)  # the dev vLLM plugin
 
 
 def test_greedy_matches_hf_with_per_row_caps_and_skipped_rows(engine, reference, check_capped_greedy):
@@ -226,7 +226,7 @@ def test_a_failed_generate_rebuilds_the_engine_once_per_call_and_restores_pushed
 def test_memory_plan_kv_cache_tokens_match_what_the_cpu_engine_allocated(engine, tiny_model_dir):
     # luffy_pool.memory_plan sizes vLLM's KV cache by vLLM 0.32's rule (blocks of K+V for every layer); the CPU
     # build takes its byte budget from kv_cache_memory_bytes (rollout.cpu_kv_cache_bytes = 64 MiB here).
-    from luffy_pool.memory_plan.estimate import cpu_kv_cache_bytes, kv_cache_tokens
+    from luffy_pool.memory_plan.engine_budget import cpu_kv_cache_bytes, kv_cache_tokens
     from luffy_pool.memory_plan.shapes import model_shape
 
     rollout, _ = engine

@@ -206,12 +206,6 @@ class VLLMRollout(BaseRollout):
 
     # ----------------------------------------------------------------------------------- engine
     def _build_engine(self):
-        from verl.utils.startup_gc import startup_without_gc
-
-        with startup_without_gc():  # vLLM's import and start-up: no garbage, five collections of the whole heap
-            return self._start_engine()
-
-    def _start_engine(self):
         from vllm import LLM
 
         from verl.utils.logging_setup import setup_logging
@@ -224,24 +218,14 @@ class VLLMRollout(BaseRollout):
         from verl.workers.rollout.vllm_rollout.compat import check_reload_api
 
         check_reload_api()  # fail before the engine starts, not at the first weight push
-        if self.device == "cpu":
-            from verl.workers.rollout.vllm_rollout.cpu_eager import run_compiled_helpers_eager
-            from verl.workers.rollout.vllm_rollout.cpu_model_inspect import inspect_models_in_process
-
-            run_compiled_helpers_eager()  # enforce_eager does not reach vLLM's compiled helpers
-            inspect_models_in_process()  # no second interpreter on a cold model-info cache
-            if self.config.tensor_model_parallel_size > 1:
-                _unique_cpu_shm_names()
+        if self.device == "cpu" and self.config.tensor_model_parallel_size > 1:
+            _unique_cpu_shm_names()
 
         with _protect_process_state():
             llm = LLM(**self.engine_kwargs)
         from verl.workers.rollout.tp_group import apply_world_timeout_to_vllm_groups
 
-        timeout_s = apply_world_timeout_to_vllm_groups()  # H6: vLLM's own groups get nccl_timeout, not torch's 10 min
-        if self.device == "cpu" and self.config.tensor_model_parallel_size > 1:
-            from verl.workers.rollout.vllm_rollout.cpu_tp_sockets import use_socket_mesh_for_tp
-
-            use_socket_mesh_for_tp(timeout_s)  # gloo costs ~1 ms of CPU per decode-step reduction
+        apply_world_timeout_to_vllm_groups()  # H6: vLLM's own groups get nccl_timeout, not torch's 10 min
         return llm
 
     @property
@@ -255,10 +239,6 @@ class VLLMRollout(BaseRollout):
         """Stop the engine and free its memory; the caller's default process group survives."""
         if getattr(self, "llm", None) is None:
             return
-        if self.device == "cpu":
-            from verl.workers.rollout.vllm_rollout.cpu_tp_sockets import close_socket_mesh_for_tp
-
-            close_socket_mesh_for_tp()
         with _keep_default_process_group():
             self.llm.llm_engine.engine_core.shutdown()
         self.llm = None  # vLLM's own teardown already ran gc

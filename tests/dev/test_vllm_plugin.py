@@ -1,0 +1,103 @@
+"""The development package's vLLM general plugin (dev/luffy_pool_dev/vllm_plugin.py): installed as an entry point
+vLLM's own loader finds, inert unless LUFFY_DEV_SPEEDUPS=1, and on a CPU platform it applies the CPU speed-ups; the
+TP socket mesh it installs in vLLM's CPU communicator (cpu_tp_sockets.mesh_tp_groups) reduces a TP group's sums."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+
+from tests.helpers.distributed_testing import run_gloo_ranks
+
+pytest.importorskip("vllm")
+
+SWITCHES = ("LUFFY_DEV_SPEEDUPS", "VERL_ACTOR_RUNTIME_ENV_HOOK", "LUFFY_FORK_WORKERS")
+
+
+def _python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter with the dev switches cleared, then ``env``; its stdout."""
+    clean = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=dict(clean, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_the_plugin_is_an_installed_vllm_general_plugin():
+    plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert plugins.get("luffy_pool_dev_cpu") == "luffy_pool_dev.vllm_plugin:register", (
+        "the development package is not installed: bash exp_scripts/setup_venv.sh"
+    )
+
+
+# vLLM's loader (the one EngineArgs calls), then what the plugin changed
+PROBE = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+from vllm.model_executor.models import registry
+from vllm.v1.engine.llm_engine import LLMEngine
+print(
+    getattr(registry._run_in_subprocess, "luffy_in_process", False),
+    getattr(CpuCommunicator.__init__, "luffy_socket_mesh", False),
+    getattr(LLMEngine.from_engine_args.__func__, "without_gc", False),
+)
+"""
+
+
+def test_vllms_loader_runs_it_only_with_the_switch():
+    assert _python(PROBE) == "False False False"  # the product's processes: vLLM as it ships
+    assert _python(PROBE, LUFFY_DEV_SPEEDUPS="0") == "False False False"
+    assert _python(PROBE, LUFFY_DEV_SPEEDUPS="1") == "True True True"  # this machine kind is a CPU platform
+
+
+def test_register_says_what_it_applied_and_nothing_when_off(monkeypatch):
+    from luffy_pool_dev import vllm_plugin
+
+    monkeypatch.delenv("LUFFY_DEV_SPEEDUPS", raising=False)
+    assert vllm_plugin.register() == []
+    applied = _python(
+        "from luffy_pool_dev.vllm_plugin import register; print(sorted(register()))", LUFFY_DEV_SPEEDUPS="1"
+    )
+    for part in ("in-process model inspection", "TP socket mesh", "engine builds without gc"):
+        assert part in applied
+
+
+def _tp_communicator(rank, world, port):
+    """A rank of a 2-rank gloo group builds vLLM's CPU communicator for a TP group after mesh_tp_groups."""
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+
+    from luffy_pool_dev.cpu_tp_sockets import TPSocketMesh, mesh_tp_groups
+
+    dist.init_process_group("gloo")
+    try:
+        assert mesh_tp_groups() and mesh_tp_groups()  # a second call wraps nothing twice
+        shm_kernels = hasattr(torch.ops._C, "init_shm_manager")  # vLLM's AVX-512 build reduces in shared memory
+        comm = CpuCommunicator(dist.group.WORLD, torch.device("cpu"), dist.group.WORLD, unique_name="tp:0")
+        meshed = isinstance(comm.dist_module, TPSocketMesh)
+        total = torch.full((4,), float(rank + 1))
+        comm.all_reduce(total)
+        comm.destroy()
+        closed = comm.dist_module is dist if meshed else None  # destroy closed the mesh and gave gloo back
+        return shm_kernels, meshed, total.tolist(), closed
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two gloo ranks importing vLLM's communicator (~10 s)
+def test_a_tp_groups_cpu_communicator_reduces_over_the_mesh_where_vllm_falls_back_to_gloo():
+    for shm_kernels, meshed, total, closed in run_gloo_ranks(_tp_communicator, 2, timeout_s=300):
+        assert meshed is not shm_kernels  # the mesh only where vLLM has no shared-memory kernels
+        assert total == [3.0] * 4 and closed in (True, None)
