@@ -166,7 +166,7 @@ class StepWatch:
         trainer._train_on = train_on
 
     def see(self, batch, metrics: dict) -> None:
-        from luffy_pool.trainer.split_rollout import STALENESS_METRIC
+        from luffy_pool.trainer.rollout_source import STALENESS_METRIC
 
         t = batch.batch
         if "rollout_log_probs" not in t.keys():
@@ -221,10 +221,10 @@ def generate_after_push(trainer, watch: StepWatch) -> None:
     from verl.protocol import DataProto
 
     step = trainer.global_steps + 1
-    metrics = trainer.push_to_engines()
-    batch, gen_batch, ratios, stage = trainer._prepare_rollout(DataProto.from_single_dict(trainer._next_batch()), step)
+    metrics = trainer.rollout.push()
+    batch, gen_batch, ratios, stage = trainer.prepare_rollout(DataProto.from_single_dict(trainer._next_batch()), step)
     metrics.update(stage)
-    batch, _, metrics = trainer._merge_rollout(
+    batch, _, metrics = trainer.merge_rollout(
         batch, trainer.rollout_wg.generate_sequences(gen_batch), ratios, metrics, step
     )
     trainer.global_steps = step

@@ -77,7 +77,9 @@ def preload_modules(worker_cls: type, args: tuple = (), kwargs: Optional[dict] =
         if preload is not None:
             return list(preload(*args, **kwargs))
     except Exception as err:  # noqa: BLE001
-        logger.warning("the preload of %s failed (%r): its zygote imports %s only", worker_cls.__name__, err, worker_cls.__module__)
+        logger.warning(
+            "the preload of %s failed (%r): its zygote imports %s only", worker_cls.__name__, err, worker_cls.__module__
+        )
     return [worker_cls.__module__]
 
 

@@ -22,7 +22,18 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = BASE_CONFIG
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=config_name, overrides=list(overrides))
+        return compose(config_name=config_name, overrides=[_knob_override(o) for o in overrides])
+
+
+def _knob_override(override: str) -> str:
+    """A method knob ``algorithm.<method>.<knob>=v`` as ``++`` (its group is added when the method is selected,
+    luffy_pool/methods/base.py), as the command line's ``prepare_overrides`` writes it."""
+    from luffy_pool.config.check import _knob_owner
+
+    key = override.split("=", 1)[0]
+    if "=" in override and not key.startswith(("+", "~")) and _knob_owner(key) is not None:
+        return "++" + override
+    return override
 
 
 @functools.lru_cache(maxsize=1)

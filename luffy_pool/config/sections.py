@@ -38,6 +38,7 @@ _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_ro
 # No model has this many positions; the model-specific limit is checked at pre-flight (check_model_context).
 MAX_RESPONSE_LENGTH = 1 << 20
 
+
 def _from(module: str, name: str):
     """The allowed values of a key: ``module.name``, imported when a config is checked."""
 

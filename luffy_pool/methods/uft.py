@@ -288,7 +288,9 @@ class UftHintSampler(StepHooks):
     @classmethod
     def from_context(cls, context) -> "UftHintSampler":
         s = context.sections
-        return cls.from_sections(s, seed=int(s.trainer.seed), total_steps=context.total_steps, tokenizer=context.tokenizer)
+        return cls.from_sections(
+            s, seed=int(s.trainer.seed), total_steps=context.total_steps, tokenizer=context.tokenizer
+        )
 
     def plan_slots(self, batch, gen_batch, ratios, step: int):
         return self.draw_batch(batch, step, prompts=gen_batch)

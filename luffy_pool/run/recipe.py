@@ -53,6 +53,7 @@ def method_batch_keys(method_name: str) -> tuple[str, ...]:
 
     return tuple(get_method(method_name).scaled_keys)
 
+
 SFT_LENGTH_KEYS = ("data.max_length",)
 SFT_BATCH_KEYS = ("data.train_batch_size",)
 

@@ -9,7 +9,7 @@ stage one loop over the active hooks (luffy_pool/methods/hooks.py: the method's,
 adds validation every ``trainer.test_freq`` steps and checkpoints every ``trainer.save_freq``. The driver
 owns every decision that must agree across ranks (ratios, uids, advantages, order). With
 ``actor_rollout_ref.hybrid_engine=False`` the engines are a worker group of their own (``rollout_wg``) and the
-split step of ``luffy_pool.trainer.split_rollout`` replaces the first two stages (``trainer.rollout_pipeline``).
+rollout source (luffy_pool/trainer/rollout_source.py) makes the first two stages (``trainer.rollout_pipeline``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validatio
 from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction, bypass_old_log_probs
 from luffy_pool.trainer.rollout_correction import enabled as rollout_correction_enabled
 from luffy_pool.replay.self_replay import SelfReplay
-from luffy_pool.trainer.split_rollout import SplitRolloutMixin
+from luffy_pool.trainer.rollout_source import ColocatedRollout, SplitRollout
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (
@@ -48,7 +48,7 @@ from verl.utils.seqlen_balancing import (
     log_seqlen_unbalance,
 )
 from verl.utils.signals import GracefulStop, stop_on_signal
-from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY, WEIGHT_SYNC_METRIC
+from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class StepOutput(NamedTuple):
     response_tokens: int
 
 
-class MIXRayPPOTrainer(SplitRolloutMixin):
+class MIXRayPPOTrainer:
     """The LUFFY trainer. Collaborators are built by ``luffy_pool.run.launcher`` and injected here."""
 
     def __init__(
@@ -111,7 +111,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         self.off_policy_pool = off_policy_pool if off_policy_pool is not None else OffPolicyPool(tokenizer=tokenizer)
         # The run's typed sections and step count, from the launcher (built here when a caller starts a run itself).
         self.sections = s = sections or ConfigSections.from_config(config)
-        self.init_split(rollout_wg)  # split engines (hybrid_engine=False): their group and the pipeline; else None
+        self.rollout_wg = rollout_wg  # split engines (hybrid_engine=False): their group; None on the hybrid engine
         rcfg = s.workers.rollout
         self.n = rcfg.n
         self.response_length = s.data.max_response_length
@@ -129,13 +129,19 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             if total_training_steps is not None
             else s.trainer.total_steps(len(self.train_dataloader))
         )
-        self.hooks = self._build_hooks(reward_fn)
+        self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=tokenizer)  # None when off
+        self.hooks = self._build_hooks()
+        self.rollout = (  # where each step's batch comes from (luffy_pool/trainer/rollout_source.py)
+            ColocatedRollout(self, self.wg)
+            if rollout_wg is None
+            else SplitRollout(self, self.wg, rollout_wg, s.trainer.rollout_pipeline)
+        )
         self._data_iter = None
         self.last_val_metrics: dict = {}
         self.stop = GracefulStop(enabled=False)  # fit installs the live one; stop.signum says why fit returned
         self.pending_metrics: dict = {}  # logged with the next step (a restart's trainer/restarts, steps_lost)
 
-    def _build_hooks(self, reward_fn) -> list:
+    def _build_hooks(self) -> list:
         """The step's hooks in stage order: the method's, then self-replay's (it sees the final slot plan)."""
         s, hooks = self.sections, []
         if self.method.hooks is not None:
@@ -151,7 +157,6 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
                 knobs=s.knobs,
             )
             hooks.append(self.method.hooks(context))
-        self.self_replay = SelfReplay.from_sections(s, reward_fn=reward_fn, tokenizer=self.tokenizer)  # None: off
         if self.self_replay is not None:
             hooks.append(self.self_replay)
         return hooks
@@ -182,8 +187,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             if hook_state is not None:
                 hook.load_state_dict(hook_state)
             elif hook.state_dict() is not None:  # a checkpoint of another method (or of none): starts empty
-                logger.warning("the checkpoint holds no %s state of algorithm.method=%s; it starts empty",
-                               hook.name, self.method.name)
+                logger.warning(
+                    "the checkpoint holds no %s state of algorithm.method=%s; it starts empty",
+                    hook.name,
+                    self.method.name,
+                )
         self._data_iter = None
 
     # ------------------------------------------------------------------ schedule
@@ -235,13 +243,13 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             self.global_steps += 1
             timing: dict[str, float] = {}
             with _timer("step", timing):
-                out = self.train_step(self._next_batch(), timing) if self.pipeline is None else self.split_step(timing)
+                out = self.rollout_step(timing)
                 metrics = out.metrics
                 self._validate_and_save(metrics, timing, is_last=self.global_steps >= last_step)
             metrics.update(compute_timing_metrics(timing, out.prompt_tokens, out.response_tokens))
             metrics.update(
                 compute_throughput_metrics(
-                    out.prompt_tokens + out.response_tokens, timing["step"], self.world_size + self.split_ranks
+                    out.prompt_tokens + out.response_tokens, timing["step"], self.world_size + self.rollout.extra_ranks
                 )
             )
             metrics.update(self.pending_metrics)
@@ -249,7 +257,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             self._log(metrics, step=self.global_steps)
             bar.update(1)
             last = metrics
-        self.drop_in_flight()  # split engines: a batch still generating is waited for and un-drawn
+        self.rollout.drop_in_flight()  # split engines: a batch still generating is waited for and un-drawn
         if self.checkpointer is not None and self.stop.save_requested(self.sections.trainer.save_on_signal):
             self.checkpointer.save_if_unsaved(self)  # the signal came between two steps
         bar.close()
@@ -266,7 +274,7 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         if self.checkpointer is not None and (
             self._due(t.save_freq, is_last) or self.stop.save_requested(t.save_on_signal)
         ):
-            self.drop_in_flight()  # the saved sampler cursor must point at the batch after this step
+            self.rollout.drop_in_flight()  # the saved sampler cursor must point at the batch after this step
             with _timer("save_checkpoint", timing):
                 self.checkpointer.save(self, metrics)
 
@@ -279,16 +287,57 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             self.tracker.log(metrics, step=step)
 
     # ------------------------------------------------------------------ one step
+    def rollout_step(self, timing: dict) -> StepOutput:
+        """One update as named stages: the rollout source's batch, then the training stages; ``timing`` collects
+        the seconds per stage. The next step's batch may be launched now (one_step_off) unless a save, a stop or
+        the end comes after this step (the batch after a checkpoint comes from the checkpoint's weights)."""
+        step, t = self.global_steps, self.sections.trainer
+        last = self.last_step()
+        save_due = self.checkpointer is not None and self._due(t.save_freq, step >= last)
+        prefetch = step < last and not save_due and not self.stop.requested
+        batch, ratios, metrics = self.rollout.get(step, timing, prefetch=prefetch)
+        return self._train_on(batch, ratios, metrics, timing)
+
     def train_step(self, batch_dict: dict, timing: dict) -> StepOutput:
-        """One update as named stages; each returns its metrics, ``timing`` collects the seconds per stage."""
+        """One update on the hybrid engine from a given batch (``batch_dict``: collated rows), as ``rollout_step``."""
         metrics: dict = {}
         batch = self._start_batch(DataProto.from_single_dict(batch_dict), self.global_steps, metrics, timing)
-        with _timer("update_weights", timing):
-            metrics.update(self._update_weights())
-        with _timer("gen", timing):
-            batch, ratios, stage = self._rollout(batch)
-        metrics.update(stage)
+        batch, ratios, metrics = self.rollout.generate(batch, self.global_steps, metrics, timing)
         return self._train_on(batch, ratios, metrics, timing)
+
+    # ------------------------------------------------------------------ what a rollout source calls
+    def draw_batch(self, step: int, metrics: dict, timing: dict) -> DataProto:
+        """The next batch of the data sampler, as the hooks compose it, recorded for resume."""
+        return self._start_batch(DataProto.from_single_dict(self._next_batch()), step, metrics, timing)
+
+    def prepare_rollout(self, batch: DataProto, step: int):
+        return self._prepare_rollout(batch, step)
+
+    def merge_rollout(self, batch: DataProto, gen_out: DataProto, ratios, metrics: dict, step: int):
+        return self._merge_rollout(batch, gen_out, ratios, metrics, step)
+
+    def sampler_states(self) -> dict:
+        """The data and prefix-ratio samplers' states, and the hooks' (their slot plans may draw too), before a batch
+        is drawn (to un-draw it)."""
+        return {
+            "sampler": self.train_dataloader.sampler.state_dict(),
+            "ratio_sampler": self.ratio_sampler.state_dict(),
+            "hooks": {h.name: h.state_dict() for h in self.hooks},
+        }
+
+    def restore_samplers(self, states: dict) -> None:
+        self.train_dataloader.sampler.load_state_dict(states["sampler"])
+        self.ratio_sampler.load_state_dict(states["ratio_sampler"])
+        for hook in self.hooks:
+            saved = (states.get("hooks") or {}).get(hook.name)
+            if saved is not None:
+                hook.load_state_dict(saved)
+        self._data_iter = None
+
+    @property
+    def pipeline(self):
+        """The split engines' one-step-off bookkeeping (None on the hybrid engine)."""
+        return getattr(self.rollout, "pipeline", None)
 
     def _start_batch(self, batch: DataProto, step: int, metrics: dict, timing: dict) -> DataProto:
         """The step's prompts as the hooks make them (colocated and split engines alike), recorded for resume."""
@@ -329,13 +378,9 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         return StepOutput(metrics, prompt_tokens, response_tokens)
 
     def _update_weights(self) -> dict:
-        """Push the actor's current weights into every rank's rollout engine; needed before each generation
-        (the engines sleep after one). ``timing_s/weight_sync``: the slowest rank's push."""
-        if self.rollout_wg is not None:  # split engines: over the weight group
-            return self.push_to_engines()
-        per_rank = self.wg.update_weights()
-        values = [float(r[WEIGHT_SYNC_METRIC]) for r in per_rank if r.get(WEIGHT_SYNC_METRIC) is not None]
-        return {WEIGHT_SYNC_METRIC: max(values)} if values else {}
+        """Push the actor's current weights into the rollout engines (the source's push); needed before each
+        generation (the engines sleep after one). ``timing_s/weight_sync``: the slowest rank's push."""
+        return self.rollout.push()
 
     def _score(self, batch: DataProto) -> dict:
         """Reward every row: ``token_level_scores`` (the score on the last response token); the reward metrics."""
@@ -413,9 +458,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         return not (actor.ppo_epochs == 1 and rows // self.world_size <= mini_rows_per_rank)
 
     def _rollout(self, batch: DataProto) -> tuple[DataProto, np.ndarray, dict]:
-        """Generate the B·n slots of this step and merge them with the prompts' non-tensor data.
-
-        Returns the merged batch, the prefix ratios ``[B, n]`` drawn for it and the rollout metrics."""
+        """Generate the B·n slots of this step on the actor's engines and merge them with the prompts' non-tensor
+        data -> (merged batch, prefix ratios ``[B, n]``, rollout metrics)."""
         batch, gen_batch, ratios, metrics = self._prepare_rollout(batch, self.global_steps)
         return self._merge_rollout(batch, self.wg.generate_sequences(gen_batch), ratios, metrics, self.global_steps)
 
@@ -558,7 +602,8 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
         """
         n_val = int(self.sections.workers.rollout.n_val)
         chunk = int(self.sections.data.val_batch_size or len(self.val_dataset))
-        chunk = max(chunk, self.gen_world_size)
+        gen_wg = self.rollout.gen_wg
+        chunk = max(chunk, gen_wg.world_size)
         scores_by_source: dict[str, list[float]] = {}
         n_log, samples = int(self.sections.trainer.val_generations_to_log or 0), []
         starts = list(range(0, len(self.val_dataset), chunk))
@@ -566,11 +611,11 @@ class MIXRayPPOTrainer(SplitRolloutMixin):
             rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(rows))
             gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
-            gen_batch, pad = pad_dataproto_to_divisor(gen_batch, self.gen_world_size)
+            gen_batch, pad = pad_dataproto_to_divisor(gen_batch, gen_wg.world_size)
             if start == 0:  # one push per validation: the engines hold it, awake, until the last chunk is generated
                 self._update_weights()
             gen_batch.meta_info[HOLD_WEIGHTS_KEY] = start != starts[-1]
-            gen_out = self.gen_wg.generate_validation(gen_batch)
+            gen_out = gen_wg.generate_validation(gen_batch)
             gen_out.meta_info.pop("rollout_stats", None)
             gen_out = unpad_dataproto(gen_out, pad * n_val)
             batch = batch.repeat(repeat_times=n_val, interleave=True).union(gen_out)

@@ -75,7 +75,8 @@ def _run(code: str) -> str:
 def test_a_ray_workers_pause_ends_when_verls_worker_constructs_it():
     """Ray's setup hook (pause_in_ray_worker) runs before the rank imports its class; constructing any Worker
     subclass, one that never calls Worker.__init__ included, ends the pause; a second hook call wraps nothing twice."""
-    assert _run("""
+    assert (
+        _run("""
         import gc
         from luffy_pool_dev import startup_gc
         startup_gc.pause_in_ray_worker()
@@ -89,13 +90,16 @@ def test_a_ray_workers_pause_ends_when_verls_worker_constructs_it():
 
         rank = Rank(3)
         print(paused, gc.isenabled(), gc.get_freeze_count() > 1000, rank.x, rank.rank)
-    """) == "True True True 3 0"
+    """)
+        == "True True True 3 0"
+    )
 
 
 def test_every_vllm_engine_build_runs_without_the_collector():
     """build_engines_without_gc wraps vLLM's LLMEngine.from_engine_args (what vllm.LLM calls) once: inside it the
     collector is off and what existed before is frozen; after it the collector is back."""
-    assert _run("""
+    assert (
+        _run("""
         import gc
         from vllm.v1.engine.llm_engine import LLMEngine
         from luffy_pool_dev import startup_gc
@@ -105,4 +109,6 @@ def test_every_vllm_engine_build_runs_without_the_collector():
         assert startup_gc.build_engines_without_gc() and startup_gc.build_engines_without_gc()
         assert LLMEngine.from_engine_args("args") == ("args",)
         print(seen[0][0], seen[0][1] > before, gc.isenabled(), len(seen))
-    """) == "False True True 1"
+    """)
+        == "False True True 1"
+    )

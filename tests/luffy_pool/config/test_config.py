@@ -301,7 +301,9 @@ def test_suggestion_falls_back_to_the_last_segment():
         ),
         (
             "trainer.rollout_pipeline=one_step_off actor_rollout_ref.hybrid_engine=False "
-            "actor_rollout_ref.rollout.n_gpus_per_node=4 trainer.n_gpus_per_node=4 algorithm.method=relift",
+            "actor_rollout_ref.rollout.n_gpus_per_node=4 trainer.n_gpus_per_node=4 algorithm.method=relift "
+            # relift's preset (luffy_pool/config/method/relift.yaml), stated: LUFFY's values would be refused first
+            "actor_rollout_ref.actor.use_off_policy_loss=False actor_rollout_ref.rollout.n_prefix=0",
             "'algorithm.method'=relift keeps state between its steps (experience pool or SFT buffer)",
         ),
         (

@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from luffy_pool.config.check import (
     CONFIG_DIR,
     declared,
+    method_knobs,
     prepare_overrides,
     schema_defaults,
     schema_leaf_keys,
@@ -46,6 +47,28 @@ def test_every_key_is_read_by_shipped_code_or_refused():
         if k not in refused and not re.search(r"[\"'.]" + re.escape(k.rsplit(".", 1)[-1]) + r"\b", code)
     ]
     assert not unread, f"keys neither read nor refused: {unread}"
+
+
+def test_every_method_knob_is_read_by_shipped_code():
+    """A method's knobs live in its YAML group (luffy_pool/config/method/<m>.yaml), not in the base schema: each must
+    be read as an attribute of its knob section (``knobs.<k>``, ``self.knobs.<k>``, ``k.<k>``) in luffy_pool code
+    outside the config package; a docstring's ``algorithm.<m>.<k>`` does not count."""
+    files = subprocess.run(["git", "ls-files", "luffy_pool/*.py"], capture_output=True, text=True, cwd=REPO).stdout
+    code = "".join(
+        open(os.path.join(REPO, f), encoding="utf-8").read()
+        for f in files.split()
+        if not f.startswith("luffy_pool/config/") and os.path.exists(os.path.join(REPO, f))
+    )
+    knobs = method_knobs()
+    assert {method for method, _ in knobs.values()} >= {"chord", "exgrpo", "hpt", "prefix_rft", "relift", "srft", "uft"}
+    unread = [
+        key
+        for key, (method, _) in knobs.items()
+        if not any(
+            receiver != method for receiver in re.findall(r"(\w+)\." + re.escape(key.rsplit(".", 1)[-1]) + r"\b", code)
+        )
+    ]
+    assert not unread, f"method knobs read by no shipped code: {unread}"
 
 
 @pytest.mark.parametrize("key", sorted(INERT_KEYS))

@@ -76,14 +76,18 @@ def test_a_missing_key_is_named(compose_config):
 # Readers of config values (not of env vars, state dicts or batches): every YAML key they use comes from a
 # typed section. The exceptions read groups with their own typed parsers and documented defaults, used by
 # callers that pass partial dicts: the reward group (RewardManager, eval scripts), the batch-size helper (None =
-# unset, no default restated) and the SFT trainer's own YAML (verl/trainer/config/sft_trainer.yaml).
+# unset, no default restated), the SFT trainer's own YAML (verl/trainer/config/sft_trainer.yaml) and the method
+# merger (luffy_pool/methods/base.py: it reads the method YAML groups, which hold the knobs' defaults, and the raw
+# algorithm group to refuse another method's knobs before any section exists).
 _OWN_PARSERS = {
     "verl/workers/reward_manager/reward_manager.py",
+    "luffy_pool/methods/base.py",
     "verl/utils/batch_sizes.py",
     "verl/trainer/sft/fsdp_model.py",
     "exp_scripts/bench/report.py",
 }  # reads benchmark result JSON, not a config
-_NOT_CONFIG = ("environ", "state", "meta", "rec", "report", "wandb")  # wandb: its own settings file
+# wandb: its own settings file; saved: a checkpoint's state dict
+_NOT_CONFIG = ("environ", "state", "saved", "meta", "rec", "report", "wandb")
 
 
 def _config_get_calls(path: str, root: str = ROOT) -> list[str]:

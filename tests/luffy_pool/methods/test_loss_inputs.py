@@ -6,14 +6,14 @@ from dataclasses import is_dataclass
 import pytest
 import torch
 
-from luffy_pool.methods.chord import ChordConfig, chord_mixed_loss
-from luffy_pool.methods.exgrpo.blocks import ExgrpoLossConfig, exgrpo_token_loss
-from luffy_pool.methods.hpt import HptConfig, hpt_sft_loss
+from luffy_pool.methods.chord import ChordConfig
+from luffy_pool.methods.exgrpo.blocks import ExgrpoLossConfig
+from luffy_pool.methods.hpt import HptConfig
 from luffy_pool.methods.loss_inputs import FamilyLossInputs, require
-from luffy_pool.methods.prefix_rft import PrefixRftConfig, prefix_rft_loss
+from luffy_pool.methods.prefix_rft import PrefixRftConfig
 from luffy_pool.methods.relift import ReliftSftConfig
-from luffy_pool.methods.srft import SrftConfig, srft_loss
-from luffy_pool.methods.uft import UftConfig, UftLossConfig, uft_loss
+from luffy_pool.methods.srft import SrftConfig
+from luffy_pool.methods.uft import UftConfig, UftLossConfig
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.trainer.ppo.loss_inputs import PolicyLossInputs
 

@@ -66,8 +66,10 @@ def config_without(compose_config, luffy_overrides, tmp_path):
     """The tiny LUFFY config with some of its overrides left out (they fall back to the base YAML's defaults)."""
 
     def make(dropped, *extra):
+        from luffy_pool.config.check import prepare_overrides
+
         kept = [o for o in luffy_overrides("m", "d", str(tmp_path), steps=2) if o not in dropped]
-        return compose_config(kept + list(extra))
+        return compose_config(prepare_overrides(kept + list(extra)))  # as the trainer's command line composes it
 
     return make
 
@@ -124,12 +126,43 @@ def test_a_value_contradicting_the_method_is_refused_naming_both_keys(config_wit
         apply_method(config)
 
 
-def test_the_trainer_cli_refuses_a_contradiction_in_one_line(tiny_config):
+def test_the_trainer_cli_refuses_a_contradiction_in_one_line(config_without):
     from luffy_pool.config.check import ConfigError
     from luffy_pool.run.main_mix_ppo import run
 
     with pytest.raises(ConfigError, match="algorithm.method=srft sets actor_rollout_ref.actor.off_policy_reshape"):
-        run(tiny_config("algorithm.method=srft", f"{A}.off_policy_reshape=p_div_p_0.3"))
+        run(config_without(LUFFY_SWITCHES[:1], "algorithm.method=srft", f"{A}.off_policy_reshape=p_div_p_0.3"))
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            ["algorithm.method=luffy", "algorithm.chord.mu_peak=0.9"],
+            "algorithm.chord.mu_peak is a knob of algorithm.method=chord, but algorithm.method=luffy; "
+            "drop it or set algorithm.method=chord",
+        ),
+        (
+            ["algorithm.method=grpo", "actor_rollout_ref.rollout.n_prefix=2"],
+            "algorithm.method=grpo sets actor_rollout_ref.rollout.n_prefix=0, but the config has "
+            "actor_rollout_ref.rollout.n_prefix=2; drop that override or choose another algorithm.method",
+        ),
+    ],
+)
+def test_a_command_line_contradicting_the_method_is_refused_in_one_line_before_any_worker(
+    compose_config, luffy_overrides, tmp_path, overrides, expected
+):
+    """The overrides as the CLI gets them: prepare_overrides accepts the knob, the composed config is refused by
+    validate_config and by the trainer's entry before it builds anything (the model path does not exist)."""
+    from luffy_pool.config.check import ConfigError, prepare_overrides, validate_config
+    from luffy_pool.run.main_mix_ppo import run
+
+    base = [o for o in luffy_overrides("m", "d", str(tmp_path), steps=2) if o not in LUFFY_SWITCHES]
+    config = compose_config(prepare_overrides(base + overrides))
+    assert validate_config(config) == [expected]
+    with pytest.raises(ConfigError) as exc:
+        run(config)
+    assert str(exc.value).strip() == expected
 
 
 # ---------------------------------------------------------------- HPT's gate
@@ -149,9 +182,10 @@ def _group_batch(scores, demo):
 
 
 def _sections(switch_gate=0, reward_impl_version=3):
+    from luffy_pool.methods.hpt import HptKnobs
+
     return SimpleNamespace(
-        algorithm=SimpleNamespace(hpt=SimpleNamespace(switch_gate=switch_gate)),
-        data=SimpleNamespace(reward_impl_version=reward_impl_version),
+        knobs=HptKnobs(switch_gate=switch_gate), data=SimpleNamespace(reward_impl_version=reward_impl_version)
     )
 
 
@@ -169,11 +203,20 @@ def test_hpt_gate_picks_the_demonstration_when_the_group_has_no_success():
 
 
 # ---------------------------------------------------------------- knobs, masks and step reach the loss
-def _stub_actor(policy_loss, meta, **loss_keys):
+def _knobs(method, **values):
+    """``method``'s frozen knob section: its YAML defaults under ``values``."""
+    from luffy_pool.methods import get_method
+
+    knobs = get_method(method).knobs
+    return knobs(**{**get_method(method).knob_defaults(), **values})
+
+
+def _stub_actor(method, knobs=None, expert_share=0.25, **loss_keys):
+    """What method_policy_loss reads of the actor: its policy loss (the method's registry entry), the
+    MethodSelection it got at init, its loss keys and batch sizes."""
+    from luffy_pool.methods import MethodSelection, get_method
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.utils.batch_sizes import RankBatchSizes
-
-    import luffy_pool.methods.losses  # noqa: F401 -- registers the family losses
 
     loss = dict(
         clip_ratio=0.2,
@@ -184,15 +227,24 @@ def _stub_actor(policy_loss, meta, **loss_keys):
         clip_upper_bound=1.0,
     )
     loss.update(loss_keys)
+    policy_loss = get_method(method).preset_keys()[f"{A}.policy_loss"]
     return SimpleNamespace(
         policy_loss=policy_loss,
         policy_loss_fn=get_policy_loss_fn(policy_loss),
-        method_meta=meta,
+        policy_loss_cfg=None,
+        method_selection=MethodSelection(method, knobs, expert_share),
         update_config=SimpleNamespace(loss=SimpleNamespace(**loss), use_dynamic_bsz=False),
         batch_sizes=RankBatchSizes(ppo_mini_rows=4, ppo_micro_rows=4, gradient_accumulation=1),
         config=None,
         extra_policy_loss=lambda out, metrics: None,
     )
+
+
+def _loss(actor, micro, log_prob, entropy, mask, step=0, update_state=None):
+    """The actor's method loss for the update of zero-based ``step`` (the trainer sends global_steps = step + 1)."""
+    from luffy_pool.methods.losses import method_policy_loss
+
+    return method_policy_loss(actor, micro, log_prob, entropy, mask, step + 1, update_state)
 
 
 def _micro(rows=4, width=3, demo_rows=(3,), seed=0):
@@ -222,11 +274,8 @@ CHORD_MU = {
 
 @pytest.mark.parametrize("step,mu", [(0, 0.9), (50, 0.775520), (100, 0.475), (199, 0.050052), (400, 0.05)])
 def test_the_step_reaches_chords_mu(step, mu):
-    from luffy_pool.methods.losses import family_policy_loss
-
-    meta = {"name": "chord", "knobs": CHORD_MU, "step": step, "expert_share": 0.25}
-    loss, metrics = family_policy_loss(_stub_actor("chord", meta), *_micro())
-    assert metrics["actor/mu"] == pytest.approx(mu, abs=1e-6)  # METHODS_SPEC §10 CHORD-μ values
+    loss, metrics = _loss(_stub_actor("chord", _knobs("chord", **CHORD_MU), 0.25), *_micro(), step=step)
+    assert metrics["actor/mu"] == pytest.approx(mu, abs=1e-6)  # CHORD-μ schedule values
     # one expert row of four in a one-micro-batch mini-batch: each term is the mean over its own rows
     from luffy_pool.methods.chord import ChordConfig, dual_clip_ppo_loss, sft_plain_loss
     from luffy_pool.methods.loss_inputs import FamilyLossInputs
@@ -246,31 +295,39 @@ def test_the_step_reaches_chords_mu(step, mu):
     assert loss.item() == pytest.approx((1 - mu) * usual.item() + mu * expert.item(), rel=1e-5)
 
 
-def test_update_meta_sends_the_knobs_and_a_zero_based_step():
-    from luffy_pool.methods import get_method
-    from luffy_pool.methods.losses import update_meta
+def test_the_loss_gets_the_selected_knobs_a_zero_based_step_and_the_update_state(config_without):
+    """What the trainer sends with an update (meta_info global_steps, update_state) and what the worker got at
+    init (select_method: the knob section and n_prefix / n) reach the method's loss as its inputs."""
+    from luffy_pool.methods import apply_method, select_method
 
-    sections = SimpleNamespace(
-        algorithm=SimpleNamespace(chord=SimpleNamespace(**CHORD_MU)),
-        workers=SimpleNamespace(rollout=SimpleNamespace(n=8, n_prefix=1)),
+    config = config_without(
+        LUFFY_SWITCHES[:1], "algorithm.method=chord", "actor_rollout_ref.rollout.n=8", "algorithm.chord.mu_peak=0.9"
     )
-    from dataclasses import make_dataclass
+    apply_method(config)
+    selection = select_method(config)
+    assert selection.knobs == _knobs("chord", mu_peak=0.9) and selection.expert_share == 0.125
+    seen = []
+    actor = _stub_actor("chord", selection.knobs, selection.expert_share)
+    actor.policy_loss_fn = lambda inputs, cfg: (seen.append(inputs) or torch.tensor(0.0), {})
+    actor.method_selection = selection
+    from luffy_pool.methods.losses import method_policy_loss
 
-    sections.algorithm.chord = make_dataclass("C", list(CHORD_MU))(**CHORD_MU)
-    meta = update_meta(get_method("chord"), sections, global_steps=1)
-    assert meta == {"name": "chord", "knobs": CHORD_MU, "step": 0, "expert_share": 0.125}
+    method_policy_loss(actor, *_micro(), global_steps=1, update_state={"mixed": True})
+    (inputs,) = seen
+    assert (inputs.knobs, inputs.step, inputs.expert_share) == (selection.knobs, 0, 0.125)
+    assert inputs.update_state == {"mixed": True} and inputs.settings is actor.update_config.loss
+    with pytest.raises(ValueError, match="needs the update's step \\(meta_info\\['global_steps'\\]\\)"):
+        method_policy_loss(actor, *_micro(), global_steps=None, update_state=None)
 
 
 def test_hpt_rows_the_gate_dropped_count_as_removed():
-    """Masking a row out of the hpt_sft loss equals the authors' removing it from the batch."""
+    """Masking a row out of the hpt loss equals the authors' removing it from the batch."""
     from luffy_pool.methods.hpt import HptConfig, hpt_sft_loss
     from luffy_pool.methods.loss_inputs import FamilyLossInputs
-    from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro(rows=4, demo_rows=(2, 3))
     micro["loss_row_mask"] = torch.tensor([1.0, 1.0, 0.0, 1.0])  # row 2 (a demo row of an RL group) dropped
-    meta = {"name": "hpt", "knobs": {"switch_gate": 0}, "step": 0, "expert_share": 0.25}
-    loss, metrics = family_policy_loss(_stub_actor("hpt_sft", meta), micro, log_prob, entropy, mask)
+    loss, metrics = _loss(_stub_actor("hpt", _knobs("hpt", switch_gate=0)), micro, log_prob, entropy, mask)
     keep = [0, 1, 3]
     kept = FamilyLossInputs(
         log_prob=log_prob[keep],
@@ -285,20 +342,13 @@ def test_hpt_rows_the_gate_dropped_count_as_removed():
 
 
 def test_srft_correct_rows_come_from_the_row_scores():
-    from luffy_pool.methods.losses import family_policy_loss
-
     micro, log_prob, entropy, mask = _micro()
-    meta = {
-        "name": "srft",
-        "knobs": {"srft_type": "paper", "sft_weight_scale": 0.5, "rl_pos_weight_scale": 0.1},
-        "step": 0,
-        "expert_share": 0.25,
-    }
-    actor = _stub_actor("srft", meta)
+    knobs = _knobs("srft", srft_type="paper", sft_weight_scale=0.5, rl_pos_weight_scale=0.1)
+    actor = _stub_actor("srft", knobs)
     micro["row_scores"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    loss_a, _ = family_policy_loss(actor, dict(micro), log_prob, entropy, mask)
+    loss_a, _ = _loss(actor, dict(micro), log_prob, entropy, mask)
     micro["row_scores"] = torch.tensor([0.0, 0.0, 0.0, 1.0])
-    loss_b, metrics = family_policy_loss(actor, dict(micro), log_prob, entropy, mask)
+    loss_b, metrics = _loss(actor, dict(micro), log_prob, entropy, mask)
     # row 0 correct: its on-policy weight is 0.1·e^{H_0} instead of −1 (sum / width, width 3)
     h0 = entropy[0].mean()
     delta = (-(0.1 * torch.exp(h0)) * log_prob[0]).sum() / 3 - (1.0 * log_prob[0]).sum() / 3
@@ -307,10 +357,9 @@ def test_srft_correct_rows_come_from_the_row_scores():
 
 
 def test_prefix_rft_and_uft_losses_read_their_knobs_and_the_actors_clip_keys():
-    from luffy_pool.methods.prefix_rft import PrefixRftConfig, prefix_rft_loss
     from luffy_pool.methods.loss_inputs import FamilyLossInputs
+    from luffy_pool.methods.prefix_rft import PrefixRftConfig, prefix_rft_loss
     from luffy_pool.methods.uft import UftLossConfig, uft_loss
-    from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro()
     inputs = FamilyLossInputs(
@@ -321,34 +370,40 @@ def test_prefix_rft_and_uft_losses_read_their_knobs_and_the_actors_clip_keys():
         prefix_mask=micro["prefix_mask"],
         entropy=entropy,
     )
-    knobs = {"ratio_start": 0.95, "ratio_end": 0.05, "decay_steps": None, "prefix_entropy_top_frac": 0.4}
-    meta = {"name": "prefix_rft", "knobs": knobs, "step": 3, "expert_share": 0.25}
-    loss, metrics = family_policy_loss(
-        _stub_actor("prefix_rft", meta, loss_remove_clip=False), dict(micro), log_prob, entropy, mask
-    )
+    knobs = _knobs("prefix_rft", ratio_start=0.95, ratio_end=0.05, decay_steps=None, prefix_entropy_top_frac=0.4)
+    actor = _stub_actor("prefix_rft", knobs, loss_remove_clip=False)
+    loss, metrics = _loss(actor, dict(micro), log_prob, entropy, mask, step=3)
     expected, _ = prefix_rft_loss(inputs, PrefixRftConfig(prefix_entropy_top_frac=0.4, loss_remove_clip=False))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert metrics["actor/prefix_rft/kept_prefix_share"] == pytest.approx(2 / 3)  # ceil(0.4 * 3) of the demo row
-    meta = {"name": "uft", "knobs": {"hint_sft_coef": 0.5}, "step": 0, "expert_share": 0.25}
-    loss, metrics = family_policy_loss(_stub_actor("uft", meta), dict(micro), log_prob, entropy, mask)
+    loss, metrics = _loss(_stub_actor("uft", _knobs("uft", hint_sft_coef=0.5)), dict(micro), log_prob, entropy, mask)
     expected, _ = uft_loss(inputs, UftLossConfig(hint_sft_coef=0.5, loss_remove_token_mean=True, loss_remove_clip=True))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert metrics["actor/uft/hint_nll"] == pytest.approx(float(-log_prob[3].mean()), rel=1e-6)
 
 
-def test_a_family_loss_without_the_method_meta_says_so():
-    from luffy_pool.methods.losses import family_policy_loss
+@pytest.mark.parametrize("started_with", [None, "hpt"])
+def test_an_actor_not_started_with_the_losss_method_refuses_it(started_with):
+    from luffy_pool.methods import MethodSelection
+    from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
 
-    with pytest.raises(ValueError, match="needs the update's meta_info\\['method'\\]"):
-        family_policy_loss(_stub_actor("chord", None), *_micro())
+    actor = _stub_actor("chord", _knobs("chord", **CHORD_MU))
+    actor.method_selection = None if started_with is None else MethodSelection(started_with, _knobs("hpt"))
+    expected = (
+        f"policy loss 'chord' is algorithm.method=chord's loss, but this actor was started with "
+        f"algorithm.method={started_with}"
+    )
+    with pytest.raises(ValueError) as exc:
+        MIXDataParallelPPOActor.compute_policy_loss(actor, *_micro(), global_steps=1)
+    assert str(exc.value) == expected
 
 
 def test_exgrpo_clips_in_warm_up_and_not_in_the_mixed_phase():
-    """The trainer sends the phase with the knobs (``meta["mixed"]``); the loss is exgrpo_token_loss with
-    ``loss_remove_clip`` only when mixed (the authors force PPO clip in warm-up)."""
+    """The trainer sends the phase with the update (``update_state["mixed"]``, from ExGRPO's before_update hook);
+    the loss is exgrpo_token_loss with ``loss_remove_clip`` only when mixed (the authors force PPO clip in
+    warm-up)."""
     from luffy_pool.methods.exgrpo.blocks import ExgrpoLossConfig, exgrpo_token_loss
     from luffy_pool.methods.loss_inputs import FamilyLossInputs
-    from luffy_pool.methods.losses import family_policy_loss
 
     micro, log_prob, entropy, mask = _micro()
     micro["old_log_probs"] = log_prob - torch.tensor([0.5, -0.5, 0.5, -0.3]).unsqueeze(-1)  # ratios far outside 1 ± 0.2
@@ -359,15 +414,11 @@ def test_exgrpo_clips_in_warm_up_and_not_in_the_mixed_phase():
         response_mask=mask,
         prefix_mask=micro["prefix_mask"],
     )
+    actor = _stub_actor(
+        "exgrpo", _knobs("exgrpo"), 0.0, off_policy_max_clip=-1, off_policy_min_clip=-1, all_max_clip=-1
+    )
     for mixed in (False, True):
-        meta = {"name": "exgrpo", "knobs": {}, "step": 0, "expert_share": 0.0, "mixed": mixed}
-        loss, metrics = family_policy_loss(
-            _stub_actor("exgrpo", meta, off_policy_max_clip=-1, off_policy_min_clip=-1, all_max_clip=-1),
-            micro,
-            log_prob,
-            entropy,
-            mask,
-        )
+        loss, metrics = _loss(actor, micro, log_prob, entropy, mask, update_state={"mixed": mixed})
         expected, _ = exgrpo_token_loss(inputs, ExgrpoLossConfig(loss_remove_clip=mixed))
         assert float(loss) == pytest.approx(float(expected), rel=1e-6)
         assert (metrics["actor/on_pg_clipfrac"] > 0) == (not mixed)
@@ -468,8 +519,7 @@ def test_a_missing_demonstration_column_is_refused_before_ray_naming_file_and_co
     }
     pd.DataFrame(rows).to_parquet(data / "train.parquet")
     pd.DataFrame(rows).to_parquet(data / "test.parquet")
-    config = compose_config(
-        luffy_overrides(tiny_model_dir, str(data), str(tmp_path / "out"), steps=2) + ["algorithm.method=srft"]
-    )
+    overrides = luffy_overrides(tiny_model_dir, str(data), str(tmp_path / "out"), steps=2)
+    config = compose_config([o for o in overrides if o not in LUFFY_SWITCHES[:1]] + ["algorithm.method=srft"])
     with pytest.raises(PreflightError, match=f"data.train_files: {data}/train.parquet: missing column 'target'"):
         build_trainer(config)

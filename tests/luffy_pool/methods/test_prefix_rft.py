@@ -4,18 +4,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from luffy_pool.methods.prefix_rft import PrefixRftSampler
+from luffy_pool.methods.prefix_rft import PrefixRftKnobs, PrefixRftSampler
 
 
 def _sampler(n_prefix=1, decay_steps=None, total_steps=4):
-    sections = SimpleNamespace(
-        algorithm=SimpleNamespace(
-            prefix_rft=SimpleNamespace(
-                ratio_start=0.95, ratio_end=0.05, decay_steps=decay_steps, prefix_entropy_top_frac=0.2
-            )
-        ),
-        workers=SimpleNamespace(rollout=SimpleNamespace(n=4, n_prefix=n_prefix)),
-    )
+    knobs = PrefixRftKnobs(ratio_start=0.95, ratio_end=0.05, decay_steps=decay_steps, prefix_entropy_top_frac=0.2)
+    sections = SimpleNamespace(knobs=knobs, workers=SimpleNamespace(rollout=SimpleNamespace(n=4, n_prefix=n_prefix)))
     return PrefixRftSampler.from_sections(sections, seed=0, total_steps=total_steps)
 
 
@@ -23,6 +17,8 @@ def test_the_prefix_slots_carry_the_steps_share_and_the_others_none():
     sampler = _sampler()  # decay over the run's 4 steps: step 1 -> 0.95, 3 -> 0.5, 5 -> 0.05
     ratios, metrics = sampler.draw_batch([0, 1], global_step=1)
     assert ratios.tolist() == [[0.95, 0, 0, 0]] * 2 and metrics == {"prefix_rft/prefix_ratio": 0.95}
+    plan, _ = sampler.plan_slots([0, 1], None, None, 3)  # the hook's slot plan is the step's draw
+    assert plan.tolist() == sampler.draw_batch([0, 1], global_step=3)[0].tolist()
     assert sampler.draw_batch([0], global_step=3)[0][0, 0] == pytest.approx(0.5)
     assert sampler.draw_batch([0], global_step=5)[0][0, 0] == pytest.approx(0.05)
     assert _sampler(n_prefix=-1).draw_batch([0], global_step=1)[0].tolist() == [[0.95] * 4]

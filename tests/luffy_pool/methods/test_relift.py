@@ -41,16 +41,12 @@ class StubWorkers:
         return DataProto(meta_info={"metrics": {"actor/sft_loss": [1.0, 3.0]}})
 
 
-class StubCheckpointer:
-    def __init__(self):
-        self.states = {}
-
-    def register_state(self, name, obj):
-        self.states[name] = obj
-
-
 def _trainer(sft_data_size=4, world=2):
-    relift = SimpleNamespace(
+    """The StepContext the trainer builds the stage from (the stage's name keys its state in the trainer's)."""
+    from luffy_pool.methods.hooks import StepContext
+    from luffy_pool.methods.relift import ReliftKnobs
+
+    knobs = ReliftKnobs(
         sft_data_size=sft_data_size,
         sft_mini_batch_size=sft_data_size,
         sft_micro_batch_size=1,
@@ -60,17 +56,21 @@ def _trainer(sft_data_size=4, world=2):
         sft_entropy_coeff=0.001,
     )
     sections = SimpleNamespace(
-        algorithm=SimpleNamespace(relift=relift),
+        knobs=knobs,
         data=SimpleNamespace(reward_impl_version=3),
         workers=SimpleNamespace(actor=SimpleNamespace(optim=SimpleNamespace(betas=[0.9, 0.999], weight_decay=0.01))),
         trainer=SimpleNamespace(balance_batch=False),
     )
-    return SimpleNamespace(
+    return StepContext(
         sections=sections,
-        world_size=world,
         wg=StubWorkers(),
-        checkpointer=StubCheckpointer(),
         tokenizer=SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS),
+        dataset=None,
+        collate_fn=None,
+        world_size=world,
+        response_length=3,
+        total_steps=4,
+        knobs=knobs,
     )
 
 
@@ -103,7 +103,8 @@ def _scored(indexes, scores, n=2):
 
 
 def _step(stage, indexes, scores):
-    stage.before_rollout(_prompts(indexes))
+    prompts = _prompts(indexes)
+    assert stage.compose(prompts) == (prompts, {})  # the step's prompts are kept (with their demonstrations)
     timing = {}
     return stage.after_update(_scored(indexes, scores), timing), timing
 
@@ -125,7 +126,7 @@ def test_the_stage_buffers_hard_questions_newest_first_and_trains_when_full():
             entropy_coeff=0.001,
         )
     ]
-    assert trainer.checkpointer.states == {"relift": stage}
+    assert stage.name == "relift"  # its state's key in the trainer's state["hooks"]["state"]
     # no hard question while the buffer is empty: the authors' len(None) crash
     metrics, _ = _step(stage, [1, 2], [1, 0, 1, 1])
     assert metrics == {"relift/hard_questions": 0, "relift/sft_rows": 0, "relift/buffer_size": 0}

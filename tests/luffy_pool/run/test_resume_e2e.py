@@ -67,7 +67,7 @@ def drive(
         getattr(importlib.import_module(module), function)(trainer)
     ckpt = trainer.checkpointer
     assert ckpt is not None, "the launcher must build a TrainerCheckpointer"
-    real_step, real_split_step = trainer.train_step, trainer.split_step
+    real_step, real_draw = trainer.rollout_step, trainer.draw_batch
     real_save, real_resume = trainer.wg.save_checkpoint, ckpt.maybe_resume
 
     def step_start():
@@ -79,13 +79,14 @@ def drive(
             while not trainer.stop.requested and time.monotonic() < deadline:
                 time.sleep(0.1)
 
-    def step(batch_dict, timing):  # the trainer itself appends the step's prompt indexes to data_order.jsonl
+    def draw(step_no, metrics, timing):  # hybrid engine: once the step's data is drawn (and recorded)
+        batch = real_draw(step_no, metrics, timing)
         step_start()
-        return real_step(batch_dict, timing)
+        return batch
 
-    def split_step(timing):  # split engines (hybrid_engine=False): fit's step, which draws its own data
+    def split_step(timing):  # split engines (hybrid_engine=False): fit's step (a batch may be drawn a step early)
         step_start()
-        return real_split_step(timing)
+        return real_step(timing)
 
     def save(local_path, global_step=None, **kw):
         out = real_save(local_path, global_step=global_step, **kw)
@@ -101,7 +102,10 @@ def drive(
             trainer.wg.save_hf_model(os.path.join(result_dir, "after_resume_hf"))
         return step_no
 
-    trainer.train_step, trainer.split_step = step, split_step
+    if trainer.rollout_wg is None:
+        trainer.draw_batch = draw
+    else:
+        trainer.rollout_step = split_step
     trainer.wg.save_checkpoint, ckpt.maybe_resume = save, resume
     if signal_in_step > 0:
         fit_and_close(trainer, close)  # raises SystemExit(128 + signal) after the stop

@@ -51,16 +51,16 @@ IN_FLIGHT = "GENERATING 3"
 def hang_while_step_3_generates(trainer) -> None:
     """The killed driver's ``prepare``: once step 3's generation is launched (step 2's checkpoint is published by
     then), say so and wait for the SIGKILL."""
-    launch = trainer._launch_generation
+    launch = trainer.rollout.launch
 
-    def launch_then_hang(step, timing):
-        pending = launch(step, timing)
+    def launch_then_hang(step, timing, version):
+        pending = launch(step, timing, version)
         if step == 3:
             print(IN_FLIGHT, flush=True)
             time.sleep(3600)
         return pending
 
-    trainer._launch_generation = launch_then_hang
+    trainer.rollout.launch = launch_then_hang
 
 
 def _rows(folder):

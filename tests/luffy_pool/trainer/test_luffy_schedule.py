@@ -147,9 +147,11 @@ class _CountingTrainer(MIXRayPPOTrainer):
     def _next_batch(self):
         return {}
 
-    def train_step(self, batch_dict, timing):
+    def rollout_step(self, timing):
         self.updates.append(self.global_steps)
         return StepOutput({}, 0, 0)
+
+    rollout = SimpleNamespace(extra_ranks=0, drop_in_flight=lambda: None)
 
 
 def luffy_fit_steps(total: int) -> list[int]:

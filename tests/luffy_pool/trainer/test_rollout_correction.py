@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from luffy_pool.config.sections import ConfigSections
+from luffy_pool.methods import get_method
 from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
 from luffy_pool.trainer.rollout_correction import apply_rollout_correction, bypass_old_log_probs, enabled
 from verl.protocol import DataProto
@@ -139,7 +140,8 @@ def _trainer(compose_config, *overrides):
     sections = ConfigSections.from_config(compose_config(PATHS + list(overrides)))
     trainer = object.__new__(MIXRayPPOTrainer)
     rc = sections.algorithm.rollout_correction
-    trainer.sections, trainer.use_ref, trainer.self_replay, trainer.method_driver = sections, False, None, None
+    trainer.sections, trainer.use_ref, trainer.hooks = sections, False, []
+    trainer.method = get_method(sections.algorithm.method)
     trainer.n, trainer.world_size = sections.workers.rollout.n, 2
     trainer.rollout_correction = rc if enabled(rc) else None  # as __init__
     trainer.bypass_mode = rc.bypass_mode

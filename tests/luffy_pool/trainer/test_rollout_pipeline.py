@@ -7,7 +7,7 @@ from luffy_pool.trainer.rollout_pipeline import PendingRollout, RolloutPipeline,
 
 
 def _schedule(mode, last_step, save_freq=-1, resume_at=0):
-    """Replays the split step's decisions (luffy_pool/trainer/split_rollout.py) for steps resume_at+1 .. last_step:
+    """Replays the split step's decisions (luffy_pool/trainer/rollout_source.py) for steps resume_at+1 .. last_step:
     returns {step: (version that generated its batch, staleness)}."""
     pipe, out = RolloutPipeline(mode), {}
     for step in range(resume_at + 1, last_step + 1):
@@ -86,23 +86,32 @@ class _Future:
         self.waited = True
 
 
+class _Steps:
+    """The trainer's side a rollout source calls (``StepRollout``): here only the samplers' un-draw."""
+
+    def __init__(self, sampler, ratios):
+        self.sampler, self.ratios, self.data_iter = sampler, ratios, iter([])
+
+    def restore_samplers(self, states):
+        self.sampler.load_state_dict(states["sampler"])
+        self.ratios.load_state_dict(states["ratio_sampler"])
+        self.data_iter = None
+
+
 def test_a_save_with_a_batch_in_flight_waits_for_it_and_rewinds_both_samplers():
-    from types import SimpleNamespace
+    from luffy_pool.trainer.rollout_source import ColocatedRollout, SplitRollout
 
-    from luffy_pool.trainer.split_rollout import SplitRolloutMixin
-
-    trainer = SplitRolloutMixin()
     sampler, ratios, future = _State(8), _State("rng@step4"), _Future()
-    trainer.train_dataloader, trainer.ratio_sampler = SimpleNamespace(sampler=sampler), ratios
-    trainer.pipeline, trainer._data_iter = RolloutPipeline("one_step_off"), iter([])
+    steps = _Steps(sampler, ratios)
+    source = SplitRollout(steps, None, None, "one_step_off")
     rewind = {"sampler": sampler.state_dict(), "ratio_sampler": ratios.state_dict()}
     sampler.value, ratios.value = 12, "rng@step5"  # what drawing step 5's batch moved
-    trainer.pipeline.put(PendingRollout(step=5, version=3, handle={"future": future}, rewind=rewind))
-    trainer.drop_in_flight()
-    assert future.waited and trainer.pipeline.pending is None
-    assert (sampler.value, ratios.value, trainer._data_iter) == (8, "rng@step4", None)  # step 5 is drawn again
-    trainer.drop_in_flight()  # nothing in flight: nothing to do
-    assert SplitRolloutMixin().pipeline is None  # the hybrid engine's default
+    source.pipeline.put(PendingRollout(step=5, version=3, handle={"future": future}, rewind=rewind))
+    source.drop_in_flight()
+    assert future.waited and source.pipeline.pending is None
+    assert (sampler.value, ratios.value, steps.data_iter) == (8, "rng@step4", None)  # step 5 is drawn again
+    source.drop_in_flight()  # nothing in flight: nothing to do
+    assert ColocatedRollout(steps, None).drop_in_flight() is None  # the hybrid engine has nothing in flight
 
 
 def test_a_push_must_first_finish_the_batch_in_flight_which_keeps_its_rows():
@@ -147,27 +156,25 @@ class _Engines:
 def test_validation_with_a_batch_in_flight_waits_for_it_before_the_push():
     """What the split trainer sends its rollout group when validation comes on a step that prefetched (one_step_off,
     test_freq off the save steps): the batch in flight is finished and kept, then the push, then validation."""
-    from luffy_pool.trainer.split_rollout import SplitRolloutMixin
+    from luffy_pool.trainer.rollout_source import SplitRollout
     from tests.helpers.rollout_calls import queued_behind_a_generation, record_rollout_calls
 
-    trainer = SplitRolloutMixin()
-    trainer.pipeline, trainer.wg, trainer.rollout_wg = RolloutPipeline("one_step_off"), _Actor(), _Engines()
-    events = record_rollout_calls(trainer)
-    future = trainer.rollout_wg.generate_sequences_async("batch 3")  # launched before update 2
-    trainer.pipeline.put(PendingRollout(step=3, version=1, handle={"future": future}))
-    assert trainer._start_push() == ["send ref", "receive ref"]  # validation's update_weights stage
-    trainer.rollout_wg.generate_validation("val prompts")
+    steps = _Steps(_State(8), _State("rng"))
+    source = SplitRollout(steps, _Actor(), _Engines(), "one_step_off")
+    events = record_rollout_calls(source)
+    future = source.rollout_wg.generate_sequences_async("batch 3")  # launched before update 2
+    source.pipeline.put(PendingRollout(step=3, version=1, handle={"future": future}))
+    assert source._start_push() == ["send ref", "receive ref"]  # validation's update_weights stage
+    source.rollout_wg.generate_validation("val prompts")
     assert events == ["generate 1", "generated 1", "push", "validate"]
     assert queued_behind_a_generation(events) == []
-    pending = trainer.pipeline.pending
+    pending = source.pipeline.pending
     assert pending.step == 3 and pending.output == "rows of batch 3"
-    trainer._start_push()  # the engines are idle now: no second wait
-    trainer.pipeline.pending.handle["push"] = []
-    trainer.train_dataloader = type("Loader", (), {"sampler": _State(8)})()
-    trainer.ratio_sampler, trainer._data_iter = _State("rng"), None
-    trainer.pipeline.pending.rewind = {"sampler": {"value": 4}, "ratio_sampler": {"value": "rng@3"}}
-    trainer.drop_in_flight()  # a save after it: the kept rows are dropped without another wait
-    assert future._future.gets == 1 and trainer.train_dataloader.sampler.value == 4
+    source._start_push()  # the engines are idle now: no second wait
+    source.pipeline.pending.handle["push"] = []
+    source.pipeline.pending.rewind = {"sampler": {"value": 4}, "ratio_sampler": {"value": "rng@3"}}
+    source.drop_in_flight()  # a save after it: the kept rows are dropped without another wait
+    assert future._future.gets == 1 and steps.sampler.value == 4
 
 
 def test_the_order_before_the_fix_is_flagged():

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # from, ``ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR``), add variables. This variable names a
 # ``module:function``, called on the driver for each actor as ``function(runtime_env, worker_cls=, args=, kwargs=,
 # num_gpus=)`` (``num_gpus``: what each rank asks Ray for); it returns the runtime env the actor starts with. Unset:
-# actors start as Ray starts them. (The test suite's fork server and start-up GC pause use it: dev/luffy_pool_dev.)
+# actors start as Ray starts them. (tests/run.sh names one: the test suite's fork server and start-up GC pause.)
 ACTOR_RUNTIME_ENV_HOOK_ENV = "VERL_ACTOR_RUNTIME_ENV_HOOK"
 
 
