@@ -6,7 +6,7 @@ trainer; ``sft_rl``: the SFT model, then an RL run) and its config in ``luffy_po
 settings (model, data, steps, batch, lengths, learning rate, seeds) are applied to every method the same
 way, so the methods differ only in what their config files say. A family method (HPT, SRFT, CHORD, ExGRPO,
 ReLIFT, UFT, Prefix-RFT) is ``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>`` (its knobs: the authors'
-defaults in mix_ppo_trainer.yaml) plus ``extra``: the few knobs whose authors' value is tied to their batch or run
+defaults in luffy_pool/config/method/<name>.yaml) plus ``extra``: the few knobs whose authors' value is tied to their batch or run
 length, rescaled to this run's (``family_overrides``); UFT trains on the train split with its hint column.
 """
 
@@ -53,6 +53,11 @@ def family_overrides(name: str) -> Callable[["RunSettings"], list[str]]:
 
     def extra(s: "RunSettings") -> list[str]:
         out = [f"algorithm.method={name}"]
+        # the method's preset (luffy_pool/config/method/<name>.yaml) turns LUFFY's switches of tiny_cpu_luffy.yaml
+        # off; stated here, since a contradicting value is refused
+        out += ["actor_rollout_ref.actor.use_off_policy_loss=False"]
+        if name in ("relift", "exgrpo"):
+            out += ["actor_rollout_ref.rollout.n_prefix=0"]
         if name == "relift":
             out += [
                 f"algorithm.relift.sft_data_size={s.batch_size}",

@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from luffy_pool.config.compose import compose_config
     from luffy_pool.memory_plan.launch_script import LaunchScriptError, script_overrides
+    from luffy_pool.methods import apply_method
 
     if args.readme_table:
         print(readme_table())
@@ -57,6 +58,7 @@ def main(argv=None) -> int:
         device_bytes = parse_gpu_memory(args.gpu_memory)
         overrides = script_overrides(args.script, args.overrides) if args.script else args.overrides
         config = compose_config(overrides)
+        apply_method(config)  # the method's YAML group: its preset and knob defaults, as the trainer merges them
         plan = plan_for_config(config, device_bytes, model_config=args.model_config)
     except (LaunchScriptError, FileNotFoundError, ValueError) as exc:
         print(f"memory plan: {exc}", file=sys.stderr)

@@ -32,6 +32,6 @@ def method_inputs(sections, sp: int) -> dict:
             sft_tokens=math.ceil(int(stage["micro_rows"]) * width / sp),
             sft_stage_name=str(stage["name"]),
             sft_budget_key=str(stage["budget_key"]),
-            sft_moments=f"{stage['name']}: AdamW moments (2 x fp32)",
+            sft_moments=str(stage["moments"]),
         )
     return out

@@ -214,7 +214,9 @@ def select_method(config) -> MethodSelection:
     share = max(int(OmegaConf.select(config, "actor_rollout_ref.rollout.n_prefix", default=0) or 0), 0) / n
     if method.knobs is None:
         return MethodSelection(method.name, None, share)
-    group = OmegaConf.select(config, f"algorithm.{method.name}")
-    if group is None:
-        group = OmegaConf.create(method.knob_defaults())
+    # the YAML group's defaults under the config's values (a config composed without apply_method has none)
+    group = OmegaConf.create(method.knob_defaults())
+    given = OmegaConf.select(config, f"algorithm.{method.name}")
+    if given is not None:
+        group = OmegaConf.merge(group, given)
     return MethodSelection(method.name, build_section(method.knobs, group, f"algorithm.{method.name}"), share)

@@ -173,6 +173,7 @@ def relift_memory(sections) -> dict:
         "sft_stage": {
             "name": "ReLIFT SFT stage",
             "budget_key": "algorithm.relift.sft_micro_batch_size",
+            "moments": "ReLIFT SFT AdamW moments (2 x fp32)",
             "micro_rows": int(k.sft_micro_batch_size),
         }
     }

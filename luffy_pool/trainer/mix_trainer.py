@@ -171,7 +171,9 @@ class MIXRayPPOTrainer:
             "last_val_metrics": dict(self.last_val_metrics or {}),
         }
         hooks = {h.name: h.state_dict() for h in self.hooks}
-        state["hooks"] = {"method": self.method.name, "state": {k: v for k, v in hooks.items() if v is not None}}
+        hooks = {k: v for k, v in hooks.items() if v is not None}
+        if hooks:  # the hooks' state, one path for all (a run without stateful hooks saves what LUFFY saves)
+            state["hooks"] = {"method": self.method.name, "state": hooks}
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -74,30 +74,30 @@ def test_register_says_what_it_applied_and_nothing_when_off(monkeypatch):
 
 
 def _tp_communicator(rank, world, port):
-    """A rank of a 2-rank gloo group builds vLLM's CPU communicator for a TP group after mesh_tp_groups."""
+    """A rank of a 2-rank gloo group builds vLLM's CPU communicators after mesh_tp_groups, where vLLM falls back to
+    torch.distributed (its branch for ranks that share no shared-memory name; always taken by its AVX2 build, which has
+    no shared-memory kernels): a TP group's reduces over the mesh until destroyed, a PP group's stays on gloo."""
     import torch
     import torch.distributed as dist
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
     from luffy_pool_dev.cpu_tp_sockets import TPSocketMesh, mesh_tp_groups
 
+    CpuCommunicator._all_group_ranks_share_shm_group_name = lambda self: False
     dist.init_process_group("gloo")
     try:
         assert mesh_tp_groups() and mesh_tp_groups()  # a second call wraps nothing twice
-        shm_kernels = hasattr(torch.ops._C, "init_shm_manager")  # vLLM's AVX-512 build reduces in shared memory
-        comm = CpuCommunicator(dist.group.WORLD, torch.device("cpu"), dist.group.WORLD, unique_name="tp:0")
-        meshed = isinstance(comm.dist_module, TPSocketMesh)
+        tp = CpuCommunicator(dist.group.WORLD, torch.device("cpu"), dist.group.WORLD, unique_name="tp:0")
+        pp = CpuCommunicator(dist.group.WORLD, torch.device("cpu"), dist.group.WORLD, unique_name="pp:0")
         total = torch.full((4,), float(rank + 1))
-        comm.all_reduce(total)
-        comm.destroy()
-        closed = comm.dist_module is dist if meshed else None  # destroy closed the mesh and gave gloo back
-        return shm_kernels, meshed, total.tolist(), closed
+        tp.all_reduce(total)
+        meshed = isinstance(tp.dist_module, TPSocketMesh), pp.dist_module is dist
+        tp.destroy()
+        return meshed, total.tolist(), tp.dist_module is dist  # destroy closed the mesh and gave gloo back
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow  # two gloo ranks importing vLLM's communicator (~10 s)
 def test_a_tp_groups_cpu_communicator_reduces_over_the_mesh_where_vllm_falls_back_to_gloo():
-    for shm_kernels, meshed, total, closed in run_gloo_ranks(_tp_communicator, 2, timeout_s=300):
-        assert meshed is not shm_kernels  # the mesh only where vLLM has no shared-memory kernels
-        assert total == [3.0] * 4 and closed in (True, None)
+    assert run_gloo_ranks(_tp_communicator, 2, timeout_s=300) == [((True, True), [3.0] * 4, True)] * 2

@@ -75,16 +75,22 @@ def test_parse_methods_family_is_the_family_beside_grpo_luffy_and_sft():
 
 def test_family_methods_select_their_method_and_rescale_only_batch_and_length_tied_knobs():
     s = _settings(batch_size=8, lr=1e-4, steps=50)
-    for name in ("hpt", "srft", "chord", "exgrpo", "prefix_rft"):
-        assert METHODS[name].config_name == "tiny_cpu_luffy" and METHODS[name].extra(s) == [f"algorithm.method={name}"]
+    luffy_off = "actor_rollout_ref.actor.use_off_policy_loss=False"  # the presets' value, stated over tiny LUFFY's
+    for name in ("hpt", "srft", "chord", "prefix_rft"):
+        assert METHODS[name].config_name == "tiny_cpu_luffy"
+        assert METHODS[name].extra(s) == [f"algorithm.method={name}", luffy_off]
+    no_prefix = "actor_rollout_ref.rollout.n_prefix=0"
+    assert METHODS["exgrpo"].extra(s) == ["algorithm.method=exgrpo", luffy_off, no_prefix]
     assert METHODS["relift"].extra(s) == [
         "algorithm.method=relift",
+        luffy_off,
+        no_prefix,
         "algorithm.relift.sft_data_size=8",
         "algorithm.relift.sft_mini_batch_size=8",
         "algorithm.relift.sft_micro_batch_size=4",
         "algorithm.relift.sft_lr=0.0001",
     ]
-    assert METHODS["uft"].extra(s) == ["algorithm.method=uft", "algorithm.uft.total_training_steps_hint=30"]
+    assert METHODS["uft"].extra(s) == ["algorithm.method=uft", luffy_off, "algorithm.uft.total_training_steps_hint=30"]
     assert METHODS["uft"].train_split == "train_hints"
     assert {n for n, m in METHODS.items() if m.train_split != "train"} == {"uft"}
 

@@ -200,6 +200,9 @@ def rule_errors(section) -> list[str]:
     return errors
 
 
+_YAML_HINT = "verl/trainer/config/ppo_worker.yaml for the workers' groups, composed by the trainer's own YAML"
+
+
 def build_section(cls, section, name: str):
     """``cls(**values)`` from the mapping ``section`` (an OmegaConf group); ``name`` is its dotted path for
     error messages. A required field missing from the group raises a KeyError naming the key."""
@@ -207,8 +210,8 @@ def build_section(cls, section, name: str):
 
     if section is None:
         raise KeyError(
-            f"{name} is missing from the config (compose it from luffy_pool/config/mix_ppo_trainer.yaml, "
-            f"which gives every key its default)"
+            f"{name} is missing from the config (compose it from its YAML, which gives every key its default: "
+            f"{_YAML_HINT})"
         )
     present = set(section.keys())
     values = {}
@@ -222,8 +225,8 @@ def build_section(cls, section, name: str):
         if f.name not in present:
             if f.default is MISSING and f.default_factory is MISSING:
                 raise KeyError(
-                    f"{name + '.' if name else ''}{f.name} is missing from the config (compose it from "
-                    f"luffy_pool/config/mix_ppo_trainer.yaml, which gives every key its default)"
+                    f"{name + '.' if name else ''}{f.name} is missing from the config (compose it from its YAML, "
+                    f"which gives every key its default: {_YAML_HINT})"
                 )
             continue
         if sub is not None:

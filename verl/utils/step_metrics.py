@@ -7,8 +7,9 @@ values with equal weight, as LUFFY's code does, makes the step's number depend o
 off-policy token adds a 0 to ``off_policy_prob``. ``actor.metric_aggregation`` chooses:
 
 - ``token_weighted``: each metric carries ``(value x tokens, tokens)`` over the tokens it is defined on
-  (:data:`LOSS_METRIC_TOKENS`, which each loss declares when it registers; response tokens unless listed) and is reduced once for the step, over every
-  micro-batch, mini-batch and data-parallel rank: the token mean over the whole step. A micro-batch without
+  (:data:`LOSS_METRIC_TOKENS`, which each loss declares when it registers; response tokens unless listed) and is
+  reduced once for the step, over every micro-batch, mini-batch and data-parallel rank: the token mean over the
+  whole step. A micro-batch without
   a metric's tokens contributes nothing (the step logs 0 only when no micro-batch had any).
   ``actor/pg_loss`` is the loss as the optimizer saw it: per mini-batch the sum of the micro-batch losses as
   scaled for gradient accumulation, one entry per optimizer step (averaged over ranks, as FSDP averages the

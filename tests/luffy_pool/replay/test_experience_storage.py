@@ -160,8 +160,11 @@ def test_data_pt_is_about_half_of_the_version_1_size(tmp_path):
 def test_the_cap_is_a_checked_config_key():
     from luffy_pool.config.check import ConfigError, check_config
     from luffy_pool.config.compose import compose_config
+    from luffy_pool.methods import apply_method
 
     base = ["actor_rollout_ref.model.path=m", "data.train_files=x", "data.val_files=y", "algorithm.method=exgrpo"]
-    assert compose_config(base).algorithm.exgrpo.max_trajectories_per_question == 8
+    config = compose_config(base)
+    apply_method(config)  # the method's YAML group (luffy_pool/config/method/exgrpo.yaml) holds the knob's default
+    assert config.algorithm.exgrpo.max_trajectories_per_question == 8
     with pytest.raises(ConfigError, match="algorithm.exgrpo.max_trajectories_per_question"):
         check_config(compose_config(base + ["algorithm.exgrpo.max_trajectories_per_question=-1"]))

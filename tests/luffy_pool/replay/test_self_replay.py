@@ -267,7 +267,8 @@ def _replay_trainer(base_config, out_dir, crash_at=None, steps=7):
     class Scripted(MIXRayPPOTrainer):
         """The real fit loop; a step inserts traces derived from its prompts and samples the buffer."""
 
-        def train_step(self, batch_dict, timing):
+        def rollout_step(self, timing):  # fit's step: draws its batch, then the scripted update
+            batch_dict = self._next_batch()
             if self.global_steps == crash_at:
                 raise _Crash(f"killed in step {self.global_steps}")
             buffer = self.self_replay.buffer

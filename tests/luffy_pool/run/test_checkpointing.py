@@ -89,7 +89,8 @@ class ScriptedTrainer(MIXRayPPOTrainer):
 
     crash_at_step = None
 
-    def train_step(self, batch_dict, timing):
+    def rollout_step(self, timing):  # fit's step: draws its batch, then the scripted update
+        batch_dict = self._next_batch()
         if self.global_steps == self.crash_at_step:
             raise SimulatedCrash(f"crash in step {self.global_steps}")
         indexes = [int(i) for i in batch_dict["index"]]

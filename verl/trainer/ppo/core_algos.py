@@ -4,12 +4,12 @@ One call shape per registry (verl/trainer/ppo/loss_inputs.py): a registered esti
 ``fn(AdvantageInputs, AdvantageConfig) -> (advantages, returns)`` and returns verl's advantage (a trainer applies
 its own post-processing after it, once); a registered policy loss is ``fn(PolicyLossInputs, cfg) ->
 (loss, metrics)`` and declares at registration which tokens its metrics average over and whether it takes rollout
-correction's weights and bypass mode. Both actors select theirs with :func:`resolve_policy_loss` / :func:`get_policy_loss_fn` /
-:func:`policy_loss_config` (``actor.policy_loss``), the trainer with :func:`get_adv_estimator_fn`
-(``algorithm.adv_estimator``). verl's functions keep their names and arguments here as thin aliases over the
-registered ones (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...), with verl's ``agg_loss`` /
-``compute_entropy_loss``, for users' scripts. A trainer package registers its own estimators and losses when it is
-imported. KL helpers live in :mod:`verl.trainer.ppo.kl`, re-exported here.
+correction's weights and bypass mode. Both actors select theirs with :func:`resolve_policy_loss` /
+:func:`get_policy_loss_fn` / :func:`policy_loss_config` (``actor.policy_loss``), the trainer with
+:func:`get_adv_estimator_fn` (``algorithm.adv_estimator``). verl's functions keep their names and arguments here
+as thin aliases over the registered ones (``compute_grpo_outcome_advantage``, ``compute_policy_loss``, ...), with
+verl's ``agg_loss`` / ``compute_entropy_loss``, for users' scripts. A trainer package registers its own
+estimators and losses when it is imported. KL helpers live in :mod:`verl.trainer.ppo.kl`, re-exported here.
 """
 
 from __future__ import annotations
