@@ -176,20 +176,11 @@ def test_imports_inside_functions_and_type_checking_blocks_are_told_apart():
     }
 
 
-# The methods' rework (issue #47) redoes luffy_pool/methods and its config sections; until it lands, a circle that
-# passes through luffy_pool.methods only through imports inside functions is reported here, not failed.
-METHODS_PACKAGE = "luffy_pool.methods"
-
-
-def test_no_circle_through_imports_inside_functions_either_outside_the_methods():
+def test_no_circle_through_imports_inside_functions_either():
     edges = import_edges()
     every = {m: set(targets) for m, targets in edges.items()}
     circles = import_circles(every)
-    pending = [c for c in circles if any(m == METHODS_PACKAGE or m.startswith(METHODS_PACKAGE + ".") for m in c)]
-    others = [c for c in circles if c not in pending]
-    assert others == [], f"{len(others)} circle(s) with function-level imports:\n{_circle_report(every, others)}"
-    if pending:
-        print(f"pending (methods rework): {len(pending)} circle(s)\n{_circle_report(every, pending)}")
+    assert circles == [], f"{len(circles)} circle(s) with function-level imports:\n{_circle_report(every, circles)}"
 
 
 def _names_luffy_pool(node: ast.AST) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import MISSING
 from typing import Any, Iterator, Optional
 
@@ -23,10 +22,9 @@ from luffy_pool.config.sections import ConfigSections
 from verl.utils import config_schema
 from verl.trainer.ppo.loss_inputs import registered_loss_keys
 from verl.utils.config_section import Declaration, declarations, refused_groups, rule_errors, value_errors
-from verl.workers.worker_config import WORKER_CONFIG_NAME, load_worker_yaml, register_worker_config
+from luffy_pool.config.base_yaml import BASE_CONFIG_NAME, CONFIG_DIR, base_yaml  # noqa: F401 -- re-exported
+from verl.workers.worker_config import register_worker_config
 
-CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))  # the YAML files sit next to this module
-BASE_CONFIG_NAME = "mix_ppo_trainer"
 # mix_ppo_trainer.yaml lists verl's worker YAML (verl/trainer/config/ppo_worker.yaml) first in its defaults; every
 # composer of this folder imports this module first, so the name is in Hydra's config store before it composes.
 register_worker_config()
@@ -57,26 +55,6 @@ class ConfigError(config_schema.SchemaConfigError):
 def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every (dotted path, value) of a nested dict, dict nodes included, depth first."""
     return config_schema.walk(node, prefix, sections=True, open_keys=open_dict_keys())
-
-
-def base_yaml():
-    """The YAML defaults of mix_ppo_trainer.yaml as Hydra composes them without overrides (unresolved DictConfig):
-    the files of its defaults list merged in that order (verl's worker YAML, then this folder's file), read without
-    Hydra so the checker runs inside a Hydra app too."""
-    from omegaconf import OmegaConf
-
-    own = OmegaConf.load(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"))
-    parts = []
-    for entry in own.pop("defaults", ["_self_"]):
-        if entry == "_self_":
-            parts.append(own)
-        elif entry == WORKER_CONFIG_NAME:
-            parts.append(load_worker_yaml())
-        else:
-            raise ValueError(f"{BASE_CONFIG_NAME}.yaml defaults: {entry!r} is not read by luffy_pool.config.check")
-    merged = OmegaConf.merge(*parts)
-    merged.pop("hydra", None)
-    return merged
 
 
 @functools.lru_cache(maxsize=1)
@@ -345,7 +323,7 @@ def validate_config(cfg: DictConfig) -> list[str]:
     method's YAML group is merged into a copy first (``apply_method``), so a contradicting key is one line too."""
     from omegaconf import OmegaConf
 
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg)) if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     try:

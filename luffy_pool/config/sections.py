@@ -499,7 +499,7 @@ class ConfigSections:
         """The sections of ``config``; the workers' group carries the selected method and its knob section."""
         import dataclasses
 
-        from luffy_pool.methods.base import select_method
+        from luffy_pool.methods import select_method
 
         sections = build_section(cls, config, "")
         workers = dataclasses.replace(sections.actor_rollout_ref, method=select_method(config))

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from luffy_pool.config.compose import compose_config
     from luffy_pool.memory_plan.launch_script import LaunchScriptError, script_overrides
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     if args.readme_table:
         print(readme_table())

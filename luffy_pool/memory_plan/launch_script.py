@@ -51,7 +51,7 @@ def script_config_problems(
     model's config.json for its positions and heads (against Ulysses SP and vLLM TP)."""
     from luffy_pool.config.check import prepare_overrides, validate_config
     from luffy_pool.config.compose import compose_config
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     config = compose_config(prepare_overrides(script_overrides(script, extra, env)))
     try:

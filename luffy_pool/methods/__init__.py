@@ -12,7 +12,6 @@ from luffy_pool.methods.base import (  # noqa: F401
     METHODS,
     Method,
     MethodSelection,
-    apply_method,
     get_method,
     register_method,
     select_method,

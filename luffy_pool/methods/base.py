@@ -6,7 +6,7 @@ A method declares, in its own module (luffy_pool/methods/<name>.py) and its YAML
 - its **preset** (the YAML group): the keys it sets outside its own group (its policy loss, advantage estimator and
   slot plan) and its **knobs** ``algorithm.<name>`` with their defaults and docs. The knobs' types and bounds are
   the frozen dataclass ``knobs`` (``verl.utils.config_section.key`` fields), checked like every other key.
-  Selecting the method merges the group into the config (:func:`apply_method`): the preset and the knob defaults
+  Selecting the method merges the group into the config (luffy_pool/config/method_group.py ``apply_method``): the preset and the knob defaults
   appear in the resolved config; a preset key the user set to another value is refused, naming both keys; knobs of
   a method that is not selected are refused (luffy_pool/config/check.py).
 - its **loss** ``loss(inputs, knobs, step) -> (loss, metrics)`` (``inputs``: :class:`MethodLossInputs`), which
@@ -87,9 +87,8 @@ def register_method(method: Method) -> Method:
 
 
 def get_method(name: str) -> Method:
-    """The method registered as ``name``; ValueError listing the registered ones otherwise."""
-    import luffy_pool.methods  # noqa: F401 -- registers the shipped methods
-
+    """The method registered as ``name`` (``import luffy_pool.methods`` registers the shipped ones); ValueError
+    listing the registered ones otherwise."""
     if name not in METHODS:
         raise ValueError(f"algorithm.method={name!r} is not implemented; valid: {sorted(METHODS)}")
     return METHODS[name]
@@ -120,77 +119,6 @@ def _leaves(node: Mapping, prefix: str = ""):
             yield from _leaves(value, dotted + ".")
         else:
             yield dotted, value
-
-
-@functools.lru_cache(maxsize=1)
-def _base_defaults():
-    """The composed base config (every YAML default, before any override or method group)."""
-    from luffy_pool.config.compose import compose_config
-
-    return compose_config()
-
-
-def knob_group_owner(key: str) -> Optional[str]:
-    """The method whose knob group holds dotted ``key`` (``algorithm.<method>.<knob>``), None otherwise."""
-    parts = key.split(".")
-    if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in _knob_methods():
-        return parts[1]
-    return None
-
-
-def _knob_methods() -> tuple[str, ...]:
-    import luffy_pool.methods  # noqa: F401
-
-    return tuple(name for name, m in METHODS.items() if m.knobs is not None)
-
-
-def method_conflicts(method: Method, config) -> list[str]:
-    """One line per problem of ``config`` against ``method``: a preset key set to another value than the
-    method's (and than the base YAML default), and a knob group of a method that is not selected."""
-    from omegaconf import OmegaConf
-
-    errors = []
-    for path, value in method.preset_keys().items():
-        current = OmegaConf.select(config, path)
-        if current == value or current == OmegaConf.select(_base_defaults(), path):
-            continue
-        errors.append(
-            f"algorithm.method={method.name} sets {path}={value!r}, but the config has {path}={current!r}; "
-            f"drop that override or choose another algorithm.method"
-        )
-    algorithm = config.get("algorithm") or {}
-    for other in _knob_methods():
-        if other != method.name and algorithm.get(other) is not None:
-            knob = next(iter(algorithm[other]), None)
-            key = f"algorithm.{other}" + (f".{knob}" if knob is not None else "")
-            errors.append(
-                f"{key} is a knob of algorithm.method={other}, but algorithm.method={method.name}; "
-                f"drop it or set algorithm.method={other}"
-            )
-    return errors
-
-
-def apply_method(config) -> Method:
-    """Merge ``algorithm.method``'s YAML group into ``config`` (in place; idempotent) and return the method: its
-    preset keys and its knob defaults under the user's knob values. ValueError (one line) for an unknown method,
-    a contradicting key or another method's knobs."""
-    from omegaconf import OmegaConf, open_dict
-
-    method = get_method(str(OmegaConf.select(config, "algorithm.method", default=DEFAULT_METHOD)))
-    errors = method_conflicts(method, config)
-    if errors:
-        raise ValueError(errors[0])
-    with open_dict(config):
-        for path, value in method.preset_keys().items():
-            if OmegaConf.select(config, path) != value:
-                OmegaConf.update(config, path, value, merge=False)
-        if method.knobs is not None:
-            user = OmegaConf.select(config, f"algorithm.{method.name}")
-            knobs = OmegaConf.create(method.knob_defaults())
-            if user is not None:
-                knobs = OmegaConf.merge(knobs, user)
-            config.algorithm[method.name] = knobs
-    return method
 
 
 @dataclass(frozen=True)

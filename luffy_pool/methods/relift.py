@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 import numpy as np
@@ -200,19 +200,18 @@ class ReliftStage(StepHooks):
                     f"algorithm.relift.sft_data_size={k.sft_data_size} must be a multiple of the "
                     f"{trainer.world_size} actor ranks (each rank trains an equal share of the SFT batch)"
                 )
-            trainer.wg.init_sft_optimizer(asdict(self.sft_config(s)))
+            trainer.wg.init_sft_optimizer(self.sft_config(s))
 
     @property
     def enabled(self) -> bool:
         return int(self.knobs.sft_data_size) != -1  # their RL-only baseline (train_rl.sh) sets -1
 
     @staticmethod
-    def sft_config(sections):
-        """The workers' SFT stage: ``algorithm.relift`` plus the actor's betas and weight decay (as theirs)."""
-        from luffy_pool.workers.interleaved_sft import InterleavedSftConfig
-
+    def sft_config(sections) -> dict:
+        """The workers' SFT stage (luffy_pool/workers/interleaved_sft.py ``InterleavedSftConfig``, sent as a dict):
+        ``algorithm.relift`` plus the actor's betas and weight decay (as theirs)."""
         k, optim = sections.knobs, sections.workers.actor.optim
-        return InterleavedSftConfig(
+        return dict(
             lr=float(k.sft_lr),
             betas=tuple(optim.betas),
             weight_decay=float(optim.weight_decay),

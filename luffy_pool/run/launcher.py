@@ -334,7 +334,7 @@ def build_trainer(config: DictConfig, tracker=None):
     ``close(keep_tracker=True)`` leaves the tracker open). ``tracker``: one to continue (a restart), not a new one."""
     from verl.utils.tokenizer import hf_tokenizer
 
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
     from luffy_pool.trainer.mix_trainer import MIXRayPPOTrainer
     from luffy_pool.run.preflight import InputError, PreflightError, check_cluster_capacity, preflight
     from verl.utils.context_length import check_model_context

@@ -44,7 +44,7 @@ def write_resolved_config(config: DictConfig) -> Optional[str]:
 
 def run(config: DictConfig) -> dict:
     """Validate, resolve and save the config (its path is printed), then train through Ray; returns the final metrics."""
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     try:  # algorithm.method sets the keys it needs before they are checked (luffy_pool/methods/base.py)
         apply_method(config)

@@ -28,12 +28,13 @@ from luffy_pool.algorithm.mix_advantage import compute_advantage, postprocess_ba
 from luffy_pool.methods import get_method
 from luffy_pool.methods.hooks import StepContext
 from luffy_pool.rollout.off_policy_pool import OffPolicyPool, PrefixRatioSampler, unknown_behaviour_metrics
-from luffy_pool.trainer.outputs import dump_rollouts, rollout_records, validation_samples
+from luffy_pool.trainer.outputs import dump_rollouts, rollout_records
+from luffy_pool.trainer.validation import score_validation
 from luffy_pool.trainer.rollout_correction import IS_WEIGHTS_KEY, apply_rollout_correction, bypass_old_log_probs
 from luffy_pool.trainer.rollout_correction import enabled as rollout_correction_enabled
 from luffy_pool.replay.self_replay import SelfReplay
 from luffy_pool.trainer.rollout_source import ColocatedRollout, SplitRollout
-from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import apply_kl_penalty, get_kl_controller
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -48,7 +49,6 @@ from verl.utils.seqlen_balancing import (
     log_seqlen_unbalance,
 )
 from verl.utils.signals import GracefulStop, stop_on_signal
-from verl.workers.sharding_manager.fsdp_sharding_manager import HOLD_WEIGHTS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -597,38 +597,12 @@ class MIXRayPPOTrainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:
-        """Score ``data.val_files`` with ``n_val`` samples per prompt at ``val_temperature``.
-
-        Metrics ``val/test_score/<data_source>`` (mean over rows, so replicated rows give avg@k) and
-        ``val/avg_score`` (mean over sources; also logged under LUFFY's name ``avg_score``).
-        """
-        n_val = int(self.sections.workers.rollout.n_val)
-        chunk = int(self.sections.data.val_batch_size or len(self.val_dataset))
-        gen_wg = self.rollout.gen_wg
-        chunk = max(chunk, gen_wg.world_size)
-        scores_by_source: dict[str, list[float]] = {}
-        n_log, samples = int(self.sections.trainer.val_generations_to_log or 0), []
-        starts = list(range(0, len(self.val_dataset), chunk))
-        for start in starts:
-            rows = [self.val_dataset[i] for i in range(start, min(start + chunk, len(self.val_dataset)))]
-            batch = DataProto.from_single_dict(self.collate_fn(rows))
-            gen_batch = batch.pop(batch_keys=[k for k in GEN_KEYS])
-            gen_batch, pad = pad_dataproto_to_divisor(gen_batch, gen_wg.world_size)
-            if start == 0:  # one push per validation: the engines hold it, awake, until the last chunk is generated
-                self._update_weights()
-            gen_batch.meta_info[HOLD_WEIGHTS_KEY] = start != starts[-1]
-            gen_out = gen_wg.generate_validation(gen_batch)
-            gen_out.meta_info.pop("rollout_stats", None)
-            gen_out = unpad_dataproto(gen_out, pad * n_val)
-            batch = batch.repeat(repeat_times=n_val, interleave=True).union(gen_out)
-            scores, _ = self.val_reward_fn(batch)
-            for ds, s in zip(batch.non_tensor_batch["data_source"], scores.sum(-1).tolist()):
-                scores_by_source.setdefault(str(ds), []).append(s)
-            samples += validation_samples(batch, scores, self.tokenizer, n_log - len(samples))
+        """Score ``data.val_files`` (luffy_pool/trainer/validation.py); the metrics, also kept for the best-model
+        checkpoint and the resume."""
+        out, samples = score_validation(
+            self.rollout, self.sections, self.val_dataset, self.collate_fn, self.val_reward_fn, self.tokenizer
+        )
         if samples and self.tracker is not None:
             self.tracker.log_generations(samples, step=self.global_steps)
-        out = {f"val/test_score/{ds}": float(np.mean(v)) for ds, v in sorted(scores_by_source.items())}
-        out["val/avg_score"] = float(np.mean(list(out.values()))) if out else 0.0
-        out["avg_score"] = out["val/avg_score"]  # LUFFY's name for the same mean (its best-checkpoint key)
         self.last_val_metrics = out
         return out

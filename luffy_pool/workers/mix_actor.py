@@ -15,6 +15,7 @@ from luffy_pool.algorithm.mix_core_alg import (
     AdaptiveEntropyCoeff,
 )  # also registers luffy_token / sft_multitask / grpo_split
 from luffy_pool.config.sections import LuffyActorSection
+from luffy_pool.methods import METHODS  # importing it registers each method's loss under the method's name
 from luffy_pool.methods.losses import method_policy_loss
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
@@ -56,8 +57,6 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
         self.method_selection = selection
 
     def compute_policy_loss(self, micro, log_prob, entropy, response_mask, global_steps=None, update_state=None):
-        from luffy_pool.methods import METHODS
-
         method = METHODS.get(self.policy_loss)
         if method is not None and method.loss is not None:  # a method's loss (registered under its name)
             if self.method_selection is None or self.method_selection.name != method.name:

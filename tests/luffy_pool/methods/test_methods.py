@@ -39,7 +39,7 @@ def test_config_check_refuses_an_unknown_method(compose_config):
 
 
 def test_luffy_changes_nothing(tiny_config):
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     config = tiny_config()
     before = OmegaConf.to_container(config)
@@ -77,7 +77,8 @@ def config_without(compose_config, luffy_overrides, tmp_path):
 @pytest.mark.parametrize("method,loss,adv", METHOD_LOSSES)
 def test_a_methods_preset_lands_in_the_config_when_nothing_contradicts_it(config_without, method, loss, adv):
     from luffy_pool.config.check import validate_config
-    from luffy_pool.methods import apply_method, get_method
+    from luffy_pool.config.method_group import apply_method
+    from luffy_pool.methods import get_method
 
     # leave out the LUFFY switches the preset contradicts; prefix_rft / uft keep LUFFY's slot plan (n_prefix=1)
     contradicted = LUFFY_SWITCHES if method in ON_POLICY else LUFFY_SWITCHES[:1]
@@ -99,7 +100,7 @@ def test_a_methods_preset_lands_in_the_config_when_nothing_contradicts_it(config
 @pytest.mark.parametrize("method", [m for m, _, _ in METHOD_LOSSES])
 def test_luffys_switches_under_another_method_are_refused_in_one_line(tiny_config, method):
     from luffy_pool.config.check import validate_config
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     config = tiny_config(f"algorithm.method={method}")
     expected = (
@@ -114,7 +115,7 @@ def test_luffys_switches_under_another_method_are_refused_in_one_line(tiny_confi
 
 
 def test_a_value_contradicting_the_method_is_refused_naming_both_keys(config_without):
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     config = config_without(LUFFY_SWITCHES[:1], "algorithm.method=hpt", f"{A}.policy_loss=vanilla")
     with pytest.raises(ValueError) as exc:
@@ -298,7 +299,8 @@ def test_the_step_reaches_chords_mu(step, mu):
 def test_the_loss_gets_the_selected_knobs_a_zero_based_step_and_the_update_state(config_without):
     """What the trainer sends with an update (meta_info global_steps, update_state) and what the worker got at
     init (select_method: the knob section and n_prefix / n) reach the method's loss as its inputs."""
-    from luffy_pool.methods import apply_method, select_method
+    from luffy_pool.config.method_group import apply_method
+    from luffy_pool.methods import select_method
 
     config = config_without(
         LUFFY_SWITCHES[:1], "algorithm.method=chord", "actor_rollout_ref.rollout.n=8", "algorithm.chord.mu_peak=0.9"
@@ -425,7 +427,7 @@ def test_exgrpo_clips_in_warm_up_and_not_in_the_mixed_phase():
 
 
 def test_exgrpo_refuses_self_replay_in_one_line(tiny_config):
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     with pytest.raises(ValueError, match="algorithm.method=exgrpo sets data.self_replay.enable=False"):
         apply_method(tiny_config("algorithm.method=exgrpo", "data.self_replay.enable=True"))

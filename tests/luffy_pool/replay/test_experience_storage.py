@@ -160,7 +160,7 @@ def test_data_pt_is_about_half_of_the_version_1_size(tmp_path):
 def test_the_cap_is_a_checked_config_key():
     from luffy_pool.config.check import ConfigError, check_config
     from luffy_pool.config.compose import compose_config
-    from luffy_pool.methods import apply_method
+    from luffy_pool.config.method_group import apply_method
 
     base = ["actor_rollout_ref.model.path=m", "data.train_files=x", "data.val_files=y", "algorithm.method=exgrpo"]
     config = compose_config(base)

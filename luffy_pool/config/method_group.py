@@ -1,0 +1,71 @@
+"""Selecting a method merges its YAML group into the run's config: the preset and the knob defaults become part of
+the resolved config, a preset key the user set to another value is refused naming both keys, and so are the knobs
+of a method that is not selected (the method's declaration: luffy_pool/methods/base.py)."""
+
+from __future__ import annotations
+
+import functools
+from luffy_pool.methods import METHODS, Method, get_method
+from luffy_pool.methods.base import DEFAULT_METHOD
+
+
+@functools.lru_cache(maxsize=1)
+def _base_defaults():
+    """The base config (every YAML default, before any override or method group), read without Hydra so a check
+    runs inside a Hydra app too."""
+    from luffy_pool.config.base_yaml import base_yaml
+
+    return base_yaml()
+
+
+def _knob_methods() -> tuple[str, ...]:
+    return tuple(name for name, m in METHODS.items() if m.knobs is not None)
+
+
+def method_conflicts(method: Method, config) -> list[str]:
+    """One line per problem of ``config`` against ``method``: a preset key set to another value than the
+    method's (and than the base YAML default), and a knob group of a method that is not selected."""
+    from omegaconf import OmegaConf
+
+    errors = []
+    for path, value in method.preset_keys().items():
+        current = OmegaConf.select(config, path)
+        if current == value or current == OmegaConf.select(_base_defaults(), path):
+            continue
+        errors.append(
+            f"algorithm.method={method.name} sets {path}={value!r}, but the config has {path}={current!r}; "
+            f"drop that override or choose another algorithm.method"
+        )
+    algorithm = config.get("algorithm") or {}
+    for other in _knob_methods():
+        if other != method.name and algorithm.get(other) is not None:
+            knob = next(iter(algorithm[other]), None)
+            key = f"algorithm.{other}" + (f".{knob}" if knob is not None else "")
+            errors.append(
+                f"{key} is a knob of algorithm.method={other}, but algorithm.method={method.name}; "
+                f"drop it or set algorithm.method={other}"
+            )
+    return errors
+
+
+def apply_method(config) -> Method:
+    """Merge ``algorithm.method``'s YAML group into ``config`` (in place; idempotent) and return the method: its
+    preset keys and its knob defaults under the user's knob values. ValueError (one line) for an unknown method,
+    a contradicting key or another method's knobs."""
+    from omegaconf import OmegaConf, open_dict
+
+    method = get_method(str(OmegaConf.select(config, "algorithm.method", default=DEFAULT_METHOD)))
+    errors = method_conflicts(method, config)
+    if errors:
+        raise ValueError(errors[0])
+    with open_dict(config):
+        for path, value in method.preset_keys().items():
+            if OmegaConf.select(config, path) != value:
+                OmegaConf.update(config, path, value, merge=False)
+        if method.knobs is not None:
+            user = OmegaConf.select(config, f"algorithm.{method.name}")
+            knobs = OmegaConf.create(method.knob_defaults())
+            if user is not None:
+                knobs = OmegaConf.merge(knobs, user)
+            config.algorithm[method.name] = knobs
+    return method
