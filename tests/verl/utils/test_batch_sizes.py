@@ -119,7 +119,7 @@ def test_actor_update_splits_by_the_rank_sizes_not_the_prompt_counts(monkeypatch
         seen["micro_sizes"].append((len(mini), micro_size))
         return [{k: v for k, v in part.batch.items()} for part in mini.split(micro_size)], None
 
-    def loss(mb, log_prob, entropy, mask):
+    def loss(mb, log_prob, entropy, mask, global_steps=None, update_state=None):
         seen["losses"] += 1
         return (param * log_prob).sum(), {}
 
