@@ -1,4 +1,4 @@
-"""One-step-off-policy on split ranks against split sync and colocated sync (issue #33 item 1, "Measured").
+"""One-step-off-policy on split ranks against split sync and colocated sync.
 
 Three ways of running the same tiny LUFFY run (``tiny_cpu_luffy``: the tiny Qwen2 on the synthetic arithmetic task,
 HF rollout, CPU ranks as Ray actors), each ``--warmup`` + ``--steps`` training steps per seed:

@@ -27,7 +27,7 @@ through the dense head on the local slice (``[rows, width/2, V]`` fp32 logits pe
 the larger rank's. ``--sp 1`` drops these rows.
 
 Prints a table, the bytes per real token, and as its last line ``peak ours/naive=<r>`` (the larger of
-the ratios of all rows). The defaults fit this 24 GB machine; the issue's shape
+the ratios of all rows). The defaults fit this 24 GB machine; a long-response shape
 (``--width 4096 --tokens 1000``) needs ~40 GB for the naive update.
 
 ``--predict [--sizes ROWSxWIDTHxTOKENSxLAYERS,...] [--checkpointing]`` instead measures ours at each size

@@ -151,10 +151,10 @@ def recipe_overrides(script: str, small: bool) -> tuple[list, dict]:
 
 
 def rollout_keys(recipe, factor: int, max_len: int) -> dict:
-    """The recipe's rollout keys, carried (REVIEW H8): its memory share, eager/graphs, sleep level, cache
-    release and prefix caching as written; its token budgets scaled by the run's one factor (never below one
-    full sequence of this run, which vLLM needs without chunked prefill; rows at most the budget, as vLLM asks).
-    TP stays 1 here: this smoke is one process on one device (``main`` prints the recipe's TP)."""
+    """The recipe's rollout keys, carried so the smoke runs vLLM as the recipe does: its memory share, eager/graphs,
+    sleep level, cache release and prefix caching as written; its token budgets scaled by the run's one factor (never
+    below one full sequence of this run, which vLLM needs without chunked prefill; rows at most the budget, as vLLM
+    asks). TP stays 1 here: this smoke is one process on one device (``main`` prints the recipe's TP)."""
     r = "actor_rollout_ref.rollout."
     batched = max(max_len, int(recipe.get(r + "max_num_batched_tokens")) // factor)
     return {

@@ -102,7 +102,7 @@ def _(ctx: Context) -> Outcome:
     return Outcome("bad", "accepted") if problem is None else Outcome("good", problem[:150])
 
 
-# ------------------------------------------------------------------------------------ lost workers (issue #34 item 3)
+# ------------------------------------------------------------------------------------ lost workers
 _DEAD_RANK = "The actor died unexpectedly before finishing this task.\n\tip: 10.0.0.7\nkilled by SIGKILL"
 
 

@@ -1,5 +1,5 @@
 """LUFFY's claims at tiny scale on CPU, in one command: each method at its own best learning rate, fresh seeds,
-500+ held-out problems in and out of distribution, 95 % intervals (issue #27).
+500+ held-out problems in and out of distribution, 95 % intervals.
 
 Builds the tiny random model and a synthetic arithmetic task (two-digit addition), warms the model with a
 short SFT on a disjoint split (``--warm-steps``: the "weak start"), probes the start model's on-policy
@@ -25,10 +25,10 @@ CPU seconds of every process tree are measured from /proc. ``--reuse`` keeps fin
 total). Measured numbers: docs/methods.md ("Baselines and the tiny reproduction"), docs/reproduce_tiny/results.md and
 docs/reproduce_tiny_quick/results.md.
 
-``--methods family``: LUFFY's family (issue #32: HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, each
+``--methods family``: LUFFY's family (HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, each
 ``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>``, reproduce/methods.py) beside on-policy GRPO, LUFFY and SFT.
 
-``--preset no_reward`` (issue #32 item 5; sized for 60 CPU-minutes; a partial run: docs/reproduce_tiny_no_reward/): the
+``--preset no_reward`` (sized for 60 CPU-minutes; a partial run: docs/reproduce_tiny_no_reward/): the
 regime of LUFFY's first claim, where on-policy RL finds no reward at all. The same task with a shorter warm start
 (``NO_REWARD['warm_steps']`` SFT steps instead of 160): the start model solves under 1 % of its on-policy samples on
 training prompts (probed on ``--probe-rows`` prompts x n; the script stops with an error when the probe reaches 1 %),
@@ -67,8 +67,9 @@ from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 
 # The probe samples the start model as on-policy GRPO first would: at the tiny configs' rollout temperature.
 ROLLOUT_TEMPERATURE = 1.0
-# --quick: claim (1) only. Its budget goes into fewer, longer runs: no grid (both methods at 1e-4, the lr of the issue's
-# measurement), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID + 100 OOD problems).
+# --quick: claim (1) only. Its budget goes into fewer, longer runs: no grid (both methods at 1e-4, LUFFY's pick
+# in the default run's grid), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID + 100 OOD
+# problems).
 QUICK = {
     "methods": "on_policy,luffy",
     "method_lr": ["on_policy=1e-4", "luffy=1e-4"],

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # CHORD (arXiv 2508.11408, algorithm.method=chord; luffy_pool/methods/chord.py): (1 - mu)·GRPO + mu·SFT with
 # per-token phi(p) = p(1-p) weights on the expert rows. Settings of Trinity-RFT examples/mix_chord/mix_chord.yaml
-# (METHODS_SPEC §5.2), CHORD-phi variant (W=0, D=0, mu=0.1 constant, phi on; CHORD-mu: pass
+# (commit 04143305), CHORD-phi variant (W=0, D=0, mu=0.1 constant, phi on; CHORD-mu: pass
 # algorithm.chord.mu_decay_steps=200 mu_peak=0.9 mu_valley=0.05 enable_phi_function=False): 40 prompts x 8
 # rollouts per step in one mini-batch (ppo_mini_batch_size=40, micro 4 rows per GPU), PPO clip 0.2 with dual
-# clip 3, group std on, token-mean losses, max response 10240, 25 epochs. Differences: the expert rows are the groups' demonstrations
-# (1 of n=8 rows, i.e. 12.5 %, Trinity draws 20 % from a separate SFT set); lr 1e-6 (train.sh's; the spec lists
-# none for CHORD); run on Qwen2.5-Math-7B-16k-think as the other scripts (Trinity's math run: Qwen2.5-7B-Instruct).
+# clip 3, group std on, token-mean losses, max response 10240, 25 epochs. Differences: the expert rows are the
+# groups' demonstrations (1 of n=8 rows, i.e. 12.5 %, Trinity draws 20 % from a separate SFT set); lr 1e-6
+# (train.sh's, as the other methods' scripts); run on Qwen2.5-Math-7B-16k-think as the other scripts (Trinity's
+# math run: Qwen2.5-7B-Instruct).
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_chord.sh [key=value ...]

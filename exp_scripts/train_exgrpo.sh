@@ -3,7 +3,7 @@
 # batch's share of correct responses passes 0.35, then half of each batch's prompts are questions replayed from
 # the run's own successes (bucket-sampled by success count, N(k; 4, 1)), each with its lowest-entropy stored
 # trajectory as one full-trace slot beside 7 fresh rollouts, weighted by f(pi_theta / pi_recorded), f(w) = w/(w+0.1).
-# Mirrors ElliottYan/LUFFY ExGRPO/exp_scripts/run_exgrpo.sh for Qwen2.5-Math-7B (METHODS_SPEC §1.2), which is
+# Mirrors ElliottYan/LUFFY ExGRPO/exp_scripts/run_exgrpo.sh for Qwen2.5-Math-7B (commit 01f4ae06), which is
 # LUFFY's train.sh list plus the experience keys and 701 steps: lr 1e-6, batch 128, mini 64, dynamic bsz,
 # response 8192, n=8, entropy 0.001, no KL, unclipped on-policy loss in the mixed phase (PPO clip in warm-up),
 # sum/8192 aggregation, Dr.GRPO advantages over the 8 rows, reward v3, save every 50 steps.

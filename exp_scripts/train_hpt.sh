@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # HPT (arXiv 2509.04419, algorithm.method=hpt; luffy_pool/methods/hpt.py): per prompt, SFT on the demonstration
 # when its on-policy rollouts have no success (switch_gate=0), RL on the rollouts otherwise. Mirrors
-# TsinghuaC3I/Unify-Post-Training exp_scripts/train.sh for Qwen2.5-Math-7B (METHODS_SPEC §3.2): lr 5e-6,
+# TsinghuaC3I/Unify-Post-Training exp_scripts/train.sh for Qwen2.5-Math-7B (commit ae332f5f): lr 5e-6,
 # batch 128, mini 64, dynamic bsz, response 8192, 500 steps, entropy 0.001, no KL, unclipped on-policy loss,
 # sum/8192 aggregation, Dr.GRPO advantages (no std) over the 8 verify rollouts, sft_loss_coef 1.0,
 # validation n=8 at T=0.6. Here the verify rollouts and the demonstration share one group of rollout.n=8 with

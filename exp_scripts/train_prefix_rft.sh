@@ -4,7 +4,7 @@
 # run; Dr.GRPO (no std, sum / L, PPO clip 0.2) over the group, only the top 20 % highest-entropy prefix tokens of
 # a row take gradient. The authors released no code or script: the data, model and everything the paper does
 # not change are LUFFY's train.sh (Qwen2.5-Math-7B on OpenR1 traces, lr 1e-6, batch 128, mini 64, response 8192,
-# entropy 0.001, no KL, validation T=0.6); 500 steps. Inferred, not stated in what we could read (METHODS_SPEC §7,
+# entropy 0.001, no KL, validation T=0.6); 500 steps. Inferred, not stated in the paper (arXiv 2507.01679;
 # luffy_pool/methods/prefix_rft.py): one prefix slot per group (rollout.n_prefix=1), the same share for
 # every prefix slot of a step, the prefix tokens under the same PPO ratio as the continuation.
 #

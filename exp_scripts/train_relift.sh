@@ -2,7 +2,7 @@
 # ReLIFT (arXiv 2506.07527, algorithm.method=relift; luffy_pool/methods/relift.py): on-policy GRPO, plus an
 # interleaved SFT stage with its own AdamW on the demonstrations of the questions whose 8 rollouts all fail,
 # once 128 of them are buffered. Mirrors TheRoadQaQ/ReLIFT examples/math-7b/train.sh for Qwen2.5-Math-7B
-# (METHODS_SPEC §2.2): RL as train.sh (lr 1e-6, batch 128, mini 64, dynamic bsz, response 8192, n=8, entropy
+# (commit eb95454f): RL as train.sh (lr 1e-6, batch 128, mini 64, dynamic bsz, response 8192, n=8, entropy
 # 0.001, no KL, unclipped on-policy loss, sum/8192, Dr.GRPO advantages, reward v3, validation at T=0.6) with RL
 # grad clip 0.7 and 3 epochs; SFT: sft_data_size 128, one step of 128 rows in micro-batches of 4, lr 1e-6, SFT
 # grad clip 1.0, entropy bonus 0.001, its optimizer state offloaded to host between stages like the RL one's

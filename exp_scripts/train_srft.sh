@@ -2,9 +2,9 @@
 # SRFT (arXiv 2506.19767, algorithm.method=srft; luffy_pool/methods/srft.py): entropy-weighted SFT on the
 # demonstration (0.5·exp(-H)), LUFFY's shaped off-policy term on it (p/(p+0.1)) and sign-weighted on-policy
 # terms (0.1·exp(H) on correct rollouts, -1 otherwise) in one loss. Mirrors the HPT authors' baseline
-# exp_scripts/train_srft.sh for Qwen2.5-Math-7B (METHODS_SPEC §4.2; no official SRFT code): lr 1e-6, n=8 with
-# one full demonstration row (n_prefix=1), unclipped, sum/8192, batch 128, mini 64, 500 steps, entropy 0.001,
-# no grad-skip bound.
+# TsinghuaC3I/Unify-Post-Training exp_scripts/train_srft.sh (commit ae332f5f; no official SRFT code) for
+# Qwen2.5-Math-7B: lr 1e-6, n=8 with one full demonstration row (n_prefix=1), unclipped, sum/8192, batch 128,
+# mini 64, 500 steps, entropy 0.001, no grad-skip bound.
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_srft.sh [key=value ...]

@@ -3,7 +3,7 @@
 # hint, the first j of (at most 5) solution segments, j ~ Binomial(5, p(t)) with p cosine-annealed 0.95 -> 0.05
 # over the first 300 steps and 0 after; GRPO (group std on, PPO clip 0.2, token mean) on the continuation plus
 # 0.001 x the hint tokens' NLL, low-variance KL loss 0.001 to the reference, entropy 0.001. Mirrors liumy2010/UFT
-# run.py -> scripts/train.sh (METHODS_SPEC §6.2): lr 1e-6, 256 prompts x 4 rollouts per step, mini 64, 500 steps,
+# run.py -> scripts/train.sh (commit ad3c8ec7): lr 1e-6, 256 prompts x 4 rollouts per step, mini 64, 500 steps,
 # response 1024. Here the hint is the start of the response (UFT: the end of the prompt), so the response holds
 # hint + continuation: max_response_length 2048 with hints up to 1024 tokens (rollout.max_prefix_len; longer ones
 # are cut, metric uft/hints_cut). Model, data, prompt length and validation as exp_scripts/train.sh

@@ -1,4 +1,4 @@
-"""The methods of LUFFY's comparison (docs/METHOD.md §6) and of its family (issue #32) as tiny CPU runs, and the
+"""The methods of LUFFY's comparison (docs/METHOD.md §6) and of its family (docs/methods.md) as tiny CPU runs, and the
 overrides every run shares.
 
 A method is a name, a label for the table, how it trains (``rl``: one trainer run; ``sft``: the SFT
@@ -72,7 +72,7 @@ def family_overrides(name: str) -> Callable[["RunSettings"], list[str]]:
     return extra
 
 
-# LUFFY's family (issue #32, luffy_pool/methods/): the tiny LUFFY config with algorithm.method=<name>.
+# LUFFY's family (luffy_pool/methods/, docs/methods.md): the tiny LUFFY config with algorithm.method=<name>.
 FAMILY = {
     "hpt": "HPT",
     "srft": "SRFT",

@@ -102,7 +102,7 @@ def plan_for_config(
 def device_memory_bytes() -> int:
     """Total memory of one GPU the workers will use, asked on a GPU of the Ray cluster: a one-shot task
     (``max_calls=1``: its process exits, and its CUDA context with it). The driver itself opens no CUDA context
-    (REVIEW H3: one on GPU 0 costs that rank ~0.5-1 GiB for the whole run). A process without Ray (gpu_smoke's
+    (one on GPU 0 would cost that rank ~0.5-1 GiB for the whole run). A process without Ray (gpu_smoke's
     in-process ranks, which compute on this process's GPU anyway) asks its own device."""
     import ray
 

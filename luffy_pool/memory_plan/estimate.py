@@ -26,7 +26,7 @@ Where the numbers come from:
 - AdamW's step: temporaries by ``optim.step_impl`` (foreach: one fp32 copy of the shard; for_loop: two
   of the largest tensor; fused: none).
 - CUDA context: a fixed estimate (``CUDA_CONTEXT_BYTES``).
-- NCCL (REVIEW H3): ``NCCL_BYTES_PER_COMMUNICATOR`` for each communicator the trainer side of a rank joins
+- NCCL: ``NCCL_BYTES_PER_COMMUNICATOR`` for each communicator the trainer side of a rank joins
   (``nccl_communicators``: the world/FSDP group, HSDP's shard and replicate groups, Ulysses SP, the rollout TP
   group of ``tp_group.py``). Published measurements: 0.5-0.7 GB per communicator on A100, 1.1-1.6 GB on H100
   with NVLS (NVLink SHARP buffers); the default 1.5 GiB is the H100+NVLS upper end, 0.75 GiB when the plan's

@@ -63,7 +63,7 @@ class PlanInputs:
     logprob_scored_tokens: Optional[int] = None
     response_positions: Optional[int] = None  # padded rows x response width (full-logits path); None = tokens
     fsdp: bool = True  # False: one plain module (the CPU benchmark): no shards, no gathers
-    # REVIEW H1: why the actor keeps padded rows ("" = packed with flash-attn's varlen kernel; "auto": only when
+    # Why the actor keeps padded rows ("" = packed with flash-attn's varlen kernel; "auto": only when
     # flash-attn does not import on the workers), the update's dynamic budget (0 = fixed micro-batches) and its
     # rows per rank of one mini-batch.
     padded_attention: str = ""
@@ -185,7 +185,7 @@ def _padded_attention(use_remove_padding: bool, attn_implementation: str, device
 
 
 def padded_update_note(i: "PlanInputs") -> Optional[str]:
-    """H1: what the update costs at the padded width when remove-padding is off (sdpa / eager, or the key off):
+    """What the update costs at the padded width when remove-padding is off (sdpa / eager, or the key off):
     dynamic micro-batches then hold ``floor(budget / width)`` whole padded rows (dp_actor._micro_batches)."""
     if not i.padded_attention or not i.update_budget:
         return None

@@ -38,7 +38,8 @@ from verl.utils.config_section import NON_NEGATIVE, POSITIVE, UNIT, key
 @dataclass(frozen=True)
 class ChordConfig:
     """Knobs of CHORD's blocks, named as Trinity's ``MIXCHORDPolicyLossFn`` arguments (its defaults;
-    METHODS_SPEC §5.2 lists the CHORD-μ / CHORD-φ settings of the example YAML)."""
+    the CHORD-μ / CHORD-φ settings are in the comments of Trinity-RFT's examples/mix_chord/mix_chord.yaml, commit
+    04143305)."""
 
     mu_warmup_steps: int = 0
     mu_decay_steps: int = 0

@@ -1,5 +1,5 @@
 """ExGRPO's experience pool on the driver: what it stores, how a step's batch is composed from it, and what a step
-adds to it (``algorithm.method=exgrpo``, METHODS_SPEC §1; the pure rules are luffy_pool/methods/exgrpo/blocks.py).
+adds to it (``algorithm.method=exgrpo``, arXiv 2510.02245; the pure rules are luffy_pool/methods/exgrpo/blocks.py).
 
 ``ExperiencePool`` holds, per question id (the dataset's ``index``: ``extra_info.index`` or the row position), the
 successful trajectories of partially solved groups with the per-token log-probs the actor recomputed for them at
@@ -174,11 +174,11 @@ class ExperiencePool:
         old_log_probs: torch.Tensor,
         eos_token_id: int,
     ) -> dict:
-        """Per group (rows sharing a ``group_ids`` value, all of one question): ``k`` = correct rows (the replayed
-        row counts, Q3). All correct: the question retires (warm-up too). Mixed phase and ``lbound < k ≤ rbound``:
-        each correct row's response joins the question's pool unless the same tokens are stored already, with its
-        ``old_log_probs`` as the recorded log-probs (the oldest leave beyond ``max_trajectories_per_question``), and
-        the question moves to bucket ``k``."""
+        """Per group (rows sharing a ``group_ids`` value, all of one question): ``k`` = correct rows (the replayed row
+        counts, as in the authors' code). All correct: the question retires (warm-up too). Mixed phase and
+        ``lbound < k ≤ rbound``: each correct row's response joins the question's pool unless the same tokens are
+        stored already, with its ``old_log_probs`` as the recorded log-probs (the oldest leave beyond
+        ``max_trajectories_per_question``), and the question moves to bucket ``k``."""
         groups: dict[Any, list[int]] = {}
         for row, g in enumerate(group_ids):
             groups.setdefault(g, []).append(row)

@@ -89,7 +89,7 @@ ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def worker_alloc_env(device: str, environ=None) -> dict:
-    """GPU workers run torch's allocator with ``expandable_segments:True`` (REVIEW H3: AdamW's lazily allocated
+    """GPU workers run torch's allocator with ``expandable_segments:True`` (AdamW's lazily allocated
     state otherwise fragments the segments the KV cache wakes into; vLLM's advice, and vLLM 0.32's sleep-mode pool
     turns the flag off around itself), unless the user set ``PYTORCH_CUDA_ALLOC_CONF``: theirs is passed on."""
     if device != "cuda":

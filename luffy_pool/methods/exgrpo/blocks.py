@@ -24,11 +24,11 @@ the over-subscription is re-assigned one draw at a time; ``sample_experience_uid
 ``random.sample`` (uniform) without a weighting. The loss's off-policy ratio is ``exp(ℓ − ℓ_old)`` shaped by
 ``w/(w+γ)`` where ``ℓ_old`` of replayed rows is the *recorded* log-prob (:func:`swap_recorded_log_probs`);
 the means are the plain ``Σv·m/Σm`` (``on_pg_loss`` is NaN without on-policy tokens, as theirs).
-Trajectory metric (Q1): ``original`` reproduces the authors' mask (``responses == pad`` of the candidate at
-the same position of the *last* sub-batch of 8, all-pad rows filling that sub-batch), ``paper`` (default)
+Trajectory metric: ``original`` reproduces the authors' ``compute_postcal_metrics`` mask (``responses == pad`` of the
+candidate at the same position of the *last* sub-batch of 8, all-pad rows filling that sub-batch), ``paper`` (default)
 is the per-trajectory mean of the trajectory's own token entropies. Fixed: the ``n_exp <= 0`` branch of
-``sample_experience_uids`` returns one empty list (theirs a tuple ``([], [])``); the sampler stops short
-instead of dividing by zero when the over-subscribed excess can only go to zero-weight buckets (bucket 0).
+``sample_experience_uids`` returns one empty list (theirs a tuple ``([], [])``); the sampler stops short instead of
+dividing by zero when the over-subscribed excess can only go to zero-weight buckets (bucket 0).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def experience_count(batch_size: int, experience_ratio: float, n_eligible: int) 
 
 def collect_group(num_success: int, group_size: int, lbound: int = 0, rbound: int = 7) -> bool:
     """Whether a mixed-phase group's successes enter the pool: not all ``group_size`` correct and
-    ``lbound < num_success ≤ rbound`` (a replayed row counts as one of them, Q3)."""
+    ``lbound < num_success ≤ rbound`` (a replayed row counts as one of them, as in the authors' code)."""
     return num_success != group_size and lbound < num_success <= rbound
 
 
@@ -238,7 +238,7 @@ class BucketManager:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Trajectory selection metric (Q1)
+# Trajectory selection metric (the authors' compute_postcal_metrics and the paper's mean)
 # ----------------------------------------------------------------------------------------------------
 def trajectory_metric_paper(values: torch.Tensor, response_mask: torch.Tensor, kind: str = "ent") -> list[float]:
     """Per candidate: ``ent`` = mean token entropy over its own tokens; ``ppl`` = exp(−mean log-prob).
@@ -252,11 +252,11 @@ def trajectory_metric_paper(values: torch.Tensor, response_mask: torch.Tensor, k
 def trajectory_metric_original(
     values: torch.Tensor, responses: torch.Tensor, pad_token_id: int, kind: str = "ent", batch_size: int = 8
 ) -> list[float]:
-    """The authors' ``compute_postcal_metrics`` reduction (Q1), given the actor's per-position ``values``
-    [N, T] (entropies or log-probs of the last T positions of the left-padded prompt+trajectory) and the
-    candidates' right-padded trajectory ids ``responses`` [N, T]: candidate ``i`` averages ``values[i]`` over
-    the positions where row ``i mod batch_size`` of the *last* sub-batch is pad (that sub-batch completed with
-    all-pad rows). An all-False mask gives NaN, as theirs."""
+    """The authors' ``compute_postcal_metrics`` reduction (not the paper's per-trajectory mean), given the actor's
+    per-position ``values`` [N, T] (entropies or log-probs of the last T positions of the left-padded prompt+trajectory)
+    and the candidates' right-padded trajectory ids ``responses`` [N, T]: candidate ``i`` averages ``values[i]`` over
+    the positions where row ``i mod batch_size`` of the *last* sub-batch is pad (that sub-batch completed with all-pad
+    rows). An all-False mask gives NaN, as theirs."""
     if kind not in TRAJECTORY_METRICS:
         raise ValueError(f"unknown trajectory metric {kind!r}; valid: {list(TRAJECTORY_METRICS)}")
     n = values.shape[0]

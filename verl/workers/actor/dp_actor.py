@@ -232,7 +232,7 @@ class DataParallelPPOActor:
                 max_token_len = max_token_len * dist.get_world_size(self.ulysses_group)
             if self.use_remove_padding:
                 groups = rearrange_micro_batches_indices(seq_lens, max_token_len, dp_group=self.dp_group)
-            else:  # padded rows compute at the full width: budget rows x width, not valid tokens (REVIEW H1)
+            else:  # padded rows compute at the full width: budget rows x width, not valid tokens
                 groups = padded_micro_batches_indices(
                     len(seq_lens), batch["attention_mask"].size(-1), max_token_len, dp_group=self.dp_group
                 )

@@ -225,7 +225,7 @@ class VLLMRollout(BaseRollout):
             llm = LLM(**self.engine_kwargs)
         from verl.workers.rollout.tp_group import apply_world_timeout_to_vllm_groups
 
-        apply_world_timeout_to_vllm_groups()  # H6: vLLM's own groups get nccl_timeout, not torch's 10 min
+        apply_world_timeout_to_vllm_groups()  # vLLM's own groups get nccl_timeout, not torch's 10 min
         return llm
 
     @property
