@@ -21,8 +21,8 @@ class FamilyLossInputs(PolicyLossInputs):
     """``PolicyLossInputs`` plus the family's tensors, each ``[rows, response_length]`` unless noted.
 
     ``entropy``: token entropies of the current policy (SRFT's weights, ReLIFT's bonus); ``expert_mask``
-    ``[rows]`` bool: CHORD's expert (SFT) rows; ``correct_mask`` ``[rows]`` bool: rows whose sequence score is
-    exactly 1 (SRFT's sign rule); ``step``: the global step (CHORD's μ). A loss that needs an absent field
+    ``[rows]`` bool: expert (demonstration) rows; ``correct_mask`` ``[rows]`` bool: rows whose sequence score is
+    exactly 1 (SRFT's sign rule); ``step``: the update's step (0 on the first update; a step schedule reads it). A loss that needs an absent field
     raises ValueError naming it.
     """
 
