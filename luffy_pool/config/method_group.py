@@ -48,17 +48,39 @@ def method_conflicts(method: Method, config) -> list[str]:
     return errors
 
 
+ON_POLICY = "grpo"
+
+
+def resolved_method_name(config) -> str:
+    """``algorithm.method``; at its default (LUFFY), a config without LUFFY's off-policy slots (``rollout.n_prefix=0``)
+    and without its losses (``use_off_policy_loss`` / ``use_sft_multitask_loss`` off, ``policy_loss`` auto or
+    vanilla) is on-policy GRPO, whose one spelling is ``algorithm.method=grpo``: it resolves to it (the same keys, so
+    the same run; the resolved config says grpo)."""
+    from omegaconf import OmegaConf
+
+    name = str(OmegaConf.select(config, "algorithm.method", default=DEFAULT_METHOD))
+    actor = OmegaConf.select(config, "actor_rollout_ref.actor") or {}
+    on_policy = (
+        OmegaConf.select(config, "actor_rollout_ref.rollout.n_prefix") == 0
+        and not actor.get("use_off_policy_loss")
+        and not actor.get("use_sft_multitask_loss")
+        and actor.get("policy_loss", "auto") in ("auto", "vanilla")
+    )
+    return ON_POLICY if name == DEFAULT_METHOD and on_policy else name
+
+
 def apply_method(config) -> Method:
     """Merge ``algorithm.method``'s YAML group into ``config`` (in place; idempotent) and return the method: its
     preset keys and its knob defaults under the user's knob values. ValueError (one line) for an unknown method,
     a contradicting key or another method's knobs."""
     from omegaconf import OmegaConf, open_dict
 
-    method = get_method(str(OmegaConf.select(config, "algorithm.method", default=DEFAULT_METHOD)))
+    method = get_method(resolved_method_name(config))
     errors = method_conflicts(method, config)
     if errors:
         raise ValueError(errors[0])
     with open_dict(config):
+        config.algorithm.method = method.name
         for path, value in method.preset_keys().items():
             if OmegaConf.select(config, path) != value:
                 OmegaConf.update(config, path, value, merge=False)
