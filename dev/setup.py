@@ -1,6 +1,7 @@
 """Install the development package ``luffy_pool_dev``: machinery that makes the CPU test suite and the CPU rehearsals
 faster, kept out of the product (``verl``, ``luffy_pool``, ``deepscaler``). ``exp_scripts/setup_venv.sh`` installs it
-with ``pip install --no-deps -e dev``; nothing in it acts unless the harness switches it on (luffy_pool_dev/__init__.py).
+with ``pip install --no-deps -e dev``; nothing in it acts unless the harness switches it on
+(luffy_pool_dev/__init__.py).
 """
 
 from setuptools import setup

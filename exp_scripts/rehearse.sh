@@ -16,7 +16,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # The CPU speed-ups of the test suite, outside the product (dev/luffy_pool_dev, installed by setup_venv.sh): ranks
 # import their class with the collector paused (LUFFY_FORK_WORKERS=1 also forks them from one process that imported
 # their modules) and CPU engines run the vLLM plugin's speed-ups. A venv without the package rehearses without them.
-if "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('luffy_pool_dev') is None)"; then
+if "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('luffy_pool_dev') is None)"; then
   export VERL_ACTOR_RUNTIME_ENV_HOOK=${VERL_ACTOR_RUNTIME_ENV_HOOK-luffy_pool_dev.fork_workers:actor_runtime_env}
   export LUFFY_DEV_SPEEDUPS=${LUFFY_DEV_SPEEDUPS:-1}
 fi

@@ -2,8 +2,8 @@
 
 The product's ``build_engine_kwargs`` (verl/workers/rollout/vllm_rollout/config.py) builds CPU engines with
 ``enforce_eager=True`` (torch.compile on CPU costs minutes of start-up for no gain at the sizes a CPU run has).
-``enforce_eager`` covers the model's graph, not the small helpers vLLM decorates at import with ``@torch.compile(backend=current_platform.simple_compile_backend)``,
-which is ``inductor`` on CPU too. With tensor parallelism the vocabulary-parallel embedding calls one of them,
+``enforce_eager`` covers the model's graph, not the small helpers vLLM decorates at import with
+``@torch.compile(backend=current_platform.simple_compile_backend)``, which is ``inductor`` on CPU too. With tensor parallelism the vocabulary-parallel embedding calls one of them,
 ``get_masked_input_and_mask``, on every forward: its first call traces it with dynamo and compiles it with
 inductor (11 compiler and ISA-probe subprocesses), measured on a TP 2 rank of the train.sh rehearsal at 3.8 s
 of wall time and ~5 CPU-s per rank, once per engine. The helper is a few pointwise ops, so on CPU it runs as

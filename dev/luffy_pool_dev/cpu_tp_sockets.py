@@ -10,8 +10,8 @@ two ranks, 2.1 CPU-s per rank), against ~0.03 ms over a plain loopback socket (0
 ``CpuCommunicator.dist_module`` (the seam vLLM's shared-memory path uses) for TP groups whose ranks share a
 host and that fell back to ``torch.distributed``; anything other than a sum all-reduce or an all-gather goes to
 ``torch.distributed`` unchanged. Sums run in TP-rank order on every rank, so all ranks hold identical bits.
-``mesh_tp_groups`` installs it in every CPU communicator vLLM builds for a TP group (the vLLM plugin,
-vllm_plugin.py, calls it on a CPU platform only).
+``mesh_tp_groups`` installs it in every CPU engine's TP group (the vLLM plugin, vllm_plugin.py, calls it on a CPU
+platform only).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import logging
 import selectors
 import socket
 import struct
+import sys
 from typing import Any, Optional
 
 import torch
@@ -190,38 +191,31 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def mesh_tp_groups() -> bool:
-    """Every TP group's CPU communicator vLLM builds from now on in this process reduces over a socket mesh when
-    vLLM fell back to ``torch.distributed`` for it, with the world group's timeout (the one the rollout gives vLLM's
-    groups: verl/workers/rollout/tp_group.py); its ``destroy`` closes the mesh. False when this vLLM has no CPU
-    communicator. The communicator is built collectively by the group's ranks, so every rank connects together."""
+    """Every vLLM-CPU engine this process builds from now on reduces its TP group over a socket mesh where vLLM fell
+    back to ``torch.distributed``, with the world group's timeout (the one the rollout gives vLLM's groups:
+    verl/workers/rollout/tp_group.py): the CPU worker's ``init_device`` (where vLLM creates or reuses its groups, on
+    every rank of the group at once) ends with ``use_socket_mesh_for_tp``, its ``shutdown`` starts with
+    ``close_socket_mesh_for_tp`` (in-process, vLLM keeps its groups for the next engine). False when this vLLM has no
+    CPU worker."""
     try:
-        from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+        from vllm.v1.worker.cpu_worker import CPUWorker
     except ImportError:
         return False
-    if getattr(CpuCommunicator.__init__, "luffy_socket_mesh", False):
+    if getattr(CPUWorker.init_device, "luffy_socket_mesh", False):
         return True
-    original_init, original_destroy = CpuCommunicator.__init__, CpuCommunicator.destroy
+    original_init_device, original_shutdown = CPUWorker.init_device, CPUWorker.shutdown
 
-    def __init__(self, cpu_group, *args, **kwargs):
-        original_init(self, cpu_group, *args, **kwargs)
-        if not str(getattr(self, "unique_name", "")).startswith("tp") or self.world_size < 2:
-            return
-        if self.dist_module is not dist:
-            return  # vLLM's shared-memory path (the same on every rank of one machine kind)
-        mesh = connect_mesh(cpu_group, _world_timeout_s())
-        if mesh is not None:
-            mesh.group = self.device_group
-            self.dist_module = mesh
-            logger.debug("vLLM-CPU TP group of %d ranks reduces over a socket mesh", self.world_size)
+    def init_device(self, *args, **kwargs):
+        result = original_init_device(self, *args, **kwargs)
+        use_socket_mesh_for_tp(_world_timeout_s())
+        return result
 
-    def destroy(self):
-        if isinstance(getattr(self, "dist_module", None), TPSocketMesh):
-            self.dist_module.close()
-            self.dist_module = dist
-        original_destroy(self)
+    def shutdown(self, *args, **kwargs):
+        close_socket_mesh_for_tp()
+        return original_shutdown(self, *args, **kwargs)
 
-    __init__.luffy_socket_mesh = True
-    CpuCommunicator.__init__, CpuCommunicator.destroy = __init__, destroy
+    init_device.luffy_socket_mesh = True
+    CPUWorker.init_device, CPUWorker.shutdown = init_device, shutdown
     return True
 
 
@@ -231,3 +225,33 @@ def _world_timeout_s() -> Optional[float]:
     from verl.workers.rollout.tp_group import group_timeout_s
 
     return group_timeout_s(dist.group.WORLD)
+
+
+def use_socket_mesh_for_tp(timeout_s: Optional[float]) -> bool:
+    """Once the TP group exists: move its reductions to a socket mesh when vLLM fell back to ``torch.distributed``
+    for them; True when it did. Every rank of the TP group must call it."""
+    try:
+        from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+        from vllm.distributed.parallel_state import get_tp_group
+    except ImportError:
+        return False
+    coordinator = get_tp_group()
+    comm = getattr(coordinator, "device_communicator", None)
+    if coordinator.world_size < 2 or not isinstance(comm, CpuCommunicator) or comm.dist_module is not dist:
+        return False  # one rank, or vLLM's shared-memory path (the same on every rank of one machine kind)
+    mesh = connect_mesh(coordinator.cpu_group, timeout_s)
+    if mesh is None:
+        return False
+    mesh.group = comm.device_group
+    comm.dist_module = mesh
+    logger.debug("vLLM-CPU TP group of %d ranks reduces over a socket mesh", coordinator.world_size)
+    return True
+
+
+def close_socket_mesh_for_tp() -> None:
+    """Before the engine's teardown: close this rank's mesh (vLLM destroys its groups with the engine)."""
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    comm = getattr(getattr(state, "_TP", None), "device_communicator", None)
+    if isinstance(getattr(comm, "dist_module", None), TPSocketMesh):
+        comm.dist_module.close()
+        comm.dist_module = dist

@@ -2,8 +2,8 @@
 environment, folder and stdio to a zygote whose guard forked the worker; exit codes and signals come back, a
 child goes when its client goes (even holding the GIL), and a zygote that cannot start, or whose preload
 initialised CUDA, leaves the worker to start plainly; GPU ranks are never forked. The part through Ray (a
-RayWorkerGroup through verl's actor hook with LUFFY_FORK_WORKERS=1): tests/verl/single_controller/test_ray_worker_group.py.
-The actor hook (fork_workers.py) is tested here through verl's RayClassWithInitArgs.create_actor."""
+RayWorkerGroup through verl's actor hook with LUFFY_FORK_WORKERS=1): test_ray_worker_group.py in
+tests/verl/single_controller. The actor hook (fork_workers.py) is tested here through verl's create_actor."""
 
 from __future__ import annotations
 
