@@ -231,7 +231,7 @@ class _Checker:
                 self.fail(line)
         for key, (owner, _) in knobs.items():
             if owner == method and key not in self.values:
-                self.fail(f"Missing config key '{key}' (it is in luffy_pool/config/method/{owner}.yaml)")
+                self.fail(f"Missing config key '{key}' (algorithm.method={owner} declares it with its default)")
 
     def values_and_ranges(self) -> None:
         """Each key against its declaration: LUFFY-inert keys at their default, refused values, choices, bounds."""

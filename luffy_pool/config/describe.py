@@ -16,7 +16,14 @@ from typing import Optional
 
 import yaml
 
-from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR, declared, schema_defaults, unknown_key_message
+from luffy_pool.config.check import (
+    BASE_CONFIG_NAME,
+    CONFIG_DIR,
+    declared,
+    method_knobs,
+    schema_defaults,
+    unknown_key_message,
+)
 from verl.utils.config_section import DEFAULT_ONLY
 from verl.workers.worker_config import WORKER_CONFIG_PATH
 
@@ -49,10 +56,16 @@ def yaml_docs(path: Optional[str] = None) -> dict[str, str]:
 def describe(key: str) -> str:
     """The lines ``describe`` prints for one dotted key."""
     d = declared().get(key)
-    if d is None:
+    knob = method_knobs().get(key)
+    if d is None and knob is None:
         return unknown_key_message(key)
+    if knob is not None:  # a method's knob: declared in its module, with its default and doc
+        owner, d = knob
     lines = [key, f"  type: {' | '.join('null' if t is type(None) else t.__name__ for t in d.types)}"]
-    lines.append(f"  default: {schema_defaults().get(key)!r}" if not d.optional else "  optional: add it with '+'")
+    if knob is not None:
+        lines.append(f"  default: {d.default!r} (with algorithm.method={owner})")
+    else:
+        lines.append(f"  default: {schema_defaults().get(key)!r}" if not d.optional else "  optional: add it with '+'")
     allowed = d.allowed()
     if allowed is not None:
         lines.append(f"  allowed: {', '.join(map(str, allowed))}")
@@ -61,7 +74,7 @@ def describe(key: str) -> str:
     lines.append(f"  LUFFY: accepted at its default only ({d.why})" if d.luffy == DEFAULT_ONLY else "  LUFFY: acts")
     for value, why in d.refuse.items():
         lines.append(f"  refused: {value!r} ({why})")
-    doc = yaml_docs().get(key)
+    doc = d.doc or yaml_docs().get(key)
     if doc:
         lines.append(f"  doc: {doc}")
     return "\n".join(lines)
@@ -73,7 +86,7 @@ def main(argv=None) -> int:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
     print("\n".join(describe(k) for k in keys))
-    return 0 if all(k in declared() for k in keys) else 1
+    return 0 if all(k in declared() or k in method_knobs() for k in keys) else 1
 
 
 if __name__ == "__main__":

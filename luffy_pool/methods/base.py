@@ -4,8 +4,8 @@ A method declares, in its own module (luffy_pool/methods/<name>.py) and its YAML
 (luffy_pool/config/method/<name>.yaml), everything the framework needs from it:
 
 - its **preset** (the YAML group): the keys it sets outside its own group (its policy loss, advantage estimator and
-  slot plan) and its **knobs** ``algorithm.<name>`` with their defaults and docs. The knobs' types and bounds are
-  the frozen dataclass ``knobs`` (``verl.utils.config_section.key`` fields), checked like every other key.
+  slot plan), and its **knobs** ``algorithm.<name>``: the frozen dataclass ``knobs``, whose fields declare each knob
+  once (type, bounds, default and doc: ``verl.utils.config_section.key``), checked like every other key.
   Selecting the method merges the group into the config (luffy_pool/config/method_group.py ``apply_method``): the preset and the knob defaults
   appear in the resolved config; a preset key the user set to another value is refused, naming both keys; knobs of
   a method that is not selected are refused (luffy_pool/config/check.py).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Optional
 
 METHODS: dict[str, "Method"] = {}
@@ -56,7 +56,7 @@ class Method:
 
     @property
     def preset(self) -> dict:
-        """The YAML group as a plain nested dict (preset keys and the knobs' defaults)."""
+        """The YAML group as a plain nested dict (the keys the method sets)."""
         return method_group(self.name)
 
     def preset_keys(self) -> dict[str, Any]:
@@ -65,8 +65,10 @@ class Method:
         return {k: v for k, v in _leaves(self.preset) if k != own and not k.startswith(own + ".")}
 
     def knob_defaults(self) -> dict:
-        """The knob group's defaults (empty for a method without knobs)."""
-        return dict(self.preset.get("algorithm", {}).get(self.name, {}) or {})
+        """The knob group's defaults, from the knob dataclass (empty for a method without knobs)."""
+        if self.knobs is None:
+            return {}
+        return {f.name: f.default for f in fields(self.knobs)}
 
 
 def register_method(method: Method) -> Method:
@@ -74,8 +76,13 @@ def register_method(method: Method) -> Method:
     previous = METHODS.get(method.name)
     if previous is not None and previous != method:
         raise ValueError(f"method {method.name!r} is already registered")
-    if method.knobs is not None and not method_group(method.name).get("algorithm", {}).get(method.name):
-        raise ValueError(f"method {method.name!r} declares knobs but its YAML group has no algorithm.{method.name}")
+    undeclared = [f.name for f in fields(method.knobs) if f.default is MISSING] if method.knobs is not None else []
+    if undeclared:  # a knob is declared once, with its default and doc, in the method's module
+        raise ValueError(f"method {method.name!r}: knob {undeclared[0]!r} has no default")
+    if method.knobs is not None and method_group(method.name).get("algorithm", {}).get(method.name):
+        raise ValueError(
+            f"method {method.name!r}: its YAML group restates algorithm.{method.name}; knobs live in its module"
+        )
     if method.loss is not None:  # the one loss table: verl's registry, under the method's name
         from luffy_pool.methods.losses import registry_entry
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss

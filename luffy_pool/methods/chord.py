@@ -18,8 +18,7 @@ Wiring: the expert rows are the groups' full demonstration rows (LUFFY's slot pl
 share is ``1/n``: 1/8 with n = 8, Trinity's example uses 0.2 of the batch from a separate SFT set). The advantage
 is ``grpo_split``, so the GRPO groups hold the on-policy rows only, as Trinity's. The step ``t`` the schedule reads
 is the trainer's ``global_steps − 1`` (0 on the first update, so CHORD-μ starts at its peak), the update's
-argument (luffy_pool/methods/losses.py). Knobs: :class:`ChordKnobs` (defaults and docs in
-luffy_pool/config/method/chord.yaml).
+argument (luffy_pool/methods/losses.py). Knobs: :class:`ChordKnobs`.
 """
 
 from __future__ import annotations
@@ -208,13 +207,33 @@ class _NoCutoff:
 class ChordKnobs:
     """``algorithm.chord``: CHORD's μ schedule and SFT term."""
 
-    mu_warmup_steps: int = key(bounds=NON_NEGATIVE)
-    mu_decay_steps: int = key(bounds=NON_NEGATIVE)
-    mu_peak: float = key(bounds=UNIT)
-    mu_valley: float = key(bounds=UNIT)
-    enable_phi_function: bool = key()
-    clip_ratio_c: float = key(bounds=POSITIVE)
-    use_token_level_loss_in_sft: bool = key()
+    mu_warmup_steps: int = key(
+        bounds=NON_NEGATIVE,
+        default=0,
+        doc="mu(t) warm-up steps W (linear 0 -> mu_peak). CHORD-phi: 0; CHORD-mu: 0; the example YAML: 200.",
+    )
+    mu_decay_steps: int = key(
+        bounds=NON_NEGATIVE,
+        default=0,
+        doc="mu(t) cosine decay steps D (mu_peak -> mu_valley). CHORD-phi: 0 (constant); CHORD-mu: 200; example: 400.",
+    )
+    mu_peak: float = key(
+        bounds=UNIT, default=0.1, doc="Peak SFT weight mu. CHORD-phi: 0.1; CHORD-mu: 0.9; example: 0.5."
+    )
+    mu_valley: float = key(
+        bounds=UNIT, default=0.1, doc="Final SFT weight mu. CHORD-phi: 0.1; CHORD-mu: 0.05; example: 0.02."
+    )
+    enable_phi_function: bool = key(
+        default=True, doc="Token weight phi(p) = p(1-p) on the SFT term. CHORD-phi: True; CHORD-mu: False."
+    )
+    clip_ratio_c: float = key(
+        bounds=POSITIVE,
+        default=3.0,
+        doc="Dual-clip bound c of the GRPO term (Trinity's PPO loss; the ratio clip is actor.clip_ratio). Trinity: 3.0.",
+    )
+    use_token_level_loss_in_sft: bool = key(
+        default=True, doc="SFT term as a token mean over the micro-batch (False: mean of per-row means). Trinity: True."
+    )
 
 
 def chord_loss(inputs: FamilyLossInputs, knobs: ChordKnobs, step: int):

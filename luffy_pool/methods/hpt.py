@@ -125,7 +125,11 @@ def hpt_sft_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
 class HptKnobs:
     """``algorithm.hpt``: HPT's gate."""
 
-    switch_gate: int = key(bounds=NON_NEGATIVE)
+    switch_gate: int = key(
+        bounds=NON_NEGATIVE,
+        default=0,
+        doc="A group whose on-policy rollouts have at most this many successes trains on its demonstration (SFT); otherwise on its rollouts (RL). Authors: 0 (Qwen2.5-Math-7B), 2 (Llama-3.1-8B).",
+    )
 
 
 def hpt_loss(inputs: FamilyLossInputs, knobs: HptKnobs, step: int):

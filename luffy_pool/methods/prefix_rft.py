@@ -119,10 +119,22 @@ def decay_steps_of(configured: Optional[int], total_training_steps: int) -> int:
 class PrefixRftKnobs:
     """``algorithm.prefix_rft``: Prefix-RFT's prefix schedule and entropy mask."""
 
-    ratio_start: float = key(bounds=UNIT)
-    ratio_end: float = key(bounds=UNIT)
-    decay_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
-    prefix_entropy_top_frac: float = key(bounds=UNIT)
+    ratio_start: float = key(
+        bounds=UNIT, default=0.95, doc="Prefix share on the first step (cosine schedule start). Paper: 0.95."
+    )
+    ratio_end: float = key(
+        bounds=UNIT, default=0.05, doc="Prefix share at and after decay_steps (cosine schedule end). Paper: 0.05."
+    )
+    decay_steps: Optional[int] = key(
+        bounds=AT_LEAST_ONE,
+        default=None,
+        doc="Steps of the cosine decay; null: the run's total training steps (the paper decays over training).",
+    )
+    prefix_entropy_top_frac: float = key(
+        bounds=UNIT,
+        default=0.2,
+        doc="Share of each row's prefix tokens, those of highest entropy, that take gradient. Paper: 0.2.",
+    )
 
 
 def prefix_rft_method_loss(inputs: FamilyLossInputs, knobs: PrefixRftKnobs, step: int):

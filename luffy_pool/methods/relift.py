@@ -140,13 +140,35 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids", "tgt_input_ids")  
 class ReliftKnobs:
     """``algorithm.relift``: ReLIFT's hard-question buffer and interleaved SFT stage."""
 
-    sft_data_size: int = key(bounds=Bound(lambda v: v == -1 or v > 0, "must be -1 (off) or > 0"))
-    sft_mini_batch_size: int = key(bounds=POSITIVE)
-    sft_micro_batch_size: int = key(bounds=POSITIVE)
-    sft_epochs: int = key(bounds=POSITIVE)
-    sft_lr: float = key(bounds=POSITIVE)
-    sft_grad_clip: float = key(bounds=POSITIVE)
-    sft_entropy_coeff: float = key()
+    sft_data_size: int = key(
+        bounds=Bound(lambda v: v == -1 or v > 0, "must be -1 (off) or > 0"),
+        default=128,
+        doc="Hard questions (no success in their group) buffered before one SFT stage trains on the newest this many (a multiple of the actor ranks); -1 = never (their RL-only baseline). Authors: 128.",
+    )
+    sft_mini_batch_size: int = key(
+        bounds=POSITIVE,
+        default=128,
+        doc="Rows per SFT optimizer step (sft_data_size a multiple of it). Authors: 128 (one step per stage).",
+    )
+    sft_micro_batch_size: int = key(
+        bounds=POSITIVE,
+        default=4,
+        doc="Rows per SFT forward/backward; each loss is divided by mini / micro. Authors: 4 (7B-Math), 2 (1.5B, 7B base).",
+    )
+    sft_epochs: int = key(bounds=POSITIVE, default=1, doc="Passes over the SFT batch per stage. Authors: 1.")
+    sft_lr: float = key(
+        bounds=POSITIVE,
+        default=1e-06,
+        doc="The SFT optimizer's learning rate (constant, no schedule). Authors: 1e-6 (optim.sft.lr).",
+    )
+    sft_grad_clip: float = key(
+        bounds=POSITIVE,
+        default=1.0,
+        doc="Grad-norm clip of the SFT step (the RL step's is actor.grad_clip, 0.7 in their script). Authors: 1.0.",
+    )
+    sft_entropy_coeff: float = key(
+        default=0.001, doc="Entropy bonus of the SFT loss: NLL - coeff * token-mean entropy. Authors: 0.001."
+    )
 
     def validate(self) -> list[str]:
         errors = []

@@ -116,9 +116,21 @@ def srft_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict]:
 class SrftKnobs:
     """``algorithm.srft``: SRFT's entropy weights."""
 
-    srft_type: str = key(choices=SRFT_TYPES)
-    sft_weight_scale: float = key(bounds=NON_NEGATIVE)
-    rl_pos_weight_scale: float = key(bounds=NON_NEGATIVE)
+    srft_type: str = key(
+        choices=SRFT_TYPES,
+        default='paper',
+        doc="On-policy term: paper (-a·logp), exp (p), classic_rl (ratio), minus_old (logp - old logp). Authors: paper.",
+    )
+    sft_weight_scale: float = key(
+        bounds=NON_NEGATIVE,
+        default=0.5,
+        doc="Demonstration SFT weight scale s: w = s·exp(-H) with H the row's mean token entropy. Authors: 0.5.",
+    )
+    rl_pos_weight_scale: float = key(
+        bounds=NON_NEGATIVE,
+        default=0.1,
+        doc="Weight scale of correct rollouts: a = s·exp(H) (incorrect ones get -1). Authors: 0.1.",
+    )
 
 
 def srft_method_loss(inputs: FamilyLossInputs, knobs: SrftKnobs, step: int):

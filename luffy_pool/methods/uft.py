@@ -225,13 +225,30 @@ THINK_OPEN = "<think>\n"  # a solution's opening, which the LUFFY model's templa
 class UftKnobs:
     """``algorithm.uft``: UFT's hint schedule and hint NLL."""
 
-    hint_key: str = key()
-    schedule: str = key(choices=SCHEDULES)
-    total_training_steps_hint: int = key(bounds=AT_LEAST_ONE)
-    lower_prob: float = key(bounds=UNIT)
-    upper_prob: float = key(bounds=UNIT)
-    max_segments: int = key(bounds=AT_LEAST_ONE)
-    hint_sft_coef: float = key(bounds=NON_NEGATIVE)
+    hint_key: str = key(
+        default='hint',
+        doc="Train-file column of hint segments (list of strings); data/prepare_uft_hints.py writes it from the solution.",
+    )
+    schedule: str = key(
+        choices=SCHEDULES,
+        default='cosine',
+        doc="Hint length: cosine (Binomial(m, p(t))), stage (staircase ablation), uniform (any cut point). UFT: cosine.",
+    )
+    total_training_steps_hint: int = key(
+        bounds=AT_LEAST_ONE, default=300, doc="T_hint: steps over which p(t) anneals; no hint after. UFT: 300."
+    )
+    lower_prob: float = key(bounds=UNIT, default=0.05, doc="p(T_hint), the last annealed hint probability. UFT: 0.05.")
+    upper_prob: float = key(bounds=UNIT, default=0.95, doc="p(0), the first hint probability. UFT: 0.95.")
+    max_segments: int = key(
+        bounds=AT_LEAST_ONE,
+        default=5,
+        doc="At most this many cut points per solution (m = min(max_segments, segments)). UFT: 5.",
+    )
+    hint_sft_coef: float = key(
+        bounds=NON_NEGATIVE,
+        default=0.001,
+        doc="beta: weight of the hint tokens' mean NLL added to the loss. UFT: 0.001.",
+    )
 
 
 def uft_method_loss(inputs, knobs: UftKnobs, step: int):

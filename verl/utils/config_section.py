@@ -56,6 +56,7 @@ def key(
     types: Optional[tuple] = None,
     default: Any = MISSING,
     open_dict: bool = False,
+    doc: Optional[str] = None,
 ):
     """One config key's declaration (a dataclass field).
 
@@ -64,7 +65,8 @@ def key(
     LUFFY parses the key but nothing acts on it here, so only its YAML default is accepted. ``refuse``: value ->
     reason for values LUFFY has that are not shipped. ``types``: the accepted types where the annotation cannot
     say them (``Any``). ``default``: only for optional ``+`` keys absent from the YAML. ``open_dict``: a dict
-    whose sub-keys are free-form (``+key.field=...``).
+    whose sub-keys are free-form (``+key.field=...``). ``doc``: the key's documentation where no YAML file
+    carries it (a method's knobs: luffy_pool/methods/).
     """
     if luffy not in (ACTS, DEFAULT_ONLY) or (luffy == DEFAULT_ONLY) != (why is not None):
         raise ValueError("key(): luffy is 'acts' or 'default_only', and default_only needs its why")
@@ -76,6 +78,7 @@ def key(
         "refuse": dict(refuse or {}),
         "types": types,
         "open_dict": open_dict,
+        "doc": doc,
     }
     return field(default=default, metadata=meta)
 
@@ -109,6 +112,7 @@ class Declaration:
     optional: bool  # absent from the YAML, added with `+`
     open_dict: bool
     default: Any = MISSING  # an optional key's default (the field's); the YAML gives every other key its own
+    doc: Optional[str] = None  # where the key's YAML comment is not its documentation (a method's knob)
 
     def allowed(self) -> Optional[tuple]:
         """The allowed values (the owner's list, less the refused ones), or None when any value of the type goes."""
@@ -156,6 +160,7 @@ def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
             optional=default is not MISSING,
             open_dict=bool(meta.get("open_dict")),
             default=default,
+            doc=meta.get("doc"),
         )
 
 

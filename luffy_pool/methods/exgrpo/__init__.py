@@ -75,18 +75,62 @@ ORIGINAL_SUB_BATCH = 8  # compute_postcal_metrics batches the candidates by 8 (i
 class ExgrpoKnobs:
     """``algorithm.exgrpo``: ExGRPO's experience pool, batch mix and phase switch."""
 
-    start_solved_ratio: float = key(bounds=UNIT)
-    experience_ratio: float = key(bounds=UNIT)
-    lbound: int = key(bounds=NON_NEGATIVE)
-    rbound: int = key(bounds=NON_NEGATIVE)
-    bucket_weighting: str = key(choices=("normal", "linear", "sqrt", "linear_clip", "uniform"))
-    traj_metric: str = key(choices=("ent", "ppl", "random"))
-    traj_select: str = key(choices=("argmin", "argmax"))
-    sample_range: str = key(choices=("all", "first_half", "last_half"))
-    is_correct: bool = key()
-    metric_impl: str = key(choices=("paper", "original"))
-    retire_all_correct: bool = key()
-    max_trajectories_per_question: int = key(bounds=NON_NEGATIVE)
+    start_solved_ratio: float = key(
+        bounds=UNIT,
+        default=0.35,
+        doc="Warm-up ends (for good) after a step whose share of correct responses exceeds this. Authors: 0.35.",
+    )
+    experience_ratio: float = key(
+        bounds=UNIT,
+        default=0.5,
+        doc="Share of each mixed batch's prompts replaced by experience questions (floor(B x ratio), at most the eligible pool). Authors: 0.5.",
+    )
+    lbound: int = key(
+        bounds=NON_NEGATIVE,
+        default=0,
+        doc="A mixed-phase group with k successes is stored when lbound < k <= rbound (and k < n). Authors: 0.",
+    )
+    rbound: int = key(
+        bounds=NON_NEGATIVE,
+        default=7,
+        doc="Upper bound of k for storing (set it to n - 1 with another rollout.n). Authors: 7 (n = 8).",
+    )
+    bucket_weighting: str = key(
+        choices=("normal", "linear", "sqrt", "linear_clip", "uniform"),
+        default='normal',
+        doc="Bucket weights of the question sampler: normal (N(k; n/2, 1)), linear (k/n), sqrt, linear_clip, or uniform (no buckets: random.sample). Authors: normal.",
+    )
+    traj_metric: str = key(
+        choices=("ent", "ppl", "random"),
+        default='ent',
+        doc="Which stored trajectory a replayed question uses: ent (its entropy under the current actor), ppl (perplexity), random. Authors' script: ent (their YAML default: random).",
+    )
+    traj_select: str = key(
+        choices=("argmin", "argmax"), default='argmin', doc="argmin or argmax of traj_metric. Authors: argmin."
+    )
+    sample_range: str = key(
+        choices=("all", "first_half", "last_half"),
+        default='all',
+        doc="Eligible questions: all, first_half (oldest half of the pool) or last_half (newest). Authors: all.",
+    )
+    is_correct: bool = key(
+        default=True,
+        doc="The replayed row's old log-prob is the one recorded at collection (ratio pi_theta / pi_recorded); False keeps the actor's recomputed one. Authors: True (exp_is_correct).",
+    )
+    metric_impl: str = key(
+        choices=("paper", "original"),
+        default='paper',
+        doc="traj_metric reduction: paper (mean over the trajectory's own tokens) or original (the authors' mask in compute_postcal_metrics, ElliottYan/LUFFY ExGRPO/.../experience/experience_helpers.py: averages over the pad positions of another candidate's row). Not in their code: paper.",
+    )
+    retire_all_correct: bool = key(
+        default=True,
+        doc="A question whose n rollouts are all correct retires from the batches and the pool. Authors: True.",
+    )
+    max_trajectories_per_question: int = key(
+        bounds=NON_NEGATIVE,
+        default=8,
+        doc="Stored trajectories per question: beyond it the oldest leave (their recorded log-probs are the stalest). It bounds the driver's pool (int32 ids + float32 log-probs, 8 B per token, in data.pt too) and the entropy forward, which scores every stored trajectory of a replayed question. 0 = no cap. Authors: no cap.",
+    )
 
 
 def _off(value):

@@ -50,7 +50,7 @@ def test_every_key_is_read_by_shipped_code_or_refused():
 
 
 def test_every_method_knob_is_read_by_shipped_code():
-    """A method's knobs live in its YAML group (luffy_pool/config/method/<m>.yaml), not in the base schema: each must
+    """A method's knobs live in its module's knob dataclass, not in the base schema: each must
     be read as an attribute of its knob section (``knobs.<k>``, ``self.knobs.<k>``, ``k.<k>``) in luffy_pool code
     outside the config package; a docstring's ``algorithm.<m>.<k>`` does not count."""
     files = subprocess.run(["git", "ls-files", "luffy_pool/*.py"], capture_output=True, text=True, cwd=REPO).stdout

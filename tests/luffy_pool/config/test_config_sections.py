@@ -77,7 +77,7 @@ def test_a_missing_key_is_named(compose_config):
 # typed section. The exceptions read groups with their own typed parsers and documented defaults, used by
 # callers that pass partial dicts: the reward group (RewardManager, eval scripts), the batch-size helper (None =
 # unset, no default restated), the SFT trainer's own YAML (verl/trainer/config/sft_trainer.yaml) and the method
-# groups (luffy_pool/methods/base.py reads a method's YAML group, which holds its knobs' defaults;
+# groups (luffy_pool/methods/base.py reads a method's YAML group, which holds its preset;
 # luffy_pool/config/method_group.py reads the raw algorithm group to refuse another method's knobs before any section
 # exists).
 _OWN_PARSERS = {
