@@ -106,7 +106,7 @@ def unknown_key_message(key: str, plus: bool = False) -> str:
 @functools.lru_cache(maxsize=1)
 def method_knobs() -> dict[str, tuple[str, Declaration]]:
     """``algorithm.<method>.<knob>`` -> (method, declaration) for the knob section of every registered method
-    (luffy_pool/methods/); their defaults are in the method's YAML group, merged when it is selected."""
+    (luffy_pool/methods/), declared there with their defaults and merged into the config when it is selected."""
     from luffy_pool.methods import METHODS
 
     out = {}
@@ -126,8 +126,8 @@ def _knob_owner(key: str) -> Optional[str]:
 
 
 def classify_key(key: str) -> Optional[str]:
-    """'schema', 'optional' (+-addable), 'open' (inside an open dict or a method's knob group, which the
-    method's YAML group adds) or None (unknown)."""
+    """'schema', 'optional' (+-addable), 'open' (inside an open dict or a method's knob group, which selecting
+    the method adds) or None (unknown)."""
     d = declared().get(key)
     if d is not None:
         return "optional" if d.optional else "schema"

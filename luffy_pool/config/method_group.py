@@ -1,5 +1,5 @@
-"""Selecting a method merges its YAML group into the run's config: the preset and the knob defaults become part of
-the resolved config, a preset key the user set to another value is refused naming both keys, and so are the knobs
+"""Selecting a method merges its YAML group (the keys it sets) and its knobs' defaults (declared in its module) into
+the run's config, so both are part of the resolved config; a preset key the user set to another value is refused naming both keys, and so are the knobs
 of a method that is not selected (the method's declaration: luffy_pool/methods/base.py)."""
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def resolved_method_name(config) -> str:
 
 
 def apply_method(config) -> Method:
-    """Merge ``algorithm.method``'s YAML group into ``config`` (in place; idempotent) and return the method: its
-    preset keys and its knob defaults under the user's knob values. ValueError (one line) for an unknown method,
+    """Merge ``algorithm.method``'s preset (its YAML group) and its knob defaults (under the user's knob values)
+    into ``config`` (in place; idempotent) and return the method. ValueError (one line) for an unknown method,
     a contradicting key or another method's knobs."""
     from omegaconf import OmegaConf, open_dict
 

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         device_bytes = parse_gpu_memory(args.gpu_memory)
         overrides = script_overrides(args.script, args.overrides) if args.script else args.overrides
         config = compose_config(overrides)
-        apply_method(config)  # the method's YAML group: its preset and knob defaults, as the trainer merges them
+        apply_method(config)  # the method's preset and knob defaults, as the trainer merges them
         plan = plan_for_config(config, device_bytes, model_config=args.model_config)
     except (LaunchScriptError, FileNotFoundError, ValueError) as exc:
         print(f"memory plan: {exc}", file=sys.stderr)
