@@ -20,7 +20,7 @@ luffy_pool/workers/interleaved_sft.py: their own AdamW, lr ``sft_lr``, the ``rel
 Fixed here (the authors' code): their trigger evaluates ``len(buffer)`` while the buffer may be ``None`` and
 crashed on a step with no hard question (here an empty buffer is an empty list); neither the buffer (a local of
 their ``fit``) nor the SFT optimizer was saved. Here the buffer goes into the checkpoint's ``data.pt``
-(``register_state``) and the SFT optimizer's moments into ``actor/optim_sft/`` (DCP, resharded like the RL
+(the hooks' state) and the SFT optimizer's moments into ``actor/optim_sft/`` (DCP, resharded like the RL
 optimizer's), both restored by ``resume_mode=auto``. Order of the hard questions: first appearance in the updated
 batch, which our row balancing may have reordered (theirs: after their balancing, a different one).
 """

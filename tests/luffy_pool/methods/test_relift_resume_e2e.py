@@ -81,7 +81,8 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
 def test_the_step_2_checkpoint_holds_a_used_sft_optimizer_and_a_non_empty_buffer(runs):
     step_dir = runs / "run" / "global_step_2"
     data = torch.load(step_dir / layout.DATA_FILE, weights_only=True)
-    assert len(data["extras"]["relift"]["buffer"]["rows"]) > 0
+    hooks = data["hooks"]  # the step's hooks' state, one path (luffy_pool/trainer/mix_trainer.py state_dict)
+    assert hooks["method"] == "relift" and len(hooks["state"]["relift"]["buffer"]["rows"]) > 0
     assert (step_dir / layout.ACTOR_DIR / layout.extra_optim_dir("sft") / ".metadata").is_file()
     meta = json.load(open(step_dir / layout.ACTOR_DIR / layout.META_FILE))
     assert meta["extra_optimizers"] == {"sft": True}

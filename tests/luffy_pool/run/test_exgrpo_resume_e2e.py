@@ -100,9 +100,10 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
 def test_exgrpo_kill_and_resume_matches_the_uninterrupted_run(runs):
     assert "RESUMED_AT 2" in open(runs / "run2.log").read()
     data = torch.load(runs / "run" / "global_step_2" / layout.DATA_FILE, weights_only=True)
-    state = data["method_state"]
-    assert state["method"] == "exgrpo" and state["state"]["mixed"] and len(state["state"]["pool"]["uids"]) == 8
-    assert state["state"]["pool"]["token_ids"].dtype == torch.int32  # the flat version-2 pool (replay/experience.py)
+    hooks = data["hooks"]  # the step's hooks' state, one path (luffy_pool/trainer/mix_trainer.py state_dict)
+    state = hooks["state"]["exgrpo"]
+    assert hooks["method"] == "exgrpo" and state["mixed"] and len(state["pool"]["uids"]) == 8
+    assert state["pool"]["token_ids"].dtype == torch.int32  # the flat version-2 pool (replay/experience.py)
     ref, run = _metrics(runs / "ref_metrics.jsonl"), _metrics(runs / "run" / "metrics.jsonl")
     assert sorted(ref) == sorted(run) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
