@@ -50,6 +50,7 @@ import json, sys
 import ray
 from ray.cluster_utils import Cluster
 from hydra import compose, initialize_config_dir
+import luffy_pool.config.check  # puts verl's worker YAML (ppo_worker) in Hydra's config store, as every composer does
 
 overrides, config_dir = json.loads(sys.argv[1]), sys.argv[2]
 node = {"num_cpus": 3, "num_gpus": 2, "object_store_memory": 128 << 20}

@@ -338,15 +338,15 @@ def test_stop_signal_mid_step_saves_that_step_and_resume_continues(base_config, 
     ref, ref_worker = make_trainer(base_config, tiny_model_dir, tmp_path / "ref", steps=6)
     ref.fit()
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path / "run", steps=6)
-    real_step = trainer.train_step
+    real_step = trainer.rollout_step
 
-    def step_with_signal(batch, timing):
+    def step_with_signal(timing):
         if trainer.global_steps == 3:
             signal.raise_signal(signum)  # arrives in the middle of step 3
-        return real_step(batch, timing)
+        return real_step(timing)
 
     previous = signal.getsignal(signum)
-    trainer.train_step = step_with_signal
+    trainer.rollout_step = step_with_signal
     trainer.fit()
     assert trainer.stop.signum == signum and trainer.global_steps == 3
     assert signal.getsignal(signum) is previous, "fit restores the previous handler"
@@ -378,10 +378,10 @@ def test_signal_between_two_steps_still_saves_the_last_finished_step(base_config
         signal.raise_signal(signal.SIGTERM)
         return step
 
-    def no_step(batch, timing):
+    def no_step(timing):
         raise AssertionError("no step may run after the stop signal")
 
-    again.checkpointer.maybe_resume, again.train_step = resume_then_signal, no_step
+    again.checkpointer.maybe_resume, again.rollout_step = resume_then_signal, no_step
     mtime = (tmp_path / "global_step_3" / layout.DATA_FILE).stat().st_mtime_ns
     again.fit()
     assert again.global_steps == 3 and (tmp_path / "global_step_3" / layout.DATA_FILE).stat().st_mtime_ns == mtime
@@ -389,29 +389,29 @@ def test_signal_between_two_steps_still_saves_the_last_finished_step(base_config
 
 def test_save_on_signal_false_stops_without_saving(base_config, tiny_model_dir, tmp_path):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6, save_on_signal=False)
-    real_step = trainer.train_step
+    real_step = trainer.rollout_step
 
-    def step_with_signal(batch, timing):
+    def step_with_signal(timing):
         if trainer.global_steps == 3:
             signal.raise_signal(signal.SIGTERM)
-        return real_step(batch, timing)
+        return real_step(timing)
 
-    trainer.train_step = step_with_signal
+    trainer.rollout_step = step_with_signal
     trainer.fit()
     assert trainer.global_steps == 3 and layout.read_tracker(str(tmp_path)) == 2
 
 
 def test_second_signal_aborts_at_once(base_config, tiny_model_dir, tmp_path):
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
-    real_step = trainer.train_step
+    real_step = trainer.rollout_step
 
-    def step_with_two_signals(batch, timing):
+    def step_with_two_signals(timing):
         if trainer.global_steps == 3:
             signal.raise_signal(signal.SIGTERM)
             signal.raise_signal(signal.SIGTERM)
-        return real_step(batch, timing)
+        return real_step(timing)
 
-    trainer.train_step = step_with_two_signals
+    trainer.rollout_step = step_with_two_signals
     from verl.utils.signals import AbortedBySignal
 
     with pytest.raises(AbortedBySignal, match="second stop signal") as err:
@@ -424,15 +424,15 @@ def test_fit_and_close_releases_then_exits_143(base_config, tiny_model_dir, tmp_
     from luffy_pool.run.launcher import fit_and_close
 
     trainer, _ = make_trainer(base_config, tiny_model_dir, tmp_path, steps=6)
-    real_step = trainer.train_step
+    real_step = trainer.rollout_step
     closed = []
 
-    def step_with_signal(batch, timing):
+    def step_with_signal(timing):
         if trainer.global_steps == 1:
             signal.raise_signal(signal.SIGTERM)
-        return real_step(batch, timing)
+        return real_step(timing)
 
-    trainer.train_step = step_with_signal
+    trainer.rollout_step = step_with_signal
     with pytest.raises(SystemExit) as exit_info:
         fit_and_close(trainer, lambda: closed.append(True))
     assert exit_info.value.code == 143 and closed == [True] and layout.read_tracker(str(tmp_path)) == 1

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from luffy_pool.run.checkpointing import read_data_order
+from tests.helpers.method_presets import preset_overrides
 from verl.utils.checkpoint import layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the drivers import this module by name too
@@ -74,7 +75,8 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     task = str(root / "task")
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
     # rbound = n - 1 with the tiny run's n = 4 (the authors' 7 is for n = 8)
-    extra = ["algorithm.method=exgrpo", "algorithm.exgrpo.rbound=3", f"trainer.total_training_steps={STEPS + 1}"]
+    extra = ["algorithm.method=exgrpo", *preset_overrides("exgrpo"), "algorithm.exgrpo.rbound=3"]
+    extra += [f"trainer.total_training_steps={STEPS + 1}"]
     mk = lambda name, more=(): _config(
         compose_config,
         luffy_overrides,

@@ -46,18 +46,18 @@ def drive(config_path: str, go_file: str = "") -> None:
     config = OmegaConf.load(config_path)
     original = copy.deepcopy(config)
     trainer, close = build_trainer(config)
-    real_step = trainer.train_step
+    real_step = trainer.rollout_step
 
-    def step(batch_dict, timing):
+    def step(timing):
         if go_file and trainer.global_steps == PAUSE_STEP:
             pids = ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in trainer.wg._workers])
             print(f"PAUSED {trainer.global_steps} WORKER_PIDS {json.dumps(pids)}", flush=True)
             deadline = time.monotonic() + 600
             while not os.path.exists(go_file) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        return real_step(batch_dict, timing)
+        return real_step(timing)
 
-    trainer.train_step = step
+    trainer.rollout_step = step
     fit_and_close(trainer, close, recovery_for(original, trainer.sections))
     print("DRIVER_DONE", flush=True)
 
