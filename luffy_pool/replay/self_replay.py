@@ -1,6 +1,6 @@
 """Self-replay: two stages of the training step, one on each side of the old/ref log-prob pass.
 
-With ``data.self_replay.enable`` ``MIXRayPPOTrainer.train_step`` calls, in this order:
+With ``data.self_replay.enable`` the training step calls, as a hook (luffy_pool/methods/hooks.py), in this order:
 
 * ``SelfReplay.fill_failed_groups`` before the pass (``replay_into_failed_groups``): in every group none
   of whose on-policy rows succeeded, up to ``data.self_replay.slots`` rows are rewritten with a trace the

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from luffy_pool.run.checkpointing import read_data_order
-from tests.helpers.method_presets import preset_overrides
 from verl.utils.checkpoint import layout
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "run"))
@@ -49,6 +48,8 @@ def _config(compose_config, luffy_overrides, model_dir, task_dir, out_dir, path)
 
     keys = {o.split("=", 1)[0] for o in RELIFT}
     base = [o for o in luffy_overrides(model_dir, task_dir, out_dir, steps=STEPS + 1) if o.split("=", 1)[0] not in keys]
+    from tests.helpers.method_presets import preset_overrides  # here: the driver subprocess imports this module
+
     OmegaConf.save(compose_config(base + preset_overrides("relift") + RELIFT), path)
     return str(path)
 

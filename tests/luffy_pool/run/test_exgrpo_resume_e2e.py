@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from luffy_pool.run.checkpointing import read_data_order
-from tests.helpers.method_presets import preset_overrides
 from verl.utils.checkpoint import layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the drivers import this module by name too
@@ -45,7 +44,7 @@ def seed_pool(trainer) -> None:
     """The mixed phase with every train question's teacher trace in the pool (module docstring)."""
     from luffy_pool.replay.experience import Trajectory, question_key
 
-    pool = trainer.method_driver.pool
+    pool = next(h for h in trainer.hooks if h.name == "exgrpo").pool  # the method's hook holds the pool
     ds = trainer.train_dataloader.dataset
     traces = [ds.target_token_ids(item, ds._records[item]["target"]) for item in range(len(ds))]
     for item, qid in enumerate(ds.prompt_ids):
@@ -75,6 +74,8 @@ def runs(tiny_model_dir, tmp_path_factory, compose_config, luffy_overrides):
     task = str(root / "task")
     write_task_parquets(task, n_train=8, n_test=4, level=2, seed=0)
     # rbound = n - 1 with the tiny run's n = 4 (the authors' 7 is for n = 8)
+    from tests.helpers.method_presets import preset_overrides  # here: the driver subprocess imports this module
+
     extra = ["algorithm.method=exgrpo", *preset_overrides("exgrpo"), "algorithm.exgrpo.rbound=3"]
     extra += [f"trainer.total_training_steps={STEPS + 1}"]
     mk = lambda name, more=(): _config(
