@@ -279,7 +279,7 @@ class ReliftStage(StepHooks):
     def _sft_stage(self, rows: list[dict]) -> dict:
         from verl.protocol import DataProto
         from verl.trainer.ppo.metric_utils import reduce_metrics
-        from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+        from verl.utils.seqlen_balancing import balance_batch_rows
 
         tok = self.trainer.tokenizer
         stacked = {k: torch.stack([r[k] for r in rows]) for k in PROMPT_KEYS}
@@ -292,11 +292,8 @@ class ReliftStage(StepHooks):
             eos_token_id=tok.eos_token_id,
         )
         data = DataProto.from_dict(tensors=tensors)
-        world = self.trainer.world_size
         if self.trainer.sections.trainer.balance_batch:  # theirs balances the SFT batch across ranks too
-            seqlens = tensors["attention_mask"].sum(-1).tolist()
-            parts = get_seqlen_balanced_partitions(seqlens, k_partitions=world, equal_size=True)
-            data.reorder(torch.tensor([i for p in parts for i in p]))
+            balance_batch_rows(data, self.trainer.world_size)
         out = self.trainer.wg.sft_update_actor(data)
         return reduce_metrics(out.meta_info["metrics"])
 

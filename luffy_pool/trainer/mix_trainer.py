@@ -43,11 +43,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     reduce_metrics,
 )
-from verl.utils.seqlen_balancing import (
-    get_group_balanced_partitions,
-    get_seqlen_balanced_partitions,
-    log_seqlen_unbalance,
-)
+from verl.utils.seqlen_balancing import balance_batch_rows
 from verl.utils.signals import GracefulStop, stop_on_signal
 
 logger = logging.getLogger(__name__)
@@ -585,15 +581,8 @@ class MIXRayPPOTrainer:
         With ``model.shared_prompt_forward`` whole groups are balanced (a group's rows stay together on one
         rank, so its prompt is computed once there); rows otherwise, or when groups cannot split evenly.
         """
-        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-        parts = None
-        if self.sections.workers.model.shared_prompt_forward:
-            parts = get_group_balanced_partitions(seqlens, list(batch.non_tensor_batch["uid"]), self.world_size)
-        if parts is None:
-            parts = get_seqlen_balanced_partitions(seqlens, k_partitions=self.world_size, equal_size=True)
-        order = torch.tensor([i for p in parts for i in p])
-        batch.reorder(order)
-        return log_seqlen_unbalance(seqlens, parts, prefix="global_seqlen")
+        shared = self.sections.workers.model.shared_prompt_forward
+        return balance_batch_rows(batch, self.world_size, batch.non_tensor_batch["uid"] if shared else None)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:

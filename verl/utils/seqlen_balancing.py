@@ -142,6 +142,18 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]]
     }
 
 
+def balance_batch_rows(batch: Any, k_partitions: int, group_ids: Optional[Sequence] = None) -> dict[str, float]:
+    """Reorder ``batch`` (a ``DataProto``, in place) so each of ``k_partitions`` contiguous chunks holds a similar
+    token count (``attention_mask``), whole groups kept together when ``group_ids`` is given and they split evenly;
+    returns ``log_seqlen_unbalance``'s ``global_seqlen/*`` metrics."""
+    seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+    parts = None if group_ids is None else get_group_balanced_partitions(seqlens, list(group_ids), k_partitions)
+    if parts is None:
+        parts = get_seqlen_balanced_partitions(seqlens, k_partitions=k_partitions, equal_size=True)
+    batch.reorder(torch.tensor([i for p in parts for i in p]))
+    return log_seqlen_unbalance(seqlens, parts, prefix="global_seqlen")
+
+
 def _collective_device(group: Any) -> str:
     """Where a tensor for a collective on ``group`` must live: the current GPU for a pure NCCL group."""
     import torch.distributed as dist
