@@ -3,6 +3,7 @@ and the composer all read it)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 from verl.workers.worker_config import WORKER_CONFIG_NAME, load_worker_yaml
@@ -11,10 +12,11 @@ CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))  # the YAML files sit ne
 BASE_CONFIG_NAME = "mix_ppo_trainer"
 
 
+@functools.lru_cache(maxsize=1)
 def base_yaml():
-    """The YAML defaults of mix_ppo_trainer.yaml as Hydra composes them without overrides (unresolved DictConfig):
-    the files of its defaults list merged in that order (verl's worker YAML, then this folder's file), read without
-    Hydra so the checker runs inside a Hydra app too."""
+    """The YAML defaults of mix_ppo_trainer.yaml as Hydra composes them without overrides (an unresolved, read-only
+    DictConfig): the files of its defaults list merged in that order (verl's worker YAML, then this folder's file),
+    read without Hydra so the checker runs inside a Hydra app too."""
     from omegaconf import OmegaConf
 
     own = OmegaConf.load(os.path.join(CONFIG_DIR, f"{BASE_CONFIG_NAME}.yaml"))
@@ -28,4 +30,5 @@ def base_yaml():
             raise ValueError(f"{BASE_CONFIG_NAME}.yaml defaults: {entry!r} is not read by luffy_pool.config.check")
     merged = OmegaConf.merge(*parts)
     merged.pop("hydra", None)
+    OmegaConf.set_readonly(merged, True)
     return merged

@@ -1,12 +1,9 @@
 """Validation of the trainer config: keys, value types, enum values, bounds and the rules between keys.
 
-It runs twice: on the command-line overrides before Hydra composes them (an unknown key is reported with
-the closest valid key instead of Hydra's struct error) and on the composed config before any worker
-starts. Every problem is one line that names the key. The key set, types, allowed values, bounds and refusals
-come from the declarations in luffy_pool/config/sections.py (and the knob dataclasses of registered losses);
-the defaults from luffy_pool/config/mix_ppo_trainer.yaml and verl's worker YAML it composes
-(verl/trainer/config/ppo_worker.yaml). The rules between keys are the sections' ``validate()``
-methods; nothing here restates one.
+It runs on the command-line overrides before Hydra composes them (an unknown key is named with the closest valid
+key instead of Hydra's struct error) and on the composed config before any worker starts, one line per problem. Keys,
+types, values, bounds and refusals come from the declarations (luffy_pool/config/sections.py, the methods' knob
+dataclasses, the knob dataclasses of registered losses), defaults from the YAML, the rules from ``validate()``.
 """
 
 from __future__ import annotations
@@ -14,14 +11,22 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import MISSING
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
 from luffy_pool.config.sections import ConfigSections
 from verl.utils import config_schema
 from verl.trainer.ppo.loss_inputs import registered_loss_keys
-from verl.utils.config_section import Declaration, declarations, refused_groups, rule_errors, value_errors
+from verl.utils.config_section import (
+    Declaration,
+    declarations,
+    range_errors,
+    refused_groups,
+    rule_errors,
+    structure_errors,
+    value_errors,
+)
 from luffy_pool.config.base_yaml import BASE_CONFIG_NAME, CONFIG_DIR, base_yaml  # noqa: F401 -- re-exported
 from verl.workers.worker_config import register_worker_config
 
@@ -52,9 +57,9 @@ class ConfigError(config_schema.SchemaConfigError):
     """One or more config problems; ``errors`` holds one line per problem."""
 
 
-def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Every (dotted path, value) of a nested dict, dict nodes included, depth first."""
-    return config_schema.walk(node, prefix, sections=True, open_keys=open_dict_keys())
+def _flatten(tree: dict) -> dict[str, Any]:
+    """Dotted key -> value of a nested dict, dict nodes included (an open dict is one value)."""
+    return dict(config_schema.walk(tree, sections=True, open_keys=open_dict_keys()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,7 +68,7 @@ def schema_defaults() -> dict[str, Any]:
     nodes included)."""
     from omegaconf import OmegaConf
 
-    return dict(_walk(OmegaConf.to_container(base_yaml(), resolve=True, throw_on_missing=False)))
+    return _flatten(OmegaConf.to_container(base_yaml(), resolve=True, throw_on_missing=False))
 
 
 def schema_leaf_keys() -> list[str]:
@@ -75,15 +80,6 @@ def schema_leaf_keys() -> list[str]:
 def _groups() -> frozenset[str]:
     """Dotted groups of the declared keys (``actor_rollout_ref.actor``, ...)."""
     return frozenset(k.rsplit(".", i)[0] for k in declared() for i in range(1, k.count(".") + 1))
-
-
-def expected_types(key: str) -> tuple[type, ...]:
-    """Accepted Python types of a key's value (bool, int, float, str, list, dict, NoneType)."""
-    return declared()[key].types
-
-
-def _under_open_dict(key: str) -> bool:
-    return any(key.startswith(k + ".") for k in open_dict_keys())
 
 
 def suggest_key(key: str) -> Optional[str]:
@@ -118,11 +114,8 @@ def method_knobs() -> dict[str, tuple[str, Declaration]]:
 
 def _knob_owner(key: str) -> Optional[str]:
     """The method whose knob group ``key`` is or lies in, None otherwise."""
-    parts = key.split(".")
-    if len(parts) >= 2 and parts[0] == "algorithm":
-        owners = {name for name, _ in method_knobs().values()}
-        return parts[1] if parts[1] in owners else None
-    return None
+    parts, owners = key.split("."), {name for name, _ in method_knobs().values()}
+    return parts[1] if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in owners else None
 
 
 def classify_key(key: str) -> Optional[str]:
@@ -135,13 +128,10 @@ def classify_key(key: str) -> Optional[str]:
         return "schema"
     if key in method_knobs() or (key.count(".") == 1 and _knob_owner(key)):
         return "open"
-    if _under_open_dict(key):
+    if any(key.startswith(k + ".") for k in open_dict_keys()):
         return "open"
-    if key.startswith(f"{_A}.") and key[len(_A) + 1 :] in registered_loss_keys():
-        return (
-            "loss"  # a knob a registered loss declares (register_policy_loss(name, config=...)); its dataclass types it
-        )
-    return None
+    # a knob a registered loss declares (register_policy_loss(name, config=...)); its dataclass types it
+    return "loss" if key.startswith(f"{_A}.") and key[len(_A) + 1 :] in registered_loss_keys() else None
 
 
 def prepare_overrides(overrides: list[str]) -> list[str]:
@@ -178,171 +168,75 @@ def import_loss_modules(external_lib) -> Optional[str]:
     return None
 
 
-class _Checker:
-    """Collects one-line errors of the resolved config (dotted key -> value) and of its sections' rules."""
-
-    def __init__(self, values: dict[str, Any]):
-        self.values = values
-        self.errors: list[str] = []
-
-    def fail(self, msg: str) -> None:
-        if msg not in self.errors:  # a knob a loss and the sections both declare is checked by both
-            self.errors.append(msg)
-
-    def structure(self) -> None:
-        """Unknown keys, missing keys, required values and types."""
-        for key, value in self.values.items():
-            kind = classify_key(key)
-            if kind is None:
-                self.fail(unknown_key_message(key))
-            elif key in declared():
-                problem = config_schema.value_error(key, value, expected_types(key))
-                if problem:
-                    self.fail(problem)
-        for key in schema_leaf_keys():
-            if key not in self.values:
-                self.fail(f"Missing config key '{key}' (it is in {BASE_CONFIG_NAME}.yaml)")
-
-    def knob_groups(self) -> None:
-        """Knobs of the selected method against its knob section; a knob of another method is refused."""
-        method = self.values.get("algorithm.method")
-        knobs = method_knobs()
-        for key, value in self.values.items():
-            owner = _knob_owner(key)
-            if owner is None or key.count(".") == 1 and owner == method:
-                continue
-            if owner != method:
-                if key.count(".") == 1 and isinstance(value, dict) and value:
-                    continue  # the group node: its leaves are reported
-                self.fail(
-                    f"'{key}' is a knob of algorithm.method={owner}, but algorithm.method={method}; "
-                    f"drop it or set algorithm.method={owner}"
-                )
-                continue
-            if key not in knobs:
-                self.fail(unknown_key_message(key))
-                continue
-            d = knobs[key][1]
-            problem = config_schema.value_error(key, value, d.types)
-            if problem:
-                self.fail(problem)
-                continue
-            for line in value_errors(d, value, value):
-                self.fail(line)
-        for key, (owner, _) in knobs.items():
-            if owner == method and key not in self.values:
-                self.fail(f"Missing config key '{key}' (algorithm.method={owner} declares it with its default)")
-
-    def values_and_ranges(self) -> None:
-        """Each key against its declaration: LUFFY-inert keys at their default, refused values, choices, bounds."""
-        schema = schema_defaults()
-        for key, d in declared().items():
-            if key in self.values:
-                for line in value_errors(d, self.values[key], schema.get(key)):
-                    self.fail(line)
-
-    def finite_numbers(self) -> None:
-        """No number of the config may be NaN or infinite (``rollout.temperature=inf`` once passed the
-        range check and failed 71 s later in three vLLM workers)."""
-        for key, value in self.values.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                self.fail(f"'{key}'={value!r} must be a finite number")
-
-    def loss_knobs(self) -> None:
-        """The knobs of registered losses (``register_policy_loss(name, config=<dataclass>)``) against their
-        dataclass's declarations; a knob the selected loss does not read is refused away from its default (the
-        YAML's, else the dataclass's), so it cannot look set while nothing reads it. A loss without a knob
-        dataclass reads the actor's loss section (``LossSection``): its keys stay free then."""
-        from luffy_pool.config.sections import LossSection
-        from verl.trainer.ppo.core_algos import get_policy_loss_config
-
-        schema, selected = schema_defaults(), _selected_loss(self.sections.actor.loss)
-        if selected is None:  # two loss switches on: LossSection.validate has said so
-            return
-        owners = loss_knob_owners()
-        read = set() if get_policy_loss_config(selected) else {d.key for d in declarations(LossSection, f"{_A}.")}
-        for key, knobs in owners.items():
-            if key not in self.values:
-                if any(name == selected and d.default is MISSING for name, d in knobs):
-                    self.fail(f"Missing config key '{key}': the policy loss {selected!r} reads it; add +{key}=...")
-                continue
-            value, d = self.values[key], knobs[0][1]
-            problem = config_schema.value_error(key, value, d.types)
-            if problem:
-                self.fail(problem)
-                continue
-            default = schema.get(key, d.default)
-            for line in value_errors(d, value, default):
-                self.fail(line)
-            if key in read or selected in (name for name, _ in knobs):
-                continue
-            if value != default:
-                names = " / ".join(name for name, _ in knobs)
-                self.fail(
-                    f"'{key}'={value!r} is a knob of the policy loss {names}, but "
-                    f"'{_A}.policy_loss' selects {selected!r}; remove it or select that loss"
-                )
-
-    def rules(self, cfg: DictConfig) -> None:
-        """The rules between keys: each section's ``validate()`` (luffy_pool/config/sections.py,
-        verl/workers/config_sections.py)."""
-        self.sections = ConfigSections.from_config(cfg)
-        for line in rule_errors(self.sections):
-            self.fail(line)
-
-
-def _selected_loss(loss) -> Optional[str]:
-    """The loss the actor will run (``policy_loss``, or under ``auto`` the one LUFFY's switches select); None when
-    two switches are on."""
-    from verl.trainer.ppo.loss_inputs import resolve_policy_loss
+def _loss_knob_errors(values: dict[str, Any], loss) -> list[str]:
+    """The knobs of registered losses (``register_policy_loss(name, config=<dataclass>)``) against their dataclass's
+    declarations; a knob the selected loss does not read is refused away from its default (the YAML's, else the
+    dataclass's), so it cannot look set while nothing reads it. A loss without a knob dataclass reads the actor's
+    loss section (``LossSection``): its keys stay free then."""
+    from luffy_pool.config.sections import LossSection
+    from verl.trainer.ppo.core_algos import get_policy_loss_config
+    from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS, resolve_policy_loss
 
     try:
-        return resolve_policy_loss(loss)
-    except ValueError:
-        return None
-
-
-def loss_knob_owners() -> dict[str, list[tuple[str, Declaration]]]:
-    """Dotted actor key -> (loss name, its declaration) for every knob a registered loss's dataclass declares."""
-    from verl.trainer.ppo.loss_inputs import POLICY_LOSS_CONFIGS
-
-    owners: dict[str, list] = {}
-    for name, knobs in POLICY_LOSS_CONFIGS.items():
-        for d in declarations(knobs, f"{_A}."):
+        selected = resolve_policy_loss(loss)  # policy_loss, or under auto the one LUFFY's switches select
+    except ValueError:  # two loss switches on: LossSection.validate has said so
+        return []
+    owners: dict[str, list[tuple[str, Declaration]]] = {}  # actor key -> (loss, its declaration)
+    for name, cls in POLICY_LOSS_CONFIGS.items():
+        for d in declarations(cls, f"{_A}."):
             owners.setdefault(d.key, []).append((name, d))
-    return owners
-
-
-def _flatten(cfg: DictConfig) -> dict[str, Any]:
-    """Dotted key -> resolved value; interpolation failures become ConfigError lines naming the key."""
-    return dict(_walk(config_schema.resolved_tree(cfg, ConfigError)))
+    schema, errors = schema_defaults(), []
+    read = set() if get_policy_loss_config(selected) else {d.key for d in declarations(LossSection, f"{_A}.")}
+    for key, knobs in owners.items():
+        names, d = [name for name, _ in knobs], knobs[0][1]
+        if key not in values:
+            if any(name == selected and k.default is MISSING for name, k in knobs):
+                errors.append(f"Missing config key '{key}': the policy loss {selected!r} reads it; add +{key}=...")
+            continue
+        value, default = values[key], schema.get(key, d.default)
+        problem = config_schema.value_error(key, value, d.types)
+        errors += [problem] if problem else value_errors(d, value, default)
+        if not problem and key not in read and selected not in names and value != default:
+            errors.append(
+                f"'{key}'={value!r} is a knob of the policy loss {' / '.join(names)}, but "
+                f"'{_A}.policy_loss' selects {selected!r}; remove it or select that loss"
+            )
+    return errors
 
 
 def validate_config(cfg: DictConfig) -> list[str]:
     """All problems of a composed config, one line each naming the key (empty list = valid). The selected
-    method's YAML group is merged into a copy first (``apply_method``), so a contradicting key is one line too."""
+    method's YAML group is merged into a copy first (``apply_method``), so a contradicting key is one line too, and
+    its knob group is checked against its declarations like any key."""
     from omegaconf import OmegaConf
 
     from luffy_pool.config.method_group import apply_method
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg)) if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     try:
-        apply_method(cfg)
+        method = apply_method(cfg).name
     except ValueError as exc:
         return [str(exc)]
-    checker = _Checker(_flatten(cfg))
-    problem = import_loss_modules(checker.values.get(_EXTERNAL_LIB))
+    values = _flatten(config_schema.resolved_tree(cfg, ConfigError))
+    problem = import_loss_modules(values.get(_EXTERNAL_LIB))
     if problem:
         return [problem]
-    checker.structure()
-    checker.knob_groups()
-    if checker.errors:  # the value rules below assume every key is present with its type
-        return checker.errors
-    checker.finite_numbers()
-    checker.values_and_ranges()
-    checker.rules(cfg)
-    checker.loss_knobs()
-    return checker.errors
+    knobs = {k: d for k, (owner, d) in method_knobs().items() if owner == method}
+    schema = {**declared(), **knobs}
+    known = lambda k: classify_key(k) is not None  # noqa: E731
+    errors = structure_errors(values, schema, known, unknown_key_message, f"{BASE_CONFIG_NAME}.yaml")
+    if errors:  # the value rules below assume every key is present with its type
+        return errors
+    # rollout.temperature=inf once passed the range check and failed 71 s later in three vLLM workers
+    errors = [
+        f"'{k}'={v!r} must be a finite number"
+        for k, v in values.items()
+        if isinstance(v, float) and not math.isfinite(v)
+    ]
+    errors += range_errors(values, schema, {**schema_defaults(), **{k: d.default for k, d in knobs.items()}})
+    sections = ConfigSections.from_config(cfg)
+    errors += rule_errors(sections) + _loss_knob_errors(values, sections.actor.loss)
+    return list(dict.fromkeys(errors))  # a knob a loss and the sections both declare is checked by both
 
 
 def check_config(cfg: DictConfig) -> None:

@@ -1,11 +1,7 @@
-"""Compose the trainer config outside Hydra's app: for scripts, benchmarks and tests.
-
-``compose_config(overrides)`` is what ``python -m luffy_pool.main_mix_ppo <overrides>`` builds before
-validation (same YAML, same override grammar). ``actor_config(**values)`` is one composed
-``actor_rollout_ref.actor`` group with some values set: a standalone actor (tests, memory benchmarks)
-then reads every key at its YAML default, as a run would, instead of a hand-made partial dict.
-``rollout_section(**values)`` is the typed rollout section a rollout engine, the prefix sampler or the planner
-built on their own take (a run's launcher builds every section once, ``ConfigSections.from_config``).
+"""Compose the trainer config outside Hydra's app (scripts, benchmarks, tests): ``compose_config(overrides)`` is what
+``python -m luffy_pool.main_mix_ppo <overrides>`` builds before validation; ``actor_config`` and ``rollout_section``
+are one group of the YAML with some values set, so a standalone actor, engine or sampler reads every other key at its
+YAML default, as a run would.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ import copy
 import functools
 from typing import Any, Sequence
 
-from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR
+from luffy_pool.config.check import BASE_CONFIG_NAME, CONFIG_DIR, base_yaml
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = BASE_CONFIG_NAME):
@@ -36,11 +32,12 @@ def _knob_override(override: str) -> str:
     return override
 
 
-@functools.lru_cache(maxsize=1)
-def _base_actor_group() -> dict:
+@functools.lru_cache(maxsize=None)
+def _base_group(name: str) -> dict:
+    """``actor_rollout_ref.<name>`` of the YAML, resolved."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(compose_config().actor_rollout_ref.actor, resolve=True)
+    return OmegaConf.to_container(base_yaml().actor_rollout_ref[name], resolve=True)
 
 
 def actor_config(**values: Any):
@@ -48,20 +45,13 @@ def actor_config(**values: Any):
     ``optim__lr=1e-3``); an unknown name raises, naming it."""
     from omegaconf import OmegaConf
 
-    group = OmegaConf.create(copy.deepcopy(_base_actor_group()))
+    group = OmegaConf.create(copy.deepcopy(_base_group("actor")))
     for name, value in values.items():
         key = name.replace("__", ".")
         if OmegaConf.select(group, key, default=KeyError) is KeyError:
             raise KeyError(f"actor_rollout_ref.actor.{key} is not a key of {BASE_CONFIG_NAME}.yaml")
         OmegaConf.update(group, key, value, merge=False)
     return group
-
-
-@functools.lru_cache(maxsize=1)
-def _base_rollout_group() -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(compose_config().actor_rollout_ref.rollout, resolve=True)
 
 
 def rollout_section(**values: Any):
@@ -73,5 +63,5 @@ def rollout_section(**values: Any):
     from verl.workers.worker_config import section_with_values
 
     return section_with_values(
-        LuffyRolloutSection, _base_rollout_group(), "actor_rollout_ref.rollout", values, f"{BASE_CONFIG_NAME}.yaml"
+        LuffyRolloutSection, _base_group("rollout"), "actor_rollout_ref.rollout", values, f"{BASE_CONFIG_NAME}.yaml"
     )

@@ -55,29 +55,21 @@ def yaml_docs(path: Optional[str] = None) -> dict[str, str]:
 
 def describe(key: str) -> str:
     """The lines ``describe`` prints for one dotted key."""
-    d = declared().get(key)
-    knob = method_knobs().get(key)
-    if d is None and knob is None:
+    owner, d = method_knobs().get(key, (None, declared().get(key)))  # a method's knob: declared in its module
+    if d is None:
         return unknown_key_message(key)
-    if knob is not None:  # a method's knob: declared in its module, with its default and doc
-        owner, d = knob
     lines = [key, f"  type: {' | '.join('null' if t is type(None) else t.__name__ for t in d.types)}"]
-    if knob is not None:
+    if owner is not None:
         lines.append(f"  default: {d.default!r} (with algorithm.method={owner})")
     else:
         lines.append(f"  default: {schema_defaults().get(key)!r}" if not d.optional else "  optional: add it with '+'")
-    allowed = d.allowed()
-    if allowed is not None:
-        lines.append(f"  allowed: {', '.join(map(str, allowed))}")
-    if d.bounds is not None:
-        lines.append(f"  bounds: {d.bounds.message}")
+    lines += [f"  allowed: {', '.join(map(str, d.allowed()))}"] if d.choices is not None else []
+    lines += [f"  bounds: {d.bounds.message}"] if d.bounds is not None else []
     lines.append(f"  LUFFY: accepted at its default only ({d.why})" if d.luffy == DEFAULT_ONLY else "  LUFFY: acts")
     for value, why in d.refuse.items():
         lines.append(f"  refused: {value!r} ({why})")
     doc = d.doc or yaml_docs().get(key)
-    if doc:
-        lines.append(f"  doc: {doc}")
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"  doc: {doc}"] if doc else []))
 
 
 def main(argv=None) -> int:

@@ -1,25 +1,12 @@
 """Selecting a method merges its YAML group (the keys it sets) and its knobs' defaults (declared in its module) into
-the run's config, so both are part of the resolved config; a preset key the user set to another value is refused naming both keys, and so are the knobs
-of a method that is not selected (the method's declaration: luffy_pool/methods/base.py)."""
+the run's config, so both are part of the resolved config; a preset key the user set to another value is refused
+naming both keys, and so are the knobs of a method that is not selected (the method: luffy_pool/methods/base.py)."""
 
 from __future__ import annotations
 
-import functools
+from luffy_pool.config.base_yaml import base_yaml
 from luffy_pool.methods import METHODS, Method, get_method
 from luffy_pool.methods.base import DEFAULT_METHOD
-
-
-@functools.lru_cache(maxsize=1)
-def _base_defaults():
-    """The base config (every YAML default, before any override or method group), read without Hydra so a check
-    runs inside a Hydra app too."""
-    from luffy_pool.config.base_yaml import base_yaml
-
-    return base_yaml()
-
-
-def _knob_methods() -> tuple[str, ...]:
-    return tuple(name for name, m in METHODS.items() if m.knobs is not None)
 
 
 def method_conflicts(method: Method, config) -> list[str]:
@@ -30,15 +17,15 @@ def method_conflicts(method: Method, config) -> list[str]:
     errors = []
     for path, value in method.preset_keys().items():
         current = OmegaConf.select(config, path)
-        if current == value or current == OmegaConf.select(_base_defaults(), path):
+        if current == value or current == OmegaConf.select(base_yaml(), path):
             continue
         errors.append(
             f"algorithm.method={method.name} sets {path}={value!r}, but the config has {path}={current!r}; "
             f"drop that override or choose another algorithm.method"
         )
     algorithm = config.get("algorithm") or {}
-    for other in _knob_methods():
-        if other != method.name and algorithm.get(other) is not None:
+    for other in (name for name, m in METHODS.items() if m.knobs is not None and name != method.name):
+        if algorithm.get(other) is not None:
             knob = next(iter(algorithm[other]), None)
             key = f"algorithm.{other}" + (f".{knob}" if knob is not None else "")
             errors.append(

@@ -63,32 +63,14 @@ def layout_errors(sections) -> list[str]:
         rows_per_rank,
     )
 
-    errors, w, a = [], sections.workers, sections.actor
-    world, n, sp = (
-        sections.trainer.nnodes * sections.trainer.n_gpus_per_node,
-        w.rollout.n,
-        a.ulysses_sequence_parallel_size,
-    )
+    errors, w, a, n = [], sections.workers, sections.actor, sections.workers.rollout.n
+    world, sp = sections.trainer.nnodes * sections.trainer.n_gpus_per_node, a.ulysses_sequence_parallel_size
     longest = sections.data.max_prompt_length + sections.data.max_response_length
-    budgets = (
-        (_A, "ppo_max_token_len_per_gpu", "use_dynamic_bsz", a.ppo_max_token_len_per_gpu, a.use_dynamic_bsz),
-        (
-            _R,
-            "log_prob_max_token_len_per_gpu",
-            "log_prob_use_dynamic_bsz",
-            w.rollout.log_prob_max_token_len_per_gpu,
-            w.rollout.log_prob_use_dynamic_bsz,
-        ),
-        (
-            _REF,
-            "log_prob_max_token_len_per_gpu",
-            "log_prob_use_dynamic_bsz",
-            w.ref.log_prob_max_token_len_per_gpu,
-            w.ref.use_ref and w.ref.log_prob_use_dynamic_bsz,
-        ),
-    )
-    for group, budget_key, switch, budget, dynamic in budgets:
+    log_prob = ("log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz")
+    budgets = ((_A, a, ("ppo_max_token_len_per_gpu", "use_dynamic_bsz"), True), (_R, w.rollout, log_prob, True))
+    for group, section, (budget_key, switch), enabled in budgets + ((_REF, w.ref, log_prob, w.ref.use_ref),):
         # A micro-batch holds at least one whole sequence; an SP rank holds 1/sp of it (dp_actor).
+        budget, dynamic = getattr(section, budget_key), enabled and getattr(section, switch)
         if dynamic and budget * sp < longest:
             errors.append(
                 f"'{group}.{budget_key}'={budget} is below one sequence: data.max_prompt_length + "

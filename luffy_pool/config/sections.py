@@ -1,15 +1,9 @@
 """The run config as typed, read-only sections: the one declaration of every key of mix_ppo_trainer.yaml.
 
-``ConfigSections`` mirrors the YAML's groups (data, actor_rollout_ref, reward_model, reward, algorithm, trainer,
-ray_init). Each field is one key: its type, allowed values (from the module that owns them), bounds and
-whether LUFFY's key acts, is accepted at its YAML default only, or refuses a value and why
-(verl/utils/config_section.key). luffy_pool/config/check.py derives the key set, types, value checks, refusals
-and closest-key suggestions from these fields; tests/luffy_pool/config/test_config_declarations.py keeps them and
-the YAML in step. The verl worker's keys are declared in verl/workers/config_sections.py; the LUFFY keys of
-those groups are declared here, in subclasses.
-
-Build once where the run starts (``ConfigSections.from_config``) and pass it down; readers use attributes
-(``sections.trainer.seed``), so a misspelt name raises instead of silently taking a restated default.
+``ConfigSections`` mirrors the YAML's groups; each field is one key (verl/utils/config_section.key), from which
+luffy_pool/config/check.py derives every check. The verl worker's keys are declared in verl/workers/config_sections.py,
+LUFFY's keys of those groups here, in subclasses. Build once where the run starts (``ConfigSections.from_config``)
+and pass it down; readers use attributes, so a misspelt name raises instead of taking a restated default.
 """
 
 from __future__ import annotations
@@ -30,24 +24,21 @@ from verl.utils.config_section import (
     key,
     nested,
     not_shipped,
+    values_of,
     view,
 )
-from verl.workers.config_sections import ActorSection, PolicyLossSection, RolloutSection, WorkerSections, kl_estimators
+from verl.workers.config_sections import (
+    ActorSection,
+    PolicyLossSection,
+    RolloutSection,
+    WorkerSections,
+    kl_estimators,
+    policy_losses,
+)
 
 _A, _R, _REF = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 # No model has this many positions; the model-specific limit is checked at pre-flight (check_model_context).
 MAX_RESPONSE_LENGTH = 1 << 20
-
-
-def _from(module: str, name: str):
-    """The allowed values of a key: ``module.name``, imported when a config is checked."""
-
-    def values():
-        import importlib
-
-        return tuple(getattr(importlib.import_module(module), name))
-
-    return values
 
 
 _INERT = "the key is inert in LUFFY (read by no code path)"
@@ -60,50 +51,8 @@ def _inert(why: str = _INERT):
     return key(luffy=DEFAULT_ONLY, why=why)
 
 
-# Owners of the value lists (imported when a config is checked, not when this module loads).
-def _adv_estimators():
-    import luffy_pool.algorithm.mix_core_alg  # noqa: F401 -- registers grpo_split
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
-
-    return tuple(ADV_ESTIMATOR_REGISTRY)
-
-
-def _policy_losses():
-    import luffy_pool.algorithm.mix_core_alg  # noqa: F401 -- registers luffy_token, sft_multitask
-    import luffy_pool.methods  # noqa: F401 -- registers each method's loss under its name
-    from verl.workers.config_sections import policy_losses
-
-    return policy_losses()
-
-
-def _methods():
-    from luffy_pool.methods import method_names
-
-    return method_names()
-
-
-def _kl_controllers():
-    from verl.trainer.ppo.kl import KL_CONTROLLER_TYPES
-
-    return KL_CONTROLLER_TYPES
-
-
-def _off_policy_reshapes():
-    from luffy_pool.algorithm.mix_core_alg import OFF_POLICY_RESHAPES
-
-    return OFF_POLICY_RESHAPES
-
-
-def _on_policy_reshapes():
-    from luffy_pool.algorithm.mix_core_alg import ON_POLICY_RESHAPES
-
-    return ON_POLICY_RESHAPES
-
-
-def _prefix_strategies():
-    from luffy_pool.rollout.off_policy_pool import PREFIX_STRATEGIES
-
-    return PREFIX_STRATEGIES
+_MIX = "luffy_pool.algorithm.mix_core_alg"  # registers grpo_split, luffy_token, sft_multitask
+_adv_estimators = values_of("verl.trainer.ppo.core_algos", "ADV_ESTIMATOR_REGISTRY", _MIX)
 
 
 @dataclass(frozen=True)
@@ -112,15 +61,15 @@ class TrainerSection:
 
     device: str = key(choices=("auto", "cpu", "cuda"))
     bundle_resources: str = key(choices=("auto", "gpu", "cpu"))
-    cpu_bind: str = key(choices=_from("verl.utils.cpu_bind", "MODES"))
-    memory_plan: str = key(choices=_from("luffy_pool.memory_plan", "MODES"))
+    cpu_bind: str = key(choices=values_of("verl.utils.cpu_bind", "MODES"))
+    memory_plan: str = key(choices=values_of("luffy_pool.memory_plan", "MODES"))
     rollout_pipeline: str = key(choices=("sync", "one_step_off"))  # needs hybrid_engine=False (ConfigSections)
     total_epochs: int = key(bounds=AT_LEAST_ONE)
     total_training_steps: Optional[int] = key(bounds=AT_LEAST_ONE)
     stop_one_step_early: bool = key()
     project_name: str = key()
     experiment_name: str = key()
-    logger: Union[list, str] = key(choices=_from("verl.utils.tracking", "SUPPORTED_BACKENDS"))
+    logger: Union[list, str] = key(choices=values_of("verl.utils.tracking", "SUPPORTED_BACKENDS"))
     nnodes: int = key(bounds=AT_LEAST_ONE)
     n_gpus_per_node: int = key(bounds=AT_LEAST_ONE)
     save_freq: int = key(bounds=OFF_OR_POSITIVE)
@@ -153,10 +102,6 @@ class TrainerSection:
     val_before_train: bool = key(default=True)
     val_only: bool = key(default=False)
 
-    @classmethod
-    def from_config(cls, config) -> "TrainerSection":
-        return build_section(cls, config.trainer, "trainer")
-
     def validate(self) -> list[str]:
         mode, errors = self.resume_mode, []
         if mode not in ("auto", "disable", "resume_path") and "global_step_" not in mode:
@@ -181,9 +126,9 @@ class SelfReplaySection:
     enable: bool
     capacity: int = key(bounds=AT_LEAST_ONE)
     max_per_prompt: int = key(bounds=AT_LEAST_ONE)
-    eviction: str = key(choices=_from("luffy_pool.replay.buffer", "EVICTIONS"))
+    eviction: str = key(choices=values_of("luffy_pool.replay.buffer", "EVICTIONS"))
     max_age: int = key(bounds=Bound(lambda v: v >= -1, "must be -1 (no limit) or >= 0"))
-    selection: str = key(choices=_from("luffy_pool.replay.buffer", "SELECTIONS"))
+    selection: str = key(choices=values_of("luffy_pool.replay.buffer", "SELECTIONS"))
     slots: int = key(bounds=AT_LEAST_ONE)
 
 
@@ -204,10 +149,12 @@ class DataSection:
     seed: int = key()
     reward_impl_version: int = key()
     sample_target_ratio: float = key(bounds=UNIT)
-    sample_target_mode: str = key(choices=_from("luffy_pool.rollout.rl_dataset_with_target", "SAMPLE_TARGET_MODES"))
+    sample_target_mode: str = key(choices=values_of("luffy_pool.rollout.rl_dataset_with_target", "SAMPLE_TARGET_MODES"))
     filter_overlong_prompts: bool = key()
     disable_truncation_advantage: bool = key()
-    truncate_off_policy: str = key(choices=_from("luffy_pool.rollout.rl_dataset_with_target", "TRUNCATE_OFF_POLICY"))
+    truncate_off_policy: str = key(
+        choices=values_of("luffy_pool.rollout.rl_dataset_with_target", "TRUNCATE_OFF_POLICY")
+    )
     off_policy_files: Union[list, str] = key()
     off_policy_id_key: str = key()
     val_max_rows: Optional[int] = key(bounds=AT_LEAST_ONE)
@@ -221,10 +168,6 @@ class DataSection:
     add_tgt_with_acc: bool = _inert("it only changes use_sft_prefix_reward's group size in LUFFY and is not shipped")
     add_tgt_acc_upper_bound: float = _inert()
     self_replay: SelfReplaySection = nested(SelfReplaySection)
-
-    @classmethod
-    def from_config(cls, config) -> "DataSection":
-        return build_section(cls, config.data, "data")
 
     def validate(self) -> list[str]:
         if self.max_response_length > MAX_RESPONSE_LENGTH:
@@ -240,7 +183,9 @@ class LossSection(PolicyLossSection):
     """The ``actor_rollout_ref.actor`` keys that choose and parametrise the policy loss (luffy_pool/algorithm/mix_core_alg.py,
     verl/trainer/ppo/loss_inputs.py): the base loss keys plus LUFFY's. A view of the flat actor group (``actor.loss``)."""
 
-    policy_loss: str = key(choices=_policy_losses)  # the registry's names (LUFFY's losses registered) or auto
+    policy_loss: str = key(
+        choices=policy_losses(_MIX, "luffy_pool.methods")
+    )  # the registry's names (LUFFY's losses registered) or auto
     use_off_policy_loss: bool = key()
     use_sft_multitask_loss: bool = key()
     use_off_policy_probs: bool = key()
@@ -258,10 +203,10 @@ class LossSection(PolicyLossSection):
     off_policy_min_clip: float = key(bounds=OFF_OR_POSITIVE)
     all_max_clip: float = key(bounds=OFF_OR_POSITIVE)
     off_policy_loss_coef: float = key(bounds=NON_NEGATIVE)
-    off_policy_reshape: str = key(choices=_off_policy_reshapes)
+    off_policy_reshape: str = key(choices=values_of(_MIX, "OFF_POLICY_RESHAPES"))
     off_policy_reshape_weight: float = key()
     off_policy_reshape_pow_exp: float = key()
-    on_policy_reshape: str = key(choices=_on_policy_reshapes)
+    on_policy_reshape: str = key(choices=values_of(_MIX, "ON_POLICY_RESHAPES"))
     on_policy_reshape_weight: float = key()
     on_policy_reshape_pow_exp: float = key()
     sft_loss_coef: float = key(bounds=NON_NEGATIVE)
@@ -314,7 +259,7 @@ class LuffyRolloutSection(RolloutSection):
 
     max_prefix_len: int = key(bounds=AT_LEAST_ONE)
     prefix_share_across_samples: bool = key()
-    prefix_strategy: str = key(choices=_prefix_strategies)
+    prefix_strategy: str = key(choices=values_of("luffy_pool.rollout.off_policy_pool", "PREFIX_STRATEGIES"))
     n_prefix: int = key()  # -1 or [0, n]: validate()
     min_prefix_ratio: float = key(bounds=UNIT)
     max_prefix_ratio: float = key(bounds=UNIT)
@@ -370,7 +315,7 @@ class LuffyWorkerSections(WorkerSections):
 class KLControlSection:
     """``algorithm.kl_ctrl``: the KL-in-reward controller."""
 
-    type: str = key(choices=_kl_controllers)
+    type: str = key(choices=values_of("verl.trainer.ppo.kl", "KL_CONTROLLER_TYPES"))
     kl_coef: float = key(bounds=NON_NEGATIVE)
     target_kl: float = key()
     horizon: int = key()
@@ -400,7 +345,7 @@ class RolloutCorrectionSection:
 class AlgorithmSection:
     """``algorithm.*``: the training method, the advantage estimator, KL-in-reward and rollout correction."""
 
-    method: str = key(choices=_methods)
+    method: str = key(choices=values_of("luffy_pool.methods", "method_names"))
 
     gamma: float
     lam: float = _inert("only GAE reads it, and gae needs a critic, which is not shipped")
@@ -436,7 +381,7 @@ class OrmSection:
     requests_per_second: float = key(bounds=POSITIVE)
     cache_path: Optional[str] = key()
     max_failure_rate: float = key(bounds=UNIT)
-    on_failure: str = key(choices=_from("deepscaler.rewards.orm", "ON_FAILURE"))
+    on_failure: str = key(choices=values_of("deepscaler.rewards.orm", "ON_FAILURE"))
 
     def validate(self) -> list[str]:
         missing = [k for k in ("base_url", "model") if self.enable and not getattr(self, k)]

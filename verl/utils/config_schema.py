@@ -68,17 +68,11 @@ def resolved_tree(config: DictConfig | Mapping, error_cls: type[SchemaConfigErro
 
 def type_ok(value: Any, types: tuple[type, ...]) -> bool:
     """Whether ``value`` has one of ``types``; an int is a float, a bool is neither."""
-    for t in types:
-        if t is NONE_TYPE and value is None:
-            return True
-        if t is bool and isinstance(value, bool):
-            return True
-        if t in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if t is float or isinstance(value, int):
-                return True
-        if t in (str, list, dict) and isinstance(value, t):
-            return True
-    return False
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, (int, float)):
+        return float in types or (int in types and isinstance(value, int))
+    return (value is None and NONE_TYPE in types) or any(t in (str, list, dict) and isinstance(value, t) for t in types)
 
 
 def type_names(types: tuple[type, ...]) -> str:

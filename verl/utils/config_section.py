@@ -1,27 +1,22 @@
 """Declare config keys once, as fields of frozen dataclasses ("sections"), and build them from an OmegaConf group.
 
 A section class mirrors one group of the trainer YAML. Each field is one key: its annotation is the type, and
-``key(...)`` adds what the checker needs (allowed values, taken from the module that owns them; bounds; whether
-a LUFFY key acts, is accepted at its YAML default only, or refuses some values and why). The checker
-(luffy_pool/config/check.py) walks these declarations (``declarations``); nothing restates them in a table.
-The values, defaults included, come from the composed config: the YAML gives every key its default and its
-comment (the key's documentation for users); a test keeps YAML and declarations in step.
-
-``nested(cls)`` is a sub-group (``actor.fsdp_config``), ``view(cls)`` a sub-view read from the same flat group
-(the actor's loss keys). A plain field with a default is an optional key absent from the YAML (``+key``).
-
-A rule between keys is a ``validate(self) -> list[str]`` method of the section that owns all its keys (the
-smallest group holding them; a rule between groups sits on their parent), one line per problem naming the
-keys; ``rule_errors(sections)`` runs every section's rules, and the checker calls it before any worker starts.
+``key(...)`` adds what the checker needs (allowed values, from the module that owns them; bounds; whether a LUFFY key
+acts, is accepted at its YAML default only, or refuses some values and why). The checkers walk these declarations
+(``declarations``); the YAML gives every key its default and its documentation, and a test keeps the two in step.
+``nested(cls)`` is a sub-group, ``view(cls)`` a sub-view read from the same flat group (the actor's loss keys); a
+plain field with a default is an optional key absent from the YAML (``+key``). A rule between keys is a
+``validate(self) -> list[str]`` method of the smallest section holding them, one line per problem naming the keys.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, Iterator, Optional
 
-from verl.utils.config_schema import NONE_TYPE, enum_error
+from verl.utils.config_schema import NONE_TYPE, enum_error, value_error
 
 
 @dataclass(frozen=True)
@@ -46,6 +41,47 @@ OFF_OR_POSITIVE = Bound(lambda v: v == -1 or v > 0, "must be -1 (off) or > 0")  
 ACTS, DEFAULT_ONLY = "acts", "default_only"
 
 
+def values_of(module: str, name: str, *registering: str) -> Callable[[], tuple]:
+    """The allowed values of a key: ``module.name`` (a registry's names for a dict; a function's result), imported when
+    a config is checked, after the ``registering`` modules whose import adds entries to it."""
+
+    def values():
+        import importlib
+
+        for extra in registering:
+            importlib.import_module(extra)
+        found = getattr(importlib.import_module(module), name)
+        return tuple(found() if callable(found) else found)
+
+    return values
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A leaf key as the checker sees it (``key()``'s arguments; ``declarations`` adds the key, types and default)."""
+
+    key: str = ""
+    types: tuple = ()
+    choices: Any = None
+    bounds: Optional[Bound] = None
+    luffy: str = ACTS
+    why: Optional[str] = None
+    refuse: dict = field(default_factory=dict)
+    optional: bool = False  # absent from the YAML, added with `+`
+    open_dict: bool = False
+    default: Any = field(
+        default_factory=lambda: MISSING
+    )  # an optional key's default (the field's); the YAML gives every other key its own
+    doc: Optional[str] = None  # where the key's YAML comment is not its documentation (a method's knob)
+
+    def allowed(self) -> Optional[tuple]:
+        """The allowed values (the owner's list, less the refused ones), or None when any value of the type goes."""
+        if self.choices is None:
+            return None
+        values = self.choices() if callable(self.choices) else self.choices
+        return tuple(v for v in values if v not in self.refuse)
+
+
 def key(
     *,
     choices: Any = None,
@@ -53,7 +89,7 @@ def key(
     luffy: str = ACTS,
     why: Optional[str] = None,
     refuse: Optional[dict] = None,
-    types: Optional[tuple] = None,
+    types: tuple = (),
     default: Any = MISSING,
     open_dict: bool = False,
     doc: Optional[str] = None,
@@ -70,17 +106,8 @@ def key(
     """
     if luffy not in (ACTS, DEFAULT_ONLY) or (luffy == DEFAULT_ONLY) != (why is not None):
         raise ValueError("key(): luffy is 'acts' or 'default_only', and default_only needs its why")
-    meta = {
-        "choices": choices,
-        "bounds": bounds,
-        "luffy": luffy,
-        "why": why,
-        "refuse": dict(refuse or {}),
-        "types": types,
-        "open_dict": open_dict,
-        "doc": doc,
-    }
-    return field(default=default, metadata=meta)
+    declared = Declaration("", types, choices, bounds, luffy, why, dict(refuse or {}), open_dict=open_dict, doc=doc)
+    return field(default=default, metadata={"declaration": declared})
 
 
 def nested(cls, refused: Optional[str] = None) -> Any:
@@ -98,30 +125,6 @@ def not_shipped(why: str) -> Any:
     return field(default=None, metadata={"refused_group": why, "absent": True})
 
 
-@dataclass(frozen=True)
-class Declaration:
-    """A leaf key as the checker sees it."""
-
-    key: str
-    types: tuple
-    choices: Any
-    bounds: Optional[Bound]
-    luffy: str
-    why: Optional[str]
-    refuse: dict
-    optional: bool  # absent from the YAML, added with `+`
-    open_dict: bool
-    default: Any = MISSING  # an optional key's default (the field's); the YAML gives every other key its own
-    doc: Optional[str] = None  # where the key's YAML comment is not its documentation (a method's knob)
-
-    def allowed(self) -> Optional[tuple]:
-        """The allowed values (the owner's list, less the refused ones), or None when any value of the type goes."""
-        if self.choices is None:
-            return None
-        values = self.choices() if callable(self.choices) else self.choices
-        return tuple(v for v in values if v not in self.refuse)
-
-
 def _types_of(annotation) -> tuple:
     """Accepted Python types of an annotation (``Optional[int]`` -> (int, NoneType))."""
     origin = typing.get_origin(annotation)
@@ -136,32 +139,23 @@ def _types_of(annotation) -> tuple:
     raise TypeError(f"no config type for annotation {annotation!r}; declare types=(...)")
 
 
+def _sub_prefix(f, prefix: str) -> str:
+    return prefix if f.metadata.get("flat") else f"{prefix}{f.name}."
+
+
 def declarations(cls, prefix: str = "") -> Iterator[Declaration]:
     """Every leaf key declared by section ``cls`` and its sub-sections, as dotted keys under ``prefix``."""
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
-        sub = f.metadata.get("section")
-        if sub is not None:
-            yield from declarations(sub, prefix if f.metadata.get("flat") else f"{prefix}{f.name}.")
-            continue
-        if f.metadata.get("absent"):
-            continue
-        meta = f.metadata
-        types = meta.get("types") or _types_of(hints[f.name])
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        yield Declaration(
-            key=f"{prefix}{f.name}",
-            types=types,
-            choices=meta.get("choices"),
-            bounds=meta.get("bounds"),
-            luffy=meta.get("luffy", ACTS),
-            why=meta.get("why"),
-            refuse=meta.get("refuse") or {},
-            optional=default is not MISSING,
-            open_dict=bool(meta.get("open_dict")),
-            default=default,
-            doc=meta.get("doc"),
-        )
+        if f.metadata.get("section") is not None:
+            yield from declarations(f.metadata["section"], _sub_prefix(f, prefix))
+        elif not f.metadata.get("absent"):
+            d = f.metadata.get("declaration", Declaration())
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            types = d.types or _types_of(hints[f.name])
+            yield dataclasses.replace(
+                d, key=f"{prefix}{f.name}", types=types, optional=default is not MISSING, default=default
+            )
 
 
 def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
@@ -181,16 +175,31 @@ def value_errors(d: Declaration, value: Any, default: Any) -> list[str]:
     return errors
 
 
+def structure_errors(values: dict, declared: dict[str, Declaration], known, unknown, yaml_name: str) -> list[str]:
+    """The lines of a flattened config (dotted key -> value) against its declarations: keys ``known`` refuses
+    (``unknown(key)`` names them), declared YAML keys that are missing, wrong types."""
+    errors = [unknown(k) for k in values if not known(k)]
+    errors += [
+        f"Missing config key '{k}' (it is in {yaml_name})"
+        for k, d in declared.items()
+        if not d.optional and k not in values
+    ]
+    return errors + [e for k, v in values.items() if k in declared for e in [value_error(k, v, declared[k].types)] if e]
+
+
+def range_errors(values: dict, declared: dict[str, Declaration], defaults: dict) -> list[str]:
+    """Each well-typed value against its declaration (``defaults``: the YAML's, for keys accepted at it only)."""
+    return [e for k, d in declared.items() if k in values for e in value_errors(d, values[k], defaults.get(k))]
+
+
 def refused_groups(cls, prefix: str = "") -> dict[str, str]:
     """Dotted group -> reason, for the groups declared as not shipped (``not_shipped``, ``nested(refused=...)``)."""
     found = {}
     for f in fields(cls):
-        why = f.metadata.get("refused_group")
-        if why:
-            found[f"{prefix}{f.name}"] = why
-        sub = f.metadata.get("section")
-        if sub is not None:
-            found.update(refused_groups(sub, prefix if f.metadata.get("flat") else f"{prefix}{f.name}."))
+        if f.metadata.get("refused_group"):
+            found[f"{prefix}{f.name}"] = f.metadata["refused_group"]
+        if f.metadata.get("section") is not None:
+            found.update(refused_groups(f.metadata["section"], _sub_prefix(f, prefix)))
     return found
 
 
@@ -205,7 +214,11 @@ def rule_errors(section) -> list[str]:
     return errors
 
 
-_YAML_HINT = "verl/trainer/config/ppo_worker.yaml for the workers' groups, composed by the trainer's own YAML"
+def _missing(path: str) -> KeyError:
+    return KeyError(
+        f"{path} is missing from the config (compose it from its YAML, which gives every key its default: "
+        "verl/trainer/config/ppo_worker.yaml for the workers' groups, composed by the trainer's own YAML)"
+    )
 
 
 def build_section(cls, section, name: str):
@@ -214,28 +227,19 @@ def build_section(cls, section, name: str):
     from omegaconf import DictConfig, OmegaConf
 
     if section is None:
-        raise KeyError(
-            f"{name} is missing from the config (compose it from its YAML, which gives every key its default: "
-            f"{_YAML_HINT})"
-        )
-    present = set(section.keys())
+        raise _missing(name)
     values = {}
     for f in fields(cls):
-        sub = f.metadata.get("section")
+        sub, path = f.metadata.get("section"), f"{name}.{f.name}" if name else f.name
         if sub is not None and f.metadata.get("flat"):
             values[f.name] = build_section(sub, section, name)
+        elif f.metadata.get("absent"):
             continue
-        if f.metadata.get("absent"):
-            continue
-        if f.name not in present:
+        elif f.name not in section.keys():
             if f.default is MISSING and f.default_factory is MISSING:
-                raise KeyError(
-                    f"{name + '.' if name else ''}{f.name} is missing from the config (compose it from its YAML, "
-                    f"which gives every key its default: {_YAML_HINT})"
-                )
-            continue
-        if sub is not None:
-            values[f.name] = build_section(sub, section[f.name], f"{name}.{f.name}" if name else f.name)
+                raise _missing(path)
+        elif sub is not None:
+            values[f.name] = build_section(sub, section[f.name], path)
         elif isinstance(section, DictConfig) and OmegaConf.is_missing(section, f.name):
             # A required key left unset (``???``, e.g. data.train_files in a driver-only test config) stays
             # ``???``: config_check refuses it before a run, and reading it eagerly here must not raise.

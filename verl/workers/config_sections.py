@@ -1,10 +1,7 @@
-"""Typed sections of the ``actor_rollout_ref`` config group: the one declaration of each key the verl worker,
-actor and rollout engine read (verl/utils/config_section.py explains the declarations).
-
-Built once per worker (``WorkerSections.from_config``) from the composed config; every value comes from the
-YAML (verl/trainer/config/ppo_worker.yaml documents each key next to its default), none is restated here.
-The LUFFY method's own keys of these groups (prefix plan, off-policy loss) are declared in
-luffy_pool/config/sections.py, which extends these classes.
+"""Typed sections of the ``actor_rollout_ref`` config group: the one declaration of each key the verl worker, actor
+and rollout engine read (verl/utils/config_section.py), built once per worker (``WorkerSections.from_config``); the
+values and their documentation come from verl/trainer/config/ppo_worker.yaml. LUFFY's own keys of these groups are
+declared in luffy_pool/config/sections.py, which extends these classes.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from verl.utils.config_section import (
     build_section,
     key,
     nested,
+    values_of,
     view,
 )
 
@@ -32,41 +30,20 @@ DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3")
 
 
-def kl_estimators():
-    from verl.trainer.ppo.kl import KL_PENALTY_TYPES
-
-    return KL_PENALTY_TYPES
+kl_estimators = values_of("verl.trainer.ppo.kl", "KL_PENALTY_TYPES")
+step_impls = values_of("verl.utils.optim", "STEP_IMPLS")
 
 
-def metric_aggregations():
-    from verl.utils.step_metrics import METRIC_AGGREGATIONS
-
-    return METRIC_AGGREGATIONS
-
-
-def step_impls():
-    from verl.utils.optim import STEP_IMPLS
-
-    return STEP_IMPLS
-
-
-def policy_losses():
-    """``auto`` and the names of ``POLICY_LOSS_REGISTRY`` (a ``model.external_lib`` module imported before the
-    check may have registered more)."""
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-
-    return ("auto",) + tuple(POLICY_LOSS_REGISTRY)
+def policy_losses(*registering: str):
+    """``auto`` and the names of ``POLICY_LOSS_REGISTRY`` once the ``registering`` modules are imported (a
+    ``model.external_lib`` module imported before the check may have registered more)."""
+    names = values_of("verl.trainer.ppo.core_algos", "POLICY_LOSS_REGISTRY", *registering)
+    return lambda: ("auto",) + names()
 
 
 def _engine(name: str):
     """A value list of the rollout engine's keys (verl/workers/rollout/engine_values.py), read when checked."""
-
-    def values():
-        from verl.workers.rollout import engine_values
-
-        return tuple(getattr(engine_values, name))
-
-    return values
+    return values_of("verl.workers.rollout.engine_values", name)
 
 
 @dataclass(frozen=True)
@@ -150,7 +127,7 @@ class PolicyLossSection:
     """The actor keys every registered policy loss may read (verl/trainer/ppo/core_algos.py); the LUFFY losses
     read more (luffy_pool.config.sections.LossSection). A view of the flat actor group."""
 
-    policy_loss: str = key(choices=policy_losses)
+    policy_loss: str = key(choices=policy_losses())
     clip_ratio: float = key(bounds=POSITIVE)
     entropy_coeff: float = key(bounds=NON_NEGATIVE)
     loss_remove_token_mean: bool = key()
@@ -176,7 +153,7 @@ class ActorSection:
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     on_nonfinite: str = key(choices=("skip", "stop"))
-    metric_aggregation: str = key(choices=metric_aggregations)
+    metric_aggregation: str = key(choices=values_of("verl.utils.step_metrics", "METRIC_AGGREGATIONS"))
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)
     fsdp_config: FSDPSection = nested(FSDPSection)

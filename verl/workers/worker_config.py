@@ -1,11 +1,8 @@
 """verl's worker defaults: verl/trainer/config/ppo_worker.yaml, the one place each worker key gets its default.
 
-The YAML holds the ``actor_rollout_ref`` group (declared in verl/workers/config_sections.py) and the two data keys
-the rollout's widths follow, each documented next to its default. A trainer's config composes it first in its
-Hydra defaults list (``defaults: [ppo_worker, _self_]``) and adds its own keys; :func:`register_worker_config`
-makes the name ``ppo_worker`` composable from any config folder. A rollout engine or a generator built on its own
-(``verl/trainer/main_generation.py``) takes :func:`rollout_section`: the YAML's rollout section with some values
-set and checked against their declarations.
+A trainer's config composes it first in its Hydra defaults list (``defaults: [ppo_worker, _self_]``);
+:func:`register_worker_config` makes the name composable from any config folder. A rollout engine or generator built
+on its own takes :func:`rollout_section`: the YAML's rollout section with some values set and checked.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_a_missing_key_is_named(compose_config):
     with open_dict(cfg):
         del cfg.trainer["seed"]
     with pytest.raises(KeyError, match="trainer.seed is missing"):
-        TrainerSection.from_config(cfg)
+        ConfigSections.from_config(cfg)
     assert OmegaConf.select(cfg, "trainer.save_freq") == -1
 
 

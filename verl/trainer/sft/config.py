@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from omegaconf import DictConfig
 
@@ -27,7 +27,9 @@ from verl.utils.config_section import (
     declarations,
     key,
     nested,
-    value_errors,
+    range_errors,
+    structure_errors,
+    values_of,
 )
 from verl.workers.config_sections import ATTN_IMPLEMENTATIONS, BETAS, DTYPES, step_impls
 
@@ -35,18 +37,17 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 CONFIG_NAME = "sft_trainer"
 
 _OFF_OR_AT_LEAST_ONE = Bound(lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1")
-
-
-def _loggers():
-    from verl.utils.tracking import SUPPORTED_BACKENDS
-
-    return SUPPORTED_BACKENDS
+_PATHS = Bound(
+    lambda v: not isinstance(v, list) or (v and all(isinstance(f, str) for f in v)),
+    "must be a path or a non-empty list of paths",
+    "'{key}' {message}, got {value!r}",
+)
 
 
 @dataclass(frozen=True)
 class SFTDataSection:
-    train_files: Union[str, list]
-    val_files: Union[str, list, None]
+    train_files: Union[str, list] = key(bounds=_PATHS)
+    val_files: Union[str, list, None] = key(bounds=_PATHS)
     prompt_key: str
     response_key: str
     max_length: int = key(bounds=AT_LEAST_ONE)
@@ -96,7 +97,7 @@ class SFTTrainerSection:
     save_freq: int = key(bounds=_OFF_OR_AT_LEAST_ONE)
     save_on_signal: bool = key()
     test_freq: int = key(bounds=_OFF_OR_AT_LEAST_ONE)
-    logger: Union[list, str] = key(choices=_loggers)
+    logger: Union[list, str] = key(choices=values_of("verl.utils.tracking", "SUPPORTED_BACKENDS"))
     project_name: str = key()
     experiment_name: str = key()
     seed: int = key()
@@ -123,15 +124,12 @@ class ConfigError(config_schema.SchemaConfigError):
     """Invalid SFT config; ``errors`` holds one line per problem."""
 
 
-def _walk(node: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf; lists and empty dicts are leaves."""
-    return config_schema.walk(node, prefix)
-
-
 @functools.lru_cache(maxsize=1)
 def schema_defaults() -> dict[str, Any]:
     """Dotted key -> YAML default (unresolved) of every config leaf (Hydra's own nodes excluded)."""
-    return dict(_walk(config_schema.load_yaml_tree(os.path.join(CONFIG_DIR, f"{CONFIG_NAME}.yaml"), resolve=False)))
+    return dict(
+        config_schema.walk(config_schema.load_yaml_tree(os.path.join(CONFIG_DIR, f"{CONFIG_NAME}.yaml"), resolve=False))
+    )
 
 
 def suggest_key(key: str) -> Optional[str]:
@@ -177,37 +175,11 @@ def compose_sft_config(overrides: Sequence[str] = ()) -> DictConfig:
             restore_gh_from_backup(backup)
 
 
-def expected_types(key: str) -> tuple[type, ...]:
-    return declared()[key].types
-
-
-def to_plain_dict(config: Union[DictConfig, dict]) -> dict:
-    """Resolved plain container of a config (Hydra's own node dropped); errors name the bad key."""
-    return config_schema.resolved_tree(config, ConfigError)
-
-
 def validate_sft_config(config: Union[DictConfig, dict]) -> list[str]:
     """Every problem of a config, one line each naming the key (empty = valid)."""
-    values = dict(_walk(to_plain_dict(config)))
-    schema = declared()
-    errors = [unknown_key_message(k) for k in values if k not in schema]
-    errors += [f"Missing config key '{k}' (it is in {CONFIG_NAME}.yaml)" for k in schema if k not in values]
-    for name, value in values.items():
-        if name not in schema:
-            continue
-        problem = config_schema.value_error(name, value, expected_types(name))
-        if problem:
-            errors.append(problem)
-    if errors:
-        return errors
-    defaults = schema_defaults()
-    for name, d in schema.items():
-        errors += value_errors(d, values[name], defaults[name])
-    for name in ("data.train_files", "data.val_files"):
-        files = values[name]
-        if isinstance(files, list) and (not files or not all(isinstance(f, str) for f in files)):
-            errors.append(f"'{name}' must be a path or a non-empty list of paths, got {files!r}")
-    return errors
+    values, schema = dict(config_schema.walk(config_schema.resolved_tree(config, ConfigError))), declared()
+    errors = structure_errors(values, schema, schema.__contains__, unknown_key_message, f"{CONFIG_NAME}.yaml")
+    return errors or range_errors(values, schema, schema_defaults())
 
 
 def check_sft_config(config: Union[DictConfig, dict]) -> None:
