@@ -3,8 +3,8 @@
 A field is secret when its name ends like a credential (``hf_token``, ``openai_api_key``, ``client_secret``), never
 because a word appears inside it (``ppo_max_token_len_per_gpu`` is a count), and a tokenizer's special tokens
 (``pad_token``, ``eos_token``) are vocabulary. ``mask_url`` masks a key inside a URL (``https://key@host``,
-``https://user:pass@host``, ``?api_key=...``). It lives here, with no dependency, so the rewards import nothing
-from verl.
+``https://user:pass@host``, ``?api_key=...``). It lives here, with no dependency, so the rewards import no verl
+module.
 """
 
 from __future__ import annotations
