@@ -9,12 +9,16 @@
 # sum/8192 aggregation, Dr.GRPO advantages over the 8 rows, reward v3, save every 50 steps.
 # The dataset's target column is ignored (ExGRPO uses no external traces); rollout.n_prefix=1 of train.sh becomes 0,
 # the method's preset (slots get a trace only when a question is replayed).
-# Not reproduced: their skip_grad_bound=500 step skip (grad clip stays 1.0); their vllm_exp rollout is our one
-# rollout with per-slot traces; their pool has no cap, ours keeps each question's newest 8 trajectories
-# (algorithm.exgrpo.max_trajectories_per_question=0 for theirs: ~2.6 GiB of driver RAM by step 701 against ~1.3 GiB,
-# exp_scripts/bench_exgrpo_pool.py). Their MODEL_PATH is left for the user to set (the backbone); for
-# Qwen2.5-Math-7B they use Elliott/Qwen2.5-Math-7B-16k-think (ElliottYan/LUFFY @ 01f4ae0, ExGRPO/README.md line
-# 123): its 16k positions hold the 1024 + 8192 tokens, where Qwen/Qwen2.5-Math-7B's 4,096 do not.
+# Validation as theirs (train.sh's): one sample per prompt at T=0.6 every 10 steps, none before training.
+# tests/exp_scripts/test_authors_settings.py holds the table of their values with their lines.
+# Not reproduced: their skip_grad_bound=500 (run_exgrpo.sh line 99: their actor skips the optimizer step when the
+# pre-clip grad norm exceeds it, mix_actor.py lines 253-256): no such key here (the actor only skips non-finite
+# norms), grad clip stays 1.0; their vllm_exp rollout is our one rollout with per-slot traces; their pool has no
+# cap, ours keeps each question's newest 8 trajectories (algorithm.exgrpo.max_trajectories_per_question=0 for
+# theirs: ~2.6 GiB of driver RAM by step 701 against ~1.3 GiB, exp_scripts/bench_exgrpo_pool.py).
+# Their MODEL_PATH is left for the user to set (the backbone); for Qwen2.5-Math-7B they use
+# Elliott/Qwen2.5-Math-7B-16k-think (ElliottYan/LUFFY @ 01f4ae0, ExGRPO/README.md line 123): its 16k positions
+# hold the 1024 + 8192 tokens, where Qwen/Qwen2.5-Math-7B's 4,096 do not.
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_exgrpo.sh [key=value ...]

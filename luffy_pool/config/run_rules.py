@@ -55,7 +55,8 @@ def context_errors(sections) -> list[str]:
 
 
 def layout_errors(sections) -> list[str]:
-    """Token budgets hold one sequence; batch sizes, HSDP shards and vLLM TP split over the world's ranks."""
+    """Token budgets hold one sequence; the actor's TP, batch sizes, HSDP shards and vLLM TP split over the world's
+    ranks."""
     from verl.utils.batch_sizes import (
         BatchSizeError,
         normalize_actor_batch_sizes,
@@ -84,6 +85,13 @@ def layout_errors(sections) -> list[str]:
             " * trainer.n_gpus_per_node), or be -1 to shard over all ranks"
         )
     sizes = {k: getattr(a, k) for k in ("ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")}
+    actor_tp = a.tensor_model_parallel_size
+    if world % actor_tp:
+        return errors + [
+            f"'{_A}.tensor_model_parallel_size'={actor_tp} must divide the world size {world} (trainer.nnodes * "
+            "trainer.n_gpus_per_node)"
+        ]
+    sp *= actor_tp  # the ranks of an SP or a TP group train on the same rows: dp = world / (sp x tp)
     try:
         rows_per_rank(sections.data.train_batch_size, n, world)
         per_rank = normalize_actor_batch_sizes(sizes, n, world, sp)

@@ -198,6 +198,17 @@ KNOWN_SHAPES: dict[str, dict] = {
         tie_word_embeddings=True,
         max_position_embeddings=32768,
     ),
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": dict(
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     # the models of exp_scripts/overrides/ (tests/data/model_configs has their config.json files)
     "meta-llama/Llama-3.1-8B": _LLAMA31_8B,

@@ -19,10 +19,13 @@ zero). :func:`split_solution` is ours: a lossless pre-processor cutting a full s
 Wiring onto the slot plan: UFT appends the hint to the prompt; here the hint is the first part of every slot's
 response, a prefix the engine continues (``prefix_mask`` marks it): the tokens the policy is conditioned on, and
 the hint tokens' log-probs, are the same (the hint is tokenised on its own, as UFT's). The ``uft`` loss keeps the
-hint tokens out of the policy gradient and puts them in the NLL term. Differences this leaves: the hint takes part
-of ``data.max_response_length`` (UFT: of the prompt length); the reward scores hint + continuation (UFT's verl
-reward decodes prompt + response, so the same text); the entropy bonus averages over the hint tokens too; no ±100
-logit clamp on the NLL (only logits beyond it differ).
+hint tokens out of the policy gradient and puts them in the NLL term. The entropy bonus and the KL loss to the
+reference also leave the hint tokens out (``regularise_prefix_tokens=False``: the actor averages both over the
+continuation tokens only), as UFT's ``dp_actor.py`` ``update_policy`` (liumy2010/UFT @ ad3c8ec7, lines 281 and
+289-292) averages them over its ``response_mask``, the continuation, the hint being prompt there. Differences this
+leaves: the hint takes part of ``data.max_response_length`` (UFT: of the prompt length); the reward scores hint +
+continuation (UFT's verl reward decodes prompt + response, so the same text); no ±100 logit clamp on the NLL (only
+logits beyond it differ).
 
 The draw (:class:`UftHintSampler`): per prompt one hint for all its ``n`` slots, from the ``algorithm.uft.hint_key``
 column (a list of segments, written by data/prepare_uft_hints.py from a full solution), with the step ``t`` = the
@@ -436,5 +439,7 @@ UFT = register_method(
         hooks=UftHintSampler.from_context,
         check_train_file=check_hint_column,
         rehearsal_data=add_hints,
+        # the hint is prompt in UFT: its entropy bonus and KL loss cover the continuation only (module docstring)
+        regularise_prefix_tokens=False,
     )
 )

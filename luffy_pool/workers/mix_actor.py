@@ -4,12 +4,15 @@ The loss itself is selected and called by the base actor (``actor.policy_loss``;
 choose ``luffy_token`` (use_off_policy_loss), ``sft_multitask`` (use_sft_multitask_loss) or ``vanilla``;
 docs/METHOD.md §1.9). This class adds the tensors LUFFY's losses read (``prefix_mask``, and the behaviour
 log-probs with ``use_off_policy_probs``), the ``use_ppo_kl_loss`` term, and the adaptive entropy coefficient
-(``use_adaptive_temperature``), which are LUFFY-only.
+(``use_adaptive_temperature``), which are LUFFY-only; and the tokens the entropy bonus and KL loss cover for a
+method that keeps its prefix tokens out of them (``Method.regularise_prefix_tokens``).
 """
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from luffy_pool.algorithm.mix_core_alg import (
     AdaptiveEntropyCoeff,
@@ -83,8 +86,23 @@ class MIXDataParallelPPOActor(DataParallelPPOActor):
             return self.update_config.entropy_coeff
         return self.adaptive_entropy.coefficient(entropy_value)
 
+    def regularised_tokens(self, micro, response_mask):
+        """The response tokens the entropy bonus and the KL loss average over: all of them, or with a method that
+        declares ``regularise_prefix_tokens=False`` (UFT: its hint is prompt text) those outside ``prefix_mask``."""
+        if self.method_selection is None or "prefix_mask" not in micro:
+            return response_mask
+        if METHODS[self.method_selection.name].regularise_prefix_tokens:
+            return response_mask
+        return response_mask * (~micro["prefix_mask"].bool()).to(response_mask.dtype)
+
     def _regularisers(self, micro, log_prob, entropy, response_mask, metrics):
-        loss = super()._regularisers(micro, log_prob, entropy, response_mask, metrics)
+        mask = self.regularised_tokens(micro, response_mask)
+        if mask is not response_mask and not bool(mask.any()):
+            # a micro-batch of prefix tokens only: no token the regularisers cover (0, not an empty mean's NaN)
+            metrics["actor/entropy_loss"] = 0.0
+            loss = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+        else:
+            loss = super()._regularisers(micro, log_prob, entropy, mask, metrics)
         if self.adaptive_entropy is not None:
             metrics.update(self.adaptive_entropy.accumulate(metrics["actor/entropy_loss"]))
         return loss

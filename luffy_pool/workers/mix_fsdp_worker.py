@@ -6,12 +6,15 @@ plan (``mix_vllm_rollout``): full-trace slots are built without the engine, part
 continued by it, on-policy slots are plain generation. ``generate_validation`` is its own call: plain
 samples at ``val_temperature``. ``init_sft_optimizer`` / ``sft_update_actor``: ReLIFT's interleaved SFT stage
 with its own optimizer (luffy_pool/workers/interleaved_sft.py), built when the driver's method asks for it.
+``init_ref_ema`` / ``update_ref_ema``: the reference model as an exponential moving average of the actor (a
+self-distillation teacher), its weights saved and loaded with the actor's checkpoint from ``init_ref_ema`` on.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
 
 from luffy_pool.config.sections import LuffyWorkerSections
 from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
@@ -71,6 +74,41 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         self._checkpoint_manager = None  # rebuilt with the new optimizer on the next save / load
         return True
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_ref_ema(self) -> bool:
+        """Make the reference weights state: checked to shard like the actor's, then saved and loaded with the
+        actor's checkpoint (call before any resume)."""
+        from verl.workers.checkpoint_mixin import ModuleShardsState
+
+        self._ref_ema_pairs()
+        self.extra_checkpoint_states = {"ref_weights": ModuleShardsState(self.ref_module, "reference (EMA) weights")}
+        self._checkpoint_manager = None  # rebuilt with the new state on the next save / load
+        return True
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_ref_ema(self, rate: float) -> bool:
+        """``ref ← (1 − rate)·ref + rate·actor``, parameter by parameter on this rank's shards (buffers unchanged)."""
+        with torch.no_grad():
+            for ref, act in self._ref_ema_pairs():
+                ref.mul_(1.0 - rate).add_(act.to(device=ref.device, dtype=ref.dtype), alpha=rate)
+        return True
+
+    def _ref_ema_pairs(self) -> list:
+        if not (self._is_actor and self._is_ref):
+            raise RuntimeError(f"an EMA reference needs the actor and the reference on one worker (role {self.role!r})")
+
+        def local(p):
+            return p.to_local() if hasattr(p, "to_local") else p
+
+        ref = dict(self.ref_module.named_parameters())
+        act = dict(self.actor_module.named_parameters())
+        if ref.keys() != act.keys() or any(local(ref[k]).shape != local(act[k]).shape for k in ref):
+            raise ValueError(
+                "the reference model is not sharded like the actor (actor_rollout_ref.ref.fsdp_config vs "
+                "actor.fsdp_config): an EMA reference moves shard by shard"
+            )
+        return [(local(ref[k]), local(act[k])) for k in ref]
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def sft_update_actor(self, data: DataProto) -> DataProto:
         """One interleaved SFT stage on this rank's demonstration rows; returns its metric lists."""
@@ -80,7 +118,7 @@ class MIXActorRolloutRefWorker(ActorRolloutRefWorker):
         if getattr(self, "sft_optimizer", None) is None:
             raise RuntimeError("sft_update_actor before init_sft_optimizer (the driver builds it at start)")
         t0 = time.perf_counter()
-        data = gather_data_in_group(data, self.ulysses_group)
+        data = gather_data_in_group(data, self.row_group)
         with self.sft_optimizer_offload.on_compute_device():
             metrics = sft_update(self.actor, self.sft_optimizer, data, self.sft_config)
         metrics["timing_s/sft_update_worker"] = [time.perf_counter() - t0]

@@ -404,8 +404,12 @@ def test_rehearse_launch_script(case, rehearsals):
         assert {"rope_scaling"} & set(real) <= set(kept) and report["model"]["real_config"] == case.args[1]
     assert "replaced (cannot exist here)" in out  # the list is printed before the script runs
     steps = {int(m.group(1)): dict(kv.split(":", 1) for kv in m.group(2).split(" - ")) for m in STEP_LINE.finditer(out)}
+    recipe = read_recipe(script, dict(os.environ, MODEL_PATH=report["model"]["now"]))
+    if recipe.kind == "rl" and recipe.get("trainer.val_before_train"):  # as its authors' (train_hpt.sh, ...)
+        before = steps.pop(0, {})  # the validation before step 1: validation metrics only
+        assert before and all(k.startswith("val/") for k in before), out[-3000:]
     assert sorted(steps) == [1, 2], out[-3000:]
-    kind = read_recipe(script, dict(os.environ, MODEL_PATH=report["model"]["now"])).kind
+    kind = recipe.kind
     assert report["ray"] == (ray_address if kind == "rl" else "none (torchrun)")
     if kind == "sft":
         # the SFT trainer writes its final HF folder (what train_sft_rl.sh starts from)

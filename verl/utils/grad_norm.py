@@ -7,7 +7,8 @@ type cpu", docs/DESIGN.md §2 item 7). Here each gradient shard's sum of squares
 gradient is copied), the per-mesh partial sums (one scalar each) move to the compute device, the
 all-reduce over each mesh dimension the gradients are sharded on runs there, and the clip factor,
 computed there, is brought back to every shard's device and applied in place. Dimensions a gradient is
-replicated on (HSDP's replicate dimension) are not summed over: every replica holds the same values.
+replicated on (HSDP's replicate dimension, the tp dimension of a parameter tensor parallelism leaves whole) are not
+summed over: every replica holds the same values.
 
 Only the L2 norm (``actor.grad_clip``) is supported. The clip factor is the one torch uses,
 ``min(1, max_norm / (norm + 1e-6))``; a non-finite norm is returned as is for the caller to skip the step.
@@ -30,7 +31,8 @@ def _local_and_shard_groups(grad: torch.Tensor):
     if not isinstance(grad, DTensor):
         return grad, (), None
     mesh = grad.device_mesh
-    dims = tuple(i for i, placement in enumerate(grad.placements) if placement.is_shard())
+    # Shard, and FSDP2's _StridedShard over a tensor-parallel split (not a Shard subclass): every non-replicated dim
+    dims = tuple(i for i, placement in enumerate(grad.placements) if not placement.is_replicate())
     return grad.to_local(), tuple(mesh.get_group(d) for d in dims), (id(mesh), dims)
 
 
@@ -68,8 +70,10 @@ def clip_grad_norm_on_device(
     return norm
 
 
-def grad_norm_device(param_offload: bool, device: str, compute_device: DeviceLike):
+def grad_norm_device(param_offload: bool, device: str, compute_device: DeviceLike, tp_size: int = 1):
     """Where the actor reduces its gradient norm: ``compute_device`` when FSDP2 keeps the parameters (and so
-    the gradients) in host memory on a GPU run, whose NCCL group has no CPU backend; otherwise None, i.e.
-    ``torch.nn.utils.clip_grad_norm_`` where the gradients are (on CPU runs gloo reduces host tensors)."""
-    return torch.device(compute_device) if param_offload and device == "cuda" else None
+    the gradients) in host memory on a GPU run, whose NCCL group has no CPU backend, or under tensor parallelism
+    (``tp_size`` > 1: gradients on a 2-D mesh and on its dp dimension alone, which torch's clip cannot stack);
+    otherwise None, i.e. ``torch.nn.utils.clip_grad_norm_`` where the gradients are (on CPU runs gloo reduces host
+    tensors)."""
+    return torch.device(compute_device) if (param_offload and device == "cuda") or tp_size > 1 else None

@@ -1,4 +1,4 @@
-"""The model's attention heads against the Ulysses SP degree and vLLM's TP degree: the worker's check
+"""The model's attention heads against the Ulysses SP degree, the actor's and vLLM's TP degrees: the worker's check
 (``check_heads``) and the config checker's (``WorkerSections.validate`` and ``ConfigSections`` read a local
 model's heads with ``local_model_heads``), so a layout whose heads do not split is one line naming the key before
 any worker starts. ``local_model_config`` also gives the checker the model's position limit
@@ -39,6 +39,18 @@ def tp_heads_error(num_heads: int, num_kv_heads: int, tp_size: int) -> Optional[
             f"'{TP_KEY}'={tp_size} and the model's num_key_value_heads={num_kv_heads}: one must divide the other "
             "(vLLM splits kv heads over its TP ranks, or replicates them)"
         )
+    return None
+
+
+ACTOR_TP_KEY = "actor_rollout_ref.actor.tensor_model_parallel_size"
+
+
+def actor_tp_heads_error(num_heads: int, num_kv_heads: int, tp_size: int) -> Optional[str]:
+    """The actor's tensor parallelism (verl/utils/tensor_parallel.py) splits query and kv heads over its tp ranks
+    and never replicates kv heads (transformers' plan has no such style): tp must divide both."""
+    for what, n in (("num_attention_heads", num_heads), ("num_key_value_heads", num_kv_heads)):
+        if n % tp_size:
+            return f"'{ACTOR_TP_KEY}'={tp_size} must divide the model's {what}={n} (heads are split over tp ranks)"
     return None
 
 

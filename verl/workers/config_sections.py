@@ -134,6 +134,9 @@ class PolicyLossSection:
     loss_remove_clip: bool = key()
 
 
+_PP_NOT_YET = Bound(lambda v: v == 1, "must be 1: pipeline parallel is not implemented yet")
+
+
 @dataclass(frozen=True)
 class ActorSection:
     """``actor_rollout_ref.actor``: batch sizes, the PPO update, KL-in-loss, the non-finite policy, sequence
@@ -152,6 +155,8 @@ class ActorSection:
     ppo_epochs: int = key(bounds=AT_LEAST_ONE)
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
+    tensor_model_parallel_size: int = key(bounds=AT_LEAST_ONE)  # verl/utils/tensor_parallel.py
+    pipeline_model_parallel_size: int = key(bounds=_PP_NOT_YET)
     on_nonfinite: str = key(choices=("skip", "stop"))
     metric_aggregation: str = key(choices=values_of("verl.utils.step_metrics", "METRIC_AGGREGATIONS"))
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
@@ -180,6 +185,7 @@ class RefSection:
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int = key(bounds=AT_LEAST_ONE)
     ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
+    tensor_model_parallel_size: Optional[int] = key()  # null: the actor's (they share one worker's mesh)
     fsdp_config: ShardingSection = nested(ShardingSection)
 
 
@@ -277,13 +283,41 @@ class WorkerSections:
         heads = local_model_heads(self.model.path, self.model.override_config) if sp > 1 else None
         if heads is not None and sp_heads_error(*heads, sp):
             errors.append(f"{sp_heads_error(*heads, sp)} (from {self.model.path}/config.json)")
-        errors += self._placement_errors()
+        errors += self._placement_errors() + self._tensor_parallel_errors()
         if self.actor.use_kl_loss and not self.ref.use_ref:
             errors.append(
                 f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "
                 f"LUFFY's actor fails reading ref_log_prob); add {_A}.use_kl_loss=False to train without one"
             )
         return errors
+
+    def _tensor_parallel_errors(self) -> list[str]:
+        """The actor's tensor parallelism (verl/utils/tensor_parallel.py): the reference follows it, Ulysses SP and
+        HSDP do not combine with it, and a local model must have a plan and heads that split."""
+        from verl.utils.parallel_check import local_model_config
+        from verl.utils.tensor_parallel import TP_KEY, tp_layout_errors
+
+        tp, ref_tp, errors = self.actor.tensor_model_parallel_size, self.ref.tensor_model_parallel_size, []
+        if ref_tp is not None and ref_tp != tp:
+            errors.append(
+                f"'{_REF}.tensor_model_parallel_size'={ref_tp} must be null or equal '{TP_KEY}'={tp} (actor and "
+                "reference share one worker and its (dp, tp) mesh)"
+            )
+        if tp == 1:
+            return errors
+        sp = self.actor.ulysses_sequence_parallel_size
+        if sp > 1:
+            errors.append(
+                f"'{TP_KEY}'={tp} with '{_A}.ulysses_sequence_parallel_size'={sp}: tensor parallel x Ulysses SP is "
+                "not supported; set one of them to 1"
+            )
+        if self.actor.fsdp_config.fsdp_size != -1:
+            errors.append(
+                f"'{TP_KEY}'={tp} with '{_A}.fsdp_config.fsdp_size'={self.actor.fsdp_config.fsdp_size}: tensor "
+                "parallel shards over every dp rank (HSDP is not combined with it); keep fsdp_size=-1"
+            )
+        model_config = local_model_config(self.model.path, self.model.override_config)
+        return errors + [f"{e} (from {self.model.path}/config.json)" for e in tp_layout_errors(model_config, tp)]
 
     @property
     def rollout_world_size(self) -> int:

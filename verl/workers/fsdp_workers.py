@@ -121,7 +121,8 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
             batch_keys,
             s.rollout.n,
             self.world_size,
-            s.actor.ulysses_sequence_parallel_size,
+            # dp = world / (sp x tp): the ranks of an SP or TP group train on the same rows
+            s.actor.ulysses_sequence_parallel_size * s.actor.tensor_model_parallel_size,
             log_prob_micro_batch_size=s.rollout.log_prob_micro_batch_size,
         )
 
@@ -136,21 +137,36 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
                 world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=self.sections.nccl_timeout),
             )
+        self.tp_mesh = None
         if self._engine_only:  # no FSDP module: its meshes would only constrain the engines' rank count
-            self.ulysses_group, self.dp_group = None, dist.group.WORLD
+            self.ulysses_group, self.row_group, self.dp_group = None, None, dist.group.WORLD
             return
-        from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh
+        from verl.utils.fsdp_mesh import build_fsdp_mesh, build_ulysses_mesh, set_group_timeout
 
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
         timeout_s = self.sections.nccl_timeout  # every sub-group of the meshes too, not only the world group
-        self.device_mesh = build_fsdp_mesh(
-            self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size), timeout_s=timeout_s
-        )
+        tp, pp = int(self.sections.actor.tensor_model_parallel_size), self.sections.actor.pipeline_model_parallel_size
+        if pp != 1:  # the checker refuses it before a run; a worker built on its own says the same
+            from verl.utils.tensor_parallel import PP_KEY
+
+            raise ValueError(f"'{PP_KEY}'={pp} must be 1: pipeline parallel is not implemented yet")
+        if tp > 1:  # (dp, tp) mesh: FSDP2 over dp, DTensor TP over tp (verl/utils/tensor_parallel.py)
+            from verl.utils.tensor_parallel import build_tp_mesh
+
+            mesh = build_tp_mesh(self.device, self.world_size, tp)
+            set_group_timeout((mesh.get_group(name) for name in ("dp", "tp")), timeout_s)
+            self.device_mesh, self.tp_mesh = mesh["dp"], mesh["tp"]
+        else:
+            self.device_mesh = build_fsdp_mesh(
+                self.device, self.world_size, int(self.sections.actor.fsdp_config.fsdp_size), timeout_s=timeout_s
+            )
         # Ulysses SP: groups of consecutive ranks share rows and split positions (verl/utils/ulysses.py).
         sp_mesh = build_ulysses_mesh(
             self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size), timeout_s=timeout_s
         )
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
+        # The ranks that hold the same rows (an SP group or a TP group; never both, WorkerSections.validate).
+        self.row_group = self.tp_mesh.get_group() if self.tp_mesh is not None else self.ulysses_group
         # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
         # collectives, whatever the HSDP / SP layout (docs/DESIGN.md §2 item 3).
         self.dp_group = dist.group.WORLD
@@ -184,6 +200,10 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         module = empty_model(hf_config, torch.float32, attn, trust_remote_code=mcfg.trust_remote_code)
         if trainable and mcfg.enable_gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.tp_mesh is not None:  # TP first, then FSDP2 over the dp dimension (torchtitan's order)
+            from verl.utils.tensor_parallel import apply_tensor_parallel
+
+            module = apply_tensor_parallel(module, self.tp_mesh)
         module = apply_fsdp2(
             module,
             self.device_mesh,
@@ -333,7 +353,12 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
                 dp_group=self.dp_group,
                 batch_sizes=self.batch_sizes,
                 section=s.actor,
-                grad_norm_device=grad_norm_device(bool(s.actor.fsdp_config.param_offload), self.device, compute),
+                grad_norm_device=grad_norm_device(
+                    bool(s.actor.fsdp_config.param_offload),
+                    self.device,
+                    compute,
+                    int(s.actor.tensor_model_parallel_size),
+                ),
             )
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
@@ -365,28 +390,28 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` of every row under the current actor (LUFFY never trusts engine log-probs)."""
-        data = gather_data_in_group(data, self.ulysses_group)
+        data = gather_data_in_group(data, self.row_group)
         data.meta_info.update(self._log_prob_meta(self.sections.rollout))
         log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         out = DataProto.from_dict(
             tensors={"old_log_probs": log_probs, "old_entropy": entropy},
             meta_info={"temperature": self.sections.rollout.temperature},
         )
-        return local_rows(out, self.ulysses_group)
+        return local_rows(out, self.row_group)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob called on a worker with role {self.role!r} (no reference model)")
-        data = gather_data_in_group(data, self.ulysses_group)
+        data = gather_data_in_group(data, self.row_group)
         data.meta_info.update(self._log_prob_meta(self.sections.ref))
         log_probs, _ = self.ref_policy.compute_log_prob(data)
-        return local_rows(DataProto.from_dict(tensors={"ref_log_prob": log_probs}), self.ulysses_group)
+        return local_rows(DataProto.from_dict(tensors={"ref_log_prob": log_probs}), self.row_group)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         t0 = time.perf_counter()
-        data = gather_data_in_group(data, self.ulysses_group)
+        data = gather_data_in_group(data, self.row_group)
         data.meta_info.setdefault("temperature", self.sections.rollout.temperature)
         t_update = time.perf_counter()
         with self.optimizer_offload.on_compute_device():
@@ -416,7 +441,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
             seqlens,
             seconds,
             passes=int(self.sections.actor.ppo_epochs),
-            share=1.0 / group_size(self.ulysses_group),
+            share=1.0 / group_size(self.row_group),
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -302,6 +302,28 @@ def swap_recorded_log_probs(
     return out
 
 
+def row_var_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row over its masked tokens: the unbiased variance (rows with at least 2 tokens) and the maximum (rows
+    with at least 1), each averaged over those rows; 0 where no row qualifies. The authors'
+    ``compute_per_batch_variance`` (``mix_core_alg.py`` lines 7-34), vectorised over the rows."""
+    values, mask = values.detach(), mask.detach().bool()
+    count = mask.sum(-1)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    has_max, has_var = count >= 1, count >= 2
+    row_max = values.masked_fill(~mask, float("-inf")).amax(-1)
+    mean = (values * mask).sum(-1) / count.clamp(min=1)
+    row_var = (((values - mean.unsqueeze(-1)) ** 2) * mask).sum(-1) / (count - 1).clamp(min=1)
+    avg_var = row_var[has_var].mean() if bool(has_var.any()) else zero
+    avg_max = row_max[has_max].mean() if bool(has_max.any()) else zero
+    return avg_var, avg_max
+
+
+def _or_zero(value: torch.Tensor) -> torch.Tensor:
+    """A detached diagnostic, 0 for the NaN of a mean over no token."""
+    value = torch.as_tensor(value).detach()
+    return torch.zeros_like(value) if bool(torch.isnan(value)) else value
+
+
 @dataclass(frozen=True)
 class ExgrpoLossConfig:
     """The actor knobs ExGRPO's loss reads (``run_exgrpo.sh``: reshape p_div_p_0.1, no clip in mixed mode,
@@ -323,7 +345,14 @@ def exgrpo_token_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict
     ``f(w) = w/(w+γ)`` (``p_div_p_γ``; ``no_reshape``: f(w) = w), then the optional clamps; aggregated as
     ``Σ/width`` or the token mean. ``inputs.old_log_prob`` must already carry the recorded log-probs of the
     replayed rows (:func:`swap_recorded_log_probs`). Only the off-policy reshapes the ExGRPO scripts use are
-    accepted."""
+    accepted.
+
+    Diagnostics: the 15 the authors' function returns besides ``pg_loss``, under their names: the two terms'
+    means, the clip fractions (``off_pg_clipfrac`` always 0), ``ppo_kl``, ``off_policy_prob`` (``π_θ`` on the
+    replayed tokens) and ``on_policy_prob`` (``π_old`` on the fresh ones), the ratio means, the two clamp
+    fractions, and the ``*_var_m`` / ``*_max_m`` per-row variance and maximum of each ratio averaged over the rows
+    (:func:`row_var_max`), all over the tokens before ``all_max_clip``. A mean over no token is 0 as theirs, except ``on_pg_loss``
+    (NaN, as theirs) and the two clamp fractions (0 here, NaN in theirs)."""
     if inputs.prefix_mask is None:
         raise ValueError("the exgrpo_token loss needs inputs.prefix_mask (the replayed tokens)")
     log_prob, old_log_prob = inputs.log_prob, inputs.old_log_prob
@@ -333,17 +362,21 @@ def exgrpo_token_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict
     ppo_kl = masked_mean_plain(-log_ratio, eos_mask)
     ratio = torch.exp(log_ratio)
     on_losses, on_clipfrac = clipped_on_losses(adv, ratio, ratio, eos_mask, cfg)
-    on_pg_loss = masked_mean_plain(on_losses, (~prefix) * eos_mask)
+    off_mask, on_mask = prefix * eos_mask, (~prefix) * eos_mask
+    on_pg_loss = masked_mean_plain(on_losses, on_mask)
     off_ratio = shape_off_ratio(torch.exp(log_ratio), cfg.off_policy_reshape, "exgrpo_token")
-    off_mask = prefix * eos_mask
+    max_clip_frac = min_clip_frac = torch.tensor(0.0)
     if cfg.off_policy_max_clip is not None:
         off_ratio = torch.clamp(off_ratio, max=cfg.off_policy_max_clip)
+        max_clip_frac = masked_mean_plain((off_ratio == cfg.off_policy_max_clip).float(), off_mask)
     if cfg.off_policy_min_clip is not None:
         off_ratio = torch.clamp(off_ratio, min=cfg.off_policy_min_clip)
+        min_clip_frac = masked_mean_plain((off_ratio == cfg.off_policy_min_clip).float(), off_mask)
     off_ratio_mean = masked_mean_plain(off_ratio, off_mask)
+    off_ratio_var, off_ratio_max = row_var_max(off_ratio, off_mask)
+    on_ratio_var, on_ratio_max = row_var_max(ratio, on_mask)
     off_losses = -adv * off_ratio
     off_pg_loss = masked_mean_plain(off_losses, off_mask)
-    zero = torch.tensor(0.0)
     prefix_f = prefix.float()
     pg_losses = off_losses * prefix_f + on_losses * (1 - prefix_f)
     if cfg.all_max_clip is not None:
@@ -352,9 +385,19 @@ def exgrpo_token_loss(inputs: FamilyLossInputs, cfg) -> tuple[torch.Tensor, dict
         pg_losses = pg_losses * keep
     pg_loss = aggregate(pg_losses, eos_mask, cfg.loss_remove_token_mean)
     return pg_loss, {
-        "off_pg_loss": zero if torch.isnan(off_pg_loss) else off_pg_loss.detach(),
+        "off_pg_loss": _or_zero(off_pg_loss),
         "on_pg_loss": on_pg_loss.detach(),
+        "off_pg_clipfrac": torch.tensor(0.0),  # the off-policy term is never clipped; theirs returns it as 0
         "on_pg_clipfrac": on_clipfrac,
         "ppo_kl": ppo_kl.detach(),
-        "off_ratio_mean": zero if torch.isnan(off_ratio_mean) else off_ratio_mean.detach(),
+        "off_policy_prob": _or_zero(masked_mean_plain(torch.exp(log_prob), off_mask)),
+        "on_policy_prob": _or_zero(masked_mean_plain(torch.exp(old_log_prob), on_mask)),
+        "off_ratio_mean": _or_zero(off_ratio_mean),
+        "on_ratio_mean": _or_zero(masked_mean_plain(ratio, on_mask)),
+        "off_ratio_max_clip_frac": _or_zero(max_clip_frac),
+        "off_ratio_min_clip_frac": _or_zero(min_clip_frac),
+        "off_ratio_var_m": off_ratio_var,
+        "on_ratio_var_m": on_ratio_var,
+        "off_ratio_max_m": off_ratio_max,
+        "on_ratio_max_m": on_ratio_max,
     }

@@ -290,6 +290,7 @@ def test_suggestion_falls_back_to_the_last_segment():
         ),
         (f"{A}.ulysses_sequence_parallel_size=3", f"{A}.ulysses_sequence_parallel_size=3 must divide the world size 8"),
         (f"{A}.fsdp_config.fsdp_size=3", f"'{A}.fsdp_config.fsdp_size'=3 must divide the world size 8"),
+        (f"{A}.tensor_model_parallel_size=3", f"'{A}.tensor_model_parallel_size'=3 must divide the world size 8"),
         ("reward_model.enable=True", "'reward_model.enable'=True is not supported"),
         (
             "actor_rollout_ref.hybrid_engine=False",

@@ -60,7 +60,17 @@ def test_every_method_knob_is_read_by_shipped_code():
         if not f.startswith("luffy_pool/config/") and os.path.exists(os.path.join(REPO, f))
     )
     knobs = method_knobs()
-    assert {method for method, _ in knobs.values()} >= {"chord", "exgrpo", "hpt", "prefix_rft", "relift", "srft", "uft"}
+    assert {method for method, _ in knobs.values()} >= {
+        "chord",
+        "exgrpo",
+        "hpt",
+        "prefix_rft",
+        "questa",
+        "relift",
+        "rl_plus",
+        "srft",
+        "uft",
+    }
     unread = [
         key
         for key, (method, _) in knobs.items()

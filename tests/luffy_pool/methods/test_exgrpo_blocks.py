@@ -143,8 +143,123 @@ def test_loss_equals_authors(i):
     loss.backward()
     assert_float_close(loss.detach(), case["ret"]["pg_loss"], what="pg_loss")
     assert_float_close(log_prob.grad, case["grad"], what="grad")
-    for key in ("off_pg_loss", "on_pg_loss", "on_pg_clipfrac", "ppo_kl", "off_ratio_mean"):
-        assert_float_close(metrics[key], case["ret"][key], what=key)
+    # every diagnostic the authors' function returns, under its name
+    assert set(metrics) == set(case["ret"]) - {"pg_loss"}
+    for key in sorted(metrics):
+        assert_float_close(torch.as_tensor(metrics[key]).float(), case["ret"][key].float(), what=key)
+
+
+# The authors' compute_token_on_off_policy_loss (ElliottYan/LUFFY @ 01f4ae066249e6965ce0d5512ccdf99a12895c74,
+# ExGRPO/exgrpo/verl/verl/mix_src/mix_core_alg.py lines 36-238, with their verl/utils/torch_functional.py) run
+# outside the project on the float64 input of test_loss_diagnostics_equal_authors_on_a_hand_made_input.
+HAND_AUTHORS = {
+    "mixed": {
+        "pg_loss": -0.4414029572846608,
+        "off_pg_loss": -0.45697141275080916,
+        "on_pg_loss": -0.056385370126602205,
+        "off_pg_clipfrac": 0.0,
+        "on_pg_clipfrac": 0.0,
+        "ppo_kl": -0.029999999999999992,
+        "off_policy_prob": 0.6264158396400118,
+        "on_policy_prob": 0.6311212680693682,
+        "off_ratio_mean": 0.9139428255016183,
+        "on_ratio_mean": 1.0190114770646015,
+        "off_ratio_max_clip_frac": 0.0,
+        "off_ratio_min_clip_frac": 0.0,
+        "off_ratio_var_m": 0.00014922471439516314,
+        "on_ratio_var_m": 0.020198472016964522,
+        "off_ratio_max_m": 0.9243228460191553,
+        "on_ratio_max_m": 1.1240586929598593,
+    },
+    # PPO clip on, off ratio clamped to [0.905, 0.91] (their off_min_clip / off_max_clip)
+    "clamped": {
+        "pg_loss": -0.43929939772155385,
+        "off_pg_loss": -0.45416666666666666,
+        "on_pg_loss": -0.056385370126602205,
+        "off_pg_clipfrac": 0.0,
+        "on_pg_clipfrac": 0.1,
+        "ppo_kl": -0.029999999999999992,
+        "off_policy_prob": 0.6264158396400118,
+        "on_policy_prob": 0.6311212680693682,
+        "off_ratio_mean": 0.9083333333333333,
+        "on_ratio_mean": 1.0190114770646015,
+        "off_ratio_max_clip_frac": 0.6666666666666666,
+        "off_ratio_min_clip_frac": 0.3333333333333333,
+        "off_ratio_var_m": 8.333333333333349e-06,
+        "on_ratio_var_m": 0.020198472016964522,
+        "off_ratio_max_m": 0.91,
+        "on_ratio_max_m": 1.1240586929598593,
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(HAND_AUTHORS))
+def test_loss_diagnostics_equal_authors_on_a_hand_made_input(case):
+    # row 0: a replayed trajectory (3 tokens, recorded log-probs as old); rows 1-3: fresh rollouts of 4, 2, 1 tokens
+    f64 = torch.float64
+    log_prob = torch.tensor(
+        [[-0.1, -0.5, -1.0, 0.0], [-0.3, -0.2, -0.6, -0.4], [-0.7, -0.2, 0.0, 0.0], [-0.9, 0.0, 0.0, 0.0]], dtype=f64
+    )
+    old = torch.tensor(
+        [[-0.2, -0.4, -1.2, 0.0], [-0.25, -0.3, -0.5, -0.4], [-0.6, -0.35, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]], dtype=f64
+    )
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=f64)
+    prefix = torch.zeros(4, 4, dtype=torch.bool)
+    prefix[0, :3] = True
+    adv = torch.tensor([0.5, 0.5, -0.5, -0.5], dtype=f64).unsqueeze(-1).expand(4, 4)
+    cfg = ExgrpoLossConfig()
+    if case == "clamped":
+        cfg = ExgrpoLossConfig(loss_remove_clip=False, off_policy_max_clip=0.91, off_policy_min_clip=0.905)
+    inputs = FamilyLossInputs(
+        log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, prefix_mask=prefix
+    )
+    loss, metrics = exgrpo_token_loss(inputs, cfg)
+    expected = HAND_AUTHORS[case]
+    assert set(metrics) | {"pg_loss"} == set(expected)
+    assert float(loss) == pytest.approx(expected["pg_loss"], rel=1e-12, abs=1e-15)
+    for key, value in metrics.items():
+        assert float(value) == pytest.approx(expected[key], rel=1e-12, abs=1e-15), key
+    # by hand: the replayed row's f(w) = w/(w+0.1), w = exp(l - l_recorded)
+    w = torch.exp(log_prob[0, :3] - old[0, :3])
+    f = w / (w + 0.1)
+    if case == "mixed":
+        assert float(metrics["off_ratio_max_m"]) == pytest.approx(float(f.max()), rel=1e-12)
+        assert float(metrics["off_ratio_var_m"]) == pytest.approx(float(f.var()), rel=1e-12)
+    else:  # clamped to [0.905, 0.91]: 2 of 3 at the upper bound, 1 at the lower
+        assert float(metrics["off_ratio_var_m"]) == pytest.approx(
+            float(torch.tensor([0.91, 0.905, 0.91], dtype=f64).var()), rel=1e-9
+        )
+    on_ratio = torch.exp(log_prob - old)
+    # on rows with >= 2 tokens (rows 1, 2) give a variance; every on row (1, 2, 3) a maximum
+    on_var = (on_ratio[1, :4].var() + on_ratio[2, :2].var()) / 2
+    on_max = (on_ratio[1, :4].max() + on_ratio[2, :2].max() + on_ratio[3, 0]) / 3
+    assert float(metrics["on_ratio_var_m"]) == pytest.approx(float(on_var), rel=1e-12)
+    assert float(metrics["on_ratio_max_m"]) == pytest.approx(float(on_max), rel=1e-12)
+    assert float(metrics["off_policy_prob"]) == pytest.approx(float(torch.exp(log_prob[0, :3]).mean()), rel=1e-12)
+
+
+def test_loss_diagnostics_over_no_token_are_zero():
+    inputs = FamilyLossInputs(
+        log_prob=torch.full((2, 3), -0.5),
+        old_log_prob=torch.full((2, 3), -0.4),
+        advantages=torch.ones(2, 3),
+        response_mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
+        prefix_mask=torch.zeros(2, 3, dtype=torch.bool),  # warm-up: no replayed row
+    )
+    _, metrics = exgrpo_token_loss(inputs, ExgrpoLossConfig(off_policy_max_clip=0.9, off_policy_min_clip=0.1))
+    for key in (
+        "off_pg_loss",
+        "off_policy_prob",
+        "off_ratio_mean",
+        "off_ratio_max_clip_frac",
+        "off_ratio_min_clip_frac",
+    ):
+        assert float(metrics[key]) == 0.0, key
+    assert float(metrics["off_ratio_var_m"]) == float(metrics["off_ratio_max_m"]) == 0.0
+    assert float(metrics["on_ratio_max_m"]) == pytest.approx(math.exp(-0.1))
+    assert float(metrics["on_ratio_var_m"]) == pytest.approx(
+        0.0, abs=1e-12
+    )  # row 0: two equal ratios; row 1: one token
 
 
 def test_spec_hand_values_bucket_probabilities():

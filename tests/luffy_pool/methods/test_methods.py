@@ -22,7 +22,19 @@ def tiny_config(compose_config, luffy_overrides, tmp_path):
 def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with_the_list():
     from luffy_pool.methods import get_method, method_names
 
-    assert set(method_names()) == {"luffy", "grpo", "hpt", "srft", "chord", "prefix_rft", "uft", "relift", "exgrpo"}
+    assert set(method_names()) == {
+        "luffy",
+        "grpo",
+        "hpt",
+        "srft",
+        "chord",
+        "prefix_rft",
+        "uft",
+        "relift",
+        "exgrpo",
+        "rl_plus",
+        "questa",
+    }
     with pytest.raises(ValueError, match=r"algorithm.method='bread' is not implemented; valid: \['chord', 'exgrpo', "):
         get_method("bread")
 
@@ -48,7 +60,8 @@ def test_luffy_changes_nothing(tiny_config):
 
 
 LUFFY_SWITCHES = (f"{A}.use_off_policy_loss=True", "actor_rollout_ref.rollout.n_prefix=1")  # tiny LUFFY's values
-ON_POLICY = ("grpo", "relift", "exgrpo")  # presets with no demonstration slot (exgrpo: slots get a trace when replayed)
+# presets with no demonstration slot (exgrpo: slots get a trace when replayed; questa: the demonstration makes hints)
+ON_POLICY = ("grpo", "relift", "exgrpo", "questa")
 METHOD_LOSSES = [
     ("hpt", "hpt", "grpo_split"),
     ("srft", "srft", "grpo"),
@@ -58,7 +71,11 @@ METHOD_LOSSES = [
     ("uft", "uft", "grpo"),
     ("relift", "vanilla", "grpo"),
     ("exgrpo", "exgrpo", "grpo"),
+    ("rl_plus", "rl_plus", "grpo"),
+    ("questa", "questa", "grpo"),
 ]
+# presets that also turn LUFFY's shaping off (tiny LUFFY's off_policy_reshape=p_div_p_0.1 contradicts them)
+NO_SHAPING = ("rl_plus",)
 
 
 @pytest.fixture
@@ -82,6 +99,8 @@ def test_a_methods_preset_lands_in_the_config_when_nothing_contradicts_it(config
 
     # leave out the LUFFY switches the preset contradicts; prefix_rft / uft keep LUFFY's slot plan (n_prefix=1)
     contradicted = LUFFY_SWITCHES if method in ON_POLICY else LUFFY_SWITCHES[:1]
+    if method in NO_SHAPING:
+        contradicted += (f"{A}.off_policy_reshape=p_div_p_0.1",)
     config = config_without(contradicted, f"algorithm.method={method}")
     assert apply_method(config).name == method
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
@@ -90,6 +109,8 @@ def test_a_methods_preset_lands_in_the_config_when_nothing_contradicts_it(config
     for path, value in get_method(method).preset_keys().items():
         assert OmegaConf.select(config, path) == value, path
     knobs = get_method(method).knob_defaults()
+    # the defaults as the config holds them (a list knob's tuple default is a list there)
+    knobs = OmegaConf.to_container(OmegaConf.create(knobs)) if knobs else knobs
     assert OmegaConf.to_container(config.algorithm[method]) == knobs if knobs else method not in config.algorithm
     before = OmegaConf.to_container(config)
     apply_method(config)  # idempotent
@@ -485,6 +506,7 @@ def test_exgrpo_question_ids_must_be_unique_across_train_files(tmp_path):
         ("grpo", False),
         ("prefix_rft", True),
         ("uft", False),
+        ("rl_plus", True),
     ],
 )
 def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):

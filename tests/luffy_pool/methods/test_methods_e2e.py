@@ -26,6 +26,25 @@ METHOD_METRICS = {
         "actor/on_pg_loss",
         "actor/on_pg_clipfrac",
         "actor/ppo_kl",
+        "actor/on_ratio_mean",
+        "actor/on_ratio_var_m",
+        "actor/on_ratio_max_m",
+    ),
+    "rl_plus": (
+        "actor/off_pg_loss",
+        "actor/off_ratio_mean",
+        "actor/on_pg_loss",
+        "actor/rl_plus/explore_weight",
+        "actor/rl_plus/behaviour_prob",
+    ),
+    "questa": (
+        "questa/hint_ratio",
+        "questa/hinted_share",
+        "questa/kept_groups",
+        "questa/kept_tokens",
+        "questa/success_rate",
+        "actor/questa/pg_loss",
+        "actor/pg_clipfrac",
     ),
 }
 # relift: a buffer of 2 demonstrations (one per rank), so the SFT stage runs within the 2 steps
@@ -34,11 +53,18 @@ METHOD_OVERRIDES = {
         "algorithm.relift.sft_data_size=2",
         "algorithm.relift.sft_mini_batch_size=2",
         "algorithm.relift.sft_micro_batch_size=1",
-    ]
+    ],
+    # questa: the whole solution as hint at step 1 (the tiny task's are 11 characters: 0.5 gives none), 0.5 at step 2;
+    # the random tiny model solves nothing, so the all-failed groups are kept (success_lb=0) for the loss to see them
+    "questa": [
+        "algorithm.questa.hint_ratios=[1.0,0.5]",
+        "algorithm.questa.stage_starts=[0.5]",
+        "algorithm.questa.success_lb=0.0",
+    ],
 }
 # the tiny LUFFY overrides give one full demonstration slot per group; grpo, relift and exgrpo replace it
 # (n_prefix=0), prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint)
-NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft"}
+NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft", "questa"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -79,6 +105,12 @@ def test_method_trains_two_steps(
         assert any(r["uft/hint_share"] > 0 and r["actor/uft/hint_nll"] > 0 for r in rows)
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)
+    if method == "rl_plus":  # the mixture (3q+1)/4 and the weight (1-p)^0.5 on the demonstration tokens
+        assert all(0.25 <= r["actor/rl_plus/behaviour_prob"] <= 1.0 for r in rows)
+        assert all(0.0 <= r["actor/rl_plus/explore_weight"] <= 1.0 for r in rows)
+    if method == "questa":  # the stage table: a hint on every prompt at step 1, none at step 2
+        assert [(r["questa/hint_ratio"], r["questa/hinted_share"]) for r in rows] == [(1.0, 1.0), (0.5, 0.0)]
+        assert all(r["questa/kept_groups"] == 1.0 and r["questa/kept_tokens"] > 0 for r in rows)
     if method == "relift":  # every SFT stage takes 2 rows off the buffer; its metrics come with it
         sft = [r for r in rows if r["relift/sft_rows"]]
         assert sft and all(r["relift/sft_rows"] == 2 and math.isfinite(r["actor/sft_loss"]) for r in sft)

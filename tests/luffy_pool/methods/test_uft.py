@@ -165,3 +165,52 @@ def test_a_train_file_without_hints_is_refused_before_ray(
         r"\(algorithm.uft.hint_key\)",
     ):
         build_trainer(config)
+
+
+# ---------------------------------------------------------------------- entropy bonus and KL loss: continuation only
+def _regularised(method, prefix):
+    """The MIX actor's entropy bonus + low-var KL loss (coefficients 0.01 and 0.5) on one micro-batch, with
+    ``method`` selected: (loss, metrics). Row 0: 2 hint tokens then 2 continuation tokens; row 1: 3 continuation
+    tokens and padding."""
+    from luffy_pool.config.compose import actor_config
+    from luffy_pool.methods import MethodSelection
+    from luffy_pool.workers.mix_actor import MIXDataParallelPPOActor
+
+    cfg = actor_config(entropy_coeff=0.01, use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.5)
+    module = torch.nn.Linear(1, 1)
+    actor = MIXDataParallelPPOActor(cfg, module, actor_optimizer=torch.optim.SGD(module.parameters(), lr=0.1))
+    actor.set_method(MethodSelection(method))
+    log_prob = torch.tensor([[-1.0, -2.0, -0.5, -0.3], [-0.3, -1.2, -0.7, 0.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -2.0, -0.2, -0.3], [-0.3, -0.2, -0.7, 0.0]], dtype=torch.float64)
+    entropy = torch.tensor([[9.0, 7.0, 1.0, 2.0], [3.0, 4.0, 5.0, 100.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float64)
+    metrics = {}
+    micro = {"ref_log_prob": ref, "prefix_mask": prefix}
+    return actor._regularisers(micro, log_prob, entropy, mask, metrics), metrics
+
+
+def _k3(d):  # low_var_kl of policy - reference log-prob d: exp(-d) + d - 1
+    return np.exp(-d) + d - 1
+
+
+def test_uft_entropy_bonus_and_kl_loss_leave_the_hint_tokens_out_as_its_authors():
+    """liumy2010/UFT @ ad3c8ec7 verl/workers/actor/dp_actor.py update_policy: entropy (line 281) and KL (289-292)
+    are masked means over response_mask, the continuation (the hint is prompt there)."""
+    prefix = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    loss, metrics = _regularised("uft", prefix)
+    # continuation tokens: row 0 positions 2-3, row 1 positions 0-2
+    entropy = (1.0 + 2.0 + 3.0 + 4.0 + 5.0) / 5
+    kl = (_k3(-0.3) + _k3(0.0) + _k3(0.0) + _k3(-1.0) + _k3(0.0)) / 5
+    assert metrics["actor/entropy_loss"] == pytest.approx(entropy, rel=1e-12)
+    assert metrics["actor/kl_loss"] == pytest.approx(kl, rel=1e-12)
+    assert float(loss) == pytest.approx(-0.01 * entropy + 0.5 * kl, rel=1e-12)
+    # LUFFY's traces are trained tokens: its regularisers keep them (all 7 response tokens)
+    _, luffy = _regularised("luffy", prefix)
+    assert luffy["actor/entropy_loss"] == pytest.approx((9.0 + 7.0 + 1.0 + 2.0 + 3.0 + 4.0 + 5.0) / 7, rel=1e-12)
+    kl_all = (_k3(0.5) + _k3(0.0) + _k3(-0.3) + _k3(0.0) + _k3(0.0) + _k3(-1.0) + _k3(0.0)) / 7
+    assert luffy["actor/kl_loss"] == pytest.approx(kl_all, rel=1e-12)
+
+
+def test_uft_micro_batch_of_hint_tokens_only_adds_no_regulariser():
+    loss, metrics = _regularised("uft", torch.ones(2, 4, dtype=torch.bool))
+    assert float(loss) == 0.0 and metrics["actor/entropy_loss"] == 0.0 and "actor/kl_loss" not in metrics

@@ -34,6 +34,7 @@ from verl.utils.batch_sizes import RankBatchSizes, rank_batch_sizes
 from verl.workers.config_sections import ActorSection
 from verl.utils.seqlen_balancing import get_reverse_idx, padded_micro_batches_indices, rearrange_micro_batches_indices
 from verl.utils.step_metrics import StepMetrics
+from verl.utils.tensor_parallel import allreduce_replicated_grads, tp_size_of
 from verl.utils.torch_functional import logprobs_and_entropy_from_logits, logprobs_from_logits, masked_mean
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,9 @@ class DataParallelPPOActor:
         self.nonfinite_skips = 0
         self.grad_norm_device = grad_norm_device
         self.logprob_chunk_size = int(logprob_chunk_size) if supports_scoring_head(actor_module) else 0
+        # A tensor-parallel head scores vocab-parallel in chunks whatever the micro-batch size (its dense forward
+        # gathers the whole head weight); verl/utils/tensor_parallel.py
+        self.tensor_parallel = tp_size_of(actor_module) > 1
 
     @staticmethod
     def _has_varlen_attention(module) -> bool:
@@ -155,7 +159,7 @@ class DataParallelPPOActor:
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
         # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
-        chunked = 0 < self.logprob_chunk_size < input_ids.numel()
+        chunked = 0 < self.logprob_chunk_size and (self.tensor_parallel or self.logprob_chunk_size < input_ids.numel())
         # SP first: its forward shards the sequence and scores each rank's slice (ulysses_forward.py).
         if self.ulysses_group is not None:
             from verl.workers.actor.ulysses_forward import ulysses_response_log_probs
@@ -404,6 +408,7 @@ class DataParallelPPOActor:
 
     def _optimizer_step(self) -> float:
         """Clip the global grad norm and step, or skip the step when the norm is not finite."""
+        allreduce_replicated_grads(self.actor_module)  # TP: grads each tp rank holds a part of (Qwen3 q/k norms)
         if self.grad_norm_device is not None:
             from verl.utils.grad_norm import clip_grad_norm_on_device
 

@@ -3,7 +3,8 @@
 The actor only needs the LM head at the positions that predict a response token (attention mask 1).
 While a forward runs, ``scoring_head`` swaps the output embedding's ``forward`` for one that gathers
 those positions from the final hidden states (packed ``[T, H]``) and scores them in token chunks
-(``verl.utils.chunked_logprobs``): the model's "logits" output becomes ``[T, 2]`` (log p, entropy).
+(``verl.utils.chunked_logprobs``; a tensor-parallel head split by vocabulary rows: ``verl.utils.vocab_parallel``):
+the model's "logits" output becomes ``[T, 2]`` (log p, entropy).
 Swapping the head inside the model's own call keeps FSDP2's hooks in charge of the head's weight (it
 is gathered, used and its gradient reduce-scattered exactly as for the dense head).
 
@@ -20,6 +21,8 @@ from typing import Optional
 import torch
 
 from verl.utils.chunked_logprobs import chunked_logprobs_entropy
+from verl.utils.tensor_parallel import vocab_shard
+from verl.utils.vocab_parallel import vocab_parallel_logprobs_entropy
 from verl.workers.actor.shared_prompt import checkpointing_drops_cache, group_rows_by_prompt, prompt_then_responses
 
 # Config fields of HF models that transform the head's output after the matmul (Gemma 2 soft-capping,
@@ -54,15 +57,16 @@ def scoring_head(
     head = module.get_output_embeddings()
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        logp, entropy = chunked_logprobs_entropy(
-            hidden[rows, cols],
-            head.weight,
-            labels,
-            bias=head.bias,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            with_entropy=with_entropy,
-        )
+        kw = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+        split = vocab_shard(head.weight)  # tensor parallel: this rank's vocabulary rows (verl/utils/tensor_parallel.py)
+        if split is None:
+            logp, entropy = chunked_logprobs_entropy(hidden[rows, cols], head.weight, labels, bias=head.bias, **kw)
+        else:
+            weight, vocab_start, group = split
+            bias = head.bias.to_local() if head.bias is not None else None
+            logp, entropy = vocab_parallel_logprobs_entropy(
+                hidden[rows, cols], weight, labels, vocab_start=vocab_start, group=group, bias=bias, **kw
+            )
         return torch.stack([logp, entropy], dim=-1) if with_entropy else logp.unsqueeze(-1)
 
     previous = head.__dict__.get("forward")
