@@ -11,9 +11,9 @@
 # the method's preset (slots get a trace only when a question is replayed).
 # Validation as theirs (train.sh's): one sample per prompt at T=0.6 every 10 steps, none before training.
 # tests/exp_scripts/test_authors_settings.py holds the table of their values with their lines.
-# Not reproduced: their skip_grad_bound=500 (run_exgrpo.sh line 99: their actor skips the optimizer step when the
-# pre-clip grad norm exceeds it, mix_actor.py lines 253-256): no such key here (the actor only skips non-finite
-# norms), grad clip stays 1.0; their vllm_exp rollout is our one rollout with per-slot traces; their pool has no
+# Their skip_grad_bound=500 (run_exgrpo.sh line 99: their actor skips the optimizer step when the pre-clip grad norm
+# exceeds it, mix_actor.py lines 253-256) is actor.skip_grad_bound=500 here; grad clip stays 1.0.
+# Not reproduced: their vllm_exp rollout is our one rollout with per-slot traces; their pool has no
 # cap, ours keeps each question's newest 8 trajectories (algorithm.exgrpo.max_trajectories_per_question=0 for
 # theirs: ~2.6 GiB of driver RAM by step 701 against ~1.3 GiB, exp_scripts/bench_exgrpo_pool.py).
 # Their MODEL_PATH is left for the user to set (the backbone); for Qwen2.5-Math-7B they use
@@ -36,6 +36,7 @@ export WANDB_PROJECT=${WANDB_PROJECT:-exgrpo}
 exec bash "$HERE/train.sh" \
     algorithm.method=exgrpo \
     actor_rollout_ref.actor.use_off_policy_loss=False \
+    actor_rollout_ref.actor.skip_grad_bound=500 \
     actor_rollout_ref.rollout.n_prefix=0 \
     algorithm.exgrpo.traj_metric=ent \
     algorithm.exgrpo.traj_select=argmin \

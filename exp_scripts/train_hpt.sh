@@ -10,7 +10,7 @@
 #   (n_prefix=1): 7 verify rollouts, not their n_verify=8 (line 72; rollout.n=9 gives their 8, but 9 rows per
 #   prompt do not split over the rehearsal's 4 ranks at its scaled mini-batch of 2 prompts).
 # - max_grad_norm=80 (lines 30, 66: their actor skips the optimizer step when the pre-clip grad norm exceeds it,
-#   mix_actor.py lines 509-511): no such key here (the actor only skips non-finite norms); grad clip stays 1.0.
+#   mix_actor.py lines 509-511) is actor.skip_grad_bound=80 here (not a clip: grad clip stays 1.0).
 # - reward_impl_version=6 (line 110) is their copy of the Dr. GRPO math grader (hpt/verl/verl/mix_src/entropy_math:
 #   the last \boxed answer of the whole response, mathd-normalised, sympy or math-verify equal; binary, no think
 #   format required). This project has versions 0-4: version 4 (no think format required) with
@@ -36,6 +36,7 @@ exec bash "$HERE/train.sh" \
     algorithm.hpt.switch_gate=0 \
     actor_rollout_ref.actor.optim.lr=5e-6 \
     actor_rollout_ref.actor.sft_loss_coef=1.0 \
+    actor_rollout_ref.actor.skip_grad_bound=80 \
     actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.rollout.n_prefix=1 \
     actor_rollout_ref.rollout.min_prefix_ratio=1.0 \

@@ -108,7 +108,7 @@ EXGRPO = [
     ex(93, A + "loss_remove_token_mean", True),
     ex(94, A + "loss_remove_clip", True),
     ex(95, "data.reward_impl_version", 3),
-    ex(99, None, 500, why="skip_grad_bound=500"),  # a grad-norm step skip: no such key here
+    ex(99, A + "skip_grad_bound", 500),
     ex(100, "trainer.total_training_steps", 701),
     ex_yaml(38, A + "grad_clip", 1.0),
     ex_yaml(39, A + "clip_ratio", 0.2),
@@ -148,7 +148,7 @@ hpt = _at(HPT_REPO, "exp_scripts/train.sh")
 HPT = HPT_CODE + [
     hpt(25, "algorithm.hpt.switch_gate", 0),
     hpt(28, A + "sft_loss_coef", 1.0),
-    hpt(30, None, 80.0, why="max_grad_norm=80"),  # a grad-norm step skip: no such key here
+    hpt(30, A + "skip_grad_bound", 80),  # their max_grad_norm: a step skip above it, not a clip
     hpt(32, A + "optim.lr", 5e-6),
     hpt(48, "data.train_batch_size", 128),
     hpt(49, "data.val_batch_size", 512),

@@ -158,6 +158,7 @@ class ActorSection:
     tensor_model_parallel_size: int = key(bounds=AT_LEAST_ONE)  # verl/utils/tensor_parallel.py
     pipeline_model_parallel_size: int = key(bounds=_PP_NOT_YET)
     on_nonfinite: str = key(choices=("skip", "stop"))
+    skip_grad_bound: Optional[float] = key(bounds=POSITIVE)
     metric_aggregation: str = key(choices=values_of("verl.utils.step_metrics", "METRIC_AGGREGATIONS"))
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)

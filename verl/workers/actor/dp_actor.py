@@ -140,6 +140,7 @@ class DataParallelPPOActor:
         self.dp_group = dp_group
         self.device = device
         self.nonfinite_skips = 0
+        self.grad_bound_skips = 0
         self.grad_norm_device = grad_norm_device
         self.logprob_chunk_size = int(logprob_chunk_size) if supports_scoring_head(actor_module) else 0
         # A tensor-parallel head scores vocab-parallel in chunks whatever the micro-batch size (its dense forward
@@ -404,10 +405,13 @@ class DataParallelPPOActor:
         self.actor_optimizer.zero_grad(set_to_none=True)
         metrics = step_metrics.result(self.dp_group)
         metrics["actor/nonfinite_skips"] = [self.nonfinite_skips]
+        if self.update_config.skip_grad_bound is not None:
+            metrics["actor/grad_bound_skips"] = [self.grad_bound_skips]
         return metrics
 
     def _optimizer_step(self) -> float:
-        """Clip the global grad norm and step, or skip the step when the norm is not finite."""
+        """Clip the global grad norm and step, or skip the step when the norm is not finite or above
+        ``skip_grad_bound``."""
         allreduce_replicated_grads(self.actor_module)  # TP: grads each tp rank holds a part of (Qwen3 q/k norms)
         if self.grad_norm_device is not None:
             from verl.utils.grad_norm import clip_grad_norm_on_device
@@ -429,6 +433,13 @@ class DataParallelPPOActor:
             logger.warning(
                 "grad norm is %s: skipping this optimizer step (%d skipped so far)", grad_norm, self.nonfinite_skips
             )
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            return grad_norm
+        bound = self.update_config.skip_grad_bound
+        if bound is not None and grad_norm > bound:
+            # as ExGRPO's and HPT's actors do (the pre-clip norm against their skip_grad_bound / max_grad_norm)
+            self.grad_bound_skips += 1
+            logger.warning("grad norm %.4g > actor.skip_grad_bound=%g: skipping this optimizer step", grad_norm, bound)
             self.actor_optimizer.zero_grad(set_to_none=True)
             return grad_norm
         self.actor_optimizer.step()

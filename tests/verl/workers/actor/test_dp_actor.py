@@ -119,6 +119,26 @@ def test_nonfinite_grad_skips_step_and_counts(tiny_model_dir):
         stop.update_policy(data)
 
 
+def test_a_grad_norm_above_skip_grad_bound_skips_the_step_and_one_below_steps(tiny_model_dir):
+    model = _model(tiny_model_dir)
+    b = _batch(model.config.vocab_size)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5]).unsqueeze(-1).expand(-1, 6).contiguous()
+    data = DataProto.from_dict(
+        tensors={**b, "old_log_probs": torch.zeros(4, 6), "advantages": adv}, meta_info={"temperature": 1.0}
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    tight = DataParallelPPOActor(_cfg(skip_grad_bound=1e-9), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    metrics = tight.update_policy(data)
+    assert metrics["actor/grad_bound_skips"] == [1] and metrics["actor/grad_norm"][0] > 1e-9
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # exact: no step was taken
+    loose = DataParallelPPOActor(_cfg(skip_grad_bound=1e9), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert loose.update_policy(data)["actor/grad_bound_skips"] == [0]
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert "actor/grad_bound_skips" not in DataParallelPPOActor(
+        _cfg(), model, torch.optim.SGD(model.parameters(), lr=0.1)
+    ).update_policy(data)
+
+
 def test_skipping_old_log_prob_pass_matches_recomputed_single_mini_batch(tiny_model_dir):
     """recompute_old_log_prob=auto: with one on-policy mini-batch, old = log_prob.detach() gives the same step."""
     b = _batch(_model(tiny_model_dir).config.vocab_size)
