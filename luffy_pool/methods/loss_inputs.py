@@ -22,8 +22,9 @@ class FamilyLossInputs(PolicyLossInputs):
 
     ``entropy``: token entropies of the current policy (SRFT's weights, ReLIFT's bonus); ``expert_mask``
     ``[rows]`` bool: expert (demonstration) rows; ``correct_mask`` ``[rows]`` bool: rows whose sequence score is
-    exactly 1 (SRFT's sign rule); ``step``: the update's step (0 on the first update; a step schedule reads it). A loss that needs an absent field
-    raises ValueError naming it.
+    exactly 1 (SRFT's sign rule); ``step``: the update's step (0 on the first update; a step schedule reads it);
+    ``method_batch``: the micro-batch's tensors of the method's ``batch_keys`` (what its hooks added, e.g. a
+    teacher's log-probs). A loss that needs an absent field raises ValueError naming it.
     """
 
     entropy: Optional[Any] = None
@@ -35,6 +36,7 @@ class FamilyLossInputs(PolicyLossInputs):
     batch_sizes: Optional[Any] = None
     expert_share: float = 0.0
     update_state: Optional[dict] = None
+    method_batch: Optional[dict] = None
 
 
 def require(inputs: FamilyLossInputs, field: str, loss: str) -> Any:

@@ -5,14 +5,16 @@ A method with a ``loss`` registers it there under the method's name (``register_
 (``MethodSelection``); each micro-batch it builds :class:`~luffy_pool.methods.loss_inputs.FamilyLossInputs` with
 the tensors the methods read (token entropies, expert rows: those with prefix tokens, correct rows:
 ``row_scores == 1``), the knobs, the update's step (``global_steps − 1``: 0 on the first update) and the hooks'
-``update_state``, and calls the registered entry, which calls ``method.loss(inputs, knobs, step)``. Rows a hook's
-gate dropped (``loss_row_mask == 0``) get an all-zero response mask.
+``update_state`` and the method's own per-row tensors (``Method.batch_keys``), and calls the registered entry,
+which calls ``method.loss(inputs, knobs, step)``. Rows a hook's gate dropped (``loss_row_mask == 0``) get an
+all-zero response mask.
 """
 
 from __future__ import annotations
 
 import torch
 
+from luffy_pool.methods.base import get_method
 from luffy_pool.methods.loss_inputs import FamilyLossInputs
 
 
@@ -41,6 +43,7 @@ def method_policy_loss(actor, micro: dict, log_prob, entropy, response_mask, glo
         mask = response_mask * micro["loss_row_mask"].to(response_mask.dtype).unsqueeze(-1)
     prefix = micro["prefix_mask"]
     selection = actor.method_selection
+    own_keys = get_method(selection.name).batch_keys if selection is not None else ()
     inputs = FamilyLossInputs(
         log_prob=log_prob,
         old_log_prob=micro["old_log_probs"],
@@ -57,6 +60,7 @@ def method_policy_loss(actor, micro: dict, log_prob, entropy, response_mask, glo
         batch_sizes=actor.batch_sizes if actor.batch_sizes is not None else rank_batch_sizes(actor.config),
         expert_share=selection.expert_share,
         update_state=dict(update_state or {}),
+        method_batch={k: micro[k] for k in own_keys if k in micro},
     )
     loss, out = actor.policy_loss_fn(inputs, actor.policy_loss_cfg)
     metrics = {f"actor/{k}": float(v.item() if torch.is_tensor(v) else v) for k, v in out.items()}

@@ -420,6 +420,13 @@ def test_rehearse_launch_script(case, rehearsals):
     if os.path.basename(script) == "train_relift.sh":  # its scaled SFT buffer fills: the SFT stage ran and was saved
         actor = os.path.join(report["outputs"], "out", "global_step_2", "actor")
         assert json.load(open(os.path.join(actor, "checkpoint_meta.json")))["extra_optimizers"] == {"sft": True}
+    if os.path.basename(script) == "train_sdpo.sh":  # its EMA teacher (the reference weights) is in the checkpoint
+        from verl.utils.checkpoint.layout import extra_state_file
+        from verl.utils.checkpoint.safe_io import load_state
+
+        actor = os.path.join(report["outputs"], "out", "global_step_2", "actor")
+        extras = load_state(os.path.join(actor, extra_state_file(case.ranks, 0)))["extras"]
+        assert extras["ref_weights"]["shards"], sorted(extras)
     if case.resume:
         # the result as an HF model: the best checkpoint's export, gathered from the SP x TP shards, loads in transformers
         from transformers import AutoModelForCausalLM

@@ -3,7 +3,8 @@
 Mixed into ``ActorRolloutRefWorker``; it reads the worker's ``actor_module`` (FSDP2 HF model),
 ``actor_optimizer``, ``lr_scheduler``, ``tokenizer`` and, when present, the actor's adaptive entropy
 coefficient and non-finite-step counter, and its ``extra_optimizers`` (name -> (optimizer, offload): a method's
-second optimizer, e.g. ReLIFT's SFT AdamW), and delegates the I/O to ``FSDPCheckpointManager``. All
+second optimizer, e.g. ReLIFT's SFT AdamW) and ``extra_checkpoint_states`` (name -> object with
+``state_dict``/``load_state_dict`` saved in the extra file, e.g. the reference weights an EMA teacher moves), and delegates the I/O to ``FSDPCheckpointManager``. All
 three methods are collectives: the group calls them on every rank (``Dispatch.ONE_TO_ALL``).
 """
 
@@ -30,6 +31,39 @@ class AttributeState:
         setattr(self.owner, self.name, state["value"])
 
 
+class ModuleShardsState:
+    """``state_dict``/``load_state_dict`` of this rank's parameter shards of a module that no optimizer owns (the
+    reference model an EMA teacher moves): plain tensors in the rank's extra-state file; a resume on another
+    layout (rank count or shard shapes) is refused naming both."""
+
+    def __init__(self, module: Any, what: str):
+        self.module = module
+        self.what = what
+
+    def _shards(self) -> list:
+        return [p.to_local() if hasattr(p, "to_local") else p for p in self.module.parameters()]
+
+    def state_dict(self) -> dict:
+        import torch
+
+        with torch.no_grad():
+            return {"shards": [t.detach().cpu().clone() for t in self._shards()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        import torch
+
+        saved, shards = state["shards"], self._shards()
+        shapes = [tuple(t.shape) for t in shards]
+        if [tuple(t.shape) for t in saved] != shapes:
+            raise ValueError(
+                f"the checkpoint's {self.what} shards ({len(saved)} tensors) do not match this rank's layout "
+                f"({len(shards)} tensors): resume it on the rank count and sharding it was saved with"
+            )
+        with torch.no_grad():
+            for t, s in zip(shards, saved):
+                t.copy_(s.to(device=t.device, dtype=t.dtype))
+
+
 class CheckpointMixin:
     """Adds ``save_checkpoint`` / ``load_checkpoint`` / ``save_hf_model`` to an actor worker."""
 
@@ -49,6 +83,7 @@ class CheckpointMixin:
             extras["adaptive_entropy"] = adaptive
         if actor is not None and hasattr(actor, "nonfinite_skips"):
             extras["nonfinite_skips"] = AttributeState(actor, "nonfinite_skips")
+        extras.update(getattr(self, "extra_checkpoint_states", {}))
         contents = tuple(self.sections.actor.checkpoint.contents)  # actor.checkpoint.contents
         extra_optimizers = {name: opt for name, (opt, _offload) in getattr(self, "extra_optimizers", {}).items()}
         manager = FSDPCheckpointManager(

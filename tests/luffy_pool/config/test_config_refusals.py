@@ -68,6 +68,8 @@ def test_every_method_knob_is_read_by_shipped_code():
         "questa",
         "relift",
         "rl_plus",
+        "sdft",
+        "sdpo",
         "srft",
         "uft",
     }

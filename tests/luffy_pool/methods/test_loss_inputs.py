@@ -43,7 +43,18 @@ def test_each_method_loss_is_registered_in_the_one_loss_table_under_the_method_n
     from luffy_pool.methods import METHODS
 
     with_loss = {name: m for name, m in METHODS.items() if m.loss is not None}
-    assert set(with_loss) == {"chord", "exgrpo", "hpt", "prefix_rft", "questa", "rl_plus", "srft", "uft"}
+    assert set(with_loss) == {
+        "chord",
+        "exgrpo",
+        "hpt",
+        "prefix_rft",
+        "questa",
+        "rl_plus",
+        "sdft",
+        "sdpo",
+        "srft",
+        "uft",
+    }
     calls = []
     for name, method in with_loss.items():
         entry = POLICY_LOSS_REGISTRY[name]

@@ -34,6 +34,8 @@ def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with
         "exgrpo",
         "rl_plus",
         "questa",
+        "sdpo",
+        "sdft",
     }
     with pytest.raises(ValueError, match=r"algorithm.method='bread' is not implemented; valid: \['chord', 'exgrpo', "):
         get_method("bread")

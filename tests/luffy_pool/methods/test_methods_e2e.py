@@ -47,8 +47,17 @@ METHOD_METRICS = {
         "actor/pg_clipfrac",
     ),
 }
+METHOD_METRICS["sdpo"] = (
+    "sdpo/success_group_fraction",
+    "sdpo/teacher_row_fraction",
+    "actor/sdpo/distill_loss",
+    "actor/sdpo/teacher_rows",
+)
+METHOD_METRICS["sdft"] = ("sdft/teacher_row_fraction", "actor/sdft/distill_loss", "actor/sdft/teacher_rows")
 # relift: a buffer of 2 demonstrations (one per rank), so the SFT stage runs within the 2 steps
 METHOD_OVERRIDES = {
+    # sdpo: the random tiny model solves nothing; a threshold of 0 makes every sibling a teacher demonstration
+    "sdpo": ["algorithm.sdpo.success_threshold=0.0"],
     "relift": [
         "algorithm.relift.sft_data_size=2",
         "algorithm.relift.sft_mini_batch_size=2",
@@ -64,7 +73,7 @@ METHOD_OVERRIDES = {
 }
 # the tiny LUFFY overrides give one full demonstration slot per group; grpo, relift and exgrpo replace it
 # (n_prefix=0), prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint)
-NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft", "questa"}
+NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft", "questa", "sdpo", "sdft"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -103,6 +112,8 @@ def test_method_trains_two_steps(
     if method == "uft":  # p(t) of UFT's cosine at t = 1, 2 (T_hint = 300)
         assert [r["uft/hint_probability"] for r in rows] == pytest.approx([0.949975, 0.949901], abs=1e-6)
         assert any(r["uft/hint_share"] > 0 and r["actor/uft/hint_nll"] > 0 for r in rows)
+    if method == "sdpo":  # every row has a successful sibling (threshold 0): all rows are distilled
+        assert all(r["sdpo/teacher_row_fraction"] == 1.0 and r["actor/sdpo/teacher_rows"] == 1.0 for r in rows)
     if method == "hpt":
         assert all(0.0 <= r["hpt/sft_group_fraction"] <= 1.0 for r in rows)
     if method == "rl_plus":  # the mixture (3q+1)/4 and the weight (1-p)^0.5 on the demonstration tokens
