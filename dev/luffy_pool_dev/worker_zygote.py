@@ -110,7 +110,9 @@ def refused_path(path: str) -> str:
 
 def zygote_key(env: dict, preload: str, raylet_pid: int) -> str:
     shared = sorted((k, v) for k, v in env.items() if k not in PER_PROCESS_ENV)
-    blob = json.dumps([sys.executable, preload, raylet_pid, shared]).encode()
+    # this file's path names the checkout: a job of another checkout on the same raylet (two clones testing at once)
+    # imports other sources, so it must not fork from this one's preloaded modules
+    blob = json.dumps([sys.executable, os.path.abspath(__file__), preload, raylet_pid, shared]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -61,6 +61,7 @@ def test_every_method_knob_is_read_by_shipped_code():
     )
     knobs = method_knobs()
     assert {method for method, _ in knobs.values()} >= {
+        "ampo",
         "chord",
         "exgrpo",
         "hpt",

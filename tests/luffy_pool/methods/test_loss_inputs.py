@@ -44,6 +44,7 @@ def test_each_method_loss_is_registered_in_the_one_loss_table_under_the_method_n
 
     with_loss = {name: m for name, m in METHODS.items() if m.loss is not None}
     assert set(with_loss) == {
+        "ampo",
         "chord",
         "exgrpo",
         "hpt",

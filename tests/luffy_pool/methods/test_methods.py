@@ -23,6 +23,7 @@ def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with
     from luffy_pool.methods import get_method, method_names
 
     assert set(method_names()) == {
+        "ampo",
         "luffy",
         "grpo",
         "hpt",
@@ -37,7 +38,9 @@ def test_method_values_come_from_the_registry_and_an_unknown_one_is_refused_with
         "sdpo",
         "sdft",
     }
-    with pytest.raises(ValueError, match=r"algorithm.method='bread' is not implemented; valid: \['chord', 'exgrpo', "):
+    with pytest.raises(
+        ValueError, match=r"algorithm.method='bread' is not implemented; valid: \['ampo', 'chord', 'exgrpo', "
+    ):
         get_method("bread")
 
 
@@ -62,8 +65,9 @@ def test_luffy_changes_nothing(tiny_config):
 
 
 LUFFY_SWITCHES = (f"{A}.use_off_policy_loss=True", "actor_rollout_ref.rollout.n_prefix=1")  # tiny LUFFY's values
-# presets with no demonstration slot (exgrpo: slots get a trace when replayed; questa: the demonstration makes hints)
-ON_POLICY = ("grpo", "relift", "exgrpo", "questa")
+# presets with no demonstration slot (exgrpo: slots get a trace when replayed; questa: the demonstration makes hints;
+# ampo: teacher traces replace failed rows after the reward)
+ON_POLICY = ("grpo", "relift", "exgrpo", "questa", "ampo")
 METHOD_LOSSES = [
     ("hpt", "hpt", "grpo_split"),
     ("srft", "srft", "grpo"),
@@ -75,6 +79,7 @@ METHOD_LOSSES = [
     ("exgrpo", "exgrpo", "grpo"),
     ("rl_plus", "rl_plus", "grpo"),
     ("questa", "questa", "grpo"),
+    ("ampo", "ampo", "grpo"),
 ]
 # presets that also turn LUFFY's shaping off (tiny LUFFY's off_policy_reshape=p_div_p_0.1 contradicts them)
 NO_SHAPING = ("rl_plus",)
@@ -509,6 +514,7 @@ def test_exgrpo_question_ids_must_be_unique_across_train_files(tmp_path):
         ("prefix_rft", True),
         ("uft", False),
         ("rl_plus", True),
+        ("ampo", False),
     ],
 )
 def test_a_null_demonstration_is_refused_for_the_methods_that_train_on_it(tmp_path, method, refused):

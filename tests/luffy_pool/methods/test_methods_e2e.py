@@ -37,6 +37,16 @@ METHOD_METRICS = {
         "actor/rl_plus/explore_weight",
         "actor/rl_plus/behaviour_prob",
     ),
+    "ampo": (
+        "ampo/guided_groups",
+        "ampo/guided_rows",
+        "ampo/teacher_scoreB",
+        "ampo/teacher_score",
+        "actor/on_pg_loss",
+        "actor/off_pg_loss",
+        "actor/on_pg_clipfrac",
+        "actor/off_ratio_mean",
+    ),
     "questa": (
         "questa/hint_ratio",
         "questa/hinted_share",
@@ -70,10 +80,13 @@ METHOD_OVERRIDES = {
         "algorithm.questa.stage_starts=[0.5]",
         "algorithm.questa.success_lb=0.0",
     ],
+    # ampo: the tiny task's answers are boxed
+    "ampo": ["algorithm.ampo.answer_format=boxed"],
 }
 # the tiny LUFFY overrides give one full demonstration slot per group; grpo, relift and exgrpo replace it
 # (n_prefix=0), prefix_rft's and uft's prefix slots are partial (a share < 1 of the demonstration, the hint)
-NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft", "questa", "sdpo", "sdft"}
+# ampo: n fresh rollouts per group (its teacher rows replace failed ones after the reward)
+NO_FULL_TRACE_SLOT = {"grpo", "relift", "exgrpo", "prefix_rft", "uft", "questa", "sdpo", "sdft", "ampo"}
 
 
 @pytest.mark.parametrize("method", sorted(METHOD_METRICS))
@@ -88,6 +101,18 @@ def test_method_trains_two_steps(
         prepare_hints(["--input", f"{tiny_task_dir}/train.parquet", "--output", str(tmp_path / "train_hints.parquet")])
         overrides = [o for o in overrides if not o.startswith("data.train_files")] + [
             f"data.train_files={tmp_path}/train_hints.parquet"
+        ]
+    if method == "ampo":  # two teachers per prompt: its own demonstration and the next row's (a wrong answer)
+        from luffy_pool.methods.ampo import add_teachers
+        from verl.utils.data_format import read_records, write_records
+
+        records = add_teachers(read_records(f"{tiny_task_dir}/train.parquet"), "train.parquet")
+        for i, rec in enumerate(records):
+            other = records[(i + 1) % len(records)]["targets"][0]
+            rec["targets"] = rec["targets"] + [dict(other, source="other", quality_score=0.5)]
+        write_records(records, str(tmp_path / "train_teachers.parquet"))
+        overrides = [o for o in overrides if not o.startswith("data.train_files")] + [
+            f"data.train_files={tmp_path}/train_teachers.parquet"
         ]
     # the tiny LUFFY overrides set LUFFY's switches; the method's preset is stated, as its launch script does
     from luffy_pool.methods import get_method
@@ -122,6 +147,11 @@ def test_method_trains_two_steps(
     if method == "questa":  # the stage table: a hint on every prompt at step 1, none at step 2
         assert [(r["questa/hint_ratio"], r["questa/hinted_share"]) for r in rows] == [(1.0, 1.0), (0.5, 0.0)]
         assert all(r["questa/kept_groups"] == 1.0 and r["questa/kept_tokens"] > 0 for r in rows)
+    if method == "ampo":  # the random tiny model solves nothing: every group gets its 2 teacher rows (n_guides)
+        assert all(r["ampo/guided_groups"] == 1.0 and r["ampo/guided_rows"] > 0 for r in rows)
+        assert all(0.0 <= r["ampo/teacher_scoreB"] <= 1.0 and r["actor/off_ratio_mean"] > 0 for r in rows)
+        usage = trainer.state_dict()["hooks"]["state"]["ampo"]["usage"]  # saved with the checkpoint's trainer state
+        assert sum(usage.values()) == sum(r["ampo/guided_rows"] for r in rows)
     if method == "relift":  # every SFT stage takes 2 rows off the buffer; its metrics come with it
         sft = [r for r in rows if r["relift/sft_rows"]]
         assert sft and all(r["relift/sft_rows"] == 2 and math.isfinite(r["actor/sft_loss"]) for r in sft)
