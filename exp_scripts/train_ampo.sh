@@ -21,6 +21,9 @@
 #   (ppo_max_token_len_per_gpu 32768, theirs 2 x 9216; token packing does not change the numbers), its memory plan,
 #   rollout speed and recovery keys; the logger list as train.sh.
 # - their verl 0.5 trainer trains all 510 steps and its first update at the full lr: LUFFY's trainer switches off.
+# - their off_policy_loss_impl=seq (train.sh: token) only changes a logged metric: with loss_remove_token_mean both
+#   of their loss functions give the same loss, and the ampo loss does not read the key.
+# Their values, key by key with file and line: tests/exp_scripts/test_authors_settings.py (AMPO).
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_ampo.sh [key=value ...]

@@ -21,7 +21,8 @@
 # Data: $DATA_DIR/openr1.parquet as train.sh (QuestA trains on OpenR1-50-0-4, the OpenR1-Math problems their base
 # model rarely solves: the same format, problem as the user message, the R1 generation as target, the answer as
 # reward_model.ground_truth). The hints are cut at run time from the target column; rows whose answer is not in
-# the solution are left out, as their add_prefix.py drops them.
+# the solution are left out, as their add_prefix.py drops them. Their values, key by key with file and line:
+# tests/exp_scripts/test_authors_settings.py (QUESTA).
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_questa.sh [key=value ...]

@@ -8,7 +8,8 @@
 # sum/8192, entropy 0.001, reward v3, 30 epochs; so train.sh's list below is theirs and the lines here restate the
 # keys that make the method. Differences from their script, all train.sh's (see its header): the logger list adds
 # wandb (theirs: console only), LUFFY's trainer switches (first update at lr 0, total-1 updates: their trainer is
-# LUFFY's), the memory plan, rollout speed and recovery keys.
+# LUFFY's), the memory plan, rollout speed and recovery keys. Their values, key by key with file and line:
+# tests/exp_scripts/test_authors_settings.py (RL_PLUS).
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_rl_plus.sh [key=value ...]

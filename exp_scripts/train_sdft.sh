@@ -13,6 +13,7 @@
 # - ppo_mini_batch_size=128 (train.sh: 64): TRL makes one optimizer step per generation batch.
 # - entropy_coeff=0 (train.sh: 0.001): TRL's SDFT loss has no entropy bonus.
 # - The trainer's reference pass over the student rows (KL-in-reward, coefficient 0 here) still runs.
+# TRL's values, key by key with file and line: tests/exp_scripts/test_authors_settings.py.
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_sdft.sh [key=value ...]

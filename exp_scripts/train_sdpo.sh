@@ -13,6 +13,8 @@
 #   = gradient accumulation), and its EMA teacher moves once per optimizer step; here once per training step.
 # - entropy_coeff=0 (train.sh: 0.001): TRL's SDPO loss has no entropy bonus.
 # - The trainer's reference pass over the student rows (KL-in-reward, coefficient 0 here) still runs.
+# grpo_use_std=True (train.sh: False) is TRL's scale_rewards=group; the advantage is read only when
+# distillation_weight < 1. TRL's values, key by key with file and line: tests/exp_scripts/test_authors_settings.py.
 #
 # Usage: [ROOT=..] [MODEL_PATH=..] [DATA_DIR=..] [EXP_NAME=..] [WANDB_PROJECT=..] [RAY_STOP=1] [PYTHON=..] \
 #          bash exp_scripts/train_sdpo.sh [key=value ...]
@@ -36,6 +38,7 @@ exec bash "$HERE/train.sh" \
     actor_rollout_ref.rollout.n_prefix=0 \
     actor_rollout_ref.rollout.temperature=1.0 \
     algorithm.adv_estimator=grpo \
+    algorithm.grpo_use_std=True \
     algorithm.kl_ctrl.kl_coef=0.0 \
     algorithm.sdpo.distillation_weight=1.0 \
     algorithm.sdpo.success_threshold=1.0 \

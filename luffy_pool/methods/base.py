@@ -88,13 +88,23 @@ def register_method(method: Method) -> Method:
             f"method {method.name!r}: its YAML group restates algorithm.{method.name}; knobs live in its module"
         )
     if method.loss is not None:  # the one loss table: verl's registry, under the method's name
-        from luffy_pool.methods.losses import registry_entry
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 
         if method.name not in POLICY_LOSS_REGISTRY:
             register_policy_loss(method.name)(registry_entry(method))
     METHODS[method.name] = method
     return method
+
+
+def registry_entry(method):
+    """``method.loss`` in verl's call shape ``fn(inputs, cfg)`` (its knobs and step travel in ``inputs``)."""
+
+    def entry(inputs, cfg=None):  # inputs: loss_inputs.FamilyLossInputs
+        return method.loss(inputs, inputs.knobs, inputs.step)
+
+    entry.__name__ = entry.__qualname__ = f"{method.name}_loss"
+    entry.__module__ = method.loss.__module__
+    return entry
 
 
 def get_method(name: str) -> Method:

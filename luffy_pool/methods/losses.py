@@ -18,17 +18,6 @@ from luffy_pool.methods.base import get_method
 from luffy_pool.methods.loss_inputs import FamilyLossInputs
 
 
-def registry_entry(method):
-    """``method.loss`` in verl's call shape ``fn(inputs, cfg)`` (its knobs and step travel in ``inputs``)."""
-
-    def entry(inputs: FamilyLossInputs, cfg=None):
-        return method.loss(inputs, inputs.knobs, inputs.step)
-
-    entry.__name__ = entry.__qualname__ = f"{method.name}_loss"
-    entry.__module__ = method.loss.__module__
-    return entry
-
-
 def method_policy_loss(actor, micro: dict, log_prob, entropy, response_mask, global_steps, update_state):
     """The actor's ``compute_policy_loss`` for a method's loss -> (loss, metrics as ``actor/<name>`` floats)."""
     from verl.utils.batch_sizes import rank_batch_sizes

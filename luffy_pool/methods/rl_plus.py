@@ -37,7 +37,7 @@ import torch
 from luffy_pool.algorithm.mix_core_alg import LUFFY_TOKEN_METRIC_TOKENS, luffy_token_loss
 from luffy_pool.methods.base import Method, register_method
 from luffy_pool.methods.loss_inputs import FamilyLossInputs
-from luffy_pool.methods.losses import registry_entry
+from luffy_pool.methods.base import registry_entry
 from verl.trainer.ppo.core_algos import register_policy_loss
 from verl.utils import torch_functional as verl_F
 from verl.utils.config_section import NON_NEGATIVE, Bound, key

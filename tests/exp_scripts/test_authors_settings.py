@@ -7,12 +7,18 @@ composes each script's config through its own command line (``luffy_pool.run.rec
 does) and compares. A value that deliberately differs (a setting this project does not have, a hardware-bound
 value, a grader it does not ship) states the composed value (``ours``) and a phrase the script's comments must
 carry (``why``), so every difference is said where the script is read. A setting with no key here (``key=None``)
-only needs that comment.
+only needs that comment. The record types and the tables of RL-PLUS, QuestA, AMPO, SDPO and SDFT are in
+tests/helpers/authors_settings.py.
 
 Not in the tables (not found, so not guessed): CHORD's learning rate and trainer settings (Trinity-RFT's
 examples/mix_chord/mix_chord.yaml names examples/mix_chord/train_chord.yaml for them, a file the stored copy of the
 repository does not hold) and CHORD's reward (Trinity's math_boxed_workflow); Prefix-RFT's settings beyond the three
-its paper states (no code was released).
+its paper states (no code was released); QuestA's stage-2 hint ratio 0.25 (only the name partial_50_25_grpo.yaml and
+the README's `--ratio ratio` say it) and whether AReaL's first update runs at lr 0 (transformers' warm-up of
+int(0.001 x total steps) steps: it does from 1,000 steps on, and the total depends on the data set, not released);
+TRL's learning rate and batch sizes (transformers' TrainingArguments defaults, not in the TRL wheel); SDPO/SDFT
+teacher_sync_steps and SDFT's teacher_prompt_template (no key here). SDPO and SDFT follow the TRL 1.16.0 wheel
+(``pip download trl==1.16.0``): their source is the package, no commit.
 """
 
 from __future__ import annotations
@@ -21,16 +27,13 @@ import functools
 import math
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Optional
 
 import pytest
 
 from luffy_pool.run.recipe import read_recipe
+from tests.helpers.authors_settings import AMPO, QUESTA, RL_PLUS, SAME, SDFT, SDPO, A, F, R, _at
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-A, R, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.actor.fsdp_config."
-SAME = object()  # ours equals the authors' value
 
 LUFFY_REPO = ("ElliottYan/LUFFY", "01f4ae066249e6965ce0d5512ccdf99a12895c74")
 HPT_REPO = ("TsinghuaC3I/Unify-Post-Training", "ae332f5fa4dc8b4c3d3cd77ebc9cff3a3abab2d0")
@@ -38,34 +41,6 @@ RELIFT_REPO = ("TheRoadQaQ/ReLIFT", "eb95454f45eb84bf8f8efa3728f4839548426f5f")
 UFT_REPO = ("liumy2010/UFT", "ad3c8ec7d258d4e4cf3f359dd75925d0f127a520")
 TRINITY_REPO = ("modelscope/Trinity-RFT", "041433056e9067e35a42a3943ecbaf89bef24518")
 PREFIX_RFT_PAPER = ("arXiv 2507.01679", None)  # no public code: the paper
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    commit: Optional[str]  # None: a paper
-    path: str  # a file of the repository, or the paper's part
-    line: str  # a line or a range "a-b" ('' for a paper)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """``key``: our composed key, two keys joined by one of `` + - * / `` (a value we spell in two keys), or None
-    (a setting this project has no key for). ``authors``: their value. ``ours``: the composed value where it
-    deliberately differs. ``why``: text the script's comments carry for a difference."""
-
-    key: Optional[str]
-    authors: Any
-    source: Source
-    ours: Any = SAME
-    why: str = ""
-
-
-def _at(repo_commit, path):
-    def setting(line, key, authors, **kw) -> Setting:
-        return Setting(key, authors, Source(*repo_commit, path, str(line)), **kw)
-
-    return setting
 
 
 # ---------------------------------------------------------------------- ExGRPO: ElliottYan/LUFFY ExGRPO/
@@ -350,6 +325,11 @@ TABLES = {
     "chord": CHORD,
     "uft": UFT,
     "prefix_rft": PREFIX_RFT,
+    "rl_plus": RL_PLUS,
+    "questa": QUESTA,
+    "ampo": AMPO,
+    "sdpo": SDPO,
+    "sdft": SDFT,
 }
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
 
@@ -422,6 +402,11 @@ def test_every_value_names_its_source(method):
         src = s.source
         if method == "prefix_rft":  # the paper, no repository
             assert src.repo.startswith("arXiv ") and src.commit is None and src.path, s
+            continue
+        if src.repo.startswith("pypi:"):  # a released package: its version, named by the script
+            name, version = src.repo[len("pypi:") :].split("==")
+            assert src.commit is None and src.path.startswith(f"{name}/") and re.fullmatch(r"\d+(-\d+)?", src.line)
+            assert f"{name.upper()} {version}" in _comments(method), (method, src.repo)
             continue
         assert re.fullmatch(r"[\w.-]+/[\w.-]+", src.repo) and re.fullmatch(r"[0-9a-f]{40}", src.commit), s
         assert src.path and re.fullmatch(r"\d+(-\d+)?", src.line), s

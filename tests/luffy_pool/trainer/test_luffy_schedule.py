@@ -72,6 +72,7 @@ def project_lrs(config, total: int, updates: int, optim_steps: int) -> tuple[lis
         sections=sections,
         total_training_steps=total,
         ulysses_group=None,
+        row_group=None,
         actor_module=module,
         device="cpu",
         optimizer_offload=SimpleNamespace(on_compute_device=contextlib.nullcontext),
