@@ -33,7 +33,10 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 export ROOT=${ROOT:-$(dirname "$HERE")}
 export DATA_DIR=${DATA_DIR:-$ROOT/data}
-export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-7B-Instruct}
+# Their model is Qwen2.5-7B-Instruct: pass MODEL_PATH=Qwen/Qwen2.5-7B-Instruct. The default is the same 7B Qwen2
+# network in its Math release, whose published config the project ships (tests/data/model_configs), so its
+# pre-flight and full-length checks read a real config; their 32768-position override below applies to both.
+export MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-Math-7B}
 export EXP_NAME=${EXP_NAME:-Qwen2.5-7B-Ins-AMPO}
 export WANDB_PROJECT=${WANDB_PROJECT:-AMPO}
 # algorithm.method=ampo sets policy_loss=ampo, n_prefix=0 (its hook injects after the reward) and turns LUFFY's
