@@ -34,6 +34,7 @@ per step); rows are grouped by ``uid`` (theirs: consecutive blocks of ``num_gene
 
 from __future__ import annotations
 
+import abc
 import re
 from dataclasses import dataclass
 
@@ -223,7 +224,7 @@ def last_user_turn(messages) -> int:
     return turns[-1]
 
 
-class SelfTeacher(StepHooks):
+class SelfTeacher(StepHooks, abc.ABC):
     """Scores each row's response under its teacher prompt with the worker's reference model (``after_log_probs``)
     and, with an EMA teacher, moves the reference toward the actor (``after_update``). A method subclasses it with
     :meth:`teacher_prompt` (None: the row has no teacher and no distillation loss)."""
@@ -247,8 +248,10 @@ class SelfTeacher(StepHooks):
         if self.knobs.teacher == "ema":
             self.wg.init_ref_ema()
 
+    @abc.abstractmethod
     def teacher_prompt(self, batch, row: int, item: int, context: dict):
-        raise NotImplementedError
+        """The teacher's user text for ``row`` (dataset item ``item``), or None when the row has no teacher; each
+        method's subclass gives it (SDPO: a successful sibling; SDFT: the demonstration)."""
 
     def prepare(self, batch) -> tuple[dict, dict]:
         """Per-step data :meth:`teacher_prompt` reads, and metrics."""
