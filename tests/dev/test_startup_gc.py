@@ -95,6 +95,7 @@ def test_a_ray_workers_pause_ends_when_verls_worker_constructs_it():
     )
 
 
+@pytest.mark.slow  # imports vLLM's engine classes (~8 s)
 def test_every_vllm_engine_build_runs_without_the_collector():
     """build_engines_without_gc wraps vLLM's LLMEngine.from_engine_args (what vllm.LLM calls) once: inside it the
     collector is off and what existed before is frozen; after it the collector is back."""

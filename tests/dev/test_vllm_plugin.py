@@ -57,12 +57,14 @@ print(
 """
 
 
+@pytest.mark.slow  # a fresh interpreter importing vLLM (~25 s)
 def test_vllms_loader_runs_it_only_with_the_switch():
     assert _python(PROBE) == "False False False"  # the product's processes: vLLM as it ships
     assert _python(PROBE, LUFFY_DEV_SPEEDUPS="0") == "False False False"
     assert _python(PROBE, LUFFY_DEV_SPEEDUPS="1") == "True True True"  # this machine kind is a CPU platform
 
 
+@pytest.mark.slow  # imports vLLM's model runners (~12 s)
 def test_register_says_what_it_applied_and_nothing_when_off(monkeypatch):
     from luffy_pool_dev import vllm_plugin
 

@@ -68,6 +68,7 @@ def test_gpu_smoke_small_on_cpu(tmp_path):
     assert split["engine"] == "vllm" and set(split["checks"]) == {"engine_vs_actor_kl", "split_trained"}, split
 
 
+@pytest.mark.slow  # builds a model and runs every numeric check (~15 s)
 def test_numeric_checks_pass_on_cpu_with_the_hf_engine(tmp_path):
     """``--rollout hf --split off`` (no Ray, ~20 s): packed vs padded and the engine-vs-actor gap after each push run
     inside the real steps; in fp32 the actor and the HF engine do the same arithmetic, so both gaps are at rounding

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXP = os.path.join(REPO, "exp_scripts")
 REAL = os.path.join(REPO, "tests", "data", "model_configs", "Qwen--Qwen2.5-Math-7B.json")
@@ -60,6 +62,7 @@ def _dry_run(tmp_path, hub):
     return proc.stdout, json.loads(lines[-1][len("REHEARSAL ") :])
 
 
+@pytest.mark.slow  # a rehearsal dry run in a subprocess (~10 s)
 def test_hub_id_resolves_through_the_hub_cache_and_keeps_the_real_fields(tmp_path):
     config = _hub_cache(tmp_path / "hub")
     out, report = _dry_run(tmp_path, tmp_path / "hub")

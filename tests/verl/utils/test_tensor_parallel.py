@@ -208,8 +208,10 @@ def model_dirs(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "world,tp", [(2, 2), pytest.param(4, 2, marks=pytest.mark.slow)], ids=["tp2", "dp2xtp2"]
-)  # slow: 4 forked ranks
+    "world,tp",
+    [pytest.param(2, 2, marks=pytest.mark.slow), pytest.param(4, 2, marks=pytest.mark.slow)],
+    ids=["tp2", "dp2xtp2"],
+)  # slow: forked gloo ranks (the quick loop keeps the one-process plan and refusal tests)
 def test_tp_matches_the_one_rank_run(model_dirs, world, tp):
     reports = run_gloo_ranks(_parity_job, world, model_dirs, tp, timeout_s=600)
     for rank, report in enumerate(reports):
