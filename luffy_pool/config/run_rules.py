@@ -91,7 +91,13 @@ def layout_errors(sections) -> list[str]:
             f"'{_A}.tensor_model_parallel_size'={actor_tp} must divide the world size {world} (trainer.nnodes * "
             "trainer.n_gpus_per_node)"
         ]
-    sp *= actor_tp  # the ranks of an SP or a TP group train on the same rows: dp = world / (sp x tp)
+    pp = a.pipeline_model_parallel_size  # verl/utils/pipeline_parallel.py
+    if pp > 1 and world % (pp * actor_tp):
+        return errors + [
+            f"'{_A}.pipeline_model_parallel_size'={pp} x '{_A}.tensor_model_parallel_size'={actor_tp} must divide "
+            f"the world size {world} (trainer.nnodes * trainer.n_gpus_per_node)"
+        ]
+    sp *= actor_tp * pp  # the ranks of an SP, TP or PP group train on the same rows: dp = world / (sp x tp x pp)
     try:
         rows_per_rank(sections.data.train_batch_size, n, world)
         per_rank = normalize_actor_batch_sizes(sizes, n, world, sp)

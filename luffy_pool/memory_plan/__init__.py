@@ -140,7 +140,25 @@ def over_budget_message(plan: Plan) -> list[str]:
             + " or ".join(fixes)
             + "; or trainer.memory_plan=warn to start anyway"
         )
+    lines.append(layout_suggestion(plan))
     return lines
+
+
+def layout_suggestion(plan: Plan) -> str:
+    """The smallest actor layout (tp, pp) on the same GPUs whose plan fits with the 5 % margin, as overrides."""
+    from luffy_pool.memory_plan.estimate import build_plan
+    from luffy_pool.memory_plan.layout import layout_text, smallest_fitting_layout
+
+    found = smallest_fitting_layout(plan, lambda p: not p.over(HEADROOM_FRACTION) and not p.notes, build_plan)
+    i = plan.inputs
+    if found is None:
+        return f"memory plan: no actor (tp, pp) layout on these {i.world} GPUs fits either"
+    tp, pp, trial = found
+    return (
+        f"memory plan: the smallest layout that fits on these {i.world} GPUs is "
+        f"{layout_text(i.world, tp, pp, i.sp, trial.inputs.shard_group)} (peak {trial.peak.total / GiB:.1f} GiB): "
+        f"actor_rollout_ref.actor.tensor_model_parallel_size={tp} actor_rollout_ref.actor.pipeline_model_parallel_size={pp}"
+    )
 
 
 def check_run(sections, device: str) -> Optional[Plan]:

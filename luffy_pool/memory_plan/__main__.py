@@ -38,7 +38,7 @@ def parse_args(argv):
     p.add_argument(
         "--readme-table",
         action="store_true",
-        help="print the table in docs/memory.md: train.sh and train_16k.sh on 80 and 141 GB GPUs at 1 and 2 nodes",
+        help="print the table in docs/memory.md: the shipped recipes (TABLE_ROWS) on 80 and 141 GB GPUs",
     )
     args = p.parse_args(argv)
     args.overrides = list(args.config_overrides) + tail
@@ -90,17 +90,38 @@ def readme_table(env=None) -> str:
     from luffy_pool.memory_plan.report import markdown_table
 
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("MODEL_PATH", "DATA_DIR")}
+    env = {
+        k: v for k, v in (os.environ if env is None else env).items() if k not in ("MODEL_PATH", "DATA_DIR", "ACTOR_PP")
+    }
     rows = []
-    for name in ("train.sh", "train_16k.sh"):
+    for label, name, model, extra, node_counts in TABLE_ROWS:
         for gpu in ("80", "141"):
-            for nodes in (1, 2):
+            for nodes in node_counts:
                 overrides = script_overrides(
-                    os.path.join(here, "exp_scripts", name), [f"trainer.nnodes={nodes}"], env=env
+                    os.path.join(here, "exp_scripts", name),
+                    [f"trainer.nnodes={nodes}", *extra],
+                    env=dict(env, MODEL_PATH=model) if model else env,
                 )
                 plan = plan_for_config(compose_config(overrides), parse_gpu_memory(gpu))
-                rows.append((f"`{name}`", f"{gpu} GB", nodes, plan))
+                rows.append((label, f"{gpu} GB", nodes, plan))
     return markdown_table(rows)
+
+
+# docs/memory.md's table: (recipe label, script, MODEL_PATH or None for the script's default, overrides, nodes). The
+# 72B row is train_32b.sh's layout (actor TP 4) on Qwen2.5-72B-Instruct with vLLM TP 8 (bf16 weights 135 GiB).
+TABLE_ROWS = (
+    ("`train.sh`", "train.sh", None, (), (1, 2)),
+    ("`train_16k.sh`", "train_16k.sh", None, (), (1, 2)),
+    ("`train_32b.sh` (Qwen2.5-32B, TP 4)", "train_32b.sh", None, (), (2,)),
+    ("`train_moe.sh` (Qwen3-30B-A3B, MoE)", "train_moe.sh", None, (), (2,)),
+    (
+        "`train_32b.sh` on Qwen2.5-72B-Instruct, vLLM TP 8",
+        "train_32b.sh",
+        "Qwen/Qwen2.5-72B-Instruct",
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size=8",),
+        (4, 8),
+    ),
+)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Where the numbers come from:
   The CPU build sizes its KV cache from ``kv_cache_memory_bytes`` (``rollout.cpu_kv_cache_bytes``;
   vLLM's legacy ``VLLM_CPU_KVCACHE_SPACE`` GiB overrides it, ``vllm/platforms/cpu.py``).
 - FSDP2 state: fp32 master parameters (the worker builds both actor and reference in fp32), fp32
-  gradients, two fp32 AdamW moments, each sharded over the FSDP shard group (``fsdp_size``).
+  gradients, two fp32 AdamW moments, each sharded over the FSDP shard group (``fsdp_size``); with the actor's
+  tensor / pipeline parallel layout, the rank's tp share of its stage over the dp ranks (``layout.py``, which also
+  gives the gathered units, the activations per stage and the vocabulary split of the LM head).
 - Activations: tensors autograd keeps per decoder layer of an HF Llama/Qwen2-style block (RMSNorm in
   fp32, q/k/v, rotary inputs, attention output, the four MLP tensors), at the micro-batch's tokens per
   rank; the LM head as ``verl/utils/chunked_logprobs.py`` allocates it (chunks) or as full logits
@@ -50,6 +52,14 @@ from luffy_pool.memory_plan.activations import head_bytes, layer_saved_bytes, la
 from luffy_pool.memory_plan.engine_budget import vllm_budget
 from luffy_pool.memory_plan.engine_side import receive_transient, vllm_tp_communicator_bytes, vllm_tp_communicator_what
 from luffy_pool.memory_plan.host import replay_pool_line
+from luffy_pool.memory_plan.layout import (
+    in_flight,
+    pp_micro_batches,
+    rank_layer_params,
+    rank_params,
+    rank_root_params,
+    tp_shape,
+)
 from luffy_pool.memory_plan.inputs import ACTOR_KEY, MODEL_KEY, REF_KEY, ROLLOUT_KEY, PlanInputs, padded_update_note
 from luffy_pool.memory_plan.shapes import ModelShape
 
@@ -113,33 +123,35 @@ def _state_lines(
     """``sft_on_device``: the SFT stage's AdamW moments (method_extras.py) on the device (None: as the RL
     optimizer's)."""
     f = i.shard_group if i.fsdp else 1
+    # tp x pp: the rank's share of the largest stage (layout.py), then / f; the divisor in the line's text
+    p = rank_params(s, i.actor_tp, i.pp)
+    div = f"{f}" if (i.actor_tp, i.pp) == (1, 1) else f"(TP {i.actor_tp} x PP {i.pp} x FSDP {f})"
     lines = []
     if not i.actor_param_offload:
-        lines.append(
-            Line(f"actor fp32 params / {f} (FSDP shard)", 4 * s.params // f, f"{_A}.fsdp_config.param_offload")
-        )
+        lines.append(Line(f"actor fp32 params / {div} (FSDP shard)", 4 * p // f, f"{_A}.fsdp_config.param_offload"))
         if grads:
-            lines.append(Line(f"actor fp32 grads / {f}", 4 * s.params // f, f"{_A}.fsdp_config.param_offload"))
+            lines.append(Line(f"actor fp32 grads / {div}", 4 * p // f, f"{_A}.fsdp_config.param_offload"))
         if optimizer_on_device:
             key = f"{_A}.fsdp_config.optimizer_offload"
-            lines.append(Line(f"AdamW moments (2 x fp32) / {f}", 8 * s.params // f, key))
+            lines.append(Line(f"AdamW moments (2 x fp32) / {div}", 8 * p // f, key))
         if i.sft_optimizer and (optimizer_on_device if sft_on_device is None else sft_on_device):
-            lines.append(
-                Line(
-                    f"{i.sft_moments} / {f}",
-                    8 * s.params // f,
-                    f"{_A}.fsdp_config.optimizer_offload",
-                )
-            )
+            lines.append(Line(f"{i.sft_moments} / {div}", 8 * p // f, f"{_A}.fsdp_config.optimizer_offload"))
     if i.use_ref and not i.ref_param_offload:
-        lines.append(Line(f"ref fp32 params / {f}", 4 * s.params // f, f"{_REF}.fsdp_config.param_offload"))
+        lines.append(Line(f"ref fp32 params / {div}", 4 * p // f, f"{_REF}.fsdp_config.param_offload"))
     return lines
 
 
 def nccl_communicators(i: PlanInputs) -> list[str]:
     """The NCCL communicators the trainer side of one rank joins (vLLM's own are inside its budget)."""
-    names = ["world (FSDP)"] if i.world > 1 else []
-    if i.shard_group != i.world:
+    layered = i.actor_tp > 1 or i.pp > 1  # a (dp, pp, tp) mesh: FSDP on its dp groups, beside the world group
+    names = (["world (FSDP)"] if not layered else ["world"]) if i.world > 1 else []
+    if layered and i.shard_group > 1:
+        names.append("FSDP dp group")
+    if i.actor_tp > 1:
+        names.append("actor TP")
+    if i.pp > 1:  # send/recv with the previous and the next stage
+        names += ["PP send/recv"] * min(2, i.pp - 1)
+    if i.shard_group != i.world and not layered:
         names += ["HSDP shard", "HSDP replicate"]
     if i.sp > 1:
         names.append("Ulysses SP")
@@ -169,7 +181,7 @@ def _runtime_lines(i: PlanInputs) -> list[Line]:
             Line(
                 f"NCCL, {len(comms)} communicator(s) x {per / GiB:.2f} GiB: {', '.join(comms)} (estimate)",
                 len(comms) * per,
-                f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size",
+                f"{_R}.tensor_model_parallel_size / {_A}.ulysses_sequence_parallel_size / {_A}.*_model_parallel_size",
             )
         )
     if not i.split_engines:  # the colocated engine's communicator stays on this GPU in every phase
@@ -215,25 +227,41 @@ def _gathered(i: PlanInputs, s: ModelShape, grads: bool) -> list[Line]:
     if not i.fsdp:
         return []
     a = i.param_dtype_bytes
-    root = s.embed_params * (1 if s.tie_word_embeddings else 2)
+    root, layer = rank_root_params(s, i.actor_tp, i.pp), rank_layer_params(s, i.actor_tp)
     key = f"{_A}.fsdp_config.param_dtype"
+    per_tp = f" (1/{i.actor_tp}: TP)" if i.actor_tp > 1 else ""
     lines = [
-        Line("unsharded root unit (embeddings + head)", root * a, key),
         Line(
-            "unsharded decoder layers (current + prefetch)",
-            2 * s.layer_params * a,
+            "unsharded root unit (embeddings + head)"
+            + (f" (TP {i.actor_tp}, PP {i.pp})" if i.pp > 1 or per_tp else ""),
+            root * a,
+            key,
+        ),
+        Line(
+            "unsharded decoder layers (current + prefetch)" + per_tp,
+            2 * layer * a,
             f"{_A}.fsdp_config.reshard_after_forward",
         ),
     ]
     if grads:
         lines.append(
             Line(
-                "unsharded grads of a layer + fp32 reduce copy",
-                s.layer_params * (a + 4) + root * (a + 4) // 2,
+                "unsharded grads of a layer + fp32 reduce copy" + per_tp,
+                layer * (a + 4) + root * (a + 4) // 2,
                 f"{_A}.fsdp_config.reduce_dtype",
             )
         )
     return lines
+
+
+def _pp_lines(i: PlanInputs, s: ModelShape, tokens: int) -> list[Line]:
+    """PP: the send and receive buffers of a micro-batch's hidden states between neighbouring stages."""
+    if i.pp <= 1:
+        return []
+    nbytes = 2 * tokens * s.hidden_size * i.param_dtype_bytes
+    return [
+        Line(f"PP {i.pp}: hidden states sent + received, {tokens} tokens", nbytes, f"{_A}.pipeline_model_parallel_size")
+    ]
 
 
 def _ulysses_lines(i: PlanInputs, s: ModelShape, tokens: int) -> list[Line]:
@@ -259,10 +287,11 @@ def logprob_phase(i: PlanInputs, s: ModelShape, name: str, tokens: int, budget_k
     sp = f" (SP {i.sp}: 1/{i.sp} of each row per rank)" if i.sp > 1 else ""
     h = s.hidden_size
     lines.append(Line(f"hidden states in/out, {tokens} tokens/rank{sp}", 2 * tokens * a * h, budget_key))
-    lines += _ulysses_lines(i, s, tokens)
-    layer = tokens * layer_working_bytes(s, a)
+    lines += _ulysses_lines(i, s, tokens) + _pp_lines(i, s, tokens)
+    r = tp_shape(s, i.actor_tp)  # one tp rank's heads, MLP columns and vocabulary rows
+    layer = tokens * layer_working_bytes(r, a)
     hb, what = head_bytes(
-        s,
+        r,
         i.logprob_scored_tokens or tokens,
         i.logprob_chunk_size,
         a,
@@ -294,18 +323,20 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
     scored = None if sft_stage else i.update_scored_tokens
     fb = list(base) + _gathered(i, s, grads=True)
     ck = f"{_M}.enable_gradient_checkpointing"
-    saved, work = layer_saved_bytes(s, a), layer_working_bytes(s, a)
-    L = s.num_hidden_layers
+    r = tp_shape(s, i.actor_tp)  # one tp rank's heads, MLP columns and vocabulary rows
+    saved, work = layer_saved_bytes(r, a), layer_working_bytes(r, a)
+    # PP: a stage's layers x the micro-batches in flight on the first stage, by schedule (layout.py)
+    m, L, of = in_flight(s, i.pp, i.pp_schedule, pp_micro_batches(i))
     if i.gradient_checkpointing:
-        fb.append(Line(f"checkpointed layer inputs, {L} x {t} tokens", L * t * a * s.hidden_size, ck))
+        fb.append(Line(f"checkpointed layer inputs, {of} x {t} tokens", m * L * t * a * s.hidden_size, ck))
         layer, layer_what = t * (saved + work), "one layer recomputed + its backward"
     else:
-        fb.append(Line(f"saved activations, {L} layers x {t} tokens", L * t * saved, ck))
+        fb.append(Line(f"saved activations, {of} x {t} tokens", m * L * t * saved, ck))
         layer, layer_what = t * work, "a layer's backward working set"
     fb.append(Line("embeddings + final norm (out, grad)", t * s.hidden_size * (3 * a + 4), budget_key))
-    fb += _ulysses_lines(i, s, t)
+    fb += _ulysses_lines(i, s, t) + _pp_lines(i, s, t)
     hb, what = head_bytes(
-        s,
+        r,
         scored or t,
         i.logprob_chunk_size,
         a,
@@ -324,7 +355,9 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
         impl = i.step_impl if i.step_impl != "auto" else ("foreach" if i.device == "cuda" else "fused")
         # foreach: _foreach_sqrt of every second moment (one fp32 copy of the shard); for_loop: per tensor, the
         # sqrt and its division by the bias correction (two fp32 copies of the largest, the embedding); fused: none.
-        temps = {"fused": 0, "for_loop": 2 * 4 * s.embed_params // f}.get(impl, 4 * s.params // f)
+        p = rank_params(s, i.actor_tp, i.pp)
+        largest = rank_root_params(s, i.actor_tp, 2)  # the larger end (embedding or head): the largest tensor
+        temps = {"fused": 0, "for_loop": 2 * 4 * largest // f}.get(impl, 4 * p // f)
         step = list(base) + [Line(f"AdamW step temporaries ({impl})", temps, f"{_A}.optim.step_impl")]
         phases.append(Phase(f"{name}: optimizer step", step + _fragmentation(i, step)))
     return phases
@@ -389,7 +422,7 @@ def build_plan(i: PlanInputs, s: ModelShape, device_bytes: Optional[int]) -> Pla
         # vLLM's TP communicator is built before its start-up check (engine_side.py): it is not free either.
         free_at_start = (
             total
-            - (4 * s.params // i.shard_group if actor_on_gpu else 0)
+            - (4 * rank_params(s, i.actor_tp, i.pp) // i.shard_group if actor_on_gpu else 0)
             - CUDA_CONTEXT_BYTES
             - vllm_tp_communicator_bytes(i.tp, nccl_bytes_per_communicator())
         )

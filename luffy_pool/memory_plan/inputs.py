@@ -72,6 +72,11 @@ class PlanInputs:
     # actor_rollout_ref.hybrid_engine=False: the engines have GPUs of their own (the rollout phase holds no actor
     # state, the trainer's phases no sleeping engine); set by from_sections, False for a hand-built plan.
     split_engines: bool = False
+    # The actor's (and reference's) tensor- and pipeline-parallel degrees (memory_plan/layout.py); ``tp`` above is
+    # the rollout engine's.
+    actor_tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1f1b"
     # The per-method fields (the rest of this class), set by method_extras.method_inputs.
     # A method's interleaved SFT stage: its own AdamW, tokens per rank of its micro-batch, its phase's name, the key
     # of its micro-batch and its moments' line
@@ -91,7 +96,8 @@ class PlanInputs:
 
     @property
     def shard_group(self) -> int:
-        return self.world if self.fsdp_size in (-1, 0, None) else int(self.fsdp_size)
+        """FSDP's shard group: the dp ranks of the (dp, pp, tp) layout (all ranks without tp/pp), or HSDP's."""
+        return self.world // (self.actor_tp * self.pp) if self.fsdp_size in (-1, 0, None) else int(self.fsdp_size)
 
     @classmethod
     def from_sections(cls, sections, device: str) -> "PlanInputs":
@@ -99,7 +105,8 @@ class PlanInputs:
         w, data, trainer = sections.workers, sections.data, sections.trainer
         actor, rollout, ref, model = w.actor, w.rollout, w.ref, w.model
         world, sp, n = trainer.nnodes * trainer.n_gpus_per_node, actor.ulysses_sequence_parallel_size, rollout.n
-        dp = max(1, world // sp)
+        actor_tp, pp = int(actor.tensor_model_parallel_size), int(actor.pipeline_model_parallel_size)
+        dp = max(1, world // (sp * actor_tp * pp))  # the ranks of an SP / TP group and of a pipeline share rows
         width = data.max_prompt_length + data.max_response_length
 
         def tokens(dynamic: bool, budget: int, micro: Optional[int], micro_per_gpu: Optional[int] = None) -> int:
@@ -169,6 +176,9 @@ class PlanInputs:
             update_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else 0,
             update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp),
             split_engines=not w.hybrid_engine,
+            actor_tp=actor_tp,
+            pp=pp,
+            pp_schedule=str(getattr(actor, "pipeline_schedule", "1f1b")),  # verl/utils/pipeline_parallel.py
             **method_inputs(sections, sp),
         )
 

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Optional
 
+from luffy_pool.memory_plan.layout import layout_lines
 from luffy_pool.memory_plan.estimate import GiB, HEADROOM_FRACTION, Plan, build_plan, padded_update_note
 
 _A, _R, _REF, _M = (
@@ -76,8 +77,10 @@ def render(plan: Plan, title: str = "", rows_per_engine: Optional[int] = None) -
     )
     out.append(
         f"layout: {i.world} ranks ({i.nodes} node(s)), FSDP shard group {i.shard_group}, Ulysses SP {i.sp}, "
-        f"vLLM TP {i.tp}; per rank (every rank holds the same shares)"
+        f"vLLM TP {i.tp}, actor TP {i.actor_tp}, PP {i.pp}; per rank "
+        + ("(every rank holds the same shares)" if i.pp == 1 else "(the largest pipeline stage)")
     )
+    out += layout_lines(plan)
     width = max(len(line.what) for p in plan.phases for line in p.lines) + 2
     out.append(f"{'phase / line':<{width + 2}}{'GiB':>7}  config key")
     for phase in plan.phases:

@@ -28,6 +28,7 @@ class ModelShape:
     head_dim: int
     max_position_embeddings: int = 0
     source: str = ""
+    model_type: str = ""  # HF model_type ("qwen2", "qwen3_moe", ...): the layout search's tp plan families
     qkv_bias: bool = True  # Qwen2 always; Llama/Qwen3 per ``attention_bias``
     qk_norm: bool = False  # Qwen3: an RMSNorm of head_dim on q and on k
     mlp_bias: bool = False
@@ -108,6 +109,7 @@ def shape_from_dict(cfg: dict, source: str) -> ModelShape:
             head_dim=int(cfg.get("head_dim") or hidden // heads),
             max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
             source=source,
+            model_type=model_type,
             **_architecture(cfg, model_type, layers),
         )
     except KeyError as exc:
@@ -214,6 +216,47 @@ KNOWN_SHAPES: dict[str, dict] = {
     "meta-llama/Llama-3.1-8B": _LLAMA31_8B,
     "Qwen/Qwen3-8B": dict(_QWEN3_8B, max_position_embeddings=40960),
     "Qwen/Qwen3-8B-Base": dict(_QWEN3_8B, max_position_embeddings=32768),
+    # the large-model recipes (train_32b.sh, train_moe.sh) and the 72B row of docs/memory.md's table; their
+    # config.json files and sources: tests/data/model_configs/README.md
+    "Qwen/Qwen2.5-32B": dict(
+        model_type="qwen2",
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    "Qwen/Qwen2.5-72B-Instruct": dict(
+        model_type="qwen2",
+        hidden_size=8192,
+        intermediate_size=29568,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+    ),
+    "Qwen/Qwen3-30B-A3B-Base": dict(
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    ),
 }
 
 

@@ -441,6 +441,16 @@ def fit_prompt_length(overrides: list[str], report: dict, longest: int) -> list[
     ]
 
 
+def moe_rollout_on_cpu(recipe, real_config, device: str, report: dict, overrides: list[str]) -> list[str]:
+    """An MoE model rolls out with the HF engine on CPU: vLLM's CPU build takes no weight pushes into its experts
+    (vllm_rollout.py ``_cpu_moe_refusal``)."""
+    moe = real_config and any(real_config.get(f) for f in ("num_experts", "num_local_experts", "n_routed_experts"))
+    if not moe or device != "cpu" or recipe.kind != "rl" or recipe.get("actor_rollout_ref.rollout.name") != "vllm":
+        return overrides
+    report["rollout_engine"] = "vllm -> hf (MoE on CPU: vLLM's CPU build takes no weight pushes into experts)"
+    return overrides + ["actor_rollout_ref.rollout.name=hf"]
+
+
 def print_report(report: dict, overrides: list[str]) -> None:
     r = report
     print(f"rehearse: {r['script']} -- the script runs with its own switches; replaced (cannot exist here):")
@@ -469,6 +479,8 @@ def print_report(report: dict, overrides: list[str]) -> None:
         f"  device:  cuda -> {r['device']};  world: {w['was']} -> {w['now']} ranks (SP {w['sp']}, TP {w['tp']}); "
         f"steps: {r['steps']}"
     )
+    if r.get("rollout_engine"):
+        print(f"  rollout: {r['rollout_engine']}; on GPU the script's vLLM runs it")
     print(f"  trackers: {r['trackers']};  outputs: {r['outputs']};  ray: {r['ray']}")
     print("  appended overrides: " + " ".join(overrides), flush=True)
 
@@ -513,6 +525,7 @@ def rehearse(
             print(f"rehearse: refused: {why}", flush=True)
             print("REHEARSAL " + json.dumps(dict(report, rc=2, refused=why)), flush=True)
             return 2
+    overrides = moe_rollout_on_cpu(recipe, real_config, device, report, overrides)
     build_inputs(report, real_config=real_config, cache=cache and os.path.abspath(cache))
     if recipe.kind == "rl":  # the real chat template may make the tiny prompts longer than the scaled length
         longest = longest_templated_prompt(report["model"]["now"], report["data"]["now"].split(" ")[0])

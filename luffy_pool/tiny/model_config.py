@@ -190,17 +190,18 @@ def refusal(real: dict, source: str = "config.json") -> str | None:
     """Why a training run of this architecture cannot start here (one line), or None.
 
     MoE: transformers 5 builds each MoE layer's experts as fused parameters (``experts.gate_up_proj``) from
-    one checkpoint tensor per expert; the RL worker's meta-device shard loader (verl/utils/meta_init.py)
-    reads tensors by name and cannot do that conversion, so the workers would fail loading the model.
-    (The actor's forward/update, the chunked head and the HF rollout's generic loop do run such a model:
-    tests/luffy_pool/tiny/test_model_matrix.py.)
+    one checkpoint tensor per expert. verl/utils/moe_layout.py converts the layouts it lists (Qwen3-MoE) for the
+    meta-device shard loader and the weight push; any other MoE type would fail loading in the workers.
     """
+    from verl.utils.moe_layout import LAYOUTS
+
     experts = next((int(real[f]) for f in MOE_FIELDS if real.get(f)), 0)
-    if experts:
+    if experts and real.get("model_type") not in LAYOUTS:
         return (
             f"{source}: {real.get('model_type')} is a mixture of experts ({experts} experts): its experts are fused "
-            "by transformers on load from per-expert checkpoint tensors, which the meta-device shard loader "
-            "(verl/utils/meta_init.py) cannot read; MoE training is not supported yet"
+            "by transformers on load from per-expert checkpoint tensors, a layout the meta-device shard loader "
+            f"(verl/utils/moe_layout.py) converts only for {', '.join(sorted(LAYOUTS))}; this MoE type is not "
+            "supported yet"
         )
     return None
 

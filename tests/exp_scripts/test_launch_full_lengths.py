@@ -41,10 +41,18 @@ def _default_model(script):
     return recipe, str(recipe.model_path)
 
 
+def _config_file(config_name):
+    """The stored config.json of a model: the matrix's, or config_only/ (large models without their token files)."""
+    for name in (config_name, os.path.join("config_only", config_name)):
+        if os.path.isfile(os.path.join(CONFIGS, name + ".json")):
+            return os.path.join(CONFIGS, name + ".json")
+    return None
+
+
 def _problems(script, config_name, tmp_path, *extra):
     folder = tmp_path / config_name
     folder.mkdir()
-    shutil.copyfile(os.path.join(CONFIGS, config_name + ".json"), folder / "config.json")
+    shutil.copyfile(_config_file(config_name), folder / "config.json")
     return script_config_problems(script, extra, _env(MODEL_PATH=str(folder)))
 
 
@@ -56,11 +64,7 @@ for _s in SCRIPTS:
 
 
 def test_every_rl_script_has_its_default_models_config_or_is_known_to_have_none():
-    missing = {
-        os.path.basename(s)
-        for s, m in RL
-        if m is None or not os.path.isfile(os.path.join(CONFIGS, m.replace("/", "--") + ".json"))
-    }
+    missing = {os.path.basename(s) for s, m in RL if m is None or _config_file(m.replace("/", "--")) is None}
     assert missing == NO_HUB_DEFAULT
     assert len(RL) >= 12
 

@@ -34,7 +34,15 @@ CONFIGS = os.path.join(REPO, "tests", "data", "model_configs")
 # inside DP). A script built on them changes no parallel key (test_scripts_built_on_train_sh_keep_its_layout),
 # so its rehearsal checks its own switches on the smallest world that holds the layout: 2 ranks (40 % of the
 # CPU of a 4-rank rehearsal, measured on train.sh: 64 s against 107 s).
-LAYOUT_RANKS = {"train.sh": 4, "train_16k.sh": 4}
+LAYOUT_RANKS = {"train.sh": 4, "train_16k.sh": 4, "train_32b.sh": 8}
+# train_32b.sh (actor TP 4, vLLM TP 4; ACTOR_PP=2 pipelines it) rehearses every parallel dimension of the actor at once:
+# 8 ranks as tp 2 x pp 2 x dp 2 (two vLLM engines of TP 4), its shrunk Qwen2.5-32B having 2 layers, one per stage.
+LAYOUT_OVERRIDES = {
+    "train_32b.sh": (
+        "actor_rollout_ref.actor.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.pipeline_model_parallel_size=2",
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,7 @@ class Case:
 # Elliott/Qwen2.5-Math-7B-16k-think), or on the model this table gives it: each model LUFFY users train goes
 # through train.sh's switches (the scripts below exec train.sh and keep its model switches: remove padding,
 # gradient checkpointing, the chunked head, meta-device init, the vLLM TP 2 weight sync), and the two 16k
-# models through train_16k.sh's (SP 2 x TP 2). Qwen3-30B-A3B (MoE) is refused at pre-flight
-# (tests/luffy_pool/memory_plan/).
+# models through train_16k.sh's (SP 2 x TP 2). Qwen3-30B-A3B (MoE) rehearses through train_moe.sh, its own script.
 MATRIX = {
     "train_hpt.sh": "Qwen--Qwen2.5-Math-1.5B",  # tied embeddings
     "train_srft.sh": "Qwen--Qwen3-8B-Base",  # qwen3: q/k norms, head_dim apart from hidden/heads
@@ -81,7 +88,9 @@ def own_config(script: str):
     except RecipeError:  # train_sft_rl.sh refuses until train_sft.sh made its model: a local folder, no hub config
         return None
     name = str(model).replace("/", "--") if model and str(model).count("/") == 1 else None
-    return name if name and os.path.isfile(os.path.join(CONFIGS, name + ".json")) else None
+    # config_only/: the large models stored without their token files (tests/data/model_configs/README.md)
+    found = [n for n in (name, f"config_only/{name}") if name and os.path.isfile(os.path.join(CONFIGS, n + ".json"))]
+    return found[0] if found else None
 
 
 def _case(script: str, config) -> Case:
@@ -94,11 +103,14 @@ def _case(script: str, config) -> Case:
         label,
         script,
         ("--model-config", os.path.join(CONFIGS, config + ".json")),
-        ("trainer.save_freq=1",) if resume else (),
+        LAYOUT_OVERRIDES.get(base, ()) + (("trainer.save_freq=1",) if resume else ()),
         resume,
     )
 
 
+# train_moe.sh rehearses in full on its shrunk Qwen3-30B-A3B (4 experts, top-2; the HF engine rolls out on CPU,
+# luffy_pool/run/rehearse.py), train_32b.sh as LAYOUT_OVERRIDES says; tests/exp_scripts/test_rehearse_large.py
+# checks the large-model recipes' memory plans and their rehearsals' composed configs (dry runs).
 CASES = [_case(s, MATRIX.get(os.path.basename(s)) or own_config(s)) for s in SCRIPTS] + [
     _case(os.path.join(EXP, script), config) for script, config in EXTRA
 ]
@@ -417,6 +429,17 @@ def test_rehearse_launch_script(case, rehearsals):
         return
     for metrics in steps.values():
         assert math.isfinite(float(metrics["actor/pg_loss"])) and math.isfinite(float(metrics["actor/grad_norm"]))
+    if os.path.basename(script) == "train_moe.sh":  # the routers' aux loss and load logged; the HF engine rolled out
+        assert all(float(m["actor/moe_load_max_over_mean"]) >= 1.0 for m in steps.values()), out[-3000:]
+        assert all(math.isfinite(float(m["actor/moe_aux_loss"])) for m in steps.values())
+        assert "  rollout: vllm -> hf (MoE on CPU" in out
+    if LAYOUT_OVERRIDES.get(os.path.basename(script)):  # the trainer ran the layout it was given (tp x pp x dp 2)
+        from omegaconf import OmegaConf
+
+        resolved = OmegaConf.load(os.path.join(report["outputs"], "out", "resolved_config.yaml"))
+        for override in LAYOUT_OVERRIDES[os.path.basename(script)]:
+            key, value = override.split("=")
+            assert OmegaConf.select(resolved, key) == int(value), override
     if os.path.basename(script) == "train_relift.sh":  # its scaled SFT buffer fills: the SFT stage ran and was saved
         actor = os.path.join(report["outputs"], "out", "global_step_2", "actor")
         assert json.load(open(os.path.join(actor, "checkpoint_meta.json")))["extra_optimizers"] == {"sft": True}

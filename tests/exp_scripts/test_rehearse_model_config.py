@@ -1,5 +1,5 @@
 """``rehearse.sh --model-config FILE``: the tiny model is the real config.json with only sizes shrunk, the
-report lists the fields kept and shrunk, and an MoE config is refused in one line. train.sh's two steps on a
+report lists the fields kept and shrunk, and an MoE type without an expert converter is refused in one line. train.sh's two steps on a
 shrunk Llama-3.1-8B run with the other rehearsals (tests/exp_scripts/test_rehearse.py, case
 ``train.sh@Llama-3.1-8B``), sharing their Ray instance."""
 
@@ -71,14 +71,17 @@ def test_dry_run_shrinks_the_real_config_and_lists_kept_fields(tmp_path):
     assert tiny["num_key_value_heads"] % report["world"]["tp"] == 0
 
 
-def test_moe_config_is_refused_in_one_line(tmp_path):
-    proc, report = _rehearse(
-        tmp_path, "--model-config", os.path.join(CONFIGS, "Qwen--Qwen3-30B-A3B-Base.json"), "--dry-run"
-    )
+def test_an_moe_type_without_an_expert_converter_is_refused_in_one_line(tmp_path):
+    """Qwen3-MoE itself rehearses (tests/exp_scripts/test_rehearse.py, case train.sh@Qwen3-30B-A3B-Base); the same
+    experts under a type verl/utils/moe_layout.py does not list are refused before anything is built."""
+    other = tmp_path / "other_moe.json"
+    with open(os.path.join(CONFIGS, "Qwen--Qwen3-30B-A3B-Base.json")) as f:
+        other.write_text(json.dumps(dict(json.load(f), model_type="qwen2_moe")))
+    proc, report = _rehearse(tmp_path, "--model-config", str(other), "--dry-run")
     assert proc.returncode == 2 and report["rc"] == 2
     refused = [line for line in proc.stdout.splitlines() if line.startswith("rehearse: refused: ")]
-    assert len(refused) == 1 and "qwen3_moe is a mixture of experts (128 experts)" in refused[0]
-    assert "meta_init.py" in report["refused"]
+    assert len(refused) == 1 and "qwen2_moe is a mixture of experts (128 experts)" in refused[0]
+    assert "moe_layout.py" in report["refused"]
 
 
 def test_missing_model_config_is_named(tmp_path):

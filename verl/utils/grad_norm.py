@@ -37,12 +37,13 @@ def _local_and_shard_groups(grad: torch.Tensor):
 
 
 def clip_grad_norm_on_device(
-    parameters: Iterable[torch.nn.Parameter], max_norm: float, compute_device: DeviceLike
+    parameters: Iterable[torch.nn.Parameter], max_norm: float, compute_device: DeviceLike, pp_group=None
 ) -> torch.Tensor:
     """Clip the gradients of ``parameters`` (plain or FSDP2 DTensor, on any device) to a global L2 norm of
     ``max_norm``; return the norm before clipping, a 0-dim fp32 tensor on ``compute_device``.
 
     Every reduction runs on ``compute_device``, so the process group needs a backend for that device only.
+    ``pp_group``: pipeline parallel's group, whose ranks hold different parameters (their squares are summed too).
     """
     compute_device = torch.device(compute_device)
     partial: dict = {}  # mesh key -> [groups, sum of squares on the compute device]
@@ -60,6 +61,8 @@ def clip_grad_norm_on_device(
         for group in groups:
             dist.all_reduce(square, op=dist.ReduceOp.SUM, group=group)
         total += square
+    if pp_group is not None:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=pp_group)
     norm = total.sqrt()
     coef = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
     by_device: dict = {}
@@ -70,10 +73,11 @@ def clip_grad_norm_on_device(
     return norm
 
 
-def grad_norm_device(param_offload: bool, device: str, compute_device: DeviceLike, tp_size: int = 1):
+def grad_norm_device(param_offload: bool, device: str, compute_device: DeviceLike, tp_size: int = 1, pp_size: int = 1):
     """Where the actor reduces its gradient norm: ``compute_device`` when FSDP2 keeps the parameters (and so
     the gradients) in host memory on a GPU run, whose NCCL group has no CPU backend, or under tensor parallelism
     (``tp_size`` > 1: gradients on a 2-D mesh and on its dp dimension alone, which torch's clip cannot stack);
-    otherwise None, i.e. ``torch.nn.utils.clip_grad_norm_`` where the gradients are (on CPU runs gloo reduces host
-    tensors)."""
-    return torch.device(compute_device) if (param_offload and device == "cuda") or tp_size > 1 else None
+    or pipeline parallelism (``pp_size`` > 1: squares summed over the stages); otherwise None, i.e.
+    ``torch.nn.utils.clip_grad_norm_`` where the gradients are (on CPU runs gloo reduces host tensors)."""
+    on_device = (param_offload and device == "cuda") or tp_size > 1 or pp_size > 1
+    return torch.device(compute_device) if on_device else None

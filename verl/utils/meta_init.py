@@ -223,9 +223,9 @@ def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
 
 
 def _refuse_converted_layout(model_dir: str, missing: list[str], entries: dict) -> None:
-    """One line when the module's parameters are a conversion of the checkpoint's (transformers 5 fuses a
-    MoE layer's experts into ``experts.gate_up_proj``/``down_proj`` on load; checkpoints keep one tensor per
-    expert): reading tensors by name cannot build them."""
+    """One line when the module's parameters are a conversion of the checkpoint's that this loader does not know
+    (transformers 5 fuses a MoE layer's experts on load; verl/utils/moe_layout.py stacks those of the model types
+    it lists): reading tensors by name cannot build them."""
     for name in missing:
         prefix = name.rsplit(".", 1)[0] + "."
         per_expert = [k for k in entries if k.startswith(prefix)]
@@ -233,7 +233,7 @@ def _refuse_converted_layout(model_dir: str, missing: list[str], entries: dict) 
             raise ValueError(
                 f"{model_dir}: parameter {name!r} is built by transformers from {len(per_expert)} checkpoint "
                 f"tensors ({per_expert[0]}, ...); meta-device init reads tensors by name and does not "
-                f"support this layout (MoE experts)"
+                f"support this layout (MoE experts of a model type verl/utils/moe_layout.py does not list)"
             )
 
 
@@ -243,7 +243,11 @@ def materialize(module: nn.Module, model_dir: str, device: str) -> nn.Module:
     Call after ``fully_shard``: only the local shards get storage. Raises KeyError / ValueError naming
     the tensor when the checkpoint lacks a parameter or has another shape.
     """
+    from verl.utils.moe_layout import model_layout, stacked_entries
+
     entries = checkpoint_entries(model_dir)
+    # fused MoE experts (Qwen3-MoE's experts.gate_up_proj) read from the checkpoint's per-expert tensors
+    entries.update(stacked_entries([n for n, _ in module.named_parameters()], entries, model_layout(module)))
     missing = [n for n, _ in module.named_parameters() if n not in entries]
     if missing:
         _refuse_converted_layout(model_dir, missing, entries)

@@ -131,17 +131,19 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> nn.Module:
     styles, allreduce = translate_plan(model.config.base_model_tp_plan or {})
     head = model.get_output_embeddings()
     embed = model.get_input_embeddings()
-    tied = head.weight is embed.weight
+    tied = head is not None and embed is not None and head.weight is embed.weight
     parallelize_module(base, tp_mesh, styles)
-    if tied:  # vocab-parallel lookup (masked local rows, partial sums all-reduced); the head shares its rows
-        if not isinstance(embed.weight, DTensor):  # the plan did not split it already (embedding_rowwise)
-            parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
-        head.weight = embed.weight
-    else:
-        head.weight = nn.Parameter(distribute_tensor(head.weight, tp_mesh, [Shard(0)]), head.weight.requires_grad)
-    if head.bias is not None:
-        head.bias = nn.Parameter(distribute_tensor(head.bias, tp_mesh, [Shard(0)]), head.bias.requires_grad)
-    head.forward = _gathered_head_forward(head)
+    if head is not None:  # a pipeline stage (verl/utils/pipeline_parallel.py) may hold no head
+        if tied:  # vocab-parallel lookup (masked local rows, partial sums all-reduced); the head shares its rows
+            if not isinstance(embed.weight, DTensor):  # the plan did not split it already (embedding_rowwise)
+                style = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+                parallelize_module(embed, tp_mesh, style)
+            head.weight = embed.weight
+        else:
+            head.weight = nn.Parameter(distribute_tensor(head.weight, tp_mesh, [Shard(0)]), head.weight.requires_grad)
+        if head.bias is not None:
+            head.bias = nn.Parameter(distribute_tensor(head.bias, tp_mesh, [Shard(0)]), head.bias.requires_grad)
+        head.forward = _gathered_head_forward(head)
     prefix = next(n for n, m in model.named_modules() if m is base)
     names = [
         f"{prefix}.{mod_name}.{p_name}"

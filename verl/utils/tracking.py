@@ -106,6 +106,8 @@ class Tracking:
         "actor/off_policy_prob",
         "actor/grad_norm",
         "actor/nonfinite_skips",
+        "actor/moe_aux_loss",  # MoE models only (verl/workers/actor/moe_router.py)
+        "actor/moe_load_max_over_mean",
         "response_length/mean",
         "val/avg_score",
         "timing_s/step",

@@ -134,9 +134,6 @@ class PolicyLossSection:
     loss_remove_clip: bool = key()
 
 
-_PP_NOT_YET = Bound(lambda v: v == 1, "must be 1: pipeline parallel is not implemented yet")
-
-
 @dataclass(frozen=True)
 class ActorSection:
     """``actor_rollout_ref.actor``: batch sizes, the PPO update, KL-in-loss, the non-finite policy, sequence
@@ -156,9 +153,11 @@ class ActorSection:
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     tensor_model_parallel_size: int = key(bounds=AT_LEAST_ONE)  # verl/utils/tensor_parallel.py
-    pipeline_model_parallel_size: int = key(bounds=_PP_NOT_YET)
+    pipeline_model_parallel_size: int = key(bounds=AT_LEAST_ONE)  # verl/utils/pipeline_parallel.py
+    pipeline_schedule: str = key(choices=values_of("verl.utils.pipeline_parallel", "SCHEDULES"))
     on_nonfinite: str = key(choices=("skip", "stop"))
     skip_grad_bound: Optional[float] = key(bounds=POSITIVE)
+    router_aux_loss_coef: float = key(bounds=NON_NEGATIVE)  # MoE: verl/workers/actor/moe_router.py
     metric_aggregation: str = key(choices=values_of("verl.utils.step_metrics", "METRIC_AGGREGATIONS"))
     strategy: str = key(choices=("fsdp", "fsdp2"))  # both name FSDP2 (fully_shard)
     optim: OptimSection = nested(OptimSection)
@@ -284,7 +283,9 @@ class WorkerSections:
         heads = local_model_heads(self.model.path, self.model.override_config) if sp > 1 else None
         if heads is not None and sp_heads_error(*heads, sp):
             errors.append(f"{sp_heads_error(*heads, sp)} (from {self.model.path}/config.json)")
-        errors += self._placement_errors() + self._tensor_parallel_errors()
+        from verl.utils.pipeline_parallel import section_errors
+
+        errors += self._placement_errors() + self._tensor_parallel_errors() + section_errors(self)
         if self.actor.use_kl_loss and not self.ref.use_ref:
             errors.append(
                 f"'{_A}.use_kl_loss'=True needs '{_REF}.use_ref'=True (the KL is to the reference policy; "

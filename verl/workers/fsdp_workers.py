@@ -121,8 +121,10 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
             batch_keys,
             s.rollout.n,
             self.world_size,
-            # dp = world / (sp x tp): the ranks of an SP or TP group train on the same rows
-            s.actor.ulysses_sequence_parallel_size * s.actor.tensor_model_parallel_size,
+            # dp = world / (sp x tp x pp): the ranks of an SP, TP or PP group train on the same rows
+            s.actor.ulysses_sequence_parallel_size
+            * s.actor.tensor_model_parallel_size
+            * s.actor.pipeline_model_parallel_size,
             log_prob_micro_batch_size=s.rollout.log_prob_micro_batch_size,
         )
 
@@ -137,7 +139,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
                 world_size=self.world_size,
                 timeout=datetime.timedelta(seconds=self.sections.nccl_timeout),
             )
-        self.tp_mesh = None
+        self.tp_mesh = self.pp_mesh = None
         if self._engine_only:  # no FSDP module: its meshes would only constrain the engines' rank count
             self.ulysses_group, self.row_group, self.dp_group = None, None, dist.group.WORLD
             return
@@ -146,11 +148,24 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         # fsdp_size: -1 = shard over all ranks; a divisor = HSDP (shard within groups, replicate across).
         timeout_s = self.sections.nccl_timeout  # every sub-group of the meshes too, not only the world group
         tp, pp = int(self.sections.actor.tensor_model_parallel_size), self.sections.actor.pipeline_model_parallel_size
-        if pp != 1:  # the checker refuses it before a run; a worker built on its own says the same
-            from verl.utils.tensor_parallel import PP_KEY
+        row_group = None
+        if pp > 1:  # (pp, dp, tp) mesh: stages over pp, FSDP2 over dp, TP over tp (verl/utils/pipeline_parallel.py)
+            from verl.utils.pipeline_parallel import build_pp_mesh, pp_layout_errors
 
-            raise ValueError(f"'{PP_KEY}'={pp} must be 1: pipeline parallel is not implemented yet")
-        if tp > 1:  # (dp, tp) mesh: FSDP2 over dp, DTensor TP over tp (verl/utils/tensor_parallel.py)
+            errors = pp_layout_errors(
+                pp,
+                self.sections.actor.pipeline_schedule,
+                self.world_size,
+                tp,
+                int(self.sections.actor.ulysses_sequence_parallel_size),
+            )
+            if errors:  # the checker refuses these before a run; a worker built on its own says the same
+                raise ValueError("; ".join(errors))
+            mesh, row_group = build_pp_mesh(self.device, self.world_size, pp, tp)
+            set_group_timeout([row_group, *(mesh.get_group(name) for name in ("pp", "dp", "tp"))], timeout_s)
+            self.device_mesh, self.pp_mesh = mesh["dp"], mesh["pp"]
+            self.tp_mesh = mesh["tp"] if tp > 1 else None
+        elif tp > 1:  # (dp, tp) mesh: FSDP2 over dp, DTensor TP over tp (verl/utils/tensor_parallel.py)
             from verl.utils.tensor_parallel import build_tp_mesh
 
             mesh = build_tp_mesh(self.device, self.world_size, tp)
@@ -165,8 +180,11 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
             self.device, self.world_size, int(self.sections.actor.ulysses_sequence_parallel_size), timeout_s=timeout_s
         )
         self.ulysses_group = sp_mesh.get_group("sp") if sp_mesh is not None else None
-        # The ranks that hold the same rows (an SP group or a TP group; never both, WorkerSections.validate).
-        self.row_group = self.tp_mesh.get_group() if self.tp_mesh is not None else self.ulysses_group
+        # The ranks that hold the same rows (an SP group, a TP group or a dp index's pp x tp ranks; SP never with
+        # the others, WorkerSections.validate).
+        if row_group is None:
+            row_group = self.tp_mesh.get_group() if self.tp_mesh is not None else self.ulysses_group
+        self.row_group = row_group
         # Dynamic micro-batch counts are agreed (max) over every rank: all of them take part in the FSDP
         # collectives, whatever the HSDP / SP layout (docs/DESIGN.md §2 item 3).
         self.dp_group = dist.group.WORLD
@@ -200,19 +218,39 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         module = empty_model(hf_config, torch.float32, attn, trust_remote_code=mcfg.trust_remote_code)
         if trainable and mcfg.enable_gradient_checkpointing:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        def shard(m):
+            return apply_fsdp2(
+                m,
+                self.device_mesh,
+                mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.reduce_dtype)),
+                reshard_after_forward=fsdp_cfg.reshard_after_forward,
+                offload_policy=cpu_offload_policy(bool(fsdp_cfg.param_offload), self.device),
+                min_num_params=int(fsdp_cfg.wrap_policy.min_num_params),
+            )
+
+        if self.pp_mesh is not None:  # prune to this rank's stages, TP, FSDP2 per stage (pipeline_parallel.py)
+            return self._build_pipeline(module, shard, empty_model(hf_config, torch.float32, attn))
         if self.tp_mesh is not None:  # TP first, then FSDP2 over the dp dimension (torchtitan's order)
             from verl.utils.tensor_parallel import apply_tensor_parallel
 
             module = apply_tensor_parallel(module, self.tp_mesh)
-        module = apply_fsdp2(
-            module,
-            self.device_mesh,
-            mp_policy=mixed_precision_policy(self._param_dtype(fsdp_cfg), torch_dtype(fsdp_cfg.reduce_dtype)),
-            reshard_after_forward=fsdp_cfg.reshard_after_forward,
-            offload_policy=cpu_offload_policy(bool(fsdp_cfg.param_offload), self.device),
-            min_num_params=int(fsdp_cfg.wrap_policy.min_num_params),
-        )
-        return materialize(module, mcfg.path, self.device)
+        return materialize(shard(module), mcfg.path, self.device)
+
+    def _build_pipeline(self, module, shard, full_model):
+        """The rank's pruned model (returned; its ``PipelineModel``: ``pipeline_of``), materialised."""
+        from verl.utils.pipeline_parallel import attach_pipeline, build_pipeline_model, materialize_pipeline
+        from verl.workers.actor.pipeline_actor import PipelineFullWeights
+
+        device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+        schedule = self.sections.actor.pipeline_schedule
+        chunk = int(self.sections.model.logprob_chunk_size)  # the last stage's scoring head, as the actor's
+        pipe = build_pipeline_model(module, self.pp_mesh, schedule, device, shard, self.tp_mesh, chunk)
+        pipe = materialize_pipeline(pipe, self.sections.model.path, self.device)
+        pipe.full_weights = PipelineFullWeights(pipe, full_model)  # the weight push and the HF export read it
+        # what a checkpoint must hold (each rank loads its part): fsdp_checkpoint_manager's pre-load check
+        pipe.module.full_state_shapes = {n: tuple(t.shape) for n, t in full_model.state_dict().items()}
+        return attach_pipeline(pipe.module, pipe)
 
     def _build_optimizer(self, module):
         from verl.utils.optim import build_adamw
@@ -271,8 +309,13 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
                 base_seed=1000 + int(sync.seed),
                 device=self.device,
             )
-        manager = FSDPShardingManager(
-            self.actor_module,
+        from verl.utils.pipeline_parallel import pipeline_of
+
+        pipe, manager_cls = pipeline_of(self.actor_module), FSDPShardingManager
+        if pipe is not None:  # stages: every layer reaches every rank's engine (pipeline_actor.py)
+            from verl.workers.actor.pipeline_actor import PipelineShardingManager as manager_cls
+        manager = manager_cls(
+            self.actor_module if pipe is None else pipe.full_weights,
             rollout,
             bucket_bytes=int(sync.weight_sync_bucket_mb) << 20,
             rank=self.rank,
@@ -321,6 +364,8 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         self._use_local_model_dir()
         self.tokenizer = hf_tokenizer(self.sections.model.path)
         self.stop_token_ids = stop_token_ids(self.tokenizer, self.sections.model.path)
+        from verl.utils.pipeline_parallel import pipeline_of
+
         s = self.sections
         use_rmpad = s.model.use_remove_padding
         share = bool(s.model.shared_prompt_forward)
@@ -358,7 +403,9 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
                     self.device,
                     compute,
                     int(s.actor.tensor_model_parallel_size),
+                    int(s.actor.pipeline_model_parallel_size),
                 ),
+                pipeline=pipeline_of(self.actor_module),
             )
         if self._is_rollout:
             self.rollout, self.sharding_manager = self._build_rollout()
@@ -374,6 +421,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
                 logprob_chunk_size=chunk,
                 ulysses_group=self.ulysses_group,
                 dp_group=self.dp_group,
+                pipeline=pipeline_of(self.ref_module),
             )
         return True
 

@@ -57,16 +57,22 @@ class SplitWeightsMixin:
         to the engines. Returns this rank's seconds and bucket count."""
         from verl.utils.fsdp_gather import iter_full_param_buckets
         from verl.utils.fsdp_utils import iter_buckets, iter_full_params
+        from verl.utils.moe_layout import checkpoint_buckets
+        from verl.utils.pipeline_parallel import pipeline_of
 
         if not self._is_actor or self._is_rollout:
             raise RuntimeError(f"send_weights called on a worker with role {self.role!r} (the split actor sends)")
         t0 = time.perf_counter()
         rcfg = self.sections.rollout
         dtype, size = self._param_dtype(self.sections.actor.fsdp_config), int(rcfg.weight_sync_bucket_mb) << 20
-        if rcfg.weight_sync_packed:
+        pipe = pipeline_of(self.actor_module)
+        if pipe is not None:  # pipeline stages: every stage's tensors reach rank 0 (pipeline_actor.py)
+            buckets = iter_buckets(pipe.full_weights.named_tensors(dtype), size)
+        elif rcfg.weight_sync_packed:
             buckets = iter_full_param_buckets(self.actor_module, dtype, size)
         else:
             buckets = iter_buckets(iter_full_params(self.actor_module, dtype), size)
+        buckets = checkpoint_buckets(self.actor_module, buckets)  # per-expert MoE names, as engines load them
         if self.weight_group is not None:
             count = self.weight_group.send(buckets)
         else:

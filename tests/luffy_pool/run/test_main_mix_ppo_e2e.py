@@ -99,16 +99,32 @@ def test_cli_runs_luffy_overrides_end_to_end(tiny_model_dir, tiny_task_dir, tmp_
     assert "step:1" in proc.stdout
 
 
-def test_luffy_two_steps_tensor_parallel_actor(
-    tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides, fit_with_fingerprints
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["actor_rollout_ref.actor.tensor_model_parallel_size=2"],
+        ["actor_rollout_ref.actor.pipeline_model_parallel_size=2"],
+        [
+            "actor_rollout_ref.actor.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.pipeline_model_parallel_size=2",
+            "trainer.n_gpus_per_node=4",
+        ],
+    ],
+    ids=["tp2", "pp2", "tp2xpp2"],
+)
+def test_luffy_two_steps_model_parallel_actor(
+    layout, tiny_model_dir, tiny_task_dir, tmp_path, ray_session, compose_config, luffy_overrides, fit_with_fingerprints
 ):
-    """``actor_rollout_ref.actor.tensor_model_parallel_size=2`` on the 2 ranks (one tp group, dp=1): the DTensor
-    actor trains 2 steps through the whole path (vocab-parallel log-probs, clipping over the mesh, full-weight push
-    to the HF engines, gradient checkpointing as in the YAML)."""
+    """The actor split over the ranks (dp=1), trained 2 steps through the whole path (gradient checkpointing as in the
+    YAML). tp2 (2 ranks): DTensor layers, vocab-parallel log-probs, clipping over the mesh, full-weight push to the HF
+    engines. pp2 (2 ranks, 1F1B): one decoder layer per stage, log-probs broadcast from the last stage, clipping
+    summed over the stages, every stage's weights pushed to every engine. tp2xpp2: both, on the (pp, dp, tp) mesh of
+    4 ranks."""
     overrides = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path), steps=2)
-    config = compose_config(overrides + ["actor_rollout_ref.actor.tensor_model_parallel_size=2"])
+    config = compose_config(overrides + layout)
     _, before, last, after = fit_with_fingerprints(config)
-    assert len(before) == 2 and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
+    world = 4 if len(layout) == 3 else 2
+    assert len(before) == world and all(abs(a - b) > 1e-8 for a, b in zip(before, after)), "weights must change"
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["actor/grad_norm"]) and math.isfinite(r["actor/pg_loss"]) for r in rows)

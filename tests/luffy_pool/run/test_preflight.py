@@ -160,18 +160,19 @@ def test_all_problems_are_reported_together_before_anything_loads(config, tmp_pa
     assert err.value.errors[1].startswith("data.val_files: ")
 
 
-def test_a_mixture_of_experts_model_is_refused_before_ray_starts(config, tmp_path, tiny_model_dir):
-    """Issue #34: Qwen3-30B-A3B (MoE) is refused at pre-flight with the reason, in one line naming the key."""
+def test_an_unsupported_mixture_of_experts_model_is_refused_before_ray_starts(config, tmp_path, tiny_model_dir):
+    """Issue #34: Qwen3-30B-A3B (MoE) passes pre-flight (verl/utils/moe_layout.py converts its experts); an MoE type
+    without such a converter is refused with the reason, in one line naming the key."""
     import json
     import shutil
 
-    model = tmp_path / "qwen3_moe"
+    model = tmp_path / "moe"
     shutil.copytree(tiny_model_dir, model)
     real = os.path.join(os.path.dirname(__file__), "..", "..", "data", "model_configs", "Qwen--Qwen3-30B-A3B-Base.json")
     shutil.copy(real, model / "config.json")
-    errors = _errors(_set(config, "actor_rollout_ref.model.path", str(model)))
+    preflight(_set(config, "actor_rollout_ref.model.path", str(model)))
+    with open(model / "config.json", "w") as f:  # the same experts under a type moe_layout.py does not list
+        json.dump(dict(json.load(open(real)), model_type="qwen2_moe"), f)
+    errors = _errors(config)
     assert len(errors) == 1 and errors[0].startswith(f"actor_rollout_ref.model.path={model}: ")
-    assert "mixture of experts (128 experts)" in errors[0] and "not supported" in errors[0]
-    with open(model / "config.json", "w") as f:  # the same folder with a dense config passes
-        json.dump(json.load(open(os.path.join(tiny_model_dir, "config.json"))), f)
-    preflight(config)
+    assert "qwen2_moe is a mixture of experts (128 experts)" in errors[0] and "not supported" in errors[0]

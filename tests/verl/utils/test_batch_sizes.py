@@ -113,6 +113,7 @@ def test_actor_update_splits_by_the_rank_sizes_not_the_prompt_counts(monkeypatch
     actor.update_config = ActorSection.from_actor_config(cfg)
     actor.actor_module, actor.actor_optimizer = torch.nn.Linear(1, 1), torch.optim.SGD([param], lr=0.1)
     actor.device, actor.nonfinite_skips, actor.dp_group = "cpu", 0, None
+    actor.pipeline = actor.router_recorder = None  # neither pipeline parallel nor an MoE router
     actor.loss_input_keys = lambda: ["input_ids", "attention_mask", "responses", "old_log_probs"]
 
     def micro_batches(mini, keys, micro_size, *_a):

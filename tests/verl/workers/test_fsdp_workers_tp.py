@@ -88,14 +88,25 @@ def _job(rank, world, port, cfg_yaml, ckpt_dir, resume_from):
 
 
 TP = "actor_rollout_ref.actor.tensor_model_parallel_size"
+PP = "actor_rollout_ref.actor.pipeline_model_parallel_size"
 
 
 @pytest.mark.parametrize(
     "overrides,line",
     [
         (
-            ["actor_rollout_ref.actor.pipeline_model_parallel_size=2"],
-            "'actor_rollout_ref.actor.pipeline_model_parallel_size'=2 must be 1: pipeline parallel is not implemented yet",
+            [f"{PP}=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+            f"'{PP}'=2 with 'actor_rollout_ref.actor.ulysses_sequence_parallel_size'=2: pipeline parallel x Ulysses "
+            "SP is not supported; set one of them to 1",
+        ),
+        (
+            [f"{PP}=2", f"{TP}=2"],
+            f"'{PP}'=2 x '{TP}'=2 must divide the world size 2 (trainer.nnodes * trainer.n_gpus_per_node)",
+        ),
+        (  # the tiny model has 2 decoder layers; the interleaved schedule runs 2 stages per rank
+            [f"{PP}=2", "actor_rollout_ref.actor.pipeline_schedule=interleaved_1f1b"],
+            f"'{PP}'=2 with 'actor_rollout_ref.actor.pipeline_schedule'=interleaved_1f1b: 4 stages must divide the "
+            "model's num_hidden_layers=2",
         ),
         (
             [f"{TP}=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
@@ -114,7 +125,7 @@ TP = "actor_rollout_ref.actor.tensor_model_parallel_size"
         ),
         ([f"{TP}=4"], f"'{TP}'=4 must divide the model's num_key_value_heads=2 (heads are split over tp ranks)"),
     ],
-    ids=["pp", "tp_x_sp", "ref_tp", "tp_x_hsdp", "kv_heads"],
+    ids=["pp_x_sp", "pp_x_tp_world", "pp_layers", "tp_x_sp", "ref_tp", "tp_x_hsdp", "kv_heads"],
 )
 def test_preflight_refuses_in_one_line_naming_the_keys(
     overrides, line, tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config

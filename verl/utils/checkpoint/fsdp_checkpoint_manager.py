@@ -285,7 +285,10 @@ class FSDPCheckpointManager:
         hf_config = getattr(self.model, "config", None)
         generation_config = getattr(self.model, "generation_config", None)
         if with_weights:
-            state = gather_full_state_dict(self.model)
+            from verl.utils.pipeline_parallel import pipeline_of
+
+            pipe = pipeline_of(self.model)  # pipeline stages: each rank holds a part (pipeline_actor.py)
+            state = gather_full_state_dict(self.model) if pipe is None else pipe.full_weights.full_state_dict()
             if self.rank == 0:
                 if hf_config is None:
                     raise ValueError("save_hf needs an HF model with a .config")
@@ -371,6 +374,9 @@ class FSDPCheckpointManager:
             saved = load_dcp_metadata(os.path.join(model_dir, ".metadata")).state_dict_metadata
             checkpoint_shapes = {k: tuple(v.size) for k, v in saved.items() if hasattr(v, "size")}
             model_shapes = {k: tuple(v.shape) for k, v in model_state.items() if torch.is_tensor(v)}
+            # a pipeline stage's model holds a part of the parameters: it checks the unsplit model's
+            # (verl/utils/pipeline_parallel.py); DCP then loads the part
+            model_shapes = getattr(self.model, "full_state_shapes", None) or model_shapes
             config = getattr(self.model, "config", None)
             name = getattr(config, "_name_or_path", "") or type(self.model).__name__
             check_model_matches(checkpoint_shapes, model_shapes, local_path, name)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
+from verl.workers.actor.moe_router import RouterRecorder
 from verl.workers.actor.response_head import response_logprobs, supports_scoring_head
 from verl.workers.actor.shared_prompt import shared_prompt_logits
 from verl.trainer.ppo import core_algos
@@ -80,6 +81,8 @@ class DataParallelPPOActor:
             memory and the group has no CPU backend; None = ``torch.nn.utils.clip_grad_norm_``.
         batch_sizes: rows per rank of the update (``verl/utils/batch_sizes.RankBatchSizes``, from the worker);
             None = a standalone actor (one rank, one response per prompt: the config's prompts are rows).
+        pipeline: the ``PipelineModel`` over ``actor_module`` under pipeline parallelism
+            (verl/utils/pipeline_parallel.py): log-probs and updates run through its stages (pipeline_actor.py).
     """
 
     section_cls = ActorSection  # the typed actor group a caller without a ``section`` gets built from ``config``
@@ -98,6 +101,7 @@ class DataParallelPPOActor:
         grad_norm_device=None,
         batch_sizes: Optional[RankBatchSizes] = None,
         section: Optional[ActorSection] = None,
+        pipeline=None,
     ):
         self.config = config
         # The update's keys, typed: the worker passes the section it built at start (verl/workers/config_sections.py);
@@ -146,6 +150,10 @@ class DataParallelPPOActor:
         # A tensor-parallel head scores vocab-parallel in chunks whatever the micro-batch size (its dense forward
         # gathers the whole head weight); verl/utils/tensor_parallel.py
         self.tensor_parallel = tp_size_of(actor_module) > 1
+        # pipeline parallel: the stages over ``actor_module``'s parts run every pass (pipeline_actor.py)
+        self.pipeline = pipeline
+        # MoE: each update micro-batch's router aux loss and load metric (moe_router.py); None for a dense model
+        self.router_recorder = RouterRecorder.attach(actor_module) if actor_optimizer is not None else None
 
     @staticmethod
     def _has_varlen_attention(module) -> bool:
@@ -157,6 +165,11 @@ class DataParallelPPOActor:
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro: dict, temperature: float, calculate_entropy: bool):
         """Return (entropy [b, L] or None, log_probs [b, L]) of the response tokens."""
+        if self.pipeline is not None:  # a pass outside compute_log_prob / update_policy (e.g. an SFT update)
+            raise NotImplementedError(
+                "this pass runs the whole model in one rank; it does not run with "
+                "'actor_rollout_ref.actor.pipeline_model_parallel_size' > 1"
+            )
         input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
         position_ids, responses = micro["position_ids"], micro["responses"]
         # Full logits only while they are no larger than one chunk of the scoring head (small micro-batches).
@@ -251,6 +264,10 @@ class DataParallelPPOActor:
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
         """Log-probs (and optionally entropy) of ``responses`` under the current weights, no grad."""
         self.actor_module.eval()
+        if self.pipeline is not None:
+            from verl.workers.actor.pipeline_actor import pipeline_log_probs
+
+            return pipeline_log_probs(self, data, calculate_entropy)
         temperature = data.meta_info["temperature"]
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         micro_batches, rev = self._micro_batches(
@@ -352,6 +369,23 @@ class DataParallelPPOActor:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
         return loss
 
+    def _micro_batch_loss(self, mb: dict, log_prob, entropy, global_steps=None, update_state=None):
+        """(the micro-batch's loss before accumulation scaling, its metrics, the loss's token mask): the registered
+        policy loss plus the regularisers on the micro-batch's per-token log-probs and entropy."""
+        if "response_mask" in mb:  # rollout correction's rejection removed tokens from the loss
+            response_mask = mb["response_mask"].float()
+        else:
+            response_mask = mb["attention_mask"][:, -mb["responses"].size(-1) :].float()
+        if "old_log_probs" not in mb:
+            # The driver skipped the recompute pass (recompute_old_log_prob=auto, single on-policy mini-batch):
+            # these weights are the ones that pass would have used.
+            mb["old_log_probs"] = log_prob.detach()
+        else:
+            mb["old_log_probs"] = fill_unknown_old_log_probs(mb["old_log_probs"], log_prob, mb.get("prefix_mask"))
+        pg_loss, metrics = self.compute_policy_loss(mb, log_prob, entropy, response_mask, global_steps, update_state)
+        loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, metrics)
+        return loss, metrics, response_mask
+
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict:
         """One training step's worth of optimizer updates on this rank's chunk; returns metric lists."""
@@ -379,26 +413,23 @@ class DataParallelPPOActor:
                     mini, keys, sizes.ppo_micro_rows, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu
                 )
                 self.actor_optimizer.zero_grad(set_to_none=True)
-                for mb in micro_batches:
+                if self.pipeline is not None:  # the stages run the micro-batches (pipeline_actor.py)
+                    from verl.workers.actor.pipeline_actor import pipeline_mini_batch
+
+                    pipeline_mini_batch(
+                        self, micro_batches, temperature, grad_accum, step_metrics, global_steps, update_state
+                    )
+                for mb in micro_batches if self.pipeline is None else ():
                     mb = {k: v.to(self.device) for k, v in mb.items()}
-                    if "response_mask" in mb:  # rollout correction's rejection removed tokens from the loss
-                        response_mask = mb["response_mask"].float()
-                    else:
-                        response_mask = mb["attention_mask"][:, -mb["responses"].size(-1) :].float()
                     with report_oom(mb, "update_policy"):
-                        entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
-                        if "old_log_probs" not in mb:
-                            # The driver skipped the recompute pass (recompute_old_log_prob=auto, single on-policy
-                            # mini-batch): these weights are the ones that pass would have used.
-                            mb["old_log_probs"] = log_prob.detach()
-                        else:
-                            mb["old_log_probs"] = fill_unknown_old_log_probs(
-                                mb["old_log_probs"], log_prob, mb.get("prefix_mask")
-                            )
-                        pg_loss, mb_metrics = self.compute_policy_loss(
-                            mb, log_prob, entropy, response_mask, global_steps, update_state
+                        with self.router_recorder.recording() if self.router_recorder else contextlib.nullcontext():
+                            entropy, log_prob = self._forward_micro_batch(mb, temperature, calculate_entropy=True)
+                        loss, mb_metrics, response_mask = self._micro_batch_loss(
+                            mb, log_prob, entropy, global_steps, update_state
                         )
-                        loss = pg_loss + self._regularisers(mb, log_prob, entropy, response_mask, mb_metrics)
+                        if self.router_recorder is not None:
+                            coef = cfg.router_aux_loss_coef
+                            loss = loss + self.router_recorder.loss_term(mb["attention_mask"], coef, mb_metrics)
                         (loss / grad_accum).backward()
                     step_metrics.add_micro_batch(mb_metrics, response_mask, mb.get("prefix_mask"))
                 step_metrics.end_mini_batch(self._optimizer_step())
@@ -416,8 +447,10 @@ class DataParallelPPOActor:
         if self.grad_norm_device is not None:
             from verl.utils.grad_norm import clip_grad_norm_on_device
 
+            # each pp stage holds other parameters: their squares sum over the pp group too
+            pp = {} if self.pipeline is None else {"pp_group": self.pipeline.pp_group}
             grad_norm = clip_grad_norm_on_device(
-                self.actor_module.parameters(), self.update_config.grad_clip, self.grad_norm_device
+                self.actor_module.parameters(), self.update_config.grad_clip, self.grad_norm_device, **pp
             )
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(

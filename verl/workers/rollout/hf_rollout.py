@@ -111,7 +111,10 @@ class HFRollout(BaseRollout):
         if pad is None:
             pad = self.model.config.pad_token_id
         self.pad_id = int(pad) if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
-        self._params = dict(self.model.state_dict(keep_vars=True))
+        from verl.utils.moe_layout import model_layout, per_expert_views
+
+        # pushed weights come under checkpoint names: fused MoE experts as per-expert views of their storage
+        self._params = per_expert_views(self.model.state_dict(keep_vars=True), model_layout(self.model))
         # Names that share one storage (tied embeddings): pushing any of them updates all.
         by_storage: dict[int, list[str]] = {}
         for name, tensor in self._params.items():

@@ -25,6 +25,7 @@ from torch import nn
 
 from verl.utils.fsdp_gather import iter_full_param_buckets
 from verl.utils.fsdp_utils import DTypeLike, iter_buckets, iter_full_params, to_torch_dtype
+from verl.utils.moe_layout import checkpoint_buckets, checkpoint_named, model_layout
 from verl.workers.rollout.base import BaseRollout
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,9 @@ class FSDPShardingManager:
         self._generation_rng = self._initial_generation_rng(base_seed + self.dp_rank)
         if module is not None and rollout is not None and world_size == 1 and hasattr(rollout, "set_weight_source"):
             # Lets a rebuilt engine re-read the weights; only safe without cross-rank collectives.
-            rollout.set_weight_source(lambda: iter_full_params(self.module, self.sync_dtype))
+            rollout.set_weight_source(
+                lambda: checkpoint_named(iter_full_params(self.module, self.sync_dtype), model_layout(self.module))
+            )
 
     def _initial_generation_rng(self, seed: int) -> dict:
         saved = _get_rng_states(self._cuda_rng)
@@ -140,10 +143,13 @@ class FSDPShardingManager:
         return self.last_sync_s
 
     def _weight_buckets(self):
-        """The full weights in buckets, gathered from this rank's FSDP shards (every rank takes part)."""
+        """The full weights in buckets, gathered from this rank's FSDP shards (every rank takes part), under the
+        checkpoint's names (fused MoE experts split per expert: verl/utils/moe_layout.py)."""
         if self.packed_gather:  # one collective per bucket (fsdp_gather.py)
-            return iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes)
-        return iter_buckets(iter_full_params(self.module, self.sync_dtype), self.bucket_bytes)
+            buckets = iter_full_param_buckets(self.module, self.sync_dtype, self.bucket_bytes)
+        else:
+            buckets = iter_buckets(iter_full_params(self.module, self.sync_dtype), self.bucket_bytes)
+        return checkpoint_buckets(self.module, buckets)
 
     def __enter__(self) -> "FSDPShardingManager":
         if not self._pushed:

@@ -170,6 +170,30 @@ def _checkpoint_tensor_names(model_path: str) -> Optional[set[str]]:
     return names
 
 
+def _cpu_moe_refusal(model_path: str, device: str) -> Optional[str]:
+    """Why this engine cannot take weight pushes (one line), or None.
+
+    vLLM's CPU build loads a Qwen3-MoE checkpoint and generates from it, but its in-place reload (every push) does
+    not reach the CPU experts, which are zero-padded and prepacked at load (vLLM 0.32
+    model_executor/layers/fused_moe/experts/cpu_moe.py ``CPUUnquantizedExperts.process_weights_after_loading``):
+    measured on the shrunk Qwen3-30B-A3B, a push fails at TP 2 (64 != 32 on the padded dim) and at TP 1 leaves the
+    engine's log-probs 0.04 (the same weights pushed again) to 0.24 away from the pushed model's."""
+    if device != "cpu":
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    experts = next((cfg[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)), 0)
+    if not experts:
+        return None
+    return (
+        f"{model_path}: {cfg.get('model_type')} is a mixture of experts: vLLM's CPU build does not apply weight "
+        "pushes to its experts; on CPU use actor_rollout_ref.rollout.name=hf (GPU vLLM takes them)"
+    )
+
+
 class VLLMRollout(BaseRollout):
     """``BaseRollout`` over one in-process ``vllm.LLM``.
 
@@ -192,6 +216,7 @@ class VLLMRollout(BaseRollout):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         apply_engine_env(device)
         self._expected_names = _checkpoint_tensor_names(model_path)
+        self._push_refusal = _cpu_moe_refusal(model_path, device)
         self._regrouper = LayerAlignedRegrouper()
         self._weight_source: Optional[WeightSource] = None
         self.weights_version = 0  # completed pushes since the engine was built from model_path
@@ -347,6 +372,8 @@ class VLLMRollout(BaseRollout):
     # ------------------------------------------------------------------------------ weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """One bucket of a push; the push's single engine reload opens with its first bucket."""
+        if self._push_refusal:
+            raise RuntimeError(self._push_refusal)
         ready = self._regrouper.add(named_tensors)
         if ready:
             self._push(ready)
