@@ -20,21 +20,29 @@ CPU seconds of every process tree are measured from /proc. ``--reuse`` keeps fin
 
     .venv/bin/python exp_scripts/reproduce_tiny.py [--quick] [--out DIR] [--reuse]
 
-``--quick`` (under 10 CPU-minutes): on-policy GRPO and LUFFY only, both at lr 1e-4 (no grid), 100 steps, 2 seeds,
-200 + 100 held-out problems: claim (1) only. The default command stays under 30 CPU-minutes (it prints its CPU
-total). Measured numbers: docs/methods.md ("Baselines and the tiny reproduction"), docs/reproduce_tiny/results.md and
-docs/reproduce_tiny_quick/results.md.
+``--quick`` (within 30 CPU-minutes): on-policy GRPO, LUFFY, SFT, HPT and CHORD-φ at fixed learning rates (no grid),
+100 steps, 2 seeds, 200 + 100 held-out problems: claim (1) and two family members. The default command stays under
+30 CPU-minutes (it prints its CPU total). Measured numbers: docs/methods.md ("Baselines and the tiny reproduction"),
+docs/reproduce_tiny/results.md and docs/reproduce_tiny_quick/results.md.
 
-``--methods family``: LUFFY's family (HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, each
-``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>``, reproduce/methods.py) beside on-policy GRPO, LUFFY and SFT.
+``--methods family``: LUFFY's family (HPT, SRFT, CHORD-φ, ExGRPO, ReLIFT, UFT, Prefix-RFT, RL-PLUS, QuestA, SDPO,
+SDFT; AMPO is not run, reproduce/methods.py ``NOT_RUN``) beside on-policy GRPO, LUFFY and SFT, each with its own
+recipe's keys from ``exp_scripts/train_<method>.sh`` scaled to the tiny run (reproduce/recipes.py).
 
-``--preset no_reward`` (sized for 60 CPU-minutes; a partial run: docs/reproduce_tiny_no_reward/): the
-regime of LUFFY's first claim, where on-policy RL finds no reward at all. The same task with a shorter warm start
-(``NO_REWARD['warm_steps']`` SFT steps instead of 160): the start model solves under 1 % of its on-policy samples on
-training prompts (probed on ``--probe-rows`` prompts x n; the script stops with an error when the probe reaches 1 %),
-while every teacher trace of the training split solves its problem (checked and printed). Defaults: ``--methods
-family``, RL lr grid 3e-5 / 1e-4 and SFT 1e-4 / 3e-4 / 1e-3 on 128 validation problems, fresh seeds 1, 2, 200 ID +
-200 OOD held-out problems; every other setting and the protocol as the default command. Flags given explicitly win.
+``--pilot`` / ``--steps pilot``: the run length is measured, not guessed (reproduce/pilot.py): SFT on the teacher
+traces at doubling lengths (``--pilot-start``, up to ``--pilot-max-steps``) until its validation score moves by
+``--pilot-move`` (5 points) from the start model's; every method then trains that long. ``--pilot`` runs only that.
+A grid whose best lr is at an edge is extended by one point beyond it, up to ``--grid-extend`` times
+(reproduce/grid.py). Every paired difference reports its 80 %-power detectable difference, 2.8 x its SE.
+
+``--preset no_reward`` (a partial run: docs/reproduce_tiny_no_reward/): the regime of LUFFY's first claim, where
+on-policy RL finds no reward at all. The same task with a shorter warm start (``NO_REWARD['warm_steps']`` SFT steps
+instead of 160): the start model solves under 1 % of its on-policy samples on training prompts (probed on
+``--probe-rows`` prompts x n; the script stops with an error when the probe reaches 1 %), while every teacher trace of
+the training split solves its problem (checked and printed). Defaults: ``--methods family``, ``--steps pilot``, RL lr
+grid 1e-5 / 3e-5 / 1e-4 and SFT 1e-4 / 3e-4 / 1e-3 (each extended at an edge) on 128 validation problems, fresh seeds
+1, 2, 3, 200 ID + 200 OOD held-out problems; every other setting and the protocol as the default command (budget: 4
+CPU-hours at a pilot length of ~100 steps; the script prints its CPU total). Flags given explicitly win.
 
 ``--report-only``: run nothing, report what is finished in ``--out`` (a run still going on elsewhere, or cut short),
 marked PARTIAL with the missing runs listed.
@@ -43,6 +51,7 @@ marked PARTIAL with the missing runs listed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -55,41 +64,45 @@ for _path in (HERE, REPO):
         sys.path.insert(0, _path)
 
 from reproduce.evaluate import evaluate_model  # noqa: E402
+from reproduce.grid import grid_run_dir, run_grid  # noqa: E402
 from reproduce.methods import FAMILY, METHODS, RunSettings, parse_methods  # noqa: E402
+from reproduce.pilot import pilot_lengths, run_pilot  # noqa: E402
 from reproduce.regime import NO_REWARD_MAX_PASS, check_no_reward, trace_pass_rate  # noqa: E402
 from reproduce.results_md import write_report  # noqa: E402
 from reproduce.runner import WARM_SFT, Meter, child_env, train_method, training_summary, warm_start  # noqa: E402
 from reproduce.seeds_report import plot_seed_curves  # noqa: E402
-from reproduce.stats import choose_lr  # noqa: E402
 from reproduce.task import prepare_task, split_scores  # noqa: E402
 from reproduce import summary as S  # noqa: E402
 from verl.utils.tracking import read_metrics_jsonl  # noqa: E402
 
 # The probe samples the start model as on-policy GRPO first would: at the tiny configs' rollout temperature.
 ROLLOUT_TEMPERATURE = 1.0
-# --quick: claim (1) only. Its budget goes into fewer, longer runs: no grid (both methods at 1e-4, LUFFY's pick
-# in the default run's grid), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID + 100 OOD
-# problems).
+# --quick: claim (1) only, with SFT and two family members beside GRPO and LUFFY (within 30 CPU-minutes). Its budget
+# goes into fewer, longer runs: no grid (every RL method at 1e-4, LUFFY's pick in the default run's grid; SFT at
+# 3e-4, its pick in the no-reward grid), 100 steps instead of 50, 2 seeds, its own smaller held-out splits (200 ID +
+# 100 OOD problems). HPT (SFT on the trace when a group fails, else LUFFY's RL) and CHORD-φ (a fixed SFT weight
+# with the φ token weight) are the two members whose mixing of SFT into RL differs most.
 QUICK = {
-    "methods": "on_policy,luffy",
-    "method_lr": ["on_policy=1e-4", "luffy=1e-4"],
-    "steps": 100,
+    "methods": "on_policy,luffy,sft,hpt,chord",
+    "method_lr": ["on_policy=1e-4", "luffy=1e-4", "sft=3e-4", "hpt=1e-4", "chord=1e-4"],
+    "steps": "100",
     "seeds": "1,2",
     "n_test": 200,
     "n_ood": 100,
     "n_val": 64,
     "out": os.path.join(REPO, "outputs", "reproduce_tiny_quick"),
 }
-# --preset no_reward: the start model finds (almost) no reward on-policy (module docstring). Sized for 60 CPU-minutes
-# with the family's 10 methods: 2 RL learning rates (the two the default run chose: 3e-5 GRPO, 1e-4 LUFFY), SFT's 3
-# (its runs cost ~10 CPU-s), 2 fresh seeds, 200 + 200 held-out problems, 128 validation problems; the probe takes 128
-# prompts (1,024 samples) so that 1 % is 10 samples.
+# --preset no_reward: the start model finds (almost) no reward on-policy (module docstring). The run length is the
+# pilot's (``reproduce/pilot.py``): the shortest that lets SFT move the validation score by 5 points. RL lr grid of 3
+# points (extended at an edge), SFT's 3, 3 fresh seeds, 200 + 200 held-out problems, 128 validation problems; the
+# probe takes 128 prompts (1,024 samples) so that 1 % is 10 samples.
 NO_REWARD = {
     "methods": "family",
     "warm_steps": 100,
-    "lr_grid": "3e-5,1e-4",
+    "steps": "pilot",
+    "lr_grid": "1e-5,3e-5,1e-4",
     "sft_lr_grid": "1e-4,3e-4,1e-3",
-    "seeds": "1,2",
+    "seeds": "1,2,3",
     "n_test": 200,
     "n_ood": 200,
     "n_val": 128,
@@ -105,14 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--quick", action="store_true", help=f"the under-10-CPU-minute preset: {QUICK}")
+    ap.add_argument("--quick", action="store_true", help=f"the within-30-CPU-minute preset: {QUICK}")
     ap.add_argument(
         "--preset",
         choices=("no_reward",),
         default=None,
         help=f"no_reward: the regime where on-policy RL finds no reward (start model's on-policy pass rate "
-        f"< {NO_REWARD_MAX_PASS * 100:.0f}%%, checked; the family beside GRPO, LUFFY and SFT; within 60 "
-        f"CPU-minutes): {NO_REWARD}",
+        f"< {NO_REWARD_MAX_PASS * 100:.0f}%%, checked; the family beside GRPO, LUFFY and SFT at the pilot's "
+        f"length): {NO_REWARD}",
     )
     ap.add_argument("--out", default=os.path.join(REPO, "outputs", "reproduce_tiny"), help="output folder")
     ap.add_argument(
@@ -145,7 +158,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="SFT steps of the warm start on the disjoint warm split (0 = start from the random model)",
     )
     ap.add_argument("--n-warm", type=int, default=2048, help="problems of the warm split (disjoint from the others)")
-    ap.add_argument("--steps", type=int, default=50, help="training steps of every method (SFT: optimizer steps)")
+    ap.add_argument(
+        "--steps",
+        default="50",
+        help="training steps of every method (SFT: optimizer steps), or 'pilot': the pilot's length (--pilot)",
+    )
+    ap.add_argument(
+        "--pilot",
+        action="store_true",
+        help="run only the pilot (SFT at doubling lengths until the validation score moves by --pilot-move) and "
+        "stop; --steps pilot runs it first, then the comparison at its length",
+    )
+    ap.add_argument("--pilot-start", type=int, default=50, help="the pilot's first length (steps), doubled")
+    ap.add_argument("--pilot-max-steps", type=int, default=1600, help="the pilot's longest length (steps)")
+    ap.add_argument(
+        "--pilot-move", type=float, default=0.05, help="validation avg@k move from the start that ends the pilot"
+    )
+    ap.add_argument(
+        "--grid-extend",
+        type=int,
+        default=2,
+        help="times a method's grid is extended by one lr beyond the edge its best point sits on",
+    )
     ap.add_argument("--batch-size", type=int, default=8, help="prompts per RL step = traces per SFT step")
     ap.add_argument(
         "--mini-batches",
@@ -221,6 +255,19 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_steps(text) -> Optional[int]:
+    """``--steps``: a positive integer, or ``pilot`` (None: the pilot's length)."""
+    if str(text).strip() == "pilot":
+        return None
+    try:
+        steps = int(text)
+    except ValueError:
+        raise ValueError(f"--steps: expected a positive integer or 'pilot', got {text!r}") from None
+    if steps < 1:
+        raise ValueError(f"--steps: expected a positive integer or 'pilot', got {text!r}")
+    return steps
+
+
 def parse_grid(flag: str, text: str) -> list[float]:
     try:
         grid = sorted({float(x) for x in text.split(",") if x.strip()})
@@ -254,6 +301,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         names = parse_methods(args.methods)
         seeds = parse_seeds(args.seeds)
         grids = lr_grids(names, args.lr_grid, args.method_lr, args.sft_lr_grid)
+        steps = parse_steps(args.steps)
     except ValueError as exc:
         build_parser().error(str(exc))
     names.sort(key=lambda n: METHODS[n].kind != "sft")  # SFT first: SFT then RL starts from its model
@@ -322,12 +370,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     meter.cpu["start_model"] = start_ev["cpu_s"]
 
-    def settings_for(name: str, seed: int, lr: float) -> RunSettings:
+    def settings_for(name: str, seed: int, lr: float, n_steps: Optional[int] = None) -> RunSettings:
         return RunSettings(
             model_dir=start_model,
             train_file=paths[METHODS[name].train_split],
             test_file=paths["val"],
-            steps=args.steps,
+            steps=n_steps or steps,
             batch_size=args.batch_size,
             n=args.n,
             response_length=args.response_length,
@@ -343,43 +391,80 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def add_eval_cpu(ev: dict) -> None:
         meter.cpu["evaluation"] = meter.cpu.get("evaluation", 0.0) + ev.get("cpu_s", 0.0)
 
-    # 1. learning-rate grid on the validation split, seed --grid-seed
+    def val_score(model_dir: str, eval_dir: str) -> float:
+        ev = evaluate_model(
+            model_dir,
+            paths["val"],
+            eval_dir,
+            **dict(eval_kw, eval_samples=args.eval_samples, greedy=args.eval_samples <= 0),
+        )
+        add_eval_cpu(ev)
+        return ev["sampled"]["accuracy"] if ev["sampled"] else ev["greedy"]["accuracy"]
+
+    # 0. pilot: the run length at which SFT on the traces moves the validation score (reproduce/pilot.py)
+    pilot, pilot_dir = None, os.path.join(out, "pilot")
+    if steps is None and args.report_only and os.path.exists(os.path.join(pilot_dir, "pilot.json")):
+        with open(os.path.join(pilot_dir, "pilot.json")) as f:  # a finished pilot: report-only reruns nothing
+            pilot = json.load(f)
+        steps = pilot["steps"]
+    if args.pilot or steps is None:
+        train_cpu = meter.cpu.get("training", 0.0)
+        start_val = val_score(start_model, os.path.join(pilot_dir, "start_eval_val"))
+
+        def score_sft(n_steps: int, lr: float) -> Optional[float]:
+            run_dir = os.path.join(pilot_dir, f"sft_{n_steps}", f"lr{lr:g}")
+            try:
+                run = train_method("sft", settings_for("sft", args.grid_seed, lr, n_steps), run_dir, meter)
+                return val_score(run["hf_dir"], os.path.join(run_dir, "eval_val"))
+            except (RuntimeError, OSError, KeyError, ValueError) as exc:
+                say(f"pilot: SFT {n_steps} steps lr {lr:g}: FAILED: {exc}")
+                return None
+
+        pilot = run_pilot(
+            pilot_lengths(args.pilot_start, args.pilot_max_steps),
+            grids.get("sft") or parse_grid("--sft-lr-grid", args.sft_lr_grid),
+            start_val,
+            args.pilot_move,
+            score_sft,
+            pilot_dir,
+            say,
+            args.grid_extend,
+        )
+        meter.cpu["pilot"] = meter.cpu.get("training", 0.0) - train_cpu  # its SFT runs, apart from the comparison's
+        meter.cpu["training"] = train_cpu
+        say(
+            f"pilot: {pilot['steps']} steps ({'reached' if pilot['reached'] else 'NOT reached'} a "
+            f"{args.pilot_move:.2f} move from the start's {start_val:.3f}); {pilot_dir}/pilot.json"
+        )
+        if args.pilot:
+            return 0 if pilot["steps"] else 1
+        steps = pilot["steps"]
+        if steps is None:
+            print("reproduce_tiny: ERROR: every pilot run failed", file=sys.stderr, flush=True)
+            return 2
+    args.steps = steps
+
+    # 1. learning-rate grid on the validation split, seed --grid-seed (extended at an edge: reproduce/grid.py)
     grid_rec: dict = {}
     grid_sft: dict = {}  # lr -> SFT model of the grid seed (SFT then RL's start)
     for name in names:
-        g = grid_rec[name] = {"label": METHODS[name].label, "lrs": grids[name], "scores": {}, "cpu_s": 0.0}
-        if len(grids[name]) == 1:
-            g["scores"] = {grids[name][0]: "fixed"}
-            g["chosen"] = grids[name][0]
-            continue
-        for lr in grids[name]:
-            run_dir = os.path.join(out, "grid", name, f"lr{lr:g}")
+
+        def score_lr(lr: float, name: str = name) -> tuple[Optional[float], float]:
+            run_dir = grid_run_dir(out, name, lr)
             try:
                 sft_model = grid_sft.get(grid_rec.get("sft", {}).get("chosen"))
                 run = train_method(name, settings_for(name, args.grid_seed, lr), run_dir, meter, sft_model)
                 if name == "sft":
                     grid_sft[lr] = run["hf_dir"]
-                ev = evaluate_model(
-                    run["hf_dir"],
-                    paths["val"],
-                    os.path.join(run_dir, "eval_val"),
-                    **dict(eval_kw, eval_samples=args.eval_samples, greedy=args.eval_samples <= 0),
-                )
-                add_eval_cpu(ev)
-                g["scores"][lr] = ev["sampled"]["accuracy"] if ev["sampled"] else ev["greedy"]["accuracy"]
-                g["cpu_s"] += run["cpu_s"]
+                score = val_score(run["hf_dir"], os.path.join(run_dir, "eval_val"))
             except (RuntimeError, OSError, KeyError, ValueError) as exc:
-                g["scores"][lr] = None
                 say(f"grid: {name} lr {lr:g}: FAILED: {exc}")
-                continue
-            say(f"grid: {name} lr {lr:g}: val avg@{args.eval_samples} {g['scores'][lr]:.3f} ({run['cpu_s']:.0f} CPU s)")
-        try:
-            g["chosen"] = choose_lr(g["scores"])
-        except ValueError as exc:
-            g["chosen"] = None
-            say(f"grid: {name}: no lr could be chosen: {exc}")
-        else:
-            say(f"grid: {name}: chosen lr {g['chosen']:g}")
+                return None, 0.0
+            say(f"grid: {name} lr {lr:g}: val avg@{args.eval_samples} {score:.3f} ({run['cpu_s']:.0f} CPU s)")
+            return score, run["cpu_s"]
+
+        grid_rec[name] = run_grid(METHODS[name].label, grids[name], score_lr, say, args.grid_extend)
+        grids[name] = grid_rec[name]["lrs"]
 
     # 2. fresh seeds at the chosen learning rate, scored on the held-out ID and OOD problems
     runs: dict[str, list[dict]] = {n: [] for n in names if grid_rec[n]["chosen"] is not None}
@@ -438,6 +523,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "seeds": seeds,
         "lr_grids": grids,
         "warm_start_recipe": WARM_SFT,
+        "pilot": pilot,
         "seed_use": "tiny model / task: --seed; run seed s: RL data.seed=47+s, trainer.seed=1+s, "
         "rollout.seed=s; SFT trainer.seed=47+s",
     }

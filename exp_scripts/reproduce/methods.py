@@ -4,16 +4,18 @@ overrides every run shares.
 A method is a name, a label for the table, how it trains (``rl``: one trainer run; ``sft``: the SFT
 trainer; ``sft_rl``: the SFT model, then an RL run) and its config in ``luffy_pool/config``. The shared
 settings (model, data, steps, batch, lengths, learning rate, seeds) are applied to every method the same
-way, so the methods differ only in what their config files say. A family method (HPT, SRFT, CHORD, ExGRPO,
-ReLIFT, UFT, Prefix-RFT) is ``tiny_cpu_luffy.yaml`` with ``algorithm.method=<name>`` (its knobs: the authors'
-defaults in luffy_pool/config/method/<name>.yaml) plus ``extra``: the few knobs whose authors' value is tied to their batch or run
-length, rescaled to this run's (``family_overrides``); UFT trains on the train split with its hint column.
+way, so the methods differ only in what their config files and recipes say. A family method (HPT, SRFT, CHORD,
+ExGRPO, ReLIFT, UFT, Prefix-RFT, RL-PLUS, QuestA, SDPO, SDFT) is ``tiny_cpu_luffy.yaml`` plus ``extra``: its own
+recipe's keys from ``exp_scripts/train_<name>.sh``, scaled to the tiny run (``reproduce/recipes.py``); UFT trains on
+the train split with its hint column. ``NOT_RUN``: the members the tiny task cannot run, with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable, Iterable, Optional
+
+from reproduce.recipes import recipe_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,33 +48,18 @@ CLAIMS_METHODS = ("on_policy", "luffy", "luffy_no_shaping", "sft")
 
 
 def family_overrides(name: str) -> Callable[["RunSettings"], list[str]]:
-    """``algorithm.method=<name>`` and the knobs whose authors' value is tied to their batch or run length, rescaled
-    to this run's (results.md of ``--preset no_reward`` lists them): ReLIFT's SFT stage fires once a step's batch of
-    hard questions is buffered (theirs: 128 of a 128-prompt batch) and trains at the RL lr (theirs: 1e-6 both);
-    UFT's hint anneals over 0.6 of the run (theirs: T_hint 300 of 500 steps). Every other knob: the authors'."""
+    """The method's own recipe on the tiny run (``reproduce/recipes.py``): the algorithm keys of
+    ``exp_scripts/train_<name>.sh`` (``algorithm.method=<name>`` among them) over tiny LUFFY's, its group size and
+    updates per step scaled, and the knobs tied to the authors' batch or run length rescaled (results.md lists
+    them per method)."""
 
     def extra(s: "RunSettings") -> list[str]:
-        out = [f"algorithm.method={name}"]
-        # the method's preset (luffy_pool/config/method/<name>.yaml) turns LUFFY's switches of tiny_cpu_luffy.yaml
-        # off; stated here, since a contradicting value is refused
-        out += ["actor_rollout_ref.actor.use_off_policy_loss=False"]
-        if name in ("relift", "exgrpo"):
-            out += ["actor_rollout_ref.rollout.n_prefix=0"]
-        if name == "relift":
-            out += [
-                f"algorithm.relift.sft_data_size={s.batch_size}",
-                f"algorithm.relift.sft_mini_batch_size={s.batch_size}",
-                f"algorithm.relift.sft_micro_batch_size={s.sft_micro_batch_size}",
-                f"algorithm.relift.sft_lr={s.lr}",
-            ]
-        if name == "uft":
-            out += [f"algorithm.uft.total_training_steps_hint={max(1, round(0.6 * s.steps))}"]
-        return out
+        return recipe_overrides(name, s)
 
     return extra
 
 
-# LUFFY's family (luffy_pool/methods/, docs/methods.md): the tiny LUFFY config with algorithm.method=<name>.
+# LUFFY's family (luffy_pool/methods/, docs/methods.md): the tiny LUFFY config with its own recipe's keys.
 FAMILY = {
     "hpt": "HPT",
     "srft": "SRFT",
@@ -81,6 +68,16 @@ FAMILY = {
     "relift": "ReLIFT",
     "uft": "UFT",
     "prefix_rft": "Prefix-RFT",
+    "rl_plus": "RL-PLUS",
+    "questa": "QuestA",
+    "sdpo": "SDPO",
+    "sdft": "SDFT",
+}
+# Members of luffy_pool/methods/ that the tiny task cannot run, with the reason (results.md lists them).
+NOT_RUN = {
+    "ampo": "AMPO ranks several teachers per prompt (train_ampo.sh: up to 4 in a `targets` column, 2 guides per "
+    "failed group) and grades `<answer>` tags; the tiny task has one teacher trace per problem and a boxed answer, so "
+    "its multi-guidance would reduce to LUFFY's single trace",
 }
 METHODS.update(
     {

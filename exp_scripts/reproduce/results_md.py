@@ -7,18 +7,29 @@ from __future__ import annotations
 import os
 
 from reproduce import summary as S
+from reproduce.grid import extension_notes
+from reproduce.methods import FAMILY, NOT_RUN
+from reproduce.pilot import pilot_lines
+from reproduce.recipes import recipe_summary
 from reproduce.regime import regime_lines
 
-# results.md of a run with the family: the knobs changed from the authors' values, and why (reproduce/methods.py).
-FAMILY_KNOBS = [
-    "Family knobs: the authors' defaults (luffy_pool/config/mix_ppo_trainer.yaml, `algorithm.<method>`) except three "
-    "tied to the authors' batch or run length, rescaled to this run's (`reproduce/methods.py` `family_overrides`): "
-    "ReLIFT's `sft_data_size` and `sft_mini_batch_size` = the batch (theirs: 128 = their batch: one SFT step once a "
-    "batch's worth of hard questions is buffered) and `sft_lr` = the run's RL lr (theirs: 1e-6, equal to their RL lr; "
-    "1e-6 does nothing to the tiny model); UFT's `total_training_steps_hint` = 0.6 x steps (theirs: 300 of 500 steps). "
-    "Prefix-RFT's cosine decays over the run (its default). ExGRPO keeps its warm-up rule (on-policy until a step "
-    "solves > 35 %), so in the no-reward regime it trains as on-policy GRPO for as long as that holds."
-]
+
+def family_knob_lines(names) -> list[str]:
+    """Per family method of the run, the keys its recipe gave it (reproduce/recipes.py), and the members not run."""
+    lines = [
+        "Each family method runs `tiny_cpu_luffy.yaml` (LUFFY's train.sh at tiny scale) with its own recipe's keys "
+        "from `exp_scripts/train_<method>.sh` on top, scaled to the tiny run (`reproduce/recipes.py`): the group size "
+        "by tiny n / LUFFY's 8, the updates per step by the recipe's batch / mini-batch, ReLIFT's SFT buffer (= the "
+        "batch, theirs 128 = their batch) and SFT lr (= the RL lr, theirs 1e-6 = their RL lr) and UFT's hint schedule "
+        "(0.6 x steps, theirs 300 of 500) rescaled; batch, lengths, lr, steps and seeds are the run's. GRPO, LUFFY "
+        "and SFT use their tiny configs (`tiny_cpu_on_policy.yaml`, `tiny_cpu_luffy.yaml`, `tiny_cpu_sft.yaml`). "
+        "ExGRPO keeps its warm-up rule (on-policy until a step solves > 35 %), so in the no-reward regime it trains "
+        "as on-policy GRPO for as long as that holds.",
+        "",
+        *[f"- **{FAMILY[n]}** {recipe_summary(n)}." for n in names if n in FAMILY],
+        *[f"- not run: **{n}**: {why}." for n, why in NOT_RUN.items()],
+    ]
+    return lines
 
 
 def command_flags(args) -> str:
@@ -93,6 +104,7 @@ def write_report(
         "",
         *partial_lines(grid_rec, runs),
         *regime_lines(args, probe),
+        *pilot_lines(settings.get("pilot"), k),
         "## Claims",
         "",
         *S.claims_markdown(verdicts, k),
@@ -103,7 +115,7 @@ def write_report(
                 "",
                 *S.family_markdown(verdicts["family"], k),
                 "",
-                *FAMILY_KNOBS,
+                *family_knob_lines(runs),
                 "",
             ]
             if verdicts.get("family")
@@ -120,6 +132,7 @@ def write_report(
         "",
         S.grid_table(grid_rec),
         "",
+        *extension_notes(grid_rec),
         *S.grid_edge_notes(grid_rec),
         "",
         "## Start model",

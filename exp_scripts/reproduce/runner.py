@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Sequence
 
 from reproduce.cputime import run_measured
 from reproduce.methods import METHODS, RunSettings, rl_overrides, sft_overrides
+from reproduce.recipes import merge_overrides
 from reproduce.report import ENTROPY, ON_LENGTH, ON_REWARD, final_value
 from reproduce.seeds_report import run_summary
 from verl.utils.tracking import read_metrics_jsonl
@@ -173,8 +174,7 @@ def train_rl(
         hf_dir,
         "--result",
         os.path.join(run_dir, "run_result.json"),
-        *rl_overrides(settings, run_dir, model_dir),
-        *extra,
+        *merge_overrides([*rl_overrides(settings, run_dir, model_dir), *extra]),  # the method's value wins
     ]
     fresh_dir(run_dir, meter, cmd)
     wall, cpu = meter.run(cmd, os.path.join(run_dir, "train.log"), "training")

@@ -22,6 +22,13 @@ import math
 from typing import Mapping, Optional, Sequence
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+Z80 = 0.8416212335729143  # one-sided 80 % normal quantile (power)
+
+
+def min_detectable(se: float) -> float:
+    """The smallest true difference a two-sided 5 % test with standard error ``se`` detects with 80 % power:
+    (1.96 + 0.84)·SE = 2.8·SE."""
+    return (Z95 + Z80) * se
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -63,6 +70,7 @@ def difference(xa: Sequence[Sequence[float]], xb: Sequence[Sequence[float]]) -> 
     d = [[a - b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(xa, xb)]
     out = interval(d, low=-1.0, high=1.0)
     out["effect_over_noise"] = out["mean"] / out["se"] if out["se"] > 0 else (math.inf if out["mean"] else 0.0)
+    out["min_detectable_80"] = min_detectable(out["se"])
     return out
 
 

@@ -190,9 +190,12 @@ def family_markdown(f: Mapping, k: int) -> list[str]:
 def _diff_text(d: Optional[Mapping]) -> str:
     if not d:
         return "not measured (a method of the comparison was not run)"
+    power = (
+        f"; detectable at 80 % power: ±{d['min_detectable_80']:.3f}" if d.get("min_detectable_80") is not None else ""
+    )
     return (
         f"**{d['verdict']}**: {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], effect/noise "
-        f"{d['effect_over_noise']:+.1f}"
+        f"{d['effect_over_noise']:+.1f}{power}"
     )
 
 

@@ -15,7 +15,17 @@ EXP = os.path.join(REPO, "exp_scripts")
 if EXP not in sys.path:
     sys.path.insert(0, EXP)
 
-from reproduce.methods import METHODS, RunSettings, needs_sft, parse_methods, rl_overrides, sft_overrides  # noqa: E402
+from reproduce.methods import (  # noqa: E402
+    FAMILY,
+    METHODS,
+    NOT_RUN,
+    RunSettings,
+    needs_sft,
+    parse_methods,
+    rl_overrides,
+    sft_overrides,
+)
+from reproduce.recipes import merge_overrides  # noqa: E402
 from reproduce.report import final_value, has_off_policy_rows, markdown_table, plot_dynamics, table_row  # noqa: E402
 
 
@@ -54,6 +64,10 @@ def test_parse_methods_all_is_every_method_in_table_order():
         "relift",
         "uft",
         "prefix_rft",
+        "rl_plus",
+        "questa",
+        "sdpo",
+        "sdft",
     ]
 
 
@@ -69,30 +83,64 @@ def test_parse_methods_family_is_the_family_beside_grpo_luffy_and_sft():
         "relift",
         "uft",
         "prefix_rft",
+        "rl_plus",
+        "questa",
+        "sdpo",
+        "sdft",
     ]
     assert parse_methods("claims") == ["on_policy", "luffy", "luffy_no_shaping", "sft"]
 
 
-def test_family_methods_select_their_method_and_rescale_only_batch_and_length_tied_knobs():
-    s = _settings(batch_size=8, lr=1e-4, steps=50)
-    luffy_off = "actor_rollout_ref.actor.use_off_policy_loss=False"  # the presets' value, stated over tiny LUFFY's
-    for name in ("hpt", "srft", "chord", "prefix_rft"):
+def test_family_methods_run_their_own_recipe_scaled_to_the_tiny_run():
+    s = _settings(batch_size=8, n=8, lr=1e-4, steps=50)
+    for name in FAMILY:
         assert METHODS[name].config_name == "tiny_cpu_luffy"
-        assert METHODS[name].extra(s) == [f"algorithm.method={name}", luffy_off]
-    no_prefix = "actor_rollout_ref.rollout.n_prefix=0"
-    assert METHODS["exgrpo"].extra(s) == ["algorithm.method=exgrpo", luffy_off, no_prefix]
-    assert METHODS["relift"].extra(s) == [
-        "algorithm.method=relift",
-        luffy_off,
-        no_prefix,
+        extra = METHODS[name].extra(s)
+        assert f"algorithm.method={name}" in extra
+        assert "actor_rollout_ref.actor.use_off_policy_loss=False" in extra  # the presets' value over tiny LUFFY's
+    # CHORD's script: clip 0.2 on, token mean, std-normalised advantage, batch 40 = mini-batch 40 (one update)
+    chord = METHODS["chord"].extra(s)
+    for item in (
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+        "actor_rollout_ref.actor.loss_remove_clip=False",
+        "actor_rollout_ref.actor.loss_remove_token_mean=False",
+        "algorithm.grpo_use_std=True",
+        "algorithm.chord.mu_peak=0.1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.rollout.n=8",
+    ):
+        assert item in chord
+    # UFT: n 4 of LUFFY's 8, 256 / 64 = 4 updates per step, KL loss to the reference, hint schedule 0.6 x steps
+    uft = METHODS["uft"].extra(s)
+    for item in (
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.ref.use_ref=True",
+        "algorithm.uft.total_training_steps_hint=30",
+    ):
+        assert item in uft
+    assert METHODS["uft"].train_split == "train_hints"
+    assert {n for n, m in METHODS.items() if m.train_split != "train"} == {"uft"}
+    relift = METHODS["relift"].extra(s)
+    for item in (
+        "actor_rollout_ref.rollout.n_prefix=0",
         "algorithm.relift.sft_data_size=8",
         "algorithm.relift.sft_mini_batch_size=8",
         "algorithm.relift.sft_micro_batch_size=4",
         "algorithm.relift.sft_lr=0.0001",
-    ]
-    assert METHODS["uft"].extra(s) == ["algorithm.method=uft", luffy_off, "algorithm.uft.total_training_steps_hint=30"]
-    assert METHODS["uft"].train_split == "train_hints"
-    assert {n for n, m in METHODS.items() if m.train_split != "train"} == {"uft"}
+        "actor_rollout_ref.actor.grad_clip=0.7",
+    ):
+        assert item in relift
+    # QuestA: n 16 (twice LUFFY's), one update per step, no entropy bonus
+    questa = METHODS["questa"].extra(s)
+    assert "actor_rollout_ref.rollout.n=16" in questa and "actor_rollout_ref.actor.entropy_coeff=0.0" in questa
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=8" in questa
+    # the scale keys stay the run's: no data, lr, step or reward key comes from a recipe
+    for name in FAMILY:
+        keys = {item.split("=", 1)[0] for item in METHODS[name].extra(s)}
+        assert not any(k.startswith(("data.", "trainer.", "reward.")) or k.endswith("optim.lr") for k in keys), name
+    assert set(NOT_RUN) == {"ampo"} and "ampo" not in METHODS
 
 
 def test_parse_methods_main_is_the_central_comparison():
@@ -133,14 +181,17 @@ def test_shared_overrides_compose_a_valid_config_for_every_rl_method(name, compo
 
     s = _settings(steps=7, batch_size=6, n=4, lr=3e-4, rollout="hf")
     extra = METHODS[name].extra(s) if METHODS[name].extra else []
-    cfg = compose_config(
-        prepare_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final") + extra), METHODS[name].config_name
-    )
+    overrides = merge_overrides(rl_overrides(s, "/out/x", model_dir="/sft/final") + extra)  # as runner.train_rl
+    cfg = compose_config(prepare_overrides(overrides), METHODS[name].config_name)
     check_config(cfg)
     assert cfg.algorithm.method == (name if METHODS[name].extra else "luffy")
     assert cfg.trainer.total_training_steps == 7 and cfg.data.train_batch_size == 6
-    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.actor_rollout_ref.actor.optim.lr == 3e-4
-    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 3
+    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-4
+    # n and the mini-batch: the shared ones, or the method's recipe scaled (UFT n 2 of 4, QuestA 8; CHORD one update)
+    recipe_n = {"uft": 2, "questa": 8}
+    recipe_mini = {"uft": 1, "chord": 6, "questa": 6, "sdpo": 6, "sdft": 6}
+    assert cfg.actor_rollout_ref.rollout.n == recipe_n.get(name, 4)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == recipe_mini.get(name, 3)
     assert cfg.actor_rollout_ref.model.path == "/sft/final"
     assert cfg.trainer.default_local_dir == "/out/x" and "jsonl" in cfg.trainer.logger
     assert cfg.trainer.test_freq == -1 and cfg.trainer.val_before_train is False
@@ -274,7 +325,15 @@ def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_mo
         "--n-warm",
         "32",
         "--steps",
+        "pilot",  # the pilot's one length (2 SFT steps; --pilot-move 0: any move ends it) is the run's
+        "--pilot-start",
         "2",
+        "--pilot-max-steps",
+        "2",
+        "--pilot-move",
+        "0",
+        "--grid-extend",
+        "0",
         "--val-every",
         "1",
         "--batch-size",
@@ -307,6 +366,10 @@ def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_mo
     grid = results["grid"]["sft"]
     assert set(grid["scores"]) == {"0.0001", "0.0003"} and grid["chosen"] in (1e-4, 3e-4)
     assert results["grid"]["luffy_replay"]["scores"] == {"0.0001": "fixed"}
+    pilot = results["settings"]["pilot"]
+    assert pilot["steps"] == 2 and set(pilot["scores"]["2"]) == {"0.0001", "0.0003"}
+    assert results["settings"]["steps"] == 2 and results["cpu_s"]["pilot"] > 0
+    assert (out / "pilot" / "pilot.json").exists() and (out / "pilot" / "sft_2" / "lr0.0003" / "final").is_dir()
     for lr in ("0.0001", "0.0003"):
         assert (out / "grid" / "sft" / f"lr{lr}" / "eval_val" / "t0.6_n2.summary.json").exists()
     run = out / "seed1" / "luffy_replay"
@@ -328,6 +391,7 @@ def test_smoke_run_with_an_lr_grid_and_a_fresh_seed_writes_claims_table_plots_mo
     assert all(r["cpu_s"] > 0 and r["eval_cpu_s"] > 0 for r in results["runs"])
     md = (out / "results.md").read_text()
     assert "## Claims" in md and "| LUFFY + self-replay | 0.0001 | 1 |" in md and "## Learning-rate grid" in md
+    assert "## Pilot: the run length" in md and "**2 steps**" in md
     for name in ("reward", "held_out_accuracy", "entropy", "held_out"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 1000
     assert f"results: {out}/results.md" in proc.stdout

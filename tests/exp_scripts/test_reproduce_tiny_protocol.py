@@ -116,16 +116,18 @@ def test_no_reward_preset_changes_defaults_and_refuses_to_combine_with_quick(cap
     from reproduce_tiny import NO_REWARD, parse_args
 
     a = parse_args(["--preset", "no_reward"])
-    assert (a.preset, a.methods, a.warm_steps, a.seeds, a.n_test, a.n_ood) == (
+    assert (a.preset, a.methods, a.warm_steps, a.seeds, a.n_test, a.n_ood, a.steps) == (
         "no_reward",
         "family",
         100,
-        "1,2",
+        "1,2,3",
         200,
         200,
+        "pilot",  # the run length is the pilot's
     )
     assert a.lr_grid == NO_REWARD["lr_grid"] and a.probe_rows == 128 and a.out.endswith("reproduce_tiny_no_reward")
-    assert a.steps == parse_args([]).steps and a.level == 2  # the task and run length are the default command's
+    assert len(a.lr_grid.split(",")) >= 3 and len(a.sft_lr_grid.split(",")) >= 3
+    assert a.level == parse_args([]).level  # the task is the default command's
     assert parse_args(["--preset", "no_reward", "--warm-steps", "60", "--methods", "claims"]).warm_steps == 60
     with pytest.raises(SystemExit):
         parse_args(["--quick", "--preset", "no_reward"])
