@@ -437,6 +437,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"{args.pilot_move:.2f} move from the start's {start_val:.3f}); {pilot_dir}/pilot.json"
         )
         if args.pilot:
+            say(
+                f"pilot CPU s: {meter.cpu['pilot']:.0f} SFT training, {meter.cpu.get('evaluation', 0.0):.0f} "
+                f"evaluation (and {meter.cpu.get('warm_start', 0.0) + meter.cpu['start_model']:.0f} warm start + "
+                "start model)"
+            )
             return 0 if pilot["steps"] else 1
         steps = pilot["steps"]
         if steps is None:

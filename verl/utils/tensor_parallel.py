@@ -139,7 +139,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> nn.Module:
                 style = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
                 parallelize_module(embed, tp_mesh, style)
             head.weight = embed.weight
-        else:
+        else:  # the untied input embedding stays replicated over tp: under RowwiseParallel torch 2.13's embedding
+            # backward returns a Replicate gradient (measured: the whole [V, H] on each tp rank), so splitting it would
+            # save its parameter and AdamW moments but not its gradient, whose placement would then differ from the
+            # parameter's under FSDP2
             head.weight = nn.Parameter(distribute_tensor(head.weight, tp_mesh, [Shard(0)]), head.weight.requires_grad)
         if head.bias is not None:
             head.bias = nn.Parameter(distribute_tensor(head.bias, tp_mesh, [Shard(0)]), head.bias.requires_grad)
