@@ -9,11 +9,10 @@ rows the same way. Tolerance: 1e-5 absolute on log-probs and the grad norm (fp32
 """
 
 import pytest
-import torch
 from transformers import Qwen2ForCausalLM  # noqa: F401  (imported once, before forking)
 
 from tests.helpers.distributed_testing import run_gloo_ranks
-from tests.verl.workers.test_fsdp_workers_tp import _job
+from tests.verl.workers.test_fsdp_workers_tp import _job, plain_against_layout
 
 WORLD = 2
 TOL = 1e-5
@@ -22,47 +21,9 @@ PP = "actor_rollout_ref.actor.pipeline_model_parallel_size"
 
 @pytest.mark.slow  # 2 x 2 forked gloo ranks, each building the worker with an HF engine
 def test_pp2_worker_matches_the_plain_layout(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config):
-    from omegaconf import OmegaConf
-    from safetensors.torch import load_file
-
-    from luffy_pool.config.check import validate_config
-
-    base = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) + [
-        "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.attn_implementation=sdpa",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.actor.entropy_coeff=0.01",
-        "actor_rollout_ref.actor.use_off_policy_loss=False",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.ref.use_ref=True",
-    ]
-    plain = compose_config(base)
-    pp = compose_config(base + [f"{PP}=2"])
-    assert validate_config(plain) == [] and validate_config(pp) == []
-    run = lambda cfg, d, resume: run_gloo_ranks(  # noqa: E731
-        _job, WORLD, OmegaConf.to_container(cfg, resolve=True), str(tmp_path / d), resume, timeout_s=600
-    )
-    b = run(pp, "pp", None)
-    a = run(plain, "plain", str(tmp_path / "pp" / "step1"))
-    for ra, rb in zip(a, b):
-        for k in ("before", "ref", "after"):
-            assert (ra[k] - rb[k]).abs().max() < TOL, k
-        assert (ra["after"] - ra["before"]).abs().max() > 1e-4  # the update moved the policy
-        assert torch.equal(rb["restored"], rb["after"])  # same layout: exact restore
-        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], abs=TOL)
-        assert set(ra["engine"]) == set(rb["engine"])  # each rank's engine got both stages' layers
-        for n, t in rb["engine"].items():
-            assert (t - ra["engine"][n]).abs().max() < TOL, n
-        assert not isinstance(ra["other"], str), ra["other"]  # DCP reshards the stages' checkpoint into dp2
-        assert (ra["other"] - rb["after"]).abs().max() < TOL
-    hf_a, hf_b = (
-        load_file(str(tmp_path / "plain/hf/model.safetensors")),
-        load_file(str(tmp_path / "pp/hf/model.safetensors")),
-    )
-    assert set(hf_a) == set(hf_b)
-    for n, t in hf_b.items():
-        assert t.shape == hf_a[n].shape and (t - hf_a[n]).abs().max() < TOL, n
+    """pp2 against plain dp2; the stages' checkpoint resumes in the plain layout (DCP, original parameter names)."""
+    fixtures = (tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config)
+    plain_against_layout(fixtures, "pp", [f"{PP}=2"], [], resume_plain_from_layout=True)
 
 
 @pytest.mark.slow  # 1 + 2 forked gloo ranks

@@ -145,48 +145,65 @@ def test_tp_must_divide_the_world_size():
         build_tp_mesh("cpu", 6, 4)
 
 
-@pytest.mark.slow  # 2 x 2 forked gloo ranks, each building the worker with an HF engine
-def test_tp2_worker_matches_the_plain_layout(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config):
+def plain_against_layout(fixtures, name: str, layout: list[str], extra: list[str], resume_plain_from_layout: bool):
+    """2 worker ranks in the plain dp2 layout and in ``layout`` (tp2 or pp2): log-probs before/after one update and
+    under the reference, the grad norm, the engine's weights and the HF export agree within TOL; each restores its own
+    checkpoint exactly, and DCP reshards one layout's checkpoint into the other (``resume_plain_from_layout``: the
+    layout's into plain, else plain's into the layout). Returns the two layouts' per-rank reports."""
     from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
     from luffy_pool.config.check import validate_config
 
+    tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config = fixtures
     base = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) + [
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.model.use_remove_padding=False",
         "actor_rollout_ref.model.attn_implementation=sdpa",
-        "actor_rollout_ref.model.logprob_chunk_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.actor.entropy_coeff=0.01",
         "actor_rollout_ref.actor.use_off_policy_loss=False",
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.ref.use_ref=True",
+        *extra,
     ]
-    plain = compose_config(base)
-    tp = compose_config(base + ["actor_rollout_ref.actor.tensor_model_parallel_size=2"])
-    assert validate_config(plain) == [] and validate_config(tp) == []
+    plain, other = compose_config(base), compose_config(base + layout)
+    assert validate_config(plain) == [] and validate_config(other) == []
     run = lambda cfg, d, resume: run_gloo_ranks(  # noqa: E731
         _job, WORLD, OmegaConf.to_container(cfg, resolve=True), str(tmp_path / d), resume, timeout_s=600
     )
-    a = run(plain, "plain", None)
-    b = run(tp, "tp", str(tmp_path / "plain" / "step1"))
+    if resume_plain_from_layout:
+        b = run(other, name, None)
+        a = run(plain, "plain", str(tmp_path / name / "step1"))
+    else:
+        a = run(plain, "plain", None)
+        b = run(other, name, str(tmp_path / "plain" / "step1"))
     for ra, rb in zip(a, b):
-        assert ra["tp_mesh"] is None and rb["tp_mesh"] == (2,)
         for k in ("before", "ref", "after"):
             assert (ra[k] - rb[k]).abs().max() < TOL, k
         assert (ra["after"] - ra["before"]).abs().max() > 1e-4  # the update moved the policy
         assert torch.equal(rb["restored"], rb["after"])  # same layout: exact restore
         assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], abs=TOL)
-        assert set(ra["engine"]) == set(rb["engine"])
+        assert set(ra["engine"]) == set(rb["engine"])  # each rank's engine got every layer
         for n, t in rb["engine"].items():
             assert (t - ra["engine"][n]).abs().max() < TOL, n
-        assert not isinstance(rb["other"], str), rb["other"]  # DCP reshards the dp2 checkpoint into tp2
-        assert (rb["other"] - ra["after"]).abs().max() < TOL
+        resumed, saved = (ra, rb) if resume_plain_from_layout else (rb, ra)
+        assert not isinstance(resumed["other"], str), resumed["other"]  # DCP reshards the other layout's checkpoint
+        assert (resumed["other"] - saved["after"]).abs().max() < TOL
     hf_a, hf_b = (
         load_file(str(tmp_path / "plain/hf/model.safetensors")),
-        load_file(str(tmp_path / "tp/hf/model.safetensors")),
+        load_file(str(tmp_path / name / "hf/model.safetensors")),
     )
     assert set(hf_a) == set(hf_b)
     for n, t in hf_b.items():
         assert t.shape == hf_a[n].shape and (t - hf_a[n]).abs().max() < TOL, n
+    return a, b
+
+
+@pytest.mark.slow  # 2 x 2 forked gloo ranks, each building the worker with an HF engine
+def test_tp2_worker_matches_the_plain_layout(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config):
+    fixtures = (tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config)
+    a, b = plain_against_layout(
+        fixtures, "tp", [f"{TP}=2"], ["actor_rollout_ref.model.logprob_chunk_size=8"], resume_plain_from_layout=False
+    )
+    assert all(ra["tp_mesh"] is None and rb["tp_mesh"] == (2,) for ra, rb in zip(a, b))
