@@ -375,6 +375,11 @@ def section_errors(workers) -> list[str]:
     cfg = local_model_config(workers.model.path, workers.model.override_config) or {}
     layers, tied = cfg.get("num_hidden_layers"), cfg.get("tie_word_embeddings")
     errors = pp_layout_errors(pp, a.pipeline_schedule, pp * tp, tp, a.ulysses_sequence_parallel_size, layers, tied)
+    if any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        errors.append(
+            f"'{PP_KEY}'={pp} with a mixture-of-experts model ({workers.model.path}): the router's auxiliary loss "
+            "and the per-expert weight push do not run through pipeline stages; use pipeline_model_parallel_size=1"
+        )
     if a.fsdp_config.fsdp_size != -1:
         errors.append(
             f"'{PP_KEY}'={pp} with 'actor_rollout_ref.actor.fsdp_config.fsdp_size'={a.fsdp_config.fsdp_size}: each "

@@ -50,7 +50,7 @@ def pipeline_mini_batch(
     """Accumulate one mini-batch's gradients (``micro_batches``: the update's, as the one-rank loop gets them) into
     the stages' parameters and its metrics into ``step_metrics``."""
     if getattr(actor, "router_recorder", None) is not None:
-        raise NotImplementedError(
+        raise RuntimeError(  # pre-flight refuses it (pipeline_parallel.section_errors)
             "the MoE router's auxiliary loss is not collected through pipeline stages; set "
             "'actor_rollout_ref.actor.pipeline_model_parallel_size'=1 for an MoE model"
         )
