@@ -17,11 +17,11 @@ WORLD = 2
 TOL = 1e-5
 
 
-def _batch(vocab: int):
+def _batch(vocab: int, rows: int = 4):
     from verl.protocol import DataProto
 
     g = torch.Generator().manual_seed(7)
-    rows, prompt, response = 4, 10, 7
+    prompt, response = 10, 7
     ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
     attn = torch.ones_like(ids)
     for r in range(rows):
