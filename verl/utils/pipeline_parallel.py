@@ -7,9 +7,10 @@ causal LM it was built as, pruned to the layers of its stages (``model.model.lay
 by the ORIGINAL layer index, so every parameter keeps its original FQN: DCP checkpoints reshard between layouts and the
 shard loader reads the HF names), the embedding on the first stage, the final norm and LM head on the last, the
 rotary embedding (no parameters) everywhere. A stage is a thin module over that model's parts
-(``PipelineStageModule``): hidden states and the int side inputs (padding mask, position ids, response tokens)
-travel between stages; each stage rebuilds the causal mask and RoPE locally; the last scores the response tokens
-(per-token log-prob and entropy at the sampling temperature).
+(``PipelineStageModule``): hidden states and the int side inputs (padding mask, position ids, response tokens, the
+index of each response token's predicting state) travel between stages; each stage rebuilds the causal mask and RoPE
+locally; the last scores the response tokens (per-token log-prob and entropy at the sampling temperature). Rows run
+padded, or packed with ``use_remove_padding`` where the attention has varlen kernels (verl/utils/pipeline_packing.py).
 
 The mesh is one ``(pp, dp, tp)`` ``init_device_mesh`` (``build_pp_mesh``): TP over ``tp`` (consecutive ranks,
 verl/utils/tensor_parallel.py), FSDP2 over ``dp`` per stage (each stage module is an FSDP root with its layers as
@@ -131,8 +132,9 @@ def prune_to_stages(model: nn.Module, stages: list[int], n_stages: int) -> nn.Mo
 
 
 class PipelineStageModule(nn.Module):
-    """One stage's forward over parts of the (pruned) causal LM: ``(x, attention_mask, position_ids, responses)``
-    -> the same with x the hidden states, or on the last stage ``(log_probs, entropy)`` of the responses."""
+    """One stage's forward over parts of the (pruned) causal LM: ``(x, attention_mask, position_ids, responses,
+    score_index)`` -> the same with x the hidden states, or on the last stage ``(log_probs, entropy)`` of the
+    responses. ``packed``: x is one packed row per micro-batch and the attention mask a placeholder."""
 
     def __init__(self, model: nn.Module, stage: int, n_stages: int):
         super().__init__()
@@ -147,6 +149,7 @@ class PipelineStageModule(nn.Module):
         self.lm_head = model.lm_head if self.is_last else None
         self.rotary_emb = base.rotary_emb
         self.temperature = 1.0
+        self.packed = False  # set per pass by PipelineModel (pipeline_packing.py)
         self.chunk_size = 0  # > 0: score the responses this many tokens at a time (no [rows, R, V] logits)
         types = getattr(self.config, "layer_types", None)
         self.layer_types = {str(i): (types[i] if types else "full_attention") for i in ids}
@@ -164,7 +167,7 @@ class PipelineStageModule(nn.Module):
         makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
         return {t: makers[t](**kwargs) for t in set(self.layer_types.values())}
 
-    def forward(self, x, attention_mask, position_ids, responses):
+    def forward(self, x, attention_mask, position_ids, responses, score_index):
         from verl.utils.torch_functional import logprobs_and_entropy_from_logits
 
         cfg = self.config
@@ -173,7 +176,8 @@ class PipelineStageModule(nn.Module):
         position_ids = position_ids.clamp(0, cfg.max_position_embeddings - 1)
         responses = responses.clamp(0, cfg.vocab_size - 1)
         hidden = self.embed_tokens(x.clamp(0, cfg.vocab_size - 1)) if self.is_first else x
-        masks = self._masks(hidden, attention_mask, position_ids)
+        score_index = score_index.clamp(0, hidden.size(0) * hidden.size(1) - 1)
+        masks = self._masks(hidden, None if self.packed else attention_mask, position_ids)
         position_embeddings = self.rotary_emb(hidden, position_ids)
         for key, layer in self.layers.items():
             hidden = layer(
@@ -185,9 +189,9 @@ class PipelineStageModule(nn.Module):
                 use_cache=False,
             )
         if not self.is_last:
-            return hidden, attention_mask, position_ids, responses
-        # logits at t predict token t+1: the response's predictions sit one step to the left
-        hidden = self.norm(hidden[:, -responses.size(-1) - 1 : -1])
+            return hidden, attention_mask, position_ids, responses, score_index
+        # the states that predict the response tokens, [rows, R, hidden]
+        hidden = self.norm(hidden.reshape(-1, hidden.size(-1))[score_index])
         if self.chunk_size > 0:
             return self._chunked_scores(hidden, responses)
         logits = self.lm_head(hidden).float()
@@ -256,24 +260,26 @@ class PipelineModel:
         n = max(-(-rows // max(1, rows_per_chunk)), self.pp)
         return -(-n // self.pp) * self.pp
 
-    def _inputs(self, batch: dict, n_chunks: int, temperature: float):
-        """(first-stage args padded to n_chunks equal chunks, padded row count)."""
+    def _inputs(self, batch: dict, n_chunks: int, temperature: float, packed: bool):
+        """(first-stage args in n_chunks equal chunks, padded row count); ``packed``: remove padding."""
+        from verl.utils.pipeline_packing import pack_stage_inputs, pad_stage_inputs
+
         for m in self.stage_modules:
-            m.temperature = float(temperature)
+            m.temperature, m.packed = float(temperature), bool(packed)
         rows = batch["input_ids"].size(0)
         padded = -(-rows // n_chunks) * n_chunks
-        args = []
+        tensors = {}
         for k in ("input_ids", "attention_mask", "position_ids", "responses"):
             t = batch[k].to(self.device)
             if padded > rows:  # copies of the last row; their outputs are dropped, their loss weight is 0
                 t = torch.cat([t, t[-1:].expand(padded - rows, *t.shape[1:])])
-            args.append(t)
-        return args, padded
+            tensors[k] = t
+        return (pack_stage_inputs if packed else pad_stage_inputs)(tensors, n_chunks), padded
 
-    def forward(self, batch: dict, n_chunks: int, temperature: float):
+    def forward(self, batch: dict, n_chunks: int, temperature: float, packed: bool = False):
         """``(log_probs, entropy)`` ``[rows, R]`` (fp32, on the device) of ``batch`` on every pp rank: the pipeline's
         forward-only schedule, then a broadcast from the last stage."""
-        args, padded = self._inputs(batch, n_chunks, temperature)
+        args, padded = self._inputs(batch, n_chunks, temperature, packed)
         rows, width = batch["input_ids"].size(0), batch["responses"].size(-1)
         sched = _build_schedule(self.schedule, self.stages, n_chunks, None)
         with torch.no_grad():
@@ -287,11 +293,11 @@ class PipelineModel:
         dist.broadcast(packed, src=self.last_rank, group=self.pp_group)
         return packed[0, :rows], packed[1, :rows]
 
-    def backward(self, batch: dict, n_chunks: int, temperature: float, grad_lp, grad_ent) -> None:
+    def backward(self, batch: dict, n_chunks: int, temperature: float, grad_lp, grad_ent, packed: bool = False) -> None:
         """Accumulate into the stages' parameters the gradient of ``sum(grad_lp * log_probs + grad_ent * entropy)``
         (``grad_*`` ``[rows, R]``: the loss's gradients with respect to the per-token outputs): one training step of
         the schedule, each micro-batch's rows found through the row index passed as its target."""
-        args, padded = self._inputs(batch, n_chunks, temperature)
+        args, padded = self._inputs(batch, n_chunks, temperature, packed)
         rows = batch["input_ids"].size(0)
         pad = padded - rows
         g_lp = torch.cat([grad_lp, grad_lp.new_zeros(pad, grad_lp.size(1))]).to(self.device)

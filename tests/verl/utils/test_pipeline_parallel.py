@@ -6,7 +6,9 @@ vocab 128), built the worker's way (meta device -> prune to the rank's stages ->
 shards read from the checkpoint by original name). Two steps of different widths (the pipeline re-infers its shapes),
 each a right- and left-padded batch whose row count is not a multiple of the pipeline micro-batches (padding rows).
 The last stage scores through full logits (GPipe, interleaved; under TP the head's weight gathered) and through the
-actor's token-chunked head (1F1B; under TP the vocab-parallel one).
+actor's token-chunked head (1F1B; under TP the vocab-parallel one). "+packed": the same schedule with the rows packed
+(``use_remove_padding``, verl/utils/pipeline_packing.py: one row per pipeline micro-batch, sdpa's block-diagonal mask
+here, flash-attention's varlen kernels on a GPU), held to the same tolerances.
 The forward-only pass's log-probs must equal the unsplit model's within 1e-6 absolute, the entropy within 1e-6 of its
 largest value; the loss (computed from them) and every gradient the rank owns within relative 1e-5 of the tensor's
 largest value. Measured: pp2 full logits: log-probs, entropy and loss bit-equal, gradients rel <= 2.9e-7; pp2 chunked
@@ -115,7 +117,8 @@ def _parity_job(rank, world, port, model_dir, pp, tp, schedules):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh, _ = build_pp_mesh("cpu", world, pp, tp)
     report = {}
-    for schedule in schedules:
+    for name in schedules:  # "<schedule>" or "<schedule>+packed" (remove padding, verl/utils/pipeline_packing.py)
+        schedule, packed = name.split("+")[0], name.endswith("+packed")
         model = empty_model(AutoConfig.from_pretrained(model_dir), torch.float32, "sdpa")
         chunk = 4 if schedule == "1f1b" else 0  # the token-chunked head (vocab-parallel under TP), else full logits
         shard = lambda m: apply_fsdp2(m, mesh["dp"])  # noqa: E731
@@ -126,13 +129,13 @@ def _parity_job(rank, world, port, model_dir, pp, tp, schedules):
             batch = _batch(step, rows, width, 5)
             ref_lp, ref_ent, ref_loss, ref_grads = _reference(model_dir, batch)
             n_chunks = pipe.n_chunks(rows, 2)
-            lp, ent = pipe.forward(batch, n_chunks, 0.7)
+            lp, ent = pipe.forward(batch, n_chunks, 0.7, packed)
             lp_leaf, ent_leaf = lp.clone().requires_grad_(True), ent.clone().requires_grad_(True)
             loss = _loss(lp_leaf, ent_leaf, batch)
             loss.backward()
             for p in pipe.module.parameters():
                 p.grad = None
-            pipe.backward(batch, n_chunks, 0.7, lp_leaf.grad, ent_leaf.grad)
+            pipe.backward(batch, n_chunks, 0.7, lp_leaf.grad, ent_leaf.grad, packed)
             allreduce_replicated_grads(pipe.module)
             grads = {n: p.grad.full_tensor() for n, p in pipe.module.named_parameters()}
             valid = batch["attention_mask"][:, -5:].bool()
@@ -140,7 +143,7 @@ def _parity_job(rank, world, port, model_dir, pp, tp, schedules):
                 n: float((g - ref_grads[n]).abs().max() / ref_grads[n].abs().max().clamp(min=1e-30))
                 for n, g in grads.items()
             }
-            report[(schedule, step)] = {
+            report[(name, step)] = {
                 "lp": float((lp - ref_lp)[valid].abs().max()),
                 "ent": float((ent - ref_ent)[valid].abs().max() / ref_ent[valid].abs().max()),
                 "loss": float((loss.detach() - ref_loss).abs() / ref_loss.abs()),
@@ -174,11 +177,12 @@ def _check(reports, layers_of_rank):
 
 @pytest.mark.golden
 def test_pp2_matches_the_one_rank_run(model_dir):
-    reports = run_gloo_ranks(_parity_job, 2, model_dir, 2, 1, ("gpipe", "1f1b", "interleaved_1f1b"), timeout_s=600)
+    schedules = ("gpipe", "1f1b", "interleaved_1f1b", "1f1b+packed", "interleaved_1f1b+packed")
+    reports = run_gloo_ranks(_parity_job, 2, model_dir, 2, 1, schedules, timeout_s=600)
     # 1F1B / GPipe: rank 0 layers 0-1 + embedding, rank 1 layers 2-3 + norm + head; interleaved: stages (0, 2), (1, 3)
     plain = {0: {0, 1}, 1: {2, 3}}
     inter = {0: {0, 2}, 1: {1, 3}}
-    _check(reports, lambda rank, s: inter[rank] if s == "interleaved_1f1b" else plain[rank])
+    _check(reports, lambda rank, s: inter[rank] if s.startswith("interleaved_1f1b") else plain[rank])
     assert "model.embed_tokens.weight" in reports[0][("1f1b", 0)]["owned"]
     assert "lm_head.weight" in reports[1][("1f1b", 0)]["owned"]
 
@@ -186,5 +190,5 @@ def test_pp2_matches_the_one_rank_run(model_dir):
 @pytest.mark.golden
 @pytest.mark.slow  # 4 forked gloo ranks
 def test_pp2_x_tp2_matches_the_one_rank_run(model_dir):
-    reports = run_gloo_ranks(_parity_job, 4, model_dir, 2, 2, ("gpipe", "1f1b"), timeout_s=600)
+    reports = run_gloo_ranks(_parity_job, 4, model_dir, 2, 2, ("gpipe", "1f1b", "1f1b+packed"), timeout_s=600)
     _check(reports, lambda rank, s: {0: {0, 1}, 1: {2, 3}}[rank // 2])

@@ -40,7 +40,8 @@ def pipeline_log_probs(actor, data, calculate_entropy: bool):
     else:
         per_chunk = int(meta.get("micro_batch_size") or rows)
     pipe = actor.pipeline
-    log_probs, entropy = pipe.forward(batch, pipe.n_chunks(rows, per_chunk), meta["temperature"])
+    packed = actor.use_remove_padding  # varlen attention only (DataParallelPPOActor.__init__)
+    log_probs, entropy = pipe.forward(batch, pipe.n_chunks(rows, per_chunk), meta["temperature"], packed)
     return log_probs.cpu(), (entropy.cpu() if calculate_entropy else None)
 
 
@@ -58,7 +59,8 @@ def pipeline_mini_batch(
     batch = {k: torch.cat([mb[k] for mb in micro_batches]) for k in MODEL_KEYS}
     sizes = [mb["input_ids"].size(0) for mb in micro_batches]
     n_chunks = pipe.n_chunks(sum(sizes), max(sizes))
-    log_probs, entropy = pipe.forward(batch, n_chunks, temperature)
+    packed = actor.use_remove_padding
+    log_probs, entropy = pipe.forward(batch, n_chunks, temperature, packed)
     grad_lp, grad_ent = torch.zeros_like(log_probs), torch.zeros_like(entropy)
     start = 0
     for mb, size in zip(micro_batches, sizes):
@@ -73,7 +75,7 @@ def pipeline_mini_batch(
                 grad[rows] = leaf.grad
         step_metrics.add_micro_batch(metrics, response_mask, mb.get("prefix_mask"))
         start += size
-    pipe.backward(batch, n_chunks, temperature, grad_lp, grad_ent)
+    pipe.backward(batch, n_chunks, temperature, grad_lp, grad_ent, packed)
 
 
 def _owner_stage(name: str, n_layers: int, n_stages: int) -> int:
