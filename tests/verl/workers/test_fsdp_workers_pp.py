@@ -26,22 +26,17 @@ def test_pp2_worker_matches_the_plain_layout(tiny_model_dir, tiny_task_dir, tmp_
     plain_against_layout(fixtures, "pp", [f"{PP}=2"], [], resume_plain_from_layout=True)
 
 
-@pytest.mark.slow  # 1 + 2 forked gloo ranks
-def test_pp2_update_of_one_dynamic_micro_batch_matches_one_rank(
-    tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config
-):
-    """The loss's micro-batches are not the pipeline's: one dynamic micro-batch of all 4 rows (as the quickstart's
-    micro = mini), which the stages run as 2 pipeline micro-batches (1F1B needs at least pp). pp2 (dp=1) against one
-    rank holding the same rows: same log-probs before and after the update, same grad norm."""
+def _one_rank_against_pp2(model_dir, task_dir, tmp_path, luffy_overrides, compose_config, extra: list[str]):
+    """The worker at pp2 (dp=1, ``extra`` on top) against one rank holding the same 4 rows: same log-probs before and
+    after the update and under the reference, same grad norm. Returns pp2's per-rank reports."""
     from omegaconf import OmegaConf
 
-    base = luffy_overrides(tiny_model_dir, tiny_task_dir, str(tmp_path)) + [
+    base = luffy_overrides(model_dir, task_dir, str(tmp_path)) + [
         "actor_rollout_ref.model.use_remove_padding=False",
         "actor_rollout_ref.model.attn_implementation=sdpa",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
         "actor_rollout_ref.actor.entropy_coeff=0.01",
         "actor_rollout_ref.ref.use_ref=True",
+        *extra,
     ]
     one = compose_config(base + ["trainer.n_gpus_per_node=1"])
     pp = compose_config(base + ["trainer.n_gpus_per_node=2", f"{PP}=2"])
@@ -49,8 +44,36 @@ def test_pp2_update_of_one_dynamic_micro_batch_matches_one_rank(
         _job, world, OmegaConf.to_container(cfg, resolve=True), str(tmp_path / d), None, timeout_s=600
     )
     (a,) = run(one, 1, "one")
-    for b, rows in zip(run(pp, 2, "pp"), (slice(0, 2), slice(2, 4))):  # each rank returns its chunk's rows
+    b_reports = run(pp, 2, "pp")
+    for b, rows in zip(b_reports, (slice(0, 2), slice(2, 4))):  # each rank returns its chunk's rows
         for k in ("before", "ref", "after"):
             assert (a[k][rows] - b[k]).abs().max() < TOL, k
         assert (a["after"] - a["before"]).abs().max() > 1e-4
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], abs=TOL)
+    return b_reports
+
+
+@pytest.mark.slow  # 1 + 2 forked gloo ranks
+def test_pp2_update_of_one_dynamic_micro_batch_matches_one_rank(
+    tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config
+):
+    """The loss's micro-batches are not the pipeline's: one dynamic micro-batch of all 4 rows (as the quickstart's
+    micro = mini), which the stages run as 2 pipeline micro-batches (1F1B needs at least pp)."""
+    extra = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"]
+    _one_rank_against_pp2(tiny_model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config, extra)
+
+
+@pytest.mark.slow  # 1 + 2 forked gloo ranks
+def test_pp2_interleaved_1f1b_worker_matches_one_rank(tiny_task_dir, tmp_path, luffy_overrides, compose_config):
+    """The interleaved schedule in the worker: a 4-layer tiny Qwen2, rank 0 holding stages 0 and 2 (layers 0, 2),
+    rank 1 stages 1 and 3; one-row update micro-batches, 2 pipeline micro-batches."""
+    from luffy_pool.tiny import build_tiny_model
+    from luffy_pool.tiny.model import TinyModelSpec
+
+    model_dir = build_tiny_model(str(tmp_path / "model4"), TinyModelSpec(num_hidden_layers=4))
+    extra = [
+        "actor_rollout_ref.actor.pipeline_schedule=interleaved_1f1b",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    ]
+    reports = _one_rank_against_pp2(model_dir, tiny_task_dir, tmp_path, luffy_overrides, compose_config, extra)
+    assert [r["layers"] for r in reports] == [[0, 2], [1, 3]]  # torch's loop placement

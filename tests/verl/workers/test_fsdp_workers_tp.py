@@ -84,6 +84,8 @@ def _job(rank, world, port, cfg_yaml, ckpt_dir, resume_from):
         "grad_norm": metrics["actor/grad_norm"],
         "engine": engine,
         "tp_mesh": None if worker.tp_mesh is None else tuple(worker.tp_mesh.shape),
+        # the decoder layers this rank's actor holds (pipeline stages prune the others)
+        "layers": sorted({int(n.split(".")[2]) for n in worker.actor_module.state_dict() if ".layers." in n}),
     }
 
 
