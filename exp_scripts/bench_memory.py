@@ -30,8 +30,9 @@ Prints a table, the bytes per real token, and as its last line ``peak ours/naive
 the ratios of all rows). The defaults fit this 24 GB machine; a long-response shape
 (``--width 4096 --tokens 1000``) needs ~40 GB for the naive update.
 
-``--tp 2 [--tp-vocab 8192] [--tp-no-dp2]`` instead measures what one rank holds at actor tensor parallel 2 (and
-dp 2 x tp 2) on gloo ranks, and the TP collectives per decoder layer (bench_memory_tp.py).
+``--tp 2 [--tp-vocab 8192] [--tp-no-dp2] [--tp-pp 2]`` instead measures what one rank holds at actor tensor parallel 2
+(and dp 2 x tp 2; with ``--tp-pp 2`` also pp 2 and pp 2 x dp 2 x tp 2) on gloo ranks, and the TP collectives per
+decoder layer (bench_memory_tp.py).
 
 ``--predict [--sizes ROWSxWIDTHxTOKENSxLAYERS,...] [--checkpointing]`` instead measures ours at each size
 and prints it next to ``luffy_pool.memory_plan``'s prediction of the same quantity (the plan's lines of
@@ -103,11 +104,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--tp-vocab", type=int, default=8192, help="--tp: vocabulary rows of the model")
     p.add_argument("--tp-no-dp2", action="store_true", help="--tp: skip the dp 2 x tp layout")
+    p.add_argument(
+        "--tp-pp",
+        type=int,
+        default=1,
+        help="--tp: also pipeline parallel PP alone and PP x dp 2 x TP (PP must divide --layers, at least 2)",
+    )
     p.add_argument("--child", nargs=2, metavar=("MODE", "PHASE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     heads, kv = QWEN2_SHAPE["num_attention_heads"], QWEN2_SHAPE["num_key_value_heads"]
     if args.tp < 1 or heads % args.tp or kv % args.tp:
         p.error(f"--tp {args.tp} must divide the model's {heads} attention and {kv} kv heads")
+    if args.tp_pp < 1 or max(2, args.layers) % args.tp_pp:
+        p.error(f"--tp-pp {args.tp_pp} must divide the decoder layers (--layers {args.layers}, at least 2)")
     if args.rows < 1 or args.layers < 1 or args.chunk < 1 or args.sp < 1 or args.jobs < 1:
         p.error("--rows, --layers, --chunk, --sp and --jobs must be >= 1")
     if args.sp > 1 and QWEN2_SHAPE["num_attention_heads"] % args.sp:
