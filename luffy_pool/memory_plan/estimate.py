@@ -328,7 +328,12 @@ def update_phases(i: PlanInputs, s: ModelShape, vb: Optional[dict], sft_stage: b
     # PP: a stage's layers x the micro-batches in flight on the first stage, by schedule (layout.py)
     m, L, of = in_flight(s, i.pp, i.pp_schedule, pp_micro_batches(i))
     if i.gradient_checkpointing:
-        fb.append(Line(f"checkpointed layer inputs, {of} x {t} tokens", m * L * t * a * s.hidden_size, ck))
+        # sequence-parallel norms: each tp rank stores its 1/tp of every layer's input (sequence_parallel_norms.py)
+        split = i.actor_tp if i.actor_tp_sequence_parallel else 1
+        what = f"checkpointed layer inputs, {of} x {t} tokens" + (
+            f" / {split} (sequence parallel)" if split > 1 else ""
+        )
+        fb.append(Line(what, m * L * -(-t // split) * a * s.hidden_size, ck))
         layer, layer_what = t * (saved + work), "one layer recomputed + its backward"
     else:
         fb.append(Line(f"saved activations, {of} x {t} tokens", m * L * t * saved, ck))

@@ -75,6 +75,8 @@ class PlanInputs:
     # The actor's (and reference's) tensor- and pipeline-parallel degrees (memory_plan/layout.py); ``tp`` above is
     # the rollout engine's.
     actor_tp: int = 1
+    # actor.sequence_parallel at actor_tp > 1: the residual stream (and the checkpointed layer inputs) is 1/tp per rank
+    actor_tp_sequence_parallel: bool = False
     pp: int = 1
     pp_schedule: str = "1f1b"
     # The per-method fields (the rest of this class), set by method_extras.method_inputs.
@@ -177,6 +179,7 @@ class PlanInputs:
             update_mini_rows=max(1, actor.ppo_mini_batch_size * n // dp),
             split_engines=not w.hybrid_engine,
             actor_tp=actor_tp,
+            actor_tp_sequence_parallel=actor_tp > 1 and bool(getattr(actor, "sequence_parallel", False)),
             pp=pp,
             pp_schedule=str(getattr(actor, "pipeline_schedule", "1f1b")),  # verl/utils/pipeline_parallel.py
             **method_inputs(sections, sp),

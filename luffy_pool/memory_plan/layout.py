@@ -5,7 +5,8 @@
   by rows, so a decoder layer's weights and their q/k/v biases are 1/tp per rank; the norms (and Qwen3's q/k norms,
   an MoE router) are replicated. The LM head is split by vocabulary rows; the input embedding only when tied (a
   vocab-parallel lookup), an untied one is replicated over tp. Activations: each rank of a tp group holds the
-  micro-batch's hidden states whole (no sequence parallel), its heads and MLP columns only (1/tp), and
+  micro-batch's hidden states whole inside the attention and MLP, its heads and MLP columns only (1/tp), between them
+  1/tp of the sequence with ``actor.sequence_parallel`` (the checkpointed layer inputs; else whole), and
   ``[tokens, V / tp]`` logits (``verl/utils/vocab_parallel.py``).
 - Pipeline parallel: a stage holds ceil(layers / pp) decoder layers; the first stage the embedding, the last the head
   and the final norm (a tied head: its own copy of the embedding). 1F1B (Narayanan et al. 2021, "Efficient

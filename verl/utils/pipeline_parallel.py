@@ -151,12 +151,18 @@ class PipelineStageModule(nn.Module):
         self.temperature = 1.0
         self.packed = False  # set per pass by PipelineModel (pipeline_packing.py)
         self.chunk_size = 0  # > 0: score the responses this many tokens at a time (no [rows, R, V] logits)
+        from verl.utils.sequence_parallel_norms import sequence_parallel_of
+
+        # sequence-parallel norms: hidden states travel as the tp rank's slice of the sequence
+        self.sequence_parallel = sequence_parallel_of(model)
         types = getattr(self.config, "layer_types", None)
         self.layer_types = {str(i): (types[i] if types else "full_attention") for i in ids}
 
     def _masks(self, hidden, attention_mask, position_ids) -> dict:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+        if hidden.size(1) != position_ids.size(1):  # a sequence-parallel slice: the mask spans the whole sequence
+            hidden = hidden.new_empty(hidden.size(0), position_ids.size(1), 1)
         kwargs = dict(
             config=self.config,
             inputs_embeds=hidden,
@@ -176,7 +182,7 @@ class PipelineStageModule(nn.Module):
         position_ids = position_ids.clamp(0, cfg.max_position_embeddings - 1)
         responses = responses.clamp(0, cfg.vocab_size - 1)
         hidden = self.embed_tokens(x.clamp(0, cfg.vocab_size - 1)) if self.is_first else x
-        score_index = score_index.clamp(0, hidden.size(0) * hidden.size(1) - 1)
+        score_index = score_index.clamp(0, hidden.size(0) * position_ids.size(1) - 1)
         masks = self._masks(hidden, None if self.packed else attention_mask, position_ids)
         position_embeddings = self.rotary_emb(hidden, position_ids)
         for key, layer in self.layers.items():
@@ -190,6 +196,8 @@ class PipelineStageModule(nn.Module):
             )
         if not self.is_last:
             return hidden, attention_mask, position_ids, responses, score_index
+        if self.sequence_parallel is not None:
+            hidden = self.sequence_parallel.gather(hidden, position_ids.size(1))
         # the states that predict the response tokens, [rows, R, hidden]
         hidden = self.norm(hidden.reshape(-1, hidden.size(-1))[score_index])
         if self.chunk_size > 0:
@@ -317,12 +325,20 @@ class PipelineModel:
 
 
 def build_pipeline_model(
-    model: nn.Module, pp_mesh, schedule: str, device: str, shard_fn=None, tp_mesh=None, chunk_size: int = 0
+    model: nn.Module,
+    pp_mesh,
+    schedule: str,
+    device: str,
+    shard_fn=None,
+    tp_mesh=None,
+    chunk_size: int = 0,
+    sequence_parallel: bool = False,
 ) -> PipelineModel:
     """Split ``model`` (an HF causal LM on the meta device) for this rank's pp index: prune, TP over ``tp_mesh``,
     ``shard_fn(stage_module)`` (FSDP2 over dp) per stage; returns the (still meta) pipeline model. ``chunk_size``:
     the last stage's scoring chunk (``model.logprob_chunk_size``; 0: full logits of the responses, under TP with
-    the head's weight gathered; > 0 under TP: vocab-parallel)."""
+    the head's weight gathered; > 0 under TP: vocab-parallel). ``sequence_parallel``: the norms and the hidden
+    states between stages split by sequence over tp (verl/utils/sequence_parallel_norms.py)."""
     pp = pp_mesh.size()
     check_model(model, pp, schedule)
     n_stages = pp * stages_per_rank(schedule)
@@ -331,7 +347,8 @@ def build_pipeline_model(
     if tp_mesh is not None and tp_mesh.size() > 1:
         from verl.utils.tensor_parallel import apply_tensor_parallel
 
-        model = apply_tensor_parallel(model, tp_mesh)
+        # the last stage gathers the sequence before its norm, which runs on the scored positions only
+        model = apply_tensor_parallel(model, tp_mesh, sequence_parallel, gather_final_norm=False)
     modules = [PipelineStageModule(model, s, n_stages) for s in stages]
     if shard_fn is not None:
         modules = [shard_fn(m) for m in modules]

@@ -119,9 +119,13 @@ def _gathered_head_forward(head: nn.Linear):
     return forward
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh) -> nn.Module:
+def apply_tensor_parallel(
+    model: nn.Module, tp_mesh, sequence_parallel: bool = False, gather_final_norm: bool = True
+) -> nn.Module:
     """Split ``model`` (an HF causal LM, on meta or materialised) over the 1-D ``tp_mesh``; call before
-    ``fully_shard``. Raises ValueError for an architecture without a plan or heads that do not split."""
+    ``fully_shard``. Raises ValueError for an architecture without a plan or heads that do not split.
+    ``sequence_parallel``: the norms and the residual stream split by sequence too (verl/utils/sequence_parallel_norms.py;
+    ``gather_final_norm`` as there)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
@@ -154,6 +158,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> nn.Module:
         if any(fnmatch.fnmatchcase(mod_name, pattern) for pattern in allreduce)
         for p_name, _ in mod.named_parameters(recurse=False)
     ]
+    if sequence_parallel and tp > 1:
+        from verl.utils.sequence_parallel_norms import apply_sequence_parallel
+
+        names += apply_sequence_parallel(model, tp_mesh, gather_final_norm)
     # names, not handles: fully_shard replaces the Parameter objects
     setattr(model, _GRAD_ALLREDUCE_ATTR, (tuple(names), tp_mesh))
     return model

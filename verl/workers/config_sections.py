@@ -153,6 +153,7 @@ class ActorSection:
     shuffle: bool = key()
     ulysses_sequence_parallel_size: int = key(bounds=AT_LEAST_ONE)
     tensor_model_parallel_size: int = key(bounds=AT_LEAST_ONE)  # verl/utils/tensor_parallel.py
+    sequence_parallel: bool = key()  # with tp > 1: verl/utils/sequence_parallel_norms.py
     pipeline_model_parallel_size: int = key(bounds=AT_LEAST_ONE)  # verl/utils/pipeline_parallel.py
     pipeline_schedule: str = key(choices=values_of("verl.utils.pipeline_parallel", "SCHEDULES"))
     on_nonfinite: str = key(choices=("skip", "stop"))

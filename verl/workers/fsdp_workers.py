@@ -234,7 +234,7 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         if self.tp_mesh is not None:  # TP first, then FSDP2 over the dp dimension (torchtitan's order)
             from verl.utils.tensor_parallel import apply_tensor_parallel
 
-            module = apply_tensor_parallel(module, self.tp_mesh)
+            module = apply_tensor_parallel(module, self.tp_mesh, self.sections.actor.sequence_parallel)
         return materialize(shard(module), mcfg.path, self.device)
 
     def _build_pipeline(self, module, shard, full_model):
@@ -245,7 +245,8 @@ class ActorRolloutRefWorker(SplitWeightsMixin, CheckpointMixin, Worker):
         device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
         schedule = self.sections.actor.pipeline_schedule
         chunk = int(self.sections.model.logprob_chunk_size)  # the last stage's scoring head, as the actor's
-        pipe = build_pipeline_model(module, self.pp_mesh, schedule, device, shard, self.tp_mesh, chunk)
+        sp = self.sections.actor.sequence_parallel  # the reference follows the actor, as its tp
+        pipe = build_pipeline_model(module, self.pp_mesh, schedule, device, shard, self.tp_mesh, chunk, sp)
         pipe = materialize_pipeline(pipe, self.sections.model.path, self.device)
         pipe.full_weights = PipelineFullWeights(pipe, full_model)  # the weight push and the HF export read it
         # what a checkpoint must hold (each rank loads its part): fsdp_checkpoint_manager's pre-load check

@@ -100,6 +100,27 @@ def test_1f1b_keeps_pp_micro_batches_of_a_stages_layers_and_tp_splits_the_head()
     assert head[1] < head[0]
 
 
+def test_sequence_parallel_norms_store_a_tp_ranks_share_of_each_layer_input():
+    i = _inputs(world=16, nodes=2, gradient_checkpointing=True, update_tokens=8192, actor_tp=4)
+    t, a = 8192, i.param_dtype_bytes
+
+    def checkpointed(inputs):
+        plan = build_plan(inputs, Q32, None)
+        return next(ln for ln in plan.phase("update: forward/backward").lines if ln.what.startswith("checkpointed"))
+
+    whole = checkpointed(dataclasses.replace(i, actor_tp_sequence_parallel=False))
+    split = checkpointed(dataclasses.replace(i, actor_tp_sequence_parallel=True))
+    assert whole.bytes == L * t * a * H and split.bytes == L * (t // 4) * a * H
+    assert split.what.endswith("/ 4 (sequence parallel)")
+    # the YAML's default turns it on wherever tp > 1
+    from luffy_pool.config.compose import compose_config
+    from luffy_pool.config.sections import ConfigSections
+    from luffy_pool.memory_plan.inputs import PlanInputs
+
+    cfg = compose_config(["actor_rollout_ref.model.path=m", "actor_rollout_ref.actor.tensor_model_parallel_size=2"])
+    assert PlanInputs.from_sections(ConfigSections.from_config(cfg), device="cuda").actor_tp_sequence_parallel
+
+
 def test_communicators_of_a_tp_pp_rank():
     assert nccl_communicators(_inputs(world=16, tp=2, actor_tp=4, pp=2)) == [
         "world",

@@ -117,12 +117,13 @@ def _parity_job(rank, world, port, model_dir, pp, tp, schedules):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh, _ = build_pp_mesh("cpu", world, pp, tp)
     report = {}
-    for name in schedules:  # "<schedule>" or "<schedule>+packed" (remove padding, verl/utils/pipeline_packing.py)
-        schedule, packed = name.split("+")[0], name.endswith("+packed")
+    for name in schedules:  # "<schedule>[+packed][+sp]": remove padding (verl/utils/pipeline_packing.py), sequence-
+        schedule, *extra = name.split("+")  # parallel norms (verl/utils/sequence_parallel_norms.py)
+        packed, sp = "packed" in extra, "sp" in extra
         model = empty_model(AutoConfig.from_pretrained(model_dir), torch.float32, "sdpa")
         chunk = 4 if schedule == "1f1b" else 0  # the token-chunked head (vocab-parallel under TP), else full logits
         shard = lambda m: apply_fsdp2(m, mesh["dp"])  # noqa: E731
-        pipe = build_pipeline_model(model, mesh["pp"], schedule, "cpu", shard, mesh["tp"], chunk)
+        pipe = build_pipeline_model(model, mesh["pp"], schedule, "cpu", shard, mesh["tp"], chunk, sp)
         pipe = materialize_pipeline(pipe, model_dir, "cpu")
         pipe.module.train()
         for step, (rows, width) in enumerate(((5, 12), (3, 9))):  # new widths: the stages re-infer shapes
@@ -149,6 +150,7 @@ def _parity_job(rank, world, port, model_dir, pp, tp, schedules):
                 "loss": float((loss.detach() - ref_loss).abs() / ref_loss.abs()),
                 "grads": worst,
                 "owned": sorted(grads),
+                "sequence_parallel": all(m.sequence_parallel is not None for m in pipe.stage_modules),
             }
     dist.destroy_process_group()
     return report
@@ -168,6 +170,7 @@ def _check(reports, layers_of_rank):
     for rank, report in enumerate(reports):
         for (schedule, step), r in report.items():
             where = (rank, schedule, step)
+            assert r["sequence_parallel"] == ("+sp" in schedule), where
             assert r["lp"] <= LP_TOL and r["ent"] <= LP_TOL and r["loss"] <= REL_TOL, (where, r)
             bad = {n: v for n, v in r["grads"].items() if not v <= REL_TOL}
             assert bad == {}, (where, bad)
@@ -190,5 +193,6 @@ def test_pp2_matches_the_one_rank_run(model_dir):
 @pytest.mark.golden
 @pytest.mark.slow  # 4 forked gloo ranks
 def test_pp2_x_tp2_matches_the_one_rank_run(model_dir):
-    reports = run_gloo_ranks(_parity_job, 4, model_dir, 2, 2, ("gpipe", "1f1b", "1f1b+packed"), timeout_s=600)
+    schedules = ("gpipe", "1f1b", "1f1b+packed", "gpipe+sp", "1f1b+sp", "1f1b+packed+sp")
+    reports = run_gloo_ranks(_parity_job, 4, model_dir, 2, 2, schedules, timeout_s=600)
     _check(reports, lambda rank, s: {0: {0, 1}, 1: {2, 3}}[rank // 2])

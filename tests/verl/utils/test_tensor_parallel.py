@@ -131,6 +131,9 @@ def _full_weight_views(model) -> dict:
     }
 
 
+PATHS = ((4, False, False), (4, True, False), (4, False, True), (0, False, False))
+
+
 def _parity_job(rank, world, port, model_dirs, tp):
     import torch.distributed as dist
     from omegaconf import OmegaConf
@@ -149,20 +152,27 @@ def _parity_job(rank, world, port, model_dirs, tp):
     report = {}
     for arch, model_dir in model_dirs.items():
         # the vocab-parallel chunked head (several chunks) on padded rows, packed rows and through the shared-prompt
-        # forward, then the gathered dense head
-        for chunk, packed, shared in ((4, False, False), (4, True, False), (4, False, True), (0, False, False)):
+        # forward, then the gathered dense head; each also with sequence-parallel norms (sp)
+        for chunk, packed, shared, sp in [(*c, sp) for sp in (False, True) for c in PATHS]:
             ref_outs, ref_grads, ref_norm = _reference(model_dir, micros, chunk, packed, shared)
             model = empty_model(AutoConfig.from_pretrained(model_dir), torch.float32, "sdpa")
-            model = apply_tensor_parallel(model, mesh["tp"])
+            model = apply_tensor_parallel(model, mesh["tp"], sequence_parallel=sp)
             model = materialize(apply_fsdp2(model, mesh["dp"]), model_dir, "cpu")
             actor = DataParallelPPOActor(OmegaConf.create({}), model, logprob_chunk_size=chunk)
             actor.use_remove_padding = packed  # the packed forward (flash-attn's path on GPU) runs on sdpa too
             actor.shared_prompt_forward = shared
             micro = micros[dp_rank]  # the ranks of a tp group score the same rows
             model.train()
+            widths = []  # the residual stream's length out of each decoder layer (sp: 1/tp of it, rounded up)
+            hooks = [
+                layer.register_forward_hook(lambda m, a, out: widths.append(out.size(1)))
+                for layer in model.model.layers
+            ]
             ent, lp = actor._forward_micro_batch(micro, 0.7, calculate_entropy=True)
             loss = _loss(ent, lp, micro)
             loss.backward()
+            for hook in hooks:
+                hook.remove()
             allreduce_replicated_grads(model)
             grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
             norm = clip_grad_norm_on_device(model.parameters(), 1e9, "cpu")
@@ -176,7 +186,9 @@ def _parity_job(rank, world, port, model_dirs, tp):
             }
             checks.update({f"grad {n}": (grads[n], ref_grads[n]) for n in ref_grads if n in grads})
             problems = {k: float_close_report(a, e, ULPS) for k, (a, e) in checks.items()}
-            if chunk == 0:  # the weights as the rollout push (packed buckets and one by one) and the HF export see them
+            if (
+                chunk == 0 and not sp
+            ):  # the weights as the rollout push (packed buckets and one by one) and the HF export see them
                 full = _full_weight_views(model)
                 plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
                 expected, required = plain.state_dict(), {n for n, _ in plain.named_parameters()}
@@ -185,10 +197,11 @@ def _parity_job(rank, world, port, model_dirs, tp):
                         problems[f"{view} {n}"] = "" if torch.equal(t, expected[n]) else "differs"
                     complete = required <= set(tensors) <= set(expected) or (view == "hf_export" and rank > 0)
                     problems[f"{view} names"] = "" if complete else f"names {sorted(tensors)}"
-            report[(arch, chunk, packed, shared)] = {
+            report[(arch, chunk, packed, shared, sp)] = {
                 "problems": {k: v for k, v in problems.items() if v},
                 "missing": sorted(set(ref_grads) - set(grads)),
                 "chunked": actor.logprob_chunk_size,
+                "widths": widths,
             }
     dist.destroy_process_group()
     return report
@@ -215,7 +228,9 @@ def model_dirs(tmp_path_factory):
 def test_tp_matches_the_one_rank_run(model_dirs, world, tp):
     reports = run_gloo_ranks(_parity_job, world, model_dirs, tp, timeout_s=600)
     for rank, report in enumerate(reports):
-        for (arch, chunk, packed, shared), r in report.items():
+        for (arch, chunk, packed, shared, sp), r in report.items():
             assert r["missing"] == [], (rank, arch, r["missing"])
-            assert r["problems"] == {}, (rank, arch, chunk, packed, shared, r["problems"])
+            assert r["problems"] == {}, (rank, arch, chunk, packed, shared, sp, r["problems"])
             assert r["chunked"] == chunk
+            plain = report[(arch, chunk, packed, shared, False)]["widths"]
+            assert r["widths"] == ([-(-w // tp) for w in plain] if sp else plain) and plain, (arch, chunk, sp)
