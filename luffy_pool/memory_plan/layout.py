@@ -3,8 +3,8 @@
 
 - Tensor parallel (``verl/utils/tensor_parallel.py``, Megatron-LM's layout): q/k/v/gate/up split by columns and o/down
   by rows, so a decoder layer's weights and their q/k/v biases are 1/tp per rank; the norms (and Qwen3's q/k norms,
-  an MoE router) are replicated. The LM head is split by vocabulary rows; the input embedding only when tied (a
-  vocab-parallel lookup), an untied one is replicated over tp. Activations: each rank of a tp group holds the
+  an MoE router) are replicated. The LM head and the input embedding are split by vocabulary rows (a vocab-parallel
+  lookup). Activations: each rank of a tp group holds the
   micro-batch's hidden states whole inside the attention and MLP, its heads and MLP columns only (1/tp), between them
   1/tp of the sequence with ``actor.sequence_parallel`` (the checkpointed layer inputs; else whole), and
   ``[tokens, V / tp]`` logits (``verl/utils/vocab_parallel.py``).
@@ -43,8 +43,7 @@ def _replicated_per_layer(s: ModelShape) -> int:
 def _ends(s: ModelShape, tp: int) -> tuple[int, int]:
     """(embedding, head + final norm) parameters on one tp rank."""
     head = math.ceil(s.embed_params / tp)
-    embed = head if (s.tie_word_embeddings or tp == 1) else s.embed_params
-    return embed, head + s.hidden_size
+    return head, head + s.hidden_size  # tied or not, the input embedding is split by vocabulary rows too
 
 
 def stage_layers(s: ModelShape, pp: int) -> int:

@@ -50,7 +50,7 @@ def test_tp2_rank_holds_the_planned_share_and_a_layer_all_reduces_as_planned():
     ranks = run_gloo_ranks(bench_memory_tp._gloo_rank, 2, 2, 2, vocab, timeout_s=600)
     plan = bench_memory_tp.planned_ratio(2, 1, 2, vocab)
     for r in ranks:
-        for kind in ("params", "grads", "adam"):  # replicated norms and input embedding: above 1/2
+        for kind in ("params", "grads", "adam"):  # replicated norms: just above 1/2
             assert r["state"][kind] / ref[kind] == pytest.approx(plan, rel=1e-3), kind
         counts = r["counts"]
         layer = {p: bench_memory_tp.per_layer(counts["1"][p], counts["2"][p]) for p in ("forward", "backward")}
@@ -59,14 +59,14 @@ def test_tp2_rank_holds_the_planned_share_and_a_layer_all_reduces_as_planned():
             "forward": {"all_reduce": expected["forward"]},
             "backward": {"all_reduce": expected["backward"]},
         }
-    assert 0.5 < plan < 0.6
+    assert 0.5 < plan < 0.501
 
 
 @pytest.mark.slow  # 2 + 8 forked gloo ranks
 @pytest.mark.parametrize("pp,dp,tp", [(2, 1, 1), (2, 2, 2)], ids=["pp2", "pp2_dp2_tp2"])
 def test_pipeline_ranks_hold_the_planned_share(pp, dp, tp):
     """Per-rank params, grads and AdamW moments after one 1F1B step: the memory plan's share of the largest stage
-    (1/(pp x tp x dp) up to what every tp rank keeps whole: norms and the input embedding on the first stage)."""
+    (1/(pp x tp x dp) up to the norms, which every tp rank keeps whole)."""
     from luffy_pool_dev.gloo_ranks import run_gloo_ranks
 
     vocab = 512
@@ -76,4 +76,4 @@ def test_pipeline_ranks_hold_the_planned_share(pp, dp, tp):
     worst = max(ranks, key=lambda r: r["state"]["params"])["state"]
     for kind in ("params", "grads", "adam"):
         assert worst[kind] / ref[kind] == pytest.approx(plan, rel=1e-3), kind
-    assert 1 / (pp * dp * tp) <= plan < 1.4 / (pp * dp * tp)
+    assert 1 / (pp * dp * tp) <= plan < 1.01 / (pp * dp * tp)

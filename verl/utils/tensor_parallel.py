@@ -11,7 +11,11 @@ Around the decoder:
 - The LM head is split by vocabulary rows (``Shard(0)``); the actor scores tokens through
   ``verl.utils.vocab_parallel`` (no vocabulary gather). Its plain forward (the dense path, ``logprob_chunk_size`` 0)
   gathers the weight and returns full logits. Tied embeddings: ``embed_tokens`` is split the same way
-  (vocab-parallel lookup, torch's ``RowwiseParallel`` on an ``nn.Embedding``) and the head shares its weight.
+  (vocab-parallel lookup, torch's ``RowwiseParallel`` on an ``nn.Embedding``) and the head shares its weight. An
+  untied ``embed_tokens`` is split by rows too, with Megatron-LM's vocab-parallel lookup (``_vocab_parallel_lookup``:
+  each rank looks up the ids in its rows, zeros elsewhere, all-reduce), not torch's style: under ``RowwiseParallel``
+  torch 2.13's embedding backward returns a replicated ``[V, H]`` gradient on every tp rank, whose placement then
+  differs from the parameter's under FSDP2.
 - Parameters the plan marks ``replicated_with_grad_allreduce`` (Qwen3's per-head ``q_norm``/``k_norm``) see only the
   rank's heads: their gradients are summed over the tp group before the optimizer step
   (``allreduce_replicated_grads``).
@@ -119,6 +123,36 @@ def _gathered_head_forward(head: nn.Linear):
     return forward
 
 
+class _SumOverTP(torch.autograd.Function):
+    """Forward: all-reduce (sum) the ranks' partial lookups. Backward: identity (the output's gradient is the same on
+    every tp rank, and each rank's rows take only their own ids' share of it)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _vocab_parallel_lookup(embed: nn.Embedding):
+    """``embed``'s forward on a weight split by vocabulary rows over tp (a DTensor ``Shard(0)`` on the tp mesh)."""
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        local, start, group = vocab_shard(embed.weight)
+        rel = ids - start
+        outside = (rel < 0) | (rel >= local.size(0))
+        pad = embed.padding_idx
+        local_pad = pad - start if pad is not None and 0 <= pad - start < local.size(0) else None
+        out = torch.nn.functional.embedding(rel.masked_fill(outside, 0), local, padding_idx=local_pad)
+        return _SumOverTP.apply(out.masked_fill(outside.unsqueeze(-1), 0), group)
+
+    return forward
+
+
 def apply_tensor_parallel(
     model: nn.Module, tp_mesh, sequence_parallel: bool = False, gather_final_norm: bool = True
 ) -> nn.Module:
@@ -143,14 +177,14 @@ def apply_tensor_parallel(
                 style = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
                 parallelize_module(embed, tp_mesh, style)
             head.weight = embed.weight
-        else:  # the untied input embedding stays replicated over tp: under RowwiseParallel torch 2.13's embedding
-            # backward returns a Replicate gradient (measured: the whole [V, H] on each tp rank), so splitting it would
-            # save its parameter and AdamW moments but not its gradient, whose placement would then differ from the
-            # parameter's under FSDP2
+        else:
             head.weight = nn.Parameter(distribute_tensor(head.weight, tp_mesh, [Shard(0)]), head.weight.requires_grad)
         if head.bias is not None:
             head.bias = nn.Parameter(distribute_tensor(head.bias, tp_mesh, [Shard(0)]), head.bias.requires_grad)
         head.forward = _gathered_head_forward(head)
+    if embed is not None and not isinstance(embed.weight, DTensor):  # untied (or a first stage without the head)
+        embed.weight = nn.Parameter(distribute_tensor(embed.weight, tp_mesh, [Shard(0)]), embed.weight.requires_grad)
+        embed.forward = _vocab_parallel_lookup(embed)
     prefix = next(n for n, m in model.named_modules() if m is base)
     names = [
         f"{prefix}.{mod_name}.{p_name}"
@@ -199,7 +233,8 @@ def vocab_shard(weight: torch.Tensor):
         return None  # a plain weight (FSDP2 hands the forward its unsharded parameters)
     if weight.placements != (Shard(0),):
         raise ValueError(
-            f"the LM head weight is placed {weight.placements} on the tp mesh; the vocab-parallel head needs Shard(0)"
+            f"a vocabulary-split weight is placed {weight.placements} on the tp mesh; the vocab-parallel head and lookup "
+            "need Shard(0)"
         )
     _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
     return weight.to_local(), int(offset[0]), weight.device_mesh.get_group()

@@ -36,26 +36,26 @@ def _inputs(**changes):
 def test_published_32b_count_and_one_rank_share_per_layout():
     assert Q32.params == 32_763_876_352  # the safetensors count of the checkpoint (Qwen2.5-32B architecture)
     assert rank_params(Q32, 1, 1) == Q32.params
-    # tp splits every layer's weights and q/k/v biases and the head's vocabulary rows; the two norms of each layer,
-    # the final norm and the untied input embedding stay whole on every tp rank
-    replicated = L * 2 * H + H + V * H
+    # tp splits every layer's weights and q/k/v biases and the head's and the input embedding's vocabulary rows; the
+    # two norms of each layer and the final norm stay whole on every tp rank
+    replicated = L * 2 * H + H
     for tp in (2, 4, 8):
         assert abs(tp * rank_params(Q32, tp, 1) - (tp - 1) * replicated - Q32.params) < tp
     # pp 2: 32 of 64 layers, and the larger end (the embedding on the first stage; head + final norm on the last)
     body = Q32.params - 2 * V * H - H
     assert rank_params(Q32, 1, 2) == body // 2 + V * H + H
-    # tp 4 x pp 2: a quarter of 32 layers' split weights + their norms, and a quarter of the head (+ its norm) against
-    # the whole embedding
+    # tp 4 x pp 2: a quarter of 32 layers' split weights + their norms, and the larger end: a quarter of the head + the
+    # final norm (the first stage's embedding is a quarter too)
     split = body - L * 2 * H
-    assert abs(rank_params(Q32, 4, 2) - (split // 8 + 32 * 2 * H + V * H)) <= 1
+    assert abs(rank_params(Q32, 4, 2) - (split // 8 + 32 * 2 * H + V * H // 4 + H)) <= 1
 
 
 def test_gathered_units_and_the_shape_one_tp_rank_computes_with():
     assert rank_layer_params(Q32, 1) == Q32.layer_params
     assert rank_layer_params(Q32, 4) == (Q32.layer_params - 2 * H) // 4 + 2 * H
     assert rank_root_params(Q32, 1, 1) == 2 * V * H  # embedding + untied head
-    assert rank_root_params(Q32, 4, 1) == V * H + V * H // 4  # the head split by vocabulary rows, the embedding whole
-    assert rank_root_params(Q32, 4, 2) == V * H  # a stage holds one end: the larger, the embedding
+    assert rank_root_params(Q32, 4, 1) == 2 * (V * H // 4)  # the head and the embedding split by vocabulary rows
+    assert rank_root_params(Q32, 4, 2) == V * H // 4  # a stage holds one end, a quarter of its vocabulary rows
     r = tp_shape(Q32, 4)
     assert (r.num_attention_heads, r.num_key_value_heads, r.intermediate_size, r.vocab_size) == (10, 2, 6912, 38016)
     assert r.hidden_size == H  # hidden states stay whole (no sequence parallel)
