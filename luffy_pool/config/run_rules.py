@@ -92,15 +92,6 @@ def layout_errors(sections) -> list[str]:
             "trainer.n_gpus_per_node)"
         ]
     pp = a.pipeline_model_parallel_size  # verl/utils/pipeline_parallel.py
-    if pp > 1:
-        from luffy_pool.methods import get_method
-
-        if get_method(sections.algorithm.method).own_update_pass:
-            errors.append(
-                f"'algorithm.method'={sections.algorithm.method} trains in a pass of its own beside the update "
-                f"(interleaved SFT), which '{_A}.pipeline_model_parallel_size'={pp} does not run through its stages; "
-                "use pipeline_model_parallel_size=1"
-            )
     if pp > 1 and world % (pp * actor_tp):
         return errors + [
             f"'{_A}.pipeline_model_parallel_size'={pp} x '{_A}.tensor_model_parallel_size'={actor_tp} must divide "

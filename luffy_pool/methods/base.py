@@ -17,8 +17,7 @@ A method declares, in its own module (luffy_pool/methods/<name>.py) and its YAML
   ``needs_demonstration``, ``needs_question_ids``, ``check_train_file``, ``batch_keys`` (per-row tensors its hooks
   add for the update), ``memory`` (extra device and host memory), ``scaled_keys`` (batch keys a rehearsal shrinks),
   ``rehearsal_data`` (a train-file transform the rehearsal applies), ``stateful`` (state the next batch is
-  drawn from: a one-step-off pipeline is refused), ``own_update_pass`` (an optimizer pass of its own beside the
-  actor's update: pipeline parallel is refused) and ``regularise_prefix_tokens`` (the actor's entropy bonus and
+  drawn from: a one-step-off pipeline is refused) and ``regularise_prefix_tokens`` (the actor's entropy bonus and
   KL-to-reference loss cover the response's prefix tokens, or only the tokens after them).
 
 Every module of this package is imported by ``luffy_pool.methods`` and registers its method: adding a method adds
@@ -55,9 +54,6 @@ class Method:
     scaled_keys: tuple[str, ...] = ()
     rehearsal_data: Optional[Callable[..., Any]] = None
     stateful: bool = False
-    # its own optimizer pass outside the actor's update (ReLIFT's interleaved SFT stage): pipeline parallel runs
-    # only the update's and the log-prob passes through its stages, so pp > 1 is refused
-    own_update_pass: bool = False
     # False: the entropy bonus and the KL loss average over the response tokens outside prefix_mask only (a method
     # whose prefix stands for prompt text, as UFT's hint); True: over every response token (LUFFY's traces)
     regularise_prefix_tokens: bool = True

@@ -319,7 +319,6 @@ RELIFT = register_method(
         memory=relift_memory,
         needs_demonstration=True,
         stateful=True,
-        own_update_pass=True,
         scaled_keys=(
             "algorithm.relift.sft_data_size",
             "algorithm.relift.sft_mini_batch_size",

@@ -70,35 +70,50 @@ def sft_update(actor, optimizer: torch.optim.Optimizer, data, cfg: InterleavedSf
     actor.actor_module.train()
     batch = data.batch.select(*SFT_KEYS)
     metrics: dict[str, list] = {"actor/sft_loss": [], "actor/sft_entropy_loss": [], "actor/sft_grad_norm": []}
+
+    def micro_loss(mb, log_prob, entropy):
+        mask = mb["attention_mask"][:, -mb["responses"].size(-1) :].float()
+        # the entropy keeps its gradient: theirs is a bonus term of the SFT loss
+        loss, out = relift_sft_loss(
+            FamilyLossInputs(
+                log_prob=log_prob, old_log_prob=None, advantages=None, response_mask=mask, entropy=entropy
+            ),
+            loss_cfg,
+        )
+        metrics["actor/sft_loss"].append(float(out["sft_loss"]))
+        metrics["actor/sft_entropy_loss"].append(float(out["sft_entropy_loss"]))
+        return loss / grad_accum
+
     for _epoch in range(cfg.epochs):
         for mini in batch.split(cfg.mini_batch_size):
             optimizer.zero_grad(set_to_none=True)
-            for micro in mini.split(cfg.micro_batch_size):
-                mb = {k: micro[k].to(actor.device) for k in SFT_KEYS}
-                mask = mb["attention_mask"][:, -mb["responses"].size(-1) :].float()
+            micro_batches = [{k: micro[k] for k in SFT_KEYS} for micro in mini.split(cfg.micro_batch_size)]
+            if actor.pipeline is not None:  # the stages run the forward and the backward (pipeline_actor.py)
+                from verl.workers.actor.pipeline_actor import pipeline_loss_backward
+
+                pipeline_loss_backward(actor, micro_batches, 1.0, micro_loss)
+            for micro in micro_batches if actor.pipeline is None else ():
+                mb = {k: v.to(actor.device) for k, v in micro.items()}
                 entropy, log_prob = actor._forward_micro_batch(mb, temperature=1.0, calculate_entropy=True)
-                # the entropy keeps its gradient: theirs is a bonus term of the SFT loss
-                loss, out = relift_sft_loss(
-                    FamilyLossInputs(
-                        log_prob=log_prob, old_log_prob=None, advantages=None, response_mask=mask, entropy=entropy
-                    ),
-                    loss_cfg,
-                )
-                (loss / grad_accum).backward()
-                metrics["actor/sft_loss"].append(float(out["sft_loss"]))
-                metrics["actor/sft_entropy_loss"].append(float(out["sft_entropy_loss"]))
+                micro_loss(mb, log_prob, entropy).backward()
             metrics["actor/sft_grad_norm"].append(_step(actor, optimizer, cfg.grad_clip))
     optimizer.zero_grad(set_to_none=True)
     return metrics
 
 
 def _step(actor, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
-    """Clip to ``max_norm`` and step; a non-finite norm skips the step (or stops, ``actor.on_nonfinite``)."""
+    """Clip to ``max_norm`` and step; a non-finite norm skips the step (or stops, ``actor.on_nonfinite``). As the RL
+    step (``DataParallelPPOActor._optimizer_step``): tp-partial gradients (Qwen3's q/k norms, the sequence-parallel
+    norms) summed over tp first, the norm over every pp stage."""
+    from verl.utils.tensor_parallel import allreduce_replicated_grads
+
+    allreduce_replicated_grads(actor.actor_module)
     params = list(actor.actor_module.parameters())
     if actor.grad_norm_device is not None:
         from verl.utils.grad_norm import clip_grad_norm_on_device
 
-        norm = clip_grad_norm_on_device(params, max_norm, actor.grad_norm_device)
+        pp = {} if actor.pipeline is None else {"pp_group": actor.pipeline.pp_group}
+        norm = clip_grad_norm_on_device(params, max_norm, actor.grad_norm_device, **pp)
     else:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

@@ -308,12 +308,6 @@ def test_suggestion_falls_back_to_the_last_segment():
             "'algorithm.method'=relift keeps state between its steps (experience pool or SFT buffer)",
         ),
         (
-            f"{A}.pipeline_model_parallel_size=2 algorithm.method=relift "
-            "actor_rollout_ref.actor.use_off_policy_loss=False actor_rollout_ref.rollout.n_prefix=0",
-            "'algorithm.method'=relift trains in a pass of its own beside the update (interleaved SFT), which "
-            f"'{A}.pipeline_model_parallel_size'=2 does not run",
-        ),
-        (
             "actor_rollout_ref.rollout.n_gpus_per_node=2",
             "'actor_rollout_ref.rollout.n_gpus_per_node'=2 / "
             "'actor_rollout_ref.rollout.nnodes'=1 place the rollout engines",

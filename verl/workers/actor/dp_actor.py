@@ -166,7 +166,7 @@ class DataParallelPPOActor:
     def _forward_micro_batch(self, micro: dict, temperature: float, calculate_entropy: bool):
         """Return (entropy [b, L] or None, log_probs [b, L]) of the response tokens."""
         if self.pipeline is not None:  # a pass outside compute_log_prob / update_policy (e.g. an SFT update)
-            raise RuntimeError(  # pre-flight refuses the methods that need it (Method.own_update_pass)
+            raise RuntimeError(  # every pass of the actor and of ReLIFT's SFT stage runs through pipeline_actor.py
                 "this pass runs the whole model in one rank; it does not run with "
                 "'actor_rollout_ref.actor.pipeline_model_parallel_size' > 1"
             )

@@ -55,6 +55,20 @@ def pipeline_mini_batch(
             "the MoE router's auxiliary loss is not collected through pipeline stages; set "
             "'actor_rollout_ref.actor.pipeline_model_parallel_size'=1 for an MoE model"
         )
+
+    def micro_loss(mb, log_prob, entropy):
+        loss, metrics, response_mask = actor._micro_batch_loss(mb, log_prob, entropy, global_steps, update_state)
+        step_metrics.add_micro_batch(metrics, response_mask, mb.get("prefix_mask"))
+        return loss / grad_accum
+
+    pipeline_loss_backward(actor, micro_batches, temperature, micro_loss)
+
+
+def pipeline_loss_backward(actor, micro_batches: list, temperature: float, micro_loss) -> None:
+    """Accumulate into the stages' parameters the gradients of ``sum(micro_loss(mb, log_prob, entropy))`` over
+    ``micro_batches`` (``micro_loss``: the scalar to back-propagate for one micro-batch on the device, from its
+    per-token log-probs and entropy at ``temperature``): steps (1)-(3) of the module docstring. The update and
+    ReLIFT's interleaved SFT stage (luffy_pool/workers/interleaved_sft.py) run their losses through it."""
     pipe = actor.pipeline
     batch = {k: torch.cat([mb[k] for mb in micro_batches]) for k in MODEL_KEYS}
     sizes = [mb["input_ids"].size(0) for mb in micro_batches]
@@ -68,12 +82,10 @@ def pipeline_mini_batch(
         rows = slice(start, start + size)
         lp = log_probs[rows].clone().requires_grad_(True)
         ent = entropy[rows].clone().requires_grad_(True)
-        loss, metrics, response_mask = actor._micro_batch_loss(mb, lp, ent, global_steps, update_state)
-        (loss / grad_accum).backward()
+        micro_loss(mb, lp, ent).backward()
         for grad, leaf in ((grad_lp, lp), (grad_ent, ent)):
             if leaf.grad is not None:  # None: the loss did not use it (no regulariser token)
                 grad[rows] = leaf.grad
-        step_metrics.add_micro_batch(metrics, response_mask, mb.get("prefix_mask"))
         start += size
     pipe.backward(batch, n_chunks, temperature, grad_lp, grad_ent, packed)
 
