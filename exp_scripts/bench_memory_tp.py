@@ -8,7 +8,7 @@ shards of its parameters, gradients and AdamW moments; with ``--tp-pp P`` also s
 actor splits it (verl/utils/pipeline_parallel.py; pp P alone, and pp P x dp 2 x tp N) and trained one step through
 the 1F1B schedule. Printed per layout (tp N; dp 2 x tp N; pp P; pp P x dp 2 x tp N): those bytes as a
 ratio to one unsplit rank's, next to the memory plan's ratio (``luffy_pool.memory_plan.layout.rank_params`` / dp;
-1 / (tp x dp) up to the parts every tp rank keeps whole: norms and the untied input embedding).
+1 / (tp x dp) up to the parts every tp rank keeps whole: the norms).
 
 It also counts the collectives one forward + backward issues on the tp ranks (torch's ``CommDebugMode``, which sees
 DTensor's collectives) at 1 and at 2 decoder layers: the difference is one decoder layer's. Megatron-LM's layout
