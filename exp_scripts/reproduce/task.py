@@ -3,15 +3,44 @@ eval file with the ID rows first), and the held-out scores cut back into their I
 
 from __future__ import annotations
 
+import filecmp
 import os
+import shutil
+import tempfile
 from typing import Sequence
 
 from reproduce.methods import METHODS
 from reproduce.stats import problem_scores
 
 
+def publish(staged: str, dest: str) -> None:
+    """Move every file of ``staged`` to the same place under ``dest``, each by an atomic rename, leaving a file that
+    already holds the same bytes untouched: another reproduce_tiny.py on the same ``--out`` (``--reuse`` with other
+    ``--methods``) never reads a half-written split or model file."""
+    for root, _, files in os.walk(staged):
+        target = os.path.join(dest, os.path.relpath(root, staged))
+        os.makedirs(target, exist_ok=True)
+        for name in files:
+            src, dst = os.path.join(root, name), os.path.join(target, name)
+            if not (os.path.isfile(dst) and filecmp.cmp(src, dst, shallow=False)):
+                os.replace(src, dst)
+    shutil.rmtree(staged, ignore_errors=True)
+
+
 def prepare_task(args, out: str, names: Sequence[str] = ()) -> dict:
-    """Build the tiny model and write the splits; returns their paths (``eval``: test + OOD in one file)."""
+    """Build the tiny model and write the splits; returns their paths (``eval``: test + OOD in one file). Both are
+    written to a staging folder first and published file by file (``publish``)."""
+    os.makedirs(out, exist_ok=True)
+    staged = tempfile.mkdtemp(prefix=".task-", dir=out)
+    try:
+        paths = _write_task(args, staged, names)
+        publish(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return {k: os.path.join(out, os.path.relpath(p, staged)) for k, p in paths.items()}
+
+
+def _write_task(args, out: str, names: Sequence[str]) -> dict:
     import pandas as pd
 
     from luffy_pool.tiny import build_tiny_model, write_task_parquets
