@@ -193,6 +193,7 @@ def test_pp2_matches_the_one_rank_run(model_dir):
 @pytest.mark.golden
 @pytest.mark.slow  # 4 forked gloo ranks
 def test_pp2_x_tp2_matches_the_one_rank_run(model_dir):
-    schedules = ("gpipe", "1f1b", "1f1b+packed", "gpipe+sp", "1f1b+sp", "1f1b+packed+sp")
+    schedules = ("gpipe", "1f1b", "1f1b+packed", "gpipe+sp", "1f1b+sp", "1f1b+packed+sp", "interleaved_1f1b+sp")
     reports = run_gloo_ranks(_parity_job, 4, model_dir, 2, 2, schedules, timeout_s=600)
-    _check(reports, lambda rank, s: {0: {0, 1}, 1: {2, 3}}[rank // 2])
+    plain, inter = {0: {0, 1}, 1: {2, 3}}, {0: {0, 2}, 1: {1, 3}}
+    _check(reports, lambda rank, s: (inter if s.startswith("interleaved") else plain)[rank // 2])
