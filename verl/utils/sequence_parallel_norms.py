@@ -29,18 +29,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from verl.utils.ulysses import gather_seq, pad_to_multiple
+
 SP_KEY = "actor_rollout_ref.actor.sequence_parallel"
 _STATE_ATTR = "_sequence_parallel_state"
 _NORM_NAMES = ("input_layernorm", "post_attention_layernorm")
-
-
-def _padded(x: torch.Tensor, tp: int, dim: int) -> torch.Tensor:
-    pad = (-x.size(dim)) % tp
-    if not pad:
-        return x
-    shape = list(x.shape)
-    shape[dim] = pad
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
 
 def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
@@ -56,29 +49,13 @@ class _SliceSequence(torch.autograd.Function):
     def forward(ctx, x, group, dim):
         tp, rank = dist.get_world_size(group), dist.get_rank(group)
         ctx.group, ctx.dim, ctx.length = group, dim, x.size(dim)
-        full = _padded(x, tp, dim)
+        full = pad_to_multiple(x, tp, dim)
         size = full.size(dim) // tp
         return full.narrow(dim, rank * size, size).contiguous()
 
     @staticmethod
     def backward(ctx, grad):
         return _all_gather(grad, ctx.group, ctx.dim).narrow(ctx.dim, 0, ctx.length), None, None
-
-
-class _GatherSequence(torch.autograd.Function):
-    """Forward: the slices all-gathered, cut to ``length``. Backward: the rank's slice of a gradient that is already
-    the sum over tp (the column-parallel projections' input gradient, or the LM head's)."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim, length):
-        ctx.group, ctx.dim, ctx.size = group, dim, x.size(dim)
-        return _all_gather(x, group, dim).narrow(dim, 0, length)
-
-    @staticmethod
-    def backward(ctx, grad):
-        tp, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        full = _padded(grad, tp, ctx.dim)
-        return full.narrow(ctx.dim, rank * ctx.size, ctx.size).contiguous(), None, None, None
 
 
 class SequenceParallelState:
@@ -95,7 +72,8 @@ class SequenceParallelState:
         length = self.length if length is None else length
         if length is None:
             raise RuntimeError("sequence-parallel gather before any attention set the sequence length")
-        return _GatherSequence.apply(x, self.group, 1, length)
+        # backward: the rank's slice of a gradient already summed over tp (grad_scale 1), padding dropped by narrow
+        return gather_seq(x, self.group, 1, grad_scale=1.0).narrow(1, 0, length)
 
 
 def _first(output):
